@@ -1,0 +1,274 @@
+"""GPU presets: how much memory a training process can use on a card.
+
+A `GpuSpec` carries the capacity PyTorch reports for a card
+(`torch.cuda.get_device_properties(i).total_memory`, the "total capacity" of CUDA
+out-of-memory messages) and the memory that a training process spends outside
+PyTorch's caching allocator (the CUDA context and library handles). What the
+caching allocator can hand out is the difference, `available_bytes`.
+
+The context overhead is an estimate per card. To use a measured figure instead, set
+``AUTOTUNE_CONTEXT_OVERHEAD`` (a size such as ``450MiB``, read by
+`context_overhead_override`) and apply it with `with_context_overhead`, or build a
+spec with ``dataclasses.replace(spec, context_overhead_bytes=...)``.
+
+No torch here: the API server imports this module and must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+
+from autotune.errors import InvalidInput, UnknownGpu
+from autotune.units import KIB, MIB, format_bytes, gib_to_bytes, parse_bytes
+
+CONTEXT_OVERHEAD_ENV = "AUTOTUNE_CONTEXT_OVERHEAD"
+
+# The card users in our stories had when they had no local GPU: the 16 GB-class T4 of
+# Colab's and Kaggle's free tiers.
+DEFAULT_GPU_NAME = "T4"
+
+# --- cuBLAS workspaces --------------------------------------------------------------
+# PyTorch gives each (cuBLAS handle, stream) pair a workspace from its caching
+# allocator; pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp,
+# parseChosenWorkspaceSize: "/* :4096:2:16:8 default, 32MiB for Hopper */", i.e. the
+# default CUBLAS_WORKSPACE_CONFIG is 2 x 4096 KiB + 8 x 16 KiB = 8,519,680 bytes (the
+# 8519680 bytes left allocated after one nn.Linear call in pytorch/pytorch#95668), and
+# ":4096:8" = 32 MiB on sm90. Recent PyTorch also uses 32 MiB on Blackwell (majors 10
+# and 12, pytorch/pytorch#175344), so we take 32 MiB for every major >= 9.
+CUBLAS_WORKSPACE_DEFAULT_BYTES = 2 * 4096 * KIB + 8 * 16 * KIB
+CUBLAS_WORKSPACE_HOPPER_BYTES = 8 * 4096 * KIB
+# cuBLASLt (addmm with a bias, i.e. nn.Linear) gets a workspace of its own unless the
+# two are unified: same file, parseCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE
+# "default size in KiB according to #73328" = 1024 KiB. Newer releases unify it with
+# the cuBLAS one by default; counting it anyway errs by 1 MiB on the safe side.
+CUBLASLT_WORKSPACE_BYTES = 1024 * KIB
+
+# --- CUDA context overhead ------------------------------------------------------------
+# Memory a training process uses outside the caching allocator: the CUDA context
+# (driver state, local memory reserved for every resident thread of every SM, kernel
+# images, loaded lazily since CUDA 11.7 and PyTorch 1.13, pytorch/pytorch#86509) plus
+# cuBLAS/cuDNN handles and kernels. Published measurements, PyTorch 1.13 to 2.10:
+#   pytorch/pytorch#86509: 287,047,680 B in use after one small tensor with lazy
+#     loading (666,632,192 B with eager loading);
+#   pytorch/pytorch#109888 (ptrblck): "around 400MB if CUDA >= 11.7 is used and lazy
+#     module loading enabled";
+#   invoke-ai/InvokeAI#9413 (torch 2.7.1+cu128, RTX 3090): a bare context holds 256 MiB;
+#   unslothai/unsloth-zoo#1053 (torch 2.10+cu130, RTX 6000 Ada): 426 MiB;
+#   OOM messages of training runs (process memory minus PyTorch's allocated and
+#     reserved): 130-165 MiB on Colab/Kaggle T4s, 180-250 MiB on L4s.
+# The context grows with SMs x threads per SM, so larger chips get more. The figures
+# below round those measurements up, leaving room for kernels loaded on first use;
+# they are estimates, not measurements of each card (see the module docstring).
+DEFAULT_CONTEXT_OVERHEAD_BYTES = 512 * MIB  # unknown architecture or custom size
+
+# Per compute capability, for a local GPU that matches no preset.
+ARCH_CONTEXT_OVERHEAD_BYTES: dict[tuple[int, int], int] = {
+    (6, 0): 320 * MIB,  # Pascal P100, 56 SMs
+    (6, 1): 320 * MIB,  # Pascal GP10x (TITAN X, GTX 1080 Ti), 28 SMs
+    (7, 0): 384 * MIB,  # Volta V100, 80 SMs x 2048 threads
+    (7, 5): 256 * MIB,  # Turing; T4 training runs show 130-165 MiB
+    (8, 0): 512 * MIB,  # A100, 108 SMs x 2048 threads; ptrblck's ~400 MB plus handles
+    (8, 6): 384 * MIB,  # Ampere GA10x; RTX 3090 bare context 256 MiB plus handles
+    (8, 9): 512 * MIB,  # Ada; RTX 6000 Ada bare context 426 MiB
+    (9, 0): 640 * MIB,  # Hopper, 132 SMs x 2048 threads: the largest context here
+}
+_NEWER_ARCH_CONTEXT_OVERHEAD_BYTES = 640 * MIB  # Blackwell and later: at least Hopper's
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str  # preset name, e.g. "T4", a local device's name, or "custom 12 GiB"
+    total_memory_bytes: int  # torch.cuda.get_device_properties(i).total_memory
+    context_overhead_bytes: int  # CUDA context, kernel images and library handles
+    compute_capability: tuple[int, int] | None  # None for a custom size
+
+    @property
+    def available_bytes(self) -> int:
+        """Bytes left for PyTorch's caching allocator once the context is up."""
+        return self.total_memory_bytes - self.context_overhead_bytes
+
+    @property
+    def supports_bf16(self) -> bool:
+        # bfloat16 tensor-core math arrived with Ampere (sm80).
+        return self.compute_capability is not None and self.compute_capability >= (8, 0)
+
+    @property
+    def supports_flash_attention(self) -> bool:
+        # aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+        # check_flash_attention_hardware_support: sm80 to sm121 (sm90 in older releases).
+        cc = self.compute_capability
+        return cc is not None and (8, 0) <= cc <= (12, 1)
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        """cuBLAS plus cuBLASLt workspace of one handle and stream (see the constants).
+
+        Handles are per thread and backward runs on the autograd engine's device
+        thread, so a training step may hold this twice.
+        """
+        return cublas_workspace_bytes(self.compute_capability)
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
+    """Default cuBLAS + cuBLASLt workspace for an architecture; the larger if unknown."""
+    if compute_capability is None or compute_capability[0] >= 9:
+        return CUBLAS_WORKSPACE_HOPPER_BYTES + CUBLASLT_WORKSPACE_BYTES
+    return CUBLAS_WORKSPACE_DEFAULT_BYTES + CUBLASLT_WORKSPACE_BYTES
+
+
+def _preset(name: str, capacity_gib: str, overhead_mib: int, cc: tuple[int, int]) -> GpuSpec:
+    return GpuSpec(name, gib_to_bytes(capacity_gib), overhead_mib * MIB, cc)
+
+
+# Capacities are the "total capacity" of public CUDA OOM messages for each card. The
+# driver keeps part of the memory, and newer drivers keep more: where the figure
+# changed over time, the recent, smaller one is used (a smaller capacity errs safe).
+_PRESETS: tuple[GpuSpec, ...] = (
+    # Colab and Kaggle T4s: "total capacity of 14.56 GiB" in 2026 reports (Colab:
+    # facebookresearch/tribev2#28; Kaggle 2xT4 notebooks); older drivers reported
+    # 14.74 GiB (zai-org/CogVideo#741, 2025), 14.75 GiB (googlecolab/colabtools#3439,
+    # 2023) and 14.76 GiB (qunash/stable-diffusion-2-gui#6, 2022).
+    _preset("T4", "14.56", 256, (7, 5)),
+    # V100 16GB: "15.78 GiB total capacity", e.g. on Colab (googlecolab/colabtools#2001),
+    # whose T4 and P100 report 14.76 and 15.90 GiB then.
+    _preset("V100-16GB", "15.78", 384, (7, 0)),
+    # "31.75 GiB total capacity" on V100-32GB clusters (Princeton Traverse notes).
+    _preset("V100-32GB", "31.75", 384, (7, 0)),
+    # Colab's and Kaggle's P100: "15.90 GiB total capacity" (googlecolab/colabtools#1761).
+    _preset("P100-16GB", "15.90", 320, (6, 0)),
+    # AWS g5 A10G: "22.06 GiB" in recent g5.2xlarge logs; 22.19 GiB in 2023
+    # (ml.g5.12xlarge in a vLLM issue, MPT-30B).
+    _preset("A10G", "22.06", 384, (8, 6)),
+    # vLLM's CI L4s: "total capacity of 22.05 GiB" (spec_decode test failure, 2025-06).
+    _preset("L4", "22.05", 384, (8, 9)),
+    # A100 40GB: "total capacity of 39.49 GiB" in recent reports from 40 GB cards;
+    # 39.59 GiB in 2021-23 ones (Colab's A100) and 39.38-39.39 GiB in a few others.
+    _preset("A100-40GB", "39.49", 512, (8, 0)),
+    # A100 80GB: "79.15 GiB total capacity" (79.25 GiB on some drivers).
+    _preset("A100-80GB", "79.15", 512, (8, 0)),
+    # H100 80GB HBM3: "total capacity of 79.11 GiB" (vLLM on 8x H100 80GB, 2025).
+    _preset("H100-80GB", "79.11", 640, (9, 0)),
+    # GeForce RTX 3090: "23.69 GiB total capacity" (nvidia-smi shows 24268 MiB).
+    _preset("RTX-3090", "23.69", 384, (8, 6)),
+    # GeForce RTX 4090: "total capacity of 23.65 GiB" (23.68 GiB in zai-org/CogVideo#36).
+    _preset("RTX-4090", "23.65", 512, (8, 9)),
+    # The google-research/bert README's 12 GB Titan X (Pascal): "11.90 GiB total
+    # capacity", as reported for the same-sized TITAN Xp.
+    _preset("TITAN-X-12GB", "11.90", 320, (6, 1)),
+)
+
+GPU_PRESETS: dict[str, GpuSpec] = {spec.name: spec for spec in _PRESETS}
+
+# Lower-case alias -> preset name. Only names that mean one card: "A100", "V100" and
+# "P100" (12 GB and 16 GB) come in several sizes and "H100" also as a 94 GB NVL.
+_ALIASES: dict[str, str] = {
+    "tesla-t4": "T4",
+    "nvidia-t4": "T4",
+    "nvidia-l4": "L4",
+    "3090": "RTX-3090",
+    "rtx3090": "RTX-3090",
+    "geforce-rtx-3090": "RTX-3090",
+    "4090": "RTX-4090",
+    "rtx4090": "RTX-4090",
+    "geforce-rtx-4090": "RTX-4090",
+}
+
+
+def _key(name: str) -> str:
+    """Lower case, with runs of spaces and underscores as one hyphen."""
+    return re.sub(r"[\s_]+", "-", name.strip()).lower()
+
+
+_LOOKUP: dict[str, str] = {_key(name): name for name in GPU_PRESETS} | _ALIASES
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """The preset called `name` (case-insensitive); UnknownGpu listing the presets."""
+    preset = _LOOKUP.get(_key(name))
+    if preset is None:
+        raise UnknownGpu(f"unknown GPU '{name}': use one of {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[preset]
+
+
+def custom_gpu(total_memory_bytes: int) -> GpuSpec:
+    """A GPU known only by its size; the context overhead is the generic default."""
+    total = parse_bytes(total_memory_bytes)
+    if total <= DEFAULT_CONTEXT_OVERHEAD_BYTES:
+        raise InvalidInput(
+            f"GPU memory {format_bytes(total)} is too small: the CUDA context alone takes "
+            f"about {format_bytes(DEFAULT_CONTEXT_OVERHEAD_BYTES)}"
+        )
+    return GpuSpec(f"custom {format_bytes(total)}", total, DEFAULT_CONTEXT_OVERHEAD_BYTES, None)
+
+
+def with_context_overhead(spec: GpuSpec, nbytes: int) -> GpuSpec:
+    """`spec` with its context overhead replaced, e.g. by a measured figure."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise InvalidInput(f"context overhead must be a byte count >= 0, got {nbytes!r}")
+    if nbytes >= spec.total_memory_bytes:
+        raise InvalidInput(
+            f"context overhead {format_bytes(nbytes)} leaves nothing of the "
+            f"{format_bytes(spec.total_memory_bytes)} of {spec.name}"
+        )
+    return replace(spec, context_overhead_bytes=nbytes)
+
+
+def context_overhead_override() -> int | None:
+    """The size in AUTOTUNE_CONTEXT_OVERHEAD, or None when it is unset or empty."""
+    text = os.environ.get(CONTEXT_OVERHEAD_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_bytes(text)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{CONTEXT_OVERHEAD_ENV}: {exc}") from exc
+
+
+def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: int) -> GpuSpec:
+    """A spec for a local CUDA device, from `torch.cuda.get_device_properties(i)`.
+
+    The capacity is the device's own; the context overhead is that of the preset the
+    device name matches (e.g. "Tesla T4", "NVIDIA A100-SXM4-80GB"), else the default
+    of its architecture.
+    """
+    preset = _preset_for_device(name, total_memory)
+    if preset is not None:
+        overhead = preset.context_overhead_bytes
+    elif (major, minor) in ARCH_CONTEXT_OVERHEAD_BYTES:
+        overhead = ARCH_CONTEXT_OVERHEAD_BYTES[(major, minor)]
+    elif major >= 10:
+        overhead = _NEWER_ARCH_CONTEXT_OVERHEAD_BYTES
+    else:
+        overhead = DEFAULT_CONTEXT_OVERHEAD_BYTES
+    return GpuSpec(name, total_memory, overhead, (major, minor))
+
+
+# Device-name patterns (lower case) -> preset, for cards with one memory size;
+# V100, P100, A100 and H100 are told apart by capacity in _preset_for_device.
+_DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"\bt4\b", "T4"),
+    (r"\ba10g\b", "A10G"),
+    (r"\bl4\b", "L4"),
+    (r"\b3090\b", "RTX-3090"),
+    (r"\b4090\b", "RTX-4090"),
+    (r"\btitan x\b.*pascal|\btitan xp\b", "TITAN-X-12GB"),
+)
+
+
+def _preset_for_device(name: str, total_memory: int) -> GpuSpec | None:
+    lowered = name.lower()
+    gib = total_memory / 1024**3
+    for pattern, preset in _DEVICE_PATTERNS:
+        if re.search(pattern, lowered):
+            return GPU_PRESETS[preset]
+    if "v100" in lowered:
+        return GPU_PRESETS["V100-32GB" if gib > 20 else "V100-16GB"]
+    if "p100" in lowered and gib > 14:
+        return GPU_PRESETS["P100-16GB"]
+    if "a100" in lowered:
+        return GPU_PRESETS["A100-80GB" if gib > 50 else "A100-40GB"]
+    if "h100" in lowered and gib < 85:
+        return GPU_PRESETS["H100-80GB"]
+    return None

@@ -1,0 +1,204 @@
+"""The table tuner: for each (mode, seq_len) cell, the largest batch that fits.
+
+Cells run mode by mode, sequence lengths ascending, so that each cell gets two hints from the
+cells before it in the same mode (both only make the search cheaper; the answer is always
+verified by the cell's own probes):
+
+- an upper bound: a longer sequence never fits a larger batch than a shorter one;
+- a guess: per-sample memory (the slope of peak memory in the batch size) grows with the
+  sequence length, so the slopes of earlier cells extrapolate to this one, and the intercept
+  (parameters, gradients, optimizer state) stays put.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from autotune.errors import InvalidInput, ProbeError
+from autotune.gpus import GpuSpec
+from autotune.models import check_seq_len
+from autotune.modes import Mode
+from autotune.search import DEFAULT_MAX_BATCH, MemoryModel, Probe, SearchError, search_max_batch
+from autotune.workload import Workload
+
+DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README's table
+DEFAULT_MARGIN = 0.05  # headroom for fragmentation the allocator model does not see
+
+
+class Backend(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def attn_used(self, workload: Workload) -> str: ...
+
+    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Any: ...
+
+
+def budget_bytes(gpu: GpuSpec, margin: float) -> int:
+    """What PyTorch's caching allocator may use on ``gpu``, keeping ``margin`` of it free.
+
+    The CUDA context lives outside the allocator, so it comes off the card's memory first.
+    """
+    if not 0.0 <= margin < 1.0:
+        raise InvalidInput(f"margin {margin} is out of range: use a fraction in [0, 1), e.g. 0.05")
+    return int((gpu.total_memory_bytes - gpu.context_overhead_bytes) * (1.0 - margin))
+
+
+@dataclass
+class CellResult:
+    seq_len: int
+    mode: str
+    max_batch_size: int | None  # None when the cell failed
+    peak_memory_bytes: int | None  # peak reserved at the max batch (what the budget bounds)
+    peak_allocated_bytes: int | None
+    probes: int
+    capped: bool
+    backend: str
+    step_time_s: float | None = None
+    error: str | None = None
+    probe_log: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TableResult:
+    model: str
+    task: str
+    backend: str
+    attn: str
+    optimizer: str
+    gpu_name: str
+    gpu_memory_bytes: int
+    context_overhead_bytes: int
+    budget_bytes: int
+    margin: float
+    search: str
+    max_batch: int
+    seq_lens: list[int]
+    modes: list[str]
+    environment: dict[str, Any]
+    cells: list[CellResult] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def total_probes(self) -> int:
+        return sum(cell.probes for cell in self.cells)
+
+    def cell(self, mode: str, seq_len: int) -> CellResult | None:
+        return next((c for c in self.cells if c.mode == mode and c.seq_len == seq_len), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["probes_total"] = self.total_probes
+        data["probes_per_cell"] = round(self.total_probes / len(self.cells), 2) if self.cells else 0
+        return data
+
+
+def _probe_dict(probe: Probe) -> dict[str, Any]:
+    return {
+        "batch_size": probe.batch_size,
+        "outcome": probe.outcome,
+        "peak_bytes": probe.peak_bytes,
+        "step_time_s": probe.step_time_s,
+        "error": probe.error,
+        **dict(probe.details),
+    }
+
+
+def _guess(history: Sequence[tuple[int, MemoryModel]], seq_len: int, budget: int) -> int | None:
+    """Predict the max batch at ``seq_len`` from (seq_len, model) of earlier cells of a mode."""
+    if not history:
+        return None
+    last_seq, last = history[-1]
+    if len(history) >= 2:
+        prev_seq, prev = history[-2]
+        per_token = (last.slope_bytes - prev.slope_bytes) / (last_seq - prev_seq)
+        slope = last.slope_bytes + per_token * (seq_len - last_seq)
+    else:
+        slope = last.slope_bytes * seq_len / last_seq  # activations grow at least linearly
+    if slope <= 0:
+        return None
+    return max(0, int((budget - last.intercept_bytes) // slope))
+
+
+def tune_table(
+    workload: Workload,
+    backend: Backend,
+    gpu: GpuSpec,
+    *,
+    seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
+    modes: Sequence[Mode],
+    margin: float = DEFAULT_MARGIN,
+    method: str = "guided",
+    max_batch: int = DEFAULT_MAX_BATCH,
+    on_cell: Callable[[CellResult, int, int], None] | None = None,
+) -> TableResult:
+    """Fill the table; ``on_cell(cell, done, total)`` is called as each cell finishes."""
+    if not seq_lens:
+        raise InvalidInput("no sequence lengths given")
+    for seq_len in seq_lens:
+        check_seq_len(workload.model, seq_len)
+    if max_batch < 1:
+        raise InvalidInput(f"max batch {max_batch} must be at least 1")
+    budget = budget_bytes(gpu, margin)
+    ordered = sorted(set(seq_lens))
+    table = TableResult(
+        model=workload.model.name, task=workload.task, backend=backend.name,
+        attn=backend.attn_used(workload), optimizer=workload.optimizer, gpu_name=gpu.name,
+        gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
+        budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
+        seq_lens=ordered, modes=[m.name for m in modes], environment=backend.describe(),
+    )
+    started = time.perf_counter()
+    total = len(ordered) * len(modes)
+    for mode in modes:
+        history: list[tuple[int, MemoryModel]] = []
+        upper: int | None = None
+        for seq_len in ordered:
+            cell, fitted = _tune_cell(workload, backend, mode, seq_len, budget, method,
+                                      max_batch, upper, _guess(history, seq_len, budget))
+            table.cells.append(cell)
+            if cell.max_batch_size is not None:
+                upper = cell.max_batch_size
+            if fitted is not None:
+                history.append((seq_len, fitted))
+            if on_cell is not None:
+                on_cell(cell, len(table.cells), total)
+    table.elapsed_s = round(time.perf_counter() - started, 3)
+    return table
+
+
+def _tune_cell(
+    workload: Workload, backend: Backend, mode: Mode, seq_len: int, budget: int, method: str,
+    max_batch: int, upper: int | None, guess: int | None,
+) -> tuple[CellResult, MemoryModel | None]:
+    """One cell's search; also the memory model it fitted, for the next cell's guess."""
+    try:
+        with backend.cell(workload, mode, seq_len, budget) as fits:
+            result = search_max_batch(
+                fits, budget_bytes=budget, max_batch=max_batch, method=method,  # type: ignore[arg-type]
+                upper_bound=upper, guess=guess if method == "guided" else None,
+            )
+    except SearchError as exc:
+        return CellResult(seq_len, mode.name, None, None, None, len(exc.probes), False,
+                          backend.name, error=str(exc),
+                          probe_log=[_probe_dict(p) for p in exc.probes]), None
+    except ProbeError as exc:
+        return CellResult(seq_len, mode.name, None, None, None, 0, False, backend.name,
+                          error=str(exc)), None
+    best = next((p for p in result.probes if p.batch_size == result.max_batch_size), None)
+    cell = CellResult(
+        seq_len=seq_len, mode=mode.name, max_batch_size=result.max_batch_size,
+        peak_memory_bytes=best.peak_bytes if best else None,
+        peak_allocated_bytes=best.details.get("peak_allocated_bytes") if best else None,
+        probes=result.num_probes, capped=result.capped, backend=backend.name,
+        step_time_s=best.step_time_s if best else None,
+        probe_log=[_probe_dict(p) for p in result.probes],
+    )
+    return cell, result.model

@@ -1,0 +1,598 @@
+"""The cuda backend: what can be tested on a CPU here, the real GPU where there is one.
+
+On a CPU: the out-of-memory test, the free-memory check, the worker protocol and cell spec,
+the worker's probe loop on a tiny BERT with a CPU stand-in for torch.cuda, and the parent's
+handling of workers that die, hang, leak or misbehave (scripted fake workers, no torch).
+With CUDA: real cells on a tiny BERT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from autotune.cuda import (
+    WORKER_COMMAND,
+    CudaBackend,
+    check_free_memory,
+    cuda_available,
+    local_gpu,
+    parse_driver_version,
+)
+from autotune.cuda_worker import (
+    PROTOCOL,
+    CellSpec,
+    ProtocolError,
+    Worker,
+    cell_spec,
+    decode,
+    encode,
+    is_out_of_memory,
+    rebuild_workload,
+)
+from autotune.errors import BackendUnavailable, InvalidInput
+from autotune.gpus import GpuSpec
+from autotune.models import ModelSpec
+from autotune.modes import parse_mode
+from autotune.search import bisect_search
+from autotune.units import GIB, MIB
+from autotune.workload import Workload
+
+TESTS = Path(__file__).resolve().parent
+H100 = GpuSpec("H100-80GB", 80 * GIB, 640 * MIB, (9, 0))
+needs_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU: torch sees none")
+no_cuda = pytest.mark.skipif(cuda_available(), reason="checks the behaviour on a machine without CUDA")
+
+
+def tiny_bert_config() -> transformers.BertConfig:
+    return transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
+
+
+def tiny_workload(**kwargs: Any) -> Workload:
+    spec = ModelSpec("tiny-bert", "preset", tiny_bert_config(), 64)
+    return Workload(model=spec, task="sequence-classification", attn=None, **kwargs)
+
+
+# --- is_out_of_memory ---------------------------------------------------------------------
+
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.11 GiB "
+    "of which 3.19 MiB is free."
+)
+
+
+def test_torch_out_of_memory_error_is_out_of_memory() -> None:
+    assert is_out_of_memory(torch.OutOfMemoryError(OOM_MESSAGE))
+
+
+def test_runtime_error_with_the_cuda_oom_message_is_out_of_memory() -> None:
+    assert is_out_of_memory(RuntimeError(OOM_MESSAGE))
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        ValueError("CUDA out of memory"),  # not the allocator's type of error
+        MemoryError(),  # host memory
+        KeyError("out of memory"),
+    ],
+)
+def test_other_errors_are_not_out_of_memory(exc: BaseException) -> None:
+    assert not is_out_of_memory(exc)
+
+
+# --- check_free_memory --------------------------------------------------------------------
+
+
+def test_budget_on_an_idle_gpu_needs_no_warning() -> None:
+    assert check_free_memory(79 * GIB, 80 * GIB, 70 * GIB, own_context_bytes=GIB) is None
+
+
+def test_budget_larger_than_free_memory_is_refused_with_the_figures() -> None:
+    with pytest.raises(BackendUnavailable) as info:
+        check_free_memory(30 * GIB, 80 * GIB, 40 * GIB, own_context_bytes=GIB)
+    assert str(info.value) == (
+        "the budget of 40 GiB does not fit in the GPU's free memory (30 GiB of 80 GiB free, "
+        "about 49 GiB held by other processes): stop those processes (see nvidia-smi) or "
+        "choose a smaller GPU"
+    )
+
+
+def test_budget_larger_than_the_gpu_is_refused() -> None:
+    with pytest.raises(BackendUnavailable, match="exceeds the GPU's 16 GiB"):
+        check_free_memory(15 * GIB, 16 * GIB, 20 * GIB)
+
+
+def test_other_processes_holding_memory_warn_when_the_budget_fits() -> None:
+    warning = check_free_memory(60 * GIB, 80 * GIB, 14 * GIB, own_context_bytes=GIB)
+    assert warning is not None
+    assert "60 GiB of 80 GiB free, about 19 GiB held by other processes" in warning
+
+
+def test_own_context_is_not_counted_as_other_processes() -> None:
+    assert check_free_memory(79 * GIB - 600 * MIB, 80 * GIB, 14 * GIB, own_context_bytes=640 * MIB) is None
+    assert check_free_memory(79 * GIB - 600 * MIB, 80 * GIB, 14 * GIB) is not None
+
+
+def test_driver_version_is_read_from_proc_text() -> None:
+    proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.129.03  Thu Oct 19 2023\n"
+    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build\n"
+    assert parse_driver_version(proprietary) == "535.129.03"
+    assert parse_driver_version(open_module) == "550.54.15"
+    assert parse_driver_version("no driver here") is None
+
+
+# --- protocol -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"op": "probe", "batch_size": 8},
+        {"op": "exit"},
+        {
+            "op": "result",
+            "batch_size": 8,
+            "outcome": "fits",
+            "peak_reserved_bytes": 2 * MIB,
+            "step_time_s": 0.25,
+            "samples_per_s": 32.0,
+            "clean": True,
+        },
+        {"op": "failed", "error_type": "ValueError", "error": "bad\nmultiline ü"},
+    ],
+)
+def test_protocol_messages_round_trip_as_one_line(message: dict[str, Any]) -> None:
+    line = encode(message)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert decode(line) == message
+
+
+@pytest.mark.parametrize("line", ["not json\n", "[1, 2]\n", '{"op": "launch"}\n', '{"batch_size": 1}\n'])
+def test_decode_rejects_lines_outside_the_protocol(line: str) -> None:
+    with pytest.raises(ProtocolError):
+        decode(line)
+
+
+def test_encode_rejects_unknown_ops_and_non_json_numbers() -> None:
+    with pytest.raises(ProtocolError):
+        encode({"op": "launch"})
+    with pytest.raises(ValueError):
+        encode({"op": "result", "samples_per_s": math.inf})
+
+
+def test_cell_spec_round_trip_rebuilds_the_tiny_bert_config() -> None:
+    workload = tiny_workload(optimizer="sgd", steps=3)
+    mode = parse_mode("amp+ckpt")
+    spec = cell_spec(workload, mode, 48, 512 * MIB, device_index=1)
+    line = encode({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    received = CellSpec.from_json(decode(line)["cell"])
+    assert received == spec
+    rebuilt, rebuilt_mode = rebuild_workload(received)
+    assert rebuilt_mode == mode
+    assert rebuilt == workload  # name, source, max_seq_len, task, attn, optimizer, steps
+    assert type(rebuilt.model.config) is transformers.BertConfig
+    assert rebuilt.model.config.to_dict() == workload.model.config.to_dict()
+    assert (received.seq_len, received.budget_bytes, received.device_index) == (48, 512 * MIB, 1)
+
+
+def test_cell_spec_with_missing_fields_is_a_protocol_error() -> None:
+    data = cell_spec(tiny_workload(), parse_mode("fp32"), 16, GIB).to_json()
+    del data["config"]
+    with pytest.raises(ProtocolError, match="exactly the fields"):
+        CellSpec.from_json(data)
+
+
+def test_unknown_model_type_is_refused_not_loaded_as_remote_code() -> None:
+    data = cell_spec(tiny_workload(), parse_mode("fp32"), 16, GIB).to_json()
+    data["model_type"] = "my-remote-model"
+    with pytest.raises(InvalidInput, match="does not run remote code"):
+        rebuild_workload(CellSpec.from_json(data))
+
+
+# --- the worker's probe loop on a CPU ------------------------------------------------------
+
+
+class CpuMemory:
+    """A stand-in for the worker's torch.cuda calls: the model on the CPU, scripted figures."""
+
+    device = "cpu"
+
+    def __init__(self, free_bytes: int = 79 * GIB, total_bytes: int = 80 * GIB) -> None:
+        self.figures = {
+            "free_bytes": free_bytes,
+            "total_bytes": total_bytes,
+            "device_name": "CPU stand-in",
+            "compute_capability": [9, 0],
+        }
+        self.allocated = 4 * MIB  # what allocated_bytes reports
+        self.raise_on_sync: BaseException | None = None
+        self.load_error: BaseException | None = None
+
+    def open(self, device_index: int, budget_bytes: int) -> dict[str, Any]:
+        # Libraries print to stdout; in a worker process that must not reach the protocol.
+        print("CpuMemory: opening the device")
+        return dict(self.figures)
+
+    def to_device(self, model: Any) -> Any:
+        if self.load_error is not None:
+            raise self.load_error
+        return model
+
+    def autocast(self, dtype_name: str | None) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext
+
+    def grad_scaler(self) -> Any:
+        from autotune.step import NoScaler
+
+        return NoScaler()
+
+    def warm_up(self, dtype_name: str | None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        if self.raise_on_sync is not None:
+            raise self.raise_on_sync
+
+    def release(self) -> None:
+        pass
+
+    def allocated_bytes(self) -> int:
+        return self.allocated
+
+    def peak_bytes(self) -> tuple[int, int]:
+        return 3 * self.allocated, 4 * self.allocated
+
+
+def started_worker(mode: str = "fp32", memory: CpuMemory | None = None) -> tuple[Worker, dict[str, Any]]:
+    worker = Worker(memory or CpuMemory())
+    spec = cell_spec(tiny_workload(), parse_mode(mode), 16, GIB)
+    return worker, worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+
+
+def test_worker_builds_the_model_and_reports_ready() -> None:
+    worker, ready = started_worker()
+    assert ready["op"] == "ready" and ready["attn"] == "sdpa" and ready["model_oom"] is None
+    assert ready["model_bytes"] == 4 * MIB and ready["free_bytes"] == 79 * GIB
+
+
+def test_worker_probe_fits_with_peaks_and_timing() -> None:
+    worker, _ = started_worker("amp+ckpt")
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits" and reply["clean"] is True
+    assert (reply["peak_allocated_bytes"], reply["peak_reserved_bytes"]) == (12 * MIB, 16 * MIB)
+    assert reply["step_time_s"] > 0 and reply["samples_per_s"] == pytest.approx(2 / reply["step_time_s"])
+    assert all(p.grad is None for p in worker.model.parameters())  # the reset dropped them
+
+
+def test_worker_reports_out_of_memory_as_oom_and_keeps_going() -> None:
+    memory = CpuMemory()
+    worker, _ = started_worker(memory=memory)
+    memory.raise_on_sync = torch.OutOfMemoryError(OOM_MESSAGE)
+    reply = worker.handle({"op": "probe", "batch_size": 64})
+    assert (reply["outcome"], reply["error"], reply["clean"]) == ("oom", OOM_MESSAGE, True)
+    memory.raise_on_sync = None
+    assert worker.handle({"op": "probe", "batch_size": 1})["outcome"] == "fits"
+
+
+def test_worker_reports_other_exceptions_as_errors_never_oom() -> None:
+    memory = CpuMemory()
+    worker, _ = started_worker(memory=memory)
+    memory.raise_on_sync = RuntimeError("CUDA error: an illegal memory access was encountered")
+    reply = worker.handle({"op": "probe", "batch_size": 4})
+    assert reply["outcome"] == "error" and reply["error_type"] == "RuntimeError"
+    assert "illegal memory access" in reply["error"] and "Traceback" in reply["traceback"]
+
+
+def test_worker_accepts_workspaces_after_the_first_probe_then_flags_any_growth() -> None:
+    memory = CpuMemory()
+    worker, _ = started_worker(memory=memory)
+    memory.allocated += 66 * MIB  # two 33 MiB Hopper cuBLAS workspaces, kept after the first probe
+    first = worker.handle({"op": "probe", "batch_size": 1})
+    assert first["clean"] is True and first["baseline_bytes"] == 70 * MIB
+    memory.allocated += 512  # one block left behind by the second probe
+    second = worker.handle({"op": "probe", "batch_size": 1})
+    assert second["clean"] is False and second["allocated_after_bytes"] == 70 * MIB + 512
+
+
+def test_worker_flags_a_first_probe_that_leaves_more_than_workspaces() -> None:
+    memory = CpuMemory()
+    worker, _ = started_worker(memory=memory)
+    memory.allocated += GIB
+    assert worker.handle({"op": "probe", "batch_size": 1})["clean"] is False
+
+
+def test_worker_reports_a_model_larger_than_the_budget() -> None:
+    memory = CpuMemory()
+    memory.load_error = torch.OutOfMemoryError(OOM_MESSAGE)
+    _, ready = started_worker(memory=memory)
+    assert ready["op"] == "ready" and ready["model_oom"] == OOM_MESSAGE
+
+
+def test_worker_reports_other_load_failures_as_failed_not_oom() -> None:
+    memory = CpuMemory()
+    memory.load_error = RuntimeError("CUDA error: no kernel image is available for execution")
+    _, reply = started_worker(memory=memory)
+    assert reply["op"] == "failed" and reply["error_type"] == "RuntimeError"
+    assert reply["free_bytes"] == 79 * GIB  # the figures travel with the failure
+
+
+def test_worker_refuses_a_probe_before_init() -> None:
+    reply = Worker(CpuMemory()).handle({"op": "probe", "batch_size": 1})
+    assert reply["op"] == "failed" and reply["error_type"] == "ProtocolError"
+
+
+# --- the parent with scripted workers -------------------------------------------------------
+
+# A worker that speaks the protocol without torch: argv[1] is a plan, argv[2] a file counting
+# starts. plan["starts"][n] is what start n does: "exit" (code 3 at once) or "serve".
+# plan["probes"][batch] is a reply field update, or "die" | "hang" | "garbage".
+FAKE_WORKER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from autotune.cuda_worker import decode, encode
+    plan, counter = json.loads(sys.argv[1]), sys.argv[2]
+    start = int(open(counter).read()) if os.path.exists(counter) else 0
+    open(counter, "w").write(str(start + 1))
+    starts = plan.get("starts", ["serve"])
+    if starts[min(start, len(starts) - 1)] == "exit":
+        sys.stderr.write("Traceback ...\\nRuntimeError: no CUDA device here\\n")
+        sys.exit(3)
+    for line in sys.stdin:
+        request = decode(line)
+        if request["op"] == "init":
+            reply = {"op": "ready", "attn": "sdpa", "model_oom": None, "free_bytes": 79 << 30,
+                     "total_bytes": 80 << 30, "device_name": "fake", "compute_capability": [9, 0]}
+            reply.update(plan.get("ready", {}))
+        else:
+            batch = request["batch_size"]
+            action = plan.get("probes", {}).get(str(batch), {})
+            if action == "die":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if action == "hang":
+                time.sleep(60)
+            if action == "garbage":
+                sys.stdout.write("loading weights...\\n")
+                sys.stdout.flush()
+                continue
+            fits = batch <= plan.get("fits_up_to", 1 << 30)
+            reply = {"op": "result", "batch_size": batch, "outcome": "fits" if fits else "oom",
+                     "peak_allocated_bytes": batch << 20, "peak_reserved_bytes": (batch + 2) << 20,
+                     "step_time_s": 0.5, "samples_per_s": 2.0 * batch, "clean": True,
+                     "error": None if fits else "CUDA out of memory. Tried to allocate 2.00 MiB"}
+            reply.update(action)
+        sys.stdout.write(encode(reply))
+        sys.stdout.flush()
+    """
+)
+
+
+def fake_backend(tmp_path: Path, plan: dict[str, Any], timeout_s: float = 30) -> CudaBackend:
+    command = [sys.executable, "-c", FAKE_WORKER, json.dumps(plan), str(tmp_path / "starts")]
+    return CudaBackend(H100, timeout_s=timeout_s, worker_command=command)
+
+
+def run_cell(backend: CudaBackend, batches: list[int], budget_bytes: int = 14 * GIB) -> list[Any]:
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, budget_bytes) as fits:
+        return [fits(batch) for batch in batches]
+
+
+def test_fits_probe_carries_peak_reserved_and_both_peaks_in_details(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {})
+    (probe,) = run_cell(backend, [4])
+    assert (probe.outcome, probe.peak_bytes, probe.step_time_s) == ("fits", 6 * MIB, 0.5)
+    assert probe.details["peak_allocated_bytes"] == 4 * MIB
+    assert probe.details["peak_reserved_bytes"] == 6 * MIB
+    assert probe.details["samples_per_s"] == 8.0
+    assert backend.attn_used(tiny_workload()) == "sdpa"
+
+
+def test_describe_names_the_gpu_and_the_versions() -> None:
+    info = CudaBackend(H100).describe()
+    assert (info["backend"], info["gpu_name"], info["gpu_total_memory_bytes"]) == (
+        "cuda",
+        "H100-80GB",
+        80 * GIB,
+    )
+    assert info["torch_version"] == torch.__version__
+    assert info["transformers_version"] == transformers.__version__
+    assert info["cuda_version"] == torch.version.cuda
+    assert "driver" in info
+
+
+def test_worker_that_exits_at_once_gives_an_error_probe_then_a_fresh_worker(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"starts": ["exit", "serve"]})
+    error, recovered = run_cell(backend, [1, 1])
+    assert error.outcome == "error" and error.peak_bytes is None
+    assert "exited with code 3" in error.error and "no CUDA device here" in error.error
+    assert error.details["exit_code"] == 3 and "Traceback" in error.details["stderr_tail"]
+    assert recovered.outcome == "fits" and recovered.details["fresh_worker"] is True
+    assert backend.workers_started == 2
+
+
+def test_worker_killed_during_a_probe_gives_an_error_and_the_next_probe_recovers(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"probes": {"8": "die"}})
+    before, died, after = run_cell(backend, [4, 8, 6])
+    assert before.outcome == "fits" and after.outcome == "fits"
+    assert died.outcome == "error" and "killed by signal SIGKILL" in died.error
+    assert backend.workers_started == 2 and after.details["fresh_worker"] is True
+
+
+def test_hung_worker_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"probes": {"8": "hang"}}, timeout_s=1)
+    hung, after = run_cell(backend, [8, 4])
+    assert hung.outcome == "error" and "no reply to the probe request in 1 s" in hung.error
+    assert after.outcome == "fits" and backend.workers_started == 2
+
+
+def test_oom_reply_is_oom_without_a_peak_and_keeps_the_worker(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"fits_up_to": 5})
+    oom, fits = run_cell(backend, [6, 5])
+    assert (oom.outcome, oom.peak_bytes, oom.error) == ("oom", None, None)
+    assert oom.details["oom_message"].startswith("CUDA out of memory")
+    assert fits.outcome == "fits" and backend.workers_started == 1
+
+
+def test_error_reply_is_an_error_and_the_worker_is_replaced(tmp_path: Path) -> None:
+    failure = {"outcome": "error", "error_type": "RuntimeError", "error": "CUDA error: misaligned address"}
+    backend = fake_backend(tmp_path, {"probes": {"2": failure}})
+    error, after = run_cell(backend, [2, 1])
+    assert error.outcome == "error" and error.error == "RuntimeError: CUDA error: misaligned address"
+    assert "fresh worker" in error.details["worker_replaced"]
+    assert after.details["fresh_worker"] is True and backend.workers_started == 2
+
+
+def test_unclean_reset_keeps_the_probe_and_replaces_the_worker(tmp_path: Path) -> None:
+    leak = {"clean": False, "allocated_after_bytes": 70 * MIB + 512, "baseline_bytes": 70 * MIB}
+    backend = fake_backend(tmp_path, {"probes": {"2": leak}})
+    leaked, after = run_cell(backend, [2, 3])
+    assert leaked.outcome == "fits" and leaked.peak_bytes == 4 * MIB
+    assert leaked.details["worker_replaced"].startswith("73400832 bytes stayed allocated")
+    assert after.details["fresh_worker"] is True and backend.workers_started == 2
+
+
+def test_stray_stdout_line_is_a_protocol_error(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"probes": {"2": "garbage"}})
+    broken, after = run_cell(backend, [2, 1])
+    assert broken.outcome == "error" and "broke the protocol" in broken.error
+    assert after.outcome == "fits"
+
+
+def test_budget_not_free_on_the_gpu_refuses_the_cell(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"ready": {"free_bytes": 10 * GIB}})
+    with pytest.raises(BackendUnavailable, match=r"does not fit in the GPU's free memory \(10 GiB of 80"):
+        run_cell(backend, [1])
+
+
+def test_other_processes_on_the_gpu_give_a_warning(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"ready": {"free_bytes": 60 * GIB}})
+    with pytest.warns(UserWarning, match="other processes hold GPU memory"):
+        (probe,) = run_cell(backend, [1])
+    assert probe.outcome == "fits"
+
+
+def test_model_larger_than_the_budget_is_oom_at_every_batch(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"ready": {"model_oom": "CUDA out of memory. Tried to allocate"}})
+    probes = run_cell(backend, [1, 2])
+    assert [p.outcome for p in probes] == ["oom", "oom"] and backend.workers_started == 1
+    assert probes[0].details["model_does_not_fit"].startswith("CUDA out of memory")
+
+
+def test_worker_that_cannot_set_up_the_cell_gives_error_probes(tmp_path: Path) -> None:
+    failed = {"op": "failed", "error_type": "InvalidInput", "error": "BertModel has no ckpt"}
+    backend = fake_backend(tmp_path, {"ready": failed})
+    (probe,) = run_cell(backend, [1])
+    assert probe.outcome == "error" and "could not set up the cell: InvalidInput" in probe.error
+
+
+def test_search_runs_over_the_worker_probes(tmp_path: Path) -> None:
+    backend = fake_backend(tmp_path, {"fits_up_to": 5})
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, 14 * GIB) as fits:
+        result = bisect_search(fits, max_batch=64)
+    assert result.max_batch_size == 5
+    assert [p.batch_size for p in result.probes] == [1, 2, 4, 8, 6, 5]
+    assert backend.workers_started == 1
+
+
+# --- the real worker process, on a CPU --------------------------------------------------------
+
+
+def test_worker_process_exits_when_stdin_closes() -> None:
+    proc = subprocess.Popen(
+        list(WORKER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=TESTS.parent
+    )
+    assert proc.communicate(input=b"", timeout=60) == (b"", None)
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_real_worker_loop_runs_tiny_bert_probes_through_the_protocol() -> None:
+    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_cuda, autotune.cuda_worker as w; "
+    script += "sys.exit(w.main(test_cuda.CpuMemory))"
+    backend = CudaBackend(H100, timeout_s=120, worker_command=[sys.executable, "-c", script])
+    first, second = run_cell(backend, [1, 3])
+    assert first.outcome == second.outcome == "fits"
+    assert second.peak_bytes == 16 * MIB and second.step_time_s > 0
+    assert backend.workers_started == 1 and "worker_replaced" not in second.details
+
+
+@pytest.mark.slow
+@no_cuda
+def test_default_worker_without_cuda_refuses_the_cell() -> None:
+    backend = CudaBackend(H100, timeout_s=120)
+    with pytest.raises(BackendUnavailable, match="CUDA is not available in the worker"):
+        run_cell(backend, [1])
+
+
+@no_cuda
+def test_local_gpu_without_cuda_is_backend_unavailable() -> None:
+    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU"):
+        local_gpu()
+
+
+# --- on a real GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_tiny_bert_fits_at_batch_1_with_peaks_on_the_gpu() -> None:
+    backend = CudaBackend(local_gpu())
+    probes = run_cell(backend, [1, 2, 1], budget_bytes=GIB)
+    assert [p.outcome for p in probes] == ["fits"] * 3
+    for probe in probes:
+        assert probe.peak_bytes > 0 and probe.details["peak_allocated_bytes"] > 0
+        assert probe.step_time_s > 0 and "worker_replaced" not in probe.details
+    assert probes[1].details["peak_allocated_bytes"] >= probes[0].details["peak_allocated_bytes"]
+    assert backend.workers_started == 1  # every reset proved clean
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_budget_smaller_than_the_parameters_is_oom_at_batch_1() -> None:
+    backend = CudaBackend(local_gpu())
+    (probe,) = run_cell(backend, [1], budget_bytes=64 * 1024)
+    assert probe.outcome == "oom"
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_oom_at_a_large_batch_leaves_the_worker_clean_on_the_gpu() -> None:
+    backend = CudaBackend(local_gpu())
+    # 16384 x 64 tokens need gigabytes of activations even in a 32-wide model.
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 64, 512 * MIB) as fits:
+        oom, fits_after = fits(16384), fits(1)
+    assert oom.outcome == "oom" and "CUDA out of memory" in oom.details["oom_message"]
+    assert fits_after.outcome == "fits" and backend.workers_started == 1
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("mode", ["amp", "bf16+ckpt"])
+def test_mixed_precision_modes_fit_on_the_gpu(mode: str) -> None:
+    gpu = local_gpu()
+    if mode.startswith("bf16") and not gpu.supports_bf16:
+        pytest.skip(f"{gpu.name} has no bfloat16")
+    backend = CudaBackend(gpu)
+    with backend.cell(tiny_workload(), parse_mode(mode), 16, GIB) as fits:
+        probe = fits(2)
+    assert probe.outcome == "fits", probe.error

@@ -1,0 +1,480 @@
+"""Model resolution: presets with their published figures, local configs, the hub
+(never reached: the tests run offline), sequence lengths and tasks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
+from autotune.models import (
+    DEFAULT_TASK,
+    PRESETS,
+    TASKS,
+    TINY_CONFIGS,
+    ModelSpec,
+    check_seq_len,
+    check_task,
+    preset_name,
+    resolve_model,
+    tiny_config,
+)
+
+PRESET_LIST = ", ".join(sorted(PRESETS))
+NOT_FOUND = "not a built-in preset, a local config, or a reachable Hugging Face hub id"
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach the network: hub lookups read the local HF cache only."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("AUTOTUNE_OFFLINE", "1")
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """Parameters of the bare model (AutoModel, with BERT's pooler), built on meta."""
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(spec.config)
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- presets --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_resolves_offline(name: str) -> None:
+    spec = resolve_model(name)
+    assert spec.name == name
+    assert spec.source == "preset"
+    assert spec.config.model_type == PRESETS[name]["model_type"]
+    assert spec.max_seq_len == (128 if name.startswith("tiny-") else 1024 if "gpt2" in name else 512)
+
+
+@pytest.mark.parametrize(
+    ("name", "fields"),
+    [
+        (
+            "bert-base-uncased",
+            {
+                "vocab_size": 30522,
+                "hidden_size": 768,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "intermediate_size": 3072,
+                "max_position_embeddings": 512,
+                "type_vocab_size": 2,
+            },
+        ),
+        ("bert-base-cased", {"vocab_size": 28996, "hidden_size": 768}),
+        (
+            "bert-large-uncased",
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 16,
+                "intermediate_size": 4096,
+            },
+        ),
+        (
+            "bert-large-cased",
+            {"vocab_size": 28996, "hidden_size": 1024, "num_hidden_layers": 24},
+        ),
+        ("bert-base-chinese", {"vocab_size": 21128}),
+        ("bert-base-multilingual-cased", {"vocab_size": 119547}),
+        ("cl-tohoku/bert-base-japanese", {"vocab_size": 32000}),
+        (
+            "distilbert-base-uncased",
+            {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072},
+        ),
+        (
+            "roberta-base",
+            {"vocab_size": 50265, "max_position_embeddings": 514, "pad_token_id": 1},
+        ),
+        (
+            "roberta-large",
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 24,
+                "max_position_embeddings": 514,
+            },
+        ),
+        ("xlm-roberta-base", {"vocab_size": 250002, "max_position_embeddings": 514}),
+        ("xlm-roberta-large", {"vocab_size": 250002, "hidden_size": 1024}),
+        (
+            "albert-base-v2",
+            {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 768},
+        ),
+        (
+            "microsoft/deberta-v3-base",
+            {
+                "vocab_size": 128100,
+                "position_buckets": 256,
+                "max_position_embeddings": 512,
+                "type_vocab_size": 0,
+            },
+        ),
+        ("microsoft/deberta-v3-large", {"hidden_size": 1024, "num_hidden_layers": 24}),
+        (
+            "google/electra-base-discriminator",
+            {"embedding_size": 768, "hidden_size": 768, "vocab_size": 30522},
+        ),
+        (
+            "gpt2",
+            {
+                "n_positions": 1024,
+                "n_embd": 768,
+                "n_layer": 12,
+                "n_head": 12,
+                "vocab_size": 50257,
+            },
+        ),
+        (
+            "gpt2-medium",
+            {"n_positions": 1024, "n_embd": 1024, "n_layer": 24, "n_head": 16},
+        ),
+    ],
+)
+def test_presets_carry_the_published_hyperparameters(name: str, fields: dict[str, int]) -> None:
+    config = resolve_model(name).config
+    assert {key: getattr(config, key) for key in fields} == fields
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("bert-base-uncased", 109_482_240),  # BertModel with pooler
+        ("bert-large-uncased", 335_141_888),
+        ("roberta-base", 124_645_632),
+        ("roberta-large", 355_359_744),
+        ("xlm-roberta-base", 278_043_648),
+        ("distilbert-base-uncased", 66_362_880),
+        ("albert-base-v2", 11_683_584),
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+    ],
+)
+def test_preset_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
+    assert parameter_count(resolve_model(name)) == params
+
+
+def test_deberta_v3_base_has_the_model_cards_184m_parameters() -> None:
+    # The DeBERTa-v3 model card: "only 86M backbone parameters with a vocabulary
+    # containing 128K tokens which introduces 98M parameters in the Embedding layer".
+    total = parameter_count(resolve_model("microsoft/deberta-v3-base"))
+    embedding = 128100 * 768
+    assert round(embedding / 1e6) == 98
+    assert round(total / 1e6) == 86 + 98
+    assert total == 183_831_552  # DebertaV2Model, no pooler: 85.45M besides the embedding
+
+
+@pytest.mark.parametrize(
+    ("alias", "preset"),
+    [
+        ("deberta-v3-base", "microsoft/deberta-v3-base"),
+        ("DeBERTa-v3-Large", "microsoft/deberta-v3-large"),
+        ("BERT-BASE-UNCASED", "bert-base-uncased"),
+        ("electra-base-discriminator", "google/electra-base-discriminator"),
+        ("google-bert/bert-base-uncased", "bert-base-uncased"),
+        ("FacebookAI/roberta-base", "roberta-base"),
+        ("openai-community/gpt2", "gpt2"),
+        ("distilbert/distilbert-base-uncased", "distilbert-base-uncased"),
+        ("tohoku-nlp/bert-base-japanese", "cl-tohoku/bert-base-japanese"),
+    ],
+)
+def test_preset_aliases(alias: str, preset: str) -> None:
+    assert preset_name(alias) == preset
+    spec = resolve_model(alias)
+    assert spec.name == alias
+    assert spec.source == "preset"
+    assert spec.config.to_dict() == resolve_model(preset).config.to_dict()
+
+
+def test_a_fine_tune_under_another_org_is_not_taken_for_the_preset() -> None:
+    assert preset_name("someone/bert-base-uncased") is None
+
+
+# --- tiny models ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_tiny_presets_build_small_models(model_type: str) -> None:
+    spec = resolve_model(f"tiny-{model_type}")
+    assert spec.config.model_type == model_type
+    assert spec.max_seq_len == 128
+    assert parameter_count(spec) < 100_000
+
+
+def test_tiny_config_takes_overrides() -> None:
+    config = tiny_config("bert", num_hidden_layers=3)
+    assert config.num_hidden_layers == 3
+    assert config.hidden_size == 32
+
+
+def test_tiny_config_of_an_unknown_type_lists_the_types() -> None:
+    with pytest.raises(InvalidInput, match="^no tiny config for model_type 't5': use one of bert, "):
+        tiny_config("t5")
+
+
+# --- local configs --------------------------------------------------------------------
+
+
+def write_config(directory: Path, **fields: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "bert",
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "max_position_embeddings": 256,
+        **fields,
+    }
+    path = directory / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def test_local_directory_with_config_json(tmp_path: Path) -> None:
+    write_config(tmp_path / "my-model")
+    spec = resolve_model(str(tmp_path / "my-model"))
+    assert spec.source == "local"
+    assert spec.config.hidden_size == 64
+    assert spec.max_seq_len == 256
+
+
+def test_local_config_json_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path, model_type="roberta", max_position_embeddings=130, pad_token_id=1)
+    spec = resolve_model(str(path))
+    assert spec.source == "local"
+    assert spec.config.model_type == "roberta"
+    assert spec.max_seq_len == 128
+
+
+def test_local_path_inside_local_dirs(tmp_path: Path) -> None:
+    write_config(tmp_path / "models" / "a")
+    spec = resolve_model(str(tmp_path / "models" / "a"), local_dirs=[tmp_path / "models"])
+    assert spec.source == "local"
+
+
+def test_local_path_outside_local_dirs_is_refused(tmp_path: Path) -> None:
+    write_config(tmp_path / "elsewhere")
+    allowed = tmp_path / "models"
+    allowed.mkdir()
+    with pytest.raises(InvalidInput) as info:
+        resolve_model(str(tmp_path / "elsewhere"), local_dirs=[allowed])
+    assert not isinstance(info.value, UnknownModel)
+    assert str(info.value) == (
+        f"local model path '{tmp_path / 'elsewhere'}' is outside the allowed directories: {allowed.resolve()}"
+    )
+
+
+def test_a_symlink_out_of_local_dirs_is_refused(tmp_path: Path) -> None:
+    write_config(tmp_path / "secret")
+    allowed = tmp_path / "models"
+    allowed.mkdir()
+    (allowed / "link").symlink_to(tmp_path / "secret")
+    with pytest.raises(InvalidInput, match="outside the allowed directories"):
+        resolve_model(str(allowed / "link"), local_dirs=[allowed])
+
+
+def test_local_paths_are_not_read_when_local_is_not_allowed(tmp_path: Path) -> None:
+    write_config(tmp_path / "m")
+    with pytest.raises(UnknownModel, match=f"^unknown model '{tmp_path / 'm'}': {NOT_FOUND}. Presets:"):
+        resolve_model(str(tmp_path / "m"), allow_local=False)
+
+
+def test_local_directory_without_config_json(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnknownModel, match="no config.json in"):
+        resolve_model(str(tmp_path / "empty"))
+
+
+def test_missing_local_file(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModel, match=r"\(no file .*missing\.json\)"):
+        resolve_model(str(tmp_path / "missing.json"))
+
+
+def test_a_config_json_symlinked_out_of_local_dirs_is_refused(tmp_path: Path) -> None:
+    outside = write_config(tmp_path / "secret")
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").symlink_to(outside)
+    with pytest.raises(InvalidInput, match="outside the allowed directories"):
+        resolve_model(str(tmp_path / "models" / "m"), local_dirs=[tmp_path / "models"])
+
+
+def test_local_config_that_is_not_json(tmp_path: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(UnknownModel, match="cannot read"):
+        resolve_model(str(tmp_path / "broken"))
+
+
+def test_unknown_model_type_is_refused_without_remote_code(tmp_path: Path) -> None:
+    write_config(
+        tmp_path / "custom",
+        model_type="my-secret-arch",
+        auto_map={"AutoConfig": "x.MyConfig"},
+    )
+    with pytest.raises(UnknownModel) as info:
+        resolve_model(str(tmp_path / "custom"))
+    message = str(info.value)
+    assert "model_type 'my-secret-arch' is not built into transformers" in message
+    assert "autotune does not run remote code (trust_remote_code is off)" in message
+    assert message.endswith(f"Presets: {PRESET_LIST}")
+
+
+# --- names that resolve nowhere -------------------------------------------------------
+
+
+def test_unknown_name_lists_the_presets() -> None:
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("bert-huge")
+    assert str(info.value) == (
+        f"unknown model 'bert-huge': {NOT_FOUND} (offline: only the local Hugging Face "
+        f"cache was searched). Presets: {PRESET_LIST}"
+    )
+
+
+def test_unknown_name_without_hub_lookups() -> None:
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("bert-huge", allow_hub=False)
+    assert str(info.value) == f"unknown model 'bert-huge': {NOT_FOUND}. Presets: {PRESET_LIST}"
+    assert str(info.value).startswith(
+        "unknown model 'bert-huge': not a built-in preset, a local config, or a reachable "
+        "Hugging Face hub id. Presets: albert-base-v2, bert-base-cased, "
+    )
+
+
+def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("AUTOTUNE_OFFLINE")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    with socket.socket() as probe:  # a local port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    start = time.monotonic()
+    with pytest.raises(UnknownModel, match=f"cannot reach http://127.0.0.1:{port}"):
+        resolve_model("some-org/bert-huge")
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("name", ["", "   "])
+def test_empty_name(name: str) -> None:
+    with pytest.raises(InvalidInput, match="^empty model name"):
+        resolve_model(name)
+
+
+# --- sequence lengths -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "seq_len", "message", "limit"),
+    [
+        (
+            "bert-base-uncased",
+            1024,
+            "sequence length 1024 exceeds max_position_embeddings=512 of bert-base-uncased",
+            512,
+        ),
+        (
+            "roberta-base",
+            600,
+            "sequence length 600 exceeds the 512 usable positions "
+            "(max_position_embeddings=514) of roberta-base",
+            512,
+        ),
+        (
+            "xlm-roberta-base",
+            513,
+            "sequence length 513 exceeds the 512 usable positions "
+            "(max_position_embeddings=514) of xlm-roberta-base",
+            512,
+        ),
+        ("gpt2", 2048, "sequence length 2048 exceeds n_positions=1024 of gpt2", 1024),
+        (
+            "deberta-v3-base",
+            513,
+            "sequence length 513 exceeds max_position_embeddings=512 of deberta-v3-base",
+            512,
+        ),
+        (
+            "tiny-bert",
+            129,
+            "sequence length 129 exceeds max_position_embeddings=128 of tiny-bert",
+            128,
+        ),
+    ],
+)
+def test_sequence_too_long(name: str, seq_len: int, message: str, limit: int) -> None:
+    spec = resolve_model(name)
+    with pytest.raises(SequenceTooLong) as info:
+        check_seq_len(spec, seq_len)
+    assert str(info.value) == message
+    assert info.value.limit == limit
+    assert isinstance(info.value, InvalidInput)
+
+
+@pytest.mark.parametrize(
+    ("name", "seq_len"),
+    [("bert-base-uncased", 512), ("roberta-base", 512), ("gpt2", 1024)],
+)
+def test_sequence_at_the_limit_is_allowed(name: str, seq_len: int) -> None:
+    check_seq_len(resolve_model(name), seq_len)
+    check_seq_len(resolve_model(name), 1)
+
+
+@pytest.mark.parametrize("seq_len", [0, -1, True, 1.5])
+def test_sequence_length_must_be_a_positive_integer(seq_len: object) -> None:
+    with pytest.raises(InvalidInput) as info:
+        check_seq_len(resolve_model("tiny-bert"), seq_len)  # type: ignore[arg-type]
+    assert not isinstance(info.value, SequenceTooLong)
+    assert str(info.value) == f"sequence length must be an integer >= 1, got {seq_len!r}"
+
+
+# --- tasks and the spec ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_known_tasks(task: str) -> None:
+    assert check_task(task) == task
+    assert check_task(task.upper().replace("-", "_")) == task
+
+
+def test_default_task_is_a_task() -> None:
+    assert check_task(DEFAULT_TASK) == "sequence-classification"
+
+
+def test_unknown_task_lists_the_tasks() -> None:
+    with pytest.raises(InvalidInput) as info:
+        check_task("summarization")
+    assert str(info.value) == (
+        "unknown task 'summarization': use one of sequence-classification, "
+        "question-answering, masked-lm, causal-lm, token-classification"
+    )
+
+
+def test_model_spec_is_frozen_and_hashable() -> None:
+    spec = resolve_model("tiny-bert")
+    assert spec == resolve_model("tiny-bert")
+    assert hash(spec) == hash(resolve_model("tiny-bert"))
+    with pytest.raises(AttributeError):
+        spec.max_seq_len = 1  # type: ignore[misc]
+
+
+def test_importing_models_imports_neither_torch_nor_transformers() -> None:
+    code = (
+        "import sys, autotune.models; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

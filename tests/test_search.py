@@ -1,0 +1,411 @@
+"""autotune.search on fake memory curves: the exact batch sizes probed, in order."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from autotune.errors import InvalidInput, ProbeError
+from autotune.search import (
+    MemoryModel,
+    Probe,
+    SearchError,
+    SearchResult,
+    bisect_search,
+    search_max_batch,
+)
+
+MiB = 2**20
+GiB = 2**30
+BUDGET = 80 * GiB  # an 80 GB card
+
+Curve = Callable[[int], int]  # batch size -> peak bytes of one training step
+
+
+def curve(
+    intercept_bytes: int,
+    slope_bytes: int,
+    *,
+    floor_bytes: int = 0,
+    round_to: int = 1,
+    kink_at: int | None = None,
+    kink_slope_bytes: int = 0,
+) -> Curve:
+    """max(floor, intercept + slope * b), steeper past kink_at, rounded up to round_to."""
+
+    def peak(batch: int) -> int:
+        raw = intercept_bytes + slope_bytes * batch
+        if kink_at is not None:
+            raw += kink_slope_bytes * max(0, batch - kink_at)
+        return -(-max(floor_bytes, raw) // round_to) * round_to
+
+    return peak
+
+
+# 8 GiB of weights and optimizer state, 300 MiB per sample: 245 fit in 80 GiB, 246 not.
+AFFINE = curve(8 * GiB, 300 * MiB)
+
+
+class FakeGpu:
+    """A fits() over a memory curve that records the batches probed.
+
+    cuda=True mimics a real CUDA out-of-memory error: it carries no peak.
+    """
+
+    def __init__(self, peak: Curve, budget_bytes: int = BUDGET, *, cuda: bool = False):
+        self.peak = peak
+        self.budget_bytes = budget_bytes
+        self.cuda = cuda
+        self.calls: list[int] = []
+        self._answers: dict[int, int] = {}
+
+    def __call__(self, batch: int) -> Probe:
+        self.calls.append(batch)
+        peak = self.peak(batch)
+        if peak <= self.budget_bytes:
+            return Probe(batch, "fits", peak_bytes=peak, details={"reserved": peak})
+        return Probe(batch, "oom", peak_bytes=None if self.cuda else peak)
+
+    def true_max(self, top: int) -> int:
+        """The answer, by scanning up from 1: the largest batch <= top that fits."""
+        if top not in self._answers:
+            fit = (b for b in range(1, top + 1) if self.peak(b) > self.budget_bytes)
+            self._answers[top] = next(fit, top + 1) - 1
+        return self._answers[top]
+
+
+def probed(result: SearchResult) -> list[int]:
+    return [p.batch_size for p in result.probes]
+
+
+def run(gpu: FakeGpu, *, max_batch: int = 4096, budget: bool = True, **hints) -> SearchResult:
+    """search_max_batch on gpu; checks the contract every search keeps."""
+    gpu.calls.clear()
+    budget_bytes = gpu.budget_bytes if budget else None
+    result = search_max_batch(gpu, budget_bytes=budget_bytes, max_batch=max_batch, **hints)
+    upper_bound = hints.get("upper_bound")
+    top = max_batch if upper_bound is None else min(max_batch, upper_bound)
+    batches = probed(result)
+    assert batches == gpu.calls
+    assert len(set(batches)) == len(batches), f"a batch probed twice: {batches}"
+    assert all(1 <= b <= top for b in batches), f"a probe outside [1, {top}]: {batches}"
+    outcome = {p.batch_size: p.outcome for p in result.probes}
+    best = result.max_batch_size
+    assert best == gpu.true_max(top)
+    assert best == 0 or outcome[best] == "fits"
+    assert best == top or outcome[best + 1] == "oom"
+    assert result.capped == (best == max_batch)
+    assert result.num_probes == len(batches)
+    return result
+
+
+# --- bisect: the baseline ---------------------------------------------------------------
+
+
+def test_bisect_doubles_until_oom_then_halves_the_bracket():
+    result = run(FakeGpu(lambda b: b * GiB, budget_bytes=13 * GiB), method="bisect")
+    assert probed(result) == [1, 2, 4, 8, 16, 12, 14, 13]
+    assert result.max_batch_size == 13
+
+
+def test_bisect_on_an_affine_curve():
+    result = run(FakeGpu(AFFINE), method="bisect")
+    doubling = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert probed(result) == doubling + [192, 224, 240, 248, 244, 246, 245]
+    assert result.max_batch_size == 245
+    assert result.model == MemoryModel(8 * GiB, 300 * MiB)
+
+
+def test_bisect_ignores_hints():
+    hints = {"guess": 245, "prior": MemoryModel(8 * GiB, 300 * MiB)}
+    result = run(FakeGpu(AFFINE), method="bisect", **hints)
+    assert probed(result) == probed(bisect_search(FakeGpu(AFFINE)))
+
+
+@pytest.mark.parametrize("peak", [AFFINE, curve(8 * GiB, 300 * MiB, floor_bytes=40 * GiB), lambda b: b * GiB])
+def test_guided_without_a_budget_probes_like_bisect(peak):
+    expected = probed(run(FakeGpu(peak), method="bisect"))
+    assert probed(run(FakeGpu(peak), budget=False)) == expected
+
+
+def test_guided_without_a_budget_still_starts_from_the_guess():
+    assert probed(run(FakeGpu(AFFINE), budget=False, guess=245)) == [245, 246]
+    # Galloping up from the guess: 242 + 1, + 2, + 4, then bisection.
+    result = run(FakeGpu(AFFINE), budget=False, guess=242)
+    assert probed(result) == [242, 243, 244, 246, 245]
+
+
+# --- guided: the line through the peaks -------------------------------------------------
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_guided_without_hints_fits_a_line_through_batches_1_and_2(cuda):
+    result = run(FakeGpu(AFFINE, cuda=cuda))
+    assert probed(result) == [1, 2, 245, 246]
+    assert result.model == MemoryModel(8 * GiB, 300 * MiB)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_guided_right_guess_costs_two_probes(cuda):
+    assert probed(run(FakeGpu(AFFINE, cuda=cuda), guess=245)) == [245, 246]
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_guided_guess_too_low_by_three(cuda):
+    # 243 fits too, so the line through 242 and 243 names 245; 246 proves it.
+    assert probed(run(FakeGpu(AFFINE, cuda=cuda), guess=242)) == [242, 243, 245, 246]
+
+
+def test_guided_guess_too_high_by_three():
+    # The line through the peaks of the two OOM probes names 245.
+    assert probed(run(FakeGpu(AFFINE), guess=248)) == [248, 247, 245, 246]
+
+
+def test_guided_guess_too_high_by_three_with_real_cuda_ooms():
+    # No peak until a batch fits: 248 - 1 - 248 // 16 = 232 does; bisection gives a
+    # second point, 239, and the line through the two names 245.
+    result = run(FakeGpu(AFFINE, cuda=True), guess=248)
+    assert probed(result) == [248, 247, 232, 239, 245, 246]
+
+
+def test_guided_first_probe_is_the_priors_prediction():
+    prior = MemoryModel(8 * GiB, 330 * MiB)  # slope 10% too steep
+    assert prior.predict_max(BUDGET) == 223
+    # 223 fits; the prior's slope through its peak names 243; the line 223-243, 245.
+    assert probed(run(FakeGpu(AFFINE), prior=prior)) == [223, 243, 245, 246]
+
+
+def test_guided_guess_comes_before_the_prior():
+    prior = MemoryModel(8 * GiB, 330 * MiB)
+    assert probed(run(FakeGpu(AFFINE), prior=prior, guess=245)) == [245, 246]
+
+
+def test_guided_prior_too_shallow_with_real_cuda_ooms():
+    prior = MemoryModel(8 * GiB, 270 * MiB)  # predicts 273
+    # Down from 273 until 237 fits; its peak and the prior's slope name 246, which is
+    # refuted; bisection gives 241, and the line 237-241 names 245.
+    result = run(FakeGpu(AFFINE, cuda=True), prior=prior)
+    assert probed(result) == [273, 272, 255, 237, 246, 241, 245]
+
+
+def test_guided_rounding_misses_then_the_secant_converges():
+    # 20 MiB segments blur the slope between batches 1 and 2: the line names 263.
+    gpu = FakeGpu(curve(8 * GiB + 5 * MiB, 290 * MiB, round_to=20 * MiB))
+    assert probed(run(gpu)) == [1, 2, 263, 254, 255]
+
+
+def test_guided_rounding_misses_with_real_cuda_ooms():
+    gpu = FakeGpu(curve(8 * GiB + 5 * MiB, 311 * MiB, round_to=20 * MiB), cuda=True)
+    # 245 is OOM without a peak: the line 1-2 is refuted; bisection gives the point 123.
+    assert probed(run(gpu)) == [1, 2, 245, 123, 236, 237, 238]
+
+
+KINK = curve(8 * GiB, 300 * MiB, kink_at=100, kink_slope_bytes=200 * MiB)
+
+
+def test_guided_kink_secant_through_the_oom_peak():
+    assert probed(run(FakeGpu(KINK))) == [1, 2, 245, 176, 187, 188]
+
+
+def test_guided_kink_with_real_cuda_ooms():
+    # The line 2-123 blends both sides of the kink and names 218, OOM: two misses in a
+    # row, so bisect (123, 218) -> 170; the line 123-170 is right.
+    result = run(FakeGpu(KINK, cuda=True))
+    assert probed(result) == [1, 2, 245, 123, 218, 170, 187, 188]
+
+
+FLOOR = curve(8 * GiB, 300 * MiB, floor_bytes=40 * GiB)  # the floor up to batch 109
+
+
+def test_guided_crosses_the_floor_eight_times_faster():
+    # Batches 1 and 2 peak alike (the floor): 16, 128. The line 16-128 is too shallow
+    # (16 is on the floor), so it may reach 256 at most; the secant 128-256 names 245.
+    assert probed(run(FakeGpu(FLOOR))) == [1, 2, 16, 128, 256, 245, 246]
+
+
+def test_guided_floor_with_real_cuda_ooms():
+    result = run(FakeGpu(FLOOR, cuda=True))
+    assert probed(result) == [1, 2, 16, 128, 256, 192, 245, 246]
+
+
+# --- edges: batch 0, max_batch, upper_bound ---------------------------------------------
+
+TOO_BIG = curve(90 * GiB, 1 * GiB)  # not even batch 1 fits
+TINY = curve(1 * GiB, 1 * MiB)  # 79,000-odd would fit
+
+
+@pytest.mark.parametrize("method", ["guided", "bisect"])
+def test_nothing_fits_costs_one_probe(method):
+    result = run(FakeGpu(TOO_BIG), method=method)
+    assert probed(result) == [1]
+    assert result.max_batch_size == 0
+    assert result.model is None
+
+
+def test_nothing_fits_below_a_guess():
+    assert probed(run(FakeGpu(TOO_BIG, cuda=True), guess=3)) == [3, 2, 1]
+
+
+def test_bisect_capped_at_max_batch():
+    result = run(FakeGpu(TINY), method="bisect", max_batch=100)
+    assert probed(result) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert result.capped
+    assert result.max_batch_size == 100
+
+
+def test_guided_capped_at_max_batch():
+    assert probed(run(FakeGpu(TINY), max_batch=100)) == [1, 2, 100]
+    result = run(FakeGpu(TINY), max_batch=100, guess=5000)
+    assert probed(result) == [100]
+    assert result.capped
+
+
+def test_upper_bound_that_fits_is_the_answer_without_probing_above():
+    # A shorter sequence proved 201 OOM; here 245 would fit, but the answer is <= 200.
+    result = run(FakeGpu(AFFINE), guess=245, upper_bound=200)
+    assert probed(result) == [200]
+    assert result.max_batch_size == 200
+    assert not result.capped
+
+
+def test_upper_bound_caps_the_doubling():
+    result = run(FakeGpu(AFFINE), method="bisect", upper_bound=200)
+    assert probed(result) == [1, 2, 4, 8, 16, 32, 64, 128, 200]
+
+
+def test_upper_bound_above_the_answer_clamps_the_guess():
+    result = run(FakeGpu(AFFINE), upper_bound=300, guess=400)
+    assert probed(result) == [300, 299, 245, 246]
+
+
+@pytest.mark.parametrize("method", ["guided", "bisect"])
+def test_upper_bound_zero_needs_no_probe(method):
+    result = run(FakeGpu(AFFINE), method=method, upper_bound=0, guess=10)
+    assert probed(result) == []
+    assert result.max_batch_size == 0
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["guided", "bisect"])
+def test_error_outcome_raises_search_error_with_the_probes(method):
+    gpu = FakeGpu(AFFINE)
+
+    def fits(batch: int) -> Probe:
+        if batch == 2:
+            return Probe(2, "error", error="CUDA error: an illegal memory access")
+        return gpu(batch)
+
+    with pytest.raises(SearchError) as caught:
+        search_max_batch(fits, budget_bytes=BUDGET, method=method)
+    error = caught.value
+    assert isinstance(error, ProbeError)
+    assert str(error) == "probe at batch size 2 failed: CUDA error: an illegal memory access"
+    assert [p.batch_size for p in error.probes] == [1, 2]
+    assert error.probe is error.probes[-1]
+    assert error.probe.outcome == "error"
+
+
+def test_exceptions_from_fits_propagate_untouched():
+    def fits(batch: int) -> Probe:
+        raise KeyError("backend bug")
+
+    with pytest.raises(KeyError):
+        search_max_batch(fits, budget_bytes=BUDGET)
+
+
+def test_a_probe_for_another_batch_is_rejected():
+    with pytest.raises(ValueError, match=r"fits\(1\) returned a probe of 2"):
+        search_max_batch(lambda b: Probe(b + 1, "fits"), budget_bytes=BUDGET)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"method": "binary"}, "unknown search method 'binary'; allowed: guided, bisect"),
+        ({"max_batch": 0}, "max_batch must be >= 1, got 0"),
+        ({"upper_bound": -1}, "upper_bound must be >= 0 or None, got -1"),
+        ({"budget_bytes": 0}, "budget_bytes must be > 0 or None, got 0"),
+    ],
+)
+def test_invalid_arguments_name_what_is_allowed(kwargs, message):
+    with pytest.raises(InvalidInput) as caught:
+        search_max_batch(FakeGpu(AFFINE), **({"budget_bytes": BUDGET} | kwargs))
+    assert str(caught.value) == message
+
+
+# --- the model ----------------------------------------------------------------------------
+
+
+def test_memory_model_predict_max_keeps_the_batch_exactly_at_the_budget():
+    assert MemoryModel(10.0, 3.0).predict_max(40) == 10
+    assert MemoryModel(10.0, 3.0).predict_max(39) == 9
+    assert MemoryModel(10.0, 3.0).predict_max(5) == 0
+    assert MemoryModel(0.5, 0.25).predict_max(1) == 2
+
+
+@pytest.mark.parametrize("slope", [0.0, -1.0, math.inf, math.nan])
+def test_memory_model_needs_a_positive_finite_slope(slope):
+    with pytest.raises(ValueError, match="slope_bytes > 0"):
+        MemoryModel(1.0, slope)
+
+
+def test_probes_are_returned_untouched():
+    result = run(FakeGpu(AFFINE), guess=245)
+    assert result.probes[0].details == {"reserved": AFFINE(245)}
+
+
+def test_model_of_a_rounded_curve_is_close_enough_for_the_next_cell():
+    gpu = FakeGpu(curve(8 * GiB + 5 * MiB, 290 * MiB, round_to=20 * MiB))
+    model = run(gpu).model
+    assert model is not None
+    assert abs(model.slope_bytes - 290 * MiB) < 20 * MiB
+    assert abs(model.predict_max(BUDGET) - 254) <= 1
+
+
+def test_model_falls_back_on_the_priors_slope_with_one_peak():
+    prior = MemoryModel(8 * GiB, 300 * MiB)
+    result = run(FakeGpu(AFFINE, cuda=True), guess=245, prior=prior)
+    assert probed(result) == [245, 246]  # 246 is a real CUDA OOM: one peak only
+    assert result.model == MemoryModel(8 * GiB, 300 * MiB)
+    assert run(FakeGpu(AFFINE, cuda=True), guess=245).model is None
+
+
+# --- random curves: both methods agree; guided is cheaper -------------------------------
+
+
+def random_gpu(rng: random.Random, cuda: bool) -> FakeGpu:
+    intercept = rng.randrange(1 * GiB, 30 * GiB)
+    slope = rng.randrange(2 * MiB, 2 * GiB)
+    peak = curve(
+        intercept,
+        slope,
+        floor_bytes=intercept + slope * rng.randrange(40) if rng.random() < 0.5 else 0,
+        round_to=rng.choice([2 * MiB, 20 * MiB]),
+        kink_at=rng.randrange(1, 300) if rng.random() < 0.3 else None,
+        kink_slope_bytes=rng.randrange(slope // 2),
+    )
+    return FakeGpu(peak, cuda=cuda)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_random_curves_guided_agrees_with_bisect_in_fewer_probes(cuda):
+    rng = random.Random(1234)
+    counts: dict[str, list[int]] = {"bisect": [], "guided": [], "exact": [], "near": []}
+    for _ in range(150):
+        gpu = random_gpu(rng, cuda)
+        answer = gpu.true_max(4096)
+        near = max(0, answer + rng.randint(-3, 3))
+        counts["bisect"].append(run(gpu, method="bisect").num_probes)
+        counts["guided"].append(run(gpu).num_probes)
+        counts["exact"].append(run(gpu, guess=answer).num_probes)
+        counts["near"].append(run(gpu, guess=near).num_probes)
+    mean = {name: sum(c) / len(c) for name, c in counts.items()}
+    print(f"cuda={cuda} mean probes per search:", {k: round(v, 2) for k, v in mean.items()})
+    assert mean["guided"] < 0.5 * mean["bisect"]
+    assert mean["exact"] <= 2
+    assert mean["near"] < 4
