@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -78,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--seq-lens", type=_int_list, default=list(DEFAULT_SEQ_LENS),
                        help="comma-separated sequence lengths (default: %(default)s)")
     table.add_argument("--modes", default=",".join(DEFAULT_MODE_NAMES),
-                       help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} (default: %(default)s)")
+                       help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} "
+                       "(default: %(default)s)")
     table.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
     table.add_argument("--attn", choices=ATTN_CHOICES, default=None,
                        help="attention implementation (default: what transformers picks on CUDA)")
@@ -138,7 +138,9 @@ def _table(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         # transformers' deprecation notices would break the progress line.
         warnings.simplefilter("ignore", FutureWarning)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
         table = tune_table(
             workload, backend, gpu, seq_lens=args.seq_lens, modes=modes, margin=args.margin,
             method=args.search, max_batch=args.max_batch, on_cell=progress.update,

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ContextManager, Literal
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import InvalidInput
 from autotune.models import ModelSpec
@@ -61,9 +62,15 @@ def build_model(spec: ModelSpec, task: str, attn: str | None) -> tuple[torch.nn.
     import transformers
 
     config = copy.deepcopy(spec.config)
-    if task == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
-        # GPT-2 style models need a pad token to find the last token of a padded batch.
-        config.pad_token_id = getattr(config, "eos_token_id", None) or 0
+    if task == "sequence-classification":
+        if getattr(config, "pad_token_id", None) is None:
+            # GPT-2 style models need a pad token to find the last token of a padded batch.
+            config.pad_token_id = getattr(config, "eos_token_id", None) or 0
+        if getattr(config, "problem_type", None) is None:
+            # What problem_type=None infers from integer labels; set up front because DeBERTa's
+            # inference path selects labelled rows with nonzero(), whose shape depends on data
+            # (fake tensors cannot run it). Same loss, same [batch, num_labels] tensors.
+            config.problem_type = "single_label_classification"
     auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
     if attn is not None:
         model = _from_config(auto_class, config, attn, spec, task)
@@ -148,7 +155,7 @@ def run_steps(
     optimizer: Any,
     *,
     steps: int = MIN_STEPS,
-    autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     scaler: Any = None,
     after_step: Callable[[int], None] | None = None,
 ) -> None:

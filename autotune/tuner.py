@@ -189,7 +189,9 @@ def _tune_cell(
         return CellResult(seq_len, mode.name, None, None, None, len(exc.probes), False,
                           backend.name, error=str(exc),
                           probe_log=[_probe_dict(p) for p in exc.probes]), None
-    except ProbeError as exc:
+    except (ProbeError, InvalidInput) as exc:
+        # InvalidInput here is a mode the model cannot run (e.g. no gradient checkpointing):
+        # that cell fails with the reason, the rest of the table is still worth having.
         return CellResult(seq_len, mode.name, None, None, None, 0, False, backend.name,
                           error=str(exc)), None
     best = next((p for p in result.probes if p.batch_size == result.max_batch_size), None)

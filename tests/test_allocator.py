@@ -327,7 +327,7 @@ def test_random_workload_keeps_the_books_consistent() -> None:
     for seg in segments:
         # Blocks tile the segment, and no two free blocks are left unmerged.
         assert seg.blocks[0].address == seg.address
-        for left, right in zip(seg.blocks, seg.blocks[1:]):
+        for left, right in zip(seg.blocks, seg.blocks[1:], strict=False):
             assert left.address + left.size == right.address
             assert left.allocated or right.allocated
     for handle, nbytes in live.items():

@@ -1,0 +1,203 @@
+"""The estimator: accounting, each CUDA correction against a hand-computed figure, tiny models."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autotune.accounting import StorageTracker, replay
+from autotune.attention import AttentionKernels, choose_kernel, emulated_sdpa
+from autotune.emulation import CudaEmulation
+from autotune.errors import InvalidInput
+from autotune.estimate import CUBLAS_HANDLES_PER_STEP, EstimateBackend
+from autotune.gpus import custom_gpu, resolve_gpu
+from autotune.models import resolve_model
+from autotune.modes import parse_mode
+from autotune.step import make_optimizer, run_steps
+from autotune.workload import Workload
+
+KIB, MIB = 1024, 1024**2
+SM80 = AttentionKernels(flash=True, bf16=True)
+
+
+def _live_bytes(tracker: StorageTracker) -> int:
+    live: dict[int, int] = {}
+    for key, nbytes in tracker.events:
+        if nbytes < 0:
+            live.pop(key)
+        else:
+            live[key] = nbytes
+    return sum(live.values())
+
+
+def test_tracker_counts_a_storage_once_and_frees_it_when_it_dies():
+    with FakeTensorMode(), StorageTracker() as tracker:
+        a = torch.empty(1000)  # 4,000 bytes
+        view = a.view(10, 100)  # same storage: no new allocation
+        a.add_(1)  # in place: none either
+        del a, view
+    assert [n for _, n in tracker.events] == [4000, -1]
+
+
+def test_replay_rounds_like_the_caching_allocator():
+    # 100 B -> one 512 B block in a fresh 2 MiB small-pool segment (CUDACachingAllocator.cpp).
+    result = replay([(1, 100)], capacity_bytes=None)
+    assert (result.peak_allocated_bytes, result.peak_reserved_bytes) == (512, 2 * MIB)
+    # 5 MiB -> a 20 MiB segment (kLargeBuffer); it does not fit in 10 MiB.
+    assert replay([(1, 5 * MIB)], capacity_bytes=10 * MIB).fits is False
+    assert replay([(1, 5 * MIB)], capacity_bytes=20 * MIB).fits is True
+
+
+def test_dropout_saves_a_one_byte_mask_as_cuda_does():
+    # CUDA's fused dropout keeps a bool mask: 4 x 1000 elements = 4,000 B, not 16,000 B of float.
+    with FakeTensorMode():
+        x = torch.empty(4, 1000, requires_grad=True)  # 16,000 B, allocated before tracking
+        with StorageTracker() as tracker, CudaEmulation(None, SM80):
+            y = F.dropout(x, p=0.1, training=True)
+        sizes = sorted(n for _, n in tracker.events if n > 0)
+        del y
+    assert sizes == [4000, 16000]  # mask + output
+
+
+def test_efficient_attention_keeps_no_seq_by_seq_matrix():
+    b, h, s, d = 2, 4, 128, 32
+    with FakeTensorMode():
+        q, k, v = (torch.empty(b, h, s, d, requires_grad=True) for _ in range(3))
+        with StorageTracker() as tracker:
+            out = emulated_sdpa(SM80, q, k, v, dropout_p=0.1)
+        sizes = sorted(n for _, n in tracker.events if n > 0)
+        assert out.shape == (b, h, s, d)
+    # out: 2*4*128*32*4 = 131,072 B; logsumexp float32 [2, 4, 128] = 4,096 B.
+    # The math path would hold 2*4*128*128*4 = 524,288 B per attention matrix.
+    assert sizes == [4096, 131072]
+
+
+def test_a_boolean_mask_becomes_a_padded_additive_bias():
+    b, h, s, d = 1, 2, 100, 16
+    with FakeTensorMode():
+        q, k, v = (torch.empty(b, h, s, d, requires_grad=True) for _ in range(3))
+        mask = torch.ones(b, 1, s, s, dtype=torch.bool)
+        with StorageTracker() as tracker:
+            emulated_sdpa(SM80, q, k, v, attn_mask=mask)
+        sizes = sorted(n for _, n in tracker.events if n > 0)
+    # bias float32 [1, 1, 100, 100] = 40,000 B, padded to a last dim of 112 = 44,800 B;
+    # logsumexp [1, 2, 128] float32 = 1,024 B (rows aligned to 32); out 1*2*100*16*4 = 12,800 B.
+    assert sizes == [1024, 12800, 40000, 44800]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mask", "head_dim", "kernels", "expected"),
+    [
+        (torch.float16, False, 64, SM80, "flash"),
+        (torch.float16, True, 64, SM80, "efficient"),
+        (torch.float32, False, 64, SM80, "efficient"),
+        (torch.float16, False, 64, AttentionKernels(flash=False, bf16=False), "efficient"),
+        (torch.bfloat16, False, 64, AttentionKernels(flash=False, bf16=False), "math"),
+        (torch.float32, False, 30, SM80, "math"),
+    ],
+)
+def test_kernel_choice_follows_cuda_sdp_utils(dtype, mask, head_dim, kernels, expected):
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 8, head_dim, dtype=dtype)
+        m = torch.ones(1, 1, 8, 8, dtype=torch.bool) if mask else None
+        assert choose_kernel(kernels, q, q, q, m, is_causal=False) == expected
+
+
+def test_autocast_casts_a_weight_once_per_forward_and_runs_norms_in_float32():
+    with FakeTensorMode():
+        linear = torch.nn.Linear(32, 64, bias=False)  # weight 64x32 fp32 = 8,192 B
+        x = torch.empty(4, 32)
+        emulation = CudaEmulation(torch.float16, SM80)
+        with StorageTracker() as tracker, emulation, emulation.forward_region():
+            y1 = linear(x)
+            y2 = linear(x)
+            normed = F.layer_norm(y1, (64,))
+            probs = torch.softmax(y2, dim=-1)
+        assert (y1.dtype, normed.dtype, probs.dtype) == (torch.float16, torch.float32, torch.float32)
+        casts = [n for _, n in tracker.events if n == 64 * 32 * 2]
+    # One fp16 copy of the weight (4,096 B) for both calls: autocast's cast cache.
+    assert len(casts) == 1
+
+
+def test_optimizer_peak_is_five_copies_of_the_parameters():
+    # AdamW foreach (CUDA's default): params + grads + exp_avg + exp_avg_sq + the sqrt temporary.
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(512, 512))  # 1 MiB
+
+        def forward(self, input_ids, labels):
+            return SimpleNamespace(loss=(input_ids @ self.weight).sum())
+
+    with FakeTensorMode():
+        model = Tiny()
+        batch = {"input_ids": torch.empty(1, 512), "labels": torch.empty(1)}
+        with StorageTracker() as tracker:
+            tracker.track(model.weight)
+            optimizer = make_optimizer(model, "adamw", foreach=True)
+            run_steps(model, batch, optimizer)
+            del optimizer
+    peak = replay(tracker.events, None).peak_allocated_bytes
+    assert 5 * MIB <= peak < 5 * MIB + 64 * KIB
+
+
+def _backend(gpu_memory: int | None = None) -> EstimateBackend:
+    return EstimateBackend(custom_gpu(gpu_memory) if gpu_memory else resolve_gpu("A100-80GB"))
+
+
+@pytest.mark.parametrize(
+    ("model", "task"),
+    [
+        ("tiny-bert", "sequence-classification"),
+        ("tiny-roberta", "question-answering"),
+        ("tiny-distilbert", "token-classification"),
+        ("tiny-albert", "masked-lm"),
+        ("tiny-gpt2", "causal-lm"),
+        ("tiny-deberta-v2", "sequence-classification"),
+        ("tiny-electra", "masked-lm"),
+    ],
+)
+def test_every_mode_runs_on_tiny_models_of_several_architectures(model, task):
+    backend = _backend()
+    workload = Workload(resolve_model(model), task, None)
+    checkpointing = backend._model(workload).model.supports_gradient_checkpointing
+    peaks = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for name in ("fp32", "amp", "bf16", "ckpt", "amp+ckpt", "bf16+ckpt"):
+            mode = parse_mode(name)
+            if mode.checkpointing and not checkpointing:
+                with pytest.raises(InvalidInput, match="does not support gradient checkpointing"):
+                    with backend.cell(workload, mode, 64, 10**12):
+                        pass
+                continue
+            with backend.cell(workload, mode, 64, 10**12) as fits:
+                probe = fits(256)
+            assert probe.outcome == "fits"
+            peaks[name] = probe.details["peak_allocated_bytes"]
+    # At a batch where activations dominate, each lever saves memory.
+    assert peaks["amp"] < peaks["fp32"]
+    if checkpointing:
+        assert peaks["ckpt"] < peaks["fp32"]
+        assert peaks["amp+ckpt"] < peaks["amp"]
+
+
+def test_cublas_workspaces_are_counted_twice():
+    gpu = resolve_gpu("T4")
+    backend = EstimateBackend(gpu)
+    workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+    fake = backend._model(workload)
+    events = backend.trace(fake, workload, parse_mode("fp32"), 16, 1)
+    workspace = [n for _, n in events if n == gpu.cublas_workspace_bytes]
+    assert len(workspace) == CUBLAS_HANDLES_PER_STEP
+
+
+def test_a_budget_below_the_parameters_gives_oom_at_batch_one():
+    workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+    with _backend().cell(workload, parse_mode("fp32"), 16, 4 * KIB) as fits:
+        assert fits(1).outcome == "oom"
