@@ -84,14 +84,18 @@ class StorageTracker(TorchDispatchMode):
 
 
 def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
-    """Peaks of ``events`` without a limit, and whether they fit in ``capacity_bytes``."""
+    """Peaks of ``events``, and whether they fit in ``capacity_bytes``.
+
+    Without a limit the allocator keeps every segment it ever cached. With one it frees its
+    cached segments and retries before giving up (CachingAllocatorSim models that), so a trace
+    whose unlimited peak is over the capacity may still fit; then the peaks reported are the
+    ones of the limited run, as ``torch.cuda.max_memory_reserved`` would read on that card.
+    """
     peak_allocated, peak_reserved = _run(events, None)
     if capacity_bytes is None or peak_reserved <= capacity_bytes:
         return Replay(peak_allocated, peak_reserved, fits=True)
-    # Over the capacity without a limit; with one, the allocator frees its cached segments
-    # and retries before it gives up (CachingAllocatorSim models that), so replay with it.
     try:
-        _run(events, capacity_bytes)
+        peak_allocated, peak_reserved = _run(events, capacity_bytes)
     except OutOfMemory as exc:
         return Replay(peak_allocated, peak_reserved, fits=False, oom_message=str(exc))
     return Replay(peak_allocated, peak_reserved, fits=True)

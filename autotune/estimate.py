@@ -38,6 +38,7 @@ from autotune.step import (
     make_optimizer,
     run_steps,
 )
+from autotune.trace import Trace, extrapolate
 from autotune.workload import Workload
 
 CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device thread (backward)
@@ -48,6 +49,16 @@ class _FakeModel:
     model: Any
     mode_ctx: Any  # the FakeTensorMode the model lives in
     attn: str
+
+
+def _extrapolated(traces: list[Trace], batch_size: int) -> tuple[Trace, str] | None:
+    """Extrapolate from the latest pair of the cell's traces that line up, if any."""
+    for i in range(len(traces) - 1, 0, -1):
+        for j in range(i - 1, -1, -1):
+            result = extrapolate(traces[j], traces[i], batch_size)
+            if result is not None:
+                return result, f"{traces[j].batch_size} and {traces[i].batch_size}"
+    return None
 
 
 class MemoryEquivalentScaler:
@@ -113,9 +124,6 @@ class EstimateBackend:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             fake_mode = FakeTensorMode()
-            # The fake-tensor dispatch cache costs more in hashing than it saves here:
-            # a probe of BERT-base at 6x512 took 1.28 s with it and 0.75 s without.
-            fake_mode.cache_enabled = False
             with fake_mode:
                 model, attn = build_model(workload.model, workload.task, workload.attn)
             cached = self._models[key] = _FakeModel(model, fake_mode, attn)
@@ -123,14 +131,23 @@ class EstimateBackend:
 
     @contextlib.contextmanager
     def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Any]:
-        """Yield ``fits(batch) -> Probe`` for one (mode, seq_len) cell."""
+        """Yield ``fits(batch) -> Probe`` for one (mode, seq_len) cell.
+
+        The first probes of a cell run the model; once two of its traces line up, later probes
+        are extrapolated from them exactly (trace.py), and say so in their details.
+        """
         fake = self._model(workload)
+        traces: list[Trace] = []
+
+        def fits(batch_size: int) -> Probe:
+            return self.probe(fake, workload, mode, seq_len, batch_size, budget_bytes, traces)
+
         # Checkpointed segments are recomputed inside backward, where the emulation's function
         # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the
         # recompute. It changes no allocation; use_reentrant=False is transformers' default.
         checkpoint_kwargs = {"use_reentrant": False, "context_fn": self._checkpoint_contexts}
         with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs):
-            yield lambda batch: self.probe(fake, workload, mode, seq_len, batch, budget_bytes)
+            yield fits
 
     def _checkpoint_contexts(self) -> tuple[Any, Any]:
         recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()
@@ -138,13 +155,22 @@ class EstimateBackend:
 
     def probe(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int,
-        budget_bytes: int,
+        budget_bytes: int, traces: list[Trace] | None = None,
     ) -> Probe:
+        """Estimate one training step at ``batch_size``; ``traces`` are the cell's so far."""
         from autotune.accounting import replay
 
         started = time.perf_counter()
-        events = self.trace(fake, workload, mode, seq_len, batch_size)
-        result = replay(events, budget_bytes)
+        traced = _extrapolated(traces or [], batch_size)
+        if traced is None:
+            traced = Trace.from_events(batch_size, self.trace(fake, workload, mode, seq_len, batch_size))
+            method = "traced"
+            if traces is not None:
+                traces.append(traced)
+        else:
+            method = f"extrapolated from batches {traced[1]}"
+            traced = traced[0]
+        result = replay(traced.events(), budget_bytes)
         return Probe(
             batch_size=batch_size,
             outcome="fits" if result.fits else "oom",
@@ -152,6 +178,7 @@ class EstimateBackend:
             details={
                 "peak_allocated_bytes": result.peak_allocated_bytes,
                 "peak_reserved_bytes": result.peak_reserved_bytes,
+                "estimate": method,
                 "estimate_seconds": round(time.perf_counter() - started, 4),
             },
         )

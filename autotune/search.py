@@ -24,15 +24,17 @@ Two methods:
 ``guided``
     Peak memory of a training step is close to affine in the batch size above a floor,
     ``peak(b) ~= max(floor, intercept + slope * b)`` (at small batches the optimizer
-    step's peak dominates), plus small steps where the caching allocator rounds blocks
-    (2 MiB and 20 MiB segments, large blocks rounded up to 2 MiB: kSmallBuffer,
-    kLargeBuffer, kRoundLarge in c10/cuda/CUDACachingAllocator.cpp). So each probe tests
-    a claimed answer: first the caller's ``guess``, else the ``prior`` model's prediction,
-    else batch 1; then where a line through the measured peaks crosses the budget. A
-    claim equal to a batch known to fit is tested at the batch above it, a claim above
-    the smallest batch known not to fit at the batch below it, so a right claim costs
-    two probes. Galloping and bisection take over when there is no line (no budget, no
-    peaks, no slope) or two probes in a row proved a claim wrong.
+    step's peak dominates), plus steps where the caching allocator rounds blocks (2 MiB
+    and 20 MiB segments, large blocks rounded up to 2 MiB: kSmallBuffer, kLargeBuffer,
+    kRoundLarge in c10/cuda/CUDACachingAllocator.cpp). So every probe tests a claimed
+    answer: first the caller's ``guess``, else the ``prior`` model's prediction; then
+    where a line through the measured peaks crosses the budget. A claim of a batch
+    already known to fit is tested one above it, so a right claim costs two probes.
+    Peaks can also be noise at the scale of a few batches (fragmentation, segment
+    reuse), so the search keeps score: each claim a probe refutes doubles ``error``
+    (at least to the miss), a claim is then tested ``error`` away from the bracket's ends,
+    and a bracket under twice the error, or one two probes failed to halve, is bisected.
+    With nothing to predict from (no budget, no peaks, no slope) it gallops and bisects.
 """
 
 from __future__ import annotations
@@ -51,9 +53,6 @@ OUTCOMES: tuple[Outcome, ...] = ("fits", "oom", "error")
 METHODS: tuple[Method, ...] = ("guided", "bisect")
 DEFAULT_MAX_BATCH = 4096
 
-# Consecutive wrong predictions after which the guided search bisects once.
-_MAX_MISSES = 2
-
 
 @dataclass(frozen=True)
 class Probe:
@@ -61,7 +60,7 @@ class Probe:
 
     batch_size: int
     outcome: Outcome
-    peak_bytes: int | None = None  # compared with the budget; None for a real CUDA OOM
+    peak_bytes: int | None = None  # the figure the budget bounds; None for a real CUDA OOM
     step_time_s: float | None = None  # seconds for one training step, when measured
     error: str | None = None  # the message, for outcome "error"
     details: Mapping[str, Any] = field(default_factory=dict)  # backend extras
@@ -272,17 +271,17 @@ def bisect_search(
 
 
 def _fallback(s: _Bracket, base: int, *, skip_floor: bool) -> int:
-    """The probe when no claim is trusted: gallop away from base, else bisect.
+    """The probe when nothing predicts the answer: gallop away from base, else bisect.
 
-    base is the last probe chosen from a claim (0 if none). Galloping doubles the
-    distance from it: from 0 this is the baseline's 1, 2, 4, ...; from a guess g that
-    fits, g+1, g+2, g+4, ... Where the two largest fitting batches had the same peak
-    (the optimizer-step floor hides the activations, nothing is learned there) and
+    base is the last probe a claim chose (0 if none). Galloping doubles the distance
+    from it: from 0 this is the baseline's 1, 2, 4, ...; from a guess g that fit,
+    g+1, g+2, g+4, ... Where the two largest fitting batches peaked alike (the
+    optimizer-step floor hides the activations; nothing is learned there) and
     skip_floor, the distance grows 8-fold instead.
 
-    Below a guess that ran out of memory (no batch known to fit yet) it is g-1, then
+    Below a guess that ran out of memory, with no batch known to fit, it is g-1, then
     g-1-g/16, g-2-g/8, ...: a hint scaled from another cell is off by a fraction of
-    itself rather than by a few batches, and with a real CUDA OOM (no peak) only a
+    itself rather than by a few batches, and after a real CUDA OOM (no peak) only a
     batch that fits gives the line a point to pivot on.
     """
     if s.hi is None:
@@ -296,8 +295,24 @@ def _fallback(s: _Bracket, base: int, *, skip_floor: bool) -> int:
     return (s.lo + s.hi) // 2
 
 
+def _threshold(s: _Bracket, budget_bytes: int) -> int:
+    """The peak that separates fitting from OOM batches: the budget, unless probes disagree.
+
+    A backend may let a batch fit above the budget (an estimator that, like the caching
+    allocator, frees cached segments and retries before it gives up) or run out below it
+    (fragmentation). A batch that fit at peak p proves the threshold is at least p; one
+    that ran out at peak q, that it is below q.
+    """
+    fit = [peak for _, peak in s.peaks("fits")]
+    oom = [peak for _, peak in s.peaks("oom")]
+    threshold = max([budget_bytes, *fit])
+    if oom and min(oom) <= threshold and (not fit or max(fit) < min(oom)):
+        threshold = min(oom) - 1
+    return threshold
+
+
 def _claim(s: _Bracket, budget_bytes: int | None, guess: int | None, prior: MemoryModel | None) -> int | None:
-    """The answer the hints or the fitted line claim now, clamped into the bracket.
+    """The answer the hints (first probe) or the fitted line claim, clamped into the bracket.
 
     None when there is nothing to predict from, or when the line claims that a batch
     already proven out of memory fits (after a real CUDA OOM, which has no peak).
@@ -312,7 +327,7 @@ def _claim(s: _Bracket, budget_bytes: int | None, guess: int | None, prior: Memo
         line, reach = _local_line(s, prior)
         if line is None:
             return None
-        raw = min(line.predict_max(budget_bytes), reach)
+        raw = min(line.predict_max(_threshold(s, budget_bytes)), reach)
         if s.hi is not None and raw >= s.hi:
             return None
     return None if raw is None else min(max(raw, s.lo), s.ceiling)
@@ -329,28 +344,33 @@ def guided_search(
 ) -> SearchResult:
     """Probe where the fitted memory line crosses the budget; see the module docstring.
 
-    Each probe tests a claim of the answer: the claimed batch itself, or, when the claim
-    is a batch already proven to fit, the batch above it; a right claim costs two probes.
-    A claim is missed when a probe proves it wrong. After two misses in a row, or with
-    nothing to claim from (no budget, no slope), the probe is a fallback: gallop, bisect.
+    The claim c, clamped to [lo, hi - 1], is probed at c itself, or at lo + max(1, error)
+    when c is lo; once a batch has run out of memory, never closer than error to lo or hi.
     """
     if budget_bytes is not None and budget_bytes <= 0:
         raise InvalidInput(f"budget_bytes must be > 0 or None, got {budget_bytes}")
     s = _Bracket(fits, max_batch, upper_bound)
-    base = 0  # the last probe chosen from a claim: galloping counts from there
-    claim: int | None = None  # the claim the last probe tested
-    misses = 0  # probes in a row that proved a claim wrong
+    skip_floor = budget_bytes is not None
+    base = 0  # the last probe a claim chose: galloping counts from there
+    error = 0  # in batches
+    widths = [math.inf, math.inf]  # hi - lo after each probe, inf while no batch ran out
     while not s.done:
-        new_claim = _claim(s, budget_bytes, guess, prior)
-        if new_claim is not None and misses < _MAX_MISSES:
-            batch = base = max(new_claim, s.lo + 1)
+        claim = _claim(s, budget_bytes, guess, prior)
+        if claim is None:
+            batch = _fallback(s, base, skip_floor=skip_floor)
+            if s.hi is None:
+                batch = min(max(batch, s.lo + error), s.top)
+        elif s.hi is not None and (2 * error >= s.hi - s.lo or 2 * widths[-1] > widths[-3]):
+            batch = (s.lo + s.hi) // 2
+        elif claim > s.lo:
+            batch = base = claim if s.hi is None else max(min(claim, s.hi - error), s.lo + error)
         else:
-            batch = _fallback(s, base, skip_floor=budget_bytes is not None)
-        open_claims = [c for c in (claim, new_claim) if c is not None and s.open(c)]
+            batch = base = min(s.lo + max(1, error), s.ceiling)
         s.probe(batch)
-        missed = any(not s.open(c) for c in open_claims)
-        misses = misses + 1 if missed else 0
-        claim = new_claim
+        widths.append(math.inf if s.hi is None else s.hi - s.lo)
+        if claim is not None and not s.open(claim):
+            missed_by = s.lo - claim if claim < s.lo else claim - s.ceiling
+            error = max(1, 2 * error, missed_by)
     return s.result(prior if budget_bytes is not None else None)
 
 

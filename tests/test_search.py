@@ -185,10 +185,10 @@ def test_guided_guess_comes_before_the_prior():
 
 def test_guided_prior_too_shallow_with_real_cuda_ooms():
     prior = MemoryModel(8 * GiB, 270 * MiB)  # predicts 273
-    # Down from 273 until 237 fits; its peak and the prior's slope name 246, which is
-    # refuted; bisection gives 241, and the line 237-241 names 245.
+    # Down from 273 until 237 fits; its peak and the prior's slope name 246, refuted
+    # (error 2); bisection gives 241; the line 237-241 names 245, tested 2 below 246.
     result = run(FakeGpu(AFFINE, cuda=True), prior=prior)
-    assert probed(result) == [273, 272, 255, 237, 246, 241, 245]
+    assert probed(result) == [273, 272, 255, 237, 246, 241, 244, 245]
 
 
 def test_guided_rounding_misses_then_the_secant_converges():
@@ -211,10 +211,11 @@ def test_guided_kink_secant_through_the_oom_peak():
 
 
 def test_guided_kink_with_real_cuda_ooms():
-    # The line 2-123 blends both sides of the kink and names 218, OOM: two misses in a
-    # row, so bisect (123, 218) -> 170; the line 123-170 is right.
+    # The line 2-123 blends both sides of the kink and names 218, OOM; the line refuted,
+    # bisect (123, 218) -> 170; the line 123-170 names 187, right, but after two misses
+    # (error 2) its claim is tested at 187 + 2.
     result = run(FakeGpu(KINK, cuda=True))
-    assert probed(result) == [1, 2, 245, 123, 218, 170, 187, 188]
+    assert probed(result) == [1, 2, 245, 123, 218, 170, 187, 189, 188]
 
 
 FLOOR = curve(8 * GiB, 300 * MiB, floor_bytes=40 * GiB)  # the floor up to batch 109
@@ -229,6 +230,60 @@ def test_guided_crosses_the_floor_eight_times_faster():
 def test_guided_floor_with_real_cuda_ooms():
     result = run(FakeGpu(FLOOR, cuda=True))
     assert probed(result) == [1, 2, 16, 128, 256, 192, 245, 246]
+
+
+class NoisyGpu(FakeGpu):
+    """Reports peaks off by up to +-noise_bytes (fragmentation, segment reuse) and shifted
+    by offset_bytes: an estimator whose replay frees cached segments and retries lets a
+    batch fit above the budget. Whether a batch fits still follows the clean curve."""
+
+    def __init__(self, peak: Curve, *, noise_bytes: int = 0, offset_bytes: int = 0, cuda: bool = False):
+        super().__init__(peak, cuda=cuda)
+        self.noise_bytes = noise_bytes
+        self.offset_bytes = offset_bytes
+
+    def __call__(self, batch: int) -> Probe:
+        self.calls.append(batch)
+        peak = self.peak(batch)
+        wobble = ((batch * 2654435761) % 1001 - 500) * self.noise_bytes // 500  # Knuth's hash
+        reported = peak + self.offset_bytes + wobble
+        if peak <= self.budget_bytes:
+            return Probe(batch, "fits", peak_bytes=reported)
+        return Probe(batch, "oom", peak_bytes=None if self.cuda else reported)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_guided_fits_above_the_budget_gallop_from_the_line(cuda):
+    # Peaks 2 GiB high: the line names 238, which fits at a peak over the budget, so the
+    # threshold is at least that peak and the line claims the largest batch that fit;
+    # each claim refuted doubles the step above it: 239, 240, 242, 246, then bisection.
+    gpu = NoisyGpu(AFFINE, offset_bytes=2 * GiB, cuda=cuda)
+    assert probed(run(gpu)) == [1, 2, 238, 239, 240, 242, 246, 244, 245]
+
+
+def test_guided_noisy_peaks():
+    # +-13 batches of noise: the line 1-2 names 623 (OOM); the secants from 2 and 236 to
+    # 623 name 236 and 243, which fit, but 2-623 did not halve in those two probes, so
+    # bisect: 433. The secant 243-433 names 248, OOM at a peak under the budget, which
+    # lowers the threshold; the claim 247 is tested error = 2 below 248, then bisection.
+    gpu = NoisyGpu(AFFINE, noise_bytes=4 * GiB)
+    assert probed(run(gpu)) == [1, 2, 623, 236, 243, 433, 248, 246, 244, 245]
+    assert probed(run(gpu, guess=230)) == [230, 231, 256, 255, 253, 242, 249, 245, 247, 246]
+
+
+def test_guided_bisects_a_bracket_the_line_does_not_halve():
+    class SaturatedGpu(FakeGpu):
+        """Reports every OOM at the budget + 1 byte: the secant keeps claiming hi - 1."""
+
+        def __call__(self, batch: int) -> Probe:
+            probe = super().__call__(batch)
+            return probe if probe.outcome == "fits" else Probe(batch, "oom", peak_bytes=BUDGET + 1)
+
+    result = run(SaturatedGpu(AFFINE), guess=300)
+    # 300, 299 alike: no line; gallop down to 224. The secant from 224 to a flat OOM peak
+    # claims hi - 1 every time: 261 misses, 260 is tested error = 2 below 261 (259),
+    # then 224-259 did not halve 224-262 in two probes: bisect (241); and so on.
+    assert probed(result) == [300, 299, 281, 262, 224, 261, 259, 241, 255, 248, 244, 246, 245]
 
 
 # --- edges: batch 0, max_batch, upper_bound ---------------------------------------------
@@ -354,7 +409,7 @@ def test_memory_model_needs_a_positive_finite_slope(slope):
         MemoryModel(1.0, slope)
 
 
-def test_probes_are_returned_untouched():
+def test_backend_details_pass_through():
     result = run(FakeGpu(AFFINE), guess=245)
     assert result.probes[0].details == {"reserved": AFFINE(245)}
 
@@ -378,7 +433,9 @@ def test_model_falls_back_on_the_priors_slope_with_one_peak():
 # --- random curves: both methods agree; guided is cheaper -------------------------------
 
 
-def random_gpu(rng: random.Random, cuda: bool) -> FakeGpu:
+def random_gpu(rng: random.Random, *, cuda: bool, noisy: bool) -> NoisyGpu:
+    """An affine curve, half with a floor, some with a kink, rounded to 2 or 20 MiB;
+    noisy: peaks off by up to 3 samples' worth, and a third of them 1-3% high."""
     intercept = rng.randrange(1 * GiB, 30 * GiB)
     slope = rng.randrange(2 * MiB, 2 * GiB)
     peak = curve(
@@ -389,23 +446,33 @@ def random_gpu(rng: random.Random, cuda: bool) -> FakeGpu:
         kink_at=rng.randrange(1, 300) if rng.random() < 0.3 else None,
         kink_slope_bytes=rng.randrange(slope // 2),
     )
-    return FakeGpu(peak, cuda=cuda)
+    if not noisy:
+        return NoisyGpu(peak, cuda=cuda)
+    offset = int(BUDGET * rng.uniform(0.01, 0.03)) if rng.random() < 1 / 3 else 0
+    return NoisyGpu(peak, noise_bytes=3 * slope, offset_bytes=offset, cuda=cuda)
 
 
+@pytest.mark.parametrize("noisy", [False, True])
 @pytest.mark.parametrize("cuda", [False, True])
-def test_random_curves_guided_agrees_with_bisect_in_fewer_probes(cuda):
+def test_random_curves_guided_agrees_with_bisect_in_fewer_probes(cuda, noisy):
     rng = random.Random(1234)
-    counts: dict[str, list[int]] = {"bisect": [], "guided": [], "exact": [], "near": []}
+    counts: dict[str, list[int]] = {"bisect": [], "guided": [], "exact": [], "near": [], "10%": []}
     for _ in range(150):
-        gpu = random_gpu(rng, cuda)
+        gpu = random_gpu(rng, cuda=cuda, noisy=noisy)
         answer = gpu.true_max(4096)
-        near = max(0, answer + rng.randint(-3, 3))
+        hints = {
+            "exact": answer,
+            "near": max(0, answer + rng.randint(-3, 3)),
+            "10%": round(answer * rng.uniform(0.9, 1.1)),
+        }
         counts["bisect"].append(run(gpu, method="bisect").num_probes)
         counts["guided"].append(run(gpu).num_probes)
-        counts["exact"].append(run(gpu, guess=answer).num_probes)
-        counts["near"].append(run(gpu, guess=near).num_probes)
-    mean = {name: sum(c) / len(c) for name, c in counts.items()}
-    print(f"cuda={cuda} mean probes per search:", {k: round(v, 2) for k, v in mean.items()})
-    assert mean["guided"] < 0.5 * mean["bisect"]
+        for name, guess in hints.items():
+            counts[name].append(run(gpu, guess=guess).num_probes)
+    mean = {name: round(sum(c) / len(c), 2) for name, c in counts.items()}
+    print(f"cuda={cuda} noisy={noisy} mean probes per search: {mean}")
+    # Measured: guided 5.5-5.9 probes clean, 7.8-9.8 noisy; bisect 13.6.
+    assert mean["guided"] < (0.75 if noisy else 0.5) * mean["bisect"]
     assert mean["exact"] <= 2
     assert mean["near"] < 4
+    assert mean["10%"] < 0.4 * mean["bisect"]
