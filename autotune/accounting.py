@@ -8,9 +8,8 @@ base's storage and so cost nothing, as on CUDA. PyTorch keeps a storage's Python
 long as the storage itself (PyObject preservation for UntypedStorage, PyTorch 2.1+), so the
 finalizer fires when the memory would be returned, not when our reference goes away.
 
-The resulting event list is replayed through ``CachingAllocatorSim``: once without a limit for
-the peaks ``torch.cuda.max_memory_allocated/reserved`` would report, and once with the budget as
-the capacity to decide whether CUDA would have raised out-of-memory.
+The resulting event list is replayed through ``CachingAllocatorSim`` (``replay``) for the peaks
+``torch.cuda.max_memory_allocated/reserved`` would report and the smallest capacity it runs in.
 """
 
 from __future__ import annotations
@@ -23,11 +22,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from autotune.allocator import CachingAllocatorSim, OutOfMemory
+from autotune.allocator import ROUND_LARGE, CachingAllocatorSim, OutOfMemory
 
 # Ops that return no new storage and are called thousands of times per step.
 _PASSTHROUGH = frozenset({torch.ops.prim.device.default})
 
+SEGMENT_GRANULE = ROUND_LARGE  # every segment size is a multiple of 2 MiB (allocator.py)
 Event = tuple[int, int]  # (storage key, nbytes); nbytes == -1 marks a free
 
 
@@ -36,9 +36,13 @@ class Replay:
     """What the caching allocator would have reported for a trace."""
 
     peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    fits: bool  # no out-of-memory with the budget as capacity
-    oom_message: str | None = None
+    peak_reserved_bytes: int  # with the capacity as the limit, when it fits; else without one
+    demand_bytes: int  # the smallest capacity the trace runs in (a multiple of 2 MiB)
+    fits: bool  # demand_bytes <= capacity
+
+    @property
+    def oom(self) -> bool:
+        return not self.fits
 
 
 class StorageTracker(TorchDispatchMode):
@@ -84,21 +88,30 @@ class StorageTracker(TorchDispatchMode):
 
 
 def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
-    """Peaks of ``events``, and whether they fit in ``capacity_bytes``.
+    """Peaks of ``events``, the smallest capacity they run in, and whether that is <= capacity.
 
     Without a limit the allocator keeps every segment it ever cached. With one it frees its
     cached segments and retries before giving up (CachingAllocatorSim models that), so a trace
-    whose unlimited peak is over the capacity may still fit; then the peaks reported are the
-    ones of the limited run, as ``torch.cuda.max_memory_reserved`` would read on that card.
+    can run in less than its unlimited peak reserved, down to about its peak allocated. The
+    demand is found by bisection over capacities between the two (reserved memory is a sum of
+    whole segments, multiples of 2 MiB): a single figure that decides fits/oom and that grows
+    with the batch size, which is what the batch-size search predicts from.
     """
-    peak_allocated, peak_reserved = _run(events, None)
-    if capacity_bytes is None or peak_reserved <= capacity_bytes:
-        return Replay(peak_allocated, peak_reserved, fits=True)
-    try:
-        peak_allocated, peak_reserved = _run(events, capacity_bytes)
-    except OutOfMemory as exc:
-        return Replay(peak_allocated, peak_reserved, fits=False, oom_message=str(exc))
-    return Replay(peak_allocated, peak_reserved, fits=True)
+    peak_allocated, unlimited_reserved = _run(events, None)
+    low = -(-peak_allocated // SEGMENT_GRANULE)  # in granules; nothing below can fit
+    high = -(-unlimited_reserved // SEGMENT_GRANULE)  # fits: no limit is ever reached
+    reserved_at_high = unlimited_reserved
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            _, reserved = _run(events, middle * SEGMENT_GRANULE)
+        except OutOfMemory:
+            low = middle + 1
+        else:
+            high, reserved_at_high = middle, reserved
+    demand = high * SEGMENT_GRANULE
+    fits = capacity_bytes is None or demand <= capacity_bytes
+    return Replay(peak_allocated, reserved_at_high if fits else unlimited_reserved, demand, fits)
 
 
 def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:

@@ -184,8 +184,8 @@ class Progress:
 def render_table(t: TableResult) -> str:
     """The readable table: rows are sequence lengths, columns modes, cells the max batch."""
     lines = [
-        f"{t.model} ({t.task}, attention {t.attn}, {t.optimizer}) on {t.gpu_name} "
-        f"{format_bytes(t.gpu_memory_bytes)}",
+        f"{t.model} ({t.task}, attention {t.attn}, {t.optimizer}) on {t.gpu_name}"
+        + ("" if t.gpu_name.startswith("custom") else f" {format_bytes(t.gpu_memory_bytes)}"),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
         "",

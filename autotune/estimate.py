@@ -38,7 +38,7 @@ from autotune.step import (
     make_optimizer,
     run_steps,
 )
-from autotune.trace import Trace, extrapolate
+from autotune.trace import Trace, aligned_pair, extrapolate, rescale
 from autotune.workload import Workload
 
 CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device thread (backward)
@@ -51,14 +51,61 @@ class _FakeModel:
     attn: str
 
 
-def _extrapolated(traces: list[Trace], batch_size: int) -> tuple[Trace, str] | None:
-    """Extrapolate from the latest pair of the cell's traces that line up, if any."""
-    for i in range(len(traces) - 1, 0, -1):
-        for j in range(i - 1, -1, -1):
-            result = extrapolate(traces[j], traces[i], batch_size)
-            if result is not None:
-                return result, f"{traces[j].batch_size} and {traces[i].batch_size}"
+def _extrapolated(
+    traces: list[Trace], batch_size: int, reference: tuple[Trace, Trace] | None = None
+) -> tuple[Trace, str] | None:
+    """The trace at ``batch_size`` without running the model, if the cell's traces allow it:
+    from an aligned pair of this cell, else from one trace of it and another cell's pair."""
+    pair = aligned_pair(traces)
+    if pair is not None:
+        result = extrapolate(pair[0], pair[1], batch_size)
+        if result is not None:
+            return result, f"extrapolated from batches {pair[0].batch_size} and {pair[1].batch_size}"
+    if reference is not None and traces:
+        result = rescale(reference, traces[-1], batch_size)
+        if result is not None:
+            return result, (f"extrapolated from batch {traces[-1].batch_size} with the batch "
+                            f"structure of batches {reference[0].batch_size} and "
+                            f"{reference[1].batch_size} at another length")
     return None
+
+
+# How far a prediction may gallop when no batch is known to run out of memory.
+_PREDICT_LIMIT = 1 << 24
+
+
+def _predict_max(
+    traces: list[Trace], budget_bytes: int, lo: int, hi: int | None,
+    reference: tuple[Trace, Trace] | None = None,
+) -> int | None:
+    """The largest batch in (lo, hi) whose extrapolated trace fits, by bisection; None if the
+    cell's traces do not extrapolate yet. Each step is one allocator replay (milliseconds)."""
+    from autotune.accounting import replay
+
+    def fits(batch_size: int) -> bool | None:
+        found = _extrapolated(traces, batch_size, reference)
+        return None if found is None else replay(found[0].events(), budget_bytes).fits
+
+    if not traces or (len(traces) < 2 and reference is None):
+        return None
+    top = hi - 1 if hi is not None else _PREDICT_LIMIT
+    good, bad = lo, top + 1  # good fits (or is 0), bad does not (or is beyond reach)
+    probe = max(lo, 1)
+    while hi is None and probe <= top:  # gallop up to the first failure
+        verdict = fits(probe)
+        if verdict is None:
+            return None
+        if not verdict:
+            bad = probe
+            break
+        good, probe = probe, probe * 2
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        verdict = fits(middle)
+        if verdict is None:
+            return None
+        good, bad = (middle, bad) if verdict else (good, middle)
+    return good
 
 
 class MemoryEquivalentScaler:
@@ -101,6 +148,9 @@ class EstimateBackend:
         self.gpu = gpu
         self._models: dict[tuple[str, str, str | None], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
+        # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
+        # another length extrapolate from a single trace of its own (trace.rescale).
+        self._structures: dict[tuple[Any, ...], tuple[Trace, Trace]] = {}
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -138,9 +188,18 @@ class EstimateBackend:
         """
         fake = self._model(workload)
         traces: list[Trace] = []
+        structure_key = (workload.model.name, workload.task, workload.attn, workload.optimizer,
+                         mode.name)
+        reference = self._structures.get(structure_key)
 
         def fits(batch_size: int) -> Probe:
-            return self.probe(fake, workload, mode, seq_len, batch_size, budget_bytes, traces)
+            return self.probe(fake, workload, mode, seq_len, batch_size, budget_bytes, traces,
+                              reference)
+
+        def predict(lo: int, hi: int | None) -> int | None:
+            return _predict_max(traces, budget_bytes, lo, hi, reference)
+
+        fits.predict = predict  # type: ignore[attr-defined]
 
         # Checkpointed segments are recomputed inside backward, where the emulation's function
         # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the
@@ -148,6 +207,9 @@ class EstimateBackend:
         checkpoint_kwargs = {"use_reentrant": False, "context_fn": self._checkpoint_contexts}
         with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs):
             yield fits
+        pair = aligned_pair(traces)
+        if pair is not None:  # the next length of this mode can extrapolate from one trace
+            self._structures[structure_key] = pair
 
     def _checkpoint_contexts(self) -> tuple[Any, Any]:
         recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()
@@ -156,26 +218,28 @@ class EstimateBackend:
     def probe(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int,
         budget_bytes: int, traces: list[Trace] | None = None,
+        reference: tuple[Trace, Trace] | None = None,
     ) -> Probe:
         """Estimate one training step at ``batch_size``; ``traces`` are the cell's so far."""
         from autotune.accounting import replay
 
         started = time.perf_counter()
-        traced = _extrapolated(traces or [], batch_size)
-        if traced is None:
+        found = _extrapolated(traces or [], batch_size, reference)
+        if found is None:
             traced = Trace.from_events(batch_size, self.trace(fake, workload, mode, seq_len, batch_size))
             method = "traced"
             if traces is not None:
                 traces.append(traced)
         else:
-            method = f"extrapolated from batches {traced[1]}"
-            traced = traced[0]
+            traced, method = found
         result = replay(traced.events(), budget_bytes)
         return Probe(
             batch_size=batch_size,
             outcome="fits" if result.fits else "oom",
-            peak_bytes=result.peak_reserved_bytes,
+            # The demand, not the peak reserved, is what decides fits/oom against the budget.
+            peak_bytes=result.demand_bytes,
             details={
+                "demand_bytes": result.demand_bytes,
                 "peak_allocated_bytes": result.peak_allocated_bytes,
                 "peak_reserved_bytes": result.peak_reserved_bytes,
                 "estimate": method,

@@ -67,6 +67,9 @@ class Probe:
 
 
 FitsFn = Callable[[int], Probe]
+# predict(lo, hi) -> the claimed max inside (lo, hi): lo fits (0: none known), hi ran out of
+# memory (None: none known); None when the backend cannot tell.
+PredictFn = Callable[[int, "int | None"], "int | None"]
 
 
 @dataclass(frozen=True)
@@ -311,12 +314,19 @@ def _threshold(s: _Bracket, budget_bytes: int) -> int:
     return threshold
 
 
-def _claim(s: _Bracket, budget_bytes: int | None, guess: int | None, prior: MemoryModel | None) -> int | None:
+def _claim(
+    s: _Bracket, budget_bytes: int | None, guess: int | None, prior: MemoryModel | None,
+    predict: PredictFn | None = None,
+) -> int | None:
     """The answer the hints (first probe) or the fitted line claim, clamped into the bracket.
 
     None when there is nothing to predict from, or when the line claims that a batch
     already proven out of memory fits (after a real CUDA OOM, which has no peak).
+    A backend's own ``predict`` comes first when it has an answer.
     """
+    predicted = predict(s.lo, s.hi) if predict is not None and s.probes else None
+    if predicted is not None:
+        return min(max(predicted, s.lo), s.ceiling)
     if not s.probes:
         raw = guess
         if raw is None and prior is not None and budget_bytes is not None:
@@ -341,6 +351,7 @@ def guided_search(
     upper_bound: int | None = None,
     guess: int | None = None,
     prior: MemoryModel | None = None,
+    predict: PredictFn | None = None,
 ) -> SearchResult:
     """Probe where the fitted memory line crosses the budget; see the module docstring.
 
@@ -355,7 +366,7 @@ def guided_search(
     error = 0  # in batches
     widths = [math.inf, math.inf]  # hi - lo after each probe, inf while no batch ran out
     while not s.done:
-        claim = _claim(s, budget_bytes, guess, prior)
+        claim = _claim(s, budget_bytes, guess, prior, predict)
         if claim is None:
             batch = _fallback(s, base, skip_floor=skip_floor)
             if s.hi is None:
@@ -383,12 +394,15 @@ def search_max_batch(
     upper_bound: int | None = None,
     guess: int | None = None,
     prior: MemoryModel | None = None,
+    predict: PredictFn | None = None,
 ) -> SearchResult:
     """The largest batch size that fits, by the given method (see the module docstring).
 
     ``budget_bytes`` is what ``peak_bytes`` is compared with (None: unknown, no
     predictions); ``upper_bound`` the answer of a shorter sequence (this answer is
-    <= it); ``guess`` and ``prior`` hints from earlier cells, used by "guided" only.
+    <= it); ``guess`` and ``prior`` hints from earlier cells, used by "guided" only;
+    ``predict(lo, hi)`` a backend's own claim of the answer inside the bracket (an estimator
+    that can evaluate a batch without a probe), also "guided" only: still verified by probes.
     Raises SearchError on a probe with outcome "error"; exceptions raised by ``fits``
     propagate untouched.
     """
@@ -402,6 +416,7 @@ def search_max_batch(
             upper_bound=upper_bound,
             guess=guess,
             prior=prior,
+            predict=predict,
         )
     allowed = ", ".join(METHODS)
     raise InvalidInput(f"unknown search method {method!r}; allowed: {allowed}")

@@ -61,3 +61,42 @@ def extrapolate(a: Trace, b: Trace, batch_size: int) -> Trace | None:
             return None
         sizes.append(fixed + per_sample * batch_size)
     return Trace(batch_size, tuple(sizes), a.order)
+
+
+def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> Trace | None:
+    """The trace at ``batch_size`` from one trace of this cell and an aligned pair of another.
+
+    A cell at a new sequence length runs the same ops, so its trace has the same order; what the
+    pair from the other cell adds is which allocations depend on the batch. That is read off
+    exactly when every allocation there is either batch-independent (its size at this length is
+    the single trace's) or purely per-sample (its size divides by the single trace's batch).
+    An allocation with both parts, or any other mismatch, returns None.
+    """
+    a, b = reference
+    span = b.batch_size - a.batch_size
+    if span == 0 or not (single.order == a.order == b.order) or batch_size < 1:
+        return None
+    sizes = []
+    for size_a, size_b, size in zip(a.sizes, b.sizes, single.sizes, strict=True):
+        per_sample, remainder = divmod(size_b - size_a, span)
+        fixed = size_a - per_sample * a.batch_size
+        if remainder or per_sample < 0 or fixed < 0 or (per_sample and fixed):
+            return None
+        if per_sample == 0:
+            sizes.append(size)
+            continue
+        per_sample_here, remainder = divmod(size, single.batch_size)
+        if remainder:
+            return None
+        sizes.append(per_sample_here * batch_size)
+    return Trace(batch_size, tuple(sizes), single.order)
+
+
+def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:
+    """The latest two traces that extrapolate exactly, if any."""
+    for i in range(len(traces) - 1, 0, -1):
+        for j in range(i - 1, -1, -1):
+            other = traces[i].batch_size + (1 if traces[i].batch_size != traces[j].batch_size + 1 else 2)
+            if extrapolate(traces[j], traces[i], other) is not None:
+                return traces[j], traces[i]
+    return None

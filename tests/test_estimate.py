@@ -50,7 +50,17 @@ def test_replay_rounds_like_the_caching_allocator():
     assert (result.peak_allocated_bytes, result.peak_reserved_bytes) == (512, 2 * MIB)
     # 5 MiB -> a 20 MiB segment (kLargeBuffer); it does not fit in 10 MiB.
     assert replay([(1, 5 * MIB)], capacity_bytes=10 * MIB).fits is False
-    assert replay([(1, 5 * MIB)], capacity_bytes=20 * MIB).fits is True
+    assert replay([(1, 5 * MIB)], capacity_bytes=20 * MIB).demand_bytes == 20 * MIB
+
+
+def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
+    # Allocate 30 MiB (a 30 MiB segment), free it, allocate 40 MiB: unlimited, the cached 30 MiB
+    # segment stays and 70 MiB are reserved; with a 40 MiB limit the allocator releases it first.
+    events = [(1, 30 * MIB), (1, -1), (2, 40 * MIB)]
+    result = replay(events, capacity_bytes=40 * MIB)
+    assert result.fits and result.demand_bytes == 40 * MIB
+    assert result.peak_reserved_bytes == 40 * MIB
+    assert replay(events, capacity_bytes=38 * MIB).fits is False
 
 
 def test_dropout_saves_a_one_byte_mask_as_cuda_does():

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.errors import InvalidInput, SequenceTooLong
 from autotune.estimate import EstimateBackend
-from autotune.gpus import custom_gpu, resolve_gpu
+from autotune.gpus import custom_gpu, resolve_gpu, with_context_overhead
 from autotune.models import resolve_model
 from autotune.modes import parse_modes
 from autotune.tuner import budget_bytes, tune_table
@@ -23,9 +23,14 @@ def test_budget_is_card_minus_context_times_one_minus_margin():
         budget_bytes(gpu, 1.5)
 
 
+def _small_gpu(usable_mib: int):
+    """A 1 GiB card of which only ``usable_mib`` is left to PyTorch."""
+    return with_context_overhead(custom_gpu(1024 * MIB), (1024 - usable_mib) * MIB)
+
+
 def _small_table(method: str, modes: str = "fp32,amp+ckpt"):
-    # A card just big enough for a few dozen samples of tiny-bert at these lengths.
-    gpu = custom_gpu(resolve_gpu("T4").context_overhead_bytes + 96 * MIB)
+    # Two cuBLAS workspaces take 66 MiB; the rest holds a few dozen samples of tiny-bert at these lengths.
+    gpu = _small_gpu(160)
     workload = Workload(resolve_model("tiny-bert"), "masked-lm", None)
     return tune_table(workload, EstimateBackend(gpu), gpu, seq_lens=(32, 64, 128),
                       modes=parse_modes(modes), method=method, max_batch=4096)
@@ -65,7 +70,7 @@ def test_sequence_beyond_the_model_limit_is_refused_before_probing():
 
 
 def test_a_mode_the_model_cannot_run_fails_only_its_cells():
-    gpu = custom_gpu(resolve_gpu("T4").context_overhead_bytes + 96 * MIB)
+    gpu = _small_gpu(160)
     workload = Workload(resolve_model("tiny-albert"), "masked-lm", None)
     table = tune_table(workload, EstimateBackend(gpu), gpu, seq_lens=(32,), modes=parse_modes("fp32,ckpt"))
     assert table.cell("fp32", 32).max_batch_size > 0

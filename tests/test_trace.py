@@ -1,0 +1,67 @@
+"""Trace extrapolation must equal running the model: checked against real fake-tensor runs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from autotune.estimate import EstimateBackend
+from autotune.gpus import resolve_gpu
+from autotune.models import resolve_model
+from autotune.modes import parse_mode
+from autotune.trace import Trace, aligned_pair, extrapolate, rescale
+from autotune.workload import Workload
+
+
+def test_events_round_trip_through_the_numbered_form():
+    events = [(70, 512), (71, 1024), (70, -1), (70, 2048), (71, -1), (70, -1)]
+    trace = Trace.from_events(3, events)
+    assert trace.sizes == (512, 1024, 2048)
+    assert trace.order == (0, 1, ~0, 2, ~1, ~2)
+    assert trace.events() == [(0, 512), (1, 1024), (0, -1), (2, 2048), (1, -1), (2, -1)]
+
+
+def test_extrapolate_is_affine_and_refuses_what_is_not():
+    a = Trace(2, (100, 4 * 2 * 8), (0, 1))
+    b = Trace(3, (100, 4 * 3 * 8), (0, 1))
+    assert extrapolate(a, b, 10).sizes == (100, 4 * 10 * 8)
+    assert extrapolate(a, Trace(3, (100, 4 * 3 * 8), (1, 0)), 10) is None  # other order
+    assert extrapolate(a, Trace(4, (100, 4 * 3 * 8 + 1), (0, 1)), 10) is None  # not a whole step
+    assert extrapolate(a, b, 0) is None
+
+
+def test_rescale_reads_the_batch_structure_off_another_cell():
+    # Reference at one length: a fixed 100 B tensor, a per-sample tensor of 32 B a sample.
+    reference = (Trace(2, (100, 64), (0, 1)), Trace(3, (100, 96), (0, 1)))
+    # At another length: the fixed tensor is 300 B, the per-sample one 48 B a sample.
+    single = Trace(5, (300, 240), (0, 1))
+    assert rescale(reference, single, 7).sizes == (300, 336)
+    mixed = (Trace(2, (100, 164), (0, 1)), Trace(3, (100, 196), (0, 1)))  # 100 + 32 b
+    assert rescale(mixed, single, 7) is None
+
+
+def _traces(backend, workload, mode, seq_len, batches):
+    fake = backend._model(workload)
+    with backend.cell(workload, mode, seq_len, 10**12):
+        return [Trace.from_events(b, backend.trace(fake, workload, mode, seq_len, b)) for b in batches]
+
+
+@pytest.mark.parametrize(("model", "task", "mode"), [
+    ("tiny-bert", "sequence-classification", "fp32"),
+    ("tiny-gpt2", "causal-lm", "amp+ckpt"),
+])
+def test_extrapolated_traces_equal_real_runs(model, task, mode):
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    workload = Workload(resolve_model(model), task, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        short = _traces(backend, workload, parse_mode(mode), 32, [3, 4, 5])
+        long = _traces(backend, workload, parse_mode(mode), 64, [6, 37])
+    pair = aligned_pair(short)
+    assert pair is not None
+    within = extrapolate(pair[0], pair[1], 29)
+    real_29 = _traces(backend, workload, parse_mode(mode), 32, [29])[0]
+    assert within == real_29
+    # One trace at the longer length plus the shorter length's structure gives the real run.
+    assert rescale(pair, long[0], 37) == long[1]
