@@ -38,7 +38,7 @@ class Replay:
     peak_allocated_bytes: int
     peak_reserved_bytes: int  # with the capacity as the limit, when it fits; else without one
     demand_bytes: int  # the smallest capacity the trace runs in (a multiple of 2 MiB)
-    fits: bool  # demand_bytes <= capacity
+    fits: bool  # a replay with the capacity as the limit ran without out-of-memory
 
     @property
     def oom(self) -> bool:
@@ -110,8 +110,21 @@ def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
         else:
             high, reserved_at_high = middle, reserved
     demand = high * SEGMENT_GRANULE
-    fits = capacity_bytes is None or demand <= capacity_bytes
-    return Replay(peak_allocated, reserved_at_high if fits else unlimited_reserved, demand, fits)
+    if capacity_bytes is None or demand <= capacity_bytes:
+        return Replay(peak_allocated, reserved_at_high, demand, fits=True)
+    # Over the demand found by bisection; the direct run at the capacity decides (the two can
+    # differ where releasing cached segments at other moments changes the placement).
+    fits = fits_in(events, capacity_bytes)
+    return Replay(peak_allocated, unlimited_reserved, demand, fits)
+
+
+def fits_in(events: list[Event], capacity_bytes: int) -> bool:
+    """Whether the caching allocator runs ``events`` within ``capacity_bytes``: one replay."""
+    try:
+        _run(events, capacity_bytes)
+    except OutOfMemory:
+        return False
+    return True
 
 
 def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:

@@ -23,6 +23,7 @@ Added outside the trace, because the CPU run never allocates them:
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,11 +81,11 @@ def _predict_max(
 ) -> int | None:
     """The largest batch in (lo, hi) whose extrapolated trace fits, by bisection; None if the
     cell's traces do not extrapolate yet. Each step is one allocator replay (milliseconds)."""
-    from autotune.accounting import replay
+    from autotune.accounting import fits_in
 
     def fits(batch_size: int) -> bool | None:
         found = _extrapolated(traces, batch_size, reference)
-        return None if found is None else replay(found[0].events(), budget_bytes).fits
+        return None if found is None else fits_in(found[0].events(), budget_bytes)
 
     if not traces or (len(traces) < 2 and reference is None):
         return None
@@ -267,6 +268,23 @@ class EstimateBackend:
         )
         emulation = CudaEmulation(dtype, kernels)
         tracker = StorageTracker()
+        # Cyclic garbage collection runs at moments that depend on Python's object counts, not
+        # on the step, and would free tensors in cycles at different points from run to run;
+        # with it paused, the trace depends only on the step (refcounting frees the rest).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _trace(
+        self, tracker: Any, emulation: Any, fake: _FakeModel, workload: Workload, mode: Mode,
+        seq_len: int, batch_size: int,
+    ) -> list[tuple[int, int]]:
+        import torch
+
         model = fake.model
         with fake.mode_ctx, tracker:
             for tensor in (*model.parameters(), *model.buffers()):

@@ -13,7 +13,7 @@ verified by the cell's own probes):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -138,8 +138,16 @@ def tune_table(
     method: str = "guided",
     max_batch: int = DEFAULT_MAX_BATCH,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
+    completed: Mapping[tuple[str, int], CellResult] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TableResult:
-    """Fill the table; ``on_cell(cell, done, total)`` is called as each cell finishes."""
+    """Fill the table; ``on_cell(cell, done, total)`` is called as each cell finishes.
+
+    ``completed`` maps (mode name, seq_len) to cells finished earlier (a run resumed after a
+    restart): they are kept as they are, not probed again, and still give hints to the next
+    cell. ``should_stop()`` is asked between cells (a cancelled run); the table then holds
+    the cells finished so far.
+    """
     if not seq_lens:
         raise InvalidInput("no sequence lengths given")
     for seq_len in seq_lens:
@@ -161,8 +169,15 @@ def tune_table(
         history: list[tuple[int, MemoryModel]] = []
         upper: int | None = None
         for seq_len in ordered:
-            cell, fitted = _tune_cell(workload, backend, mode, seq_len, budget, method,
-                                      max_batch, upper, _guess(history, seq_len, budget))
+            if should_stop is not None and should_stop():
+                table.elapsed_s = round(time.perf_counter() - started, 3)
+                return table
+            previous = (completed or {}).get((mode.name, seq_len))
+            if previous is not None:
+                cell, fitted = previous, _model_of(previous)
+            else:
+                cell, fitted = _tune_cell(workload, backend, mode, seq_len, budget, method,
+                                          max_batch, upper, _guess(history, seq_len, budget))
             table.cells.append(cell)
             if cell.max_batch_size is not None:
                 upper = cell.max_batch_size
@@ -172,6 +187,19 @@ def tune_table(
                 on_cell(cell, len(table.cells), total)
     table.elapsed_s = round(time.perf_counter() - started, 3)
     return table
+
+
+def _model_of(cell: CellResult) -> MemoryModel | None:
+    """A memory line through the two largest fitting probes of a finished cell, for hints."""
+    points = sorted((p["batch_size"], p["peak_bytes"]) for p in cell.probe_log
+                    if p["outcome"] == "fits" and p.get("peak_bytes"))
+    if len(points) < 2 or points[-1][0] == points[-2][0]:
+        return None
+    (b1, p1), (b2, p2) = points[-2], points[-1]
+    slope = (p2 - p1) / (b2 - b1)
+    if slope <= 0:
+        return None
+    return MemoryModel(intercept_bytes=p2 - slope * b2, slope_bytes=slope)
 
 
 def _tune_cell(

@@ -75,3 +75,26 @@ def test_a_mode_the_model_cannot_run_fails_only_its_cells():
     table = tune_table(workload, EstimateBackend(gpu), gpu, seq_lens=(32,), modes=parse_modes("fp32,ckpt"))
     assert table.cell("fp32", 32).max_batch_size > 0
     assert "does not support gradient checkpointing" in table.cell("ckpt", 32).error
+
+
+def test_a_resumed_run_keeps_finished_cells_and_probes_only_the_rest():
+    first = _small_table("guided", "fp32")
+    kept = {("fp32", 32): first.cell("fp32", 32)}
+    gpu = _small_gpu(160)
+    workload = Workload(resolve_model("tiny-bert"), "masked-lm", None)
+    seen = []
+    resumed = tune_table(workload, EstimateBackend(gpu), gpu, seq_lens=(32, 64, 128),
+                         modes=parse_modes("fp32"), completed=kept,
+                         on_cell=lambda cell, done, total: seen.append(cell.seq_len))
+    assert resumed.cell("fp32", 32) is kept[("fp32", 32)]
+    assert [c.max_batch_size for c in resumed.cells] == [c.max_batch_size for c in first.cells]
+    assert seen == [32, 64, 128]
+
+
+def test_a_stopped_run_returns_the_cells_finished_so_far():
+    gpu = _small_gpu(160)
+    workload = Workload(resolve_model("tiny-bert"), "masked-lm", None)
+    stops = iter([False, True])
+    table = tune_table(workload, EstimateBackend(gpu), gpu, seq_lens=(32, 64),
+                       modes=parse_modes("fp32"), should_stop=lambda: next(stops))
+    assert [c.seq_len for c in table.cells] == [32]
