@@ -39,7 +39,7 @@ from autotune.step import (
     make_optimizer,
     run_steps,
 )
-from autotune.trace import Trace, aligned_pair, extrapolate, rescale
+from autotune.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.workload import Workload
 
 CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device thread (backward)
@@ -109,6 +109,27 @@ def _predict_max(
     return good
 
 
+def _guess_max(
+    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int
+) -> int | None:
+    """The largest batch whose synthesized trace (trace.synthesize) fits: a first claim."""
+    from autotune.accounting import fits_in
+
+    def fits(batch_size: int) -> bool:
+        guess = synthesize(known, seq_len, batch_size)
+        return guess is not None and fits_in(guess.events(), budget_bytes)
+
+    if synthesize(known, seq_len, 1) is None or not fits(1):
+        return None
+    good, bad = 1, 2
+    while bad <= _PREDICT_LIMIT and fits(bad):
+        good, bad = bad, bad * 2
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
 class MemoryEquivalentScaler:
     """GradScaler's memory footprint without its data-dependent control flow.
 
@@ -151,7 +172,8 @@ class EstimateBackend:
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
         # another length extrapolate from a single trace of its own (trace.rescale).
-        self._structures: dict[tuple[Any, ...], tuple[Trace, Trace]] = {}
+        # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
+        self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -191,13 +213,16 @@ class EstimateBackend:
         traces: list[Trace] = []
         structure_key = (workload.model.name, workload.task, workload.attn, workload.optimizer,
                          mode.name)
-        reference = self._structures.get(structure_key)
+        known = self._structures.setdefault(structure_key, {})
+        reference = known[max(known)] if known else None  # the longest length seen so far
 
         def fits(batch_size: int) -> Probe:
             return self.probe(fake, workload, mode, seq_len, batch_size, budget_bytes, traces,
                               reference)
 
         def predict(lo: int, hi: int | None) -> int | None:
+            if not traces:  # the cell's first probe: a guess from the other lengths
+                return _guess_max(known, seq_len, budget_bytes)
             return _predict_max(traces, budget_bytes, lo, hi, reference)
 
         fits.predict = predict  # type: ignore[attr-defined]
@@ -210,7 +235,7 @@ class EstimateBackend:
             yield fits
         pair = aligned_pair(traces)
         if pair is not None:  # the next length of this mode can extrapolate from one trace
-            self._structures[structure_key] = pair
+            known[seq_len] = pair
 
     def _checkpoint_contexts(self) -> tuple[Any, Any]:
         recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()

@@ -324,7 +324,7 @@ def _claim(
     already proven out of memory fits (after a real CUDA OOM, which has no peak).
     A backend's own ``predict`` comes first when it has an answer.
     """
-    predicted = predict(s.lo, s.hi) if predict is not None and s.probes else None
+    predicted = predict(s.lo, s.hi) if predict is not None else None
     if predicted is not None:
         return min(max(predicted, s.lo), s.ceiling)
     if not s.probes:

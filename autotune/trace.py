@@ -14,7 +14,7 @@ non-negative fixed part; otherwise ``extrapolate`` returns None and the caller r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.accounting import Event
@@ -100,3 +100,54 @@ def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:
             if extrapolate(traces[j], traces[i], other) is not None:
                 return traces[j], traces[i]
     return None
+
+
+def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_size: int) -> Trace | None:
+    """A *guess* at the trace of another sequence length, from aligned pairs at other lengths.
+
+    Each allocation's fixed and per-sample sizes are interpolated as polynomials in the
+    sequence length through the nearest lengths known (degree up to 2: activations grow with
+    the length, attention masks and matrices with its square). Not exact in general, so it is
+    only used to choose a cell's first probe, never as a probe.
+    """
+    if not pairs:
+        return None
+    known = sorted(pairs, key=lambda s: (abs(s - seq_len), s))[:3]
+    orders = {pairs[s][0].order for s in known}
+    if len(orders) != 1:
+        return None
+    parts = {s: _parts(*pairs[s]) for s in known}
+    if any(p is None for p in parts.values()):
+        return None
+    sizes = []
+    for i in range(len(pairs[known[0]][0].sizes)):
+        if len(known) == 1:  # one length: per-sample sizes scale with the length
+            fixed, per_sample = parts[known[0]][i]  # type: ignore[index]
+            per_sample = per_sample * seq_len / known[0]
+        else:
+            fixed = _lagrange([(s, parts[s][i][0]) for s in known], seq_len)  # type: ignore[index]
+            per_sample = _lagrange([(s, parts[s][i][1]) for s in known], seq_len)  # type: ignore[index]
+        sizes.append(max(0, round(fixed + per_sample * batch_size)))
+    return Trace(batch_size, tuple(sizes), orders.pop())
+
+
+def _parts(a: Trace, b: Trace) -> list[tuple[int, int]] | None:
+    span = b.batch_size - a.batch_size
+    if span == 0 or a.order != b.order:
+        return None
+    parts = []
+    for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
+        per_sample = (size_b - size_a) // span
+        parts.append((size_a - per_sample * a.batch_size, per_sample))
+    return parts
+
+
+def _lagrange(points: Sequence[tuple[int, float]], x: int) -> float:
+    total = 0.0
+    for j, (xj, yj) in enumerate(points):
+        term = float(yj)
+        for k, (xk, _) in enumerate(points):
+            if k != j:
+                term *= (x - xk) / (xj - xk)
+        total += term
+    return total
