@@ -476,3 +476,21 @@ def test_random_curves_guided_agrees_with_bisect_in_fewer_probes(cuda, noisy):
     assert mean["exact"] <= 2
     assert mean["near"] < 4
     assert mean["10%"] < 0.4 * mean["bisect"]
+
+
+def test_guided_takes_the_backends_own_prediction_and_verifies_it():
+    # A backend that can evaluate batches without probing (the estimator) predicts exactly:
+    # the search then needs only the two verifying probes.
+    true_max = 321
+    calls = []
+
+    def fits(b):
+        return Probe(b, "fits" if b <= true_max else "oom", peak_bytes=b * 1000)
+
+    def predict(lo, hi):
+        calls.append((lo, hi))
+        return true_max
+
+    result = search_max_batch(fits, budget_bytes=321_500, predict=predict, guess=7)
+    assert [p.batch_size for p in result.probes] == [321, 322]
+    assert result.max_batch_size == 321 and calls[0] == (0, None)

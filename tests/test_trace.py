@@ -10,7 +10,7 @@ from autotune.estimate import EstimateBackend
 from autotune.gpus import resolve_gpu
 from autotune.models import resolve_model
 from autotune.modes import parse_mode
-from autotune.trace import Trace, aligned_pair, extrapolate, rescale
+from autotune.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.workload import Workload
 
 
@@ -65,3 +65,16 @@ def test_extrapolated_traces_equal_real_runs(model, task, mode):
     assert within == real_29
     # One trace at the longer length plus the shorter length's structure gives the real run.
     assert rescale(pair, long[0], 37) == long[1]
+
+
+def test_synthesize_interpolates_sizes_in_the_sequence_length():
+    # One tensor per sample of 4*s bytes (activations), one of 4*s*s (an attention mask), and a
+    # fixed 1000 B one (a parameter): known at lengths 32, 64, 128, wanted at 256.
+    def pair(s):
+        return tuple(Trace(b, (1000, 4 * s * b, 4 * s * s * b), (0, 1, 2)) for b in (2, 3))
+
+    pairs = {s: pair(s) for s in (32, 64, 128)}
+    assert synthesize(pairs, 256, 5).sizes == (1000, 4 * 256 * 5, 4 * 256 * 256 * 5)
+    # From one length only, per-sample sizes scale linearly with the length.
+    assert synthesize({32: pair(32)}, 64, 5).sizes == (1000, 4 * 64 * 5, 4 * 32 * 64 * 5)
+    assert synthesize({}, 64, 5) is None
