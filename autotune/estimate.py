@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,31 +75,20 @@ def _extrapolated(
 _PREDICT_LIMIT = 1 << 24
 
 
-def _predict_max(
-    traces: list[Trace], budget_bytes: int, lo: int, hi: int | None,
-    reference: tuple[Trace, Trace] | None = None,
-) -> int | None:
-    """The largest batch in (lo, hi) whose extrapolated trace fits, by bisection; None if the
-    cell's traces do not extrapolate yet. Each step is one allocator replay (milliseconds)."""
-    from autotune.accounting import fits_in
-
-    def fits(batch_size: int) -> bool | None:
-        found = _extrapolated(traces, batch_size, reference)
-        return None if found is None else fits_in(found[0].events(), budget_bytes)
-
-    if not traces or (len(traces) < 2 and reference is None):
-        return None
-    top = hi - 1 if hi is not None else _PREDICT_LIMIT
-    good, bad = lo, top + 1  # good fits (or is 0), bad does not (or is beyond reach)
-    probe = max(lo, 1)
-    while hi is None and probe <= top:  # gallop up to the first failure
-        verdict = fits(probe)
+def _largest_fitting(fits: Callable[[int], bool | None], lo: int, hi: int | None) -> int | None:
+    """The largest batch in (lo, hi) for which ``fits`` holds, galloping up from ``lo`` while
+    no failure is known (``lo`` fits or is 0; ``hi`` fails or is None); None as soon as
+    ``fits`` cannot tell. Each call of ``fits`` is one allocator replay (milliseconds)."""
+    good, bad = lo, hi
+    candidate = max(2 * lo, 1)
+    while bad is None:
+        verdict = fits(candidate) if candidate <= _PREDICT_LIMIT else False
         if verdict is None:
             return None
-        if not verdict:
-            bad = probe
-            break
-        good, probe = probe, probe * 2
+        if verdict:
+            good, candidate = candidate, 2 * candidate
+        else:
+            bad = candidate
     while bad - good > 1:
         middle = (good + bad) // 2
         verdict = fits(middle)
@@ -109,25 +98,31 @@ def _predict_max(
     return good
 
 
+def _predict_max(
+    traces: list[Trace], budget_bytes: int, lo: int, hi: int | None,
+    reference: tuple[Trace, Trace] | None = None,
+) -> int | None:
+    """The max batch in (lo, hi) by the cell's extrapolated traces; None if they cannot tell."""
+    from autotune.accounting import fits_in
+
+    def fits(batch_size: int) -> bool | None:
+        found = _extrapolated(traces, batch_size, reference)
+        return None if found is None else fits_in(found[0].events(), budget_bytes)
+
+    return _largest_fitting(fits, lo, hi)
+
+
 def _guess_max(
     known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int
 ) -> int | None:
-    """The largest batch whose synthesized trace (trace.synthesize) fits: a first claim."""
+    """The max batch by traces synthesized from other lengths (trace.synthesize): a guess."""
     from autotune.accounting import fits_in
 
-    def fits(batch_size: int) -> bool:
+    def fits(batch_size: int) -> bool | None:
         guess = synthesize(known, seq_len, batch_size)
-        return guess is not None and fits_in(guess.events(), budget_bytes)
+        return None if guess is None else fits_in(guess.events(), budget_bytes)
 
-    if synthesize(known, seq_len, 1) is None or not fits(1):
-        return None
-    good, bad = 1, 2
-    while bad <= _PREDICT_LIMIT and fits(bad):
-        good, bad = bad, bad * 2
-    while bad - good > 1:
-        middle = (good + bad) // 2
-        good, bad = (middle, bad) if fits(middle) else (good, middle)
-    return good
+    return _largest_fitting(fits, 0, None)
 
 
 class MemoryEquivalentScaler:
