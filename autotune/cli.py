@@ -92,6 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--max-batch", type=_positive, default=DEFAULT_MAX_BATCH)
     table.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     table.add_argument("--json", action="store_true", help="print one JSON document")
+    check = sub.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not")
+    check.add_argument("model", nargs="?", help="as for `table` (or from --from-config)")
+    check.add_argument("--seq-len", type=_positive)
+    check.add_argument("--batch-size", type=_positive)
+    check.add_argument("--mode", default=None, help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default fp32)")
+    check.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
+    check.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    check_target = check.add_mutually_exclusive_group()
+    check_target.add_argument("--gpu-memory", help="total memory of the target card, e.g. 12GiB")
+    check_target.add_argument("--gpu", help="GPU preset, e.g. T4")
+    check.add_argument("--backend", default="auto", choices=("auto", "cuda", "estimate"))
+    check.add_argument("--margin", type=_fraction, default=DEFAULT_MARGIN)
+    check.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    check.add_argument("--server", default=None,
+                       help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local)")
+    check.add_argument("--from-config", default=None, metavar="FILE",
+                       help="TrainingArguments JSON or a YAML/JSON of model, seq_len, batch_size, mode")
+    check.add_argument("--json", action="store_true")
     sub.add_parser("models", help="list the offline model presets")
     sub.add_parser("gpus", help="list the GPU presets")
     return parser
@@ -103,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "table":
             return _table(args)
+        if args.command == "check":
+            from autotune.check_cli import run_check
+
+            return run_check(args)
         if args.command == "models":
             from autotune.models import PRESETS
 

@@ -1,0 +1,122 @@
+"""autotune check: every exit code, --from-config, the suggestion."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from autotune.check import accumulation_plan, read_training_config
+from autotune.cli import main
+from autotune.errors import InvalidInput
+
+# tiny-bert on a 1 GiB card: the max batch at seq 64 is in the hundreds (test_tuner figures).
+SMALL = ["--gpu-memory", "1GiB", "--backend", "estimate"]
+
+# What TrainingArguments(...).to_json_string() writes, trimmed; most keys are not ours.
+TRAINING_ARGS = {
+    "output_dir": "out", "overwrite_output_dir": False, "do_train": True, "eval_strategy": "no",
+    "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8,
+    "gradient_accumulation_steps": 4, "learning_rate": 5e-05, "weight_decay": 0.0,
+    "num_train_epochs": 3.0, "lr_scheduler_type": "linear", "warmup_ratio": 0.0, "seed": 42,
+    "bf16": False, "fp16": True, "gradient_checkpointing": True, "optim": "adamw_torch",
+    "report_to": [], "dataloader_num_workers": 0,
+    "model_name_or_path": "tiny-bert", "max_seq_length": 64,
+}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_batch_that_fits_exits_0_with_one_line(capsys):
+    code, out, err = run(capsys, "check", "tiny-bert", "--seq-len", "64", "--batch-size", "4", *SMALL)
+    assert code == 0
+    assert out.startswith("fits: tiny-bert seq 64 fp32 on 1 GiB, batch 4: peak ")
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_a_batch_that_does_not_fit_exits_1_with_a_suggestion(capsys):
+    code, out, _ = run(capsys, "check", "tiny-bert", "--seq-len", "64", "--batch-size", "100000",
+                       *SMALL, "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["fits"] is False and 0 < doc["max_batch_size"] < 100000
+    assert doc["source"] == "estimated" and doc["backend"] == "estimate"
+    for key in ("peak_memory_bytes", "budget_bytes", "suggestion"):
+        assert key in doc
+    assert "accumulation steps for an effective" in doc["suggestion"]
+    assert "mode amp+ckpt (max " in doc["suggestion"]
+    assert doc["message"].startswith("does not fit: tiny-bert seq 64 fp32 on 1 GiB: max batch ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "bert-huge", "--seq-len", "64", "--batch-size", "8"], "unknown model 'bert-huge'"),
+        (["check", "bert-base-uncased", "--seq-len", "1024", "--batch-size", "8"],
+         "sequence length 1024 exceeds max_position_embeddings=512 of bert-base-uncased"),
+        (["check", "tiny-bert", "--batch-size", "8"], "missing seq_len: give --seq-len"),
+        (["check", "tiny-bert", "--seq-len", "64", "--batch-size", "8", "--mode", "fp8"],
+         "unknown mode 'fp8'"),
+    ],
+)
+def test_bad_input_exits_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in err
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_server_exits_2(capsys):
+    server = f"http://127.0.0.1:{_closed_port()}"
+    code, _, err = run(capsys, "check", "tiny-bert", "--seq-len", "64", "--batch-size", "8",
+                       "--server", server)
+    assert code == 2 and f"server {server} is unreachable" in err
+
+
+def test_from_config_reads_training_arguments(tmp_path, capsys):
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(TRAINING_ARGS))
+    job = read_training_config(path)
+    assert (job.model, job.seq_len, job.batch_size, job.accumulation_steps) == ("tiny-bert", 64, 8, 4)
+    assert job.mode is not None and job.mode.name == "amp+ckpt"
+    code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["mode"] == "amp+ckpt" and doc["batch_size"] == 8
+
+
+def test_from_config_yaml_flags_win_and_missing_keys_are_named(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text("model: tiny-bert\nseq_len: 64\nmode: amp\nsomething_else: 1\n")
+    code, _, err = run(capsys, "check", "--from-config", str(path), *SMALL)
+    assert code == 2 and f"missing batch_size: give in '{path}' or --batch-size" in err
+    code, out, _ = run(capsys, "check", "--from-config", str(path), "--batch-size", "2", *SMALL)
+    assert code == 0 and " amp on 1 GiB, batch 2" in out
+
+
+def test_a_malformed_config_is_refused(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(InvalidInput, match="is not valid JSON"):
+        read_training_config(path)
+    path.write_text(json.dumps({"per_device_train_batch_size": 0}))
+    with pytest.raises(InvalidInput, match="batch size in .* must be a positive integer, got 0"):
+        read_training_config(path)
+
+
+@pytest.mark.parametrize(("effective", "max_batch", "plan"), [
+    (64, 13, (8, 8)),  # the issue's example
+    (64, 29, (16, 4)),
+    (61, 13, (13, 5)),  # a prime: micro-batches of the max, effective 65
+    (8, 8, (8, 1)),
+])
+def test_accumulation_plan(effective, max_batch, plan):
+    assert accumulation_plan(effective, max_batch) == plan
