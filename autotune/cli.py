@@ -4,6 +4,8 @@
                          [--attn sdpa|eager] [--gpu-memory SIZE | --gpu NAME]
                          [--backend auto|cuda|estimate] [--margin F] [--search guided|bisect]
                          [--max-batch N] [--optimizer adamw|sgd] [--json]
+    autotune check MODEL --seq-len N --batch-size B [...]   the CI gate (see check_cli.py)
+    autotune serve [--host H] [--port P] [--db PATH]        the HTTP service (see serve.py)
     autotune models      the offline presets
     autotune gpus        the GPU presets
 """
@@ -17,6 +19,7 @@ import warnings
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING
 
+from autotune import serve
 from autotune.errors import AutotuneError
 from autotune.units import format_bytes
 
@@ -112,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true")
     sub.add_parser("models", help="list the offline model presets")
     sub.add_parser("gpus", help="list the GPU presets")
+    serve.add_parser(sub)
     return parser
 
 
@@ -119,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            return serve.run(args)
         if args.command == "table":
             return _table(args)
         if args.command == "check":

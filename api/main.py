@@ -1,0 +1,65 @@
+"""The FastAPI app: ``create_app(settings)`` builds it, ``autotune serve`` runs it with uvicorn.
+
+On startup the app opens the store (and claims it: one server per database), starts the
+runner, and resumes the queue (jobs.Jobs.start); on shutdown it stops the runner's workers,
+leaving their runs to the next start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+import autotune
+from api.jobs import Jobs
+from api.limits import BodySizeLimit
+from api.routes import api_router
+from api.runner import LocalRunner, Runner
+from api.settings import Settings
+from autotune.store import Store
+
+DESCRIPTION = (
+    "The largest training batch that fits in GPU memory, per sequence length, for a transformers "
+    "model. POST /v1/tables queues a table; GET /v1/tables/{id} shows its cells as they finish."
+)
+
+
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None, runner: Runner | None = None
+) -> FastAPI:
+    """The app; ``store`` and ``runner`` are made from ``settings`` at startup unless given.
+
+    The app closes both on shutdown, given or not.
+    """
+    settings = settings if settings is not None else Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app_store = store
+        if app_store is None:
+            app_store = Store(settings.db)
+            app_store.claim()
+        app_runner = runner if runner is not None else LocalRunner(estimate_workers=settings.estimate_workers)
+        jobs = Jobs(app_store, app_runner)
+        jobs.start()
+        app.state.jobs = jobs
+        try:
+            yield
+        finally:
+            app_runner.close()
+            app_store.close()
+
+    app = FastAPI(title="autotune", version=autotune.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Errors are JSON everywhere, a bug included; uvicorn logs the traceback.
+        return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(api_router, prefix="/v1")
+    return app
