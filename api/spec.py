@@ -24,11 +24,13 @@ from typing import Any
 from api.settings import Settings
 from autotune.backends import BACKENDS, make_backend
 from autotune.errors import InvalidInput
-from autotune.models import DEFAULT_TASK, check_seq_len, check_task, preset_name, resolve_model
+from autotune.gpus import GpuSpec
+from autotune.models import DEFAULT_TASK, ModelSpec, check_seq_len, check_task, preset_name, resolve_model
 from autotune.modes import ALLOWED_MODE_NAMES, DEFAULT_MODE_NAMES, parse_modes
 from autotune.search import DEFAULT_MAX_BATCH, METHODS
 from autotune.step import MIN_STEPS, check_attn, check_optimizer
 from autotune.tuner import DEFAULT_MARGIN, DEFAULT_SEQ_LENS, budget_bytes
+from autotune.workload import Workload
 
 MAX_MODEL_NAME_CHARS = 300  # hub ids are at most 96 characters; paths get some room
 
@@ -68,6 +70,23 @@ class TableSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableSpec:
         return cls(**data)
+
+    def workload(self) -> Workload:
+        """The workload to probe, its config rebuilt from transformers' own classes (no remote code)."""
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if self.model_type not in CONFIG_MAPPING:  # checked on the way in; a stored spec again
+            raise InvalidInput(
+                f"model_type {self.model_type!r} is not built into transformers: no remote code"
+            )
+        config = CONFIG_MAPPING[self.model_type].from_dict(dict(self.model_config))
+        model = ModelSpec(self.model, self.model_source, config, self.max_seq_len)
+        return Workload(model, self.task, self.attn, self.optimizer, self.steps)  # type: ignore[arg-type]
+
+    def target_gpu(self) -> GpuSpec:
+        cc = self.gpu["compute_capability"]
+        return GpuSpec(self.gpu["name"], self.gpu["total_memory_bytes"],
+                       self.gpu["context_overhead_bytes"], tuple(cc) if cc else None)  # type: ignore[arg-type]
 
     def key(self) -> str:
         """sha256 of the whole spec: identical requests on an identical environment."""

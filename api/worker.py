@@ -37,25 +37,12 @@ Emit = Callable[[dict[str, Any]], None]
 
 def run_job(job: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]) -> None:
     """Fill the table of ``job``, reporting each new cell through ``emit``."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     from api.spec import TableSpec
-    from autotune.errors import InvalidInput
-    from autotune.gpus import GpuSpec
-    from autotune.models import ModelSpec
     from autotune.modes import parse_modes
     from autotune.tuner import CellResult, tune_table
-    from autotune.workload import Workload
 
     spec = TableSpec.from_json(job["spec"])
-    if spec.model_type not in CONFIG_MAPPING:  # the server checked; a stored spec is checked again
-        raise InvalidInput(f"model_type {spec.model_type!r} is not built into transformers: no remote code")
-    config = CONFIG_MAPPING[spec.model_type].from_dict(dict(spec.model_config))
-    model = ModelSpec(spec.model, spec.model_source, config, spec.max_seq_len)
-    workload = Workload(model, spec.task, spec.attn, spec.optimizer, spec.steps)  # type: ignore[arg-type]
-    cc = spec.gpu["compute_capability"]
-    gpu = GpuSpec(spec.gpu["name"], spec.gpu["total_memory_bytes"], spec.gpu["context_overhead_bytes"],
-                  tuple(cc) if cc else None)  # type: ignore[arg-type]
+    workload, gpu = spec.workload(), spec.target_gpu()
     backend: Any
     if spec.backend == "cuda":
         from autotune.cuda import CudaBackend

@@ -13,6 +13,7 @@ small YAML/JSON of the same keys) plus the model name and sequence length.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,59 @@ def _int(value: Any, what: str, path: str | Path) -> int | None:
 def missing_fields(job: PlannedJob) -> list[str]:
     names = {"model": job.model, "seq_len": job.seq_len, "batch_size": job.batch_size}
     return [name for name, value in names.items() if value is None]
+
+
+# -- answering from a stored table -----------------------------------------------------------
+
+
+def check_from_cells(
+    cells: Mapping[str, Mapping[str, Any]], *, model: str, seq_len: int, batch_size: int,
+    mode: Mode, budget: int, backend_name: str, gpu_name: str, gpu_memory_bytes: int,
+    effective_batch: int | None = None,
+) -> CheckResult | None:
+    """The check answered from a stored table's cells (mode name -> CellResult dict at this
+    seq_len), or None when the table has no finished cell for ``mode``.
+
+    The peak at the requested batch is the probe's when that batch was probed, else read off
+    the line through the two largest fitting probes (tuner's memory model).
+    """
+    from autotune.tuner import CellResult, _model_of
+
+    cell = cells.get(mode.name)
+    if cell is None or cell.get("max_batch_size") is None:
+        return None
+    best = int(cell["max_batch_size"])
+    probed = {p["batch_size"]: p for p in cell.get("probe_log", [])}
+    peak: int | None = None
+    if batch_size in probed:
+        peak = probed[batch_size].get("peak_reserved_bytes") or probed[batch_size].get("peak_bytes")
+    else:
+        line = _model_of(CellResult(**{k: v for k, v in cell.items() if k in _CELL_FIELDS}))
+        if line is not None:
+            peak = int(line.intercept_bytes + line.slope_bytes * batch_size)
+    fits_now = batch_size <= best
+    suggestion = None
+    if not fits_now:
+        parts = []
+        if best >= 1:
+            micro, steps = accumulation_plan(effective_batch or batch_size, best)
+            parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
+                         f"{micro * steps}")
+        lighter = _lighter_mode(mode)
+        other = cells.get(lighter.name) if lighter is not None else None
+        if lighter is not None and other and (other.get("max_batch_size") or 0) > best:
+            parts.append(f"mode {lighter.name} (max {other['max_batch_size']})")
+        suggestion = ", or ".join(parts) or (
+            "even batch 1 does not fit: use a GPU with more memory or a shorter sequence")
+    result = CheckResult(
+        fits=fits_now, max_batch_size=best, peak_memory_bytes=peak, budget_bytes=budget,
+        source=source_of(backend_name), backend=backend_name, suggestion=suggestion, model=model,
+        seq_len=seq_len, mode=mode.name, batch_size=batch_size, gpu_name=gpu_name,
+        gpu_memory_bytes=gpu_memory_bytes,
+    )
+    result.message = format_message(result)
+    return result
+
+
+_CELL_FIELDS = ("seq_len", "mode", "max_batch_size", "peak_memory_bytes", "peak_allocated_bytes",
+                "probes", "capped", "backend", "step_time_s", "error", "probe_log")

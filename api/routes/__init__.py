@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import health, tables
+from api.routes import check, health, tables
 
 api_router = APIRouter()
 api_router.include_router(health.router)
 api_router.include_router(tables.router)
+api_router.include_router(check.router)

@@ -1,0 +1,100 @@
+"""/v1/check: the CI gate over HTTP, answered from stored tables when they cover the cell."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+
+from api.deps import JobsDep, SettingsDep
+from api.routes.tables import _ERRORS, http_error
+from api.spec import TableSpec, normalize
+from autotune.errors import AutotuneError, InvalidInput
+from autotune.modes import parse_mode
+
+router = APIRouter(tags=["check"])
+
+# Which stored runs may answer, best first: a measurement beats an estimate.
+_SOURCES = ("cuda", "estimate")
+_RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering table
+
+
+@router.get("/check", responses=_ERRORS)
+async def check(
+    jobs: JobsDep, settings: SettingsDep,
+    model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
+    seq_len: Annotated[int, Query(ge=1)],
+    batch_size: Annotated[int, Query(ge=1)],
+    mode: str = "fp32", task: str | None = None, attn: str | None = None,
+    gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
+    accumulation_steps: Annotated[int, Query(ge=1)] = 1, backend: str | None = None,
+) -> dict[str, Any]:
+    """Does the step fit? From a stored measured table, else a stored estimate, else estimated now."""
+    body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
+            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend}
+    try:
+        spec = normalize(body, settings, jobs.runner.environment)
+        wanted = parse_mode(mode)
+    except AutotuneError as exc:
+        raise http_error(exc) from exc
+    effective = batch_size * accumulation_steps
+    stored = _from_store(jobs, spec, seq_len, batch_size, wanted, effective)
+    if stored is not None:
+        return stored
+    if spec.backend != "estimate":
+        # A measurement takes minutes: queue the table (POST /v1/tables) and answer meanwhile
+        # from the estimator, which says so in "source".
+        spec = normalize({**body, "backend": "estimate"}, settings, jobs.runner.environment)
+    try:
+        return await run_in_threadpool(_estimate_now, spec, seq_len, batch_size, wanted, effective)
+    except InvalidInput as exc:
+        raise http_error(exc) from exc
+
+
+def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
+    same = ("task", "attn", "optimizer", "margin", "budget_bytes", "model_type", "model_config")
+    return (
+        all(run_spec.get(key) == getattr(spec, key) for key in same)
+        and run_spec["gpu"]["name"] == spec.gpu["name"]
+        and seq_len in run_spec["seq_lens"]
+    )
+
+
+def _from_store(
+    jobs: JobsDep, spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
+) -> dict[str, Any] | None:
+    from autotune.check import check_from_cells
+
+    runs, _ = jobs.store.list_runs(model=spec.model, status="done", limit=_RUNS_SCANNED)
+    for source in _SOURCES:
+        for run in runs:
+            if run.backend != source or not _covers(run.spec, spec, seq_len):
+                continue
+            cells = {c["mode"]: c for c in jobs.store.cells(run.id) if c["seq_len"] == seq_len}
+            result = check_from_cells(
+                cells, model=spec.model, seq_len=seq_len, batch_size=batch_size, mode=mode,
+                budget=spec.budget_bytes, backend_name=run.backend, gpu_name=spec.gpu["name"],
+                gpu_memory_bytes=spec.gpu["total_memory_bytes"], effective_batch=effective,
+            )
+            if result is not None:
+                return {**result.to_dict(), "table_id": run.id}
+    return None
+
+
+def _estimate_now(
+    spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
+) -> dict[str, Any]:
+    import warnings
+
+    from autotune.check import check_step
+    from autotune.estimate import EstimateBackend
+
+    gpu = spec.target_gpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        result = check_step(spec.workload(), EstimateBackend(gpu), gpu, seq_len=seq_len,
+                            batch_size=batch_size, mode=mode, margin=spec.margin,
+                            effective_batch=effective)
+    return {**result.to_dict(), "table_id": None}
+
