@@ -38,7 +38,8 @@ def _store_measured_table(client, max_batch: int) -> str:
                                    gpu=spec.gpu["name"], backend="cuda", total=2)
     jobs.store.mark_running(run.id, lane="cuda:0", worker_pid=None)
     probes = [{"batch_size": b, "outcome": "fits" if b <= max_batch else "oom",
-               "peak_bytes": 1000 * b, "peak_reserved_bytes": 1000 * b} for b in (4, max_batch, max_batch + 1)]
+               "peak_bytes": 1000 * b, "peak_reserved_bytes": 1000 * b}
+              for b in (4, max_batch, max_batch + 1)]
     for position, (mode, best) in enumerate((("fp32", max_batch), ("amp+ckpt", 3 * max_batch))):
         jobs.store.add_cell(run.id, position, {
             "seq_len": 64, "mode": mode, "max_batch_size": best, "peak_memory_bytes": 1000 * best,
@@ -53,7 +54,8 @@ def test_a_stored_measured_table_answers(client):
     doc = client.get("/v1/check", params=QUERY).json()
     assert doc["source"] == "measured" and doc["table_id"] == table_id
     assert doc["fits"] is False and doc["max_batch_size"] == 6
-    assert doc["suggestion"] == "use batch 4 x 2 accumulation steps for an effective 8, or mode amp+ckpt (max 18)"
+    assert doc["suggestion"] == ("use batch 4 x 2 accumulation steps for an effective 8, "
+                                 "or mode amp+ckpt (max 18)")
     assert doc["peak_memory_bytes"] == 8000  # on the line through the probes at 4 and 6
     fitting = client.get("/v1/check", params=QUERY | {"batch_size": 4}).json()
     assert fitting["fits"] is True and fitting["peak_memory_bytes"] == 4000
