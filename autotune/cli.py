@@ -5,6 +5,7 @@
                          [--backend auto|cuda|estimate] [--margin F] [--search guided|bisect]
                          [--max-batch N] [--optimizer adamw|sgd] [--json]
     autotune check MODEL --seq-len N --batch-size B [...]   the CI gate (see check_cli.py)
+    autotune explain MODEL [--seq-len N] [--batch-size B] [...]   where the memory goes, levers
     autotune serve [--host H] [--port P] [--db PATH]        the HTTP service (see serve.py)
     autotune models      the offline presets
     autotune gpus        the GPU presets
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--from-config", default=None, metavar="FILE",
                        help="TrainingArguments JSON or a YAML/JSON of model, seq_len, batch_size, mode")
     check.add_argument("--json", action="store_true")
+    from autotune.explain_cli import add_parser as add_explain_parser
+
+    add_explain_parser(sub)
     sub.add_parser("models", help="list the offline model presets")
     sub.add_parser("gpus", help="list the GPU presets")
     serve.add_parser(sub)
@@ -127,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve.run(args)
         if args.command == "table":
             return _table(args)
+        if args.command == "explain":
+            from autotune.explain_cli import run as run_explain
+
+            return run_explain(args)
         if args.command == "check":
             from autotune.check_cli import run_check
 

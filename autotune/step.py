@@ -194,3 +194,8 @@ def gradient_checkpointing(
         yield
     finally:
         model.gradient_checkpointing_disable()
+        # transformers 5 makes the input embeddings' output require grad while checkpointing
+        # and removes that hook on disable only for PEFT models; a reused model (the
+        # estimator's) must not keep it, or frozen embeddings would save an extra activation.
+        if getattr(model, "_require_grads_hooks", None):
+            model.disable_input_require_grads()

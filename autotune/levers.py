@@ -1,0 +1,252 @@
+"""What would fit: the max batch under each change a user can make, and dynamic padding.
+
+Every lever is a max batch for the same model, sequence and GPU, searched as the table searches a
+cell (``check.max_batch`` on the same backend), so a lever that is a table mode (amp, bf16, ckpt,
+amp+ckpt) or a table option (``--optimizer sgd``, another sequence length) gives the table's
+number. Levers the table has no column for change the step itself (instrument.Variant) and are
+searched the same way on an ``InstrumentedBackend``:
+
+- 8-bit AdamW: bitsandbytes' state sizes, emulated (instrument.AdamW8bitState); once with every
+  parameter at 8 bits (``bnb.optim.AdamW8bit`` used directly) and once as transformers' Trainer
+  sets it up (``optim="adamw_bnb_8bit"``: embeddings keep 32-bit state). A real probe needs
+  bitsandbytes and a GPU; the estimate backend always emulates.
+- frozen embeddings: ``requires_grad=False`` on every ``nn.Embedding`` parameter (with tied
+  weights, the output projection tied to them freezes too, as it does in training).
+
+Gradient accumulation needs no search: the largest micro-batch that divides the effective batch
+and fits (check.accumulation_plan). Dynamic padding (``dynamic_padding``): given the token lengths
+of a data set, the max batch of each length bucket against fixed padding to ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from autotune.check import accumulation_plan, max_batch
+from autotune.errors import InvalidInput, ProbeError
+from autotune.modes import Mode
+from autotune.search import DEFAULT_MAX_BATCH
+from autotune.tuner import Backend
+from autotune.workload import Workload
+
+AS_THE_TABLE = "as the table"
+EMULATED_8BIT = "emulated: bitsandbytes' 8-bit state sizes"
+# Bucket lengths are rounded up to a multiple of 8, as DataCollatorWithPadding(pad_to_multiple_of=8)
+# does for tensor cores (NVIDIA's mixed-precision training guide: dimensions multiples of 8).
+PAD_MULTIPLE = 8
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Lever:
+    name: str  # amp, bf16, ckpt, amp+ckpt, adamw-8bit, adamw-8bit-trainer, sgd, frozen-embeddings,
+    #            seq-N, accumulation
+    label: str
+    max_batch_size: int | None  # None when the lever does not apply (see error)
+    mode: str
+    seq_len: int
+    optimizer: str
+    estimated: str  # AS_THE_TABLE, or how the lever was emulated
+    capped: bool = False
+    note: str | None = None
+    error: str | None = None
+
+
+def what_if(
+    workload: Workload, backend: Backend, *, seq_len: int, mode: Mode, budget: int, base_max: int,
+    effective_batch: int | None = None, shorter_seq_lens: Sequence[int] | None = None,
+    max_batch_size: int = DEFAULT_MAX_BATCH,
+) -> list[Lever]:
+    """Each lever that changes something from (workload, mode, seq_len), with its max batch."""
+    from autotune.instrument import InstrumentedBackend, Variant, embedding_parameters
+
+    def search(name: str, label: str, target: Backend, wl: Workload, m: Mode, s: int,
+               estimated: str = AS_THE_TABLE, note: str | None = None) -> Lever:
+        try:
+            best, _ = max_batch(target, wl, m, s, budget, max_batch_size=max_batch_size)
+        except (InvalidInput, ProbeError) as exc:  # e.g. a model without gradient checkpointing
+            return Lever(name, label, None, m.name, s, wl.optimizer, estimated, error=str(exc))
+        return Lever(name, label, best, m.name, s, wl.optimizer, estimated,
+                     capped=best >= max_batch_size, note=note)
+
+    levers = []
+    for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
+                             ("bf16", "bf16 (autocast bfloat16)")):
+        if mode.precision != precision:
+            levers.append(search(precision if not mode.checkpointing else f"{precision}+ckpt",
+                                 label, backend, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
+                                 seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
+    if not mode.checkpointing:
+        levers.append(search("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
+                             "gradient checkpointing", backend, workload, Mode(mode.precision, True),
+                             seq_len))
+        if mode.precision == "fp32":
+            levers.append(search("amp+ckpt", "AMP fp16 + gradient checkpointing", backend, workload,
+                                 Mode("amp", True), seq_len))
+    has_embeddings = bool(embedding_parameters(backend._model(workload).model))  # type: ignore[attr-defined]
+    if workload.optimizer == "adamw":
+        levers.append(search(
+            "adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
+            InstrumentedBackend(backend, Variant(optimizer="adamw-8bit")),  # type: ignore[arg-type]
+            workload, mode, seq_len, EMULATED_8BIT,
+        ))
+        if has_embeddings:
+            levers.append(search(
+                "adamw-8bit-trainer", "8-bit AdamW as Trainer(optim='adamw_bnb_8bit') sets it up",
+                InstrumentedBackend(backend, Variant(optimizer="adamw-8bit",  # type: ignore[arg-type]
+                                                     fp32_state_for_embeddings=True)),
+                workload, mode, seq_len, EMULATED_8BIT,
+                note="the Trainer keeps 32-bit state for every nn.Embedding weight",
+            ))
+        levers.append(search("sgd", "SGD instead of AdamW (no momentum: no optimizer state)", backend,
+                             replace(workload, optimizer="sgd"), mode, seq_len))
+    if has_embeddings:
+        levers.append(search(
+            "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)",
+            InstrumentedBackend(backend, Variant(freeze_embeddings=True)),  # type: ignore[arg-type]
+            workload, mode, seq_len, "the table's step with the embeddings frozen",
+        ))
+    for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
+        if 1 <= shorter < seq_len:
+            levers.append(search(f"seq-{shorter}", f"max sequence length {shorter}", backend,
+                                 workload, mode, shorter))
+    if effective_batch is not None:
+        levers.append(_accumulation(effective_batch, base_max, mode, seq_len, workload.optimizer))
+    return levers
+
+
+def _bf16_note(backend: Backend) -> str | None:
+    gpu = getattr(backend, "gpu", None)
+    if gpu is None or gpu.compute_capability is None or gpu.supports_bf16:
+        return None
+    major, minor = gpu.compute_capability
+    return (f"{gpu.name} (sm{major}{minor}) has no bfloat16 tensor cores: transformers' Trainer "
+            "refuses bf16=True there")
+
+
+def _accumulation(effective: int, base_max: int, mode: Mode, seq_len: int, optimizer: str) -> Lever:
+    label = f"gradient accumulation to an effective batch of {effective}"
+    if base_max < 1:
+        return Lever("accumulation", label, None, mode.name, seq_len, optimizer, AS_THE_TABLE,
+                     error="even batch 1 does not fit: accumulation cannot help")
+    micro, steps = accumulation_plan(effective, base_max)
+    note = (f"batch {effective} fits without accumulation" if effective <= base_max else
+            f"batch {micro} x {steps} accumulation steps = {micro * steps}")
+    return Lever("accumulation", label, micro, mode.name, seq_len, optimizer, AS_THE_TABLE, note=note)
+
+
+# -- dynamic padding ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    count: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    truncated: int  # sequences longer than seq_len, cut to it
+
+
+@dataclass(frozen=True)
+class Bucket:
+    max_len: int  # every batch of the bucket is padded to this length
+    count: int  # sequences in the bucket
+    share: float
+    max_batch_size: int
+    steps: int | None  # optimizer steps to go through the bucket once; None if batch 0
+
+
+@dataclass(frozen=True)
+class PaddingReport:
+    stats: LengthStats
+    seq_len: int
+    fixed_max_batch: int  # every batch padded to seq_len
+    fixed_steps: int | None  # per epoch
+    fixed_padding: float  # fraction of the positions computed that are padding
+    buckets: list[Bucket]
+    bucketed_steps: int | None
+    bucketed_padding: float
+
+
+def read_lengths(path: str | Path) -> list[int]:
+    """Token lengths, one positive integer per line (blank lines are skipped)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read lengths file {str(path)!r}: {exc}") from exc
+    lengths = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = int(line)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise InvalidInput(f"lengths file {str(path)!r}, line {number}: {line.strip()!r} is not a "
+                               "positive integer (one token count per line)")
+        lengths.append(value)
+    if not lengths:
+        raise InvalidInput(f"lengths file {str(path)!r} holds no lengths: one token count per line")
+    return lengths
+
+
+def percentile(sorted_values: Sequence[int], p: float) -> int:
+    """The nearest-rank percentile: the smallest value with at least p% of values <= it."""
+    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def length_stats(lengths: Sequence[int], seq_len: int) -> LengthStats:
+    ordered = sorted(lengths)
+    p50, p90, p99 = (percentile(ordered, p) for p in PERCENTILES)
+    return LengthStats(count=len(ordered), mean=sum(ordered) / len(ordered), p50=p50, p90=p90,
+                       p99=p99, max=ordered[-1], truncated=sum(1 for n in ordered if n > seq_len))
+
+
+def padded_length(length: int, seq_len: int) -> int:
+    """``length`` rounded up to PAD_MULTIPLE, at most ``seq_len``."""
+    return min(seq_len, -(-length // PAD_MULTIPLE) * PAD_MULTIPLE)
+
+
+def bucket_bounds(stats: LengthStats, seq_len: int) -> list[int]:
+    """Bucket lengths at p50, p90, p99 and the max, padded (padded_length)."""
+    return sorted({padded_length(value, seq_len) for value in (stats.p50, stats.p90, stats.p99, stats.max)})
+
+
+def dynamic_padding(
+    workload: Workload, backend: Backend, lengths: Sequence[int], *, seq_len: int, mode: Mode,
+    budget: int, fixed_max: int | None = None, max_batch_size: int = DEFAULT_MAX_BATCH,
+) -> PaddingReport:
+    """Length-bucketed batches (each padded to its bucket's length) vs fixed padding to seq_len."""
+    stats = length_stats(lengths, seq_len)
+    cut = [min(n, seq_len) for n in lengths]
+    if fixed_max is None:
+        fixed_max, _ = max_batch(backend, workload, mode, seq_len, budget, max_batch_size=max_batch_size)
+    bounds = bucket_bounds(stats, seq_len)
+    counts = dict.fromkeys(bounds, 0)
+    for n in cut:
+        counts[next(b for b in bounds if b >= n)] += 1
+    buckets = []
+    for bound in bounds:
+        if not counts[bound]:
+            continue
+        best = fixed_max if bound == seq_len else max_batch(
+            backend, workload, mode, bound, budget, max_batch_size=max_batch_size)[0]
+        buckets.append(Bucket(bound, counts[bound], counts[bound] / len(cut), best,
+                              -(-counts[bound] // best) if best else None))
+    tokens = sum(cut)
+    bucket_steps = [b.steps for b in buckets]
+    return PaddingReport(
+        stats=stats, seq_len=seq_len, fixed_max_batch=fixed_max,
+        fixed_steps=-(-len(cut) // fixed_max) if fixed_max else None,
+        fixed_padding=1 - tokens / (len(cut) * seq_len),
+        buckets=buckets,
+        bucketed_steps=None if None in bucket_steps else sum(s for s in bucket_steps if s is not None),
+        bucketed_padding=1 - tokens / sum(b.count * b.max_len for b in buckets),
+    )

@@ -1,0 +1,355 @@
+"""autotune explain: the breakdown, the outliers of the user stories, the levers, dynamic padding.
+
+The stories: a vocabulary that grew to 867,813 tokens so the embeddings held 722 M parameters
+(here 868,000 x hidden 32), and a dense layer over a flattened 2 x 512 x 768 sequence (here
+2 x 64 x 32). Tiny configs throughout; figures checked by hand are spelled out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from autotune import explain_cli
+from autotune.check import accumulation_plan, max_batch
+from autotune.errors import InvalidInput
+from autotune.estimate import EstimateBackend, _FakeModel
+from autotune.explain import breakdown_of, explain, weight_state
+from autotune.gpus import custom_gpu
+from autotune.instrument import AdamW8bitState, InstrumentedBackend, Variant
+from autotune.levers import length_stats, percentile, read_lengths
+from autotune.models import ModelSpec, resolve_model, tiny_config
+from autotune.modes import parse_mode
+from autotune.trace import Trace
+from autotune.tuner import tune_table
+from autotune.units import MIB, format_bytes
+from autotune.workload import Workload
+
+GIB = 1024**3
+VOCAB, HIDDEN = 868_000, 32  # the TabBERT story, scaled to a tiny hidden size
+FP32 = parse_mode("fp32")
+
+
+def tiny_bert() -> Workload:
+    return Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+
+
+def huge_vocab() -> Workload:
+    spec = ModelSpec("tiny-bert-868k", "local", tiny_config("bert", vocab_size=VOCAB), 128)
+    return Workload(spec, "sequence-classification", None)
+
+
+@pytest.fixture(scope="module")
+def one_gib():
+    gpu = custom_gpu(GIB)
+    return gpu, EstimateBackend(gpu)
+
+
+# -- the instrumented step is the table's step ------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["fp32", "amp+ckpt"])
+def test_the_instrumented_step_allocates_what_the_table_step_does(one_gib, mode):
+    gpu, backend = one_gib
+    workload, mode = tiny_bert(), parse_mode(mode)
+    with backend.cell(workload, mode, 64, GIB):  # the cell turns checkpointing on for its probes
+        expected = Trace.from_events(8, backend.trace(backend._model(workload), workload, mode, 64, 8))
+    instrumented = InstrumentedBackend(backend)
+    with instrumented.cell(workload, mode, 64, GIB) as fits:
+        fits(8)
+    assert Trace.from_events(8, instrumented.last.events) == expected
+
+
+def test_the_breakdown_adds_up_to_the_peak_the_probe_reports(one_gib):
+    gpu, backend = one_gib
+    amp = parse_mode("amp")
+    result = explain(tiny_bert(), backend, gpu, seq_len=64, mode=amp, margin=0.05, batch_size=64,
+                     with_levers=False)
+    breakdown = result.breakdown
+    with backend.cell(tiny_bert(), amp, 64, result.budget_bytes) as fits:
+        probe = fits(64)
+    assert sum(breakdown.categories.values()) == breakdown.peak_allocated_bytes
+    assert breakdown.peak_allocated_bytes == probe.details["peak_allocated_bytes"]
+    assert breakdown.demand_bytes == probe.details["demand_bytes"]
+    assert breakdown.cached_bytes == breakdown.demand_bytes - breakdown.peak_allocated_bytes
+    assert result.fits and breakdown.fits and result.batch_size == 64 <= result.max_batch_size
+    # The custom card counts as Hopper-class: two cuBLAS workspaces of 32 + 1 MiB (gpus.py), each a
+    # whole 34 MiB segment (2 MiB granularity; a 1 MiB rest is not split off a large block).
+    assert breakdown.categories["workspaces"] == 2 * 34 * MIB
+    # AMP keeps float16 copies of the weights; a batch of 64 x 64 tokens saves activations.
+    assert breakdown.categories["autocast_copies"] > 0 and breakdown.categories["activations"] > 0
+    assert breakdown.peak_phase in ("forward", "backward", "optimizer step")
+    assert result.flags == []  # a per-token BERT: no outliers
+
+
+# -- the huge vocabulary ---------------------------------------------------------------------------
+
+
+def test_an_868k_vocabulary_is_counted_and_flagged():
+    gpu = custom_gpu(4 * GIB)
+    result = explain(huge_vocab(), EstimateBackend(gpu), gpu, seq_len=64, mode=FP32, margin=0.05,
+                     with_levers=False)
+    top = result.top_parameters[0]
+    assert (top.name, top.description) == ("bert.embeddings.word_embeddings", "Embedding(868000, 32)")
+    assert top.params == VOCAB * HIDDEN == 27_776_000 and top.param_bytes == 4 * 27_776_000
+    assert top.share > 0.99
+    assert [(f.kind, f.module) for f in result.flags] == [
+        ("huge-vocabulary", "bert.embeddings.word_embeddings")]
+    assert "a vocabulary of 868,000 tokens x 32" in result.flags[0].message
+    assert result.max_batch_size > 0 and result.does_not_fit is None
+
+
+def test_even_batch_1_names_the_embedding_that_alone_exceeds_the_budget():
+    # 800 MiB card: budget (800 - 512 context) x 0.95 = 273.6 MiB. The embedding's weights,
+    # gradients and AdamW's two moments are 4 x 868,000 x 32 x 4 B = 423.83 MiB on their own.
+    gpu = custom_gpu(800 * MIB)
+    result = explain(huge_vocab(), EstimateBackend(gpu), gpu, seq_len=64, mode=FP32, margin=0.05,
+                     batch_size=8, with_levers=False)
+    assert result.max_batch_size == 0 and result.batch_size == 1 and not result.fits
+    assert result.does_not_fit == (
+        "even batch 1 does not fit in the 273.6 MiB budget: the parameters, gradients and AdamW state "
+        "of bert.embeddings.word_embeddings (Embedding(868000, 32), 27,776,000 parameters) alone "
+        f"take {format_bytes(4 * 4 * VOCAB * HIDDEN)}"
+    )
+    # At batch 1 the peak is AdamW's foreach step: state and temporaries the size of the weights.
+    assert result.breakdown.peak_phase == "optimizer step"
+
+
+def test_8bit_adamw_state_is_two_bytes_a_parameter_plus_block_scales():
+    big, small = nn.Parameter(torch.zeros(10_000)), nn.Parameter(torch.zeros(100))
+    optimizer = AdamW8bitState([big, small])
+    big.grad, small.grad = torch.zeros(10_000), torch.zeros(100)
+    optimizer.step()
+    state = optimizer.state[big]
+    assert (state["state1"].dtype, state["state1"].nbytes) == (torch.uint8, 10_000)
+    assert (state["state2"].dtype, state["state2"].nbytes) == (torch.uint8, 10_000)
+    assert state["absmax1"].shape == state["absmax2"].shape == (40,)  # ceil(10,000 / 256) float32 scales
+    assert state["qmap1"].numel() == state["qmap2"].numel() == 256
+    # Under min_8bit_size (4,096 elements) bitsandbytes keeps float32 moments.
+    assert optimizer.state[small]["state1"].dtype == torch.float32
+
+
+def test_the_8bit_state_of_the_embedding_in_the_trace(one_gib):
+    gpu, backend = one_gib
+    n = VOCAB * HIDDEN
+
+    def embedding_state(variant):
+        instrumented = InstrumentedBackend(backend, variant)
+        with instrumented.cell(huge_vocab(), FP32, 16, GIB) as fits:
+            fits(1)
+        return weight_state(instrumented.last)["bert.embeddings.word_embeddings.weight"]["optimizer_state"]
+
+    # Two uint8 moments, two float32 scales per 256 elements, and the two shared 256-value maps
+    # (counted with the first parameter that gets state, the embedding).
+    assert embedding_state(Variant(optimizer="adamw-8bit")) == 2 * n + 2 * 4 * math.ceil(n / 256) + 2 * 1024
+    # As transformers' Trainer sets it up: the embedding keeps two float32 moments.
+    assert embedding_state(Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True)) == 2 * 4 * n
+
+
+# -- the outsized linear head ------------------------------------------------------------------------
+
+SEQ, ANSWERS = 64, 200  # the story's Dense(1604) over [2, 512, 768], scaled down
+
+
+class FlattenedQA(nn.Module):
+    """The SQuAD story: question and context encodings flattened, concatenated, one dense layer."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import BertModel
+
+        self.config = config
+        self.bert = BertModel(config)
+        self.answers = nn.Linear(2 * SEQ * config.hidden_size, ANSWERS)
+
+    def forward(self, input_ids, attention_mask, start_positions, end_positions):
+        hidden = self.bert(input_ids, attention_mask=attention_mask).last_hidden_state
+        question, context = hidden.flatten(1), hidden.flatten(1)  # the story encodes both with BERT
+        logits = self.answers(torch.cat([question, context], dim=1))
+        return SimpleNamespace(loss=F.cross_entropy(logits, start_positions))
+
+
+class FlattenedQABackend(EstimateBackend):
+    """The estimate backend on a model no config describes."""
+
+    def _model(self, workload):
+        if workload not in self._models:
+            fake_mode = FakeTensorMode()
+            with fake_mode:
+                model = FlattenedQA(workload.model.config).train()
+            self._models[workload] = _FakeModel(model, fake_mode, "sdpa")
+        return self._models[workload]
+
+
+def test_a_dense_layer_over_the_flattened_sequence_is_flagged():
+    gpu = custom_gpu(GIB)
+    spec = ModelSpec("flattened-qa", "local", tiny_config("bert"), 128)
+    workload = Workload(spec, "question-answering", None)
+    result = explain(workload, FlattenedQABackend(gpu), gpu, seq_len=SEQ, mode=FP32, margin=0.05,
+                     with_levers=False)
+    top = result.top_parameters[0]
+    # in_features 2 x 64 x 32 = 4,096; 4,096 x 200 weights + 200 biases.
+    assert (top.name, top.description, top.params) == ("answers", "Linear(4096, 200)", 819_400)
+    assert [(f.kind, f.module) for f in result.flags] == [("flattened-sequence", "answers")]
+    assert "in_features 4,096 = 2 x seq_len 64 x hidden 32" in result.flags[0].message
+    assert sum(result.breakdown.categories.values()) == result.breakdown.peak_allocated_bytes
+
+
+# -- levers and dynamic padding agree with the table -------------------------------------------------
+
+
+def table_cell(gpu, mode: str, seq_len: int, workload: Workload | None = None) -> int:
+    """The max batch of a one-cell table (a table of several lengths hints each search with the
+    shorter lengths' answers, and may stop at another boundary where the allocator is not monotone)."""
+    table = tune_table(workload or tiny_bert(), EstimateBackend(gpu), gpu, seq_lens=[seq_len],
+                       modes=[parse_mode(mode)])
+    return table.cells[0].max_batch_size
+
+
+@pytest.mark.slow
+def test_levers_and_padding_agree_with_the_table(one_gib):
+    gpu, _ = one_gib
+    lengths = list(range(1, 101))  # p50 50, p90 90, p99 99, max 100 by hand
+    result = explain(tiny_bert(), EstimateBackend(gpu), gpu, seq_len=64, mode=FP32, margin=0.05,
+                     batch_size=5000, lengths=lengths)
+    levers = {lever.name: lever for lever in result.levers}
+    assert result.max_batch_size == table_cell(gpu, "fp32", 64)
+    for name in ("amp", "bf16", "ckpt", "amp+ckpt"):
+        assert levers[name].max_batch_size == table_cell(gpu, name, 64), name
+        assert levers[name].estimated == "as the table"
+    assert levers["seq-32"].max_batch_size == table_cell(gpu, "fp32", 32)
+    sgd = Workload(tiny_bert().model, "sequence-classification", None, "sgd")
+    assert levers["sgd"].max_batch_size == table_cell(gpu, "fp32", 64, sgd)
+    micro, steps = accumulation_plan(5000, result.max_batch_size)
+    assert levers["accumulation"].max_batch_size == micro
+    assert f"x {steps} accumulation steps" in levers["accumulation"].note
+    for name in ("adamw-8bit", "adamw-8bit-trainer", "frozen-embeddings"):
+        assert levers[name].max_batch_size >= 1, name
+
+    padding = result.padding
+    assert (padding.stats.p50, padding.stats.p90, padding.stats.p99, padding.stats.max) == (50, 90, 99, 100)
+    assert padding.stats.truncated == 36  # 65..100 are cut to 64
+    # Buckets at p50 = 50 -> 56 (a multiple of 8) and at seq_len 64 (p90 and above are truncated).
+    assert [(b.max_len, b.count) for b in padding.buckets] == [(56, 56), (64, 44)]
+    assert padding.buckets[0].max_batch_size == table_cell(gpu, "fp32", 56)
+    assert padding.buckets[1].max_batch_size == padding.fixed_max_batch == result.max_batch_size
+    assert padding.fixed_padding == pytest.approx(1 - (sum(range(1, 65)) + 36 * 64) / (100 * 64))
+
+
+def test_percentiles_are_nearest_rank():
+    assert [percentile([1, 2, 3, 4], p) for p in (25, 50, 51, 100)] == [1, 2, 3, 4]
+    stats = length_stats([5, 1, 9, 3], seq_len=4)
+    assert (stats.p50, stats.max, stats.truncated, stats.mean) == (3, 9, 2, 4.5)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("12\n\n7\nabc\n", "line 4: 'abc' is not a positive integer"),
+    ("12\n0\n", "line 2: '0' is not a positive integer"),
+    ("\n\n", "holds no lengths"),
+])
+def test_a_bad_lengths_file_is_refused_with_the_line(tmp_path, text, message):
+    path = tmp_path / "lengths.txt"
+    path.write_text(text)
+    with pytest.raises(InvalidInput, match=message):
+        read_lengths(path)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    parser = argparse.ArgumentParser(prog="autotune")
+    explain_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    code = explain_cli.run(parser.parse_args(["explain", *argv]))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def huge_vocab_dir(tmp_path):
+    config = {"model_type": "bert", **tiny_config("bert").to_diff_dict(), "vocab_size": VOCAB}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_the_report_says_batch_1_does_not_fit_and_flags_the_embedding(capsys, huge_vocab_dir):
+    code, out, _ = run(capsys, huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--no-levers")
+    assert code == 0
+    assert "max batch 0 (estimated); explained at batch 1" in out
+    assert "even batch 1 does not fit in the 486.4 MiB budget" in out
+    assert "bert.embeddings.word_embeddings (Embedding(868000, 32), 27,776,000 parameters)" in out
+    assert "! bert.embeddings.word_embeddings: a vocabulary of 868,000 tokens x 32" in out
+    assert "= peak allocated" in out and "+ CUDA context" in out
+
+
+def test_embedding_levers_rank_as_their_state_sizes(capsys, huge_vocab_dir):
+    # 1 GiB card: budget 486.4 MiB, of which the workspaces take 68 MiB. With AdamW the embedding
+    # holds 4 x 106 MiB (weights, gradients, two moments): batch 1 does not fit, nor with the
+    # Trainer's 8-bit setup, which keeps the embedding's moments at 32 bits. Through forward and
+    # backward, what stays of the embedding besides its weights: 8-bit AdamW's moments (2 bytes
+    # a parameter, 53 MiB); SGD and a frozen embedding keep nothing (the embedding's gradient
+    # is the last one backward makes, when the activations are gone), so they fit the most.
+    code, out, _ = run(capsys, huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    batches = {lever["name"]: lever["max_batch_size"] for lever in doc["levers"]}
+    assert doc["max_batch_size"] == 0 and batches["adamw-8bit-trainer"] == 0
+    assert batches["frozen-embeddings"] >= batches["sgd"] > batches["adamw-8bit"] > 0
+    assert doc["breakdown"]["peak_allocated_bytes"] == sum(doc["breakdown"]["categories"].values())
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bert-huge"], "Error: unknown model 'bert-huge'"),
+    (["tiny-bert", "--seq-len", "1024"], "Error: sequence length 1024 exceeds max_position_embeddings=128"),
+    (["tiny-bert", "--mode", "fp8"], "Error: unknown mode 'fp8'"),
+])
+def test_bad_input_exits_2_with_the_reason(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(message)
+
+
+def test_a_missing_lengths_file_exits_2(capsys, tmp_path):
+    code, _, err = run(capsys, "tiny-bert", "--lengths", str(tmp_path / "none.txt"))
+    assert code == 2 and err.startswith("Error: cannot read lengths file")
+
+
+def test_breakdown_of_a_trace_by_hand():
+    # Two 1 MiB blocks alive together, then one freed and a 3 MiB one: the peak is 4 MiB, at the
+    # last allocation, made of the first block (a parameter) and the 3 MiB temporary.
+    from autotune.instrument import Allocation, Recording
+
+    allocations = [Allocation(MIB, "setup", 0, None, (MIB,), "uint8", kind="parameters"),
+                   Allocation(MIB, "forward", 1, "", (MIB,), "uint8", kind="activations"),
+                   Allocation(3 * MIB, "backward", 1, None, (3 * MIB,), "uint8")]
+    events = [(1, MIB), (2, MIB), (2, -1), (3, 3 * MIB)]
+    recording = Recording(1, 8, events, allocations, steps=1)
+    breakdown = breakdown_of(recording, custom_gpu(GIB), budget=100 * MIB, demand_bytes=6 * MIB, fits=True)
+    assert breakdown.peak_allocated_bytes == 4 * MIB
+    assert (breakdown.peak_phase, breakdown.peak_step) == ("backward", 1)
+    assert {k: v for k, v in breakdown.categories.items() if v} == {"parameters": MIB, "temporaries": 3 * MIB}
+
+
+def test_explain_needs_the_estimate_backend(one_gib):
+    gpu, _ = one_gib
+
+    class Measuring:
+        name = "cuda"
+
+    with pytest.raises(InvalidInput, match="explain needs the estimate backend"):
+        explain(tiny_bert(), Measuring(), gpu, seq_len=64, mode=FP32, margin=0.05)
+
+
+def test_max_batch_is_the_cells(one_gib):
+    gpu, backend = one_gib
+    result = explain(tiny_bert(), backend, gpu, seq_len=32, mode=FP32, margin=0.05, with_levers=False)
+    assert result.max_batch_size == max_batch(backend, tiny_bert(), FP32, 32, result.budget_bytes)[0]
+    assert result.batch_size == result.max_batch_size and result.requested_batch_size is None
