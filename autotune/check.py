@@ -57,7 +57,8 @@ def max_batch(backend: Backend, workload: Workload, mode: Mode, seq_len: int, bu
     """The max batch of one cell, and the probes made by batch size."""
     with backend.cell(workload, mode, seq_len, budget) as fits:
         result = search_max_batch(fits, budget_bytes=budget, max_batch=max_batch_size, guess=guess,
-                                  predict=getattr(fits, "predict", None))
+                                  predict=getattr(fits, "predict", None),
+                                  settle=getattr(fits, "settle", None))
     return result.max_batch_size, {p.batch_size: p for p in result.probes}
 
 

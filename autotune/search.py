@@ -70,6 +70,8 @@ FitsFn = Callable[[int], Probe]
 # predict(lo, hi) -> the claimed max inside (lo, hi): lo fits (0: none known), hi ran out of
 # memory (None: none known); None when the backend cannot tell.
 PredictFn = Callable[[int, "int | None"], "int | None"]
+# settle(b) -> the boundary at or below b that searches ending near b agree on (None: b).
+SettleFn = Callable[[int], "int | None"]
 
 
 @dataclass(frozen=True)
@@ -395,6 +397,7 @@ def search_max_batch(
     guess: int | None = None,
     prior: MemoryModel | None = None,
     predict: PredictFn | None = None,
+    settle: SettleFn | None = None,
 ) -> SearchResult:
     """The largest batch size that fits, by the given method (see the module docstring).
 
@@ -403,13 +406,17 @@ def search_max_batch(
     <= it); ``guess`` and ``prior`` hints from earlier cells, used by "guided" only;
     ``predict(lo, hi)`` a backend's own claim of the answer inside the bracket (an estimator
     that can evaluate a batch without a probe), also "guided" only: still verified by probes.
+    ``settle(b)``, for both methods: where fits is not monotone near the limit (the caching
+    allocator's fragmentation), two searches can stop at different boundaries; a backend that
+    can evaluate batches cheaply names the one boundary at or below ``b`` that any search
+    ending near it settles on, and the two probes that prove it are made here.
     Raises SearchError on a probe with outcome "error"; exceptions raised by ``fits``
     propagate untouched.
     """
     if method == "bisect":
-        return bisect_search(fits, max_batch=max_batch, upper_bound=upper_bound)
-    if method == "guided":
-        return guided_search(
+        result = bisect_search(fits, max_batch=max_batch, upper_bound=upper_bound)
+    elif method == "guided":
+        result = guided_search(
             fits,
             budget_bytes=budget_bytes,
             max_batch=max_batch,
@@ -418,5 +425,30 @@ def search_max_batch(
             prior=prior,
             predict=predict,
         )
-    allowed = ", ".join(METHODS)
-    raise InvalidInput(f"unknown search method {method!r}; allowed: {allowed}")
+    else:
+        allowed = ", ".join(METHODS)
+        raise InvalidInput(f"unknown search method {method!r}; allowed: {allowed}")
+    return result if settle is None else _settle(fits, result, settle)
+
+
+def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn) -> SearchResult:
+    """Move the answer down to ``settle``'s boundary, proving it with its own two probes."""
+    found = result.max_batch_size
+    target = settle(found) if found >= 1 else None
+    if target is None or target >= found or target < 0:
+        return result
+    probes = list(result.probes)
+    made = {p.batch_size: p for p in probes}
+    for batch, expected in ((target, "fits"), (target + 1, "oom")):
+        if batch < 1:
+            continue
+        probe = made.get(batch)
+        if probe is None:
+            probe = fits(batch)
+            probes.append(probe)
+            if probe.outcome == "error":
+                raise SearchError(f"probe at batch size {batch} failed: {probe.error or 'no message'}",
+                                  probes, probe)
+        if probe.outcome != expected:  # the backend's claim did not hold: keep the search's
+            return SearchResult(found, tuple(probes), result.capped, result.model)
+    return SearchResult(target, tuple(probes), False, result.model)

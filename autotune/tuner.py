@@ -212,7 +212,7 @@ def _tune_cell(
             result = search_max_batch(
                 fits, budget_bytes=budget, max_batch=max_batch, method=method,  # type: ignore[arg-type]
                 upper_bound=upper, guess=guess if method == "guided" else None,
-                predict=getattr(fits, "predict", None),
+                predict=getattr(fits, "predict", None), settle=getattr(fits, "settle", None),
             )
     except SearchError as exc:
         return CellResult(seq_len, mode.name, None, None, None, len(exc.probes), False,

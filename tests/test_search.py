@@ -494,3 +494,31 @@ def test_guided_takes_the_backends_own_prediction_and_verifies_it():
     result = search_max_batch(fits, budget_bytes=321_500, predict=predict, guess=7)
     assert [p.batch_size for p in result.probes] == [321, 322]
     assert result.max_batch_size == 321 and calls[0] == (0, None)
+
+
+def test_both_methods_settle_on_the_backends_boundary_where_fits_is_not_monotone():
+    # Fits up to 100, runs out at 101-104, fits again at 105-110 (fragmentation): searches may
+    # stop at 100 or at 110. A backend that knows the lowest boundary makes them agree.
+    def fits(b):
+        ok = b <= 100 or 105 <= b <= 110
+        return Probe(b, "fits" if ok else "oom", peak_bytes=1000 * b)
+
+    def settle(boundary):
+        return 100 if boundary >= 100 else None
+
+    answers = set()
+    for method, guess in (("bisect", None), ("guided", 108), ("guided", 50)):
+        result = search_max_batch(fits, budget_bytes=110_500, method=method, guess=guess, settle=settle)
+        outcomes = {p.batch_size: p.outcome for p in result.probes}
+        assert outcomes[100] == "fits" and outcomes[101] == "oom"
+        assert len(outcomes) == len(result.probes)  # nothing probed twice
+        answers.add(result.max_batch_size)
+    assert answers == {100}
+
+
+def test_a_settle_claim_that_probes_refute_is_ignored():
+    def fits(b):
+        return Probe(b, "fits" if b <= 40 else "oom", peak_bytes=1000 * b)
+
+    result = search_max_batch(fits, budget_bytes=40_500, method="bisect", settle=lambda b: 30)
+    assert result.max_batch_size == 40  # 31 fits, so 30 is no boundary
