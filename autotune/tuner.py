@@ -111,10 +111,16 @@ def _probe_dict(probe: Probe) -> dict[str, Any]:
     }
 
 
+# The first probe of a mode when nothing is known. Not 1: at batch 1 size-1 dimensions make some
+# ops views instead of copies, so the estimator's trace at 1 does not extrapolate to other
+# batches (trace.py) and would cost an extra probe. Batch 0 is still found: 2 runs out, then 1.
+FIRST_GUESS = 2
+
+
 def _guess(history: Sequence[tuple[int, MemoryModel]], seq_len: int, budget: int) -> int | None:
     """Predict the max batch at ``seq_len`` from (seq_len, model) of earlier cells of a mode."""
     if not history:
-        return None
+        return FIRST_GUESS
     last_seq, last = history[-1]
     if len(history) >= 2:
         prev_seq, prev = history[-2]
