@@ -247,7 +247,7 @@ def render_table(t: TableResult) -> str:
         if cell.error:
             lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")
     per_cell = t.total_probes / max(1, len(t.cells))
-    lines.append(f"{t.total_probes} probes for {len(t.cells)} cells ({per_cell:.1f} per cell, "
+    lines.append(f"{t.total_probes} probes for {len(t.cells)} cells ({per_cell:.2f} per cell, "
                  f"search {t.search}), {t.elapsed_s:.1f} s")
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
