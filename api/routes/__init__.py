@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import check, health, tables
+from api.routes import check, explain, health, tables
 
 api_router = APIRouter()
 api_router.include_router(health.router)
 api_router.include_router(tables.router)
 api_router.include_router(check.router)
+api_router.include_router(explain.router)

@@ -1,0 +1,53 @@
+"""/v1/explain: where the memory of a step goes, and the max batch under each lever."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+
+from api.deps import JobsDep, SettingsDep
+from api.routes.tables import _ERRORS, http_error
+from api.spec import TableSpec, normalize
+from autotune.errors import AutotuneError
+from autotune.modes import parse_mode
+
+router = APIRouter(tags=["explain"])
+
+
+@router.get("/explain", responses=_ERRORS)
+async def explain(
+    jobs: JobsDep, settings: SettingsDep,
+    model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
+    seq_len: Annotated[int, Query(ge=1)],
+    batch_size: Annotated[int | None, Query(ge=1, description="default: the cell's max batch")] = None,
+    mode: str = "fp32", task: str | None = None, attn: str | None = None,
+    gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
+    levers: Annotated[bool, Query(description="also the max batch under each lever (slower)")] = True,
+) -> dict[str, Any]:
+    """The breakdown of the step's peak, the largest modules, outlier flags, and levers (estimated)."""
+    body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
+            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": "estimate"}
+    try:
+        spec = normalize(body, settings, jobs.runner.environment)
+        wanted = parse_mode(mode)
+        return await run_in_threadpool(_explain, spec, seq_len, batch_size, wanted, levers)
+    except AutotuneError as exc:
+        raise http_error(exc) from exc
+
+
+def _explain(
+    spec: TableSpec, seq_len: int, batch_size: int | None, mode: Any, levers: bool
+) -> dict[str, Any]:
+    import warnings
+
+    from autotune.estimate import EstimateBackend
+    from autotune.explain import explain
+
+    gpu = spec.target_gpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        result = explain(spec.workload(), EstimateBackend(gpu), gpu, seq_len=seq_len, mode=mode,
+                         margin=spec.margin, batch_size=batch_size, with_levers=levers)
+    return result.to_dict()
