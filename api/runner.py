@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import autotune
+from autotune.cuda import signal_name
 from autotune.errors import BackendUnavailable, InvalidInput
 
 log = logging.getLogger("autotune.api")
@@ -151,13 +152,6 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
 class _Worker:
     """One worker process and its stderr tail."""
 
@@ -214,7 +208,7 @@ class _Worker:
 
     def died(self, code: int, done: int, total: int) -> str:
         """Why a run failed whose worker exited without finishing it."""
-        how = f"was killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by signal {signal_name(-code)}" if code < 0 else f"exited with code {code}"
         text = f"the worker process (pid {self.proc.pid}) {how} after {done} of {total} cells"
         lines = [line.strip() for line in self.stderr if line.strip()]
         return text + (f"; its stderr ends with: {lines[-1]}" if lines else "")

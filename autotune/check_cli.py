@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
 from typing import Any
 
+from autotune.cli import print_json, report_error
 from autotune.errors import AutotuneError, InvalidInput
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_ERROR = 0, 1, 2
@@ -52,14 +52,9 @@ def run_check(args: argparse.Namespace) -> int:
         server = args.server or os.environ.get("AUTOTUNE_SERVER")
         result = _ask_server(server, args, plan) if server else _check_locally(args, plan)
     except AutotuneError as exc:
-        if args.json:
-            json.dump({"error": str(exc)}, sys.stdout)
-            sys.stdout.write("\n")
-        print(f"Error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(exc, as_json=args.json)
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(result)
     else:
         print(result["message"])
     return EXIT_FITS if result["fits"] else EXIT_DOES_NOT_FIT

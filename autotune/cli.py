@@ -183,11 +183,25 @@ def _table(args: argparse.Namespace) -> int:
         )
     progress.close()
     if args.json:
-        json.dump(table.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(table.to_dict())
     else:
         sys.stdout.write(render_table(table))
     return EXIT_OK if all(c.error is None for c in table.cells) else EXIT_ERROR
+
+
+def print_json(document: object) -> None:
+    """One JSON document on stdout, as every ``--json`` prints it."""
+    json.dump(document, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def report_error(exc: AutotuneError, *, as_json: bool) -> int:
+    """``Error: ...`` on stderr (and ``{"error": ...}`` on stdout for --json); exit status 2."""
+    if as_json:
+        json.dump({"error": str(exc)}, sys.stdout)
+        sys.stdout.write("\n")
+    print(f"Error: {exc}", file=sys.stderr)
+    return EXIT_ERROR
 
 
 class Progress:

@@ -208,7 +208,7 @@ class WorkerProcess:
             self.kill()
             code = self._proc.returncode
         if code is not None and code < 0:
-            how = f"was killed by signal {_signal_name(-code)}"
+            how = f"was killed by signal {signal_name(-code)}"
         else:
             how = f"exited with code {code}"
         return self._failed(f"the worker process {how} during the {what}")
@@ -240,7 +240,8 @@ class WorkerProcess:
                     stream.close()
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
+    """SIGKILL for 9: how a process that died by a signal is reported."""
     try:
         return signal.Signals(number).name
     except ValueError:

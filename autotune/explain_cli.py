@@ -11,7 +11,6 @@ Exit 0 with the explanation (also when the batch does not fit: that is what it e
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -73,17 +72,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.cli import print_json, report_error
+
     try:
         explanation = _explain(args)
     except AutotuneError as exc:
-        if args.json:
-            json.dump({"error": str(exc)}, sys.stdout)
-            sys.stdout.write("\n")
-        print(f"Error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(exc, as_json=args.json)
     if args.json:
-        json.dump(explanation.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(explanation.to_dict())
     else:
         sys.stdout.write(render(explanation))
     return EXIT_OK
