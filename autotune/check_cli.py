@@ -14,7 +14,7 @@ from typing import Any
 from autotune.cli import print_json, report_error
 from autotune.errors import AutotuneError, InvalidInput
 
-EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_ERROR = 0, 1, 2
+EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through cli.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from autotune.explain import Explanation
     from autotune.levers import PaddingReport
 
-EXIT_OK, EXIT_ERROR = 0, 2
+EXIT_OK = 0  # errors exit 2 through cli.report_error
 TOP = 5  # modules per table in the text report (--json has explain.TOP_MODULES)
 
 CATEGORY_LABELS = {
