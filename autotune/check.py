@@ -78,14 +78,14 @@ def check_step(
         with backend.cell(workload, mode, seq_len, budget) as fits:
             at_request = fits(batch_size)
     fits_now = batch_size <= best
-    suggestion = None if fits_now else _suggest(
+    advice = None if fits_now else _suggest(
         backend, workload, mode, seq_len, budget, best, effective_batch or batch_size
     )
     result = CheckResult(
         fits=fits_now, max_batch_size=best,
         peak_memory_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
         budget_bytes=budget, source=source_of(backend.name), backend=backend.name,
-        suggestion=suggestion, model=workload.model.name, seq_len=seq_len, mode=mode.name,
+        suggestion=advice, model=workload.model.name, seq_len=seq_len, mode=mode.name,
         batch_size=batch_size, gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes,
     )
     result.message = format_message(result)
@@ -106,17 +106,22 @@ def _suggest(
     backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int, best: int,
     effective_batch: int,
 ) -> str:
+    lighter = _lighter_mode(mode)
+    lighter_max = None
+    if lighter is not None:
+        lighter_max, _ = max_batch(backend, workload, lighter, seq_len, budget, guess=max(1, 4 * best))
+    return suggestion(best, effective_batch, lighter, lighter_max)
+
+
+def suggestion(best: int, effective_batch: int, lighter: Mode | None, lighter_max: int | None) -> str:
+    """What to do instead: accumulate micro-batches that fit, or a lighter mode that fits more."""
     parts = []
     if best >= 1:
         micro, steps = accumulation_plan(effective_batch, best)
         parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
                      f"{micro * steps}")
-    alternative = _lighter_mode(mode)
-    if alternative is not None:
-        alt_max, _ = max_batch(backend, workload, alternative, seq_len, budget,
-                               guess=max(1, 4 * best))
-        if alt_max > best:
-            parts.append(f"mode {alternative.name} (max {alt_max})")
+    if lighter is not None and lighter_max is not None and lighter_max > best:
+        parts.append(f"mode {lighter.name} (max {lighter_max})")
     if not parts:
         return "even batch 1 does not fit: use a GPU with more memory or a shorter sequence"
     return ", or ".join(parts)
@@ -231,7 +236,7 @@ def check_from_cells(
     The peak at the requested batch is the probe's when that batch was probed, else read off
     the line through the two largest fitting probes (tuner's memory model).
     """
-    from autotune.tuner import CellResult, _model_of
+    from autotune.tuner import memory_model
 
     cell = cells.get(mode.name)
     if cell is None or cell.get("max_batch_size") is None:
@@ -242,32 +247,21 @@ def check_from_cells(
     if batch_size in probed:
         peak = probed[batch_size].get("peak_reserved_bytes") or probed[batch_size].get("peak_bytes")
     else:
-        line = _model_of(CellResult(**{k: v for k, v in cell.items() if k in _CELL_FIELDS}))
+        line = memory_model(cell.get("probe_log", []))
         if line is not None:
             peak = int(line.intercept_bytes + line.slope_bytes * batch_size)
     fits_now = batch_size <= best
-    suggestion = None
+    advice = None
     if not fits_now:
-        parts = []
-        if best >= 1:
-            micro, steps = accumulation_plan(effective_batch or batch_size, best)
-            parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
-                         f"{micro * steps}")
         lighter = _lighter_mode(mode)
-        other = cells.get(lighter.name) if lighter is not None else None
-        if lighter is not None and other and (other.get("max_batch_size") or 0) > best:
-            parts.append(f"mode {lighter.name} (max {other['max_batch_size']})")
-        suggestion = ", or ".join(parts) or (
-            "even batch 1 does not fit: use a GPU with more memory or a shorter sequence")
+        other = cells.get(lighter.name, {}) if lighter is not None else {}
+        advice = suggestion(best, effective_batch or batch_size, lighter, other.get("max_batch_size"))
     result = CheckResult(
         fits=fits_now, max_batch_size=best, peak_memory_bytes=peak, budget_bytes=budget,
-        source=source_of(backend_name), backend=backend_name, suggestion=suggestion, model=model,
+        source=source_of(backend_name), backend=backend_name, suggestion=advice, model=model,
         seq_len=seq_len, mode=mode.name, batch_size=batch_size, gpu_name=gpu_name,
         gpu_memory_bytes=gpu_memory_bytes,
     )
     result.message = format_message(result)
     return result
 
-
-_CELL_FIELDS = ("seq_len", "mode", "max_batch_size", "peak_memory_bytes", "peak_allocated_bytes",
-                "probes", "capped", "backend", "step_time_s", "error", "probe_log")

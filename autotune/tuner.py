@@ -180,7 +180,7 @@ def tune_table(
                 return table
             previous = (completed or {}).get((mode.name, seq_len))
             if previous is not None:
-                cell, fitted = previous, _model_of(previous)
+                cell, fitted = previous, memory_model(previous.probe_log)
             else:
                 cell, fitted = _tune_cell(workload, backend, mode, seq_len, budget, method,
                                           max_batch, upper, _guess(history, seq_len, budget))
@@ -195,9 +195,9 @@ def tune_table(
     return table
 
 
-def _model_of(cell: CellResult) -> MemoryModel | None:
-    """A memory line through the two largest fitting probes of a finished cell, for hints."""
-    points = sorted((p["batch_size"], p["peak_bytes"]) for p in cell.probe_log
+def memory_model(probe_log: Sequence[Mapping[str, Any]]) -> MemoryModel | None:
+    """A memory line through the two largest fitting probes of a finished cell's probe log."""
+    points = sorted((p["batch_size"], p["peak_bytes"]) for p in probe_log
                     if p["outcome"] == "fits" and p.get("peak_bytes"))
     if len(points) < 2 or points[-1][0] == points[-2][0]:
         return None
