@@ -7,3 +7,21 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("AUTOTUNE_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def idle_client(tmp_path):
+    """The real app on a temporary database, with a runner that has no lanes: no job ever starts,
+    so tests of the request path (check, explain, errors) stay fast and isolated."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.runner import LocalRunner
+    from api.settings import Settings
+
+    app = create_app(Settings(db=tmp_path / "idle.db"), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
+    with TestClient(app) as client:
+        yield client

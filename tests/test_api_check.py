@@ -6,11 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api.main import create_app
-from api.runner import LocalRunner
-from api.settings import Settings
 from api.spec import normalize
 from autotune.cli import main
 from tests.test_api_server import Server
@@ -19,11 +15,8 @@ QUERY = {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "gpu_memory": "1G
 
 
 @pytest.fixture
-def client(tmp_path):
-    app = create_app(Settings(db=tmp_path / "check.db"),
-                     runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-    with TestClient(app) as client:
-        yield client
+def client(idle_client):
+    return idle_client
 
 
 def _store_measured_table(client, max_batch: int) -> str:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
-
-from api.main import create_app
-from api.runner import LocalRunner
-from api.settings import Settings
 
 QUERY = {"model": "tiny-bert", "seq_len": 64, "gpu_memory": "1GiB", "batch_size": 16}
 
 
 @pytest.fixture
-def client(tmp_path):
-    app = create_app(Settings(db=tmp_path / "explain.db"),
-                     runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-    with TestClient(app) as client:
-        yield client
+def client(idle_client):
+    return idle_client
 
 
 def test_explain_returns_a_breakdown_that_adds_up(client):
