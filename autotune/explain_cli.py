@@ -2,7 +2,15 @@
 
     autotune explain MODEL [--seq-len N] [--batch-size B] [--mode M] [--gpu NAME | --gpu-memory SIZE]
                            [--task T] [--attn sdpa|eager] [--optimizer adamw|sgd] [--margin F]
-                           [--backend estimate] [--lengths FILE] [--no-levers] [--json]
+                           [--backend estimate] [--no-levers] [--json]
+                           [--lengths FILE | --texts FILE [--text-column NAME[,NAME]] [--tokenizer DIR]]
+
+Dynamic padding needs the token lengths of the data: ``--lengths FILE`` (one count a line), or
+``--texts FILE`` (.csv, .tsv, .jsonl/.jsonlines, or .txt with one text a line) tokenized by the
+tokenizer in a local directory (``--tokenizer DIR``, default MODEL when it is a directory; the
+network is never used). ``--text-column`` names the column (key) of the text, or a pair such as
+``question,context`` tokenized as ``tokenizer(question, context)``; it may be left out when the
+file has one column. A length counts special tokens and is never truncated.
 
 Exit 0 with the explanation (also when the batch does not fit: that is what it explains),
 2 with ``Error: ...`` on bad input or an error.
@@ -13,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
@@ -49,7 +58,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "explain", help="where the memory goes at a batch, and the max batch under each lever")
     parser.add_argument("model", help="preset name, local config dir/file, or hub id")
     parser.add_argument("--seq-len", type=_positive, default=None,
-                        help="sequence length (default: the longest in --lengths, else the model's limit)")
+                        help="sequence length (default: the longest in --lengths or --texts, else the "
+                        "model's limit)")
     parser.add_argument("--batch-size", type=_positive, default=None,
                         help="the batch to explain, and the effective batch to reach by accumulation "
                         "(default: the max batch)")
@@ -64,8 +74,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="explain runs the estimator: the breakdown needs its traced step")
     parser.add_argument("--margin", type=_fraction, default=DEFAULT_MARGIN)
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    parser.add_argument("--lengths", default=None, metavar="FILE",
-                        help="token lengths of the data, one per line: percentiles and dynamic padding")
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--lengths", default=None, metavar="FILE",
+                      help="token lengths of the data, one per line: percentiles and dynamic padding")
+    data.add_argument("--texts", default=None, metavar="FILE",
+                      help="texts of the data (.csv, .tsv, .jsonl, .jsonlines, or .txt: one a line), "
+                      "tokenized locally for the same report as --lengths")
+    parser.add_argument("--text-column", default=None, metavar="NAME[,NAME]",
+                        help="column (key) of the text in --texts, or a pair as question,context "
+                        "(default: the only column)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="local directory of the tokenizer for --texts (default: MODEL, when it is "
+                        "a directory); never downloaded")
     parser.add_argument("--no-levers", action="store_true", help="skip the what-if searches")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -88,27 +108,48 @@ def run(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> Explanation:
     from autotune.backends import make_backend
     from autotune.explain import explain
-    from autotune.levers import padded_length, read_lengths
+    from autotune.levers import padded_length
     from autotune.models import check_seq_len, resolve_model
     from autotune.modes import parse_mode
     from autotune.workload import Workload
 
     mode = parse_mode(args.mode)
-    lengths = read_lengths(args.lengths) if args.lengths else None
-    spec = resolve_model(args.model)
-    seq_len = args.seq_len
-    if seq_len is None:
-        seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
-    check_seq_len(spec, seq_len)
-    backend, gpu = make_backend(args.backend, args.gpu, args.gpu_memory)
-    workload = Workload(spec, args.task, args.attn, args.optimizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         from transformers.utils import logging as transformers_logging
 
+        # quiet, e.g. the tokenizer's "longer than the maximum": the report counts those lengths
         transformers_logging.set_verbosity_error()
+        lengths = _lengths(args)
+        spec = resolve_model(args.model)
+        seq_len = args.seq_len
+        if seq_len is None:
+            seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
+        check_seq_len(spec, seq_len)
+        backend, gpu = make_backend(args.backend, args.gpu, args.gpu_memory)
+        workload = Workload(spec, args.task, args.attn, args.optimizer)
         return explain(workload, backend, gpu, seq_len=seq_len, mode=mode, margin=args.margin,
                        batch_size=args.batch_size, lengths=lengths, with_levers=not args.no_levers)
+
+
+def _lengths(args: argparse.Namespace) -> list[int] | None:
+    """The token lengths from --lengths or --texts; None without either."""
+    from autotune.errors import InvalidInput
+    from autotune.levers import lengths_from_texts, read_lengths
+
+    if args.texts is None and (args.text_column is not None or args.tokenizer is not None):
+        raise InvalidInput("--text-column and --tokenizer go with --texts FILE")
+    if args.lengths is not None:
+        return read_lengths(args.lengths)
+    if args.texts is None:
+        return None
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        if not Path(args.model).is_dir():
+            raise InvalidInput(f"--texts needs a tokenizer: give --tokenizer DIR, a local directory with the "
+                               f"tokenizer's files ({args.model!r} is not a local directory)")
+        tokenizer = args.model
+    return lengths_from_texts(args.texts, args.text_column, tokenizer)
 
 
 # -- the text report ------------------------------------------------------------------------------
