@@ -12,13 +12,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 import autotune
 from api.jobs import Jobs
 from api.limits import BodySizeLimit
 from api.routes import api_router
+from api.routes.tables import FieldError
 from api.runner import LocalRunner, Runner
 from api.settings import Settings
+from api.views import pages_router
+from api.views.common import PACKAGE, templates
 from autotune.store import Store
 
 DESCRIPTION = (
@@ -60,6 +64,13 @@ def create_app(
         # Errors are JSON everywhere, a bug included; uvicorn logs the traceback.
         return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
 
+    @app.exception_handler(FieldError)
+    async def field_error(request: Request, exc: FieldError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail, "field": exc.field}, status_code=exc.status_code)
+
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix="/v1")
+    app.include_router(pages_router)
+    app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")
+    templates.env.globals["version"] = autotune.__version__
     return app

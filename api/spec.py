@@ -16,14 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from api.settings import Settings
 from autotune.backends import BACKENDS, make_backend
-from autotune.errors import InvalidInput
+from autotune.errors import AutotuneError, InvalidInput
 from autotune.gpus import GpuSpec
 from autotune.models import DEFAULT_TASK, ModelSpec, check_seq_len, check_task, preset_name, resolve_model
 from autotune.modes import ALLOWED_MODE_NAMES, DEFAULT_MODE_NAMES, parse_modes
@@ -104,40 +105,54 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
     (Runner.environment). Raises the core's errors: UnknownModel, SequenceTooLong, UnknownGpu,
     InvalidInput (malformed sizes, modes, limits), BackendUnavailable, and ModelPathRefused.
     """
-    name = check_model_name(body["model"], settings.model_dirs)
-    task = check_task(body.get("task") or DEFAULT_TASK)
-    attn = check_attn(body.get("attn"))
-    optimizer = check_optimizer(body.get("optimizer") or "adamw")
+    with about("model"):
+        name = check_model_name(body["model"], settings.model_dirs)
+    with about("task"):
+        task = check_task(body.get("task") or DEFAULT_TASK)
+    with about("attn"):
+        attn = check_attn(body.get("attn"))
+    with about("optimizer"):
+        optimizer = check_optimizer(body.get("optimizer") or "adamw")
     search = body.get("search") or "guided"
     if search not in METHODS:
-        raise InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}")
-    modes = parse_modes(body.get("modes") or list(DEFAULT_MODE_NAMES))
+        raise _on("search", InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}"))
+    with about("modes"):
+        modes = parse_modes(body.get("modes") or list(DEFAULT_MODE_NAMES))
     mode_names = sorted({m.name for m in modes}, key=ALLOWED_MODE_NAMES.index)
-    seq_lens = _seq_lens(body.get("seq_lens"), settings)
+    with about("seq_lens"):
+        seq_lens = _seq_lens(body.get("seq_lens"), settings)
     cells = len(seq_lens) * len(mode_names)
     if cells > settings.max_cells:
-        raise InvalidInput(
+        raise _on("seq_lens", InvalidInput(
             f"{len(seq_lens)} sequence lengths x {len(mode_names)} modes = {cells} cells exceeds "
             f"this server's limit of {settings.max_cells} cells per request (AUTOTUNE_MAX_CELLS)"
-        )
-    max_batch = _max_batch(body.get("max_batch"), settings)
+        ))
+    with about("max_batch"):
+        max_batch = _max_batch(body.get("max_batch"), settings)
     margin = DEFAULT_MARGIN if body.get("margin") is None else float(body["margin"])
     backend_name = body.get("backend") or settings.backend
     if backend_name not in BACKENDS:
-        raise InvalidInput(f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}")
+        raise _on("backend", InvalidInput(
+            f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}"))
     if body.get("gpu") is not None and body.get("gpu_memory") is not None:
-        raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
-    env = environment(backend_name)
-    _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
-    budget = budget_bytes(gpu, margin)  # checks the margin
-    model = resolve_model(
-        name,
-        allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
-        allow_hub=settings.allow_hub,
-        local_dirs=list(settings.model_dirs),
-    )
-    for seq_len in seq_lens:
-        check_seq_len(model, seq_len)
+        raise _on("gpu_memory", InvalidInput(
+            "give either gpu (a preset name) or gpu_memory (a size), not both"))
+    with about("backend"):
+        env = environment(backend_name)
+    with about("gpu" if body.get("gpu") is not None else "gpu_memory"):
+        _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
+    with about("margin"):
+        budget = budget_bytes(gpu, margin)  # checks the margin
+    with about("model"):
+        model = resolve_model(
+            name,
+            allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
+            allow_hub=settings.allow_hub,
+            local_dirs=list(settings.model_dirs),
+        )
+    with about("seq_lens"):
+        for seq_len in seq_lens:
+            check_seq_len(model, seq_len)
     return TableSpec(
         model=preset_name(name) or name,
         model_source=model.source,
@@ -164,6 +179,22 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
         budget_bytes=budget,
         environment=env,
     )
+
+
+@contextmanager
+def about(field: str) -> Iterator[None]:
+    """Errors raised inside are about request field ``field`` (unless they already name one)."""
+    try:
+        yield
+    except AutotuneError as exc:
+        _on(field, exc)
+        raise
+
+
+def _on(field: str, exc: AutotuneError) -> AutotuneError:
+    if exc.field is None:
+        exc.field = field
+    return exc
 
 
 def _seq_lens(values: Sequence[int] | None, settings: Settings) -> list[int]:

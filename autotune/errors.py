@@ -15,7 +15,13 @@ from __future__ import annotations
 
 
 class AutotuneError(Exception):
-    """Base class of every error autotune raises on purpose."""
+    """Base class of every error autotune raises on purpose.
+
+    ``field``: the request field the error is about, when an entry point knows it (the API
+    answers it beside the message, so a form can show the error next to that field).
+    """
+
+    field: str | None = None
 
 
 class InvalidInput(AutotuneError, ValueError):

@@ -371,6 +371,15 @@ class Store:
             ).fetchall()
         return [_run(r) for r in rows], total
 
+    def distinct(self, column: str) -> list[str]:
+        """The values of ``model`` or ``gpu`` that runs have, sorted: the dashboard's filter choices."""
+        if column not in ("model", "gpu"):
+            raise ValueError(f"distinct() takes 'model' or 'gpu', not {column!r}")
+        with self._read() as conn:
+            query = f"SELECT DISTINCT {column} AS v FROM runs ORDER BY v COLLATE NOCASE"
+            rows = conn.execute(query).fetchall()
+        return [r["v"] for r in rows]
+
     def queued_runs(self) -> list[Run]:
         """Queued runs, oldest first: the order they start in."""
         with self._read() as conn:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
 from api.deps import JobsDep, SettingsDep
-from api.routes.tables import _ERRORS, http_error
+from api.routes.tables import _ERRORS, QUERY_FIELDS, http_error
 from api.spec import TableSpec, normalize
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.modes import parse_mode
@@ -37,7 +37,7 @@ async def check(
         spec = normalize(body, settings, jobs.runner.environment)
         wanted = parse_mode(mode)
     except AutotuneError as exc:
-        raise http_error(exc) from exc
+        raise http_error(exc, QUERY_FIELDS) from exc
     effective = batch_size * accumulation_steps
     stored = _from_store(jobs, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
@@ -49,7 +49,7 @@ async def check(
     try:
         return await run_in_threadpool(_estimate_now, spec, seq_len, batch_size, wanted, effective)
     except InvalidInput as exc:
-        raise http_error(exc) from exc
+        raise http_error(exc, QUERY_FIELDS) from exc
 
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:

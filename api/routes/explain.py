@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
 from api.deps import JobsDep, SettingsDep
-from api.routes.tables import _ERRORS, http_error
+from api.routes.tables import _ERRORS, QUERY_FIELDS, http_error
 from api.spec import TableSpec, normalize
 from autotune.errors import AutotuneError
 from autotune.modes import parse_mode
@@ -32,14 +32,15 @@ async def explain(
     try:
         spec = normalize(body, settings, jobs.runner.environment)
         wanted = parse_mode(mode)
-        return await run_in_threadpool(_explain, spec, seq_len, batch_size, wanted, levers)
+        return await run_in_threadpool(explain_spec, spec, seq_len, batch_size, wanted, levers)
     except AutotuneError as exc:
-        raise http_error(exc) from exc
+        raise http_error(exc, QUERY_FIELDS) from exc
 
 
-def _explain(
+def explain_spec(
     spec: TableSpec, seq_len: int, batch_size: int | None, mode: Any, levers: bool
 ) -> dict[str, Any]:
+    """autotune.explain for a normalised request (the estimator on the spec's target), as JSON."""
     import warnings
 
     from autotune.estimate import EstimateBackend
@@ -49,5 +50,6 @@ def _explain(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         result = explain(spec.workload(), EstimateBackend(gpu), gpu, seq_len=seq_len, mode=mode,
-                         margin=spec.margin, batch_size=batch_size, with_levers=levers)
+                         margin=spec.margin, batch_size=batch_size, with_levers=levers,
+                         max_batch_size=spec.max_batch)
     return result.to_dict()

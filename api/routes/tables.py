@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -35,8 +36,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def http_error(exc: AutotuneError) -> HTTPException:
-    """The response for an error of the core: the status for its kind, its message as detail."""
+class FieldError(HTTPException):
+    """An HTTP error about one request field: answered as ``{"detail": ..., "field": ...}``."""
+
+    def __init__(self, status_code: int, detail: str, field: str) -> None:
+        super().__init__(status_code, detail=detail)
+        self.field = field
+
+
+# Fields of a table request as the one-cell query routes (check, explain) name them.
+QUERY_FIELDS = {"seq_lens": "seq_len", "modes": "mode"}
+
+
+def http_error(exc: AutotuneError, fields: Mapping[str, str] | None = None) -> HTTPException:
+    """The response for an error of the core: the status for its kind, its message as detail,
+    and the request field it is about when the core's error names one (renamed by ``fields``)."""
     if isinstance(exc, UnknownModel):
         code = status.HTTP_404_NOT_FOUND
     elif isinstance(exc, ModelPathRefused):
@@ -47,6 +61,8 @@ def http_error(exc: AutotuneError) -> HTTPException:
         code = status.HTTP_503_SERVICE_UNAVAILABLE
     else:
         code = status.HTTP_500_INTERNAL_SERVER_ERROR
+    if exc.field is not None:
+        return FieldError(code, str(exc), (fields or {}).get(exc.field, exc.field))
     return HTTPException(code, detail=str(exc))
 
 

@@ -1,0 +1,126 @@
+"""The compare page: runs side by side, mode by mode, and the BERT README's table beside BERT.
+
+The reference (``api/data/google_bert_oom_table.json``) is the table in google-research/bert's
+README: TensorFlow 1.11 on a 12 GB Titan X, fp32. It is shown as the shape users know, not as a
+target: a PyTorch step on another card uses memory differently (REFERENCE_NOTE).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from api.chart import Series, line_chart
+from api.deps import JobsDep
+from api.views.common import PACKAGE, path_for, run_label, summary, templates
+from autotune.modes import ALLOWED_MODE_NAMES
+from autotune.store import Run
+
+router = APIRouter()
+
+MAX_RUNS = 8  # side by side; more would not be readable
+PICKER_RUNS = 50
+REFERENCE_NOTE = (
+    "Why PyTorch numbers differ: the README measured TensorFlow 1.11 on a 12 GB Titan X, whose "
+    "graph allocator, attention and Adam keep other buffers than a PyTorch step (caching allocator, "
+    "SDPA attention, AdamW) on another card; compare the shape (the batch roughly halves as the "
+    "length doubles), not the numbers."
+)
+
+
+@cache
+def reference() -> dict[str, Any]:
+    """The BERT README's table, as shipped in the package."""
+    return json.loads((PACKAGE / "data" / "google_bert_oom_table.json").read_text())
+
+
+def reference_key(model: str) -> str | None:
+    """The reference row a model compares with: bert-base or bert-large (any casing variant)."""
+    name = model.lower().rsplit("/", 1)[-1]
+    for key in ("bert-base", "bert-large"):
+        if name.startswith(key):
+            return key
+    return None
+
+
+@dataclass
+class Column:
+    label: str
+    sub: str
+    url: str | None
+    values: dict[int, int | None]  # seq_len -> max batch (None: failed or not measured)
+    capped: frozenset[int]
+    reference: bool = False
+
+
+def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
+             request: Request) -> list[Column]:
+    columns = []
+    for run in runs:
+        if mode not in run.spec["modes"]:
+            continue
+        found = {c["seq_len"]: c for c in cells[run.id] if c["mode"] == mode}
+        label = run_label(run)
+        columns.append(Column(
+            label=f"{label.model} · {label.gpu}", sub=f"{label.backend}, budget {label.budget}",
+            url=path_for(request, "run_page", run_id=run.id),
+            values={s: found[s]["max_batch_size"] if s in found else None for s in run.spec["seq_lens"]},
+            capped=frozenset(s for s, c in found.items() if c.get("capped")),
+        ))
+    if mode == "fp32":
+        ref = reference()
+        for key in dict.fromkeys(k for r in runs if (k := reference_key(r.model))):
+            columns.append(Column(
+                label=f"{key} · BERT README", sub="TensorFlow, Titan X 12 GB, fp32", url=None,
+                values={int(s): v for s, v in ref["max_batch_size"][key].items()},
+                capped=frozenset(), reference=True,
+            ))
+    return columns
+
+
+@router.get("/compare", response_class=HTMLResponse, name="compare")
+def compare(
+    request: Request, jobs: JobsDep,
+    id: Annotated[list[str] | None, Query(description="run ids, two or more")] = None,
+) -> HTMLResponse:
+    """Runs side by side per mode, with a chart, and the BERT README table beside BERT runs."""
+    wanted = list(dict.fromkeys(i.strip() for i in id or [] if i.strip()))
+    problems = []
+    if len(wanted) > MAX_RUNS:
+        problems.append(f"{len(wanted)} runs asked for: the page compares at most {MAX_RUNS}; "
+                        f"showing the first {MAX_RUNS}")
+        wanted = wanted[:MAX_RUNS]
+    runs = []
+    for run_id in wanted:
+        run = jobs.store.get_run(run_id)
+        if run is None:
+            problems.append(f"no table run with id '{run_id}'")
+        else:
+            runs.append(run)
+    cells = {run.id: jobs.store.cells(run.id) for run in runs}
+    modes = [m for m in ALLOWED_MODE_NAMES if any(m in r.spec["modes"] for r in runs)]
+    sections = []
+    for mode in modes:
+        columns = _columns(runs, cells, mode, request)
+        seq_lens = sorted({s for c in columns for s in c.values})
+        series = [Series(c.label, [(s, c.values.get(s)) for s in seq_lens if s in c.values], c.capped,
+                         dashed=c.reference) for c in columns]
+        first = next((c for c in columns if not c.reference), None)
+        sections.append({
+            "mode": mode, "columns": columns, "seq_lens": seq_lens, "first": first,
+            "chart": line_chart(series, title=f"Max batch size by sequence length, {mode}",
+                                chart_id=f"chart-{mode.replace('+', '_')}"),
+        })
+    recent, _ = jobs.store.list_runs(limit=PICKER_RUNS)
+    context = {
+        "page": "compare", "runs": [summary(r) for r in runs], "sections": sections,
+        "problems": problems, "picker": [summary(r) for r in recent], "chosen": {r.id for r in runs},
+        "reference": reference(), "reference_note": REFERENCE_NOTE,
+        "reference_seq_lens": sorted(int(s) for s in reference()["max_batch_size"]["bert-base"]),
+    }
+    return templates.TemplateResponse(request, "compare.html", context)

@@ -1,0 +1,63 @@
+"""The home page: every run, newest first, filtered by model, GPU and status."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from api.deps import JobsDep
+from api.views.common import path_for, summary, templates
+from autotune.store import STATUSES
+
+router = APIRouter()
+
+PAGE_SIZE = 25
+LIVE_INTERVAL_MS = 2000  # how often the list refreshes while a run on it is active
+
+
+def _context(request: Request, jobs: Any, model: str | None, gpu: str | None, status: str | None,
+             offset: int) -> dict[str, Any]:
+    model, gpu = (model or "").strip() or None, (gpu or "").strip() or None
+    status = status if status in STATUSES else None
+    runs, count = jobs.store.list_runs(model=model, gpu=gpu, status=status, limit=PAGE_SIZE, offset=offset)
+    filters = {"model": model, "gpu": gpu, "status": status}
+    query = {k: v for k, v in filters.items() if v}
+    home = path_for(request, "home")
+
+    def page(at: int) -> str:
+        params = {**query, **({"offset": at} if at else {})}
+        return home + (f"?{urlencode(params)}" if params else "")
+
+    views = [summary(r) for r in runs]
+    return {
+        "page": "home", "runs": views, "count": count, "offset": offset, "filters": filters,
+        "filtered": bool(query), "statuses": STATUSES,
+        "known_models": jobs.store.distinct("model"), "known_gpus": jobs.store.distinct("gpu"),
+        "any_active": any(r["active"] for r in views),
+        "live_url": path_for(request, "home_live") + (f"?{urlencode({**query, 'offset': offset})}"),
+        "interval_ms": LIVE_INTERVAL_MS,
+        "prev_url": page(max(0, offset - PAGE_SIZE)) if offset else None,
+        "next_url": page(offset + PAGE_SIZE) if offset + PAGE_SIZE < count else None,
+    }
+
+
+Filter = Annotated[str | None, Query(max_length=300)]
+
+
+@router.get("/", response_class=HTMLResponse, name="home")
+def home(request: Request, jobs: JobsDep, model: Filter = None, gpu: Filter = None, status: Filter = None,
+         offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+    """Every run, newest first, with its progress."""
+    context = _context(request, jobs, model, gpu, status, offset)
+    return templates.TemplateResponse(request, "home.html", context)
+
+
+@router.get("/runs", response_class=HTMLResponse, name="home_live")
+def home_live(request: Request, jobs: JobsDep, model: Filter = None, gpu: Filter = None,
+              status: Filter = None, offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+    """The list of runs alone, for the home page's script to swap in while runs are active."""
+    context = _context(request, jobs, model, gpu, status, offset)
+    return templates.TemplateResponse(request, "_runs.html", context)
