@@ -24,7 +24,8 @@ MARKERS = ("circle", "square", "triangle", "diamond")
 
 WIDTH, PLOT_HEIGHT = 640, 300  # viewBox units (the SVG scales to its container); legend rows add
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 44  # plot margins: tick labels, axis titles
-LEGEND_COLUMN, LEGEND_ROW = 190, 16
+LEGEND_ROW = 16
+LEGEND_CHAR = 6.2  # width of a legend character at font-size 11, roughly
 ZERO_ROW = 18  # the "0" row under the plot, for cells where batch 1 does not fit
 
 
@@ -75,7 +76,8 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
     ys = [y for s in series for _, y in s.points if y]
     top_exp = max(1, math.ceil(math.log2(max(ys)))) if ys else 1
     plot_w, plot_h = WIDTH - LEFT - RIGHT, PLOT_HEIGHT - TOP - BOTTOM - ZERO_ROW
-    per_row = max(1, plot_w // LEGEND_COLUMN)
+    legend_column = 40 + LEGEND_CHAR * min(80, max((len(s.label) for s in series), default=8))
+    per_row = max(1, int(plot_w // legend_column))
     legend_rows = math.ceil(len(series) / per_row)
     height = PLOT_HEIGHT + legend_rows * LEGEND_ROW + 4
     x_lo, x_hi = (xs[0], xs[-1]) if xs else (0, 1)
@@ -132,13 +134,13 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
     for i, s in enumerate(series):
         colour, shape = COLOURS[i % len(COLOURS)], MARKERS[i % len(MARKERS)]
         dash = "5 4" if s.dashed else DASHES[i % len(DASHES)]
-        lx = LEFT + (i % per_row) * LEGEND_COLUMN
+        lx = LEFT + (i % per_row) * legend_column
         ly = PLOT_HEIGHT + (i // per_row + 1) * LEGEND_ROW - 2
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        parts.append(f'<line class="line" x1="{lx}" x2="{lx + 22}" y1="{ly - 4}" y2="{ly - 4}" '
+        parts.append(f'<line class="line" x1="{lx:.1f}" x2="{lx + 22:.1f}" y1="{ly - 4}" y2="{ly - 4}" '
                      f'stroke="{colour}"{dash_attr}/>')
         parts.append(_marker(shape, lx + 11, ly - 4, colour, s.label, hollow=s.dashed))
-        parts.append(f'<text class="legend" x="{lx + 28}" y="{ly}">{escape(s.label[:28])}</text>')
+        parts.append(f'<text class="legend" x="{lx + 28:.1f}" y="{ly}">{escape(s.label[:80])}</text>')
     parts.append("</svg>")
     return Markup("".join(parts))
 
