@@ -93,7 +93,7 @@ def test_home_lists_runs_newest_first_with_progress_and_filters(idle_client, add
     # An active run keeps the list refreshing; the choices of the filters are the runs' values.
     assert 'data-live="/runs?offset=0"' in page.text
     assert '<option value="T4" >T4</option>' in page.text or '<option value="T4">T4</option>' in page.text
-    filtered = idle_client.get("/", params={"gpu": "T4"})
+    filtered = idle_client.get("/", params={"gpu": "t4"})  # resolved as the API resolves it
     assert "1 run matching the filters" in text(filtered) and "tiny-bert</a>" not in filtered.text
     by_status = idle_client.get("/", params={"status": "failed"})
     assert "tiny-bert</a>" in by_status.text and "tiny-roberta</a>" not in by_status.text
@@ -248,8 +248,9 @@ def test_compare_shows_the_bert_readme_beside_bert_base(idle_client, add_run):
 
 def test_compare_reports_unknown_and_too_many_runs(idle_client, add_run):
     run_id = add_run(TINY, [cell(32, "fp32", 100)])
-    words = text(idle_client.get("/compare", params=[("id", run_id), ("id", "nope")]))
-    assert "no table run with id 'nope'" in words
+    page = idle_client.get("/compare", params=[("id", run_id), ("id", "nope"), ("id", "<b>x</b>")])
+    assert "no table run with id 'nope'" in text(page)
+    assert "<b>x</b>" not in page.text and "&lt;b&gt;x&lt;/b&gt;" in page.text  # escaped
     many = [("id", f"x{i}") for i in range(10)]
     assert "10 runs asked for: the page compares at most 8" in text(idle_client.get("/compare", params=many))
     picker = idle_client.get("/compare").text

@@ -120,6 +120,20 @@ def create_table(
     return TableAccepted(id=run.id, status=run.status, url=url, created=created)  # type: ignore[arg-type]
 
 
+def run_filters(model: str | None, gpu: str | None) -> tuple[str | None, str | None]:
+    """A model and GPU filter as stored: preset aliases and GPU names resolved, blanks dropped."""
+    model = (model or "").strip() or None
+    gpu = (gpu or "").strip() or None
+    if model is not None:
+        model = preset_name(model) or model
+    if gpu is not None:
+        try:
+            gpu = resolve_gpu(gpu).name
+        except InvalidInput:
+            pass  # a custom size, e.g. "custom 12 GiB"
+    return model, gpu
+
+
 @router.get("", response_model=TablesPublic)
 def list_tables(
     request: Request, jobs: JobsDep,
@@ -130,13 +144,7 @@ def list_tables(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> TablesPublic:
     """Table runs, newest first, a page at a time."""
-    if model is not None:
-        model = preset_name(model) or model.strip()
-    if gpu is not None:
-        try:
-            gpu = resolve_gpu(gpu).name
-        except InvalidInput:
-            gpu = gpu.strip()  # a custom size, e.g. "custom 12 GiB"
+    model, gpu = run_filters(model, gpu)
     runs, count = jobs.store.list_runs(model=model, gpu=gpu, status=status_, limit=limit, offset=offset)
     return TablesPublic(data=[TableSummary(**_summary(r, request)) for r in runs], count=count,
                         limit=limit, offset=offset)

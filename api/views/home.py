@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import JobsDep
+from api.routes.tables import run_filters
 from api.views.common import path_for, summary, templates
 from autotune.store import STATUSES
 
@@ -20,7 +21,7 @@ LIVE_INTERVAL_MS = 2000  # how often the list refreshes while a run on it is act
 
 def _context(request: Request, jobs: Any, model: str | None, gpu: str | None, status: str | None,
              offset: int) -> dict[str, Any]:
-    model, gpu = (model or "").strip() or None, (gpu or "").strip() or None
+    model, gpu = run_filters(model, gpu)
     status = status if status in STATUSES else None
     runs, count = jobs.store.list_runs(model=model, gpu=gpu, status=status, limit=PAGE_SIZE, offset=offset)
     filters = {"model": model, "gpu": gpu, "status": status}
