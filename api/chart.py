@@ -114,7 +114,7 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
                      f'text-anchor="middle">{x}</text>')
     parts.append(f'<text class="label" x="{LEFT + plot_w / 2:.1f}" y="{TOP + plot_h + ZERO_ROW + 34:.1f}" '
                  'text-anchor="middle">sequence length (tokens)</text>')
-    parts.append(f'<text class="label" transform="translate(14 {TOP + plot_h / 2:.1f}) rotate(-90)" '
+    parts.append(f'<text class="label label-y" transform="translate(14 {TOP + plot_h / 2:.1f}) rotate(-90)" '
                  'text-anchor="middle">max batch size (log scale)</text>')
     # Lines, then markers on top.
     for i, s in enumerate(series):
