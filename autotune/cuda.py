@@ -12,6 +12,9 @@ died (segfault, killed, a CUDA error that ends the process), or one that did not
 ``timeout_s`` (it is killed). After an error, or a reset that did not bring the allocated
 memory back to its baseline, the next probe runs in a fresh worker, and the probe says so in
 its details.
+
+``CudaBackend(gpu, bnb_optimizer=...)`` runs the step with bitsandbytes' 8-bit AdamW instead of
+the workload's optimizer (bnb.py): how explain measures its 8-bit levers where it can.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.bnb import check_bnb_optimizer, require_bitsandbytes
 from autotune.cuda_worker import PROTOCOL, CellSpec, ProtocolError, cell_spec, decode, encode
 from autotune.errors import BackendUnavailable, InvalidInput, ProbeError
 from autotune.gpus import GpuSpec, gpu_from_device_properties
@@ -260,7 +264,12 @@ class CudaBackend:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         worker_command: Sequence[str] = WORKER_COMMAND,
+        bnb_optimizer: str | None = None,
     ) -> None:
+        if bnb_optimizer is not None:  # refused here, before any worker starts
+            check_bnb_optimizer(bnb_optimizer)
+            require_bitsandbytes()
+        self.bnb_optimizer = bnb_optimizer  # a bnb.BNB_OPTIMIZERS setup instead of the workload's
         self.gpu = gpu
         self.device_index = device_index
         self.timeout_s = timeout_s
@@ -283,6 +292,7 @@ class CudaBackend:
             "cuda_version": torch.version.cuda,
             "driver": driver_version(),
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            **({"bnb_optimizer": self.bnb_optimizer} if self.bnb_optimizer is not None else {}),
         }
 
     def attn_used(self, workload: Workload) -> str:
@@ -310,7 +320,7 @@ class CudaBackend:
         """
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
             raise InvalidInput(f"budget_bytes must be an integer > 0, got {budget_bytes!r}")
-        spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index)
+        spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:
             session.open()

@@ -24,6 +24,10 @@ tracebacks) that the parent keeps for error reports. The worker exits when stdin
 After each probe the worker frees everything the probe made and checks that the memory still
 allocated is what it was after the first probe (the model plus cuBLAS workspaces, which PyTorch
 keeps for the life of the process); ``clean: false`` tells the parent to use a fresh worker.
+
+A cell with ``bnb_optimizer`` set runs the step with a bitsandbytes 8-bit AdamW instead of the
+workload's optimizer (bnb.py); a worker without bitsandbytes refuses such a cell at init with
+BackendUnavailable.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
+from autotune.bnb import check_bnb_optimizer, import_bitsandbytes, make_bnb_optimizer, require_bitsandbytes
 from autotune.errors import BackendUnavailable, InvalidInput, ProbeError
 from autotune.gpus import cublas_workspace_bytes
 from autotune.models import ModelSpec, check_task
@@ -107,6 +112,7 @@ class CellSpec:
     seq_len: int  # tokens per sequence
     budget_bytes: int  # what the caching allocator may reserve
     device_index: int
+    bnb_optimizer: str | None = None  # a bnb.BNB_OPTIMIZERS setup instead of ``optimizer``
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -121,7 +127,8 @@ class CellSpec:
 
 
 def cell_spec(
-    workload: Workload, mode: Mode, seq_len: int, budget_bytes: int, device_index: int = 0
+    workload: Workload, mode: Mode, seq_len: int, budget_bytes: int, device_index: int = 0,
+    bnb_optimizer: str | None = None,
 ) -> CellSpec:
     """The spec of one cell, for the worker to rebuild it."""
     config = workload.model.config
@@ -141,6 +148,7 @@ def cell_spec(
         seq_len=seq_len,
         budget_bytes=budget_bytes,
         device_index=device_index,
+        bnb_optimizer=bnb_optimizer,
     )
 
 
@@ -276,6 +284,7 @@ class Worker:
         self.workload: Workload | None = None
         self.mode: Mode | None = None
         self.seq_len = 0
+        self.bnb_optimizer: str | None = None  # bnb.BNB_OPTIMIZERS, instead of the workload's
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "init" and self.model is None:
@@ -296,13 +305,19 @@ class Worker:
                 raise ProtocolError(f"protocol {request.get('protocol')!r}, expected {PROTOCOL}")
             spec = CellSpec.from_json(request.get("cell"))
             workload, mode = rebuild_workload(spec)
+            if spec.bnb_optimizer is not None:  # refused before the device is taken
+                check_bnb_optimizer(spec.bnb_optimizer)
+                require_bitsandbytes()
             info = self.memory.open(spec.device_index, spec.budget_bytes)
+            if spec.bnb_optimizer is not None:  # it loads its CUDA library: on the cell's device
+                import_bitsandbytes()
             cc = info.get("compute_capability")
             self.persistent_limit_bytes = PERSISTENT_WORKSPACES * cublas_workspace_bytes(
                 tuple(cc) if cc else None
             )
             model, attn = build_model(workload.model, workload.task, workload.attn)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
+            self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
         except Exception as exc:
             traceback.print_exc()
@@ -355,7 +370,8 @@ class Worker:
         """Run the training steps at one batch size; the timing of the last step."""
         workload, mode = self.workload, self.mode
         batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device)
-        optimizer = make_optimizer(self.model, workload.optimizer)
+        optimizer = (make_optimizer(self.model, workload.optimizer) if self.bnb_optimizer is None
+                     else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None
         marks: list[float] = []
 

@@ -13,9 +13,11 @@ the max batch of the cell (found as the table finds it, ``check.max_batch``):
   that caused real out-of-memory reports: a module holding more than a third of the parameters,
   an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence;
 - when even batch 1 does not fit, which part alone exceeds the budget;
-- the levers (levers.py): the max batch under each change a user can make.
+- the levers (levers.py): the max batch under each change a user can make (the 8-bit AdamW
+  levers measured with bitsandbytes on this machine's GPU where it has both).
 
-Estimate backend only: the breakdown needs the fake-tensor trace.
+Estimate backend only: the breakdown needs the fake-tensor trace (the 8-bit measurement uses a
+cuda backend of its own).
 """
 
 from __future__ import annotations
@@ -365,9 +367,13 @@ def batch_one_reason(breakdown: Breakdown, recording: Recording, table: list[Mod
 def explain(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
     margin: float, batch_size: int | None = None, lengths: Sequence[int] | None = None,
-    with_levers: bool = True, max_batch_size: int = DEFAULT_MAX_BATCH,
+    with_levers: bool = True, max_batch_size: int = DEFAULT_MAX_BATCH, measure_8bit: bool = True,
 ) -> Explanation:
-    """The breakdown at ``batch_size`` (default: the cell's max batch), modules, flags, levers."""
+    """The breakdown at ``batch_size`` (default: the cell's max batch), modules, flags, levers.
+
+    ``measure_8bit``: measure the 8-bit AdamW levers on this machine's GPU where it has one and
+    bitsandbytes (bnb.real_8bit); False, or elsewhere, emulates them.
+    """
     from autotune.check import max_batch
     from autotune.estimate import EstimateBackend
     from autotune.instrument import InstrumentedBackend
@@ -404,6 +410,7 @@ def explain(
             breakdown, recording, table, {"adamw": "AdamW", "sgd": "SGD"}[workload.optimizer]),
     )
     if with_levers or lengths:
+        from autotune.bnb import real_8bit
         from autotune.levers import dynamic_padding, length_stats, padded_length, what_if
 
         shorter = [seq_len // 2]
@@ -413,6 +420,7 @@ def explain(
             explanation.levers = what_if(
                 workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
                 effective_batch=batch_size, shorter_seq_lens=shorter, max_batch_size=max_batch_size,
+                real=real_8bit(gpu) if measure_8bit and workload.optimizer == "adamw" else None,
             )
         if lengths:
             explanation.padding = dynamic_padding(

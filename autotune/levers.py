@@ -6,10 +6,12 @@ amp+ckpt) or a table option (``--optimizer sgd``, another sequence length) gives
 number. Levers the table has no column for change the step itself (instrument.Variant) and are
 searched the same way on an ``InstrumentedBackend``:
 
-- 8-bit AdamW: bitsandbytes' state sizes, emulated (instrument.AdamW8bitState); once with every
-  parameter at 8 bits (``bnb.optim.AdamW8bit`` used directly) and once as transformers' Trainer
-  sets it up (``optim="adamw_bnb_8bit"``: embeddings keep 32-bit state). A real probe needs
-  bitsandbytes and a GPU; the estimate backend always emulates.
+- 8-bit AdamW: once with every parameter at 8 bits (``bnb.optim.AdamW8bit`` used directly) and
+  once as transformers' Trainer sets it up (``optim="adamw_bnb_8bit"``: embeddings keep 32-bit
+  state). Where this machine has a CUDA GPU and bitsandbytes (bnb.real_8bit), both are measured:
+  the cuda backend runs the step with bitsandbytes' own optimizer (bnb.py) at the same budget,
+  one worker per cell as for a table. Elsewhere, or when the measurement fails (the lever's note
+  says why), bitsandbytes' state sizes are emulated on the estimator (instrument.AdamW8bitState).
 - frozen embeddings: ``requires_grad=False`` on every ``nn.Embedding`` parameter (with tied
   weights, the output projection tied to them freezes too, as it does in training).
 
@@ -28,14 +30,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from autotune.bnb import BNB_OPTIMIZERS, Real8bit
 from autotune.check import accumulation_plan, max_batch
-from autotune.errors import InvalidInput, ProbeError
+from autotune.errors import AutotuneError, InvalidInput, ProbeError
 from autotune.modes import Mode
 from autotune.search import DEFAULT_MAX_BATCH
 from autotune.tuner import Backend
+from autotune.units import format_bytes
 from autotune.workload import Workload
+
+if TYPE_CHECKING:
+    from autotune.instrument import Variant
 
 AS_THE_TABLE = "as the table"
 EMULATED_8BIT = "emulated: bitsandbytes' 8-bit state sizes"
@@ -43,6 +50,7 @@ EMULATED_8BIT = "emulated: bitsandbytes' 8-bit state sizes"
 # does for tensor cores (NVIDIA's mixed-precision training guide: dimensions multiples of 8).
 PAD_MULTIPLE = 8
 PERCENTILES = (50, 90, 99)
+NOTE_CHARS = 300  # of a failed measurement's message, in a lever's note
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,7 @@ class Lever:
     mode: str
     seq_len: int
     optimizer: str
-    estimated: str  # AS_THE_TABLE, or how the lever was emulated
+    estimated: str  # AS_THE_TABLE, or how the lever was emulated or measured
     capped: bool = False
     note: str | None = None
     error: str | None = None
@@ -63,19 +71,23 @@ class Lever:
 def what_if(
     workload: Workload, backend: Backend, *, seq_len: int, mode: Mode, budget: int, base_max: int,
     effective_batch: int | None = None, shorter_seq_lens: Sequence[int] | None = None,
-    max_batch_size: int = DEFAULT_MAX_BATCH,
+    max_batch_size: int = DEFAULT_MAX_BATCH, real: Real8bit | None = None,
 ) -> list[Lever]:
-    """Each lever that changes something from (workload, mode, seq_len), with its max batch."""
+    """Each lever that changes something from (workload, mode, seq_len), with its max batch.
+
+    ``real``: where the 8-bit levers are measured (bnb.real_8bit); None emulates them.
+    """
     from autotune.instrument import InstrumentedBackend, Variant, embedding_parameters
 
     def search(name: str, label: str, target: Backend, wl: Workload, m: Mode, s: int,
                estimated: str = AS_THE_TABLE, note: str | None = None) -> Lever:
-        try:
-            best, _ = max_batch(target, wl, m, s, budget, max_batch_size=max_batch_size)
-        except (InvalidInput, ProbeError) as exc:  # e.g. a model without gradient checkpointing
-            return Lever(name, label, None, m.name, s, wl.optimizer, estimated, error=str(exc))
-        return Lever(name, label, best, m.name, s, wl.optimizer, estimated,
-                     capped=best >= max_batch_size, note=note)
+        return search_lever(name, label, target, wl, m, s, budget=budget, max_batch_size=max_batch_size,
+                            estimated=estimated, note=note)
+
+    def eight_bit(name: str, label: str, variant: Variant, note: str | None = None) -> Lever:
+        return eight_bit_lever(name, label, variant, backend=backend, workload=workload, mode=mode,
+                               seq_len=seq_len, budget=budget, max_batch_size=max_batch_size,
+                               real=real, note=note)
 
     levers = []
     for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
@@ -93,17 +105,12 @@ def what_if(
                                  Mode("amp", True), seq_len))
     has_embeddings = bool(embedding_parameters(backend._model(workload).model))  # type: ignore[attr-defined]
     if workload.optimizer == "adamw":
-        levers.append(search(
-            "adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
-            InstrumentedBackend(backend, Variant(optimizer="adamw-8bit")),  # type: ignore[arg-type]
-            workload, mode, seq_len, EMULATED_8BIT,
-        ))
+        levers.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
+                                Variant(optimizer="adamw-8bit")))
         if has_embeddings:
-            levers.append(search(
+            levers.append(eight_bit(
                 "adamw-8bit-trainer", "8-bit AdamW as Trainer(optim='adamw_bnb_8bit') sets it up",
-                InstrumentedBackend(backend, Variant(optimizer="adamw-8bit",  # type: ignore[arg-type]
-                                                     fp32_state_for_embeddings=True)),
-                workload, mode, seq_len, EMULATED_8BIT,
+                Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True),
                 note="the Trainer keeps 32-bit state for every nn.Embedding weight",
             ))
         levers.append(search("sgd", "SGD instead of AdamW (no momentum: no optimizer state)", backend,
@@ -121,6 +128,47 @@ def what_if(
     if effective_batch is not None:
         levers.append(_accumulation(effective_batch, base_max, mode, seq_len, workload.optimizer))
     return levers
+
+
+def search_lever(name: str, label: str, target: Backend, workload: Workload, mode: Mode, seq_len: int, *,
+                 budget: int, max_batch_size: int, estimated: str = AS_THE_TABLE,
+                 note: str | None = None) -> Lever:
+    """The lever's max batch, searched as the table searches a cell, on ``target``."""
+    try:
+        best, _ = max_batch(target, workload, mode, seq_len, budget, max_batch_size=max_batch_size)
+    except (InvalidInput, ProbeError) as exc:  # e.g. a model without gradient checkpointing
+        return Lever(name, label, None, mode.name, seq_len, workload.optimizer, estimated, error=str(exc))
+    return Lever(name, label, best, mode.name, seq_len, workload.optimizer, estimated,
+                 capped=best >= max_batch_size, note=note)
+
+
+def eight_bit_lever(name: str, label: str, variant: Variant, *, backend: Backend, workload: Workload,
+                    mode: Mode, seq_len: int, budget: int, max_batch_size: int, real: Real8bit | None,
+                    note: str | None = None) -> Lever:
+    """An 8-bit AdamW lever (``name``: a bnb.BNB_OPTIMIZERS setup): measured with bitsandbytes where
+    ``real`` says how, else (or when that fails, as the note then says) emulated on ``backend``
+    (an EstimateBackend) with ``variant`` (instrument.Variant)."""
+    from autotune.instrument import InstrumentedBackend
+
+    if real is not None:
+        if budget > real.gpu.total_memory_bytes:  # make_backend refuses a larger target too
+            why = (f"the budget of {format_bytes(budget)} exceeds the local {real.gpu.name}'s "
+                   f"{format_bytes(real.gpu.total_memory_bytes)}")
+        else:
+            try:
+                best, _ = max_batch(real.backend(name), workload, mode, seq_len, budget,
+                                    max_batch_size=max_batch_size)
+            except AutotuneError as exc:  # no worker, a probe that failed, no bitsandbytes there
+                lines = str(exc).strip().splitlines()
+                why = f"the measurement failed: {lines[0][:NOTE_CHARS] if lines else type(exc).__name__}"
+            else:
+                return Lever(name, label, best, mode.name, seq_len, workload.optimizer,
+                             f"measured: bitsandbytes {BNB_OPTIMIZERS[name]} on {real.gpu.name}",
+                             capped=best >= max_batch_size, note=note)
+        fallback = f"not measured ({why}): emulated instead"
+        note = f"{note}; {fallback}" if note else fallback
+    return search_lever(name, label, InstrumentedBackend(backend, variant), workload, mode, seq_len,  # type: ignore[arg-type]
+                        budget=budget, max_batch_size=max_batch_size, estimated=EMULATED_8BIT, note=note)
 
 
 def _bf16_note(backend: Backend) -> str | None:
