@@ -289,3 +289,17 @@ def test_chart_is_log2_with_gaps_a_zero_row_and_a_text_alternative():
     # amp's markers are squares; its 0 is hollow, centred on the 0 row (whose label sits 4 below).
     zero = re.search(r'<rect x="[\d.]+" y="([\d.]+)" width="7" height="7" fill="var\(--bg, #fff\)"', svg)
     assert zero and abs(float(zero.group(1)) + 3.5 - (values[0] - 4)) < 0.06
+
+
+def test_explain_over_http_never_takes_the_gpu_for_8bit_levers(idle_client, monkeypatch):
+    import autotune.bnb
+
+    def refuse(target):
+        raise AssertionError("the API measured the 8-bit levers outside the runner's GPU lanes")
+
+    monkeypatch.setattr(autotune.bnb, "real_8bit", refuse)
+    response = idle_client.get("/v1/explain", params={"model": "tiny-bert", "seq_len": 32,
+                                                      "gpu_memory": "1GiB"})
+    assert response.status_code == 200
+    eight_bit = [lever for lever in response.json()["levers"] if lever["name"].startswith("adamw-8bit")]
+    assert eight_bit and all(lever["estimated"].startswith("emulated") for lever in eight_bit)

@@ -51,5 +51,8 @@ def explain_spec(
         warnings.simplefilter("ignore", FutureWarning)
         result = explain(spec.workload(), EstimateBackend(gpu), gpu, seq_len=seq_len, mode=mode,
                          margin=spec.margin, batch_size=batch_size, with_levers=levers,
-                         max_batch_size=spec.max_batch)
+                         max_batch_size=spec.max_batch,
+                         # A GET must not take the server's GPU outside the runner's lanes (one
+                         # run per GPU): the 8-bit levers stay emulated here; the CLI measures them.
+                         measure_8bit=False)
     return result.to_dict()
