@@ -25,3 +25,20 @@ def idle_client(tmp_path):
     app = create_app(Settings(db=tmp_path / "idle.db"), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
     with TestClient(app) as client:
         yield client
+
+
+@pytest.fixture
+def explain_cli_run(capsys):
+    """``autotune explain ARGV...`` in process: (exit code, stdout, stderr)."""
+    import argparse
+
+    from autotune import explain_cli
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        parser = argparse.ArgumentParser(prog="autotune")
+        explain_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+        code = explain_cli.run(parser.parse_args(["explain", *argv]))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from cpumemory import CpuMemory
 
 from autotune.cuda import (
     WORKER_COMMAND,
@@ -209,59 +210,6 @@ def test_unknown_model_type_is_refused_not_loaded_as_remote_code() -> None:
 
 
 # --- the worker's probe loop on a CPU ------------------------------------------------------
-
-
-class CpuMemory:
-    """A stand-in for the worker's torch.cuda calls: the model on the CPU, scripted figures."""
-
-    device = "cpu"
-
-    def __init__(self, free_bytes: int = 79 * GIB, total_bytes: int = 80 * GIB) -> None:
-        self.figures = {
-            "free_bytes": free_bytes,
-            "total_bytes": total_bytes,
-            "device_name": "CPU stand-in",
-            "compute_capability": [9, 0],
-        }
-        self.allocated = 4 * MIB  # what allocated_bytes reports
-        self.raise_on_sync: BaseException | None = None
-        self.load_error: BaseException | None = None
-
-    def open(self, device_index: int, budget_bytes: int) -> dict[str, Any]:
-        # Libraries print to stdout; in a worker process that must not reach the protocol.
-        print("CpuMemory: opening the device")
-        return dict(self.figures)
-
-    def to_device(self, model: Any) -> Any:
-        if self.load_error is not None:
-            raise self.load_error
-        return model
-
-    def autocast(self, dtype_name: str | None) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext
-
-    def grad_scaler(self) -> Any:
-        from autotune.step import NoScaler
-
-        return NoScaler()
-
-    def warm_up(self, dtype_name: str | None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        if self.raise_on_sync is not None:
-            raise self.raise_on_sync
-
-    def release(self) -> None:
-        pass
-
-    def allocated_bytes(self) -> int:
-        return self.allocated
-
-    def peak_bytes(self) -> tuple[int, int]:
-        return 3 * self.allocated, 4 * self.allocated
 
 
 def started_worker(mode: str = "fp32", memory: CpuMemory | None = None) -> tuple[Worker, dict[str, Any]]:
@@ -527,8 +475,8 @@ def test_worker_process_exits_when_stdin_closes() -> None:
 
 @pytest.mark.slow
 def test_real_worker_loop_runs_tiny_bert_probes_through_the_protocol() -> None:
-    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_cuda, autotune.cuda_worker as w; "
-    script += "sys.exit(w.main(test_cuda.CpuMemory))"
+    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cpumemory, autotune.cuda_worker as w; "
+    script += "sys.exit(w.main(cpumemory.CpuMemory))"
     backend = CudaBackend(H100, timeout_s=120, worker_command=[sys.executable, "-c", script])
     first, second = run_cell(backend, [1, 3])
     assert first.outcome == second.outcome == "fits"

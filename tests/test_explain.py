@@ -7,7 +7,6 @@ The stories: a vocabulary that grew to 867,813 tokens so the embeddings held 722
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from types import SimpleNamespace
@@ -18,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autotune import explain_cli
 from autotune.check import accumulation_plan, max_batch
 from autotune.errors import InvalidInput
 from autotune.estimate import EstimateBackend, _FakeModel
@@ -265,14 +263,6 @@ def test_a_bad_lengths_file_is_refused_with_the_line(tmp_path, text, message):
 # -- the command line ------------------------------------------------------------------------------
 
 
-def run(capsys, *argv):
-    parser = argparse.ArgumentParser(prog="autotune")
-    explain_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    code = explain_cli.run(parser.parse_args(["explain", *argv]))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def huge_vocab_dir(tmp_path):
     config = {"model_type": "bert", **tiny_config("bert").to_diff_dict(), "vocab_size": VOCAB}
@@ -280,8 +270,8 @@ def huge_vocab_dir(tmp_path):
     return str(tmp_path)
 
 
-def test_the_report_says_batch_1_does_not_fit_and_flags_the_embedding(capsys, huge_vocab_dir):
-    code, out, _ = run(capsys, huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--no-levers")
+def test_the_report_says_batch_1_does_not_fit_and_flags_the_embedding(explain_cli_run, huge_vocab_dir):
+    code, out, _ = explain_cli_run(huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--no-levers")
     assert code == 0
     assert "max batch 0 (estimated); explained at batch 1" in out
     assert "even batch 1 does not fit in the 486.4 MiB budget" in out
@@ -290,14 +280,14 @@ def test_the_report_says_batch_1_does_not_fit_and_flags_the_embedding(capsys, hu
     assert "= peak allocated" in out and "+ CUDA context" in out
 
 
-def test_embedding_levers_rank_as_their_state_sizes(capsys, huge_vocab_dir):
+def test_embedding_levers_rank_as_their_state_sizes(explain_cli_run, huge_vocab_dir):
     # 1 GiB card: budget 486.4 MiB, of which the workspaces take 68 MiB. With AdamW the embedding
     # holds 4 x 106 MiB (weights, gradients, two moments): batch 1 does not fit, nor with the
     # Trainer's 8-bit setup, which keeps the embedding's moments at 32 bits. Through forward and
     # backward, what stays of the embedding besides its weights: 8-bit AdamW's moments (2 bytes
     # a parameter, 53 MiB); SGD and a frozen embedding keep nothing (the embedding's gradient
     # is the last one backward makes, when the activations are gone), so they fit the most.
-    code, out, _ = run(capsys, huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--json")
+    code, out, _ = explain_cli_run(huge_vocab_dir, "--seq-len", "64", "--gpu-memory", "1GiB", "--json")
     assert code == 0
     doc = json.loads(out)
     batches = {lever["name"]: lever["max_batch_size"] for lever in doc["levers"]}
@@ -311,14 +301,14 @@ def test_embedding_levers_rank_as_their_state_sizes(capsys, huge_vocab_dir):
     (["tiny-bert", "--seq-len", "1024"], "Error: sequence length 1024 exceeds max_position_embeddings=128"),
     (["tiny-bert", "--mode", "fp8"], "Error: unknown mode 'fp8'"),
 ])
-def test_bad_input_exits_2_with_the_reason(capsys, argv, message):
-    code, out, err = run(capsys, *argv)
+def test_bad_input_exits_2_with_the_reason(explain_cli_run, argv, message):
+    code, out, err = explain_cli_run(*argv)
     assert code == 2 and out == ""
     assert err.startswith(message)
 
 
-def test_a_missing_lengths_file_exits_2(capsys, tmp_path):
-    code, _, err = run(capsys, "tiny-bert", "--lengths", str(tmp_path / "none.txt"))
+def test_a_missing_lengths_file_exits_2(explain_cli_run, tmp_path):
+    code, _, err = explain_cli_run("tiny-bert", "--lengths", str(tmp_path / "none.txt"))
     assert code == 2 and err.startswith("Error: cannot read lengths file")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from cpumemory import CpuMemory
 from torch import nn
 
 from autotune import backends, bnb, cuda
@@ -36,7 +37,7 @@ from autotune.levers import EMULATED_8BIT, eight_bit_lever
 from autotune.models import resolve_model
 from autotune.modes import parse_mode
 from autotune.search import Probe
-from autotune.step import NoScaler, build_model
+from autotune.step import build_model
 from autotune.units import GIB, MIB
 from autotune.workload import Workload
 
@@ -147,44 +148,6 @@ def test_an_unknown_setup_is_refused_with_the_allowed_ones(fake_bnb):
 # -- the worker runs its probes with it ---------------------------------------------------------------
 
 
-class CpuMemory:
-    """The worker's torch.cuda calls on a CPU (tests/test_cuda.py has the fuller one)."""
-
-    device = "cpu"
-
-    def __init__(self) -> None:
-        self.opened = False
-
-    def open(self, device_index: int, budget_bytes: int) -> dict[str, Any]:
-        self.opened = True
-        return {"free_bytes": 79 * GIB, "total_bytes": 80 * GIB, "device_name": "CPU stand-in",
-                "compute_capability": [9, 0]}
-
-    def to_device(self, model: Any) -> Any:
-        return model
-
-    def autocast(self, dtype_name: str | None) -> Any:
-        return contextlib.nullcontext
-
-    def grad_scaler(self) -> Any:
-        return NoScaler()
-
-    def warm_up(self, dtype_name: str | None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-    def allocated_bytes(self) -> int:
-        return 4 * MIB
-
-    def peak_bytes(self) -> tuple[int, int]:
-        return 8 * MIB, 8 * MIB
-
-
 def init_request(bnb_optimizer: str | None) -> dict[str, Any]:
     spec = cell_spec(tiny_bert(), FP32, 16, GIB, bnb_optimizer=bnb_optimizer)
     return {"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()}
@@ -234,8 +197,8 @@ def test_without_bitsandbytes_the_backend_and_the_builder_say_what_to_install(no
 def test_a_worker_process_without_bitsandbytes_is_backend_unavailable_in_the_parent(fake_bnb):
     # The parent has (a fake) bitsandbytes, the worker process none: its refusal crosses the protocol.
     script = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); sys.modules['bitsandbytes'] = None; "
-              "import test_levers_bnb, autotune.cuda_worker as w; "
-              "sys.exit(w.main(test_levers_bnb.CpuMemory))")
+              "import cpumemory, autotune.cuda_worker as w; "
+              "sys.exit(w.main(cpumemory.CpuMemory))")
     backend = CudaBackend(LOCAL, timeout_s=120, worker_command=[sys.executable, "-c", script],
                           bnb_optimizer="adamw-8bit")
     with pytest.raises(BackendUnavailable, match="needs bitsandbytes, which is not installed"):

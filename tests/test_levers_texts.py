@@ -8,14 +8,12 @@ n and m words is n + m + 3 (a word outside the vocabulary is one [UNK]).
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from autotune import explain_cli
 from autotune.errors import InvalidInput
 from autotune.levers import TOKENIZE_BATCH, lengths_from_texts, percentile
 from autotune.models import tiny_config
@@ -205,22 +203,14 @@ def test_a_tokenizer_without_its_vocabulary(tmp_path):
 # -- the command line ------------------------------------------------------------------------------
 
 
-def run(capsys, *argv):
-    parser = argparse.ArgumentParser(prog="autotune")
-    explain_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    code = explain_cli.run(parser.parse_args(["explain", *argv]))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_explain_reports_the_percentiles_of_the_texts(capsys, tmp_path, tok):
+def test_explain_reports_the_percentiles_of_the_texts(explain_cli_run, tmp_path, tok):
     # pairs of n = 1..20 and n % 4 words, n + n % 4 + 3 tokens each; sorted: 5 7 7 9 9 11 11 13 13
     # 15 | 15 17 17 19 19 21 21 23 | 23 | 25: nearest rank p50 the 10th, p90 the 18th, p99 the 20th
     words = [(n, n % 4) for n in range(1, 21)]
     rows = "".join(f"{n},{'cat ' * q},{'sat ' * c}\n" for n, (q, c) in enumerate(words))
     path = write(tmp_path, "pairs.csv", "id,question,context\n" + rows)
     lengths = sorted(q + c + 3 for q, c in words)
-    code, out, _ = run(capsys, "tiny-bert", "--texts", str(path), "--text-column", "question,context",
+    code, out, _ = explain_cli_run("tiny-bert", "--texts", str(path), "--text-column", "question,context",
                        "--tokenizer", tok, "--seq-len", "32", "--gpu-memory", "1GiB", "--no-levers", "--json")
     assert code == 0
     stats = json.loads(out)["padding"]["stats"]
@@ -229,13 +219,13 @@ def test_explain_reports_the_percentiles_of_the_texts(capsys, tmp_path, tok):
     assert stats["count"] == 20 and stats["mean"] == sum(lengths) / 20 and stats["truncated"] == 0
 
 
-def test_the_model_directory_is_the_default_tokenizer(capsys, tmp_path):
+def test_the_model_directory_is_the_default_tokenizer(explain_cli_run, tmp_path):
     model = tmp_path / "model"
     save_tokenizer(model)
     config = {"model_type": "bert", **tiny_config("bert").to_diff_dict()}
     (model / "config.json").write_text(json.dumps(config))
     path = write(tmp_path, "data.txt", "cat\nthe cat sat\n")
-    code, out, _ = run(capsys, str(model), "--texts", str(path), "--gpu-memory", "1GiB", "--no-levers",
+    code, out, _ = explain_cli_run(str(model), "--texts", str(path), "--gpu-memory", "1GiB", "--no-levers",
                        "--json")
     assert code == 0
     doc = json.loads(out)
@@ -250,13 +240,13 @@ def test_the_model_directory_is_the_default_tokenizer(capsys, tmp_path):
     (["--lengths", "lengths.txt", "--tokenizer", "tok"], "Error: --text-column and --tokenizer go with "
      "--texts FILE"),
 ])
-def test_texts_options_out_of_place_exit_2(capsys, argv, message):
-    code, out, err = run(capsys, "tiny-bert", *argv)
+def test_texts_options_out_of_place_exit_2(explain_cli_run, argv, message):
+    code, out, err = explain_cli_run("tiny-bert", *argv)
     assert code == 2 and err == message + "\n"
 
 
-def test_texts_and_lengths_are_exclusive(capsys):
+def test_texts_and_lengths_are_exclusive(explain_cli_run, capsys):
     with pytest.raises(SystemExit) as caught:
-        run(capsys, "tiny-bert", "--texts", "data.txt", "--lengths", "lengths.txt")
+        explain_cli_run("tiny-bert", "--texts", "data.txt", "--lengths", "lengths.txt")
     assert caught.value.code == 2
     assert "argument --lengths: not allowed with argument --texts" in capsys.readouterr().err
