@@ -118,8 +118,7 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
                  'text-anchor="middle">max batch size (log scale)</text>')
     # Lines, then markers on top.
     for i, s in enumerate(series):
-        colour, shape = COLOURS[i % len(COLOURS)], MARKERS[i % len(MARKERS)]
-        dash = "5 4" if s.dashed else DASHES[i % len(DASHES)]
+        colour, shape, dash = _style(i, s)
         for run in _segments(s.points):
             coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
             dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
@@ -132,8 +131,7 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
             parts.append(_marker(shape, px(x), py(y), colour, text, hollow=s.dashed or y == 0))
     # Legend, wrapped in rows under the axis title.
     for i, s in enumerate(series):
-        colour, shape = COLOURS[i % len(COLOURS)], MARKERS[i % len(MARKERS)]
-        dash = "5 4" if s.dashed else DASHES[i % len(DASHES)]
+        colour, shape, dash = _style(i, s)
         lx = LEFT + (i % per_row) * legend_column
         ly = PLOT_HEIGHT + (i // per_row + 1) * LEGEND_ROW - 2
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
@@ -143,6 +141,12 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
         parts.append(f'<text class="legend" x="{lx + 28:.1f}" y="{ly}">{escape(s.label[:80])}</text>')
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _style(i: int, s: Series) -> tuple[str, str, str]:
+    """Colour, marker shape and dash pattern of the i-th series (its line and its legend entry)."""
+    dash = "5 4" if s.dashed else DASHES[i % len(DASHES)]
+    return COLOURS[i % len(COLOURS)], MARKERS[i % len(MARKERS)], dash
 
 
 def _segments(points: list[tuple[int, int | None]]) -> list[list[tuple[int, int]]]:

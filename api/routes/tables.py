@@ -93,7 +93,8 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
     )
 
 
-def _read(jobs: JobsDep, table_id: str) -> tuple[Run, list[dict[str, Any]]]:
+def read_run(jobs: JobsDep, table_id: str) -> tuple[Run, list[dict[str, Any]]]:
+    """A run and its finished cells; 404 naming the id when there is no such run."""
     run = jobs.store.get_run(table_id)
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no table run with id '{table_id}'")
@@ -153,7 +154,7 @@ def list_tables(
 @router.get("/{table_id}", response_model=TablePublic, responses={404: {"description": "no such run"}})
 def read_table(table_id: str, request: Request, jobs: JobsDep) -> TablePublic:
     """A table run: its status, progress and the cells finished so far."""
-    run, cells = _read(jobs, table_id)
+    run, cells = read_run(jobs, table_id)
     return _public(run, cells, request)
 
 

@@ -35,8 +35,7 @@ def _context(request: Request, jobs: Any, model: str | None, gpu: str | None, st
     views = [summary(r) for r in runs]
     return {
         "page": "home", "runs": views, "count": count, "offset": offset, "filters": filters,
-        "filtered": bool(query), "statuses": STATUSES,
-        "known_models": jobs.store.distinct("model"), "known_gpus": jobs.store.distinct("gpu"),
+        "filtered": bool(query),
         "any_active": any(r["active"] for r in views),
         "live_url": path_for(request, "home_live") + (f"?{urlencode({**query, 'offset': offset})}"),
         "interval_ms": LIVE_INTERVAL_MS,
@@ -53,6 +52,9 @@ def home(request: Request, jobs: JobsDep, model: Filter = None, gpu: Filter = No
          offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
     """Every run, newest first, with its progress."""
     context = _context(request, jobs, model, gpu, status, offset)
+    # The filters' choices: on the page only, not in the list it refreshes.
+    context.update(statuses=STATUSES, known_models=jobs.store.distinct("model"),
+                   known_gpus=jobs.store.distinct("gpu"))
     return templates.TemplateResponse(request, "home.html", context)
 
 

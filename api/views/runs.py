@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
 from api.deps import JobsDep
+from api.routes.tables import read_run
 from api.views.common import band, summary, templates
 from autotune.errors import AutotuneError
 from autotune.store import Run
@@ -99,7 +100,7 @@ def chart_of(run: Run, rows: list[tuple[int, list[CellView]]]) -> Any:
                       chart_id=f"chart-{run.id}")
 
 
-def _context(request: Request, run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
+def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
     rows = grid(run, cells)
     return {
         "run": summary(run), "spec": run.spec, "header": run.header or {}, "rows": rows,
@@ -109,25 +110,18 @@ def _context(request: Request, run: Run, cells: list[dict[str, Any]]) -> dict[st
     }
 
 
-def _load(jobs: Any, run_id: str) -> tuple[Run, list[dict[str, Any]]]:
-    run = jobs.store.get_run(run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no table run with id '{run_id}'")
-    return run, jobs.store.cells(run_id)
-
-
 @router.get("/runs/{run_id}", response_class=HTMLResponse, name="run_page")
 def run_page(run_id: str, request: Request, jobs: JobsDep) -> HTMLResponse:
     """A run: table, chart, and per cell its memory and probes; updates itself while it runs."""
-    run, cells = _load(jobs, run_id)
-    return templates.TemplateResponse(request, "run.html", _context(request, run, cells))
+    run, cells = read_run(jobs, run_id)
+    return templates.TemplateResponse(request, "run.html", _context(run, cells))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse, name="run_live")
 def run_live(run_id: str, request: Request, jobs: JobsDep) -> HTMLResponse:
     """The changing part of the run page, for its script to swap in."""
-    run, cells = _load(jobs, run_id)
-    return templates.TemplateResponse(request, "_run_live.html", _context(request, run, cells))
+    run, cells = read_run(jobs, run_id)
+    return templates.TemplateResponse(request, "_run_live.html", _context(run, cells))
 
 
 @router.get("/runs/{run_id}/explain", response_class=HTMLResponse, name="run_explain")
@@ -141,9 +135,7 @@ async def run_explain(
     from api.spec import TableSpec
     from autotune.modes import parse_mode
 
-    run = jobs.store.get_run(run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no table run with id '{run_id}'")
+    run, cells = read_run(jobs, run_id)
     if seq_len not in run.spec["seq_lens"] or mode not in run.spec["modes"]:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,
@@ -153,7 +145,7 @@ async def run_explain(
     spec = TableSpec.from_json(run.spec)
     # A measured cell is explained at its measured max batch; an estimated one at the estimator's,
     # which is the table's.
-    cell = next((c for c in jobs.store.cells(run_id) if (c["seq_len"], c["mode"]) == (seq_len, mode)), None)
+    cell = next((c for c in cells if (c["seq_len"], c["mode"]) == (seq_len, mode)), None)
     at = cell["max_batch_size"] if cell and run.backend == "cuda" and cell["max_batch_size"] else None
     context: dict[str, Any] = {"run": summary(run), "seq_len": seq_len, "mode": mode, "levers": levers}
     try:
