@@ -1,15 +1,19 @@
-"""autotune's HTTP service (``autotune serve``).
+"""autotune's HTTP service and dashboard (``autotune serve``): runs of tables, stored and shown.
 
     main.py        builds the FastAPI app (create_app)
-    settings.py    the AUTOTUNE_* configuration
-    deps.py        route dependencies: settings, the job queue, the token check
-    schemas.py     request and response bodies
-    routes/        one module per resource: health, tables
-    spec.py        a request normalised, and the key of identical runs
-    jobs.py        the queue: store + runner
-    runner.py      the Runner interface and LocalRunner (lanes of worker processes)
-    worker.py      the process that fills one table (python -m api.worker)
+    settings.py    the service's AUTOTUNE_* configuration (extends autotune.settings)
+    errors.py      the one mapping of autotune's errors to HTTP responses
+    deps.py        route dependencies: settings, the run queue, the token check
     limits.py      the request body size limit
+    schemas.py     request and response bodies
+    store.py       SQLite: runs, cells, migrations, one writer
+    runs/          the run machinery: a request normalised (spec.py), the queue (queue.py),
+                   runners (runner.py: lanes of run workers), the run worker process (worker.py)
+    routes/        the JSON API, one module per resource: health, tables, check, explain
+    views/         the dashboard, one module per page, with templates/ and static/
+    chart.py       the SVG chart of the dashboard
 
-The store of runs and cells is autotune/store.py.
+A *table* is what a request asks for; a *run* is one execution of it (queued, running, done,
+failed, cancelled), carried out by a run worker (one process per run); the cuda backend below it
+starts a probe worker per cell.
 """

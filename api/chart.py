@@ -123,12 +123,12 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
             coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
             dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
             parts.append(f'<polyline class="line" points="{coords}" stroke="{colour}"{dash_attr}/>')
-        for x, y in s.points:
-            if y is None:
+        for x, batch in s.points:
+            if batch is None:
                 continue
-            shown = f"{y}+" if x in s.capped else str(y)
+            shown = f"{batch}+" if x in s.capped else str(batch)
             text = f"{s.label}, seq {x}: max batch {shown}"
-            parts.append(_marker(shape, px(x), py(y), colour, text, hollow=s.dashed or y == 0))
+            parts.append(_marker(shape, px(x), py(batch), colour, text, hollow=s.dashed or batch == 0))
     # Legend, wrapped in rows under the axis title.
     for i, s in enumerate(series):
         colour, shape, dash = _style(i, s)

@@ -1,4 +1,4 @@
-"""Dependencies of the routes: the settings, the job queue, and the token check of writes."""
+"""Dependencies of the routes: the settings, the run queue, and the token check of writes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
 
-from api.jobs import Jobs
+from api.runs.queue import RunQueue
 from api.settings import Settings
 
 
@@ -15,12 +15,12 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_jobs(request: Request) -> Jobs:
-    return request.app.state.jobs
+def get_queue(request: Request) -> RunQueue:
+    return request.app.state.queue
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-JobsDep = Annotated[Jobs, Depends(get_jobs)]
+QueueDep = Annotated[RunQueue, Depends(get_queue)]
 
 
 def require_token(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:

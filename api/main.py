@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings)`` builds it, ``autotune serve`` runs it with uvicorn.
 
 On startup the app opens the store (and claims it: one server per database), starts the
-runner, and resumes the queue (jobs.Jobs.start); on shutdown it stops the runner's workers,
+runner, and resumes the queue (runs.queue.RunQueue.start); on shutdown it stops the runner's workers,
 leaving their runs to the next start.
 """
 
@@ -10,20 +10,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 import autotune
-from api.jobs import Jobs
+from api import errors
 from api.limits import BodySizeLimit
 from api.routes import api_router
-from api.routes.tables import FieldError
-from api.runner import LocalRunner, Runner
+from api.runs.queue import RunQueue
+from api.runs.runner import LocalRunner, Runner
 from api.settings import Settings
+from api.store import Store
 from api.views import pages_router
 from api.views.common import PACKAGE, templates
-from autotune.store import Store
 
 DESCRIPTION = (
     "The largest training batch that fits in GPU memory, per sequence length, for a transformers "
@@ -47,9 +46,9 @@ def create_app(
             app_store = Store(settings.db)
             app_store.claim()
         app_runner = runner if runner is not None else LocalRunner(estimate_workers=settings.estimate_workers)
-        jobs = Jobs(app_store, app_runner)
-        jobs.start()
-        app.state.jobs = jobs
+        queue = RunQueue(app_store, app_runner)
+        queue.start()
+        app.state.queue = queue
         try:
             yield
         finally:
@@ -59,15 +58,7 @@ def create_app(
     app = FastAPI(title="autotune", version=autotune.__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        # Errors are JSON everywhere, a bug included; uvicorn logs the traceback.
-        return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)
-
-    @app.exception_handler(FieldError)
-    async def field_error(request: Request, exc: FieldError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail, "field": exc.field}, status_code=exc.status_code)
-
+    errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from autotune.defaults import DEFAULT_MAX_BATCH
+
 Status = Literal["queued", "running", "done", "failed", "cancelled"]
 
 
@@ -27,7 +29,7 @@ class TableCreate(BaseModel):
     gpu: str | None = Field(None, description="a GPU preset, e.g. 'T4', 'A100-80GB'")
     backend: str | None = Field(None, description="auto (default), cuda or estimate")
     margin: float | None = Field(None, description="fraction of the allocator's memory kept free (0.05)")
-    max_batch: StrictInt | None = Field(None, description="the largest batch probed (4096)")
+    max_batch: StrictInt | None = Field(None, description=f"the largest batch probed ({DEFAULT_MAX_BATCH})")
     attn: str | None = Field(None, description="sdpa or eager (default: what transformers picks on CUDA)")
     optimizer: str | None = Field(None, description="adamw (default) or sgd")
     search: str | None = Field(None, description="guided (default) or bisect")

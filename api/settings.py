@@ -1,20 +1,25 @@
-"""The service's configuration: one frozen object read from ``AUTOTUNE_*`` environment variables.
+"""The service's configuration: the library's `autotune.settings.Settings` and the service's fields.
 
-pydantic-settings would do the same; a small dataclass avoids a dependency for ten fields.
+``ServiceSettings.from_env()`` reads every ``AUTOTUNE_*`` variable, the library's included (a bad
+AUTOTUNE_CONTEXT_OVERHEAD stops the service at start, not at its first run), and raises InvalidInput
+naming a malformed one; ``ServiceSettings(db=..., ...)`` is exactly the values given plus the
+defaults, whatever the environment holds. ``Settings`` is the same class, the name call sites use.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated, Any
 
-from autotune.backends import BACKENDS
-from autotune.errors import InvalidInput
+from pydantic import BeforeValidator, Field
+from pydantic_settings import NoDecode
 
-ENV_PREFIX = "AUTOTUNE_"
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+from autotune.defaults import BACKENDS, DEFAULT_BACKEND, DEFAULT_MAX_BATCH
+from autotune.settings import PositiveInt, Switch
+from autotune.settings import Settings as LibrarySettings
+
+DEFAULT_DB = Path("autotune.db")
 
 
 def _cpu_count() -> int:
@@ -25,62 +30,48 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class Settings:
-    db: Path = Path("autotune.db")  # AUTOTUNE_DB: the SQLite file of the queue and results
-    api_token: str | None = None  # AUTOTUNE_API_TOKEN: Bearer token for writes; None = open
+def _db(value: Any) -> Any:
+    if isinstance(value, str):
+        return Path(value.strip()) if value.strip() else DEFAULT_DB
+    return value
+
+
+def _dirs(value: Any) -> Any:
+    """os.pathsep-separated directories (``/a:/b``), ``~`` expanded; blank entries skipped."""
+    if isinstance(value, str):
+        return tuple(Path(p).expanduser() for p in value.strip().split(os.pathsep) if p.strip())
+    return value
+
+
+def _backend(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip()
+        if value not in BACKENDS:
+            raise ValueError(f"use one of {', '.join(BACKENDS)}")
+    return value
+
+
+DbPath = Annotated[Path, BeforeValidator(_db)]  # "" = DEFAULT_DB
+Dirs = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_dirs)]  # not JSON: /a:/b
+Backend = Annotated[str, BeforeValidator(_backend)]  # one of BACKENDS
+
+
+class ServiceSettings(LibrarySettings):
+    """The library's settings (context_overhead, offline, server, api_token) and the service's."""
+
+    # api_token (AUTOTUNE_API_TOKEN) is the library's: writes need it as a Bearer token when set.
+    db: DbPath = DEFAULT_DB  # AUTOTUNE_DB: the SQLite file of the queue and results
     # AUTOTUNE_MODEL_DIRS (os.pathsep-separated): where local model configs may be read from;
     # empty = none, only presets and hub ids.
-    model_dirs: tuple[Path, ...] = ()
-    allow_hub: bool = True  # AUTOTUNE_ALLOW_HUB: resolve Hugging Face hub ids (configs only)
-    backend: str = "auto"  # AUTOTUNE_BACKEND: for requests that name none (auto|cuda|estimate)
-    estimate_workers: int = field(default_factory=_cpu_count)  # AUTOTUNE_ESTIMATE_WORKERS: parallel runs
-    max_cells: int = 64  # AUTOTUNE_MAX_CELLS: seq_lens x modes per request
-    max_batch: int = 4096  # AUTOTUNE_MAX_BATCH: the largest max_batch a request may ask for
-    max_seq_len: int = 8192  # AUTOTUNE_MAX_SEQ_LEN: tokens, whatever the model allows
-    max_body_bytes: int = 16 * 1024  # AUTOTUNE_MAX_BODY_BYTES: of a request body
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Settings from ``AUTOTUNE_<FIELD>`` variables; InvalidInput naming a malformed one."""
-        env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            name = ENV_PREFIX + f.name.upper()
-            text = env.get(name)
-            if text is None:
-                continue
-            text = text.strip()
-            if f.name == "db":
-                values["db"] = Path(text) if text else Path("autotune.db")
-            elif f.name == "api_token":
-                values["api_token"] = text or None
-            elif f.name == "model_dirs":
-                dirs = [p for p in text.split(os.pathsep) if p.strip()]
-                values["model_dirs"] = tuple(Path(p).expanduser() for p in dirs)
-            elif f.name == "allow_hub":
-                values["allow_hub"] = _boolean(name, text)
-            elif f.name == "backend":
-                if text not in BACKENDS:
-                    raise InvalidInput(f"{name}={text!r}: use one of {', '.join(BACKENDS)}")
-                values["backend"] = text
-            else:
-                values[f.name] = _positive(name, text)
-        return cls(**values)  # type: ignore[arg-type]
+    model_dirs: Dirs = ()
+    allow_hub: Switch = True  # AUTOTUNE_ALLOW_HUB: resolve Hugging Face hub ids (configs only)
+    backend: Backend = DEFAULT_BACKEND  # AUTOTUNE_BACKEND: for requests that name none (auto|cuda|estimate)
+    # AUTOTUNE_ESTIMATE_WORKERS: estimate runs at once; default: the CPUs this process may use
+    estimate_workers: PositiveInt = Field(default_factory=_cpu_count)
+    max_cells: PositiveInt = 64  # AUTOTUNE_MAX_CELLS: seq_lens x modes per request
+    max_batch: PositiveInt = DEFAULT_MAX_BATCH  # AUTOTUNE_MAX_BATCH: largest max_batch a request may ask
+    max_seq_len: PositiveInt = 8192  # AUTOTUNE_MAX_SEQ_LEN: tokens, whatever the model allows
+    max_body_bytes: PositiveInt = 16 * 1024  # AUTOTUNE_MAX_BODY_BYTES: of a request body
 
 
-def _boolean(name: str, text: str) -> bool:
-    lowered = text.lower()
-    if lowered in _TRUE | _FALSE:
-        return lowered in _TRUE
-    raise InvalidInput(f"{name}={text!r}: use 1 or 0 (true/false, yes/no, on/off)")
-
-
-def _positive(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidInput(f"{name}={text!r}: use a positive integer")
-    return value
+Settings = ServiceSettings

@@ -1,3 +1,38 @@
-"""autotune: the largest training batch that fits in GPU memory, per sequence length."""
+"""autotune: the largest training batch that fits in GPU memory, per sequence length.
+
+    >>> import autotune
+    >>> autotune.max_batch_size("bert-base-uncased", seq_len=512, gpu="T4", mode="amp")  # doctest: +SKIP
+    59
+
+``table``, ``check``, ``explain`` and ``max_batch_size`` take the names and values of the CLI
+(``autotune table|check|explain``); see ``autotune.public``. Errors are ``autotune.errors``'
+tree: bad input raises ``InvalidInput`` (a ``ValueError``) naming what is allowed.
+"""
+
+from autotune.errors import (
+    AutotuneError,
+    BackendUnavailable,
+    InvalidInput,
+    ProbeError,
+    SequenceTooLong,
+    UnknownGpu,
+    UnknownModel,
+)
+from autotune.public import check, explain, max_batch_size, table
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AutotuneError",
+    "BackendUnavailable",
+    "InvalidInput",
+    "ProbeError",
+    "SequenceTooLong",
+    "UnknownGpu",
+    "UnknownModel",
+    "__version__",
+    "check",
+    "explain",
+    "max_batch_size",
+    "table",
+]

@@ -1,17 +1,29 @@
-"""The exception tree of autotune.
+"""The exception tree of autotune: every exception class autotune defines is here.
 
     AutotuneError                 base of everything autotune raises on purpose
-    ├── InvalidInput              bad input from a user: CLI exit 2, HTTP 4xx
-    │   ├── UnknownModel          a model name that resolves nowhere (lists the presets)
-    │   ├── UnknownGpu            a --gpu name that is not a preset (lists the presets)
-    │   └── SequenceTooLong       seq_len beyond the model's max_position_embeddings
-    ├── BackendUnavailable        e.g. --backend cuda on a machine without CUDA
-    └── ProbeError                a probe failed for a reason other than out-of-memory
+    ├── InvalidInput              bad input from a user: CLI exit 2, HTTP 422
+    │   ├── UnknownModel          a model name that resolves nowhere (lists the presets): HTTP 404
+    │   ├── UnknownGpu            a GPU name that is not a preset (lists the presets)
+    │   ├── SequenceTooLong       seq_len beyond the model's max_position_embeddings
+    │   └── ModelPathRefused      a model path the service may not read: HTTP 403
+    ├── BackendUnavailable        e.g. backend cuda on a machine without CUDA: HTTP 503
+    ├── ProbeError                a probe failed for a reason other than out-of-memory
+    │   ├── SearchError           a search stopped at a probe that failed (carries its probes)
+    │   ├── WorkerFailed          a cuda probe worker died, hung, or broke the protocol
+    │   └── ProtocolError         a line that is not a message of the probe worker protocol
+    ├── OutOfMemory               the allocator simulator refused an allocation (the estimator
+    │                             catches it: a probe's "oom", never an error a user sees)
+    └── StoreError                the service's database cannot be opened or is not autotune's
 
-Errors become exit codes or HTTP responses only at the edges (cli.py, api/).
+Errors become exit codes or HTTP responses only at the edges: ``autotune/cli`` (exit 2 with
+``Error: ...``) and ``api/errors.py`` (one exception handler for the whole app). Messages name
+request fields (``seq_len``, ``gpu_memory``), not CLI flags: they reach HTTP users too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 
 class AutotuneError(Exception):
@@ -44,6 +56,10 @@ class SequenceTooLong(InvalidInput):
         self.limit = limit
 
 
+class ModelPathRefused(InvalidInput):
+    """A model name that is a path this server may not read (HTTP 403)."""
+
+
 class BackendUnavailable(AutotuneError):
     """The requested backend cannot run on this machine."""
 
@@ -53,3 +69,59 @@ class ProbeError(AutotuneError):
 
     Never read as "does not fit": the table reports it as an error.
     """
+
+
+class SearchError(ProbeError):
+    """A probe ended in an error, not in fits or out-of-memory.
+
+    ``probes`` holds every probe made, the failing one last; ``probe`` is the failing one.
+    """
+
+    # Probes are search.Probe; typed Any so that this module, the root of the tree, imports nothing.
+    def __init__(self, message: str, probes: Sequence[Any], probe: Any) -> None:
+        super().__init__(message)
+        self.probes = tuple(probes)
+        self.probe = probe
+
+
+class WorkerFailed(ProbeError):
+    """A probe worker process died, hung, or broke the protocol."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, stderr_tail: str = "") -> None:
+        # The last line of stderr is usually the exception or the crash; the rest is in details.
+        last = stderr_tail.strip().splitlines()[-1] if stderr_tail.strip() else ""
+        super().__init__(message + (f"; its stderr ends with: {last}" if last else ""))
+        self.exit_code = exit_code
+        self.stderr_tail = stderr_tail
+
+
+class ProtocolError(ProbeError):
+    """A line that is not a message of the probe worker protocol."""
+
+
+class OutOfMemory(AutotuneError):
+    """The simulated allocator cannot serve a request: torch.OutOfMemoryError.
+
+    The message is worded like the real one (the allocator simulator writes it).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested_bytes: int,
+        segment_bytes: int,
+        allocated_bytes: int,
+        reserved_bytes: int,
+        capacity_bytes: int,
+    ) -> None:
+        super().__init__(message)
+        self.requested_bytes = requested_bytes  # what the caller asked for
+        self.segment_bytes = segment_bytes  # the cudaMalloc that failed
+        self.allocated_bytes = allocated_bytes
+        self.reserved_bytes = reserved_bytes
+        self.capacity_bytes = capacity_bytes
+
+
+class StoreError(AutotuneError):
+    """The database cannot be opened or is not an autotune database."""

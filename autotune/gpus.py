@@ -16,7 +16,6 @@ No torch here: the API server imports this module and must start fast.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, replace
 
@@ -24,10 +23,6 @@ from autotune.errors import InvalidInput, UnknownGpu
 from autotune.units import KIB, MIB, format_bytes, gib_to_bytes, parse_bytes
 
 CONTEXT_OVERHEAD_ENV = "AUTOTUNE_CONTEXT_OVERHEAD"
-
-# The card users in our stories had when they had no local GPU: the 16 GB-class T4 of
-# Colab's and Kaggle's free tiers.
-DEFAULT_GPU_NAME = "T4"
 
 # --- cuBLAS workspaces --------------------------------------------------------------
 # PyTorch gives each (cuBLAS handle, stream) pair a workspace from its caching
@@ -216,14 +211,13 @@ def with_context_overhead(spec: GpuSpec, nbytes: int) -> GpuSpec:
 
 
 def context_overhead_override() -> int | None:
-    """The size in AUTOTUNE_CONTEXT_OVERHEAD, or None when it is unset or empty."""
-    text = os.environ.get(CONTEXT_OVERHEAD_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        return parse_bytes(text)
-    except InvalidInput as exc:
-        raise InvalidInput(f"{CONTEXT_OVERHEAD_ENV}: {exc}") from exc
+    """The size in AUTOTUNE_CONTEXT_OVERHEAD, or None when it is unset or empty.
+
+    Read through `autotune.settings.Settings`: InvalidInput names a malformed AUTOTUNE_* variable.
+    """
+    from autotune.settings import Settings  # pydantic-settings: imported when first needed
+
+    return Settings.from_env().context_overhead
 
 
 def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: int) -> GpuSpec:

@@ -40,18 +40,18 @@ Two methods:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from autotune.errors import InvalidInput, ProbeError
+from autotune.defaults import DEFAULT_MAX_BATCH
+from autotune.errors import InvalidInput, SearchError
 
 Outcome = Literal["fits", "oom", "error"]
 Method = Literal["guided", "bisect"]
 OUTCOMES: tuple[Outcome, ...] = ("fits", "oom", "error")
 METHODS: tuple[Method, ...] = ("guided", "bisect")
-DEFAULT_MAX_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,38 @@ FitsFn = Callable[[int], Probe]
 PredictFn = Callable[[int, "int | None"], "int | None"]
 # settle(b) -> the boundary at or below b that searches ending near b agree on (None: b).
 SettleFn = Callable[[int], "int | None"]
+
+
+class Cell(Protocol):
+    """One (workload, mode, seq_len) cell as a backend probes it (backends.Backend.cell).
+
+    ``fits`` makes one probe. The two hooks let a backend that can evaluate batches without a
+    probe (the estimator replays extrapolated traces in milliseconds) steer the search; both
+    answer None where the backend cannot tell, as a real GPU never can. See
+    ``search_max_batch`` for what each hook means.
+    """
+
+    def fits(self, batch_size: int) -> Probe: ...
+
+    def predict(self, lo: int, hi: int | None) -> int | None: ...
+
+    def settle(self, boundary: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ProbeOnlyCell:
+    """A Cell with nothing but probes: ``probe(batch) -> Probe``, no hooks."""
+
+    probe: FitsFn
+
+    def fits(self, batch_size: int) -> Probe:
+        return self.probe(batch_size)
+
+    def predict(self, lo: int, hi: int | None) -> int | None:
+        return None
+
+    def settle(self, boundary: int) -> int | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -109,18 +141,6 @@ class SearchResult:
     @property
     def num_probes(self) -> int:
         return len(self.probes)
-
-
-class SearchError(ProbeError):
-    """A probe ended in an error, not in fits or out-of-memory.
-
-    ``probes`` holds every probe made, the failing one last; ``probe`` is the failing one.
-    """
-
-    def __init__(self, message: str, probes: Sequence[Probe], probe: Probe) -> None:
-        super().__init__(message)
-        self.probes = tuple(probes)
-        self.probe = probe
 
 
 class _Bracket:

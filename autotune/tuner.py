@@ -15,27 +15,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from autotune.errors import InvalidInput, ProbeError
+from autotune.backends import Backend
+from autotune.defaults import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, DEFAULT_METHOD, DEFAULT_SEQ_LENS
+from autotune.errors import InvalidInput, ProbeError, SearchError
 from autotune.gpus import GpuSpec
-from autotune.models import check_seq_len
-from autotune.modes import Mode
-from autotune.search import DEFAULT_MAX_BATCH, MemoryModel, Probe, SearchError, search_max_batch
+from autotune.search import MemoryModel, Probe, SearchResult, search_max_batch
 from autotune.workload import Workload
-
-DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README's table
-DEFAULT_MARGIN = 0.05  # headroom for fragmentation the allocator model does not see
-
-
-class Backend(Protocol):
-    name: str
-
-    def describe(self) -> dict[str, Any]: ...
-
-    def attn_used(self, workload: Workload) -> str: ...
-
-    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Any: ...
+from autotune.workload.models import check_seq_len
+from autotune.workload.modes import Mode
 
 
 def budget_bytes(gpu: GpuSpec, margin: float) -> int:
@@ -141,7 +130,7 @@ def tune_table(
     seq_lens: Sequence[int] = DEFAULT_SEQ_LENS,
     modes: Sequence[Mode],
     margin: float = DEFAULT_MARGIN,
-    method: str = "guided",
+    method: str = DEFAULT_METHOD,
     max_batch: int = DEFAULT_MAX_BATCH,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
     completed: Mapping[tuple[str, int], CellResult] | None = None,
@@ -195,6 +184,23 @@ def tune_table(
     return table
 
 
+def search_cell(
+    backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int, *,
+    max_batch: int = DEFAULT_MAX_BATCH, method: str = DEFAULT_METHOD, upper_bound: int | None = None,
+    guess: int | None = None,
+) -> SearchResult:
+    """The search of one cell on ``backend``, with the cell's hooks (search.Cell): what a table
+    cell, a check, an explanation and each lever search the same way.
+
+    ``max_batch`` is the search's cap; the answer is the result's ``max_batch_size``.
+    """
+    with backend.cell(workload, mode, seq_len, budget_bytes) as cell:
+        return search_max_batch(
+            cell.fits, budget_bytes=budget_bytes, max_batch=max_batch, method=method,  # type: ignore[arg-type]
+            upper_bound=upper_bound, guess=guess, predict=cell.predict, settle=cell.settle,
+        )
+
+
 def memory_model(probe_log: Sequence[Mapping[str, Any]]) -> MemoryModel | None:
     """A memory line through the two largest fitting probes of a finished cell's probe log."""
     points = sorted((p["batch_size"], p["peak_bytes"]) for p in probe_log
@@ -214,12 +220,8 @@ def _tune_cell(
 ) -> tuple[CellResult, MemoryModel | None]:
     """One cell's search; also the memory model it fitted, for the next cell's guess."""
     try:
-        with backend.cell(workload, mode, seq_len, budget) as fits:
-            result = search_max_batch(
-                fits, budget_bytes=budget, max_batch=max_batch, method=method,  # type: ignore[arg-type]
-                upper_bound=upper, guess=guess if method == "guided" else None,
-                predict=getattr(fits, "predict", None), settle=getattr(fits, "settle", None),
-            )
+        result = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch, method=method,
+                             upper_bound=upper, guess=guess if method == "guided" else None)
     except SearchError as exc:
         return CellResult(seq_len, mode.name, None, None, None, len(exc.probes), False,
                           backend.name, error=str(exc),

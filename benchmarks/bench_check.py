@@ -13,7 +13,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api.runner import LocalRunner
+from api.runs.runner import LocalRunner
 from api.settings import Settings
 from tests.test_api_check import QUERY, _store_measured_table
 

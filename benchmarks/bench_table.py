@@ -14,10 +14,11 @@ import time
 import warnings
 
 from autotune.backends import make_backend
-from autotune.models import resolve_model
-from autotune.modes import DEFAULT_MODES
-from autotune.tuner import DEFAULT_SEQ_LENS, TableResult, tune_table
+from autotune.defaults import DEFAULT_SEQ_LENS
+from autotune.tuner import TableResult, tune_table
 from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import DEFAULT_MODES
 
 
 def run(model: str, gpu: str | None, gpu_memory: str | None, method: str) -> TableResult:

@@ -14,12 +14,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def idle_client(tmp_path):
-    """The real app on a temporary database, with a runner that has no lanes: no job ever starts,
+    """The real app on a temporary database, with a runner that has no lanes: no order ever starts,
     so tests of the request path (check, explain, errors) stay fast and isolated."""
     from fastapi.testclient import TestClient
 
     from api.main import create_app
-    from api.runner import LocalRunner
+    from api.runs.runner import LocalRunner
     from api.settings import Settings
 
     app = create_app(Settings(db=tmp_path / "idle.db"), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
@@ -32,7 +32,7 @@ def explain_cli_run(capsys):
     """``autotune explain ARGV...`` in process: (exit code, stdout, stderr)."""
     import argparse
 
-    from autotune import explain_cli
+    from autotune.cli import explain as explain_cli
 
     def run(*argv: str) -> tuple[int, str, str]:
         parser = argparse.ArgumentParser(prog="autotune")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from autotune.step import NoScaler
 from autotune.units import GIB, MIB
+from autotune.workload.step import NoScaler
 
 
 class CpuMemory:

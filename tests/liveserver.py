@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 class Server:
-    """``python -m autotune.serve`` on a free loopback port (what ``autotune serve`` runs)."""
+    """``python -m autotune.cli.serve`` on a free loopback port (what ``autotune serve`` runs)."""
 
     def __init__(self, db: Path, log: Path, **env: str) -> None:
         self.port = free_port()
@@ -34,7 +34,7 @@ class Server:
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         environ = os.environ | {"PYTHONPATH": path, "AUTOTUNE_ESTIMATE_WORKERS": "2"} | env
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.serve", "--port", str(self.port), "--db", str(db),
+            [sys.executable, "-m", "autotune.cli.serve", "--port", str(self.port), "--db", str(db),
              "--log-level", "warning"],
             cwd=ROOT, env=environ, stdout=self.log, stderr=subprocess.STDOUT,
         )

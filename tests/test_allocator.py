@@ -13,14 +13,8 @@ import random
 
 import pytest
 
-from autotune.allocator import (
-    NULL_HANDLE,
-    CachingAllocatorSim,
-    OutOfMemory,
-    round_size,
-    segment_size,
-)
-from autotune.errors import AutotuneError
+from autotune.backends.estimate.allocator import NULL_HANDLE, CachingAllocatorSim, round_size, segment_size
+from autotune.errors import AutotuneError, OutOfMemory
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -1,6 +1,6 @@
 """The API with its real runner: POST -> poll -> table, dedupe, cancel, worker crashes.
 
-Every run here goes through real worker processes (python -m api.worker) on the estimator with
+Every run here goes through real worker processes (python -m api.runs.worker) on the estimator with
 tiny-bert, so a run takes a few seconds, most of it the worker importing torch.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api.runner import LocalRunner
+from api.runs.runner import LocalRunner
 from api.settings import Settings
 
 TINY = {"model": "tiny-bert", "seq_lens": [32, 64], "modes": ["fp32"], "gpu_memory": "1GiB",
@@ -136,7 +136,7 @@ def test_cancel_stops_a_running_run_and_keeps_its_finished_cells(make_client):
     assert response.status_code == 200
     cancelled = response.json()
     assert cancelled["status"] == "cancelled" and 1 <= cancelled["progress"]["done"] < 24
-    runner = client.app.state.jobs.runner
+    runner = client.app.state.queue.runner
     deadline = time.monotonic() + TIMEOUT_S
     while runner.running():  # the worker stops between cells
         assert time.monotonic() < deadline
@@ -148,8 +148,8 @@ def test_cancel_stops_a_running_run_and_keeps_its_finished_cells(make_client):
 
 CRASHING_WORKER = textwrap.dedent("""
     import json, os, signal, sys
-    job = json.loads(sys.stdin.readline())
-    cell = {"seq_len": job["spec"]["seq_lens"][0], "mode": "fp32", "max_batch_size": 8,
+    order = json.loads(sys.stdin.readline())
+    cell = {"seq_len": order["spec"]["seq_lens"][0], "mode": "fp32", "max_batch_size": 8,
             "peak_memory_bytes": 100, "peak_allocated_bytes": 90, "probes": 1, "capped": False,
             "backend": "estimate", "step_time_s": None, "error": None,
             "probe_log": [{"batch_size": 8, "outcome": "fits", "peak_bytes": 100}]}
@@ -179,7 +179,7 @@ def test_a_worker_that_segfaults_fails_its_run_and_the_service_keeps_serving(mak
 def test_killing_a_real_worker_fails_its_run_with_the_signal(make_client):
     client = make_client()
     accepted = client.post("/v1/tables", json=TINY).json()
-    store = client.app.state.jobs.store
+    store = client.app.state.queue.store
     deadline = time.monotonic() + TIMEOUT_S
     while (pid := store.get_run(accepted["id"]).worker_pid) is None:
         assert time.monotonic() < deadline

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from api.spec import normalize
+from api.runs.spec import normalize
 from autotune.cli import main
 from tests.test_api_server import Server
 
@@ -21,24 +21,24 @@ def client(idle_client):
 
 def _store_measured_table(client, max_batch: int) -> str:
     """A finished cuda-backend run covering tiny-bert seq 64 fp32 on 1 GiB, as a GPU host stores it."""
-    jobs = client.app.state.jobs
+    queue = client.app.state.queue
     body = {"model": "tiny-bert", "seq_lens": [64], "modes": ["fp32", "amp+ckpt"], "gpu_memory": "1GiB",
             "backend": "estimate"}
-    spec = normalize(body, client.app.state.settings, jobs.runner.environment)
+    spec = normalize(body, client.app.state.settings, queue.runner.environment)
     spec = type(spec).from_json({**spec.to_json(), "backend": "cuda",
                                  "environment": {**spec.environment, "backend": "cuda"}})
-    run, _ = jobs.store.create_run(key=spec.key(), spec=spec.to_json(), model=spec.model,
+    run, _ = queue.store.create_run(key=spec.key(), spec=spec.to_json(), model=spec.model,
                                    gpu=spec.gpu["name"], backend="cuda", total=2)
-    jobs.store.mark_running(run.id, lane="cuda:0", worker_pid=None)
+    queue.store.mark_running(run.id, lane="cuda:0", worker_pid=None)
     probes = [{"batch_size": b, "outcome": "fits" if b <= max_batch else "oom",
                "peak_bytes": 1000 * b, "peak_reserved_bytes": 1000 * b}
               for b in (4, max_batch, max_batch + 1)]
     for position, (mode, best) in enumerate((("fp32", max_batch), ("amp+ckpt", 3 * max_batch))):
-        jobs.store.add_cell(run.id, position, {
+        queue.store.add_cell(run.id, position, {
             "seq_len": 64, "mode": mode, "max_batch_size": best, "peak_memory_bytes": 1000 * best,
             "peak_allocated_bytes": 900 * best, "probes": 3, "capped": False, "backend": "cuda",
             "step_time_s": 0.01, "error": None, "probe_log": probes})
-    jobs.store.finish_run(run.id, "done")
+    queue.store.finish_run(run.id, "done")
     return run.id
 
 

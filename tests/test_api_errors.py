@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
-from api.runner import LocalRunner
+from api.runs.runner import LocalRunner
 from api.settings import Settings
-from autotune.models import PRESETS
+from autotune.workload.models import PRESETS
 
 TINY = {"model": "tiny-bert", "seq_lens": [32, 64], "modes": ["fp32"], "gpu_memory": "1GiB",
         "max_batch": 64, "backend": "estimate"}

@@ -1,4 +1,4 @@
-"""LocalRunner's lanes with fake workers: one job per GPU at a time, estimate jobs in parallel,
+"""LocalRunner's lanes with fake workers: one order per GPU at a time, estimate orders in parallel,
 cancel and close. No torch in the workers, so these take a fraction of a second each."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from api.runner import Job, Lane, LocalRunner
+from api.runs.runner import Lane, LocalRunner, RunOrder
 
 FAKE_WORKER = textwrap.dedent("""
     import json, os, pathlib, sys, time
-    job = json.loads(sys.stdin.readline())
-    spec, run_id = job["spec"], job["run_id"]
+    order = json.loads(sys.stdin.readline())
+    spec, run_id = order["spec"], order["run_id"]
     out = pathlib.Path(spec["dir"])
     (out / f"start-{run_id}").write_text(json.dumps(
         {"t": time.time(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}))
@@ -33,7 +33,7 @@ FAKE_WORKER = textwrap.dedent("""
 
 
 class Events:
-    """Records JobEvents; ``wait`` for a run to finish."""
+    """Records RunEvents; ``wait`` for a run to finish."""
 
     def __init__(self, refuse=()):
         self.refuse = set(refuse)
@@ -79,9 +79,9 @@ def make_runner(tmp_path):
         runner.close()
 
 
-def job(run_id, tmp_path, backend="estimate", **spec):
+def order(run_id, tmp_path, backend="estimate", **spec):
     spec = {"backend": backend, "seq_lens": [32], "modes": ["fp32"], "dir": str(tmp_path), **spec}
-    return Job(run_id, spec)
+    return RunOrder(run_id, spec)
 
 
 def read(tmp_path, name):
@@ -93,7 +93,7 @@ def test_a_gpu_runs_one_job_at_a_time_and_its_workers_see_only_it(make_runner, t
     runner = make_runner(estimate_workers=0, gpu_lanes=[lane])
     events = Events()
     for run_id in ("a", "b"):
-        runner.submit(job(run_id, tmp_path, "cuda", sleep_s=0.3), events)
+        runner.submit(order(run_id, tmp_path, "cuda", sleep_s=0.3), events)
     assert events.wait("a", "b") == [("done", None), ("done", None)]
     assert read(tmp_path, "end-a")["t"] <= read(tmp_path, "start-b")["t"]  # b waited for a
     assert read(tmp_path, "start-a")["gpu"] == "3"
@@ -105,8 +105,8 @@ def test_estimate_jobs_run_in_parallel_with_no_gpu_visible(make_runner, tmp_path
     runner = make_runner(estimate_workers=2, gpu_lanes=[])
     events = Events()
     # Each waits until the other has started: they finish only if they run at once.
-    runner.submit(job("a", tmp_path, peers=["b"]), events)
-    runner.submit(job("b", tmp_path, peers=["a"]), events)
+    runner.submit(order("a", tmp_path, peers=["b"]), events)
+    runner.submit(order("b", tmp_path, peers=["a"]), events)
     assert events.wait("a", "b") == [("done", None), ("done", None)]
     assert read(tmp_path, "start-a")["gpu"] == ""
 
@@ -114,10 +114,10 @@ def test_estimate_jobs_run_in_parallel_with_no_gpu_visible(make_runner, tmp_path
 def test_a_queued_job_that_is_cancelled_never_starts(make_runner, tmp_path):
     runner = make_runner(estimate_workers=1, gpu_lanes=[])
     events = Events()
-    runner.submit(job("first", tmp_path, sleep_s=0.5), events)
-    runner.submit(job("second", tmp_path), events)
+    runner.submit(order("first", tmp_path, sleep_s=0.5), events)
+    runner.submit(order("second", tmp_path), events)
     runner.cancel("second")
-    runner.submit(job("third", tmp_path), events)
+    runner.submit(order("third", tmp_path), events)
     events.wait("first", "third")
     assert [r for r, _ in events.started_runs] == ["first", "third"]
 
@@ -125,13 +125,13 @@ def test_a_queued_job_that_is_cancelled_never_starts(make_runner, tmp_path):
 def test_a_cancelled_worker_that_does_not_stop_is_killed_after_the_grace(make_runner, tmp_path):
     runner = make_runner(estimate_workers=1, gpu_lanes=[], stop_grace_s=0.2)
     events = Events()
-    runner.submit(job("stuck", tmp_path, sleep_s=60), events)  # the fake ignores "stop"
+    runner.submit(order("stuck", tmp_path, sleep_s=60), events)  # the fake ignores "stop"
     deadline = time.monotonic() + 30
     while not (tmp_path / "start-stuck").exists():
         assert time.monotonic() < deadline
         time.sleep(0.01)
     runner.cancel("stuck")
-    runner.submit(job("next", tmp_path), events)
+    runner.submit(order("next", tmp_path), events)
     assert events.wait("next") == [("done", None)]  # the lane is free again
     assert "stuck" not in events.finished_runs  # a cancelled run is not reported as failed
     assert not (tmp_path / "end-stuck").exists()
@@ -140,8 +140,8 @@ def test_a_cancelled_worker_that_does_not_stop_is_killed_after_the_grace(make_ru
 def test_a_job_cancelled_while_it_got_its_lane_is_not_run(make_runner, tmp_path):
     runner = make_runner(estimate_workers=1, gpu_lanes=[])
     events = Events(refuse={"gone"})  # the store said: cancelled meanwhile
-    runner.submit(job("gone", tmp_path), events)
-    runner.submit(job("next", tmp_path), events)
+    runner.submit(order("gone", tmp_path), events)
+    runner.submit(order("next", tmp_path), events)
     events.wait("next")
     assert not (tmp_path / "start-gone").exists() and "gone" not in events.finished_runs
 
@@ -149,7 +149,7 @@ def test_a_job_cancelled_while_it_got_its_lane_is_not_run(make_runner, tmp_path)
 def test_close_stops_running_workers_without_finishing_their_runs(make_runner, tmp_path):
     runner = make_runner(estimate_workers=1, gpu_lanes=[])
     events = Events()
-    runner.submit(job("long", tmp_path, sleep_s=60), events)
+    runner.submit(order("long", tmp_path, sleep_s=60), events)
     deadline = time.monotonic() + 30
     while not (tmp_path / "start-long").exists():
         assert time.monotonic() < deadline
@@ -158,7 +158,7 @@ def test_close_stops_running_workers_without_finishing_their_runs(make_runner, t
     runner.close()
     assert time.monotonic() - started < 10
     assert events.finished_runs == {}  # left running in the store: the next start resumes it
-    runner.submit(job("late", tmp_path), events)  # a closed runner takes nothing
+    runner.submit(order("late", tmp_path), events)  # a closed runner takes nothing
     assert runner.running() == {}
 
 

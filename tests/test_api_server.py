@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from liveserver import Server
 
-from autotune.serve import check_bind, is_loopback
-from autotune.serve import main as serve_main
-from autotune.store import Store
+from api.store import Store
+from autotune.cli.serve import check_bind, is_loopback
+from autotune.cli.serve import main as serve_main
 
 TINY = {"model": "tiny-bert", "seq_lens": [32, 64], "modes": ["fp32"], "gpu_memory": "1GiB",
         "max_batch": 64, "backend": "estimate"}

@@ -47,3 +47,66 @@ def test_malformed_variables_are_named(name, value, message):
     with pytest.raises(InvalidInput) as info:
         Settings.from_env({name: value})
     assert str(info.value) == message
+
+
+def test_the_service_settings_are_the_librarys_and_read_its_variables():
+    from autotune.settings import Settings as LibrarySettings
+
+    settings = Settings.from_env({"AUTOTUNE_CONTEXT_OVERHEAD": "600MiB", "AUTOTUNE_OFFLINE": "1",
+                                  "AUTOTUNE_SERVER": " http://gpu-box:8000 "})
+    assert isinstance(settings, LibrarySettings)
+    assert (settings.context_overhead, settings.offline, settings.server) == (
+        600 * 1024**2, True, "http://gpu-box:8000")
+
+
+def test_the_library_settings_ignore_the_services_variables():
+    from autotune.settings import Settings as LibrarySettings
+
+    settings = LibrarySettings.from_env({"AUTOTUNE_MAX_CELLS": "many", "AUTOTUNE_API_TOKEN": "tok"})
+    assert settings.api_token == "tok" and not hasattr(settings, "max_cells")
+
+
+def test_model_dirs_are_separated_by_pathsep_not_json():
+    text = os.pathsep.join(["~/models", "", " ", "/m2"])
+    settings = Settings.from_env({"AUTOTUNE_MODEL_DIRS": text})
+    assert settings.model_dirs == (Path("~/models").expanduser(), Path("/m2"))
+    assert Settings.from_env({"AUTOTUNE_MODEL_DIRS": ""}).model_dirs == ()
+
+
+def test_empty_variables_mean_their_defaults_or_off():
+    settings = Settings.from_env({"AUTOTUNE_DB": " ", "AUTOTUNE_ALLOW_HUB": "", "AUTOTUNE_SERVER": "",
+                                  "AUTOTUNE_CONTEXT_OVERHEAD": ""})
+    assert settings.db == Path("autotune.db") and not settings.allow_hub
+    assert settings.server is None and settings.context_overhead is None
+
+
+def test_from_env_reads_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_MAX_CELLS", "7")
+    assert Settings.from_env().max_cells == 7
+
+
+def test_the_constructor_reads_no_environment(monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_API_TOKEN", "from-env")
+    monkeypatch.setenv("AUTOTUNE_MAX_CELLS", "many")  # malformed: never read
+    settings = Settings(db=Path("x.db"), max_cells=5)
+    assert (settings.db, settings.max_cells, settings.api_token) == (Path("x.db"), 5, None)
+
+
+def test_settings_are_frozen_and_copied_with_changes():
+    settings = Settings(db=Path("a.db"), api_token="tok")
+    with pytest.raises(ValueError):  # pydantic's ValidationError
+        settings.db = Path("b.db")
+    moved = settings.model_copy(update={"db": Path("b.db")})
+    assert (moved.db, moved.api_token, settings.db) == (Path("b.db"), "tok", Path("a.db"))
+
+
+def test_a_misspelt_or_impossible_argument_is_refused():
+    with pytest.raises(ValueError):
+        Settings(max_cell=4)
+    with pytest.raises(ValueError):
+        Settings(max_cells=0)
+
+
+def test_a_bad_context_overhead_names_the_variable():
+    with pytest.raises(InvalidInput, match="^AUTOTUNE_CONTEXT_OVERHEAD: invalid memory size 'lots'"):
+        Settings.from_env({"AUTOTUNE_CONTEXT_OVERHEAD": "lots"})

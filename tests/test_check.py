@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from autotune.check import accumulation_plan, read_training_config
+from autotune.analysis.check import accumulation_plan
+from autotune.analysis.training_config import read_training_config
 from autotune.cli import main
 from autotune.errors import InvalidInput
 
@@ -85,9 +86,9 @@ def test_an_unreachable_server_exits_2(capsys):
 def test_from_config_reads_training_arguments(tmp_path, capsys):
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps(TRAINING_ARGS))
-    job = read_training_config(path)
-    assert (job.model, job.seq_len, job.batch_size, job.accumulation_steps) == ("tiny-bert", 64, 8, 4)
-    assert job.mode is not None and job.mode.name == "amp+ckpt"
+    order = read_training_config(path)
+    assert (order.model, order.seq_len, order.batch_size, order.accumulation_steps) == ("tiny-bert", 64, 8, 4)
+    assert order.mode is not None and order.mode.name == "amp+ckpt"
     code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--json")
     doc = json.loads(out)
     assert code == 0 and doc["mode"] == "amp+ckpt" and doc["batch_size"] == 8

@@ -21,32 +21,17 @@ import torch
 import transformers
 from cpumemory import CpuMemory
 
-from autotune.cuda import (
-    WORKER_COMMAND,
-    CudaBackend,
-    check_free_memory,
-    cuda_available,
-    local_gpu,
-    parse_driver_version,
-)
-from autotune.cuda_worker import (
-    PROTOCOL,
-    CellSpec,
-    ProtocolError,
-    Worker,
-    cell_spec,
-    decode,
-    encode,
-    is_out_of_memory,
-    rebuild_workload,
-)
-from autotune.errors import BackendUnavailable, InvalidInput
+from autotune.backends.cuda.backend import WORKER_COMMAND, CudaBackend
+from autotune.backends.cuda.device import check_free_memory, cuda_available, local_gpu, parse_driver_version
+from autotune.backends.cuda.probe_worker import Worker, is_out_of_memory
+from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode, rebuild_workload
+from autotune.errors import BackendUnavailable, InvalidInput, ProtocolError
 from autotune.gpus import GpuSpec
-from autotune.models import ModelSpec
-from autotune.modes import parse_mode
 from autotune.search import bisect_search
 from autotune.units import GIB, MIB
 from autotune.workload import Workload
+from autotune.workload.models import ModelSpec
+from autotune.workload.modes import parse_mode
 
 TESTS = Path(__file__).resolve().parent
 H100 = GpuSpec("H100-80GB", 80 * GIB, 640 * MIB, (9, 0))
@@ -298,7 +283,7 @@ def test_worker_refuses_a_probe_before_init() -> None:
 FAKE_WORKER = textwrap.dedent(
     """
     import json, os, signal, sys, time
-    from autotune.cuda_worker import decode, encode
+    from autotune.backends.cuda.protocol import decode, encode
     plan, counter = json.loads(sys.argv[1]), sys.argv[2]
     start = int(open(counter).read()) if os.path.exists(counter) else 0
     open(counter, "w").write(str(start + 1))
@@ -341,8 +326,8 @@ def fake_backend(tmp_path: Path, plan: dict[str, Any], timeout_s: float = 30) ->
 
 
 def run_cell(backend: CudaBackend, batches: list[int], budget_bytes: int = 14 * GIB) -> list[Any]:
-    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, budget_bytes) as fits:
-        return [fits(batch) for batch in batches]
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, budget_bytes) as cell:
+        return [cell.fits(batch) for batch in batches]
 
 
 def test_fits_probe_carries_peak_reserved_and_both_peaks_in_details(tmp_path: Path) -> None:
@@ -455,8 +440,8 @@ def test_worker_that_cannot_set_up_the_cell_gives_error_probes(tmp_path: Path) -
 
 def test_search_runs_over_the_worker_probes(tmp_path: Path) -> None:
     backend = fake_backend(tmp_path, {"fits_up_to": 5})
-    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, 14 * GIB) as fits:
-        result = bisect_search(fits, max_batch=64)
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 16, 14 * GIB) as cell:
+        result = bisect_search(cell.fits, max_batch=64)
     assert result.max_batch_size == 5
     assert [p.batch_size for p in result.probes] == [1, 2, 4, 8, 6, 5]
     assert backend.workers_started == 1
@@ -475,7 +460,8 @@ def test_worker_process_exits_when_stdin_closes() -> None:
 
 @pytest.mark.slow
 def test_real_worker_loop_runs_tiny_bert_probes_through_the_protocol() -> None:
-    script = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import cpumemory, autotune.cuda_worker as w; "
+    script = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
+              "import cpumemory, autotune.backends.cuda.probe_worker as w; ")
     script += "sys.exit(w.main(cpumemory.CpuMemory))"
     backend = CudaBackend(H100, timeout_s=120, worker_command=[sys.executable, "-c", script])
     first, second = run_cell(backend, [1, 3])
@@ -527,8 +513,8 @@ def test_budget_smaller_than_the_parameters_is_oom_at_batch_1() -> None:
 def test_oom_at_a_large_batch_leaves_the_worker_clean_on_the_gpu() -> None:
     backend = CudaBackend(local_gpu())
     # 16384 x 64 tokens need gigabytes of activations even in a 32-wide model.
-    with backend.cell(tiny_workload(), parse_mode("fp32"), 64, 512 * MIB) as fits:
-        oom, fits_after = fits(16384), fits(1)
+    with backend.cell(tiny_workload(), parse_mode("fp32"), 64, 512 * MIB) as cell:
+        oom, fits_after = cell.fits(16384), cell.fits(1)
     assert oom.outcome == "oom" and "CUDA out of memory" in oom.details["oom_message"]
     assert fits_after.outcome == "fits" and backend.workers_started == 1
 
@@ -541,6 +527,6 @@ def test_mixed_precision_modes_fit_on_the_gpu(mode: str) -> None:
     if mode.startswith("bf16") and not gpu.supports_bf16:
         pytest.skip(f"{gpu.name} has no bfloat16")
     backend = CudaBackend(gpu)
-    with backend.cell(tiny_workload(), parse_mode(mode), 16, GIB) as fits:
-        probe = fits(2)
+    with backend.cell(tiny_workload(), parse_mode(mode), 16, GIB) as cell:
+        probe = cell.fits(2)
     assert probe.outcome == "fits", probe.error

@@ -12,8 +12,8 @@ from html import unescape
 import pytest
 
 from api.chart import Series, line_chart
+from api.runs.spec import normalize
 from api.settings import Settings
-from api.spec import normalize
 from api.views.common import band
 from api.views.compare import reference_key
 
@@ -36,14 +36,14 @@ def cell(seq_len, mode, best, *, capped=False, error=None):
 
 @pytest.fixture
 def store(idle_client):
-    return idle_client.app.state.jobs.store
+    return idle_client.app.state.queue.store
 
 
 @pytest.fixture
 def add_run(idle_client, store):
     """A run of ``body`` in the store, with ``cells`` finished and the status given."""
     settings = Settings()
-    environment = idle_client.app.state.jobs.runner.environment
+    environment = idle_client.app.state.queue.runner.environment
 
     def add(body, cells=(), status="done", error=None, force_key=None):
         spec = normalize({"backend": "estimate", **body}, settings, environment)
@@ -180,7 +180,7 @@ def test_launch_form_asks_for_the_token_when_the_server_needs_one(tmp_path):
     from fastapi.testclient import TestClient
 
     from api.main import create_app
-    from api.runner import LocalRunner
+    from api.runs.runner import LocalRunner
 
     app = create_app(Settings(db=tmp_path / "t.db", api_token="s3cret"),
                      runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
@@ -292,12 +292,12 @@ def test_chart_is_log2_with_gaps_a_zero_row_and_a_text_alternative():
 
 
 def test_explain_over_http_never_takes_the_gpu_for_8bit_levers(idle_client, monkeypatch):
-    import autotune.bnb
+    import autotune.analysis.levers
 
     def refuse(target):
         raise AssertionError("the API measured the 8-bit levers outside the runner's GPU lanes")
 
-    monkeypatch.setattr(autotune.bnb, "real_8bit", refuse)
+    monkeypatch.setattr(autotune.analysis.levers, "real_8bit", refuse)
     response = idle_client.get("/v1/explain", params={"model": "tiny-bert", "seq_len": 32,
                                                       "gpu_memory": "1GiB"})
     assert response.status_code == 200

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.serve import add_parser
+from autotune.cli.serve import add_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autotune.accounting import StorageTracker, replay
-from autotune.attention import AttentionKernels, choose_kernel, emulated_sdpa
-from autotune.emulation import CudaEmulation
+from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa
+from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
+from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.tracker import StorageTracker, replay
 from autotune.errors import InvalidInput
-from autotune.estimate import CUBLAS_HANDLES_PER_STEP, EstimateBackend
 from autotune.gpus import custom_gpu, resolve_gpu
-from autotune.models import resolve_model
-from autotune.modes import parse_mode
-from autotune.step import make_optimizer, run_steps
 from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
+from autotune.workload.step import make_optimizer, run_steps
 
 KIB, MIB = 1024, 1024**2
 SM80 = AttentionKernels(flash=True, bf16=True)
@@ -186,8 +186,8 @@ def test_every_mode_runs_on_tiny_models_of_several_architectures(model, task):
                     with backend.cell(workload, mode, 64, 10**12):
                         pass
                 continue
-            with backend.cell(workload, mode, 64, 10**12) as fits:
-                probe = fits(256)
+            with backend.cell(workload, mode, 64, 10**12) as cell:
+                probe = cell.fits(256)
             assert probe.outcome == "fits"
             peaks[name] = probe.details["peak_allocated_bytes"]
     # At a batch where activations dominate, each lever saves memory.
@@ -209,5 +209,5 @@ def test_cublas_workspaces_are_counted_twice():
 
 def test_a_budget_below_the_parameters_gives_oom_at_batch_one():
     workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
-    with _backend().cell(workload, parse_mode("fp32"), 16, 4 * KIB) as fits:
-        assert fits(1).outcome == "oom"
+    with _backend().cell(workload, parse_mode("fp32"), 16, 4 * KIB) as cell:
+        assert cell.fits(1).outcome == "oom"

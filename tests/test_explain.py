@@ -17,19 +17,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autotune.check import accumulation_plan, max_batch
+from autotune.analysis.check import accumulation_plan
+from autotune.analysis.explain import breakdown_of, explain, weight_state
+from autotune.analysis.padding import length_stats, percentile, read_lengths
+from autotune.backends.estimate.backend import EstimateBackend, _FakeModel
+from autotune.backends.estimate.instrument import AdamW8bitState, InstrumentedBackend, Variant
+from autotune.backends.estimate.trace import Trace
 from autotune.errors import InvalidInput
-from autotune.estimate import EstimateBackend, _FakeModel
-from autotune.explain import breakdown_of, explain, weight_state
 from autotune.gpus import custom_gpu
-from autotune.instrument import AdamW8bitState, InstrumentedBackend, Variant
-from autotune.levers import length_stats, percentile, read_lengths
-from autotune.models import ModelSpec, resolve_model, tiny_config
-from autotune.modes import parse_mode
-from autotune.trace import Trace
-from autotune.tuner import tune_table
+from autotune.tuner import search_cell, tune_table
 from autotune.units import MIB, format_bytes
 from autotune.workload import Workload
+from autotune.workload.models import ModelSpec, resolve_model, tiny_config
+from autotune.workload.modes import parse_mode
 
 GIB = 1024**3
 VOCAB, HIDDEN = 868_000, 32  # the TabBERT story, scaled to a tiny hidden size
@@ -61,8 +61,8 @@ def test_the_instrumented_step_allocates_what_the_table_step_does(one_gib, mode)
     with backend.cell(workload, mode, 64, GIB):  # the cell turns checkpointing on for its probes
         expected = Trace.from_events(8, backend.trace(backend._model(workload), workload, mode, 64, 8))
     instrumented = InstrumentedBackend(backend)
-    with instrumented.cell(workload, mode, 64, GIB) as fits:
-        fits(8)
+    with instrumented.cell(workload, mode, 64, GIB) as cell:
+        cell.fits(8)
     assert Trace.from_events(8, instrumented.last.events) == expected
 
 
@@ -72,8 +72,8 @@ def test_the_breakdown_adds_up_to_the_peak_the_probe_reports(one_gib):
     result = explain(tiny_bert(), backend, gpu, seq_len=64, mode=amp, margin=0.05, batch_size=64,
                      with_levers=False)
     breakdown = result.breakdown
-    with backend.cell(tiny_bert(), amp, 64, result.budget_bytes) as fits:
-        probe = fits(64)
+    with backend.cell(tiny_bert(), amp, 64, result.budget_bytes) as cell:
+        probe = cell.fits(64)
     assert sum(breakdown.categories.values()) == breakdown.peak_allocated_bytes
     assert breakdown.peak_allocated_bytes == probe.details["peak_allocated_bytes"]
     assert breakdown.demand_bytes == probe.details["demand_bytes"]
@@ -141,8 +141,8 @@ def test_the_8bit_state_of_the_embedding_in_the_trace(one_gib):
 
     def embedding_state(variant):
         instrumented = InstrumentedBackend(backend, variant)
-        with instrumented.cell(huge_vocab(), FP32, 16, GIB) as fits:
-            fits(1)
+        with instrumented.cell(huge_vocab(), FP32, 16, GIB) as cell:
+            cell.fits(1)
         return weight_state(instrumented.last)["bert.embeddings.word_embeddings.weight"]["optimizer_state"]
 
     # Two uint8 moments, two float32 scales per 256 elements, and the two shared 256-value maps
@@ -315,7 +315,7 @@ def test_a_missing_lengths_file_exits_2(explain_cli_run, tmp_path):
 def test_breakdown_of_a_trace_by_hand():
     # Two 1 MiB blocks alive together, then one freed and a 3 MiB one: the peak is 4 MiB, at the
     # last allocation, made of the first block (a parameter) and the 3 MiB temporary.
-    from autotune.instrument import Allocation, Recording
+    from autotune.backends.estimate.instrument import Allocation, Recording
 
     allocations = [Allocation(MIB, "setup", 0, None, (MIB,), "uint8", kind="parameters"),
                    Allocation(MIB, "forward", 1, "", (MIB,), "uint8", kind="activations"),
@@ -341,5 +341,6 @@ def test_explain_needs_the_estimate_backend(one_gib):
 def test_max_batch_is_the_cells(one_gib):
     gpu, backend = one_gib
     result = explain(tiny_bert(), backend, gpu, seq_len=32, mode=FP32, margin=0.05, with_levers=False)
-    assert result.max_batch_size == max_batch(backend, tiny_bert(), FP32, 32, result.budget_bytes)[0]
+    assert result.max_batch_size == search_cell(backend, tiny_bert(), FP32, 32,
+                                                result.budget_bytes).max_batch_size
     assert result.batch_size == result.max_batch_size and result.requested_batch_size is None

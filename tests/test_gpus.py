@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.defaults import DEFAULT_GPU_NAME
 from autotune.errors import InvalidInput, UnknownGpu
 from autotune.gpus import (
     CONTEXT_OVERHEAD_ENV,
@@ -15,7 +16,6 @@ from autotune.gpus import (
     CUBLAS_WORKSPACE_HOPPER_BYTES,
     CUBLASLT_WORKSPACE_BYTES,
     DEFAULT_CONTEXT_OVERHEAD_BYTES,
-    DEFAULT_GPU_NAME,
     GPU_PRESETS,
     GpuSpec,
     context_overhead_override,

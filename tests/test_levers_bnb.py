@@ -24,22 +24,25 @@ import torch
 from cpumemory import CpuMemory
 from torch import nn
 
-from autotune import backends, bnb, cuda
-from autotune.bnb import BNB_OPTIMIZERS, Real8bit, bitsandbytes_available, make_bnb_optimizer, real_8bit
-from autotune.cuda import CudaBackend, cuda_available, local_gpu
-from autotune.cuda_worker import PROTOCOL, CellSpec, Worker, cell_spec, decode, encode
+from autotune.analysis.explain import explain
+from autotune.analysis.levers import EMULATED_8BIT, Real8bit, eight_bit_lever, real_8bit
+from autotune.backends.cuda import backend as cuda_backend
+from autotune.backends.cuda import bnb, device
+from autotune.backends.cuda.backend import CudaBackend
+from autotune.backends.cuda.bnb import BNB_OPTIMIZERS, bitsandbytes_available, make_bnb_optimizer
+from autotune.backends.cuda.device import cuda_available, local_gpu
+from autotune.backends.cuda.probe_worker import Worker
+from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.instrument import Variant
 from autotune.errors import BackendUnavailable, InvalidInput
-from autotune.estimate import EstimateBackend
-from autotune.explain import explain
 from autotune.gpus import GpuSpec, custom_gpu
-from autotune.instrument import Variant
-from autotune.levers import EMULATED_8BIT, eight_bit_lever
-from autotune.models import resolve_model
-from autotune.modes import parse_mode
-from autotune.search import Probe
-from autotune.step import build_model
+from autotune.search import Probe, ProbeOnlyCell
 from autotune.units import GIB, MIB
 from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
+from autotune.workload.step import build_model
 
 TESTS = Path(__file__).resolve().parent
 FP32 = parse_mode("fp32")
@@ -197,7 +200,7 @@ def test_without_bitsandbytes_the_backend_and_the_builder_say_what_to_install(no
 def test_a_worker_process_without_bitsandbytes_is_backend_unavailable_in_the_parent(fake_bnb):
     # The parent has (a fake) bitsandbytes, the worker process none: its refusal crosses the protocol.
     script = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); sys.modules['bitsandbytes'] = None; "
-              "import cpumemory, autotune.cuda_worker as w; "
+              "import cpumemory, autotune.backends.cuda.probe_worker as w; "
               "sys.exit(w.main(cpumemory.CpuMemory))")
     backend = CudaBackend(LOCAL, timeout_s=120, worker_command=[sys.executable, "-c", script],
                           bnb_optimizer="adamw-8bit")
@@ -210,8 +213,10 @@ def test_importing_autotune_does_not_import_bitsandbytes(tmp_path):
     # A bitsandbytes whose import fails loudly: finding it must not import it.
     (tmp_path / "bitsandbytes").mkdir()
     (tmp_path / "bitsandbytes" / "__init__.py").write_text("raise SystemExit('bitsandbytes was imported')\n")
-    script = ("import sys, autotune.explain, autotune.levers, autotune.cuda, autotune.cuda_worker; "
-              "import autotune.bnb; assert autotune.bnb.bitsandbytes_available(); "
+    script = ("import sys, autotune.analysis.explain, autotune.analysis.levers, "
+              "autotune.backends.cuda.backend, autotune.backends.cuda.probe_worker; "
+              "import autotune.backends.cuda.bnb as bnb; "
+              "assert bnb.bitsandbytes_available(); "
               "print('bitsandbytes' in sys.modules)")
     path = os.pathsep.join([str(TESTS.parent), str(tmp_path)])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
@@ -225,9 +230,9 @@ def test_importing_autotune_does_not_import_bitsandbytes(tmp_path):
 @pytest.mark.parametrize(("has_cuda", "has_bnb"),
                          [(False, False), (True, False), (False, True), (True, True)])
 def test_the_8bit_levers_are_measured_only_with_both_cuda_and_bitsandbytes(monkeypatch, has_cuda, has_bnb):
-    monkeypatch.setattr(backends, "cuda_available", lambda: has_cuda)
+    monkeypatch.setattr(device, "cuda_available", lambda: has_cuda)
     monkeypatch.setattr(bnb, "bitsandbytes_available", lambda: has_bnb)
-    monkeypatch.setattr(cuda, "local_gpu", lambda: LOCAL)
+    monkeypatch.setattr(device, "local_gpu", lambda: LOCAL)
     target = custom_gpu(16 * GIB)
     real = real_8bit(target)
     if not (has_cuda and has_bnb):
@@ -258,14 +263,14 @@ class FakeBackend:
             return Probe(batch, "fits" if batch <= self.limit else "oom",
                          peak_bytes=int(budget_bytes * batch / (self.limit + 0.5)))
 
-        yield fits
+        yield ProbeOnlyCell(fits)
 
 
 def lever(real: Real8bit | None, name: str = "adamw-8bit-trainer", budget: int = 900 * MIB,
           backend: Any = None) -> Any:
     variant = Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=name == "adamw-8bit-trainer")
     return eight_bit_lever(name, "label", variant, backend=backend, workload=tiny_bert(), mode=FP32,
-                           seq_len=32, budget=budget, max_batch_size=4096, real=real, note=TRAINER_NOTE)
+                           seq_len=32, budget=budget, max_batch=4096, real=real, note=TRAINER_NOTE)
 
 
 def test_a_measured_lever_is_the_bnb_backends_max_batch_at_the_same_budget():
@@ -340,10 +345,10 @@ def test_explain_measures_both_8bit_levers_where_cuda_and_bitsandbytes_exist(mon
         made.append((gpu, bnb_optimizer, FakeBackend(limit=limit)))
         return made[-1][2]
 
-    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
     monkeypatch.setattr(bnb, "bitsandbytes_available", lambda: True)
-    monkeypatch.setattr(cuda, "local_gpu", lambda: LOCAL)
-    monkeypatch.setattr(cuda, "CudaBackend", fake_cuda_backend)
+    monkeypatch.setattr(device, "local_gpu", lambda: LOCAL)
+    monkeypatch.setattr(cuda_backend, "CudaBackend", fake_cuda_backend)
     gpu = custom_gpu(GIB)
     result = explain(tiny_bert(), EstimateBackend(gpu), gpu, seq_len=64, mode=FP32, margin=0.05)
     levers = {lever.name: lever for lever in result.levers}
@@ -365,8 +370,8 @@ def test_explain_measures_both_8bit_levers_where_cuda_and_bitsandbytes_exist(mon
 @pytest.mark.parametrize("setup", list(BNB_OPTIMIZERS))
 def test_bitsandbytes_optimizers_run_the_step_on_the_gpu(setup):
     backend = CudaBackend(local_gpu(), bnb_optimizer=setup)
-    with backend.cell(tiny_bert(), FP32, 16, GIB) as fits:
-        probes = [fits(2), fits(4)]
+    with backend.cell(tiny_bert(), FP32, 16, GIB) as cell:
+        probes = [cell.fits(2), cell.fits(4)]
     assert [p.outcome for p in probes] == ["fits", "fits"], [p.error for p in probes]
     assert all(p.peak_bytes and "worker_replaced" not in p.details for p in probes)
     assert backend.workers_started == 1  # the optimizer's state went with it: every reset clean

@@ -14,9 +14,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from autotune.analysis.padding import percentile
+from autotune.analysis.texts import TOKENIZE_BATCH, lengths_from_texts
 from autotune.errors import InvalidInput
-from autotune.levers import TOKENIZE_BATCH, lengths_from_texts, percentile
-from autotune.models import tiny_config
+from autotune.workload.models import tiny_config
 
 VOCAB = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "the": 4, "cat": 5, "sat": 6}
 

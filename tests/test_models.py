@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.defaults import DEFAULT_TASK
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
-from autotune.models import (
-    DEFAULT_TASK,
+from autotune.workload.models import (
     PRESETS,
     TASKS,
     TINY_CONFIGS,
@@ -475,6 +475,7 @@ def test_model_spec_is_frozen_and_hashable() -> None:
 
 def test_importing_models_imports_neither_torch_nor_transformers() -> None:
     code = (
-        "import sys, autotune.models; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+        "import sys, autotune.workload.models; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

@@ -8,15 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from autotune.errors import InvalidInput, ProbeError
-from autotune.search import (
-    MemoryModel,
-    Probe,
-    SearchError,
-    SearchResult,
-    bisect_search,
-    search_max_batch,
-)
+from autotune.errors import InvalidInput, ProbeError, SearchError
+from autotune.search import MemoryModel, Probe, SearchResult, bisect_search, search_max_batch
 
 MiB = 2**20
 GiB = 2**30

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from autotune.store import ACTIVE, MIGRATIONS, Store, StoreError
+from api.store import ACTIVE, MIGRATIONS, Store
+from autotune.errors import StoreError
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ import warnings
 
 import pytest
 
-from autotune.estimate import EstimateBackend
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.gpus import resolve_gpu
-from autotune.models import resolve_model
-from autotune.modes import parse_mode
-from autotune.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
 
 
 def test_events_round_trip_through_the_numbered_form():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.backends.estimate.backend import EstimateBackend
 from autotune.errors import InvalidInput, SequenceTooLong
-from autotune.estimate import EstimateBackend
 from autotune.gpus import custom_gpu, resolve_gpu, with_context_overhead
-from autotune.models import resolve_model
-from autotune.modes import parse_modes
 from autotune.tuner import budget_bytes, tune_table
 from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_modes
 
 MIB = 1024**2
 

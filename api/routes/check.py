@@ -4,25 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.concurrency import run_in_threadpool
 
-from api.deps import JobsDep, SettingsDep
-from api.routes.tables import _ERRORS, QUERY_FIELDS, http_error
-from api.spec import TableSpec, normalize
-from autotune.errors import AutotuneError, InvalidInput
-from autotune.modes import parse_mode
+from api.deps import QueueDep, SettingsDep
+from api.errors import ERROR_RESPONSES, query_fields
+from api.runs.spec import TableSpec, normalize
+from autotune.workload.modes import parse_mode
 
-router = APIRouter(tags=["check"])
+router = APIRouter(tags=["check"], dependencies=[Depends(query_fields)])
 
 # Which stored runs may answer, best first: a measurement beats an estimate.
 _SOURCES = ("cuda", "estimate")
 _RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering table
 
 
-@router.get("/check", responses=_ERRORS)
+@router.get("/check", responses=ERROR_RESPONSES)
 async def check(
-    jobs: JobsDep, settings: SettingsDep,
+    queue: QueueDep, settings: SettingsDep,
     model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
     seq_len: Annotated[int, Query(ge=1)],
     batch_size: Annotated[int, Query(ge=1)],
@@ -33,23 +32,17 @@ async def check(
     """Does the step fit? From a stored measured table, else a stored estimate, else estimated now."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend}
-    try:
-        spec = normalize(body, settings, jobs.runner.environment)
-        wanted = parse_mode(mode)
-    except AutotuneError as exc:
-        raise http_error(exc, QUERY_FIELDS) from exc
+    spec = normalize(body, settings, queue.runner.environment)
+    wanted = parse_mode(mode)
     effective = batch_size * accumulation_steps
-    stored = _from_store(jobs, spec, seq_len, batch_size, wanted, effective)
+    stored = _from_store(queue, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
         return stored
     if spec.backend != "estimate":
         # A measurement takes minutes: queue the table (POST /v1/tables) and answer meanwhile
         # from the estimator, which says so in "source".
-        spec = normalize({**body, "backend": "estimate"}, settings, jobs.runner.environment)
-    try:
-        return await run_in_threadpool(_estimate_now, spec, seq_len, batch_size, wanted, effective)
-    except InvalidInput as exc:
-        raise http_error(exc, QUERY_FIELDS) from exc
+        spec = normalize({**body, "backend": "estimate"}, settings, queue.runner.environment)
+    return await run_in_threadpool(_estimate_now, spec, seq_len, batch_size, wanted, effective)
 
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
@@ -62,16 +55,16 @@ def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
 
 
 def _from_store(
-    jobs: JobsDep, spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
+    queue: QueueDep, spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
 ) -> dict[str, Any] | None:
-    from autotune.check import check_from_cells
+    from autotune.analysis.check import check_from_cells
 
-    runs, _ = jobs.store.list_runs(model=spec.model, status="done", limit=_RUNS_SCANNED)
+    runs, _ = queue.store.list_runs(model=spec.model, status="done", limit=_RUNS_SCANNED)
     for source in _SOURCES:
         for run in runs:
             if run.backend != source or not _covers(run.spec, spec, seq_len):
                 continue
-            cells = {c["mode"]: c for c in jobs.store.cells(run.id) if c["seq_len"] == seq_len}
+            cells = {c["mode"]: c for c in queue.store.cells(run.id) if c["seq_len"] == seq_len}
             result = check_from_cells(
                 cells, model=spec.model, seq_len=seq_len, batch_size=batch_size, mode=mode,
                 budget=spec.budget_bytes, backend_name=run.backend, gpu_name=spec.gpu["name"],
@@ -87,8 +80,8 @@ def _estimate_now(
 ) -> dict[str, Any]:
     import warnings
 
-    from autotune.check import check_step
-    from autotune.estimate import EstimateBackend
+    from autotune.analysis.check import check_step
+    from autotune.backends.estimate.backend import EstimateBackend
 
     gpu = spec.target_gpu()
     with warnings.catch_warnings():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from api.deps import JobsDep, SettingsDep, WriteAccess
+from api.deps import QueueDep, SettingsDep, WriteAccess
+from api.errors import ERROR_RESPONSES
+from api.runs.spec import normalize
 from api.schemas import (
     CellPublic,
     GpuPublic,
@@ -19,52 +20,12 @@ from api.schemas import (
     TablesPublic,
     TableSummary,
 )
-from api.spec import ModelPathRefused, normalize
-from autotune.errors import AutotuneError, BackendUnavailable, InvalidInput, UnknownModel
+from api.store import Run
+from autotune.errors import InvalidInput
 from autotune.gpus import resolve_gpu
-from autotune.models import preset_name
-from autotune.store import Run
+from autotune.workload.models import preset_name
 
 router = APIRouter(prefix="/tables", tags=["tables"])
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "a write without the server's API token"},
-    403: {"description": "a model path this server may not read"},
-    404: {"description": "unknown model (the detail lists the presets) or run"},
-    413: {"description": "request body too large"},
-    422: {"description": "invalid input: the detail says what is allowed"},
-}
-
-
-class FieldError(HTTPException):
-    """An HTTP error about one request field: answered as ``{"detail": ..., "field": ...}``."""
-
-    def __init__(self, status_code: int, detail: str, field: str) -> None:
-        super().__init__(status_code, detail=detail)
-        self.field = field
-
-
-# Fields of a table request as the one-cell query routes (check, explain) name them.
-QUERY_FIELDS = {"seq_lens": "seq_len", "modes": "mode"}
-
-
-def http_error(exc: AutotuneError, fields: Mapping[str, str] | None = None) -> HTTPException:
-    """The response for an error of the core: the status for its kind, its message as detail,
-    and the request field it is about when the core's error names one (renamed by ``fields``)."""
-    if isinstance(exc, UnknownModel):
-        code = status.HTTP_404_NOT_FOUND
-    elif isinstance(exc, ModelPathRefused):
-        code = status.HTTP_403_FORBIDDEN
-    elif isinstance(exc, InvalidInput):
-        code = 422  # HTTP_422_UNPROCESSABLE_CONTENT, named _ENTITY before Starlette 0.48
-    elif isinstance(exc, BackendUnavailable):
-        code = status.HTTP_503_SERVICE_UNAVAILABLE
-    else:
-        code = status.HTTP_500_INTERNAL_SERVER_ERROR
-    if exc.field is not None:
-        return FieldError(code, str(exc), (fields or {}).get(exc.field, exc.field))
-    return HTTPException(code, detail=str(exc))
-
 
 def _url(request: Request, run_id: str) -> str:
     return str(request.url_for("read_table", table_id=run_id))
@@ -93,28 +54,26 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
     )
 
 
-def read_run(jobs: JobsDep, table_id: str) -> tuple[Run, list[dict[str, Any]]]:
+def read_run(queue: QueueDep, table_id: str) -> tuple[Run, list[dict[str, Any]]]:
     """A run and its finished cells; 404 naming the id when there is no such run."""
-    run = jobs.store.get_run(table_id)
+    run = queue.store.get_run(table_id)
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no table run with id '{table_id}'")
-    return run, jobs.store.cells(table_id)
+    return run, queue.store.cells(table_id)
 
 
 @router.post(
     "", status_code=status.HTTP_202_ACCEPTED, response_model=TableAccepted, dependencies=[WriteAccess],
-    responses={200: {"model": TableAccepted, "description": "an identical run has finished"}, **_ERRORS},
+    responses={200: {"model": TableAccepted, "description": "an identical run has finished"},
+               **ERROR_RESPONSES},
 )
 def create_table(
-    body: TableCreate, request: Request, response: Response, jobs: JobsDep, settings: SettingsDep,
+    body: TableCreate, request: Request, response: Response, queue: QueueDep, settings: SettingsDep,
     force: Annotated[bool, Query(description="measure again even if an identical run has finished")] = False,
 ) -> TableAccepted:
     """Queue a table run; an identical request gets the existing run (200 when done, 202 while it runs)."""
-    try:
-        spec = normalize(body.model_dump(), settings, jobs.runner.environment)
-    except AutotuneError as exc:
-        raise http_error(exc) from exc
-    run, created = jobs.submit(spec, force=force)
+    spec = normalize(body.model_dump(), settings, queue.runner.environment)
+    run, created = queue.submit(spec, force=force)
     url = _url(request, run.id)
     response.status_code = status.HTTP_200_OK if run.status == "done" else status.HTTP_202_ACCEPTED
     response.headers["Location"] = url
@@ -137,7 +96,7 @@ def run_filters(model: str | None, gpu: str | None) -> tuple[str | None, str | N
 
 @router.get("", response_model=TablesPublic)
 def list_tables(
-    request: Request, jobs: JobsDep,
+    request: Request, queue: QueueDep,
     model: Annotated[str | None, Query(description="a model name (preset aliases match)")] = None,
     gpu: Annotated[str | None, Query(description="the target GPU, e.g. T4")] = None,
     status_: Annotated[Status | None, Query(alias="status")] = None,
@@ -146,26 +105,26 @@ def list_tables(
 ) -> TablesPublic:
     """Table runs, newest first, a page at a time."""
     model, gpu = run_filters(model, gpu)
-    runs, count = jobs.store.list_runs(model=model, gpu=gpu, status=status_, limit=limit, offset=offset)
+    runs, count = queue.store.list_runs(model=model, gpu=gpu, status=status_, limit=limit, offset=offset)
     return TablesPublic(data=[TableSummary(**_summary(r, request)) for r in runs], count=count,
                         limit=limit, offset=offset)
 
 
 @router.get("/{table_id}", response_model=TablePublic, responses={404: {"description": "no such run"}})
-def read_table(table_id: str, request: Request, jobs: JobsDep) -> TablePublic:
+def read_table(table_id: str, request: Request, queue: QueueDep) -> TablePublic:
     """A table run: its status, progress and the cells finished so far."""
-    run, cells = read_run(jobs, table_id)
+    run, cells = read_run(queue, table_id)
     return _public(run, cells, request)
 
 
 @router.delete(
     "/{table_id}", response_model=TablePublic, dependencies=[WriteAccess],
-    responses={401: _ERRORS[401], 404: {"description": "no such run"},
+    responses={401: ERROR_RESPONSES[401], 404: {"description": "no such run"},
                409: {"description": "the run has finished already"}},
 )
-def cancel_table(table_id: str, request: Request, jobs: JobsDep) -> TablePublic:
+def cancel_table(table_id: str, request: Request, queue: QueueDep) -> TablePublic:
     """Cancel a queued or running run; the cells it finished stay."""
-    run = jobs.cancel(table_id)
+    run = queue.cancel(table_id)
     if run is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no table run with id '{table_id}'")
     if run.status != "cancelled":
@@ -174,4 +133,4 @@ def cancel_table(table_id: str, request: Request, jobs: JobsDep) -> TablePublic:
             detail=f"table run '{table_id}' is {run.status} already: only queued or running runs "
                    "can be cancelled",
         )
-    return _public(run, jobs.store.cells(table_id), request)
+    return _public(run, queue.store.cells(table_id), request)

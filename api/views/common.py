@@ -11,8 +11,8 @@ from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 
-from autotune.explain_cli import CATEGORY_LABELS
-from autotune.store import Run
+from api.store import Run
+from autotune.analysis.explain import CATEGORY_LABELS
 from autotune.units import format_bytes
 
 PACKAGE = Path(__file__).resolve().parent.parent

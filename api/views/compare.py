@@ -16,10 +16,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
-from api.deps import JobsDep
+from api.deps import QueueDep
+from api.store import Run
 from api.views.common import PACKAGE, path_for, run_label, summary, templates
-from autotune.modes import ALLOWED_MODE_NAMES
-from autotune.store import Run
+from autotune.workload.modes import ALLOWED_MODE_NAMES
 
 router = APIRouter()
 
@@ -85,7 +85,7 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
 
 @router.get("/compare", response_class=HTMLResponse, name="compare")
 def compare(
-    request: Request, jobs: JobsDep,
+    request: Request, queue: QueueDep,
     id: Annotated[list[str] | None, Query(description="run ids, two or more")] = None,
 ) -> HTMLResponse:
     """Runs side by side per mode, with a chart, and the BERT README table beside BERT runs."""
@@ -97,12 +97,12 @@ def compare(
         wanted = wanted[:MAX_RUNS]
     runs = []
     for run_id in wanted:
-        run = jobs.store.get_run(run_id)
+        run = queue.store.get_run(run_id)
         if run is None:
             problems.append(f"no table run with id '{run_id}'")
         else:
             runs.append(run)
-    cells = {run.id: jobs.store.cells(run.id) for run in runs}
+    cells = {run.id: queue.store.cells(run.id) for run in runs}
     modes = [m for m in ALLOWED_MODE_NAMES if any(m in r.spec["modes"] for r in runs)]
     sections = []
     for mode in modes:
@@ -116,7 +116,7 @@ def compare(
             "chart": line_chart(series, title=f"Max batch size by sequence length, {mode}",
                                 chart_id=f"chart-{mode.replace('+', '_')}"),
         })
-    recent, _ = jobs.store.list_runs(limit=PICKER_RUNS)
+    recent, _ = queue.store.list_runs(limit=PICKER_RUNS)
     context = {
         "page": "compare", "runs": [summary(r) for r in runs], "sections": sections,
         "problems": problems, "picker": [summary(r) for r in recent], "chosen": {r.id for r in runs},

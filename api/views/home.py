@@ -8,10 +8,10 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from api.deps import JobsDep
+from api.deps import QueueDep
 from api.routes.tables import run_filters
+from api.store import STATUSES
 from api.views.common import path_for, summary, templates
-from autotune.store import STATUSES
 
 router = APIRouter()
 
@@ -19,11 +19,11 @@ PAGE_SIZE = 25
 LIVE_INTERVAL_MS = 2000  # how often the list refreshes while a run on it is active
 
 
-def _context(request: Request, jobs: Any, model: str | None, gpu: str | None, status: str | None,
+def _context(request: Request, queue: Any, model: str | None, gpu: str | None, status: str | None,
              offset: int) -> dict[str, Any]:
     model, gpu = run_filters(model, gpu)
     status = status if status in STATUSES else None
-    runs, count = jobs.store.list_runs(model=model, gpu=gpu, status=status, limit=PAGE_SIZE, offset=offset)
+    runs, count = queue.store.list_runs(model=model, gpu=gpu, status=status, limit=PAGE_SIZE, offset=offset)
     filters = {"model": model, "gpu": gpu, "status": status}
     query = {k: v for k, v in filters.items() if v}
     home = path_for(request, "home")
@@ -48,19 +48,19 @@ Filter = Annotated[str | None, Query(max_length=300)]
 
 
 @router.get("/", response_class=HTMLResponse, name="home")
-def home(request: Request, jobs: JobsDep, model: Filter = None, gpu: Filter = None, status: Filter = None,
+def home(request: Request, queue: QueueDep, model: Filter = None, gpu: Filter = None, status: Filter = None,
          offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
     """Every run, newest first, with its progress."""
-    context = _context(request, jobs, model, gpu, status, offset)
+    context = _context(request, queue, model, gpu, status, offset)
     # The filters' choices: on the page only, not in the list it refreshes.
-    context.update(statuses=STATUSES, known_models=jobs.store.distinct("model"),
-                   known_gpus=jobs.store.distinct("gpu"))
+    context.update(statuses=STATUSES, known_models=queue.store.distinct("model"),
+                   known_gpus=queue.store.distinct("gpu"))
     return templates.TemplateResponse(request, "home.html", context)
 
 
 @router.get("/runs", response_class=HTMLResponse, name="home_live")
-def home_live(request: Request, jobs: JobsDep, model: Filter = None, gpu: Filter = None,
+def home_live(request: Request, queue: QueueDep, model: Filter = None, gpu: Filter = None,
               status: Filter = None, offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
     """The list of runs alone, for the home page's script to swap in while runs are active."""
-    context = _context(request, jobs, model, gpu, status, offset)
+    context = _context(request, queue, model, gpu, status, offset)
     return templates.TemplateResponse(request, "_runs.html", context)

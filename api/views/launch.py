@@ -6,24 +6,31 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from api.deps import JobsDep, SettingsDep
+from api.deps import QueueDep, SettingsDep
 from api.views.common import templates
-from autotune.backends import BACKENDS
-from autotune.gpus import DEFAULT_GPU_NAME, GPU_PRESETS
-from autotune.models import DEFAULT_TASK, PRESETS, TASKS
-from autotune.modes import ALLOWED_MODE_NAMES, DEFAULT_MODE_NAMES
+from autotune.defaults import (
+    BACKENDS,
+    DEFAULT_GPU_NAME,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MODE_NAMES,
+    DEFAULT_SEQ_LENS,
+    DEFAULT_TASK,
+)
+from autotune.gpus import GPU_PRESETS
 from autotune.search import METHODS
-from autotune.step import ATTN_CHOICES, OPTIMIZERS
-from autotune.tuner import DEFAULT_MARGIN, DEFAULT_SEQ_LENS
 from autotune.units import format_bytes
+from autotune.workload.models import PRESETS, TASKS
+from autotune.workload.modes import ALLOWED_MODE_NAMES
+from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
 
 router = APIRouter()
 
 
 @router.get("/new", response_class=HTMLResponse, name="launch")
-def launch(request: Request, jobs: JobsDep, settings: SettingsDep) -> HTMLResponse:
+def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResponse:
     """The form that asks for a new table."""
-    runner = jobs.runner.describe()
+    runner = queue.runner.describe()
     gpus = [(name, format_bytes(spec.total_memory_bytes)) for name, spec in GPU_PRESETS.items()]
     context = {
         "page": "launch", "models": sorted(PRESETS, key=lambda m: (m.startswith("tiny-"), m)),
@@ -32,6 +39,7 @@ def launch(request: Request, jobs: JobsDep, settings: SettingsDep) -> HTMLRespon
         "gpus": gpus, "default_gpu": runner["gpu"] or DEFAULT_GPU_NAME, "local_gpu": runner["gpu"],
         "backends": BACKENDS, "default_backend": settings.backend, "auto_means": runner["backend"],
         "attns": ATTN_CHOICES, "optimizers": OPTIMIZERS, "searches": METHODS, "margin": DEFAULT_MARGIN,
-        "max_batch": min(settings.max_batch, 4096), "needs_token": settings.api_token is not None,
+        "max_batch": min(settings.max_batch, DEFAULT_MAX_BATCH),
+        "needs_token": settings.api_token is not None,
     }
     return templates.TemplateResponse(request, "launch.html", context)

@@ -15,11 +15,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
-from api.deps import JobsDep
+from api.deps import QueueDep
 from api.routes.tables import read_run
+from api.store import Run
 from api.views.common import band, summary, templates
 from autotune.errors import AutotuneError
-from autotune.store import Run
 
 router = APIRouter()
 
@@ -111,31 +111,31 @@ def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse, name="run_page")
-def run_page(run_id: str, request: Request, jobs: JobsDep) -> HTMLResponse:
+def run_page(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
     """A run: table, chart, and per cell its memory and probes; updates itself while it runs."""
-    run, cells = read_run(jobs, run_id)
+    run, cells = read_run(queue, run_id)
     return templates.TemplateResponse(request, "run.html", _context(run, cells))
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse, name="run_live")
-def run_live(run_id: str, request: Request, jobs: JobsDep) -> HTMLResponse:
+def run_live(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
     """The changing part of the run page, for its script to swap in."""
-    run, cells = read_run(jobs, run_id)
+    run, cells = read_run(queue, run_id)
     return templates.TemplateResponse(request, "_run_live.html", _context(run, cells))
 
 
 @router.get("/runs/{run_id}/explain", response_class=HTMLResponse, name="run_explain")
 async def run_explain(
-    run_id: str, request: Request, jobs: JobsDep,
+    run_id: str, request: Request, queue: QueueDep,
     seq_len: Annotated[int, Query(ge=1)], mode: str,
     levers: Annotated[bool, Query(description="also the max batch under each lever (slower)")] = False,
 ) -> HTMLResponse:
     """Where the memory of one cell's step goes, at its max batch (estimated), as a panel."""
     from api.routes.explain import explain_spec
-    from api.spec import TableSpec
-    from autotune.modes import parse_mode
+    from api.runs.spec import TableSpec
+    from autotune.workload.modes import parse_mode
 
-    run, cells = read_run(jobs, run_id)
+    run, cells = read_run(queue, run_id)
     if seq_len not in run.spec["seq_lens"] or mode not in run.spec["modes"]:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND,

@@ -1,0 +1,67 @@
+"""The one mapping from autotune's errors to HTTP responses, installed as the app's exception handler.
+
+Routes let the core's errors (autotune.errors) propagate; ``install`` answers each as JSON
+``{"detail": message}`` with the status of its kind, plus ``"field"`` when the error names the
+request field it is about (a form shows it next to that field). Routes that take one cell as query
+parameters (check, explain) name two fields differently from a table request: their router's
+``query_fields`` dependency renames them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.responses import JSONResponse
+
+from autotune.errors import AutotuneError, BackendUnavailable, InvalidInput, ModelPathRefused, UnknownModel
+
+# The error responses every route that reads a request can give, for the OpenAPI document.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "a write without the server's API token"},
+    403: {"description": "a model path this server may not read"},
+    404: {"description": "unknown model (the detail lists the presets) or run"},
+    413: {"description": "request body too large"},
+    422: {"description": "invalid input: the detail says what is allowed"},
+    500: {"description": "a probe failed (the detail says why), or an internal error"},
+    503: {"description": "the backend asked for cannot run on this server"},
+}
+
+# Fields of a table request as the one-cell query routes (check, explain) name them.
+QUERY_FIELDS = {"seq_lens": "seq_len", "modes": "mode"}
+
+
+def status_of(exc: AutotuneError) -> int:
+    """The HTTP status of an error of the core, by its kind (autotune.errors draws the tree)."""
+    if isinstance(exc, UnknownModel):
+        return status.HTTP_404_NOT_FOUND
+    if isinstance(exc, ModelPathRefused):
+        return status.HTTP_403_FORBIDDEN
+    if isinstance(exc, InvalidInput):
+        return 422  # HTTP_422_UNPROCESSABLE_CONTENT, named _ENTITY before Starlette 0.48
+    if isinstance(exc, BackendUnavailable):
+        return status.HTTP_503_SERVICE_UNAVAILABLE
+    # ProbeError (a probe or search failed), StoreError: the server could not answer.
+    return status.HTTP_500_INTERNAL_SERVER_ERROR
+
+
+def query_fields(request: Request) -> None:
+    """A router dependency: errors of this router's routes name the query parameters."""
+    request.state.field_names = QUERY_FIELDS
+
+
+def install(app: FastAPI) -> None:
+    """The app's exception handlers: the core's errors by kind, anything else a JSON 500."""
+
+    @app.exception_handler(AutotuneError)
+    async def autotune_error(request: Request, exc: AutotuneError) -> JSONResponse:
+        body: dict[str, Any] = {"detail": str(exc)}
+        if exc.field is not None:
+            renamed = getattr(request.state, "field_names", {})
+            body["field"] = renamed.get(exc.field, exc.field)
+        return JSONResponse(body, status_code=status_of(exc))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Errors are JSON everywhere, a bug included; uvicorn logs the traceback.
+        return JSONResponse({"detail": f"internal server error ({type(exc).__name__})"}, status_code=500)

@@ -1,0 +1,402 @@
+"""Runners execute table runs away from the request path.
+
+The service talks to a runner through ``Runner``, five methods, and hears back through
+``RunEvents``; the queue itself lives in the store (queue.py). ``LocalRunner`` runs orders on
+this host. A fleet of GPU hosts of several kinds would implement the same interface on Ray
+(a task per order with ``num_gpus=1`` on a node of the order's GPU kind, calling the events back
+through the driver), with no change to the service.
+
+LocalRunner has lanes, each a thread that runs one order at a time in a worker process
+(``python -m api.runs.worker``, protocol in that module):
+
+- one lane per local GPU, its workers seeing only that GPU (``CUDA_VISIBLE_DEVICES``): two probes
+  on one GPU would corrupt each other's peak, so a GPU never runs two orders at once;
+- ``estimate_workers`` estimate lanes (default: the CPU count), with no GPU visible.
+
+Runs of a kind start in the order they were submitted. A worker is a process of its own, in a
+process group of its own, so that a crash (segfault, kill, a CUDA error that ends the process)
+fails its run with the reason while the service keeps serving; after any worker exits, the lane
+kills what is left of its group (the cuda backend's probe processes) before the next order.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import autotune
+from autotune.errors import BackendUnavailable, InvalidInput
+from autotune.processes import child_env, exit_reason
+
+log = logging.getLogger("autotune.api")
+
+WORKER_COMMAND = (sys.executable, "-m", "api.runs.worker")
+STOP_GRACE_S = 5.0  # for a cancelled worker to stop between cells before its group is killed
+STDERR_TAIL_LINES = 40  # of a worker's stderr, kept for the error of a run it failed
+BACKEND_KINDS = ("cuda", "estimate")
+
+
+@dataclass(frozen=True)
+class RunOrder:
+    """One table run to execute: its normalised spec and the cells finished before."""
+
+    run_id: str
+    spec: dict[str, Any]  # TableSpec.to_json()
+    completed: tuple[dict[str, Any], ...] = ()  # CellResult.to_dict() of cells kept from before
+
+    @property
+    def backend(self) -> str:
+        return str(self.spec["backend"])
+
+
+class RunEvents(Protocol):
+    """What a runner reports about an order (queue.RunQueue writes it to the store)."""
+
+    def started(self, run_id: str, lane: str, pid: int | None) -> bool:
+        """The order got a lane; False: it was cancelled meanwhile, do not run it."""
+        ...
+
+    def header(self, run_id: str, header: dict[str, Any]) -> None: ...
+
+    def cell(self, run_id: str, position: int, cell: dict[str, Any]) -> None: ...
+
+    def finished(self, run_id: str, status: str, error: str | None, elapsed_s: float | None) -> None:
+        """status done or failed. Not called for a cancelled order, nor one cut off by close()."""
+        ...
+
+
+class Runner(Protocol):
+    def environment(self, backend: str) -> dict[str, Any]:
+        """Where a run of ``backend`` (auto|cuda|estimate) would go: the resolved backend, the
+        GPU kind, the versions. Part of the key of identical runs. BackendUnavailable if none."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """For the health check: the default backend, GPUs, lanes, versions."""
+        ...
+
+    def submit(self, order: RunOrder, events: RunEvents) -> None:
+        """Queue ``order``; returns at once. An order already queued or running is ignored."""
+        ...
+
+    def cancel(self, run_id: str) -> None:
+        """Drop a queued order, or stop a running one (its finished cells were reported)."""
+        ...
+
+    def close(self) -> None:
+        """Stop every worker; running orders are left for the next start to resume."""
+        ...
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+    import transformers
+
+    return {
+        "autotune": autotune.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+    }
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str  # e.g. cuda:0, estimate:1
+    backend: str  # cuda | estimate
+    env: Mapping[str, str] = field(default_factory=dict)  # for its workers' environment
+    device: str | None = None  # the GPU's name, for a cuda lane
+
+
+def detect_gpu_lanes() -> list[Lane]:
+    """One lane per visible CUDA device of the first device's kind.
+
+    Reads device properties only: no CUDA context in the server, the GPUs stay free for
+    the workers. Devices of another kind are left out (with a warning): one host, one kind.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:  # torch's device i is the i-th of them
+        ids = [s.strip() for s in visible.split(",") if s.strip()][:count]
+    else:
+        ids = [str(i) for i in range(count)]
+    names = [torch.cuda.get_device_properties(i).name for i in range(len(ids))]
+    kind = names[0]
+    lanes = [Lane(f"cuda:{i}", "cuda", {"CUDA_VISIBLE_DEVICES": ids[i]}, name)
+             for i, name in enumerate(names) if name == kind]
+    if len(lanes) < len(names):
+        log.warning("GPUs of another kind than %s are not used: %s", kind,
+                    ", ".join(f"{i} ({n})" for i, n in enumerate(names) if n != kind))
+    return lanes
+
+
+class _Worker:
+    """One worker process and its stderr tail."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=dict(env), text=True, encoding="utf-8", errors="replace", bufsize=1,
+            start_new_session=True,  # a group of its own: killpg reaches its probe processes
+        )
+        self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._stderr_thread = threading.Thread(target=self._drain, daemon=True)
+        self._stderr_thread.start()
+        self._timer: threading.Timer | None = None
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):  # gone already: its exit says why
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+
+    def stop(self, grace_s: float) -> None:
+        """Ask it to stop between cells; kill its group if it has not exited after ``grace_s``."""
+        self.send({"op": "stop"})
+        if self._timer is None:
+            self._timer = threading.Timer(grace_s, self.kill)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and every process of its group."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def reap(self) -> int:
+        """Wait for the exit, then kill what is left of the group; the exit code."""
+        code = self.proc.wait()
+        if self._timer is not None:
+            self._timer.cancel()
+        # Orphans of a crashed worker (the cuda backend's probe processes) would hold the GPU.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._stderr_thread.join(timeout=2.0)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        return code
+
+    def died(self, code: int, done: int, total: int) -> str:
+        """Why a run failed whose worker exited without finishing it."""
+        text = f"the worker process (pid {self.proc.pid}) {exit_reason(code)} after {done} of {total} cells"
+        lines = [line.strip() for line in self.stderr if line.strip()]
+        return text + (f"; its stderr ends with: {lines[-1]}" if lines else "")
+
+
+@dataclass
+class _Slot:
+    """An order a lane took: its worker once started, and whether to stop it."""
+
+    lane: Lane
+    worker: _Worker | None = None
+    stop: bool = False
+
+
+class LocalRunner:
+    """Runs orders in worker processes on this host; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        estimate_workers: int,
+        gpu_lanes: Sequence[Lane] | None = None,  # None: one per local GPU (detect_gpu_lanes)
+        worker_command: Sequence[str] = WORKER_COMMAND,  # injectable: tests run fake workers
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        self._versions = versions()
+        lanes = detect_gpu_lanes() if gpu_lanes is None else list(gpu_lanes)
+        self._gpu_kind = lanes[0].device if lanes else None
+        self._gpu_lanes = lanes
+        self._lanes = lanes + [
+            Lane(f"estimate:{i}", "estimate", {"CUDA_VISIBLE_DEVICES": ""}) for i in range(estimate_workers)
+        ]
+        self.worker_command = tuple(worker_command)
+        self.stop_grace_s = stop_grace_s
+        self._cond = threading.Condition()
+        self._pending: dict[str, collections.deque[tuple[RunOrder, RunEvents]]] = {
+            kind: collections.deque() for kind in BACKEND_KINDS
+        }
+        self._running: dict[str, _Slot] = {}
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane {lane.name}", daemon=True)
+            for lane in self._lanes
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- Runner ---------------------------------------------------------------------------
+
+    def environment(self, backend: str) -> dict[str, Any]:
+        if backend == "auto":
+            backend = "cuda" if self._gpu_lanes else "estimate"
+        if backend not in BACKEND_KINDS:
+            raise InvalidInput(f"unknown backend {backend!r}: allowed are auto, {', '.join(BACKEND_KINDS)}")
+        if backend == "cuda" and not self._gpu_lanes:
+            raise BackendUnavailable(
+                "backend 'cuda' needs a CUDA GPU, and this server has none: use backend 'estimate' (or auto)"
+            )
+        env: dict[str, Any] = {"backend": backend, "device": self._gpu_kind if backend == "cuda" else None}
+        # Python's version changes no allocation; CUDA's is in torch's (+cu124).
+        env.update({k: v for k, v in self._versions.items() if k not in ("python", "cuda")})
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": "cuda" if self._gpu_lanes else "estimate",
+            "gpu": self._gpu_kind,
+            "lanes": {kind: sum(1 for lane in self._lanes if lane.backend == kind) for kind in BACKEND_KINDS},
+            "versions": dict(self._versions),
+        }
+
+    def submit(self, order: RunOrder, events: RunEvents) -> None:
+        if order.backend not in BACKEND_KINDS:
+            raise InvalidInput(f"order {order.run_id} has backend {order.backend!r}")
+        with self._cond:
+            if self._closed or order.run_id in self._running or any(
+                queued.run_id == order.run_id for queued, _ in self._pending[order.backend]
+            ):
+                return
+            self._pending[order.backend].append((order, events))
+            self._cond.notify_all()
+
+    def cancel(self, run_id: str) -> None:
+        with self._cond:
+            for queue in self._pending.values():
+                for entry in [e for e in queue if e[0].run_id == run_id]:
+                    queue.remove(entry)
+            slot = self._running.get(run_id)
+            if slot is None:
+                return
+            slot.stop = True
+            worker = slot.worker
+        if worker is not None:
+            worker.stop(self.stop_grace_s)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            workers = [slot.worker for slot in self._running.values() if slot.worker is not None]
+            self._cond.notify_all()
+        for worker in workers:
+            worker.kill()
+        for thread in self._threads:
+            thread.join(timeout=10.0)
+
+    # --- lanes ----------------------------------------------------------------------------
+
+    def running(self) -> dict[str, str]:
+        """run id -> lane name, of the orders in a lane now."""
+        with self._cond:
+            return {run_id: slot.lane.name for run_id, slot in self._running.items()}
+
+    def _lane_loop(self, lane: Lane) -> None:
+        while True:
+            with self._cond:
+                queue = self._pending[lane.backend]
+                while not self._closed and not queue:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                order, events = queue.popleft()
+                slot = self._running[order.run_id] = _Slot(lane)
+            try:
+                self._execute(order, events, slot)
+            except Exception as exc:  # a bug here must not end the lane, nor leave the run hanging
+                log.exception("lane %s: run %s", lane.name, order.run_id)
+                with contextlib.suppress(Exception):
+                    events.finished(order.run_id, "failed", f"internal error in the runner: {exc!r}", None)
+            finally:
+                with self._cond:
+                    self._running.pop(order.run_id, None)
+
+    def _worker_env(self, lane: Lane) -> dict[str, str]:
+        return child_env(lane.env)
+
+    def _execute(self, order: RunOrder, events: RunEvents, slot: _Slot) -> None:
+        started = time.monotonic()
+        try:
+            worker = _Worker(self.worker_command, self._worker_env(slot.lane))
+        except OSError as exc:
+            if events.started(order.run_id, slot.lane.name, None):
+                events.finished(order.run_id, "failed", f"cannot start a worker process: {exc}", None)
+            return
+        try:
+            go = events.started(order.run_id, slot.lane.name, worker.proc.pid)  # False: cancelled meanwhile
+            if go:
+                worker.send({"op": "run", "run_id": order.run_id, "spec": order.spec,
+                             "completed": list(order.completed)})
+            with self._cond:  # from here on, cancel() and close() reach the worker
+                slot.worker = worker
+                slot.stop = slot.stop or not go
+                if slot.stop or self._closed:
+                    worker.kill()
+            result, new_cells = self._follow(order, events, worker)
+        except BaseException:
+            worker.kill()
+            raise
+        finally:
+            code = worker.reap()
+        with self._cond:
+            # Cancelled: the store says so already. Cut off by close(): the next start resumes it.
+            if slot.stop or (self._closed and result is None):
+                return
+        if result is None:
+            total = len(order.spec["seq_lens"]) * len(order.spec["modes"])
+            result = ("failed", worker.died(code, len(order.completed) + new_cells, total))
+        status, error = result
+        events.finished(order.run_id, status, error, round(time.monotonic() - started, 3))
+
+    def _follow(
+        self, order: RunOrder, events: RunEvents, worker: _Worker
+    ) -> tuple[tuple[str, str | None] | None, int]:
+        """Relay the worker's messages until it closes stdout.
+
+        Returns (status, error) if the worker said how the run ended, and the cells it reported.
+        """
+        assert worker.proc.stdout is not None
+        result: tuple[str, str | None] | None = None
+        cells = 0
+        for line in worker.proc.stdout:
+            try:
+                message = json.loads(line)
+                op = message["op"]
+            except (ValueError, KeyError, TypeError):
+                worker.kill()
+                why = f"the worker broke the protocol with the line {line.strip()[:200]!r}"
+                return ("failed", why), cells
+            if op == "header":
+                events.header(order.run_id, message["header"])
+            elif op == "cell":
+                events.cell(order.run_id, int(message["position"]), message["cell"])
+                cells += 1
+            elif op == "done":
+                result = ("done", None)
+            elif op == "failed":
+                result = ("failed", str(message.get("error")))
+        return result, cells

@@ -1,0 +1,274 @@
+"""A table request, normalised: everything that decides the table, and the key of identical runs.
+
+``normalize`` validates a request at the entry point, with the core's messages (which name the
+allowed values), and fills in the defaults. Two requests that normalise to the same ``TableSpec``
+(same model config, task, sequence lengths, modes, target GPU, margin, ...) on the same
+environment (backend, GPU kind, torch / transformers / autotune versions) have the same ``key``:
+the service answers the second with the first's run.
+
+Model names: a preset or a hub id; a local config only as an absolute path inside one of
+AUTOTUNE_MODEL_DIRS. Anything else that looks like a path is refused (ModelPathRefused) before
+the file system is read. Remote code is never enabled (models.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from api.settings import Settings
+from autotune.backends import make_backend
+from autotune.defaults import (
+    BACKENDS,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_METHOD,
+    DEFAULT_MODE_NAMES,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SEQ_LENS,
+    DEFAULT_TASK,
+)
+from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
+from autotune.gpus import GpuSpec
+from autotune.search import METHODS
+from autotune.tuner import budget_bytes
+from autotune.workload import Workload
+from autotune.workload.models import (
+    check_seq_len,
+    check_task,
+    config_to_json,
+    model_from_json,
+    preset_name,
+    resolve_model,
+)
+from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
+from autotune.workload.step import MIN_STEPS, check_attn, check_optimizer
+
+MAX_MODEL_NAME_CHARS = 300  # hub ids are at most 96 characters; paths get some room
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    model: str  # the preset's name, or the name as given
+    model_source: str  # preset | local | hub
+    model_type: str  # a key of transformers' CONFIG_MAPPING: no remote code
+    model_config: dict[str, Any]  # PretrainedConfig.to_dict(), as JSON: the worker rebuilds it
+    max_seq_len: int  # usable positions of the model
+    task: str
+    attn: str | None  # None: what transformers picks on CUDA
+    optimizer: str
+    steps: int  # training steps per probe
+    seq_lens: list[int]  # ascending, no repeats
+    modes: list[str]  # canonical names, in ALLOWED_MODE_NAMES order
+    gpu: dict[str, Any]  # the target: name, total_memory_bytes, context_overhead_bytes, compute_capability
+    backend: str  # cuda | estimate (auto resolved)
+    margin: float
+    max_batch: int
+    search: str
+    budget_bytes: int  # what the allocator may use on the target (tuner.budget_bytes)
+    environment: dict[str, Any]  # where it runs: backend, device, versions
+
+    @property
+    def cells(self) -> int:
+        return len(self.seq_lens) * len(self.modes)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TableSpec:
+        return cls(**data)
+
+    def workload(self) -> Workload:
+        """The workload to probe, its config rebuilt from transformers' own classes (no remote code)."""
+        model = model_from_json(self.model, self.model_source, self.model_type, self.model_config,
+                                self.max_seq_len)
+        return Workload(model, self.task, self.attn, self.optimizer, self.steps)  # type: ignore[arg-type]
+
+    def target_gpu(self) -> GpuSpec:
+        cc = self.gpu["compute_capability"]
+        return GpuSpec(self.gpu["name"], self.gpu["total_memory_bytes"],
+                       self.gpu["context_overhead_bytes"], tuple(cc) if cc else None)  # type: ignore[arg-type]
+
+    def key(self) -> str:
+        """sha256 of the whole spec: identical requests on an identical environment."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+EnvironmentFn = Callable[[str], dict[str, Any]]
+
+
+def normalize(body: Mapping[str, Any], settings: Settings, environment: EnvironmentFn) -> TableSpec:
+    """Validate a request body (TableCreate fields) and fill in defaults.
+
+    ``environment(backend)`` resolves ``auto`` and says where a run of that backend goes
+    (Runner.environment). Raises the core's errors: UnknownModel, SequenceTooLong, UnknownGpu,
+    InvalidInput (malformed sizes, modes, limits), BackendUnavailable, and ModelPathRefused.
+    """
+    with about("model"):
+        name = check_model_name(body["model"], settings.model_dirs)
+    with about("task"):
+        task = check_task(body.get("task") or DEFAULT_TASK)
+    with about("attn"):
+        attn = check_attn(body.get("attn"))
+    with about("optimizer"):
+        optimizer = check_optimizer(body.get("optimizer") or DEFAULT_OPTIMIZER)
+    search = body.get("search") or DEFAULT_METHOD
+    if search not in METHODS:
+        raise _on("search", InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}"))
+    with about("modes"):
+        modes = parse_modes(body.get("modes") or list(DEFAULT_MODE_NAMES))
+    mode_names = sorted({m.name for m in modes}, key=ALLOWED_MODE_NAMES.index)
+    with about("seq_lens"):
+        seq_lens = _seq_lens(body.get("seq_lens"), settings)
+    cells = len(seq_lens) * len(mode_names)
+    if cells > settings.max_cells:
+        raise _on("seq_lens", InvalidInput(
+            f"{len(seq_lens)} sequence lengths x {len(mode_names)} modes = {cells} cells exceeds "
+            f"this server's limit of {settings.max_cells} cells per request (AUTOTUNE_MAX_CELLS)"
+        ))
+    with about("max_batch"):
+        max_batch = _max_batch(body.get("max_batch"), settings)
+    margin = DEFAULT_MARGIN if body.get("margin") is None else float(body["margin"])
+    backend_name = body.get("backend") or settings.backend
+    if backend_name not in BACKENDS:
+        raise _on("backend", InvalidInput(
+            f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}"))
+    if body.get("gpu") is not None and body.get("gpu_memory") is not None:
+        raise _on("gpu_memory", InvalidInput(
+            "give either gpu (a preset name) or gpu_memory (a size), not both"))
+    with about("backend"):
+        env = environment(backend_name)
+    with about("gpu" if body.get("gpu") is not None else "gpu_memory"):
+        _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
+    with about("margin"):
+        budget = budget_bytes(gpu, margin)  # checks the margin
+    with about("model"):
+        model = resolve_model(
+            name,
+            allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
+            allow_hub=settings.allow_hub,
+            local_dirs=list(settings.model_dirs),
+        )
+    with about("seq_lens"):
+        for seq_len in seq_lens:
+            check_seq_len(model, seq_len)
+    return TableSpec(
+        model=preset_name(name) or name,
+        model_source=model.source,
+        model_type=model.config.model_type,
+        model_config=config_to_json(model.config),
+        max_seq_len=model.max_seq_len,
+        task=task,
+        attn=attn,
+        optimizer=optimizer,
+        steps=MIN_STEPS,
+        seq_lens=seq_lens,
+        modes=mode_names,
+        gpu={
+            "name": gpu.name,
+            "total_memory_bytes": gpu.total_memory_bytes,
+            "context_overhead_bytes": gpu.context_overhead_bytes,
+            "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
+        },
+        backend=env["backend"],
+        margin=margin,
+        max_batch=max_batch,
+        search=search,
+        budget_bytes=budget,
+        environment=env,
+    )
+
+
+@contextmanager
+def about(field: str) -> Iterator[None]:
+    """Errors raised inside are about request field ``field`` (unless they already name one)."""
+    try:
+        yield
+    except AutotuneError as exc:
+        _on(field, exc)
+        raise
+
+
+def _on(field: str, exc: AutotuneError) -> AutotuneError:
+    if exc.field is None:
+        exc.field = field
+    return exc
+
+
+def _seq_lens(values: Sequence[int] | None, settings: Settings) -> list[int]:
+    if values is None:
+        values = DEFAULT_SEQ_LENS
+    if not values:
+        raise InvalidInput("seq_lens is empty: give at least one sequence length, e.g. [128, 256]")
+    for seq_len in values:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise InvalidInput(f"sequence length must be an integer >= 1, got {seq_len!r}")
+        if seq_len > settings.max_seq_len:
+            raise InvalidInput(
+                f"sequence length {seq_len} exceeds this server's limit of {settings.max_seq_len} "
+                "tokens (AUTOTUNE_MAX_SEQ_LEN)"
+            )
+    return sorted(set(values))
+
+
+def _max_batch(value: int | None, settings: Settings) -> int:
+    if value is None:
+        return min(DEFAULT_MAX_BATCH, settings.max_batch)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"max_batch must be an integer >= 1, got {value!r}")
+    if value > settings.max_batch:
+        raise InvalidInput(
+            f"max_batch {value} exceeds this server's limit of {settings.max_batch} (AUTOTUNE_MAX_BATCH)"
+        )
+    return value
+
+
+_PATH_SEPARATORS = re.compile(r"[/\\]")
+
+
+def check_model_name(name: str, model_dirs: Sequence[Path]) -> str:
+    """``name`` stripped, if the server may resolve it; ModelPathRefused for paths it may not read.
+
+    A preset or a hub id (``org/name``) passes. A path passes only when it is absolute and,
+    symlinks resolved, inside one of ``model_dirs``; ``..`` is refused outright.
+    """
+    name = name.strip()
+    if not name:
+        raise InvalidInput("empty model name: use a preset (`autotune models`) or a hub id")
+    if len(name) > MAX_MODEL_NAME_CHARS:
+        raise InvalidInput(
+            f"model name of {len(name)} characters is too long (at most {MAX_MODEL_NAME_CHARS})"
+        )
+    if any(not ch.isprintable() for ch in name):
+        raise InvalidInput(f"model name {name!r} contains control characters")
+    if preset_name(name) is not None:
+        return name
+    if ".." in _PATH_SEPARATORS.split(name):
+        raise ModelPathRefused(f"model name '{name}' contains '..': paths that leave a directory are refused")
+    looks_like_path = (
+        name.startswith(("/", "~", ".", "\\")) or "\\" in name or name.count("/") > 1
+        or name.lower().endswith(".json")
+    )
+    if not looks_like_path:
+        return name
+    if not model_dirs:
+        raise ModelPathRefused(
+            f"model '{name}' is a local path, and this server reads no local models "
+            "(AUTOTUNE_MODEL_DIRS is empty): use a preset or a Hugging Face hub id"
+        )
+    allowed = [Path(d).expanduser().resolve() for d in model_dirs]
+    dirs = ", ".join(str(d) for d in allowed)
+    if not name.startswith("/"):
+        raise ModelPathRefused(f"local model path '{name}' must be absolute, inside {dirs}")
+    resolved = Path(name).resolve()
+    if not any(resolved.is_relative_to(d) for d in allowed):
+        raise ModelPathRefused(f"local model path '{name}' is outside the allowed directories: {dirs}")
+    return name

@@ -1,0 +1,442 @@
+"""Where the memory of a training step goes, and why a batch does not fit.
+
+``explain`` answers for one (model, seq_len, mode) on a target GPU, at a requested batch or at
+the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
+
+- the breakdown of the peak: one instrumented trace of the step (instrument.py) replayed
+  through the caching-allocator simulator; at the moment allocated memory peaks, every live
+  block is put in one category (parameters, gradients, optimizer state, autocast weight copies,
+  activations saved for backward, temporaries, the batch, cuBLAS workspaces), so the categories
+  add up to the peak allocated exactly. The allocator's cached-but-unused blocks and the CUDA
+  context (outside the allocator) complete the picture;
+- the modules holding the most parameters and the most activations, and flags for the outliers
+  that caused real out-of-memory reports: a module holding more than a third of the parameters,
+  an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence;
+- when even batch 1 does not fit, which part alone exceeds the budget;
+- the levers (levers.py): the max batch under each change a user can make (the 8-bit AdamW
+  levers measured with bitsandbytes on this machine's GPU where it has both).
+
+Estimate backend only: the breakdown needs the fake-tensor trace (the 8-bit measurement uses a
+cuda backend of its own).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends import Backend
+from autotune.defaults import DEFAULT_MAX_BATCH
+from autotune.errors import InvalidInput
+from autotune.gpus import GpuSpec
+from autotune.tuner import budget_bytes, search_cell
+from autotune.units import format_bytes
+from autotune.workload import Workload
+from autotune.workload.models import check_seq_len
+from autotune.workload.modes import Mode
+
+if TYPE_CHECKING:
+    from autotune.analysis.levers import Lever
+    from autotune.analysis.padding import PaddingReport
+    from autotune.backends.estimate.instrument import Recording
+
+# Flags for outliers. The issue's thresholds: a module holding more than a third of the
+# parameters; an embedding holding more than half of them.
+DOMINANT_SHARE = 1 / 3
+EMBEDDING_SHARE = 1 / 2
+# The largest vocabularies of common pretrained models are about 2**18 tokens (Gemma 3: 262,144;
+# NLLB: 256,206; XLM-R: 250,002): beyond that, a tokenizer or label-encoding accident is likelier
+# than a design (the TabBERT story: 867,813 tokens from one ID column).
+HUGE_VOCAB = 2**18
+TOP_MODULES = 10
+WEIGHT_KINDS = ("parameters", "gradients", "optimizer_state", "autocast_copies")
+# How a report names each category of the breakdown (instrument.CATEGORIES).
+CATEGORY_LABELS = {
+    "parameters": "parameters and buffers",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "autocast_copies": "autocast weight copies",
+    "activations": "activations saved for backward",
+    "temporaries": "temporaries",
+    "inputs": "the batch (inputs, labels)",
+    "workspaces": "cuBLAS workspaces",
+}
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Allocated memory at the peak of the step, by category (allocator blocks, in bytes)."""
+
+    batch_size: int
+    peak_allocated_bytes: int  # == sum(categories.values())
+    peak_step: int  # 1-based training step of the peak
+    peak_phase: str  # "forward" | "backward" | "optimizer step" (or "setup")
+    categories: dict[str, int]  # instrument.CATEGORIES, in that order
+    demand_bytes: int  # the smallest capacity the step runs in (what the budget bounds)
+    cached_bytes: int  # demand - peak allocated: blocks reserved but not in use at the peak
+    context_bytes: int  # CUDA context, outside PyTorch's allocator
+    budget_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class ModuleParams:
+    name: str  # "" is the model itself
+    type: str
+    description: str  # e.g. "Embedding(868000, 32)"
+    shapes: list[tuple[int, ...]]  # of its own parameters
+    params: int
+    param_bytes: int
+    share: float  # of all parameters
+
+
+@dataclass(frozen=True)
+class ModuleActivations:
+    name: str
+    type: str
+    output_shape: tuple[int, ...] | None
+    activation_bytes: int  # tensor bytes it allocated in the last forward, saved for backward
+    share: float  # of all activations
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: str  # "dominant-module" | "huge-vocabulary" | "flattened-sequence"
+    module: str
+    message: str
+
+
+@dataclass
+class Explanation:
+    model: str
+    task: str
+    attn: str
+    optimizer: str
+    mode: str
+    seq_len: int
+    gpu_name: str
+    gpu_memory_bytes: int
+    budget_bytes: int
+    margin: float
+    max_batch_size: int  # of the cell; 0: even batch 1 does not fit
+    capped: bool  # max_batch_size reached the search's limit
+    requested_batch_size: int | None
+    batch_size: int  # the batch the breakdown is for
+    fits: bool  # at batch_size
+    breakdown: Breakdown
+    total_params: int
+    top_parameters: list[ModuleParams]
+    top_activations: list[ModuleActivations]
+    flags: list[Flag]
+    does_not_fit: str | None  # why even batch 1 does not fit, when it does not
+    levers: list[Lever] = field(default_factory=list)
+    padding: PaddingReport | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- the breakdown ------------------------------------------------------------------------------
+
+
+def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: int, fits: bool
+                 ) -> Breakdown:
+    """Categories of the live blocks when allocated memory peaks (the first such moment)."""
+    from autotune.backends.estimate.allocator import CachingAllocatorSim
+
+    sim = CachingAllocatorSim()  # no limit: as accounting.replay finds the peak allocated
+    handles: dict[int, int] = {}
+    index_of: dict[int, int] = {}  # storage key -> allocation index, while alive
+    blocks: list[int] = []  # the allocator's block size of each allocation
+    allocated = peak = 0
+    peak_event = 0
+    for position, (key, nbytes) in enumerate(recording.events):
+        if nbytes < 0:
+            index = index_of.pop(key)
+            sim.free(handles.pop(index))
+            allocated -= blocks[index]
+            continue
+        index_of[key] = index = len(blocks)
+        before = sim.stats.allocated_bytes
+        handles[index] = sim.malloc(nbytes)
+        blocks.append(sim.stats.allocated_bytes - before)  # rounded, or a whole unsplit block
+        allocated += blocks[index]
+        if allocated > peak:
+            peak, peak_event = allocated, position
+    live, at_peak = _live_at(recording.events, peak_event)
+    categories = dict.fromkeys(_categories(), 0)
+    for index in live:
+        categories[recording.allocations[index].kind] += blocks[index]
+    assert sum(categories.values()) == peak  # every live block is in exactly one category
+    peak_allocation = recording.allocations[at_peak]
+    return Breakdown(
+        batch_size=recording.batch_size, peak_allocated_bytes=peak, peak_step=peak_allocation.step,
+        peak_phase=peak_allocation.phase, categories=categories, demand_bytes=demand_bytes,
+        cached_bytes=max(0, demand_bytes - peak), context_bytes=gpu.context_overhead_bytes,
+        budget_bytes=budget, fits=fits,
+    )
+
+
+def _categories() -> tuple[str, ...]:
+    from autotune.backends.estimate.instrument import CATEGORIES
+
+    return CATEGORIES
+
+
+def _live_at(events: list[tuple[int, int]], last: int) -> tuple[set[int], int]:
+    """Allocation indices alive after ``events[last]``, and the index ``events[last]`` made."""
+    index_of: dict[int, int] = {}
+    live: set[int] = set()
+    count = 0
+    for key, nbytes in events[: last + 1]:
+        if nbytes < 0:
+            live.discard(index_of.pop(key))
+        else:
+            index_of[key] = count
+            live.add(count)
+            count += 1
+    return live, count - 1
+
+
+# -- modules and flags --------------------------------------------------------------------------
+
+
+def describe_module(module: Any) -> str:
+    """Short and with the sizes: "Linear(4096, 200)", "Embedding(868000, 32)", "LayerNorm((32,), ...)"."""
+    from torch import nn
+
+    if isinstance(module, nn.Linear):
+        return f"Linear({module.in_features}, {module.out_features})"
+    if isinstance(module, nn.Embedding):
+        return f"Embedding({module.num_embeddings}, {module.embedding_dim})"
+    extra = module.extra_repr()
+    return f"{type(module).__name__}({extra})" if extra else type(module).__name__
+
+
+def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
+    """Modules by the bytes of their own parameters (shared parameters count once), and the total."""
+    seen: set[int] = set()
+    rows = []
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if own:
+            rows.append((name, module, own))
+    total = sum(p.numel() for _, _, own in rows for p in own)
+    table = [
+        ModuleParams(
+            name=name, type=type(module).__name__, description=describe_module(module),
+            shapes=[tuple(p.shape) for p in own], params=sum(p.numel() for p in own),
+            param_bytes=sum(p.numel() * p.element_size() for p in own),
+            share=sum(p.numel() for p in own) / total if total else 0.0,
+        )
+        for name, module, own in rows
+    ]
+    table.sort(key=lambda row: (-row.param_bytes, row.name))
+    return table, total
+
+
+def activation_table(recording: Recording) -> list[ModuleActivations]:
+    """Modules by the activations they allocated in the last forward and autograd kept."""
+    per_module: dict[str, int] = defaultdict(int)
+    for allocation in recording.allocations:
+        if allocation.kind == "activations" and allocation.step == recording.steps:
+            per_module[allocation.module or ""] += allocation.nbytes
+    total = sum(per_module.values())
+    rows = []
+    for name, nbytes in per_module.items():
+        call = recording.calls.get(name)
+        rows.append(ModuleActivations(
+            name=name, type=call.type if call else "", output_shape=call.output_shape if call else None,
+            activation_bytes=nbytes, share=nbytes / total if total else 0.0,
+        ))
+    rows.sort(key=lambda row: (-row.activation_bytes, row.name))
+    return rows
+
+
+def find_flags(model: Any, recording: Recording, seq_len: int, hidden: int | None,
+               table: list[ModuleParams], total: int) -> list[Flag]:
+    """The outliers of the issue: see the module docstring and the thresholds above."""
+    from torch import nn
+
+    modules = dict(model.named_modules())
+    flags: list[Flag] = []
+    for row in table:
+        module = modules[row.name]
+        specific = None
+        if isinstance(module, nn.Embedding):
+            specific = _embedding_flag(row, module, total)
+        elif isinstance(module, nn.Linear):
+            specific = _flattened_flag(row, module, recording, seq_len, hidden)
+        if specific is not None:
+            flags.append(specific)
+        elif row.share > DOMINANT_SHARE:
+            flags.append(Flag("dominant-module", row.name,
+                              f"{_label(row.name)}: {row.description} holds {row.share:.0%} of the "
+                              f"model's {total:,} parameters ({row.params:,})"))
+    return flags
+
+
+def _embedding_flag(row: ModuleParams, module: Any, total: int) -> Flag | None:
+    vocab, width = module.num_embeddings, module.embedding_dim
+    if row.share <= EMBEDDING_SHARE and vocab <= HUGE_VOCAB:
+        return None
+    hint = ("larger than any common pretrained vocabulary: check the tokenizer or the label encoding "
+            "that grew it") if vocab > HUGE_VOCAB else \
+        "its gradients and optimizer state dominate too: see the frozen-embeddings and 8-bit levers"
+    return Flag("huge-vocabulary", row.name,
+                f"{_label(row.name)}: a vocabulary of {vocab:,} tokens x {width} holds {row.share:.0%} "
+                f"of the model's {total:,} parameters ({row.params:,} = {vocab:,} x {width}); {hint}")
+
+
+def _flattened_flag(row: ModuleParams, module: Any, recording: Recording, seq_len: int,
+                    hidden: int | None) -> Flag | None:
+    """A linear layer whose input is the sequence flattened: in_features = k x seq_len x hidden."""
+    width = module.in_features
+    if hidden is None or seq_len < 2 or width < seq_len * hidden or width % (seq_len * hidden):
+        return None
+    call = recording.calls.get(row.name)
+    if call is not None and call.input_shape is not None and len(call.input_shape) != 2:
+        return None  # applied per token, not to a flattened sequence
+    k = width // (seq_len * hidden)
+    factors = f"{k} x " if k > 1 else ""
+    return Flag("flattened-sequence", row.name,
+                f"{_label(row.name)}: {row.description} takes the whole sequence flattened (in_features "
+                f"{width:,} = {factors}seq_len {seq_len} x hidden {hidden}): {row.params:,} parameters "
+                f"({row.share:.0%}) that grow with the sequence length; a per-token head "
+                f"(Linear({hidden}, n)) or a pooled sequence needs {hidden} x n")
+
+
+def _label(name: str) -> str:
+    return name or "(the model itself)"
+
+
+# -- why batch 1 does not fit ---------------------------------------------------------------------
+
+
+def weight_state(recording: Recording) -> dict[str, dict[str, int]]:
+    """Per parameter: tensor bytes of itself, its gradient, optimizer state and autocast copies
+    (the largest of any one step)."""
+    per_step: dict[tuple[str, str, int], int] = defaultdict(int)
+    for allocation in recording.allocations:
+        if allocation.param is not None and allocation.kind in WEIGHT_KINDS:
+            per_step[(allocation.param, allocation.kind, allocation.step)] += allocation.nbytes
+    state: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(WEIGHT_KINDS, 0))
+    for (param, kind, _), nbytes in per_step.items():
+        state[param][kind] = max(state[param][kind], nbytes)
+    return dict(state)
+
+
+def _owner(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else ""
+
+
+def batch_one_reason(breakdown: Breakdown, recording: Recording, table: list[ModuleParams],
+                     optimizer: str) -> str:
+    """Which part alone exceeds the budget at batch 1 (module docstring)."""
+    budget = breakdown.budget_bytes
+    state = weight_state(recording)
+    per_module: dict[str, int] = defaultdict(int)
+    for param, kinds in state.items():
+        per_module[_owner(param)] += sum(kinds[k] for k in ("parameters", "gradients", "optimizer_state"))
+    static = sum(per_module.values())
+    rows = {row.name: row for row in table}
+    top = max(per_module, key=lambda name: per_module[name]) if per_module else None
+    what = f"parameters, gradients and {optimizer} state"
+    head = f"even batch 1 does not fit in the {format_bytes(budget)} budget"
+    about_top = ""
+    if top is not None and top in rows and static and per_module[top] / static > DOMINANT_SHARE:
+        row = rows[top]
+        if per_module[top] > budget:
+            return (f"{head}: the {what} of {_label(top)} ({row.description}, {row.params:,} "
+                    f"parameters) alone take {format_bytes(per_module[top])}")
+        about_top = (f"{_label(top)} ({row.description}, {row.params:,} parameters) accounts for "
+                     f"{format_bytes(per_module[top])} of the {what}")
+    if static > budget:
+        return f"{head}: the {what} alone take {format_bytes(static)}" + \
+            (f"; {about_top}" if about_top else "")
+    parts = sorted(((n, k) for k, n in breakdown.categories.items() if n), reverse=True)
+    chosen, running = [], 0
+    for nbytes, kind in parts:
+        chosen.append(f"{kind.replace('_', ' ')} {format_bytes(nbytes)}")
+        running += nbytes
+        if running > budget:
+            break
+    where = f"at its peak (the {breakdown.peak_phase} of step {breakdown.peak_step})"
+    if running > budget:
+        text = f"{head}: {where}, {' + '.join(chosen)} = {format_bytes(running)}"
+    else:
+        text = (f"{head}: {where} the step allocates {format_bytes(breakdown.peak_allocated_bytes)} "
+                f"and needs {format_bytes(breakdown.demand_bytes)} with the allocator's rounding "
+                "and cached blocks")
+    return text + (f"; {about_top}" if about_top else "")
+
+
+# -- the whole explanation --------------------------------------------------------------------------
+
+
+def explain(
+    workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
+    margin: float, batch_size: int | None = None, lengths: Sequence[int] | None = None,
+    with_levers: bool = True, max_batch: int = DEFAULT_MAX_BATCH, measure_8bit: bool = True,
+) -> Explanation:
+    """The breakdown at ``batch_size`` (default: the cell's max batch), modules, flags, levers.
+
+    ``measure_8bit``: measure the 8-bit AdamW levers on this machine's GPU where it has one and
+    bitsandbytes (bnb.real_8bit); False, or elsewhere, emulates them.
+    """
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.backends.estimate.instrument import InstrumentedBackend
+
+    if not isinstance(backend, EstimateBackend):
+        raise InvalidInput(f"explain needs the estimate backend, not {backend.name!r}: "
+                           "use backend 'estimate'")
+    check_seq_len(workload.model, seq_len)
+    if batch_size is not None and batch_size < 1:
+        raise InvalidInput(f"batch size {batch_size} must be at least 1")
+    budget = budget_bytes(gpu, margin)
+    best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
+    at = 1 if best == 0 else batch_size or best
+    instrumented = InstrumentedBackend(backend)
+    with instrumented.cell(workload, mode, seq_len, budget) as cell:
+        probe = cell.fits(at)
+    recording = instrumented.last
+    assert recording is not None and recording.batch_size == at
+    breakdown = breakdown_of(recording, gpu, budget, probe.details["demand_bytes"],
+                             probe.outcome == "fits")
+    model = backend._model(workload).model
+    table, total = parameter_table(model)
+    hidden = getattr(model.config, "hidden_size", None)
+    explanation = Explanation(
+        model=workload.model.name, task=workload.task, attn=backend.attn_used(workload),
+        optimizer=workload.optimizer, mode=mode.name, seq_len=seq_len, gpu_name=gpu.name,
+        gpu_memory_bytes=gpu.total_memory_bytes, budget_bytes=budget, margin=margin,
+        max_batch_size=best, capped=best >= max_batch, requested_batch_size=batch_size,
+        batch_size=at, fits=probe.outcome == "fits", breakdown=breakdown, total_params=total,
+        top_parameters=table[:TOP_MODULES], top_activations=activation_table(recording)[:TOP_MODULES],
+        flags=find_flags(model, recording, seq_len, hidden if isinstance(hidden, int) else None,
+                         table, total),
+        does_not_fit=None if best else batch_one_reason(
+            breakdown, recording, table, {"adamw": "AdamW", "sgd": "SGD"}[workload.optimizer]),
+    )
+    if with_levers or lengths:
+        from autotune.analysis.levers import real_8bit, what_if
+        from autotune.analysis.padding import dynamic_padding, length_stats, padded_length
+
+        shorter = [seq_len // 2]
+        if lengths:  # the length that covers 99% of the data, as a shorter maximum
+            shorter.append(padded_length(length_stats(lengths, seq_len).p99, seq_len))
+        if with_levers:
+            explanation.levers = what_if(
+                workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
+                effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,
+                real=real_8bit(gpu) if measure_8bit and workload.optimizer == "adamw" else None,
+            )
+        if lengths:
+            explanation.padding = dynamic_padding(
+                workload, backend, lengths, seq_len=seq_len, mode=mode, budget=budget,
+                fixed_max=best, max_batch=max_batch,
+            )
+    return explanation

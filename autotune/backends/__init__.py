@@ -1,0 +1,94 @@
+"""Probe backends: what a backend is (``Backend``), and choosing one with the target GPU for it.
+
+Two backends run the same training step (workload/step.py) at a batch size and say whether it
+fits: ``estimate`` (estimate/: fake tensors on the CPU, CUDA's allocations emulated and replayed
+through a caching-allocator simulator) and ``cuda`` (cuda/: a real step on the local GPU, one
+probe worker process per cell).
+
+``auto`` is ``cuda`` on a machine with a CUDA GPU, else ``estimate``. The target GPU is ``gpu``
+(a preset name) or ``gpu_memory`` (a size) when given, else the local GPU (cuda), else a
+16 GB-class card (defaults.DEFAULT_GPU_NAME).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from autotune.backends.cuda.device import cuda_available
+from autotune.defaults import BACKENDS, DEFAULT_GPU_NAME
+from autotune.errors import BackendUnavailable, InvalidInput
+from autotune.gpus import (
+    GpuSpec,
+    context_overhead_override,
+    custom_gpu,
+    resolve_gpu,
+    with_context_overhead,
+)
+from autotune.search import Cell
+from autotune.units import parse_bytes
+from autotune.workload import Workload
+from autotune.workload.modes import Mode
+
+
+class Backend(Protocol):
+    """Probes training steps: ``cell`` opens one (workload, mode, seq_len) cell at a budget."""
+
+    name: str  # "estimate" | "cuda"
+
+    def describe(self) -> dict[str, Any]:
+        """The environment of its answers: backend, GPU, versions."""
+        ...
+
+    def attn_used(self, workload: Workload) -> str:
+        """The attention implementation the step runs with (the one asked for, else transformers')."""
+        ...
+
+    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int
+             ) -> AbstractContextManager[Cell]:
+        """The cell's probes, for the search (search.Cell); its resources are freed on exit."""
+        ...
+
+
+def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec | None) -> GpuSpec:
+    """The card the table is for; the CUDA context overhead honours AUTOTUNE_CONTEXT_OVERHEAD."""
+    if gpu is not None and gpu_memory is not None:
+        raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
+    if gpu is not None:
+        spec = resolve_gpu(gpu)
+    elif gpu_memory is not None:
+        spec = custom_gpu(parse_bytes(gpu_memory))
+    else:
+        spec = local if local is not None else resolve_gpu(DEFAULT_GPU_NAME)
+    override = context_overhead_override()
+    return with_context_overhead(spec, override) if override is not None else spec
+
+
+def make_backend(
+    name: str, gpu: str | None = None, gpu_memory: str | int | None = None
+) -> tuple[Backend, GpuSpec]:
+    """The backend called ``name`` and the target GPU it estimates or measures for."""
+    if name not in BACKENDS:
+        raise InvalidInput(f"unknown backend {name!r}: allowed are {', '.join(BACKENDS)}")
+    use_cuda = name == "cuda" or (name == "auto" and cuda_available())
+    if use_cuda:
+        if not cuda_available():
+            raise BackendUnavailable(
+                "backend 'cuda' needs a CUDA GPU and a CUDA build of torch; this machine has "
+                "none: use backend 'estimate' (or auto)"
+            )
+        from autotune.backends.cuda.backend import CudaBackend
+        from autotune.backends.cuda.device import local_gpu
+
+        local = local_gpu()
+        target = target_gpu(gpu, gpu_memory, local=local)
+        if target.total_memory_bytes > local.total_memory_bytes:
+            raise InvalidInput(
+                f"target {target.name} has more memory than the local {local.name}: "
+                "the cuda backend can only simulate a smaller card; use backend 'estimate'"
+            )
+        return CudaBackend(target), target
+    from autotune.backends.estimate.backend import EstimateBackend
+
+    target = target_gpu(gpu, gpu_memory, local=None)
+    return EstimateBackend(target), target

@@ -1,0 +1,83 @@
+"""bitsandbytes' 8-bit AdamW in the real training step: what the cuda backend runs for the 8-bit levers.
+
+Two setups, one per lever (levers.py):
+
+- ``adamw-8bit``: ``bnb.optim.AdamW8bit`` over every trainable parameter, as a script that swaps
+  ``torch.optim.AdamW`` for it does;
+- ``adamw-8bit-trainer``: as transformers' Trainer sets up ``optim="adamw_bnb_8bit"``
+  (transformers 5.x, trainer_optimizer.py ``_get_bitsandbytes_optimizer``: ``bnb.optim.AdamW``
+  with ``optim_bits=8, is_paged=False``; trainer.py ``create_optimizer``: after building the
+  optimizer, ``GlobalOptimManager.get_instance().register_module_override(module, "weight",
+  {"optim_bits": 32})`` for every ``nn.Embedding``, so embeddings keep 32-bit moments).
+
+Registering after the optimizer is built works because bitsandbytes reads the overrides at the
+first ``step`` (bitsandbytes/optim/optimizer.py, ``Optimizer8bit.step`` calls ``check_overrides``
+once). The manager is a process-wide singleton; the cuda backend runs one worker process per
+cell, so one cell's overrides never reach another's optimizer; within a cell each probe builds
+a new optimizer and registers the same overrides again, which only repeats identical entries.
+
+bitsandbytes is imported only when an optimizer is built (in the worker): ``bitsandbytes_available``
+asks importlib whether it is installed without importing it (its import loads CUDA libraries).
+The emulation the estimator uses instead is instrument.AdamW8bitState.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from autotune.errors import BackendUnavailable, InvalidInput
+
+# The setups, and the bitsandbytes optimizer each one builds, as a report names it.
+BNB_OPTIMIZERS = {"adamw-8bit": "AdamW8bit", "adamw-8bit-trainer": "AdamW(optim_bits=8)"}
+LEARNING_RATE = 5e-5  # step.make_optimizer's AdamW; memory does not depend on it
+INSTALL = "pip install bitsandbytes (it needs a CUDA GPU), or let explain emulate its state sizes"
+
+
+def bitsandbytes_available() -> bool:
+    """Whether bitsandbytes is installed; it is not imported."""
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def check_bnb_optimizer(name: str) -> str:
+    if name not in BNB_OPTIMIZERS:
+        raise InvalidInput(f"unknown bitsandbytes optimizer {name!r}: "
+                           f"allowed are {', '.join(BNB_OPTIMIZERS)}")
+    return name
+
+
+def require_bitsandbytes() -> None:
+    """BackendUnavailable where bitsandbytes is not installed; nothing is imported."""
+    if not bitsandbytes_available():
+        raise BackendUnavailable(
+            f"the 8-bit AdamW probe needs bitsandbytes, which is not installed: {INSTALL}")
+
+
+def import_bitsandbytes() -> Any:
+    """The bitsandbytes module; BackendUnavailable where it is missing or does not load."""
+    try:
+        import bitsandbytes
+    # Releases before 0.43 raise RuntimeError ("CUDA Setup failed despite GPU being available")
+    # when their CUDA library does not load.
+    except (ImportError, RuntimeError) as exc:
+        raise BackendUnavailable(
+            f"the 8-bit AdamW probe needs bitsandbytes, which cannot be imported here ({exc}): {INSTALL}"
+        ) from exc
+    return bitsandbytes
+
+
+def make_bnb_optimizer(model: Any, name: str) -> Any:
+    """The bitsandbytes optimizer of setup ``name`` (BNB_OPTIMIZERS) over ``model``'s trainable parameters."""
+    from torch import nn
+
+    check_bnb_optimizer(name)
+    bnb = import_bitsandbytes()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw-8bit":
+        return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
+    optimizer = bnb.optim.AdamW(params, lr=LEARNING_RATE, optim_bits=8, is_paged=False)
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return optimizer

@@ -1,0 +1,134 @@
+"""The protocol between the cuda backend (backend.py) and its probe workers (probe_worker.py).
+
+JSON objects, one per line, UTF-8. The backend writes requests to the worker's stdin; the worker
+answers each with exactly one line on stdout. Its stderr is free text (logs, tracebacks) that the
+backend keeps for error reports. The worker exits when stdin closes.
+
+    backend -> worker                         worker -> backend
+    {"op": "init", "protocol": 1,             {"op": "ready", "attn", "free_bytes", "total_bytes",
+     "cell": CellSpec}                          "device_name", "compute_capability",
+                                                "model_bytes", "model_oom": null | message}
+                                              or {"op": "failed", "error_type", "error", ...}
+    {"op": "probe", "batch_size": n}          {"op": "result", "batch_size": n,
+                                                "outcome": "fits" | "oom" | "error",
+                                                "peak_allocated_bytes", "peak_reserved_bytes",
+                                                "step_time_s", "samples_per_s", "error_type",
+                                                "error", "clean", "allocated_after_bytes", ...}
+    {"op": "exit"}, or stdin closed           (exits 0)
+
+A ``CellSpec`` carries everything a worker needs to rebuild one cell, in JSON types only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import ProtocolError
+from autotune.workload import Workload
+from autotune.workload.models import check_task, config_to_json, model_from_json
+from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.step import check_attn, check_optimizer
+
+PROTOCOL = 1
+
+
+REQUESTS = ("init", "probe", "exit")
+
+
+REPLIES = ("ready", "failed", "result")
+
+
+def encode(message: Mapping[str, Any]) -> str:
+    """One protocol line: a JSON object with a known ``op``, ending in a newline."""
+    op = message.get("op")
+    if op not in REQUESTS + REPLIES:
+        raise ProtocolError(f"unknown op {op!r}: allowed are {', '.join(REQUESTS + REPLIES)}")
+    # allow_nan=False: NaN and Infinity are not JSON; a reply carrying one is a bug to surface.
+    return json.dumps(dict(message), allow_nan=False, separators=(",", ":")) + "\n"
+
+
+def decode(line: str) -> dict[str, Any]:
+    """The message of one protocol line; ProtocolError for anything else."""
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"not a JSON line: {line[:200]!r}") from exc
+    if not isinstance(message, dict) or message.get("op") not in REQUESTS + REPLIES:
+        raise ProtocolError(f"not a protocol message: {line[:200]!r}")
+    return message
+
+
+@dataclasses.dataclass(frozen=True)
+class CellSpec:
+    """Everything a worker needs to rebuild one cell, in JSON types only."""
+
+    model_name: str
+    model_source: str
+    model_type: str  # a key of transformers' CONFIG_MAPPING: no remote code
+    config: dict[str, Any]  # PretrainedConfig.to_dict(), as JSON
+    max_seq_len: int  # usable positions of the model
+    task: str
+    attn: str | None
+    optimizer: str
+    steps: int  # full training steps per probe
+    mode: str  # a mode name, e.g. "amp+ckpt"
+    seq_len: int  # tokens per sequence
+    budget_bytes: int  # what the caching allocator may reserve
+    device_index: int
+    bnb_optimizer: str | None = None  # a bnb.BNB_OPTIMIZERS setup instead of ``optimizer``
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> CellSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict) or set(data) != names:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ProtocolError(f"a cell needs exactly the fields {sorted(names)}, got {got}")
+        return cls(**data)
+
+
+def cell_spec(
+    workload: Workload, mode: Mode, seq_len: int, budget_bytes: int, device_index: int = 0,
+    bnb_optimizer: str | None = None,
+) -> CellSpec:
+    """The spec of one cell, for the worker to rebuild it."""
+    config = workload.model.config
+    return CellSpec(
+        model_name=workload.model.name,
+        model_source=workload.model.source,
+        model_type=config.model_type,
+        config=config_to_json(config),
+        max_seq_len=workload.model.max_seq_len,
+        task=workload.task,
+        attn=workload.attn,
+        optimizer=workload.optimizer,
+        steps=workload.steps,
+        mode=mode.name,
+        seq_len=seq_len,
+        budget_bytes=budget_bytes,
+        device_index=device_index,
+        bnb_optimizer=bnb_optimizer,
+    )
+
+
+def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
+    """The workload and mode a spec describes; the config built from transformers' own classes."""
+    model = model_from_json(spec.model_name, spec.model_source, spec.model_type, spec.config,
+                            spec.max_seq_len)
+    workload = Workload(
+        model=model,
+        task=check_task(spec.task),
+        attn=check_attn(spec.attn),
+        optimizer=check_optimizer(spec.optimizer),
+        steps=spec.steps,
+    )
+    return workload, parse_mode(spec.mode)
+
+
+def failed_reply(exc: BaseException) -> dict[str, Any]:
+    return {"op": "failed", "error_type": type(exc).__name__, "error": str(exc)}

@@ -1,0 +1,382 @@
+"""The ``estimate`` backend: the training step on fake tensors, accounted as CUDA would allocate.
+
+No real memory and no FLOPs: the model is built under torch's FakeTensorMode (shapes and dtypes,
+no data), and every probe runs the same training step as the CUDA backend (``step.run_steps``)
+under three layers:
+
+    CudaEmulation     (emulation.py)  CUDA's autocast lists, fused dropout, fused SDPA kernels
+    StorageTracker    (accounting.py) one allocation per new storage, one free when it dies
+    FakeTensorMode                    runs the ops on shapes only
+
+and the trace is replayed through the caching-allocator simulator (allocator.py), which adds
+CUDA's rounding (512 B blocks, 2 MiB / 20 MiB segments) and decides out-of-memory the way the
+allocator does (free cached segments and retry before giving up).
+
+Added outside the trace, because the CPU run never allocates them:
+- cuBLAS workspace: PyTorch allocates it through the caching allocator on the first matmul of a
+  (handle, stream) pair (aten/src/ATen/cuda/CublasHandlePool.cpp). cuBLAS handles are per thread
+  and autograd runs backward on its own device thread, so a training step holds two.
+- CUDA context overhead: outside the allocator, subtracted from the card's memory before the
+  budget is computed (``budget.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
+from autotune.gpus import GpuSpec
+from autotune.search import Cell, Probe
+from autotune.workload import Workload
+from autotune.workload.modes import Mode
+from autotune.workload.step import (
+    build_model,
+    gradient_checkpointing,
+    make_batch,
+    make_optimizer,
+    run_steps,
+)
+
+CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device thread (backward)
+
+
+@dataclass
+class _FakeModel:
+    model: Any
+    mode_ctx: Any  # the FakeTensorMode the model lives in
+    attn: str
+
+
+def _extrapolated(
+    traces: list[Trace], batch_size: int, reference: tuple[Trace, Trace] | None = None
+) -> tuple[Trace, str] | None:
+    """The trace at ``batch_size`` without running the model, if the cell's traces allow it:
+    from an aligned pair of this cell, else from one trace of it and another cell's pair."""
+    pair = aligned_pair(traces)
+    if pair is not None:
+        result = extrapolate(pair[0], pair[1], batch_size)
+        if result is not None:
+            return result, f"extrapolated from batches {pair[0].batch_size} and {pair[1].batch_size}"
+    if reference is not None and traces:
+        result = rescale(reference, traces[-1], batch_size)
+        if result is not None:
+            return result, (f"extrapolated from batch {traces[-1].batch_size} with the batch "
+                            f"structure of batches {reference[0].batch_size} and "
+                            f"{reference[1].batch_size} at another length")
+    return None
+
+
+# How far a prediction may gallop when no batch is known to run out of memory.
+_PREDICT_LIMIT = 1 << 24
+
+
+def _largest_fitting(fits: Callable[[int], bool | None], lo: int, hi: int | None) -> int | None:
+    """The largest batch in (lo, hi) for which ``fits`` holds, galloping up from ``lo`` while
+    no failure is known (``lo`` fits or is 0; ``hi`` fails or is None); None as soon as
+    ``fits`` cannot tell. Each call of ``fits`` is one allocator replay (milliseconds)."""
+    good, bad = lo, hi
+    candidate = max(2 * lo, 1)
+    while bad is None:
+        verdict = fits(candidate) if candidate <= _PREDICT_LIMIT else False
+        if verdict is None:
+            return None
+        if verdict:
+            good, candidate = candidate, 2 * candidate
+        else:
+            bad = candidate
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        verdict = fits(middle)
+        if verdict is None:
+            return None
+        good, bad = (middle, bad) if verdict else (good, middle)
+    return good
+
+
+def _predict_max(
+    traces: list[Trace], budget_bytes: int, lo: int, hi: int | None,
+    reference: tuple[Trace, Trace] | None = None,
+) -> int | None:
+    """The max batch in (lo, hi) by the cell's extrapolated traces; None if they cannot tell."""
+    from autotune.backends.estimate.tracker import fits_in
+
+    def fits(batch_size: int) -> bool | None:
+        found = _extrapolated(traces, batch_size, reference)
+        return None if found is None else fits_in(found[0].events(), budget_bytes)
+
+    return _largest_fitting(fits, lo, hi)
+
+
+def _guess_max(
+    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int
+) -> int | None:
+    """The max batch by traces synthesized from other lengths (trace.synthesize): a guess."""
+    from autotune.backends.estimate.tracker import fits_in
+
+    def fits(batch_size: int) -> bool | None:
+        guess = synthesize(known, seq_len, batch_size)
+        return None if guess is None else fits_in(guess.events(), budget_bytes)
+
+    return _largest_fitting(fits, 0, None)
+
+
+# The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
+# fit while a smaller one runs out of memory (best-fit reuse of cached blocks changes with the
+# sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 6% of the batch (OOMs from 2227, fits
+# up to 2362). So that every search of a cell reports the same max, a found boundary settles on
+# the lowest out-of-memory batch within this fraction below it, looked for on a grid of
+# multiples of _SETTLE_STEP shared by all searches, then refined.
+_SETTLE_WINDOW = 0.10
+_SETTLE_STEP = 4
+
+
+def _settle(
+    traces: list[Trace], budget_bytes: int, reference: tuple[Trace, Trace] | None, boundary: int
+) -> int | None:
+    """The max batch just below the lowest out-of-memory batch near ``boundary`` (see above);
+    None when there is none below it, or the cell's traces cannot tell."""
+    from autotune.backends.estimate.tracker import fits_in
+
+    def fits(batch_size: int) -> bool | None:
+        found = _extrapolated(traces, batch_size, reference)
+        return None if found is None else fits_in(found[0].events(), budget_bytes)
+
+    low = max(1, boundary - max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)))
+    start = -(-low // _SETTLE_STEP) * _SETTLE_STEP
+    for point in range(start, boundary + 1, _SETTLE_STEP):
+        verdict = fits(point)
+        if verdict is None:
+            return None
+        if not verdict:  # the lowest failure on the grid: is there one just below it?
+            for batch in range(max(1, point - _SETTLE_STEP + 1), point):
+                verdict = fits(batch)
+                if verdict is None:
+                    return None
+                if not verdict:
+                    return batch - 1
+            return point - 1
+    return None
+
+
+class MemoryEquivalentScaler:
+    """GradScaler's memory footprint without its data-dependent control flow.
+
+    torch.amp.GradScaler reads ``found_inf.item()`` to decide whether to skip the step, which a
+    fake tensor cannot answer. Its memory is a scale and a found_inf scalar, the scaled loss, and
+    an in-place unscale of the gradients (torch/amp/grad_scaler.py), all reproduced here.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._scale = torch.full((), 2.0**16, dtype=torch.float32)
+
+    def scale(self, loss: Any) -> Any:
+        return loss * self._scale
+
+    def step(self, optimizer: Any) -> None:
+        import torch
+
+        inv_scale = self._scale.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, inv_scale)
+        del found_inf
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+class _EstimateCell:
+    """One cell's probes (search.Cell), with the search's hooks: cheap, exact evaluations by
+    allocator replays of the cell's extrapolated traces."""
+
+    def __init__(self, backend: EstimateBackend, fake: _FakeModel, workload: Workload, mode: Mode,
+                 seq_len: int, budget_bytes: int, known: dict[int, tuple[Trace, Trace]]) -> None:
+        self.backend, self.fake, self.workload, self.mode = backend, fake, workload, mode
+        self.seq_len, self.budget_bytes, self.known = seq_len, budget_bytes, known
+        self.traces: list[Trace] = []
+        self.reference = known[max(known)] if known else None  # the longest length seen so far
+
+    def fits(self, batch_size: int) -> Probe:
+        return self.backend.probe(self.fake, self.workload, self.mode, self.seq_len, batch_size,
+                                  self.budget_bytes, self.traces, self.reference)
+
+    def predict(self, lo: int, hi: int | None) -> int | None:
+        if not self.traces:  # the cell's first probe: a guess from the other lengths
+            return _guess_max(self.known, self.seq_len, self.budget_bytes)
+        return _predict_max(self.traces, self.budget_bytes, lo, hi, self.reference)
+
+    def settle(self, boundary: int) -> int | None:
+        return _settle(self.traces, self.budget_bytes, self.reference, boundary)
+
+
+class EstimateBackend:
+    """Estimate CUDA memory on the CPU; one fake model per workload, reused across probes."""
+
+    name = "estimate"
+
+    def __init__(self, gpu: GpuSpec) -> None:
+        self.gpu = gpu
+        self._models: dict[tuple[str, str, str | None], _FakeModel] = {}
+        self._emulation: Any = None  # the CudaEmulation of the probe in progress
+        # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
+        # another length extrapolate from a single trace of its own (trace.rescale).
+        # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
+        self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        return {
+            "backend": self.name,
+            "gpu_name": self.gpu.name,
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+            "cuda_version": None,
+        }
+
+    def attn_used(self, workload: Workload) -> str:
+        return self._model(workload).attn
+
+    def _model(self, workload: Workload) -> _FakeModel:
+        key = (workload.model.name, workload.task, workload.attn)
+        cached = self._models.get(key)
+        if cached is None:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            fake_mode = FakeTensorMode()
+            with fake_mode:
+                model, attn = build_model(workload.model, workload.task, workload.attn)
+            cached = self._models[key] = _FakeModel(model, fake_mode, attn)
+        return cached
+
+    @contextlib.contextmanager
+    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Cell]:
+        """Yield the probes of one (mode, seq_len) cell (search.Cell).
+
+        The first probes of a cell run the model; once two of its traces line up, later probes
+        are extrapolated from them exactly (trace.py), and say so in their details.
+        """
+        fake = self._model(workload)
+        structure_key = (workload.model.name, workload.task, workload.attn, workload.optimizer,
+                         mode.name)
+        known = self._structures.setdefault(structure_key, {})
+        cell = _EstimateCell(self, fake, workload, mode, seq_len, budget_bytes, known)
+
+        # Checkpointed segments are recomputed inside backward, where the emulation's function
+        # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the
+        # recompute. It changes no allocation; use_reentrant=False is transformers' default.
+        checkpoint_kwargs = {"use_reentrant": False, "context_fn": self._checkpoint_contexts}
+        with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs):
+            yield cell
+        pair = aligned_pair(cell.traces)
+        if pair is not None:  # the next length of this mode can extrapolate from one trace
+            known[seq_len] = pair
+
+    def _checkpoint_contexts(self) -> tuple[Any, Any]:
+        recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()
+        return contextlib.nullcontext(), recompute
+
+    def probe(
+        self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int,
+        budget_bytes: int, traces: list[Trace] | None = None,
+        reference: tuple[Trace, Trace] | None = None,
+    ) -> Probe:
+        """Estimate one training step at ``batch_size``; ``traces`` are the cell's so far."""
+        from autotune.backends.estimate.tracker import replay
+
+        started = time.perf_counter()
+        found = _extrapolated(traces or [], batch_size, reference)
+        if found is None:
+            traced = Trace.from_events(batch_size, self.trace(fake, workload, mode, seq_len, batch_size))
+            method = "traced"
+            if traces is not None:
+                traces.append(traced)
+        else:
+            traced, method = found
+        result = replay(traced.events(), budget_bytes)
+        return Probe(
+            batch_size=batch_size,
+            outcome="fits" if result.fits else "oom",
+            # The demand, not the peak reserved, is what decides fits/oom against the budget.
+            peak_bytes=result.demand_bytes,
+            details={
+                "demand_bytes": result.demand_bytes,
+                "peak_allocated_bytes": result.peak_allocated_bytes,
+                "peak_reserved_bytes": result.peak_reserved_bytes,
+                "estimate": method,
+                "estimate_seconds": round(time.perf_counter() - started, 4),
+            },
+        )
+
+    def trace(
+        self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int
+    ) -> list[tuple[int, int]]:
+        """The allocation events of one probe: parameters, workspaces, then the steps."""
+        import torch
+
+        from autotune.backends.estimate.attention import AttentionKernels
+        from autotune.backends.estimate.emulation import CudaEmulation
+        from autotune.backends.estimate.tracker import StorageTracker
+
+        dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+            mode.autocast_dtype_name
+        ]
+        # A card given only by its size (--gpu-memory) is taken to be a current one (sm80+).
+        custom = self.gpu.compute_capability is None
+        kernels = AttentionKernels(
+            flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
+        )
+        emulation = CudaEmulation(dtype, kernels)
+        tracker = StorageTracker()
+        # Cyclic garbage collection runs at moments that depend on Python's object counts, not
+        # on the step, and would free tensors in cycles at different points from run to run;
+        # with it paused, the trace depends only on the step (refcounting frees the rest).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _trace(
+        self, tracker: Any, emulation: Any, fake: _FakeModel, workload: Workload, mode: Mode,
+        seq_len: int, batch_size: int,
+    ) -> list[tuple[int, int]]:
+        import torch
+
+        model = fake.model
+        with fake.mode_ctx, tracker:
+            for tensor in (*model.parameters(), *model.buffers()):
+                tracker.track(tensor)
+            workspaces = [
+                torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
+                for _ in range(CUBLAS_HANDLES_PER_STEP)
+            ]
+            batch = make_batch(model.config, workload.task, batch_size, seq_len)
+            optimizer = make_optimizer(model, workload.optimizer, foreach=True)
+            scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
+            self._emulation = emulation
+            try:
+                with emulation:
+                    run_steps(
+                        model, batch, optimizer, steps=workload.steps,
+                        autocast=emulation.forward_region, scaler=scaler,
+                    )
+            finally:
+                self._emulation = None
+            del optimizer, batch, scaler, workspaces
+            model.zero_grad(set_to_none=True)
+        tracker.close()
+        return tracker.events

@@ -1,0 +1,172 @@
+"""What CUDA would do differently from the CPU, replayed at the level of torch functions.
+
+The estimator runs the training step on fake CPU tensors (fake CUDA tensors cannot run backward
+on a CPU-only torch). Where CUDA's choice of kernel or dtype changes what is allocated, this
+TorchFunctionMode makes the CPU run take CUDA's choice. It sits above autograd, as CUDA's autocast
+does, so the tensors autograd saves for backward are the ones CUDA would save.
+
+1. Autocast (``amp``/``bf16``): CUDA's op lists from aten/src/ATen/autocast_mode.cpp
+   (``KERNEL_CUDA(..., lower_precision_fp)``, ``fp32``, ``fp32_set_opt_dtype``, ``promote``),
+   mapped to the torch functions transformers models call. CPU autocast has different lists,
+   so torch.autocast("cpu") would not estimate CUDA. Casts of leaf parameters are cached for the
+   whole forward, as autocast's ``cached_cast`` does, and dropped when the forward ends.
+2. Dropout: CUDA runs the fused ``native_dropout`` kernel (aten/src/ATen/native/Dropout.cpp,
+   ``is_fused_kernel_acceptable``), which saves a 1-byte bool mask; the CPU path draws a float
+   mask of the input's dtype (4 bytes an element in fp32).
+3. Scaled dot-product attention: CUDA picks the flash or memory-efficient kernel
+   (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); neither keeps a seq x seq matrix.
+   The CPU falls back to the math path when dropout is on, which does. See ``attention.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
+
+Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
+
+
+def _autocast_policies() -> dict[Callable[..., Any], Policy]:
+    """CUDA autocast policy per torch function (autocast_mode.cpp, PyTorch 2.x)."""
+    T = torch.Tensor
+    lower = [
+        F.linear, torch.matmul, T.matmul, T.__matmul__, T.__rmatmul__, torch.mm, T.mm,
+        torch.bmm, T.bmm, torch.baddbmm, T.baddbmm, torch.addmm, T.addmm, torch.addbmm,
+        torch.mv, T.mv, torch.addmv, torch.einsum, torch.chain_matmul, F.conv1d, F.conv2d,
+        F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.prelu, F.bilinear,
+        F.scaled_dot_product_attention,
+    ]
+    fp32 = [
+        F.layer_norm, F.group_norm, torch.layer_norm, torch.exp, T.exp, torch.log, T.log,
+        torch.pow, T.pow, T.__pow__, T.__rpow__, torch.rsqrt, T.rsqrt, torch.reciprocal,
+        T.reciprocal, torch.expm1, torch.log1p, torch.erfinv, F.softplus, F.cross_entropy,
+        F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.kl_div,
+        F.binary_cross_entropy_with_logits, F.cosine_similarity, torch.logsumexp, T.logsumexp,
+        torch.cdist, torch.dist, torch.norm, T.norm, F.normalize,
+    ]
+    # fp32_set_opt_dtype: run in float32 by passing dtype=float32 when no dtype is given.
+    fp32_opt_dtype = [
+        F.softmax, F.log_softmax, torch.softmax, T.softmax, torch.log_softmax, T.log_softmax,
+        torch.sum, T.sum, torch.cumsum, T.cumsum, torch.prod, T.prod,
+    ]
+    promote = [torch.addcdiv, torch.addcmul, torch.cat, torch.stack, torch.index_put]
+    table: dict[Callable[..., Any], Policy] = {}
+    groups: tuple[tuple[list[Any], Policy], ...] = (
+        (lower, "lower"), (fp32, "fp32"), (fp32_opt_dtype, "fp32_opt_dtype"), (promote, "promote"))
+    for functions, policy in groups:
+        for function in functions:
+            table[function] = policy
+    return table
+
+
+def _eligible(value: Any) -> bool:
+    # autocast casts floating tensors other than float64 (autocast_mode.h, is_eligible).
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64
+
+
+class CudaEmulation(TorchFunctionMode):
+    """Make a fake-CPU training step allocate what it would on CUDA (see the module docstring).
+
+    ``autocast_dtype`` is None for fp32. Call ``forward_region()`` around the forward pass:
+    autocast's cast cache lives only inside it.
+    """
+
+    def __init__(self, autocast_dtype: torch.dtype | None, kernels: AttentionKernels) -> None:
+        super().__init__()
+        self.autocast_dtype = autocast_dtype
+        self.kernels = kernels
+        self._policies = _autocast_policies() if autocast_dtype is not None else {}
+        self._cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] | None = None
+
+    # -- the cast cache ---------------------------------------------------------------------
+    def begin_forward(self) -> None:
+        self._cache = {}
+
+    def end_forward(self) -> None:
+        # Leaving the outermost autocast clears the cache (torch/amp/autocast_mode.py __exit__).
+        self._cache = None
+
+    @contextlib.contextmanager
+    def forward_region(self) -> Iterator[None]:
+        """Stands where ``torch.autocast(...)`` stands in a training script."""
+        self.begin_forward()
+        try:
+            yield
+        finally:
+            self.end_forward()
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        if not _eligible(value) or value.dtype == dtype:
+            return value
+        cacheable = (
+            self._cache is not None and dtype == self.autocast_dtype and value.dtype == torch.float32
+            and value.is_leaf and value.requires_grad
+        )
+        if cacheable:
+            assert self._cache is not None
+            hit = self._cache.get(id(value))
+            if hit is not None and hit[0]() is value:
+                return hit[1]
+        cast = value.to(dtype)
+        if cacheable:
+            assert self._cache is not None
+            self._cache[id(value)] = (weakref.ref(value), cast)
+        return cast
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        policy = self._policies.get(func)
+        if policy is not None:
+            args, kwargs = self._apply_policy(func, policy, args, kwargs)
+        if func is F.dropout:
+            return _fused_dropout(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            return emulated_sdpa(self.kernels, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _apply_policy(self, func: Any, policy: Policy, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        assert self.autocast_dtype is not None
+        if policy == "lower":
+            cast = lambda v: self._cast(v, self.autocast_dtype)  # noqa: E731
+        elif policy == "fp32":
+            cast = lambda v: self._cast(v, torch.float32)  # noqa: E731
+        elif policy == "fp32_opt_dtype":
+            first = args[0] if args else None
+            if kwargs.get("dtype") is None and first is not None and _eligible(first) \
+                    and first.dtype != torch.float32:
+                kwargs = {**kwargs, "dtype": torch.float32}
+            return args, kwargs
+        else:  # promote: to the widest floating dtype among the arguments
+            dtypes = [v.dtype for v in _tensors(args, kwargs) if _eligible(v)]
+            if not dtypes:
+                return args, kwargs
+            widest = max(dtypes, key=lambda d: torch.finfo(d).bits)
+            cast = lambda v: self._cast(v, widest)  # noqa: E731
+        return tree_map(cast, args), tree_map(cast, kwargs)
+
+
+def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, (args, kwargs))
+    return found
+
+
+def _fused_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """F.dropout as CUDA runs it: ``native_dropout``, saving a bool mask for backward."""
+    if not training or inplace or p <= 0.0 or p >= 1.0 or input.numel() == 0:
+        # In-place dropout is rare in transformers models; it keeps the CPU path.
+        return F.dropout(input, p, training, inplace)
+    output, _mask = torch.ops.aten.native_dropout(input, p, True)
+    return output

@@ -1,0 +1,416 @@
+"""The estimator's training step, instrumented: what each allocation is, and variants of the step.
+
+``InstrumentedBackend`` is an ``EstimateBackend`` whose ``trace`` runs the same step under the
+same three layers (CudaEmulation, StorageTracker, FakeTensorMode) and returns the same events, so
+its probes, searches and extrapolations are the table's. On the way it records, per allocation:
+
+- the phase and training step it happened in (forward, backward, optimizer step), told by the
+  step's own seams: the autocast region around the forward, ``scaler.step`` (which calls
+  ``optimizer.step``) and run_steps' ``after_step``;
+- the innermost module whose forward was running (forward pre/post hooks on every module);
+- what it is: parameters and buffers (tracked at the start), the cuBLAS workspaces, the batch,
+  gradients (storages that are some ``p.grad`` when the optimizer step starts), optimizer state
+  (storages in ``optimizer.state`` after the step), autocast copies (casts of parameters made by
+  the emulation), activations (allocated in a forward and still alive when it ends: what
+  autograd saved for backward, and the loss), temporaries (everything else).
+
+A ``Variant`` changes the step the way a user would: another optimizer (bitsandbytes' 8-bit
+AdamW, emulated: ``AdamW8bitState``) or frozen embeddings. tests/test_explain.py checks that the
+instrumented trace of the plain step is the backend's own, allocation for allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.backends.estimate.backend import (
+    CUBLAS_HANDLES_PER_STEP,
+    EstimateBackend,
+    MemoryEquivalentScaler,
+)
+from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.tracker import StorageTracker
+from autotune.workload import Workload
+from autotune.workload.modes import Mode
+from autotune.workload.step import NoScaler, make_batch, make_optimizer, run_steps
+
+# Phases of a training step, in order.
+SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer step"
+# What an allocation is; "temporaries" until something says otherwise.
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "autocast_copies", "activations",
+              "temporaries", "inputs", "workspaces")
+TEMPORARY = "temporaries"
+
+
+@dataclass
+class Allocation:
+    """One new storage of the step."""
+
+    nbytes: int  # the storage's size, before the allocator rounds it
+    phase: str
+    step: int  # 1-based training step; 0 during setup
+    module: str | None  # innermost module running ("" is the model itself); None outside forward
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str = TEMPORARY
+    param: str | None = None  # the parameter this is, or is the gradient, state or cast copy of
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """Shapes seen by a module's last forward call (the first tensor in and out)."""
+
+    type: str
+    input_shape: tuple[int, ...] | None
+    output_shape: tuple[int, ...] | None
+
+
+@dataclass
+class Recording:
+    """Everything one instrumented trace found; ``allocations[i]`` is the i-th allocation event."""
+
+    batch_size: int
+    seq_len: int
+    events: list[tuple[int, int]]
+    allocations: list[Allocation]
+    calls: dict[str, ModuleCall] = field(default_factory=dict)
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A change to the training step that the table does not cover (see levers.py)."""
+
+    optimizer: str | None = None  # None: the workload's; "adamw-8bit": AdamW8bitState
+    freeze_embeddings: bool = False  # requires_grad False on every nn.Embedding's parameters
+    fp32_state_for_embeddings: bool = False  # with "adamw-8bit": as transformers' Trainer sets it
+
+
+class RecordingTracker(StorageTracker):
+    """A StorageTracker that also notes, per allocation, when and where it happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocations: list[Allocation] = []
+        self._current: dict[int, int] = {}  # storage key -> allocation index, while alive
+        self.phase = SETUP
+        self.step = 0
+        self.modules: list[str] = []
+
+    def track(self, tensor: torch.Tensor) -> None:
+        count = len(self.events)
+        super().track(tensor)
+        if len(self.events) == count:  # a storage already counted
+            return
+        key, nbytes = self.events[-1]
+        self._current[key] = len(self.allocations)
+        module = self.modules[-1] if self.modules else None
+        self.allocations.append(Allocation(nbytes, self.phase, self.step, module,
+                                           tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+
+    def _on_free(self, key: int) -> None:
+        super()._on_free(key)
+        self._current.pop(key, None)
+
+    def mark(self, tensor: Any, kind: str, param: str | None = None) -> None:
+        """Say what ``tensor``'s storage is, unless something already did."""
+        if not isinstance(tensor, torch.Tensor):
+            return
+        index = self._current.get(tensor.untyped_storage()._cdata)
+        if index is not None and self.allocations[index].kind == TEMPORARY:
+            self.allocations[index].kind = kind
+            self.allocations[index].param = param
+
+    def live(self) -> list[int]:
+        return list(self._current.values())
+
+
+class RecordingEmulation(CudaEmulation):
+    """CudaEmulation that reports each cast it makes; the trace keeps those of parameters
+    (autocast's weight copies: cached for the forward, and kept by autograd where saved)."""
+
+    def __init__(self, autocast_dtype: Any, kernels: Any, on_cast: Callable[[Any, Any], None]) -> None:
+        super().__init__(autocast_dtype, kernels)
+        self._on_cast = on_cast
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        cast = super()._cast(value, dtype)
+        if cast is not value:
+            self._on_cast(value, cast)
+        return cast
+
+
+class AdamW8bitState(torch.optim.Optimizer):
+    """The memory of bitsandbytes' ``AdamW8bit`` (block-wise), without its CUDA kernels.
+
+    bitsandbytes/optim/optimizer.py, ``Optimizer2State.init_state`` (0.44+): for a parameter of
+    n >= ``min_8bit_size`` (4096) elements, ``state1`` and ``state2`` are uint8 tensors of the
+    parameter's shape (1 byte each: the two moments, 2 bytes a parameter) and ``absmax1`` /
+    ``absmax2`` are float32 tensors of ceil(n / 256) blocks (the per-block quantization scales);
+    smaller parameters keep float32 moments (8 bytes a parameter). The signed and unsigned
+    quantization maps (256 float32 values each) are shared by every parameter. The update,
+    ``optimizer_update_8bit_blockwise``, is one fused in-place kernel: no temporaries.
+
+    ``fp32_state`` names parameters kept at 32 bits: transformers' Trainer registers every
+    nn.Embedding weight with ``optim_bits=32`` when it uses a bitsandbytes 8-bit optimizer
+    (trainer.py, ``create_optimizer``), as bitsandbytes recommends for embeddings.
+    """
+
+    MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size
+    BLOCK_SIZE = 256  # elements per quantization block (init_state, block_wise=True)
+    QMAP_SIZE = 256  # values of F.create_dynamic_map
+
+    def __init__(self, params: Any, lr: float = 5e-5, fp32_state: frozenset[int] = frozenset()) -> None:
+        super().__init__(params, {"lr": lr})
+        self._fp32_state = fp32_state  # ids of parameters with float32 moments
+        self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not self.state[p]:
+                    self._init_state(p)
+                if p.grad is not None:
+                    self.state[p]["step"] += 1
+
+    def _init_state(self, p: torch.Tensor) -> None:
+        state = self.state[p]
+        state["step"] = 0  # a Python int in bitsandbytes, not a tensor
+        if p.numel() < self.MIN_8BIT_SIZE or id(p) in self._fp32_state:
+            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+            return
+        if self._qmaps is None:
+            self._qmaps = (torch.zeros(self.QMAP_SIZE), torch.zeros(self.QMAP_SIZE))
+        blocks = -(-p.numel() // self.BLOCK_SIZE)
+        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+        state["qmap1"] = self._qmaps[0]
+        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+        state["qmap2"] = self._qmaps[1]
+        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32)
+        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32)
+
+
+def embedding_parameters(model: nn.Module) -> list[nn.Parameter]:
+    seen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            for p in module.parameters(recurse=False):
+                seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def make_variant_optimizer(model: nn.Module, workload: Workload, variant: Variant) -> Any:
+    """The optimizer of the step: the workload's (as the table builds it), or the variant's."""
+    if variant.optimizer is None:
+        return make_optimizer(model, workload.optimizer, foreach=True)
+    if variant.optimizer == "adamw-8bit":
+        params = [p for p in model.parameters() if p.requires_grad]
+        fp32 = frozenset(id(p) for p in embedding_parameters(model)) \
+            if variant.fp32_state_for_embeddings else frozenset()
+        return AdamW8bitState(params, fp32_state=fp32)
+    raise ValueError(f"unknown optimizer variant {variant.optimizer!r}")
+
+
+@contextlib.contextmanager
+def frozen_embeddings(model: nn.Module, enabled: bool, checkpointing: bool) -> Iterator[None]:
+    """requires_grad False on every embedding parameter for the duration (the model is shared).
+
+    transformers' ``activation_checkpointing_enable`` hooks the input embeddings so that their
+    output requires grad, and its ``disable`` leaves the hook unless the model is a PEFT model
+    (modeling_utils.py, transformers 5.x); a shared model that ran a checkpointed cell keeps it.
+    A user's model without checkpointing has no such hook, so without checkpointing the frozen
+    embeddings' output is made not to require grad again, as it would not.
+    """
+    params = embedding_parameters(model) if enabled else []
+    before = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    handles = []
+    if enabled and not checkpointing:
+        def no_grad_output(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.is_leaf and output.requires_grad:
+                output.requires_grad_(False)
+
+        handles = [module.register_forward_hook(no_grad_output) for module in model.modules()
+                   if isinstance(module, nn.Embedding)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, flag in zip(params, before, strict=True):
+            p.requires_grad_(flag)
+
+
+def _first_shape(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for item in items:
+        shape = _first_shape(item)
+        if shape is not None:
+            return shape
+    return None
+
+
+@contextlib.contextmanager
+def module_hooks(model: nn.Module, tracker: RecordingTracker, calls: dict[str, ModuleCall]) -> Iterator[None]:
+    """Keep ``tracker.modules`` a stack of the modules whose forward is running."""
+    handles = []
+    for name, module in model.named_modules():
+        def pre(module: nn.Module, args: Any, name: str = name) -> None:
+            tracker.modules.append(name)
+
+        def post(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
+            tracker.modules.pop()
+            if tracker.phase == FORWARD:
+                calls[name] = ModuleCall(type(module).__name__, _first_shape(args), _first_shape(output))
+
+        handles.append(module.register_forward_pre_hook(pre))
+        # always_call: the stack stays balanced when a forward raises.
+        handles.append(module.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _PhaseScaler:
+    """Wraps the step's scaler: ``step`` is where backward ends and the optimizer step begins."""
+
+    def __init__(self, inner: Any, before: Callable[[Any], None], after: Callable[[Any], None]) -> None:
+        self.inner, self.before, self.after = inner, before, after
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.inner.scale(loss)
+
+    def step(self, optimizer: Any) -> None:
+        self.before(optimizer)
+        self.inner.step(optimizer)
+        self.after(optimizer)
+
+    def update(self) -> None:
+        self.inner.update()
+
+
+class InstrumentedBackend(EstimateBackend):
+    """The estimate backend with a recording trace and, optionally, a variant of the step.
+
+    Shares the fake model of ``base`` (one model per workload); keeps its own cells' traces.
+    ``last`` is the recording of the latest traced (not extrapolated) probe.
+    """
+
+    def __init__(self, base: EstimateBackend, variant: Variant | None = None) -> None:
+        super().__init__(base.gpu)
+        self._base = base
+        self.variant = variant or Variant()
+        self.last: Recording | None = None
+
+    def _model(self, workload: Workload) -> Any:
+        return self._base._model(workload)
+
+    def trace(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
+              ) -> list[tuple[int, int]]:
+        """EstimateBackend.trace, recording what each allocation is (module docstring)."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # as EstimateBackend.trace: frees happen where refcounting puts them
+        try:
+            self.last = self._record(fake, workload, mode, seq_len, batch_size)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return self.last.events
+
+    def _record(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
+                ) -> Recording:
+        from autotune.backends.estimate.attention import AttentionKernels
+
+        model = fake.model
+        dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+            mode.autocast_dtype_name
+        ]
+        custom = self.gpu.compute_capability is None
+        kernels = AttentionKernels(
+            flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
+        )
+        tracker = RecordingTracker()
+        names = {id(p): n for n, p in model.named_parameters()}
+        names.update({id(b): n for n, b in model.named_buffers()})
+        emulation = RecordingEmulation(
+            dtype, kernels,
+            lambda value, cast: tracker.mark(cast, "autocast_copies", names[id(value)])
+            if id(value) in names else None,
+        )
+        recording = Recording(batch_size, seq_len, tracker.events, tracker.allocations)
+
+        @contextlib.contextmanager
+        def forward_region() -> Iterator[None]:
+            tracker.phase = FORWARD
+            with emulation.forward_region():
+                yield
+            # Alive now, allocated in this forward: saved for backward (the cast cache is gone).
+            for index in tracker.live():
+                allocation = tracker.allocations[index]
+                if allocation.phase == FORWARD and allocation.step == tracker.step \
+                        and allocation.kind == TEMPORARY:
+                    allocation.kind = "activations"
+            tracker.phase = BACKWARD
+
+        def before_optimizer(optimizer: Any) -> None:
+            tracker.phase = OPTIMIZER
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    tracker.mark(p.grad, "gradients", names.get(id(p)))
+
+        def after_optimizer(optimizer: Any) -> None:
+            for p, state in optimizer.state.items():
+                for value in state.values():
+                    tracker.mark(value, "optimizer_state", names.get(id(p)))
+
+        def after_step(index: int) -> None:
+            tracker.step = index + 2
+            recording.steps = index + 1
+
+        freezing = frozen_embeddings(model, self.variant.freeze_embeddings, mode.checkpointing)
+        with fake.mode_ctx, tracker, freezing, module_hooks(model, tracker, recording.calls):
+            for tensor in (*model.parameters(), *model.buffers()):
+                tracker.track(tensor)
+                tracker.mark(tensor, "parameters", names.get(id(tensor)))
+            # What EstimateBackend._trace allocates, in its order: workspaces, batch, optimizer.
+            workspaces = [
+                torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
+                for _ in range(CUBLAS_HANDLES_PER_STEP)
+            ]
+            for index in range(CUBLAS_HANDLES_PER_STEP):
+                tracker.mark(workspaces[index], "workspaces")
+            batch = make_batch(model.config, workload.task, batch_size, seq_len)
+            for name in batch:
+                tracker.mark(batch[name], "inputs")
+            optimizer = make_variant_optimizer(model, workload, self.variant)
+            scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
+            tracker.step = 1
+            self._emulation = emulation  # the recompute of checkpointed segments runs under it
+            try:
+                with emulation:
+                    run_steps(
+                        model, batch, optimizer, steps=workload.steps,
+                        autocast=forward_region,
+                        scaler=_PhaseScaler(scaler or NoScaler(), before_optimizer, after_optimizer),
+                        after_step=after_step,
+                    )
+            finally:
+                self._emulation = None
+            del optimizer, batch, scaler, workspaces
+            model.zero_grad(set_to_none=True)
+        tracker.close()
+        return recording

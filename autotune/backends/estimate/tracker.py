@@ -1,0 +1,140 @@
+"""Dispatch-level accounting of live tensor storage, replayed through the allocator simulator.
+
+``StorageTracker`` is a TorchDispatchMode: every tensor an aten op returns is looked at, and a
+storage seen for the first time is an allocation of ``storage.nbytes()`` bytes. A weakref
+finalizer on the storage records the matching free when the storage dies, whoever held it
+(Python code, autograd's saved tensors, the optimizer). Views and in-place ops share their
+base's storage and so cost nothing, as on CUDA. PyTorch keeps a storage's Python object alive as
+long as the storage itself (PyObject preservation for UntypedStorage, PyTorch 2.1+), so the
+finalizer fires when the memory would be returned, not when our reference goes away.
+
+The resulting event list is replayed through ``CachingAllocatorSim`` (``replay``) for the peaks
+``torch.cuda.max_memory_allocated/reserved`` would report and the smallest capacity it runs in.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from autotune.backends.estimate.allocator import ROUND_LARGE, CachingAllocatorSim
+from autotune.backends.estimate.trace import Event
+from autotune.errors import OutOfMemory
+
+# Ops that return no new storage and are called thousands of times per step.
+_PASSTHROUGH = frozenset({torch.ops.prim.device.default})
+
+SEGMENT_GRANULE = ROUND_LARGE  # every segment size is a multiple of 2 MiB (allocator.py)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the caching allocator would have reported for a trace."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int  # with the capacity as the limit, when it fits; else without one
+    demand_bytes: int  # the smallest capacity the trace runs in (a multiple of 2 MiB)
+    fits: bool  # a replay with the capacity as the limit ran without out-of-memory
+
+    @property
+    def oom(self) -> bool:
+        return not self.fits
+
+
+class StorageTracker(TorchDispatchMode):
+    """Record an allocation for each new storage an op creates and a free when it dies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+        self._live: dict[int, weakref.finalize] = {}
+        self._closed = False
+
+    def track(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor``'s storage as allocated now (once), and freed when it dies."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self._live:
+            return
+        self.events.append((key, storage.nbytes()))
+        finalizer = weakref.finalize(storage, self._on_free, key)
+        finalizer.atexit = False
+        self._live[key] = finalizer
+
+    def _on_free(self, key: int) -> None:
+        if self._closed or self._live.pop(key, None) is None:
+            return
+        self.events.append((key, -1))
+
+    def close(self) -> None:
+        """Stop recording; storages still alive stay allocated in the trace."""
+        self._closed = True
+        for finalizer in self._live.values():
+            finalizer.detach()
+        self._live.clear()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _PASSTHROUGH:
+            return out
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        return out
+
+
+def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
+    """Peaks of ``events``, the smallest capacity they run in, and whether that is <= capacity.
+
+    Without a limit the allocator keeps every segment it ever cached. With one it frees its
+    cached segments and retries before giving up (CachingAllocatorSim models that), so a trace
+    can run in less than its unlimited peak reserved, down to about its peak allocated. The
+    demand is found by bisection over capacities between the two (reserved memory is a sum of
+    whole segments, multiples of 2 MiB): a single figure that decides fits/oom and that grows
+    with the batch size, which is what the batch-size search predicts from.
+    """
+    peak_allocated, unlimited_reserved = _run(events, None)
+    low = -(-peak_allocated // SEGMENT_GRANULE)  # in granules; nothing below can fit
+    high = -(-unlimited_reserved // SEGMENT_GRANULE)  # fits: no limit is ever reached
+    reserved_at_high = unlimited_reserved
+    while low < high:
+        middle = (low + high) // 2
+        try:
+            _, reserved = _run(events, middle * SEGMENT_GRANULE)
+        except OutOfMemory:
+            low = middle + 1
+        else:
+            high, reserved_at_high = middle, reserved
+    demand = high * SEGMENT_GRANULE
+    if capacity_bytes is None or demand <= capacity_bytes:
+        return Replay(peak_allocated, reserved_at_high, demand, fits=True)
+    # Over the demand found by bisection; the direct run at the capacity decides (the two can
+    # differ where releasing cached segments at other moments changes the placement).
+    fits = fits_in(events, capacity_bytes)
+    return Replay(peak_allocated, unlimited_reserved, demand, fits)
+
+
+def fits_in(events: list[Event], capacity_bytes: int) -> bool:
+    """Whether the caching allocator runs ``events`` within ``capacity_bytes``: one replay."""
+    try:
+        _run(events, capacity_bytes)
+    except OutOfMemory:
+        return False
+    return True
+
+
+def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:
+    sim = CachingAllocatorSim(capacity_bytes)
+    handles: dict[int, int] = {}
+    for key, nbytes in events:
+        if nbytes < 0:
+            sim.free(handles.pop(key))
+        else:
+            handles[key] = sim.malloc(nbytes)
+    stats = sim.stats
+    return stats.peak_allocated_bytes, stats.peak_reserved_bytes

@@ -1,0 +1,54 @@
+"""The ``autotune`` command line: one module per command, each only translating. Arguments become
+a call of the Python API (``autotune.table``, ``check``, ``explain``); library errors become
+``Error: ...`` and exit status 2.
+
+    autotune table MODEL [...]     the max batch size table (table.py)
+    autotune check MODEL [...]     the CI gate: exit 0 fits, 1 does not (check.py)
+    autotune explain MODEL [...]   where the memory goes, and what each lever buys (explain.py)
+    autotune serve [...]           the HTTP service and dashboard (serve.py: the one module that imports api)
+    autotune models | gpus         the offline presets (presets.py)
+
+Only argparse at import, so ``autotune --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from autotune.cli import check, explain, presets, serve, table
+from autotune.cli.common import EXIT_ERROR
+from autotune.errors import AutotuneError
+
+COMMANDS = {
+    "table": table.run,
+    "check": check.run_check,
+    "explain": explain.run,
+    "serve": serve.run,
+    "models": presets.run_models,
+    "gpus": presets.run_gpus,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="The largest training batch that fits in GPU memory, per sequence length.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    table.add_parser(sub)
+    check.add_parser(sub)
+    explain.add_parser(sub)
+    presets.add_parsers(sub)
+    serve.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except AutotuneError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_ERROR

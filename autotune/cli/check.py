@@ -1,0 +1,153 @@
+"""``autotune check``: exit 0 if the planned step fits, 1 if not, 2 on bad input or an error.
+
+    autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--attn A]
+                   [--gpu-memory SIZE | --gpu NAME] [--backend B] [--margin F] [--server URL] [--json]
+    autotune check --from-config training_args.json [--gpu T4]
+
+``--server URL`` (or AUTOTUNE_SERVER) asks an autotune service (``GET /v1/check``) instead of
+computing locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import autotune
+from autotune.cli.common import add_target, fraction, positive, print_json, quiet_transformers, report_error
+from autotune.defaults import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_MARGIN,
+    DEFAULT_MODE_NAME,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_TASK,
+)
+from autotune.errors import AutotuneError, InvalidInput
+
+EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
+SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``check`` subcommand to ``autotune``'s subparsers."""
+    from autotune.workload.models import TASKS
+    from autotune.workload.modes import ALLOWED_MODE_NAMES
+    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
+
+    check = subparsers.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not")
+    check.add_argument("model", nargs="?", help="as for `table` (or from --from-config)")
+    check.add_argument("--seq-len", type=positive)
+    check.add_argument("--batch-size", type=positive)
+    check.add_argument("--mode", default=None,
+                       help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default {DEFAULT_MODE_NAME})")
+    check.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
+    check.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    add_target(check, gpu_help="GPU preset, e.g. T4")
+    check.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    check.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
+    check.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
+    check.add_argument("--server", default=None,
+                       help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local)")
+    check.add_argument("--from-config", default=None, metavar="FILE",
+                       help="TrainingArguments JSON or a YAML/JSON of model, seq_len, batch_size, mode")
+    check.add_argument("--json", action="store_true")
+    return check
+
+
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
+    """Merge --from-config with the flags (flags win); name what is missing."""
+    from autotune.analysis.training_config import missing_fields, read_training_config
+    from autotune.workload.modes import parse_mode
+
+    plan: dict[str, Any] = {"model": args.model, "seq_len": args.seq_len,
+                            "batch_size": args.batch_size, "mode": None, "accumulation_steps": 1}
+    if args.mode is not None:
+        plan["mode"] = parse_mode(args.mode)
+    if args.from_config:
+        planned = read_training_config(args.from_config)
+        for key in ("model", "seq_len", "batch_size", "mode"):
+            if plan[key] is None:
+                plan[key] = getattr(planned, key)
+        plan["accumulation_steps"] = planned.accumulation_steps
+        missing = [name for name in missing_fields(planned) if plan[name] is None]
+    else:
+        missing = [name for name in ("model", "seq_len", "batch_size") if plan[name] is None]
+    if missing:
+        flags = {"model": "MODEL", "seq_len": "--seq-len", "batch_size": "--batch-size"}
+        where = f" in {args.from_config!r} or" if args.from_config else ""
+        raise InvalidInput(
+            f"missing {', '.join(missing)}: give{where} {', '.join(flags[m] for m in missing)}"
+        )
+    plan["mode"] = plan["mode"] or parse_mode(DEFAULT_MODE_NAME)
+    return plan
+
+
+def run_check(args: argparse.Namespace) -> int:
+    try:
+        plan = _plan(args)
+        from autotune.settings import Settings  # pydantic-settings: imported when used
+
+        settings = Settings.from_env()
+        server = args.server or settings.server
+        result = _ask_server(server, args, plan, settings.api_token) if server else _check_locally(args, plan)
+    except AutotuneError as exc:
+        return report_error(exc, as_json=args.json)
+    if args.json:
+        print_json(result)
+    else:
+        print(result["message"])
+    return EXIT_FITS if result["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
+    with quiet_transformers():
+        result = autotune.check(
+            plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
+            task=args.task, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
+            backend=args.backend, margin=args.margin, optimizer=args.optimizer,
+            accumulation_steps=plan["accumulation_steps"],
+        )
+    return result.to_dict()
+
+
+def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], token: str | None
+                ) -> dict[str, Any]:
+    """GET {server}/v1/check with the plan; the service's 4xx details become our errors."""
+    query = {
+        "model": plan["model"], "seq_len": plan["seq_len"], "batch_size": plan["batch_size"],
+        "mode": plan["mode"].name, "task": args.task, "margin": args.margin,
+        "accumulation_steps": plan["accumulation_steps"],
+    }
+    if args.gpu:
+        query["gpu"] = args.gpu
+    if args.gpu_memory:
+        query["gpu_memory"] = args.gpu_memory
+    if args.attn:
+        query["attn"] = args.attn
+    url = f"{server.rstrip('/')}/v1/check?{urllib.parse.urlencode(query)}"
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=SERVER_TIMEOUT_S) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = _detail(exc)
+        raise InvalidInput(f"server {server} answered {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InvalidInput(f"server {server} is unreachable: {reason}") from exc
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        detail = json.loads(exc.read()).get("detail")
+    except (ValueError, AttributeError):
+        return exc.reason
+    return detail if isinstance(detail, str) else json.dumps(detail)

@@ -1,0 +1,84 @@
+"""What the CLI commands share: argument types, the target and workload options, JSON output,
+the error report, and transformers kept quiet while a command runs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import warnings
+from collections.abc import Iterator
+
+from autotune.errors import AutotuneError
+
+EXIT_OK, EXIT_ERROR = 0, 2  # `check` adds 1: the step does not fit
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid sequence lengths {text!r}: use comma-separated integers, e.g. 128,256,512"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"invalid sequence lengths {text!r}: each must be a positive integer"
+        )
+    return values
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid margin {text!r}: use a fraction, e.g. 0.05") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"invalid margin {text!r}: use a fraction in [0, 1), e.g. 0.05")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: use a positive integer")
+    return value
+
+
+def add_target(parser: argparse.ArgumentParser, *, gpu_help: str = "GPU preset, e.g. T4, A100-80GB "
+               "(see `autotune gpus`)") -> None:
+    """--gpu-memory | --gpu: the card the answer is for."""
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--gpu-memory", help="total memory of the target card, e.g. 12GiB")
+    target.add_argument("--gpu", help=gpu_help)
+
+
+def print_json(document: object) -> None:
+    """One JSON document on stdout, as every ``--json`` prints it."""
+    json.dump(document, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def report_error(exc: AutotuneError, *, as_json: bool) -> int:
+    """``Error: ...`` on stderr (and ``{"error": ...}`` on stdout for --json); exit status 2."""
+    if as_json:
+        json.dump({"error": str(exc)}, sys.stdout)
+        sys.stdout.write("\n")
+    print(f"Error: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' deprecation notices and info logs off: they would break progress lines and
+    reports (a tokenizer's "longer than the maximum" is counted by the report itself)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity_error()
+        yield

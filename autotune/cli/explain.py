@@ -1,0 +1,234 @@
+"""``autotune explain``: where the memory of a training step goes, and what each lever would buy.
+
+    autotune explain MODEL [--seq-len N] [--batch-size B] [--mode M] [--gpu NAME | --gpu-memory SIZE]
+                           [--task T] [--attn sdpa|eager] [--optimizer adamw|sgd] [--margin F]
+                           [--backend estimate] [--no-levers] [--json]
+                           [--lengths FILE | --texts FILE [--text-column NAME[,NAME]] [--tokenizer DIR]]
+
+Dynamic padding needs the token lengths of the data: ``--lengths FILE`` (one count a line), or
+``--texts FILE`` (.csv, .tsv, .jsonl/.jsonlines, or .txt with one text a line) tokenized by the
+tokenizer in a local directory (``--tokenizer DIR``, default MODEL when it is a directory; the
+network is never used). ``--text-column`` names the column (key) of the text, or a pair such as
+``question,context`` tokenized as ``tokenizer(question, context)``; it may be left out when the
+file has one column. A length counts special tokens and is never truncated.
+
+Exit 0 with the explanation (also when the batch does not fit: that is what it explains),
+2 with ``Error: ...`` on bad input or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import autotune
+from autotune.analysis.explain import CATEGORY_LABELS
+from autotune.cli.common import (
+    EXIT_OK,
+    add_target,
+    fraction,
+    positive,
+    print_json,
+    quiet_transformers,
+    report_error,
+)
+from autotune.errors import AutotuneError, InvalidInput
+from autotune.units import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.analysis.explain import Explanation
+    from autotune.analysis.padding import PaddingReport
+
+TOP = 5  # modules per table in the text report (--json has explain.TOP_MODULES)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``explain`` subcommand to ``autotune``'s subparsers."""
+    from autotune.defaults import (
+        DEFAULT_MARGIN,
+        DEFAULT_MODE_NAME,
+        DEFAULT_OPTIMIZER,
+        DEFAULT_TASK,
+        EXPLAIN_BACKEND,
+    )
+    from autotune.workload.models import TASKS
+    from autotune.workload.modes import ALLOWED_MODE_NAMES
+    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
+
+    parser = subparsers.add_parser(
+        "explain", help="where the memory goes at a batch, and the max batch under each lever")
+    parser.add_argument("model", help="preset name, local config dir/file, or hub id")
+    parser.add_argument("--seq-len", type=positive, default=None,
+                        help="sequence length (default: the longest in --lengths or --texts, else the "
+                        "model's limit)")
+    parser.add_argument("--batch-size", type=positive, default=None,
+                        help="the batch to explain, and the effective batch to reach by accumulation "
+                        "(default: the max batch)")
+    parser.add_argument("--mode", default=DEFAULT_MODE_NAME, help=f"one of {', '.join(ALLOWED_MODE_NAMES)} "
+                        "(default: %(default)s)")
+    parser.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
+    parser.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    add_target(parser, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
+    parser.add_argument("--backend", default=EXPLAIN_BACKEND, choices=(EXPLAIN_BACKEND,),
+                        help="explain runs the estimator: the breakdown needs its traced step")
+    parser.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
+    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--lengths", default=None, metavar="FILE",
+                      help="token lengths of the data, one per line: percentiles and dynamic padding")
+    data.add_argument("--texts", default=None, metavar="FILE",
+                      help="texts of the data (.csv, .tsv, .jsonl, .jsonlines, or .txt: one a line), "
+                      "tokenized locally for the same report as --lengths")
+    parser.add_argument("--text-column", default=None, metavar="NAME[,NAME]",
+                        help="column (key) of the text in --texts, or a pair as question,context "
+                        "(default: the only column)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="local directory of the tokenizer for --texts (default: MODEL, when it is "
+                        "a directory); never downloaded")
+    parser.add_argument("--no-levers", action="store_true", help="skip the what-if searches")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        explanation = _explain(args)
+    except AutotuneError as exc:
+        return report_error(exc, as_json=args.json)
+    if args.json:
+        print_json(explanation.to_dict())
+    else:
+        sys.stdout.write(render(explanation))
+    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace) -> Explanation:
+    with quiet_transformers():
+        lengths = _lengths(args)
+        return autotune.explain(
+            args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode, task=args.task,
+            attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
+            margin=args.margin, optimizer=args.optimizer, lengths=lengths, levers=not args.no_levers,
+        )
+
+
+def _lengths(args: argparse.Namespace) -> list[int] | None:
+    """The token lengths from --lengths or --texts; None without either."""
+    from autotune.analysis.padding import read_lengths
+    from autotune.analysis.texts import lengths_from_texts
+
+    if args.texts is None and (args.text_column is not None or args.tokenizer is not None):
+        raise InvalidInput("--text-column and --tokenizer go with --texts FILE")
+    if args.lengths is not None:
+        return read_lengths(args.lengths)
+    if args.texts is None:
+        return None
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        if not Path(args.model).is_dir():
+            raise InvalidInput(f"--texts needs a tokenizer: give --tokenizer DIR, a local directory with the "
+                               f"tokenizer's files ({args.model!r} is not a local directory)")
+        tokenizer = args.model
+    return lengths_from_texts(args.texts, args.text_column, tokenizer)
+
+
+# -- the text report ------------------------------------------------------------------------------
+
+
+def _gpu(e: Explanation) -> str:
+    if e.gpu_name.startswith("custom"):
+        return e.gpu_name
+    return f"{e.gpu_name} ({format_bytes(e.gpu_memory_bytes)})"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:5.1f}%" if whole else "     -"
+
+
+def render(e: Explanation) -> str:
+    """The readable report: the breakdown, modules, flags, levers, dynamic padding."""
+    b = e.breakdown
+    lines = [
+        f"{e.model} ({e.task}, attention {e.attn}, {e.optimizer}), seq {e.seq_len}, {e.mode} on {_gpu(e)}",
+        f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
+        f"CUDA context) x (1 - margin {e.margin})",
+        f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
+    ]
+    if e.does_not_fit:
+        lines.append(e.does_not_fit)
+    lines += ["", f"peak of the step at batch {e.batch_size}: {format_bytes(b.peak_allocated_bytes)} "
+                  f"allocated, in the {b.peak_phase} of step {b.peak_step}"]
+    for kind, label in CATEGORY_LABELS.items():
+        nbytes = b.categories.get(kind, 0)
+        lines.append(f"  {label:32}{format_bytes(nbytes):>12}  {_pct(nbytes, b.peak_allocated_bytes)}")
+    verdict = "fits" if b.fits else "does not fit"
+    lines += [
+        f"  {'= peak allocated':32}{format_bytes(b.peak_allocated_bytes):>12}",
+        f"  {'+ cached, not in use at the peak':32}{format_bytes(b.cached_bytes):>12}",
+        f"  {'= PyTorch needs':32}{format_bytes(b.demand_bytes):>12}  of the "
+        f"{format_bytes(b.budget_bytes)} budget: {verdict}",
+        f"  {'+ CUDA context':32}{format_bytes(b.context_bytes):>12}  (outside PyTorch's allocator)",
+        "",
+        f"largest modules by parameters ({e.total_params:,} in all):",
+    ]
+    params, acts = e.top_parameters[:TOP], e.top_activations[:TOP]
+    width = max([len(row.name) for row in params] + [len(a.name) for a in acts] + [8])
+    for row in params:
+        lines.append(f"  {row.name or '(model)':{width}}  {row.description[:40]:40} {row.params:>13,} "
+                     f"{format_bytes(row.param_bytes):>11} {row.share:6.1%}")
+    lines.append(f"largest modules by activations saved for backward (batch {e.batch_size}):")
+    for act in acts:
+        shape = " x ".join(map(str, act.output_shape)) if act.output_shape else "?"
+        lines.append(f"  {act.name or '(model)':{width}}  {act.type + ' -> ' + shape:54} "
+                     f"{format_bytes(act.activation_bytes):>11} {act.share:6.1%}")
+    if e.flags:
+        lines += ["", "flags:"] + [f"  ! {flag.message}" for flag in e.flags]
+    if e.levers:
+        lines += ["", f"what would fit at seq {e.seq_len} on {_gpu(e)} (now: max batch {e.max_batch_size}):"]
+        lines += [_lever_line(lever, e.max_batch_size) for lever in e.levers]
+    if e.padding is not None:
+        lines += ["", *_padding_lines(e.padding)]
+    return "\n".join(lines) + "\n"
+
+
+def _which_batch(e: Explanation) -> str:
+    if e.max_batch_size == 0:
+        return "explained at batch 1"
+    if e.requested_batch_size is None:
+        return f"explained at batch {e.batch_size}, the max"
+    return f"batch {e.batch_size} {'fits' if e.fits else 'does not fit'}"
+
+
+def _lever_line(lever: Any, now: int) -> str:
+    label = f"  {lever.label[:58]:58}"
+    if lever.max_batch_size is None:
+        return f"{label} n/a: {lever.error}"
+    if lever.name == "accumulation":
+        return f"{label} {lever.note}"
+    change = f"{(lever.max_batch_size - now) / now:+.0%}" if now else ""
+    text = f"{label} {lever.max_batch_size:>7}{'+' if lever.capped else ' '} {change:>6}"
+    notes = [n for n in (None if lever.estimated == "as the table" else lever.estimated, lever.note) if n]
+    return text + (f"  ({'; '.join(notes)})" if notes else "")
+
+
+def _padding_lines(p: PaddingReport) -> list[str]:
+    s = p.stats
+    cut = f"; {s.truncated:,} longer than {p.seq_len}, truncated" if s.truncated else ""
+    lines = [f"dynamic padding ({s.count:,} lengths; mean {s.mean:.1f}, p50 {s.p50}, p90 {s.p90}, "
+             f"p99 {s.p99}, max {s.max}{cut}):",
+             f"  fixed padding to {p.seq_len}: batch {p.fixed_max_batch}, {_steps(p.fixed_steps)}, "
+             f"{p.fixed_padding:.0%} of positions are padding"]
+    for bucket in p.buckets:
+        lines.append(f"  bucket <= {bucket.max_len:>5}: {bucket.share:6.1%} of sequences, "
+                     f"batch {bucket.max_batch_size}")
+    lines.append(f"  bucketed by length: {_steps(p.bucketed_steps)}, {p.bucketed_padding:.0%} of "
+                 "positions are padding")
+    return lines
+
+
+def _steps(steps: int | None) -> str:
+    if steps is None:
+        return "does not fit"
+    return f"{steps:,} step{'s' if steps != 1 else ''} per epoch"

@@ -1,0 +1,106 @@
+"""``autotune serve``: the HTTP API (api/) under uvicorn.
+
+    autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH]
+
+Binds to loopback unless told otherwise; binding anywhere else exposes the API beyond this
+machine and needs AUTOTUNE_API_TOKEN, which write requests must then send as a Bearer token.
+The database is --db, else AUTOTUNE_DB, else ./autotune.db. One process: the runner in it owns
+the GPUs and the database has one writer, so there are no uvicorn workers and no reload.
+
+Only argparse and ipaddress at import: ``autotune --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.errors import AutotuneError, InvalidInput
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to ``subparsers`` (argparse's add_subparsers())."""
+    parser = subparsers.add_parser("serve", help="run the HTTP API (OpenAPI docs at /docs)",
+                                   description="Run the HTTP API: POST /v1/tables, GET /v1/tables/{id}, ...")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="address to bind (default: %(default)s; another needs AUTOTUNE_API_TOKEN)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default: %(default)s")
+    parser.add_argument("--db", default=None, help="SQLite file of the queue and results "
+                                                   "(default: $AUTOTUNE_DB, else ./autotune.db)")
+    parser.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"))
+    return parser
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def check_bind(host: str, api_token: str | None) -> None:
+    """InvalidInput when ``host`` is reachable from other machines and no token guards writes."""
+    if api_token is None and not is_loopback(host):
+        raise InvalidInput(
+            f"binding to {host} makes the API reachable from other machines: set AUTOTUNE_API_TOKEN "
+            "(write requests must then send 'Authorization: Bearer <token>'), or bind to 127.0.0.1"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; library errors propagate (the CLI prints them, exit 2)."""
+    from pathlib import Path
+
+    from api.settings import Settings
+
+    settings = Settings.from_env()
+    if args.db is not None:
+        settings = settings.model_copy(update={"db": Path(args.db)})
+    check_bind(args.host, settings.api_token)
+    if not 0 < args.port < 65536:
+        raise InvalidInput(f"port {args.port} is out of range: use 1 to 65535")
+
+    import uvicorn
+
+    from api.main import create_app
+    from api.runs.runner import LocalRunner
+    from api.store import Store
+
+    # Opened here, not at the app's startup, so that a database another server holds is a
+    # one-line error before anything binds.
+    store = Store(settings.db)
+    try:
+        store.claim()
+        runner = LocalRunner(estimate_workers=settings.estimate_workers)
+    except BaseException:
+        store.close()
+        raise
+    app = create_app(settings, store=store, runner=runner)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autotune.cli.serve``: the same as ``autotune serve``."""
+    parser = argparse.ArgumentParser(prog="autotune")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except AutotuneError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

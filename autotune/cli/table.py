@@ -1,0 +1,152 @@
+"""``autotune table``: the max batch size of each sequence length and mode.
+
+    autotune table MODEL [--seq-lens 64,128,...] [--modes fp32,amp,ckpt,amp+ckpt] [--task T]
+                         [--attn sdpa|eager] [--gpu-memory SIZE | --gpu NAME]
+                         [--backend auto|cuda|estimate] [--margin F] [--search guided|bisect]
+                         [--max-batch N] [--optimizer adamw|sgd] [--json]
+
+Exit 0 with the table, 2 with ``Error: ...`` on bad input or when a cell failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import IO, TYPE_CHECKING, Any
+
+import autotune
+from autotune.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    add_target,
+    fraction,
+    int_list,
+    positive,
+    print_json,
+    quiet_transformers,
+)
+from autotune.defaults import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_METHOD,
+    DEFAULT_MODE_NAMES,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SEQ_LENS,
+    DEFAULT_TASK,
+)
+from autotune.units import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.tuner import CellResult, TableResult
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``table`` subcommand to ``autotune``'s subparsers."""
+    from autotune.search import METHODS
+    from autotune.workload.models import TASKS
+    from autotune.workload.modes import ALLOWED_MODE_NAMES
+    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
+
+    table = subparsers.add_parser("table", help="max batch size table for a model")
+    table.add_argument("model", help="preset name, local config dir/file, or hub id")
+    table.add_argument("--seq-lens", type=int_list, default=list(DEFAULT_SEQ_LENS),
+                       help="comma-separated sequence lengths (default: %(default)s)")
+    table.add_argument("--modes", default=",".join(DEFAULT_MODE_NAMES),
+                       help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} "
+                       "(default: %(default)s)")
+    table.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
+    table.add_argument("--attn", choices=ATTN_CHOICES, default=None,
+                       help="attention implementation (default: what transformers picks on CUDA)")
+    add_target(table)
+    table.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
+    table.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN,
+                       help="fraction of the allocator's memory kept free (default: %(default)s)")
+    table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS)
+    table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH)
+    table.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
+    table.add_argument("--json", action="store_true", help="print one JSON document")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    """Library errors propagate: ``autotune``'s main prints them (exit 2)."""
+    progress = Progress(sys.stderr)
+    with quiet_transformers():  # its notices would break the progress line
+        table = autotune.table(
+            args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, attn=args.attn,
+            gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
+            search=args.search, max_batch=args.max_batch, optimizer=args.optimizer,
+            on_cell=progress.update,
+        )
+    progress.close()
+    if args.json:
+        print_json(table.to_dict())
+    else:
+        sys.stdout.write(render_table(table))
+    return EXIT_OK if all(c.error is None for c in table.cells) else EXIT_ERROR
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per cell when stderr is not a terminal)."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+
+    def update(self, cell: CellResult, done: int, total: int) -> None:
+        filled = self.WIDTH * done // total
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        answer = "error" if cell.error else cell.max_batch_size
+        text = (f"[{bar}] {done}/{total} {cell.mode} seq {cell.seq_len}: max batch {answer} "
+                f"({cell.probes} probes)")
+        if self.tty:
+            self.stream.write("\r" + text.ljust(78))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def render_table(t: TableResult) -> str:
+    """The readable table: rows are sequence lengths, columns modes, cells the max batch."""
+    lines = [
+        f"{t.model} ({t.task}, attention {t.attn}, {t.optimizer}) on {t.gpu_name}"
+        + ("" if t.gpu_name.startswith("custom") else f" {format_bytes(t.gpu_memory_bytes)}"),
+        f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
+        f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
+        "",
+        "max batch size per sequence length:",
+    ]
+    modes = t.modes
+    width = max(10, *(len(m) + 2 for m in modes))
+    lines.append("seq_len".rjust(8) + "".join(m.rjust(width) for m in modes))
+    for seq_len in t.seq_lens:
+        row = str(seq_len).rjust(8)
+        for mode in modes:
+            cell = t.cell(mode, seq_len)
+            if cell is None or cell.error:
+                value = "error"
+            else:
+                value = f"{cell.max_batch_size}{'+' if cell.capped else ''}"
+            row += value.rjust(width)
+        lines.append(row)
+    lines.append("")
+    if any(c.capped for c in t.cells):
+        lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
+    for cell in t.cells:
+        if cell.error:
+            lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")
+    per_cell = t.total_probes / max(1, len(t.cells))
+    lines.append(f"{t.total_probes} probes for {len(t.cells)} cells ({per_cell:.2f} per cell, "
+                 f"search {t.search}), {t.elapsed_s:.1f} s")
+    if t.backend == "estimate":
+        lines.append("estimated on the CPU: what the training step would allocate on CUDA")
+    return "\n".join(lines) + "\n"

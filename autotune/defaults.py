@@ -1,0 +1,21 @@
+"""Every default of a table, check or explain, defined once: the CLI, the Python API and the service
+all read them from here (the choices each one is picked from live with their concept).
+"""
+
+from __future__ import annotations
+
+DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README's table
+DEFAULT_MODE_NAMES = ("fp32", "amp", "ckpt", "amp+ckpt")  # of workload.modes.ALLOWED_MODE_NAMES
+DEFAULT_MODE_NAME = "fp32"  # of one check or explain
+DEFAULT_TASK = "sequence-classification"  # of workload.models.TASKS
+DEFAULT_OPTIMIZER = "adamw"  # of workload.step.OPTIMIZERS
+DEFAULT_MARGIN = 0.05  # headroom for fragmentation the allocator model does not see
+# The search's cap: the largest batch a search probes (answers at the cap say "capped").
+DEFAULT_MAX_BATCH = 4096
+DEFAULT_METHOD = "guided"  # of search.METHODS
+BACKENDS = ("auto", "cuda", "estimate")  # auto: cuda on a machine with a CUDA GPU, else estimate
+DEFAULT_BACKEND = "auto"
+EXPLAIN_BACKEND = "estimate"  # the breakdown needs the estimator's traced step
+# The target without a GPU named or at hand: the card users in our stories had when they had no
+# local GPU, the 16 GB-class T4 of Colab's and Kaggle's free tiers.
+DEFAULT_GPU_NAME = "T4"

@@ -1,0 +1,256 @@
+"""The Python API: ``autotune.table``, ``autotune.check``, ``autotune.explain``, ``autotune.max_batch_size``.
+
+Each takes the names and values of the CLI command of the same name (``--seq-lens 128,256`` is
+``seq_lens=[128, 256]`` or ``seq_lens="128,256"``; ``--gpu-memory 12GiB`` is ``gpu_memory="12GiB"``
+or a byte count) and returns the object the command prints (``--json`` prints its ``to_dict()``).
+Bad input raises ``autotune.errors.InvalidInput`` (a ``ValueError``) naming what is allowed.
+
+Models are built from their configs with random weights: nothing is downloaded but a hub config
+when the name is neither a preset nor a local config. torch and transformers are imported on the
+first call, not by ``import autotune``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune.defaults import (
+    DEFAULT_BACKEND,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_METHOD,
+    DEFAULT_MODE_NAME,
+    DEFAULT_MODE_NAMES,
+    DEFAULT_OPTIMIZER,
+    DEFAULT_SEQ_LENS,
+    DEFAULT_TASK,
+    EXPLAIN_BACKEND,
+)
+from autotune.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from autotune.analysis.check import CheckResult
+    from autotune.analysis.explain import Explanation
+    from autotune.backends import Backend
+    from autotune.gpus import GpuSpec
+    from autotune.tuner import CellResult, TableResult
+    from autotune.workload import Workload
+    from autotune.workload.models import ModelSpec
+
+GpuMemory = str | int  # "12GiB", "16GB", or bytes
+
+
+def table(
+    model: str,
+    *,
+    seq_lens: Sequence[int] | str = DEFAULT_SEQ_LENS,
+    modes: Sequence[str] | str = DEFAULT_MODE_NAMES,
+    task: str = DEFAULT_TASK,
+    attn: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: GpuMemory | None = None,
+    backend: str = DEFAULT_BACKEND,
+    margin: float = DEFAULT_MARGIN,
+    search: str = DEFAULT_METHOD,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    on_cell: Callable[[CellResult, int, int], None] | None = None,
+) -> TableResult:
+    """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
+
+    ``on_cell(cell, done, total)`` is called as each cell finishes. A cell that failed has
+    ``error`` set and ``max_batch_size`` None; the others are proven by their probes.
+
+    >>> import autotune
+    >>> t = autotune.table("bert-base-uncased", seq_lens=[128, 512], modes="fp32,amp", gpu="T4")
+    >>> t.cell("amp", 512).max_batch_size  # doctest: +SKIP
+    59
+    """
+    from autotune.tuner import tune_table
+    from autotune.workload.modes import parse_modes
+
+    seq_len_list = _seq_lens(seq_lens)
+    parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
+    workload = _workload(model, seq_len_list, task, attn, optimizer)
+    chosen, target = _backend(backend, gpu, gpu_memory)
+    return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
+                      method=search, max_batch=max_batch, on_cell=on_cell)
+
+
+def check(
+    model: str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    mode: str = DEFAULT_MODE_NAME,
+    task: str = DEFAULT_TASK,
+    attn: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: GpuMemory | None = None,
+    backend: str = DEFAULT_BACKEND,
+    margin: float = DEFAULT_MARGIN,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    accumulation_steps: int = 1,
+) -> CheckResult:
+    """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
+    a suggestion (``autotune check``; its exit status is ``0 if result.fits else 1``).
+
+    ``accumulation_steps`` sets the effective batch a suggestion keeps.
+
+    >>> import autotune
+    >>> r = autotune.check("bert-base-uncased", seq_len=512, batch_size=64, gpu_memory="12GiB")
+    >>> r.fits, r.max_batch_size  # doctest: +SKIP
+    (False, 29)
+    >>> r.message  # doctest: +SKIP
+    'does not fit: bert-base-uncased seq 512 fp32 on 12 GiB: max batch 29; use batch 16 x 4 ...'
+    """
+    from autotune.analysis.check import check_step
+    from autotune.workload.modes import parse_mode
+
+    _positive("batch_size", batch_size)
+    _positive("accumulation_steps", accumulation_steps)
+    parsed = parse_mode(mode)
+    workload = _workload(model, [seq_len], task, attn, optimizer)
+    chosen, target = _backend(backend, gpu, gpu_memory)
+    return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
+                      margin=margin, effective_batch=batch_size * accumulation_steps)
+
+
+def explain(
+    model: str,
+    *,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    mode: str = DEFAULT_MODE_NAME,
+    task: str = DEFAULT_TASK,
+    attn: str | None = None,
+    gpu: str | None = None,
+    gpu_memory: GpuMemory | None = None,
+    backend: str = EXPLAIN_BACKEND,
+    margin: float = DEFAULT_MARGIN,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    lengths: Sequence[int] | None = None,
+    texts: str | Path | None = None,
+    text_column: str | None = None,
+    tokenizer: str | Path | None = None,
+    levers: bool = True,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> Explanation:
+    """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
+    largest modules, outlier flags and the max batch under each lever (``autotune explain``).
+
+    Dynamic padding needs the data's token lengths: ``lengths`` (a list of counts), or ``texts`` (a
+    .csv/.tsv/.jsonl/.txt file) with ``text_column`` and a local ``tokenizer`` directory (default:
+    ``model`` when it is a directory). ``seq_len`` defaults to the longest length, else the model's
+    limit. ``levers=False`` skips the what-if searches.
+
+    >>> import autotune
+    >>> e = autotune.explain("bert-base-uncased", seq_len=512, batch_size=64, gpu="T4", levers=False)
+    >>> e.fits, e.breakdown.peak_phase  # doctest: +SKIP
+    (False, 'backward')
+    """
+    from autotune.analysis.explain import explain as explain_step
+    from autotune.analysis.padding import padded_length
+    from autotune.analysis.texts import lengths_from_texts
+    from autotune.workload.modes import parse_mode
+
+    parsed = parse_mode(mode)
+    if batch_size is not None:
+        _positive("batch_size", batch_size)
+    if texts is not None and lengths is not None:
+        raise InvalidInput("give either lengths or texts, not both")
+    if texts is None and (text_column is not None or tokenizer is not None):
+        raise InvalidInput("text_column and tokenizer go with texts")
+    if texts is not None:
+        if tokenizer is None and not Path(model).is_dir():
+            raise InvalidInput(f"texts need a tokenizer: give tokenizer, a local directory with the "
+                               f"tokenizer's files ({model!r} is not a local directory)")
+        lengths = lengths_from_texts(texts, text_column, tokenizer if tokenizer is not None else model)
+    spec = _model(model)
+    if seq_len is None:
+        seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
+    workload = _workload(spec, [seq_len], task, attn, optimizer)
+    chosen, target = _backend(backend, gpu, gpu_memory)
+    return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
+                        batch_size=batch_size, lengths=list(lengths) if lengths else None,
+                        with_levers=levers, max_batch=max_batch)
+
+
+def max_batch_size(
+    model: str,
+    *,
+    seq_len: int,
+    gpu: str | None = None,
+    mode: str = DEFAULT_MODE_NAME,
+    gpu_memory: GpuMemory | None = None,
+    task: str = DEFAULT_TASK,
+    attn: str | None = None,
+    backend: str = DEFAULT_BACKEND,
+    margin: float = DEFAULT_MARGIN,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> int:
+    """The largest batch whose training step fits: one cell of ``table`` (0 when batch 1 does not
+    fit; ``max_batch`` when the search reached its cap).
+
+    >>> import autotune
+    >>> autotune.max_batch_size("bert-base-uncased", seq_len=512, gpu="T4", mode="amp")  # doctest: +SKIP
+    59
+    """
+    from autotune.tuner import budget_bytes, search_cell
+    from autotune.workload.modes import parse_mode
+
+    parsed = parse_mode(mode)
+    _positive("max_batch", max_batch)
+    workload = _workload(model, [seq_len], task, attn, optimizer)
+    chosen, target = _backend(backend, gpu, gpu_memory)
+    budget = budget_bytes(target, margin)
+    return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
+
+
+# -- shared by the four --------------------------------------------------------------------------
+
+
+def _model(model: str) -> ModelSpec:
+    from autotune.workload.models import resolve_model
+
+    return resolve_model(model)
+
+
+def _workload(model: str | ModelSpec, seq_lens: Sequence[int], task: str, attn: str | None,
+              optimizer: str) -> Workload:
+    """The workload, every sequence length checked against the model before anything is built."""
+    from autotune.workload import Workload
+    from autotune.workload.models import check_seq_len, check_task
+    from autotune.workload.step import check_attn, check_optimizer
+
+    spec = _model(model) if isinstance(model, str) else model
+    for seq_len in seq_lens:
+        check_seq_len(spec, seq_len)
+    return Workload(spec, check_task(task), check_attn(attn), check_optimizer(optimizer))
+
+
+def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None) -> tuple[Backend, GpuSpec]:
+    from autotune.backends import make_backend
+
+    return make_backend(name, gpu, gpu_memory)
+
+
+def _seq_lens(value: Sequence[int] | str) -> list[int]:
+    if isinstance(value, str):
+        try:
+            value = [int(part) for part in value.split(",") if part.strip()]
+        except ValueError:
+            raise InvalidInput(f"invalid sequence lengths {value!r}: use comma-separated integers, "
+                               "e.g. 128,256,512") from None
+    values = list(value)
+    if not values:
+        raise InvalidInput("no sequence lengths given")
+    return values
+
+
+def _positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"{name} must be an integer >= 1, got {value!r}")

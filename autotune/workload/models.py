@@ -1,0 +1,334 @@
+"""Model resolution: a name to a transformers config, offline first.
+
+A name resolves, in order, to
+
+1. a built-in preset: the published hyperparameters of a common checkpoint (copied
+   from its config.json on the Hugging Face hub), or a tiny test model ("tiny-bert");
+2. a local directory holding config.json, or a path to a config .json file
+   (only with ``allow_local``, and inside ``local_dirs`` when given);
+3. a Hugging Face hub id (only with ``allow_hub``; with ``HF_HUB_OFFLINE=1`` or
+   ``AUTOTUNE_OFFLINE=1`` only the local Hugging Face cache is read).
+
+Remote code is never run (``trust_remote_code=False``): a config whose model_type
+transformers does not know is refused. Only configs are read, never weights.
+
+transformers is imported inside functions: the API server imports this module and
+must start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
+from autotune.workload.presets import HUB_ALIASES, PRESETS, TINY_CONFIGS
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+TASKS = (
+    "sequence-classification",
+    "question-answering",
+    "masked-lm",
+    "causal-lm",
+    "token-classification",
+)
+
+OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "AUTOTUNE_OFFLINE")
+# huggingface_hub's own reading of HF_HUB_OFFLINE (constants._is_true).
+_TRUE_VALUES = {"1", "on", "yes", "true"}
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub.constants.ENDPOINT
+HUB_PROBE_TIMEOUT_S = 3.0
+_PROXY_ENV_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # as the user gave it
+    source: str  # "preset" | "local" | "hub"
+    # The transformers config that random weights are built from. Left out of ==
+    # and hash: a config is mutable and unhashable.
+    config: PretrainedConfig = field(compare=False)
+    max_seq_len: int  # usable positions (see position_limit)
+
+
+def _preset_index() -> dict[str, str]:
+    """Lower-case name -> preset: the name, the name without its org, the hub aliases."""
+    index: dict[str, str] = {}
+    for name in PRESETS:
+        index[name.lower()] = name
+        index.setdefault(name.rsplit("/", 1)[-1].lower(), name)
+    index.update({alias.lower(): name for alias, name in HUB_ALIASES.items()})
+    return index
+
+
+_PRESET_INDEX = _preset_index()
+
+
+def preset_name(name: str) -> str | None:
+    """The preset `name` stands for (case-insensitive, org optional), or None."""
+    return _PRESET_INDEX.get(name.strip().lower())
+
+
+def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:
+    """A very small config of `model_type` (see TINY_CONFIGS), for tests and demos."""
+    if model_type not in TINY_CONFIGS:
+        raise InvalidInput(
+            f"no tiny config for model_type '{model_type}': use one of {', '.join(TINY_CONFIGS)}"
+        )
+    return _build_config(model_type, {**TINY_CONFIGS[model_type], **overrides})
+
+
+def _build_config(model_type: str, kwargs: dict[str, Any]) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+# --- resolution -----------------------------------------------------------------------
+
+
+def resolve_model(
+    name: str,
+    *,
+    allow_local: bool = True,
+    allow_hub: bool = True,
+    local_dirs: Sequence[Path] | None = None,
+) -> ModelSpec:
+    """Resolve `name` to a config: preset, then local config, then hub id (module docstring).
+
+    Raises UnknownModel (listing the presets) when nothing matches, and InvalidInput
+    for a local path outside `local_dirs`.
+    """
+    name = name.strip()
+    if not name:
+        raise InvalidInput(
+            f"empty model name: use a preset ({', '.join(sorted(PRESETS))}), a path or a hub id"
+        )
+    preset = preset_name(name)
+    if preset is not None:
+        kwargs = dict(PRESETS[preset])
+        return _spec(name, "preset", _build_config(kwargs.pop("model_type"), kwargs))
+    path = Path(name).expanduser()
+    if allow_local and _looks_local(name, path):
+        return _spec(name, "local", _local_config(name, path, local_dirs))
+    # An existing path is never handed to from_pretrained, which would read it locally.
+    if allow_hub and _looks_like_hub_id(name) and not path.exists():
+        return _spec(name, "hub", _hub_config(name))
+    raise _unknown(name)
+
+
+def _spec(name: str, source: str, config: PretrainedConfig) -> ModelSpec:
+    return ModelSpec(name, source, config, position_limit(config, name)[2])
+
+
+def _looks_local(text: str, path: Path) -> bool:
+    return path.exists() or text.startswith((".", "/", "~")) or text.endswith(".json") or text.count("/") > 1
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    """huggingface_hub's repo-id rule: [org/]name of letters, digits, '-', '_', '.'."""
+    return (
+        re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", text) is not None
+        and ".." not in text
+        and not text.startswith((".", "-"))
+    )
+
+
+def _unknown(name: str, reason: str | None = None) -> UnknownModel:
+    detail = f" ({reason})" if reason else ""
+    return UnknownModel(
+        f"unknown model '{name}': not a built-in preset, a local config, or a reachable "
+        f"Hugging Face hub id{detail}. Presets: {', '.join(sorted(PRESETS))}"
+    )
+
+
+def _local_config(name: str, path: Path, local_dirs: Sequence[Path] | None) -> PretrainedConfig:
+    resolved = path.resolve()
+    config_file = (resolved / "config.json").resolve() if resolved.is_dir() else resolved
+    if local_dirs is not None:
+        allowed = [Path(d).expanduser().resolve() for d in local_dirs]
+        # Checked on the resolved file, so no symlink leads out of the allowed directories.
+        if not any(config_file.is_relative_to(d) for d in allowed):
+            raise InvalidInput(
+                f"local model path '{name}' is outside the allowed directories: "
+                f"{', '.join(str(d) for d in allowed)}"
+            )
+    if not config_file.is_file():
+        where = f"no config.json in {resolved}" if resolved.is_dir() else f"no file {resolved}"
+        raise _unknown(name, where)
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _unknown(name, f"cannot read {config_file}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise _unknown(name, f"{config_file} is not a JSON object")
+    _check_model_type(name, data.get("model_type"))
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(config_file), trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _unknown(name, f"transformers cannot load {config_file}: {exc}") from exc
+
+
+def _check_model_type(name: str, model_type: object) -> None:
+    """Refuse a model_type transformers does not know: its code would be remote code."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not isinstance(model_type, str) or not model_type:
+        raise _unknown(name, "its config.json has no model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise UnknownModel(
+            f"unknown model '{name}': model_type '{model_type}' is not built into "
+            f"transformers {transformers.__version__}, and autotune does not run remote "
+            f"code (trust_remote_code is off). Presets: {', '.join(sorted(PRESETS))}"
+        )
+
+
+def is_offline() -> bool:
+    """True when HF_HUB_OFFLINE or AUTOTUNE_OFFLINE is set to 1 (or true/yes/on)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE_VALUES:  # huggingface_hub's
+        return True
+    from autotune.settings import Settings  # pydantic-settings: imported when first needed
+
+    return Settings.from_env().offline
+
+
+def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the hub cannot be reached (one TCP connect), or None if it may be.
+
+    huggingface_hub retries a failed request 5 times with backoff, about 25 s when
+    the network is down; this probe makes a lookup fail in at most `timeout_s`.
+    Behind a proxy only the proxy knows, so no probe is made.
+    """
+    if any(os.environ.get(var) for var in _PROXY_ENV_VARS):
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_HUB_ENDPOINT)
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return None
+    except OSError as exc:
+        return f"cannot reach {endpoint}: {exc}"
+
+
+def _hub_config(name: str) -> PretrainedConfig:
+    """The config of a hub model; offline or unreachable, from the local HF cache."""
+    from transformers import AutoConfig
+
+    offline = is_offline()
+    unreachable = None if offline else hub_unreachable()
+    try:
+        return AutoConfig.from_pretrained(
+            name,
+            trust_remote_code=False,
+            local_files_only=offline or unreachable is not None,
+        )
+    except Exception as exc:
+        if "trust_remote_code" in str(exc):
+            reason = "its config needs remote code, and autotune does not run it"
+        elif offline:
+            reason = "offline: only the local Hugging Face cache was searched"
+        elif unreachable is not None:
+            reason = f"{unreachable}, and the local Hugging Face cache has no copy"
+        else:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise _unknown(name, reason) from exc
+
+
+# --- sequence lengths and tasks -------------------------------------------------------
+
+# Models whose position ids start at padding_idx + 1, so max_position_embeddings - 2
+# positions are usable (514 -> 512): transformers' create_position_ids_from_input_ids
+# in modeling_roberta.py and its copies.
+PADDING_OFFSET_MODEL_TYPES = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "roberta-prelayernorm",
+        "data2vec-text",
+        "longformer",
+        "mpnet",
+    }
+)
+
+
+def position_limit(config: PretrainedConfig, name: str = "this model") -> tuple[str, int, int]:
+    """(config attribute, its value, usable positions) of a config's position table.
+
+    GPT-2 calls it n_positions; RoBERTa-family models lose padding_idx + 1 positions.
+    """
+    attribute_map = getattr(config, "attribute_map", {}) or {}
+    attribute = attribute_map.get("max_position_embeddings", "max_position_embeddings")
+    value = getattr(config, attribute, None)
+    if not isinstance(value, int) or value <= 0:
+        raise InvalidInput(
+            f"model {name} (model_type {config.model_type}) declares no "
+            "max_position_embeddings or n_positions: autotune needs a fixed position limit"
+        )
+    usable = value
+    if config.model_type in PADDING_OFFSET_MODEL_TYPES:
+        usable = value - (getattr(config, "pad_token_id", None) or 0) - 1
+    return attribute, value, usable
+
+
+def check_seq_len(spec: ModelSpec, seq_len: int) -> None:
+    """Raise SequenceTooLong if `seq_len` exceeds the model's positions, InvalidInput if < 1."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise InvalidInput(f"sequence length must be an integer >= 1, got {seq_len!r}")
+    if seq_len <= spec.max_seq_len:
+        return
+    attribute, value, usable = position_limit(spec.config, spec.name)
+    if usable == value:
+        limit = f"{attribute}={value}"
+    else:
+        limit = f"the {usable} usable positions ({attribute}={value})"
+    raise SequenceTooLong(
+        f"sequence length {seq_len} exceeds {limit} of {spec.name}",
+        limit=spec.max_seq_len,
+    )
+
+
+def check_task(task: str) -> str:
+    """`task`, normalised; InvalidInput listing TASKS when it is not one of them."""
+    normalised = task.strip().lower().replace("_", "-")
+    if normalised not in TASKS:
+        raise InvalidInput(f"unknown task '{task}': use one of {', '.join(TASKS)}")
+    return normalised
+
+
+# --- a model as JSON (a stored run's spec, a probe worker's cell) -----------------------
+
+
+def config_to_json(config: PretrainedConfig) -> dict[str, Any]:
+    """The whole config in JSON types; ``model_from_json`` rebuilds it."""
+    # to_json_string(use_diff=False) is to_dict() passed through transformers' own JSON encoder,
+    # which knows the non-JSON values a config may hold (dtypes, numpy numbers).
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def model_from_json(name: str, source: str, model_type: str, config: dict[str, Any],
+                    max_seq_len: int) -> ModelSpec:
+    """A ModelSpec from ``config_to_json``'s output, built by transformers' own config class of
+    ``model_type`` (never remote code: InvalidInput for a model_type transformers lacks)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:  # checked on the way in; a stored spec again
+        raise InvalidInput(
+            f"model_type {model_type!r} of {name} is not built into transformers, and autotune "
+            "does not run remote code"
+        )
+    return ModelSpec(name, source, CONFIG_MAPPING[model_type].from_dict(dict(config)), max_seq_len)

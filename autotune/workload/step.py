@@ -1,0 +1,201 @@
+"""The training step every backend runs, and the model it runs on.
+
+One definition, so that the CUDA probe and the CPU estimator measure the same thing:
+
+- the model is built from its config with random weights and a task head;
+- the batch is padded to ``seq_len`` (the worst case), with a padded position in the attention
+  mask so that the model keeps its attention mask, as it does for a real padded batch;
+- AdamW (PyTorch's default implementation on CUDA: ``foreach``) or SGD;
+- at least two full steps: forward and loss, backward, optimizer step, ``zero_grad(set_to_none=True)``.
+  The optimizer state only exists from the first step on, so the peak is often in the second.
+
+What differs between backends (the autocast context, the loss scaler, the device) is passed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.errors import InvalidInput
+from autotune.workload.models import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+Optimizer = Literal["adamw", "sgd"]
+OPTIMIZERS: tuple[Optimizer, ...] = ("adamw", "sgd")
+ATTN_CHOICES = ("sdpa", "eager")
+MIN_STEPS = 2  # the optimizer state appears in step 1; step 2 sees it together with new activations
+
+# transformers Auto classes per task (transformers.models.auto.modeling_auto).
+TASK_MODEL_CLASSES = {
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "masked-lm": "AutoModelForMaskedLM",
+    "causal-lm": "AutoModelForCausalLM",
+    "token-classification": "AutoModelForTokenClassification",
+}
+
+
+def check_optimizer(name: str) -> Optimizer:
+    if name not in OPTIMIZERS:
+        raise InvalidInput(f"unknown optimizer {name!r}: allowed are {', '.join(OPTIMIZERS)}")
+    return name  # type: ignore[return-value]
+
+
+def check_attn(name: str | None) -> str | None:
+    if name is not None and name not in ATTN_CHOICES:
+        raise InvalidInput(f"unknown attention {name!r}: allowed are {', '.join(ATTN_CHOICES)}")
+    return name
+
+
+def build_model(spec: ModelSpec, task: str, attn: str | None) -> tuple[torch.nn.Module, str]:
+    """Build ``spec`` with a ``task`` head and random weights; return it and the attention used.
+
+    ``attn=None`` picks what transformers picks on a CUDA GPU: SDPA where the model supports it,
+    eager attention otherwise. The caller decides the device (a FakeTensorMode, or ``.to("cuda")``).
+    """
+    import transformers
+
+    config = copy.deepcopy(spec.config)
+    if task == "sequence-classification":
+        if getattr(config, "pad_token_id", None) is None:
+            # GPT-2 style models need a pad token to find the last token of a padded batch.
+            config.pad_token_id = getattr(config, "eos_token_id", None) or 0
+        if getattr(config, "problem_type", None) is None:
+            # What problem_type=None infers from integer labels; set up front because DeBERTa's
+            # inference path selects labelled rows with nonzero(), whose shape depends on data
+            # (fake tensors cannot run it). Same loss, same [batch, num_labels] tensors.
+            config.problem_type = "single_label_classification"
+    auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
+    if attn is not None:
+        model = _from_config(auto_class, config, attn, spec, task)
+        return model, attn
+    try:
+        return _from_config(auto_class, config, "sdpa", spec, task), "sdpa"
+    except (ValueError, ImportError):
+        # transformers raises ValueError when a model has no SDPA implementation.
+        return _from_config(auto_class, config, "eager", spec, task), "eager"
+
+
+def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task: str) -> Any:
+    try:
+        model = auto_class.from_config(config, attn_implementation=attn)
+    except ValueError as exc:
+        if "does not support" in str(exc) or "not supported" in str(exc) or "attn" in str(exc):
+            raise
+        raise InvalidInput(f"model {spec.name} has no {task} head: {exc}") from exc
+    model.train()
+    return model
+
+
+def make_batch(
+    config: Any, task: str, batch_size: int, seq_len: int, device: Any = None
+) -> dict[str, torch.Tensor]:
+    """Inputs and labels of one batch, fully padded to ``seq_len``.
+
+    Token ids are zeros: memory does not depend on their values. The last position of every
+    sequence is padding (attention mask 0): with an all-ones mask transformers may drop the mask
+    and let SDPA use a mask-free kernel, which a real padded batch never gets.
+    """
+    import torch
+
+    shape = (batch_size, seq_len)
+    batch: dict[str, torch.Tensor] = {
+        "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
+        "attention_mask": torch.ones(shape, dtype=torch.long, device=device),
+    }
+    if seq_len > 1:
+        batch["attention_mask"][:, -1] = 0
+    if task == "sequence-classification":
+        batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
+    elif task == "question-answering":
+        batch["start_positions"] = torch.zeros(batch_size, dtype=torch.long, device=device)
+        batch["end_positions"] = torch.zeros(batch_size, dtype=torch.long, device=device)
+    else:  # masked-lm, causal-lm, token-classification: one label per token
+        batch["labels"] = torch.zeros(shape, dtype=torch.long, device=device)
+    return batch
+
+
+def make_optimizer(model: torch.nn.Module, name: Optimizer, *, foreach: bool | None = None) -> Any:
+    """The optimizer a user's script would create: defaults except the learning rate.
+
+    ``foreach=None`` lets PyTorch choose, as a user's script does; the estimator passes True
+    because that is PyTorch's choice for CUDA tensors (torch/optim/optimizer.py,
+    ``_default_to_fused_or_foreach``), though its fake tensors live on the CPU.
+    """
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=foreach)
+    return torch.optim.AdamW(params, lr=5e-5, foreach=foreach)
+
+
+class NoScaler:
+    """Stands in for GradScaler where no loss scaling is used (fp32, bf16)."""
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def step(self, optimizer: Any) -> None:
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+def run_steps(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    optimizer: Any,
+    *,
+    steps: int = MIN_STEPS,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    scaler: Any = None,
+    after_step: Callable[[int], None] | None = None,
+) -> None:
+    """Run ``steps`` full training steps; the one loop every backend uses."""
+    if steps < MIN_STEPS:
+        raise InvalidInput(f"a probe runs at least {MIN_STEPS} steps, got {steps}")
+    scaler = scaler or NoScaler()
+    for index in range(steps):
+        with autocast():
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        del loss
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if after_step is not None:
+            after_step(index)
+
+
+@contextlib.contextmanager
+def gradient_checkpointing(
+    model: Any, enabled: bool, checkpoint_kwargs: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Enable transformers' gradient checkpointing for the duration.
+
+    ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint``; None keeps transformers'
+    default (``use_reentrant=False`` in transformers 5).
+    """
+    if not enabled:
+        yield
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise InvalidInput(f"{type(model).__name__} does not support gradient checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+    try:
+        yield
+    finally:
+        model.gradient_checkpointing_disable()
+        # transformers 5 makes the input embeddings' output require grad while checkpointing
+        # and removes that hook on disable only for PEFT models; a reused model (the
+        # estimator's) must not keep it, or frozen embeddings would save an extra activation.
+        if getattr(model, "_require_grads_hooks", None):
+            model.disable_input_require_grads()

@@ -1,0 +1,125 @@
+"""The house rules of the layout, read from the source: arrows point down, no cycles.
+
+Every import counts, also those inside functions (imported lazily for speed, they are still
+dependencies). The graph is built from the files with ``ast``, without importing anything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("autotune", "api")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules ``path`` imports (anywhere in the file), as dotted names."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # ``from pkg import name``: name is a submodule when there is one, else an attribute.
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known
+                     else node.module for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:  # ``import a.b.c`` of a module a.b.c, or an attribute
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    names = set(known)
+    return {name: imports(path, names) - {name} for name, path in known.items()}
+
+
+def is_cli(name: str) -> bool:
+    """The CLI package, and ``python -m autotune`` that runs it."""
+    return name in ("autotune.cli", "autotune.__main__") or name.startswith("autotune.cli.")
+
+
+def is_api(name: str) -> bool:
+    return name == "api" or name.startswith("api.")
+
+
+def test_the_graph_sees_lazy_imports():
+    # autotune/backends/__init__.py imports the estimate backend inside make_backend()
+    assert "autotune.backends.estimate.backend" in graph()["autotune.backends"]
+
+
+def test_no_library_module_imports_the_cli():
+    offenders = {(m, dep) for m, deps in graph().items() if not is_cli(m) for dep in deps if is_cli(dep)}
+    assert offenders == set()
+
+
+def test_only_the_serve_command_imports_the_service():
+    offenders = {(m, dep) for m, deps in graph().items() if not is_api(m) for dep in deps if is_api(dep)}
+    assert offenders == {(m, dep) for m, dep in offenders if m == "autotune.cli.serve"}
+    assert any(m == "autotune.cli.serve" for m, _ in offenders)  # it does import api, and is the one
+
+
+def test_the_search_and_the_trace_are_free_of_torch():
+    for name in ("autotune/search.py", "autotune/backends/estimate/trace.py"):
+        tree = ast.parse((ROOT / name).read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & {"torch", "transformers"}, name
+        for dep in imports(ROOT / name, set(modules())):  # nor through the project's modules
+            assert dep in ("autotune.defaults", "autotune.errors", "autotune.search"), (name, dep)
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (cycle := visit(dep)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    assert find_cycle(graph()) is None
+
+
+@pytest.mark.parametrize(("edges", "cycle"), [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c", "a"]),
+    ({"a": {"b"}, "b": {"b2"}, "b2": {"b"}}, ["b", "b2", "b"]),
+])
+def test_find_cycle_finds_cycles(edges, cycle):
+    assert find_cycle(edges) == cycle
