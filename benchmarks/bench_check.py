@@ -1,6 +1,6 @@
 """Latency of GET /v1/check answered from a stored table (goal: well under 50 ms).
 
-    PYTHONPATH=. python benchmarks/bench_check.py
+    PYTHONPATH=.:tests python benchmarks/bench_check.py
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from api.runs.runner import LocalRunner
 from api.settings import Settings
-from tests.test_api_check import QUERY, _store_measured_table
+from tests.api.test_check import QUERY, _store_measured_table
 
 REQUESTS = 200
 

@@ -2,7 +2,7 @@
 
 A process per run, so that whatever the run does to its process (a segfault in a kernel, a CUDA
 error, the OOM killer) ends the run, not the service. The cuda backend starts its own probe
-processes below this one (autotune/cuda.py); the estimate backend runs in this process.
+processes below this one (autotune/backends/cuda/); the estimate backend runs in this process.
 
 Protocol: JSON objects, one per line, UTF-8.
 

@@ -42,7 +42,6 @@ TASKS = (
     "token-classification",
 )
 
-OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "AUTOTUNE_OFFLINE")
 # huggingface_hub's own reading of HF_HUB_OFFLINE (constants._is_true).
 _TRUE_VALUES = {"1", "on", "yes", "true"}
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub.constants.ENDPOINT

@@ -1,25 +1,12 @@
 """The worker process of the ``cuda`` backend: ``python -m autotune.backends.cuda.probe_worker``.
 
 One worker serves one cell (workload, mode, sequence length, budget): it builds the model once
-on the GPU and runs the training step of ``step.py`` at each batch size the parent asks for. A
-process of its own, so that a crash, a hung kernel or a leak ends with the process, not with the
-search (cuda.py starts and stops workers).
+on the GPU and runs the training step of ``workload/step.py`` at each batch size the parent asks
+for. A process of its own, so that a crash, a hung kernel or a leak ends with the process, not
+with the search (backend.py starts and stops workers).
 
-Protocol: JSON objects, one per line, UTF-8. The parent writes requests to the worker's stdin;
-the worker answers each with exactly one line on stdout. Its stderr is free text (logs,
-tracebacks) that the parent keeps for error reports. The worker exits when stdin closes.
-
-    parent -> worker                          worker -> parent
-    {"op": "init", "protocol": 1,             {"op": "ready", "attn", "free_bytes", "total_bytes",
-     "cell": CellSpec}                          "device_name", "compute_capability",
-                                                "model_bytes", "model_oom": null | message}
-                                              or {"op": "failed", "error_type", "error", ...}
-    {"op": "probe", "batch_size": n}          {"op": "result", "batch_size": n,
-                                                "outcome": "fits" | "oom" | "error",
-                                                "peak_allocated_bytes", "peak_reserved_bytes",
-                                                "step_time_s", "samples_per_s", "error_type",
-                                                "error", "clean", "allocated_after_bytes", ...}
-    {"op": "exit"}, or stdin closed           (exits 0)
+It speaks the protocol of protocol.py: one JSON request a line on stdin, one reply a line on
+stdout; stderr is free text the parent keeps for error reports; it exits when stdin closes.
 
 After each probe the worker frees everything the probe made and checks that the memory still
 allocated is what it was after the first probe (the model plus cuBLAS workspaces, which PyTorch

@@ -5,7 +5,7 @@ no data), and every probe runs the same training step as the CUDA backend (``ste
 under three layers:
 
     CudaEmulation     (emulation.py)  CUDA's autocast lists, fused dropout, fused SDPA kernels
-    StorageTracker    (accounting.py) one allocation per new storage, one free when it dies
+    StorageTracker    (tracker.py)    one allocation per new storage, one free when it dies
     FakeTensorMode                    runs the ops on shapes only
 
 and the trace is replayed through the caching-allocator simulator (allocator.py), which adds
@@ -17,7 +17,7 @@ Added outside the trace, because the CPU run never allocates them:
   (handle, stream) pair (aten/src/ATen/cuda/CublasHandlePool.cpp). cuBLAS handles are per thread
   and autograd runs backward on its own device thread, so a training step holds two.
 - CUDA context overhead: outside the allocator, subtracted from the card's memory before the
-  budget is computed (``budget.py``).
+  budget is computed (``tuner.budget_bytes``).
 """
 
 from __future__ import annotations

@@ -249,4 +249,4 @@ def test_local_device_without_preset_takes_its_architectures_overhead(
 
 def test_units_and_gpus_do_not_import_torch() -> None:
     code = "import sys, autotune.gpus, autotune.units; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])

@@ -14,7 +14,7 @@ from autotune.analysis.check import CheckResult
 from autotune.analysis.explain import Explanation
 from autotune.tuner import TableResult
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONS = ("table", "check", "explain", "max_batch_size")
 TINY = {"gpu_memory": "1GiB", "backend": "estimate"}
 

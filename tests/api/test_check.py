@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from liveserver import Server
 
 from api.runs.spec import normalize
 from autotune.cli import main
-from tests.test_api_server import Server
 
 QUERY = {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "gpu_memory": "1GiB"}
 

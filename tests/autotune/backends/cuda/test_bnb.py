@@ -44,7 +44,7 @@ from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
 from autotune.workload.step import build_model
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[3]  # tests/, where cpumemory.py is
 FP32 = parse_mode("fp32")
 LOCAL = GpuSpec("Fake H100", 80 * GIB, 640 * MIB, (9, 0))  # the local device of a measured run
 TRAINER_NOTE = "the Trainer keeps 32-bit state for every nn.Embedding weight"

@@ -33,7 +33,7 @@ from autotune.workload import Workload
 from autotune.workload.models import ModelSpec
 from autotune.workload.modes import parse_mode
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[3]  # tests/, where cpumemory.py is
 H100 = GpuSpec("H100-80GB", 80 * GIB, 640 * MIB, (9, 0))
 needs_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU: torch sees none")
 no_cuda = pytest.mark.skipif(cuda_available(), reason="checks the behaviour on a machine without CUDA")

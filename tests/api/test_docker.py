@@ -14,7 +14,7 @@ import yaml
 
 from autotune.cli.serve import add_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker-compose.yml"
 

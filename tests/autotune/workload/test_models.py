@@ -478,4 +478,4 @@ def test_importing_models_imports_neither_torch_nor_transformers() -> None:
         "import sys, autotune.workload.models; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
