@@ -56,9 +56,27 @@ def check_bind(host: str, api_token: str | None) -> None:
         )
 
 
+# What `autotune serve` needs beyond the core: the distribution's [service] extra.
+SERVICE_PACKAGES = ("fastapi", "uvicorn", "jinja2")
+
+
+def check_service_installed() -> None:
+    """AutotuneError naming the extra when a package of the service is not installed."""
+    import importlib.util
+
+    missing = [name for name in SERVICE_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise AutotuneError(
+            f"autotune serve needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            "not installed: pip install 'autotune-batch[service]' (or -e \".[service]\" from a checkout)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; library errors propagate (the CLI prints them, exit 2)."""
     from pathlib import Path
+
+    check_service_installed()
 
     from api.settings import Settings
 

@@ -76,3 +76,13 @@ def test_malformed_arguments_exit_2(capsys, argv, message):
 def test_presets_are_listed(capsys):
     assert "bert-base-uncased" in run(capsys, "models")[1].splitlines()
     assert "H100-80GB" in run(capsys, "gpus")[1]
+
+
+def test_serve_without_the_service_extra_names_it(monkeypatch, capsys):
+    from autotune.cli import main, serve
+
+    monkeypatch.setattr(serve, "SERVICE_PACKAGES", ("fastapi", "no_such_package_for_autotune"))
+    assert main(["serve", "--port", "8765"]) == 2
+    assert capsys.readouterr().err == (
+        "Error: autotune serve needs no_such_package_for_autotune, which is not installed: "
+        "pip install 'autotune-batch[service]' (or -e \".[service]\" from a checkout)\n")
