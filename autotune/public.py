@@ -69,9 +69,10 @@ def table(
     59
     """
     from autotune.tuner import tune_table
+    from autotune.workload.models import parse_seq_lens
     from autotune.workload.modes import parse_modes
 
-    seq_len_list = _seq_lens(seq_lens)
+    seq_len_list = parse_seq_lens(seq_lens)
     parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
     workload = _workload(model, seq_len_list, task, attn, optimizer)
     chosen, target = _backend(backend, gpu, gpu_memory)
@@ -236,19 +237,6 @@ def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None) -> tuple[
     from autotune.backends import make_backend
 
     return make_backend(name, gpu, gpu_memory)
-
-
-def _seq_lens(value: Sequence[int] | str) -> list[int]:
-    if isinstance(value, str):
-        try:
-            value = [int(part) for part in value.split(",") if part.strip()]
-        except ValueError:
-            raise InvalidInput(f"invalid sequence lengths {value!r}: use comma-separated integers, "
-                               "e.g. 128,256,512") from None
-    values = list(value)
-    if not values:
-        raise InvalidInput("no sequence lengths given")
-    return values
 
 
 def _positive(name: str, value: int) -> None:

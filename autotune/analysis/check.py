@@ -20,7 +20,7 @@ from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import budget_bytes, search_cell
+from autotune.tuner import budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -155,8 +155,6 @@ def check_from_cells(
     The peak at the requested batch is the probe's when that batch was probed, else read off
     the line through the two largest fitting probes (tuner's memory model).
     """
-    from autotune.tuner import memory_model
-
     cell = cells.get(mode.name)
     if cell is None or cell.get("max_batch_size") is None:
         return None

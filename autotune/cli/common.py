@@ -16,17 +16,14 @@ EXIT_OK, EXIT_ERROR = 0, 2  # `check` adds 1: the step does not fit
 
 
 def int_list(text: str) -> list[int]:
+    """--seq-lens: workload.models.parse_seq_lens, its refusal as argparse's."""
+    from autotune.errors import InvalidInput
+    from autotune.workload.models import parse_seq_lens
+
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid sequence lengths {text!r}: use comma-separated integers, e.g. 128,256,512"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(
-            f"invalid sequence lengths {text!r}: each must be a positive integer"
-        )
-    return values
+        return parse_seq_lens(text)
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fraction(text: str) -> float:

@@ -284,6 +284,24 @@ def position_limit(config: PretrainedConfig, name: str = "this model") -> tuple[
     return attribute, value, usable
 
 
+def parse_seq_lens(value: str | Sequence[int]) -> list[int]:
+    """Sequence lengths as the CLI and the Python API take them: "128,256,512", or a list (each is
+    checked against a model by ``check_seq_len``)."""
+    if not isinstance(value, str):
+        values = list(value)
+        if not values:
+            raise InvalidInput("no sequence lengths given")
+        return values
+    try:
+        values = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidInput(f"invalid sequence lengths {value!r}: use comma-separated integers, "
+                           "e.g. 128,256,512") from None
+    if not values or any(v < 1 for v in values):
+        raise InvalidInput(f"invalid sequence lengths {value!r}: each must be a positive integer")
+    return values
+
+
 def check_seq_len(spec: ModelSpec, seq_len: int) -> None:
     """Raise SequenceTooLong if `seq_len` exceeds the model's positions, InvalidInput if < 1."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
