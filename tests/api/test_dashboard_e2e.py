@@ -66,6 +66,11 @@ def page(server):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server.url)
         context.set_default_timeout(TIMEOUT_MS)
+        # expect() has a timeout of its own (5 s), which the context's default does not reach: the
+        # explain panel's estimate can take longer than that on a loaded 2-core machine.
+        from playwright.sync_api import expect
+
+        expect.set_options(timeout=TIMEOUT_MS)
         tab = context.new_page()
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
