@@ -20,9 +20,15 @@ class TableCreate(BaseModel):
 
     model: str = Field(description="a preset (`autotune models`), a Hugging Face hub id, or an absolute "
                                    "path inside AUTOTUNE_MODEL_DIRS")
-    task: str | None = Field(None, description="sequence-classification (default), question-answering, "
-                                               "masked-lm, causal-lm, token-classification")
-    seq_lens: list[StrictInt] | None = Field(None, description="default [64, 128, 256, 320, 384, 512]")
+    task: str | None = Field(None, description="sequence-classification, question-answering, masked-lm, "
+                                               "causal-lm, token-classification (default: from the "
+                                               "config's architectures; without them causal-lm for "
+                                               "decoder-only models, else sequence-classification)")
+    dtype: str | None = Field(None, description="weights dtype: auto (default: the config's torch_dtype, "
+                                                "else float32), float32, bfloat16, float16")
+    seq_lens: list[StrictInt] | None = Field(None, description="default [64, 128, 256, 320, 384, 512] for "
+                                             "models of at most 512 positions, else [512, 1024, 2048, "
+                                             "4096, 8192]; within the model's limit")
     modes: list[str] | str | None = Field(None, description="from fp32, amp, bf16, ckpt, amp+ckpt, "
                                                             "bf16+ckpt; default fp32, amp, ckpt, amp+ckpt")
     gpu_memory: str | StrictInt | None = Field(None, description="the target card's memory, e.g. '12GiB'")
@@ -30,8 +36,13 @@ class TableCreate(BaseModel):
     backend: str | None = Field(None, description="auto (default), cuda or estimate")
     margin: float | None = Field(None, description="fraction of the allocator's memory kept free (0.05)")
     max_batch: StrictInt | None = Field(None, description=f"the largest batch probed ({DEFAULT_MAX_BATCH})")
-    attn: str | None = Field(None, description="sdpa or eager (default: what transformers picks on CUDA)")
-    optimizer: str | None = Field(None, description="adamw (default) or sgd")
+    attn: str | None = Field(None, description="sdpa, eager or flash_attention_2 (default: what "
+                                               "transformers picks on CUDA)")
+    optimizer: str | None = Field(None, description="a Trainer optim name: adamw_torch_fused (default), "
+                                                    "adamw_torch (adamw), adafactor, adamw_bnb_8bit "
+                                                    "(adamw_8bit), paged_adamw_8bit, paged_adamw_32bit, sgd")
+    loss: str | None = Field(None, description="full (default) or chunked: a fused linear cross-entropy "
+                                               "that never holds the full logits (causal-lm)")
     search: str | None = Field(None, description="guided (default) or bisect")
 
 
@@ -111,6 +122,10 @@ class TablePublic(TableSummary):
     attn: str | None = Field(description="the attention asked for (null: transformers' choice)")
     attn_used: str | None = Field(description="the attention the model runs, once the run started")
     optimizer: str
+    dtype: str = Field(description="the weights dtype asked for (auto: the config's)")
+    weights_dtype: str = Field(description="the dtype the weights had: float32, bfloat16 or float16")
+    loss: str
+    warnings: list[str] = Field(description="what the target card does not support of this step")
     environment: dict[str, Any]
     started_at: str | None
     elapsed_s: float | None

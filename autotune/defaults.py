@@ -8,7 +8,11 @@ DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README'
 DEFAULT_MODE_NAMES = ("fp32", "amp", "ckpt", "amp+ckpt")  # of workload.modes.ALLOWED_MODE_NAMES
 DEFAULT_MODE_NAME = "fp32"  # of one check or explain
 DEFAULT_TASK = "sequence-classification"  # of workload.models.TASKS
-DEFAULT_OPTIMIZER = "adamw"  # of workload.step.OPTIMIZERS
+# The Hugging Face Trainer's default ``optim`` with torch >= 2.8 (transformers training_args.py,
+# ``default_optim``): torch.optim.AdamW(fused=True). Of workload.optimizers.OPTIMIZERS.
+DEFAULT_OPTIMIZER = "adamw_torch_fused"
+DEFAULT_DTYPE = "auto"  # weights as from_pretrained loads them: the config's dtype, else float32
+DEFAULT_LOSS = "full"  # the model's own loss over the full logits (of workload.loss.LOSSES)
 DEFAULT_MARGIN = 0.05  # headroom for fragmentation the allocator model does not see
 # The search's cap: the largest batch a search probes (answers at the cap say "capped").
 DEFAULT_MAX_BATCH = 4096

@@ -5,6 +5,8 @@
     │   ├── UnknownModel          a model name that resolves nowhere (lists the presets): HTTP 404
     │   ├── UnknownGpu            a GPU name that is not a preset (lists the presets)
     │   ├── SequenceTooLong       seq_len beyond the model's max_position_embeddings
+    │   ├── UnmodelledSetting     a training config key that changes memory in a way autotune does
+    │   │                         not model (LoRA, DeepSpeed, ...): refused, never ignored
     │   └── ModelPathRefused      a model path the service may not read: HTTP 403
     ├── BackendUnavailable        e.g. backend cuda on a machine without CUDA: HTTP 503
     ├── ProbeError                a probe failed for a reason other than out-of-memory
@@ -54,6 +56,14 @@ class SequenceTooLong(InvalidInput):
     def __init__(self, message: str, limit: int) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class UnmodelledSetting(InvalidInput):
+    """A training config sets a key that changes memory in a way autotune does not model.
+
+    The message names the key, its value and the file; a verdict for a different job is worse
+    than none, so such keys are refused, never ignored.
+    """
 
 
 class ModelPathRefused(InvalidInput):

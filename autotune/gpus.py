@@ -30,8 +30,10 @@ CONTEXT_OVERHEAD_ENV = "AUTOTUNE_CONTEXT_OVERHEAD"
 # parseChosenWorkspaceSize: "/* :4096:2:16:8 default, 32MiB for Hopper */", i.e. the
 # default CUBLAS_WORKSPACE_CONFIG is 2 x 4096 KiB + 8 x 16 KiB = 8,519,680 bytes (the
 # 8519680 bytes left allocated after one nn.Linear call in pytorch/pytorch#95668), and
-# ":4096:8" = 32 MiB on sm90. Recent PyTorch also uses 32 MiB on Blackwell (majors 10
-# and 12, pytorch/pytorch#175344), so we take 32 MiB for every major >= 9.
+# ":4096:8" = 32 MiB on sm90. Recent PyTorch uses 32 MiB on Hopper and Blackwell ("32MiB for
+# Hopper and Blackwell": majors 9, 10, 11 and 12; pytorch/pytorch#175344), so we take 32 MiB
+# for every major >= 9 (older releases give sm100/sm120 the default: 32 MiB errs safe). Ada
+# (sm89, major 8: L4, L40S, RTX 4090, RTX 6000 Ada) gets the default.
 CUBLAS_WORKSPACE_DEFAULT_BYTES = 2 * 4096 * KIB + 8 * 16 * KIB
 CUBLAS_WORKSPACE_HOPPER_BYTES = 8 * 4096 * KIB
 # cuBLASLt (addmm with a bias, i.e. nn.Linear) gets a workspace of its own unless the
@@ -152,12 +154,33 @@ _PRESETS: tuple[GpuSpec, ...] = (
     # The google-research/bert README's 12 GB Titan X (Pascal): "11.90 GiB total
     # capacity", as reported for the same-sized TITAN Xp.
     _preset("TITAN-X-12GB", "11.90", 320, (6, 1)),
+    # H200 141 GB HBM3e (nvidia-smi: 143771MiB): "total capacity of 139.80 GiB" in 8x H200
+    # training runs (2025-26); 139.81 GiB in a few others.
+    _preset("H200", "139.80", 640, (9, 0)),
+    # B200 (nvidia-smi: 183359MiB): "total capacity of 178.35 GiB" (vLLM, NeMo-RL and
+    # Megatron runs on 8x B200, 2025-26; 178.36 GiB in a few). 148 SMs: Hopper's overhead
+    # at least, as for every newer architecture.
+    _preset("B200", "178.35", 640, (10, 0)),
+    # L40S 48 GB GDDR6, ECC on by default (nvidia-smi: 46068MiB): "total capacity of
+    # 44.42 GiB" on 8x L40S (stepfun-ai/Step-Video-T2V#8, 2025).
+    _preset("L40S", "44.42", 512, (8, 9)),
+    # RTX A6000 48 GB: "total capacity of 47.54 GiB" on 2x A6000 (a 2025 fine-tuning
+    # benchmark); with ECC turned on it would be about 3 GiB less, as on the RTX 6000 Ada.
+    _preset("RTX-A6000", "47.54", 384, (8, 6)),
+    # RTX 6000 Ada 48 GB with ECC on (nvidia-smi: 46068MiB): "total capacity of 44.43 GiB"
+    # (DINGYANB/MTVCrafter#21, 2025). ECC off gives about 47.5 GiB; the smaller errs safe.
+    _preset("RTX-6000-Ada", "44.43", 512, (8, 9)),
+    # GeForce RTX 5090 32 GB GDDR7: "total capacity of 31.36 GiB"
+    # (TrajectoryCrafter/TrajectoryCrafter#20, 2025-04); 31.37 GiB in later reports
+    # (Wan-Video/Wan2.1#465).
+    _preset("RTX-5090", "31.36", 640, (12, 0)),
 )
 
 GPU_PRESETS: dict[str, GpuSpec] = {spec.name: spec for spec in _PRESETS}
 
 # Lower-case alias -> preset name. Only names that mean one card: "A100", "V100" and
-# "P100" (12 GB and 16 GB) come in several sizes and "H100" also as a 94 GB NVL.
+# "P100" (12 GB and 16 GB) come in several sizes and "H100" also as a 94 GB NVL; "A6000"
+# is the Ampere RTX A6000 (the Ada card is the "RTX 6000 Ada").
 _ALIASES: dict[str, str] = {
     "tesla-t4": "T4",
     "nvidia-t4": "T4",
@@ -168,6 +191,13 @@ _ALIASES: dict[str, str] = {
     "4090": "RTX-4090",
     "rtx4090": "RTX-4090",
     "geforce-rtx-4090": "RTX-4090",
+    "nvidia-h200": "H200",
+    "nvidia-b200": "B200",
+    "nvidia-l40s": "L40S",
+    "a6000": "RTX-A6000",
+    "5090": "RTX-5090",
+    "rtx5090": "RTX-5090",
+    "geforce-rtx-5090": "RTX-5090",
 }
 
 
@@ -248,6 +278,12 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\b3090\b", "RTX-3090"),
     (r"\b4090\b", "RTX-4090"),
     (r"\btitan x\b.*pascal|\btitan xp\b", "TITAN-X-12GB"),
+    (r"\bh200\b", "H200"),
+    (r"\bb200\b", "B200"),
+    (r"\bl40s\b", "L40S"),
+    (r"\brtx a6000\b", "RTX-A6000"),
+    (r"\brtx 6000 ada\b", "RTX-6000-Ada"),
+    (r"\b5090\b", "RTX-5090"),
 )
 
 

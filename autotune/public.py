@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 from autotune.defaults import (
     DEFAULT_BACKEND,
+    DEFAULT_DTYPE,
+    DEFAULT_LOSS,
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAME,
     DEFAULT_MODE_NAMES,
     DEFAULT_OPTIMIZER,
-    DEFAULT_SEQ_LENS,
-    DEFAULT_TASK,
     EXPLAIN_BACKEND,
 )
 from autotune.errors import InvalidInput
@@ -45,9 +45,10 @@ GpuMemory = str | int  # "12GiB", "16GB", or bytes
 def table(
     model: str,
     *,
-    seq_lens: Sequence[int] | str = DEFAULT_SEQ_LENS,
+    seq_lens: Sequence[int] | str | None = None,
     modes: Sequence[str] | str = DEFAULT_MODE_NAMES,
-    task: str = DEFAULT_TASK,
+    task: str | None = None,
+    dtype: str = DEFAULT_DTYPE,
     attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
@@ -56,6 +57,7 @@ def table(
     search: str = DEFAULT_METHOD,
     max_batch: int = DEFAULT_MAX_BATCH,
     optimizer: str = DEFAULT_OPTIMIZER,
+    loss: str = DEFAULT_LOSS,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
@@ -69,12 +71,13 @@ def table(
     59
     """
     from autotune.tuner import tune_table
-    from autotune.workload.models import parse_seq_lens
+    from autotune.workload.models import default_seq_lens, parse_seq_lens
     from autotune.workload.modes import parse_modes
 
-    seq_len_list = parse_seq_lens(seq_lens)
+    spec = _model(model)
+    seq_len_list = default_seq_lens(spec) if seq_lens is None else parse_seq_lens(seq_lens)
     parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
-    workload = _workload(model, seq_len_list, task, attn, optimizer)
+    workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
@@ -86,13 +89,15 @@ def check(
     seq_len: int,
     batch_size: int,
     mode: str = DEFAULT_MODE_NAME,
-    task: str = DEFAULT_TASK,
+    task: str | None = None,
+    dtype: str = DEFAULT_DTYPE,
     attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
+    loss: str = DEFAULT_LOSS,
     accumulation_steps: int = 1,
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
@@ -113,7 +118,7 @@ def check(
     _positive("batch_size", batch_size)
     _positive("accumulation_steps", accumulation_steps)
     parsed = parse_mode(mode)
-    workload = _workload(model, [seq_len], task, attn, optimizer)
+    workload = _workload(model, [seq_len], task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps)
@@ -125,13 +130,15 @@ def explain(
     seq_len: int | None = None,
     batch_size: int | None = None,
     mode: str = DEFAULT_MODE_NAME,
-    task: str = DEFAULT_TASK,
+    task: str | None = None,
+    dtype: str = DEFAULT_DTYPE,
     attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     backend: str = EXPLAIN_BACKEND,
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
+    loss: str = DEFAULT_LOSS,
     lengths: Sequence[int] | None = None,
     texts: str | Path | None = None,
     text_column: str | None = None,
@@ -172,7 +179,7 @@ def explain(
     spec = _model(model)
     if seq_len is None:
         seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
-    workload = _workload(spec, [seq_len], task, attn, optimizer)
+    workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
                         batch_size=batch_size, lengths=list(lengths) if lengths else None,
@@ -186,11 +193,13 @@ def max_batch_size(
     gpu: str | None = None,
     mode: str = DEFAULT_MODE_NAME,
     gpu_memory: GpuMemory | None = None,
-    task: str = DEFAULT_TASK,
+    task: str | None = None,
+    dtype: str = DEFAULT_DTYPE,
     attn: str | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
+    loss: str = DEFAULT_LOSS,
     max_batch: int = DEFAULT_MAX_BATCH,
 ) -> int:
     """The largest batch whose training step fits: one cell of ``table`` (0 when batch 1 does not
@@ -205,7 +214,7 @@ def max_batch_size(
 
     parsed = parse_mode(mode)
     _positive("max_batch", max_batch)
-    workload = _workload(model, [seq_len], task, attn, optimizer)
+    workload = _workload(model, [seq_len], task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     budget = budget_bytes(target, margin)
     return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
@@ -220,17 +229,25 @@ def _model(model: str) -> ModelSpec:
     return resolve_model(model)
 
 
-def _workload(model: str | ModelSpec, seq_lens: Sequence[int], task: str, attn: str | None,
-              optimizer: str) -> Workload:
-    """The workload, every sequence length checked against the model before anything is built."""
+def _workload(model: str | ModelSpec, seq_lens: Sequence[int], task: str | None, attn: str | None,
+              optimizer: str, dtype: str = DEFAULT_DTYPE, loss: str = DEFAULT_LOSS) -> Workload:
+    """The workload, every sequence length checked against the model before anything is built.
+
+    ``task=None`` is the task the config was built for (models.infer_task); ``dtype="auto"`` the
+    weights' dtype as from_pretrained loads them (models.resolve_dtype).
+    """
     from autotune.workload import Workload
-    from autotune.workload.models import check_seq_len, check_task
-    from autotune.workload.step import check_attn, check_optimizer
+    from autotune.workload.loss import check_loss
+    from autotune.workload.models import check_seq_len, resolve_dtype, task_for
+    from autotune.workload.optimizers import check_optimizer
+    from autotune.workload.step import check_attn
 
     spec = _model(model) if isinstance(model, str) else model
     for seq_len in seq_lens:
         check_seq_len(spec, seq_len)
-    return Workload(spec, check_task(task), check_attn(attn), check_optimizer(optimizer))
+    resolved_task = task_for(spec, task)
+    return Workload(spec, resolved_task, check_attn(attn), check_optimizer(optimizer),
+                    weights_dtype=resolve_dtype(spec, dtype), loss=check_loss(loss, resolved_task))
 
 
 def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None) -> tuple[Backend, GpuSpec]:

@@ -25,6 +25,7 @@ from autotune.search import MemoryModel, Probe, SearchResult, search_max_batch
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
+from autotune.workload.support import check_supported, step_warnings
 
 
 def budget_bytes(gpu: GpuSpec, margin: float) -> int:
@@ -62,6 +63,8 @@ class TableResult:
     backend: str
     attn: str
     optimizer: str
+    weights_dtype: str  # the dtype the weights had (workload.models.resolve_dtype)
+    loss: str
     gpu_name: str
     gpu_memory_bytes: int
     context_overhead_bytes: int
@@ -74,6 +77,7 @@ class TableResult:
     environment: dict[str, Any]
     cells: list[CellResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # workload.support.step_warnings
 
     @property
     def total_probes(self) -> int:
@@ -153,10 +157,12 @@ def tune_table(
     ordered = sorted(set(seq_lens))
     table = TableResult(
         model=workload.model.name, task=workload.task, backend=backend.name,
-        attn=backend.attn_used(workload), optimizer=workload.optimizer, gpu_name=gpu.name,
+        attn=backend.attn_used(workload), optimizer=workload.optimizer,
+        weights_dtype=workload.weights_dtype, loss=workload.loss, gpu_name=gpu.name,
         gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
         budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
         seq_lens=ordered, modes=[m.name for m in modes], environment=backend.describe(),
+        warnings=step_warnings(workload, modes, gpu),
     )
     started = time.perf_counter()
     total = len(ordered) * len(modes)
@@ -192,8 +198,10 @@ def search_cell(
     """The search of one cell on ``backend``, with the cell's hooks (search.Cell): what a table
     cell, a check, an explanation and each lever search the same way.
 
-    ``max_batch`` is the search's cap; the answer is the result's ``max_batch_size``.
+    ``max_batch`` is the search's cap; the answer is the result's ``max_batch_size``. A step the
+    target card cannot run (workload.support.refusal) raises InvalidInput.
     """
+    check_supported(workload, mode, backend.gpu)
     with backend.cell(workload, mode, seq_len, budget_bytes) as cell:
         return search_max_batch(
             cell.fits, budget_bytes=budget_bytes, max_batch=max_batch, method=method,  # type: ignore[arg-type]

@@ -28,10 +28,12 @@ async def check(
     mode: str = "fp32", task: str | None = None, attn: str | None = None,
     gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
     accumulation_steps: Annotated[int, Query(ge=1)] = 1, backend: str | None = None,
+    dtype: str | None = None, optimizer: str | None = None, loss: str | None = None,
 ) -> dict[str, Any]:
     """Does the step fit? From a stored measured table, else a stored estimate, else estimated now."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
-            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend}
+            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
+            "dtype": dtype, "optimizer": optimizer, "loss": loss}
     spec = normalize(body, settings, queue.runner.environment)
     wanted = parse_mode(mode)
     effective = batch_size * accumulation_steps
@@ -46,9 +48,11 @@ async def check(
 
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
-    same = ("task", "attn", "optimizer", "margin", "budget_bytes", "model_type", "model_config")
+    same = ("task", "attn", "optimizer", "margin", "budget_bytes", "model_type", "model_config",
+            "weights_dtype", "loss")
+    stored = TableSpec.from_json(run_spec)  # a run stored before weights_dtype: its dtype filled in
     return (
-        all(run_spec.get(key) == getattr(spec, key) for key in same)
+        all(getattr(stored, key) == getattr(spec, key) for key in same)
         and run_spec["gpu"]["name"] == spec.gpu["name"]
         and seq_len in run_spec["seq_lens"]
     )
@@ -66,9 +70,9 @@ def _from_store(
                 continue
             cells = {c["mode"]: c for c in queue.store.cells(run.id) if c["seq_len"] == seq_len}
             result = check_from_cells(
-                cells, model=spec.model, seq_len=seq_len, batch_size=batch_size, mode=mode,
-                budget=spec.budget_bytes, backend_name=run.backend, gpu_name=spec.gpu["name"],
-                gpu_memory_bytes=spec.gpu["total_memory_bytes"], effective_batch=effective,
+                cells, workload=spec.workload(), gpu=spec.target_gpu(), seq_len=seq_len,
+                batch_size=batch_size, mode=mode, budget=spec.budget_bytes, backend_name=run.backend,
+                attn=(run.header or {}).get("attn"), effective_batch=effective,
             )
             if result is not None:
                 return {**result.to_dict(), "table_id": run.id}

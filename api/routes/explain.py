@@ -24,10 +24,12 @@ async def explain(
     mode: str = "fp32", task: str | None = None, attn: str | None = None,
     gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
     levers: Annotated[bool, Query(description="also the max batch under each lever (slower)")] = True,
+    dtype: str | None = None, optimizer: str | None = None, loss: str | None = None,
 ) -> dict[str, Any]:
     """The breakdown of the step's peak, the largest modules, outlier flags, and levers (estimated)."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
-            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": "estimate"}
+            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": "estimate",
+            "dtype": dtype, "optimizer": optimizer, "loss": loss}
     spec = normalize(body, settings, queue.runner.environment)
     wanted = parse_mode(mode)
     return await run_in_threadpool(explain_spec, spec, seq_len, batch_size, wanted, levers)

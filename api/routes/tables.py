@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from api.deps import QueueDep, SettingsDep, WriteAccess
 from api.errors import ERROR_RESPONSES
-from api.runs.spec import normalize
+from api.runs.spec import TableSpec, normalize, run_warnings
 from api.schemas import (
     CellPublic,
     GpuPublic,
@@ -42,6 +42,7 @@ def _summary(run: Run, request: Request) -> dict[str, Any]:
 
 def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePublic:
     spec, header = run.spec, run.header or {}
+    stored = TableSpec.from_json(spec)
     return TablePublic(
         **_summary(run, request),
         cells=[CellPublic.model_validate(cell) for cell in cells],
@@ -49,6 +50,8 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
         gpu_spec=GpuPublic(**{k: spec["gpu"][k] for k in GpuPublic.model_fields}),
         budget_bytes=spec["budget_bytes"], margin=spec["margin"], max_batch=spec["max_batch"],
         search=spec["search"], attn=spec["attn"], attn_used=header.get("attn"), optimizer=spec["optimizer"],
+        dtype=spec.get("dtype", "auto"), weights_dtype=stored.weights_dtype, loss=stored.loss,
+        warnings=run_warnings(stored),
         environment={**spec["environment"], **header.get("environment", {})},
         started_at=run.started_at, elapsed_s=run.elapsed_s, attempts=run.attempts,
     )

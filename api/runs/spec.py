@@ -26,29 +26,36 @@ from api.settings import Settings
 from autotune.backends import make_backend
 from autotune.defaults import (
     BACKENDS,
+    DEFAULT_DTYPE,
+    DEFAULT_LOSS,
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
     DEFAULT_OPTIMIZER,
-    DEFAULT_SEQ_LENS,
-    DEFAULT_TASK,
 )
 from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
 from autotune.gpus import GpuSpec
 from autotune.search import METHODS
 from autotune.tuner import budget_bytes
 from autotune.workload import Workload
+from autotune.workload.loss import check_loss
 from autotune.workload.models import (
+    check_dtype,
     check_seq_len,
     check_task,
     config_to_json,
+    default_seq_lens,
     model_from_json,
     preset_name,
+    resolve_dtype,
     resolve_model,
+    task_for,
 )
 from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
-from autotune.workload.step import MIN_STEPS, check_attn, check_optimizer
+from autotune.workload.optimizers import check_optimizer
+from autotune.workload.step import MIN_STEPS, check_attn
+from autotune.workload.support import dtype_warnings
 
 MAX_MODEL_NAME_CHARS = 300  # hub ids are at most 96 characters; paths get some room
 
@@ -60,9 +67,9 @@ class TableSpec:
     model_type: str  # a key of transformers' CONFIG_MAPPING: no remote code
     model_config: dict[str, Any]  # PretrainedConfig.to_dict(), as JSON: the worker rebuilds it
     max_seq_len: int  # usable positions of the model
-    task: str
+    task: str  # as asked, else the config's (models.infer_task)
     attn: str | None  # None: what transformers picks on CUDA
-    optimizer: str
+    optimizer: str  # a canonical Trainer optim name (workload.optimizers)
     steps: int  # training steps per probe
     seq_lens: list[int]  # ascending, no repeats
     modes: list[str]  # canonical names, in ALLOWED_MODE_NAMES order
@@ -73,6 +80,9 @@ class TableSpec:
     search: str
     budget_bytes: int  # what the allocator may use on the target (tuner.budget_bytes)
     environment: dict[str, Any]  # where it runs: backend, device, versions
+    dtype: str = DEFAULT_DTYPE  # the weights dtype asked for (auto: the config's)
+    weights_dtype: str = "float32"  # what the weights are (models.resolve_dtype)
+    loss: str = DEFAULT_LOSS
 
     @property
     def cells(self) -> int:
@@ -83,13 +93,22 @@ class TableSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableSpec:
+        """A stored spec; one stored before weights dtypes were explicit loaded its weights as
+        ``auto`` does, in the dtype its config names."""
+        if data.get("optimizer") == "adamw":  # the name before Trainer names: adamw_torch
+            data = {**data, "optimizer": "adamw_torch"}
+        if "weights_dtype" not in data:
+            config = data["model_config"]
+            configured = config.get("dtype") or config.get("torch_dtype") or "float32"
+            data = {**data, "dtype": "auto", "weights_dtype": str(configured).removeprefix("torch.")}
         return cls(**data)
 
     def workload(self) -> Workload:
         """The workload to probe, its config rebuilt from transformers' own classes (no remote code)."""
         model = model_from_json(self.model, self.model_source, self.model_type, self.model_config,
                                 self.max_seq_len)
-        return Workload(model, self.task, self.attn, self.optimizer, self.steps)  # type: ignore[arg-type]
+        return Workload(model, self.task, self.attn, self.optimizer, self.steps,
+                        weights_dtype=self.weights_dtype, loss=self.loss)
 
     def target_gpu(self) -> GpuSpec:
         cc = self.gpu["compute_capability"]
@@ -100,6 +119,11 @@ class TableSpec:
         """sha256 of the whole spec: identical requests on an identical environment."""
         text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_warnings(spec: TableSpec) -> list[str]:
+    """What the target card does not support of the spec's steps (workload.support)."""
+    return dtype_warnings(spec.weights_dtype, parse_modes(spec.modes), spec.target_gpu())
 
 
 EnvironmentFn = Callable[[str], dict[str, Any]]
@@ -115,7 +139,9 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
     with about("model"):
         name = check_model_name(body["model"], settings.model_dirs)
     with about("task"):
-        task = check_task(body.get("task") or DEFAULT_TASK)
+        asked_task = check_task(body["task"]) if body.get("task") else None
+    with about("dtype"):
+        dtype = check_dtype(body.get("dtype") or DEFAULT_DTYPE)
     with about("attn"):
         attn = check_attn(body.get("attn"))
     with about("optimizer"):
@@ -127,13 +153,9 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
         modes = parse_modes(body.get("modes") or list(DEFAULT_MODE_NAMES))
     mode_names = sorted({m.name for m in modes}, key=ALLOWED_MODE_NAMES.index)
     with about("seq_lens"):
-        seq_lens = _seq_lens(body.get("seq_lens"), settings)
-    cells = len(seq_lens) * len(mode_names)
-    if cells > settings.max_cells:
-        raise _on("seq_lens", InvalidInput(
-            f"{len(seq_lens)} sequence lengths x {len(mode_names)} modes = {cells} cells exceeds "
-            f"this server's limit of {settings.max_cells} cells per request (AUTOTUNE_MAX_CELLS)"
-        ))
+        asked_seq_lens = None if body.get("seq_lens") is None else _seq_lens(body["seq_lens"], settings)
+    if asked_seq_lens is not None:
+        _check_cells(asked_seq_lens, mode_names, settings)
     with about("max_batch"):
         max_batch = _max_batch(body.get("max_batch"), settings)
     margin = DEFAULT_MARGIN if body.get("margin") is None else float(body["margin"])
@@ -158,8 +180,17 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
             local_dirs=list(settings.model_dirs),
         )
     with about("seq_lens"):
+        seq_lens = asked_seq_lens if asked_seq_lens is not None else _seq_lens(
+            default_seq_lens(model), settings)
+        _check_cells(seq_lens, mode_names, settings)
         for seq_len in seq_lens:
             check_seq_len(model, seq_len)
+    with about("task"):
+        task = task_for(model, asked_task)
+    with about("dtype"):
+        weights_dtype = resolve_dtype(model, dtype)
+    with about("loss"):
+        loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
     return TableSpec(
         model=preset_name(name) or name,
         model_source=model.source,
@@ -184,6 +215,9 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
         search=search,
         budget_bytes=budget,
         environment=env,
+        dtype=dtype,
+        weights_dtype=weights_dtype,
+        loss=loss,
     )
 
 
@@ -203,9 +237,16 @@ def _on(field: str, exc: AutotuneError) -> AutotuneError:
     return exc
 
 
-def _seq_lens(values: Sequence[int] | None, settings: Settings) -> list[int]:
-    if values is None:
-        values = DEFAULT_SEQ_LENS
+def _check_cells(seq_lens: Sequence[int], mode_names: Sequence[str], settings: Settings) -> None:
+    cells = len(seq_lens) * len(mode_names)
+    if cells > settings.max_cells:
+        raise _on("seq_lens", InvalidInput(
+            f"{len(seq_lens)} sequence lengths x {len(mode_names)} modes = {cells} cells exceeds "
+            f"this server's limit of {settings.max_cells} cells per request (AUTOTUNE_MAX_CELLS)"
+        ))
+
+
+def _seq_lens(values: Sequence[int], settings: Settings) -> list[int]:
     if not values:
         raise InvalidInput("seq_lens is empty: give at least one sequence length, e.g. [128, 256]")
     for seq_len in values:

@@ -138,8 +138,8 @@ function errorText(text, status) {
 
 // -- launch form ------------------------------------------------------------------------------
 
-const FIELDS = ["model", "task", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn", "optimizer",
-  "margin", "max_batch", "search", "token"];
+const FIELDS = ["model", "task", "dtype", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn",
+  "optimizer", "loss", "margin", "max_batch", "search", "token"];
 
 function numberOr(text) {
   const trimmed = text.trim();
@@ -150,10 +150,9 @@ function formBody(form) {
   const data = new FormData(form);
   const body = { model: (data.get("model") || "").trim() };
   const seqLens = String(data.get("seq_lens") || "").split(/[\s,;]+/).filter(Boolean);
-  if (seqLens.length) body.seq_lens = seqLens.map(numberOr);
-  else body.seq_lens = [];
+  if (seqLens.length) body.seq_lens = seqLens.map(numberOr);  // empty: the model's defaults
   body.modes = data.getAll("modes");
-  for (const name of ["task", "gpu", "gpu_memory", "backend", "attn", "optimizer", "search"]) {
+  for (const name of ["task", "dtype", "gpu", "gpu_memory", "backend", "attn", "optimizer", "loss", "search"]) {
     const value = String(data.get(name) || "").trim();
     if (value) body[name] = value;
   }

@@ -10,19 +10,22 @@ from api.deps import QueueDep, SettingsDep
 from api.views.common import templates
 from autotune.defaults import (
     BACKENDS,
+    DEFAULT_DTYPE,
     DEFAULT_GPU_NAME,
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_MODE_NAMES,
+    DEFAULT_OPTIMIZER,
     DEFAULT_SEQ_LENS,
-    DEFAULT_TASK,
 )
 from autotune.gpus import GPU_PRESETS
 from autotune.search import METHODS
 from autotune.units import format_bytes
-from autotune.workload.models import PRESETS, TASKS
+from autotune.workload.loss import LOSSES
+from autotune.workload.models import DTYPES, LONG_SEQ_LENS, PRESETS, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
-from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
+from autotune.workload.optimizers import OPTIMIZERS
+from autotune.workload.step import ATTN_CHOICES
 
 router = APIRouter()
 
@@ -34,8 +37,10 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResp
     gpus = [(name, format_bytes(spec.total_memory_bytes)) for name, spec in GPU_PRESETS.items()]
     context = {
         "page": "launch", "models": sorted(PRESETS, key=lambda m: (m.startswith("tiny-"), m)),
-        "tasks": TASKS, "default_task": DEFAULT_TASK, "modes": ALLOWED_MODE_NAMES,
+        "tasks": TASKS, "dtypes": DTYPES, "default_dtype": DEFAULT_DTYPE, "modes": ALLOWED_MODE_NAMES,
         "default_modes": DEFAULT_MODE_NAMES, "seq_lens": ", ".join(map(str, DEFAULT_SEQ_LENS)),
+        "long_seq_lens": ", ".join(map(str, LONG_SEQ_LENS)), "losses": LOSSES,
+        "default_optimizer": DEFAULT_OPTIMIZER,
         "gpus": gpus, "default_gpu": runner["gpu"] or DEFAULT_GPU_NAME, "local_gpu": runner["gpu"],
         "backends": BACKENDS, "default_backend": settings.backend, "auto_means": runner["backend"],
         "attns": ATTN_CHOICES, "optimizers": OPTIMIZERS, "searches": METHODS, "margin": DEFAULT_MARGIN,

@@ -17,9 +17,11 @@ from fastapi.responses import HTMLResponse
 from api.chart import Series, line_chart
 from api.deps import QueueDep
 from api.routes.tables import read_run
+from api.runs.spec import TableSpec, run_warnings
 from api.store import Run
 from api.views.common import band, summary, templates
 from autotune.errors import AutotuneError
+from autotune.workload.support import weights_label
 
 router = APIRouter()
 
@@ -104,6 +106,8 @@ def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
     rows = grid(run, cells)
     return {
         "run": summary(run), "spec": run.spec, "header": run.header or {}, "rows": rows,
+        "stored": (stored := TableSpec.from_json(run.spec)), "warnings": run_warnings(stored),
+        "weights": weights_label(stored.weights_dtype),
         "modes": run.spec["modes"], "chart": chart_of(run, rows), "elapsed_s": run.elapsed_s,
         "started_at": run.started_at, "finished_at": run.finished_at, "attempts": run.attempts,
         "interval_ms": LIVE_INTERVAL_MS,

@@ -3,27 +3,31 @@
 ``check_step`` answers for one (model, seq_len, mode, batch_size) on a target GPU: the peak of
 the step at the requested batch, the max batch of that cell (searched with the requested batch
 as the first guess, so a plan close to the limit costs two or three probes), and, when it does
-not fit, a suggestion: gradient accumulation to the same effective batch, and the mode with
-checkpointing that would fit the most.
+not fit, a suggestion: gradient accumulation to the same effective batch, then every lever
+that raises the max batch of this cell by the same backend's search, best first (a lighter
+mode, checkpointing, bitsandbytes' 8-bit AdamW, a chunked loss; all of them together or a
+shorter sequence only when nothing else lets batch 1 fit). A lever that does not help is
+never advised.
 
-``read_training_config`` reads the plan from a Hugging Face ``TrainingArguments`` JSON (or a
-small YAML/JSON of the same keys) plus the model name and sequence length.
+``training_config.read_training_config`` reads the plan from a training config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
-from autotune.errors import InvalidInput
+from autotune.errors import AutotuneError, InvalidInput
 from autotune.gpus import GpuSpec
 from autotune.tuner import budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import uses_bitsandbytes
+from autotune.workload.support import step_warnings, weights_label
 
 
 @dataclass
@@ -42,6 +46,14 @@ class CheckResult:
     gpu_name: str
     gpu_memory_bytes: int
     message: str = ""
+    # The step that was modelled (workload.support.describe_step says it in words).
+    task: str | None = None
+    weights_dtype: str | None = None
+    optimizer: str | None = None
+    attn: str | None = None
+    loss: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    levers: list[dict[str, Any]] = field(default_factory=list)  # what raises the max, best first
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +67,7 @@ def check_step(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, batch_size: int,
     mode: Mode, margin: float, effective_batch: int | None = None,
 ) -> CheckResult:
-    """Does ``batch_size`` fit? With the cell's max batch and, if not, a suggestion."""
+    """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help."""
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
     budget = budget_bytes(gpu, margin)
@@ -67,15 +79,19 @@ def check_step(
         with backend.cell(workload, mode, seq_len, budget) as cell:
             at_request = cell.fits(batch_size)
     fits_now = batch_size <= best
-    advice = None if fits_now else _suggest(
-        backend, workload, mode, seq_len, budget, best, effective_batch or batch_size
-    )
+    levers = [] if fits_now else helpful_levers(backend, workload, mode, seq_len, budget, best)
     result = CheckResult(
         fits=fits_now, max_batch_size=best,
         peak_memory_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
         budget_bytes=budget, source=source_of(backend.name), backend=backend.name,
-        suggestion=advice, model=workload.model.name, seq_len=seq_len, mode=mode.name,
+        suggestion=None if fits_now else suggestion(best, effective_batch or batch_size, levers),
+        model=workload.model.name, seq_len=seq_len, mode=mode.name,
         batch_size=batch_size, gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes,
+        task=workload.task, weights_dtype=workload.weights_dtype, optimizer=workload.optimizer,
+        attn=backend.attn_used(workload), loss=workload.loss,
+        warnings=step_warnings(workload, [mode], gpu),
+        levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
+                for lever in levers],
     )
     result.message = format_message(result)
     return result
@@ -91,37 +107,104 @@ def accumulation_plan(effective_batch: int, max_batch_size: int) -> tuple[int, i
     return micro, -(-effective_batch // micro)
 
 
-def _suggest(
-    backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int, best: int,
-    effective_batch: int,
-) -> str:
-    lighter = _lighter_mode(mode)
-    lighter_max = None
-    if lighter is not None:
-        lighter_max = search_cell(backend, workload, lighter, seq_len, budget,
-                                  guess=max(1, 4 * best)).max_batch_size
-    return suggestion(best, effective_batch, lighter, lighter_max)
+@dataclass(frozen=True)
+class Lever:
+    """One change to the step and the max batch the same search finds with it."""
+
+    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "combined" | "seq_len"
+    label: str  # what to do, e.g. "mode bf16+ckpt", "optimizer adamw_bnb_8bit (8-bit AdamW)"
+    max_batch_size: int
 
 
-def suggestion(best: int, effective_batch: int, lighter: Mode | None, lighter_max: int | None) -> str:
-    """What to do instead: accumulate micro-batches that fit, or a lighter mode that fits more."""
+EIGHT_BIT_OPTIMIZER = "adamw_bnb_8bit"  # the Trainer's optim name for bitsandbytes' 8-bit AdamW
+
+
+def _half_precision(gpu: GpuSpec) -> str:
+    """The 16-bit autocast to suggest: bf16 where the card has it (no loss scaling), else amp."""
+    cc = gpu.compute_capability
+    return "bf16" if cc is None or cc >= (8, 0) else "amp"
+
+
+def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
+                     ) -> list[tuple[str, str, Workload, Mode]]:
+    """(name, label, workload, mode) of each single change that may raise the max batch, in the
+    order advice lists them when they tie: a lighter mode, checkpointing, an 8-bit optimizer, a
+    chunked loss."""
+    precision = mode.precision if mode.precision != "fp32" else _half_precision(gpu)
+    options: list[tuple[str, str, Workload, Mode]] = []
+    lighter = Mode(precision, True)  # type: ignore[arg-type]
+    if lighter != mode:
+        options.append(("mode", f"mode {lighter.name}", workload, lighter))
+    if not mode.checkpointing and Mode(mode.precision, True) != lighter:
+        options.append(("checkpointing", f"mode {Mode(mode.precision, True).name} (gradient "
+                        "checkpointing)", workload, Mode(mode.precision, True)))
+    if mode.precision == "fp32" and Mode(precision, mode.checkpointing) != lighter:  # type: ignore[arg-type]
+        half = Mode(precision, mode.checkpointing)  # type: ignore[arg-type]
+        options.append(("mode", f"mode {half.name}", workload, half))
+    if not uses_bitsandbytes(workload.optimizer):  # a paged or 8-bit one already is bitsandbytes
+        options.append(("optimizer", f"optimizer {EIGHT_BIT_OPTIMIZER} (bitsandbytes 8-bit AdamW)",
+                        replace(workload, optimizer=EIGHT_BIT_OPTIMIZER), mode))
+    if workload.task == "causal-lm" and workload.loss == "full":
+        options.append(("loss", "a chunked linear cross-entropy (Liger's fused loss: no full "
+                        "logits)", replace(workload, loss="chunked"), mode))
+    return options
+
+
+def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
+                   best: int) -> list[Lever]:
+    """The levers that raise this cell's max batch above ``best``, by the same backend's search,
+    best first. When none does and nothing fits, the levers together, then half the length."""
+    gpu = backend.gpu
+    found: list[Lever] = []
+    options = candidate_levers(workload, mode, gpu)
+    for name, label, changed, changed_mode in options:
+        value = _max_or_none(backend, changed, changed_mode, seq_len, budget, best)
+        if value is not None and value > best:
+            found.append(Lever(name, label, value))
+    if not found and best == 0 and options:
+        # Nothing alone lets batch 1 fit: all of them at once (the lightest mode, every change
+        # of the workload).
+        lightest = options[0][3]
+        changes = {name: changed for name, _, changed, _ in options if changed != workload}
+        together = replace(workload,
+                           optimizer=changes.get("optimizer", workload).optimizer,
+                           loss=changes.get("loss", workload).loss)
+        labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options
+                                               if changed != workload]
+        value = _max_or_none(backend, together, lightest, seq_len, budget, best)
+        if value is not None and value > best:
+            found.append(Lever("combined", "all of: " + "; ".join(labels), value))
+    if not found and best == 0 and seq_len > 1:
+        shorter = seq_len // 2
+        value = _max_or_none(backend, workload, mode, shorter, budget, best)
+        if value is not None and value > best:
+            found.append(Lever("seq_len", f"sequences of at most {shorter} tokens", value))
+    return sorted(found, key=lambda lever: -lever.max_batch_size)
+
+
+def _max_or_none(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
+                 best: int) -> int | None:
+    """The max batch of a lever's step; None where the backend cannot run it (e.g. bitsandbytes
+    missing on a GPU machine, flash attention without 16-bit): such a lever is not advised."""
+    try:
+        return search_cell(backend, workload, mode, seq_len, budget,
+                           guess=max(1, 4 * best)).max_batch_size
+    except AutotuneError:  # SearchError and ProbeError included
+        return None
+
+
+def suggestion(best: int, effective_batch: int, levers: list[Lever]) -> str:
+    """What to do instead: accumulate micro-batches that fit, then the levers, best first."""
     parts = []
     if best >= 1:
         micro, steps = accumulation_plan(effective_batch, best)
         parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
                      f"{micro * steps}")
-    if lighter is not None and lighter_max is not None and lighter_max > best:
-        parts.append(f"mode {lighter.name} (max {lighter_max})")
+    parts.extend(f"{lever.label} (max {lever.max_batch_size})" for lever in levers)
     if not parts:
-        return "even batch 1 does not fit: use a GPU with more memory or a shorter sequence"
+        return ("even batch 1 does not fit with any lever autotune models (16-bit autocast, "
+                "checkpointing, 8-bit AdamW, chunked loss): use a GPU with more memory")
     return ", or ".join(parts)
-
-
-def _lighter_mode(mode: Mode) -> Mode | None:
-    """The mode with the most memory saving reachable from ``mode``: 16-bit + checkpointing."""
-    precision = mode.precision if mode.precision != "fp32" else "amp"
-    candidate = Mode(precision, True)  # type: ignore[arg-type]
-    return None if candidate == mode else candidate
 
 
 def gpu_label(result: CheckResult) -> str:
@@ -130,30 +213,44 @@ def gpu_label(result: CheckResult) -> str:
     return f"{result.gpu_name} ({format_bytes(result.gpu_memory_bytes)})"
 
 
+def step_label(result: CheckResult) -> str:
+    """The modelled step in words: "causal-lm, bf16 weights, adamw_torch_fused, attention sdpa"."""
+    if result.task is None or result.weights_dtype is None:
+        return ""
+    parts = [result.task, weights_label(result.weights_dtype), str(result.optimizer),
+             f"attention {result.attn}"]
+    if result.loss not in (None, "full"):
+        parts.append(f"{result.loss} loss")
+    return " (" + ", ".join(parts) + ")"
+
+
 def format_message(result: CheckResult) -> str:
-    """The one line a CI log shows."""
-    where = f"{result.model} seq {result.seq_len} {result.mode} on {gpu_label(result)}"
+    """The one line a CI log shows (warnings follow it on lines of their own)."""
+    where = f"{result.model} seq {result.seq_len} {result.mode}{step_label(result)} on {gpu_label(result)}"
     if result.fits:
         peak = "" if result.peak_memory_bytes is None else (
             f": peak {format_bytes(result.peak_memory_bytes)} of {format_bytes(result.budget_bytes)}"
         )
-        return f"fits: {where}, batch {result.batch_size}{peak}; max batch {result.max_batch_size}"
-    return f"does not fit: {where}: max batch {result.max_batch_size}; {result.suggestion}"
+        line = f"fits: {where}, batch {result.batch_size}{peak}; max batch {result.max_batch_size}"
+    else:
+        line = f"does not fit: {where}: max batch {result.max_batch_size}; {result.suggestion}"
+    return "\n".join([line, *(f"warning: {w}" for w in result.warnings)])
 
 
 # -- answering from a stored table -----------------------------------------------------------
 
 
 def check_from_cells(
-    cells: Mapping[str, Mapping[str, Any]], *, model: str, seq_len: int, batch_size: int,
-    mode: Mode, budget: int, backend_name: str, gpu_name: str, gpu_memory_bytes: int,
+    cells: Mapping[str, Mapping[str, Any]], *, workload: Workload, gpu: GpuSpec, seq_len: int,
+    batch_size: int, mode: Mode, budget: int, backend_name: str, attn: str | None = None,
     effective_batch: int | None = None,
 ) -> CheckResult | None:
     """The check answered from a stored table's cells (mode name -> CellResult dict at this
     seq_len), or None when the table has no finished cell for ``mode``.
 
     The peak at the requested batch is the probe's when that batch was probed, else read off
-    the line through the two largest fitting probes (tuner's memory model).
+    the line through the two largest fitting probes (tuner's memory model). The advice names
+    the table's other modes that fit more at this length (its cells are all that is known).
     """
     cell = cells.get(mode.name)
     if cell is None or cell.get("max_batch_size") is None:
@@ -168,17 +265,24 @@ def check_from_cells(
         if line is not None:
             peak = int(line.intercept_bytes + line.slope_bytes * batch_size)
     fits_now = batch_size <= best
-    advice = None
+    levers = []
     if not fits_now:
-        lighter = _lighter_mode(mode)
-        other = cells.get(lighter.name, {}) if lighter is not None else {}
-        advice = suggestion(best, effective_batch or batch_size, lighter, other.get("max_batch_size"))
+        for other, other_cell in cells.items():
+            value = other_cell.get("max_batch_size")
+            if other != mode.name and isinstance(value, int) and value > best:
+                levers.append(Lever("mode", f"mode {other}", value))
+        levers.sort(key=lambda lever: -lever.max_batch_size)
     result = CheckResult(
         fits=fits_now, max_batch_size=best, peak_memory_bytes=peak, budget_bytes=budget,
-        source=source_of(backend_name), backend=backend_name, suggestion=advice, model=model,
-        seq_len=seq_len, mode=mode.name, batch_size=batch_size, gpu_name=gpu_name,
-        gpu_memory_bytes=gpu_memory_bytes,
+        source=source_of(backend_name), backend=backend_name,
+        suggestion=None if fits_now else suggestion(best, effective_batch or batch_size, levers),
+        model=workload.model.name, seq_len=seq_len, mode=mode.name, batch_size=batch_size,
+        gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes, task=workload.task,
+        weights_dtype=workload.weights_dtype, optimizer=workload.optimizer,
+        attn=attn or workload.attn or "default", loss=workload.loss,
+        warnings=step_warnings(workload, [mode], gpu),
+        levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
+                for lever in levers],
     )
     result.message = format_message(result)
     return result
-

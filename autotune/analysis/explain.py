@@ -11,7 +11,8 @@ the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
   context (outside the allocator) complete the picture;
 - the modules holding the most parameters and the most activations, and flags for the outliers
   that caused real out-of-memory reports: a module holding more than a third of the parameters,
-  an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence;
+  an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence, the
+  float32 logits of a language model's loss as its largest activation;
 - when even batch 1 does not fit, which part alone exceeds the budget;
 - the levers (levers.py): the max batch under each change a user can make (the 8-bit AdamW
   levers measured with bitsandbytes on this machine's GPU where it has both).
@@ -22,6 +23,7 @@ cuda backend of its own).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,6 +38,7 @@ from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
 
 if TYPE_CHECKING:
     from autotune.analysis.levers import Lever
@@ -63,6 +66,12 @@ CATEGORY_LABELS = {
     "inputs": "the batch (inputs, labels)",
     "workspaces": "cuBLAS workspaces",
 }
+# How the activation table names what the loss keeps (the model's own forward outside any of its
+# modules): the log-softmax of the float32 logits ([batch x seq, vocab], transformers' loss_utils
+# upcasts them), or with loss "chunked" the gradients Liger's fused loss computes in its forward.
+LOSS_LOGITS = "logits of the loss (float32)"
+FUSED_GRADIENTS = "gradients of the fused loss (hidden states, head weight)"
+LM_TASKS = ("causal-lm", "masked-lm")
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,7 @@ class ModuleActivations:
 
 @dataclass(frozen=True)
 class Flag:
-    kind: str  # "dominant-module" | "huge-vocabulary" | "flattened-sequence"
+    kind: str  # "dominant-module" | "huge-vocabulary" | "flattened-sequence" | "loss-logits"
     module: str
     message: str
 
@@ -114,6 +123,8 @@ class Explanation:
     task: str
     attn: str
     optimizer: str
+    weights_dtype: str  # workload.weights_dtype: float32 | bfloat16 | float16
+    loss: str  # workload.loss: "full" | "chunked"
     mode: str
     seq_len: int
     gpu_name: str
@@ -238,22 +249,67 @@ def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
     return table, total
 
 
-def activation_table(recording: Recording) -> list[ModuleActivations]:
-    """Modules by the activations they allocated in the last forward and autograd kept."""
+def activation_table(recording: Recording, vocab: int | None = None, loss: str = "full"
+                     ) -> list[ModuleActivations]:
+    """Modules by the activations they allocated in the last forward and autograd kept.
+
+    ``vocab``: a language model's vocabulary; the loss's float32 logits then get a row of their
+    own (LOSS_LOGITS), apart from the rest of what the model's forward allocated itself.
+    """
     per_module: dict[str, int] = defaultdict(int)
+    logits_bytes = 0
     for allocation in recording.allocations:
         if allocation.kind == "activations" and allocation.step == recording.steps:
-            per_module[allocation.module or ""] += allocation.nbytes
-    total = sum(per_module.values())
+            if vocab is not None and _is_loss_logits(allocation, recording, vocab):
+                logits_bytes += allocation.nbytes
+            else:
+                per_module[allocation.module or ""] += allocation.nbytes
+    total = sum(per_module.values()) + logits_bytes
     rows = []
     for name, nbytes in per_module.items():
         call = recording.calls.get(name)
+        kind = call.type if call else FUSED_GRADIENTS if name == "" and loss == "chunked" else ""
         rows.append(ModuleActivations(
-            name=name, type=call.type if call else "", output_shape=call.output_shape if call else None,
+            name=name, type=kind, output_shape=call.output_shape if call else None,
             activation_bytes=nbytes, share=nbytes / total if total else 0.0,
         ))
-    rows.sort(key=lambda row: (-row.activation_bytes, row.name))
+    if logits_bytes and vocab is not None:
+        rows.append(ModuleActivations(
+            name="", type=LOSS_LOGITS, output_shape=(recording.batch_size, recording.seq_len, vocab),
+            activation_bytes=logits_bytes, share=logits_bytes / total,
+        ))
+    rows.sort(key=lambda row: (-row.activation_bytes, row.name, row.type))
     return rows
+
+
+def _is_loss_logits(allocation: Any, recording: Recording, vocab: int) -> bool:
+    """A float32 [batch x seq, vocab] tensor the model's forward made itself (not a module's)."""
+    return (allocation.module == "" and allocation.dtype == "float32" and bool(allocation.shape)
+            and allocation.shape[-1] == vocab
+            and math.prod(allocation.shape) == recording.batch_size * recording.seq_len * vocab)
+
+
+def lm_vocab(model: Any, task: str) -> int | None:
+    """The vocabulary of a language model's head (its logits' last dimension); None for other tasks."""
+    if task not in LM_TASKS:
+        return None
+    head = model.get_output_embeddings()
+    vocab = getattr(head, "out_features", None) or getattr(model.config, "vocab_size", None)
+    return vocab if isinstance(vocab, int) else None
+
+
+def logits_flag(activations: list[ModuleActivations], task: str) -> Flag | None:
+    """The loss's float32 logits, when they are the largest activation (see activation_table)."""
+    top = activations[0] if activations else None
+    if top is None or top.type != LOSS_LOGITS or top.output_shape is None:
+        return None
+    batch, seq, vocab = top.output_shape
+    hint = ("; a fused linear cross-entropy (loss 'chunked', as Liger Kernel's) never materializes "
+            "them: see its lever") if task == "causal-lm" else ""
+    return Flag("loss-logits", top.name,
+                f"the logits of the loss (float32, [batch {batch}, seq {seq}, vocab {vocab:,}]) are the "
+                f"largest activation: {format_bytes(top.activation_bytes)}, {top.share:.0%} of those "
+                f"saved for backward, and their gradients take as much again in the backward{hint}")
 
 
 def find_flags(model: Any, recording: Recording, seq_len: int, hidden: int | None,
@@ -409,17 +465,20 @@ def explain(
     model = backend._model(workload).model
     table, total = parameter_table(model)
     hidden = getattr(model.config, "hidden_size", None)
+    activations = activation_table(recording, lm_vocab(model, workload.task), workload.loss)
+    flag = logits_flag(activations, workload.task)
     explanation = Explanation(
         model=workload.model.name, task=workload.task, attn=backend.attn_used(workload),
-        optimizer=workload.optimizer, mode=mode.name, seq_len=seq_len, gpu_name=gpu.name,
+        optimizer=workload.optimizer, weights_dtype=workload.weights_dtype, loss=workload.loss,
+        mode=mode.name, seq_len=seq_len, gpu_name=gpu.name,
         gpu_memory_bytes=gpu.total_memory_bytes, budget_bytes=budget, margin=margin,
         max_batch_size=best, capped=best >= max_batch, requested_batch_size=batch_size,
         batch_size=at, fits=probe.outcome == "fits", breakdown=breakdown, total_params=total,
-        top_parameters=table[:TOP_MODULES], top_activations=activation_table(recording)[:TOP_MODULES],
+        top_parameters=table[:TOP_MODULES], top_activations=activations[:TOP_MODULES],
         flags=find_flags(model, recording, seq_len, hidden if isinstance(hidden, int) else None,
-                         table, total),
+                         table, total) + ([flag] if flag else []),
         does_not_fit=None if best else batch_one_reason(
-            breakdown, recording, table, {"adamw": "AdamW", "sgd": "SGD"}[workload.optimizer]),
+            breakdown, recording, table, optimizer_label(workload.optimizer)),
     )
     if with_levers or lengths:
         from autotune.analysis.levers import real_8bit, what_if
@@ -432,7 +491,7 @@ def explain(
             explanation.levers = what_if(
                 workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
                 effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,
-                real=real_8bit(gpu) if measure_8bit and workload.optimizer == "adamw" else None,
+                real=real_8bit(gpu) if measure_8bit and workload.optimizer in TORCH_ADAMW else None,
             )
         if lengths:
             explanation.padding = dynamic_padding(

@@ -11,9 +11,12 @@ searched the same way on an ``InstrumentedBackend``:
   state). Where this machine has a CUDA GPU and bitsandbytes (bnb.real_8bit), both are measured:
   the cuda backend runs the step with bitsandbytes' own optimizer (bnb.py) at the same budget,
   one worker per cell as for a table. Elsewhere, or when the measurement fails (the lever's note
-  says why), bitsandbytes' state sizes are emulated on the estimator (instrument.AdamW8bitState).
+  says why), bitsandbytes' state sizes are emulated on the estimator (optimizers.BnbAdamWState).
 - frozen embeddings: ``requires_grad=False`` on every ``nn.Embedding`` parameter (with tied
   weights, the output projection tied to them freezes too, as it does in training).
+- fused linear cross-entropy (causal LMs with the model's own loss): the step with loss
+  "chunked" (workload/loss.py), Liger Kernel's chunked logits, as ``Trainer(use_liger_kernel=True)``
+  runs it; a workload option (``loss``), so the lever gives the table's number for it.
 
 Gradient accumulation needs no search: the largest micro-batch that divides the effective batch
 and fits (check.accumulation_plan). Dynamic padding (``dynamic_padding``): given the token lengths
@@ -37,7 +40,9 @@ from autotune.gpus import GpuSpec
 from autotune.tuner import search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
+from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import TORCH_ADAMW
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -50,7 +55,7 @@ NOTE_CHARS = 300  # of a failed measurement's message, in a lever's note
 @dataclass(frozen=True)
 class Lever:
     name: str  # amp, bf16, ckpt, amp+ckpt, adamw-8bit, adamw-8bit-trainer, sgd, frozen-embeddings,
-    #            seq-N, accumulation
+    #            fused-cross-entropy, seq-N, accumulation
     label: str
     max_batch_size: int | None  # None when the lever does not apply (see error)
     mode: str
@@ -98,7 +103,7 @@ def what_if(
             levers.append(search("amp+ckpt", "AMP fp16 + gradient checkpointing", backend, workload,
                                  Mode("amp", True), seq_len))
     has_embeddings = bool(embedding_parameters(backend._model(workload).model))  # type: ignore[attr-defined]
-    if workload.optimizer == "adamw":
+    if workload.optimizer in TORCH_ADAMW:
         levers.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
                                 Variant(optimizer="adamw-8bit")))
         if has_embeddings:
@@ -114,6 +119,12 @@ def what_if(
             "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)",
             InstrumentedBackend(backend, Variant(freeze_embeddings=True)),  # type: ignore[arg-type]
             workload, mode, seq_len, "the table's step with the embeddings frozen",
+        ))
+    if workload.task in CHUNKED_TASKS and workload.loss == "full":
+        levers.append(search(
+            "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
+            backend, replace(workload, loss="chunked"), mode, seq_len,
+            note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
         ))
     for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
         if 1 <= shorter < seq_len:

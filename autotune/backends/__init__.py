@@ -35,6 +35,7 @@ class Backend(Protocol):
     """Probes training steps: ``cell`` opens one (workload, mode, seq_len) cell at a budget."""
 
     name: str  # "estimate" | "cuda"
+    gpu: GpuSpec  # the target card its answers are for
 
     def describe(self) -> dict[str, Any]:
         """The environment of its answers: backend, GPU, versions."""

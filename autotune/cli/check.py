@@ -1,8 +1,13 @@
 """``autotune check``: exit 0 if the planned step fits, 1 if not, 2 on bad input or an error.
 
-    autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--attn A]
-                   [--gpu-memory SIZE | --gpu NAME] [--backend B] [--margin F] [--server URL] [--json]
-    autotune check --from-config training_args.json [--gpu T4]
+    autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--dtype D]
+                   [--optimizer O] [--attn A] [--loss L] [--gpu-memory SIZE | --gpu NAME]
+                   [--backend B] [--margin F] [--server URL] [--json]
+    autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
+
+A training config is read whole (analysis/training_config.py): a setting that changes memory
+and that autotune does not model (DeepSpeed, FSDP, LoRA adapters, 4-bit loading, ...) is an
+error naming the key, never a verdict for another job.
 
 ``--server URL`` (or AUTOTUNE_SERVER) asks an autotune service (``GET /v1/check``) instead of
 computing locally.
@@ -18,14 +23,23 @@ import urllib.request
 from typing import Any
 
 import autotune
-from autotune.cli.common import add_target, fraction, positive, print_json, quiet_transformers, report_error
+from autotune.cli.common import (
+    add_step,
+    add_target,
+    fraction,
+    positive,
+    print_json,
+    quiet_transformers,
+    report_error,
+)
 from autotune.defaults import (
     BACKENDS,
     DEFAULT_BACKEND,
+    DEFAULT_DTYPE,
+    DEFAULT_LOSS,
     DEFAULT_MARGIN,
     DEFAULT_MODE_NAME,
     DEFAULT_OPTIMIZER,
-    DEFAULT_TASK,
 )
 from autotune.errors import AutotuneError, InvalidInput
 
@@ -35,9 +49,7 @@ SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``check`` subcommand to ``autotune``'s subparsers."""
-    from autotune.workload.models import TASKS
     from autotune.workload.modes import ALLOWED_MODE_NAMES
-    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
 
     check = subparsers.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not")
     check.add_argument("model", nargs="?", help="as for `table` (or from --from-config)")
@@ -45,18 +57,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--batch-size", type=positive)
     check.add_argument("--mode", default=None,
                        help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default {DEFAULT_MODE_NAME})")
-    check.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
-    check.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    add_step(check)
     add_target(check, gpu_help="GPU preset, e.g. T4")
     check.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     check.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
-    check.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
     check.add_argument("--server", default=None,
                        help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local)")
     check.add_argument("--from-config", default=None, metavar="FILE",
-                       help="TrainingArguments JSON or a YAML/JSON of model, seq_len, batch_size, mode")
+                       help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl "
+                       "YAML, or a YAML/JSON of model, seq_len, batch_size, mode; flags win")
     check.add_argument("--json", action="store_true")
     return check
+
+
+# What a training config may set besides model, seq_len, batch_size and mode: flag -> plan key.
+# A flag given explicitly wins over the config; its default does not.
+_STEP_FIELDS = {"task": None, "dtype": DEFAULT_DTYPE, "optimizer": DEFAULT_OPTIMIZER,
+                "attn": None, "loss": DEFAULT_LOSS}
 
 
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,15 +82,21 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.workload.modes import parse_mode
 
     plan: dict[str, Any] = {"model": args.model, "seq_len": args.seq_len,
-                            "batch_size": args.batch_size, "mode": None, "accumulation_steps": 1}
+                            "batch_size": args.batch_size, "mode": None, "accumulation_steps": 1,
+                            "notes": [], "ignored": []}
     if args.mode is not None:
         plan["mode"] = parse_mode(args.mode)
+    for name, default in _STEP_FIELDS.items():
+        given = getattr(args, name)
+        plan[name] = given if given != default else None
     if args.from_config:
         planned = read_training_config(args.from_config)
-        for key in ("model", "seq_len", "batch_size", "mode"):
+        for key in ("model", "seq_len", "batch_size", "mode", *_STEP_FIELDS):
             if plan[key] is None:
                 plan[key] = getattr(planned, key)
         plan["accumulation_steps"] = planned.accumulation_steps
+        plan["notes"] = [f"read {args.from_config} as {planned.format}", *planned.notes]
+        plan["ignored"] = list(planned.ignored)
         missing = [name for name in missing_fields(planned) if plan[name] is None]
     else:
         missing = [name for name in ("model", "seq_len", "batch_size") if plan[name] is None]
@@ -84,6 +107,9 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
             f"missing {', '.join(missing)}: give{where} {', '.join(flags[m] for m in missing)}"
         )
     plan["mode"] = plan["mode"] or parse_mode(DEFAULT_MODE_NAME)
+    for name, default in _STEP_FIELDS.items():
+        if plan[name] is None:
+            plan[name] = default
     return plan
 
 
@@ -98,9 +124,13 @@ def run_check(args: argparse.Namespace) -> int:
     except AutotuneError as exc:
         return report_error(exc, as_json=args.json)
     if args.json:
-        print_json(result)
+        print_json({**result, "config_notes": plan["notes"], "ignored_keys": plan["ignored"]})
     else:
         print(result["message"])
+        for note in plan["notes"]:
+            print(f"note: {note}")
+        if plan["ignored"]:
+            print(f"note: ignored (no effect on memory): {', '.join(plan['ignored'])}")
     return EXIT_FITS if result["fits"] else EXIT_DOES_NOT_FIT
 
 
@@ -108,8 +138,9 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, 
     with quiet_transformers():
         result = autotune.check(
             plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
-            task=args.task, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
-            backend=args.backend, margin=args.margin, optimizer=args.optimizer,
+            task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
+            gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
+            optimizer=plan["optimizer"], loss=plan["loss"],
             accumulation_steps=plan["accumulation_steps"],
         )
     return result.to_dict()
@@ -120,15 +151,18 @@ def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], tok
     """GET {server}/v1/check with the plan; the service's 4xx details become our errors."""
     query = {
         "model": plan["model"], "seq_len": plan["seq_len"], "batch_size": plan["batch_size"],
-        "mode": plan["mode"].name, "task": args.task, "margin": args.margin,
+        "mode": plan["mode"].name, "margin": args.margin, "dtype": plan["dtype"],
+        "optimizer": plan["optimizer"], "loss": plan["loss"],
         "accumulation_steps": plan["accumulation_steps"],
     }
+    if plan["task"]:
+        query["task"] = plan["task"]
     if args.gpu:
         query["gpu"] = args.gpu
     if args.gpu_memory:
         query["gpu_memory"] = args.gpu_memory
-    if args.attn:
-        query["attn"] = args.attn
+    if plan["attn"]:
+        query["attn"] = plan["attn"]
     url = f"{server.rstrip('/')}/v1/check?{urllib.parse.urlencode(query)}"
     headers = {"Accept": "application/json"}
     if token:

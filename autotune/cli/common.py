@@ -54,6 +54,29 @@ def add_target(parser: argparse.ArgumentParser, *, gpu_help: str = "GPU preset, 
     target.add_argument("--gpu", help=gpu_help)
 
 
+def add_step(parser: argparse.ArgumentParser) -> None:
+    """--task, --dtype, --optimizer, --attn, --loss: the training step a command models."""
+    from autotune.defaults import DEFAULT_DTYPE, DEFAULT_LOSS, DEFAULT_OPTIMIZER
+    from autotune.workload.loss import LOSSES
+    from autotune.workload.models import DTYPES, TASKS
+    from autotune.workload.optimizers import OPTIMIZER_NAMES
+    from autotune.workload.step import ATTN_CHOICES
+
+    parser.add_argument("--task", default=None, choices=TASKS,
+                        help="the head trained (default: from the config's architectures; without "
+                        "them causal-lm for decoder-only models, sequence-classification else)")
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES,
+                        help="dtype of the weights (default auto: the config's torch_dtype, as "
+                        "from_pretrained loads it, else float32); modes autocast on top of it")
+    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZER_NAMES,
+                        help="a Trainer optim name (default %(default)s, the Trainer's)")
+    parser.add_argument("--attn", choices=ATTN_CHOICES, default=None,
+                        help="attention implementation (default: what transformers picks on CUDA)")
+    parser.add_argument("--loss", default=DEFAULT_LOSS, choices=LOSSES,
+                        help="full: the model's loss over full logits; chunked: a fused linear "
+                        "cross-entropy that never holds them (Liger's; causal-lm)")
+
+
 def print_json(document: object) -> None:
     """One JSON document on stdout, as every ``--json`` prints it."""
     json.dump(document, sys.stdout, indent=2)

@@ -1,7 +1,7 @@
 """``autotune explain``: where the memory of a training step goes, and what each lever would buy.
 
     autotune explain MODEL [--seq-len N] [--batch-size B] [--mode M] [--gpu NAME | --gpu-memory SIZE]
-                           [--task T] [--attn sdpa|eager] [--optimizer adamw|sgd] [--margin F]
+                           [--task T] [--dtype D] [--optimizer O] [--attn A] [--loss L] [--margin F]
                            [--backend estimate] [--no-levers] [--json]
                            [--lengths FILE | --texts FILE [--text-column NAME[,NAME]] [--tokenizer DIR]]
 
@@ -27,6 +27,7 @@ import autotune
 from autotune.analysis.explain import CATEGORY_LABELS
 from autotune.cli.common import (
     EXIT_OK,
+    add_step,
     add_target,
     fraction,
     positive,
@@ -49,13 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from autotune.defaults import (
         DEFAULT_MARGIN,
         DEFAULT_MODE_NAME,
-        DEFAULT_OPTIMIZER,
-        DEFAULT_TASK,
         EXPLAIN_BACKEND,
     )
-    from autotune.workload.models import TASKS
     from autotune.workload.modes import ALLOWED_MODE_NAMES
-    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
 
     parser = subparsers.add_parser(
         "explain", help="where the memory goes at a batch, and the max batch under each lever")
@@ -68,13 +65,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(default: the max batch)")
     parser.add_argument("--mode", default=DEFAULT_MODE_NAME, help=f"one of {', '.join(ALLOWED_MODE_NAMES)} "
                         "(default: %(default)s)")
-    parser.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
-    parser.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    add_step(parser)
     add_target(parser, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
     parser.add_argument("--backend", default=EXPLAIN_BACKEND, choices=(EXPLAIN_BACKEND,),
                         help="explain runs the estimator: the breakdown needs its traced step")
     parser.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
-    parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--lengths", default=None, metavar="FILE",
                       help="token lengths of the data, one per line: percentiles and dynamic padding")
@@ -109,8 +104,9 @@ def _explain(args: argparse.Namespace) -> Explanation:
         lengths = _lengths(args)
         return autotune.explain(
             args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode, task=args.task,
-            attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
-            margin=args.margin, optimizer=args.optimizer, lengths=lengths, levers=not args.no_levers,
+            dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
+            backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
+            lengths=lengths, levers=not args.no_levers,
         )
 
 
@@ -151,7 +147,9 @@ def render(e: Explanation) -> str:
     """The readable report: the breakdown, modules, flags, levers, dynamic padding."""
     b = e.breakdown
     lines = [
-        f"{e.model} ({e.task}, attention {e.attn}, {e.optimizer}), seq {e.seq_len}, {e.mode} on {_gpu(e)}",
+        f"{e.model}, seq {e.seq_len}, {e.mode} on {_gpu(e)}",
+        f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}, "
+        f"loss {e.loss}",
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context) x (1 - margin {e.margin})",
         f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
@@ -181,7 +179,8 @@ def render(e: Explanation) -> str:
     lines.append(f"largest modules by activations saved for backward (batch {e.batch_size}):")
     for act in acts:
         shape = " x ".join(map(str, act.output_shape)) if act.output_shape else "?"
-        lines.append(f"  {act.name or '(model)':{width}}  {act.type + ' -> ' + shape:54} "
+        what = act.type if act.type and not act.output_shape else f"{act.type} -> {shape}"
+        lines.append(f"  {act.name or '(model)':{width}}  {what:54} "
                      f"{format_bytes(act.activation_bytes):>11} {act.share:6.1%}")
     if e.flags:
         lines += ["", "flags:"] + [f"  ! {flag.message}" for flag in e.flags]

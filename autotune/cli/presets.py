@@ -16,9 +16,18 @@ def add_parsers(subparsers: Any) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    """One preset a line: its name, the task and weights dtype a table defaults to, its positions."""
+    from autotune.cli.common import quiet_transformers
+    from autotune.workload.models import infer_task, resolve_dtype, resolve_model
     from autotune.workload.presets import PRESETS
 
-    print("\n".join(sorted(PRESETS)))
+    names = sorted(PRESETS, key=str.lower)
+    width = max(map(len, names))
+    with quiet_transformers():
+        for name in names:
+            spec = resolve_model(name, allow_local=False, allow_hub=False)
+            print(f"{name:{width}}  {infer_task(spec.config)[0]:23}  {resolve_dtype(spec):8}  "
+                  f"{spec.max_seq_len} positions")
     return EXIT_OK
 
 

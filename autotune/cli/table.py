@@ -1,9 +1,10 @@
 """``autotune table``: the max batch size of each sequence length and mode.
 
     autotune table MODEL [--seq-lens 64,128,...] [--modes fp32,amp,ckpt,amp+ckpt] [--task T]
-                         [--attn sdpa|eager] [--gpu-memory SIZE | --gpu NAME]
-                         [--backend auto|cuda|estimate] [--margin F] [--search guided|bisect]
-                         [--max-batch N] [--optimizer adamw|sgd] [--json]
+                         [--dtype auto|float32|bfloat16|float16] [--optimizer NAME]
+                         [--attn sdpa|eager|flash_attention_2] [--loss full|chunked]
+                         [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]
+                         [--margin F] [--search guided|bisect] [--max-batch N] [--json]
 
 Exit 0 with the table, 2 with ``Error: ...`` on bad input or when a cell failed.
 """
@@ -18,6 +19,7 @@ import autotune
 from autotune.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
+    add_step,
     add_target,
     fraction,
     int_list,
@@ -32,11 +34,9 @@ from autotune.defaults import (
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
-    DEFAULT_OPTIMIZER,
-    DEFAULT_SEQ_LENS,
-    DEFAULT_TASK,
 )
 from autotune.units import format_bytes
+from autotune.workload.support import weights_label
 
 if TYPE_CHECKING:
     from autotune.tuner import CellResult, TableResult
@@ -45,27 +45,24 @@ if TYPE_CHECKING:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``table`` subcommand to ``autotune``'s subparsers."""
     from autotune.search import METHODS
-    from autotune.workload.models import TASKS
     from autotune.workload.modes import ALLOWED_MODE_NAMES
-    from autotune.workload.step import ATTN_CHOICES, OPTIMIZERS
 
     table = subparsers.add_parser("table", help="max batch size table for a model")
     table.add_argument("model", help="preset name, local config dir/file, or hub id")
-    table.add_argument("--seq-lens", type=int_list, default=list(DEFAULT_SEQ_LENS),
-                       help="comma-separated sequence lengths (default: %(default)s)")
+    table.add_argument("--seq-lens", type=int_list, default=None,
+                       help="comma-separated sequence lengths (default: 64,128,256,320,384,512 for "
+                       "models of at most 512 positions, else 512,1024,2048,4096,8192; within the "
+                       "model's limit)")
     table.add_argument("--modes", default=",".join(DEFAULT_MODE_NAMES),
                        help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} "
                        "(default: %(default)s)")
-    table.add_argument("--task", default=DEFAULT_TASK, choices=TASKS)
-    table.add_argument("--attn", choices=ATTN_CHOICES, default=None,
-                       help="attention implementation (default: what transformers picks on CUDA)")
+    add_step(table)
     add_target(table)
     table.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
     table.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN,
                        help="fraction of the allocator's memory kept free (default: %(default)s)")
     table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS)
     table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH)
-    table.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, choices=OPTIMIZERS)
     table.add_argument("--json", action="store_true", help="print one JSON document")
     return table
 
@@ -75,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr)
     with quiet_transformers():  # its notices would break the progress line
         table = autotune.table(
-            args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, attn=args.attn,
-            gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
-            search=args.search, max_batch=args.max_batch, optimizer=args.optimizer,
-            on_cell=progress.update,
+            args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, dtype=args.dtype,
+            attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
+            margin=args.margin, search=args.search, max_batch=args.max_batch,
+            optimizer=args.optimizer, loss=args.loss, on_cell=progress.update,
         )
     progress.close()
     if args.json:
@@ -117,8 +114,10 @@ class Progress:
 
 def render_table(t: TableResult) -> str:
     """The readable table: rows are sequence lengths, columns modes, cells the max batch."""
+    loss = "" if t.loss == "full" else f", {t.loss} loss"
     lines = [
-        f"{t.model} ({t.task}, attention {t.attn}, {t.optimizer}) on {t.gpu_name}"
+        f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
+        f"{loss}) on {t.gpu_name}"
         + ("" if t.gpu_name.startswith("custom") else f" {format_bytes(t.gpu_memory_bytes)}"),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
@@ -139,6 +138,9 @@ def render_table(t: TableResult) -> str:
             row += value.rjust(width)
         lines.append(row)
     lines.append("")
+    if t.weights_dtype != "float32":
+        lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt are the step without autocast "
+                     f"over {weights_label(t.weights_dtype)}; amp and bf16 autocast on top of them")
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
     for cell in t.cells:
@@ -149,4 +151,5 @@ def render_table(t: TableResult) -> str:
                  f"search {t.search}), {t.elapsed_s:.1f} s")
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
+    lines.extend(f"warning: {warning}" for warning in t.warnings)
     return "\n".join(lines) + "\n"

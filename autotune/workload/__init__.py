@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.defaults import DEFAULT_OPTIMIZER
+from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.models import ModelSpec
-from autotune.workload.step import MIN_STEPS, Optimizer
+from autotune.workload.step import MIN_STEPS
 
 
 @dataclass(frozen=True)
 class Workload:
     model: ModelSpec
-    task: str  # one of models.TASKS
-    attn: str | None  # "sdpa" | "eager" | None = what transformers picks on a CUDA GPU
-    optimizer: Optimizer = DEFAULT_OPTIMIZER  # type: ignore[assignment]
+    task: str  # one of models.TASKS (default: models.infer_task of the config)
+    attn: str | None  # "sdpa" | "eager" | "flash_attention_2" | None = what transformers picks on CUDA
+    optimizer: str = DEFAULT_OPTIMIZER  # a canonical name of workload.optimizers (Trainer ``optim``)
     steps: int = MIN_STEPS  # full training steps per probe
+    # The dtype the weights are stored in (models.resolve_dtype): float32 | bfloat16 | float16.
+    # Gradients and optimizer state follow it; a mode's autocast is on top of it.
+    weights_dtype: str = "float32"
+    loss: str = DEFAULT_LOSS  # "full" (the model's own loss) | "chunked" (workload.loss)

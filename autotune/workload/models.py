@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from autotune.defaults import DEFAULT_SEQ_LENS
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
 from autotune.workload.presets import HUB_ALIASES, PRESETS, TINY_CONFIGS
 
@@ -110,7 +111,8 @@ def resolve_model(
     name = name.strip()
     if not name:
         raise InvalidInput(
-            f"empty model name: use a preset ({', '.join(sorted(PRESETS))}), a path or a hub id"
+            f"empty model name: use a preset ({', '.join(sorted(PRESETS, key=str.lower))}), "
+            "a path or a hub id"
         )
     preset = preset_name(name)
     if preset is not None:
@@ -146,7 +148,7 @@ def _unknown(name: str, reason: str | None = None) -> UnknownModel:
     detail = f" ({reason})" if reason else ""
     return UnknownModel(
         f"unknown model '{name}': not a built-in preset, a local config, or a reachable "
-        f"Hugging Face hub id{detail}. Presets: {', '.join(sorted(PRESETS))}"
+        f"Hugging Face hub id{detail}. Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
     )
 
 
@@ -190,7 +192,7 @@ def _check_model_type(name: str, model_type: object) -> None:
         raise UnknownModel(
             f"unknown model '{name}': model_type '{model_type}' is not built into "
             f"transformers {transformers.__version__}, and autotune does not run remote "
-            f"code (trust_remote_code is off). Presets: {', '.join(sorted(PRESETS))}"
+            f"code (trust_remote_code is off). Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
         )
 
 
@@ -317,6 +319,92 @@ def check_seq_len(spec: ModelSpec, seq_len: int) -> None:
         f"sequence length {seq_len} exceeds {limit} of {spec.name}",
         limit=spec.max_seq_len,
     )
+
+
+# The head of a ``*For<Head>`` architecture name, as transformers' Auto classes name them.
+_ARCHITECTURE_TASKS = (
+    ("ForCausalLM", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForSequenceClassification", "sequence-classification"),
+    ("ForTokenClassification", "token-classification"),
+)
+
+
+def infer_task(config: PretrainedConfig) -> tuple[str, str]:
+    """(task, why): the task a config's checkpoint was built for.
+
+    From ``config.architectures`` (``LlamaForCausalLM`` -> causal-lm, ``BertForMaskedLM`` ->
+    masked-lm, ...). Without it, causal-lm for decoder-only model types (those transformers has
+    a causal-LM class for and neither a masked-LM nor a sequence-to-sequence class:
+    ``modeling_auto``'s mappings), else sequence-classification (an encoder's fine-tuning task).
+    """
+    from transformers.models.auto import modeling_auto
+
+    for architecture in getattr(config, "architectures", None) or []:
+        for suffix, task in _ARCHITECTURE_TASKS:
+            if str(architecture).endswith(suffix):
+                return task, f"from architectures {architecture}"
+    model_type = config.model_type
+    decoder_only = (
+        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and model_type not in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    )
+    if decoder_only:
+        return "causal-lm", f"{model_type} is a decoder-only model type"
+    return "sequence-classification", f"{model_type} is an encoder model type"
+
+
+def task_for(spec: ModelSpec, task: str | None) -> str:
+    """``task`` checked (check_task), or, when None, the one the config was built for (infer_task)."""
+    return check_task(task) if task is not None else infer_task(spec.config)[0]
+
+
+# Weight dtypes a model can be loaded in (``from_pretrained(dtype=...)``), by their torch names.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                  "float": "float32"}
+
+
+def check_dtype(dtype: str) -> str:
+    """``dtype`` as one of DTYPES (torch names; fp32/bf16/fp16 accepted); InvalidInput otherwise."""
+    name = str(dtype).strip().lower().removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise InvalidInput(f"unknown dtype {dtype!r}: allowed are {', '.join(DTYPES)}")
+    return name
+
+
+def resolve_dtype(spec: ModelSpec, dtype: str = "auto") -> str:
+    """The dtype the weights really have: ``dtype``, or for ``auto`` what the installed
+    transformers' ``from_pretrained`` loads (transformers 5: ``dtype="auto"`` is its default and
+    reads the config's ``dtype`` / ``torch_dtype``; without one, torch's default, float32)."""
+    name = check_dtype(dtype)
+    if name != "auto":
+        return name
+    configured = getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None)
+    if configured is None:
+        return "float32"
+    configured_name = str(configured).removeprefix("torch.")
+    if configured_name not in DTYPES:  # e.g. float64 or int8 in a hand-written config
+        raise InvalidInput(
+            f"{spec.name}'s config says dtype {configured_name}: autotune models float32, "
+            "bfloat16 or float16 weights; give dtype explicitly"
+        )
+    return configured_name
+
+
+# Default rows: the BERT README's lengths for models of at most 512 positions, else the lengths
+# of LLM fine-tuning; each capped at the model's limit.
+LONG_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+
+
+def default_seq_lens(spec: ModelSpec) -> list[int]:
+    """The sequence lengths of a table when none are given, within ``spec``'s limit."""
+    rows = DEFAULT_SEQ_LENS if spec.max_seq_len <= max(DEFAULT_SEQ_LENS) else LONG_SEQ_LENS
+    fitting = [n for n in rows if n <= spec.max_seq_len]
+    return fitting or [spec.max_seq_len]
 
 
 def check_task(task: str) -> str:

@@ -1,10 +1,13 @@
 """The offline model presets: the published hyperparameters of common checkpoints, as data.
 
 Hyperparameters from each checkpoint's config.json on the Hugging Face hub. Keys that do not
-change the model's size or memory (architectures, id2label, dropout defaults equal to
-transformers' own) are left out; everything that shapes a tensor is copied exactly. The tests
-check the parameter counts against published totals. Resolution (a name to a config) is
-``models.py``.
+change the model's size or memory (id2label, use_cache, dropout defaults equal to transformers'
+own) are left out; everything that shapes a tensor is copied exactly, and so is ``torch_dtype``,
+the dtype ``from_pretrained`` loads the weights in. ``architectures`` is kept for the decoder
+presets because it decides the default task (a ``*ForCausalLM`` -> causal-lm); the encoder
+presets (BERT-era and ModernBERT) stay without it, so that their default task is
+sequence-classification, the fine-tuning task of the stories. The tests check the parameter
+counts against published totals. Resolution (a name to a config) is ``models.py``.
 """
 
 from __future__ import annotations
@@ -101,6 +104,119 @@ _GPT2 = {
     "vocab_size": 50257,
 }
 
+# --- decoder LLMs and ModernBERT (config.json as published; transformers 5 maps torch_dtype to
+# dtype and rope_scaling/rope_theta to rope_parameters) ---------------------------------------
+_LLAMA_3 = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}
+_LLAMA_3_ROPE = {  # "llama3" frequency scaling from an 8192-token original context
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+_LLAMA_3_2 = {
+    **_LLAMA_3,
+    "intermediate_size": 8192,
+    "rope_scaling": {"factor": 32.0, **_LLAMA_3_ROPE},
+    "tie_word_embeddings": True,
+}
+_QWEN_2_5 = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "use_mrope": False,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+# Phi-3.5-mini's LongRoPE rescale factors, one per rotary frequency (head_dim 96 / 2 = 48).
+_PHI_3_5_LONG_FACTOR = [
+    1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601,
+    1.5899999141693115, 1.600000023841858, 1.6200000047683716, 2.620000123977661,
+    3.2300000190734863, 3.2300000190734863, 4.789999961853027, 7.400000095367432,
+    7.700000286102295, 9.09000015258789, 12.199999809265137, 17.670000076293945,
+    24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+    32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992,
+    50.340003967285156, 50.45000457763672, 57.55000305175781, 57.93000411987305,
+    58.21000289916992, 60.1400032043457, 62.61000442504883, 62.62000274658203,
+    62.71000289916992, 63.1400032043457, 63.1400032043457, 63.77000427246094,
+    63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+    64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938,
+    64.4800033569336, 64.51000213623047, 64.52999877929688, 64.83999633789062,
+]
+_PHI_3_5_SHORT_FACTOR = [
+    1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705,
+    1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0499999523162842,
+    1.0499999523162842, 1.0699999332427979, 1.0999999046325684, 1.1099998950958252,
+    1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+    1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083,
+    1.8499997854232788, 1.8799997568130493, 1.9099997282028198, 1.9399996995925903,
+    1.9899996519088745, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+    2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0299997329711914,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+    2.0799996852874756, 2.0899996757507324, 2.189999580383301, 2.2199995517730713,
+    2.5899994373321533, 2.729999542236328, 2.749999523162842, 2.8399994373321533,
+]
+_MODERNBERT_BASE = {
+    "model_type": "modernbert",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 50281,
+    "classifier_activation": "gelu",
+    "classifier_bias": False,
+    "classifier_dropout": 0.0,
+    "classifier_pooling": "mean",
+    "cls_token_id": 50281,
+    "decoder_bias": True,
+    "embedding_dropout": 0.0,
+    "eos_token_id": 50282,
+    # Every third layer attends globally, the others within a 128-token window.
+    "global_attn_every_n_layers": 3,
+    "global_rope_theta": 160000.0,
+    "hidden_activation": "gelu",
+    "hidden_size": 768,
+    "initializer_cutoff_factor": 2.0,
+    "initializer_range": 0.02,
+    "intermediate_size": 1152,
+    "layer_norm_eps": 1e-05,
+    "local_attention": 128,
+    "local_rope_theta": 10000.0,
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "mlp_dropout": 0.0,
+    "norm_bias": False,
+    "norm_eps": 1e-05,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 22,
+    "pad_token_id": 50283,
+    "sep_token_id": 50282,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "vocab_size": 50368,
+}
+
 _FULL_PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _BERT_BASE,
     "bert-base-cased": {**_BERT_BASE, "vocab_size": 28996},
@@ -161,6 +277,156 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     },
     "gpt2": _GPT2,
     "gpt2-medium": {**_GPT2, "n_embd": 1024, "n_layer": 24, "n_head": 16},
+    "meta-llama/Llama-3.2-1B": {
+        **_LLAMA_3_2,
+        "head_dim": 64,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 16,
+    },
+    "meta-llama/Llama-3.2-3B": {
+        **_LLAMA_3_2,
+        "head_dim": 128,
+        "hidden_size": 3072,
+        "num_attention_heads": 24,
+        "num_hidden_layers": 28,
+    },
+    "meta-llama/Llama-3.1-8B": {
+        **_LLAMA_3,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "rope_scaling": {"factor": 8.0, **_LLAMA_3_ROPE},
+        "tie_word_embeddings": False,
+    },
+    "Qwen/Qwen2.5-0.5B": {
+        **_QWEN_2_5,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 24,
+        "num_attention_heads": 14,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 2,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen2.5-1.5B": {
+        **_QWEN_2_5,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 28,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 2,
+        "sliding_window": 131072,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen2.5-7B": {
+        **_QWEN_2_5,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 28,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "sliding_window": 131072,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+    "mistralai/Mistral-7B-v0.3": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,  # v0.3 dropped v0.1's 4096-token window
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 32768,
+    },
+    "google/gemma-2-2b": {
+        "model_type": "gemma2",
+        "architectures": ["Gemma2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": 50.0,
+        "bos_token_id": 2,
+        "cache_implementation": "hybrid",
+        "eos_token_id": 1,
+        "final_logit_softcapping": 30.0,
+        "head_dim": 256,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 2304,
+        "initializer_range": 0.02,
+        "intermediate_size": 9216,
+        "max_position_embeddings": 8192,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 26,
+        "num_key_value_heads": 4,
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        # Alternating layers: sliding (4096-token window) and global attention.
+        "sliding_window": 4096,
+        # The base checkpoint is published in float32 (its -it sibling in bfloat16).
+        "torch_dtype": "float32",
+        "vocab_size": 256000,
+    },
+    "microsoft/Phi-3.5-mini-instruct": {
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "embd_pdrop": 0.0,
+        "eos_token_id": 32000,
+        "hidden_act": "silu",
+        "hidden_size": 3072,
+        "initializer_range": 0.02,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "original_max_position_embeddings": 4096,
+        "pad_token_id": 32000,
+        "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "long_factor": _PHI_3_5_LONG_FACTOR,
+            "short_factor": _PHI_3_5_SHORT_FACTOR,
+            "type": "longrope",
+        },
+        "rope_theta": 10000.0,
+        "sliding_window": 262144,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 32064,
+    },
+    "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
+    "answerdotai/ModernBERT-large": {
+        **_MODERNBERT_BASE,
+        "hidden_size": 1024,
+        "intermediate_size": 2624,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+    },
 }
 
 # Tiny models for tests and demos: 2 layers, hidden 32, 2 heads, intermediate 64,
@@ -215,6 +481,34 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "bos_token_id": 127,
         "eos_token_id": 127,
     },
+    # Decoders: grouped-query attention with 1 key/value head (head_dim 16), architectures so
+    # that the default task is causal-lm; no torch_dtype, so the tiny models stay float32.
+    "llama": {**_TINY_BERT, "num_key_value_heads": 1, "architectures": ["LlamaForCausalLM"]},
+    "qwen2": {**_TINY_BERT, "num_key_value_heads": 1, "architectures": ["Qwen2ForCausalLM"]},
+    "mistral": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "sliding_window": None,
+        "architectures": ["MistralForCausalLM"],
+    },
+    "gemma2": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "head_dim": 16,  # Gemma 2's default is 256
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 64,  # smaller than the context, so the sliding layers differ
+        "architectures": ["Gemma2ForCausalLM"],
+    },
+    "modernbert": {
+        **_TINY_BERT,
+        "local_attention": 64,
+        # ModernBERT's special tokens are ids 50281-50283; keep them inside the vocab.
+        "bos_token_id": 1,
+        "cls_token_id": 1,
+        "eos_token_id": 2,
+        "sep_token_id": 2,
+        "pad_token_id": 0,
+    },
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
@@ -239,4 +533,5 @@ HUB_ALIASES: dict[str, str] = {
     "albert/albert-base-v2": "albert-base-v2",
     "openai-community/gpt2": "gpt2",
     "openai-community/gpt2-medium": "gpt2-medium",
+    "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
 }

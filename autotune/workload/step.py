@@ -5,7 +5,7 @@ One definition, so that the CUDA probe and the CPU estimator measure the same th
 - the model is built from its config with random weights and a task head;
 - the batch is padded to ``seq_len`` (the worst case), with a padded position in the attention
   mask so that the model keeps its attention mask, as it does for a real padded batch;
-- AdamW (PyTorch's default implementation on CUDA: ``foreach``) or SGD;
+- the optimizer the Hugging Face Trainer builds for the workload's ``optim`` name (optimizers.py);
 - at least two full steps: forward and loss, backward, optimizer step, ``zero_grad(set_to_none=True)``.
   The optimizer state only exists from the first step on, so the peak is often in the second.
 
@@ -18,17 +18,25 @@ import contextlib
 import copy
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InvalidInput
 from autotune.workload.models import ModelSpec
+from autotune.workload.optimizers import (  # noqa: F401 (re-exported: the step's optimizers)
+    OPTIMIZERS,
+    Optimizer,
+    check_optimizer,
+    make_optimizer,
+)
 
 if TYPE_CHECKING:
     import torch
 
-Optimizer = Literal["adamw", "sgd"]
-OPTIMIZERS: tuple[Optimizer, ...] = ("adamw", "sgd")
-ATTN_CHOICES = ("sdpa", "eager")
+# transformers' attn_implementation names. flash_attention_2 is the flash-attn package's kernel:
+# its buffers are those of PyTorch's own FlashAttention-2 kernel behind SDPA (attention.py), which
+# the estimator runs in its place; it needs an sm80+ card and 16-bit inputs (flash-attn's README).
+ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
+FLASH_ATTENTION_2 = "flash_attention_2"
 MIN_STEPS = 2  # the optimizer state appears in step 1; step 2 sees it together with new activations
 
 # transformers Auto classes per task (transformers.models.auto.modeling_auto).
@@ -41,24 +49,24 @@ TASK_MODEL_CLASSES = {
 }
 
 
-def check_optimizer(name: str) -> Optimizer:
-    if name not in OPTIMIZERS:
-        raise InvalidInput(f"unknown optimizer {name!r}: allowed are {', '.join(OPTIMIZERS)}")
-    return name  # type: ignore[return-value]
-
-
 def check_attn(name: str | None) -> str | None:
     if name is not None and name not in ATTN_CHOICES:
         raise InvalidInput(f"unknown attention {name!r}: allowed are {', '.join(ATTN_CHOICES)}")
     return name
 
 
-def build_model(spec: ModelSpec, task: str, attn: str | None) -> tuple[torch.nn.Module, str]:
-    """Build ``spec`` with a ``task`` head and random weights; return it and the attention used.
+def build_model(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str = "float32",
+                *, flash_as_sdpa: bool = False) -> tuple[torch.nn.Module, str]:
+    """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and
+    the attention used.
 
     ``attn=None`` picks what transformers picks on a CUDA GPU: SDPA where the model supports it,
-    eager attention otherwise. The caller decides the device (a FakeTensorMode, or ``.to("cuda")``).
+    eager attention otherwise. ``flash_as_sdpa`` (the estimator, where the flash-attn package
+    cannot run) builds a ``flash_attention_2`` model with SDPA, whose emulated flash kernel has
+    the same buffers, after checking the model supports flash_attention_2. The caller decides
+    the device (a FakeTensorMode, or ``.to("cuda")``).
     """
+    import torch
     import transformers
 
     config = copy.deepcopy(spec.config)
@@ -72,19 +80,39 @@ def build_model(spec: ModelSpec, task: str, attn: str | None) -> tuple[torch.nn.
             # (fake tensors cannot run it). Same loss, same [batch, num_labels] tensors.
             config.problem_type = "single_label_classification"
     auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
+    dtype = getattr(torch, weights_dtype)
+    if attn == FLASH_ATTENTION_2 and flash_as_sdpa:
+        model = _from_config(auto_class, config, "sdpa", spec, task, dtype)
+        if not getattr(model, "_supports_flash_attn", False):
+            raise InvalidInput(f"{type(model).__name__} does not support flash_attention_2 in "
+                               f"transformers {transformers.__version__}: use sdpa or eager")
+        return model, attn
     if attn is not None:
-        model = _from_config(auto_class, config, attn, spec, task)
+        model = _from_config(auto_class, config, attn, spec, task, dtype)
         return model, attn
     try:
-        return _from_config(auto_class, config, "sdpa", spec, task), "sdpa"
+        return _from_config(auto_class, config, "sdpa", spec, task, dtype), "sdpa"
     except (ValueError, ImportError):
         # transformers raises ValueError when a model has no SDPA implementation.
-        return _from_config(auto_class, config, "eager", spec, task), "eager"
+        return _from_config(auto_class, config, "eager", spec, task, dtype), "eager"
 
 
-def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task: str) -> Any:
+def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task: str,
+                 dtype: Any) -> Any:
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
     try:
-        model = auto_class.from_config(config, attn_implementation=attn)
+        try:
+            model = auto_class.from_config(config, attn_implementation=attn, dtype=dtype)
+        except DataDependentOutputException:
+            # Under fake tensors (the estimator) an initializer that loops on sampled values
+            # (torch 2.13's trunc_normal_, ModernBERT's init) cannot run. The values do not
+            # matter to memory: build without initializing, then tie the weights as init does.
+            from transformers.initialization import no_init_weights
+
+            with no_init_weights():
+                model = auto_class.from_config(config, attn_implementation=attn, dtype=dtype)
+            model.tie_weights()
     except ValueError as exc:
         if "does not support" in str(exc) or "not supported" in str(exc) or "attn" in str(exc):
             raise
@@ -94,13 +122,16 @@ def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task:
 
 
 def make_batch(
-    config: Any, task: str, batch_size: int, seq_len: int, device: Any = None
+    config: Any, task: str, batch_size: int, seq_len: int, device: Any = None, *,
+    full_rows: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Inputs and labels of one batch, fully padded to ``seq_len``.
 
     Token ids are zeros: memory does not depend on their values. The last position of every
     sequence is padding (attention mask 0): with an all-ones mask transformers may drop the mask
-    and let SDPA use a mask-free kernel, which a real padded batch never gets.
+    and let SDPA use a mask-free kernel, which a real padded batch never gets. ``full_rows``
+    (flash_attention_2) keeps every position: rows filled to ``seq_len`` (packed), which is what
+    flash-attn runs without unpadding copies.
     """
     import torch
 
@@ -109,7 +140,7 @@ def make_batch(
         "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
         "attention_mask": torch.ones(shape, dtype=torch.long, device=device),
     }
-    if seq_len > 1:
+    if seq_len > 1 and not full_rows:
         batch["attention_mask"][:, -1] = 0
     if task == "sequence-classification":
         batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
@@ -119,21 +150,6 @@ def make_batch(
     else:  # masked-lm, causal-lm, token-classification: one label per token
         batch["labels"] = torch.zeros(shape, dtype=torch.long, device=device)
     return batch
-
-
-def make_optimizer(model: torch.nn.Module, name: Optimizer, *, foreach: bool | None = None) -> Any:
-    """The optimizer a user's script would create: defaults except the learning rate.
-
-    ``foreach=None`` lets PyTorch choose, as a user's script does; the estimator passes True
-    because that is PyTorch's choice for CUDA tensors (torch/optim/optimizer.py,
-    ``_default_to_fused_or_foreach``), though its fake tensors live on the CPU.
-    """
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, foreach=foreach)
-    return torch.optim.AdamW(params, lr=5e-5, foreach=foreach)
 
 
 class NoScaler:
@@ -158,16 +174,23 @@ def run_steps(
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     scaler: Any = None,
     after_step: Callable[[int], None] | None = None,
+    loss: str = "full",
 ) -> None:
-    """Run ``steps`` full training steps; the one loop every backend uses."""
+    """Run ``steps`` full training steps; the one loop every backend uses.
+
+    ``loss``: "full", the model's own loss; "chunked", Liger's fused linear cross-entropy
+    (loss.chunked_lm_loss), which never materializes the logits.
+    """
+    from autotune.workload.loss import chunked_lm_loss
+
     if steps < MIN_STEPS:
         raise InvalidInput(f"a probe runs at least {MIN_STEPS} steps, got {steps}")
     scaler = scaler or NoScaler()
     for index in range(steps):
         with autocast():
-            loss = model(**batch).loss
-        scaler.scale(loss).backward()
-        del loss
+            value = chunked_lm_loss(model, batch) if loss == "chunked" else model(**batch).loss
+        scaler.scale(value).backward()
+        del value
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)

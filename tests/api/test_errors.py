@@ -58,7 +58,7 @@ def test_unknown_model_is_404_listing_the_presets(client):
     text = detail(post(client, model="no-such-model"), 404)
     assert text.startswith("unknown model 'no-such-model': not a built-in preset, a local config, or a "
                            "reachable Hugging Face hub id")
-    assert f"Presets: {', '.join(sorted(PRESETS))}" in text
+    assert f"Presets: {', '.join(sorted(PRESETS, key=str.lower))}" in text
 
 
 def test_sequence_beyond_the_model_limit_is_422_naming_the_limit(client):
@@ -80,8 +80,12 @@ def test_malformed_gpu_memory_is_422(client, size):
     ({"task": "translation"}, "unknown task 'translation': use one of sequence-classification, "),
     ({"backend": "tpu"}, "unknown backend 'tpu': allowed are auto, cuda, estimate"),
     ({"search": "random"}, "unknown search 'random': allowed are guided, bisect"),
-    ({"optimizer": "lion"}, "unknown optimizer 'lion': allowed are adamw, sgd"),
-    ({"attn": "flash"}, "unknown attention 'flash': allowed are sdpa, eager"),
+    ({"optimizer": "lion"}, "unknown optimizer 'lion': allowed are adamw_torch_fused, adamw_torch, "
+                            "adafactor, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd"),
+    ({"attn": "flash"}, "unknown attention 'flash': allowed are sdpa, eager, flash_attention_2"),
+    ({"dtype": "int8"}, "unknown dtype 'int8': allowed are auto, float32, bfloat16, float16"),
+    ({"loss": "chunky"}, "unknown loss 'chunky': allowed are full, chunked"),
+    ({"loss": "chunked"}, "loss 'chunked' needs a per-token language-model head"),
     ({"margin": 1.5}, "margin 1.5 is out of range: use a fraction in [0, 1), e.g. 0.05"),
     ({"seq_lens": []}, "seq_lens is empty: give at least one sequence length, e.g. [128, 256]"),
     ({"seq_lens": [0]}, "sequence length must be an integer >= 1, got 0"),

@@ -39,6 +39,12 @@ PRESET_NAMES = [
     "RTX-3090",
     "RTX-4090",
     "TITAN-X-12GB",
+    "H200",
+    "B200",
+    "L40S",
+    "RTX-A6000",
+    "RTX-6000-Ada",
+    "RTX-5090",
 ]
 
 
@@ -70,7 +76,7 @@ def test_unambiguous_aliases(alias: str, preset: str) -> None:
     assert resolve_gpu(alias).name == preset
 
 
-@pytest.mark.parametrize("name", ["A100", "V100", "h100", "P100", "rtx-5090", ""])
+@pytest.mark.parametrize("name", ["A100", "V100", "h100", "P100", "rtx-2080", ""])
 def test_unknown_or_ambiguous_gpu_lists_the_presets(name: str) -> None:
     with pytest.raises(UnknownGpu) as info:
         resolve_gpu(name)
@@ -234,9 +240,9 @@ def test_local_device_takes_the_matching_presets_overhead(
     ("device_name", "cc", "overhead_mib"),
     [
         ("NVIDIA GeForce RTX 2080 Ti", (7, 5), 256),  # Turing default
-        ("NVIDIA L40S", (8, 9), 512),  # Ada default; "L40S" is not the L4
+        ("NVIDIA L40", (8, 9), 512),  # Ada default; the L40 is neither the L4 nor the L40S
         ("NVIDIA A10", (8, 6), 384),  # the A10 is not the A10G
-        ("NVIDIA GeForce RTX 5090", (12, 0), 640),  # newer than any preset
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 640),  # Blackwell default
         ("NVIDIA Jetson AGX Orin", (8, 7), 512),  # unlisted architecture
     ],
 )
@@ -250,3 +256,91 @@ def test_local_device_without_preset_takes_its_architectures_overhead(
 def test_units_and_gpus_do_not_import_torch() -> None:
     code = "import sys, autotune.gpus, autotune.units; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+# --- presets of current cards -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "capacity_gib", "compute_capability", "overhead_mib"),
+    [
+        ("H200", "139.80", (9, 0), 640),
+        ("B200", "178.35", (10, 0), 640),
+        ("L40S", "44.42", (8, 9), 512),
+        ("RTX-A6000", "47.54", (8, 6), 384),
+        ("RTX-6000-Ada", "44.43", (8, 9), 512),
+        ("RTX-5090", "31.36", (12, 0), 640),
+    ],
+)
+def test_current_cards_carry_their_oom_capacity_and_architecture(
+    name: str, capacity_gib: str, compute_capability: tuple[int, int], overhead_mib: int
+) -> None:
+    spec = GPU_PRESETS[name]
+    assert spec.total_memory_bytes == gib_to_bytes(capacity_gib)
+    assert f"{spec.total_memory_bytes / GIB:.2f}" == capacity_gib
+    assert spec.compute_capability == compute_capability
+    assert spec.context_overhead_bytes == overhead_mib * MIB
+    assert spec.supports_bf16
+    assert spec.supports_flash_attention  # sm80 to sm121 in PyTorch's sdp_utils.cpp
+
+
+@pytest.mark.parametrize(
+    ("name", "nvidia_smi_mib"),
+    [("H200", 143771), ("B200", 183359), ("L40S", 46068), ("RTX-6000-Ada", 46068)],
+)
+def test_capacity_is_below_the_nvidia_smi_total(name: str, nvidia_smi_mib: int) -> None:
+    # PyTorch's total capacity is what the driver leaves of nvidia-smi's total: a few
+    # hundred MiB less, never more.
+    total = GPU_PRESETS[name].total_memory_bytes
+    assert nvidia_smi_mib * MIB - 1 * GIB < total < nvidia_smi_mib * MIB
+
+
+@pytest.mark.parametrize(
+    ("name", "workspace_bytes"),
+    [
+        ("H200", 33 * MIB),  # Hopper: ":4096:8" plus cuBLASLt's 1 MiB
+        ("B200", 33 * MIB),  # Blackwell (major 10): PyTorch gives it Hopper's 32 MiB
+        ("RTX-5090", 33 * MIB),  # Blackwell (major 12)
+        ("L40S", 8_519_680 + MIB),  # Ada is major 8: the ":4096:2:16:8" default
+        ("RTX-6000-Ada", 8_519_680 + MIB),
+        ("RTX-A6000", 8_519_680 + MIB),
+    ],
+)
+def test_cublas_workspace_of_current_cards(name: str, workspace_bytes: int) -> None:
+    assert GPU_PRESETS[name].cublas_workspace_bytes == workspace_bytes
+
+
+@pytest.mark.parametrize(
+    ("alias", "preset"),
+    [
+        ("nvidia h200", "H200"),
+        ("B200", "B200"),
+        ("l40s", "L40S"),
+        ("A6000", "RTX-A6000"),
+        ("RTX A6000", "RTX-A6000"),
+        ("rtx 6000 ada", "RTX-6000-Ada"),
+        ("5090", "RTX-5090"),
+        ("GeForce RTX 5090", "RTX-5090"),
+    ],
+)
+def test_current_cards_resolve_by_their_common_names(alias: str, preset: str) -> None:
+    assert resolve_gpu(alias).name == preset
+
+
+@pytest.mark.parametrize(
+    ("device_name", "total_gib", "cc", "preset"),
+    [
+        ("NVIDIA H200", 139.80, (9, 0), "H200"),
+        ("NVIDIA B200", 178.35, (10, 0), "B200"),
+        ("NVIDIA L40S", 44.42, (8, 9), "L40S"),
+        ("NVIDIA RTX A6000", 47.54, (8, 6), "RTX-A6000"),
+        ("NVIDIA RTX 6000 Ada Generation", 47.50, (8, 9), "RTX-6000-Ada"),
+        ("NVIDIA GeForce RTX 5090", 31.37, (12, 0), "RTX-5090"),
+    ],
+)
+def test_current_local_devices_match_their_presets(
+    device_name: str, total_gib: float, cc: tuple[int, int], preset: str
+) -> None:
+    spec = gpu_from_device_properties(device_name, int(total_gib * GIB), *cc)
+    assert spec.context_overhead_bytes == GPU_PRESETS[preset].context_overhead_bytes
+    assert spec.compute_capability == cc

@@ -166,7 +166,7 @@ class CudaBackend:
         self.timeout_s = timeout_s
         self.worker_command = tuple(worker_command)  # injectable: tests run fake workers
         self.workers_started = 0
-        self._attn: dict[tuple[str, str, str | None], str] = {}
+        self._attn: dict[tuple[str, str, str | None, str], str] = {}
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -190,7 +190,7 @@ class CudaBackend:
         """The attention the worker uses: the one asked for, else transformers' choice."""
         if workload.attn is not None:
             return workload.attn
-        key = (workload.model.name, workload.task, workload.attn)
+        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
         if key not in self._attn:
             import torch
 
@@ -199,7 +199,8 @@ class CudaBackend:
             # On the meta device: no memory, no weights. transformers picks SDPA from the
             # model class, not the device, so the worker's GPU model makes the same choice.
             with torch.device("meta"):
-                self._attn[key] = build_model(workload.model, workload.task, None)[1]
+                self._attn[key] = build_model(workload.model, workload.task, None,
+                                              workload.weights_dtype)[1]
         return self._attn[key]
 
     @contextlib.contextmanager
@@ -219,7 +220,8 @@ class CudaBackend:
         finally:
             session.close()
         if session.attn is not None:
-            self._attn.setdefault((workload.model.name, workload.task, workload.attn), session.attn)
+            key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
+            self._attn.setdefault(key, session.attn)
 
 
 class _CellSession:

@@ -10,6 +10,10 @@ Two setups, one per lever (levers.py):
   optimizer, ``GlobalOptimManager.get_instance().register_module_override(module, "weight",
   {"optim_bits": 32})`` for every ``nn.Embedding``, so embeddings keep 32-bit moments).
 
+``make_trainer_bnb_optimizer`` is that Trainer setup for any of its bitsandbytes AdamW names
+(``adamw_bnb_8bit``, ``paged_adamw_8bit``, ``paged_adamw_32bit``): what the cuda backend runs for
+a workload whose optimizer is one of them (workload/optimizers.py).
+
 Registering after the optimizer is built works because bitsandbytes reads the overrides at the
 first ``step`` (bitsandbytes/optim/optimizer.py, ``Optimizer8bit.step`` calls ``check_overrides``
 once). The manager is a process-wide singleton; the cuda backend runs one worker process per
@@ -18,7 +22,7 @@ a new optimizer and registers the same overrides again, which only repeats ident
 
 bitsandbytes is imported only when an optimizer is built (in the worker): ``bitsandbytes_available``
 asks importlib whether it is installed without importing it (its import loads CUDA libraries).
-The emulation the estimator uses instead is instrument.AdamW8bitState.
+The emulation the estimator uses instead is workload.optimizers.BnbAdamWState.
 """
 
 from __future__ import annotations
@@ -68,16 +72,25 @@ def import_bitsandbytes() -> Any:
 
 def make_bnb_optimizer(model: Any, name: str) -> Any:
     """The bitsandbytes optimizer of setup ``name`` (BNB_OPTIMIZERS) over ``model``'s trainable parameters."""
-    from torch import nn
-
     check_bnb_optimizer(name)
     bnb = import_bitsandbytes()
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw-8bit":
         return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
-    optimizer = bnb.optim.AdamW(params, lr=LEARNING_RATE, optim_bits=8, is_paged=False)
-    manager = bnb.optim.GlobalOptimManager.get_instance()
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return make_trainer_bnb_optimizer(model, optim_bits=8, is_paged=False)
+
+
+def make_trainer_bnb_optimizer(model: Any, *, optim_bits: int, is_paged: bool) -> Any:
+    """``bnb.optim.AdamW`` over ``model``'s trainable parameters as transformers' Trainer builds it
+    (module docstring): with ``optim_bits=8``, every nn.Embedding weight overridden to 32 bits."""
+    from torch import nn
+
+    bnb = import_bitsandbytes()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = bnb.optim.AdamW(params, lr=LEARNING_RATE, optim_bits=optim_bits, is_paged=is_paged)
+    if optim_bits == 8:  # trainer.py create_optimizer: only for 8-bit bitsandbytes optimizers
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
     return optimizer

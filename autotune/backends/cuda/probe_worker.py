@@ -13,8 +13,8 @@ allocated is what it was after the first probe (the model plus cuBLAS workspaces
 keeps for the life of the process); ``clean: false`` tells the parent to use a fresh worker.
 
 A cell with ``bnb_optimizer`` set runs the step with a bitsandbytes 8-bit AdamW instead of the
-workload's optimizer (bnb.py); a worker without bitsandbytes refuses such a cell at init with
-BackendUnavailable.
+workload's optimizer (bnb.py); a worker without bitsandbytes refuses such a cell, and one whose
+workload optimizer is bitsandbytes' (workload/optimizers.py), at init with BackendUnavailable.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.step import (
+    FLASH_ATTENTION_2,
     build_model,
     gradient_checkpointing,
     make_batch,
-    make_optimizer,
     run_steps,
 )
 
@@ -188,17 +189,21 @@ class Worker:
                 raise ProtocolError(f"protocol {request.get('protocol')!r}, expected {PROTOCOL}")
             spec = CellSpec.from_json(request.get("cell"))
             workload, mode = rebuild_workload(spec)
-            if spec.bnb_optimizer is not None:  # refused before the device is taken
+            if spec.bnb_optimizer is not None:
                 check_bnb_optimizer(spec.bnb_optimizer)
+            # The lever's setup, or a workload's adamw_bnb_8bit or paged_adamw_* (optimizers.py).
+            needs_bnb = spec.bnb_optimizer is not None or uses_bitsandbytes(workload.optimizer)
+            if needs_bnb:  # refused before the device is taken
                 require_bitsandbytes()
             info = self.memory.open(spec.device_index, spec.budget_bytes)
-            if spec.bnb_optimizer is not None:  # it loads its CUDA library: on the cell's device
+            if needs_bnb:  # it loads its CUDA library: on the cell's device
                 import_bitsandbytes()
             cc = info.get("compute_capability")
             self.persistent_limit_bytes = PERSISTENT_WORKSPACES * cublas_workspace_bytes(
                 tuple(cc) if cc else None
             )
-            model, attn = build_model(workload.model, workload.task, workload.attn)
+            model, attn = build_model(workload.model, workload.task, workload.attn,
+                                      workload.weights_dtype)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
@@ -254,9 +259,10 @@ class Worker:
         workload, mode = self.workload, self.mode
         if workload is None or mode is None:  # handle() probes only after a successful init
             raise ProtocolError("a probe before a successful init")
-        batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device)
-        optimizer = (make_optimizer(self.model, workload.optimizer) if self.bnb_optimizer is None
-                     else make_bnb_optimizer(self.model, self.bnb_optimizer))
+        batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device,
+                           full_rows=workload.attn == FLASH_ATTENTION_2)
+        optimizer = (make_optimizer(self.model, workload.optimizer, emulate=False)
+                     if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None
         marks: list[float] = []
 
@@ -274,6 +280,7 @@ class Worker:
             autocast=self.memory.autocast(mode.autocast_dtype_name),
             scaler=scaler,
             after_step=mark,
+            loss=workload.loss,
         )
         step_time_s = marks[-1] - marks[-2]
         samples_per_s = batch_size / step_time_s if step_time_s > 0 else None

@@ -28,9 +28,11 @@ from typing import Any
 
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
-from autotune.workload.models import check_task, config_to_json, model_from_json
+from autotune.workload.loss import check_loss
+from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
 from autotune.workload.modes import Mode, parse_mode
-from autotune.workload.step import check_attn, check_optimizer
+from autotune.workload.optimizers import check_optimizer
+from autotune.workload.step import check_attn
 
 PROTOCOL = 1
 
@@ -79,6 +81,8 @@ class CellSpec:
     budget_bytes: int  # what the caching allocator may reserve
     device_index: int
     bnb_optimizer: str | None = None  # a bnb.BNB_OPTIMIZERS setup instead of ``optimizer``
+    weights_dtype: str = "float32"  # float32 | bfloat16 | float16
+    loss: str = "full"  # workload.loss.LOSSES
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,6 +117,8 @@ def cell_spec(
         budget_bytes=budget_bytes,
         device_index=device_index,
         bnb_optimizer=bnb_optimizer,
+        weights_dtype=workload.weights_dtype,
+        loss=workload.loss,
     )
 
 
@@ -126,6 +132,8 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         attn=check_attn(spec.attn),
         optimizer=check_optimizer(spec.optimizer),
         steps=spec.steps,
+        weights_dtype=check_dtype(spec.weights_dtype),
+        loss=check_loss(spec.loss, spec.task),
     )
     return workload, parse_mode(spec.mode)
 

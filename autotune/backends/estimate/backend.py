@@ -35,11 +35,12 @@ from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import make_optimizer
 from autotune.workload.step import (
+    FLASH_ATTENTION_2,
     build_model,
     gradient_checkpointing,
     make_batch,
-    make_optimizer,
     run_steps,
 )
 
@@ -226,7 +227,7 @@ class EstimateBackend:
 
     def __init__(self, gpu: GpuSpec) -> None:
         self.gpu = gpu
-        self._models: dict[tuple[str, str, str | None], _FakeModel] = {}
+        self._models: dict[tuple[str, str, str | None, str], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
         # another length extrapolate from a single trace of its own (trace.rescale).
@@ -249,14 +250,15 @@ class EstimateBackend:
         return self._model(workload).attn
 
     def _model(self, workload: Workload) -> _FakeModel:
-        key = (workload.model.name, workload.task, workload.attn)
+        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             fake_mode = FakeTensorMode()
             with fake_mode:
-                model, attn = build_model(workload.model, workload.task, workload.attn)
+                model, attn = build_model(workload.model, workload.task, workload.attn,
+                                          workload.weights_dtype, flash_as_sdpa=True)
             cached = self._models[key] = _FakeModel(model, fake_mode, attn)
         return cached
 
@@ -268,8 +270,7 @@ class EstimateBackend:
         are extrapolated from them exactly (trace.py), and say so in their details.
         """
         fake = self._model(workload)
-        structure_key = (workload.model.name, workload.task, workload.attn, workload.optimizer,
-                         mode.name)
+        structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})
         cell = _EstimateCell(self, fake, workload, mode, seq_len, budget_bytes, known)
 
@@ -364,15 +365,16 @@ class EstimateBackend:
                 torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
                 for _ in range(CUBLAS_HANDLES_PER_STEP)
             ]
-            batch = make_batch(model.config, workload.task, batch_size, seq_len)
-            optimizer = make_optimizer(model, workload.optimizer, foreach=True)
+            batch = make_batch(model.config, workload.task, batch_size, seq_len,
+                               full_rows=workload.attn == FLASH_ATTENTION_2)
+            optimizer = make_optimizer(model, workload.optimizer, emulate=True)
             scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
             self._emulation = emulation
             try:
                 with emulation:
                     run_steps(
                         model, batch, optimizer, steps=workload.steps,
-                        autocast=emulation.forward_region, scaler=scaler,
+                        autocast=emulation.forward_region, scaler=scaler, loss=workload.loss,
                     )
             finally:
                 self._emulation = None

@@ -109,7 +109,7 @@ class CudaEmulation(TorchFunctionMode):
             return value
         cacheable = (
             self._cache is not None and dtype == self.autocast_dtype and value.dtype == torch.float32
-            and value.is_leaf and value.requires_grad
+            and value.is_leaf and value.requires_grad and not value._is_view()
         )
         if cacheable:
             assert self._cache is not None

@@ -15,8 +15,8 @@ its probes, searches and extrapolations are the table's. On the way it records, 
   autograd saved for backward, and the loss), temporaries (everything else).
 
 A ``Variant`` changes the step the way a user would: another optimizer (bitsandbytes' 8-bit
-AdamW, emulated: ``AdamW8bitState``) or frozen embeddings. tests/test_explain.py checks that the
-instrumented trace of the plain step is the backend's own, allocation for allocation.
+AdamW, emulated: workload.optimizers.BnbAdamWState) or frozen embeddings. tests/test_explain.py
+checks that the instrumented trace of the plain step is the backend's own, allocation for allocation.
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.tracker import StorageTracker
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.step import NoScaler, make_batch, make_optimizer, run_steps
+from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
+from autotune.workload.step import FLASH_ATTENTION_2, NoScaler, make_batch, run_steps
+
+# The emulated bitsandbytes 8-bit AdamW, by the name it had here (tests/analysis import it).
+AdamW8bitState = BnbAdamWState
 
 # Phases of a training step, in order.
 SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer step"
@@ -88,7 +92,7 @@ class Recording:
 class Variant:
     """A change to the training step that the table does not cover (see levers.py)."""
 
-    optimizer: str | None = None  # None: the workload's; "adamw-8bit": AdamW8bitState
+    optimizer: str | None = None  # None: the workload's; "adamw-8bit": BnbAdamWState, 8 bits
     freeze_embeddings: bool = False  # requires_grad False on every nn.Embedding's parameters
     fp32_state_for_embeddings: bool = False  # with "adamw-8bit": as transformers' Trainer sets it
 
@@ -147,76 +151,14 @@ class RecordingEmulation(CudaEmulation):
         return cast
 
 
-class AdamW8bitState(torch.optim.Optimizer):
-    """The memory of bitsandbytes' ``AdamW8bit`` (block-wise), without its CUDA kernels.
-
-    bitsandbytes/optim/optimizer.py, ``Optimizer2State.init_state`` (0.44+): for a parameter of
-    n >= ``min_8bit_size`` (4096) elements, ``state1`` and ``state2`` are uint8 tensors of the
-    parameter's shape (1 byte each: the two moments, 2 bytes a parameter) and ``absmax1`` /
-    ``absmax2`` are float32 tensors of ceil(n / 256) blocks (the per-block quantization scales);
-    smaller parameters keep float32 moments (8 bytes a parameter). The signed and unsigned
-    quantization maps (256 float32 values each) are shared by every parameter. The update,
-    ``optimizer_update_8bit_blockwise``, is one fused in-place kernel: no temporaries.
-
-    ``fp32_state`` names parameters kept at 32 bits: transformers' Trainer registers every
-    nn.Embedding weight with ``optim_bits=32`` when it uses a bitsandbytes 8-bit optimizer
-    (trainer.py, ``create_optimizer``), as bitsandbytes recommends for embeddings.
-    """
-
-    MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size
-    BLOCK_SIZE = 256  # elements per quantization block (init_state, block_wise=True)
-    QMAP_SIZE = 256  # values of F.create_dynamic_map
-
-    def __init__(self, params: Any, lr: float = 5e-5, fp32_state: frozenset[int] = frozenset()) -> None:
-        super().__init__(params, {"lr": lr})
-        self._fp32_state = fp32_state  # ids of parameters with float32 moments
-        self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and not self.state[p]:
-                    self._init_state(p)
-                if p.grad is not None:
-                    self.state[p]["step"] += 1
-
-    def _init_state(self, p: torch.Tensor) -> None:
-        state = self.state[p]
-        state["step"] = 0  # a Python int in bitsandbytes, not a tensor
-        if p.numel() < self.MIN_8BIT_SIZE or id(p) in self._fp32_state:
-            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
-            return
-        if self._qmaps is None:
-            self._qmaps = (torch.zeros(self.QMAP_SIZE), torch.zeros(self.QMAP_SIZE))
-        blocks = -(-p.numel() // self.BLOCK_SIZE)
-        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-        state["qmap1"] = self._qmaps[0]
-        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-        state["qmap2"] = self._qmaps[1]
-        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32)
-        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32)
-
-
-def embedding_parameters(model: nn.Module) -> list[nn.Parameter]:
-    seen: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        if isinstance(module, nn.Embedding):
-            for p in module.parameters(recurse=False):
-                seen.setdefault(id(p), p)
-    return list(seen.values())
-
-
 def make_variant_optimizer(model: nn.Module, workload: Workload, variant: Variant) -> Any:
     """The optimizer of the step: the workload's (as the table builds it), or the variant's."""
     if variant.optimizer is None:
-        return make_optimizer(model, workload.optimizer, foreach=True)
+        return make_optimizer(model, workload.optimizer, emulate=True)
     if variant.optimizer == "adamw-8bit":
-        params = [p for p in model.parameters() if p.requires_grad]
-        fp32 = frozenset(id(p) for p in embedding_parameters(model)) \
-            if variant.fp32_state_for_embeddings else frozenset()
-        return AdamW8bitState(params, fp32_state=fp32)
+        if variant.fp32_state_for_embeddings:  # the Trainer's setup of adamw_bnb_8bit
+            return make_optimizer(model, "adamw_bnb_8bit", emulate=True)
+        return BnbAdamWState([p for p in model.parameters() if p.requires_grad], optim_bits=8)
     raise ValueError(f"unknown optimizer variant {variant.optimizer!r}")
 
 
@@ -393,7 +335,8 @@ class InstrumentedBackend(EstimateBackend):
             ]
             for index in range(CUBLAS_HANDLES_PER_STEP):
                 tracker.mark(workspaces[index], "workspaces")
-            batch = make_batch(model.config, workload.task, batch_size, seq_len)
+            batch = make_batch(model.config, workload.task, batch_size, seq_len,
+                               full_rows=workload.attn == FLASH_ATTENTION_2)
             for name in batch:
                 tracker.mark(batch[name], "inputs")
             optimizer = make_variant_optimizer(model, workload, self.variant)
@@ -406,7 +349,7 @@ class InstrumentedBackend(EstimateBackend):
                         model, batch, optimizer, steps=workload.steps,
                         autocast=forward_region,
                         scaler=_PhaseScaler(scaler or NoScaler(), before_optimizer, after_optimizer),
-                        after_step=after_step,
+                        after_step=after_step, loss=workload.loss,
                     )
             finally:
                 self._emulation = None

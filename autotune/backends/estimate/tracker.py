@@ -10,11 +10,18 @@ finalizer fires when the memory would be returned, not when our reference goes a
 
 The resulting event list is replayed through ``CachingAllocatorSim`` (``replay``) for the peaks
 ``torch.cuda.max_memory_allocated/reserved`` would report and the smallest capacity it runs in.
+
+Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
+optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
+their whole life.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +37,18 @@ from autotune.errors import OutOfMemory
 _PASSTHROUGH = frozenset({torch.ops.prim.device.default})
 
 SEGMENT_GRANULE = ROUND_LARGE  # every segment size is a multiple of 2 MiB (allocator.py)
+
+_OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
+
+
+@contextlib.contextmanager
+def outside_allocator() -> Iterator[None]:
+    """Storages first seen inside are memory the caching allocator does not hold: untracked."""
+    token = _OUTSIDE_ALLOCATOR.set(True)
+    try:
+        yield
+    finally:
+        _OUTSIDE_ALLOCATOR.reset(token)
 
 
 @dataclass(frozen=True)
@@ -53,13 +72,19 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.events: list[Event] = []
         self._live: dict[int, weakref.finalize] = {}
+        self._outside: set[int] = set()  # storages made in outside_allocator(), while alive
         self._closed = False
 
     def track(self, tensor: torch.Tensor) -> None:
-        """Count ``tensor``'s storage as allocated now (once), and freed when it dies."""
+        """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
+        storage first seen in ``outside_allocator()``."""
         storage = tensor.untyped_storage()
         key = storage._cdata
-        if key in self._live:
+        if key in self._live or key in self._outside:
+            return
+        if _OUTSIDE_ALLOCATOR.get():
+            self._outside.add(key)
+            weakref.finalize(storage, self._outside.discard, key).atexit = False
             return
         self.events.append((key, storage.nbytes()))
         finalizer = weakref.finalize(storage, self._on_free, key)

@@ -36,7 +36,8 @@ def run(capsys, *argv):
 def test_a_batch_that_fits_exits_0_with_one_line(capsys):
     code, out, err = run(capsys, "check", "tiny-bert", "--seq-len", "64", "--batch-size", "4", *SMALL)
     assert code == 0
-    assert out.startswith("fits: tiny-bert seq 64 fp32 on 1 GiB, batch 4: peak ")
+    assert out.startswith("fits: tiny-bert seq 64 fp32 (sequence-classification, fp32 weights, "
+                          "adamw_torch_fused, attention sdpa) on 1 GiB, batch 4: peak ")
     assert len(out.strip().splitlines()) == 1
 
 
@@ -50,8 +51,14 @@ def test_a_batch_that_does_not_fit_exits_1_with_a_suggestion(capsys):
     for key in ("peak_memory_bytes", "budget_bytes", "suggestion"):
         assert key in doc
     assert "accumulation steps for an effective" in doc["suggestion"]
-    assert "mode amp+ckpt (max " in doc["suggestion"]
-    assert doc["message"].startswith("does not fit: tiny-bert seq 64 fp32 on 1 GiB: max batch ")
+    assert "mode bf16+ckpt (max " in doc["suggestion"]  # a card given by size is taken as sm80+
+    assert doc["message"].startswith("does not fit: tiny-bert seq 64 fp32 (sequence-classification, "
+                                     "fp32 weights, adamw_torch_fused, attention sdpa) on 1 GiB: max batch ")
+    assert (doc["task"], doc["weights_dtype"], doc["optimizer"], doc["attn"], doc["loss"]) == (
+        "sequence-classification", "float32", "adamw_torch_fused", "sdpa", "full")
+    assert doc["levers"] and all(lever["max_batch_size"] > doc["max_batch_size"] for lever in doc["levers"])
+    maxima = [lever["max_batch_size"] for lever in doc["levers"]]
+    assert maxima == sorted(maxima, reverse=True)
 
 
 @pytest.mark.parametrize(
@@ -100,7 +107,9 @@ def test_from_config_yaml_flags_win_and_missing_keys_are_named(tmp_path, capsys)
     code, _, err = run(capsys, "check", "--from-config", str(path), *SMALL)
     assert code == 2 and f"missing batch_size: give in '{path}' or --batch-size" in err
     code, out, _ = run(capsys, "check", "--from-config", str(path), "--batch-size", "2", *SMALL)
-    assert code == 0 and " amp on 1 GiB, batch 2" in out
+    assert code == 0 and " amp (sequence-classification, fp32 weights, adamw_torch_fused, attention sdpa) " \
+        "on 1 GiB, batch 2" in out
+    assert "note: ignored (no effect on memory): something_else" in out
 
 
 def test_a_malformed_config_is_refused(tmp_path):
@@ -121,3 +130,92 @@ def test_a_malformed_config_is_refused(tmp_path):
 ])
 def test_accumulation_plan(effective, max_batch, plan):
     assert accumulation_plan(effective, max_batch) == plan
+
+
+# -- the advice names only levers that raise the max batch ------------------------------------
+
+
+class LimitBackend:
+    """A backend whose step fits up to a limit per (optimizer, loss, mode, seq_len): the advice's
+    searches run against known answers."""
+
+    name = "estimate"
+
+    def __init__(self, limits):
+        from autotune.gpus import resolve_gpu
+
+        self.gpu = resolve_gpu("A100-80GB")
+        self.limits = limits
+
+    def attn_used(self, workload):
+        return "sdpa"
+
+    def cell(self, workload, mode, seq_len, budget_bytes):
+        from contextlib import nullcontext
+
+        from autotune.search import Probe, ProbeOnlyCell
+
+        limit = self.limits.get((workload.optimizer, workload.loss, mode.name, seq_len),
+                                self.limits["base"])
+
+        def probe(batch_size):
+            fits = batch_size <= limit
+            return Probe(batch_size, "fits" if fits else "oom", peak_bytes=batch_size)
+
+        return nullcontext(ProbeOnlyCell(probe))
+
+
+def _causal_workload():
+    from autotune.workload import Workload
+    from autotune.workload.models import resolve_model
+
+    return Workload(resolve_model("tiny-gpt2"), "causal-lm", None)
+
+
+def test_only_levers_that_raise_the_max_are_advised_best_first():
+    from autotune.analysis.check import helpful_levers, suggestion
+    from autotune.workload.modes import parse_mode
+
+    workload = _causal_workload()
+    backend = LimitBackend({
+        "base": 3,  # fp32 at seq 64, and everything not listed: no gain
+        ("adamw_torch_fused", "full", "ckpt", 64): 5,  # checkpointing helps
+        ("adamw_bnb_8bit", "full", "fp32", 64): 4,  # 8-bit AdamW helps less
+    })
+    levers = helpful_levers(backend, workload, parse_mode("fp32"), 64, 1 << 30, best=3)
+    found = [(lever.name, lever.max_batch_size) for lever in levers]
+    assert found == [("checkpointing", 5), ("optimizer", 4)]
+    text = suggestion(3, 8, levers)
+    assert text == ("use batch 2 x 4 accumulation steps for an effective 8, or mode ckpt (gradient "
+                    "checkpointing) (max 5), or optimizer adamw_bnb_8bit (bitsandbytes 8-bit AdamW) (max 4)")
+    assert "bf16" not in text and "chunked" not in text and "shorter" not in text
+
+
+def test_nothing_fits_and_no_lever_helps_says_so_without_a_shorter_sequence():
+    from autotune.analysis.check import helpful_levers, suggestion
+    from autotune.workload.modes import parse_mode
+
+    backend = LimitBackend({"base": 0})
+    levers = helpful_levers(backend, _causal_workload(), parse_mode("bf16+ckpt"), 64, 1 << 30, best=0)
+    assert levers == []
+    assert suggestion(0, 4, levers).startswith("even batch 1 does not fit with any lever autotune models")
+
+
+def test_when_only_levers_together_fit_batch_1_the_advice_is_all_of_them():
+    from autotune.analysis.check import helpful_levers
+    from autotune.workload.modes import parse_mode
+
+    backend = LimitBackend({"base": 0, ("adamw_bnb_8bit", "chunked", "bf16+ckpt", 64): 2})
+    levers = helpful_levers(backend, _causal_workload(), parse_mode("fp32"), 64, 1 << 30, best=0)
+    assert [(lever.name, lever.max_batch_size) for lever in levers] == [("combined", 2)]
+    assert levers[0].label.startswith("all of: mode bf16+ckpt; optimizer adamw_bnb_8bit")
+
+
+def test_a_shorter_sequence_is_advised_only_when_it_fits():
+    from autotune.analysis.check import helpful_levers
+    from autotune.workload.modes import parse_mode
+
+    backend = LimitBackend({"base": 0, ("adamw_torch_fused", "full", "bf16+ckpt", 32): 3})
+    levers = helpful_levers(backend, _causal_workload(), parse_mode("bf16+ckpt"), 64, 1 << 30, best=0)
+    assert [(lever.name, lever.label, lever.max_batch_size) for lever in levers] == [
+        ("seq_len", "sequences of at most 32 tokens", 3)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autotune.analysis.check import accumulation_plan
-from autotune.analysis.explain import breakdown_of, explain, weight_state
+from autotune.analysis.explain import LOSS_LOGITS, breakdown_of, explain, weight_state
 from autotune.analysis.padding import length_stats, percentile, read_lengths
 from autotune.backends.estimate.backend import EstimateBackend, _FakeModel
 from autotune.backends.estimate.instrument import AdamW8bitState, InstrumentedBackend, Variant
@@ -344,3 +345,87 @@ def test_max_batch_is_the_cells(one_gib):
     assert result.max_batch_size == search_cell(backend, tiny_bert(), FP32, 32,
                                                 result.budget_bytes).max_batch_size
     assert result.batch_size == result.max_batch_size and result.requested_batch_size is None
+
+
+# -- the loss's logits -------------------------------------------------------------------------------
+
+LM_VOCAB, LM_HIDDEN, LM_BATCH, LM_SEQ = 4096, 128, 4, 128  # as tests/autotune/workload/test_loss.py
+
+
+def vocab_heavy_lm(task: str = "causal-lm") -> Workload:
+    """A one-layer GPT-2 whose vocabulary is 32 x its width: the loss's logits dominate."""
+    config = tiny_config("gpt2", vocab_size=LM_VOCAB, n_embd=LM_HIDDEN, n_layer=1, n_inner=2 * LM_HIDDEN,
+                         bos_token_id=0, eos_token_id=0)
+    return Workload(ModelSpec("tiny-gpt2-vocab", "local", config, 128), task, None)
+
+
+def test_the_logits_of_the_loss_are_named_and_flagged_as_the_largest_activation(one_gib):
+    gpu, backend = one_gib
+    result = explain(vocab_heavy_lm(), backend, gpu, seq_len=LM_SEQ, mode=FP32, margin=0.05,
+                     batch_size=LM_BATCH, with_levers=False)
+    top = result.top_activations[0]
+    # The log-softmax of the float32 logits, [4 x 128, 4096] x 4 B = 8 MiB, saved for backward.
+    assert (top.name, top.type, top.output_shape) == ("", LOSS_LOGITS, (LM_BATCH, LM_SEQ, LM_VOCAB))
+    assert top.activation_bytes == LM_BATCH * LM_SEQ * LM_VOCAB * 4 == 8 * MIB
+    flags = [flag for flag in result.flags if flag.kind == "loss-logits"]
+    assert len(flags) == 1
+    assert flags[0].message.startswith(
+        f"the logits of the loss (float32, [batch 4, seq 128, vocab 4,096]) are the largest activation: "
+        f"{format_bytes(8 * MIB)}, {top.share:.0%} of those saved for backward")
+    assert "loss 'chunked', as Liger Kernel's" in flags[0].message
+
+
+def test_with_the_chunked_loss_there_are_no_logits_to_flag(one_gib):
+    gpu, backend = one_gib
+    workload = replace(vocab_heavy_lm(), loss="chunked")
+    result = explain(workload, backend, gpu, seq_len=LM_SEQ, mode=FP32, margin=0.05, batch_size=LM_BATCH,
+                     with_levers=False)
+    assert LOSS_LOGITS not in [row.type for row in result.top_activations]
+    assert "loss-logits" not in [flag.kind for flag in result.flags]
+    # What the fused loss keeps instead: its gradients of the hidden states and of the head's weight.
+    fused = next(row for row in result.top_activations if row.name == "")
+    assert fused.type == "gradients of the fused loss (hidden states, head weight)"
+    assert fused.activation_bytes >= (LM_BATCH * LM_SEQ + LM_VOCAB) * LM_HIDDEN * 4
+
+
+def test_the_header_states_the_step_it_modelled(one_gib):
+    from autotune.cli.explain import render
+
+    gpu, backend = one_gib
+    result = explain(vocab_heavy_lm(), backend, gpu, seq_len=LM_SEQ, mode=FP32, margin=0.05,
+                     batch_size=LM_BATCH, with_levers=False)
+    doc = result.to_dict()
+    assert {key: doc[key] for key in ("task", "weights_dtype", "optimizer", "attn", "loss")} == {
+        "task": "causal-lm", "weights_dtype": "float32", "optimizer": result.optimizer, "attn": "sdpa",
+        "loss": "full"}
+    text = render(result)
+    assert (f"step: task causal-lm, weights float32, optimizer {result.optimizer}, attention sdpa, "
+            "loss full\n") in text
+    row = next(line for line in text.splitlines() if LOSS_LOGITS in line)
+    assert row.split()[:7] == ["(model)", "logits", "of", "the", "loss", "(float32)", "->"]
+    assert "-> 4 x 128 x 4096 " in row
+
+
+def test_the_fused_cross_entropy_lever_is_the_chunked_step_searched_as_the_table(one_gib):
+    from autotune.analysis.levers import what_if
+
+    gpu, backend = one_gib
+    workload, budget = vocab_heavy_lm(), 200 * MIB
+    base = search_cell(backend, workload, FP32, LM_SEQ, budget).max_batch_size
+    levers = {lever.name: lever for lever in what_if(
+        workload, backend, seq_len=LM_SEQ, mode=FP32, budget=budget, base_max=base)}
+    lever = levers["fused-cross-entropy"]
+    assert lever.label == "fused linear cross-entropy (chunked logits, as Liger Kernel)"
+    chunked = search_cell(backend, replace(workload, loss="chunked"), FP32, LM_SEQ, budget).max_batch_size
+    assert lever.max_batch_size == chunked > base > 0
+    assert lever.estimated == "as the table" and lever.error is None
+
+
+def test_the_fused_cross_entropy_lever_is_offered_only_for_a_causal_lm_with_its_own_loss(one_gib):
+    from autotune.analysis.levers import what_if
+
+    gpu, backend = one_gib
+    for workload in (replace(vocab_heavy_lm(), loss="chunked"), tiny_bert()):
+        levers = what_if(workload, backend, seq_len=32, mode=parse_mode("amp+ckpt"), budget=GIB,
+                         base_max=1, shorter_seq_lens=[], max_batch=2)
+        assert "fused-cross-entropy" not in [lever.name for lever in levers]

@@ -74,7 +74,10 @@ def test_malformed_arguments_exit_2(capsys, argv, message):
 
 
 def test_presets_are_listed(capsys):
-    assert "bert-base-uncased" in run(capsys, "models")[1].splitlines()
+    lines = run(capsys, "models")[1].splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines}
+    assert rows["bert-base-uncased"] == ["sequence-classification", "float32", "512", "positions"]
+    assert rows["meta-llama/Llama-3.2-1B"] == ["causal-lm", "bfloat16", "131072", "positions"]
     assert "H100-80GB" in run(capsys, "gpus")[1]
 
 

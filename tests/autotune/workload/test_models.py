@@ -26,7 +26,7 @@ from autotune.workload.models import (
     tiny_config,
 )
 
-PRESET_LIST = ", ".join(sorted(PRESETS))
+PRESET_LIST = ", ".join(sorted(PRESETS, key=str.lower))
 NOT_FOUND = "not a built-in preset, a local config, or a reachable Hugging Face hub id"
 
 
@@ -56,7 +56,18 @@ def test_every_preset_resolves_offline(name: str) -> None:
     assert spec.name == name
     assert spec.source == "preset"
     assert spec.config.model_type == PRESETS[name]["model_type"]
-    assert spec.max_seq_len == (128 if name.startswith("tiny-") else 1024 if "gpt2" in name else 512)
+    assert spec.max_seq_len == LIMITS.get(name, 128 if name.startswith("tiny-") else 512)
+
+
+# Positions of the presets not limited to 512 (max_position_embeddings of their config.json).
+LIMITS = {
+    "gpt2": 1024, "gpt2-medium": 1024,
+    "meta-llama/Llama-3.2-1B": 131072, "meta-llama/Llama-3.2-3B": 131072,
+    "meta-llama/Llama-3.1-8B": 131072, "Qwen/Qwen2.5-0.5B": 32768, "Qwen/Qwen2.5-1.5B": 131072,
+    "Qwen/Qwen2.5-7B": 131072, "mistralai/Mistral-7B-v0.3": 32768, "google/gemma-2-2b": 8192,
+    "microsoft/Phi-3.5-mini-instruct": 131072, "answerdotai/ModernBERT-base": 8192,
+    "answerdotai/ModernBERT-large": 8192,
+}
 
 
 @pytest.mark.parametrize(
@@ -351,7 +362,7 @@ def test_unknown_name_without_hub_lookups() -> None:
     assert str(info.value) == f"unknown model 'bert-huge': {NOT_FOUND}. Presets: {PRESET_LIST}"
     assert str(info.value).startswith(
         "unknown model 'bert-huge': not a built-in preset, a local config, or a reachable "
-        "Hugging Face hub id. Presets: albert-base-v2, bert-base-cased, "
+        "Hugging Face hub id. Presets: albert-base-v2, answerdotai/ModernBERT-base, "
     )
 
 

@@ -36,7 +36,7 @@ from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decod
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.instrument import Variant
 from autotune.errors import BackendUnavailable, InvalidInput
-from autotune.gpus import GpuSpec, custom_gpu
+from autotune.gpus import GpuSpec, custom_gpu, resolve_gpu
 from autotune.search import Probe, ProbeOnlyCell
 from autotune.units import GIB, MIB
 from autotune.workload import Workload
@@ -252,6 +252,7 @@ class FakeBackend:
     def __init__(self, limit: int, error: str | None = None) -> None:
         self.limit, self.error = limit, error
         self.cells: list[tuple[Workload, str, int, int]] = []
+        self.gpu = resolve_gpu("A100-80GB")  # the card its answers are for (Backend.gpu)
 
     @contextlib.contextmanager
     def cell(self, workload: Workload, mode: Any, seq_len: int, budget_bytes: int) -> Any:

@@ -19,7 +19,8 @@ from autotune.gpus import custom_gpu, resolve_gpu
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
-from autotune.workload.step import make_optimizer, run_steps
+from autotune.workload.optimizers import make_optimizer
+from autotune.workload.step import run_steps
 
 KIB, MIB = 1024, 1024**2
 SM80 = AttentionKernels(flash=True, bf16=True)
@@ -149,7 +150,7 @@ def test_optimizer_peak_is_five_copies_of_the_parameters():
         batch = {"input_ids": torch.empty(1, 512), "labels": torch.empty(1)}
         with StorageTracker() as tracker:
             tracker.track(model.weight)
-            optimizer = make_optimizer(model, "adamw", foreach=True)
+            optimizer = make_optimizer(model, "adamw_torch", emulate=True)
             run_steps(model, batch, optimizer)
             del optimizer
     peak = replay(tracker.events, None).peak_allocated_bytes

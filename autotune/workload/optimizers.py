@@ -1,0 +1,271 @@
+"""The optimizers a training step can use, named as the Hugging Face Trainer names them (``optim``).
+
+Each is built as transformers' Trainer builds it (transformers 5.x, trainer_optimizer.py, the
+handler of each ``OptimizerNames``; trainer.py ``create_optimizer``), over the trainable
+parameters in one group, with the Trainer's default learning rate (memory does not depend on it):
+
+    adamw_torch_fused  torch.optim.AdamW(fused=True)        the Trainer's default with torch >= 2.8
+    adamw_torch        torch.optim.AdamW (foreach on CUDA)  alias: adamw (this tool's former name)
+    adafactor          transformers' Adafactor(scale_parameter=False, relative_step=False)
+    adamw_bnb_8bit     bitsandbytes AdamW(optim_bits=8), nn.Embedding weights at 32 bits
+                                                            alias: adamw_8bit (the Trainer's)
+    paged_adamw_8bit   the same with is_paged=True
+    paged_adamw_32bit  bitsandbytes AdamW(optim_bits=32, is_paged=True)
+    sgd                torch.optim.SGD (no momentum: no state)
+
+``make_optimizer(..., emulate=True)`` is the estimator's: the parameters are fake tensors on the
+CPU that stand for CUDA tensors, so PyTorch's and transformers' own classes run (AdamW with
+``foreach=True``, PyTorch's choice for CUDA tensors: torch/optim/optimizer.py,
+``_default_to_fused_or_foreach``). Fused AdamW runs there through the meta kernel of
+``aten._fused_adamw_`` (torch/_meta_registrations.py), which, like the CUDA kernel, updates in
+place and allocates nothing. bitsandbytes has no CPU kernels to run there and is never
+imported: ``BnbAdamWState`` allocates its state exactly as bitsandbytes does. ``emulate=False``
+(the cuda backend) builds the real optimizers, bitsandbytes' through backends/cuda/bnb.py.
+
+Paged state (``outside_allocator_bytes``) is CUDA unified memory, not the caching allocator's.
+Torch is imported only when an optimizer is built: the CLI and the service read the names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from autotune.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
+                    "paged_adamw_8bit", "paged_adamw_32bit", "sgd"]
+# Canonical names, the default (defaults.DEFAULT_OPTIMIZER) first.
+OPTIMIZERS: tuple[Optimizer, ...] = ("adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
+                                     "paged_adamw_8bit", "paged_adamw_32bit", "sgd")
+# Other accepted names: "adamw" is this tool's name before Trainer names, "adamw_8bit" the
+# Trainer's own alias (training_args.py, OptimizerNames.ADAMW_8BIT).
+ALIASES: dict[str, Optimizer] = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}
+OPTIMIZER_NAMES: tuple[str, ...] = (*OPTIMIZERS, *ALIASES)  # every accepted name (CLI choices)
+TORCH_ADAMW: tuple[Optimizer, ...] = ("adamw_torch_fused", "adamw_torch")  # PyTorch's AdamW
+
+ADAMW_LR = 5e-5  # TrainingArguments.learning_rate's default
+SGD_LR = 1e-3
+ADAFACTOR_KWARGS = {"scale_parameter": False, "relative_step": False}  # trainer_optimizer._get_adafactor
+
+# bitsandbytes/optim/optimizer.py (0.44 to 0.50), Optimizer2State.init_state and get_state_buffer:
+MIN_8BIT_SIZE = 4096  # min_8bit_size: smaller parameters keep float32 moments
+BLOCK_SIZE = 256  # elements per block-wise quantization scale (absmax), init_state's blocksize
+QMAP_SIZE = 256  # float32 values of F.create_dynamic_map, one map per moment, shared
+PAGED_MIN_SIZE = 100_000  # get_state_buffer pages a moment only when p.numel() >= 1e5
+
+
+@dataclass(frozen=True)
+class _Bnb:
+    optim_bits: int  # bitsandbytes' optim_bits
+    is_paged: bool
+
+
+# The bitsandbytes optimizers, as trainer_optimizer._get_bitsandbytes_optimizer sets them up.
+_BNB: dict[str, _Bnb] = {
+    "adamw_bnb_8bit": _Bnb(8, False),
+    "paged_adamw_8bit": _Bnb(8, True),
+    "paged_adamw_32bit": _Bnb(32, True),
+}
+_DESCRIPTIONS: dict[str, str] = {
+    "adamw_torch_fused": "torch AdamW, fused: two moments in the weights' dtype, updated in place",
+    "adamw_torch": "torch AdamW, foreach: two moments in the weights' dtype and a weight-sized "
+                   "temporary in the step",
+    "adafactor": "transformers' Adafactor(scale_parameter=False, relative_step=False): factored "
+                 "float32 second moments, no first moment",
+    "adamw_bnb_8bit": "bitsandbytes AdamW(optim_bits=8) as the Trainer sets it up: 8-bit moments, "
+                      "32-bit ones for nn.Embedding weights",
+    "paged_adamw_8bit": "bitsandbytes paged AdamW(optim_bits=8) as the Trainer sets it up: 8-bit "
+                        "moments (32-bit for nn.Embedding weights), paged to CUDA unified memory",
+    "paged_adamw_32bit": "bitsandbytes paged AdamW(optim_bits=32): float32 moments, paged to CUDA "
+                         "unified memory",
+    "sgd": "torch SGD without momentum: no optimizer state",
+}
+EMULATED_BNB = "bitsandbytes' state sizes, emulated"
+# Short names for sentences ("the parameters, gradients and AdamW state of ...").
+_LABELS: dict[str, str] = {
+    "adamw_torch_fused": "AdamW", "adamw_torch": "AdamW", "adafactor": "Adafactor",
+    "adamw_bnb_8bit": "8-bit AdamW", "paged_adamw_8bit": "paged 8-bit AdamW",
+    "paged_adamw_32bit": "paged AdamW", "sgd": "SGD",
+}
+
+
+def check_optimizer(name: str) -> Optimizer:
+    """The canonical name of ``name`` (an OPTIMIZER_NAMES entry); InvalidInput otherwise."""
+    if name in ALIASES:
+        return ALIASES[name]
+    if name not in OPTIMIZERS:
+        aliases = ", ".join(f"{alias} (= {canonical})" for alias, canonical in ALIASES.items())
+        raise InvalidInput(f"unknown optimizer {name!r}: allowed are {', '.join(OPTIMIZERS)}, "
+                           f"or the aliases {aliases}")
+    return cast(Optimizer, name)
+
+
+def uses_bitsandbytes(name: str) -> bool:
+    """Whether the optimizer is bitsandbytes' (a real one needs it installed, and CUDA)."""
+    return check_optimizer(name) in _BNB
+
+
+def describe_optimizer(name: str, *, emulate: bool = False) -> str:
+    """One line saying what the optimizer keeps; ``emulate``: as the estimator runs it."""
+    canonical = check_optimizer(name)
+    line = _DESCRIPTIONS[canonical]
+    return f"{line} ({EMULATED_BNB})" if emulate and canonical in _BNB else line
+
+
+def optimizer_label(name: str) -> str:
+    """The optimizer's short name, for sentences: "AdamW", "8-bit AdamW", "SGD", ..."""
+    return _LABELS[check_optimizer(name)]
+
+
+def make_optimizer(model: torch.nn.Module, name: str, *, emulate: bool) -> Any:
+    """The optimizer ``name`` over ``model``'s trainable parameters, as the Trainer builds it.
+
+    ``emulate``: the parameters are the estimator's fake tensors (module docstring).
+    """
+    import torch
+
+    canonical = check_optimizer(name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    foreach = True if emulate else None  # None lets PyTorch choose, as the Trainer does
+    if canonical == "adamw_torch_fused":
+        return torch.optim.AdamW(params, lr=ADAMW_LR, fused=True)
+    if canonical == "adamw_torch":
+        return torch.optim.AdamW(params, lr=ADAMW_LR, foreach=foreach)
+    if canonical == "sgd":
+        return torch.optim.SGD(params, lr=SGD_LR, foreach=foreach)
+    if canonical == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=ADAMW_LR, **ADAFACTOR_KWARGS)
+    setup = _BNB[canonical]
+    if not emulate:
+        from autotune.backends.cuda.bnb import make_trainer_bnb_optimizer
+
+        return make_trainer_bnb_optimizer(model, optim_bits=setup.optim_bits, is_paged=setup.is_paged)
+    return BnbAdamWState(params, lr=ADAMW_LR, optim_bits=setup.optim_bits, is_paged=setup.is_paged,
+                         fp32_state=_trainer_fp32_state(model, setup.optim_bits))
+
+
+def outside_allocator_bytes(model_or_params: Any, name: str) -> int:
+    """Bytes of the optimizer's state outside PyTorch's caching allocator: 0 but where paged.
+
+    bitsandbytes' paged optimizers allocate the moments of every parameter from 100,000 elements
+    with cudaMallocManaged (functional.py ``get_paged``): unified memory that the driver migrates
+    to host memory when the GPU runs short and back when the optimizer step prefetches it. It is
+    not in the caching allocator's budget, and does not make it run out of memory (a step may
+    slow down while pages move instead). Block scales, quantization maps and the moments of
+    smaller parameters are ordinary CUDA tensors, counted in the step's trace.
+
+    ``model_or_params``: a module (its trainable parameters; nn.Embedding weights get the
+    Trainer's 32-bit state) or parameters (none of them treated as an embedding).
+    """
+    setup = _BNB.get(check_optimizer(name))
+    if setup is None or not setup.is_paged:
+        return 0
+    if hasattr(model_or_params, "parameters"):
+        params = [p for p in model_or_params.parameters() if p.requires_grad]
+        fp32 = _trainer_fp32_state(model_or_params, setup.optim_bits)
+    else:
+        params, fp32 = list(model_or_params), frozenset()
+    total = 0
+    for p in params:
+        n = p.numel()
+        if n >= PAGED_MIN_SIZE:
+            eight_bit = setup.optim_bits == 8 and n >= MIN_8BIT_SIZE and id(p) not in fp32
+            total += 2 * n * (1 if eight_bit else 4)  # two moments, uint8 or float32
+    return total
+
+
+def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Every nn.Embedding's parameters, each once (tied weights are one parameter)."""
+    from torch import nn
+
+    seen: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            for p in module.parameters(recurse=False):
+                seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _trainer_fp32_state(model: torch.nn.Module, optim_bits: int) -> frozenset[int]:
+    """Ids of the parameters the Trainer keeps at 32 bits: with an 8-bit bitsandbytes optimizer,
+    every nn.Embedding weight (trainer.py ``create_optimizer``, ``register_module_override``)."""
+    if optim_bits != 8:
+        return frozenset()
+    return frozenset(id(p) for p in embedding_parameters(model))
+
+
+class BnbAdamWState:
+    """The memory of bitsandbytes' AdamW (``Optimizer2State``), without its CUDA kernels.
+
+    bitsandbytes/optim/optimizer.py, ``init_state`` at a parameter's first step: with
+    ``optim_bits=8`` and n >= ``MIN_8BIT_SIZE`` elements, ``state1`` and ``state2`` are uint8 of
+    the parameter's shape (the two moments: 2 bytes a parameter), ``absmax1`` and ``absmax2``
+    float32 of ceil(n / 256) blocks (the block-wise quantization scales), and the signed and
+    unsigned quantization maps (256 float32 each) are moved to the device once and shared.
+    Otherwise both moments are float32 (8 bytes a parameter), whatever the weights' dtype.
+    ``get_state_buffer`` makes a paged optimizer's moments of n >= ``PAGED_MIN_SIZE`` in CUDA
+    unified memory: made here inside tracker.outside_allocator(), so no trace counts them. The
+    update (``optimizer_update_8bit_blockwise`` / ``_32bit``) is one in-place kernel: no
+    temporaries. ``fp32_state``: ids of parameters overridden to 32 bits (the Trainer's
+    embeddings). It has the optimizer interface the training step uses.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = ADAMW_LR, *, optim_bits: int = 8,
+                 is_paged: bool = False, fp32_state: frozenset[int] = frozenset()) -> None:
+        if optim_bits not in (8, 32):
+            raise InvalidInput(f"bitsandbytes' AdamW has 8 or 32 bits of state, not {optim_bits}")
+        self.param_groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
+        self.optim_bits, self.is_paged, self._fp32_state = optim_bits, is_paged, fp32_state
+        self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.paged_bytes = 0  # of the moments made outside the caching allocator
+
+    def step(self, closure: Any = None) -> None:
+        for p in self.param_groups[0]["params"]:
+            if p.grad is None:
+                continue
+            if p not in self.state:
+                self._init_state(p)
+            self.state[p]["step"] += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_().zero_()
+
+    def _init_state(self, p: torch.Tensor) -> None:
+        import torch
+
+        eight_bit = self.optim_bits == 8 and p.numel() >= MIN_8BIT_SIZE and id(p) not in self._fp32_state
+        state: dict[str, Any] = {"step": 0}  # a Python int in bitsandbytes, not a tensor
+        if eight_bit and self._qmaps is None:
+            self._qmaps = (torch.zeros(QMAP_SIZE), torch.zeros(QMAP_SIZE))
+        dtype = torch.uint8 if eight_bit else torch.float32
+        state["state1"], state["state2"] = self._moment(p, dtype), self._moment(p, dtype)
+        if eight_bit and self._qmaps is not None:
+            blocks = -(-p.numel() // BLOCK_SIZE)
+            state["qmap1"], state["qmap2"] = self._qmaps
+            state["absmax1"] = torch.zeros(blocks, dtype=torch.float32)
+            state["absmax2"] = torch.zeros(blocks, dtype=torch.float32)
+        self.state[p] = state
+
+    def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
+        from autotune.backends.estimate.tracker import outside_allocator
+
+        if not (self.is_paged and p.numel() >= PAGED_MIN_SIZE):
+            return torch.zeros_like(p, dtype=dtype)
+        with outside_allocator():
+            moment = torch.zeros_like(p, dtype=dtype)
+        self.paged_bytes += moment.untyped_storage().nbytes()
+        return moment

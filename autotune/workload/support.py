@@ -1,0 +1,88 @@
+"""What a target card and a training step support: steps refused outright, and warnings.
+
+A step the real stack refuses is refused here too, with the reason (never a table for a step
+that would crash):
+
+- ``amp`` over float16 weights: ``GradScaler`` refuses to unscale float16 gradients
+  (torch/amp/grad_scaler.py, ``_unscale_grads_``: "Attempting to unscale FP16 gradients.");
+- ``flash_attention_2`` needs an sm80+ card (flash-attn 2 supports Ampere and newer) and 16-bit
+  inputs: float32 weights without autocast are refused by flash-attn ("FlashAttention only
+  supports fp16 and bf16 data type").
+
+A step that runs but not as the user may think gets a warning: bfloat16 (autocast or weights) on
+a card without native bfloat16 (compute capability below 8.0: P100, V100, T4, TITAN-X), where the
+Hugging Face Trainer refuses ``bf16=True`` ("Your setup doesn't support bf16/gpu",
+training_args.py) and PyTorch runs bfloat16 matmuls without tensor cores, if at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from autotune.errors import InvalidInput
+from autotune.gpus import GpuSpec
+from autotune.workload import Workload
+from autotune.workload.modes import Mode
+from autotune.workload.step import FLASH_ATTENTION_2
+
+BF16_COMPUTE_CAPABILITY = (8, 0)  # torch.cuda.is_bf16_supported(): sm80+ natively
+
+
+def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
+    """Why this step cannot run on ``gpu``, or None."""
+    if mode.uses_grad_scaler and workload.weights_dtype == "float16":
+        return (f"mode {mode.name} (autocast float16 + GradScaler) cannot train float16 weights: "
+                "GradScaler refuses to unscale float16 gradients; use mode fp32 with float16 "
+                "weights, bf16, or float32/bfloat16 weights")
+    if workload.attn == FLASH_ATTENTION_2:
+        cc = gpu.compute_capability
+        if cc is not None and cc < (8, 0):
+            return (f"flash_attention_2 needs compute capability 8.0 or newer; {gpu.name} has "
+                    f"{cc[0]}.{cc[1]}: use sdpa or eager")
+        if mode.autocast_dtype_name is None and workload.weights_dtype == "float32":
+            return (f"flash_attention_2 runs on float16/bfloat16 inputs only; mode {mode.name} over "
+                    "float32 weights has none: use a bf16 or amp mode, 16-bit weights, or sdpa")
+    return None
+
+
+def check_supported(workload: Workload, mode: Mode, gpu: GpuSpec) -> None:
+    reason = refusal(workload, mode, gpu)
+    if reason is not None:
+        raise InvalidInput(reason)
+
+
+def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:
+    """What the output should say about these steps on ``gpu`` (bfloat16 without support)."""
+    return dtype_warnings(workload.weights_dtype, modes, gpu)
+
+
+def dtype_warnings(weights_dtype: str, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:
+    """step_warnings from the weights' dtype alone (a stored spec, without rebuilding its model)."""
+    cc = gpu.compute_capability
+    if cc is None or cc >= BF16_COMPUTE_CAPABILITY:
+        return []
+    uses = []
+    if weights_dtype == "bfloat16":
+        uses.append("bfloat16 weights")
+    bf16_modes = [m.name for m in modes if m.autocast_dtype_name == "bfloat16"]
+    if bf16_modes:
+        uses.append("bf16 autocast (" + ", ".join(bf16_modes) + ")")
+    if not uses:
+        return []
+    return [f"{gpu.name} (compute capability {cc[0]}.{cc[1]}) has no native bfloat16 support, "
+            f"asked for by {' and '.join(uses)}: the Hugging Face Trainer refuses bf16 on it; "
+            "use amp (float16 autocast) and float32 weights"]
+
+
+def weights_label(weights_dtype: str) -> str:
+    """How outputs name the weights: "fp32 weights", "bf16 weights", "fp16 weights"."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[weights_dtype] + " weights"
+
+
+def describe_step(workload: Workload, attn_used: str | None = None) -> str:
+    """The step in one parenthesis-ready phrase: task, weights, optimizer, attention, loss."""
+    parts = [workload.task, weights_label(workload.weights_dtype), workload.optimizer,
+             f"attention {attn_used or workload.attn or 'default'}"]
+    if workload.loss != "full":
+        parts.append(f"{workload.loss} loss")
+    return ", ".join(parts)

@@ -1,0 +1,252 @@
+"""read_training_config: each format read whole, every unmodelled key refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.analysis.training_config import (
+    _LEGACY_TRAINER_FIELDS,
+    _TRAINER_FIELDS,
+    TrainingPlan,
+    missing_fields,
+    read_training_config,
+)
+from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.workload.modes import Mode
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+TRAINER = {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "per_device_train_batch_size": 8,
+           "gradient_accumulation_steps": 4, "fp16": True, "gradient_checkpointing": True,
+           "optim": "adamw_torch", "torch_dtype": "float32", "output_dir": "out", "learning_rate": 5e-5}
+SFT = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "max_length": 2048, "per_device_train_batch_size": 2,
+       "packing": True, "bf16": True, "dataset_text_field": "text",
+       "model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "flash_attention_2"}}
+AXOLOTL = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 4096, "micro_batch_size": 2,
+           "gradient_accumulation_steps": 8, "bf16": True, "attn_implementation": "flash_attention_2",
+           "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
+           "optimizer": "paged_adamw_8bit", "sample_packing": True, "wandb_project": None,
+           "learning_rate": 2e-5, "datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}]}
+
+
+def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return path
+
+
+def read(tmp_path: Path, data: dict, name: str = "config.json") -> TrainingPlan:
+    return read_training_config(write(tmp_path, data, name))
+
+
+def test_training_arguments_are_read_whole(tmp_path):
+    plan = read(tmp_path, TRAINER)
+    assert plan == TrainingPlan(format="trainer", model="tiny-bert", seq_len=64, batch_size=8,
+                                mode=Mode("amp", True), accumulation_steps=4, task=None, dtype="float32",
+                                optimizer="adamw_torch", attn=None, loss=None, notes=(), ignored=())
+
+
+def test_training_arguments_defaults_and_script_model_arguments(tmp_path):
+    plan = read(tmp_path, {"output_dir": "out", "bf16": True, "activation_checkpointing": True,
+                           "torch_dtype": "torch.bfloat16", "attn_implementation": "sdpa", "custom": 1})
+    assert (plan.batch_size, plan.mode, plan.dtype, plan.attn) == (8, Mode("bf16", True), "bfloat16", "sdpa")
+    assert "per_device_train_batch_size: not set, the Trainer's default 8" in plan.notes
+    assert plan.ignored == ("custom",)
+
+
+def test_model_init_kwargs_are_read(tmp_path):
+    plan = read(tmp_path, {**SFT, "model_init_kwargs": {
+        "torch_dtype": "float16", "revision": "main", "attn_implementation": "kernels-community/flash-attn2",
+        "custom": 1}})
+    assert (plan.dtype, plan.attn) == ("float16", "flash_attention_2")
+    assert plan.ignored == ("model_init_kwargs.custom",)
+
+
+def test_trl_sft_config_is_read_whole(tmp_path):
+    plan = read(tmp_path, SFT)
+    assert (plan.format, plan.model, plan.seq_len, plan.batch_size, plan.mode, plan.task) == (
+        "trl-sft", "Qwen/Qwen2.5-0.5B", 2048, 2, Mode("bf16", True), "causal-lm")
+    assert (plan.dtype, plan.attn, plan.loss, plan.optimizer) == (
+        "bfloat16", "flash_attention_2", "chunked", None)
+    assert "packing: every row filled to seq_len (the padded worst case autotune models)" in plan.notes
+
+
+def test_trl_sft_defaults_are_trls(tmp_path):
+    plan = read(tmp_path, {"dataset_text_field": "text", "loss_type": "nll", "pad_to_multiple_of": 100})
+    # TRL: bf16 and checkpointing on, max_length 1024, weights in float32 (create_model_from_path).
+    assert (plan.mode, plan.seq_len, plan.dtype, plan.loss) == (Mode("bf16", True), 1100, "float32", None)
+    assert "max_length: not set, TRL's default 1024" in plan.notes
+    assert "pad_to_multiple_of: 100: rows padded to 1100 tokens" in plan.notes
+    assert read(tmp_path, {"packing": False, "fp16": True, "max_seq_length": 512}).mode == Mode("amp", True)
+
+
+def test_axolotl_config_is_read_whole(tmp_path):
+    plan = read(tmp_path, {**AXOLOTL, "custom_key": 3}, "axolotl.yml")
+    assert plan == TrainingPlan(
+        format="axolotl", model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2,
+        mode=Mode("bf16", True), accumulation_steps=8, task="causal-lm", dtype="bfloat16",
+        optimizer="paged_adamw_8bit", attn="flash_attention_2", loss=None,
+        notes=("bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
+               "sample_packing: every row filled to seq_len (the padded worst case autotune models)"),
+        ignored=("custom_key",))
+
+
+def test_axolotl_defaults_and_global_batch(tmp_path):
+    plan = read(tmp_path, {"base_model": "m", "micro_batch_size": 4, "batch_size": 32}, "a.yaml")
+    assert (plan.accumulation_steps, plan.optimizer, plan.mode, plan.dtype) == (
+        8, "adamw_torch_fused", Mode("fp32", False), "float32")
+    assert "optimizer: not set, Axolotl's default adamw_torch_fused" in plan.notes
+    assert read(tmp_path, {"base_model": "m", "sdp_attention": True}, "a.yaml").attn == "sdpa"
+    assert read(tmp_path, {"base_model": "m", "cut_cross_entropy": True, "bf16": True},
+                "a.yaml").loss == "chunked"
+
+
+def test_autotune_format_is_read_whole(tmp_path):
+    plan = read(tmp_path, {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "mode": "amp+ckpt",
+                           "task": "masked-lm", "optimizer": "adamw", "dtype": "bf16", "attn": "eager",
+                           "loss": "chunked", "something_else": 1}, "plan.yaml")
+    assert plan == TrainingPlan(format="autotune", model="tiny-bert", seq_len=64, batch_size=8,
+                                mode=Mode("amp", True), task="masked-lm", dtype="bfloat16",
+                                optimizer="adamw", attn="eager", loss="chunked", ignored=("something_else",))
+    assert missing_fields(read(tmp_path, {"model": "m"}, "p.yaml")) == ["seq_len", "batch_size"]
+
+
+def test_the_examples_are_read():
+    trainer = read_training_config(EXAMPLES / "trainer_args.json")
+    assert (trainer.format, trainer.model, trainer.seq_len, trainer.batch_size, trainer.mode.name,
+            trainer.task) == ("trainer", "bert-base-uncased", 128, 32, "amp", "sequence-classification")
+    sft = read_training_config(EXAMPLES / "sft_config.json")
+    assert (sft.format, sft.model, sft.seq_len, sft.mode.name, sft.attn) == (
+        "trl-sft", "Qwen/Qwen2.5-0.5B", 2048, "bf16+ckpt", "flash_attention_2")
+    full = read_training_config(EXAMPLES / "axolotl_full.yml")
+    assert (full.format, full.model, full.mode.name, full.dtype, full.attn, full.ignored) == (
+        "axolotl", "meta-llama/Llama-3.2-1B", "bf16+ckpt", "bfloat16", "flash_attention_2", ())
+    with pytest.raises(UnmodelledSetting, match=r"^adapter: 'qlora' in '.*axolotl_qlora.yml' is not model"):
+        read_training_config(EXAMPLES / "axolotl_qlora.yml")
+
+
+REFUSED = [
+    # (format base, key, value)
+    (AXOLOTL, "adapter", "lora"), (AXOLOTL, "load_in_4bit", True), (AXOLOTL, "load_in_8bit", True),
+    (AXOLOTL, "deepspeed", "deepspeed_configs/zero3.json"), (AXOLOTL, "fsdp", ["full_shard"]),
+    (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
+    (AXOLOTL, "activation_offloading", True), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
+    (AXOLOTL, "rl", "dpo"), (AXOLOTL, "liger_rms_norm", True), (AXOLOTL, "unsloth_cross_entropy_loss", True),
+    (AXOLOTL, "tensor_parallel_size", 2), (AXOLOTL, "gradient_checkpointing", "offload"),
+    (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
+    (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
+    (TRAINER, "deepspeed", "ds_config.json"), (TRAINER, "fsdp", "full_shard auto_wrap"),
+    (TRAINER, "torch_compile", True), (TRAINER, "use_liger_kernel", True),
+    (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
+    (TRAINER, "parallelism_config", {"tp_size": 2}), (TRAINER, "use_cpu", True),
+    (TRAINER, "attn_implementation", "flash_attention_3"), (TRAINER, "config_overrides", "n_layer=2"),
+    (SFT, "use_peft", True), (SFT, "lora_r", 16), (SFT, "peft_config", {"r": 8}),
+    (SFT, "activation_offloading", True), (SFT, "loss_type", "dft"), (SFT, "load_in_4bit", True),
+    (SFT, "model_init_kwargs.quantization_config", {"load_in_4bit": True}),
+    (SFT, "model_init_kwargs.load_in_8bit", True),
+    (SFT, "gradient_checkpointing_kwargs.use_reentrant", True),
+    (SFT, "gradient_checkpointing_kwargs.every_n_layers", 2),
+]
+
+
+@pytest.mark.parametrize(("base", "key", "value"), REFUSED, ids=[f"{k}={v}" for _, k, v in REFUSED])
+def test_an_unmodelled_setting_is_refused_by_name(tmp_path, base, key, value):
+    data = json.loads(json.dumps(base))
+    if "." in key:
+        outer, inner = key.split(".")
+        data[outer] = {**data.get(outer, {}), inner: value}
+    else:
+        data[key] = value
+    path = write(tmp_path, data)
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* in '{path}' is not modelled: ") as error:
+        read_training_config(path)
+    assert repr(value) in str(error.value)
+
+
+def test_padding_free_needs_flash_attention(tmp_path):
+    with pytest.raises(UnmodelledSetting, match="^padding_free: True .* only flash_attention_2 is modelled"):
+        read(tmp_path, {**SFT, "packing": False, "padding_free": True, "model_init_kwargs": {
+            "attn_implementation": "eager"}})
+    with pytest.raises(UnmodelledSetting, match=r"^packing: True .* attention sdpa \(default\)"):
+        read(tmp_path, {**SFT, "model_init_kwargs": {}})
+    wrapped = read(tmp_path, {**SFT, "packing_strategy": "wrapped", "model_init_kwargs": {}})
+    assert wrapped.attn is None and wrapped.seq_len == 2048
+
+
+def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
+    # Without gradient_checkpointing_kwargs Axolotl checkpoints with use_reentrant=True.
+    with pytest.raises(UnmodelledSetting, match="^gradient_checkpointing: True .*use_reentrant=True"):
+        read(tmp_path, {**AXOLOTL, "gradient_checkpointing_kwargs": None}, "a.yml")
+    # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32.
+    with pytest.raises(UnmodelledSetting, match="^bf16: True .*mixed weight dtypes"):
+        read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
+    with pytest.raises(UnmodelledSetting, match="^fp16: True .*GradScaler"):
+        read(tmp_path, {**AXOLOTL, "bf16": False, "fp16": True}, "a.yml")
+
+
+def test_default_values_of_refused_keys_are_accepted(tmp_path):
+    defaults = {"deepspeed": None, "fsdp": "", "fsdp_config": {"min_num_params": 0, "xla": False},
+                "torch_compile": False, "use_liger_kernel": False, "label_smoothing_factor": 0.0,
+                "optim_args": None, "use_cpu": False, "parallelism_config": None, "use_cache": False,
+                "neftune_noise_alpha": None, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    assert read(tmp_path, {**TRAINER, **defaults}).ignored == ()
+    sft = {"use_peft": False, "lora_r": 16, "activation_offloading": False, "peft_config": None}
+    assert read(tmp_path, {**SFT, **sft}).format == "trl-sft"
+    axolotl = {"adapter": None, "load_in_4bit": False, "load_in_8bit": False, "deepspeed": None,
+               "fsdp": [], "fsdp_config": {}, "tensor_parallel_size": 1, "lora_model_dir": None}
+    assert read(tmp_path, {**AXOLOTL, **axolotl}, "a.yml").ignored == ()
+
+
+def test_memory_neutral_settings_are_noted(tmp_path):
+    notes = read(tmp_path, {**TRAINER, "neftune_noise_alpha": 5.0, "auto_find_batch_size": True}).notes
+    assert any(n.startswith("neftune_noise_alpha: noise added") for n in notes)
+    assert any(n.startswith("auto_find_batch_size: the Trainer halves the batch") for n in notes)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({**TRAINER, "per_device_train_batch_size": 0},
+     "per_device_train_batch_size: batch size in '{path}' must be a positive integer, got 0"),
+    ({**TRAINER, "bf16": "yes"}, "bf16 in '{path}' must be true or false, got 'yes'"),
+    ({**TRAINER, "max_seq_length": 1.5},
+     "max_seq_length: sequence length in '{path}' must be a positive integer, got 1.5"),
+    ({**TRAINER, "torch_dtype": "int8"},
+     "torch_dtype in '{path}' must be one of float32, bfloat16, float16, auto, got 'int8'"),
+    ({**TRAINER, "bf16": True}, "fp16 and bf16 in '{path}' are both true: choose one"),
+    ({**AXOLOTL, "bf16": "yes"}, "bf16 in '{path}' must be true, false, 'auto' or 'full', got 'yes'"),
+    ({**AXOLOTL, "micro_batch_size": -1},
+     "micro_batch_size: batch size in '{path}' must be a positive integer, got -1"),
+    ({"model": "m", "task": "vision"}, "task in '{path}' must be one of"),
+    ({"model": "m", "seq_len": 8, "output_dir": "x"},
+     "mixes autotune keys (model, seq_len) with trainer keys"),
+])
+def test_bad_values_are_named(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(InvalidInput) as error:
+        read_training_config(path)
+    assert message.format(path=path) in str(error.value)
+
+
+@pytest.mark.parametrize(("text", "name", "message"), [
+    ("{not json", "c.json", "is not valid JSON"),
+    ("a: [b", "c.yaml", "is not valid YAML or JSON"),
+    ("- a\n- b\n", "c.yaml", "must be a mapping of keys to values"),
+])
+def test_an_unreadable_file_is_refused(tmp_path, text, name, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InvalidInput, match=message):
+        read_training_config(path)
+    with pytest.raises(InvalidInput, match="cannot read training config"):
+        read_training_config(tmp_path / "absent.json")
+
+
+def test_every_training_arguments_field_is_classified():
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert fields - (_TRAINER_FIELDS | _LEGACY_TRAINER_FIELDS) == set()

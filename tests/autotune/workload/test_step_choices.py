@@ -1,0 +1,170 @@
+"""The step a table models: task from the config, the weights' dtype, default lengths, what a card
+refuses or warns about."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.errors import InvalidInput
+from autotune.gpus import custom_gpu, resolve_gpu
+from autotune.workload import Workload
+from autotune.workload.models import (
+    check_dtype,
+    default_seq_lens,
+    infer_task,
+    resolve_dtype,
+    resolve_model,
+    task_for,
+    tiny_config,
+)
+from autotune.workload.modes import parse_mode, parse_modes
+from autotune.workload.presets import PRESETS
+from autotune.workload.support import refusal, step_warnings
+
+
+def _local(tmp_path, **config):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return resolve_model(str(tmp_path))
+
+
+QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 128,
+         "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize(("architecture", "task"), [
+    ("Qwen2ForCausalLM", "causal-lm"),
+    ("BertForMaskedLM", "masked-lm"),
+    ("BertForQuestionAnswering", "question-answering"),
+    ("RobertaForSequenceClassification", "sequence-classification"),
+    ("BertForTokenClassification", "token-classification"),
+])
+def test_the_task_comes_from_the_configs_architectures(architecture, task):
+    config = tiny_config("bert", architectures=[architecture])
+    assert infer_task(config) == (task, f"from architectures {architecture}")
+
+
+@pytest.mark.parametrize(("model_type", "task"), [
+    ("gpt2", "causal-lm"),  # decoder-only: a causal-LM class, no masked-LM one
+    ("bert", "sequence-classification"),  # an encoder (it has a causal-LM class too)
+    ("roberta", "sequence-classification"),
+    ("distilbert", "sequence-classification"),
+    ("deberta-v2", "sequence-classification"),
+])
+def test_without_architectures_decoders_are_causal_lm_and_encoders_classify(model_type, task):
+    config = tiny_config(model_type)
+    assert getattr(config, "architectures", None) is None
+    assert infer_task(config)[0] == task
+
+
+def test_a_qwen_config_without_task_is_causal_lm_and_task_still_wins(tmp_path):
+    spec = _local(tmp_path, **QWEN2, architectures=["Qwen2ForCausalLM"])
+    assert task_for(spec, None) == "causal-lm"
+    assert task_for(spec, "sequence-classification") == "sequence-classification"
+    spec = _local(tmp_path, **QWEN2)  # no architectures: qwen2 is decoder-only
+    assert task_for(spec, None) == "causal-lm"
+
+
+def test_auto_dtype_is_the_configs_and_an_explicit_dtype_overrides_it(tmp_path):
+    with_dtype = _local(tmp_path, **QWEN2, torch_dtype="bfloat16")
+    assert resolve_dtype(with_dtype, "auto") == "bfloat16"
+    assert resolve_dtype(with_dtype, "float32") == "float32"
+    assert resolve_dtype(with_dtype, "fp16") == "float16"
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2))
+    assert resolve_dtype(resolve_model(str(tmp_path)), "auto") == "float32"  # torch's default
+
+
+def test_an_unknown_dtype_names_the_allowed_ones():
+    with pytest.raises(InvalidInput,
+                       match="unknown dtype 'int4': allowed are auto, float32, bfloat16, float16"):
+        check_dtype("int4")
+
+
+def test_the_estimator_builds_the_weights_in_the_resolved_dtype(tmp_path):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.workload.step import build_model
+
+    spec = _local(tmp_path, **QWEN2, torch_dtype="bfloat16")
+    with FakeTensorMode():
+        model, _ = build_model(spec, "causal-lm", None, resolve_dtype(spec, "auto"))
+        assert {p.dtype for p in model.parameters()} == {__import__("torch").bfloat16}
+        model, _ = build_model(spec, "causal-lm", None, "float32")
+        assert {str(p.dtype) for p in model.parameters()} == {"torch.float32"}
+
+
+@pytest.mark.parametrize(("limit", "rows"), [
+    (128, [64, 128]),  # the tiny presets
+    (512, [64, 128, 256, 320, 384, 512]),  # BERT: the README's rows
+    (1024, [512, 1024]),  # GPT-2
+    (4096, [512, 1024, 2048, 4096]),
+    (131072, [512, 1024, 2048, 4096, 8192]),
+    (32, [32]),  # shorter than every row: its limit
+])
+def test_default_lengths_follow_the_models_limit(tmp_path, limit, rows):
+    spec = _local(tmp_path, **{**QWEN2, "max_position_embeddings": limit})
+    assert default_seq_lens(spec) == rows
+
+
+def _workload(**changes):
+    spec = resolve_model("tiny-bert")
+    return Workload(spec, "sequence-classification", changes.pop("attn", None), **changes)
+
+
+def test_amp_over_float16_weights_is_refused_as_gradscaler_refuses_it():
+    reason = refusal(_workload(weights_dtype="float16"), parse_mode("amp"), resolve_gpu("A100-80GB"))
+    assert reason is not None and "GradScaler refuses to unscale float16 gradients" in reason
+    assert refusal(_workload(weights_dtype="float16"), parse_mode("fp32"), resolve_gpu("A100-80GB")) is None
+
+
+def test_flash_attention_2_needs_an_sm80_card_and_16_bit_inputs():
+    flash = _workload(attn="flash_attention_2")
+    on_t4 = refusal(flash, parse_mode("amp"), resolve_gpu("T4"))
+    assert on_t4 is not None and "compute capability 8.0 or newer; T4 has 7.5" in on_t4
+    assert "float16/bfloat16 inputs only" in refusal(flash, parse_mode("fp32"), resolve_gpu("A100-80GB"))
+    assert refusal(flash, parse_mode("bf16"), resolve_gpu("A100-80GB")) is None
+    bf16_weights = _workload(attn="flash_attention_2", weights_dtype="bfloat16")
+    assert refusal(bf16_weights, parse_mode("fp32"), resolve_gpu("A100-80GB")) is None
+
+
+@pytest.mark.parametrize("gpu", ["T4", "P100-16GB", "V100-16GB", "TITAN-X-12GB"])
+def test_bf16_on_a_card_without_bf16_warns_naming_the_card(gpu):
+    warnings = step_warnings(_workload(), parse_modes("fp32,bf16,bf16+ckpt"), resolve_gpu(gpu))
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"{gpu} (compute capability ")
+    assert "no native bfloat16 support, asked for by bf16 autocast (bf16, bf16+ckpt)" in warnings[0]
+    weights = step_warnings(_workload(weights_dtype="bfloat16"), parse_modes("fp32"), resolve_gpu(gpu))
+    assert "asked for by bfloat16 weights" in weights[0]
+
+
+def test_no_bf16_warning_where_the_card_has_it_or_nothing_asks_for_it():
+    assert step_warnings(_workload(), parse_modes("bf16"), resolve_gpu("A100-80GB")) == []
+    assert step_warnings(_workload(), parse_modes("fp32,amp"), resolve_gpu("T4")) == []
+    assert step_warnings(_workload(), parse_modes("bf16"), custom_gpu(12 << 30)) == []
+
+
+# The default task of every preset: the decoders' (LLMs with architectures, GPT-2 and the tiny
+# decoders by model type) is causal-lm; the encoders keep the stories' sequence-classification.
+CAUSAL_LM_PRESETS = {
+    "gpt2", "gpt2-medium", "tiny-gpt2", "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma2",
+    "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.1-8B",
+    "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.3",
+    "google/gemma-2-2b", "microsoft/Phi-3.5-mini-instruct",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_the_default_task_of_every_preset(name):
+    expected = "causal-lm" if name in CAUSAL_LM_PRESETS else "sequence-classification"
+    assert infer_task(resolve_model(name).config)[0] == expected
+
+
+@pytest.mark.parametrize(("name", "dtype"), [
+    ("meta-llama/Llama-3.2-1B", "bfloat16"), ("Qwen/Qwen2.5-0.5B", "bfloat16"),
+    ("mistralai/Mistral-7B-v0.3", "bfloat16"), ("bert-base-uncased", "float32"), ("tiny-llama", "float32"),
+])
+def test_auto_loads_a_presets_weights_in_its_published_dtype(name, dtype):
+    assert resolve_dtype(resolve_model(name)) == dtype
