@@ -89,8 +89,8 @@ def test_bf16_on_a_card_without_bf16_is_answered_with_a_warning(capsys, gpu):
 
 
 def test_the_table_header_says_the_step_and_the_json_carries_it(capsys):
-    code, out, _ = run(capsys, "table", "tiny-llama", "--modes", "bf16", "--gpu", "T4", "--backend", "estimate",
-                       "--dtype", "bfloat16", "--json")
+    code, out, _ = run(capsys, "table", "tiny-llama", "--modes", "bf16", "--gpu", "T4",
+                       "--backend", "estimate", "--dtype", "bfloat16", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["seq_lens"] == [64, 128]  # the tiny model's limit
     assert (doc["task"], doc["weights_dtype"], doc["optimizer"], doc["loss"]) == (

@@ -8,7 +8,6 @@ The stories: a vocabulary that grew to 867,813 tokens so the embeddings held 722
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 from dataclasses import replace
