@@ -202,3 +202,45 @@ def test_health_reports_the_backend_lanes_and_versions(make_client):
     assert set(health["versions"]) >= {"autotune", "torch", "transformers", "python"}
     assert health["queue"] == {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
 
+
+
+def test_a_table_says_the_step_it_modelled_and_warns_of_bf16_on_a_t4(make_client):
+    client = make_client()
+    body = {"model": "tiny-llama", "seq_lens": [64], "modes": ["bf16"], "gpu": "T4", "dtype": "bfloat16",
+            "max_batch": 64, "backend": "estimate"}
+    accepted = client.post("/v1/tables", json=body).json()
+    table = wait_for(client, accepted["url"], finished)
+    assert table["status"] == "done", table
+    assert (table["task"], table["dtype"], table["weights_dtype"], table["optimizer"], table["loss"]) == (
+        "causal-lm", "bfloat16", "bfloat16", "adamw_torch_fused", "full")  # task from architectures
+    assert len(table["warnings"]) == 1 and table["warnings"][0].startswith("T4 (compute capability 7.5)")
+    page = client.get(f"/runs/{accepted['id']}").text
+    assert "bf16 weights, adamw_torch_fused" in page and "Warning: T4 (compute capability 7.5)" in page
+    # Another dtype or optimizer is another step: another run.
+    other = client.post("/v1/tables", json={**body, "dtype": "float32"}).json()
+    assert other["created"] and other["id"] != accepted["id"]
+
+
+def test_without_seq_lens_a_table_takes_the_models_default_rows(make_client):
+    client = make_client(runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
+    accepted = client.post("/v1/tables", json={"model": "tiny-llama", "modes": ["fp32"],
+                                               "backend": "estimate"}).json()
+    assert client.get(accepted["url"]).json()["seq_lens"] == [64, 128]  # within its 128 positions
+    accepted = client.post("/v1/tables", json={"model": "gpt2", "modes": ["fp32"], "backend": "estimate"}).json()
+    assert client.get(accepted["url"]).json()["seq_lens"] == [512, 1024]
+
+
+def test_a_spec_stored_before_weights_dtypes_reads_as_the_step_it_ran(tmp_path):
+    """Runs stored before #12 had no dtype fields and said "adamw": their weights were loaded as
+    auto does (the config's dtype), and "adamw" was foreach AdamW."""
+    from api.runs.spec import TableSpec, normalize
+
+    settings = Settings(db=tmp_path / "db")
+    spec = normalize({"model": "meta-llama/Llama-3.2-1B", "seq_lens": [512], "modes": ["bf16"],
+                      "backend": "estimate", "optimizer": "adamw"}, settings,
+                     lambda backend: {"backend": "estimate"})
+    assert (spec.optimizer, spec.weights_dtype, spec.task) == ("adamw_torch", "bfloat16", "causal-lm")
+    old = {k: v for k, v in spec.to_json().items() if k not in ("dtype", "weights_dtype", "loss")}
+    stored = TableSpec.from_json({**old, "optimizer": "adamw"})
+    assert (stored.optimizer, stored.dtype, stored.weights_dtype, stored.loss) == (
+        "adamw_torch", "auto", "bfloat16", "full")
