@@ -5,6 +5,13 @@ Each takes the names and values of the CLI command of the same name (``--seq-len
 or a byte count) and returns the object the command prints (``--json`` prints its ``to_dict()``).
 Bad input raises ``autotune.errors.InvalidInput`` (a ``ValueError``) naming what is allowed.
 
+The step every function models (README, "What step is modelled"): ``task=None`` is the task the
+config was built for (its ``architectures``; else causal-lm for decoder-only models, else
+sequence-classification); ``dtype="auto"`` the weights' dtype as ``from_pretrained`` loads them (the
+config's ``torch_dtype``, else float32); ``optimizer`` a Trainer ``optim`` name (default
+``adamw_torch_fused``, the Trainer's); ``loss="chunked"`` a fused linear cross-entropy (causal-lm).
+Results say which step they are for (``task``, ``weights_dtype``, ``optimizer``, ``attn``, ``loss``).
+
 Models are built from their configs with random weights: nothing is downloaded but a hub config
 when the name is neither a preset nor a local config. torch and transformers are imported on the
 first call, not by ``import autotune``.
@@ -62,7 +69,9 @@ def table(
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
-    ``on_cell(cell, done, total)`` is called as each cell finishes. A cell that failed has
+    ``seq_lens=None`` is the model's default rows (models.default_seq_lens: the BERT README's up to
+    512 positions, else 512..8192 within its limit). ``on_cell(cell, done, total)`` is called as
+    each cell finishes. A cell that failed has
     ``error`` set and ``max_batch_size`` None; the others are proven by their probes.
 
     >>> import autotune
@@ -110,7 +119,7 @@ def check(
     >>> r.fits, r.max_batch_size  # doctest: +SKIP
     (False, 29)
     >>> r.message  # doctest: +SKIP
-    'does not fit: bert-base-uncased seq 512 fp32 on 12 GiB: max batch 29; use batch 16 x 4 ...'
+    'does not fit: bert-base-uncased seq 512 fp32 (sequence-classification, fp32 weights, ...'
     """
     from autotune.analysis.check import check_step
     from autotune.workload.modes import parse_mode
