@@ -25,6 +25,7 @@ from autotune.search import MemoryModel, Probe, SearchResult, search_max_batch
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import paged_state_bytes
 from autotune.workload.support import check_supported, step_warnings
 
 
@@ -78,6 +79,8 @@ class TableResult:
     cells: list[CellResult] = field(default_factory=list)
     elapsed_s: float = 0.0
     warnings: list[str] = field(default_factory=list)  # workload.support.step_warnings
+    # A paged optimizer's state in CUDA unified memory, outside the budget (optimizers.py).
+    outside_allocator_bytes: int = 0
 
     @property
     def total_probes(self) -> int:
@@ -163,6 +166,7 @@ def tune_table(
         budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
         seq_lens=ordered, modes=[m.name for m in modes], environment=backend.describe(),
         warnings=step_warnings(workload, modes, gpu),
+        outside_allocator_bytes=paged_state_bytes(workload),
     )
     started = time.perf_counter()
     total = len(ordered) * len(modes)

@@ -26,7 +26,7 @@ from autotune.tuner import budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import uses_bitsandbytes
+from autotune.workload.optimizers import paged_state_bytes, uses_bitsandbytes
 from autotune.workload.support import step_warnings, weights_label
 
 
@@ -54,6 +54,7 @@ class CheckResult:
     loss: str | None = None
     warnings: list[str] = field(default_factory=list)
     levers: list[dict[str, Any]] = field(default_factory=list)  # what raises the max, best first
+    outside_allocator_bytes: int = 0  # a paged optimizer's state in unified memory (optimizers.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +93,7 @@ def check_step(
         warnings=step_warnings(workload, [mode], gpu),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
+        outside_allocator_bytes=paged_state_bytes(workload),
     )
     result.message = format_message(result)
     return result
@@ -234,7 +236,17 @@ def format_message(result: CheckResult) -> str:
         line = f"fits: {where}, batch {result.batch_size}{peak}; max batch {result.max_batch_size}"
     else:
         line = f"does not fit: {where}: max batch {result.max_batch_size}; {result.suggestion}"
-    return "\n".join([line, *(f"warning: {w}" for w in result.warnings)])
+    notes = [f"warning: {w}" for w in result.warnings]
+    if result.outside_allocator_bytes:
+        notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
+    return "\n".join([line, *notes])
+
+
+def paged_note(optimizer: str, nbytes: int) -> str:
+    """What a paged optimizer keeps outside the budget, in words."""
+    return (f"{optimizer} keeps {format_bytes(nbytes)} of optimizer state in CUDA unified memory, "
+            "outside PyTorch's allocator and this budget: the driver pages it to host memory when "
+            "the GPU runs short (slower steps, not an out-of-memory error)")
 
 
 # -- answering from a stored table -----------------------------------------------------------

@@ -152,4 +152,8 @@ def render_table(t: TableResult) -> str:
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)
+    if t.outside_allocator_bytes:
+        from autotune.analysis.check import paged_note
+
+        lines.append(f"note: {paged_note(t.optimizer, t.outside_allocator_bytes)}")
     return "\n".join(lines) + "\n"

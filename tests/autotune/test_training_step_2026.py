@@ -107,3 +107,16 @@ def test_flash_attention_2_on_a_t4_is_refused(capsys):
     code, _, err = run(capsys, "check", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--mode", "amp",
                        "--attn", "flash_attention_2", "--gpu", "T4", "--backend", "estimate")
     assert code == 2 and "flash_attention_2 needs compute capability 8.0 or newer; T4 has 7.5" in err
+
+
+def test_a_paged_optimizer_says_how_much_state_lives_outside_the_budget(capsys):
+    code, out, _ = run(capsys, "check", "gpt2", "--seq-len", "128", "--batch-size", "1", "--optimizer",
+                       "paged_adamw_8bit", "--gpu", "T4", "--backend", "estimate", "--json")
+    doc = json.loads(out)
+    # Paged moments of parameters of >= 100,000 elements: the embeddings at 32 bits (the Trainer's
+    # override; the LM head is tied to wte), 2 x 4 B x (50257 + 1024) x 768; the 48 linear weights of
+    # the 12 blocks at 8 bits, 2 x 1 B x 12 x 768 x (2304 + 768 + 3072 + 3072).
+    expected = 2 * 4 * (50257 + 1024) * 768 + 2 * 12 * 768 * (2304 + 768 + 3072 + 3072)
+    assert code == 0 and doc["outside_allocator_bytes"] == expected
+    assert doc["message"].splitlines()[1].startswith(
+        "note: paged_adamw_8bit keeps 462.47 MiB of optimizer state in CUDA unified memory")
