@@ -226,7 +226,8 @@ def test_without_seq_lens_a_table_takes_the_models_default_rows(make_client):
     accepted = client.post("/v1/tables", json={"model": "tiny-llama", "modes": ["fp32"],
                                                "backend": "estimate"}).json()
     assert client.get(accepted["url"]).json()["seq_lens"] == [64, 128]  # within its 128 positions
-    accepted = client.post("/v1/tables", json={"model": "gpt2", "modes": ["fp32"], "backend": "estimate"}).json()
+    accepted = client.post("/v1/tables", json={"model": "gpt2", "modes": ["fp32"],
+                                               "backend": "estimate"}).json()
     assert client.get(accepted["url"]).json()["seq_lens"] == [512, 1024]
 
 
