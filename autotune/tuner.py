@@ -25,8 +25,7 @@ from autotune.search import MemoryModel, Probe, SearchResult, search_max_batch
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import paged_state_bytes
-from autotune.workload.support import check_supported, step_warnings
+from autotune.workload.support import check_supported, paged_state_bytes, step_warnings
 
 
 def budget_bytes(gpu: GpuSpec, margin: float) -> int:

@@ -26,8 +26,8 @@ from autotune.tuner import budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import paged_state_bytes, uses_bitsandbytes
-from autotune.workload.support import step_warnings, weights_label
+from autotune.workload.optimizers import uses_bitsandbytes
+from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
 
 
 @dataclass
@@ -46,7 +46,7 @@ class CheckResult:
     gpu_name: str
     gpu_memory_bytes: int
     message: str = ""
-    # The step that was modelled (workload.support.describe_step says it in words).
+    # The step that was modelled (step_label says it in words).
     task: str | None = None
     weights_dtype: str | None = None
     optimizer: str | None = None

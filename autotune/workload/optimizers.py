@@ -181,20 +181,6 @@ def outside_allocator_bytes(model_or_params: Any, name: str) -> int:
     return total
 
 
-def paged_state_bytes(workload: Any) -> int:
-    """``outside_allocator_bytes`` of a workload's optimizer over its model (0 unless paged); the
-    model is built on fake tensors, which hold no memory."""
-    if not (setup := _BNB.get(check_optimizer(workload.optimizer))) or not setup.is_paged:
-        return 0
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from autotune.workload.step import build_model
-
-    with FakeTensorMode():  # the attention does not change the parameters: transformers' default
-        model, _ = build_model(workload.model, workload.task, None, workload.weights_dtype)
-        return outside_allocator_bytes(model, workload.optimizer)
-
-
 def embedding_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Every nn.Embedding's parameters, each once (tied weights are one parameter)."""
     from torch import nn

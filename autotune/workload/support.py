@@ -23,7 +23,8 @@ from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.step import FLASH_ATTENTION_2
+from autotune.workload.optimizers import outside_allocator_bytes
+from autotune.workload.step import FLASH_ATTENTION_2, build_model
 
 BF16_COMPUTE_CAPABILITY = (8, 0)  # torch.cuda.is_bf16_supported(): sm80+ natively
 
@@ -79,10 +80,13 @@ def weights_label(weights_dtype: str) -> str:
     return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[weights_dtype] + " weights"
 
 
-def describe_step(workload: Workload, attn_used: str | None = None) -> str:
-    """The step in one parenthesis-ready phrase: task, weights, optimizer, attention, loss."""
-    parts = [workload.task, weights_label(workload.weights_dtype), workload.optimizer,
-             f"attention {attn_used or workload.attn or 'default'}"]
-    if workload.loss != "full":
-        parts.append(f"{workload.loss} loss")
-    return ", ".join(parts)
+def paged_state_bytes(workload: Workload) -> int:
+    """``outside_allocator_bytes`` of a workload's optimizer over its model (0 unless paged); the
+    model is built on fake tensors, which hold no memory."""
+    if not workload.optimizer.startswith("paged_"):  # optimizers.OPTIMIZERS: paged_adamw_*
+        return 0
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # the attention does not change the parameters: transformers' default
+        model, _ = build_model(workload.model, workload.task, None, workload.weights_dtype)
+        return outside_allocator_bytes(model, workload.optimizer)
