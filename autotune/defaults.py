@@ -7,7 +7,9 @@ from __future__ import annotations
 DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README's table
 DEFAULT_MODE_NAMES = ("fp32", "amp", "ckpt", "amp+ckpt")  # of workload.modes.ALLOWED_MODE_NAMES
 DEFAULT_MODE_NAME = "fp32"  # of one check or explain
-DEFAULT_TASK = "sequence-classification"  # of workload.models.TASKS
+# The task of an encoder config without architectures (a fine-tuning head; models.infer_task):
+# of workload.models.TASKS.
+DEFAULT_TASK = "sequence-classification"
 # The Hugging Face Trainer's default ``optim`` with torch >= 2.8 (transformers training_args.py,
 # ``default_optim``): torch.optim.AdamW(fused=True). Of workload.optimizers.OPTIMIZERS.
 DEFAULT_OPTIMIZER = "adamw_torch_fused"

@@ -45,6 +45,7 @@ from autotune.workload.models import (
     check_seq_len,
     check_task,
     config_to_json,
+    configured_dtype,
     default_seq_lens,
     model_from_json,
     preset_name,
@@ -99,8 +100,8 @@ class TableSpec:
             data = {**data, "optimizer": "adamw_torch"}
         if "weights_dtype" not in data:
             config = data["model_config"]
-            configured = config.get("dtype") or config.get("torch_dtype") or "float32"
-            data = {**data, "dtype": "auto", "weights_dtype": str(configured).removeprefix("torch.")}
+            configured = configured_dtype(config.get("dtype") or config.get("torch_dtype"))
+            data = {**data, "dtype": "auto", "weights_dtype": configured}
         return cls(**data)
 
     def workload(self) -> Workload:
@@ -180,9 +181,11 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
             local_dirs=list(settings.model_dirs),
         )
     with about("seq_lens"):
-        seq_lens = asked_seq_lens if asked_seq_lens is not None else _seq_lens(
-            default_seq_lens(model), settings)
-        _check_cells(seq_lens, mode_names, settings)
+        if asked_seq_lens is not None:
+            seq_lens = asked_seq_lens  # its cells were counted before the model was resolved
+        else:
+            seq_lens = _seq_lens(default_seq_lens(model, settings.max_seq_len), settings)
+            _check_cells(seq_lens, mode_names, settings)
         for seq_len in seq_lens:
             check_seq_len(model, seq_len)
     with about("task"):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from autotune.defaults import DEFAULT_SEQ_LENS
+from autotune.defaults import DEFAULT_SEQ_LENS, DEFAULT_TASK
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
 from autotune.workload.presets import HUB_ALIASES, PRESETS, TINY_CONFIGS
 
@@ -353,7 +353,7 @@ def infer_task(config: PretrainedConfig) -> tuple[str, str]:
     )
     if decoder_only:
         return "causal-lm", f"{model_type} is a decoder-only model type"
-    return "sequence-classification", f"{model_type} is an encoder model type"
+    return DEFAULT_TASK, f"{model_type} is an encoder model type"
 
 
 def task_for(spec: ModelSpec, task: str | None) -> str:
@@ -376,6 +376,12 @@ def check_dtype(dtype: str) -> str:
     return name
 
 
+def configured_dtype(value: object) -> str:
+    """The torch name of a config's ``dtype`` / ``torch_dtype`` value (a torch.dtype or its
+    name); None is torch's default dtype, float32."""
+    return "float32" if value is None else str(value).removeprefix("torch.")
+
+
 def resolve_dtype(spec: ModelSpec, dtype: str = "auto") -> str:
     """The dtype the weights really have: ``dtype``, or for ``auto`` what the installed
     transformers' ``from_pretrained`` loads (transformers 5: ``dtype="auto"`` is its default and
@@ -383,10 +389,8 @@ def resolve_dtype(spec: ModelSpec, dtype: str = "auto") -> str:
     name = check_dtype(dtype)
     if name != "auto":
         return name
-    configured = getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None)
-    if configured is None:
-        return "float32"
-    configured_name = str(configured).removeprefix("torch.")
+    configured_name = configured_dtype(
+        getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None))
     if configured_name not in DTYPES:  # e.g. float64 or int8 in a hand-written config
         raise InvalidInput(
             f"{spec.name}'s config says dtype {configured_name}: autotune models float32, "
@@ -400,11 +404,13 @@ def resolve_dtype(spec: ModelSpec, dtype: str = "auto") -> str:
 LONG_SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 
 
-def default_seq_lens(spec: ModelSpec) -> list[int]:
-    """The sequence lengths of a table when none are given, within ``spec``'s limit."""
+def default_seq_lens(spec: ModelSpec, limit: int | None = None) -> list[int]:
+    """The sequence lengths of a table when none are given, within ``spec``'s limit and
+    ``limit`` (a server's AUTOTUNE_MAX_SEQ_LEN)."""
     rows = DEFAULT_SEQ_LENS if spec.max_seq_len <= max(DEFAULT_SEQ_LENS) else LONG_SEQ_LENS
-    fitting = [n for n in rows if n <= spec.max_seq_len]
-    return fitting or [spec.max_seq_len]
+    cap = spec.max_seq_len if limit is None else min(spec.max_seq_len, limit)
+    fitting = [n for n in rows if n <= cap]
+    return fitting or [cap]
 
 
 def check_task(task: str) -> str:

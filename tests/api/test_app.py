@@ -231,6 +231,13 @@ def test_without_seq_lens_a_table_takes_the_models_default_rows(make_client):
     assert client.get(accepted["url"]).json()["seq_lens"] == [512, 1024]
 
 
+def test_default_rows_stay_within_the_servers_max_seq_len(make_client):
+    client = make_client(runner=LocalRunner(estimate_workers=0, gpu_lanes=[]), max_seq_len=2048)
+    accepted = client.post("/v1/tables", json={"model": "meta-llama/Llama-3.2-1B", "modes": ["bf16"],
+                                               "backend": "estimate"}).json()
+    assert client.get(accepted["url"]).json()["seq_lens"] == [512, 1024, 2048]
+
+
 def test_a_spec_stored_before_weights_dtypes_reads_as_the_step_it_ran(tmp_path):
     """Runs stored before #12 had no dtype fields and said "adamw": their weights were loaded as
     auto does (the config's dtype), and "adamw" was foreach AdamW."""

@@ -109,6 +109,12 @@ def test_default_lengths_follow_the_models_limit(tmp_path, limit, rows):
     assert default_seq_lens(spec) == rows
 
 
+def test_default_lengths_stay_within_a_servers_limit_too(tmp_path):
+    spec = _local(tmp_path, **{**QWEN2, "max_position_embeddings": 131072})
+    assert default_seq_lens(spec, limit=2048) == [512, 1024, 2048]
+    assert default_seq_lens(spec, limit=300) == [300]
+
+
 def _workload(**changes):
     spec = resolve_model("tiny-bert")
     return Workload(spec, "sequence-classification", changes.pop("attn", None), **changes)
