@@ -123,8 +123,7 @@ EIGHT_BIT_OPTIMIZER = "adamw_bnb_8bit"  # the Trainer's optim name for bitsandby
 
 def _half_precision(gpu: GpuSpec) -> str:
     """The 16-bit autocast to suggest: bf16 where the card has it (no loss scaling), else amp."""
-    cc = gpu.compute_capability
-    return "bf16" if cc is None or cc >= (8, 0) else "amp"
+    return "bf16" if gpu.compute_capability is None or gpu.supports_bf16 else "amp"
 
 
 def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec

@@ -26,8 +26,6 @@ from autotune.workload.modes import Mode
 from autotune.workload.optimizers import outside_allocator_bytes
 from autotune.workload.step import FLASH_ATTENTION_2, build_model
 
-BF16_COMPUTE_CAPABILITY = (8, 0)  # torch.cuda.is_bf16_supported(): sm80+ natively
-
 
 def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
     """Why this step cannot run on ``gpu``, or None."""
@@ -60,7 +58,7 @@ def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec) -> li
 def dtype_warnings(weights_dtype: str, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:
     """step_warnings from the weights' dtype alone (a stored spec, without rebuilding its model)."""
     cc = gpu.compute_capability
-    if cc is None or cc >= BF16_COMPUTE_CAPABILITY:
+    if cc is None or gpu.supports_bf16:  # a card given by its size is taken to be a current one
         return []
     uses = []
     if weights_dtype == "bfloat16":
