@@ -123,14 +123,14 @@ def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task:
 
 def make_batch(
     config: Any, task: str, batch_size: int, seq_len: int, device: Any = None, *,
-    full_rows: bool = False,
+    attn: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Inputs and labels of one batch, fully padded to ``seq_len``.
 
     Token ids are zeros: memory does not depend on their values. The last position of every
     sequence is padding (attention mask 0): with an all-ones mask transformers may drop the mask
-    and let SDPA use a mask-free kernel, which a real padded batch never gets. ``full_rows``
-    (flash_attention_2) keeps every position: rows filled to ``seq_len`` (packed), which is what
+    and let SDPA use a mask-free kernel, which a real padded batch never gets. With ``attn``
+    flash_attention_2 every position is kept: rows filled to ``seq_len`` (packed), which is what
     flash-attn runs without unpadding copies.
     """
     import torch
@@ -140,7 +140,7 @@ def make_batch(
         "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
         "attention_mask": torch.ones(shape, dtype=torch.long, device=device),
     }
-    if seq_len > 1 and not full_rows:
+    if seq_len > 1 and attn != FLASH_ATTENTION_2:
         batch["attention_mask"][:, -1] = 0
     if task == "sequence-classification":
         batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)

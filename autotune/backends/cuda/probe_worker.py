@@ -42,7 +42,6 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.step import (
-    FLASH_ATTENTION_2,
     build_model,
     gradient_checkpointing,
     make_batch,
@@ -260,7 +259,7 @@ class Worker:
         if workload is None or mode is None:  # handle() probes only after a successful init
             raise ProtocolError("a probe before a successful init")
         batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device,
-                           full_rows=workload.attn == FLASH_ATTENTION_2)
+                           attn=workload.attn)
         optimizer = (make_optimizer(self.model, workload.optimizer, emulate=False)
                      if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None

@@ -37,7 +37,6 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer
 from autotune.workload.step import (
-    FLASH_ATTENTION_2,
     build_model,
     gradient_checkpointing,
     make_batch,
@@ -365,8 +364,7 @@ class EstimateBackend:
                 torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
                 for _ in range(CUBLAS_HANDLES_PER_STEP)
             ]
-            batch = make_batch(model.config, workload.task, batch_size, seq_len,
-                               full_rows=workload.attn == FLASH_ATTENTION_2)
+            batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
             optimizer = make_optimizer(model, workload.optimizer, emulate=True)
             scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
             self._emulation = emulation

@@ -40,7 +40,7 @@ from autotune.backends.estimate.tracker import StorageTracker
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
-from autotune.workload.step import FLASH_ATTENTION_2, NoScaler, make_batch, run_steps
+from autotune.workload.step import NoScaler, make_batch, run_steps
 
 # The emulated bitsandbytes 8-bit AdamW, by the name it had here (tests/analysis import it).
 AdamW8bitState = BnbAdamWState
@@ -335,8 +335,7 @@ class InstrumentedBackend(EstimateBackend):
             ]
             for index in range(CUBLAS_HANDLES_PER_STEP):
                 tracker.mark(workspaces[index], "workspaces")
-            batch = make_batch(model.config, workload.task, batch_size, seq_len,
-                               full_rows=workload.attn == FLASH_ATTENTION_2)
+            batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
             for name in batch:
                 tracker.mark(batch[name], "inputs")
             optimizer = make_variant_optimizer(model, workload, self.variant)

@@ -174,3 +174,18 @@ def test_the_default_task_of_every_preset(name):
 ])
 def test_auto_loads_a_presets_weights_in_its_published_dtype(name, dtype):
     assert resolve_dtype(resolve_model(name)) == dtype
+
+
+def test_flash_attention_2_rows_are_full_and_the_estimator_runs_it():
+    from autotune.analysis.check import check_step
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.workload.step import make_batch
+
+    config = resolve_model("tiny-llama").config
+    assert make_batch(config, "causal-lm", 2, 8)["attention_mask"][:, -1].tolist() == [0, 0]  # padded
+    assert make_batch(config, "causal-lm", 2, 8, attn="flash_attention_2")["attention_mask"].all()
+    gpu = resolve_gpu("A100-80GB")
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", "flash_attention_2")
+    result = check_step(workload, EstimateBackend(gpu), gpu, seq_len=64, batch_size=2,
+                        mode=parse_mode("bf16"), margin=0.05)
+    assert result.fits and result.attn == "flash_attention_2"
