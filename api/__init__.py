@@ -12,6 +12,7 @@
     routes/        the JSON API, one module per resource: health, tables, check, explain
     views/         the dashboard, one module per page, with templates/ and static/
     chart.py       the SVG chart of the dashboard
+    docs.py        the API docs (/docs, /redoc), their assets served from static/docs, no CDN
 
 A *table* is what a request asks for; a *run* is one execution of it (queued, running, done,
 failed, cancelled), carried out by a run worker (one process per run); the cuda backend below it

@@ -2,9 +2,12 @@
 
 Routes let the core's errors (autotune.errors) propagate; ``install`` answers each as JSON
 ``{"detail": message}`` with the status of its kind, plus ``"field"`` when the error names the
-request field it is about (a form shows it next to that field). Routes that take one cell as query
-parameters (check, explain) name two fields differently from a table request: their router's
-``query_fields`` dependency renames them.
+request field it is about (a form shows it next to that field), and then ``"errors"``: every
+invalid field of the request, ``[{"field": ..., "detail": ...}, ...]``, the one of ``detail`` first
+(the status is that first error's). Routes that take one cell as query parameters (check,
+explain) name two fields differently from a table request: their router's ``query_fields``
+dependency renames them. A request refused by pydantic (its shape) is FastAPI's 422, whose
+``detail`` already lists every error, with its ``loc``.
 """
 
 from __future__ import annotations
@@ -12,20 +15,34 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from autotune.errors import AutotuneError, BackendUnavailable, InvalidInput, ModelPathRefused, UnknownModel
+from api.runs.analysis import ClientGone
+from autotune.errors import (
+    AutotuneError,
+    BackendUnavailable,
+    InvalidInput,
+    ModelPathRefused,
+    Overloaded,
+    UnknownModel,
+)
 
 # The error responses every route that reads a request can give, for the OpenAPI document.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a body that is not JSON text, a malformed Content-Length, or a Host header "
+                         "this server does not answer to (AUTOTUNE_ALLOWED_HOSTS)"},
     401: {"description": "a write without the server's API token"},
     403: {"description": "a model path this server may not read"},
     404: {"description": "unknown model (the detail lists the presets) or run"},
+    408: {"description": "the request body did not arrive whole in time (AUTOTUNE_BODY_TIMEOUT_S)"},
     413: {"description": "request body too large"},
     422: {"description": "invalid input: the detail says what is allowed"},
     500: {"description": "a probe failed (the detail says why), or an internal error"},
-    503: {"description": "the backend asked for cannot run on this server"},
+    503: {"description": "the backend asked for cannot run on this server, or the server has no room "
+                         "for the request now (Retry-After says when to ask again)"},
 }
+
+CLIENT_CLOSED_REQUEST = 499  # not in the RFCs: nginx's status for a client that left first
 
 # Fields of a table request as the one-cell query routes (check, explain) name them.
 QUERY_FIELDS = {"seq_lens": "seq_len", "modes": "mode"}
@@ -39,7 +56,7 @@ def status_of(exc: AutotuneError) -> int:
         return status.HTTP_403_FORBIDDEN
     if isinstance(exc, InvalidInput):
         return 422  # HTTP_422_UNPROCESSABLE_CONTENT, named _ENTITY before Starlette 0.48
-    if isinstance(exc, BackendUnavailable):
+    if isinstance(exc, BackendUnavailable | Overloaded):
         return status.HTTP_503_SERVICE_UNAVAILABLE
     # ProbeError (a probe or search failed), StoreError: the server could not answer.
     return status.HTTP_500_INTERNAL_SERVER_ERROR
@@ -59,7 +76,15 @@ def install(app: FastAPI) -> None:
         if exc.field is not None:
             renamed = getattr(request.state, "field_names", {})
             body["field"] = renamed.get(exc.field, exc.field)
-        return JSONResponse(body, status_code=status_of(exc))
+            body["errors"] = [{"field": renamed.get(e.field, e.field), "detail": str(e)}
+                              for e in (exc, *exc.others)]
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+        return JSONResponse(body, status_code=status_of(exc), headers=headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        # Nobody reads this: the client left while its check or explain ran (nginx's 499).
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

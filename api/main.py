@@ -14,8 +14,9 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 import autotune
-from api import errors
-from api.limits import BodySizeLimit
+from api import docs, errors
+from api.hosts import TrustedHosts
+from api.limits import BodyLimits
 from api.routes import api_router
 from api.runs.queue import RunQueue
 from api.runs.runner import LocalRunner, Runner
@@ -28,6 +29,13 @@ DESCRIPTION = (
     "The largest training batch that fits in GPU memory, per sequence length, for a transformers "
     "model. POST /v1/tables queues a table; GET /v1/tables/{id} shows its cells as they finish."
 )
+
+
+def make_runner(settings: Settings) -> LocalRunner:
+    """The runner of this host as the settings ask: its lanes, watchdog and analysis workers."""
+    return LocalRunner(estimate_workers=settings.estimate_workers, watchdog_s=settings.watchdog_s,
+                       analysis_workers=settings.analysis_workers,
+                       analysis_timeout_s=settings.analysis_timeout_s)
 
 
 def create_app(
@@ -45,23 +53,27 @@ def create_app(
         if app_store is None:
             app_store = Store(settings.db)
             app_store.claim()
-        app_runner = runner if runner is not None else LocalRunner(estimate_workers=settings.estimate_workers)
-        queue = RunQueue(app_store, app_runner)
+        app_runner = runner if runner is not None else make_runner(settings)
+        queue = RunQueue(app_store, app_runner, reconcile_s=settings.reconcile_s)
         queue.start()
         app.state.queue = queue
         try:
             yield
         finally:
+            queue.close()
             app_runner.close()
             app_store.close()
 
-    app = FastAPI(title="autotune", version=autotune.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="autotune", version=autotune.__version__, description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # api.docs serves them without a CDN
     app.state.settings = settings
 
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(TrustedHosts, allowed=settings.allowed_hosts)  # the last added runs first
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")
+    docs.install(app)
     templates.env.globals["version"] = autotune.__version__
     return app

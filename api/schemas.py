@@ -30,8 +30,10 @@ class TableCreate(BaseModel):
                                              "models of at most 512 positions, else [512, 1024, 2048, "
                                              "4096, 8192]; within the model's limit")
     modes: list[str] | str | None = Field(None, description="from fp32, amp, bf16, ckpt, amp+ckpt, "
-                                                            "bf16+ckpt; default fp32, amp, ckpt, amp+ckpt")
-    gpu_memory: str | StrictInt | None = Field(None, description="the target card's memory, e.g. '12GiB'")
+                                                            "bf16+ckpt; default (null) fp32, amp, ckpt, "
+                                                            "amp+ckpt; at least one")
+    gpu_memory: str | StrictInt | None = Field(None, description="the target card's memory, e.g. '12GiB' "
+                                                                 "or a byte count; at most 4 TiB")
     gpu: str | None = Field(None, description="a GPU preset, e.g. 'T4', 'A100-80GB'")
     backend: str | None = Field(None, description="auto (default), cuda or estimate")
     margin: float | None = Field(None, description="fraction of the allocator's memory kept free (0.05)")
@@ -139,10 +141,19 @@ class TablesPublic(BaseModel):
     offset: int
 
 
+class DatabasePublic(BaseModel):
+    path: str = Field(description="the SQLite file of the queue and results")
+    integrity: str = Field(description="what PRAGMA quick_check said when the server opened it: 'ok', or "
+                                       "its first problems")
+
+
 class HealthPublic(BaseModel):
-    status: Literal["ok"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: the database failed its integrity check")
     backend: str = Field(description="what backend auto means here: cuda or estimate")
     gpu: str | None = Field(description="the GPU kind the cuda backend measures on")
     lanes: dict[str, int] = Field(description="runs at once per backend")
     versions: dict[str, str | None]
     queue: dict[str, int] = Field(description="runs per status")
+    database: DatabasePublic
+    analysis: dict[str, int] = Field(
+        description="heavy reads (check and explain on the estimator): workers, busy now, answers cached")

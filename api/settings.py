@@ -15,11 +15,14 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field
 from pydantic_settings import NoDecode
 
+from api.hosts import LOOPBACK_HOSTS, parse_hosts
+from api.runs.runner import ANALYSIS_TIMEOUT_S, WATCHDOG_S
 from autotune.defaults import BACKENDS, DEFAULT_BACKEND, DEFAULT_MAX_BATCH
 from autotune.settings import PositiveInt, Switch
 from autotune.settings import Settings as LibrarySettings
 
 DEFAULT_DB = Path("autotune.db")
+RECONCILE_S = 5.0  # a failed write is retried, a lost run requeued, within seconds; a pass is 2 reads
 
 
 def _cpu_count() -> int:
@@ -54,6 +57,17 @@ def _backend(value: Any) -> Any:
 DbPath = Annotated[Path, BeforeValidator(_db)]  # "" = DEFAULT_DB
 Dirs = Annotated[tuple[Path, ...], NoDecode, BeforeValidator(_dirs)]  # not JSON: /a:/b
 Backend = Annotated[str, BeforeValidator(_backend)]  # one of BACKENDS
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # "2.5"; "0", "-1", "nan" refused
+
+
+def _hosts(value: Any) -> Any:
+    """Comma-separated host names (api.hosts.parse_hosts); a list or tuple is read the same way."""
+    if isinstance(value, list | tuple):
+        value = ",".join(map(str, value))
+    return parse_hosts(value) if isinstance(value, str) else value
+
+
+Hosts = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_hosts)]  # not JSON: a,b; "" = loopback
 
 
 class ServiceSettings(LibrarySettings):
@@ -72,6 +86,27 @@ class ServiceSettings(LibrarySettings):
     max_batch: PositiveInt = DEFAULT_MAX_BATCH  # AUTOTUNE_MAX_BATCH: largest max_batch a request may ask
     max_seq_len: PositiveInt = 8192  # AUTOTUNE_MAX_SEQ_LEN: tokens, whatever the model allows
     max_body_bytes: PositiveInt = 16 * 1024  # AUTOTUNE_MAX_BODY_BYTES: of a request body
+    # Heavy reads (check and explain on the estimator) run in worker processes, never in the server.
+    # AUTOTUNE_ANALYSIS_WORKERS: at once; one more is answered 503 with Retry-After. Default: half
+    # the CPUs this process may use (at least 1), the rest left to the runs and the server.
+    analysis_workers: PositiveInt = Field(default_factory=lambda: max(1, _cpu_count() // 2))
+    # AUTOTUNE_ANALYSIS_TIMEOUT_S: seconds one check or explain may take before its worker is killed
+    # and the request answered 503; the documented bound of a heavy read's response time.
+    analysis_timeout_s: PositiveFloat = ANALYSIS_TIMEOUT_S
+    # AUTOTUNE_WATCHDOG_S: seconds a run's worker may report nothing (no probe ended) before it is
+    # killed and its run failed with that reason, freeing its lane.
+    watchdog_s: PositiveFloat = WATCHDOG_S
+    # AUTOTUNE_RECONCILE_S: seconds between the reconciler's passes (writes that failed are
+    # retried; a run the store says is running but no worker holds is requeued).
+    reconcile_s: PositiveFloat = RECONCILE_S
+    # What a request may be, checked before any route (api/hosts.py, api/limits.py).
+    # AUTOTUNE_ALLOWED_HOSTS (comma-separated): the host names clients reach this server by; a
+    # request for another Host is answered 400 (a DNS-rebinding page names its own site there).
+    # '*.example.com' allows the names under a domain, '*' any; `autotune serve --host ADDR` adds ADDR.
+    allowed_hosts: Hosts = LOOPBACK_HOSTS
+    # AUTOTUNE_BODY_TIMEOUT_S: seconds a request body may take to arrive whole after its headers
+    # before it is answered 408 (this API's bodies are at most AUTOTUNE_MAX_BODY_BYTES of JSON).
+    body_timeout_s: PositiveFloat = 10.0
 
 
 Settings = ServiceSettings

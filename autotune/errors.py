@@ -9,6 +9,9 @@
     │   │                         not model (LoRA, DeepSpeed, ...): refused, never ignored
     │   └── ModelPathRefused      a model path the service may not read: HTTP 403
     ├── BackendUnavailable        e.g. backend cuda on a machine without CUDA: HTTP 503
+    ├── Overloaded                the service has no room for a request now (every analysis worker
+    │                             busy, or the request runs past the time limit): HTTP 503 with
+    │                             Retry-After
     ├── ProbeError                a probe failed for a reason other than out-of-memory
     │   ├── SearchError           a search stopped at a probe that failed (carries its probes)
     │   ├── WorkerFailed          a cuda probe worker died, hung, or broke the protocol
@@ -33,9 +36,12 @@ class AutotuneError(Exception):
 
     ``field``: the request field the error is about, when an entry point knows it (the API
     answers it beside the message, so a form can show the error next to that field).
+    ``others``: errors of the same request found after this one, each with its field: an entry
+    point that checks every field (the service's normalize) raises the first and carries the rest.
     """
 
     field: str | None = None
+    others: tuple[AutotuneError, ...] = ()
 
 
 class InvalidInput(AutotuneError, ValueError):
@@ -72,6 +78,14 @@ class ModelPathRefused(InvalidInput):
 
 class BackendUnavailable(AutotuneError):
     """The requested backend cannot run on this machine."""
+
+
+class Overloaded(AutotuneError):
+    """The service cannot take this request now; ``retry_after_s``: when asking again may help."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ProbeError(AutotuneError):

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, replace
 
 from autotune.errors import InvalidInput, UnknownGpu
+from autotune.spelling import close_matches, did_you_mean
 from autotune.units import KIB, MIB, format_bytes, gib_to_bytes, parse_bytes
 
 CONTEXT_OVERHEAD_ENV = "AUTOTUNE_CONTEXT_OVERHEAD"
@@ -209,11 +210,33 @@ def _key(name: str) -> str:
 _LOOKUP: dict[str, str] = {_key(name): name for name in GPU_PRESETS} | _ALIASES
 
 
+# Spellings a preset is suggested for: its name, its aliases, and its family, the name's first
+# part ("A100" for A100-40GB and A100-80GB: an ambiguous name gets every size as a suggestion).
+_SPELLINGS: tuple[tuple[str, str], ...] = (
+    *((name, name) for name in GPU_PRESETS),
+    *_ALIASES.items(),
+    *((name.split("-")[0], name) for name in GPU_PRESETS),
+)
+# Card names differ by a digit between different cards (RTX-2080 is no RTX-3090: ratio 0.71), so
+# a GPU is suggested only when closer than spelling.DEFAULT_CUTOFF asks ("H10": H100 0.86).
+GPU_SUGGESTION_CUTOFF = 0.75
+
+
+def gpu_suggestions(name: str) -> list[str]:
+    """The presets closest to a mistyped GPU name, best first ("T-4" -> ["T4"])."""
+    return close_matches(name, _SPELLINGS, cutoff=GPU_SUGGESTION_CUTOFF)
+
+
 def resolve_gpu(name: str) -> GpuSpec:
-    """The preset called `name` (case-insensitive); UnknownGpu listing the presets."""
+    """The preset called `name` (case-insensitive); UnknownGpu naming the close presets, if any,
+    and listing them all."""
     preset = _LOOKUP.get(_key(name))
     if preset is None:
-        raise UnknownGpu(f"unknown GPU '{name}': use one of {', '.join(GPU_PRESETS)}")
+        presets = ", ".join(GPU_PRESETS)
+        guess = did_you_mean(gpu_suggestions(name))
+        if guess:
+            raise UnknownGpu(f"unknown GPU '{name}': {guess} Presets: {presets}")
+        raise UnknownGpu(f"unknown GPU '{name}': use one of {presets}")
     return GPU_PRESETS[preset]
 
 

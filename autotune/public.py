@@ -12,9 +12,12 @@ config's ``torch_dtype``, else float32); ``optimizer`` a Trainer ``optim`` name 
 ``adamw_torch_fused``, the Trainer's); ``loss="chunked"`` a fused linear cross-entropy (causal-lm).
 Results say which step they are for (``task``, ``weights_dtype``, ``optimizer``, ``attn``, ``loss``).
 
-Models are built from their configs with random weights: nothing is downloaded but a hub config
-when the name is neither a preset nor a local config. torch and transformers are imported on the
-first call, not by ``import autotune``.
+Models are built from their configs with random weights. Offline by default: a name that is
+neither a preset nor a local config is looked up on the Hugging Face hub (its config.json, never
+weights) only with ``hub=True``, or with ``hub=None`` (the default) when AUTOTUNE_ALLOW_HUB=1;
+HF_HUB_OFFLINE=1 (or AUTOTUNE_OFFLINE=1) limits that lookup to the local Hugging Face cache. A name
+that resolves nowhere is refused naming the closest presets. torch and transformers are imported on
+the first call, not by ``import autotune``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,11 @@ if TYPE_CHECKING:
     from autotune.workload import Workload
     from autotune.workload.models import ModelSpec
 
-GpuMemory = str | int  # "12GiB", "16GB", or bytes
+GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
+
+# How to ask for a hub lookup, said by the refusal of an unknown name that could be a hub id.
+HUB_HINT = ("Hugging Face hub ids are looked up only when asked: --hub, hub=True in Python, "
+            "or AUTOTUNE_ALLOW_HUB=1")
 
 
 def table(
@@ -65,12 +72,15 @@ def table(
     max_batch: int = DEFAULT_MAX_BATCH,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
     ``seq_lens=None`` is the model's default rows (models.default_seq_lens: the BERT README's up to
-    512 positions, else 512..8192 within its limit). ``on_cell(cell, done, total)`` is called as
+    512 positions, else 512..8192 within its limit). ``hub=True`` looks ``model`` up on the Hugging
+    Face hub when it is neither a preset nor a local config; ``None`` follows AUTOTUNE_ALLOW_HUB
+    (default off), as in every function here. ``on_cell(cell, done, total)`` is called as
     each cell finishes. A cell that failed has
     ``error`` set and ``max_batch_size`` None; the others are proven by their probes.
 
@@ -83,7 +93,7 @@ def table(
     from autotune.workload.models import default_seq_lens, parse_seq_lens
     from autotune.workload.modes import parse_modes
 
-    spec = _model(model)
+    spec = _model(model, hub)
     seq_len_list = default_seq_lens(spec) if seq_lens is None else parse_seq_lens(seq_lens)
     parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
     workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss)
@@ -108,6 +118,7 @@ def check(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     accumulation_steps: int = 1,
+    hub: bool | None = None,
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
     a suggestion (``autotune check``; its exit status is ``0 if result.fits else 1``).
@@ -127,7 +138,7 @@ def check(
     _positive("batch_size", batch_size)
     _positive("accumulation_steps", accumulation_steps)
     parsed = parse_mode(mode)
-    workload = _workload(model, [seq_len], task, attn, optimizer, dtype, loss)
+    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps)
@@ -154,6 +165,7 @@ def explain(
     tokenizer: str | Path | None = None,
     levers: bool = True,
     max_batch: int = DEFAULT_MAX_BATCH,
+    hub: bool | None = None,
 ) -> Explanation:
     """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
     largest modules, outlier flags and the max batch under each lever (``autotune explain``).
@@ -185,7 +197,7 @@ def explain(
             raise InvalidInput(f"texts need a tokenizer: give tokenizer, a local directory with the "
                                f"tokenizer's files ({model!r} is not a local directory)")
         lengths = lengths_from_texts(texts, text_column, tokenizer if tokenizer is not None else model)
-    spec = _model(model)
+    spec = _model(model, hub)
     if seq_len is None:
         seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
     workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss)
@@ -210,6 +222,7 @@ def max_batch_size(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     max_batch: int = DEFAULT_MAX_BATCH,
+    hub: bool | None = None,
 ) -> int:
     """The largest batch whose training step fits: one cell of ``table`` (0 when batch 1 does not
     fit; ``max_batch`` when the search reached its cap).
@@ -223,7 +236,7 @@ def max_batch_size(
 
     parsed = parse_mode(mode)
     _positive("max_batch", max_batch)
-    workload = _workload(model, [seq_len], task, attn, optimizer, dtype, loss)
+    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss)
     chosen, target = _backend(backend, gpu, gpu_memory)
     budget = budget_bytes(target, margin)
     return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
@@ -232,13 +245,20 @@ def max_batch_size(
 # -- shared by the four --------------------------------------------------------------------------
 
 
-def _model(model: str) -> ModelSpec:
+def _model(model: str, hub: bool | None) -> ModelSpec:
+    """``model`` resolved offline, or on the hub too with ``hub`` (None: AUTOTUNE_ALLOW_HUB)."""
     from autotune.workload.models import resolve_model
 
-    return resolve_model(model)
+    if hub is None:
+        from autotune.settings import Settings  # pydantic-settings: imported when first needed
+
+        hub = Settings.from_env().allow_hub
+    elif not isinstance(hub, bool):
+        raise InvalidInput(f"hub must be True, False or None, got {hub!r}")
+    return resolve_model(model, allow_hub=hub, hub_hint=HUB_HINT)
 
 
-def _workload(model: str | ModelSpec, seq_lens: Sequence[int], task: str | None, attn: str | None,
+def _workload(spec: ModelSpec, seq_lens: Sequence[int], task: str | None, attn: str | None,
               optimizer: str, dtype: str = DEFAULT_DTYPE, loss: str = DEFAULT_LOSS) -> Workload:
     """The workload, every sequence length checked against the model before anything is built.
 
@@ -251,7 +271,6 @@ def _workload(model: str | ModelSpec, seq_lens: Sequence[int], task: str | None,
     from autotune.workload.optimizers import check_optimizer
     from autotune.workload.step import check_attn
 
-    spec = _model(model) if isinstance(model, str) else model
     for seq_len in seq_lens:
         check_seq_len(spec, seq_len)
     resolved_task = task_for(spec, task)

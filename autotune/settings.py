@@ -78,7 +78,8 @@ def _text_or_none(value: Any) -> Any:
 
 
 def _size_or_none(value: Any) -> Any:
-    """A memory size (``600MiB``, ``1.5GiB``, a byte count) in bytes; empty is None (unset)."""
+    """A memory size (``600MiB``, ``1.5GiB``, ``1024B``; units.parse_bytes) in bytes; empty is
+    None (unset)."""
     if isinstance(value, str):
         value = value.strip()
         if not value:
@@ -120,11 +121,17 @@ class Settings(BaseSettings):
     )
 
     # AUTOTUNE_CONTEXT_OVERHEAD: bytes of GPU memory the CUDA context takes before any tensor,
-    # a size like "600MiB" or a byte count; None = the GPU's preset or architecture default.
+    # a size with its unit like "600MiB" ("600" alone is refused; "629145600B" is a byte count);
+    # None = the GPU's preset or architecture default.
     context_overhead: Annotated[int | None, BeforeValidator(_size_or_none)] = None
     # AUTOTUNE_OFFLINE: read only the local Hugging Face cache, as HF_HUB_OFFLINE=1 does (read the
     # same way: 1/true/yes/on is on, anything else off).
     offline: Annotated[bool, BeforeValidator(_lenient_switch)] = False
+    # AUTOTUNE_ALLOW_HUB: look a model name that is neither a preset nor a local config up on the
+    # Hugging Face hub (its config only), as the CLI's --hub and the Python API's hub=True do. Off
+    # in the library: a typo fails at once, offline. The service reads the same variable with its
+    # own default, on (api/settings.py).
+    allow_hub: Switch = False
     server: OptionalText = None  # AUTOTUNE_SERVER: URL of the autotune service `check` asks; None = local
     api_token: OptionalText = None  # AUTOTUNE_API_TOKEN: Bearer token for the service's writes; None = open
 

@@ -3,6 +3,9 @@
 Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB)
 are powers of 1000, as the IEC prefixes define them. A bare K, M, G or T is binary,
 the way nvidia-smi and PyTorch's OOM messages mean it ("12G" is 12 GiB).
+
+Text needs its unit: "12" could be 12 GiB or 12 bytes, so it is refused (B or "bytes"
+says bytes: "1024B"). An int from Python is a byte count.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ MIB = 1024**2
 GIB = 1024**3
 TIB = 1024**4
 
-# Unit (lower case) -> bytes. "" is plain bytes.
+# Unit (lower case) -> bytes.
 _UNITS: dict[str, int] = {
-    "": 1,
     "b": 1,
+    "bytes": 1,
     "k": KIB,
     "kib": KIB,
     "m": MIB,
@@ -37,7 +40,8 @@ _UNITS: dict[str, int] = {
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 
-_FORMS = "use a number with a unit, e.g. 12GiB, 16GB, 512MiB"
+ALLOWED_UNITS = "KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000), B"
+_FORMS = f"use a number with a unit, e.g. 12GiB, 16GB, 512MiB; units: {ALLOWED_UNITS}"
 
 # Largest first, for format_bytes.
 _FORMAT_UNITS: tuple[tuple[str, int], ...] = (
@@ -51,13 +55,14 @@ _FORMAT_UNITS: tuple[tuple[str, int], ...] = (
 def parse_bytes(text: str | int) -> int:
     """Parse a memory size into bytes; the result is always > 0.
 
-    Accepted: a plain byte count ("1024" or 1024); a number (decimals allowed) with a
+    Accepted: an int, a byte count (1024); text of a number (decimals allowed) with a
     binary unit KiB/MiB/GiB/TiB or a decimal unit KB/MB/GB/TB, case-insensitive, with
-    or without a space ("12GiB", "12 gib", "12.5GiB", "16GB"); and nvidia-smi style
-    K/M/G/T, which mean KiB/MiB/GiB/TiB ("12G" is 12 GiB). A fractional byte count is
-    rounded to the nearest byte.
+    or without a space ("12GiB", "12 gib", "12.5GiB", "16GB"); nvidia-smi style K/M/G/T,
+    which mean KiB/MiB/GiB/TiB ("12G" is 12 GiB); and B or "bytes" for a byte count
+    ("1024B"). A fractional byte count is rounded to the nearest byte.
 
-    Raises InvalidInput naming the bad text and the accepted forms.
+    Raises InvalidInput naming the bad text and the accepted units; text without a unit
+    ("12") is refused with the readings it could have ("12GiB", "12MiB", "12B").
     """
     if isinstance(text, bool) or not isinstance(text, (int, str)):
         # bool is an int subclass, and True is not a size
@@ -70,10 +75,17 @@ def parse_bytes(text: str | int) -> int:
 
 def _parse_text(text: str) -> int:
     match = _SIZE.match(text)
-    if match is None or match.group(2).lower() not in _UNITS:
+    if match is None:
         raise InvalidInput(f"invalid memory size '{text}': {_FORMS}")
-    unit = _UNITS[match.group(2).lower()]
-    return int((Decimal(match.group(1)) * unit).to_integral_value())
+    number, unit = Decimal(match.group(1)), match.group(2).lower()
+    if not unit and number > 0:  # zero is refused as zero, whatever its unit
+        raise InvalidInput(
+            f"invalid memory size '{text}': a size needs a unit, e.g. {match.group(1)}GiB or "
+            f"{match.group(1)}MiB ({match.group(1)}B for bytes); units: {ALLOWED_UNITS}"
+        )
+    if unit and unit not in _UNITS:
+        raise InvalidInput(f"invalid memory size '{text}': {_FORMS}")
+    return int((number * _UNITS.get(unit, 1)).to_integral_value())
 
 
 def format_bytes(n: int) -> str:

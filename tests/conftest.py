@@ -11,6 +11,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
 
+# The base URL of the app's test clients: a host the server answers to by default
+# (AUTOTUNE_ALLOWED_HOSTS), where Starlette's own default, testserver, would be answered 400.
+LOCAL = "http://localhost"
 
 @pytest.fixture
 def idle_client(tmp_path):
@@ -23,7 +26,7 @@ def idle_client(tmp_path):
     from api.settings import Settings
 
     app = create_app(Settings(db=tmp_path / "idle.db"), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         yield client
 
 

@@ -1,14 +1,20 @@
-"""/v1/check: the CI gate over HTTP, answered from stored tables when they cover the cell."""
+"""/v1/check: the CI gate over HTTP, answered from stored tables when they cover the cell.
+
+A cell no stored table covers is estimated in an analysis worker (api/runs/analysis.py), never in
+the server process: bounded in number and time, cached, dropped when the client leaves.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
+from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE
+from api.runs.analysis import AnalysisOrder, run_analysis
 from api.runs.spec import TableSpec, normalize
 from autotune.workload.modes import parse_mode
 
@@ -21,30 +27,35 @@ _RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering ta
 
 @router.get("/check", responses=ERROR_RESPONSES)
 async def check(
-    queue: QueueDep, settings: SettingsDep,
+    request: Request, queue: QueueDep, settings: SettingsDep,
     model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
     seq_len: Annotated[int, Query(ge=1)],
-    batch_size: Annotated[int, Query(ge=1)],
+    batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)],
     mode: str = "fp32", task: str | None = None, attn: str | None = None,
     gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
-    accumulation_steps: Annotated[int, Query(ge=1)] = 1, backend: str | None = None,
+    accumulation_steps: Annotated[int, Query(ge=1, le=MAX_ACCUMULATION_STEPS)] = 1,
+    backend: str | None = None,
     dtype: str | None = None, optimizer: str | None = None, loss: str | None = None,
 ) -> dict[str, Any]:
     """Does the step fit? From a stored measured table, else a stored estimate, else estimated now."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
             "dtype": dtype, "optimizer": optimizer, "loss": loss}
-    spec = normalize(body, settings, queue.runner.environment)
+    # In the threadpool: resolving a hub id reads the network; a store scan reads the disk.
+    spec = await run_in_threadpool(normalize, body, settings, queue.runner.environment)
     wanted = parse_mode(mode)
     effective = batch_size * accumulation_steps
-    stored = _from_store(queue, spec, seq_len, batch_size, wanted, effective)
+    stored = await run_in_threadpool(_from_store, queue, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
         return stored
     if spec.backend != "estimate":
         # A measurement takes minutes: queue the table (POST /v1/tables) and answer meanwhile
         # from the estimator, which says so in "source".
-        spec = normalize({**body, "backend": "estimate"}, settings, queue.runner.environment)
-    return await run_in_threadpool(_estimate_now, spec, seq_len, batch_size, wanted, effective)
+        spec = await run_in_threadpool(normalize, {**body, "backend": "estimate"}, settings,
+                                       queue.runner.environment)
+    order = AnalysisOrder("check", spec.to_json(), {"seq_len": seq_len, "batch_size": batch_size,
+                                                    "mode": wanted.name, "effective_batch": effective})
+    return await run_analysis(queue.runner, order, request.is_disconnected)
 
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
@@ -77,21 +88,4 @@ def _from_store(
             if result is not None:
                 return {**result.to_dict(), "table_id": run.id}
     return None
-
-
-def _estimate_now(
-    spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
-) -> dict[str, Any]:
-    import warnings
-
-    from autotune.analysis.check import check_step
-    from autotune.backends.estimate.backend import EstimateBackend
-
-    gpu = spec.target_gpu()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        result = check_step(spec.workload(), EstimateBackend(gpu), gpu, seq_len=seq_len,
-                            batch_size=batch_size, mode=mode, margin=spec.margin,
-                            effective_batch=effective)
-    return {**result.to_dict(), "table_id": None}
 

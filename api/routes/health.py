@@ -1,18 +1,23 @@
-"""/v1/health: is the service up, what does it measure with, which versions."""
+"""/v1/health: is the service up, what does it measure with, which versions, is its database sound."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from api.deps import QueueDep
-from api.schemas import HealthPublic
+from api.schemas import DatabasePublic, HealthPublic
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=HealthPublic)
-def health(queue: QueueDep) -> HealthPublic:
-    """Liveness, the backend available (cuda and the GPU, or estimate), versions and the queue."""
+async def health(queue: QueueDep) -> HealthPublic:
+    # On the event loop, not in the threadpool: heavy requests may hold every thread of the pool
+    # for a while (a hub lookup), and health must answer at once. Its reads take a millisecond.
+    """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state."""
     runner = queue.runner.describe()
-    return HealthPublic(status="ok", backend=runner["backend"], gpu=runner["gpu"], lanes=runner["lanes"],
-                        versions=runner["versions"], queue=queue.store.counts())
+    store = queue.store
+    database = DatabasePublic(path=str(store.path), integrity=store.integrity)
+    return HealthPublic(status="ok" if store.integrity == "ok" else "degraded", backend=runner["backend"],
+                        gpu=runner["gpu"], lanes=runner["lanes"], versions=runner["versions"],
+                        queue=store.counts(), database=database, analysis=runner["analysis"])

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from api.deps import QueueDep, SettingsDep, WriteAccess
 from api.errors import ERROR_RESPONSES
+from api.limits import MAX_OFFSET
 from api.runs.spec import TableSpec, normalize, run_warnings
 from api.schemas import (
     CellPublic,
@@ -26,6 +27,9 @@ from autotune.gpus import resolve_gpu
 from autotune.workload.models import preset_name
 
 router = APIRouter(prefix="/tables", tags=["tables"])
+
+# Where a page of a run list starts (here and on the dashboard's pages).
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="runs skipped, newest first")]
 
 def _url(request: Request, run_id: str) -> str:
     return str(request.url_for("read_table", table_id=run_id))
@@ -104,7 +108,7 @@ def list_tables(
     gpu: Annotated[str | None, Query(description="the target GPU, e.g. T4")] = None,
     status_: Annotated[Status | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> TablesPublic:
     """Table runs, newest first, a page at a time."""
     model, gpu = run_filters(model, gpu)

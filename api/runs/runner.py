@@ -13,6 +13,11 @@ LocalRunner has lanes, each a thread that runs one order at a time in a worker p
   on one GPU would corrupt each other's peak, so a GPU never runs two orders at once;
 - ``estimate_workers`` estimate lanes (default: the CPU count), with no GPU visible.
 
+A watchdog fails a run whose worker reports nothing (no cell, no probe) for ``watchdog_s``:
+it kills the worker's group and fails the run with that reason, freeing the lane (a worker
+stopped with SIGSTOP, or stuck in a kernel, would hold it forever). Heavy reads (``check`` and
+``explain`` on the estimator) go to the runner too, to a pool of their own (analysis.py).
+
 Runs of a kind start in the order they were submitted. A worker is a process of its own, in a
 process group of its own, so that a crash (segfault, kill, a CUDA error that ends the process)
 fails its run with the reason while the service keeps serving; after any worker exits, the lane
@@ -37,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import autotune
+from api.runs.analysis import ANALYSIS_COMMAND, AnalysisOrder, AnalysisPool, Ticket
 from autotune.errors import BackendUnavailable, InvalidInput
 from autotune.processes import child_env, exit_reason
 
@@ -46,6 +52,12 @@ WORKER_COMMAND = (sys.executable, "-m", "api.runs.worker")
 STOP_GRACE_S = 5.0  # for a cancelled worker to stop between cells before its group is killed
 STDERR_TAIL_LINES = 40  # of a worker's stderr, kept for the error of a run it failed
 BACKEND_KINDS = ("cuda", "estimate")
+# A worker reports a probe at least this often unless it is stuck: the estimator's slowest
+# probe (an 8B model's first trace) takes about a minute here, a cuda probe of a large model a
+# few, so 15 minutes of silence is no step being measured.
+WATCHDOG_S = 900.0
+ANALYSIS_TIMEOUT_S = 120.0  # of one check or explain on the estimator (BERT-base with levers: ~60 s)
+WATCHDOG_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,16 @@ class Runner(Protocol):
 
     def cancel(self, run_id: str) -> None:
         """Drop a queued order, or stop a running one (its finished cells were reported)."""
+        ...
+
+    def held(self) -> set[str]:
+        """The run ids queued or running here (the reconciler compares them with the store)."""
+        ...
+
+    def analyze(self, order: AnalysisOrder) -> Ticket:
+        """Start (or join, or answer from cache) a check or explain away from the server process.
+
+        Overloaded (HTTP 503, Retry-After) when there is no room for it now."""
         ...
 
     def close(self) -> None:
@@ -215,6 +237,8 @@ class _Slot:
     lane: Lane
     worker: _Worker | None = None
     stop: bool = False
+    last_progress: float = field(default_factory=time.monotonic)  # monotonic s of its last message
+    stalled: str | None = None  # why the watchdog killed its worker
 
 
 class LocalRunner:
@@ -227,6 +251,10 @@ class LocalRunner:
         gpu_lanes: Sequence[Lane] | None = None,  # None: one per local GPU (detect_gpu_lanes)
         worker_command: Sequence[str] = WORKER_COMMAND,  # injectable: tests run fake workers
         stop_grace_s: float = STOP_GRACE_S,
+        watchdog_s: float = WATCHDOG_S,
+        analysis_workers: int = 1,
+        analysis_timeout_s: float = ANALYSIS_TIMEOUT_S,
+        analysis_command: Sequence[str] = ANALYSIS_COMMAND,
     ) -> None:
         self._versions = versions()
         lanes = detect_gpu_lanes() if gpu_lanes is None else list(gpu_lanes)
@@ -237,6 +265,9 @@ class LocalRunner:
         ]
         self.worker_command = tuple(worker_command)
         self.stop_grace_s = stop_grace_s
+        self.watchdog_s = watchdog_s
+        self.analyses = AnalysisPool(workers=analysis_workers, timeout_s=analysis_timeout_s,
+                                     command=analysis_command, env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
         self._cond = threading.Condition()
         self._pending: dict[str, collections.deque[tuple[RunOrder, RunEvents]]] = {
             kind: collections.deque() for kind in BACKEND_KINDS
@@ -247,6 +278,7 @@ class LocalRunner:
             threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane {lane.name}", daemon=True)
             for lane in self._lanes
         ]
+        self._threads.append(threading.Thread(target=self._watchdog_loop, name="watchdog", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -271,6 +303,7 @@ class LocalRunner:
             "backend": "cuda" if self._gpu_lanes else "estimate",
             "gpu": self._gpu_kind,
             "lanes": {kind: sum(1 for lane in self._lanes if lane.backend == kind) for kind in BACKEND_KINDS},
+            "analysis": self.analyses.describe(),
             "versions": dict(self._versions),
         }
 
@@ -298,7 +331,15 @@ class LocalRunner:
         if worker is not None:
             worker.stop(self.stop_grace_s)
 
+    def held(self) -> set[str]:
+        with self._cond:
+            return set(self._running) | {order.run_id for q in self._pending.values() for order, _ in q}
+
+    def analyze(self, order: AnalysisOrder) -> Ticket:
+        return self.analyses.analyze(order)
+
     def close(self) -> None:
+        self.analyses.close()
         with self._cond:
             self._closed = True
             workers = [slot.worker for slot in self._running.values() if slot.worker is not None]
@@ -314,6 +355,25 @@ class LocalRunner:
         """run id -> lane name, of the orders in a lane now."""
         with self._cond:
             return {run_id: slot.lane.name for run_id, slot in self._running.items()}
+
+    def _watchdog_loop(self) -> None:
+        """Kill the worker of a run that reported nothing for watchdog_s; _execute fails the run."""
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                stalled = [slot for slot in self._running.values()
+                           if slot.worker is not None and slot.stalled is None and not slot.stop
+                           and now - slot.last_progress > self.watchdog_s]
+                for slot in stalled:
+                    slot.stalled = (f"the worker process (pid {slot.worker.proc.pid}) made no progress "  # type: ignore[union-attr]
+                                    f"for {self.watchdog_s:g} s (AUTOTUNE_WATCHDOG_S) and was killed")
+                self._cond.wait(timeout=min(WATCHDOG_POLL_S, self.watchdog_s / 4))
+            for slot in stalled:
+                log.warning("lane %s: %s", slot.lane.name, slot.stalled)
+                assert slot.worker is not None
+                slot.worker.kill()
 
     def _lane_loop(self, lane: Lane) -> None:
         while True:
@@ -351,12 +411,13 @@ class LocalRunner:
             if go:
                 worker.send({"op": "run", "run_id": order.run_id, "spec": order.spec,
                              "completed": list(order.completed)})
-            with self._cond:  # from here on, cancel() and close() reach the worker
+            with self._cond:  # from here on, cancel(), close() and the watchdog reach the worker
                 slot.worker = worker
+                slot.last_progress = time.monotonic()
                 slot.stop = slot.stop or not go
                 if slot.stop or self._closed:
                     worker.kill()
-            result, new_cells = self._follow(order, events, worker)
+            result, new_cells = self._follow(order, events, worker, slot)
         except BaseException:
             worker.kill()
             raise
@@ -366,6 +427,8 @@ class LocalRunner:
             # Cancelled: the store says so already. Cut off by close(): the next start resumes it.
             if slot.stop or (self._closed and result is None):
                 return
+        if slot.stalled is not None:
+            result = ("failed", slot.stalled)
         if result is None:
             total = len(order.spec["seq_lens"]) * len(order.spec["modes"])
             result = ("failed", worker.died(code, len(order.completed) + new_cells, total))
@@ -373,7 +436,7 @@ class LocalRunner:
         events.finished(order.run_id, status, error, round(time.monotonic() - started, 3))
 
     def _follow(
-        self, order: RunOrder, events: RunEvents, worker: _Worker
+        self, order: RunOrder, events: RunEvents, worker: _Worker, slot: _Slot
     ) -> tuple[tuple[str, str | None] | None, int]:
         """Relay the worker's messages until it closes stdout.
 
@@ -390,6 +453,9 @@ class LocalRunner:
                 worker.kill()
                 why = f"the worker broke the protocol with the line {line.strip()[:200]!r}"
                 return ("failed", why), cells
+            slot.last_progress = time.monotonic()  # any message: the watchdog's sign of life
+            if op == "progress":
+                continue
             if op == "header":
                 events.header(order.run_id, message["header"])
             elif op == "cell":

@@ -1,7 +1,8 @@
 """A table request, normalised: everything that decides the table, and the key of identical runs.
 
 ``normalize`` validates a request at the entry point, with the core's messages (which name the
-allowed values), and fills in the defaults. Two requests that normalise to the same ``TableSpec``
+allowed values), checking every field so that a request with several wrong fields hears of all of
+them, and fills in the defaults. Two requests that normalise to the same ``TableSpec``
 (same model config, task, sequence lengths, modes, target GPU, margin, ...) on the same
 environment (backend, GPU kind, torch / transformers / autotune versions) have the same ``key``:
 the service answers the second with the first's run.
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from api.limits import MAX_GPU_MEMORY_BYTES
 from api.settings import Settings
 from autotune.backends import make_backend
 from autotune.defaults import (
@@ -38,6 +40,7 @@ from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
 from autotune.gpus import GpuSpec
 from autotune.search import METHODS
 from autotune.tuner import budget_bytes
+from autotune.units import format_bytes, parse_bytes
 from autotune.workload import Workload
 from autotune.workload.loss import check_loss
 from autotune.workload.models import (
@@ -136,64 +139,82 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
     ``environment(backend)`` resolves ``auto`` and says where a run of that backend goes
     (Runner.environment). Raises the core's errors: UnknownModel, SequenceTooLong, UnknownGpu,
     InvalidInput (malformed sizes, modes, limits), BackendUnavailable, and ModelPathRefused.
+
+    Every field is checked, each once the fields it depends on are valid (the sequence lengths
+    against the model once it resolved, the margin once the target GPU is known): the error raised
+    is the first found in the order below, with the others found in its ``others``.
     """
-    with about("model"):
+    found = Findings()
+    with found.about("model"):
         name = check_model_name(body["model"], settings.model_dirs)
-    with about("task"):
+    with found.about("task"):
         asked_task = check_task(body["task"]) if body.get("task") else None
-    with about("dtype"):
+    with found.about("dtype"):
         dtype = check_dtype(body.get("dtype") or DEFAULT_DTYPE)
-    with about("attn"):
+    with found.about("attn"):
         attn = check_attn(body.get("attn"))
-    with about("optimizer"):
+    with found.about("optimizer"):
         optimizer = check_optimizer(body.get("optimizer") or DEFAULT_OPTIMIZER)
-    search = body.get("search") or DEFAULT_METHOD
-    if search not in METHODS:
-        raise _on("search", InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}"))
-    with about("modes"):
-        modes = parse_modes(body.get("modes") or list(DEFAULT_MODE_NAMES))
-    mode_names = sorted({m.name for m in modes}, key=ALLOWED_MODE_NAMES.index)
-    with about("seq_lens"):
+    with found.about("search"):
+        search = body.get("search") or DEFAULT_METHOD
+        if search not in METHODS:
+            raise InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}")
+    with found.about("modes"):
+        mode_names = _mode_names(body.get("modes"))
+    with found.about("seq_lens"):
         asked_seq_lens = None if body.get("seq_lens") is None else _seq_lens(body["seq_lens"], settings)
-    if asked_seq_lens is not None:
-        _check_cells(asked_seq_lens, mode_names, settings)
-    with about("max_batch"):
+        if asked_seq_lens is not None and found.ok("modes"):
+            _check_cells(asked_seq_lens, mode_names, settings)
+    with found.about("max_batch"):
         max_batch = _max_batch(body.get("max_batch"), settings)
     margin = DEFAULT_MARGIN if body.get("margin") is None else float(body["margin"])
-    backend_name = body.get("backend") or settings.backend
-    if backend_name not in BACKENDS:
-        raise _on("backend", InvalidInput(
-            f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}"))
-    if body.get("gpu") is not None and body.get("gpu_memory") is not None:
-        raise _on("gpu_memory", InvalidInput(
-            "give either gpu (a preset name) or gpu_memory (a size), not both"))
-    with about("backend"):
-        env = environment(backend_name)
-    with about("gpu" if body.get("gpu") is not None else "gpu_memory"):
-        _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
-    with about("margin"):
-        budget = budget_bytes(gpu, margin)  # checks the margin
-    with about("model"):
-        model = resolve_model(
-            name,
-            allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
-            allow_hub=settings.allow_hub,
-            local_dirs=list(settings.model_dirs),
-        )
-    with about("seq_lens"):
-        if asked_seq_lens is not None:
-            seq_lens = asked_seq_lens  # its cells were counted before the model was resolved
-        else:
-            seq_lens = _seq_lens(default_seq_lens(model, settings.max_seq_len), settings)
-            _check_cells(seq_lens, mode_names, settings)
-        for seq_len in seq_lens:
-            check_seq_len(model, seq_len)
-    with about("task"):
-        task = task_for(model, asked_task)
-    with about("dtype"):
-        weights_dtype = resolve_dtype(model, dtype)
-    with about("loss"):
-        loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
+    with found.about("backend"):
+        backend_name = body.get("backend") or settings.backend
+        if backend_name not in BACKENDS:
+            raise InvalidInput(f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}")
+    with found.about("gpu_memory"):
+        if body.get("gpu") is not None and body.get("gpu_memory") is not None:
+            raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
+        if body.get("gpu_memory") is not None:
+            _check_gpu_memory(body["gpu_memory"])
+    if found.ok("backend"):
+        with found.about("backend"):
+            env = environment(backend_name)
+    gpu_field = "gpu" if body.get("gpu") is not None else "gpu_memory"
+    if found.ok("backend", "gpu_memory"):
+        with found.about(gpu_field):
+            _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
+        if found.ok(gpu_field):
+            with found.about("margin"):
+                budget = budget_bytes(gpu, margin)  # checks the margin
+    if found.ok("model"):
+        with found.about("model"):
+            model = resolve_model(
+                name,
+                allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
+                allow_hub=settings.allow_hub,
+                local_dirs=list(settings.model_dirs),
+            )
+    if found.ok("model", "seq_lens"):
+        with found.about("seq_lens"):
+            if asked_seq_lens is not None:
+                seq_lens = asked_seq_lens  # its cells were counted before the model was resolved
+            else:
+                seq_lens = _seq_lens(default_seq_lens(model, settings.max_seq_len), settings)
+                if found.ok("modes"):
+                    _check_cells(seq_lens, mode_names, settings)
+            for seq_len in seq_lens:
+                check_seq_len(model, seq_len)
+    if found.ok("model", "task"):
+        with found.about("task"):
+            task = task_for(model, asked_task)
+    if found.ok("model", "dtype"):
+        with found.about("dtype"):
+            weights_dtype = resolve_dtype(model, dtype)
+    if found.ok("model", "task"):
+        with found.about("loss"):
+            loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
+    found.raise_first()  # none found: every check above ran, and every name is bound
     return TableSpec(
         model=preset_name(name) or name,
         model_source=model.source,
@@ -224,20 +245,62 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
     )
 
 
-@contextmanager
-def about(field: str) -> Iterator[None]:
-    """Errors raised inside are about request field ``field`` (unless they already name one)."""
-    try:
-        yield
-    except AutotuneError as exc:
-        _on(field, exc)
-        raise
+class Findings:
+    """The errors found in one request, in the order checked, each naming its field."""
+
+    def __init__(self) -> None:
+        self.errors: list[AutotuneError] = []
+
+    @contextmanager
+    def about(self, field: str) -> Iterator[None]:
+        """Errors raised inside are about request field ``field`` (unless they already name one),
+        and are kept: the checks go on."""
+        try:
+            yield
+        except AutotuneError as exc:
+            self.errors.append(_on(field, exc))
+
+    def ok(self, *fields: str) -> bool:
+        """No error found so far about any of ``fields``."""
+        return not any(exc.field in fields for exc in self.errors)
+
+    def raise_first(self) -> None:
+        """Raise the first error found, the others in its ``others``; nothing when none was."""
+        if self.errors:
+            first, *others = self.errors
+            first.others = tuple(others)
+            raise first
 
 
 def _on(field: str, exc: AutotuneError) -> AutotuneError:
     if exc.field is None:
         exc.field = field
     return exc
+
+
+def _mode_names(modes: str | list[str] | None) -> list[str]:
+    """Canonical mode names in ALLOWED_MODE_NAMES order; None is the defaults, empty is refused."""
+    if modes is None:
+        modes = list(DEFAULT_MODE_NAMES)
+    elif not (modes.strip() if isinstance(modes, str) else modes):
+        raise InvalidInput(f"modes is empty: give at least one of {', '.join(ALLOWED_MODE_NAMES)}")
+    return sorted({m.name for m in parse_modes(modes)}, key=ALLOWED_MODE_NAMES.index)
+
+
+def _check_gpu_memory(value: str | int) -> None:
+    """A target size the API models: within MAX_GPU_MEMORY_BYTES (sizes are checked for form by
+    make_backend, and refused here first only when too large)."""
+    try:
+        nbytes = parse_bytes(value)
+    except InvalidInput:
+        return  # make_backend refuses it with the forms allowed
+    if nbytes > MAX_GPU_MEMORY_BYTES:
+        # A huge byte count has no float for format_bytes: it is shown as given.
+        shown = format_bytes(nbytes) if nbytes.bit_length() < 1000 else f"{value!r}"[:40] + "..."
+        raise InvalidInput(
+            f"GPU memory {shown} is too large: at most {format_bytes(MAX_GPU_MEMORY_BYTES)} (the "
+            "largest cards today have 288 GB)"
+        )
 
 
 def _check_cells(seq_lens: Sequence[int], mode_names: Sequence[str], settings: Settings) -> None:

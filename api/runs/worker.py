@@ -8,9 +8,11 @@ Protocol: JSON objects, one per line, UTF-8.
 
     server -> worker (stdin)                  worker -> server (stdout)
     {"op": "run", "run_id", "spec",           {"op": "header", "header": {"attn", "environment"}}
-     "completed": [cell, ...]}                {"op": "cell", "position": n, "cell": {...}}  per new cell
-    {"op": "stop"}  (cancel: stop between     {"op": "done", "elapsed_s", "stopped"}
-     cells)                                   or {"op": "failed", "error_type", "error"}
+     "completed": [cell, ...]}                {"op": "progress"}  after each probe (the watchdog's
+    {"op": "stop"}  (cancel: stop between                          sign of life)
+     cells)                                   {"op": "cell", "position": n, "cell": {...}}  per new cell
+                                              {"op": "done", "elapsed_s", "stopped"}
+                                              or {"op": "failed", "error_type", "error"}
 
 ``spec`` is a TableSpec (api/spec.py); cells are CellResult.to_dict(). Cells in ``completed``
 are kept as they are (tuner.tune_table's ``completed``) and not reported again. stdin closing
@@ -20,6 +22,7 @@ processes) at once, so that no orphan goes on probing a GPU the next server will
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,13 +30,47 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from autotune.errors import AutotuneError
 from autotune.processes import protocol_stream
 
 Emit = Callable[[dict[str, Any]], None]
+
+
+class _ProgressCell:
+    """A backend's cell (search.Cell) that reports each probe as it ends."""
+
+    def __init__(self, cell: Any, emit: Emit) -> None:
+        self._cell, self._emit = cell, emit
+
+    def fits(self, batch_size: int) -> Any:
+        try:
+            return self._cell.fits(batch_size)
+        finally:
+            self._emit({"op": "progress"})
+
+    def predict(self, lo: int, hi: int | None) -> int | None:
+        return self._cell.predict(lo, hi)
+
+    def settle(self, boundary: int) -> int | None:
+        return self._cell.settle(boundary)
+
+
+class _ProgressBackend:
+    """A Backend whose cells report their probes (``{"op": "progress"}``); the rest is the backend's."""
+
+    def __init__(self, backend: Any, emit: Emit) -> None:
+        self._backend, self._emit = backend, emit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    @contextlib.contextmanager
+    def cell(self, *args: Any, **kwargs: Any) -> Iterator[_ProgressCell]:
+        with self._backend.cell(*args, **kwargs) as inner:
+            yield _ProgressCell(inner, self._emit)
 
 
 def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]) -> None:
@@ -61,9 +98,9 @@ def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]
 
     emit({"op": "header", "header": {"attn": backend.attn_used(workload), "environment": backend.describe()}})
     table = tune_table(
-        workload, backend, gpu, seq_lens=spec.seq_lens, modes=parse_modes(spec.modes), margin=spec.margin,
-        method=spec.search, max_batch=spec.max_batch, on_cell=on_cell, completed=completed,
-        should_stop=should_stop,
+        workload, _ProgressBackend(backend, emit), gpu, seq_lens=spec.seq_lens, modes=parse_modes(spec.modes),
+        margin=spec.margin, method=spec.search, max_batch=spec.max_batch, on_cell=on_cell,
+        completed=completed, should_stop=should_stop,
     )
     emit({"op": "done", "elapsed_s": table.elapsed_s, "stopped": len(table.cells) < spec.cells})
 

@@ -1,7 +1,8 @@
 // autotune dashboard: the little script the server-rendered pages need.
 //  - [data-live] regions refetch themselves from their URL until the server stops marking them live;
 //  - the run page's cells select their details; the explain panel loads on request;
-//  - the launch form posts to POST /v1/tables and puts the API's errors next to their fields.
+//  - the launch form posts to POST /v1/tables and puts the API's errors next to their fields;
+//  - a table wider than its .scroll box marks the box, for the stylesheet's "scroll" cue.
 "use strict";
 
 const MAX_FAILURES = 5; // consecutive failed refreshes before a live region gives up and says so
@@ -36,8 +37,10 @@ function startLive(element) {
       const current = document.getElementById(element.id);
       if (!current) return;
       const state = saveState(current);
+      unwatchScrolls(current);
       current.replaceWith(next);
       restoreState(next, state);
+      watchScrolls(next);
       element = next;
       if (!next.dataset.live) {
         document.dispatchEvent(new CustomEvent("autotune:finished", { detail: next.id }));
@@ -71,6 +74,42 @@ function restoreState(root, state) {
   if (state.selected) selectCell(state.selected, { keepExplain: true });
 }
 
+// -- tables wider than their box ------------------------------------------------------------------
+// Measured again whenever a box or its table changes size: a phone turned, a hidden cell detail
+// shown, a live update or the explain panel swapped in (watchScrolls on the new part).
+
+const scrollSizes = new ResizeObserver((entries) => {
+  for (const entry of entries) {
+    const box = entry.target.closest(".scroll");
+    if (box) markOverflow(box);
+  }
+});
+
+function markOverflow(box) {
+  const over = box.scrollWidth > box.clientWidth + 1;
+  box.toggleAttribute("data-overflow", over);
+  box.toggleAttribute("data-at-end", over && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1);
+}
+
+function watchScrolls(root) {
+  for (const box of root.querySelectorAll(".scroll")) {
+    scrollSizes.observe(box);
+    if (box.firstElementChild) scrollSizes.observe(box.firstElementChild);
+    markOverflow(box);
+  }
+}
+
+function unwatchScrolls(root) {  // before a part is swapped out: the observer would keep it alive
+  for (const box of root.querySelectorAll(".scroll")) {
+    scrollSizes.unobserve(box);
+    if (box.firstElementChild) scrollSizes.unobserve(box.firstElementChild);
+  }
+}
+
+document.addEventListener("scroll", (event) => {
+  if (event.target instanceof Element && event.target.matches(".scroll")) markOverflow(event.target);
+}, true);
+
 // -- run page: cells and their details ------------------------------------------------------------
 
 function selectedCell() {
@@ -92,6 +131,7 @@ function selectCell(key, { keepExplain = false } = {}) {
   const explain = document.getElementById("explain");
   if (explain && !keepExplain) {
     explain.hidden = true;
+    unwatchScrolls(explain);
     explain.replaceChildren();
     delete explain.dataset.cell;
   }
@@ -106,6 +146,7 @@ async function loadExplain(button) {
   panel.hidden = false;
   panel.dataset.cell = `${button.dataset.seqLen}-${button.dataset.mode}`;
   panel.setAttribute("aria-busy", "true");
+  unwatchScrolls(panel);
   const what = button.dataset.levers ? "the max batch under each lever" : "where the memory goes";
   panel.innerHTML = `<p class="loading"><span class="spinner" aria-hidden="true"></span> Estimating ${what}` +
     " for seq " + button.dataset.seqLen + ", " + button.dataset.mode +
@@ -115,6 +156,7 @@ async function loadExplain(button) {
     const text = await response.text();
     if (!response.ok) throw new Error(errorText(text, response.status));
     panel.innerHTML = text;
+    watchScrolls(panel);
   } catch (error) {
     panel.innerHTML = "";
     const p = document.createElement("p");
@@ -265,6 +307,7 @@ document.addEventListener("click", (event) => {
 });
 
 document.addEventListener("DOMContentLoaded", () => {
+  watchScrolls(document);
   for (const element of document.querySelectorAll("[data-live]")) startLive(element);
   const key = selectedCell();
   if (key) selectCell(key);

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
+from markupsafe import Markup, escape
 
 from api.store import Run
 from autotune.analysis.explain import CATEGORY_LABELS
@@ -61,6 +62,12 @@ def duration(seconds: float | None) -> str:
     return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def breakable(name: str) -> Markup:
+    """A dotted name (``bert.encoder.layer.11.attention.self``) that may wrap after each dot: a
+    narrow column breaks it between its parts instead of cutting it or widening the table."""
+    return Markup(".<wbr>").join(escape(name).split("."))
+
+
 def backend_label(backend: str) -> str:
     """What a run's numbers are: measured on a GPU, or estimated on a CPU."""
     return "measured" if backend == "cuda" else "estimated"
@@ -77,7 +84,7 @@ def _path_for(context: Any, name: str, /, **params: Any) -> str:
 
 
 templates.env.globals["path_for"] = _path_for
-templates.env.filters.update(size=size, when=when, duration=duration, band=band)
+templates.env.filters.update(size=size, when=when, duration=duration, band=band, breakable=breakable)
 templates.env.globals.update(backend_label=backend_label, BANDS=BANDS, CATEGORY_LABELS=CATEGORY_LABELS)
 
 

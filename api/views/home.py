@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import QueueDep
-from api.routes.tables import run_filters
+from api.routes.tables import Offset, run_filters
 from api.store import STATUSES
 from api.views.common import path_for, summary, templates
 
@@ -49,7 +49,7 @@ Filter = Annotated[str | None, Query(max_length=300)]
 
 @router.get("/", response_class=HTMLResponse, name="home")
 def home(request: Request, queue: QueueDep, model: Filter = None, gpu: Filter = None, status: Filter = None,
-         offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+         offset: Offset = 0) -> HTMLResponse:
     """Every run, newest first, with its progress."""
     context = _context(request, queue, model, gpu, status, offset)
     # The filters' choices: on the page only, not in the list it refreshes.
@@ -60,7 +60,7 @@ def home(request: Request, queue: QueueDep, model: Filter = None, gpu: Filter = 
 
 @router.get("/runs", response_class=HTMLResponse, name="home_live")
 def home_live(request: Request, queue: QueueDep, model: Filter = None, gpu: Filter = None,
-              status: Filter = None, offset: Annotated[int, Query(ge=0)] = 0) -> HTMLResponse:
+              status: Filter = None, offset: Offset = 0) -> HTMLResponse:
     """The list of runs alone, for the home page's script to swap in while runs are active."""
     context = _context(request, queue, model, gpu, status, offset)
     return templates.TemplateResponse(request, "_runs.html", context)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
@@ -20,7 +19,7 @@ from api.routes.tables import read_run
 from api.runs.spec import TableSpec, run_warnings
 from api.store import Run
 from api.views.common import band, summary, templates
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, Overloaded
 from autotune.workload.support import weights_label
 
 router = APIRouter()
@@ -135,9 +134,7 @@ async def run_explain(
     levers: Annotated[bool, Query(description="also the max batch under each lever (slower)")] = False,
 ) -> HTMLResponse:
     """Where the memory of one cell's step goes, at its max batch (estimated), as a panel."""
-    from api.routes.explain import explain_spec
-    from api.runs.spec import TableSpec
-    from autotune.workload.modes import parse_mode
+    from api.runs.analysis import AnalysisOrder, run_analysis
 
     run, cells = read_run(queue, run_id)
     if seq_len not in run.spec["seq_lens"] or mode not in run.spec["modes"]:
@@ -146,14 +143,17 @@ async def run_explain(
             detail=f"run '{run_id}' has no cell seq_len={seq_len}, mode={mode!r}: its sequence lengths "
                    f"are {run.spec['seq_lens']} and its modes {run.spec['modes']}",
         )
-    spec = TableSpec.from_json(run.spec)
     # A measured cell is explained at its measured max batch; an estimated one at the estimator's,
     # which is the table's.
     cell = next((c for c in cells if (c["seq_len"], c["mode"]) == (seq_len, mode)), None)
     at = cell["max_batch_size"] if cell and run.backend == "cuda" and cell["max_batch_size"] else None
     context: dict[str, Any] = {"run": summary(run), "seq_len": seq_len, "mode": mode, "levers": levers}
     try:
-        result = await run_in_threadpool(explain_spec, spec, seq_len, at, parse_mode(mode), levers)
+        order = AnalysisOrder("explain", run.spec,
+                              {"seq_len": seq_len, "batch_size": at, "mode": mode, "levers": levers})
+        result = await run_analysis(queue.runner, order, request.is_disconnected)
+    except Overloaded:
+        raise  # 503 with Retry-After: the panel's script says so
     except AutotuneError as exc:
         context["error"] = str(exc)
     else:

@@ -7,6 +7,7 @@ a call of the Python API (``autotune.table``, ``check``, ``explain``); library e
     autotune explain MODEL [...]   where the memory goes, and what each lever buys (explain.py)
     autotune serve [...]           the HTTP service and dashboard (serve.py: the one module that imports api)
     autotune models | gpus         the offline presets (presets.py)
+    autotune --version             the version (autotune.__version__)
 
 Only argparse at import, so ``autotune --help`` stays fast.
 """
@@ -17,8 +18,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from autotune import __version__
 from autotune.cli import check, explain, presets, serve, table
-from autotune.cli.common import EXIT_ERROR
+from autotune.cli.common import EXIT_ERROR, NAMES_AND_SIZES
 from autotune.errors import AutotuneError
 
 COMMANDS = {
@@ -35,8 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune",
         description="The largest training batch that fits in GPU memory, per sequence length.",
+        epilog=NAMES_AND_SIZES,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="table, check, explain, serve, models or gpus; "
+                                "`autotune COMMAND --help` for its options")
     table.add_parser(sub)
     check.add_parser(sub)
     explain.add_parser(sub)

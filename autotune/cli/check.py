@@ -2,7 +2,7 @@
 
     autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--dtype D]
                    [--optimizer O] [--attn A] [--loss L] [--gpu-memory SIZE | --gpu NAME]
-                   [--backend B] [--margin F] [--server URL] [--json]
+                   [--backend B] [--margin F] [--server URL] [--hub] [--json]
     autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
 
 A training config is read whole (analysis/training_config.py): a setting that changes memory
@@ -24,24 +24,26 @@ from typing import Any
 
 import autotune
 from autotune.cli.common import (
+    MODEL_HELP,
+    NAMES_AND_SIZES,
+    add_backend,
+    add_hub,
+    add_margin,
     add_step,
     add_target,
-    fraction,
     positive,
     print_json,
     quiet_transformers,
     report_error,
 )
 from autotune.defaults import (
-    BACKENDS,
-    DEFAULT_BACKEND,
     DEFAULT_DTYPE,
     DEFAULT_LOSS,
-    DEFAULT_MARGIN,
     DEFAULT_MODE_NAME,
     DEFAULT_OPTIMIZER,
 )
 from autotune.errors import AutotuneError, InvalidInput
+from autotune.units import parse_bytes
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
@@ -51,22 +53,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``check`` subcommand to ``autotune``'s subparsers."""
     from autotune.workload.modes import ALLOWED_MODE_NAMES
 
-    check = subparsers.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not")
-    check.add_argument("model", nargs="?", help="as for `table` (or from --from-config)")
-    check.add_argument("--seq-len", type=positive)
-    check.add_argument("--batch-size", type=positive)
+    check = subparsers.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not",
+                                  description="Exit 0 if the planned training step fits, 1 if not, "
+                                  "2 on bad input or an error.", epilog=NAMES_AND_SIZES)
+    check.add_argument("model", nargs="?", help=f"{MODEL_HELP} (or from --from-config)")
+    check.add_argument("--seq-len", type=positive, metavar="N",
+                       help="sequence length of the step, in tokens (or from --from-config)")
+    check.add_argument("--batch-size", type=positive, metavar="B",
+                       help="per-device batch size of the step (or from --from-config)")
     check.add_argument("--mode", default=None,
                        help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default {DEFAULT_MODE_NAME})")
     add_step(check)
-    add_target(check, gpu_help="GPU preset, e.g. T4")
-    check.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
-    check.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
+    add_target(check, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
+    add_backend(check)
+    add_margin(check)
     check.add_argument("--server", default=None,
-                       help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local)")
+                       help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local); "
+                       "the service decides on hub ids (its AUTOTUNE_ALLOW_HUB)")
     check.add_argument("--from-config", default=None, metavar="FILE",
                        help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl "
                        "YAML, or a YAML/JSON of model, seq_len, batch_size, mode; flags win")
-    check.add_argument("--json", action="store_true")
+    add_hub(check)
+    check.add_argument("--json", action="store_true",
+                       help="print one JSON document (an error too, as {\"error\": ...})")
     return check
 
 
@@ -141,7 +150,7 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, 
             task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
             gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
             optimizer=plan["optimizer"], loss=plan["loss"],
-            accumulation_steps=plan["accumulation_steps"],
+            accumulation_steps=plan["accumulation_steps"], hub=args.hub,
         )
     return result.to_dict()
 
@@ -149,6 +158,8 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, 
 def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], token: str | None
                 ) -> dict[str, Any]:
     """GET {server}/v1/check with the plan; the service's 4xx details become our errors."""
+    if args.gpu_memory:
+        parse_bytes(args.gpu_memory)  # a malformed size is refused here, as it is locally
     query = {
         "model": plan["model"], "seq_len": plan["seq_len"], "batch_size": plan["batch_size"],
         "mode": plan["mode"].name, "margin": args.margin, "dtype": plan["dtype"],

@@ -46,12 +46,54 @@ def positive(text: str) -> int:
     return value
 
 
+# The MODEL argument of table, check and explain.
+MODEL_HELP = ("a preset (see `autotune models`), a local config directory or config.json, or with "
+              "--hub a Hugging Face hub id")
+
+# The epilog of `autotune --help` and of the commands that take a model: how names and sizes read.
+NAMES_AND_SIZES = (
+    "Offline by default: MODEL is a preset or a local config, and a Hugging Face hub id is looked "
+    "up (its config.json only, never weights) only with --hub or AUTOTUNE_ALLOW_HUB=1; with "
+    "HF_HUB_OFFLINE=1 (or AUTOTUNE_OFFLINE=1) that lookup reads only the local Hugging Face cache. "
+    "A mistyped model or GPU name is refused naming the closest presets. Sizes need a unit: "
+    "--gpu-memory 12GiB (or 16GB, 512MiB, 12G; B for bytes); a number alone is refused."
+)
+
+
 def add_target(parser: argparse.ArgumentParser, *, gpu_help: str = "GPU preset, e.g. T4, A100-80GB "
                "(see `autotune gpus`)") -> None:
     """--gpu-memory | --gpu: the card the answer is for."""
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--gpu-memory", help="total memory of the target card, e.g. 12GiB")
+    target.add_argument("--gpu-memory", metavar="SIZE",
+                        help="total memory of the target card, with its unit: 12GiB, 16GB, 512MiB, "
+                        "12G (GiB); a number alone is refused (default: the local GPU with the cuda "
+                        "backend, else a T4)")
     target.add_argument("--gpu", help=gpu_help)
+
+
+def add_hub(parser: argparse.ArgumentParser) -> None:
+    """--hub / --no-hub: may MODEL be looked up on the Hugging Face hub (default: AUTOTUNE_ALLOW_HUB)."""
+    parser.add_argument("--hub", action=argparse.BooleanOptionalAction, default=None,
+                        help="look MODEL up on the Hugging Face hub when it is neither a preset nor a "
+                        "local config (its config.json only; HF_HUB_OFFLINE=1 keeps to the local "
+                        "cache). Default: off, unless AUTOTUNE_ALLOW_HUB=1")
+
+
+def add_backend(parser: argparse.ArgumentParser) -> None:
+    """--backend: who answers, the GPU (cuda) or the estimator."""
+    from autotune.defaults import BACKENDS, DEFAULT_BACKEND
+
+    parser.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
+                        help="cuda measures on the local GPU, estimate runs on the CPU; auto: cuda "
+                        "when there is a GPU (default: %(default)s)")
+
+
+def add_margin(parser: argparse.ArgumentParser) -> None:
+    """--margin: the share of the allocator's memory kept free."""
+    from autotune.defaults import DEFAULT_MARGIN
+
+    parser.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN,
+                        help="fraction of the allocator's memory kept free (default: %(default)s)")
 
 
 def add_step(parser: argparse.ArgumentParser) -> None:

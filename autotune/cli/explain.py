@@ -2,7 +2,7 @@
 
     autotune explain MODEL [--seq-len N] [--batch-size B] [--mode M] [--gpu NAME | --gpu-memory SIZE]
                            [--task T] [--dtype D] [--optimizer O] [--attn A] [--loss L] [--margin F]
-                           [--backend estimate] [--no-levers] [--json]
+                           [--backend estimate] [--no-levers] [--hub] [--json]
                            [--lengths FILE | --texts FILE [--text-column NAME[,NAME]] [--tokenizer DIR]]
 
 Dynamic padding needs the token lengths of the data: ``--lengths FILE`` (one count a line), or
@@ -27,9 +27,12 @@ import autotune
 from autotune.analysis.explain import CATEGORY_LABELS
 from autotune.cli.common import (
     EXIT_OK,
+    MODEL_HELP,
+    NAMES_AND_SIZES,
+    add_hub,
+    add_margin,
     add_step,
     add_target,
-    fraction,
     positive,
     print_json,
     quiet_transformers,
@@ -47,16 +50,14 @@ TOP = 5  # modules per table in the text report (--json has explain.TOP_MODULES)
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``explain`` subcommand to ``autotune``'s subparsers."""
-    from autotune.defaults import (
-        DEFAULT_MARGIN,
-        DEFAULT_MODE_NAME,
-        EXPLAIN_BACKEND,
-    )
+    from autotune.defaults import DEFAULT_MODE_NAME, EXPLAIN_BACKEND
     from autotune.workload.modes import ALLOWED_MODE_NAMES
 
     parser = subparsers.add_parser(
-        "explain", help="where the memory goes at a batch, and the max batch under each lever")
-    parser.add_argument("model", help="preset name, local config dir/file, or hub id")
+        "explain", help="where the memory goes at a batch, and the max batch under each lever",
+        description="Where the memory of a training step goes, and what each lever would buy.",
+        epilog=NAMES_AND_SIZES)
+    parser.add_argument("model", help=MODEL_HELP)
     parser.add_argument("--seq-len", type=positive, default=None,
                         help="sequence length (default: the longest in --lengths or --texts, else the "
                         "model's limit)")
@@ -69,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_target(parser, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
     parser.add_argument("--backend", default=EXPLAIN_BACKEND, choices=(EXPLAIN_BACKEND,),
                         help="explain runs the estimator: the breakdown needs its traced step")
-    parser.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN)
+    add_margin(parser)
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--lengths", default=None, metavar="FILE",
                       help="token lengths of the data, one per line: percentiles and dynamic padding")
@@ -83,6 +84,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="local directory of the tokenizer for --texts (default: MODEL, when it is "
                         "a directory); never downloaded")
     parser.add_argument("--no-levers", action="store_true", help="skip the what-if searches")
+    add_hub(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -106,7 +108,7 @@ def _explain(args: argparse.Namespace) -> Explanation:
             args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode, task=args.task,
             dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
             backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
-            lengths=lengths, levers=not args.no_levers,
+            lengths=lengths, levers=not args.no_levers, hub=args.hub,
         )
 
 

@@ -3,7 +3,9 @@
     autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH]
 
 Binds to loopback unless told otherwise; binding anywhere else exposes the API beyond this
-machine and needs AUTOTUNE_API_TOKEN, which write requests must then send as a Bearer token.
+machine and needs AUTOTUNE_API_TOKEN, which write requests must then send as a Bearer token, and
+AUTOTUNE_ALLOWED_HOSTS naming the host names clients use (a request for any other Host is answered
+400; by default only the loopback names are allowed, and the --host address always is).
 The database is --db, else AUTOTUNE_DB, else ./autotune.db. One process: the runner in it owns
 the GPUs and the database has one writer, so there are no uvicorn workers and no reload.
 
@@ -29,12 +31,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("serve", help="run the HTTP API (OpenAPI docs at /docs)",
                                    description="Run the HTTP API: POST /v1/tables, GET /v1/tables/{id}, ...")
     parser.add_argument("--host", default=DEFAULT_HOST,
-                        help="address to bind (default: %(default)s; another needs AUTOTUNE_API_TOKEN)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default: %(default)s")
+                        help="address to bind (default: %(default)s; another needs AUTOTUNE_API_TOKEN, "
+                             "and AUTOTUNE_ALLOWED_HOSTS naming the host names clients use)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="TCP port to listen on (default: %(default)s)")
     parser.add_argument("--db", default=None, help="SQLite file of the queue and results "
                                                    "(default: $AUTOTUNE_DB, else ./autotune.db)")
     parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug"))
+                        choices=("critical", "error", "warning", "info", "debug"),
+                        help="uvicorn's log level (default: %(default)s)")
     return parser
 
 
@@ -78,19 +83,20 @@ def run(args: argparse.Namespace) -> int:
 
     check_service_installed()
 
+    from api.hosts import with_host
     from api.settings import Settings
 
     settings = Settings.from_env()
     if args.db is not None:
         settings = settings.model_copy(update={"db": Path(args.db)})
+    settings = settings.model_copy(update={"allowed_hosts": with_host(settings.allowed_hosts, args.host)})
     check_bind(args.host, settings.api_token)
     if not 0 < args.port < 65536:
         raise InvalidInput(f"port {args.port} is out of range: use 1 to 65535")
 
     import uvicorn
 
-    from api.main import create_app
-    from api.runs.runner import LocalRunner
+    from api.main import create_app, make_runner
     from api.store import Store
 
     # Opened here, not at the app's startup, so that a database another server holds is a
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     store = Store(settings.db)
     try:
         store.claim()
-        runner = LocalRunner(estimate_workers=settings.estimate_workers)
+        runner = make_runner(settings)
     except BaseException:
         store.close()
         raise

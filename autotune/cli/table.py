@@ -4,7 +4,7 @@
                          [--dtype auto|float32|bfloat16|float16] [--optimizer NAME]
                          [--attn sdpa|eager|flash_attention_2] [--loss full|chunked]
                          [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]
-                         [--margin F] [--search guided|bisect] [--max-batch N] [--json]
+                         [--margin F] [--search guided|bisect] [--max-batch N] [--hub] [--json]
 
 Exit 0 with the table, 2 with ``Error: ...`` on bad input or when a cell failed.
 """
@@ -19,18 +19,19 @@ import autotune
 from autotune.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
+    MODEL_HELP,
+    NAMES_AND_SIZES,
+    add_backend,
+    add_hub,
+    add_margin,
     add_step,
     add_target,
-    fraction,
     int_list,
     positive,
     print_json,
     quiet_transformers,
 )
 from autotune.defaults import (
-    BACKENDS,
-    DEFAULT_BACKEND,
-    DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
@@ -47,8 +48,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from autotune.search import METHODS
     from autotune.workload.modes import ALLOWED_MODE_NAMES
 
-    table = subparsers.add_parser("table", help="max batch size table for a model")
-    table.add_argument("model", help="preset name, local config dir/file, or hub id")
+    table = subparsers.add_parser("table", help="max batch size table for a model",
+                                  description="The max batch size of each sequence length and mode.",
+                                  epilog=NAMES_AND_SIZES)
+    table.add_argument("model", help=MODEL_HELP)
     table.add_argument("--seq-lens", type=int_list, default=None,
                        help="comma-separated sequence lengths (default: 64,128,256,320,384,512 for "
                        "models of at most 512 positions, else 512,1024,2048,4096,8192; within the "
@@ -58,11 +61,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        "(default: %(default)s)")
     add_step(table)
     add_target(table)
-    table.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS)
-    table.add_argument("--margin", type=fraction, default=DEFAULT_MARGIN,
-                       help="fraction of the allocator's memory kept free (default: %(default)s)")
-    table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS)
-    table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH)
+    add_backend(table)
+    add_margin(table)
+    table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS,
+                       help="guided: each probe where the peaks measured so far put the limit; "
+                       "bisect: 1, 2, 4, ... then binary search (default: %(default)s)")
+    table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH, metavar="N",
+                       help="the largest batch probed; a cell that fits at it is shown N+ "
+                       "(default: %(default)s)")
+    add_hub(table)
     table.add_argument("--json", action="store_true", help="print one JSON document")
     return table
 
@@ -75,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, dtype=args.dtype,
             attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
             margin=args.margin, search=args.search, max_batch=args.max_batch,
-            optimizer=args.optimizer, loss=args.loss, on_cell=progress.update,
+            optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
         )
     progress.close()
     if args.json:

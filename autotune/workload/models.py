@@ -6,8 +6,13 @@ A name resolves, in order, to
    from its config.json on the Hugging Face hub), or a tiny test model ("tiny-bert");
 2. a local directory holding config.json, or a path to a config .json file
    (only with ``allow_local``, and inside ``local_dirs`` when given);
-3. a Hugging Face hub id (only with ``allow_hub``; with ``HF_HUB_OFFLINE=1`` or
-   ``AUTOTUNE_OFFLINE=1`` only the local Hugging Face cache is read).
+3. a Hugging Face hub id, only with ``allow_hub`` (off by default; the CLI's ``--hub``, the Python
+   API's ``hub=True`` and AUTOTUNE_ALLOW_HUB=1 turn it on, and the service has it on unless
+   AUTOTUNE_ALLOW_HUB=0; with ``HF_HUB_OFFLINE=1`` or ``AUTOTUNE_OFFLINE=1`` only the local
+   Hugging Face cache is read).
+
+A name that resolves nowhere is refused with the presets closest to it ("did you mean
+tiny-bert?", spelling.py), found before any lookup on the hub could be made.
 
 Remote code is never run (``trust_remote_code=False``): a config whose model_type
 transformers does not know is refused. Only configs are read, never weights.
@@ -30,6 +35,7 @@ from urllib.parse import urlsplit
 
 from autotune.defaults import DEFAULT_SEQ_LENS, DEFAULT_TASK
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
+from autotune.spelling import close_matches, did_you_mean
 from autotune.workload.presets import HUB_ALIASES, PRESETS, TINY_CONFIGS
 
 if TYPE_CHECKING:
@@ -78,6 +84,13 @@ def preset_name(name: str) -> str | None:
     return _PRESET_INDEX.get(name.strip().lower())
 
 
+def preset_suggestions(name: str) -> list[str]:
+    """The presets closest to a name that is none ("tiny-bret" -> ["tiny-bert"]), best first: the
+    name and its part after the organisation, against every spelling of _PRESET_INDEX."""
+    typed = name.strip()
+    return close_matches([typed, typed.rsplit("/", 1)[-1]], _PRESET_INDEX.items())
+
+
 def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:
     """A very small config of `model_type` (see TINY_CONFIGS), for tests and demos."""
     if model_type not in TINY_CONFIGS:
@@ -100,13 +113,17 @@ def resolve_model(
     name: str,
     *,
     allow_local: bool = True,
-    allow_hub: bool = True,
+    allow_hub: bool = False,
     local_dirs: Sequence[Path] | None = None,
+    hub_hint: str | None = None,
 ) -> ModelSpec:
     """Resolve `name` to a config: preset, then local config, then hub id (module docstring).
 
-    Raises UnknownModel (listing the presets) when nothing matches, and InvalidInput
-    for a local path outside `local_dirs`.
+    Raises UnknownModel (naming the closest presets, and listing them all) when nothing matches,
+    and InvalidInput for a local path outside `local_dirs`. ``hub_hint`` is how the caller's user
+    turns hub lookups on: given, with ``allow_hub`` off, the refusal says the name was looked for
+    only among presets and local configs, and gives the hint when the name could be a hub id
+    (without it, the refusal reads as it does with the hub on: the service's).
     """
     name = name.strip()
     if not name:
@@ -122,9 +139,12 @@ def resolve_model(
     if allow_local and _looks_local(name, path):
         return _spec(name, "local", _local_config(name, path, local_dirs))
     # An existing path is never handed to from_pretrained, which would read it locally.
-    if allow_hub and _looks_like_hub_id(name) and not path.exists():
+    hub_id = _looks_like_hub_id(name) and not path.exists()
+    if allow_hub and hub_id:
         return _spec(name, "hub", _hub_config(name))
-    raise _unknown(name)
+    if allow_hub or hub_hint is None:
+        raise _unknown(name, suggest=True)
+    raise _unknown(name, hub_hint if hub_id else None, searched=_NOT_HUB, suggest=True)
 
 
 def _spec(name: str, source: str, config: PretrainedConfig) -> ModelSpec:
@@ -144,11 +164,20 @@ def _looks_like_hub_id(text: str) -> bool:
     )
 
 
-def _unknown(name: str, reason: str | None = None) -> UnknownModel:
+# What an unknown name is not: everywhere it was looked for.
+_NOT_ANYWHERE = "a built-in preset, a local config, or a reachable Hugging Face hub id"
+_NOT_HUB = "a built-in preset or a local config"
+
+
+def _unknown(name: str, reason: str | None = None, *, searched: str = _NOT_ANYWHERE,
+             suggest: bool = False) -> UnknownModel:
+    """UnknownModel: what ``name`` is not, why, the closest presets (with ``suggest``), them all."""
     detail = f" ({reason})" if reason else ""
+    guess = did_you_mean(preset_suggestions(name)) if suggest else ""
+    lead = f"{guess} It is not" if guess else "not"
     return UnknownModel(
-        f"unknown model '{name}': not a built-in preset, a local config, or a reachable "
-        f"Hugging Face hub id{detail}. Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
+        f"unknown model '{name}': {lead} {searched}{detail}. "
+        f"Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
     )
 
 
@@ -245,7 +274,7 @@ def _hub_config(name: str) -> PretrainedConfig:
             reason = f"{unreachable}, and the local Hugging Face cache has no copy"
         else:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise _unknown(name, reason) from exc
+        raise _unknown(name, reason, suggest=True) from exc
 
 
 # --- sequence lengths and tasks -------------------------------------------------------

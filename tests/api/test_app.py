@@ -36,7 +36,7 @@ def make_client(tmp_path):
     def make(runner=None, **settings):
         app = create_app(Settings(db=tmp_path / "api.db", **({"estimate_workers": 2} | settings)),
                          runner=runner)
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://localhost")  # a name the server answers to
         client.__enter__()  # runs the lifespan: store, runner, queue
         clients.append(client)
         return client

@@ -11,7 +11,6 @@ from html import unescape
 
 import pytest
 
-from api.chart import Series, line_chart
 from api.runs.spec import normalize
 from api.settings import Settings
 from api.views.common import band
@@ -184,7 +183,7 @@ def test_launch_form_asks_for_the_token_when_the_server_needs_one(tmp_path):
 
     app = create_app(Settings(db=tmp_path / "t.db", api_token="s3cret"),
                      runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:
         assert 'id="token" name="token" type="password"' in client.get("/new").text
 
 
@@ -270,25 +269,6 @@ def test_bands_of_headroom():
     assert [band(b) for b in (0, 1, 7, 8, 31, 32, 5000)] == [
         "none", "tight", "tight", "some", "some", "ample", "ample"]
     assert band(4096, capped=True) == "capped" and band(None) == "failed"
-
-
-def test_chart_is_log2_with_gaps_a_zero_row_and_a_text_alternative():
-    svg = str(line_chart([Series("fp32", [(64, 256), (128, 64), (256, None), (512, 16)]),
-                          Series("<amp>", [(64, 0), (128, 4)], capped=frozenset({128}))],
-                         title="t", chart_id="c"))
-    # Ticks at powers of two up to the max; a None splits the fp32 line, which leaves one segment
-    # of two points (the lone 512 point has a marker but no line); amp has one segment.
-    ticks = re.findall(r'<text class="tick" x="\d+" y="([\d.]+)" text-anchor="end">(\d+)</text>', svg)
-    values = {int(v): float(y) for y, v in ticks}
-    assert {1, 4, 16, 64, 256} <= set(values) and 0 in values
-    spacing = [values[2 ** (k + 2)] - values[2 ** k] for k in (0, 2, 4, 6)]
-    assert max(spacing) - min(spacing) < 0.01  # equal steps per factor of 4: a log scale
-    assert svg.count('<polyline class="line"') == 2
-    assert "&lt;amp&gt;, seq 128: max batch 4+" in svg and "<amp>" not in svg
-    assert "fp32 (64: 256, 128: 64, 256: pending, 512: 16)" in svg
-    # amp's markers are squares; its 0 is hollow, centred on the 0 row (whose label sits 4 below).
-    zero = re.search(r'<rect x="[\d.]+" y="([\d.]+)" width="7" height="7" fill="var\(--bg, #fff\)"', svg)
-    assert zero and abs(float(zero.group(1)) + 3.5 - (values[0] - 4)) < 0.06
 
 
 def test_explain_over_http_never_takes_the_gpu_for_8bit_levers(idle_client, monkeypatch):

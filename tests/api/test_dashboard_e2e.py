@@ -2,8 +2,12 @@
 
 Open the home page, launch a tiny-model run with the form (after the API turned down a bad
 sequence length next to its field), watch the table fill in without a reload, open a cell and its
-explain panel, then compare two runs. Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it
-and prints the folder) or the test's temporary folder.
+explain panel, then compare three runs; then the same pages at a phone's width (390 px) and a
+laptop's (1280 px), where every table must fit its box or scroll inside it with a cue, every run must
+have its column in compare, and no two legend entries or axis labels may overlap. The API docs
+(/docs, /redoc) render from the server's own files. No page asks another host for anything.
+Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it and prints the folder) or the test's
+temporary folder.
 
 Skipped when Chromium or Playwright is missing, unless AUTOTUNE_REQUIRE_BROWSER=1 (``.ci/run``
 installs Chromium and sets it), where their absence fails the test instead.
@@ -26,6 +30,75 @@ CHROMIUM = os.environ.get("AUTOTUNE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 90_000
+PHONE, LAPTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 900}
+# ReDoc 2 draws its "API docs by Redocly" credit with an image from this CDN: the Content-Security-Policy
+# of the docs pages (api/docs.py) stops it in the browser, which says so in the console.
+REFUSED_BY_CSP = ("https://cdn.redoc.ly/redoc/logo-mini.svg",)
+
+# What a reader of the page at this width cannot read, measured in the browser: the page wider than
+# the screen; a table wider than its box where the box does not scroll or scrolls with no cue (the
+# "scroll" line app.css puts before a box app.js marks data-overflow); two axis labels of a chart, or
+# two legend entries, whose boxes overlap; a label outside its chart.
+LAYOUT_PROBLEMS = """() => {
+  const problems = [];
+  const shown = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+  const overlap = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 &&
+                            a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+  const words = (el) => el.textContent.trim().replace(/\\s+/g, " ").slice(0, 60);
+  const page = document.documentElement;
+  if (page.scrollWidth > page.clientWidth + 1) problems.push(`the page is ${page.scrollWidth}px wide`);
+  for (const table of document.querySelectorAll("main table")) {
+    if (!shown(table)) continue;
+    const name = words(table.caption || table);
+    let box = table.parentElement;
+    while (box !== document.body && getComputedStyle(box).overflowX === "visible") box = box.parentElement;
+    if (box.scrollWidth <= box.clientWidth + 1) continue;  // the table fits whole
+    const cue = getComputedStyle(box, "::before");
+    if (!["auto", "scroll"].includes(getComputedStyle(box).overflowX)) {
+      problems.push(`${name}: ${box.scrollWidth}px in a ${box.clientWidth}px box that does not scroll`);
+    } else if (!box.hasAttribute("data-overflow") || !cue.content.includes("scroll")
+               || cue.display === "none") {
+      problems.push(`${name}: scrolls (${box.scrollWidth}px in ${box.clientWidth}px) without a cue`);
+    }
+  }
+  for (const svg of document.querySelectorAll("svg.chart")) {
+    if (!shown(svg)) continue;
+    const frame = svg.getBoundingClientRect();
+    const ticks = [...svg.querySelectorAll("text.tick")]
+      .map((t) => [t.textContent, t.getBoundingClientRect()]);
+    const inside = (r) => r.left >= frame.left - 0.5 && r.right <= frame.right + 0.5 &&
+                          r.top >= frame.top - 0.5 && r.bottom <= frame.bottom + 0.5;
+    ticks.forEach(([text, r], i) => {
+      if (!inside(r)) problems.push(`${svg.id}: tick ${text} outside the chart`);
+      for (const [other, q] of ticks.slice(i + 1))
+        if (overlap(r, q)) problems.push(`${svg.id}: ticks ${text} and ${other} overlap`);
+    });
+  }
+  // Legend entries: the chart's key and the table's colour bands (lists), or text drawn in an SVG.
+  const legends = [...document.querySelectorAll(".chart-legend, ul.legend")].map((l) => [...l.children]);
+  for (const svg of document.querySelectorAll("svg.chart")) {
+    legends.push([...svg.querySelectorAll("text.legend")]);
+  }
+  for (const legend of legends) {
+    const entries = legend.filter(shown).map((entry) => [words(entry), entry.getBoundingClientRect()]);
+    entries.forEach(([text, r], i) => {
+      if (r.left < -0.5 || r.right > page.clientWidth + 0.5) problems.push(`legend ${text} off the screen`);
+      for (const [other, q] of entries.slice(i + 1))
+        if (overlap(r, q)) problems.push(`legend entries ${text} and ${other} overlap`);
+    });
+  }
+  return problems;
+}"""
+
+# Each compare table's run columns: the run's page it links to, and whether its header lies within
+# the visible part of the table's box.
+COMPARE_COLUMNS = """() => [...document.querySelectorAll("table.compare")].map((table) => {
+  const box = table.closest(".scroll").getBoundingClientRect();
+  return [...table.querySelectorAll("thead th a")].map((a) => {
+    const r = a.closest("th").getBoundingClientRect();
+    return [a.getAttribute("href"), r.left >= box.left - 0.5 && r.right <= box.right + 0.5];
+  });
+})"""
 
 
 def _browser_or_skip():
@@ -64,22 +137,44 @@ def page(server):
     sync_playwright = _browser_or_skip()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=server.url)
+        context = browser.new_context(viewport=LAPTOP, base_url=server.url)
         context.set_default_timeout(TIMEOUT_MS)
         # expect() has a timeout of its own (5 s), which the context's default does not reach: the
         # explain panel's estimate can take longer than that on a loaded 2-core machine.
         from playwright.sync_api import expect
 
         expect.set_options(timeout=TIMEOUT_MS)
+        # Anything the pages ask of another host is recorded and refused: the dashboard and the API
+        # docs must work offline.
+        foreign: list[str] = []
+
+        def refuse(route):
+            foreign.append(route.request.url)
+            route.abort()
+
+        context.route(lambda url: not url.startswith((server.url + "/", "data:", "blob:")), refuse)
         tab = context.new_page()
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        # The browser logs every 4xx fetch as an error; the one the test provokes (422) is expected.
-        tab.on("console", lambda msg: errors.append(msg.text)
-               if msg.type == "error" and "status of 422" not in msg.text else None)
+
+        def console(msg):
+            # The browser logs every 4xx fetch as an error; the one the test provokes (422) is expected.
+            if msg.type != "error" or "status of 422" in msg.text:
+                return
+            if "Content Security Policy" in msg.text and any(url in msg.text for url in REFUSED_BY_CSP):
+                return
+            errors.append(msg.text)
+
+        tab.on("console", console)
         yield tab
         browser.close()
+    assert not foreign, f"the pages asked other hosts for: {foreign}"
     assert not errors, f"the pages logged errors: {errors}"
+
+
+def assert_readable(page, where: str) -> None:
+    problems = page.evaluate(LAYOUT_PROBLEMS)
+    assert problems == [], f"{where} at {page.viewport_size['width']}px: {problems}"
 
 
 def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots):
@@ -148,36 +243,82 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     expect(panel.get_by_role("table", name=re.compile("Peak memory of the step"))).to_be_visible()
     expect(panel).to_contain_text("activations saved for backward")
     expect(panel).to_contain_text("Largest modules by parameters")
+    expect(panel.locator(".scroll[data-overflow]")).to_have_count(0)  # every column of explain in view
+    assert_readable(page, "the run page, a cell and its explain panel")
     page.screenshot(path=shots / "04-run-done-cell-explain.png", full_page=True)
 
-    # A second run through the API, then both side by side from the home page.
-    second = server.client.post("/v1/tables", json={
-        "model": "tiny-bert", "seq_lens": [32, 64, 128], "modes": ["fp32", "amp"], "gpu_memory": "2GiB",
-    }).json()
-    server.wait_for(f"/v1/tables/{second['id']}", lambda t: t["status"] == "done")
+    # Two more runs through the API, one on a GPU preset, then the three side by side from the home page.
+    others = [server.client.post("/v1/tables", json={
+        "model": "tiny-bert", "seq_lens": [32, 64, 128], "modes": ["fp32", "amp"], **target,
+    }).json()["id"] for target in ({"gpu": "T4"}, {"gpu_memory": "2GiB"})]
+    for other in others:
+        server.wait_for(f"/v1/tables/{other}", lambda t: t["status"] == "done")
     page.goto("/")
     rows = page.locator("table.list tbody tr")
-    expect(rows).to_have_count(2)
+    expect(rows).to_have_count(3)
     expect(rows.first).to_contain_text("custom 2 GiB")  # newest first
-    expect(page.locator("table.list .status.done")).to_have_count(2)
-    page.screenshot(path=shots / "05-home-two-runs.png", full_page=True)
+    expect(page.locator("table.list .status.done")).to_have_count(3)
+    assert_readable(page, "the runs")
+    page.screenshot(path=shots / "05-home-three-runs.png", full_page=True)
     for box in page.locator("table.list input[type=checkbox]").all():
         box.check()
     page.get_by_role("button", name="Compare selected runs").click()
     expect(page).to_have_url(re.compile(r"/compare\?id="))
+    compare_url = page.url
     fp32 = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
-    expect(fp32.locator("thead th")).to_have_count(3)  # seq len + two runs
-    expect(fp32).to_contain_text("custom 1 GiB")
-    expect(fp32).to_contain_text("custom 2 GiB")
+    expect(fp32.locator("thead th")).to_have_count(4)  # seq len + three runs
+    for target in ("custom 1 GiB", "T4", "custom 2 GiB"):
+        expect(fp32).to_contain_text(target)
     expect(page.locator("#reference-note")).to_contain_text("Why PyTorch numbers differ")
     expect(page.get_by_role("table", name=re.compile("BERT README"))).to_contain_text("bert-large")
+    assert_every_run_has_its_column(page, [run_id, *others])
+    assert_readable(page, "compare")
     page.screenshot(path=shots / "06-compare.png", full_page=True)
 
-    # A phone's width: the table scrolls inside its box, the page does not.
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.goto(f"/runs/{run_id}#cell-128-fp32")
-    expect(page.locator("#detail-128-fp32")).to_be_visible()
-    width = page.evaluate("document.documentElement.scrollWidth")
-    assert width <= 390 + 1, f"the page is {width}px wide on a 390px screen"
+    # A phone's width: each table fits its box or scrolls inside it with a cue, the page never does.
+    page.set_viewport_size(PHONE)
+    page.goto(f"/runs/{run_id}#cell-64-amp")
+    detail = page.locator("#detail-64-amp")
+    expect(detail).to_be_visible()
+    # Seven columns of probes do not fit 390 px: they scroll, and say so.
+    cue = detail.locator(".scroll[data-overflow]")
+    expect(cue).to_have_count(1)
+    assert "scroll" in cue.evaluate("box => getComputedStyle(box, '::before').content")
+    detail.get_by_role("button", name="Where does the memory go?").click()
+    expect(panel.get_by_role("table", name=re.compile("Largest modules by activations"))).to_be_visible()
+    expect(panel.locator(".scroll[data-overflow]")).to_have_count(0)  # every column of explain in view
+    assert_readable(page, "the run page, a cell and its explain panel")
     page.screenshot(path=shots / "07-phone-run.png", full_page=True)
+    page.goto(compare_url)
+    assert_every_run_has_its_column(page, [run_id, *others])
+    assert_readable(page, "compare")
+    page.screenshot(path=shots / "08-phone-compare.png", full_page=True)
+    page.goto("/")
+    assert_readable(page, "the runs")
+    page.screenshot(path=shots / "09-phone-home.png", full_page=True)
     print(f"dashboard screenshots: {shots}")
+
+
+def assert_every_run_has_its_column(page, run_ids: list[str]) -> None:
+    tables = page.evaluate(COMPARE_COLUMNS)
+    assert tables, "no compare table"
+    for columns in tables:
+        assert sorted(href.rsplit("/", 1)[1] for href, _ in columns) == sorted(run_ids), columns
+        cut = [href for href, inside in columns if not inside]
+        assert not cut, f"at {page.viewport_size['width']}px the columns of {cut} are cut off"
+
+
+def test_api_docs_render_from_the_server_itself(page, server, shots):
+    """Swagger UI and ReDoc from the app's own files: the page fixture refuses and reports any other host."""
+    from playwright.sync_api import expect
+
+    page.goto("/")
+    page.get_by_role("link", name="API").click()
+    expect(page).to_have_url(re.compile(r"/docs$"))
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("autotune")
+    expect(page.get_by_text("/v1/tables/{table_id}").first).to_be_visible()
+    page.screenshot(path=shots / "10-api-docs.png")
+    page.goto("/redoc")
+    expect(page.locator("h1", has_text="autotune")).to_be_visible()
+    expect(page.get_by_text("/v1/tables/{table_id}").first).to_be_attached()
+    page.screenshot(path=shots / "11-api-redoc.png")

@@ -29,7 +29,7 @@ def make_client(tmp_path):
     def make(**settings):
         app = create_app(Settings(db=tmp_path / "errors.db", **settings),
                          runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://localhost")  # a name the server answers to
         client.__enter__()
         clients.append(client)
         return client
@@ -292,7 +292,8 @@ def test_a_cancelled_queued_run_does_not_answer_a_new_identical_request(client):
 def test_a_queued_run_does_not_resume_on_a_changed_environment(make_client, tmp_path):
     runner = LocalRunner(estimate_workers=0, gpu_lanes=[])
     # The server stops with the run still queued.
-    with TestClient(create_app(Settings(db=tmp_path / "errors.db"), runner=runner)) as first:
+    with TestClient(create_app(Settings(db=tmp_path / "errors.db"), runner=runner),
+                    base_url="http://localhost") as first:
         queued = post(first).json()
     conn = sqlite3.connect(tmp_path / "errors.db")
     spec = json.loads(conn.execute("SELECT spec FROM runs WHERE id = ?", (queued["id"],)).fetchone()[0])
@@ -317,6 +318,6 @@ class BrokenRunner(LocalRunner):
 def test_an_internal_error_is_json_too(tmp_path):
     runner = BrokenRunner(estimate_workers=0, gpu_lanes=[])
     app = create_app(Settings(db=tmp_path / "broken.db"), runner=runner)
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
         response = client.get("/v1/health")
     assert detail(response, 500) == "internal server error (RuntimeError)"

@@ -4,6 +4,8 @@ cancel and close. No torch in the workers, so these take a fraction of a second 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import textwrap
 import threading
@@ -27,6 +29,9 @@ FAKE_WORKER = textwrap.dedent("""
             sys.exit(1)
         time.sleep(0.01)
     time.sleep(spec.get("sleep_s", 0))
+    for _ in range(spec.get("beats", 0)):  # a long run that reports each probe
+        print(json.dumps({"op": "progress"}), flush=True)
+        time.sleep(0.2)
     (out / f"end-{run_id}").write_text(json.dumps({"t": time.time()}))
     print(json.dumps({"op": "done", "elapsed_s": 0}), flush=True)
 """)
@@ -169,3 +174,45 @@ def test_cuda_is_unavailable_without_gpu_lanes(make_runner):
     assert runner.environment("auto")["backend"] == "estimate"
     with pytest.raises(BackendUnavailable, match="backend 'cuda' needs a CUDA GPU"):
         runner.environment("cuda")
+
+
+def wait_start(tmp_path, run_id, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not (tmp_path / f"start-{run_id}").exists():
+        assert time.monotonic() < deadline, f"{run_id} never started"
+        time.sleep(0.01)
+
+
+def test_the_watchdog_fails_a_run_whose_worker_is_stopped_and_frees_its_lane(make_runner, tmp_path):
+    runner = make_runner(estimate_workers=1, gpu_lanes=[], watchdog_s=1.0)
+    events = Events()
+    runner.submit(order("frozen", tmp_path, sleep_s=0.5), events)
+    runner.submit(order("next", tmp_path), events)
+    wait_start(tmp_path, "frozen")
+    pid = next(iter(runner._running.values())).worker.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # stopped: never exits, never writes again
+    status, error = events.wait("frozen")[0]
+    assert status == "failed"
+    assert error == (f"the worker process (pid {pid}) made no progress for 1 s (AUTOTUNE_WATCHDOG_S) "
+                     "and was killed")
+    assert events.wait("next") == [("done", None)]  # the lane is free again
+
+
+def test_the_watchdog_leaves_a_long_run_that_reports_its_probes(make_runner, tmp_path):
+    runner = make_runner(estimate_workers=1, gpu_lanes=[], watchdog_s=1.0)
+    events = Events()
+    runner.submit(order("long", tmp_path, beats=12), events)  # 2.4 s, a sign of life every 0.2 s
+    assert events.wait("long") == [("done", None)]
+
+
+def test_held_names_the_queued_and_running_orders(make_runner, tmp_path):
+    runner = make_runner(estimate_workers=1, gpu_lanes=[])
+    events = Events()
+    runner.submit(order("first", tmp_path, sleep_s=0.5), events)
+    runner.submit(order("second", tmp_path), events)
+    assert runner.held() == {"first", "second"}
+    events.wait("first", "second")
+    deadline = time.monotonic() + 5
+    while runner.held():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

@@ -76,11 +76,37 @@ def test_unambiguous_aliases(alias: str, preset: str) -> None:
     assert resolve_gpu(alias).name == preset
 
 
-@pytest.mark.parametrize("name", ["A100", "V100", "h100", "P100", "rtx-2080", ""])
-def test_unknown_or_ambiguous_gpu_lists_the_presets(name: str) -> None:
+@pytest.mark.parametrize("name", ["rtx-2080", "K80", "T5", ""])
+def test_unknown_gpu_lists_the_presets(name: str) -> None:
+    # Nothing close enough to suggest: RTX-2080 is another card than RTX-3090 (ratio 0.71).
     with pytest.raises(UnknownGpu) as info:
         resolve_gpu(name)
     assert str(info.value) == f"unknown GPU '{name}': use one of {', '.join(PRESET_NAMES)}"
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        # A typo of a preset.
+        ("H10", "H100-80GB"),
+        ("T-4", "T4"),
+        ("t 4", "T4"),
+        ("L40", "L40S"),
+        ("titan x", "TITAN-X-12GB"),
+        ("RTX-409", "RTX-4090"),
+        # A family sold in several sizes is not a preset (module docstring): each size is suggested.
+        ("A100", "A100-40GB or A100-80GB"),
+        ("V100", "V100-16GB or V100-32GB"),
+        ("h100", "H100-80GB"),
+        ("P100", "P100-16GB"),
+    ],
+)
+def test_a_mistyped_or_ambiguous_gpu_names_the_close_presets(name: str, suggestion: str) -> None:
+    with pytest.raises(UnknownGpu) as info:
+        resolve_gpu(name)
+    assert str(info.value) == (
+        f"unknown GPU '{name}': did you mean {suggestion}? Presets: {', '.join(PRESET_NAMES)}"
+    )
 
 
 def test_default_gpu_is_the_t4() -> None:
@@ -206,6 +232,18 @@ def test_a_bad_context_overhead_override_names_the_variable(
     monkeypatch.setenv(CONTEXT_OVERHEAD_ENV, "lots")
     with pytest.raises(InvalidInput, match=f"^{CONTEXT_OVERHEAD_ENV}: invalid memory size 'lots'"):
         context_overhead_override()
+
+
+def test_a_context_overhead_override_needs_its_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONTEXT_OVERHEAD_ENV, "600")  # once 600 bytes
+    with pytest.raises(InvalidInput) as info:
+        context_overhead_override()
+    assert str(info.value).startswith(
+        f"{CONTEXT_OVERHEAD_ENV}: invalid memory size '600': a size needs a unit, e.g. 600GiB or "
+        "600MiB (600B for bytes); units: KiB, MiB, GiB, TiB,"
+    )
+    monkeypatch.setenv(CONTEXT_OVERHEAD_ENV, "629145600B")
+    assert context_overhead_override() == 600 * MIB
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,9 @@ from autotune.units import GIB, KIB, MIB, TIB, format_bytes, gib_to_bytes, parse
         ("512MiB", 512 * MIB),
         ("1TiB", TIB),
         ("4KiB", 4 * KIB),
-        ("1024", 1024),
-        ("1024B", 1024),
+        ("1024B", 1024),  # B or "bytes" says a byte count; "1024" alone is refused (below)
+        ("1024 bytes", 1024),
+        ("1024 B", 1024),
         ("16GB", 16 * 10**9),
         ("16gb", 16 * 10**9),
         ("500MB", 500 * 10**6),
@@ -42,24 +43,47 @@ def test_parse_bytes_rounds_fractional_bytes_to_the_nearest_byte() -> None:
     assert parse_bytes("1.3KiB") == 1331  # 1331.2
 
 
+UNITS = "KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000), B"
+
+
 @pytest.mark.parametrize("text", ["12 gigs", "", "GiB", "12 GiB GiB", "1.5.2GiB", "-1GiB", "twelve", "12iB"])
-def test_parse_bytes_rejects_malformed_text_naming_it_and_the_forms(text: str) -> None:
+def test_parse_bytes_rejects_malformed_text_naming_it_and_the_units(text: str) -> None:
     with pytest.raises(InvalidInput) as info:
         parse_bytes(text)
     assert str(info.value) == (
-        f"invalid memory size '{text}': use a number with a unit, e.g. 12GiB, 16GB, 512MiB"
+        f"invalid memory size '{text}': use a number with a unit, e.g. 12GiB, 16GB, 512MiB; units: {UNITS}"
     )
 
 
 def test_parse_bytes_error_text_for_a_typo() -> None:
-    with pytest.raises(
-        InvalidInput,
-        match="^invalid memory size '12 gigs': use a number with a unit, e.g. 12GiB, 16GB, 512MiB$",
-    ):
+    with pytest.raises(InvalidInput) as info:
         parse_bytes("12 gigs")
+    assert str(info.value) == (
+        "invalid memory size '12 gigs': use a number with a unit, e.g. 12GiB, 16GB, 512MiB; units: "
+        "KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000), B"
+    )
 
 
-@pytest.mark.parametrize("value", ["0", "0GiB", "0.0001B", 0, -5])
+@pytest.mark.parametrize("text", ["12", " 12 ", "12.5", "1024", ".5"])
+def test_parse_bytes_refuses_a_number_without_a_unit_suggesting_one(text: str) -> None:
+    # "--gpu-memory 12" once meant 12 bytes; it is 12 GiB or 12 MiB the user meant, or said
+    # nothing: the error names both readings, the byte count's spelling and every unit.
+    number = text.strip()
+    with pytest.raises(InvalidInput) as info:
+        parse_bytes(text)
+    assert str(info.value) == (
+        f"invalid memory size '{text}': a size needs a unit, e.g. {number}GiB or {number}MiB "
+        f"({number}B for bytes); units: {UNITS}"
+    )
+
+
+def test_an_int_is_a_byte_count() -> None:
+    # The Python API's gpu_memory=12 * 2**30 and the service's JSON numbers: bytes, no unit needed.
+    assert parse_bytes(12 * GIB) == 12 * GIB
+    assert parse_bytes(1024) == 1024
+
+
+@pytest.mark.parametrize("value", ["0", "0GiB", "0B", "0.0001B", 0, -5])
 def test_parse_bytes_requires_more_than_zero(value: str | int) -> None:
     with pytest.raises(InvalidInput, match="must be greater than 0 bytes"):
         parse_bytes(value)
@@ -92,7 +116,7 @@ def test_format_bytes(n: int, expected: str) -> None:
 
 
 def test_format_and_parse_round_trip() -> None:
-    for n in (100, 512 * MIB, 12 * GIB, int(1.5 * GIB)):
+    for n in (100, 512 * MIB, 12 * GIB, int(1.5 * GIB)):  # 100 -> "100 B": it carries its unit
         assert parse_bytes(format_bytes(n)) == n
 
 

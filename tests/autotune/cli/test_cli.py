@@ -48,6 +48,19 @@ def test_table_text_output(capsys):
         (["table", "tiny-bert", "--seq-lens", "32", "--gpu", "K80"], "Error: unknown GPU"),
         (["table", "tiny-bert", "--seq-lens", "32", "--gpu-memory", "12 gigs"],
          "Error: invalid memory size '12 gigs'"),
+        (["table", "tiny-bert", "--seq-lens", "32", "--gpu-memory", "12"],
+         "Error: invalid memory size '12': a size needs a unit, e.g. 12GiB or 12MiB (12B for bytes); "
+         "units: KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000), B\n"),
+        (["table", "tiny-bert", "--gpu", "H10"], "Error: unknown GPU 'H10': did you mean H100-80GB? "
+         "Presets: T4, "),
+        (["table", "tiny-bert", "--gpu", "T-4"], "Error: unknown GPU 'T-4': did you mean T4? Presets: "),
+        (["table", "tiny-bret"], "Error: unknown model 'tiny-bret': did you mean tiny-bert? It is not a "
+         "built-in preset or a local config (Hugging Face hub ids are looked up only when asked: --hub, "
+         "hub=True in Python, or AUTOTUNE_ALLOW_HUB=1). Presets: "),
+        (["check", "bert-base-uncase", "--seq-len", "128", "--batch-size", "8"],
+         "Error: unknown model 'bert-base-uncase': did you mean bert-base-uncased? It is not "),
+        (["explain", "llama-3.2-1b-instruct"],
+         "Error: unknown model 'llama-3.2-1b-instruct': did you mean meta-llama/Llama-3.2-1B? It is not "),
         (["table", "tiny-bert", "--seq-lens", "32", "--backend", "cuda"],
          "Error: backend 'cuda' needs a CUDA GPU"),
     ],
@@ -89,3 +102,89 @@ def test_serve_without_the_service_extra_names_it(monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "Error: autotune serve needs no_such_package_for_autotune, which is not installed: "
         "pip install 'autotune-batch[service]' (or -e \".[service]\" from a checkout)\n")
+
+
+# --- offline by default: the hub only when asked ------------------------------------------------
+
+
+@pytest.fixture
+def hub_watch(monkeypatch):
+    """Records each hub lookup (the config download), which fails as an uncached id offline would."""
+    from autotune.errors import UnknownModel
+    from autotune.workload import models
+
+    asked: list[str] = []
+
+    def lookup(name):
+        asked.append(name)
+        raise UnknownModel(f"unknown model '{name}': looked up on the hub")
+
+    monkeypatch.delenv("AUTOTUNE_ALLOW_HUB", raising=False)
+    monkeypatch.setattr(models, "_hub_config", lookup)
+    return asked
+
+
+HUB_ARGS = {
+    "table": ["table", "someone/bert-huge", "--seq-lens", "32", "--modes", "fp32"],
+    "check": ["check", "someone/bert-huge", "--seq-len", "32", "--batch-size", "8"],
+    "explain": ["explain", "someone/bert-huge", "--seq-len", "32", "--batch-size", "8"],
+}
+
+
+@pytest.mark.parametrize("command", HUB_ARGS)
+def test_a_name_that_is_no_preset_is_not_looked_up_on_the_hub_by_default(capsys, hub_watch, command):
+    code, _, err = run(capsys, *HUB_ARGS[command])
+    assert code == 2 and hub_watch == []
+    assert err.startswith("Error: unknown model 'someone/bert-huge': not a built-in preset or a local config "
+                          "(Hugging Face hub ids are looked up only when asked: --hub, hub=True in Python, "
+                          "or AUTOTUNE_ALLOW_HUB=1). Presets: "), err
+
+
+@pytest.mark.parametrize("command", HUB_ARGS)
+def test_hub_asks_the_hub(capsys, hub_watch, command):
+    code, _, err = run(capsys, *HUB_ARGS[command], "--hub")
+    assert code == 2 and hub_watch == ["someone/bert-huge"]
+    assert err == "Error: unknown model 'someone/bert-huge': looked up on the hub\n"
+
+
+def test_the_hub_setting_turns_lookups_on_and_no_hub_off(capsys, hub_watch, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ALLOW_HUB", "1")
+    assert run(capsys, *HUB_ARGS["table"])[0] == 2 and hub_watch == ["someone/bert-huge"]
+    code, _, err = run(capsys, *HUB_ARGS["table"], "--no-hub")
+    assert code == 2 and hub_watch == ["someone/bert-huge"]  # not asked again
+    assert "looked up only when asked: --hub" in err
+
+
+def test_with_hub_offline_only_the_local_cache_is_read(capsys, monkeypatch):
+    # conftest sets HF_HUB_OFFLINE=1: --hub reads the local Hugging Face cache and nothing else.
+    monkeypatch.delenv("AUTOTUNE_ALLOW_HUB", raising=False)
+    code, _, err = run(capsys, *HUB_ARGS["table"], "--hub")
+    assert code == 2
+    assert "(offline: only the local Hugging Face cache was searched)" in err
+
+
+def test_a_malformed_hub_setting_is_named(capsys, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ALLOW_HUB", "maybe")
+    code, _, err = run(capsys, *HUB_ARGS["table"])
+    assert (code, err) == (2, "Error: AUTOTUNE_ALLOW_HUB='maybe': use 1 or 0 (true/false, yes/no, on/off)\n")
+
+
+def test_a_size_without_its_unit_is_refused_before_asking_a_server(capsys):
+    # Port 9 (discard): were the server asked, the error would say it is unreachable.
+    code, out, err = run(capsys, "check", "tiny-bert", "--seq-len", "32", "--batch-size", "8",
+                         "--gpu-memory", "12", "--server", "http://127.0.0.1:9")
+    assert code == 2 and out == ""
+    assert err.startswith("Error: invalid memory size '12': a size needs a unit, e.g. 12GiB"), err
+
+
+# --- default sequence lengths within the model's limit -----------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "tiny-roberta", "tiny-llama"])
+def test_a_tiny_preset_gets_default_rows_within_its_128_positions(capsys, model):
+    code, out, _ = run(capsys, "table", model, "--modes", "fp32", "--gpu-memory", "1GiB",
+                       "--backend", "estimate", "--max-batch", "8", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["seq_lens"] == [64, 128]
+    assert [cell["max_batch_size"] for cell in doc["cells"]] == [8, 8]

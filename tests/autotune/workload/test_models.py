@@ -349,7 +349,7 @@ def test_unknown_model_type_is_refused_without_remote_code(tmp_path: Path) -> No
 
 def test_unknown_name_lists_the_presets() -> None:
     with pytest.raises(UnknownModel) as info:
-        resolve_model("bert-huge")
+        resolve_model("bert-huge", allow_hub=True)
     assert str(info.value) == (
         f"unknown model 'bert-huge': {NOT_FOUND} (offline: only the local Hugging Face "
         f"cache was searched). Presets: {PRESET_LIST}"
@@ -366,6 +366,85 @@ def test_unknown_name_without_hub_lookups() -> None:
     )
 
 
+def _no_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the hub would be asked (a config download or the reachability probe)."""
+    from autotune.workload import models
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(models, "_hub_config", refuse)
+    monkeypatch.setattr(models, "hub_unreachable", refuse)
+
+
+def test_the_hub_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_hub(monkeypatch)
+    with pytest.raises(UnknownModel, match="^unknown model 'someone/bert-huge': not a built-in"):
+        resolve_model("someone/bert-huge")
+
+
+HINT = "hub ids are looked up only when you ask: --hub"
+
+
+def test_with_the_hub_off_a_hint_says_how_to_ask_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_hub(monkeypatch)
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("someone/bert-huge", hub_hint=HINT)
+    assert str(info.value) == (
+        f"unknown model 'someone/bert-huge': not a built-in preset or a local config ({HINT}). "
+        f"Presets: {PRESET_LIST}"
+    )
+    # A name that cannot be a hub id (a space) gets no hint.
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("bert huge", hub_hint=HINT)
+    assert str(info.value) == (
+        f"unknown model 'bert huge': not a built-in preset or a local config. Presets: {PRESET_LIST}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("bert-base-uncase", "bert-base-uncased"),
+        ("tiny-bret", "tiny-bert"),
+        ("TINY-BRET", "tiny-bert"),
+        ("bert base uncased", "bert-base-uncased"),
+        ("llama-3.2-1b-instruct", "meta-llama/Llama-3.2-1B"),
+        ("Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+        ("meta-llama/Llama-3.2-1B-Instruct",
+         "meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B or meta-llama/Llama-3.1-8B"),
+        ("bert-large", "bert-large-uncased or bert-large-cased"),  # a family: each of its presets
+        ("robrta-base", "roberta-base"),
+    ],
+)
+def test_a_mistyped_name_is_refused_naming_the_close_presets_without_the_hub(
+    monkeypatch: pytest.MonkeyPatch, name: str, suggestion: str
+) -> None:
+    _no_hub(monkeypatch)
+    with pytest.raises(UnknownModel) as info:
+        resolve_model(name, hub_hint=HINT)
+    message = str(info.value)
+    assert message.startswith(f"unknown model '{name}': did you mean {suggestion}? It is not a "
+                              "built-in preset or a local config")
+    assert message.endswith(f"Presets: {PRESET_LIST}")
+
+
+def test_a_failed_hub_lookup_names_the_close_presets_too() -> None:
+    # conftest: HF_HUB_OFFLINE=1, so the lookup reads the (empty) local cache and fails.
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("tiny-bret", allow_hub=True)
+    assert str(info.value) == (
+        f"unknown model 'tiny-bret': did you mean tiny-bert? It is not {NOT_FOUND.removeprefix('not ')} "
+        f"(offline: only the local Hugging Face cache was searched). Presets: {PRESET_LIST}"
+    )
+
+
+def test_a_name_far_from_every_preset_gets_no_suggestion() -> None:
+    with pytest.raises(UnknownModel) as info:
+        resolve_model("some-org/bert-huge", hub_hint=HINT)
+    assert "did you mean" not in str(info.value)
+
+
 def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("AUTOTUNE_OFFLINE")
@@ -377,7 +456,7 @@ def test_unreachable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     start = time.monotonic()
     with pytest.raises(UnknownModel, match=f"cannot reach http://127.0.0.1:{port}"):
-        resolve_model("some-org/bert-huge")
+        resolve_model("some-org/bert-huge", allow_hub=True)
     assert time.monotonic() - start < 10
 
 

@@ -1,0 +1,375 @@
+"""Heavy reads away from the server process: ``check`` and ``explain`` that need the estimator.
+
+A GET must not be able to hang the service. So the estimator never runs in the server: an
+``AnalysisOrder`` goes to one of a bounded number of worker processes
+(``python -m api.runs.analysis_worker``, protocol there), and:
+
+- at most ``workers`` orders run at once; one more gets ``Overloaded`` (HTTP 503 with
+  Retry-After) at once, never a wait in line;
+- an order that runs past ``timeout_s`` has its worker killed and gets ``Overloaded``; the
+  key is remembered for ``TIMEOUT_MEMORY_S`` so that asking again does not burn another worker
+  on the same hopeless order;
+- an order every waiter abandoned (the client disconnected) has its worker killed;
+- results (and refusals such as an unknown model) are cached per order, so the same explain is
+  instant the second time; identical orders in flight share one worker.
+
+Workers stay up between orders (importing torch and transformers takes seconds) and are
+replaced after ``JOBS_PER_WORKER`` orders, so memory a large model left in one is given back.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autotune import errors
+from autotune.errors import AutotuneError, Overloaded
+from autotune.processes import exit_reason
+
+log = logging.getLogger("autotune.api")
+
+ANALYSIS_COMMAND = (sys.executable, "-m", "api.runs.analysis_worker")
+KINDS = ("check", "explain")
+JOBS_PER_WORKER = 25  # orders a worker answers before it is replaced (memory of large models)
+CACHE_ENTRIES = 512  # answers kept, least recently used dropped first
+TIMEOUT_MEMORY_S = 300.0  # how long an order that ran past the limit is refused at once
+POLL_S = 0.1  # how often a waiting order looks at its deadline and its waiters
+DISCONNECT_POLL_S = 0.25  # how often a waiting request asks whether its client is still there
+
+
+@dataclass(frozen=True)
+class AnalysisOrder:
+    """One check or explain on the estimator: a normalised spec and the cell's parameters."""
+
+    kind: str  # check | explain
+    spec: dict[str, Any]  # TableSpec.to_json(): its environment is part of the key
+    params: dict[str, Any]  # seq_len, batch_size, mode, ... (JSON)
+
+    @property
+    def key(self) -> str:
+        text = json.dumps([self.kind, self.spec, self.params], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class _Job:
+    order: AnalysisOrder
+    future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
+    waiters: int = 1
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Ticket:
+    """A request's hold on an order's answer; ``release()`` when the request ends, answered or not."""
+
+    def __init__(self, pool: AnalysisPool, job: _Job) -> None:
+        self._pool, self._job, self._released = pool, job, False
+
+    @property
+    def future(self) -> concurrent.futures.Future[dict[str, Any]]:
+        return self._job.future
+
+    async def result(self, is_disconnected: Callable[[], Awaitable[bool]]) -> dict[str, Any]:
+        """The answer (or its error); ``ClientGone`` once ``is_disconnected()`` says so."""
+        import asyncio
+
+        waiting = asyncio.wrap_future(self._job.future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return waiting.result()
+            if await is_disconnected():
+                raise ClientGone()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._pool._release(self._job)
+
+
+class ClientGone(Exception):
+    """The request's client went away while its order ran (nobody to answer)."""
+
+
+class _Worker:
+    """One analysis worker process, answering one order at a time."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=dict(env), text=True, encoding="utf-8", errors="replace", bufsize=1,
+            start_new_session=True,
+        )
+        self.jobs = 0
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with contextlib.suppress(ValueError, OSError):
+            for line in self.proc.stdout:
+                self.lines.put(line)
+        self.lines.put(None)  # end of output: the process is gone
+
+    def send(self, message: dict[str, Any]) -> bool:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+def _error(message: dict[str, Any]) -> AutotuneError:
+    """The worker's refusal as the same kind of error (InvalidInput stays a 422, ...)."""
+    cls = getattr(errors, str(message.get("error_type")), None)
+    text = str(message.get("error"))
+    if isinstance(cls, type) and issubclass(cls, AutotuneError):
+        with contextlib.suppress(TypeError):  # a class whose constructor takes more than a message
+            exc = cls(text)
+            exc.field = message.get("field")
+            return exc
+    exc = AutotuneError(text)
+    exc.field = message.get("field")
+    return exc
+
+
+class AnalysisPool:
+    """Runs AnalysisOrders in worker processes; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        timeout_s: float,
+        command: Sequence[str] = ANALYSIS_COMMAND,
+        env: Mapping[str, str] | None = None,
+        cache_entries: int = CACHE_ENTRIES,
+    ) -> None:
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.command = tuple(command)
+        self.env = dict(os.environ if env is None else env)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._running: dict[str, _Job] = {}
+        self._busy: set[_Worker] = set()
+        self._cache: collections.OrderedDict[str, tuple[dict[str, Any] | None, AutotuneError | None]] = (
+            collections.OrderedDict())
+        self._cache_entries = cache_entries
+        self._too_slow: dict[str, float] = {}  # key -> monotonic time it is refused until
+        self._closed = False
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def analyze(self, order: AnalysisOrder) -> Ticket:
+        """A ticket for the order's answer: cached, shared with an identical order, or a new job.
+
+        Overloaded when every worker is busy, or when the same order ran past the limit lately.
+        """
+        if order.kind not in KINDS:
+            raise ValueError(f"an analysis is one of {KINDS}, not {order.kind!r}")
+        key = order.key
+        with self._lock:
+            if self._closed:
+                raise Overloaded("the server is shutting down", retry_after_s=5)
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                job = _Job(order, waiters=0)
+                result, error = self._cache[key]
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    assert result is not None
+                    job.future.set_result(result)
+                return Ticket(self, job)
+            until = self._too_slow.get(key)
+            if until is not None and until > time.monotonic():
+                raise self._timeout_error(order, retry_after_s=math.ceil(until - time.monotonic()))
+            joined = self._running.get(key)
+            if joined is not None:
+                joined.waiters += 1
+                return Ticket(self, joined)
+            if len(self._running) >= self.workers:
+                raise Overloaded(
+                    f"all {self.workers} analysis workers of this server are busy "
+                    "(AUTOTUNE_ANALYSIS_WORKERS): ask again shortly",
+                    retry_after_s=self._retry_after(),
+                )
+            job = self._running[key] = _Job(order)
+        threading.Thread(target=self._execute, args=(job,), name=f"analysis {key[:8]}", daemon=True).start()
+        return Ticket(self, job)
+
+    def describe(self) -> dict[str, int]:
+        with self._lock:
+            return {"workers": self.workers, "busy": len(self._running), "cached": len(self._cache)}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers = [*self._idle, *self._busy]
+            self._idle.clear()
+            for job in self._running.values():
+                job.abandoned.set()
+        for worker in workers:
+            worker.kill()
+
+    # --- inside -----------------------------------------------------------------------------
+
+    def _retry_after(self) -> int:
+        """Seconds until a worker is sure to be free: the running order nearest its limit."""
+        now = time.monotonic()
+        left = [self.timeout_s - (now - job.started) for job in self._running.values()]
+        return max(1, math.ceil(min(left, default=1.0)))
+
+    def _timeout_error(self, order: AnalysisOrder, *, retry_after_s: int) -> Overloaded:
+        return Overloaded(
+            f"this {order.kind} takes longer than this server's limit of {self.timeout_s:g} s "
+            "(AUTOTUNE_ANALYSIS_TIMEOUT_S): run it with the CLI (autotune "
+            f"{order.kind} ...), which has no limit, or ask the server's operator to raise it",
+            retry_after_s=retry_after_s,
+        )
+
+    def _release(self, job: _Job) -> None:
+        with self._lock:
+            job.waiters -= 1
+            if job.waiters <= 0 and not job.future.done():
+                job.abandoned.set()  # nobody is waiting: its worker is killed
+
+    def _worker(self) -> _Worker:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None or worker.proc.poll() is not None:
+            worker = _Worker(self.command, self.env)
+        with self._lock:
+            self._busy.add(worker)
+        return worker
+
+    def _execute(self, job: _Job) -> None:
+        key, outcome = job.order.key, None
+        worker: _Worker | None = None
+        try:
+            worker = self._worker()
+            outcome = self._ask(worker, job)
+        except Exception as exc:  # noqa: BLE001 - a bug here must still answer the request
+            log.exception("analysis %s", key[:8])
+            outcome = ("error", AutotuneError(f"internal error in the analysis pool: {exc!r}"))
+        finally:
+            keep = outcome is not None and outcome[0] in ("result", "refused")
+            with self._lock:
+                self._running.pop(key, None)
+                if worker is not None:
+                    self._busy.discard(worker)
+                    if keep and not self._closed and worker.jobs < JOBS_PER_WORKER:
+                        self._idle.append(worker)
+                        worker = None
+            if worker is not None:
+                worker.kill()
+        assert outcome is not None
+        kind, value = outcome
+        with self._lock:
+            if kind == "result":
+                assert isinstance(value, dict)
+                self._remember(key, (value, None))
+            elif kind == "refused":
+                assert isinstance(value, AutotuneError)
+                self._remember(key, (None, value))
+            elif kind == "timeout":
+                self._too_slow[key] = time.monotonic() + TIMEOUT_MEMORY_S
+        if isinstance(value, BaseException):
+            job.future.set_exception(value)
+        elif isinstance(value, dict):
+            job.future.set_result(value)
+
+    def _remember(self, key: str, entry: tuple[dict[str, Any] | None, AutotuneError | None]) -> None:
+        self._cache[key] = entry
+        self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_entries:
+            self._cache.popitem(last=False)
+        now = time.monotonic()
+        for stale in [k for k, until in self._too_slow.items() if until <= now]:
+            del self._too_slow[stale]
+
+    def _ask(self, worker: _Worker, job: _Job) -> tuple[str, dict[str, Any] | AutotuneError | None]:
+        """Send the order and wait for its answer, its deadline, or its last waiter to leave.
+
+        ("result", answer) | ("refused", error) | ("error", error) | ("timeout", error) |
+        ("abandoned", None).
+        """
+        order = job.order
+        worker.jobs += 1
+        if not worker.send({"kind": order.kind, "spec": order.spec, "params": order.params}):
+            return "error", AutotuneError(f"the analysis worker (pid {worker.proc.pid}) is gone")
+        deadline = job.started + self.timeout_s
+        while True:
+            if job.abandoned.is_set():
+                return "abandoned", None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("analysis %s ran past %g s: its worker is killed", order.key[:8], self.timeout_s)
+                return "timeout", self._timeout_error(order, retry_after_s=math.ceil(TIMEOUT_MEMORY_S))
+            try:
+                line = worker.lines.get(timeout=min(POLL_S, left))
+            except queue.Empty:
+                continue
+            if line is None:
+                code = worker.proc.wait()
+                return "error", AutotuneError(
+                    f"the analysis worker (pid {worker.proc.pid}) {exit_reason(code)} before it answered")
+            try:
+                message = json.loads(line)
+            except ValueError:
+                why = f"the analysis worker broke the protocol: {line.strip()[:200]!r}"
+                return "error", AutotuneError(why)
+            if "result" in message:
+                return "result", message["result"]
+            error = _error(message)
+            # An error the core raises on purpose (unknown model, a step it cannot model) is the
+            # same next time; anything else is not remembered.
+            return ("refused" if message.get("expected") else "error"), error
+
+
+class Analyzer(Protocol):
+    def analyze(self, order: AnalysisOrder) -> Ticket: ...
+
+
+async def run_analysis(
+    runner: Analyzer, order: AnalysisOrder, is_disconnected: Callable[[], Awaitable[bool]]
+) -> dict[str, Any]:
+    """The order's answer, computed away from the server: what a route awaits.
+
+    Overloaded (503) when there is no room or it ran past the limit; ClientGone when the client
+    left first (its worker is then killed unless another request waits on the same order).
+    """
+    ticket = runner.analyze(order)
+    try:
+        return await ticket.result(is_disconnected)
+    finally:
+        ticket.release()

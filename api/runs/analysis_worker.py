@@ -1,0 +1,103 @@
+"""The worker of heavy reads: ``python -m api.runs.analysis_worker`` (analysis.AnalysisPool starts it).
+
+It answers ``check`` and ``explain`` orders on the estimator, one at a time, for as long as its
+stdin stays open, so the server process never runs the estimator itself. Its nice value is
+raised: under a burst of heavy reads the server (health, pages, the queue) keeps the CPU first.
+
+Protocol: JSON objects, one per line, UTF-8.
+
+    server -> worker (stdin)                    worker -> server (stdout)
+    {"kind": "check" | "explain",               {"result": {...}}   the answer, as the route returns it
+     "spec": TableSpec.to_json(),               or {"error_type", "error", "field", "expected"}
+     "params": {"seq_len", "mode", ...}}
+
+``expected`` is true for a refusal of the input (InvalidInput: an unknown model, a step that
+cannot be modelled), which the server may cache; anything else is not. stdin closing ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+import warnings
+from typing import Any
+
+from autotune.errors import AutotuneError, InvalidInput
+from autotune.processes import protocol_stream
+
+NICE_INCREMENT = 10  # below the server and the run workers (os.nice: 0 is normal, 19 the lowest)
+
+
+def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``autotune.analysis.check.check_step`` on the estimator for a normalised request, as JSON."""
+    from api.runs.spec import TableSpec
+    from autotune.analysis.check import check_step
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.workload.modes import parse_mode
+
+    spec = TableSpec.from_json(spec_json)
+    gpu = spec.target_gpu()
+    result = check_step(spec.workload(), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+                        batch_size=params["batch_size"], mode=parse_mode(params["mode"]),
+                        margin=spec.margin, effective_batch=params["effective_batch"])
+    return {**result.to_dict(), "table_id": None}
+
+
+def explain_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``autotune.analysis.explain`` on the estimator for a normalised request, as JSON."""
+    from api.runs.spec import TableSpec
+    from autotune.analysis.explain import explain
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.workload.modes import parse_mode
+
+    spec = TableSpec.from_json(spec_json)
+    gpu = spec.target_gpu()
+    result = explain(spec.workload(), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+                     mode=parse_mode(params["mode"]), margin=spec.margin,
+                     batch_size=params.get("batch_size"), with_levers=params.get("levers", True),
+                     max_batch=spec.max_batch,
+                     # The service's GPUs belong to the runner's lanes (one run per GPU): the
+                     # 8-bit levers stay emulated here; the CLI measures them.
+                     measure_8bit=False)
+    return result.to_dict()
+
+
+ORDERS = {"check": check_order, "explain": explain_order}
+
+
+def answer(order: dict[str, Any]) -> dict[str, Any]:
+    """The reply to one order."""
+    try:
+        return {"result": ORDERS[order["kind"]](order["spec"], order["params"])}
+    except AutotuneError as exc:
+        return {"error_type": type(exc).__name__, "error": str(exc), "field": exc.field,
+                "expected": isinstance(exc, InvalidInput)}
+    except Exception as exc:
+        traceback.print_exc()
+        return {"error_type": type(exc).__name__, "error": f"{type(exc).__name__}: {exc}", "field": None,
+                "expected": False}
+
+
+def main() -> int:
+    replies = protocol_stream()
+    try:
+        os.nice(NICE_INCREMENT)
+    except OSError:  # not allowed here: run at the server's priority
+        pass
+    warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecation notices
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        reply = answer(json.loads(line))
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

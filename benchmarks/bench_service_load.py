@@ -1,0 +1,155 @@
+"""The service under load (issue #13), on loopback: a real ``autotune serve`` while it runs a 24-cell
+table (BERT-base on the estimator):
+
+- 20 clients of mixed reads (health, the tables list, the run, the dashboard's pages, a check a
+  stored table answers, and an explain the cache answers after its first time), as fast as they go;
+- a burst of 40 abandoned heavy requests (explains of an 8B model with every lever, given up after
+  one second) ten seconds in;
+- a prober asking /v1/health every 50 ms throughout.
+
+Prints throughput, p50/p95/p99 per kind of read, health latency before, during and after the burst,
+and every error (an error is any 5xx other than the 503 of a full analysis pool, or a transport
+failure). Goal: health p99 under 100 ms throughout, no error.
+
+    python benchmarks/bench_service_load.py [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from liveserver import Server  # noqa: E402
+
+HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&levers=true&mode=bf16&seq_len={seq_len}"
+CHECK = "/v1/check?model=bert-base-uncased&seq_len=128&batch_size=32&mode=amp&gpu=T4"
+EXPLAIN = "/v1/explain?model=tiny-bert&seq_len=64&mode=fp32&levers=false"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients read (default 60)")
+    parser.add_argument("--clients", type=int, default=20, help="concurrent readers (default 20)")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="autotune-load-"))
+    server = Server(folder / "load.db", folder / "server.log")
+    latencies: dict[str, list[float]] = collections.defaultdict(list)
+    health: list[tuple[float, float]] = []  # (time since start, latency)
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    try:
+        run = server.client.post("/v1/tables", json={"model": "bert-base-uncased", "gpu": "T4"}).json()
+        run_id = run["id"]
+        reads = [("health", "/v1/health"), ("tables", "/v1/tables"), ("run", f"/v1/tables/{run_id}"),
+                 ("home", "/"), ("runs", "/runs"), ("run page", f"/runs/{run_id}"), ("check", CHECK),
+                 ("explain (cached)", EXPLAIN)]
+        server.client.get(EXPLAIN, timeout=120)  # the explain's first time: later ones hit the cache
+        started = time.monotonic()
+
+        def record(kind: str, seconds: float, status: int | None, detail: str = "") -> None:
+            with lock:
+                latencies[kind].append(seconds)
+                if status is None or (status >= 500 and status != 503):
+                    errors.append(f"{kind}: {status} {detail[:200]}")
+
+        def reader(index: int) -> None:
+            with httpx.Client(base_url=server.url, timeout=30.0) as client:
+                i = index
+                while not stop.is_set():
+                    kind, url = reads[i % len(reads)]
+                    i += 1
+                    t0 = time.perf_counter()
+                    try:
+                        response = client.get(url)
+                        record(kind, time.perf_counter() - t0, response.status_code, response.text)
+                    except httpx.HTTPError as exc:
+                        record(kind, time.perf_counter() - t0, None, repr(exc))
+
+        def prober() -> None:
+            with httpx.Client(base_url=server.url, timeout=30.0) as client:
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    try:
+                        ok = client.get("/v1/health").status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    with lock:
+                        health.append((time.monotonic() - started, time.perf_counter() - t0))
+                        if not ok:
+                            errors.append("health: failed")
+                    time.sleep(0.05)
+
+        burst: dict[str, float] = {}
+
+        def abandon(i: int) -> None:
+            try:
+                with httpx.Client(base_url=server.url, timeout=1.0) as client:
+                    status = client.get(HEAVY.format(seq_len=512 * (1 + i % 8))).status_code
+                if status != 503:
+                    with lock:
+                        errors.append(f"heavy: {status}")
+            except httpx.TimeoutException:
+                pass  # abandoned, as meant
+
+        def burster() -> None:
+            stop.wait(10.0)
+            burst["start"] = time.monotonic() - started
+            threads = [threading.Thread(target=abandon, args=(i,)) for i in range(40)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            burst["end"] = time.monotonic() - started + 5.0  # the workers' kill included
+
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(args.clients)]
+        threads += [threading.Thread(target=prober), threading.Thread(target=burster)]
+        for t in threads:
+            t.start()
+        time.sleep(args.seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        final = server.client.get(f"/v1/tables/{run_id}").json()
+    finally:
+        server.stop()
+
+    total = sum(len(v) for v in latencies.values())
+    print(f"{args.clients} clients for {elapsed:.0f} s during a {final['total']}-cell run "
+          f"(status {final['status']}, {final['done']} cells done): {total} reads, {total / elapsed:.0f}/s")
+    print(f"{'read':<18}{'n':>6}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
+    for kind, values in latencies.items():
+        print(f"{kind:<18}{len(values):>6}{percentile(values, .5) * 1e3:>9.1f}"
+              f"{percentile(values, .95) * 1e3:>9.1f}{percentile(values, .99) * 1e3:>9.1f}")
+    windows = {"before the burst": lambda t: t < burst.get("start", 1e9),
+               "during the burst": lambda t: burst.get("start", 1e9) <= t <= burst.get("end", -1),
+               "after the burst": lambda t: t > burst.get("end", 1e9)}
+    for name, inside in windows.items():
+        values = [latency for t, latency in health if inside(t)]
+        if values:
+            print(f"health {name:<17} n={len(values):<5} p50 {statistics.median(values) * 1e3:.1f} ms, "
+                  f"p99 {percentile(values, .99) * 1e3:.1f} ms, max {max(values) * 1e3:.1f} ms")
+    print(f"errors: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:20]))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

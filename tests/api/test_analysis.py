@@ -1,0 +1,181 @@
+"""The analysis pool with fake workers (no torch): bounded, timed, cached, shared, dropped when abandoned.
+
+The fake worker answers an order after ``params["sleep_s"]`` with ``{"n": <orders it answered>}``,
+writes its pid to ``params["dir"]/pid-<tag>`` when it takes an order, and refuses an order with
+``params["refuse"]`` as InvalidInput (an expected refusal) or fails with ``params["fail"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from api.runs.analysis import AnalysisOrder, AnalysisPool, ClientGone, run_analysis
+from autotune.errors import AutotuneError, InvalidInput, Overloaded
+
+FAKE_ANALYSIS_WORKER = textwrap.dedent("""
+    import json, os, pathlib, sys, time
+    answered = 0
+    for line in sys.stdin:
+        order = json.loads(line)
+        params = order["params"]
+        pathlib.Path(params["dir"], "pid-" + params["tag"]).write_text(str(os.getpid()))
+        time.sleep(params.get("sleep_s", 0))
+        answered += 1
+        if "refuse" in params:
+            reply = {"error_type": "InvalidInput", "error": params["refuse"], "field": "seq_len",
+                     "expected": True}
+        elif "fail" in params:
+            reply = {"error_type": "ProbeError", "error": params["fail"], "field": None, "expected": False}
+        else:
+            reply = {"result": {"n": answered, "kind": order["kind"]}}
+        print(json.dumps(reply), flush=True)
+""")
+
+
+@pytest.fixture
+def make_pool(tmp_path):
+    script = tmp_path / "fake_analysis_worker.py"
+    script.write_text(FAKE_ANALYSIS_WORKER)
+    pools = []
+
+    def make(**kwargs):
+        options = {"workers": 1, "timeout_s": 30, **kwargs}
+        pool = AnalysisPool(command=[sys.executable, str(script)], **options)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def order(tmp_path, tag, kind="explain", **params):
+    return AnalysisOrder(kind, {"model": "tiny-bert"}, {"dir": str(tmp_path), "tag": tag, **params})
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child is a zombie until reaped; the pool reaps it, so poll briefly.
+    return True
+
+
+def wait_dead(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wait_file(path, timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+async def never_gone() -> bool:
+    return False
+
+
+def answer(pool, an_order):
+    return asyncio.run(run_analysis(pool, an_order, never_gone))
+
+
+def test_an_order_is_answered_by_a_worker_and_the_same_order_again_from_the_cache(make_pool, tmp_path):
+    pool = make_pool()
+    assert answer(pool, order(tmp_path, "a")) == {"n": 1, "kind": "explain"}
+    started = time.monotonic()
+    assert answer(pool, order(tmp_path, "a")) == {"n": 1, "kind": "explain"}  # not asked again: n stays 1
+    assert time.monotonic() - started < 0.5
+    assert answer(pool, order(tmp_path, "b")) == {"n": 2, "kind": "explain"}  # the same worker, kept warm
+    assert pool.describe() == {"workers": 1, "busy": 0, "cached": 2}
+
+
+def test_one_more_order_than_workers_is_refused_at_once_with_a_retry_after(make_pool, tmp_path):
+    pool = make_pool(workers=1, timeout_s=20)
+    slow = pool.analyze(order(tmp_path, "slow", sleep_s=5))
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match="all 1 analysis workers of this server are busy") as refused:
+        pool.analyze(order(tmp_path, "other"))
+    assert time.monotonic() - started < 0.5
+    assert 1 <= refused.value.retry_after_s <= 20
+    slow.release()
+
+
+def test_identical_orders_in_flight_share_one_worker(make_pool, tmp_path):
+    pool = make_pool(workers=1)
+
+    async def both():
+        first = run_analysis(pool, order(tmp_path, "same", sleep_s=0.5), never_gone)
+        second = run_analysis(pool, order(tmp_path, "same", sleep_s=0.5), never_gone)
+        return await asyncio.gather(first, second)
+
+    assert asyncio.run(both()) == [{"n": 1, "kind": "explain"}] * 2  # no 503 for the second: it joined
+
+
+def test_an_order_past_the_time_limit_kills_its_worker_and_is_refused_at_once_when_asked_again(
+        make_pool, tmp_path):
+    pool = make_pool(timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match="longer than this server's limit of 1 s") as refused:
+        answer(pool, order(tmp_path, "hopeless", sleep_s=60))
+    assert time.monotonic() - started < 5
+    assert refused.value.retry_after_s > 1
+    assert wait_dead(int((tmp_path / "pid-hopeless").read_text()))
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match="limit of 1 s"):
+        answer(pool, order(tmp_path, "hopeless", sleep_s=60))
+    assert time.monotonic() - started < 0.5  # remembered: no second worker burnt on it
+    assert answer(pool, order(tmp_path, "quick")) == {"n": 1, "kind": "explain"}  # a fresh worker
+
+
+def test_an_order_whose_client_left_has_its_worker_killed_and_frees_the_slot(make_pool, tmp_path):
+    pool = make_pool(workers=1)
+
+    async def leave_after_a_moment() -> bool:
+        return (tmp_path / "pid-left").exists()
+
+    with pytest.raises(ClientGone):
+        asyncio.run(run_analysis(pool, order(tmp_path, "left", sleep_s=60), leave_after_a_moment))
+    assert wait_dead(int(wait_file(tmp_path / "pid-left")))
+    deadline = time.monotonic() + 5
+    while pool.describe()["busy"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert answer(pool, order(tmp_path, "next")) == {"n": 1, "kind": "explain"}
+
+
+def test_a_refusal_is_the_same_error_kind_and_cached_but_a_failure_is_not(make_pool, tmp_path):
+    pool = make_pool()
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="seq_len 9999 exceeds") as refused:
+            answer(pool, order(tmp_path, "r", refuse="seq_len 9999 exceeds 512"))
+        assert refused.value.field == "seq_len"
+    assert pool.describe()["cached"] == 1
+    with pytest.raises(AutotuneError, match="probe broke"):
+        answer(pool, order(tmp_path, "f", fail="probe broke"))
+    assert pool.describe()["cached"] == 1
+
+
+def test_a_worker_that_dies_fails_the_order_with_how_it_died_and_the_next_order_gets_a_new_one(
+        make_pool, tmp_path):
+    pool = make_pool(timeout_s=30)
+    ticket = pool.analyze(order(tmp_path, "doomed", sleep_s=60))
+    pid = int(wait_file(tmp_path / "pid-doomed"))
+    os.kill(pid, 9)
+    with pytest.raises(AutotuneError, match=f"analysis worker \\(pid {pid}\\) was killed by signal SIGKILL"):
+        ticket.future.result(timeout=10)
+    ticket.release()
+    assert answer(pool, order(tmp_path, "after")) == {"n": 1, "kind": "explain"}

@@ -1,0 +1,67 @@
+"""Heavy reads (check and explain on the estimator) cannot hang the service: a real server on
+loopback, a burst of abandoned requests, then /v1/health within a second; and the same explain is
+instant the second time."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import pytest
+from liveserver import Server
+
+HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&levers=true&mode=bf16&seq_len={seq_len}"
+
+
+def wait_until(predicate, timeout_s=30.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} never held"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_burst_of_abandoned_heavy_requests_leaves_health_fast_and_frees_the_workers(tmp_path):
+    server = Server(tmp_path / "load.db", tmp_path / "server.log", AUTOTUNE_ANALYSIS_WORKERS="1",
+                    AUTOTUNE_ANALYSIS_TIMEOUT_S="120")
+    try:
+        # Reading the first model config imports transformers' config classes (seconds), once.
+        assert server.client.get(HEAVY.format(seq_len=10**6), timeout=60).status_code == 422
+        def abandon(i: int) -> int | None:
+            # Minutes of estimator each (an 8B model, every lever), abandoned after three seconds.
+            try:
+                with httpx.Client(base_url=server.url, timeout=3.0) as client:
+                    response = client.get(HEAVY.format(seq_len=512 * (1 + i % 8)))
+            except httpx.TimeoutException:
+                return None
+            assert response.status_code == 503, response.text
+            assert int(response.headers["Retry-After"]) >= 1
+            return response.status_code
+
+        with concurrent.futures.ThreadPoolExecutor(40) as pool:
+            answers = list(pool.map(abandon, range(40)))
+        assert answers.count(None) >= 1  # the ones that got a worker were abandoned
+        assert answers.count(503) >= 30  # one worker: the others were refused at once, not queued
+
+        for _ in range(5):
+            started = time.monotonic()
+            response = server.client.get("/v1/health")
+            assert response.status_code == 200
+            assert time.monotonic() - started < 1.0
+        # The abandoned explain's worker is killed: the pool is free again within seconds.
+        wait_until(lambda: server.client.get("/v1/health").json()["analysis"]["busy"] == 0,
+                   what="the analysis pool being free")
+    finally:
+        server.stop()
+
+
+def test_the_same_explain_is_instant_the_second_time(idle_client):
+    url = "/v1/explain?model=tiny-bert&seq_len=64&mode=fp32&levers=false"
+    first = idle_client.get(url)
+    assert first.status_code == 200, first.text
+    started = time.monotonic()
+    second = idle_client.get(url)
+    assert time.monotonic() - started < 0.5
+    assert second.json() == first.json()
+    assert idle_client.get("/v1/health").json()["analysis"]["cached"] == 1
