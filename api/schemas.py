@@ -142,7 +142,8 @@ class TablesPublic(BaseModel):
 
 
 class DatabasePublic(BaseModel):
-    path: str = Field(description="the SQLite file of the queue and results")
+    # The name only: health is open to anyone who reaches the server; the path is in its log.
+    file: str = Field(description="the name of the SQLite file of the queue and results")
     integrity: str = Field(description="what PRAGMA quick_check said when the server opened it: 'ok', or "
                                        "its first problems")
 

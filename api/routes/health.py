@@ -17,7 +17,7 @@ async def health(queue: QueueDep) -> HealthPublic:
     """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state."""
     runner = queue.runner.describe()
     store = queue.store
-    database = DatabasePublic(path=str(store.path), integrity=store.integrity)
+    database = DatabasePublic(file=store.path.name, integrity=store.integrity)
     return HealthPublic(status="ok" if store.integrity == "ok" else "degraded", backend=runner["backend"],
                         gpu=runner["gpu"], lanes=runner["lanes"], versions=runner["versions"],
                         queue=store.counts(), database=database, analysis=runner["analysis"])

@@ -211,7 +211,7 @@ def _damaged_database(path: Path) -> None:
 def test_a_sound_database_reports_ok_in_health(idle_client):
     health = idle_client.get("/v1/health").json()
     assert health["status"] == "ok"
-    assert health["database"] == {"path": str(idle_client.app.state.queue.store.path), "integrity": "ok"}
+    assert health["database"] == {"file": "idle.db", "integrity": "ok"}
 
 
 def test_a_damaged_database_opens_and_health_reports_it_degraded(tmp_path, caplog):
@@ -229,7 +229,7 @@ def test_a_damaged_database_opens_and_health_reports_it_degraded(tmp_path, caplo
         health = client.get("/v1/health").json()
     assert integrity != "ok" and "page" in integrity and "\n" not in integrity
     assert health["status"] == "degraded"
-    assert health["database"] == {"path": str(tmp_path / "runs.db"), "integrity": integrity}
+    assert health["database"] == {"file": "runs.db", "integrity": integrity}
     assert health["queue"]["done"] == 1  # what still reads is served
     damaged = f"database {tmp_path / 'runs.db'} is damaged, PRAGMA quick_check says: {integrity}"
     assert damaged in caplog.messages
