@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 MAX_OFFSET = 2**63 - 1
 # The largest batch /v1/check and /v1/explain take. A batch of 2**20 sequences of 8192 tokens over
 # a 256k vocabulary still has logits of 2**51 elements, within the int64 sizes of the estimator's
-# tensors; 2**62 overflowed them. No device trains a micro-batch of a million sequences.
+# (fake) tensors; at 2**62 torch's storage size calculation overflowed (a 500). No device trains a
+# micro-batch of a million sequences.
 MAX_BATCH_SIZE = 2**20
 MAX_ACCUMULATION_STEPS = 2**20  # the same bound for gradient accumulation steps
 # The largest target card (gpu_memory). Today's largest hold 288 GB (B300, MI355X); 4 TiB leaves

@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 import autotune
 from api import docs, errors
-from api.hosts import TrustedHosts
+from api.hosts import LOOPBACK_HOSTS, TrustedHosts
 from api.limits import BodyLimits
 from api.routes import api_router
+from api.runs.analysis import PREPARING_AT_ONCE
 from api.runs.queue import RunQueue
 from api.runs.runner import LocalRunner, Runner
 from api.settings import Settings
@@ -57,6 +59,7 @@ def create_app(
         queue = RunQueue(app_store, app_runner, reconcile_s=settings.reconcile_s)
         queue.start()
         app.state.queue = queue
+        app.state.preparing = anyio.CapacityLimiter(PREPARING_AT_ONCE)  # see api.runs.analysis
         try:
             yield
         finally:
@@ -70,7 +73,10 @@ def create_app(
 
     errors.install(app)
     app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
-    app.add_middleware(TrustedHosts, allowed=settings.allowed_hosts)  # the last added runs first
+    # The loopback names are always answered: no rebinding page can send them (its origin would have
+    # to be this machine), and the container's health check and local tools use them.
+    allowed = tuple(dict.fromkeys((*LOOPBACK_HOSTS, *settings.allowed_hosts)))
+    app.add_middleware(TrustedHosts, allowed=allowed)  # the last added runs first
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")

@@ -23,7 +23,7 @@ REQUESTS = 200
 def main() -> None:
     db = Path(tempfile.mkdtemp()) / "bench.db"
     app = create_app(Settings(db=db), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:  # a host the server answers to
         _store_measured_table(client, max_batch=6)
         assert client.get("/v1/check", params=QUERY).json()["source"] == "measured"
         times = []

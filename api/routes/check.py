@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.concurrency import run_in_threadpool
 
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
 from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE
-from api.runs.analysis import AnalysisOrder, run_analysis
+from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import TableSpec, normalize
 from autotune.workload.modes import parse_mode
 
@@ -42,17 +41,18 @@ async def check(
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
             "dtype": dtype, "optimizer": optimizer, "loss": loss}
     # In the threadpool: resolving a hub id reads the network; a store scan reads the disk.
-    spec = await run_in_threadpool(normalize, body, settings, queue.runner.environment)
+    preparing = request.app.state.preparing
+    spec = await prepare(preparing, normalize, body, settings, queue.runner.environment)
     wanted = parse_mode(mode)
     effective = batch_size * accumulation_steps
-    stored = await run_in_threadpool(_from_store, queue, spec, seq_len, batch_size, wanted, effective)
+    stored = await prepare(preparing, _from_store, queue, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
         return stored
     if spec.backend != "estimate":
         # A measurement takes minutes: queue the table (POST /v1/tables) and answer meanwhile
         # from the estimator, which says so in "source".
-        spec = await run_in_threadpool(normalize, {**body, "backend": "estimate"}, settings,
-                                       queue.runner.environment)
+        spec = await prepare(preparing, normalize, {**body, "backend": "estimate"}, settings,
+                             queue.runner.environment)
     order = AnalysisOrder("check", spec.to_json(), {"seq_len": seq_len, "batch_size": batch_size,
                                                     "mode": wanted.name, "effective_batch": effective})
     return await run_analysis(queue.runner, order, request.is_disconnected)

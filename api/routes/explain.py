@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.concurrency import run_in_threadpool
 
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
 from api.limits import MAX_BATCH_SIZE
-from api.runs.analysis import AnalysisOrder, run_analysis
+from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import normalize
 from autotune.workload.modes import parse_mode
 
@@ -36,7 +35,7 @@ async def explain(
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": "estimate",
             "dtype": dtype, "optimizer": optimizer, "loss": loss}
-    spec = await run_in_threadpool(normalize, body, settings, queue.runner.environment)
+    spec = await prepare(request.app.state.preparing, normalize, body, settings, queue.runner.environment)
     order = AnalysisOrder("explain", spec.to_json(), {"seq_len": seq_len, "batch_size": batch_size,
                                                       "mode": parse_mode(mode).name, "levers": levers})
     return await run_analysis(queue.runner, order, request.is_disconnected)

@@ -35,13 +35,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from autotune import errors
 from autotune.errors import AutotuneError, Overloaded
 from autotune.processes import exit_reason
 
 log = logging.getLogger("autotune.api")
+T = TypeVar("T")
 
 ANALYSIS_COMMAND = (sys.executable, "-m", "api.runs.analysis_worker")
 KINDS = ("check", "explain")
@@ -50,6 +51,10 @@ CACHE_ENTRIES = 512  # answers kept, least recently used dropped first
 TIMEOUT_MEMORY_S = 300.0  # how long an order that ran past the limit is refused at once
 POLL_S = 0.1  # how often a waiting order looks at its deadline and its waiters
 DISCONNECT_POLL_S = 0.25  # how often a waiting request asks whether its client is still there
+# Requests of check and explain preparing their order at once (normalising the request, reading the
+# stored tables): threads of the server process, so a burst of them would keep the event loop (and
+# /v1/health) waiting for the GIL; the rest wait their turn without using the CPU.
+PREPARING_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -354,6 +359,16 @@ class AnalysisPool:
             # An error the core raises on purpose (unknown model, a step it cannot model) is the
             # same next time; anything else is not remembered.
             return ("refused" if message.get("expected") else "error"), error
+
+
+async def prepare(limiter: Any, func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)`` in a thread of the server, at most ``limiter``'s count at once (an
+    anyio.CapacityLimiter made by the app at startup: app.state.preparing)."""
+    import functools
+
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(functools.partial(func, *args), limiter=limiter)
 
 
 class Analyzer(Protocol):

@@ -237,6 +237,10 @@ function fieldErrors(status, body) {
       return { field, message: `${item.msg}${where}` };
     });
   }
+  if (Array.isArray(body.errors) && body.errors.length) {
+    // The core's checks list every invalid field, the first also in detail/field.
+    return body.errors.map((item) => ({ field: item.field || null, message: item.detail }));
+  }
   const message = typeof body.detail === "string" ? body.detail : `HTTP ${status}`;
   const field = body.field || (status === 401 ? "token" : (status === 403 ? "model" : null));
   return [{ field, message }];

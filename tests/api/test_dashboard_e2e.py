@@ -186,16 +186,20 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     expect(page.get_by_text("No runs yet")).to_be_visible()
     page.screenshot(path=shots / "01-home-empty.png", full_page=True)
 
-    # The launch form: the API turns down a sequence length, and says so next to the field.
+    # The launch form: the API turns down a sequence length and a size without a unit, and says so
+    # next to each field (every invalid field, not only the first).
     page.get_by_role("link", name="New table").first.click()
     expect(page).to_have_url(re.compile(r"/new$"))
     page.get_by_label("Model").fill("tiny-bert")
     page.get_by_label("Sequence lengths").fill("32, 64, 99999")
+    page.locator("#gpu_memory").fill("12")
     page.get_by_role("button", name="Make the table").click()
     error = page.locator("#seq_lens-error")
     expect(error).to_be_visible()
     expect(error).to_contain_text("sequence length 99999 exceeds this server's limit")
     expect(page.get_by_label("Sequence lengths")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#gpu_memory-error")).to_contain_text("a size needs a unit")
+    page.locator("#gpu_memory").fill("")
     expect(page).to_have_url(re.compile(r"/new$"))
     page.screenshot(path=shots / "02-launch-field-error.png", full_page=True)
 
