@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 import autotune
 from api import docs, errors
+from api.admission import Admission
 from api.hosts import LOOPBACK_HOSTS, TrustedHosts
 from api.limits import BodyLimits
 from api.routes import api_router
@@ -76,7 +77,8 @@ def create_app(
     # The loopback names are always answered: no rebinding page can send them (its origin would have
     # to be this machine), and the container's health check and local tools use them.
     allowed = tuple(dict.fromkeys((*LOOPBACK_HOSTS, *settings.allowed_hosts)))
-    app.add_middleware(TrustedHosts, allowed=allowed)  # the last added runs first
+    app.add_middleware(TrustedHosts, allowed=allowed)
+    app.add_middleware(Admission)  # the last added runs first: health skips the line
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")

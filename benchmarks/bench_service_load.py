@@ -110,9 +110,13 @@ def main() -> int:
 
         burst: dict[str, float] = {}
 
+        # Made before the burst: an httpx client builds an SSL context (milliseconds of CPU), and on
+        # this machine the attacker's CPU is the server's.
+        burst_clients = [httpx.Client(base_url=server.url, timeout=1.0) for _ in range(40)]
+
         def abandon(i: int) -> None:
             try:
-                with httpx.Client(base_url=server.url, timeout=1.0) as client:
+                with burst_clients[i] as client:
                     status = client.get(HEAVY.format(seq_len=512 * (1 + i % 8))).status_code
                 if status != 503:
                     with lock:

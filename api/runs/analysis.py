@@ -54,7 +54,7 @@ DISCONNECT_POLL_S = 0.25  # how often a waiting request asks whether its client 
 # Requests of check and explain preparing their order at once (normalising the request, reading the
 # stored tables): threads of the server process, so a burst of them would keep the event loop (and
 # /v1/health) waiting for the GIL; the rest wait their turn without using the CPU.
-PREPARING_AT_ONCE = 4
+PREPARING_AT_ONCE = 2
 
 
 @dataclass(frozen=True)

@@ -150,8 +150,13 @@ def serve(order: dict[str, Any], replies: IO[str]) -> int:
     return 0
 
 
+NICE_INCREMENT = 5  # below the server (health, pages), above the heavy reads (analysis_worker: 10)
+
+
 def main() -> int:
     replies = protocol_stream()
+    with contextlib.suppress(OSError):  # not allowed here: run at the server's priority
+        os.nice(NICE_INCREMENT)
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # no order: the server went away before sending one
