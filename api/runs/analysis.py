@@ -220,6 +220,9 @@ class AnalysisPool:
                 raise self._timeout_error(order, retry_after_s=math.ceil(until - time.monotonic()))
             joined = self._running.get(key)
             if joined is not None:
+                if joined.abandoned.is_set():  # its worker is being killed: it will not answer
+                    raise Overloaded("the same request was just given up by its client and is being "
+                                     "stopped: ask again in a second", retry_after_s=1)
                 joined.waiters += 1
                 return Ticket(self, joined)
             if len(self._running) >= self.workers:
@@ -287,27 +290,26 @@ class AnalysisPool:
             log.exception("analysis %s", key[:8])
             outcome = ("error", AutotuneError(f"internal error in the analysis pool: {exc!r}"))
         finally:
-            keep = outcome is not None and outcome[0] in ("result", "refused")
-            with self._lock:
+            kind, value = outcome if outcome is not None else ("error", None)
+            with self._lock:  # one step: an identical order finds it running or its answer cached
                 self._running.pop(key, None)
+                if kind == "result":
+                    assert isinstance(value, dict)
+                    self._remember(key, (value, None))
+                elif kind == "refused":
+                    assert isinstance(value, AutotuneError)
+                    self._remember(key, (None, value))
+                elif kind == "timeout":
+                    self._too_slow[key] = time.monotonic() + TIMEOUT_MEMORY_S
                 if worker is not None:
                     self._busy.discard(worker)
-                    if keep and not self._closed and worker.jobs < JOBS_PER_WORKER:
+                    if kind in ("result", "refused") and not self._closed and worker.jobs < JOBS_PER_WORKER:
                         self._idle.append(worker)
                         worker = None
             if worker is not None:
                 worker.kill()
-        assert outcome is not None
-        kind, value = outcome
-        with self._lock:
-            if kind == "result":
-                assert isinstance(value, dict)
-                self._remember(key, (value, None))
-            elif kind == "refused":
-                assert isinstance(value, AutotuneError)
-                self._remember(key, (None, value))
-            elif kind == "timeout":
-                self._too_slow[key] = time.monotonic() + TIMEOUT_MEMORY_S
+        if kind == "abandoned":  # nobody waits, unless the pool was closed under them
+            value = Overloaded("the server is shutting down", retry_after_s=5)
         if isinstance(value, BaseException):
             job.future.set_exception(value)
         elif isinstance(value, dict):

@@ -96,7 +96,7 @@ class Runner(Protocol):
         ...
 
     def describe(self) -> dict[str, Any]:
-        """For the health check: the default backend, GPUs, lanes, versions."""
+        """For the health check: the default backend, GPUs, lanes, versions, the analysis pool."""
         ...
 
     def submit(self, order: RunOrder, events: RunEvents) -> None:
@@ -367,8 +367,9 @@ class LocalRunner:
                            if slot.worker is not None and slot.stalled is None and not slot.stop
                            and now - slot.last_progress > self.watchdog_s]
                 for slot in stalled:
-                    slot.stalled = (f"the worker process (pid {slot.worker.proc.pid}) made no progress "  # type: ignore[union-attr]
-                                    f"for {self.watchdog_s:g} s (AUTOTUNE_WATCHDOG_S) and was killed")
+                    pid = slot.worker.proc.pid if slot.worker is not None else None
+                    slot.stalled = (f"the worker process (pid {pid}) made no progress for "
+                                    f"{self.watchdog_s:g} s (AUTOTUNE_WATCHDOG_S) and was killed")
                 self._cond.wait(timeout=min(WATCHDOG_POLL_S, self.watchdog_s / 4))
             for slot in stalled:
                 log.warning("lane %s: %s", slot.lane.name, slot.stalled)
