@@ -156,14 +156,16 @@ def _error(message: dict[str, Any]) -> AutotuneError:
     """The worker's refusal as the same kind of error (InvalidInput stays a 422, ...)."""
     cls = getattr(errors, str(message.get("error_type")), None)
     text = str(message.get("error"))
-    if isinstance(cls, type) and issubclass(cls, AutotuneError):
-        with contextlib.suppress(TypeError):  # a class whose constructor takes more than a message
-            exc = cls(text)
+    kinds = cls.__mro__ if isinstance(cls, type) and issubclass(cls, AutotuneError) else (AutotuneError,)
+    for kind in kinds:  # the class itself, else the nearest base that takes just a message
+        if isinstance(kind, type) and issubclass(kind, AutotuneError):
+            try:
+                exc = kind(text)
+            except TypeError:  # e.g. SequenceTooLong(message, limit): its base InvalidInput is a 422 too
+                continue
             exc.field = message.get("field")
             return exc
-    exc = AutotuneError(text)
-    exc.field = message.get("field")
-    return exc
+    raise AssertionError("AutotuneError takes a message")
 
 
 class AnalysisPool:

@@ -179,3 +179,13 @@ def test_a_worker_that_dies_fails_the_order_with_how_it_died_and_the_next_order_
         ticket.future.result(timeout=10)
     ticket.release()
     assert answer(pool, order(tmp_path, "after")) == {"n": 1, "kind": "explain"}
+
+
+def test_a_refusal_whose_class_takes_more_than_a_message_keeps_its_kind():
+    from api.runs.analysis import _error
+
+    exc = _error({"error_type": "SequenceTooLong", "error": "sequence length 9999 exceeds 512",
+                  "field": "seq_lens"})
+    assert isinstance(exc, InvalidInput) and str(exc) == "sequence length 9999 exceeds 512"
+    assert exc.field == "seq_lens"
+    assert type(_error({"error_type": "NoSuchError", "error": "x"})) is AutotuneError
