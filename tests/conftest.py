@@ -15,8 +15,22 @@ import pytest  # noqa: E402
 # (AUTOTUNE_ALLOWED_HOSTS), where Starlette's own default, testserver, would be answered 400.
 LOCAL = "http://localhost"
 
+
+@pytest.fixture(scope="session")
+def analyses():
+    """One analysis pool for the session's idle apps: its worker imports torch once, not per test.
+    Its cache is shared too, which changes no answer (an answer depends on its order only)."""
+    from api.runs.analysis import AnalysisPool
+    from api.runs.runner import ANALYSIS_TIMEOUT_S
+    from autotune.processes import child_env
+
+    pool = AnalysisPool(workers=1, timeout_s=ANALYSIS_TIMEOUT_S, env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
+    yield pool
+    pool.close()
+
+
 @pytest.fixture
-def idle_client(tmp_path):
+def idle_client(tmp_path, analyses):
     """The real app on a temporary database, with a runner that has no lanes: no order ever starts,
     so tests of the request path (check, explain, errors) stay fast and isolated."""
     from fastapi.testclient import TestClient
@@ -25,7 +39,8 @@ def idle_client(tmp_path):
     from api.runs.runner import LocalRunner
     from api.settings import Settings
 
-    app = create_app(Settings(db=tmp_path / "idle.db"), runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
+    runner = LocalRunner(estimate_workers=0, gpu_lanes=[], analyses=analyses)
+    app = create_app(Settings(db=tmp_path / "idle.db"), runner=runner)
     with TestClient(app, base_url=LOCAL) as client:
         yield client
 

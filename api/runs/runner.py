@@ -255,6 +255,9 @@ class LocalRunner:
         analysis_workers: int = 1,
         analysis_timeout_s: float = ANALYSIS_TIMEOUT_S,
         analysis_command: Sequence[str] = ANALYSIS_COMMAND,
+        # A pool of the caller's, shared by several runners (the tests' apps): this runner then
+        # leaves it open when it closes.
+        analyses: AnalysisPool | None = None,
     ) -> None:
         self._versions = versions()
         lanes = detect_gpu_lanes() if gpu_lanes is None else list(gpu_lanes)
@@ -266,8 +269,10 @@ class LocalRunner:
         self.worker_command = tuple(worker_command)
         self.stop_grace_s = stop_grace_s
         self.watchdog_s = watchdog_s
-        self.analyses = AnalysisPool(workers=analysis_workers, timeout_s=analysis_timeout_s,
-                                     command=analysis_command, env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
+        self._own_analyses = analyses is None
+        self.analyses = analyses if analyses is not None else AnalysisPool(
+            workers=analysis_workers, timeout_s=analysis_timeout_s, command=analysis_command,
+            env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
         self._cond = threading.Condition()
         self._pending: dict[str, collections.deque[tuple[RunOrder, RunEvents]]] = {
             kind: collections.deque() for kind in BACKEND_KINDS
@@ -339,7 +344,8 @@ class LocalRunner:
         return self.analyses.analyze(order)
 
     def close(self) -> None:
-        self.analyses.close()
+        if self._own_analyses:
+            self.analyses.close()
         with self._cond:
             self._closed = True
             workers = [slot.worker for slot in self._running.values() if slot.worker is not None]
