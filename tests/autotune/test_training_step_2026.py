@@ -29,8 +29,9 @@ def _hub_style_config(tmp_path: Path, preset: str, **changes) -> str:
 
 
 def test_a_causal_lm_config_is_checked_as_causal_lm_without_task(tmp_path, capsys):
-    path = _hub_style_config(tmp_path, "Qwen/Qwen2.5-0.5B")
-    code, out, _ = run(capsys, "check", path, "--seq-len", "256", "--batch-size", "1", "--mode", "bf16",
+    # Qwen2.5's config.json in small: its architectures and dtype are what the answer is read from.
+    path = _hub_style_config(tmp_path, "tiny-qwen2", dtype="bfloat16")
+    code, out, _ = run(capsys, "check", path, "--seq-len", "128", "--batch-size", "1", "--mode", "bf16",
                        "--gpu", "RTX-4090", "--backend", "estimate", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["task"] == "causal-lm" and doc["weights_dtype"] == "bfloat16"
@@ -38,8 +39,8 @@ def test_a_causal_lm_config_is_checked_as_causal_lm_without_task(tmp_path, capsy
 
 
 def test_a_config_without_dtype_is_float32_and_says_so(tmp_path, capsys):
-    path = _hub_style_config(tmp_path, "Qwen/Qwen2.5-0.5B", dtype=None, torch_dtype=None)
-    code, out, _ = run(capsys, "check", path, "--seq-len", "256", "--batch-size", "1", "--mode", "bf16",
+    path = _hub_style_config(tmp_path, "tiny-qwen2", dtype=None, torch_dtype=None)
+    code, out, _ = run(capsys, "check", path, "--seq-len", "128", "--batch-size", "1", "--mode", "bf16",
                        "--gpu", "RTX-4090", "--backend", "estimate")
     assert code == 0 and "(causal-lm, fp32 weights, adamw_torch_fused, attention sdpa)" in out
 
