@@ -211,8 +211,9 @@ class AnalysisPool:
                 self._cache.move_to_end(key)
                 job = _Job(order, waiters=0)
                 result, error = self._cache[key]
-                if error is not None:
-                    job.future.set_exception(error)
+                if error is not None:  # a fresh one: each raise would add to a shared one's traceback
+                    job.future.set_exception(_error({"error_type": type(error).__name__, "error": str(error),
+                                                     "field": error.field}))
                 else:
                     assert result is not None
                     job.future.set_result(result)
