@@ -4,11 +4,15 @@
     settings.py    the service's AUTOTUNE_* configuration (extends autotune.settings)
     errors.py      the one mapping of autotune's errors to HTTP responses
     deps.py        route dependencies: settings, the run queue, the token check
-    limits.py      the request body size limit
+    limits.py      the request body's size and arrival time, and the numbers' bounds
+    hosts.py       the Host names the server answers to (AUTOTUNE_ALLOWED_HOSTS)
+    admission.py   requests at once, with /v1/health and the heavy reads outside the line
     schemas.py     request and response bodies
-    store.py       SQLite: runs, cells, migrations, one writer
-    runs/          the run machinery: a request normalised (spec.py), the queue (queue.py),
-                   runners (runner.py: lanes of run workers), the run worker process (worker.py)
+    store.py       SQLite: runs, cells, migrations, one writer, retries, the claim of the file
+    runs/          the run machinery: a request normalised (spec.py), the queue and its reconciler
+                   (queue.py), runners (runner.py: lanes of run workers, the watchdog), the run
+                   worker process (worker.py), heavy reads in a pool of analysis workers
+                   (analysis.py, analysis_worker.py)
     routes/        the JSON API, one module per resource: health, tables, check, explain
     views/         the dashboard, one module per page, with templates/ and static/
     chart.py       the SVG chart of the dashboard
