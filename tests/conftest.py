@@ -46,6 +46,33 @@ def idle_client(tmp_path, analyses):
 
 
 @pytest.fixture
+def make_client(tmp_path, analyses):
+    """``make(base_url=LOCAL, **settings)``: a test client of the real app with those settings, on a
+    database of its own unless ``db`` is given, with a runner that has no lanes (accepted runs stay
+    queued)."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.runs.runner import LocalRunner
+    from api.settings import Settings
+
+    clients = []
+
+    def make(base_url=LOCAL, **settings):
+        runner = LocalRunner(estimate_workers=0, gpu_lanes=[], analyses=analyses)
+        settings.setdefault("db", tmp_path / f"app-{len(clients)}.db")
+        app = create_app(Settings(**settings), runner=runner)
+        client = TestClient(app, base_url=base_url)
+        client.__enter__()  # runs the lifespan: store, runner, queue
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
 def explain_cli_run(capsys):
     """``autotune explain ARGV...`` in process: (exit code, stdout, stderr)."""
     import argparse

@@ -23,24 +23,7 @@ TOKEN = "s3cret-token"
 
 
 @pytest.fixture
-def make_client(tmp_path):
-    clients = []
-
-    def make(**settings):
-        app = create_app(Settings(db=tmp_path / "errors.db", **settings),
-                         runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-        client = TestClient(app, base_url="http://localhost")  # a name the server answers to
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
-
-
-@pytest.fixture
-def client(make_client):
+def client(make_client):  # make_client: tests/conftest.py
     return make_client()
 
 
@@ -301,7 +284,7 @@ def test_a_queued_run_does_not_resume_on_a_changed_environment(make_client, tmp_
     conn.execute("UPDATE runs SET spec = ? WHERE id = ?", (json.dumps(spec), queued["id"]))
     conn.commit()
     conn.close()
-    second = make_client()
+    second = make_client(db=tmp_path / "errors.db")
     table = second.get(f"/v1/tables/{queued['id']}").json()
     assert table["status"] == "failed"
     assert table["error"].startswith(

@@ -12,12 +12,10 @@ import socket
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 from liveserver import Server
 
 from api.hosts import LOOPBACK_HOSTS, host_of, with_host
 from api.main import create_app
-from api.runs.runner import LocalRunner
 from api.settings import Settings
 from autotune.errors import InvalidInput
 
@@ -29,25 +27,7 @@ ALL_MODES = "fp32, amp, bf16, ckpt, amp+ckpt, bf16+ckpt"
 
 
 @pytest.fixture
-def make_client(tmp_path):
-    """A test client of the real app (no lanes: accepted runs stay queued), with the settings given."""
-    clients = []
-
-    def make(base_url="http://localhost", **settings):
-        app = create_app(Settings(db=tmp_path / f"validation-{len(clients)}.db", **settings),
-                         runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
-        client = TestClient(app, base_url=base_url)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
-
-
-@pytest.fixture
-def client(make_client):
+def client(make_client):  # make_client: tests/conftest.py
     return make_client()
 
 
