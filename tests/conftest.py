@@ -73,6 +73,24 @@ def make_client(tmp_path, analyses):
 
 
 @pytest.fixture
+def hub_watch(monkeypatch):
+    """Records each hub lookup (the config download), which fails as an id missing from the hub,
+    or from the cache offline, would: a test asserts which names reached the hub."""
+    from autotune.errors import UnknownModel
+    from autotune.workload import models
+
+    asked: list[str] = []
+
+    def lookup(name):
+        asked.append(name)
+        raise UnknownModel(f"unknown model '{name}': looked up on the hub")
+
+    monkeypatch.delenv("AUTOTUNE_ALLOW_HUB", raising=False)
+    monkeypatch.setattr(models, "_hub_config", lookup)
+    return asked
+
+
+@pytest.fixture
 def explain_cli_run(capsys):
     """``autotune explain ARGV...`` in process: (exit code, stdout, stderr)."""
     import argparse

@@ -17,20 +17,7 @@ CALLS = {
 }
 
 
-@pytest.fixture
-def hub_watch(monkeypatch):
-    """Records each hub lookup; it fails as an id missing from the hub would."""
-    from autotune.workload import models
-
-    asked: list[str] = []
-
-    def lookup(name):
-        asked.append(name)
-        raise UnknownModel(f"unknown model '{name}': looked up on the hub")
-
-    monkeypatch.delenv("AUTOTUNE_ALLOW_HUB", raising=False)
-    monkeypatch.setattr(models, "_hub_config", lookup)
-    return asked
+# hub_watch (tests/conftest.py) records each hub lookup.
 
 
 @pytest.mark.parametrize("function", CALLS)

@@ -107,21 +107,7 @@ def test_serve_without_the_service_extra_names_it(monkeypatch, capsys):
 # --- offline by default: the hub only when asked ------------------------------------------------
 
 
-@pytest.fixture
-def hub_watch(monkeypatch):
-    """Records each hub lookup (the config download), which fails as an uncached id offline would."""
-    from autotune.errors import UnknownModel
-    from autotune.workload import models
-
-    asked: list[str] = []
-
-    def lookup(name):
-        asked.append(name)
-        raise UnknownModel(f"unknown model '{name}': looked up on the hub")
-
-    monkeypatch.delenv("AUTOTUNE_ALLOW_HUB", raising=False)
-    monkeypatch.setattr(models, "_hub_config", lookup)
-    return asked
+# hub_watch (tests/conftest.py) records each hub lookup.
 
 
 HUB_ARGS = {
