@@ -12,9 +12,9 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", response_model=HealthPublic)
 async def health(queue: QueueDep) -> HealthPublic:
+    """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state."""
     # On the event loop, not in the threadpool: heavy requests may hold every thread of the pool
     # for a while (a hub lookup), and health must answer at once. Its reads take a millisecond.
-    """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state."""
     runner = queue.runner.describe()
     store = queue.store
     database = DatabasePublic(file=store.path.name, integrity=store.integrity)
