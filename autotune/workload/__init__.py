@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
+from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.step import MIN_STEPS
 
@@ -20,3 +21,4 @@ class Workload:
     # Gradients and optimizer state follow it; a mode's autocast is on top of it.
     weights_dtype: str = "float32"
     loss: str = DEFAULT_LOSS  # "full" (the model's own loss) | "chunked" (workload.loss)
+    adapter: Adapter | None = None  # LoRA / QLoRA (workload.adapters); None: a full fine-tune

@@ -200,18 +200,24 @@ def run_steps(
 
 @contextlib.contextmanager
 def gradient_checkpointing(
-    model: Any, enabled: bool, checkpoint_kwargs: dict[str, Any] | None = None
+    model: Any, enabled: bool, checkpoint_kwargs: dict[str, Any] | None = None, *,
+    input_grads: bool = False,
 ) -> Iterator[None]:
     """Enable transformers' gradient checkpointing for the duration.
 
     ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint``; None keeps transformers'
-    default (``use_reentrant=False`` in transformers 5).
+    default (``use_reentrant=False`` in transformers 5). ``input_grads`` (a 4-bit base) also makes
+    the input embeddings' output require grad, as PEFT's ``prepare_model_for_kbit_training(
+    use_gradient_checkpointing=True)`` does when ``use_reentrant`` is not in the kwargs TRL and
+    Axolotl pass (peft/utils/other.py: ``model.enable_input_require_grads()``).
     """
     if not enabled:
         yield
         return
     if not getattr(model, "supports_gradient_checkpointing", False):
-        raise InvalidInput(f"{type(model).__name__} does not support gradient checkpointing")
+        raise InvalidInput(f"{_model_name(model)} does not support gradient checkpointing")
+    if input_grads:
+        model.enable_input_require_grads()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
     try:
         yield
@@ -222,3 +228,9 @@ def gradient_checkpointing(
         # estimator's) must not keep it, or frozen embeddings would save an extra activation.
         if getattr(model, "_require_grads_hooks", None):
             model.disable_input_require_grads()
+
+
+def _model_name(model: Any) -> str:
+    """The transformers class of a model, under a PEFT wrapper too."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(base).__name__

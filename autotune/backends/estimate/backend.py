@@ -164,6 +164,30 @@ def _settle(
     return None
 
 
+@contextlib.contextmanager
+def _settable_fake_parameters() -> Iterator[None]:
+    """``Module.to()`` over fake parameters, as PEFT calls it to give each adapter its base layer's
+    dtype. torch swaps a FakeTensor parameter for its converted copy (nn/modules/module.py
+    ``_apply``: ``torch.utils.swap_tensors``), which refuses a tensor with a weak reference, and
+    fake parameters have one (the fake tensor converter's memo). Within this context a refused
+    swap assigns ``.data`` instead: the same parameter object, the new dtype, no memory either way."""
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+
+    def swap(first: Any, second: Any) -> None:
+        try:
+            original(first, second)
+        except RuntimeError:
+            first.data = second.data
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
 class MemoryEquivalentScaler:
     """GradScaler's memory footprint without its data-dependent control flow.
 
@@ -249,7 +273,8 @@ class EstimateBackend:
         return self._model(workload).attn
 
     def _model(self, workload: Workload) -> _FakeModel:
-        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
+        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
+               workload.adapter)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -258,8 +283,33 @@ class EstimateBackend:
             with fake_mode:
                 model, attn = build_model(workload.model, workload.task, workload.attn,
                                           workload.weights_dtype, flash_as_sdpa=True)
+                if workload.adapter is not None:
+                    model = self._adapt(model, workload)
             cached = self._models[key] = _FakeModel(model, fake_mode, attn)
         return cached
+
+    def _adapt(self, model: Any, workload: Workload) -> Any:
+        """``model`` wrapped by PEFT for the workload's adapter; a 4-bit base emulated (nf4.py)."""
+        from autotune.workload.adapters import compute_dtype, prepare
+
+        adapter = workload.adapter
+        assert adapter is not None
+        quantize = None
+        if adapter.quantized:
+            from autotune.backends.estimate.nf4 import make_quantizer
+
+            custom = self.gpu.compute_capability is None  # a card given by its size: a current one
+            quantize = make_quantizer(
+                quant_type=adapter.quant_type, double_quant=adapter.double_quant,
+                compute_dtype=compute_dtype(adapter, custom or self.gpu.supports_bf16))
+        with _settable_fake_parameters():
+            return prepare(model, adapter, workload.task, quantize)
+
+    def parameter_counts(self, workload: Workload) -> Any:
+        """Trainable and total parameters of the workload's model, as PEFT counts them."""
+        from autotune.workload.adapters import parameter_counts
+
+        return parameter_counts(self._model(workload).model)
 
     @contextlib.contextmanager
     def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Cell]:
@@ -277,7 +327,8 @@ class EstimateBackend:
         # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the
         # recompute. It changes no allocation; use_reentrant=False is transformers' default.
         checkpoint_kwargs = {"use_reentrant": False, "context_fn": self._checkpoint_contexts}
-        with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs):
+        with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs,
+                                    input_grads=workload.adapter is not None and workload.adapter.quantized):
             yield cell
         pair = aligned_pair(cell.traces)
         if pair is not None:  # the next length of this mode can extrapolate from one trace

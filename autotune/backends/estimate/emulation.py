@@ -155,6 +155,17 @@ class CudaEmulation(TorchFunctionMode):
         return tree_map(cast, args), tree_map(cast, kwargs)
 
 
+def autocast_enabled() -> bool:
+    """``torch.is_autocast_enabled()`` as the emulated CUDA step answers it: True inside a
+    CudaEmulation with an autocast dtype (forward, and a checkpointed segment's recompute, which
+    torch.utils.checkpoint runs under the forward's autocast state)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return torch.is_autocast_enabled() or any(
+        isinstance(mode, CudaEmulation) and mode.autocast_dtype is not None
+        for mode in _get_current_function_mode_stack())
+
+
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, (args, kwargs))

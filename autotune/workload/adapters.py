@@ -1,0 +1,501 @@
+"""Parameter-efficient fine-tuning: LoRA and QLoRA, built by the real PEFT.
+
+An ``Adapter`` is what a run's PEFT setup changes in the training step:
+
+    lora    a frozen base in the weights' dtype, LoRA matrices on the target modules
+            (``peft.get_peft_model`` with a ``LoraConfig``)
+    qlora   the same over a 4-bit base: every linear layer that transformers' bitsandbytes
+            integration quantizes (``BitsAndBytesConfig(load_in_4bit=True)``) stored as NF4 (or FP4),
+            then PEFT's ``prepare_model_for_kbit_training``, then ``get_peft_model``
+
+The model is wrapped by PEFT's own code (``prepare``): the trainable and frozen parameters, the
+adapter layers' activations (their dropout, their casts) and the optimizer over the adapter
+weights alone are what PEFT builds. What differs between backends is only how a linear layer
+is stored in 4 bits: the estimator replaces it by an emulation with bitsandbytes' sizes
+(backends/estimate/nf4.py), the cuda backend by bitsandbytes' ``Linear4bit``
+(backends/cuda/bnb.py). Both are passed in as ``quantize``.
+
+PEFT's defaults, kept here: ``lora_alpha`` 8 and ``lora_dropout`` 0 in ``LoraConfig``; this tool's
+defaults (r 16, alpha 32, dropout 0.05) are the ones Axolotl's and TRL's QLoRA examples use.
+``targets`` None is PEFT's own default for the architecture
+(``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``: q_proj and v_proj for Llama, query and
+value for BERT); ``all-linear`` is PEFT's every linear layer but the output head.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from autotune.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+Method = Literal["lora", "qlora"]
+METHODS: tuple[Method, ...] = ("lora", "qlora")
+PEFT_CHOICES = ("none", *METHODS)  # the CLI's --peft
+ALL_LINEAR = "all-linear"  # peft.utils.constants.INCLUDE_LINEAR_LAYERS_SHORTHAND
+
+DEFAULT_R = 16
+DEFAULT_ALPHA = 32
+DEFAULT_DROPOUT = 0.05
+MAX_R = 4096  # far above any rank in use; a bound for what the service accepts
+
+# transformers.BitsAndBytesConfig's 4-bit settings (utils/quantization_config.py): the quant type,
+# double quantization (bnb_4bit_use_double_quant) and the compute dtype. QLoRA as the QLoRA paper,
+# Axolotl and TRL's examples run it: nf4, double quantization, bfloat16 compute.
+QUANT_TYPES = ("nf4", "fp4")
+DEFAULT_QUANT_TYPE = "nf4"
+COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
+
+# peft.TaskType per task: it decides PEFT's model class and, for sequence and token
+# classification, that the head is trained too (PeftModelForSequenceClassification and
+# PeftModelForTokenClassification add "classifier" and "score" to modules_to_save).
+PEFT_TASK_TYPES = {
+    "sequence-classification": "SEQ_CLS",
+    "token-classification": "TOKEN_CLS",
+    "question-answering": "QUESTION_ANS",
+    "causal-lm": "CAUSAL_LM",
+    "masked-lm": None,  # PEFT has no masked-LM task type: the plain PeftModel
+}
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA setup (see the module docstring). Frozen: part of a Workload's identity."""
+
+    method: Method
+    r: int = DEFAULT_R
+    alpha: float = DEFAULT_ALPHA
+    dropout: float = DEFAULT_DROPOUT
+    targets: tuple[str, ...] | None = None  # None: PEFT's default for the architecture
+    quant_type: str = DEFAULT_QUANT_TYPE  # qlora only
+    double_quant: bool = True  # qlora only
+    # The bnb_4bit_compute_dtype; None: bfloat16, or float16 where the card has no bfloat16.
+    compute_dtype: str | None = None
+    # The LoraConfig fields read from an adapter_config.json that change memory (use_rslora does
+    # not; bias "all" or "lora_only" trains the biases; modules_to_save trains whole modules).
+    bias: str = "none"
+    modules_to_save: tuple[str, ...] = field(default=())
+
+    @property
+    def quantized(self) -> bool:
+        return self.method == "qlora"
+
+    def label(self) -> str:
+        """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj`` or ``QLoRA (nf4, double quant) ...``."""
+        name = "LoRA" if self.method == "lora" else f"QLoRA ({self.quant_type}" + (
+            ", double quant)" if self.double_quant else ")")
+        targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
+        return f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "r": self.r, "alpha": self.alpha, "dropout": self.dropout,
+            "targets": list(self.targets) if self.targets is not None else None,
+            "quant_type": self.quant_type, "double_quant": self.double_quant,
+            "compute_dtype": self.compute_dtype, "bias": self.bias,
+            "modules_to_save": list(self.modules_to_save),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Adapter:
+        targets = data.get("targets")
+        return make_adapter(
+            data["method"], r=data.get("r", DEFAULT_R), alpha=data.get("alpha", DEFAULT_ALPHA),
+            dropout=data.get("dropout", DEFAULT_DROPOUT), targets=targets,
+            quant_type=data.get("quant_type", DEFAULT_QUANT_TYPE),
+            double_quant=data.get("double_quant", True), compute_dtype=data.get("compute_dtype"),
+            bias=data.get("bias", "none"), modules_to_save=data.get("modules_to_save") or (),
+        )
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def parse_targets(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """``--lora-targets``: comma-separated module names, ``all-linear``, or None (PEFT's default)."""
+    if value is None:
+        return None
+    parts = [part.strip() for part in (value.split(",") if isinstance(value, str) else value)]
+    parts = [part for part in parts if part]
+    if not parts:
+        raise InvalidInput("no LoRA target modules given: name modules (q_proj,v_proj), "
+                           f"or {ALL_LINEAR}, or leave --lora-targets out for PEFT's default")
+    if ALL_LINEAR in parts and len(parts) > 1:
+        raise InvalidInput(f"{ALL_LINEAR} stands alone in LoRA targets, got {','.join(parts)}")
+    return tuple(dict.fromkeys(parts))
+
+
+def make_adapter(
+    method: str, *, r: int = DEFAULT_R, alpha: float = DEFAULT_ALPHA, dropout: float = DEFAULT_DROPOUT,
+    targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
+    double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
+    modules_to_save: Iterable[str] = (),
+) -> Adapter:
+    """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed."""
+    name = str(method).strip().lower()
+    if name not in METHODS:
+        raise InvalidInput(f"unknown PEFT method {method!r}: allowed are {', '.join(METHODS)}")
+    if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_R:
+        raise InvalidInput(f"LoRA rank must be an integer from 1 to {MAX_R}, got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
+        raise InvalidInput(f"LoRA alpha must be a positive number, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise InvalidInput(f"LoRA dropout must be a number from 0 up to (not including) 1, got {dropout!r}")
+    if quant_type not in QUANT_TYPES:
+        raise InvalidInput(f"unknown 4-bit quant type {quant_type!r}: allowed are {', '.join(QUANT_TYPES)}")
+    if compute_dtype is not None:
+        from autotune.workload.models import check_dtype
+
+        compute_dtype = check_dtype(compute_dtype)
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+    if bias not in ("none", "all", "lora_only"):
+        raise InvalidInput(f"LoRA bias must be none, all or lora_only, got {bias!r}")
+    return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
+                   quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save))
+
+
+# --- PEFT's adapter_config.json ------------------------------------------------------------
+
+# LoraConfig fields this tool models; others must be at their defaults (or be memory-neutral).
+_MEMORY_NEUTRAL = {
+    "peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode",
+    "init_lora_weights", "use_rslora", "fan_in_fan_out", "auto_mapping", "lora_alpha", "r",
+    "lora_dropout", "target_modules", "bias", "modules_to_save", "layers_to_transform",
+    "layers_pattern", "rank_pattern", "alpha_pattern", "megatron_config", "megatron_core",
+    "loftq_config", "use_dora", "layer_replication", "runtime_config", "exclude_modules",
+    "eva_config", "corda_config", "lora_bias", "trainable_token_indices", "target_parameters",
+    "peft_version", "qalora_group_size", "use_qalora", "alora_invocation_tokens", "arrow_config",
+    "ensure_weight_tying", "layers_to_transform", "lora_ga_config", "use_bdlora",
+}
+# Fields that change the step in ways not modelled: refused unless at their no-op value.
+_UNMODELLED = {
+    "use_dora": (False, "DoRA adds a weight-norm computation per layer"),
+    "layer_replication": (None, "layer replication shares base layers between adapters"),
+    "rank_pattern": ({}, "per-module ranks"),
+    "alpha_pattern": ({}, "per-module alphas"),
+    "layers_to_transform": (None, "adapters on some layers only"),
+    "lora_bias": (False, "a trainable bias on lora_B"),
+    "exclude_modules": (None, "excluded modules"),
+    "trainable_token_indices": (None, "trainable token embeddings"),
+    "target_parameters": (None, "LoRA on parameters rather than modules"),
+    "use_qalora": (False, "QA-LoRA"),
+}
+
+
+def adapter_from_peft_config(path: str | Path, *, quantized: bool = False) -> Adapter:
+    """The Adapter of a PEFT ``adapter_config.json`` (a file, or a directory holding one); with
+    ``quantized``, over a 4-bit base. A field that changes the step in a way not modelled is
+    refused, naming it."""
+    file = Path(path).expanduser()
+    if file.is_dir():
+        file = file / "adapter_config.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"no PEFT config at {file}: give adapter_config.json or its directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"cannot read the PEFT config {file}: {exc}") from exc
+    return adapter_from_peft_dict(data, source=str(file), quantized=quantized)
+
+
+def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -> Adapter:
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{source} is not a JSON object")
+    peft_type = str(data.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise InvalidInput(f"{source}: peft_type {peft_type} is not modelled: autotune models LORA "
+                           "(LoRA, and QLoRA over a 4-bit base)")
+    for key, (neutral, what) in _UNMODELLED.items():
+        value = data.get(key, neutral)
+        if value not in (neutral, None, {}, [], False):
+            raise InvalidInput(f"{source}: {key}={value!r} ({what}) is not modelled: autotune models "
+                               "plain LoRA; remove it, or estimate without it")
+    targets = data.get("target_modules")
+    if isinstance(targets, str) and targets != ALL_LINEAR:
+        raise InvalidInput(f"{source}: target_modules as a regular expression ({targets!r}) is not "
+                           f"modelled: list module names, or use {ALL_LINEAR}")
+    return make_adapter(
+        "qlora" if quantized else "lora", r=data.get("r", 8), alpha=data.get("lora_alpha", 8),
+        dropout=data.get("lora_dropout", 0.0), targets=targets, bias=data.get("bias", "none"),
+        modules_to_save=data.get("modules_to_save") or (),
+    )
+
+
+# --- building the adapted model ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """PEFT's ``get_nb_trainable_parameters()``: 4-bit weights counted as their unpacked elements."""
+
+    trainable: int
+    total: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"trainable": self.trainable, "total": self.total}
+
+
+def lora_config(adapter: Adapter, task: str) -> Any:
+    """PEFT's LoraConfig for ``adapter`` on a ``task`` model."""
+    from peft import LoraConfig
+
+    task_type = PEFT_TASK_TYPES[task]
+    return LoraConfig(
+        r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
+        target_modules=list(adapter.targets) if adapter.targets is not None else None,
+        bias=adapter.bias, modules_to_save=list(adapter.modules_to_save) or None,
+        task_type=task_type,
+    )
+
+
+def compute_dtype(adapter: Adapter, supports_bf16: bool) -> str:
+    """The 4-bit layers' configured compute dtype: the adapter's, else bf16 where supported."""
+    if adapter.compute_dtype is not None:
+        return adapter.compute_dtype
+    return "bfloat16" if supports_bf16 else "float16"
+
+
+def prepare(
+    model: torch.nn.Module, adapter: Adapter, task: str,
+    quantize: Callable[[torch.nn.Module, str], torch.nn.Module] | None = None,
+) -> torch.nn.Module:
+    """``model`` as PEFT wraps it for ``adapter``: for qlora, its linear layers quantized by
+    ``quantize(linear, module_name)`` first (those transformers' bitsandbytes integration
+    quantizes), then ``prepare_model_for_kbit_training``; then ``get_peft_model``.
+
+    Gradient checkpointing is left to the step (step.gradient_checkpointing), which turns it on
+    per mode as ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` would.
+    """
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if adapter.quantized:
+        if quantize is None:
+            raise InvalidInput("a 4-bit base needs a backend that can store it")
+        _quantize_linears(model, quantize)
+        model.is_loaded_in_4bit = True  # transformers' Bnb4BitHfQuantizer sets it after loading
+        # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
+        # but the 4-bit weights: norms, embeddings, the head) to float32.
+        prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = lora_config(adapter, task)
+    _register_quantized_layers(config, adapter)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        message = str(exc).splitlines()[0]
+        if "target_modules" in message or "not found in the base model" in message:
+            raise InvalidInput(
+                f"LoRA targets: {message}. Name modules of this model with --lora-targets, "
+                f"or use {ALL_LINEAR}") from exc
+        raise InvalidInput(f"PEFT cannot build this LoRA setup: {message}") from exc
+    except RuntimeError as exc:
+        # e.g. a classification head quantized by transformers (get_keys_to_not_convert keeps
+        # "classifier.bias", not the module) that PEFT's modules_to_save then makes trainable.
+        raise InvalidInput(f"PEFT cannot build this {adapter.method} setup for a {task} model: "
+                           f"{str(exc).splitlines()[0]}") from exc
+
+
+def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any]) -> None:
+    """Replace the linear layers transformers' bitsandbytes integration quantizes
+    (integrations/bitsandbytes.py ``replace_with_bnb_linear``: every ``nn.Linear`` and GPT-2
+    ``Conv1D`` but those of quantizers/base.py ``get_keys_to_not_convert``: tied weights, the last
+    module, the output embeddings)."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    keep = get_keys_to_not_convert(model)
+    names = [name for name, module in model.named_modules()
+             if (type(module) is nn.Linear or isinstance(module, Conv1D))
+             and should_convert_module(name, keep)]
+    for name in names:
+        model.set_submodule(name, quantize(model.get_submodule(name), name))
+
+
+def _register_quantized_layers(config: Any, adapter: Adapter) -> None:
+    """PEFT's custom-module hook for the estimator's emulated 4-bit layers (the cuda backend's
+    bitsandbytes layers are dispatched by PEFT itself)."""
+    if not adapter.quantized:
+        return
+    from autotune.backends.estimate.nf4 import EmulatedLinear4bit, LoraLinear4bit
+
+    config._register_custom_module({EmulatedLinear4bit: LoraLinear4bit})
+
+
+def parameter_counts(model: Any) -> ParameterCounts:
+    """Trainable and total parameters as PEFT's ``get_nb_trainable_parameters`` counts them."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        trainable, total = model.get_nb_trainable_parameters()
+        # PEFT counts a bitsandbytes Params4bit as 2 elements a byte (peft_model.py); the
+        # estimator's emulated 4-bit weight is a plain uint8 parameter, counted once.
+        from autotune.backends.estimate.nf4 import EmulatedLinear4bit
+
+        total += sum(m.weight.numel() for m in model.modules() if isinstance(m, EmulatedLinear4bit))
+        return ParameterCounts(int(trainable), int(total))
+    params = list(model.parameters())
+    return ParameterCounts(sum(p.numel() for p in params if p.requires_grad),
+                           sum(p.numel() for p in params))
+
+
+def resolved_targets(model: Any) -> tuple[str, ...]:
+    """The target module names PEFT resolved on a wrapped model (sorted)."""
+    targets = model.peft_config["default"].target_modules
+    return (targets,) if isinstance(targets, str) else tuple(sorted(targets))
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """What outputs say of a workload's adapter: its settings, the modules PEFT put LoRA on, and
+    the trainable / total parameters (``get_nb_trainable_parameters``)."""
+
+    adapter: Adapter
+    targets: tuple[str, ...]
+    parameters: ParameterCounts
+
+    def label(self) -> str:
+        p = self.parameters
+        return (f"{replace(self.adapter, targets=self.targets).label()}: {_count(p.trainable)} of "
+                f"{_count(p.total)} parameters trainable ({100 * p.trainable / max(1, p.total):.2f}%)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.adapter.to_json(), "targets": list(self.targets),
+                "targets_default": self.adapter.targets is None,
+                "parameters": self.parameters.to_json()}
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+_SUMMARIES: dict[Any, AdapterSummary] = {}
+
+
+def summarize(workload: Any) -> AdapterSummary | None:
+    """The AdapterSummary of ``workload`` (None without an adapter), from the model built on the
+    meta device (shapes only): the same PEFT wrapping as every backend's, 4-bit layers counted as
+    PEFT counts bitsandbytes' (two weights a byte)."""
+    adapter = workload.adapter
+    if adapter is None:
+        return None
+    key = (workload.model.name, workload.task, workload.weights_dtype, adapter)
+    found = _SUMMARIES.get(key)
+    if found is None:
+        import torch
+
+        from autotune.workload.step import build_model
+
+        with torch.device("meta"):
+            model, _ = build_model(workload.model, workload.task, "eager", workload.weights_dtype)
+            quantize = None
+            if adapter.quantized:
+                from autotune.backends.estimate.nf4 import make_quantizer
+
+                quantize = make_quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
+                                          compute_dtype=adapter.compute_dtype or "bfloat16")
+            wrapped = prepare(model, adapter, workload.task, quantize)
+        found = _SUMMARIES[key] = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped))
+    return found
+
+
+# --- the options the CLI, the Python API and the service take ----------------------------------------
+
+
+@dataclass(frozen=True)
+class PeftOptions:
+    """What a user asks for: ``--peft``, ``--lora-*``, ``--peft-config``, ``--load-in-4bit`` and the
+    bitsandbytes 4-bit settings. ``adapter()`` checks them together."""
+
+    peft: str | None = None  # "none" | "lora" | "qlora"; None: none, or what peft_config says
+    lora_r: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: str | tuple[str, ...] | None = None
+    peft_config: str | None = None  # a path to adapter_config.json or its directory
+    load_in_4bit: bool = False
+    load_in_8bit: bool = False
+    bnb_4bit_quant_type: str | None = None
+    bnb_4bit_use_double_quant: bool | None = None
+    bnb_4bit_compute_dtype: str | None = None
+
+    def adapter(self) -> Adapter | None:
+        """The Adapter asked for, or None (a full fine-tune); InvalidInput for a combination
+        that does not make a training step, naming the options."""
+        peft = (self.peft or "none").strip().lower()
+        if peft not in PEFT_CHOICES:
+            raise InvalidInput(f"unknown --peft {self.peft!r}: allowed are {', '.join(PEFT_CHOICES)}")
+        if self.load_in_8bit:
+            raise InvalidInput(
+                "--load-in-8bit (LLM.int8 base, bitsandbytes Linear8bitLt) is not modelled: its "
+                "training step quantizes every input row to int8 with outlier columns kept in 16 bits, "
+                "which autotune does not emulate yet; use --load-in-4bit (QLoRA) or a 16-bit base")
+        lora_flags = {"--lora-r": self.lora_r, "--lora-alpha": self.lora_alpha,
+                      "--lora-dropout": self.lora_dropout, "--lora-targets": self.lora_targets}
+        given = [flag for flag, value in lora_flags.items() if value is not None]
+        quant_flags = {"--bnb-4bit-quant-type": self.bnb_4bit_quant_type,
+                       "--bnb-4bit-use-double-quant": self.bnb_4bit_use_double_quant,
+                       "--bnb-4bit-compute-dtype": self.bnb_4bit_compute_dtype}
+        quant_given = [flag for flag, value in quant_flags.items() if value is not None]
+        quantized = peft == "qlora" or self.load_in_4bit
+        if self.peft_config is not None:
+            if peft == "none" and self.peft is not None:
+                raise InvalidInput("--peft none and --peft-config contradict: leave --peft out, or "
+                                   "give lora or qlora")
+            if given:
+                raise InvalidInput(f"give --peft-config or {', '.join(given)}, not both: the "
+                                   "config's values would be overridden silently")
+            adapter = adapter_from_peft_config(self.peft_config, quantized=quantized)
+        elif peft == "none":
+            if self.load_in_4bit:
+                raise InvalidInput("--load-in-4bit trains adapters only (a 4-bit base is frozen): add "
+                                   "--peft lora (QLoRA) or --peft qlora")
+            if given or quant_given:
+                named = given + quant_given
+                raise InvalidInput(f"{', '.join(named)} {'needs' if len(named) == 1 else 'need'} "
+                                   "--peft lora or --peft qlora")
+            return None
+        else:
+            adapter = make_adapter(
+                "qlora" if quantized else "lora",
+                r=DEFAULT_R if self.lora_r is None else self.lora_r,
+                alpha=DEFAULT_ALPHA if self.lora_alpha is None else self.lora_alpha,
+                dropout=DEFAULT_DROPOUT if self.lora_dropout is None else self.lora_dropout,
+                targets=self.lora_targets)
+        if quant_given and not adapter.quantized:
+            raise InvalidInput(f"{', '.join(quant_given)} set a 4-bit base: add --load-in-4bit or "
+                               "--peft qlora")
+        if adapter.quantized:
+            adapter = replace(
+                adapter,
+                quant_type=_checked_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
+                double_quant=adapter.double_quant if self.bnb_4bit_use_double_quant is None
+                else bool(self.bnb_4bit_use_double_quant),
+                compute_dtype=_checked_compute(self.bnb_4bit_compute_dtype) or adapter.compute_dtype)
+        return adapter
+
+
+def _checked_quant_type(value: str) -> str:
+    if value not in QUANT_TYPES:
+        raise InvalidInput(f"unknown 4-bit quant type {value!r}: allowed are {', '.join(QUANT_TYPES)}")
+    return value
+
+
+def _checked_compute(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from autotune.workload.models import check_dtype
+
+    name = check_dtype(value)
+    if name not in COMPUTE_DTYPES:
+        raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {value!r}")
+    return name
