@@ -10,7 +10,14 @@ config was built for (its ``architectures``; else causal-lm for decoder-only mod
 sequence-classification); ``dtype="auto"`` the weights' dtype as ``from_pretrained`` loads them (the
 config's ``torch_dtype``, else float32); ``optimizer`` a Trainer ``optim`` name (default
 ``adamw_torch_fused``, the Trainer's); ``loss="chunked"`` a fused linear cross-entropy (causal-lm).
-Results say which step they are for (``task``, ``weights_dtype``, ``optimizer``, ``attn``, ``loss``).
+Results say which step they are for (``task``, ``weights_dtype``, ``optimizer``, ``attn``, ``loss``,
+``adapter``).
+
+Parameter-efficient fine-tuning takes the CLI's flags: ``peft="lora"`` or ``"qlora"`` (or
+``load_in_4bit=True`` with ``peft="lora"``), ``lora_r`` (16), ``lora_alpha`` (32), ``lora_dropout``
+(0.05), ``lora_targets`` (PEFT's default modules for the architecture, or ``"all-linear"``), or
+``peft_config`` (PEFT's adapter_config.json); ``bnb_4bit_*`` as transformers' BitsAndBytesConfig
+names them. The model is wrapped by the real PEFT (workload/adapters.py).
 
 Models are built from their configs with random weights. Offline by default: a name that is
 neither a preset nor a local config is looked up on the Hugging Face hub (its config.json, never
@@ -47,6 +54,7 @@ if TYPE_CHECKING:
     from autotune.gpus import GpuSpec
     from autotune.tuner import CellResult, TableResult
     from autotune.workload import Workload
+    from autotune.workload.adapters import Adapter
     from autotune.workload.models import ModelSpec
 
 GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
@@ -72,6 +80,18 @@ def table(
     max_batch: int = DEFAULT_MAX_BATCH,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    peft: str | None = None,
+    lora_r: int | None = None,
+    lora_alpha: float | None = None,
+    lora_dropout: float | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    peft_config: str | Path | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    bnb_4bit_quant_type: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None,
+    bnb_4bit_compute_dtype: str | None = None,
+    adapter: Adapter | None = None,
     hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
 ) -> TableResult:
@@ -96,7 +116,9 @@ def table(
     spec = _model(model, hub)
     seq_len_list = default_seq_lens(spec) if seq_lens is None else parse_seq_lens(seq_lens)
     parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
-    workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss)
+    workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss,
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+                               adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
@@ -118,6 +140,18 @@ def check(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     accumulation_steps: int = 1,
+    peft: str | None = None,
+    lora_r: int | None = None,
+    lora_alpha: float | None = None,
+    lora_dropout: float | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    peft_config: str | Path | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    bnb_4bit_quant_type: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None,
+    bnb_4bit_compute_dtype: str | None = None,
+    adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
@@ -138,7 +172,9 @@ def check(
     _positive("batch_size", batch_size)
     _positive("accumulation_steps", accumulation_steps)
     parsed = parse_mode(mode)
-    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss)
+    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+                               adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps)
@@ -165,6 +201,18 @@ def explain(
     tokenizer: str | Path | None = None,
     levers: bool = True,
     max_batch: int = DEFAULT_MAX_BATCH,
+    peft: str | None = None,
+    lora_r: int | None = None,
+    lora_alpha: float | None = None,
+    lora_dropout: float | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    peft_config: str | Path | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    bnb_4bit_quant_type: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None,
+    bnb_4bit_compute_dtype: str | None = None,
+    adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> Explanation:
     """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
@@ -200,7 +248,9 @@ def explain(
     spec = _model(model, hub)
     if seq_len is None:
         seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
-    workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss)
+    workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss,
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+                               adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
                         batch_size=batch_size, lengths=list(lengths) if lengths else None,
@@ -222,6 +272,18 @@ def max_batch_size(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     max_batch: int = DEFAULT_MAX_BATCH,
+    peft: str | None = None,
+    lora_r: int | None = None,
+    lora_alpha: float | None = None,
+    lora_dropout: float | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    peft_config: str | Path | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    bnb_4bit_quant_type: str | None = None,
+    bnb_4bit_use_double_quant: bool | None = None,
+    bnb_4bit_compute_dtype: str | None = None,
+    adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> int:
     """The largest batch whose training step fits: one cell of ``table`` (0 when batch 1 does not
@@ -236,7 +298,9 @@ def max_batch_size(
 
     parsed = parse_mode(mode)
     _positive("max_batch", max_batch)
-    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss)
+    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+                               adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     budget = budget_bytes(target, margin)
     return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
@@ -258,8 +322,34 @@ def _model(model: str, hub: bool | None) -> ModelSpec:
     return resolve_model(model, allow_hub=hub, hub_hint=HUB_HINT)
 
 
+def _peft(peft: str | None, lora_r: int | None, lora_alpha: float | None, lora_dropout: float | None,
+          lora_targets: str | Sequence[str] | None, peft_config: str | Path | None, load_in_4bit: bool,
+          load_in_8bit: bool, quant_type: str | None, double_quant: bool | None,
+          compute_dtype: str | None, adapter: Adapter | None = None) -> Adapter | None:
+    """The adapter the PEFT arguments ask for (adapters.PeftOptions), None for a full fine-tune;
+    or ``adapter`` itself (an adapters.Adapter, e.g. read from a training config)."""
+    from autotune.workload.adapters import Adapter, PeftOptions
+
+    if adapter is not None:
+        if not isinstance(adapter, Adapter):
+            raise InvalidInput(f"adapter must be an autotune.workload.adapters.Adapter, got {adapter!r}")
+        if peft is not None or peft_config is not None or load_in_4bit or lora_r is not None:
+            raise InvalidInput("give adapter or the PEFT arguments (peft, lora_*, peft_config, "
+                               "load_in_4bit), not both")
+        return adapter
+    targets = lora_targets if lora_targets is None or isinstance(lora_targets, str) else tuple(lora_targets)
+    return PeftOptions(
+        peft=peft, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+        lora_targets=targets, peft_config=None if peft_config is None else str(peft_config),
+        load_in_4bit=bool(load_in_4bit), load_in_8bit=bool(load_in_8bit),
+        bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=double_quant,
+        bnb_4bit_compute_dtype=compute_dtype,
+    ).adapter()
+
+
 def _workload(spec: ModelSpec, seq_lens: Sequence[int], task: str | None, attn: str | None,
-              optimizer: str, dtype: str = DEFAULT_DTYPE, loss: str = DEFAULT_LOSS) -> Workload:
+              optimizer: str, dtype: str = DEFAULT_DTYPE, loss: str = DEFAULT_LOSS,
+              adapter: Adapter | None = None) -> Workload:
     """The workload, every sequence length checked against the model before anything is built.
 
     ``task=None`` is the task the config was built for (models.infer_task); ``dtype="auto"`` the
@@ -275,7 +365,8 @@ def _workload(spec: ModelSpec, seq_lens: Sequence[int], task: str | None, attn: 
         check_seq_len(spec, seq_len)
     resolved_task = task_for(spec, task)
     return Workload(spec, resolved_task, check_attn(attn), check_optimizer(optimizer),
-                    weights_dtype=resolve_dtype(spec, dtype), loss=check_loss(loss, resolved_task))
+                    weights_dtype=resolve_dtype(spec, dtype), loss=check_loss(loss, resolved_task),
+                    adapter=adapter)
 
 
 def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None) -> tuple[Backend, GpuSpec]:

@@ -80,6 +80,9 @@ class TableResult:
     warnings: list[str] = field(default_factory=list)  # workload.support.step_warnings
     # A paged optimizer's state in CUDA unified memory, outside the budget (optimizers.py).
     outside_allocator_bytes: int = 0
+    # LoRA / QLoRA: adapters.AdapterSummary.to_json() (method, r, alpha, dropout, targets, the
+    # trainable and total parameters, label); None for a full fine-tune.
+    adapter: dict[str, Any] | None = None
 
     @property
     def total_probes(self) -> int:
@@ -93,6 +96,14 @@ class TableResult:
         data["probes_total"] = self.total_probes
         data["probes_per_cell"] = round(self.total_probes / len(self.cells), 2) if self.cells else 0
         return data
+
+
+def adapter_json(workload: Workload) -> dict[str, Any] | None:
+    """What results say of the workload's adapter (adapters.summarize), None without one."""
+    from autotune.workload.adapters import summarize
+
+    summary = summarize(workload)
+    return None if summary is None else summary.to_json()
 
 
 def _probe_dict(probe: Probe) -> dict[str, Any]:
@@ -166,6 +177,7 @@ def tune_table(
         seq_lens=ordered, modes=[m.name for m in modes], environment=backend.describe(),
         warnings=step_warnings(workload, modes, gpu),
         outside_allocator_bytes=paged_state_bytes(workload),
+        adapter=adapter_json(workload),
     )
     started = time.perf_counter()
     total = len(ordered) * len(modes)

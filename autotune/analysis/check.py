@@ -22,7 +22,7 @@ from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import budget_bytes, memory_model, search_cell
+from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -55,6 +55,7 @@ class CheckResult:
     warnings: list[str] = field(default_factory=list)
     levers: list[dict[str, Any]] = field(default_factory=list)  # what raises the max, best first
     outside_allocator_bytes: int = 0  # a paged optimizer's state in unified memory (optimizers.py)
+    adapter: dict[str, Any] | None = None  # LoRA / QLoRA (tuner.adapter_json); None: full fine-tune
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +95,7 @@ def check_step(
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         outside_allocator_bytes=paged_state_bytes(workload),
+        adapter=adapter_json(workload),
     )
     result.message = format_message(result)
     return result
@@ -222,6 +224,8 @@ def step_label(result: CheckResult) -> str:
              f"attention {result.attn}"]
     if result.loss not in (None, "full"):
         parts.append(f"{result.loss} loss")
+    if result.adapter is not None:
+        parts.append(str(result.adapter["label"]))
     return " (" + ", ".join(parts) + ")"
 
 
@@ -294,6 +298,7 @@ def check_from_cells(
         warnings=step_warnings(workload, [mode], gpu),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
+        adapter=adapter_json(workload),
     )
     result.message = format_message(result)
     return result

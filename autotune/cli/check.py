@@ -1,13 +1,15 @@
 """``autotune check``: exit 0 if the planned step fits, 1 if not, 2 on bad input or an error.
 
     autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--dtype D]
-                   [--optimizer O] [--attn A] [--loss L] [--gpu-memory SIZE | --gpu NAME]
+                   [--optimizer O] [--attn A] [--loss L] [--peft lora|qlora] [--lora-r R] ...
+                   [--gpu-memory SIZE | --gpu NAME]
                    [--backend B] [--margin F] [--server URL] [--hub] [--json]
     autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
 
 A training config is read whole (analysis/training_config.py): a setting that changes memory
-and that autotune does not model (DeepSpeed, FSDP, LoRA adapters, 4-bit loading, ...) is an
-error naming the key, never a verdict for another job.
+and that autotune does not model (DeepSpeed, FSDP, 8-bit loading, DoRA, ...) is an error naming
+the key, never a verdict for another job. LoRA and QLoRA settings (Axolotl's adapter, TRL's
+use_peft and lora_*, a PEFT adapter directory) are modelled; PEFT flags given here win over them.
 
 ``--server URL`` (or AUTOTUNE_SERVER) asks an autotune service (``GET /v1/check``) instead of
 computing locally.
@@ -29,8 +31,10 @@ from autotune.cli.common import (
     add_backend,
     add_hub,
     add_margin,
+    add_peft,
     add_step,
     add_target,
+    peft_kwargs,
     positive,
     print_json,
     quiet_transformers,
@@ -64,6 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--mode", default=None,
                        help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default {DEFAULT_MODE_NAME})")
     add_step(check)
+    add_peft(check)
     add_target(check, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
     add_backend(check)
     add_margin(check)
@@ -115,11 +120,22 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         raise InvalidInput(
             f"missing {', '.join(missing)}: give{where} {', '.join(flags[m] for m in missing)}"
         )
+    plan["adapter"] = _adapter(args, getattr(planned, "adapter", None) if args.from_config else None)
     plan["mode"] = plan["mode"] or parse_mode(DEFAULT_MODE_NAME)
     for name, default in _STEP_FIELDS.items():
         if plan[name] is None:
             plan[name] = default
     return plan
+
+
+def _adapter(args: argparse.Namespace, configured: Any) -> Any:
+    """The adapter of the step: the PEFT flags' when any is given (flags win), else the config's."""
+    from autotune.public import _peft
+
+    flags = peft_kwargs(args)
+    if any(value not in (None, False) for value in flags.values()):
+        return _peft(*flags.values())
+    return configured
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -150,7 +166,7 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, 
             task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
             gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
             optimizer=plan["optimizer"], loss=plan["loss"],
-            accumulation_steps=plan["accumulation_steps"], hub=args.hub,
+            accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
         )
     return result.to_dict()
 
@@ -174,6 +190,7 @@ def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], tok
         query["gpu_memory"] = args.gpu_memory
     if plan["attn"]:
         query["attn"] = plan["attn"]
+    query.update(_adapter_query(plan["adapter"]))
     url = f"{server.rstrip('/')}/v1/check?{urllib.parse.urlencode(query)}"
     headers = {"Accept": "application/json"}
     if token:
@@ -188,6 +205,26 @@ def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], tok
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise InvalidInput(f"server {server} is unreachable: {reason}") from exc
+
+
+def _adapter_query(adapter: Any) -> dict[str, Any]:
+    """The service's PEFT query parameters for ``adapter`` (a local --peft-config is sent as its
+    values: the service cannot read the file)."""
+    if adapter is None:
+        return {}
+    if adapter.bias != "none" or adapter.modules_to_save:
+        raise InvalidInput("a PEFT config with bias or modules_to_save is checked locally only: "
+                           "the service takes --peft, --lora-* and --bnb-4bit-* values")
+    query: dict[str, Any] = {"peft": adapter.method, "lora_r": adapter.r, "lora_alpha": adapter.alpha,
+                             "lora_dropout": adapter.dropout}
+    if adapter.targets is not None:
+        query["lora_targets"] = ",".join(adapter.targets)
+    if adapter.quantized:
+        query.update({"bnb_4bit_quant_type": adapter.quant_type,
+                      "bnb_4bit_use_double_quant": str(adapter.double_quant).lower()})
+        if adapter.compute_dtype is not None:
+            query["bnb_4bit_compute_dtype"] = adapter.compute_dtype
+    return query
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:

@@ -119,6 +119,56 @@ def add_step(parser: argparse.ArgumentParser) -> None:
                         "cross-entropy that never holds them (Liger's; causal-lm)")
 
 
+def add_peft(parser: argparse.ArgumentParser) -> None:
+    """--peft, --lora-*, --peft-config, --load-in-4bit/8bit, --bnb-4bit-*: LoRA and QLoRA."""
+    from autotune.workload.adapters import (
+        DEFAULT_ALPHA,
+        DEFAULT_DROPOUT,
+        DEFAULT_R,
+        PEFT_CHOICES,
+        QUANT_TYPES,
+    )
+
+    group = parser.add_argument_group(
+        "parameter-efficient fine-tuning",
+        "LoRA and QLoRA, built by the real PEFT (get_peft_model) over the model")
+    group.add_argument("--peft", choices=PEFT_CHOICES, default=None,
+                       help="none: a full fine-tune (default); lora: LoRA over a frozen base in the "
+                       "weights' dtype; qlora: LoRA over a 4-bit (bitsandbytes NF4) base")
+    group.add_argument("--lora-r", type=positive, default=None, metavar="R",
+                       help=f"LoRA rank (default: {DEFAULT_R})")
+    group.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                       help=f"LoRA alpha (default: {DEFAULT_ALPHA})")
+    group.add_argument("--lora-dropout", type=float, default=None, metavar="P",
+                       help=f"dropout on the adapters' input (default: {DEFAULT_DROPOUT})")
+    group.add_argument("--lora-targets", default=None, metavar="MODULES",
+                       help="comma-separated module names (q_proj,v_proj), or all-linear (default: "
+                       "PEFT's own default target modules for the architecture)")
+    group.add_argument("--peft-config", default=None, metavar="PATH",
+                       help="PEFT's adapter_config.json (or its directory) instead of the --lora-* flags")
+    group.add_argument("--load-in-4bit", action="store_true",
+                       help="a 4-bit base (with --peft lora: QLoRA), as BitsAndBytesConfig(load_in_4bit=True)")
+    group.add_argument("--load-in-8bit", action="store_true",
+                       help="an 8-bit (LLM.int8) base: not modelled yet, refused with the reason")
+    group.add_argument("--bnb-4bit-quant-type", choices=QUANT_TYPES, default=None,
+                       help="4-bit data type (default: nf4)")
+    group.add_argument("--bnb-4bit-use-double-quant", action=argparse.BooleanOptionalAction,
+                       default=None, help="quantize the quantization constants too (default: on)")
+    group.add_argument("--bnb-4bit-compute-dtype", choices=("bfloat16", "float16", "float32"),
+                       default=None, help="dtype the 4-bit layers compute in (default: bfloat16, "
+                       "float16 on cards without bfloat16)")
+
+
+def peft_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """The PEFT flags as the Python API's keyword arguments."""
+    return {"peft": args.peft, "lora_r": args.lora_r, "lora_alpha": args.lora_alpha,
+            "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets,
+            "peft_config": args.peft_config, "load_in_4bit": args.load_in_4bit,
+            "load_in_8bit": args.load_in_8bit, "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": args.bnb_4bit_compute_dtype}
+
+
 def print_json(document: object) -> None:
     """One JSON document on stdout, as every ``--json`` prints it."""
     json.dump(document, sys.stdout, indent=2)

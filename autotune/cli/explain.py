@@ -31,8 +31,10 @@ from autotune.cli.common import (
     NAMES_AND_SIZES,
     add_hub,
     add_margin,
+    add_peft,
     add_step,
     add_target,
+    peft_kwargs,
     positive,
     print_json,
     quiet_transformers,
@@ -67,6 +69,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--mode", default=DEFAULT_MODE_NAME, help=f"one of {', '.join(ALLOWED_MODE_NAMES)} "
                         "(default: %(default)s)")
     add_step(parser)
+    add_peft(parser)
     add_target(parser, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
     parser.add_argument("--backend", default=EXPLAIN_BACKEND, choices=(EXPLAIN_BACKEND,),
                         help="explain runs the estimator: the breakdown needs its traced step")
@@ -108,7 +111,7 @@ def _explain(args: argparse.Namespace) -> Explanation:
             args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode, task=args.task,
             dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
             backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
-            lengths=lengths, levers=not args.no_levers, hub=args.hub,
+            lengths=lengths, levers=not args.no_levers, hub=args.hub, **peft_kwargs(args),
         )
 
 

@@ -3,6 +3,8 @@
     autotune table MODEL [--seq-lens 64,128,...] [--modes fp32,amp,ckpt,amp+ckpt] [--task T]
                          [--dtype auto|float32|bfloat16|float16] [--optimizer NAME]
                          [--attn sdpa|eager|flash_attention_2] [--loss full|chunked]
+                         [--peft none|lora|qlora] [--lora-r R] [--lora-alpha A] [--lora-dropout P]
+                         [--lora-targets M,M|all-linear] [--peft-config PATH] [--load-in-4bit]
                          [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]
                          [--margin F] [--search guided|bisect] [--max-batch N] [--hub] [--json]
 
@@ -24,9 +26,11 @@ from autotune.cli.common import (
     add_backend,
     add_hub,
     add_margin,
+    add_peft,
     add_step,
     add_target,
     int_list,
+    peft_kwargs,
     positive,
     print_json,
     quiet_transformers,
@@ -60,6 +64,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} "
                        "(default: %(default)s)")
     add_step(table)
+    add_peft(table)
     add_target(table)
     add_backend(table)
     add_margin(table)
@@ -83,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
             margin=args.margin, search=args.search, max_batch=args.max_batch,
             optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
+            **peft_kwargs(args),
         )
     progress.close()
     if args.json:
@@ -126,6 +132,7 @@ def render_table(t: TableResult) -> str:
         f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
         f"{loss}) on {t.gpu_name}"
         + ("" if t.gpu_name.startswith("custom") else f" {format_bytes(t.gpu_memory_bytes)}"),
+        *([f"adapter: {t.adapter['label']}"] if t.adapter else []),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
         "",

@@ -248,9 +248,14 @@ def lora_config(adapter: Adapter, task: str) -> Any:
     from peft import LoraConfig
 
     task_type = PEFT_TASK_TYPES[task]
+    targets: str | list[str] | None = None
+    if adapter.targets == (ALL_LINEAR,):
+        targets = ALL_LINEAR  # PEFT reads the shorthand only as a string
+    elif adapter.targets is not None:
+        targets = list(adapter.targets)
     return LoraConfig(
         r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
-        target_modules=list(adapter.targets) if adapter.targets is not None else None,
+        target_modules=targets,
         bias=adapter.bias, modules_to_save=list(adapter.modules_to_save) or None,
         task_type=task_type,
     )
@@ -289,7 +294,7 @@ def prepare(
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
-        message = str(exc).splitlines()[0]
+        message = str(exc).splitlines()[0].rstrip(".")
         if "target_modules" in message or "not found in the base model" in message:
             raise InvalidInput(
                 f"LoRA targets: {message}. Name modules of this model with --lora-targets, "
@@ -346,9 +351,12 @@ def parameter_counts(model: Any) -> ParameterCounts:
 
 
 def resolved_targets(model: Any) -> tuple[str, ...]:
-    """The target module names PEFT resolved on a wrapped model (sorted)."""
+    """The target module names PEFT resolved on a wrapped model, by their last part (all-linear
+    resolves to full paths: model.layers.0.mlp.up_proj is up_proj), sorted."""
     targets = model.peft_config["default"].target_modules
-    return (targets,) if isinstance(targets, str) else tuple(sorted(targets))
+    if isinstance(targets, str):
+        return (targets,)
+    return tuple(sorted({name.rsplit(".", 1)[-1] for name in targets}))
 
 
 @dataclass(frozen=True)
@@ -368,7 +376,7 @@ class AdapterSummary:
     def to_json(self) -> dict[str, Any]:
         return {**self.adapter.to_json(), "targets": list(self.targets),
                 "targets_default": self.adapter.targets is None,
-                "parameters": self.parameters.to_json()}
+                "parameters": self.parameters.to_json(), "label": self.label()}
 
 
 def _count(n: int) -> str:
