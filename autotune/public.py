@@ -117,8 +117,9 @@ def table(
     seq_len_list = default_seq_lens(spec) if seq_lens is None else parse_seq_lens(seq_lens)
     parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
     workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-                               adapter))
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
+                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
@@ -173,8 +174,9 @@ def check(
     _positive("accumulation_steps", accumulation_steps)
     parsed = parse_mode(mode)
     workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-                               adapter))
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
+                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps)
@@ -249,8 +251,9 @@ def explain(
     if seq_len is None:
         seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
     workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-                               adapter))
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
+                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
                         batch_size=batch_size, lengths=list(lengths) if lengths else None,
@@ -299,8 +302,9 @@ def max_batch_size(
     parsed = parse_mode(mode)
     _positive("max_batch", max_batch)
     workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config, load_in_4bit, load_in_8bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-                               adapter))
+                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
+                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
     chosen, target = _backend(backend, gpu, gpu_memory)
     budget = budget_bytes(target, margin)
     return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size

@@ -130,11 +130,11 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
 
 def _adapter(args: argparse.Namespace, configured: Any) -> Any:
     """The adapter of the step: the PEFT flags' when any is given (flags win), else the config's."""
-    from autotune.public import _peft
+    from autotune.workload.adapters import PeftOptions
 
     flags = peft_kwargs(args)
     if any(value not in (None, False) for value in flags.values()):
-        return _peft(*flags.values())
+        return PeftOptions(**flags).adapter()
     return configured
 
 

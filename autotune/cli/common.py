@@ -9,6 +9,7 @@ import json
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from autotune.errors import AutotuneError
 
@@ -145,9 +146,11 @@ def add_peft(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated module names (q_proj,v_proj), or all-linear (default: "
                        "PEFT's own default target modules for the architecture)")
     group.add_argument("--peft-config", default=None, metavar="PATH",
-                       help="PEFT's adapter_config.json (or its directory) instead of the --lora-* flags")
+                       help="PEFT's adapter_config.json (or its directory) instead of the "
+                       "--lora-* flags")
     group.add_argument("--load-in-4bit", action="store_true",
-                       help="a 4-bit base (with --peft lora: QLoRA), as BitsAndBytesConfig(load_in_4bit=True)")
+                       help="a 4-bit base (with --peft lora: QLoRA), as "
+                       "BitsAndBytesConfig(load_in_4bit=True)")
     group.add_argument("--load-in-8bit", action="store_true",
                        help="an 8-bit (LLM.int8) base: not modelled yet, refused with the reason")
     group.add_argument("--bnb-4bit-quant-type", choices=QUANT_TYPES, default=None,
@@ -159,7 +162,7 @@ def add_peft(parser: argparse.ArgumentParser) -> None:
                        "float16 on cards without bfloat16)")
 
 
-def peft_kwargs(args: argparse.Namespace) -> dict[str, object]:
+def peft_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The PEFT flags as the Python API's keyword arguments."""
     return {"peft": args.peft, "lora_r": args.lora_r, "lora_alpha": args.lora_alpha,
             "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets,

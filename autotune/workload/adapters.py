@@ -173,10 +173,10 @@ _MEMORY_NEUTRAL = {
     "loftq_config", "use_dora", "layer_replication", "runtime_config", "exclude_modules",
     "eva_config", "corda_config", "lora_bias", "trainable_token_indices", "target_parameters",
     "peft_version", "qalora_group_size", "use_qalora", "alora_invocation_tokens", "arrow_config",
-    "ensure_weight_tying", "layers_to_transform", "lora_ga_config", "use_bdlora",
+    "ensure_weight_tying", "lora_ga_config", "use_bdlora",
 }
 # Fields that change the step in ways not modelled: refused unless at their no-op value.
-_UNMODELLED = {
+_UNMODELLED: dict[str, tuple[Any, str]] = {
     "use_dora": (False, "DoRA adds a weight-norm computation per layer"),
     "layer_replication": (None, "layer replication shares base layers between adapters"),
     "rank_pattern": ({}, "per-module ranks"),
@@ -254,9 +254,10 @@ def lora_config(adapter: Adapter, task: str) -> Any:
     elif adapter.targets is not None:
         targets = list(adapter.targets)
     return LoraConfig(
-        r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
+        r=adapter.r, lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # PEFT reads any number lora_dropout=adapter.dropout,
         target_modules=targets,
-        bias=adapter.bias, modules_to_save=list(adapter.modules_to_save) or None,
+        bias=adapter.bias,  # type: ignore[arg-type]  # checked by make_adapter
+        modules_to_save=list(adapter.modules_to_save) or None,
         task_type=task_type,
     )
 
@@ -285,7 +286,8 @@ def prepare(
         if quantize is None:
             raise InvalidInput("a 4-bit base needs a backend that can store it")
         _quantize_linears(model, quantize)
-        model.is_loaded_in_4bit = True  # transformers' Bnb4BitHfQuantizer sets it after loading
+        # transformers' Bnb4BitHfQuantizer sets it after loading
+        setattr(model, "is_loaded_in_4bit", True)  # noqa: B010 (not an attribute mypy knows)
         # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
         # but the 4-bit weights: norms, embeddings, the head) to float32.
         prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -412,7 +414,8 @@ def summarize(workload: Any) -> AdapterSummary | None:
                 quantize = make_quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
                                           compute_dtype=adapter.compute_dtype or "bfloat16")
             wrapped = prepare(model, adapter, workload.task, quantize)
-        found = _SUMMARIES[key] = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped))
+        found = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped))
+        _SUMMARIES[key] = found
     return found
 
 

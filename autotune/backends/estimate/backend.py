@@ -250,7 +250,7 @@ class EstimateBackend:
 
     def __init__(self, gpu: GpuSpec) -> None:
         self.gpu = gpu
-        self._models: dict[tuple[str, str, str | None, str], _FakeModel] = {}
+        self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
         # another length extrapolate from a single trace of its own (trace.rescale).

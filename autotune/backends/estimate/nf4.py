@@ -40,7 +40,7 @@ back. PEFT dispatches to it through ``LoraConfig._register_custom_module`` (adap
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
@@ -74,14 +74,21 @@ class EmulatedLinear4bit(nn.Linear):
     allocate (module docstring). An ``nn.Linear`` so that PEFT's ``all-linear`` finds it, as it
     finds ``bnb.nn.Linear4bit``."""
 
-    def __init__(self, linear: nn.Module, *, quant_type: str, double_quant: bool, compute_dtype: str,
+    # The quantization state's buffers (registered in __init__).
+    code: torch.Tensor
+    absmax: torch.Tensor
+    offset: torch.Tensor
+    state2_absmax: torch.Tensor
+    state2_code: torch.Tensor
+
+    def __init__(self, linear: Any, *, quant_type: str, double_quant: bool, compute_dtype: str,
                  transposed: bool = False) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
-        weight = linear.weight
+        weight: torch.Tensor = linear.weight
         out_features, in_features = weight.shape[::-1] if transposed else weight.shape  # Conv1D: [in, out]
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.quant_type, self.double_quant = quant_type, double_quant
-        self.quant_dtype = weight.dtype  # quant_state.dtype: the dtype the weight was loaded in
+        self.quant_dtype: torch.dtype = weight.dtype  # quant_state.dtype: the dtype the weight was loaded in
         self.compute_dtype: torch.dtype | None = getattr(torch, compute_dtype)
         self.compute_type_is_set = False
         n = self.in_features * self.out_features
@@ -120,7 +127,7 @@ class EmulatedLinear4bit(nn.Linear):
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        bias = self.bias
+        bias: Any = self.bias
         if bias is not None:
             if bias.dtype != x.dtype:
                 bias.data = bias.data.to(x.dtype)
@@ -196,7 +203,7 @@ class LoraLinear4bit(LoraLinear):
             requires_conversion = not autocast_enabled()  # the emulated CUDA autocast
             if requires_conversion:
                 expected_dtype = result.dtype
-                x = self._cast_input_dtype(x, lora_A.weight.dtype)
+                x = self._cast_input_dtype(x, cast(torch.dtype, lora_A.weight.dtype))
             output = lora_B(lora_A(dropout(x))) * scaling
             if requires_conversion:
                 output = output.to(expected_dtype)
