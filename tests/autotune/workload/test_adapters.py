@@ -1,0 +1,155 @@
+"""LoRA and QLoRA (workload/adapters.py, backends/estimate/nf4.py): what PEFT builds, the 4-bit
+storage bitsandbytes would allocate, the options' checks, and the three steps' order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.nf4 import EmulatedLinear4bit, nf4_storage_bytes
+from autotune.errors import InvalidInput
+from autotune.gpus import custom_gpu
+from autotune.tuner import budget_bytes, search_cell
+from autotune.workload import Workload
+from autotune.workload.adapters import (
+    PeftOptions,
+    adapter_from_peft_config,
+    make_adapter,
+    summarize,
+)
+from autotune.workload.models import _spec, resolve_model, tiny_config
+from autotune.workload.modes import parse_mode
+from autotune.workload.step import build_model
+
+
+def _peft_counts(name: str, config: LoraConfig) -> tuple[int, int]:
+    """PEFT's own get_nb_trainable_parameters on the model built from the same preset (meta
+    device: shapes only, as PEFT counts them)."""
+    spec = resolve_model(name)
+    with torch.device("meta"):
+        model, _ = build_model(spec, "causal-lm", "eager", "bfloat16")
+        return get_peft_model(model, config).get_nb_trainable_parameters()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "meta-llama/Llama-3.2-1B"])
+@pytest.mark.parametrize("targets", [None, "all-linear"])
+def test_parameter_counts_are_peft_s(name: str, targets: str | None) -> None:
+    adapter = make_adapter("lora", r=16, alpha=32, dropout=0.05, targets=targets)
+    workload = Workload(resolve_model(name), "causal-lm", None, weights_dtype="bfloat16", adapter=adapter)
+    summary = summarize(workload)
+    assert summary is not None
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=targets, task_type="CAUSAL_LM")
+    trainable, total = _peft_counts(name, config)
+    assert (summary.parameters.trainable, summary.parameters.total) == (trainable, total)
+    # QLoRA trains the same adapters; PEFT counts a 4-bit weight as its unpacked elements.
+    quantized = summarize(Workload(resolve_model(name), "causal-lm", None, weights_dtype="bfloat16",
+                                   adapter=make_adapter("qlora", targets=targets)))
+    assert quantized is not None
+    assert (quantized.parameters.trainable, quantized.parameters.total) == (trainable, total)
+
+
+def test_llama_1b_default_targets_and_label() -> None:
+    workload = Workload(resolve_model("meta-llama/Llama-3.2-1B"), "causal-lm", None,
+                        weights_dtype="bfloat16", adapter=make_adapter("qlora"))
+    summary = summarize(workload)
+    assert summary is not None
+    assert summary.targets == ("q_proj", "v_proj")  # PEFT's default for llama
+    # 16 layers x (q: 2048x16 + 16x2048, v: 2048x16 + 16x512)
+    assert summary.parameters.trainable == 16 * (2048 * 16 + 16 * 2048 + 2048 * 16 + 16 * 512)
+    assert summary.label().startswith("QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.05 on "
+                                      "q_proj,v_proj: 1.70M of 1.24B parameters trainable")
+    assert summary.to_json()["targets_default"] is True
+
+
+def test_nf4_storage_is_bitsandbytes_bytes() -> None:
+    # A 4096 x 4096 layer: 16,777,216 weights in 4 bits, 262,144 blocks of 64.
+    assert nf4_storage_bytes(4096, 4096, double_quant=False) == {
+        "weight": 8_388_608, "code": 64, "absmax": 262_144 * 4}
+    assert nf4_storage_bytes(4096, 4096, double_quant=True) == {
+        "weight": 8_388_608, "code": 64, "absmax": 262_144, "offset": 4,
+        "state2_absmax": 1024 * 4, "state2_code": 256 * 4}
+    # An odd count rounds the packed bytes and the blocks up: 3 x 5 = 15 weights -> 8 bytes, 1 block.
+    assert nf4_storage_bytes(3, 5, double_quant=True)["weight"] == 8
+    assert nf4_storage_bytes(3, 5, double_quant=True)["absmax"] == 1
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_emulated_layer_holds_exactly_that_storage(double_quant: bool) -> None:
+    with torch.device("meta"):
+        layer = EmulatedLinear4bit(torch.nn.Linear(4096, 1024, bias=False, dtype=torch.bfloat16),
+                                   quant_type="nf4", double_quant=double_quant, compute_dtype="bfloat16")
+    held = sum(t.numel() * t.element_size() for t in (*layer.parameters(), *layer.buffers()))
+    assert held == sum(nf4_storage_bytes(4096, 1024, double_quant=double_quant).values())
+    assert layer.weight.dtype == torch.uint8 and not layer.weight.requires_grad
+    assert (layer.in_features, layer.out_features) == (4096, 1024)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (PeftOptions(load_in_4bit=True), "--load-in-4bit trains adapters only"),
+    (PeftOptions(lora_r=8), "--lora-r needs --peft lora or --peft qlora"),
+    (PeftOptions(peft="lora", bnb_4bit_quant_type="fp4"), "set a 4-bit base"),
+    (PeftOptions(peft="lora", load_in_8bit=True), "--load-in-8bit (LLM.int8 base"),
+    (PeftOptions(peft="dora"), "unknown --peft 'dora': allowed are none, lora, qlora"),
+    (PeftOptions(peft="lora", lora_r=0), "LoRA rank must be an integer from 1 to 4096"),
+    (PeftOptions(peft="lora", lora_dropout=1.0), "LoRA dropout must be a number from 0"),
+    (PeftOptions(peft="lora", lora_targets="all-linear,q_proj"), "all-linear stands alone"),
+])
+def test_bad_options_are_refused_naming_them(options: PeftOptions, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace("+", r"\+")):
+        options.adapter()
+
+
+def test_options_resolve() -> None:
+    assert PeftOptions().adapter() is None
+    qlora = PeftOptions(peft="lora", load_in_4bit=True, lora_r=8, bnb_4bit_use_double_quant=False).adapter()
+    assert qlora is not None and qlora.method == "qlora" and qlora.r == 8 and not qlora.double_quant
+    assert PeftOptions(peft="qlora", lora_targets="q_proj, k_proj").adapter().targets == ("q_proj", "k_proj")
+
+
+def test_peft_adapter_config(tmp_path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": 64, "lora_alpha": 16, "lora_dropout": 0.1,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "bias": "none",
+        "task_type": "CAUSAL_LM", "use_rslora": True}))
+    adapter = adapter_from_peft_config(tmp_path)
+    assert (adapter.method, adapter.r, adapter.alpha, adapter.dropout) == ("lora", 64, 16, 0.1)
+    assert adapter.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert adapter_from_peft_config(tmp_path / "adapter_config.json", quantized=True).method == "qlora"
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "use_dora": True}))
+    with pytest.raises(InvalidInput, match="use_dora=True .DoRA"):
+        adapter_from_peft_config(tmp_path)
+    with pytest.raises(InvalidInput, match="no PEFT config at"):
+        adapter_from_peft_config(tmp_path / "missing")
+
+
+def test_unknown_targets_are_refused() -> None:
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None,
+                        adapter=make_adapter("lora", targets="query"))
+    with pytest.raises(InvalidInput, match="LoRA targets: Target modules {'query'} not found"):
+        summarize(workload)
+
+
+@pytest.mark.slow
+def test_qlora_below_lora_below_full_fine_tune() -> None:
+    """Where the weights weigh (16 narrow layers, float32 weights, checkpointing): the peak of the
+    same cell falls from a full fine-tune to LoRA to QLoRA, and the max batch rises."""
+    config = tiny_config("llama", hidden_size=256, intermediate_size=512, num_hidden_layers=16,
+                         num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                         max_position_embeddings=64, tie_word_embeddings=True)
+    spec = _spec("tiny-llama-16-layers", "preset", config)
+    gpu = custom_gpu(768 * 2**20)
+    budget = budget_bytes(gpu, 0.05)
+    mode = parse_mode("bf16+ckpt")
+    peaks, maxima = [], []
+    for adapter in (None, make_adapter("lora"), make_adapter("qlora")):
+        workload = Workload(spec, "causal-lm", None, adapter=adapter)
+        backend = EstimateBackend(gpu)
+        maxima.append(search_cell(backend, workload, mode, 32, budget).max_batch_size)
+        with backend.cell(workload, mode, 32, budget) as cell:
+            peaks.append(cell.fits(4).peak_bytes)
+    assert peaks[0] > peaks[1] > peaks[2]
+    assert 0 < maxima[0] < maxima[1] < maxima[2]
