@@ -23,6 +23,9 @@ a new optimizer and registers the same overrides again, which only repeats ident
 bitsandbytes is imported only when an optimizer is built (in the worker): ``bitsandbytes_available``
 asks importlib whether it is installed without importing it (its import loads CUDA libraries).
 The emulation the estimator uses instead is workload.optimizers.BnbAdamWState.
+
+QLoRA's base (``make_linear4bit_quantizer``) is bitsandbytes' own ``Linear4bit``; the estimator's
+emulation of it is backends/estimate/nf4.py.
 """
 
 from __future__ import annotations
@@ -94,3 +97,39 @@ def make_trainer_bnb_optimizer(model: Any, *, optim_bits: int, is_paged: bool) -
             if isinstance(module, nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})
     return optimizer
+
+
+def make_linear4bit_quantizer(adapter: Any, compute_capability: Any = None) -> Any:
+    """``quantize(linear, name)`` for adapters.prepare: bitsandbytes' ``Linear4bit`` as transformers'
+    bitsandbytes integration builds it (integrations/bitsandbytes.py ``replace_with_bnb_linear``:
+    ``bnb.nn.Linear4bit(in, out, bias, bnb_4bit_compute_dtype, compress_statistics=
+    bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type, quant_storage=uint8)``, frozen),
+    holding the layer's weight as a ``Params4bit``: moving the model to the GPU quantizes it, as
+    loading a checkpoint does."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    from autotune.workload.adapters import compute_dtype
+
+    bnb = import_bitsandbytes()
+    supports_bf16 = compute_capability is None or tuple(compute_capability) >= (8, 0)
+    dtype = getattr(torch, compute_dtype(adapter, supports_bf16))
+
+    def quantize(linear: Any, name: str) -> Any:
+        weight = linear.weight.data
+        if isinstance(linear, Conv1D):  # GPT-2's [in, out] weight; transformers transposes it
+            weight = weight.t().contiguous()
+        out_features, in_features = weight.shape
+        layer = bnb.nn.Linear4bit(in_features, out_features, linear.bias is not None, dtype,
+                                  compress_statistics=adapter.double_quant, quant_type=adapter.quant_type,
+                                  quant_storage=torch.uint8)
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False,
+                                         compress_statistics=adapter.double_quant,
+                                         quant_type=adapter.quant_type, quant_storage=torch.uint8,
+                                         module=layer)
+        if linear.bias is not None:
+            layer.bias = linear.bias
+        layer.requires_grad_(False)
+        return layer
+
+    return quantize

@@ -32,6 +32,7 @@ from autotune.backends.cuda.bnb import (
     check_bnb_optimizer,
     import_bitsandbytes,
     make_bnb_optimizer,
+    make_linear4bit_quantizer,
     require_bitsandbytes,
 )
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
@@ -39,6 +40,7 @@ from autotune.errors import BackendUnavailable, ProtocolError
 from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
+from autotune.workload.adapters import prepare as prepare_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.step import (
@@ -191,7 +193,9 @@ class Worker:
             if spec.bnb_optimizer is not None:
                 check_bnb_optimizer(spec.bnb_optimizer)
             # The lever's setup, or a workload's adamw_bnb_8bit or paged_adamw_* (optimizers.py).
-            needs_bnb = spec.bnb_optimizer is not None or uses_bitsandbytes(workload.optimizer)
+            quantized = workload.adapter is not None and workload.adapter.quantized
+            needs_bnb = (spec.bnb_optimizer is not None or uses_bitsandbytes(workload.optimizer)
+                         or quantized)
             if needs_bnb:  # refused before the device is taken
                 require_bitsandbytes()
             info = self.memory.open(spec.device_index, spec.budget_bytes)
@@ -203,6 +207,9 @@ class Worker:
             )
             model, attn = build_model(workload.model, workload.task, workload.attn,
                                       workload.weights_dtype)
+            if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
+                quantize = make_linear4bit_quantizer(workload.adapter, cc) if quantized else None
+                model = prepare_adapter(model, workload.adapter, workload.task, quantize)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
@@ -226,7 +233,9 @@ class Worker:
                 raise
             # The parameters (or they and the workspaces) exceed the budget: no batch fits.
             return _first_line(exc)
-        self._stack.enter_context(gradient_checkpointing(model, mode.checkpointing))
+        quantized = self.workload is not None and self.workload.adapter is not None \
+            and self.workload.adapter.quantized
+        self._stack.enter_context(gradient_checkpointing(model, mode.checkpointing, input_grads=quantized))
         self.model = model
         self.memory.release()
         return None

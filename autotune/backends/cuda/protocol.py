@@ -28,6 +28,7 @@ from typing import Any
 
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
+from autotune.workload.adapters import Adapter
 from autotune.workload.loss import check_loss
 from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
 from autotune.workload.modes import Mode, parse_mode
@@ -83,6 +84,7 @@ class CellSpec:
     bnb_optimizer: str | None = None  # a bnb.BNB_OPTIMIZERS setup instead of ``optimizer``
     weights_dtype: str = "float32"  # float32 | bfloat16 | float16
     loss: str = "full"  # workload.loss.LOSSES
+    adapter: dict[str, Any] | None = None  # workload.adapters.Adapter.to_json(); None: full fine-tune
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -119,6 +121,7 @@ def cell_spec(
         bnb_optimizer=bnb_optimizer,
         weights_dtype=workload.weights_dtype,
         loss=workload.loss,
+        adapter=None if workload.adapter is None else workload.adapter.to_json(),
     )
 
 
@@ -134,6 +137,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         steps=spec.steps,
         weights_dtype=check_dtype(spec.weights_dtype),
         loss=check_loss(spec.loss, spec.task),
+        adapter=None if spec.adapter is None else Adapter.from_json(spec.adapter),
     )
     return workload, parse_mode(spec.mode)
 

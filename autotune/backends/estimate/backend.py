@@ -188,6 +188,21 @@ def _settable_fake_parameters() -> Iterator[None]:
         torch.utils.swap_tensors = original
 
 
+@contextlib.contextmanager
+def _shared_fake_mode() -> Iterator[None]:
+    """``copy.deepcopy`` of fake tensors that stay in their FakeTensorMode, as PEFT deep-copies a
+    module for ``modules_to_save`` (ModulesToSaveWrapper: a classification head). A FakeTensor
+    keeps its mode in ``__dict__``, which deepcopy copies too: the copy would live in a mode of its
+    own and the step would mix modes. Within this context a mode is never copied."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
+
+
 class MemoryEquivalentScaler:
     """GradScaler's memory footprint without its data-dependent control flow.
 
@@ -302,7 +317,7 @@ class EstimateBackend:
             quantize = make_quantizer(
                 quant_type=adapter.quant_type, double_quant=adapter.double_quant,
                 compute_dtype=compute_dtype(adapter, custom or self.gpu.supports_bf16))
-        with _settable_fake_parameters():
+        with _settable_fake_parameters(), _shared_fake_mode():
             return prepare(model, adapter, workload.task, quantize)
 
     def parameter_counts(self, workload: Workload) -> Any:

@@ -530,3 +530,29 @@ def test_mixed_precision_modes_fit_on_the_gpu(mode: str) -> None:
     with backend.cell(tiny_workload(), parse_mode(mode), 16, GIB) as cell:
         probe = cell.fits(2)
     assert probe.outcome == "fits", probe.error
+
+
+# --- LoRA through the worker (PEFT's wrapping, the adapter in the cell spec) ----------------------
+
+
+def test_cell_spec_carries_the_adapter() -> None:
+    from autotune.workload.adapters import make_adapter
+
+    adapter = make_adapter("qlora", r=8, targets="query,value", double_quant=False)
+    spec = cell_spec(tiny_workload(adapter=adapter), parse_mode("bf16"), 16, GIB)
+    rebuilt, _ = rebuild_workload(CellSpec.from_json(json.loads(json.dumps(spec.to_json()))))
+    assert rebuilt.adapter == adapter
+
+
+def test_worker_trains_only_the_lora_adapters() -> None:
+    from autotune.workload.adapters import make_adapter
+
+    worker = Worker(CpuMemory())
+    spec = cell_spec(tiny_workload(adapter=make_adapter("lora", r=4)), parse_mode("fp32"), 16, GIB)
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    trainable = {name for name, p in worker.model.named_parameters() if p.requires_grad}
+    # PEFT's default for BERT (query, value) and, for sequence classification, the head.
+    assert trainable and all("lora_" in name or "classifier" in name for name in trainable)
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits", reply

@@ -376,3 +376,24 @@ def test_bitsandbytes_optimizers_run_the_step_on_the_gpu(setup):
     assert [p.outcome for p in probes] == ["fits", "fits"], [p.error for p in probes]
     assert all(p.peak_bytes and "worker_replaced" not in p.details for p in probes)
     assert backend.workers_started == 1  # the optimizer's state went with it: every reset clean
+
+
+@pytest.mark.cuda
+@needs_cuda_and_bnb
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_lora_and_qlora_run_the_step_on_the_gpu(method):
+    """PEFT over bitsandbytes' real Linear4bit (qlora): two probes in one worker, and the
+    estimate of the same cells beside them."""
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.workload.adapters import make_adapter
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, adapter=make_adapter(method))
+    mode = parse_mode("bf16+ckpt")
+    backend = CudaBackend(local_gpu())
+    with backend.cell(workload, mode, 64, GIB) as cell:
+        probes = [cell.fits(2), cell.fits(4)]
+    assert [p.outcome for p in probes] == ["fits", "fits"], [p.error for p in probes]
+    estimate = EstimateBackend(local_gpu())
+    with estimate.cell(workload, mode, 64, GIB) as cell:
+        estimated = [cell.fits(2), cell.fits(4)]
+    print(method, [(p.peak_bytes, e.peak_bytes) for p, e in zip(probes, estimated, strict=True)])
