@@ -1,6 +1,6 @@
 """The planned training step in a training config, read whole.
 
-Four formats, told apart by their keys (``_detect``):
+Five formats, told apart by their keys (``_detect``):
 
     axolotl    an Axolotl YAML: base_model, sequence_len, micro_batch_size, sample_packing, adapter, ...
     trl-sft    a TRL SFTConfig (a TrainingArguments superset): packing, padding_free, model_init_kwargs,
@@ -8,13 +8,20 @@ Four formats, told apart by their keys (``_detect``):
     trainer    a Hugging Face TrainingArguments JSON (any of its fields), with the model and data
                arguments of the example scripts (model_name_or_path, torch_dtype, max_seq_length, block_size)
     autotune   autotune's own: model, seq_len, batch_size, mode, task, optimizer, dtype, attn, loss
+    peft       a PEFT adapter_config.json (or the adapter directory holding one): the base model and
+               the adapter; the step's length, batch and precision are left to the flags
 
 Every key is one of three kinds. *Modelled*: read into the plan (batch, length, precision, weights
-dtype, optimizer, attention, loss, checkpointing). *No effect* on a training step's GPU memory
+dtype, optimizer, attention, loss, checkpointing, and a LoRA/QLoRA adapter: ``TrainingPlan.adapter``,
+an ``autotune.workload.adapters.Adapter``). *No effect* on a training step's GPU memory
 (learning_rate, output_dir, datasets, ...): accepted. *Unmodelled*: it changes memory in a way
-autotune does not model (LoRA, 4-bit weights, DeepSpeed, torch.compile, ...): set to anything but its
+autotune does not model (8-bit weights, DoRA, DeepSpeed, torch.compile, ...): set to anything but its
 default (null, false, empty), it raises ``UnmodelledSetting``; a verdict for a different job is worse
 than none. Keys in none of the lists come back in ``TrainingPlan.ignored`` for the output to name.
+
+An adapter is read as its tool builds it, with the tool's defaults where a key is absent (Axolotl:
+loaders/adapter.py and utils/schemas/peft.py; TRL: trainer/model_config.py and trainer/utils.py
+``get_peft_config`` / ``get_quantization_config``); every adapter read adds a note naming it.
 
 ``missing_fields`` names what the file leaves out (``autotune check --from-config`` lets flags fill it).
 """
@@ -23,15 +30,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.workload.adapters import (
+    ALL_LINEAR,
+    COMPUTE_DTYPES,
+    PEFT_TASK_TYPES,
+    QUANT_TYPES,
+    Adapter,
+    PeftOptions,
+    adapter_from_peft_config,
+    adapter_from_peft_dict,
+    make_adapter,
+)
 from autotune.workload.models import TASKS
 from autotune.workload.modes import Mode, parse_mode
 
-FORMATS = ("trainer", "trl-sft", "axolotl", "autotune")
+FORMATS = ("trainer", "trl-sft", "axolotl", "autotune", "peft")
 # The Trainer ``optim`` names that autotune.workload.optimizers models.
 OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw", "adafactor", "adamw_bnb_8bit", "adamw_8bit",
               "paged_adamw_8bit", "paged_adamw_32bit", "sgd")
@@ -44,8 +62,14 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
 
 SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
-PEFT = "LoRA/QLoRA adapters are not modelled yet: autotune models a full fine-tune"
-QUANT = "quantized weights (bitsandbytes 4/8-bit, GPTQ, ...) are not modelled yet"
+QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit base under LoRA (QLoRA): "
+         "8-bit, GPTQ, AWQ, torchao, ... are not")
+DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
+RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
+          "autotune does not model")
+REGEX_TARGETS = ("PEFT matches a string of target modules as a regular expression against whole module "
+                 "names (model.layers.0.self_attn.q_proj), which autotune does not model: list module names, "
+                 f"or write {ALL_LINEAR}")
 COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
 LIGER = ("Liger swaps the RMSNorm, RoPE, SwiGLU and cross-entropy kernels, which autotune does not model; "
          "only its fused linear cross-entropy is modelled (loss: chunked)")
@@ -71,14 +95,24 @@ class TrainingPlan:
     optimizer: str | None = None  # a Trainer ``optim`` name of OPTIMIZERS; None = not said
     attn: str | None = None  # one of ATTENTIONS; None = what transformers picks
     loss: str | None = None  # "chunked": a loss that never materializes the full logits; None: full
+    adapter: Adapter | None = None  # LoRA / QLoRA; None: no adapter, a full fine-tune (peft: always set)
     notes: tuple[str, ...] = ()  # one line per modelled setting a reader should see
     ignored: tuple[str, ...] = ()  # keys in no list, taken to have no effect on memory
 
 
 def read_training_config(path: str | Path) -> TrainingPlan:
-    """The planned training step of a config file; a memory-relevant key it cannot model raises."""
-    cfg = _Config(_load(Path(path)), str(path))
+    """The planned training step of a config file (or of a PEFT adapter directory); a memory-relevant
+    key it cannot model raises."""
+    file = Path(path)
+    if file.is_dir():
+        if not (file / "adapter_config.json").is_file():
+            raise InvalidInput(f"training config {str(path)!r} is a directory without adapter_config.json: "
+                               "give a training config file, or a PEFT adapter directory")
+        file = file / "adapter_config.json"
+    cfg = _Config(_load(file), str(file))
     fmt = _detect(cfg)
+    if fmt == "peft":
+        return _read_peft(cfg)
     if fmt == "axolotl":
         return _read_axolotl(cfg)
     if fmt == "autotune":
@@ -201,6 +235,8 @@ _AXOLOTL_MARKERS = _words("base_model base_model_config sequence_len micro_batch
 
 def _detect(cfg: _Config) -> str:
     keys = set(cfg.data)
+    if "peft_type" in keys:  # every PeftConfig's save_pretrained writes it
+        return "peft"
     found = {
         "axolotl": keys & _AXOLOTL_MARKERS,
         "trl-sft": keys & _SFT_MARKERS,
@@ -283,6 +319,122 @@ def _note_neftune(cfg: _Config, key: str) -> None:
     if not _unset(cfg.get(key)):
         cfg.notes.append(f"{key}: noise added to the embedding output: one transient "
                          "[batch, seq, hidden] tensor in the forward, far below the step's peak")
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters (LoRA / QLoRA), shared by the formats
+
+# What a regular expression has and a module name never does.
+_REGEX_CHARS = frozenset("*+?[](){}|^$\\")
+# BitsAndBytesConfig keys with no effect on a 4-bit base's memory: the storage dtype only changes
+# the dtype its packed bytes are viewed as (bitsandbytes Params4bit), llm_int8_* are 8-bit settings.
+_BNB_NO_EFFECT = frozenset({"quant_method", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage",
+                            "llm_int8_threshold", "llm_int8_has_fp16_weight",
+                            "llm_int8_enable_fp32_cpu_offload"})
+
+
+def _int8(cfg: _Config, key: str, value: Any) -> UnmodelledSetting:
+    """The refusal of an 8-bit base, in the words of the CLI's (PeftOptions, --load-in-8bit)."""
+    try:
+        PeftOptions(load_in_8bit=True).adapter()
+    except InvalidInput as exc:
+        head, _, why = str(exc).partition(" is not modelled: ")
+        what = head.removeprefix("--load-in-8bit").strip(" ()")
+        return cfg.unmodelled(key, value, f"an {what}: {why.replace('--load-in-4bit', 'load_in_4bit')}")
+    raise AssertionError("PeftOptions(load_in_8bit=True) is refused")  # pragma: no cover
+
+
+def _lora_number(cfg: _Config, key: str, value: Any, *, rank: bool = False, dropout: bool = False) -> Any:
+    """lora_r (a positive integer), lora_alpha (a positive number) or lora_dropout (0 up to 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise cfg.bad(key, value, "a positive integer" if rank else "a number")
+    if rank and (not isinstance(value, int) or value < 1):
+        raise cfg.bad(key, value, "a positive integer")
+    if dropout and not 0 <= value < 1:
+        raise cfg.bad(key, value, "a number from 0 up to (not including) 1")
+    if not dropout and value <= 0:
+        raise cfg.bad(key, value, "a positive number")
+    return value
+
+
+def _target_names(cfg: _Config, key: str, value: Any) -> tuple[str, ...] | None:
+    """Target modules as PEFT's LoraConfig takes them: None (PEFT's default for the architecture),
+    all-linear (a string), or a list of names PEFT matches literally against the last parts of a
+    module's name (tuners_utils.py check_target_module_exists); a string is a regular expression."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.lower() == ALL_LINEAR:
+            return (ALL_LINEAR,)
+        raise cfg.unmodelled(key, value, REGEX_TARGETS)
+    if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
+        raise cfg.bad(key, value, "a list of module names")
+    for name in value:
+        if name.lower() == ALL_LINEAR:
+            raise InvalidInput(f"{key} in {cfg.file!r} lists {name!r}: PEFT reads {ALL_LINEAR} as every "
+                               "linear layer only as a string, in a list it is a module's name: write "
+                               f"{key}: {ALL_LINEAR}")
+        if _REGEX_CHARS & set(name):
+            raise cfg.unmodelled(key, value, f"{name!r} is a regular expression, but PEFT matches the names "
+                                 "of a list literally (the last parts of a module's name): list module names")
+    return tuple(dict.fromkeys(value))
+
+
+def _compute_dtype(cfg: _Config, key: str, value: Any) -> str:
+    name = _dtype(cfg, key, value)
+    if name not in COMPUTE_DTYPES:
+        raise cfg.bad(key, value, f"one of {', '.join(COMPUTE_DTYPES)}")
+    return name
+
+
+def _bnb_4bit(cfg: _Config, key: str, settings: dict[str, Any], quant_type: str, double_quant: bool,
+              compute: str | None) -> tuple[str, bool, str | None]:
+    """The quant type, double quantization and compute dtype of a 4-bit base: the defaults given,
+    overridden by ``settings`` (BitsAndBytesConfig keyword arguments); what else changes memory raises."""
+    for name, value in settings.items():
+        where = f"{key}.{name}"
+        if name == "bnb_4bit_quant_type":
+            if value not in QUANT_TYPES:
+                raise cfg.bad(where, value, f"one of {', '.join(QUANT_TYPES)}")
+            quant_type = value
+        elif name == "bnb_4bit_use_double_quant":
+            if not isinstance(value, bool):
+                raise cfg.bad(where, value, "true or false")
+            double_quant = value
+        elif name == "bnb_4bit_compute_dtype":
+            compute = _compute_dtype(cfg, where, value)
+        elif name == "load_in_8bit" and value:
+            raise _int8(cfg, where, value)
+        elif name == "load_in_4bit" and value is not True:
+            raise cfg.bad(where, value, "true (a 4-bit base)")
+        elif name == "llm_int8_enable_fp32_cpu_offload" and value:
+            raise cfg.unmodelled(where, value, OFFLOAD)
+        elif name not in _BNB_NO_EFFECT:
+            # llm_int8_skip_modules among them: autotune quantizes the layers transformers does by default
+            raise cfg.unmodelled(where, value, "a bitsandbytes setting autotune does not model (it models "
+                                 "the layers transformers quantizes by default, in nf4 or fp4)")
+    return quant_type, double_quant, compute
+
+
+def _make_adapter(cfg: _Config, method: str, **fields: Any) -> Adapter:
+    try:
+        return make_adapter(method, **fields)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc} (in {cfg.file!r})") from exc
+
+
+def _note_adapter(cfg: _Config, source: str, adapter: Adapter, at: int | None = None) -> None:
+    """The adapter's note, at ``at`` (before the notes on its keys), else last."""
+    parts = [adapter.label()]
+    if adapter.quantized:
+        parts.append(f"4-bit layers computing in {adapter.compute_dtype}" if adapter.compute_dtype
+                     else "4-bit layers computing in bfloat16 (float16 on a card without bfloat16)")
+    if adapter.modules_to_save:
+        parts.append(f"{', '.join(adapter.modules_to_save)} trained whole (modules_to_save)")
+    if adapter.bias != "none":
+        parts.append(f"biases trained (bias {adapter.bias})")
+    note = f"{source}: {', '.join(parts)}; the base weights frozen, only the adapters trained"
+    cfg.notes.insert(len(cfg.notes) if at is None else at, note)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,11 +522,17 @@ _SFT_REFUSED = {
     "activation_offloading": OFFLOAD,
     "use_liger": LIGER,  # TRL < 0.13's name of use_liger_kernel
 }
-_PEFT_KEYS = ("use_peft", "peft_config", "use_dora", "use_rslora")
+# The ``trl sft`` CLI's ModelConfig keys of an adapter (trl/trainer/model_config.py), and peft_config.
+_TRL_PEFT_KEYS = _words(
+    "use_peft peft_config lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters "
+    "lora_modules_to_save lora_task_type use_rslora use_dora load_in_4bit load_in_8bit bnb_4bit_quant_type "
+    "use_bnb_nested_quant bnb_4bit_quant_storage")
 # Keys of from_pretrained's keyword arguments (model_init_kwargs) with no effect on memory.
 _INIT_NO_EFFECT = _words("trust_remote_code revision cache_dir token local_files_only subfolder "
                          "low_cpu_mem_usage device_map use_cache force_download")
-_INIT_REFUSED = {"quantization_config": QUANT, "load_in_4bit": QUANT, "load_in_8bit": QUANT,
+_INIT_REFUSED = {"load_in_4bit": "transformers 5's from_pretrained has no load_in_4bit argument: a 4-bit "
+                                 "base is quantization_config: {load_in_4bit: true}",
+                 "load_in_8bit": QUANT,  # refused with the 8-bit base's reason (_int8)
                  "max_memory": OFFLOAD, "offload_folder": OFFLOAD}
 # TRL's chunked_nll loss (trl/trainer/sft_trainer.py _chunked_cross_entropy_loss): 256-token chunks
 # of logits, each recomputed in its backward; the default loss_type since TRL 1.7.
@@ -384,7 +542,6 @@ _SFT_LOSSES = {"chunked_nll": "chunked", "nll": None}
 def _read_trainer(cfg: _Config, fmt: str) -> TrainingPlan:
     sft = fmt == "trl-sft"
     cfg.refuse(_TRAINER_REFUSED | _LEGACY_REFUSED | _SCRIPT_REFUSED | _SFT_REFUSED)
-    _refuse_peft(cfg)
     if cfg.get("half_precision_backend") == "apex" or cfg.get("fp16_backend") == "apex":
         raise cfg.unmodelled("half_precision_backend", "apex", "NVIDIA apex AMP is not modelled; "
                              "autotune models torch.autocast")
@@ -396,7 +553,8 @@ def _read_trainer(cfg: _Config, fmt: str) -> TrainingPlan:
     if sft and cfg.data.get("bf16") is None and bf16:
         cfg.notes.append("bf16: not set, TRL's default true (fp16 not set)")
     ckpt = _trainer_checkpointing(cfg, default=sft)
-    dtype, attn = _model_init(cfg, sft)
+    dtype, attn, init_quant = _model_init(cfg, sft)
+    adapter = _trainer_adapter(cfg, dtype, init_quant)
     seq_len = _trainer_seq_len(cfg, sft)
     loss = None
     if sft:
@@ -420,10 +578,12 @@ def _read_trainer(cfg: _Config, fmt: str) -> TrainingPlan:
         format=fmt, model=model, seq_len=seq_len, batch_size=batch,
         mode=Mode("bf16" if bf16 else "amp" if fp16 else "fp32", ckpt),
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
-        task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss,
+        task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss, adapter=adapter,
         notes=tuple(cfg.notes),
-        ignored=cfg.ignored(_TRAINER_FIELDS | _LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS,
-                            ("lora_", "eval_", "hub_", "logging_", "save_", "generation_")),
+        # lora_* keys are TRL's only with use_peft; with an adapter, one TRL does not know is listed.
+        ignored=cfg.ignored(
+            _TRAINER_FIELDS | _LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS | _TRL_PEFT_KEYS,
+            ("eval_", "hub_", "logging_", "save_", "generation_") + (() if adapter else ("lora_",))),
     )
 
 
@@ -439,19 +599,131 @@ def _glue_task(cfg: _Config) -> str | None:
     return None
 
 
-def _refuse_peft(cfg: _Config) -> None:
-    # TRL builds an adapter only with use_peft (get_peft_config), but a script of one's own may
-    # read lora_* alone: they are refused unless use_peft: false says that no adapter is trained.
-    peft_off = cfg.data.get("use_peft") is False
-    for key in _PEFT_KEYS:
-        if not _unset(cfg.get(key)):
-            raise cfg.unmodelled(key, cfg.data[key], PEFT)
-    for key in [k for k in cfg.data if k.startswith("lora_")]:
-        if cfg.get(key) is not None and not peft_off:
-            raise cfg.unmodelled(key, cfg.data[key], PEFT + " (write use_peft: false if none is trained)")
-    for key in ("load_in_4bit", "load_in_8bit", "quantization_config"):  # TRL's ModelConfig
-        if not _unset(cfg.get(key)):
-            raise cfg.unmodelled(key, cfg.data[key], QUANT)
+def _trainer_adapter(cfg: _Config, dtype: str | None, init_quant: Any) -> Adapter | None:
+    """The adapter as TRL builds it: ``use_peft`` with ModelConfig's lora_* keys (trl/scripts/sft.py:
+    ``get_peft_config`` and ``get_quantization_config`` in trl/trainer/utils.py), or a LoraConfig
+    written out as ``peft_config``; over a 4-bit base with ``load_in_4bit`` or a bitsandbytes
+    ``model_init_kwargs.quantization_config``."""
+    use_peft = cfg.get("use_peft")
+    if use_peft is not None and not isinstance(use_peft, bool):
+        raise cfg.bad("use_peft", use_peft, "true or false")
+    peft_config = cfg.get("peft_config")
+    if not _unset(cfg.get("quantization_config")):  # not a ModelConfig key: a script's own
+        raise cfg.unmodelled("quantization_config", cfg.data["quantization_config"], QUANT)
+    if not _unset(cfg.get("load_in_8bit")):
+        raise _int8(cfg, "load_in_8bit", cfg.data["load_in_8bit"])
+    load_in_4bit = cfg.flag("load_in_4bit")
+    if load_in_4bit and init_quant is not None:
+        raise InvalidInput(f"load_in_4bit and model_init_kwargs.quantization_config in {cfg.file!r} both set "
+                           "the quantization: SFTTrainer refuses both, give one")
+    quantized = load_in_4bit or init_quant is not None
+    lora_keys = [k for k in cfg.data if k.startswith("lora_") and cfg.data[k] is not None]
+    trained = use_peft or (use_peft is None and not _unset(peft_config))
+    if not trained:
+        if use_peft is False and not _unset(peft_config):
+            raise InvalidInput(f"use_peft: false and peft_config in {cfg.file!r} contradict: give one")
+        flags = [k for k in ("use_dora", "use_rslora") if cfg.flag(k)]
+        if use_peft is None and (lora_keys or flags):
+            # TRL builds an adapter only with use_peft; a script of one's own may read lora_* alone.
+            key = (lora_keys + flags)[0]
+            raise cfg.unmodelled(key, cfg.data[key], "TRL trains an adapter only with use_peft: true "
+                                 "(get_peft_config); write use_peft: true for LoRA, or use_peft: false for "
+                                 "a full fine-tune")
+        if quantized:
+            key = "load_in_4bit" if load_in_4bit else "model_init_kwargs.quantization_config"
+            raise InvalidInput(f"{key} in {cfg.file!r} loads a 4-bit base without adapters: the Trainer "
+                               "refuses to fine-tune a purely quantized model (transformers "
+                               "trainer_utils.py); add use_peft: true")
+        return None
+    if cfg.flag("use_dora"):
+        raise cfg.unmodelled("use_dora", True, DORA)
+    method = "qlora" if quantized else "lora"
+    at = len(cfg.notes)
+    if not _unset(peft_config):
+        if use_peft or lora_keys:
+            named = ["use_peft"] * bool(use_peft) + lora_keys
+            raise InvalidInput(f"peft_config and {', '.join(named)} in {cfg.file!r} both describe the "
+                               "adapter: give one")
+        if not isinstance(peft_config, dict):
+            raise cfg.bad("peft_config", peft_config, "a mapping (a LoraConfig's fields)")
+        adapter = adapter_from_peft_dict(peft_config, source=f"peft_config in {cfg.file!r}",
+                                         quantized=quantized)
+        source = "peft_config"
+    else:
+        adapter = _trl_lora(cfg, method)
+        source = "use_peft: true"
+    if quantized:
+        adapter = _trl_quantization(cfg, adapter, dtype, init_quant)
+    _note_adapter(cfg, source, adapter, at)
+    if cfg.flag("use_rslora") or (isinstance(peft_config, dict) and peft_config.get("use_rslora")):
+        cfg.notes.append("use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")
+    template = cfg.get("chat_template_path")
+    if template is not None and not str(template).endswith((".jinja", ".j2")):
+        raise cfg.unmodelled("chat_template_path", template, "with an adapter, SFTTrainer makes lm_head "
+                             "(modules_to_save) and the embeddings of the tokens a cloned chat template adds "
+                             "trainable (clone_chat_template), which autotune does not model; give a .jinja "
+                             "file")
+    return adapter
+
+
+def _trl_lora(cfg: _Config, method: str) -> Adapter:
+    """ModelConfig's LoRA keys, with TRL's defaults (trl/trainer/model_config.py)."""
+    if not _unset(cfg.get("lora_target_parameters")):
+        raise cfg.unmodelled("lora_target_parameters", cfg.data["lora_target_parameters"],
+                             "LoRA on parameters (target_parameters) rather than modules is not modelled")
+    task_type = cfg.get("lora_task_type")
+    if task_type not in (None, "CAUSAL_LM"):
+        raise cfg.unmodelled("lora_task_type", task_type, "SFT trains a causal LM; autotune models its "
+                             "adapter with task type CAUSAL_LM")
+    defaults: dict[str, float] = {}
+    values: dict[str, Any] = {}
+    for key, field, default in (("lora_r", "r", 16), ("lora_alpha", "alpha", 32),
+                                ("lora_dropout", "dropout", 0.05)):
+        value = cfg.get(key)
+        if value is None:
+            value = defaults[key] = default
+        values[field] = _lora_number(cfg, key, value, rank=key == "lora_r", dropout=key == "lora_dropout")
+    if defaults:
+        cfg.notes.append(f"{', '.join(defaults)}: not set, TRL's default{'s' * (len(defaults) > 1)} "
+                         f"{', '.join(f'{v:g}' for v in defaults.values())}")
+    modules = cfg.get("lora_target_modules")
+    if isinstance(modules, list) and len(modules) == 1 and isinstance(modules[0], str):
+        modules = modules[0]  # ModelConfig.__post_init__: a one-entry list becomes its string
+        if modules.lower() != ALL_LINEAR:
+            raise cfg.unmodelled(
+                "lora_target_modules", cfg.data["lora_target_modules"],
+                f"TRL's ModelConfig turns a one-entry list into the string {modules!r}, which PEFT matches "
+                "as a regular expression against whole module names (model.layers.0.self_attn.q_proj): a "
+                "plain name matches none, a pattern autotune does not model; list two or more module names, "
+                f"or write {ALL_LINEAR}")
+    targets = _target_names(cfg, "lora_target_modules", modules)
+    if targets == ():
+        raise InvalidInput(f"lora_target_modules in {cfg.file!r} is empty: PEFT refuses an adapter on no "
+                           "module; name modules, write all-linear, or leave it out for PEFT's default")
+    to_save = cfg.get("lora_modules_to_save") or []
+    if not isinstance(to_save, list) or not all(isinstance(m, str) for m in to_save):
+        raise cfg.bad("lora_modules_to_save", to_save, "a list of module names")
+    return _make_adapter(cfg, method, targets=targets, modules_to_save=to_save, **values)
+
+
+def _trl_quantization(cfg: _Config, adapter: Adapter, dtype: str | None, init_quant: Any) -> Adapter:
+    if init_quant is not None:
+        # transformers' BitsAndBytesConfig defaults: fp4, no double quantization, float32 compute.
+        quant_type, double_quant, compute = _bnb_4bit(
+            cfg, "model_init_kwargs.quantization_config", init_quant, "fp4", False, "float32")
+    else:
+        # get_quantization_config: ModelConfig's bnb_4bit_quant_type (nf4), use_bnb_nested_quant
+        # (false) and bnb_4bit_compute_dtype=model_args.dtype, the weights' dtype.
+        if dtype == "auto":
+            raise InvalidInput(f"dtype auto with load_in_4bit in {cfg.file!r}: TRL passes the dtype as "
+                               "bnb_4bit_compute_dtype, which BitsAndBytesConfig cannot resolve from 'auto'; "
+                               "write bfloat16, float16 or float32")
+        quant_type = cfg.text("bnb_4bit_quant_type") or "nf4"
+        if quant_type not in QUANT_TYPES:
+            raise cfg.bad("bnb_4bit_quant_type", quant_type, f"one of {', '.join(QUANT_TYPES)}")
+        double_quant, compute = cfg.flag("use_bnb_nested_quant"), dtype
+        cfg.get("bnb_4bit_quant_storage")  # the dtype the packed bytes are viewed as: no effect on memory
+    return replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute)
 
 
 def _trainer_checkpointing(cfg: _Config, default: bool) -> bool:
@@ -469,8 +741,9 @@ def _trainer_checkpointing(cfg: _Config, default: bool) -> bool:
     return ckpt
 
 
-def _model_init(cfg: _Config, sft: bool) -> tuple[str | None, str | None]:
-    """Weights dtype and attention from model_init_kwargs or the script's model arguments."""
+def _model_init(cfg: _Config, sft: bool) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """Weights dtype and attention from model_init_kwargs or the script's model arguments, and a
+    bitsandbytes 4-bit ``model_init_kwargs.quantization_config`` (for an adapter to go over)."""
     kwargs = cfg.get("model_init_kwargs")
     if isinstance(kwargs, str) and kwargs.strip().startswith("{"):
         try:  # TrainingArguments takes a JSON string for a dict field
@@ -482,8 +755,21 @@ def _model_init(cfg: _Config, sft: bool) -> tuple[str | None, str | None]:
         raise cfg.bad("model_init_kwargs", kwargs, "a mapping")
     for key, why in _INIT_REFUSED.items():
         if not _unset(kwargs.get(key)):
+            if key == "load_in_8bit":
+                raise _int8(cfg, f"model_init_kwargs.{key}", kwargs[key])
             raise cfg.unmodelled(f"model_init_kwargs.{key}", kwargs[key], why)
-    known = _INIT_NO_EFFECT | {"dtype", "torch_dtype", "attn_implementation"}
+    quant = kwargs.get("quantization_config")
+    if not _unset(quant):
+        key = "model_init_kwargs.quantization_config"
+        if not isinstance(quant, dict) or quant.get("quant_method", "bitsandbytes") != "bitsandbytes":
+            raise cfg.unmodelled(key, quant, QUANT)
+        if quant.get("load_in_8bit"):
+            raise _int8(cfg, key, quant)
+        if quant.get("load_in_4bit") is not True:
+            raise cfg.unmodelled(key, quant, QUANT)
+    else:
+        quant = None
+    known = _INIT_NO_EFFECT | {"dtype", "torch_dtype", "attn_implementation", "quantization_config"}
     cfg.nested_ignored.extend(f"model_init_kwargs.{k}" for k in kwargs if k not in known)
     dtype = attn = None
     for where, values in (("model_init_kwargs.", kwargs), ("", cfg.data)):
@@ -496,7 +782,7 @@ def _model_init(cfg: _Config, sft: bool) -> tuple[str | None, str | None]:
     if sft and dtype is None:
         dtype = "float32"  # trl/trainer/utils.py create_model_from_path: kwargs.get("dtype", "float32")
         cfg.notes.append("dtype: not set, SFTTrainer loads the model in float32 (TRL's default)")
-    return dtype, attn
+    return dtype, attn, quant
 
 
 def _trainer_seq_len(cfg: _Config, sft: bool) -> int | None:
@@ -556,8 +842,7 @@ def _pad_to_multiple(cfg: _Config, seq_len: int | None) -> int | None:
 # Axolotl (src/axolotl/utils/schemas/config.py; normalize_config in utils/config/__init__.py)
 
 _AXOLOTL_REFUSED = {
-    "adapter": PEFT,
-    "load_in_4bit": QUANT, "load_in_8bit": QUANT, "gptq": QUANT, "quantization": QUANT,
+    "gptq": QUANT, "quantization": QUANT,
     "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
     "deepspeed": SHARDING, "fsdp": SHARDING, "fsdp_config": SHARDING,
     "torch_compile": COMPILE,
@@ -571,7 +856,7 @@ _AXOLOTL_REFUSED = {
     "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
-    "relora": PEFT,
+    "relora": RELORA,
 }
 # Parallel degrees: 1 (or null) is one GPU holding the model.
 _AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
@@ -592,11 +877,175 @@ _AXOLOTL_NO_EFFECT = _words(
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
-# (read only with an adapter, which is refused).
+# (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
                      "logging_", "lr_", "warmup_", "dataset_", "loss_watchdog", "lora_", "peft_", "loraplus_",
                      "relora_", "dataloader_", "chat_template", "tokenizer_", "is_", "early_stopping",
                      "profiler_")
+
+
+# Axolotl's adapter settings that change the step in ways autotune does not model (schemas/peft.py;
+# loaders/adapter.py _build_peft_lora_config and load_lora).
+_AXOLOTL_LORA_REFUSED = {
+    "lora_target_parameters": "LoRA on parameters (target_parameters) rather than modules is not modelled",
+    "lora_rank_pattern": "per-module ranks are not modelled",
+    "lora_exclude_modules": "modules excluded from the LoRA targets are not modelled",
+    "peft_layers_to_transform": "adapters on some layers only are not modelled",
+    "peft_layers_pattern": "adapters on some layers only are not modelled",
+    "peft_use_dora": DORA,
+    "peft_layer_replication": "layer replication (base layers shared between adapters) is not modelled",
+    "peft_trainable_token_indices": "trainable token embeddings are not modelled",
+    "lora_on_cpu": "lora_on_cpu moves the embedding modules to the CPU (loaders/model.py "
+                   "_convert_embedding_modules_dtype), which is not modelled",
+}
+# Adapter settings with no effect on memory: the weights' layout and initialization, merging after
+# training, loading, LoRA+'s per-group learning rates (the same optimizer states).
+_AXOLOTL_ADAPTER_NO_EFFECT = _words(
+    "lora_model_dir lora_fan_in_fan_out peft_init_lora_weights peft merge_lora merge_method "
+    "qlora_sharded_model_loading loraplus_lr_ratio loraplus_lr_embedding lora_alpha_pattern peft_use_rslora "
+    "peft_autocast_adapter_dtype peft_ensure_weight_tying")
+# Axolotl's fused LoRA kernels, which check_auto_enable_lora_kernels (schemas/config.py) turns on for
+# lora and qlora when none of them is set.
+_AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+LORA_KERNELS = ("Axolotl's fused LoRA kernels (custom autograd functions and Triton activation kernels, "
+                "monkeypatch/lora_kernels.py) save other tensors for the backward than PEFT's LoRA layers, "
+                "which autotune models")
+# Embeddings and output heads (loaders/utils.py get_linear_embedding_layers, and GPT-2's): named
+# beside lora_target_linear they put LoRA on more than every linear layer.
+_AXOLOTL_EMBEDDINGS = frozenset({"embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings",
+                                 "embeddings", "wte", "wpe"})
+
+
+def _axolotl_method(cfg: _Config) -> str | None:
+    """lora, qlora or None from adapter, load_in_4bit and load_in_8bit (schemas/peft.py
+    validate_adapter and validate_qlora; loaders/model.py _set_quantization_config)."""
+    if not _unset(cfg.get("load_in_8bit")):
+        raise _int8(cfg, "load_in_8bit", cfg.data["load_in_8bit"])
+    load_in_4bit = cfg.flag("load_in_4bit")
+    method = cfg.get("adapter")
+    if _unset(method):
+        if load_in_4bit:
+            raise InvalidInput(f"load_in_4bit: true in {cfg.file!r} without an adapter: Axolotl refuses "
+                               "4-bit loading for a full fine-tune (schemas/peft.py validate_adapter); add "
+                               "adapter: qlora")
+        return None
+    if method not in ("lora", "qlora"):
+        raise cfg.unmodelled("adapter", method, "autotune models the adapters lora and qlora")
+    if method == "lora" and load_in_4bit:
+        raise cfg.unmodelled("load_in_4bit", True, "with adapter: lora Axolotl loads no 4-bit base "
+                             "(loaders/model.py _set_quantization_config quantizes for qlora only) but runs "
+                             "prepare_model_for_kbit_training, which casts the linear weights to float32; "
+                             "write adapter: qlora for QLoRA")
+    if method == "qlora" and not load_in_4bit:
+        if cfg.data.get("load_in_4bit") is False:
+            raise InvalidInput(f"adapter: qlora with load_in_4bit: false in {cfg.file!r}: Axolotl requires "
+                               "load_in_4bit: true for qlora (schemas/peft.py validate_qlora)")
+        cfg.notes.append("adapter: qlora without load_in_4bit: read as a 4-bit base (Axolotl itself requires "
+                         "load_in_4bit: true with qlora)")
+    kernels = {key: cfg.get(key) for key in _AXOLOTL_LORA_KERNELS}
+    for key, value in kernels.items():
+        if value:
+            raise cfg.unmodelled(key, value, LORA_KERNELS)
+    if all(value is None for value in kernels.values()) and not cfg.data.get("trust_remote_code"):
+        raise cfg.unmodelled("adapter", method, f"with none of {', '.join(_AXOLOTL_LORA_KERNELS)} set, "
+                             "Axolotl turns them on (schemas/config.py check_auto_enable_lora_kernels): "
+                             f"{LORA_KERNELS}; set them to false")
+    return method
+
+
+def _axolotl_adapter(cfg: _Config, method: str, dtype: str) -> Adapter:
+    """The LoraConfig of loaders/adapter.py _build_peft_lora_config (bias none), or the adapter of
+    lora_model_dir; a qlora base as _set_quantization_config loads it."""
+    cfg.refuse(_AXOLOTL_LORA_REFUSED)
+    at = len(cfg.notes)
+    if cfg.get("peft_autocast_adapter_dtype") is False:
+        raise cfg.unmodelled("peft_autocast_adapter_dtype", False, "LoRA weights kept in the base weights' "
+                             "dtype, not PEFT's float32, are not modelled")
+    to_save = cfg.get("lora_modules_to_save") or []
+    if not isinstance(to_save, list) or not all(isinstance(m, str) for m in to_save):
+        raise cfg.bad("lora_modules_to_save", to_save, "a list of module names")
+    if cfg.get("peft_ensure_weight_tying") and to_save:
+        raise cfg.unmodelled("peft_ensure_weight_tying", True,
+                             "tied copies of modules_to_save are not modelled")
+    model_dir = cfg.get("lora_model_dir")
+    if not _unset(model_dir):
+        adapter = _axolotl_saved_adapter(cfg, method, model_dir)
+        source = "lora_model_dir"
+    else:
+        values = {}
+        for key, field in (("lora_r", "r"), ("lora_alpha", "alpha")):
+            value = cfg.get(key)
+            if value is None:
+                raise InvalidInput(f"adapter: {method} in {cfg.file!r} needs {key}: Axolotl has no default "
+                                   f"(schemas/peft.py) and PEFT's LoraConfig fails on {field}=None")
+            values[field] = _lora_number(cfg, key, value, rank=key == "lora_r")
+        dropout = cfg.get("lora_dropout")
+        if dropout is None:
+            dropout = 0.0  # schemas/peft.py validate_lora_dropout
+            cfg.notes.append("lora_dropout: not set, Axolotl's default 0.0")
+        values["dropout"] = _lora_number(cfg, "lora_dropout", dropout, dropout=True)
+        adapter = _make_adapter(cfg, method, targets=_axolotl_targets(cfg, method), modules_to_save=to_save,
+                                **values)
+        source = f"adapter: {method}"
+    if method == "qlora":
+        # _set_quantization_config: nf4, double quantization, compute in cfg.torch_dtype (the weights'
+        # dtype), updated by bnb_config_kwargs.
+        extra = cfg.get("bnb_config_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise cfg.bad("bnb_config_kwargs", extra, "a mapping")
+        quant_type, double_quant, compute = _bnb_4bit(cfg, "bnb_config_kwargs", extra, "nf4", True, dtype)
+        adapter = replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute)
+    _note_adapter(cfg, source, adapter, at)
+    if cfg.flag("peft_use_rslora"):
+        cfg.notes.append("peft_use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")
+    if not _unset(cfg.get("lora_alpha_pattern")):
+        cfg.notes.append("lora_alpha_pattern: per-module alphas scale the adapters' outputs: no effect on "
+                         "memory")
+    if not _unset(cfg.get("loraplus_lr_ratio")):
+        cfg.notes.append("loraplus_lr_ratio: LoRA+ learning rates per parameter group, the same optimizer "
+                         "states: no effect on memory")
+    return adapter
+
+
+def _axolotl_targets(cfg: _Config, method: str) -> tuple[str, ...]:
+    modules = cfg.get("lora_target_modules")
+    if cfg.flag("lora_target_linear"):
+        # _build_peft_lora_config: lora_target_modules (as a list) with every linear module's name but
+        # the output embedding's (find_all_linear_names): PEFT's all-linear, with what else is named.
+        if isinstance(modules, str):
+            modules = [] if modules.lower() == ALL_LINEAR else [modules]
+        named = _target_names(cfg, "lora_target_modules", modules) or ()
+        beyond = [name for name in named if name.split(".")[-1] in _AXOLOTL_EMBEDDINGS]
+        if beyond:
+            raise cfg.unmodelled("lora_target_modules", cfg.data["lora_target_modules"],
+                                 f"{', '.join(beyond)} beside lora_target_linear: true puts LoRA on "
+                                 "embeddings or the output head as well as on every linear layer, which "
+                                 "autotune does not model")
+        among = "; the layers lora_target_modules names are among them" if named else ""
+        cfg.notes.append("lora_target_linear: true: LoRA on every linear layer but the output head (PEFT's "
+                         f"all-linear){among}")
+        return (ALL_LINEAR,)
+    targets = _target_names(cfg, "lora_target_modules", modules)
+    if not targets:
+        raise InvalidInput(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
+                           "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
+                           "refuses it)")
+    return targets
+
+
+def _axolotl_saved_adapter(cfg: _Config, method: str, model_dir: Any) -> Adapter:
+    """lora_model_dir: load_lora trains on the saved adapter (PeftModel.from_pretrained), with the
+    settings of its adapter_config.json rather than lora_*."""
+    if not isinstance(model_dir, str):
+        raise cfg.bad("lora_model_dir", model_dir, "a directory")
+    for folder in (Path(model_dir).expanduser(), Path(cfg.file).parent / model_dir):
+        if (folder / "adapter_config.json").is_file():
+            cfg.notes.append(f"lora_model_dir: training goes on from the adapter in {folder}: its "
+                             "adapter_config.json sets r, alpha, dropout and targets, not lora_*")
+            return adapter_from_peft_config(folder, quantized=method == "qlora")
+    raise InvalidInput(f"lora_model_dir: {model_dir!r} in {cfg.file!r} has no adapter_config.json here: "
+                       "Axolotl trains on from the saved adapter, whose settings autotune reads from that "
+                       "file; give a local adapter directory, or leave lora_model_dir out and set lora_*")
 
 
 def _read_axolotl(cfg: _Config) -> TrainingPlan:
@@ -608,8 +1057,10 @@ def _read_axolotl(cfg: _Config) -> TrainingPlan:
     for key in [k for k in cfg.data if k.startswith(("unsloth_", "liger_"))]:
         if key != "liger_fused_linear_cross_entropy" and not _unset(cfg.get(key)):
             raise cfg.unmodelled(key, cfg.data[key], LIGER if key.startswith("liger_") else KERNEL)
+    method = _axolotl_method(cfg)
     attn = _axolotl_attention(cfg)
-    mode, dtype = _axolotl_precision(cfg, attn)
+    mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None)
+    adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
     loss = None
     for key in ("cut_cross_entropy", "liger_fused_linear_cross_entropy"):
         if cfg.flag(key):
@@ -628,12 +1079,14 @@ def _read_axolotl(cfg: _Config) -> TrainingPlan:
         cfg.notes.append("optimizer: not set, Axolotl's default adamw_torch_fused")
     _note_neftune(cfg, "neftune_noise_alpha")
     _note_neftune(cfg, "noisy_embedding_alpha")
+    prefixes = _AXOLOTL_PREFIXES if adapter is None else tuple(
+        p for p in _AXOLOTL_PREFIXES if p not in ("lora_", "peft_"))
     return TrainingPlan(
         format="axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, task="causal-lm", dtype=dtype, optimizer=optimizer,
-        attn=attn, loss=loss, notes=tuple(cfg.notes),
-        ignored=cfg.ignored(_AXOLOTL_NO_EFFECT, _AXOLOTL_PREFIXES),
+        attn=attn, loss=loss, adapter=adapter, notes=tuple(cfg.notes),
+        ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes),
     )
 
 
@@ -648,7 +1101,7 @@ def _axolotl_attention(cfg: _Config) -> str | None:
     return attn
 
 
-def _axolotl_precision(cfg: _Config, attn: str | None) -> tuple[Mode, str]:
+def _axolotl_precision(cfg: _Config, attn: str | None, adapter: bool) -> tuple[Mode, str]:
     """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them."""
     bf16 = cfg.get("bf16")
     if bf16 == "auto":
@@ -667,6 +1120,12 @@ def _axolotl_precision(cfg: _Config, attn: str | None) -> tuple[Mode, str]:
         precision = "fp32" if bf16 == "full" else "bf16"
         cfg.notes.append("bf16: full: weights in bfloat16, no autocast" if bf16 == "full" else
                          "bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast")
+    elif fp16 and adapter:
+        # The frozen base in float16, the trained LoRA weights in float32 (PEFT's autocast_adapter_dtype):
+        # the GradScaler unscales float32 gradients.
+        dtype, precision = "float16", "amp"
+        cfg.notes.append("fp16: true: Axolotl loads the weights in float16 and trains the adapters under "
+                         "fp16 autocast with a GradScaler")
     elif fp16:
         raise cfg.unmodelled("fp16", True, "Axolotl loads the weights in float16 and the Trainer's "
                              "GradScaler refuses float16 gradients in a full fine-tune; use bf16: true")
@@ -675,9 +1134,11 @@ def _axolotl_precision(cfg: _Config, attn: str | None) -> tuple[Mode, str]:
         cfg.notes.append("float16: true: weights in float16, no autocast")
     else:
         dtype, precision = "float32", "fp32"
-    if dtype != "float32" and attn not in ("flash_attention_2",) and not cfg.data.get("cut_cross_entropy"):
+    if (dtype != "float32" and attn not in ("flash_attention_2",) and not cfg.data.get("cut_cross_entropy")
+            and not adapter):
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
-        # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast).
+        # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast),
+        # or with an adapter (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
@@ -722,3 +1183,30 @@ def _read_autotune(cfg: _Config) -> TrainingPlan:
         notes=tuple(cfg.notes), ignored=cfg.ignored(_AUTOTUNE_KEYS),
     )
 
+
+
+# ---------------------------------------------------------------------------------------------
+# A PEFT adapter_config.json
+
+# PEFT's task types back to autotune's tasks (adapters.PEFT_TASK_TYPES).
+_PEFT_TASKS = {peft: task for task, peft in PEFT_TASK_TYPES.items() if peft is not None}
+
+
+def _read_peft(cfg: _Config) -> TrainingPlan:
+    """The base model and the adapter of a saved PEFT adapter; the step itself is the flags'."""
+    adapter = adapter_from_peft_dict(cfg.data, source=cfg.file)
+    task_type = cfg.data.get("task_type")
+    task = None
+    if task_type is not None:
+        task = _PEFT_TASKS.get(str(task_type).upper())
+        if task is None:
+            raise cfg.unmodelled("task_type", task_type, f"autotune models the PEFT task types "
+                                 f"{', '.join(_PEFT_TASKS)} (and none, a masked LM)")
+    model = cfg.data.get("base_model_name_or_path")
+    if model is not None and not isinstance(model, str):
+        raise cfg.bad("base_model_name_or_path", model, "a string")
+    _note_adapter(cfg, Path(cfg.file).name, adapter)
+    cfg.notes.append("adapter_config.json does not record whether the base was loaded in 4 bits: read as "
+                     "LoRA over 16-bit weights (QLoRA's base is 4-bit)")
+    return TrainingPlan(format="peft", model=model or None, seq_len=None, batch_size=None, mode=None,
+                        task=task, adapter=adapter, notes=tuple(cfg.notes))

@@ -17,6 +17,7 @@ from autotune.analysis.training_config import (
     read_training_config,
 )
 from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
@@ -126,13 +127,24 @@ def test_the_examples_are_read():
     full = read_training_config(EXAMPLES / "axolotl_full.yml")
     assert (full.format, full.model, full.mode.name, full.dtype, full.attn, full.ignored) == (
         "axolotl", "meta-llama/Llama-3.2-1B", "bf16+ckpt", "bfloat16", "flash_attention_2", ())
-    with pytest.raises(UnmodelledSetting, match=r"^adapter: 'qlora' in '.*axolotl_qlora.yml' is not model"):
-        read_training_config(EXAMPLES / "axolotl_qlora.yml")
+    qlora = read_training_config(EXAMPLES / "axolotl_qlora.yml")
+    assert (qlora.format, qlora.model, qlora.seq_len, qlora.batch_size, qlora.mode.name, qlora.dtype,
+            qlora.ignored) == ("axolotl", "mistralai/Mistral-7B-v0.3", 8192, 2, "bf16+ckpt", "bfloat16", ())
+    assert qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
+                                    quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+    sft_qlora = read_training_config(EXAMPLES / "sft_qlora.yaml")
+    assert (sft_qlora.format, sft_qlora.model, sft_qlora.dtype, sft_qlora.ignored) == (
+        "trl-sft", "Qwen/Qwen2.5-0.5B", "bfloat16", ())
+    assert sft_qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
+                                        quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+    saved = read_training_config(EXAMPLES / "lora_adapter")
+    assert (saved.format, saved.model, saved.task, saved.adapter.method, saved.adapter.r) == (
+        "peft", "Qwen/Qwen2.5-0.5B", "causal-lm", "lora", 16)
 
 
 REFUSED = [
     # (format base, key, value)
-    (AXOLOTL, "adapter", "lora"), (AXOLOTL, "load_in_4bit", True), (AXOLOTL, "load_in_8bit", True),
+    (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "load_in_8bit", True), (AXOLOTL, "relora", True),
     (AXOLOTL, "deepspeed", "deepspeed_configs/zero3.json"), (AXOLOTL, "fsdp", ["full_shard"]),
     (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
     (AXOLOTL, "activation_offloading", True), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
@@ -145,9 +157,9 @@ REFUSED = [
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
     (TRAINER, "parallelism_config", {"tp_size": 2}), (TRAINER, "use_cpu", True),
     (TRAINER, "attn_implementation", "flash_attention_3"), (TRAINER, "config_overrides", "n_layer=2"),
-    (SFT, "use_peft", True), (SFT, "lora_r", 16), (SFT, "peft_config", {"r": 8}),
-    (SFT, "activation_offloading", True), (SFT, "loss_type", "dft"), (SFT, "load_in_4bit", True),
-    (SFT, "model_init_kwargs.quantization_config", {"load_in_4bit": True}),
+    (SFT, "lora_r", 16), (SFT, "use_dora", True), (SFT, "load_in_8bit", True),
+    (SFT, "activation_offloading", True), (SFT, "loss_type", "dft"),
+    (SFT, "model_init_kwargs.quantization_config", {"quant_method": "gptq", "bits": 4}),
     (SFT, "model_init_kwargs.load_in_8bit", True),
     (SFT, "gradient_checkpointing_kwargs.use_reentrant", True),
     (SFT, "gradient_checkpointing_kwargs.every_n_layers", 2),
@@ -250,3 +262,223 @@ def test_every_training_arguments_field_is_classified():
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert fields - (_TRAINER_FIELDS | _LEGACY_TRAINER_FIELDS) == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters: LoRA / QLoRA read as each tool builds them
+
+NO_KERNELS = {"lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False,
+              "lora_embedding_kernel": False}
+AXOLOTL_QLORA = {**AXOLOTL, **NO_KERNELS, "adapter": "qlora", "load_in_4bit": True, "lora_r": 16,
+                 "lora_alpha": 32, "lora_dropout": 0.1, "lora_target_linear": True}
+SFT_PEFT = {**SFT, "use_peft": True}
+
+
+def test_axolotl_qlora_is_read(tmp_path):
+    plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_modules": ["q_proj", "v_proj"],
+                           "peft_use_rslora": True, "loraplus_lr_ratio": 16, "lora_unknown": 1}, "a.yml")
+    # loaders/model.py _set_quantization_config: nf4, double quantization, compute in the weights' dtype.
+    assert plan.adapter == Adapter("qlora", r=16, alpha=32, dropout=0.1, targets=("all-linear",),
+                                   quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+    assert (plan.mode, plan.dtype, plan.attn) == (Mode("bf16", True), "bfloat16", "flash_attention_2")
+    assert ("adapter: qlora: QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.1 on all-linear, 4-bit layers "
+            "computing in bfloat16; the base weights frozen, only the adapters trained") in plan.notes
+    assert any(n.startswith("lora_target_linear: true: LoRA on every linear layer") for n in plan.notes)
+    assert any(n.startswith("peft_use_rslora:") for n in plan.notes)
+    assert any(n.startswith("loraplus_lr_ratio:") for n in plan.notes)
+    assert plan.ignored == ("lora_unknown",)  # with an adapter, a lora_* key Axolotl does not know is named
+    # bnb_config_kwargs update Axolotl's bitsandbytes settings; adapter: qlora alone implies the 4-bit base.
+    plan = read(tmp_path, {**AXOLOTL_QLORA, "load_in_4bit": None, "bnb_config_kwargs": {
+        "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False, "bnb_4bit_compute_dtype": "float16",
+        "bnb_4bit_quant_storage": "bfloat16"}}, "a.yml")
+    assert (plan.adapter.method, plan.adapter.quant_type, plan.adapter.double_quant,
+            plan.adapter.compute_dtype) == ("qlora", "fp4", False, "float16")
+    assert any(n.startswith("adapter: qlora without load_in_4bit: read as a 4-bit base") for n in plan.notes)
+
+
+def test_axolotl_lora_takes_axolotls_defaults(tmp_path):
+    plan = read(tmp_path, {**AXOLOTL, **NO_KERNELS, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+                           "lora_target_modules": ["q_proj", "v_proj"], "lora_modules_to_save": ["lm_head"],
+                           "attn_implementation": "sdpa"}, "a.yml")
+    # schemas/peft.py: lora_dropout 0.0 with an adapter; bias none (loaders/adapter.py).
+    assert plan.adapter == Adapter("lora", r=8, alpha=16, dropout=0.0, targets=("q_proj", "v_proj"),
+                                   modules_to_save=("lm_head",))
+    assert "lora_dropout: not set, Axolotl's default 0.0" in plan.notes
+    assert any("lm_head trained whole (modules_to_save)" in n for n in plan.notes)
+    # With an adapter Axolotl casts the norms and embeddings back to bfloat16 whatever the attention.
+    assert (plan.dtype, plan.attn) == ("bfloat16", "sdpa")
+    # fp16 trains float32 LoRA weights over float16 ones: amp, as Axolotl's trainer runs it.
+    fp16 = read(tmp_path, {**AXOLOTL, **NO_KERNELS, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+                           "lora_target_modules": ["q_proj"], "bf16": False, "fp16": True}, "a.yml")
+    assert (fp16.mode, fp16.dtype) == (Mode("amp", True), "float16")
+    # trust_remote_code: Axolotl does not turn its fused kernels on.
+    remote = read(tmp_path, {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+                             "lora_target_modules": "all-linear", "trust_remote_code": True}, "a.yml")
+    assert remote.adapter.targets == ("all-linear",)
+    assert read(tmp_path, {**AXOLOTL, "lora_r": 8, "lora_target_linear": True}, "a.yml").adapter is None
+
+
+def test_axolotl_lora_model_dir_reads_the_saved_adapter(tmp_path):
+    from peft import LoraConfig
+
+    LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj"]).save_pretrained(tmp_path / "adapter")
+    plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_model_dir": str(tmp_path / "adapter")}, "a.yml")
+    assert (plan.adapter.method, plan.adapter.r, plan.adapter.alpha, plan.adapter.targets) == (
+        "qlora", 4, 8.0, ("k_proj",))
+    with pytest.raises(InvalidInput, match="lora_model_dir: 'absent' in .* has no adapter_config.json here"):
+        read(tmp_path, {**AXOLOTL_QLORA, "lora_model_dir": "absent"}, "a.yml")
+
+
+AXOLOTL_ADAPTER_REFUSED = [
+    # (changes to AXOLOTL_QLORA, key named, words of the reason)
+    ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
+    ({lora_kernel: None for lora_kernel in NO_KERNELS}, "adapter", "check_auto_enable_lora_kernels"),
+    ({"lora_mlp_kernel": True}, "lora_mlp_kernel", "fused LoRA kernels"),
+    ({"adapter": "lora"}, "load_in_4bit", "quantizes for qlora only"),
+    ({"peft_use_dora": True}, "peft_use_dora", "DoRA"),
+    ({"lora_target_linear": None, "lora_target_modules": ".*_proj"}, "lora_target_modules",
+     "regular expression"),
+    ({"lora_target_linear": None, "lora_target_modules": ["q_proj", "model.*v_proj"]}, "lora_target_modules",
+     "regular expression"),
+    ({"lora_target_modules": ["q_proj", "embed_tokens"]}, "lora_target_modules", "embed_tokens beside"),
+    ({"lora_rank_pattern": {"q_proj": 8}}, "lora_rank_pattern", "per-module ranks"),
+    ({"peft_layers_to_transform": [0, 1]}, "peft_layers_to_transform", "some layers only"),
+    ({"lora_target_parameters": ["experts.gate_up_proj"]}, "lora_target_parameters", "target_parameters"),
+    ({"peft_trainable_token_indices": [5]}, "peft_trainable_token_indices", "token embeddings"),
+    ({"peft_autocast_adapter_dtype": False}, "peft_autocast_adapter_dtype", "float32"),
+    ({"lora_on_cpu": True}, "lora_on_cpu", "CPU"),
+    ({"bnb_config_kwargs": {"llm_int8_skip_modules": ["mlp"]}}, "bnb_config_kwargs.llm_int8_skip_modules",
+     "bitsandbytes setting"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), AXOLOTL_ADAPTER_REFUSED,
+                         ids=[k for _, k, _ in AXOLOTL_ADAPTER_REFUSED])
+def test_axolotl_adapter_settings_not_modelled_are_refused(tmp_path, changes, key, why):
+    path = write(tmp_path, {**AXOLOTL_QLORA, **changes}, "a.yml")
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* in '{path}' is not modelled: .*{why}"):
+        read_training_config(path)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"adapter": None}, "load_in_4bit: true in '{path}' without an adapter: Axolotl refuses 4-bit loading"),
+    ({"load_in_4bit": False}, "adapter: qlora with load_in_4bit: false in '{path}': Axolotl requires"),
+    ({"lora_r": None}, "adapter: qlora in '{path}' needs lora_r"),
+    ({"lora_alpha": None}, "adapter: qlora in '{path}' needs lora_alpha"),
+    ({"lora_target_linear": None}, "adapter: qlora in '{path}' names no LoRA target"),
+    ({"lora_r": 0}, "lora_r in '{path}' must be a positive integer, got 0"),
+    ({"lora_dropout": 1.5}, "lora_dropout in '{path}' must be a number from 0 up to (not including) 1"),
+    ({"lora_target_linear": None, "lora_target_modules": ["all-linear"]},
+     "write lora_target_modules: all-linear"),
+    ({"bnb_config_kwargs": {"bnb_4bit_quant_type": "int4"}}, "bnb_config_kwargs.bnb_4bit_quant_type in"),
+])
+def test_axolotl_adapter_errors_are_named(tmp_path, changes, message):
+    path = write(tmp_path, {**AXOLOTL_QLORA, **changes}, "a.yml")
+    with pytest.raises(InvalidInput) as error:
+        read_training_config(path)
+    assert message.format(path=path) in str(error.value)
+
+
+def test_trl_use_peft_takes_trls_defaults(tmp_path):
+    plan = read(tmp_path, SFT_PEFT)
+    # trl/trainer/model_config.py: lora_r 16, lora_alpha 32, lora_dropout 0.05, PEFT's default targets.
+    assert plan.adapter == Adapter("lora", r=16, alpha=32, dropout=0.05, targets=None)
+    assert "lora_r, lora_alpha, lora_dropout: not set, TRL's defaults 16, 32, 0.05" in plan.notes
+    assert ("use_peft: true: LoRA r=16 alpha=32 dropout 0.05 on PEFT's default modules; the base weights "
+            "frozen, only the adapters trained") in plan.notes
+    plan = read(tmp_path, {**SFT_PEFT, "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
+                           "use_rslora": True, "lora_target_modules": ["q_proj", "k_proj", "v_proj"],
+                           "lora_modules_to_save": ["lm_head"], "lora_typo": 1})
+    assert plan.adapter == Adapter("lora", r=64, alpha=128, dropout=0.0,
+                                   targets=("q_proj", "k_proj", "v_proj"), modules_to_save=("lm_head",))
+    assert any(n.startswith("use_rslora:") for n in plan.notes)
+    assert plan.ignored == ("lora_typo",)
+    one = read(tmp_path, {**SFT_PEFT, "lora_target_modules": ["all-linear"]})  # one entry: its string
+    assert one.adapter.targets == ("all-linear",)
+
+
+def test_trl_qlora_is_read(tmp_path):
+    # get_quantization_config: nf4 unless said, use_bnb_nested_quant false, compute in ModelConfig's dtype.
+    plan = read(tmp_path, {**SFT_PEFT, "load_in_4bit": True, "model_init_kwargs": {"dtype": "bfloat16",
+                "attn_implementation": "flash_attention_2"}})
+    assert (plan.adapter.method, plan.adapter.quant_type, plan.adapter.double_quant,
+            plan.adapter.compute_dtype) == ("qlora", "nf4", False, "bfloat16")
+    plan = read(tmp_path, {**SFT_PEFT, "load_in_4bit": True, "bnb_4bit_quant_type": "fp4",
+                           "use_bnb_nested_quant": True, "bnb_4bit_quant_storage": "uint8"})
+    assert (plan.adapter.quant_type, plan.adapter.double_quant) == ("fp4", True)
+    # A BitsAndBytesConfig in model_init_kwargs, with transformers' defaults: fp4, float32 compute.
+    plan = read(tmp_path, {**SFT_PEFT, "model_init_kwargs": {
+        "attn_implementation": "flash_attention_2", "quantization_config": {"load_in_4bit": True}}})
+    assert (plan.adapter.method, plan.adapter.quant_type, plan.adapter.double_quant,
+            plan.adapter.compute_dtype) == ("qlora", "fp4", False, "float32")
+
+
+def test_trl_peft_config_is_a_lora_config(tmp_path):
+    # A LoraConfig written out: PEFT's own defaults (r 8, lora_alpha 8, lora_dropout 0).
+    plan = read(tmp_path, {**SFT, "peft_config": {"r": 32, "target_modules": "all-linear",
+                                                  "task_type": "CAUSAL_LM"}})
+    assert plan.adapter == Adapter("lora", r=32, alpha=8, dropout=0.0, targets=("all-linear",))
+    assert any(n.startswith("peft_config: LoRA r=32 alpha=8") for n in plan.notes)
+    with pytest.raises(InvalidInput, match="use_dora=True .* is not modelled"):
+        read(tmp_path, {**SFT, "peft_config": {"r": 8, "use_dora": True}})
+
+
+TRL_ADAPTER_REFUSED = [
+    ({"use_dora": True}, "use_dora", "DoRA"),
+    ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
+    ({"lora_target_modules": ["q_proj"]}, "lora_target_modules", "one-entry list into the string"),
+    ({"lora_target_modules": "q_proj|v_proj"}, "lora_target_modules", "regular expression"),
+    ({"lora_target_parameters": ["mlp.experts.down_proj"]}, "lora_target_parameters", "target_parameters"),
+    ({"lora_task_type": "SEQ_CLS"}, "lora_task_type", "CAUSAL_LM"),
+    ({"chat_template_path": "Qwen/Qwen3-0.6B"}, "chat_template_path", "lm_head"),
+    ({"model_init_kwargs": {"quantization_config": {"load_in_8bit": True}}},
+     "model_init_kwargs.quantization_config", "LLM.int8 base"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), TRL_ADAPTER_REFUSED,
+                         ids=[k for _, k, _ in TRL_ADAPTER_REFUSED])
+def test_trl_adapter_settings_not_modelled_are_refused(tmp_path, changes, key, why):
+    path = write(tmp_path, {**SFT_PEFT, **changes})
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* in '{path}' is not modelled: .*{why}"):
+        read_training_config(path)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({**SFT, "load_in_4bit": True}, "load_in_4bit in '{path}' loads a 4-bit base without adapters"),
+    ({**SFT, "use_peft": False, "model_init_kwargs": {"quantization_config": {"load_in_4bit": True}}},
+     "model_init_kwargs.quantization_config in '{path}' loads a 4-bit base without adapters"),
+    ({**SFT_PEFT, "peft_config": {"r": 8}}, "peft_config and use_peft in '{path}' both describe the adapter"),
+    ({**SFT, "use_peft": False, "peft_config": {"r": 8}},
+     "use_peft: false and peft_config in '{path}' contradict"),
+    ({**SFT_PEFT, "load_in_4bit": True, "dtype": "auto", "model_init_kwargs": {}},
+     "dtype auto with load_in_4bit"),
+    ({**SFT_PEFT, "lora_target_modules": ["q_proj", "all-linear"]}, "write lora_target_modules: all-linear"),
+])
+def test_trl_adapter_errors_are_named(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(InvalidInput) as error:
+        read_training_config(path)
+    assert message.format(path=path) in str(error.value)
+
+
+def test_a_peft_adapter_directory_is_read(tmp_path):
+    from peft import LoraConfig
+
+    LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "value"],
+               task_type="SEQ_CLS", base_model_name_or_path="bert-base-uncased").save_pretrained(tmp_path)
+    for path in (tmp_path, tmp_path / "adapter_config.json"):
+        plan = read_training_config(path)
+        assert (plan.format, plan.model, plan.task, plan.seq_len, plan.batch_size, plan.mode, plan.dtype) == (
+            "peft", "bert-base-uncased", "sequence-classification", None, None, None, None)
+        # PEFT saves target_modules from a set: in any order.
+        assert plan.adapter == Adapter("lora", r=8, alpha=16, dropout=0.1, targets=plan.adapter.targets)
+        assert sorted(plan.adapter.targets or ()) == ["query", "value"]
+        assert missing_fields(plan) == ["seq_len", "batch_size"]
+        assert any(n.startswith("adapter_config.json: LoRA r=8 alpha=16 dropout 0.1 on ") for n in plan.notes)
+    with pytest.raises(InvalidInput, match="is a directory without adapter_config.json"):
+        read_training_config(tmp_path / "..")
+    with pytest.raises(UnmodelledSetting, match="^task_type: 'SEQ_2_SEQ_LM' in .* is not modelled"):
+        read(tmp_path, {"peft_type": "LORA", "r": 8, "task_type": "SEQ_2_SEQ_LM"})
+    with pytest.raises(InvalidInput, match="peft_type PREFIX_TUNING is not modelled"):
+        read(tmp_path, {"peft_type": "PREFIX_TUNING"})
