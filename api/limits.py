@@ -13,6 +13,8 @@ import json
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autotune.workload.adapters import MAX_R
+
 # Offsets of the run lists (/v1/tables, the dashboard's pages) are bound as SQLite integers, which
 # are signed 64-bit (https://www.sqlite.org/datatype3.html): one more is an OverflowError.
 MAX_OFFSET = 2**63 - 1
@@ -25,6 +27,13 @@ MAX_ACCUMULATION_STEPS = 2**20  # the same bound for gradient accumulation steps
 # The largest target card (gpu_memory). Today's largest hold 288 GB (B300, MI355X); 4 TiB leaves
 # room for generations of them and keeps every byte count well inside SQLite's integers.
 MAX_GPU_MEMORY_BYTES = 4 * 1024**4
+# LoRA (autotune.workload.adapters): the rank within adapters.MAX_R (far above any rank in use),
+# alpha a positive finite number, dropout in [0, 1). Target modules: names of modules of the model
+# (a Llama layer has 7 linear ones), at most MAX_LORA_TARGETS of at most MAX_LORA_TARGET_CHARS each.
+MAX_LORA_R = MAX_R
+MAX_LORA_TARGETS = 64
+MAX_LORA_TARGET_CHARS = 100
+MAX_LORA_TARGETS_CHARS = MAX_LORA_TARGETS * (MAX_LORA_TARGET_CHARS + 1)  # as one comma-separated string
 
 
 class BodyLimits:

@@ -7,6 +7,33 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from autotune.defaults import DEFAULT_MAX_BATCH
+from autotune.workload.adapters import DEFAULT_ALPHA, DEFAULT_DROPOUT, DEFAULT_R, MAX_R
+
+# The LoRA / QLoRA fields of a table request, and the query parameters of check and explain, as
+# the CLI's --peft, --lora-*, --load-in-4bit and --bnb-4bit-* options (autotune.workload.adapters).
+PEFT_DESCRIPTIONS = {
+    "peft": "none (default: a full fine-tune), lora (a frozen base in the weights' dtype, LoRA "
+            "matrices on the target modules, built by PEFT) or qlora (the same over a 4-bit "
+            "bitsandbytes base)",
+    "lora_r": f"LoRA rank, 1 to {MAX_R} (default {DEFAULT_R}); needs peft",
+    "lora_alpha": f"LoRA alpha, a positive number (default {DEFAULT_ALPHA}); needs peft",
+    "lora_dropout": f"LoRA dropout, from 0 up to (not including) 1 (default {DEFAULT_DROPOUT}); needs peft",
+    "lora_targets": "the modules LoRA adapts: module names (q_proj,v_proj), or all-linear (every "
+                    "linear layer but the output head); default: PEFT's for the architecture "
+                    "(q_proj and v_proj for Llama); needs peft",
+    "load_in_4bit": "a 4-bit base (bitsandbytes): with peft lora, the same as peft qlora",
+    "load_in_8bit": "an 8-bit (LLM.int8) base: not modelled, refused",
+    "bnb_4bit_quant_type": "the 4-bit storage, nf4 (default) or fp4; needs a 4-bit base",
+    "bnb_4bit_use_double_quant": "quantize the 4-bit quantization constants too (default true); "
+                                 "needs a 4-bit base",
+    "bnb_4bit_compute_dtype": "the 4-bit layers' compute dtype: bfloat16, float16 or float32 (default "
+                              "bfloat16, float16 on a card without bfloat16); needs a 4-bit base",
+}
+ADAPTER_DESCRIPTION = (
+    "LoRA / QLoRA: the method, rank, alpha, dropout, the target modules PEFT resolved on the model, "
+    "the trainable and total parameters (PEFT's get_nb_trainable_parameters) and a label saying "
+    "them in words; null for a full fine-tune"
+)
 
 Status = Literal["queued", "running", "done", "failed", "cancelled"]
 
@@ -46,6 +73,18 @@ class TableCreate(BaseModel):
     loss: str | None = Field(None, description="full (default) or chunked: a fused linear cross-entropy "
                                                "that never holds the full logits (causal-lm)")
     search: str | None = Field(None, description="guided (default) or bisect")
+    peft: str | None = Field(None, description=PEFT_DESCRIPTIONS["peft"])
+    lora_r: StrictInt | None = Field(None, description=PEFT_DESCRIPTIONS["lora_r"])
+    lora_alpha: float | None = Field(None, description=PEFT_DESCRIPTIONS["lora_alpha"])
+    lora_dropout: float | None = Field(None, description=PEFT_DESCRIPTIONS["lora_dropout"])
+    lora_targets: str | list[str] | None = Field(
+        None, description=PEFT_DESCRIPTIONS["lora_targets"] + "; a comma-separated string or a list")
+    load_in_4bit: bool | None = Field(None, description=PEFT_DESCRIPTIONS["load_in_4bit"])
+    load_in_8bit: bool | None = Field(None, description=PEFT_DESCRIPTIONS["load_in_8bit"])
+    bnb_4bit_quant_type: str | None = Field(None, description=PEFT_DESCRIPTIONS["bnb_4bit_quant_type"])
+    bnb_4bit_use_double_quant: bool | None = Field(
+        None, description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])
+    bnb_4bit_compute_dtype: str | None = Field(None, description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])
 
 
 class TableAccepted(BaseModel):
@@ -92,6 +131,35 @@ class CellPublic(BaseModel):
     probe_log: list[ProbePublic]
 
 
+class ParametersPublic(BaseModel):
+    trainable: int
+    total: int = Field(description="4-bit weights counted as their elements, as PEFT counts them")
+
+
+class AdapterPublic(BaseModel):
+    """A run's LoRA / QLoRA setup (autotune.workload.adapters.AdapterSummary)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: Literal["lora", "qlora"]
+    r: int
+    alpha: float
+    dropout: float
+    targets: list[str] | None = Field(
+        description="the modules PEFT put LoRA on; until the run has started, the modules asked for "
+                    "(null: PEFT's default)")
+    targets_default: bool = Field(description="whether the targets are PEFT's default for the architecture")
+    quant_type: str = Field(description="qlora: the 4-bit storage, nf4 or fp4")
+    double_quant: bool = Field(description="qlora: whether the quantization constants are quantized too")
+    compute_dtype: str | None = Field(description="qlora: the 4-bit layers' compute dtype (null: bfloat16, "
+                                                  "float16 on a card without it)")
+    bias: str
+    modules_to_save: list[str]
+    parameters: ParametersPublic | None = Field(
+        description="trainable and total parameters; null until the run has started")
+    label: str
+
+
 class GpuPublic(BaseModel):
     name: str
     total_memory_bytes: int
@@ -127,6 +195,7 @@ class TablePublic(TableSummary):
     dtype: str = Field(description="the weights dtype asked for (auto: the config's)")
     weights_dtype: str = Field(description="the dtype the weights had: float32, bfloat16 or float16")
     loss: str
+    adapter: AdapterPublic | None = Field(description=ADAPTER_DESCRIPTION)
     warnings: list[str] = Field(description="what the target card does not support of this step")
     environment: dict[str, Any]
     started_at: str | None

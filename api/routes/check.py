@@ -6,15 +6,17 @@ the server process: bounded in number and time, cached, dropped when the client 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
-from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE
+from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE, MAX_LORA_R, MAX_LORA_TARGETS_CHARS
 from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import TableSpec, normalize
+from api.schemas import PEFT_DESCRIPTIONS
 from autotune.workload.modes import parse_mode
 
 router = APIRouter(tags=["check"], dependencies=[Depends(query_fields)])
@@ -24,22 +26,65 @@ _SOURCES = ("cuda", "estimate")
 _RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering table
 
 
+class PeftQuery:
+    """The LoRA / QLoRA query parameters of check and explain: the CLI's --peft, --lora-*,
+    --load-in-4bit and --bnb-4bit-* (``autotune check --server`` sends them), checked by normalize.
+    No peft_config: the server cannot read a client's file (the CLI sends its values)."""
+
+    def __init__(
+        self,
+        peft: Annotated[str | None, Query(description=PEFT_DESCRIPTIONS["peft"])] = None,
+        lora_r: Annotated[int | None, Query(ge=1, le=MAX_LORA_R,
+                                            description=PEFT_DESCRIPTIONS["lora_r"])] = None,
+        lora_alpha: Annotated[float | None, Query(gt=0, allow_inf_nan=False,
+                                                  description=PEFT_DESCRIPTIONS["lora_alpha"])] = None,
+        lora_dropout: Annotated[float | None, Query(ge=0, lt=1, allow_inf_nan=False,
+                                                    description=PEFT_DESCRIPTIONS["lora_dropout"])] = None,
+        lora_targets: Annotated[str | None, Query(
+            max_length=MAX_LORA_TARGETS_CHARS,
+            description=PEFT_DESCRIPTIONS["lora_targets"] + "; comma-separated")] = None,
+        load_in_4bit: Annotated[bool, Query(description=PEFT_DESCRIPTIONS["load_in_4bit"])] = False,
+        load_in_8bit: Annotated[bool, Query(description=PEFT_DESCRIPTIONS["load_in_8bit"])] = False,
+        bnb_4bit_quant_type: Annotated[str | None, Query(
+            description=PEFT_DESCRIPTIONS["bnb_4bit_quant_type"])] = None,
+        bnb_4bit_use_double_quant: Annotated[bool | None, Query(
+            description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])] = None,
+        bnb_4bit_compute_dtype: Annotated[str | None, Query(
+            description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])] = None,
+    ) -> None:
+        self.fields: dict[str, Any] = {
+            "peft": peft, "lora_r": lora_r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
+            "lora_targets": lora_targets, "load_in_4bit": load_in_4bit, "load_in_8bit": load_in_8bit,
+            "bnb_4bit_quant_type": bnb_4bit_quant_type,
+            "bnb_4bit_use_double_quant": bnb_4bit_use_double_quant,
+            "bnb_4bit_compute_dtype": bnb_4bit_compute_dtype,
+        }
+
+
+Peft = Annotated[PeftQuery, Depends()]
+
+
 @router.get("/check", responses=ERROR_RESPONSES)
 async def check(
     request: Request, queue: QueueDep, settings: SettingsDep,
     model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
     seq_len: Annotated[int, Query(ge=1)],
     batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)],
+    *,
     mode: str = "fp32", task: str | None = None, attn: str | None = None,
     gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
     accumulation_steps: Annotated[int, Query(ge=1, le=MAX_ACCUMULATION_STEPS)] = 1,
     backend: str | None = None,
     dtype: str | None = None, optimizer: str | None = None, loss: str | None = None,
+    peft: Peft,
 ) -> dict[str, Any]:
-    """Does the step fit? From a stored measured table, else a stored estimate, else estimated now."""
+    """Does the step fit? From a stored measured table, else a stored estimate, else estimated now.
+
+    With LoRA / QLoRA (peft, lora_*, bnb_4bit_*), only a stored table of the same adapter answers;
+    the answer's ``adapter`` says it (null: a full fine-tune), and its message names it."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
-            "dtype": dtype, "optimizer": optimizer, "loss": loss}
+            "dtype": dtype, "optimizer": optimizer, "loss": loss, **peft.fields}
     # In the threadpool: resolving a hub id reads the network; a store scan reads the disk.
     preparing = request.app.state.preparing
     spec = await prepare(preparing, normalize, body, settings, queue.runner.environment)
@@ -64,6 +109,7 @@ def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
     stored = TableSpec.from_json(run_spec)  # a run stored before weights_dtype: its dtype filled in
     return (
         all(getattr(stored, key) == getattr(spec, key) for key in same)
+        and stored.peft() == spec.peft()  # a run stored before adapters: a full fine-tune
         and run_spec["gpu"]["name"] == spec.gpu["name"]
         and seq_len in run_spec["seq_lens"]
     )
@@ -72,7 +118,7 @@ def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
 def _from_store(
     queue: QueueDep, spec: TableSpec, seq_len: int, batch_size: int, mode: Any, effective: int
 ) -> dict[str, Any] | None:
-    from autotune.analysis.check import check_from_cells
+    from autotune.analysis.check import check_from_cells, format_message
 
     runs, _ = queue.store.list_runs(model=spec.model, status="done", limit=_RUNS_SCANNED)
     for source in _SOURCES:
@@ -80,12 +126,19 @@ def _from_store(
             if run.backend != source or not _covers(run.spec, spec, seq_len):
                 continue
             cells = {c["mode"]: c for c in queue.store.cells(run.id) if c["seq_len"] == seq_len}
+            workload = spec.workload()
+            # The adapter as the run's worker reported it: the server builds no model to say it.
+            reported = (run.header or {}).get("adapter") if workload.adapter is not None else None
             result = check_from_cells(
-                cells, workload=spec.workload(), gpu=spec.target_gpu(), seq_len=seq_len,
-                batch_size=batch_size, mode=mode, budget=spec.budget_bytes, backend_name=run.backend,
-                attn=(run.header or {}).get("attn"), effective_batch=effective,
+                cells, workload=workload if reported is None else replace(workload, adapter=None),
+                gpu=spec.target_gpu(), seq_len=seq_len, batch_size=batch_size, mode=mode,
+                budget=spec.budget_bytes, backend_name=run.backend, attn=(run.header or {}).get("attn"),
+                effective_batch=effective,
             )
             if result is not None:
+                if reported is not None:
+                    result.adapter = reported
+                    result.message = format_message(result)
                 return {**result.to_dict(), "table_id": run.id}
     return None
 

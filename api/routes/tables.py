@@ -9,8 +9,9 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from api.deps import QueueDep, SettingsDep, WriteAccess
 from api.errors import ERROR_RESPONSES
 from api.limits import MAX_OFFSET
-from api.runs.spec import TableSpec, normalize, run_warnings
+from api.runs.spec import TableSpec, normalize, run_adapter, run_warnings
 from api.schemas import (
+    AdapterPublic,
     CellPublic,
     GpuPublic,
     Progress,
@@ -55,6 +56,8 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
         budget_bytes=spec["budget_bytes"], margin=spec["margin"], max_batch=spec["max_batch"],
         search=spec["search"], attn=spec["attn"], attn_used=header.get("attn"), optimizer=spec["optimizer"],
         dtype=spec.get("dtype", "auto"), weights_dtype=stored.weights_dtype, loss=stored.loss,
+        adapter=None if (adapter := run_adapter(spec, header)) is None
+        else AdapterPublic.model_validate(adapter),
         warnings=run_warnings(stored),
         environment={**spec["environment"], **header.get("environment", {})},
         started_at=run.started_at, elapsed_s=run.elapsed_s, attempts=run.attempts,

@@ -30,6 +30,21 @@ from autotune.processes import protocol_stream
 NICE_INCREMENT = 10  # below the server and the run workers (os.nice: 0 is normal, 19 the lowest)
 
 
+def _workload(spec: Any) -> Any:
+    """The spec's workload, its adapter built by PEFT first: modules the model lacks are refused
+    naming the field (lora_targets, else peft), as normalize names the fields it checks."""
+    from autotune.tuner import adapter_json
+
+    workload = spec.workload()
+    try:
+        adapter_json(workload)  # cached: the check or explain's own call finds it
+    except InvalidInput as exc:
+        if exc.field is None:
+            exc.field = "lora_targets" if workload.adapter.targets is not None else "peft"
+        raise
+    return workload
+
+
 def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """``autotune.analysis.check.check_step`` on the estimator for a normalised request, as JSON."""
     from api.runs.spec import TableSpec
@@ -39,7 +54,7 @@ def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, 
 
     spec = TableSpec.from_json(spec_json)
     gpu = spec.target_gpu()
-    result = check_step(spec.workload(), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+    result = check_step(_workload(spec), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
                         batch_size=params["batch_size"], mode=parse_mode(params["mode"]),
                         margin=spec.margin, effective_batch=params["effective_batch"])
     return {**result.to_dict(), "table_id": None}
@@ -50,18 +65,22 @@ def explain_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str
     from api.runs.spec import TableSpec
     from autotune.analysis.explain import explain
     from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.tuner import adapter_json
     from autotune.workload.modes import parse_mode
 
     spec = TableSpec.from_json(spec_json)
-    gpu = spec.target_gpu()
-    result = explain(spec.workload(), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+    gpu, workload = spec.target_gpu(), _workload(spec)
+    result = explain(workload, EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
                      mode=parse_mode(params["mode"]), margin=spec.margin,
                      batch_size=params.get("batch_size"), with_levers=params.get("levers", True),
                      max_batch=spec.max_batch,
                      # The service's GPUs belong to the runner's lanes (one run per GPU): the
                      # 8-bit levers stay emulated here; the CLI measures them.
                      measure_8bit=False)
-    return result.to_dict()
+    data = result.to_dict()
+    # LoRA / QLoRA as the check says it (tuner.adapter_json), unless explain says it itself.
+    data.setdefault("adapter", adapter_json(workload))
+    return data
 
 
 ORDERS = {"check": check_order, "explain": explain_order}

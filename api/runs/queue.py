@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api.runs.runner import Runner, RunOrder
-from api.runs.spec import TableSpec
+from api.runs.spec import TableSpec, adapter_environment
 from api.settings import RECONCILE_S
 from api.store import ACTIVE, REUSABLE, Run, Store
 from autotune.errors import AutotuneError, StoreError
@@ -165,6 +165,8 @@ class RunQueue:
             now = self.runner.environment(recorded["backend"])
         except AutotuneError as exc:
             return f"the run cannot resume on this server: {exc}"
+        if "peft" in recorded:  # a run with an adapter: PEFT builds it
+            now = adapter_environment(now)
         diffs = [f"{k} {recorded.get(k)} -> {now.get(k)}" for k in sorted(set(recorded) | set(now))
                  if recorded.get(k) != now.get(k)]
         if not diffs:

@@ -4,8 +4,15 @@
 allowed values), checking every field so that a request with several wrong fields hears of all of
 them, and fills in the defaults. Two requests that normalise to the same ``TableSpec``
 (same model config, task, sequence lengths, modes, target GPU, margin, ...) on the same
-environment (backend, GPU kind, torch / transformers / autotune versions) have the same ``key``:
-the service answers the second with the first's run.
+environment (backend, GPU kind, torch / transformers / autotune versions, and PEFT's for a run
+with an adapter) have the same ``key``: the service answers the second with the first's run.
+
+LoRA / QLoRA (``peft``, ``lora_*``, ``load_in_4bit``, ``bnb_4bit_*``: the CLI's options, as
+autotune.workload.adapters.PeftOptions names them) is part of the spec: ``adapter`` holds the
+Adapter asked for (``Adapter.to_json()``), None for a full fine-tune, so a LoRA table and a full
+fine-tune table of one model are different runs. A full fine-tune's key leaves ``adapter`` out:
+it is the key such a run had before adapters were modelled, and identical requests still meet
+the runs stored then.
 
 Model names: a preset or a hub id; a local config only as an absolute path inside one of
 AUTOTUNE_MODEL_DIRS. Anything else that looks like a path is refused (ModelPathRefused) before
@@ -16,14 +23,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from api.limits import MAX_GPU_MEMORY_BYTES
+from api.limits import (
+    MAX_GPU_MEMORY_BYTES,
+    MAX_LORA_R,
+    MAX_LORA_TARGET_CHARS,
+    MAX_LORA_TARGETS,
+    MAX_LORA_TARGETS_CHARS,
+)
 from api.settings import Settings
 from autotune.backends import make_backend
 from autotune.defaults import (
@@ -42,6 +56,14 @@ from autotune.search import METHODS
 from autotune.tuner import budget_bytes
 from autotune.units import format_bytes, parse_bytes
 from autotune.workload import Workload
+from autotune.workload.adapters import (
+    COMPUTE_DTYPES,
+    PEFT_CHOICES,
+    QUANT_TYPES,
+    Adapter,
+    PeftOptions,
+    parse_targets,
+)
 from autotune.workload.loss import check_loss
 from autotune.workload.models import (
     check_dtype,
@@ -87,6 +109,9 @@ class TableSpec:
     dtype: str = DEFAULT_DTYPE  # the weights dtype asked for (auto: the config's)
     weights_dtype: str = "float32"  # what the weights are (models.resolve_dtype)
     loss: str = DEFAULT_LOSS
+    # LoRA / QLoRA: adapters.Adapter.to_json() (targets sorted; None: PEFT's default modules);
+    # None for a full fine-tune, and for every run stored before adapters were modelled.
+    adapter: dict[str, Any] | None = None
 
     @property
     def cells(self) -> int:
@@ -107,12 +132,16 @@ class TableSpec:
             data = {**data, "dtype": "auto", "weights_dtype": configured}
         return cls(**data)
 
+    def peft(self) -> Adapter | None:
+        """The Adapter of the spec, None for a full fine-tune."""
+        return None if self.adapter is None else Adapter.from_json(self.adapter)
+
     def workload(self) -> Workload:
         """The workload to probe, its config rebuilt from transformers' own classes (no remote code)."""
         model = model_from_json(self.model, self.model_source, self.model_type, self.model_config,
                                 self.max_seq_len)
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
-                        weights_dtype=self.weights_dtype, loss=self.loss)
+                        weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft())
 
     def target_gpu(self) -> GpuSpec:
         cc = self.gpu["compute_capability"]
@@ -120,9 +149,28 @@ class TableSpec:
                        self.gpu["context_overhead_bytes"], tuple(cc) if cc else None)  # type: ignore[arg-type]
 
     def key(self) -> str:
-        """sha256 of the whole spec: identical requests on an identical environment."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """sha256 of the whole spec: identical requests on an identical environment. A full
+        fine-tune's leaves ``adapter`` out: the key its run had before adapters were modelled."""
+        data = self.to_json()
+        if data["adapter"] is None:
+            del data["adapter"]
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_adapter(spec: Mapping[str, Any], header: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a run of the stored ``spec`` says of its adapter (None: a full fine-tune): the
+    AdapterSummary its worker reported when it started (the modules PEFT resolved, the parameter
+    counts), else, until then, the settings asked for, with ``parameters`` None and ``targets`` as
+    asked (None: PEFT's default). The server builds no model for it."""
+    if spec.get("adapter") is None:  # a full fine-tune, or a run stored before adapters
+        return None
+    adapter = Adapter.from_json(spec["adapter"])
+    reported = (header or {}).get("adapter")
+    if reported is not None:
+        return dict(reported)
+    return {**adapter.to_json(), "targets_default": adapter.targets is None, "parameters": None,
+            "label": adapter.label()}
 
 
 def run_warnings(spec: TableSpec) -> list[str]:
@@ -214,6 +262,7 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
     if found.ok("model", "task"):
         with found.about("loss"):
             loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
+    adapter = _adapter(body, found)
     found.raise_first()  # none found: every check above ran, and every name is bound
     return TableSpec(
         model=preset_name(name) or name,
@@ -238,11 +287,147 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
         max_batch=max_batch,
         search=search,
         budget_bytes=budget,
-        environment=env,
+        environment=env if adapter is None else adapter_environment(env),
         dtype=dtype,
         weights_dtype=weights_dtype,
         loss=loss,
+        adapter=None if adapter is None else adapter.to_json(),
     )
+
+
+# --- LoRA / QLoRA -----------------------------------------------------------------------------
+
+
+def adapter_environment(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The environment of a run with an adapter: ``env`` and PEFT's version, which builds it (a run
+    without one keeps the environment, and the key, it had before adapters were modelled)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        peft = version("peft")
+    except PackageNotFoundError:
+        peft = None
+    return {**env, "peft": peft}
+
+
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+BNB_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype")
+PEFT_FIELDS = ("peft", *LORA_FIELDS, "load_in_4bit", "load_in_8bit", *BNB_FIELDS)
+
+
+def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
+    """The Adapter the PEFT fields ask for (adapters.PeftOptions), None for a full fine-tune.
+
+    Each field is checked on its own first, so that an error names it; then PeftOptions checks
+    them together (a LoRA setting without ``peft``, a 4-bit setting without a 4-bit base, ...),
+    its error naming the field to change. The targets are sorted: the same modules in another
+    order are the same run.
+    """
+    with found.about("peft"):
+        peft = body.get("peft")
+        if peft is not None and str(peft).strip().lower() not in PEFT_CHOICES:
+            raise InvalidInput(f"unknown peft {peft!r}: allowed are {', '.join(PEFT_CHOICES)}")
+    with found.about("lora_r"):
+        _check_rank(body.get("lora_r"))
+    with found.about("lora_alpha"):
+        _check_number(body.get("lora_alpha"), "LoRA alpha", "a positive number", lambda x: x > 0)
+    with found.about("lora_dropout"):
+        _check_number(body.get("lora_dropout"), "LoRA dropout",
+                      "a number from 0 up to (not including) 1", lambda x: 0 <= x < 1)
+    targets: tuple[str, ...] | None = None
+    with found.about("lora_targets"):
+        targets = _lora_targets(body.get("lora_targets"))
+    with found.about("bnb_4bit_quant_type"):
+        quant_type = body.get("bnb_4bit_quant_type")
+        if quant_type is not None and quant_type not in QUANT_TYPES:
+            raise InvalidInput(f"unknown 4-bit quant type {quant_type!r}: allowed are "
+                               f"{', '.join(QUANT_TYPES)}")
+    with found.about("bnb_4bit_compute_dtype"):
+        compute = body.get("bnb_4bit_compute_dtype")
+        if compute is not None and _dtype_or_none(compute) not in COMPUTE_DTYPES:
+            raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}, "
+                               f"got {compute!r}")
+    with found.about("load_in_8bit"):
+        if body.get("load_in_8bit"):
+            PeftOptions(load_in_8bit=True).adapter()  # refused, with the library's reason
+    if not found.ok(*PEFT_FIELDS):
+        return None
+    options = PeftOptions(
+        peft=body.get("peft"), lora_r=body.get("lora_r"), lora_alpha=body.get("lora_alpha"),
+        lora_dropout=body.get("lora_dropout"), lora_targets=targets,
+        load_in_4bit=bool(body.get("load_in_4bit")),
+        bnb_4bit_quant_type=body.get("bnb_4bit_quant_type"),
+        bnb_4bit_use_double_quant=body.get("bnb_4bit_use_double_quant"),
+        bnb_4bit_compute_dtype=body.get("bnb_4bit_compute_dtype"),
+    )
+    with found.about(_combination_field(body)):
+        adapter = options.adapter()
+        if adapter is not None and adapter.targets is not None:
+            adapter = replace(adapter, targets=tuple(sorted(adapter.targets)))
+        return adapter
+    return None
+
+
+def _combination_field(body: Mapping[str, Any]) -> str:
+    """The field an error of PeftOptions' combined check is about: the one to change."""
+    peft = str(body.get("peft") or "none").strip().lower()
+    if peft == "none":
+        if body.get("load_in_4bit"):
+            return "load_in_4bit"
+        given = [name for name in (*LORA_FIELDS, *BNB_FIELDS) if body.get(name) is not None]
+        if given:
+            return given[0]
+    elif peft == "lora" and not body.get("load_in_4bit"):
+        given = [name for name in BNB_FIELDS if body.get(name) is not None]
+        if given:
+            return given[0]
+    return "peft"
+
+
+def _dtype_or_none(value: Any) -> str | None:
+    try:
+        return check_dtype(str(value))
+    except InvalidInput:
+        return None
+
+
+def _check_rank(value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LORA_R:
+        raise InvalidInput(f"LoRA rank must be an integer from 1 to {MAX_LORA_R}, got {value!r}")
+
+
+def _check_number(value: Any, what: str, allowed: str, ok: Callable[[float], bool]) -> None:
+    """A finite number that ``ok`` accepts (JSON bodies may carry NaN and Infinity: refused)."""
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not ok(value):
+        raise InvalidInput(f"{what} must be {allowed}, got {value!r}")
+
+
+def _lora_targets(value: Any) -> tuple[str, ...] | None:
+    """Module names (a comma-separated string or a list), or all-linear; None: PEFT's default."""
+    if value is None:
+        return None
+    if isinstance(value, str) and len(value) > MAX_LORA_TARGETS_CHARS:
+        raise InvalidInput(f"LoRA targets of {len(value)} characters are too long: at most "
+                           f"{MAX_LORA_TARGETS} module names of at most {MAX_LORA_TARGET_CHARS} characters")
+    if not isinstance(value, str) and len(value) > MAX_LORA_TARGETS:
+        raise InvalidInput(f"{len(value)} LoRA targets are too many: at most {MAX_LORA_TARGETS} module names")
+    targets = parse_targets(value)
+    assert targets is not None  # parse_targets refuses an empty list
+    if len(targets) > MAX_LORA_TARGETS:
+        raise InvalidInput(f"{len(targets)} LoRA targets are too many: at most {MAX_LORA_TARGETS} "
+                           "module names")
+    for name in targets:
+        if len(name) > MAX_LORA_TARGET_CHARS:
+            raise InvalidInput(f"LoRA target {name[:40]!r}... is too long: module names have at most "
+                               f"{MAX_LORA_TARGET_CHARS} characters")
+        if not name.isprintable() or any(ch.isspace() for ch in name):
+            raise InvalidInput(f"LoRA target {name!r} is not a module name: no spaces or control characters")
+    return targets
 
 
 class Findings:

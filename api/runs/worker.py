@@ -7,7 +7,7 @@ processes below this one (autotune/backends/cuda/); the estimate backend runs in
 Protocol: JSON objects, one per line, UTF-8.
 
     server -> worker (stdin)                  worker -> server (stdout)
-    {"op": "run", "run_id", "spec",           {"op": "header", "header": {"attn", "environment"}}
+    {"op": "run", "run_id", "spec",           {"op": "header", "header": {"attn", "environment", "adapter"}}
      "completed": [cell, ...]}                {"op": "progress"}  after each probe (the watchdog's
     {"op": "stop"}  (cancel: stop between                          sign of life)
      cells)                                   {"op": "cell", "position": n, "cell": {...}}  per new cell
@@ -76,7 +76,7 @@ class _ProgressBackend:
 def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]) -> None:
     """Fill the table of ``order``, reporting each new cell through ``emit``."""
     from api.runs.spec import TableSpec
-    from autotune.tuner import CellResult, tune_table
+    from autotune.tuner import CellResult, adapter_json, tune_table
     from autotune.workload.modes import parse_modes
 
     spec = TableSpec.from_json(order["spec"])
@@ -96,7 +96,12 @@ def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]
         if (cell.mode, cell.seq_len) not in completed:
             emit({"op": "cell", "position": done - 1, "cell": cell.to_dict()})
 
-    emit({"op": "header", "header": {"attn": backend.attn_used(workload), "environment": backend.describe()}})
+    # The adapter as PEFT built it on this model (its modules, its parameter counts): the run's
+    # page and GET /v1/tables say it, and a check answered from this table (routes/check.py).
+    # Targets this model lacks fail the run here, with PEFT's reason.
+    adapter = adapter_json(workload)
+    emit({"op": "header", "header": {"attn": backend.attn_used(workload), "environment": backend.describe(),
+                                     "adapter": adapter}})
     table = tune_table(
         workload, _ProgressBackend(backend, emit), gpu, seq_lens=spec.seq_lens, modes=parse_modes(spec.modes),
         margin=spec.margin, method=spec.search, max_batch=spec.max_batch, on_cell=on_cell,

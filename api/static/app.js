@@ -181,7 +181,13 @@ function errorText(text, status) {
 // -- launch form ------------------------------------------------------------------------------
 
 const FIELDS = ["model", "task", "dtype", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn",
-  "optimizer", "loss", "margin", "max_batch", "search", "token"];
+  "optimizer", "loss", "margin", "max_batch", "search", "peft", "lora_r", "lora_alpha", "lora_dropout",
+  "lora_targets", "token"];
+
+function decimalOr(text) {
+  const trimmed = text.trim();
+  return /^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(trimmed) ? Number(trimmed) : trimmed;
+}
 
 function numberOr(text) {
   const trimmed = text.trim();
@@ -202,6 +208,18 @@ function formBody(form) {
   if (margin) body.margin = /^[\d.]+$/.test(margin) ? Number(margin) : margin;
   const maxBatch = String(data.get("max_batch") || "").trim();
   if (maxBatch) body.max_batch = numberOr(maxBatch);
+  // Fine-tuning: a full fine-tune sends none of it (the request of a table before PEFT was modelled);
+  // a LoRA setting filled in without a method is sent, and the API says what it needs.
+  const peft = String(data.get("peft") || "none");
+  if (peft !== "none") body.peft = peft;
+  const rank = String(data.get("lora_r") || "").trim();
+  if (rank) body.lora_r = numberOr(rank);
+  for (const name of ["lora_alpha", "lora_dropout"]) {
+    const value = String(data.get(name) || "").trim();
+    if (value) body[name] = decimalOr(value);
+  }
+  const targets = String(data.get("lora_targets") || "").trim();
+  if (targets) body.lora_targets = targets;
   return body;
 }
 

@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 
+from api.runs.spec import run_adapter
 from api.store import Run
 from autotune.analysis.explain import CATEGORY_LABELS
 from autotune.units import format_bytes
@@ -62,6 +63,11 @@ def duration(seconds: float | None) -> str:
     return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def commas(text: str) -> Markup:
+    """A list joined by commas without spaces (``q_proj,v_proj``) that may wrap after each comma."""
+    return Markup(",<wbr>").join(escape(text).split(","))
+
+
 def breakable(name: str) -> Markup:
     """A dotted name (``bert.encoder.layer.11.attention.self``) that may wrap after each dot: a
     narrow column breaks it between its parts instead of cutting it or widening the table."""
@@ -84,7 +90,8 @@ def _path_for(context: Any, name: str, /, **params: Any) -> str:
 
 
 templates.env.globals["path_for"] = _path_for
-templates.env.filters.update(size=size, when=when, duration=duration, band=band, breakable=breakable)
+templates.env.filters.update(size=size, when=when, duration=duration, band=band, breakable=breakable,
+                             commas=commas)
 templates.env.globals.update(backend_label=backend_label, BANDS=BANDS, CATEGORY_LABELS=CATEGORY_LABELS)
 
 
@@ -108,9 +115,27 @@ def run_label(run: Run) -> RunLabel:
                     budget=format_bytes(spec["budget_bytes"]), backend=backend_label(run.backend))
 
 
+FULL_FINE_TUNE = "full fine-tune"
+
+
+def adapter_labels(run: Run) -> tuple[str, str]:
+    """A run's training setup in words, long and short: the adapter's label (method, rank,
+    targets, trainable / total parameters) and ``LoRA r=16, 0.52% trainable``; or "full fine-tune"."""
+    adapter = run_adapter(run.spec, run.header)
+    if adapter is None:
+        return FULL_FINE_TUNE, FULL_FINE_TUNE
+    short = f"{'QLoRA' if adapter['method'] == 'qlora' else 'LoRA'} r={adapter['r']}"
+    counts = adapter.get("parameters")
+    if counts:
+        short += f", {100 * counts['trainable'] / max(1, counts['total']):.2f}% trainable"
+    return str(adapter["label"]), short
+
+
 def summary(run: Run) -> dict[str, Any]:
     """The fields of a run the list and the headers show."""
+    adapter, adapter_short = adapter_labels(run)
     return {
+        "adapter": adapter, "adapter_short": adapter_short,
         "id": run.id, "model": run.model, "task": run.spec["task"], "gpu": run.gpu,
         "gpu_memory": format_bytes(run.spec["gpu"]["total_memory_bytes"]),
         "budget": format_bytes(run.spec["budget_bytes"]), "backend": run.backend,

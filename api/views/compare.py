@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from api.chart import Series, line_chart
 from api.deps import QueueDep
 from api.store import Run
-from api.views.common import PACKAGE, path_for, run_label, summary, templates
+from api.views.common import PACKAGE, adapter_labels, path_for, run_label, summary, templates
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 
 router = APIRouter()
@@ -56,6 +56,8 @@ class Column:
     values: dict[int, int | None]  # seq_len -> max batch (None: failed or not measured)
     capped: frozenset[int]
     reference: bool = False
+    adapter: str = ""  # the run's training setup, short: "LoRA r=16, 0.52% trainable", "full fine-tune"
+    adapter_label: str = ""  # and in full (the adapter's label)
 
 
 def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
@@ -66,11 +68,13 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
             continue
         found = {c["seq_len"]: c for c in cells[run.id] if c["mode"] == mode}
         label = run_label(run)
+        adapter_label, adapter = adapter_labels(run)
         columns.append(Column(
             label=f"{label.model} · {label.gpu}", sub=f"{label.backend}, budget {label.budget}",
             url=path_for(request, "run_page", run_id=run.id),
             values={s: found[s]["max_batch_size"] if s in found else None for s in run.spec["seq_lens"]},
             capped=frozenset(s for s, c in found.items() if c.get("capped")),
+            adapter=adapter, adapter_label=adapter_label,
         ))
     if mode == "fp32":
         ref = reference()

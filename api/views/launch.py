@@ -21,6 +21,7 @@ from autotune.defaults import (
 from autotune.gpus import GPU_PRESETS
 from autotune.search import METHODS
 from autotune.units import format_bytes
+from autotune.workload.adapters import DEFAULT_ALPHA, DEFAULT_DROPOUT, DEFAULT_R
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, LONG_SEQ_LENS, PRESETS, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
@@ -28,6 +29,13 @@ from autotune.workload.optimizers import OPTIMIZERS
 from autotune.workload.step import ATTN_CHOICES
 
 router = APIRouter()
+
+# The fine-tuning methods of the form (POST /v1/tables' peft): value, label.
+PEFT_METHODS = (
+    ("none", "full fine-tune (every weight trained)"),
+    ("lora", "LoRA (frozen base, adapters trained)"),
+    ("qlora", "QLoRA (LoRA over a 4-bit base)"),
+)
 
 
 @router.get("/new", response_class=HTMLResponse, name="launch")
@@ -46,5 +54,7 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResp
         "attns": ATTN_CHOICES, "optimizers": OPTIMIZERS, "searches": METHODS, "margin": DEFAULT_MARGIN,
         "max_batch": min(settings.max_batch, DEFAULT_MAX_BATCH),
         "needs_token": settings.api_token is not None,
+        "peft_methods": PEFT_METHODS, "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA,
+                                                        "dropout": DEFAULT_DROPOUT},
     }
     return templates.TemplateResponse(request, "launch.html", context)

@@ -2,9 +2,10 @@
 
 Open the home page, launch a tiny-model run with the form (after the API turned down a bad
 sequence length next to its field), watch the table fill in without a reload, open a cell and its
-explain panel, then compare three runs; then the same pages at a phone's width (390 px) and a
-laptop's (1280 px), where every table must fit its box or scroll inside it with a cue, every run must
-have its column in compare, and no two legend entries or axis labels may overlap. The API docs
+explain panel, then compare three runs (one of them LoRA); then the same pages at a phone's width
+(390 px) and a laptop's (1280 px), where every table must fit its box or scroll inside it with a
+cue, every run must have its column in compare, and no two legend entries or axis labels may
+overlap; a LoRA run's page and the launch form's fine-tuning settings at a phone's width. The API docs
 (/docs, /redoc) render from the server's own files. No page asks another host for anything.
 Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it and prints the folder) or the test's
 temporary folder.
@@ -251,10 +252,11 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     assert_readable(page, "the run page, a cell and its explain panel")
     page.screenshot(path=shots / "04-run-done-cell-explain.png", full_page=True)
 
-    # Two more runs through the API, one on a GPU preset, then the three side by side from the home page.
+    # Two more runs through the API, one on a GPU preset, one with LoRA, then the three side by side
+    # from the home page.
     others = [server.client.post("/v1/tables", json={
         "model": "tiny-bert", "seq_lens": [32, 64, 128], "modes": ["fp32", "amp"], **target,
-    }).json()["id"] for target in ({"gpu": "T4"}, {"gpu_memory": "2GiB"})]
+    }).json()["id"] for target in ({"gpu": "T4"}, {"gpu_memory": "2GiB", "peft": "lora"})]
     for other in others:
         server.wait_for(f"/v1/tables/{other}", lambda t: t["status"] == "done")
     page.goto("/")
@@ -273,6 +275,8 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     expect(fp32.locator("thead th")).to_have_count(4)  # seq len + three runs
     for target in ("custom 1 GiB", "T4", "custom 2 GiB"):
         expect(fp32).to_contain_text(target)
+    expect(fp32.locator("thead .sub.adapter")).to_have_text(
+        [re.compile(r"^LoRA r=16, [\d.]+% trainable$"), "full fine-tune", "full fine-tune"])  # newest first
     expect(page.locator("#reference-note")).to_contain_text("Why PyTorch numbers differ")
     expect(page.get_by_role("table", name=re.compile("BERT README"))).to_contain_text("bert-large")
     assert_every_run_has_its_column(page, [run_id, *others])
@@ -300,6 +304,20 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     page.goto("/")
     assert_readable(page, "the runs")
     page.screenshot(path=shots / "09-phone-home.png", full_page=True)
+    page.goto(f"/runs/{others[1]}")  # the LoRA run: its adapter's label among the facts
+    expect(page.locator("#run-adapter")).to_contain_text("LoRA r=16 alpha=32 dropout 0.05 on query,value")
+    assert_readable(page, "a LoRA run")
+    page.screenshot(path=shots / "09a-phone-lora-run.png", full_page=True)
+    page.goto("/new")  # the fine-tuning settings reach the API, which says what is wrong next to them
+    page.get_by_label("Model").fill("tiny-llama")
+    page.get_by_label("Method").select_option("lora")
+    page.get_by_label("LoRA rank (r)").fill("0")
+    page.get_by_label("LoRA target modules").fill("q_proj,v_proj")
+    page.get_by_role("button", name="Make the table").click()
+    expect(page.locator("#lora_r-error")).to_contain_text("LoRA rank must be an integer from 1 to 4096, got 0")
+    expect(page.get_by_label("LoRA rank (r)")).to_have_attribute("aria-invalid", "true")
+    assert_readable(page, "the launch form")
+    page.screenshot(path=shots / "09b-phone-launch.png", full_page=True)
     print(f"dashboard screenshots: {shots}")
 
 
