@@ -5,9 +5,10 @@ the step at the requested batch, the max batch of that cell (searched with the r
 as the first guess, so a plan close to the limit costs two or three probes), and, when it does
 not fit, a suggestion: gradient accumulation to the same effective batch, then every lever
 that raises the max batch of this cell by the same backend's search, best first (a lighter
-mode, checkpointing, bitsandbytes' 8-bit AdamW, a chunked loss; all of them together or a
-shorter sequence only when nothing else lets batch 1 fit). A lever that does not help is
-never advised.
+mode, checkpointing, bitsandbytes' 8-bit AdamW, a chunked loss, then LoRA / QLoRA for a full
+fine-tune, QLoRA and a lower rank for a LoRA one; all of the step's own levers together or a
+shorter sequence only when none of them lets batch 1 fit). A lever that does not help is never
+advised.
 
 ``training_config.read_training_config`` reads the plan from a training config.
 """
@@ -25,6 +26,7 @@ from autotune.gpus import GpuSpec
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
+from autotune.workload.adapters import DEFAULT_R, make_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import uses_bitsandbytes
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
@@ -81,7 +83,8 @@ def check_step(
         with backend.cell(workload, mode, seq_len, budget) as cell:
             at_request = cell.fits(batch_size)
     fits_now = batch_size <= best
-    levers = [] if fits_now else helpful_levers(backend, workload, mode, seq_len, budget, best)
+    levers = [] if fits_now else helpful_levers(backend, workload, mode, seq_len, budget, best,
+                                                max_batch=cap)
     result = CheckResult(
         fits=fits_now, max_batch_size=best,
         peak_memory_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -115,7 +118,7 @@ def accumulation_plan(effective_batch: int, max_batch_size: int) -> tuple[int, i
 class Lever:
     """One change to the step and the max batch the same search finds with it."""
 
-    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "combined" | "seq_len"
+    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "adapter" | "combined" | "seq_len"
     label: str  # what to do, e.g. "mode bf16+ckpt", "optimizer adamw_bnb_8bit (8-bit AdamW)"
     max_batch_size: int
 
@@ -153,18 +156,50 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
     return options
 
 
+def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
+    """(name, label, workload) of each change of the PEFT setup that may raise the max batch: for a
+    full fine-tune LoRA and QLoRA (r 16, PEFT's default modules: ``make_adapter``'s defaults); for
+    LoRA the same adapter over a 4-bit base, and half the rank; for QLoRA half the rank. Names as
+    explain's levers name them (lora, qlora, lora-r8, qlora-r8)."""
+    adapter = workload.adapter
+    if adapter is None:
+        lora, qlora = make_adapter("lora"), make_adapter("qlora")
+        return [
+            ("lora", f"LoRA r={DEFAULT_R} on PEFT's default modules", replace(workload, adapter=lora)),
+            ("qlora", f"QLoRA r={DEFAULT_R} on PEFT's default modules, 4-bit "
+             f"{qlora.quant_type.upper()} base", replace(workload, adapter=qlora)),
+        ]
+    options: list[tuple[str, str, Workload]] = []
+    if not adapter.quantized:
+        quantized = replace(adapter, method="qlora")
+        options.append(("qlora", f"QLoRA r={adapter.r}: this LoRA over a 4-bit "
+                        f"{quantized.quant_type.upper()} base", replace(workload, adapter=quantized)))
+    if adapter.r > 1:
+        lower = max(1, adapter.r // 2)
+        name = "QLoRA" if adapter.quantized else "LoRA"
+        options.append((f"{adapter.method}-r{lower}", f"{name} r={lower}, half the rank",
+                        replace(workload, adapter=replace(adapter, r=lower))))
+    return options
+
+
 def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
-                   best: int) -> list[Lever]:
-    """The levers that raise this cell's max batch above ``best``, by the same backend's search,
-    best first. When none does and nothing fits, the levers together, then half the length."""
+                   best: int, *, max_batch: int = DEFAULT_MAX_BATCH) -> list[Lever]:
+    """The levers that raise this cell's max batch above ``best``, by the same backend's search
+    (capped at ``max_batch``, as the cell's), best first. When none of the step's own levers does
+    (a PEFT setup may) and nothing fits, those levers together, then half the length."""
     gpu = backend.gpu
     found: list[Lever] = []
     options = candidate_levers(workload, mode, gpu)
     for name, label, changed, changed_mode in options:
-        value = _max_or_none(backend, changed, changed_mode, seq_len, budget, best)
+        value = _max_or_none(backend, changed, changed_mode, seq_len, budget, best, max_batch)
         if value is not None and value > best:
             found.append(Lever(name, label, value))
-    if not found and best == 0 and options:
+    for _, label, changed in adapter_levers(workload):
+        value = _max_or_none(backend, changed, mode, seq_len, budget, best, max_batch)
+        if value is not None and value > best:
+            found.append(Lever("adapter", label, value))
+    own = [lever for lever in found if lever.name != "adapter"]
+    if not own and best == 0 and options:
         # Nothing alone lets batch 1 fit: all of them at once (the lightest mode, every change
         # of the workload).
         lightest = options[0][3]
@@ -174,24 +209,25 @@ def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: in
                            loss=changes.get("loss", workload).loss)
         labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options
                                                if changed != workload]
-        value = _max_or_none(backend, together, lightest, seq_len, budget, best)
+        value = _max_or_none(backend, together, lightest, seq_len, budget, best, max_batch)
         if value is not None and value > best:
-            found.append(Lever("combined", "all of: " + "; ".join(labels), value))
-    if not found and best == 0 and seq_len > 1:
+            own.append(Lever("combined", "all of: " + "; ".join(labels), value))
+            found.append(own[-1])
+    if not own and best == 0 and seq_len > 1:
         shorter = seq_len // 2
-        value = _max_or_none(backend, workload, mode, shorter, budget, best)
+        value = _max_or_none(backend, workload, mode, shorter, budget, best, max_batch)
         if value is not None and value > best:
             found.append(Lever("seq_len", f"sequences of at most {shorter} tokens", value))
     return sorted(found, key=lambda lever: -lever.max_batch_size)
 
 
 def _max_or_none(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
-                 best: int) -> int | None:
+                 best: int, max_batch: int = DEFAULT_MAX_BATCH) -> int | None:
     """The max batch of a lever's step; None where the backend cannot run it (e.g. bitsandbytes
     missing on a GPU machine, flash attention without 16-bit): such a lever is not advised."""
     try:
-        return search_cell(backend, workload, mode, seq_len, budget,
-                           guess=max(1, 4 * best)).max_batch_size
+        return search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch,
+                           guess=max(1, min(4 * best, max_batch))).max_batch_size
     except AutotuneError:  # SearchError and ProbeError included
         return None
 
@@ -206,7 +242,7 @@ def suggestion(best: int, effective_batch: int, levers: list[Lever]) -> str:
     parts.extend(f"{lever.label} (max {lever.max_batch_size})" for lever in levers)
     if not parts:
         return ("even batch 1 does not fit with any lever autotune models (16-bit autocast, "
-                "checkpointing, 8-bit AdamW, chunked loss): use a GPU with more memory")
+                "checkpointing, 8-bit AdamW, chunked loss, LoRA / QLoRA): use a GPU with more memory")
     return ", or ".join(parts)
 
 

@@ -8,7 +8,12 @@ the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
   block is put in one category (parameters, gradients, optimizer state, autocast weight copies,
   activations saved for backward, temporaries, the batch, cuBLAS workspaces), so the categories
   add up to the peak allocated exactly. The allocator's cached-but-unused blocks and the CUDA
-  context (outside the allocator) complete the picture;
+  context (outside the allocator) complete the picture. With a PEFT adapter (LoRA, QLoRA) the
+  parameters and buffers split into the frozen base, its 4-bit storage (the packed weights and
+  the quantization state of each 4-bit layer) and the adapter weights (what trains: LoRA's
+  matrices and modules_to_save); the gradients and optimizer state are the adapters' alone; the
+  temporaries of the emulated 4-bit matmul (nf4.py: the dequantized weight and absmax, in its
+  forward and backward) get a category of their own;
 - the modules holding the most parameters and the most activations, and flags for the outliers
   that caused real out-of-memory reports: a module holding more than a third of the parameters,
   an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence, the
@@ -23,9 +28,11 @@ cuda backend of its own).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +40,7 @@ from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import budget_bytes, search_cell
+from autotune.tuner import adapter_json, budget_bytes, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
@@ -54,6 +61,7 @@ EMBEDDING_SHARE = 1 / 2
 # than a design (the TabBERT story: 867,813 tokens from one ID column).
 HUGE_VOCAB = 2**18
 TOP_MODULES = 10
+TEMPORARY = "temporaries"  # instrument.TEMPORARY
 WEIGHT_KINDS = ("parameters", "gradients", "optimizer_state", "autocast_copies")
 # How a report names each category of the breakdown (instrument.CATEGORIES).
 CATEGORY_LABELS = {
@@ -66,6 +74,21 @@ CATEGORY_LABELS = {
     "inputs": "the batch (inputs, labels)",
     "workspaces": "cuBLAS workspaces",
 }
+# With a PEFT adapter, "parameters" splits into these three (in this order, where it stood), and
+# the 4-bit matmul's temporaries follow the activations (see the module docstring).
+FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS, DEQUANTIZATION = (
+    "frozen_base", "base_4bit", "adapter_weights", "dequantization")
+ADAPTER_CATEGORY_LABELS = {
+    FROZEN_BASE: "frozen base (weights and buffers)",
+    BASE_4BIT: "4-bit base ({quant} weights + quantization state)",
+    ADAPTER_WEIGHTS: "adapter weights (trainable)",
+    "gradients": "adapter gradients",
+    "optimizer_state": "optimizer state (adapter weights only)",
+    DEQUANTIZATION: "4-bit dequantization temporaries",  # and the casts of the 4-bit matmul
+}
+# How batch_one_reason names the adapter's categories in a sentence.
+_ADAPTER_SHORT = {FROZEN_BASE: "frozen base", BASE_4BIT: "4-bit base", ADAPTER_WEIGHTS: "adapter weights",
+                  DEQUANTIZATION: "4-bit dequantization temporaries"}
 # How the activation table names what the loss keeps (the model's own forward outside any of its
 # modules): the log-softmax of the float32 logits ([batch x seq, vocab], transformers' loss_utils
 # upcasts them), or with loss "chunked" the gradients Liger's fused loss computes in its forward.
@@ -82,7 +105,10 @@ class Breakdown:
     peak_allocated_bytes: int  # == sum(categories.values())
     peak_step: int  # 1-based training step of the peak
     peak_phase: str  # "forward" | "backward" | "optimizer step" (or "setup")
-    categories: dict[str, int]  # instrument.CATEGORIES, in that order
+    # instrument.CATEGORIES, in that order; with an adapter, "parameters" is frozen_base,
+    # base_4bit (a 4-bit base only) and adapter_weights, and dequantization (a 4-bit base only)
+    # follows "activations" (category_keys)
+    categories: dict[str, int]
     demand_bytes: int  # the smallest capacity the step runs in (what the budget bounds)
     cached_bytes: int  # demand - peak allocated: blocks reserved but not in use at the peak
     context_bytes: int  # CUDA context, outside PyTorch's allocator
@@ -144,17 +170,165 @@ class Explanation:
     does_not_fit: str | None  # why even batch 1 does not fit, when it does not
     levers: list[Lever] = field(default_factory=list)
     padding: PaddingReport | None = None
+    # The PEFT adapter (tuner.adapter_json: settings, resolved targets, trainable and total
+    # parameters as PEFT counts them, label); None for a full fine-tune.
+    adapter: dict[str, Any] | None = None
+    # With an adapter: tensor bytes of the parameters and buffers by category (frozen_base,
+    # base_4bit, adapter_weights), before the allocator's rounding; None for a full fine-tune.
+    weight_bytes: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def category_keys(adapter: bool, quantized: bool = False) -> tuple[str, ...]:
+    """The breakdown's categories in order: instrument.CATEGORIES, or with an adapter "parameters"
+    split (module docstring)."""
+    from autotune.backends.estimate.instrument import CATEGORIES
+
+    if not adapter:
+        return CATEGORIES
+    keys: list[str] = []
+    for kind in CATEGORIES:
+        if kind == "parameters":
+            keys += [FROZEN_BASE, *([BASE_4BIT] if quantized else []), ADAPTER_WEIGHTS]
+        else:
+            keys.append(kind)
+        if kind == "activations" and quantized:
+            keys.append(DEQUANTIZATION)
+    return tuple(keys)
+
+
+def category_labels(adapter: dict[str, Any] | None) -> dict[str, str]:
+    """How a report names each category of a breakdown, in its order: CATEGORY_LABELS for a full
+    fine-tune; with ``adapter`` (Explanation.adapter) the adapter's split."""
+    if adapter is None:
+        return dict(CATEGORY_LABELS)
+    quantized = adapter.get("method") == "qlora"
+    quant = str(adapter.get("quant_type") or "nf4").upper()
+    labels = {**CATEGORY_LABELS, **ADAPTER_CATEGORY_LABELS}
+    return {key: labels[key].format(quant=quant) for key in category_keys(True, quantized)}
+
+
+@dataclass(frozen=True)
+class AdapterSplit:
+    """How a PEFT model's allocations split (module docstring): the category of each parameter
+    and buffer by name (those not named are the frozen base), and the allocations made inside
+    the emulated 4-bit matmul (dequantization temporaries, by allocation index)."""
+
+    quantized: bool
+    groups: dict[str, str]  # parameter or buffer name -> BASE_4BIT | ADAPTER_WEIGHTS
+    dequantization: frozenset[int] = frozenset()
+
+    def kind(self, index: int, allocation: Any) -> str:
+        if allocation.kind == "parameters":
+            return self.groups.get(allocation.param or "", FROZEN_BASE)
+        if allocation.kind == TEMPORARY and index in self.dequantization:
+            return DEQUANTIZATION
+        return str(allocation.kind)
+
+
+def adapter_groups(model: Any) -> dict[str, str]:
+    """Parameter and buffer names of a PEFT model -> BASE_4BIT (the packed weight and the
+    quantization state of every emulated 4-bit layer) or ADAPTER_WEIGHTS (every trainable
+    parameter); the rest is the frozen base."""
+    from autotune.backends.estimate.nf4 import EmulatedLinear4bit
+
+    groups: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, EmulatedLinear4bit):
+            prefix = f"{name}." if name else ""
+            groups[f"{prefix}weight"] = BASE_4BIT
+            for buffer, _ in module.named_buffers(recurse=False):
+                groups[f"{prefix}{buffer}"] = BASE_4BIT
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            groups[name] = ADAPTER_WEIGHTS
+    return groups
+
+
+def weight_bytes(model: Any, groups: dict[str, str]) -> dict[str, int]:
+    """Tensor bytes of a PEFT model's parameters and buffers by category (each storage once)."""
+    totals = dict.fromkeys((FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS), 0)
+    seen: set[int] = set()
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        totals[groups.get(name, FROZEN_BASE)] += tensor.numel() * tensor.element_size()
+    return totals
+
+
+# -- the 4-bit matmul's temporaries ----------------------------------------------------------------
+
+# While a traced probe of explain runs: the allocation indices made inside the emulated 4-bit matmul.
+_DEQUANTIZING: ContextVar[set[int] | None] = ContextVar("dequantizing", default=None)
+_WRAPPED = "_autotune_explain_regions"
+
+
+@contextlib.contextmanager
+def dequantization_regions() -> Iterator[set[int]]:
+    """Collect, for the recording tracker that runs the step, the indices of the allocations made
+    inside nf4's ``_MatMul4Bit`` forward and backward (the dequantized weight, the float32
+    absmax, casts), but for what it returns (the output, the input's gradient). The class's
+    forward and backward are wrapped once; outside this context, or with no RecordingTracker
+    running, they are called as they are."""
+    _wrap_matmul_4bit()
+    found: set[int] = set()
+    token = _DEQUANTIZING.set(found)
+    try:
+        yield found
+    finally:
+        _DEQUANTIZING.reset(token)
+
+
+def _wrap_matmul_4bit() -> None:
+    from autotune.backends.estimate.nf4 import _MatMul4Bit
+
+    if getattr(_MatMul4Bit, _WRAPPED, False):
+        return
+    for method in ("forward", "backward"):
+        setattr(_MatMul4Bit, method, staticmethod(_in_region(getattr(_MatMul4Bit, method))))
+    setattr(_MatMul4Bit, _WRAPPED, True)
+
+
+def _in_region(function: Any) -> Any:
+    def region(*args: Any) -> Any:
+        found = _DEQUANTIZING.get()
+        tracker = _recording_tracker() if found is not None else None
+        if found is None or tracker is None:
+            return function(*args)
+        start = len(tracker.allocations)
+        result = function(*args)
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        returned = {tracker._current.get(leaf.untyped_storage()._cdata) for leaf in tree_leaves(result)
+                    if isinstance(leaf, torch.Tensor)}
+        found.update(index for index in range(start, len(tracker.allocations)) if index not in returned)
+        return result
+
+    return region
+
+
+def _recording_tracker() -> Any:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from autotune.backends.estimate.instrument import RecordingTracker
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, RecordingTracker):
+            return mode
+    return None
+
+
 # -- the breakdown ------------------------------------------------------------------------------
 
 
-def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: int, fits: bool
-                 ) -> Breakdown:
-    """Categories of the live blocks when allocated memory peaks (the first such moment)."""
+def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: int, fits: bool,
+                 split: AdapterSplit | None = None) -> Breakdown:
+    """Categories of the live blocks when allocated memory peaks (the first such moment); with
+    ``split`` (a PEFT model), the adapter's categories (category_keys)."""
     from autotune.backends.estimate.allocator import CachingAllocatorSim
 
     sim = CachingAllocatorSim()  # no limit: as accounting.replay finds the peak allocated
@@ -177,9 +351,10 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
         if allocated > peak:
             peak, peak_event = allocated, position
     live, at_peak = _live_at(recording.events, peak_event)
-    categories = dict.fromkeys(_categories(), 0)
+    categories = dict.fromkeys(category_keys(split is not None, split is not None and split.quantized), 0)
     for index in live:
-        categories[recording.allocations[index].kind] += blocks[index]
+        allocation = recording.allocations[index]
+        categories[split.kind(index, allocation) if split else allocation.kind] += blocks[index]
     assert sum(categories.values()) == peak  # every live block is in exactly one category
     peak_allocation = recording.allocations[at_peak]
     return Breakdown(
@@ -188,12 +363,6 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
         cached_bytes=max(0, demand_bytes - peak), context_bytes=gpu.context_overhead_bytes,
         budget_bytes=budget, fits=fits,
     )
-
-
-def _categories() -> tuple[str, ...]:
-    from autotune.backends.estimate.instrument import CATEGORIES
-
-    return CATEGORIES
 
 
 def _live_at(events: list[tuple[int, int]], last: int) -> tuple[set[int], int]:
@@ -215,9 +384,13 @@ def _live_at(events: list[tuple[int, int]], last: int) -> tuple[set[int], int]:
 
 
 def describe_module(module: Any) -> str:
-    """Short and with the sizes: "Linear(4096, 200)", "Embedding(868000, 32)", "LayerNorm((32,), ...)"."""
+    """Short and with the sizes: "Linear(4096, 200)", "Embedding(868000, 32)", "LayerNorm((32,), ...)",
+    "Linear4bit(4096, 200, nf4)"."""
     from torch import nn
 
+    linear_4bit = _linear_4bit()
+    if linear_4bit is not None and isinstance(module, linear_4bit):
+        return f"Linear4bit({module.in_features}, {module.out_features}, {module.quant_type})"
     if isinstance(module, nn.Linear):
         return f"Linear({module.in_features}, {module.out_features})"
     if isinstance(module, nn.Embedding):
@@ -226,8 +399,20 @@ def describe_module(module: Any) -> str:
     return f"{type(module).__name__}({extra})" if extra else type(module).__name__
 
 
+def _linear_4bit() -> Any:
+    """nf4.EmulatedLinear4bit, where a 4-bit model may exist (nf4 is imported: it imports PEFT)."""
+    import sys
+
+    module = sys.modules.get("autotune.backends.estimate.nf4")
+    return None if module is None else module.EmulatedLinear4bit
+
+
 def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
-    """Modules by the bytes of their own parameters (shared parameters count once), and the total."""
+    """Modules by the bytes of their own parameters (shared parameters count once), and the total.
+
+    A 4-bit layer's packed weight counts as the weights it holds (in x out, as PEFT counts
+    bitsandbytes' layers), its bytes with the quantization state (the layer's buffers)."""
+    linear_4bit = _linear_4bit() or ()
     seen: set[int] = set()
     rows = []
     for name, module in model.named_modules():
@@ -235,13 +420,23 @@ def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
         seen.update(id(p) for p in own)
         if own:
             rows.append((name, module, own))
-    total = sum(p.numel() for _, _, own in rows for p in own)
+
+    def count(module: Any, p: Any) -> int:
+        if isinstance(module, linear_4bit) and p is module.weight:
+            return int(module.in_features * module.out_features)
+        return int(p.numel())
+
+    def nbytes(module: Any, own: list[Any]) -> int:
+        tensors = [*own, *(module.buffers(recurse=False) if isinstance(module, linear_4bit) else ())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    total = sum(count(module, p) for _, module, own in rows for p in own)
     table = [
         ModuleParams(
             name=name, type=type(module).__name__, description=describe_module(module),
-            shapes=[tuple(p.shape) for p in own], params=sum(p.numel() for p in own),
-            param_bytes=sum(p.numel() * p.element_size() for p in own),
-            share=sum(p.numel() for p in own) / total if total else 0.0,
+            shapes=[tuple(p.shape) for p in own], params=sum(count(module, p) for p in own),
+            param_bytes=nbytes(module, own),
+            share=sum(count(module, p) for p in own) / total if total else 0.0,
         )
         for name, module, own in rows
     ]
@@ -249,18 +444,19 @@ def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
     return table, total
 
 
-def activation_table(recording: Recording, vocab: int | None = None, loss: str = "full"
-                     ) -> list[ModuleActivations]:
+def activation_table(recording: Recording, vocab: int | None = None, loss: str = "full",
+                     lm: str = "") -> list[ModuleActivations]:
     """Modules by the activations they allocated in the last forward and autograd kept.
 
     ``vocab``: a language model's vocabulary; the loss's float32 logits then get a row of their
-    own (LOSS_LOGITS), apart from the rest of what the model's forward allocated itself.
+    own (LOSS_LOGITS), apart from the rest of what the model's forward allocated itself. ``lm``:
+    the module whose forward computes the loss (lm_module: the model itself, or PEFT's base model).
     """
     per_module: dict[str, int] = defaultdict(int)
     logits_bytes = 0
     for allocation in recording.allocations:
         if allocation.kind == "activations" and allocation.step == recording.steps:
-            if vocab is not None and _is_loss_logits(allocation, recording, vocab):
+            if vocab is not None and _is_loss_logits(allocation, recording, vocab, lm):
                 logits_bytes += allocation.nbytes
             else:
                 per_module[allocation.module or ""] += allocation.nbytes
@@ -282,11 +478,20 @@ def activation_table(recording: Recording, vocab: int | None = None, loss: str =
     return rows
 
 
-def _is_loss_logits(allocation: Any, recording: Recording, vocab: int) -> bool:
+def _is_loss_logits(allocation: Any, recording: Recording, vocab: int, lm: str = "") -> bool:
     """A float32 [batch x seq, vocab] tensor the model's forward made itself (not a module's)."""
-    return (allocation.module == "" and allocation.dtype == "float32" and bool(allocation.shape)
+    return (allocation.module in ("", lm) and allocation.dtype == "float32" and bool(allocation.shape)
             and allocation.shape[-1] == vocab
             and math.prod(allocation.shape) == recording.batch_size * recording.seq_len * vocab)
+
+
+def lm_module(model: Any) -> str:
+    """The name of the module whose forward computes the model's loss: "" (the model itself), or
+    for a PEFT model its base model's (``base_model.model``)."""
+    if not hasattr(model, "get_base_model"):
+        return ""
+    base = model.get_base_model()
+    return next((name for name, module in model.named_modules() if module is base), "")
 
 
 def lm_vocab(model: Any, task: str) -> int | None:
@@ -339,9 +544,11 @@ def _embedding_flag(row: ModuleParams, module: Any, total: int) -> Flag | None:
     vocab, width = module.num_embeddings, module.embedding_dim
     if row.share <= EMBEDDING_SHARE and vocab <= HUGE_VOCAB:
         return None
+    trains = any(p.requires_grad for p in module.parameters(recurse=False))
     hint = ("larger than any common pretrained vocabulary: check the tokenizer or the label encoding "
             "that grew it") if vocab > HUGE_VOCAB else \
-        "its gradients and optimizer state dominate too: see the frozen-embeddings and 8-bit levers"
+        "its gradients and optimizer state dominate too: see the frozen-embeddings and 8-bit levers" \
+        if trains else "frozen (no gradients, no optimizer state): its weights alone take their share"
     return Flag("huge-vocabulary", row.name,
                 f"{_label(row.name)}: a vocabulary of {vocab:,} tokens x {width} holds {row.share:.0%} "
                 f"of the model's {total:,} parameters ({row.params:,} = {vocab:,} x {width}); {hint}")
@@ -390,7 +597,7 @@ def _owner(param: str) -> str:
 
 
 def batch_one_reason(breakdown: Breakdown, recording: Recording, table: list[ModuleParams],
-                     optimizer: str) -> str:
+                     optimizer: str, adapter: bool = False) -> str:
     """Which part alone exceeds the budget at batch 1 (module docstring)."""
     budget = breakdown.budget_bytes
     state = weight_state(recording)
@@ -400,7 +607,8 @@ def batch_one_reason(breakdown: Breakdown, recording: Recording, table: list[Mod
     static = sum(per_module.values())
     rows = {row.name: row for row in table}
     top = max(per_module, key=lambda name: per_module[name]) if per_module else None
-    what = f"parameters, gradients and {optimizer} state"
+    what = (f"weights (frozen base and adapters), adapter gradients and {optimizer} state" if adapter
+            else f"parameters, gradients and {optimizer} state")
     head = f"even batch 1 does not fit in the {format_bytes(budget)} budget"
     about_top = ""
     if top is not None and top in rows and static and per_module[top] / static > DOMINANT_SHARE:
@@ -416,7 +624,7 @@ def batch_one_reason(breakdown: Breakdown, recording: Recording, table: list[Mod
     parts = sorted(((n, k) for k, n in breakdown.categories.items() if n), reverse=True)
     chosen, running = [], 0
     for nbytes, kind in parts:
-        chosen.append(f"{kind.replace('_', ' ')} {format_bytes(nbytes)}")
+        chosen.append(f"{_ADAPTER_SHORT.get(kind, kind.replace('_', ' '))} {format_bytes(nbytes)}")
         running += nbytes
         if running > budget:
             break
@@ -455,17 +663,24 @@ def explain(
     budget = budget_bytes(gpu, margin)
     best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
     at = 1 if best == 0 else batch_size or best
+    model = backend._model(workload).model
     instrumented = InstrumentedBackend(backend)
-    with instrumented.cell(workload, mode, seq_len, budget) as cell:
+    quantized = workload.adapter is not None and workload.adapter.quantized
+    regions = dequantization_regions() if quantized else contextlib.nullcontext(set[int]())
+    with instrumented.cell(workload, mode, seq_len, budget) as cell, regions as dequantizing:
         probe = cell.fits(at)
     recording = instrumented.last
     assert recording is not None and recording.batch_size == at
+    split = groups = None
+    if workload.adapter is not None:
+        groups = adapter_groups(model)
+        split = AdapterSplit(quantized, groups, frozenset(dequantizing))
     breakdown = breakdown_of(recording, gpu, budget, probe.details["demand_bytes"],
-                             probe.outcome == "fits")
-    model = backend._model(workload).model
+                             probe.outcome == "fits", split)
     table, total = parameter_table(model)
     hidden = getattr(model.config, "hidden_size", None)
-    activations = activation_table(recording, lm_vocab(model, workload.task), workload.loss)
+    activations = activation_table(recording, lm_vocab(model, workload.task), workload.loss,
+                                   lm_module(model))
     flag = logits_flag(activations, workload.task)
     explanation = Explanation(
         model=workload.model.name, task=workload.task, attn=backend.attn_used(workload),
@@ -478,7 +693,9 @@ def explain(
         flags=find_flags(model, recording, seq_len, hidden if isinstance(hidden, int) else None,
                          table, total) + ([flag] if flag else []),
         does_not_fit=None if best else batch_one_reason(
-            breakdown, recording, table, optimizer_label(workload.optimizer)),
+            breakdown, recording, table, optimizer_label(workload.optimizer), workload.adapter is not None),
+        adapter=adapter_json(workload),
+        weight_bytes=None if groups is None else weight_bytes(model, groups),
     )
     if with_levers or lengths:
         from autotune.analysis.levers import real_8bit, what_if

@@ -17,6 +17,10 @@ searched the same way on an ``InstrumentedBackend``:
 - fused linear cross-entropy (causal LMs with the model's own loss): the step with loss
   "chunked" (workload/loss.py), Liger Kernel's chunked logits, as ``Trainer(use_liger_kernel=True)``
   runs it; a workload option (``loss``), so the lever gives the table's number for it.
+- PEFT (check.adapter_levers): for a full fine-tune LoRA and QLoRA at r 16 on PEFT's default
+  modules; for LoRA the same adapter over a 4-bit base (QLoRA) and half the rank; for QLoRA half
+  the rank. A workload option (``adapter``), searched as the table searches it; a setup PEFT
+  cannot build for the model (e.g. a quantized classification head) is the lever's error.
 
 Gradient accumulation needs no search: the largest micro-batch that divides the effective batch
 and fits (check.accumulation_plan). Dynamic padding (``dynamic_padding``): given the token lengths
@@ -28,9 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from autotune.analysis.check import accumulation_plan
+from autotune.analysis.check import accumulation_plan, adapter_levers
 from autotune.backends import Backend
 from autotune.backends.cuda import bnb
 from autotune.backends.cuda.bnb import BNB_OPTIMIZERS
@@ -55,7 +59,7 @@ NOTE_CHARS = 300  # of a failed measurement's message, in a lever's note
 @dataclass(frozen=True)
 class Lever:
     name: str  # amp, bf16, ckpt, amp+ckpt, adamw-8bit, adamw-8bit-trainer, sgd, frozen-embeddings,
-    #            fused-cross-entropy, seq-N, accumulation
+    #            fused-cross-entropy, lora, qlora, lora-rN, qlora-rN, seq-N, accumulation
     label: str
     max_batch_size: int | None  # None when the lever does not apply (see error)
     mode: str
@@ -65,16 +69,20 @@ class Lever:
     capped: bool = False
     note: str | None = None
     error: str | None = None
+    # The PEFT setup of a lever that changes it (tuner.adapter_json: settings, targets, trainable
+    # and total parameters); None for the others.
+    adapter: dict[str, Any] | None = None
 
 
 def what_if(
     workload: Workload, backend: Backend, *, seq_len: int, mode: Mode, budget: int, base_max: int,
     effective_batch: int | None = None, shorter_seq_lens: Sequence[int] | None = None,
-    max_batch: int = DEFAULT_MAX_BATCH, real: Real8bit | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH, real: Real8bit | None = None, peft: bool = True,
 ) -> list[Lever]:
     """Each lever that changes something from (workload, mode, seq_len), with its max batch.
 
-    ``real``: where the 8-bit levers are measured (bnb.real_8bit); None emulates them.
+    ``real``: where the 8-bit levers are measured (bnb.real_8bit); None emulates them. ``peft``:
+    with the levers that change the PEFT setup (check.adapter_levers).
     """
     from autotune.backends.estimate.instrument import InstrumentedBackend, Variant, embedding_parameters
 
@@ -102,7 +110,10 @@ def what_if(
         if mode.precision == "fp32":
             levers.append(search("amp+ckpt", "AMP fp16 + gradient checkpointing", backend, workload,
                                  Mode("amp", True), seq_len))
-    has_embeddings = bool(embedding_parameters(backend._model(workload).model))  # type: ignore[attr-defined]
+    # Embeddings that train (a PEFT setup freezes them): what the Trainer's 8-bit setup and the
+    # frozen-embeddings lever change.
+    has_embeddings = any(p.requires_grad for p in embedding_parameters(
+        backend._model(workload).model))  # type: ignore[attr-defined]
     if workload.optimizer in TORCH_ADAMW:
         levers.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
                                 Variant(optimizer="adamw-8bit")))
@@ -126,6 +137,8 @@ def what_if(
             backend, replace(workload, loss="chunked"), mode, seq_len,
             note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
         ))
+    for name, label, changed in adapter_levers(workload) if peft else ():
+        levers.append(_adapter_lever(search(name, label, backend, changed, mode, seq_len), changed))
     for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
         if 1 <= shorter < seq_len:
             levers.append(search(f"seq-{shorter}", f"max sequence length {shorter}", backend,
@@ -174,6 +187,20 @@ def eight_bit_lever(name: str, label: str, variant: Variant, *, backend: Backend
         note = f"{note}; {fallback}" if note else fallback
     return search_lever(name, label, InstrumentedBackend(backend, variant), workload, mode, seq_len,  # type: ignore[arg-type]
                         budget=budget, max_batch=max_batch, estimated=EMULATED_8BIT, note=note)
+
+
+def _adapter_lever(lever: Lever, workload: Workload) -> Lever:
+    """A PEFT lever with its adapter (settings, targets, parameter counts) and, as its note, the
+    adapter's label; as it was where PEFT cannot build the setup (the lever's error says why)."""
+    from autotune.tuner import adapter_json
+
+    if lever.error is not None:
+        return lever
+    try:
+        adapter = adapter_json(workload)
+    except InvalidInput:
+        return lever
+    return replace(lever, adapter=adapter, note=adapter["label"] if adapter else lever.note)
 
 
 def _bf16_note(backend: Backend) -> str | None:

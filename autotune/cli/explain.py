@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import autotune
-from autotune.analysis.explain import CATEGORY_LABELS
+from autotune.analysis.explain import category_labels
 from autotune.cli.common import (
     EXIT_OK,
     MODEL_HELP,
@@ -155,6 +155,7 @@ def render(e: Explanation) -> str:
         f"{e.model}, seq {e.seq_len}, {e.mode} on {_gpu(e)}",
         f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}, "
         f"loss {e.loss}",
+        *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context) x (1 - margin {e.margin})",
         f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
@@ -163,16 +164,18 @@ def render(e: Explanation) -> str:
         lines.append(e.does_not_fit)
     lines += ["", f"peak of the step at batch {e.batch_size}: {format_bytes(b.peak_allocated_bytes)} "
                   f"allocated, in the {b.peak_phase} of step {b.peak_step}"]
-    for kind, label in CATEGORY_LABELS.items():
+    labels = category_labels(e.adapter)
+    w = max([32] + [len(label) + 2 for label in labels.values()])
+    for kind, label in labels.items():
         nbytes = b.categories.get(kind, 0)
-        lines.append(f"  {label:32}{format_bytes(nbytes):>12}  {_pct(nbytes, b.peak_allocated_bytes)}")
+        lines.append(f"  {label:{w}}{format_bytes(nbytes):>12}  {_pct(nbytes, b.peak_allocated_bytes)}")
     verdict = "fits" if b.fits else "does not fit"
     lines += [
-        f"  {'= peak allocated':32}{format_bytes(b.peak_allocated_bytes):>12}",
-        f"  {'+ cached, not in use at the peak':32}{format_bytes(b.cached_bytes):>12}",
-        f"  {'= PyTorch needs':32}{format_bytes(b.demand_bytes):>12}  of the "
+        f"  {'= peak allocated':{w}}{format_bytes(b.peak_allocated_bytes):>12}",
+        f"  {'+ cached, not in use at the peak':{w}}{format_bytes(b.cached_bytes):>12}",
+        f"  {'= PyTorch needs':{w}}{format_bytes(b.demand_bytes):>12}  of the "
         f"{format_bytes(b.budget_bytes)} budget: {verdict}",
-        f"  {'+ CUDA context':32}{format_bytes(b.context_bytes):>12}  (outside PyTorch's allocator)",
+        f"  {'+ CUDA context':{w}}{format_bytes(b.context_bytes):>12}  (outside PyTorch's allocator)",
         "",
         f"largest modules by parameters ({e.total_params:,} in all):",
     ]

@@ -78,7 +78,10 @@ def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     head = model.get_output_embeddings()
     _check_head(model, head)
     inputs = {name: value for name, value in batch.items() if name != "labels"}
-    hidden = model.base_model(**inputs)[0]  # last_hidden_state
+    # A PEFT model's base_model is its tuner (whose forward is the whole LM): the LM's own base
+    # model, with PEFT's layers injected, gives the hidden states.
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = lm.base_model(**inputs)[0]  # last_hidden_state
     labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
     return _fused_function().apply(
         hidden.view(-1, hidden.shape[-1]), head.weight, labels.view(-1), head.bias)

@@ -419,7 +419,7 @@ def test_the_fused_cross_entropy_lever_is_the_chunked_step_searched_as_the_table
     workload, budget = vocab_heavy_lm(), 200 * MIB
     base = search_cell(backend, workload, FP32, LM_SEQ, budget).max_batch_size
     levers = {lever.name: lever for lever in what_if(
-        workload, backend, seq_len=LM_SEQ, mode=FP32, budget=budget, base_max=base)}
+        workload, backend, seq_len=LM_SEQ, mode=FP32, budget=budget, base_max=base, peft=False)}
     lever = levers["fused-cross-entropy"]
     assert lever.label == "fused linear cross-entropy (chunked logits, as Liger Kernel)"
     chunked = search_cell(backend, replace(workload, loss="chunked"), FP32, LM_SEQ, budget).max_batch_size
@@ -433,5 +433,5 @@ def test_the_fused_cross_entropy_lever_is_offered_only_for_a_causal_lm_with_its_
     gpu, backend = one_gib
     for workload in (replace(vocab_heavy_lm(), loss="chunked"), tiny_bert()):
         levers = what_if(workload, backend, seq_len=32, mode=parse_mode("amp+ckpt"), budget=GIB,
-                         base_max=1, shorter_seq_lens=[], max_batch=2)
+                         base_max=1, shorter_seq_lens=[], max_batch=2, peft=False)
         assert "fused-cross-entropy" not in [lever.name for lever in levers]
