@@ -62,11 +62,14 @@ def test_bert_large_gains_from_checkpointing_with_the_trainers_fused_adamw():
     assert 1 <= plain < checkpointed
 
 
-def test_an_axolotl_qlora_config_is_refused_naming_the_key(capsys):
-    code, out, err = run(capsys, "check", "--from-config", str(EXAMPLES / "axolotl_qlora.yml"),
-                         "--gpu", "A100-80GB", "--backend", "estimate")
-    assert code == 2 and out == ""
-    assert "adapter: 'qlora'" in err and "is not modelled" in err
+def test_an_axolotl_qlora_config_is_checked_as_qlora(capsys):
+    code, out, _ = run(capsys, "check", "--from-config", str(EXAMPLES / "axolotl_qlora.yml"),
+                       "--gpu", "A100-80GB", "--backend", "estimate", "--json")
+    doc = json.loads(out)
+    assert code in (0, 1)
+    assert doc["adapter"]["method"] == "qlora" and doc["adapter"]["quant_type"] == "nf4"
+    assert doc["adapter"]["parameters"]["trainable"] < doc["adapter"]["parameters"]["total"]
+    assert "QLoRA (nf4" in doc["message"]
 
 
 def test_a_training_arguments_example_is_checked_as_it_says(capsys):
