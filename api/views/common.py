@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 
 from api.runs.spec import run_adapter
 from api.store import Run
-from autotune.analysis.explain import CATEGORY_LABELS
+from autotune.analysis.explain import CATEGORY_LABELS, category_labels
 from autotune.units import format_bytes
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -92,7 +92,8 @@ def _path_for(context: Any, name: str, /, **params: Any) -> str:
 templates.env.globals["path_for"] = _path_for
 templates.env.filters.update(size=size, when=when, duration=duration, band=band, breakable=breakable,
                              commas=commas)
-templates.env.globals.update(backend_label=backend_label, BANDS=BANDS, CATEGORY_LABELS=CATEGORY_LABELS)
+templates.env.globals.update(backend_label=backend_label, BANDS=BANDS, CATEGORY_LABELS=CATEGORY_LABELS,
+                             category_labels=category_labels)
 
 
 @dataclass(frozen=True)
