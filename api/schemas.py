@@ -178,6 +178,7 @@ class TableSummary(BaseModel):
     created_at: str
     finished_at: str | None
     error: str | None
+    adapter: AdapterPublic | None = Field(description=ADAPTER_DESCRIPTION)
 
 
 class TablePublic(TableSummary):
@@ -195,7 +196,6 @@ class TablePublic(TableSummary):
     dtype: str = Field(description="the weights dtype asked for (auto: the config's)")
     weights_dtype: str = Field(description="the dtype the weights had: float32, bfloat16 or float16")
     loss: str
-    adapter: AdapterPublic | None = Field(description=ADAPTER_DESCRIPTION)
     warnings: list[str] = Field(description="what the target card does not support of this step")
     environment: dict[str, Any]
     started_at: str | None

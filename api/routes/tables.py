@@ -42,6 +42,8 @@ def _summary(run: Run, request: Request) -> dict[str, Any]:
         "progress": Progress(done=run.done, total=run.total), "task": run.spec["task"],
         "backend": run.backend, "gpu": run.gpu, "created_at": run.created_at,
         "finished_at": run.finished_at, "error": run.error,
+        "adapter": None if (adapter := run_adapter(run.spec, run.header)) is None
+        else AdapterPublic.model_validate(adapter),
     }
 
 
@@ -56,8 +58,6 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
         budget_bytes=spec["budget_bytes"], margin=spec["margin"], max_batch=spec["max_batch"],
         search=spec["search"], attn=spec["attn"], attn_used=header.get("attn"), optimizer=spec["optimizer"],
         dtype=spec.get("dtype", "auto"), weights_dtype=stored.weights_dtype, loss=stored.loss,
-        adapter=None if (adapter := run_adapter(spec, header)) is None
-        else AdapterPublic.model_validate(adapter),
         warnings=run_warnings(stored),
         environment={**spec["environment"], **header.get("environment", {})},
         started_at=run.started_at, elapsed_s=run.elapsed_s, attempts=run.attempts,

@@ -254,7 +254,9 @@ def lora_config(adapter: Adapter, task: str) -> Any:
     elif adapter.targets is not None:
         targets = list(adapter.targets)
     return LoraConfig(
-        r=adapter.r, lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # PEFT reads any number lora_dropout=adapter.dropout,
+        r=adapter.r,
+        lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # PEFT reads any number
+        lora_dropout=adapter.dropout,
         target_modules=targets,
         bias=adapter.bias,  # type: ignore[arg-type]  # checked by make_adapter
         modules_to_save=list(adapter.modules_to_save) or None,

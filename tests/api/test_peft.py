@@ -100,6 +100,12 @@ def test_a_lora_table_is_its_own_run_and_identical_lora_requests_share_one(clien
         "label": "LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj",
     }
     assert client.get(full["url"]).json()["adapter"] is None
+    listed = client.get("/v1/tables", params={"model": "tiny-llama"}).json()["data"]  # newest first
+    assert [t["adapter"] and t["adapter"]["label"] for t in listed] == [
+        "LoRA r=16 alpha=32 dropout 0.05 on PEFT's default modules",
+        "QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.05 on PEFT's default modules",
+        "LoRA r=8 alpha=32 dropout 0.05 on PEFT's default modules",
+        "LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj", None]
     queue = client.app.state.queue
     run = queue.store.get_run(lora.json()["id"])
     assert Adapter.from_json(run.spec["adapter"]) == Adapter("lora", targets=("q_proj", "v_proj"))

@@ -219,3 +219,15 @@ def test_a_shorter_sequence_is_advised_only_when_it_fits():
     levers = helpful_levers(backend, _causal_workload(), parse_mode("bf16+ckpt"), 64, 1 << 30, best=0)
     assert [(lever.name, lever.label, lever.max_batch_size) for lever in levers] == [
         ("seq_len", "sequences of at most 32 tokens", 3)]
+
+
+def test_a_lever_is_searched_up_to_the_cell_s_cap_not_the_default():
+    # A plan above DEFAULT_MAX_BATCH (4096): the check's search is capped at the requested batch,
+    # and so are the levers' (capped at 4096 they could never beat a max of 5000).
+    from autotune.analysis.check import helpful_levers
+    from autotune.workload.modes import parse_mode
+
+    backend = LimitBackend({"base": 5000, ("adamw_torch_fused", "full", "ckpt", 64): 8000})
+    levers = helpful_levers(backend, _causal_workload(), parse_mode("fp32"), 64, 1 << 30, best=5000,
+                            max_batch=10_000)
+    assert [(lever.name, lever.max_batch_size) for lever in levers] == [("checkpointing", 8000)]

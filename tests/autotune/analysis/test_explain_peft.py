@@ -143,6 +143,23 @@ def test_the_4bit_matmul_temporaries_are_recorded_in_forward_and_backward(one_gi
     assert len(found) == len(made)
 
 
+def test_where_the_weights_dominate_the_peak_holds_a_dequantized_weight(one_gib):
+    # A wide two-layer Llama (hidden 1024, MLP 4096, vocabulary 128) at batch 1 x 16 tokens: the
+    # step's largest tensors are the 4-bit layers' weights dequantized for the matmul.
+    from autotune.workload.models import ModelSpec, tiny_config
+
+    gpu, backend = one_gib
+    config = tiny_config("llama", hidden_size=1024, intermediate_size=4096, vocab_size=128)
+    workload = replace(Workload(ModelSpec("wide-llama", "local", config, 128), "causal-lm", None),
+                       adapter=make_adapter("qlora"))
+    result = explain(workload, backend, gpu, seq_len=16, mode=BF16, margin=0.05, batch_size=1,
+                     with_levers=False)
+    categories = result.breakdown.categories
+    assert categories[DEQUANTIZATION] >= 2 * 1024 * 4096  # at least one MLP weight in 16 bits
+    assert categories[DEQUANTIZATION] > categories["activations"] + categories["temporaries"]
+    assert sum(categories.values()) == result.breakdown.peak_allocated_bytes
+
+
 def test_the_breakdown_puts_each_allocation_in_its_adapter_category():
     # By hand: a frozen weight, a 4-bit weight, a LoRA matrix, and at the peak a dequantized
     # weight (a temporary made in the 4-bit matmul) and another temporary.

@@ -153,3 +153,11 @@ def test_qlora_below_lora_below_full_fine_tune() -> None:
             peaks.append(cell.fits(4).peak_bytes)
     assert peaks[0] > peaks[1] > peaks[2]
     assert 0 < maxima[0] < maxima[1] < maxima[2]
+
+
+def test_lora_config_carries_every_setting() -> None:
+    from autotune.workload.adapters import lora_config
+
+    config = lora_config(make_adapter("lora", r=8, alpha=16, dropout=0.1, targets="q_proj"), "causal-lm")
+    assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 16, 0.1)
+    assert set(config.target_modules) == {"q_proj"}
