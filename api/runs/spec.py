@@ -57,11 +57,11 @@ from autotune.tuner import budget_bytes
 from autotune.units import format_bytes, parse_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import (
-    COMPUTE_DTYPES,
     PEFT_CHOICES,
-    QUANT_TYPES,
     Adapter,
     PeftOptions,
+    check_compute_dtype,
+    check_quant_type,
     parse_targets,
 )
 from autotune.workload.loss import check_loss
@@ -338,15 +338,10 @@ def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
     with found.about("lora_targets"):
         targets = _lora_targets(body.get("lora_targets"))
     with found.about("bnb_4bit_quant_type"):
-        quant_type = body.get("bnb_4bit_quant_type")
-        if quant_type is not None and quant_type not in QUANT_TYPES:
-            raise InvalidInput(f"unknown 4-bit quant type {quant_type!r}: allowed are "
-                               f"{', '.join(QUANT_TYPES)}")
+        if body.get("bnb_4bit_quant_type") is not None:
+            check_quant_type(body["bnb_4bit_quant_type"])
     with found.about("bnb_4bit_compute_dtype"):
-        compute = body.get("bnb_4bit_compute_dtype")
-        if compute is not None and _dtype_or_none(compute) not in COMPUTE_DTYPES:
-            raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}, "
-                               f"got {compute!r}")
+        check_compute_dtype(body.get("bnb_4bit_compute_dtype"))
     with found.about("load_in_8bit"):
         if body.get("load_in_8bit"):
             PeftOptions(load_in_8bit=True).adapter()  # refused, with the library's reason
@@ -382,13 +377,6 @@ def _combination_field(body: Mapping[str, Any]) -> str:
         if given:
             return given[0]
     return "peft"
-
-
-def _dtype_or_none(value: Any) -> str | None:
-    try:
-        return check_dtype(str(value))
-    except InvalidInput:
-        return None
 
 
 def _check_rank(value: Any) -> None:

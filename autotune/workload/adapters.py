@@ -148,14 +148,8 @@ def make_adapter(
         raise InvalidInput(f"LoRA alpha must be a positive number, got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise InvalidInput(f"LoRA dropout must be a number from 0 up to (not including) 1, got {dropout!r}")
-    if quant_type not in QUANT_TYPES:
-        raise InvalidInput(f"unknown 4-bit quant type {quant_type!r}: allowed are {', '.join(QUANT_TYPES)}")
-    if compute_dtype is not None:
-        from autotune.workload.models import check_dtype
-
-        compute_dtype = check_dtype(compute_dtype)
-        if compute_dtype not in COMPUTE_DTYPES:
-            raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+    quant_type = check_quant_type(quant_type)
+    compute_dtype = check_compute_dtype(compute_dtype)
     if bias not in ("none", "all", "lora_only"):
         raise InvalidInput(f"LoRA bias must be none, all or lora_only, got {bias!r}")
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
@@ -490,25 +484,30 @@ class PeftOptions:
         if adapter.quantized:
             adapter = replace(
                 adapter,
-                quant_type=_checked_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
+                quant_type=check_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
                 double_quant=adapter.double_quant if self.bnb_4bit_use_double_quant is None
                 else bool(self.bnb_4bit_use_double_quant),
-                compute_dtype=_checked_compute(self.bnb_4bit_compute_dtype) or adapter.compute_dtype)
+                compute_dtype=check_compute_dtype(self.bnb_4bit_compute_dtype) or adapter.compute_dtype)
         return adapter
 
 
-def _checked_quant_type(value: str) -> str:
+def check_quant_type(value: str) -> str:
+    """A 4-bit data type of bitsandbytes, one of QUANT_TYPES."""
     if value not in QUANT_TYPES:
         raise InvalidInput(f"unknown 4-bit quant type {value!r}: allowed are {', '.join(QUANT_TYPES)}")
     return value
 
 
-def _checked_compute(value: str | None) -> str | None:
+def check_compute_dtype(value: str | None) -> str | None:
+    """A 4-bit compute dtype by its torch name (bf16/fp16/fp32 accepted), one of COMPUTE_DTYPES."""
     if value is None:
         return None
     from autotune.workload.models import check_dtype
 
-    name = check_dtype(value)
+    try:
+        name: str | None = check_dtype(value)
+    except InvalidInput:
+        name = None
     if name not in COMPUTE_DTYPES:
         raise InvalidInput(f"4-bit compute dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {value!r}")
     return name
