@@ -99,21 +99,18 @@ def make_trainer_bnb_optimizer(model: Any, *, optim_bits: int, is_paged: bool) -
     return optimizer
 
 
-def make_linear4bit_quantizer(adapter: Any, compute_capability: Any = None) -> Any:
+def make_linear4bit_quantizer(adapter: Any, compute_dtype_name: str) -> Any:
     """``quantize(linear, name)`` for adapters.prepare: bitsandbytes' ``Linear4bit`` as transformers'
     bitsandbytes integration builds it (integrations/bitsandbytes.py ``replace_with_bnb_linear``:
     ``bnb.nn.Linear4bit(in, out, bias, bnb_4bit_compute_dtype, compress_statistics=
     bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type, quant_storage=uint8)``, frozen),
     holding the layer's weight as a ``Params4bit``: moving the model to the GPU quantizes it, as
-    loading a checkpoint does."""
+    loading a checkpoint does. ``compute_dtype_name`` is adapters.compute_dtype's for the card."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
-    from autotune.workload.adapters import compute_dtype
-
     bnb = import_bitsandbytes()
-    supports_bf16 = compute_capability is None or tuple(compute_capability) >= (8, 0)
-    dtype = getattr(torch, compute_dtype(adapter, supports_bf16))
+    dtype = getattr(torch, compute_dtype_name)
 
     def quantize(linear: Any, name: str) -> Any:
         weight = linear.weight.data

@@ -40,6 +40,7 @@ from autotune.errors import BackendUnavailable, ProtocolError
 from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
+from autotune.workload.adapters import compute_dtype
 from autotune.workload.adapters import prepare as prepare_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
@@ -208,7 +209,9 @@ class Worker:
             model, attn = build_model(workload.model, workload.task, workload.attn,
                                       workload.weights_dtype)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
-                quantize = make_linear4bit_quantizer(workload.adapter, cc) if quantized else None
+                supports_bf16 = cc is None or tuple(cc) >= (8, 0)
+                quantize = make_linear4bit_quantizer(
+                    workload.adapter, compute_dtype(workload.adapter, supports_bf16)) if quantized else None
                 model = prepare_adapter(model, workload.adapter, workload.task, quantize)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
