@@ -28,6 +28,11 @@ PEFT_DESCRIPTIONS = {
                                  "needs a 4-bit base",
     "bnb_4bit_compute_dtype": "the 4-bit layers' compute dtype: bfloat16, float16 or float32 (default "
                               "bfloat16, float16 on a card without bfloat16); needs a 4-bit base",
+    "qlora_recipe": "how the 4-bit base is prepared, as the trainer that runs it does: trl (TRL's "
+                    "SFTTrainer, the default: non-4-bit weights in the model's dtype, adapters cast "
+                    "to bfloat16), axolotl (norms and embeddings in the model's dtype, adapters "
+                    "float32) or peft (prepare_model_for_kbit_training alone: every non-4-bit "
+                    "weight in float32); needs a 4-bit base",
 }
 ADAPTER_DESCRIPTION = (
     "LoRA / QLoRA: the method, rank, alpha, dropout, the target modules PEFT resolved on the model, "
@@ -85,6 +90,7 @@ class TableCreate(BaseModel):
     bnb_4bit_use_double_quant: bool | None = Field(
         None, description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])
     bnb_4bit_compute_dtype: str | None = Field(None, description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])
+    qlora_recipe: str | None = Field(None, description=PEFT_DESCRIPTIONS["qlora_recipe"])
 
 
 class TableAccepted(BaseModel):

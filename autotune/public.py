@@ -91,6 +91,7 @@ def table(
     bnb_4bit_quant_type: str | None = None,
     bnb_4bit_use_double_quant: bool | None = None,
     bnb_4bit_compute_dtype: str | None = None,
+    qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
@@ -119,7 +120,8 @@ def table(
     workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss,
                          _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
                                load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
+                               qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
@@ -152,6 +154,7 @@ def check(
     bnb_4bit_quant_type: str | None = None,
     bnb_4bit_use_double_quant: bool | None = None,
     bnb_4bit_compute_dtype: str | None = None,
+    qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> CheckResult:
@@ -176,7 +179,8 @@ def check(
     workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
                          _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
                                load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
+                               qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps)
@@ -214,6 +218,7 @@ def explain(
     bnb_4bit_quant_type: str | None = None,
     bnb_4bit_use_double_quant: bool | None = None,
     bnb_4bit_compute_dtype: str | None = None,
+    qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> Explanation:
@@ -253,7 +258,8 @@ def explain(
     workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss,
                          _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
                                load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
+                               qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
     return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
                         batch_size=batch_size, lengths=list(lengths) if lengths else None,
@@ -286,6 +292,7 @@ def max_batch_size(
     bnb_4bit_quant_type: str | None = None,
     bnb_4bit_use_double_quant: bool | None = None,
     bnb_4bit_compute_dtype: str | None = None,
+    qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
 ) -> int:
@@ -304,7 +311,8 @@ def max_batch_size(
     workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
                          _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
                                load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter))
+                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
+                               qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
     budget = budget_bytes(target, margin)
     return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
@@ -329,7 +337,8 @@ def _model(model: str, hub: bool | None) -> ModelSpec:
 def _peft(peft: str | None, lora_r: int | None, lora_alpha: float | None, lora_dropout: float | None,
           lora_targets: str | Sequence[str] | None, peft_config: str | Path | None, load_in_4bit: bool,
           load_in_8bit: bool, quant_type: str | None, double_quant: bool | None,
-          compute_dtype: str | None, adapter: Adapter | None = None) -> Adapter | None:
+          compute_dtype: str | None, adapter: Adapter | None = None,
+          qlora_recipe: str | None = None) -> Adapter | None:
     """The adapter the PEFT arguments ask for (adapters.PeftOptions), None for a full fine-tune;
     or ``adapter`` itself (an adapters.Adapter, e.g. read from a training config)."""
     from autotune.workload.adapters import Adapter, PeftOptions
@@ -337,9 +346,10 @@ def _peft(peft: str | None, lora_r: int | None, lora_alpha: float | None, lora_d
     if adapter is not None:
         if not isinstance(adapter, Adapter):
             raise InvalidInput(f"adapter must be an autotune.workload.adapters.Adapter, got {adapter!r}")
-        if peft is not None or peft_config is not None or load_in_4bit or lora_r is not None:
+        if peft is not None or peft_config is not None or load_in_4bit or lora_r is not None \
+                or qlora_recipe is not None:
             raise InvalidInput("give adapter or the PEFT arguments (peft, lora_*, peft_config, "
-                               "load_in_4bit), not both")
+                               "load_in_4bit, qlora_recipe), not both")
         return adapter
     targets = lora_targets if lora_targets is None or isinstance(lora_targets, str) else tuple(lora_targets)
     return PeftOptions(
@@ -347,7 +357,7 @@ def _peft(peft: str | None, lora_r: int | None, lora_alpha: float | None, lora_d
         lora_targets=targets, peft_config=None if peft_config is None else str(peft_config),
         load_in_4bit=bool(load_in_4bit), load_in_8bit=bool(load_in_8bit),
         bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=double_quant,
-        bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_compute_dtype=compute_dtype, qlora_recipe=qlora_recipe,
     ).adapter()
 
 

@@ -51,13 +51,14 @@ class PeftQuery:
             description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])] = None,
         bnb_4bit_compute_dtype: Annotated[str | None, Query(
             description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])] = None,
+        qlora_recipe: Annotated[str | None, Query(description=PEFT_DESCRIPTIONS["qlora_recipe"])] = None,
     ) -> None:
         self.fields: dict[str, Any] = {
             "peft": peft, "lora_r": lora_r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
             "lora_targets": lora_targets, "load_in_4bit": load_in_4bit, "load_in_8bit": load_in_8bit,
             "bnb_4bit_quant_type": bnb_4bit_quant_type,
             "bnb_4bit_use_double_quant": bnb_4bit_use_double_quant,
-            "bnb_4bit_compute_dtype": bnb_4bit_compute_dtype,
+            "bnb_4bit_compute_dtype": bnb_4bit_compute_dtype, "qlora_recipe": qlora_recipe,
         }
 
 

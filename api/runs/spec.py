@@ -62,6 +62,7 @@ from autotune.workload.adapters import (
     PeftOptions,
     check_compute_dtype,
     check_quant_type,
+    check_recipe,
     parse_targets,
 )
 from autotune.workload.loss import check_loss
@@ -311,7 +312,7 @@ def adapter_environment(env: Mapping[str, Any]) -> dict[str, Any]:
 
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
-BNB_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype")
+BNB_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "qlora_recipe")
 PEFT_FIELDS = ("peft", *LORA_FIELDS, "load_in_4bit", "load_in_8bit", *BNB_FIELDS)
 
 
@@ -342,6 +343,9 @@ def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
             check_quant_type(body["bnb_4bit_quant_type"])
     with found.about("bnb_4bit_compute_dtype"):
         check_compute_dtype(body.get("bnb_4bit_compute_dtype"))
+    with found.about("qlora_recipe"):
+        if body.get("qlora_recipe") is not None:
+            check_recipe(body["qlora_recipe"])
     with found.about("load_in_8bit"):
         if body.get("load_in_8bit"):
             PeftOptions(load_in_8bit=True).adapter()  # refused, with the library's reason
@@ -354,6 +358,7 @@ def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
         bnb_4bit_quant_type=body.get("bnb_4bit_quant_type"),
         bnb_4bit_use_double_quant=body.get("bnb_4bit_use_double_quant"),
         bnb_4bit_compute_dtype=body.get("bnb_4bit_compute_dtype"),
+        qlora_recipe=body.get("qlora_recipe"),
     )
     with found.about(_combination_field(body)):
         adapter = options.adapter()

@@ -182,7 +182,7 @@ function errorText(text, status) {
 
 const FIELDS = ["model", "task", "dtype", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn",
   "optimizer", "loss", "margin", "max_batch", "search", "peft", "lora_r", "lora_alpha", "lora_dropout",
-  "lora_targets", "token"];
+  "lora_targets", "qlora_recipe", "token"];
 
 function decimalOr(text) {
   const trimmed = text.trim();
@@ -220,6 +220,8 @@ function formBody(form) {
   }
   const targets = String(data.get("lora_targets") || "").trim();
   if (targets) body.lora_targets = targets;
+  const recipe = String(data.get("qlora_recipe") || "").trim();
+  if (recipe) body.qlora_recipe = recipe;  // empty: the service's default
   return body;
 }
 

@@ -36,6 +36,12 @@ PEFT_METHODS = (
     ("lora", "LoRA (frozen base, adapters trained)"),
     ("qlora", "QLoRA (LoRA over a 4-bit base)"),
 )
+# How a 4-bit base is prepared (POST /v1/tables' qlora_recipe), the default first: value, label.
+QLORA_RECIPE_LABELS = (
+    ("trl", "TRL's SFTTrainer: adapters in bf16, the rest in the model's dtype"),
+    ("axolotl", "Axolotl: norms and embeddings in the model's dtype, adapters fp32"),
+    ("peft", "prepare_model_for_kbit_training: every unquantized weight fp32"),
+)
 
 
 @router.get("/new", response_class=HTMLResponse, name="launch")
@@ -54,7 +60,7 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResp
         "attns": ATTN_CHOICES, "optimizers": OPTIMIZERS, "searches": METHODS, "margin": DEFAULT_MARGIN,
         "max_batch": min(settings.max_batch, DEFAULT_MAX_BATCH),
         "needs_token": settings.api_token is not None,
-        "peft_methods": PEFT_METHODS, "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA,
-                                                        "dropout": DEFAULT_DROPOUT},
+        "peft_methods": PEFT_METHODS, "qlora_recipes": QLORA_RECIPE_LABELS,
+        "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA, "dropout": DEFAULT_DROPOUT},
     }
     return templates.TemplateResponse(request, "launch.html", context)

@@ -26,7 +26,7 @@ from autotune.gpus import GpuSpec
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
-from autotune.workload.adapters import DEFAULT_R, make_adapter
+from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_NAMES, make_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import uses_bitsandbytes
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
@@ -167,13 +167,15 @@ def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
         return [
             ("lora", f"LoRA r={DEFAULT_R} on PEFT's default modules", replace(workload, adapter=lora)),
             ("qlora", f"QLoRA r={DEFAULT_R} on PEFT's default modules, 4-bit "
-             f"{qlora.quant_type.upper()} base", replace(workload, adapter=qlora)),
+             f"{qlora.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} recipe",
+             replace(workload, adapter=qlora)),
         ]
     options: list[tuple[str, str, Workload]] = []
     if not adapter.quantized:
-        quantized = replace(adapter, method="qlora")
+        quantized = replace(adapter, method="qlora", recipe=DEFAULT_QLORA_RECIPE)
         options.append(("qlora", f"QLoRA r={adapter.r}: this LoRA over a 4-bit "
-                        f"{quantized.quant_type.upper()} base", replace(workload, adapter=quantized)))
+                        f"{quantized.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} "
+                        "recipe", replace(workload, adapter=quantized)))
     if adapter.r > 1:
         lower = max(1, adapter.r // 2)
         name = "QLoRA" if adapter.quantized else "LoRA"

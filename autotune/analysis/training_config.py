@@ -857,6 +857,8 @@ _AXOLOTL_REFUSED = {
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     "relora": RELORA,
+    # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
+    "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
 }
 # Parallel degrees: 1 (or null) is one GPU holding the model.
 _AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
@@ -868,7 +870,7 @@ _AXOLOTL_NO_EFFECT = _words(
     "saves_per_epoch logging_steps resume_from_checkpoint auto_resume_from_checkpoints "
     "local_rank seed strict train_on_inputs group_by_length special_tokens tokens added_tokens_overrides "
     "tokenizer_type model_type trust_remote_code shuffle_merged_datasets debug plugins pad_to_sequence_len "
-    "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 fp32_norms device_map "
+    "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 device_map "
     "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
     "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
@@ -994,7 +996,10 @@ def _axolotl_adapter(cfg: _Config, method: str, dtype: str) -> Adapter:
         if not isinstance(extra, dict):
             raise cfg.bad("bnb_config_kwargs", extra, "a mapping")
         quant_type, double_quant, compute = _bnb_4bit(cfg, "bnb_config_kwargs", extra, "nf4", True, dtype)
-        adapter = replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute)
+        # loaders/model.py: prepare_model_for_kbit_training, then norms and embeddings back to
+        # torch_dtype (adapters.prepare, recipe "axolotl").
+        adapter = replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute,
+                          recipe="axolotl")
     _note_adapter(cfg, source, adapter, at)
     if cfg.flag("peft_use_rslora"):
         cfg.notes.append("peft_use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")

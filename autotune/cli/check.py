@@ -221,7 +221,8 @@ def _adapter_query(adapter: Any) -> dict[str, Any]:
         query["lora_targets"] = ",".join(adapter.targets)
     if adapter.quantized:
         query.update({"bnb_4bit_quant_type": adapter.quant_type,
-                      "bnb_4bit_use_double_quant": str(adapter.double_quant).lower()})
+                      "bnb_4bit_use_double_quant": str(adapter.double_quant).lower(),
+                      "qlora_recipe": adapter.recipe})
         if adapter.compute_dtype is not None:
             query["bnb_4bit_compute_dtype"] = adapter.compute_dtype
     return query

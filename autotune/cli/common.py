@@ -127,6 +127,7 @@ def add_peft(parser: argparse.ArgumentParser) -> None:
         DEFAULT_DROPOUT,
         DEFAULT_R,
         PEFT_CHOICES,
+        QLORA_RECIPES,
         QUANT_TYPES,
     )
 
@@ -160,6 +161,12 @@ def add_peft(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--bnb-4bit-compute-dtype", choices=("bfloat16", "float16", "float32"),
                        default=None, help="dtype the 4-bit layers compute in (default: bfloat16, "
                        "float16 on cards without bfloat16)")
+    group.add_argument("--qlora-recipe", choices=QLORA_RECIPES, default=None,
+                       help="how the 4-bit base is prepared, as the trainer that runs it does: trl "
+                       "(TRL's SFTTrainer: non-4-bit weights in the model's dtype, adapters cast to "
+                       "bfloat16; the default), axolotl (norms and embeddings in the model's dtype, "
+                       "adapters float32), peft (prepare_model_for_kbit_training alone: every "
+                       "non-4-bit weight float32)")
 
 
 def peft_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +176,8 @@ def peft_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             "peft_config": args.peft_config, "load_in_4bit": args.load_in_4bit,
             "load_in_8bit": args.load_in_8bit, "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
             "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant,
-            "bnb_4bit_compute_dtype": args.bnb_4bit_compute_dtype}
+            "bnb_4bit_compute_dtype": args.bnb_4bit_compute_dtype,
+            "qlora_recipe": args.qlora_recipe}
 
 
 def print_json(document: object) -> None:

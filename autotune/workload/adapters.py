@@ -6,7 +6,23 @@ An ``Adapter`` is what a run's PEFT setup changes in the training step:
             (``peft.get_peft_model`` with a ``LoraConfig``)
     qlora   the same over a 4-bit base: every linear layer that transformers' bitsandbytes
             integration quantizes (``BitsAndBytesConfig(load_in_4bit=True)``) stored as NF4 (or FP4),
-            then PEFT's ``prepare_model_for_kbit_training``, then ``get_peft_model``
+            prepared as the trainer that runs it prepares it (its ``recipe``, below), then
+            ``get_peft_model``
+
+A 4-bit base is prepared differently by each trainer, and the dtypes it leaves change the step's
+memory (the weights kept in 16 or 32 bits, the adapters' dtype, the dtype of the residual stream):
+
+    trl      TRL's SFTTrainer (trl/trainer/sft_trainer.py since 0.26, which dropped
+             ``prepare_model_for_kbit_training``): the weights not quantized stay in the dtype the
+             model was loaded in; after ``get_peft_model`` every trainable parameter is cast to
+             bfloat16 ("follow the recommendations from the original paper")
+    axolotl  Axolotl (loaders/model.py ``_configure_embedding_dtypes``): PEFT's
+             ``prepare_model_for_kbit_training`` (every weight not quantized to float32), then the
+             modules named like a norm and the embeddings (``embed_tokens``, ``lm_head``) back to the
+             model's dtype; the adapters float32 (PEFT's ``autocast_adapter_dtype``)
+    peft     PEFT's QLoRA guide, and TRL before 0.26: ``prepare_model_for_kbit_training`` alone, so
+             norms, embeddings and the head in float32 (the residual stream too, under autocast), the
+             adapters float32
 
 The model is wrapped by PEFT's own code (``prepare``): the trainable and frozen parameters, the
 adapter layers' activations (their dropout, their casts) and the optimizer over the adapter
@@ -52,6 +68,16 @@ QUANT_TYPES = ("nf4", "fp4")
 DEFAULT_QUANT_TYPE = "nf4"
 COMPUTE_DTYPES = ("bfloat16", "float16", "float32")
 
+QLORA_RECIPES = ("trl", "axolotl", "peft")  # see the module docstring
+DEFAULT_QLORA_RECIPE = "trl"  # the SFTTrainer: the trainer most QLoRA runs go through
+# What a stored QLoRA adapter without a recipe was computed with (before the choice existed).
+STORED_QLORA_RECIPE = "peft"
+RECIPE_NAMES = {"trl": "TRL's SFTTrainer", "axolotl": "Axolotl", "peft": "prepare_model_for_kbit_training"}
+# Axolotl's embedding modules (loaders/utils.py get_linear_embedding_layers), per model type.
+_AXOLOTL_EMBEDDINGS = {"gpt_neox": ("embed_in", "embed_out"), "falcon": ("word_embeddings", "lm_head"),
+                       "nemotron_h": ("embeddings", "lm_head")}
+_AXOLOTL_DEFAULT_EMBEDDINGS = ("embed_tokens", "lm_head")
+
 # peft.TaskType per task: it decides PEFT's model class and, for sequence and token
 # classification, that the head is trained too (PeftModelForSequenceClassification and
 # PeftModelForTokenClassification add "classifier" and "score" to modules_to_save).
@@ -62,6 +88,9 @@ PEFT_TASK_TYPES = {
     "causal-lm": "CAUSAL_LM",
     "masked-lm": None,  # PEFT has no masked-LM task type: the plain PeftModel
 }
+# The tasks whose head PEFT trains whole, a copy in the weights' dtype (peft_model.py: "classifier",
+# "score" for classification, "qa_outputs" for question answering).
+PEFT_TRAINED_HEADS = ("sequence-classification", "token-classification", "question-answering")
 
 
 @dataclass(frozen=True)
@@ -81,15 +110,18 @@ class Adapter:
     # not; bias "all" or "lora_only" trains the biases; modules_to_save trains whole modules).
     bias: str = "none"
     modules_to_save: tuple[str, ...] = field(default=())
+    # How the 4-bit base is prepared (QLORA_RECIPES); None for a LoRA over a 16/32-bit base.
+    recipe: str | None = None
 
     @property
     def quantized(self) -> bool:
         return self.method == "qlora"
 
     def label(self) -> str:
-        """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj`` or ``QLoRA (nf4, double quant) ...``."""
+        """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj`` or
+        ``QLoRA (nf4, double quant, TRL's SFTTrainer recipe) ...``."""
         name = "LoRA" if self.method == "lora" else f"QLoRA ({self.quant_type}" + (
-            ", double quant)" if self.double_quant else ")")
+            ", double quant" if self.double_quant else "") + f", {RECIPE_NAMES[self.recipe or '']} recipe)"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         return f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
 
@@ -99,7 +131,7 @@ class Adapter:
             "targets": list(self.targets) if self.targets is not None else None,
             "quant_type": self.quant_type, "double_quant": self.double_quant,
             "compute_dtype": self.compute_dtype, "bias": self.bias,
-            "modules_to_save": list(self.modules_to_save),
+            "modules_to_save": list(self.modules_to_save), "recipe": self.recipe,
         }
 
     @classmethod
@@ -111,6 +143,7 @@ class Adapter:
             quant_type=data.get("quant_type", DEFAULT_QUANT_TYPE),
             double_quant=data.get("double_quant", True), compute_dtype=data.get("compute_dtype"),
             bias=data.get("bias", "none"), modules_to_save=data.get("modules_to_save") or (),
+            recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
         )
 
 
@@ -136,9 +169,10 @@ def make_adapter(
     method: str, *, r: int = DEFAULT_R, alpha: float = DEFAULT_ALPHA, dropout: float = DEFAULT_DROPOUT,
     targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
-    modules_to_save: Iterable[str] = (),
+    modules_to_save: Iterable[str] = (), recipe: str | None = None,
 ) -> Adapter:
-    """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed."""
+    """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
+    ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
     name = str(method).strip().lower()
     if name not in METHODS:
         raise InvalidInput(f"unknown PEFT method {method!r}: allowed are {', '.join(METHODS)}")
@@ -152,8 +186,13 @@ def make_adapter(
     compute_dtype = check_compute_dtype(compute_dtype)
     if bias not in ("none", "all", "lora_only"):
         raise InvalidInput(f"LoRA bias must be none, all or lora_only, got {bias!r}")
+    if name == "qlora":
+        recipe = check_recipe(recipe or DEFAULT_QLORA_RECIPE)
+    elif recipe is not None:
+        raise InvalidInput(f"a QLoRA recipe ({recipe}) prepares a 4-bit base: LoRA over a 16/32-bit base "
+                           "has none; use qlora, or leave the recipe out")
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
-                   quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save))
+                   quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe)
 
 
 # --- PEFT's adapter_config.json ------------------------------------------------------------
@@ -271,7 +310,8 @@ def prepare(
 ) -> torch.nn.Module:
     """``model`` as PEFT wraps it for ``adapter``: for qlora, its linear layers quantized by
     ``quantize(linear, module_name)`` first (those transformers' bitsandbytes integration
-    quantizes), then ``prepare_model_for_kbit_training``; then ``get_peft_model``.
+    quantizes) and the base prepared by the adapter's recipe (module docstring); then
+    ``get_peft_model``.
 
     Gradient checkpointing is left to the step (step.gradient_checkpointing), which turns it on
     per mode as ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` would.
@@ -284,13 +324,17 @@ def prepare(
         _quantize_linears(model, quantize)
         # transformers' Bnb4BitHfQuantizer sets it after loading
         setattr(model, "is_loaded_in_4bit", True)  # noqa: B010 (not an attribute mypy knows)
-        # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
-        # but the 4-bit weights: norms, embeddings, the head) to float32.
-        prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        if adapter.recipe in ("axolotl", "peft"):
+            loaded = {name: param.dtype for name, param in model.named_parameters()}
+            # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
+            # but the 4-bit weights: norms, embeddings, the head) to float32.
+            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            if adapter.recipe == "axolotl":
+                _axolotl_back_to_model_dtype(model, loaded)
     config = lora_config(adapter, task)
     _register_quantized_layers(config, adapter)
     try:
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
     except ValueError as exc:
         message = str(exc).splitlines()[0].rstrip(".")
         if "target_modules" in message or "not found in the base model" in message:
@@ -303,6 +347,30 @@ def prepare(
         # "classifier.bias", not the module) that PEFT's modules_to_save then makes trainable.
         raise InvalidInput(f"PEFT cannot build this {adapter.method} setup for a {task} model: "
                            f"{str(exc).splitlines()[0]}") from exc
+    if adapter.quantized and adapter.recipe == "trl":
+        import torch
+
+        # trl/trainer/sft_trainer.py: "When using QLoRA, the PEFT adapter weights are converted to
+        # bf16" (every parameter that requires grad: the adapters and any module trained whole).
+        for param in wrapped.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+    return wrapped
+
+
+def _axolotl_back_to_model_dtype(model: torch.nn.Module, loaded: dict[str, torch.dtype]) -> None:
+    """Axolotl's cast after ``prepare_model_for_kbit_training`` (loaders/model.py
+    ``_convert_embedding_modules_dtype(dist_dtype=cfg.torch_dtype)``): every module whose name
+    has "norm" in it, and the embedding modules, back to the model's dtype (the dtype the
+    parameters were loaded in; 4-bit weights untouched)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    embeddings = _AXOLOTL_EMBEDDINGS.get(model_type, _AXOLOTL_DEFAULT_EMBEDDINGS)
+    for name, module in model.named_modules():
+        if "norm" in name or (any(e in name for e in embeddings) and hasattr(module, "weight")):
+            for pname, param in module.named_parameters(prefix=name):
+                dtype = loaded.get(pname)
+                if dtype is not None and dtype.is_floating_point and param.dtype != dtype:
+                    param.data = param.data.to(dtype)
 
 
 def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any]) -> None:
@@ -434,6 +502,7 @@ class PeftOptions:
     bnb_4bit_quant_type: str | None = None
     bnb_4bit_use_double_quant: bool | None = None
     bnb_4bit_compute_dtype: str | None = None
+    qlora_recipe: str | None = None  # QLORA_RECIPES; None: DEFAULT_QLORA_RECIPE
 
     def adapter(self) -> Adapter | None:
         """The Adapter asked for, or None (a full fine-tune); InvalidInput for a combination
@@ -451,7 +520,8 @@ class PeftOptions:
         given = [flag for flag, value in lora_flags.items() if value is not None]
         quant_flags = {"--bnb-4bit-quant-type": self.bnb_4bit_quant_type,
                        "--bnb-4bit-use-double-quant": self.bnb_4bit_use_double_quant,
-                       "--bnb-4bit-compute-dtype": self.bnb_4bit_compute_dtype}
+                       "--bnb-4bit-compute-dtype": self.bnb_4bit_compute_dtype,
+                       "--qlora-recipe": self.qlora_recipe}
         quant_given = [flag for flag, value in quant_flags.items() if value is not None]
         quantized = peft == "qlora" or self.load_in_4bit
         if self.peft_config is not None:
@@ -487,7 +557,8 @@ class PeftOptions:
                 quant_type=check_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
                 double_quant=adapter.double_quant if self.bnb_4bit_use_double_quant is None
                 else bool(self.bnb_4bit_use_double_quant),
-                compute_dtype=check_compute_dtype(self.bnb_4bit_compute_dtype) or adapter.compute_dtype)
+                compute_dtype=check_compute_dtype(self.bnb_4bit_compute_dtype) or adapter.compute_dtype,
+                recipe=check_recipe(self.qlora_recipe or adapter.recipe or DEFAULT_QLORA_RECIPE))
         return adapter
 
 
@@ -496,6 +567,16 @@ def check_quant_type(value: str) -> str:
     if value not in QUANT_TYPES:
         raise InvalidInput(f"unknown 4-bit quant type {value!r}: allowed are {', '.join(QUANT_TYPES)}")
     return value
+
+
+def check_recipe(value: str) -> str:
+    """How a 4-bit base is prepared, one of QLORA_RECIPES."""
+    name = str(value).strip().lower()
+    if name not in QLORA_RECIPES:
+        raise InvalidInput(f"unknown QLoRA recipe {value!r}: allowed are {', '.join(QLORA_RECIPES)} "
+                           "(how TRL's SFTTrainer, Axolotl, or PEFT's prepare_model_for_kbit_training "
+                           "prepare a 4-bit base)")
+    return name
 
 
 def check_compute_dtype(value: str | None) -> str | None:

@@ -4,7 +4,10 @@ A step the real stack refuses is refused here too, with the reason (never a tabl
 that would crash):
 
 - ``amp`` over float16 weights: ``GradScaler`` refuses to unscale float16 gradients
-  (torch/amp/grad_scaler.py, ``_unscale_grads_``: "Attempting to unscale FP16 gradients.");
+  (torch/amp/grad_scaler.py, ``_unscale_grads_``: "Attempting to unscale FP16 gradients."),
+  unless only adapters train: PEFT's ``get_peft_model`` makes LoRA weights float32
+  (``autocast_adapter_dtype``), a QLoRA recipe float32 or bfloat16 (adapters.prepare); a module
+  LoRA trains whole (modules_to_save, a classification head) is still a float16 copy;
 - ``flash_attention_2`` needs an sm80+ card (flash-attn 2 supports Ampere and newer) and 16-bit
   inputs: float32 weights without autocast are refused by flash-attn ("FlashAttention only
   supports fp16 and bf16 data type").
@@ -29,8 +32,10 @@ from autotune.workload.step import FLASH_ATTENTION_2, build_model
 
 def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
     """Why this step cannot run on ``gpu``, or None."""
-    if mode.uses_grad_scaler and workload.weights_dtype == "float16":
-        return (f"mode {mode.name} (autocast float16 + GradScaler) cannot train float16 weights: "
+    if mode.uses_grad_scaler and workload.weights_dtype == "float16" and _float16_trainable(workload):
+        trained = ("" if workload.adapter is None else
+                   " (LoRA trains the head or modules_to_save whole, as float16 copies)")
+        return (f"mode {mode.name} (autocast float16 + GradScaler) cannot train float16 weights{trained}: "
                 "GradScaler refuses to unscale float16 gradients; use mode fp32 with float16 "
                 "weights, bf16, or float32/bfloat16 weights")
     if workload.attn == FLASH_ATTENTION_2:
@@ -42,6 +47,18 @@ def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
             return (f"flash_attention_2 runs on float16/bfloat16 inputs only; mode {mode.name} over "
                     "float32 weights has none: use a bf16 or amp mode, 16-bit weights, or sdpa")
     return None
+
+
+def _float16_trainable(workload: Workload) -> bool:
+    """Whether some trainable parameter stays float16 over float16 weights (see the docstring)."""
+    adapter = workload.adapter
+    if adapter is None:
+        return True
+    if adapter.quantized:  # every recipe casts what trains to float32 or bfloat16
+        return False
+    from autotune.workload.adapters import PEFT_TRAINED_HEADS
+
+    return bool(adapter.modules_to_save) or workload.task in PEFT_TRAINED_HEADS
 
 
 def check_supported(workload: Workload, mode: Mode, gpu: GpuSpec) -> None:

@@ -96,14 +96,16 @@ def test_a_lora_table_is_its_own_run_and_identical_lora_requests_share_one(clien
     assert table["adapter"] == {
         "method": "lora", "r": 16, "alpha": 32.0, "dropout": 0.05, "targets": ["q_proj", "v_proj"],
         "targets_default": False, "quant_type": "nf4", "double_quant": True, "compute_dtype": None,
-        "bias": "none", "modules_to_save": [], "parameters": None,  # until its worker reports them
+        "bias": "none", "modules_to_save": [], "recipe": None,
+        "parameters": None,  # until its worker reports them
         "label": "LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj",
     }
     assert client.get(full["url"]).json()["adapter"] is None
     listed = client.get("/v1/tables", params={"model": "tiny-llama"}).json()["data"]  # newest first
     assert [t["adapter"] and t["adapter"]["label"] for t in listed] == [
         "LoRA r=16 alpha=32 dropout 0.05 on PEFT's default modules",
-        "QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.05 on PEFT's default modules",
+        "QLoRA (nf4, double quant, TRL's SFTTrainer recipe) r=16 alpha=32 dropout 0.05 on PEFT's default "
+        "modules",
         "LoRA r=8 alpha=32 dropout 0.05 on PEFT's default modules",
         "LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj", None]
     queue = client.app.state.queue
@@ -148,6 +150,9 @@ def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupe
     (LORA | {"bnb_4bit_quant_type": "fp4"}, "bnb_4bit_quant_type", "--bnb-4bit-quant-type set a 4-bit base"),
     ({"peft": "qlora", "bnb_4bit_compute_dtype": "int8"}, "bnb_4bit_compute_dtype",
      "4-bit compute dtype must be one of bfloat16, float16, float32, got 'int8'"),
+    ({"peft": "qlora", "qlora_recipe": "unsloth"}, "qlora_recipe",
+     "unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"),
+    (LORA | {"qlora_recipe": "peft"}, "qlora_recipe", "--qlora-recipe set a 4-bit base"),
 ])
 def test_a_table_request_with_bad_peft_settings_is_422_naming_the_field(client, changes, field, detail):
     response = client.post("/v1/tables", json=LLAMA | changes)
@@ -198,14 +203,16 @@ def test_a_stored_lora_table_answers_a_lora_check_only(client):
     assert _covers(old, full, 32) and not _covers(old, lora, 32)
 
     # QLoRA: not from the LoRA table; estimated, with the adapter PEFT built over the 4-bit base.
-    doc = client.get("/v1/check", params=CELL | {"peft": "qlora", "bnb_4bit_use_double_quant": "false"})
+    doc = client.get("/v1/check", params=CELL | {"peft": "qlora", "bnb_4bit_use_double_quant": "false",
+                                                 "qlora_recipe": "axolotl"})
     assert doc.status_code == 200, doc.text
     doc = doc.json()
     assert doc["table_id"] is None and doc["source"] == "estimated"
     assert doc["adapter"]["method"] == "qlora" and doc["adapter"]["double_quant"] is False
     assert doc["adapter"]["parameters"]["trainable"] == 3584
-    assert doc["adapter"]["label"].startswith("QLoRA (nf4) r=16 alpha=32 dropout 0.05 on q_proj,v_proj: "
-                                              "3.58k")
+    assert doc["adapter"]["recipe"] == "axolotl"
+    assert doc["adapter"]["label"].startswith("QLoRA (nf4, Axolotl recipe) r=16 alpha=32 dropout 0.05 on "
+                                              "q_proj,v_proj: 3.58k")
     assert doc["adapter"]["label"] in doc["message"]
 
 
@@ -263,7 +270,8 @@ def test_the_dashboard_says_each_runs_adapter(client):
     assert f"PEFT {LORA_LABEL}" in text(client.get(f"/runs/{lora_id}"))
     assert "PEFT full fine-tune" in text(client.get(f"/runs/{full_id}"))
     # Queued: what was asked for, until the worker says what PEFT built.
-    assert "PEFT QLoRA (nf4, double quant) r=8 alpha=32 dropout 0.05 on PEFT's default modules" in text(
+    assert ("PEFT QLoRA (nf4, double quant, TRL's SFTTrainer recipe) r=8 alpha=32 dropout 0.05 on PEFT's "
+            "default modules") in text(
         client.get(f"/runs/{queued}"))
     home = text(client.get("/"))
     assert "LoRA r=16, 11.80% trainable" in home and "QLoRA r=8" in home

@@ -43,6 +43,8 @@ GIB = 1024**3
 SEQ = 64
 BF16 = parse_mode("bf16")
 
+TRL = "TRL's SFTTrainer recipe"  # how QLoRA levers name the default recipe
+
 
 def llama(adapter: str | None = None, **settings) -> Workload:
     workload = Workload(resolve_model("tiny-llama"), "causal-lm", None)
@@ -94,9 +96,10 @@ def test_qlora_splits_the_parameters_into_frozen_base_4bit_base_and_adapter_weig
                   for m in layers)
     bf16 = sum(2 * m.in_features * m.out_features for m in layers)
     assert result.weight_bytes[BASE_4BIT] == storage < bf16
-    # The adapters train in float32 (prepare_model_for_kbit_training): 4 bytes a parameter.
+    # TRL's recipe (the default) trains the adapters in bfloat16: 2 bytes a parameter.
     trainable = result.adapter["parameters"]["trainable"]
-    assert result.weight_bytes[ADAPTER_WEIGHTS] == 4 * trainable > 0
+    assert result.adapter["recipe"] == "trl"
+    assert result.weight_bytes[ADAPTER_WEIGHTS] == 2 * trainable > 0
     assert result.weight_bytes[FROZEN_BASE] > 0
 
 
@@ -190,7 +193,8 @@ def test_the_report_states_the_adapter_and_names_the_split(one_gib, qlora_result
     result = qlora_result
     adapter = result.adapter
     assert adapter["method"] == "qlora" and adapter["targets"] == ["q_proj", "v_proj"]
-    assert adapter["label"].startswith("QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.05 on "
+    assert adapter["label"].startswith("QLoRA (nf4, double quant, TRL's SFTTrainer recipe) r=16 alpha=32 "
+                                       "dropout 0.05 on "
                                        "q_proj,v_proj: ")
     doc = json.loads(json.dumps(result.to_dict()))
     assert doc["adapter"]["parameters"] == adapter["parameters"]
@@ -227,9 +231,10 @@ def test_the_peft_levers_of_each_setup():
         return [(name, label) for name, label, _ in adapter_levers(workload)]
 
     assert names(llama()) == [("lora", "LoRA r=16 on PEFT's default modules"),
-                              ("qlora", "QLoRA r=16 on PEFT's default modules, 4-bit NF4 base")]
+                              ("qlora", f"QLoRA r=16 on PEFT's default modules, 4-bit NF4 base, {TRL}")]
     assert names(llama("lora", r=32, targets="all-linear")) == [
-        ("qlora", "QLoRA r=32: this LoRA over a 4-bit NF4 base"), ("lora-r16", "LoRA r=16, half the rank")]
+        ("qlora", f"QLoRA r=32: this LoRA over a 4-bit NF4 base, {TRL}"),
+        ("lora-r16", "LoRA r=16, half the rank")]
     assert names(llama("qlora", r=8)) == [("qlora-r4", "QLoRA r=4, half the rank")]
     assert names(llama("qlora", r=1)) == []
     # The QLoRA lever of a LoRA setup keeps its rank and targets.
@@ -274,7 +279,7 @@ def test_a_lora_setup_gets_qlora_and_a_lower_rank_and_no_embedding_levers(one_gi
     workload, mode = replace(llama("lora"), optimizer="sgd"), parse_mode("bf16+ckpt")
     levers = {lever.name: lever for lever in what_if(
         workload, backend, seq_len=SEQ, mode=mode, budget=BUDGET, base_max=1, shorter_seq_lens=[SEQ])}
-    assert levers["qlora"].label == "QLoRA r=16: this LoRA over a 4-bit NF4 base"
+    assert levers["qlora"].label == f"QLoRA r=16: this LoRA over a 4-bit NF4 base, {TRL}"
     assert levers["qlora"].adapter["method"] == "qlora"
     assert levers["qlora"].adapter["targets"] == ["q_proj", "v_proj"]
     assert levers["lora-r8"].label == "LoRA r=8, half the rank"
@@ -337,14 +342,14 @@ def test_check_advises_qlora_and_lora_for_a_full_fine_tune_that_does_not_fit():
     assert [(lever.name, lever.max_batch_size) for lever in levers] == [("adapter", 9), ("adapter", 6)]
     assert suggestion(3, 8, levers) == (
         "use batch 2 x 4 accumulation steps for an effective 8, or QLoRA r=16 on PEFT's default "
-        "modules, 4-bit NF4 base (max 9), or LoRA r=16 on PEFT's default modules (max 6)")
+        f"modules, 4-bit NF4 base, {TRL} (max 9), or LoRA r=16 on PEFT's default modules (max 6)")
 
 
 def test_check_advises_qlora_and_a_lower_rank_for_lora():
     backend = AdapterLimitBackend({("lora", 16): 2, ("qlora", 16): 5, ("lora", 8): 3})
     levers = helpful_levers(backend, llama("lora"), BF16, SEQ, 1 << 30, best=2)
     assert [(lever.label, lever.max_batch_size) for lever in levers] == [
-        ("QLoRA r=16: this LoRA over a 4-bit NF4 base", 5), ("LoRA r=8, half the rank", 3)]
+        (f"QLoRA r=16: this LoRA over a 4-bit NF4 base, {TRL}", 5), ("LoRA r=8, half the rank", 3)]
 
 
 def test_when_only_peft_fits_batch_1_the_step_s_own_levers_together_are_still_advised():

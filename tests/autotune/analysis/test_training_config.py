@@ -131,12 +131,14 @@ def test_the_examples_are_read():
     assert (qlora.format, qlora.model, qlora.seq_len, qlora.batch_size, qlora.mode.name, qlora.dtype,
             qlora.ignored) == ("axolotl", "mistralai/Mistral-7B-v0.3", 8192, 2, "bf16+ckpt", "bfloat16", ())
     assert qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
-                                    quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+                                    quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
+                                    recipe="axolotl")
     sft_qlora = read_training_config(EXAMPLES / "sft_qlora.yaml")
     assert (sft_qlora.format, sft_qlora.model, sft_qlora.dtype, sft_qlora.ignored) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", "bfloat16", ())
     assert sft_qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
-                                        quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+                                        quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
+                                        recipe="trl")
     saved = read_training_config(EXAMPLES / "lora_adapter")
     assert (saved.format, saved.model, saved.task, saved.adapter.method, saved.adapter.r) == (
         "peft", "Qwen/Qwen2.5-0.5B", "causal-lm", "lora", 16)
@@ -152,6 +154,7 @@ REFUSED = [
     (AXOLOTL, "tensor_parallel_size", 2), (AXOLOTL, "gradient_checkpointing", "offload"),
     (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
+    (AXOLOTL, "fp32_norms", True),
     (TRAINER, "deepspeed", "ds_config.json"), (TRAINER, "fsdp", "full_shard auto_wrap"),
     (TRAINER, "torch_compile", True), (TRAINER, "use_liger_kernel", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
@@ -279,9 +282,11 @@ def test_axolotl_qlora_is_read(tmp_path):
                            "peft_use_rslora": True, "loraplus_lr_ratio": 16, "lora_unknown": 1}, "a.yml")
     # loaders/model.py _set_quantization_config: nf4, double quantization, compute in the weights' dtype.
     assert plan.adapter == Adapter("qlora", r=16, alpha=32, dropout=0.1, targets=("all-linear",),
-                                   quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+                                   quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
+                                   recipe="axolotl")
     assert (plan.mode, plan.dtype, plan.attn) == (Mode("bf16", True), "bfloat16", "flash_attention_2")
-    assert ("adapter: qlora: QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.1 on all-linear, 4-bit layers "
+    assert ("adapter: qlora: QLoRA (nf4, double quant, Axolotl recipe) r=16 alpha=32 dropout 0.1 on "
+            "all-linear, 4-bit layers "
             "computing in bfloat16; the base weights frozen, only the adapters trained") in plan.notes
     assert any(n.startswith("lora_target_linear: true: LoRA on every linear layer") for n in plan.notes)
     assert any(n.startswith("peft_use_rslora:") for n in plan.notes)

@@ -174,3 +174,23 @@ def test_a_tiny_preset_gets_default_rows_within_its_128_positions(capsys, model)
     doc = json.loads(out)
     assert doc["seq_lens"] == [64, 128]
     assert [cell["max_batch_size"] for cell in doc["cells"]] == [8, 8]
+
+
+def test_table_and_check_say_the_adapter_they_modelled(capsys):
+    code, out, _ = run(capsys, "table", "tiny-llama", "--seq-lens", "32", "--modes", "bf16", "--gpu-memory",
+                       "1GiB", "--backend", "estimate", "--max-batch", "8", "--dtype", "bfloat16",
+                       "--peft", "qlora", "--lora-r", "8", "--qlora-recipe", "axolotl")
+    assert code == 0
+    assert ("adapter: QLoRA (nf4, double quant, Axolotl recipe) r=8 alpha=32 dropout 0.05 on "
+            "q_proj,v_proj: 1.79k of ") in out
+    code, out, _ = run(capsys, "check", "tiny-llama", "--seq-len", "32", "--batch-size", "2", "--mode",
+                       "bf16", "--gpu-memory", "1GiB", "--peft", "lora", "--lora-targets", "all-linear",
+                       "--json")
+    assert code == 0
+    adapter = json.loads(out)["adapter"]
+    assert (adapter["method"], adapter["r"], adapter["recipe"], adapter["targets_default"]) == (
+        "lora", 16, None, False)
+    assert adapter["parameters"]["trainable"] < adapter["parameters"]["total"]
+    code, out, err = run(capsys, "check", "tiny-llama", "--seq-len", "32", "--batch-size", "2",
+                         "--peft", "lora", "--qlora-recipe", "trl")
+    assert code == 2 and err.startswith("Error: --qlora-recipe set a 4-bit base: add --load-in-4bit")

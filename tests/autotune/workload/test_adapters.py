@@ -16,6 +16,7 @@ from autotune.gpus import custom_gpu
 from autotune.tuner import budget_bytes, search_cell
 from autotune.workload import Workload
 from autotune.workload.adapters import (
+    Adapter,
     PeftOptions,
     adapter_from_peft_config,
     make_adapter,
@@ -60,8 +61,8 @@ def test_llama_1b_default_targets_and_label() -> None:
     assert summary.targets == ("q_proj", "v_proj")  # PEFT's default for llama
     # 16 layers x (q: 2048x16 + 16x2048, v: 2048x16 + 16x512)
     assert summary.parameters.trainable == 16 * (2048 * 16 + 16 * 2048 + 2048 * 16 + 16 * 512)
-    assert summary.label().startswith("QLoRA (nf4, double quant) r=16 alpha=32 dropout 0.05 on "
-                                      "q_proj,v_proj: 1.70M of 1.24B parameters trainable")
+    assert summary.label().startswith("QLoRA (nf4, double quant, TRL's SFTTrainer recipe) r=16 alpha=32 "
+                                      "dropout 0.05 on q_proj,v_proj: 1.70M of 1.24B parameters trainable")
     assert summary.to_json()["targets_default"] is True
 
 
@@ -161,3 +162,72 @@ def test_lora_config_carries_every_setting() -> None:
     config = lora_config(make_adapter("lora", r=8, alpha=16, dropout=0.1, targets="q_proj"), "causal-lm")
     assert (config.r, config.lora_alpha, config.lora_dropout) == (8, 16, 0.1)
     assert set(config.target_modules) == {"q_proj"}
+
+
+def _dtypes_by_part(model: torch.nn.Module) -> dict[str, set[tuple[str, bool]]]:
+    """(dtype, trainable) of a wrapped llama's parameters, grouped: adapters, norms, embeddings,
+    head, 4-bit weights."""
+    parts: dict[str, set[tuple[str, bool]]] = {}
+    for name, param in model.named_parameters():
+        part = next((p for key, p in (("lora_", "lora"), ("norm", "norm"), ("embed_tokens", "embed"),
+                                      ("lm_head", "head")) if key in name), "4-bit")
+        parts.setdefault(part, set()).add((str(param.dtype).removeprefix("torch."), param.requires_grad))
+    return parts
+
+
+@pytest.mark.parametrize(("recipe", "norms", "adapters"), [
+    # TRL's SFTTrainer: no prepare_model_for_kbit_training; what trains is cast to bfloat16.
+    ("trl", "bfloat16", "bfloat16"),
+    # Axolotl: prepare_model_for_kbit_training, then norms and embeddings back to the model's dtype;
+    # PEFT's autocast_adapter_dtype keeps the adapters float32.
+    ("axolotl", "bfloat16", "float32"),
+    # prepare_model_for_kbit_training alone: every weight not quantized in float32.
+    ("peft", "float32", "float32"),
+])
+def test_each_qlora_recipe_leaves_its_trainer_s_dtypes(recipe: str, norms: str, adapters: str) -> None:
+    from autotune.backends.estimate.nf4 import make_quantizer
+    from autotune.workload.adapters import prepare
+
+    with torch.device("meta"):
+        model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", "eager", "bfloat16")
+        wrapped = prepare(model, make_adapter("qlora", recipe=recipe), "causal-lm",
+                          make_quantizer(quant_type="nf4", double_quant=True, compute_dtype="bfloat16"))
+    assert _dtypes_by_part(wrapped) == {
+        "lora": {(adapters, True)}, "norm": {(norms, False)}, "embed": {(norms, False)},
+        "head": {(norms, False)}, "4-bit": {("uint8", False)}}
+
+
+def test_the_recipe_changes_the_peak_as_its_dtypes_say() -> None:
+    """bf16 weights, bf16+ckpt: TRL's bfloat16 adapters (and their AdamW states) weigh least, Axolotl's
+    float32 adapters more, and prepare_model_for_kbit_training's float32 embeddings, norms and residual
+    stream most."""
+    config = tiny_config("llama", hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, vocab_size=4096,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    spec = _spec("tiny-llama-recipes", "preset", config)
+    gpu = custom_gpu(2**30)
+    budget = budget_bytes(gpu, 0.05)
+    peaks = {}
+    for recipe in ("trl", "axolotl", "peft"):
+        workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16",
+                            adapter=make_adapter("qlora", recipe=recipe, targets="all-linear"))
+        with EstimateBackend(gpu).cell(workload, parse_mode("bf16+ckpt"), 256, budget) as cell:
+            peaks[recipe] = cell.fits(8).details["peak_allocated_bytes"]
+    assert peaks["trl"] < peaks["axolotl"] < peaks["peft"]
+
+
+def test_the_recipe_is_for_a_4bit_base_and_one_of_three() -> None:
+    assert PeftOptions(peft="qlora").adapter().recipe == "trl"
+    assert PeftOptions(peft="lora").adapter().recipe is None
+    assert PeftOptions(peft="lora", load_in_4bit=True, qlora_recipe="axolotl").adapter().recipe == "axolotl"
+    with pytest.raises(InvalidInput, match="--qlora-recipe set a 4-bit base: add --load-in-4bit"):
+        PeftOptions(peft="lora", qlora_recipe="peft").adapter()
+    with pytest.raises(InvalidInput, match="unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"):
+        PeftOptions(peft="qlora", qlora_recipe="unsloth").adapter()
+    with pytest.raises(InvalidInput, match="LoRA over a 16/32-bit base has none"):
+        make_adapter("lora", recipe="trl")
+    # A QLoRA adapter stored before the recipe existed was computed with prepare_model_for_kbit_training.
+    stored = make_adapter("qlora").to_json()
+    del stored["recipe"]
+    assert Adapter.from_json(stored).recipe == "peft"
+    assert Adapter.from_json(make_adapter("qlora", recipe="axolotl").to_json()).recipe == "axolotl"

@@ -10,6 +10,7 @@ import pytest
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu, resolve_gpu
 from autotune.workload import Workload
+from autotune.workload.adapters import make_adapter
 from autotune.workload.models import (
     check_dtype,
     default_seq_lens,
@@ -124,6 +125,21 @@ def test_amp_over_float16_weights_is_refused_as_gradscaler_refuses_it():
     reason = refusal(_workload(weights_dtype="float16"), parse_mode("amp"), resolve_gpu("A100-80GB"))
     assert reason is not None and "GradScaler refuses to unscale float16 gradients" in reason
     assert refusal(_workload(weights_dtype="float16"), parse_mode("fp32"), resolve_gpu("A100-80GB")) is None
+
+
+def test_amp_over_float16_weights_trains_adapters_that_are_not_float16():
+    """PEFT makes LoRA weights float32 (autocast_adapter_dtype) and every QLoRA recipe casts what
+    trains to float32 or bfloat16: GradScaler unscales them. A head LoRA trains whole stays float16."""
+    a100, amp = resolve_gpu("A100-80GB"), parse_mode("amp")
+    llama = resolve_model("tiny-llama")
+    for adapter in (make_adapter("lora"), make_adapter("qlora"), make_adapter("qlora", recipe="peft")):
+        assert refusal(Workload(llama, "causal-lm", None, weights_dtype="float16", adapter=adapter), amp,
+                       a100) is None
+    head = refusal(_workload(weights_dtype="float16", adapter=make_adapter("lora")), amp, a100)
+    assert head is not None and "LoRA trains the head or modules_to_save whole" in head
+    saved = Workload(llama, "causal-lm", None, weights_dtype="float16",
+                     adapter=make_adapter("lora", modules_to_save=["lm_head"]))
+    assert refusal(saved, amp, a100) is not None
 
 
 def test_flash_attention_2_needs_an_sm80_card_and_16_bit_inputs():
