@@ -129,11 +129,17 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _adapter(args: argparse.Namespace, configured: Any) -> Any:
-    """The adapter of the step: the PEFT flags' when any is given (flags win), else the config's."""
-    from autotune.workload.adapters import PeftOptions
+    """The adapter of the step: the PEFT flags' when any is given (flags win), else the config's;
+    ``--qlora-recipe`` alone changes only how the config's 4-bit base is prepared."""
+    from dataclasses import replace
+
+    from autotune.workload.adapters import PeftOptions, check_recipe
 
     flags = peft_kwargs(args)
-    if any(value not in (None, False) for value in flags.values()):
+    given = [name for name, value in flags.items() if value not in (None, False)]
+    if given == ["qlora_recipe"] and configured is not None and configured.quantized:
+        return replace(configured, recipe=check_recipe(flags["qlora_recipe"]))
+    if given:
         return PeftOptions(**flags).adapter()
     return configured
 

@@ -231,3 +231,16 @@ def test_a_lever_is_searched_up_to_the_cell_s_cap_not_the_default():
     levers = helpful_levers(backend, _causal_workload(), parse_mode("fp32"), 64, 1 << 30, best=5000,
                             max_batch=10_000)
     assert [(lever.name, lever.max_batch_size) for lever in levers] == [("checkpointing", 8000)]
+
+
+def test_from_config_qlora_recipe_alone_changes_only_how_the_base_is_prepared(tmp_path, capsys):
+    path = tmp_path / "axolotl.yml"
+    path.write_text("base_model: tiny-llama\nsequence_len: 32\nmicro_batch_size: 2\nadapter: qlora\n"
+                    "load_in_4bit: true\nlora_r: 8\nlora_alpha: 16\nbf16: true\nlora_target_linear: true\n"
+                    "lora_mlp_kernel: false\nlora_qkv_kernel: false\nlora_o_kernel: false\n")
+    code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--json")
+    assert code == 0, out
+    assert (json.loads(out)["adapter"]["recipe"], json.loads(out)["adapter"]["r"]) == ("axolotl", 8)
+    code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--qlora-recipe", "peft", "--json")
+    assert code == 0
+    assert (json.loads(out)["adapter"]["recipe"], json.loads(out)["adapter"]["r"]) == ("peft", 8)
