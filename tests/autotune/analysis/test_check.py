@@ -241,6 +241,7 @@ def test_from_config_qlora_recipe_alone_changes_only_how_the_base_is_prepared(tm
     code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--json")
     assert code == 0, out
     assert (json.loads(out)["adapter"]["recipe"], json.loads(out)["adapter"]["r"]) == ("axolotl", 8)
-    code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--qlora-recipe", "peft", "--json")
+    code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--qlora-recipe", "peft",
+                       "--json")
     assert code == 0
     assert (json.loads(out)["adapter"]["recipe"], json.loads(out)["adapter"]["r"]) == ("peft", 8)
