@@ -62,14 +62,25 @@ def test_bert_large_gains_from_checkpointing_with_the_trainers_fused_adamw():
     assert 1 <= plain < checkpointed
 
 
-def test_an_axolotl_qlora_config_is_checked_as_qlora(capsys):
-    code, out, _ = run(capsys, "check", "--from-config", str(EXAMPLES / "axolotl_qlora.yml"),
-                       "--gpu", "A100-80GB", "--backend", "estimate", "--json")
+def test_an_axolotl_qlora_config_is_checked_as_qlora(capsys, tmp_path):
+    """The example as written (Mistral-7B at 8192 tokens: a minute of CPU) over tiny-llama and 64
+    tokens: the same keys, the same reading, a check that answers."""
+    text = (EXAMPLES / "axolotl_qlora.yml").read_text()
+    assert "base_model: mistralai/Mistral-7B-v0.3\n" in text and "sequence_len: 8192\n" in text
+    config = tmp_path / "axolotl_qlora.yml"
+    config.write_text(text.replace("base_model: mistralai/Mistral-7B-v0.3", "base_model: tiny-llama")
+                      .replace("model_type: MistralForCausalLM", "model_type: LlamaForCausalLM")
+                      .replace("sequence_len: 8192", "sequence_len: 64"))
+    code, out, _ = run(capsys, "check", "--from-config", str(config), "--gpu", "A100-80GB",
+                       "--backend", "estimate", "--json")
     doc = json.loads(out)
-    assert code in (0, 1)
-    assert doc["adapter"]["method"] == "qlora" and doc["adapter"]["quant_type"] == "nf4"
-    assert doc["adapter"]["parameters"]["trainable"] < doc["adapter"]["parameters"]["total"]
-    assert "QLoRA (nf4" in doc["message"]
+    assert code == 0 and doc["fits"] is True
+    assert (doc["model"], doc["seq_len"], doc["batch_size"], doc["mode"]) == ("tiny-llama", 64, 2, "bf16+ckpt")
+    adapter = doc["adapter"]
+    assert (adapter["method"], adapter["r"], adapter["alpha"], adapter["quant_type"], adapter["double_quant"],
+            adapter["recipe"], adapter["targets_default"]) == ("qlora", 32, 16, "nf4", True, "axolotl", False)
+    assert adapter["parameters"]["trainable"] < adapter["parameters"]["total"]
+    assert "QLoRA (nf4, double quant, Axolotl recipe) r=32" in doc["message"]
 
 
 def test_a_training_arguments_example_is_checked_as_it_says(capsys):
