@@ -113,6 +113,10 @@ class Adapter:
     # How the 4-bit base is prepared (QLORA_RECIPES); None for a LoRA over a 16/32-bit base.
     recipe: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.method == "qlora" and self.recipe is None:  # built directly, not by make_adapter
+            object.__setattr__(self, "recipe", DEFAULT_QLORA_RECIPE)
+
     @property
     def quantized(self) -> bool:
         return self.method == "qlora"
@@ -120,8 +124,11 @@ class Adapter:
     def label(self) -> str:
         """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj`` or
         ``QLoRA (nf4, double quant, TRL's SFTTrainer recipe) ...``."""
-        name = "LoRA" if self.method == "lora" else f"QLoRA ({self.quant_type}" + (
-            ", double quant" if self.double_quant else "") + f", {RECIPE_NAMES[self.recipe or '']} recipe)"
+        name = "LoRA"
+        if self.quantized:
+            double = ", double quant" if self.double_quant else ""
+            recipe = RECIPE_NAMES[self.recipe or DEFAULT_QLORA_RECIPE]
+            name = f"QLoRA ({self.quant_type}{double}, {recipe} recipe)"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         return f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
 

@@ -75,7 +75,8 @@ def test_an_axolotl_qlora_config_is_checked_as_qlora(capsys, tmp_path):
                        "--backend", "estimate", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["fits"] is True
-    assert (doc["model"], doc["seq_len"], doc["batch_size"], doc["mode"]) == ("tiny-llama", 64, 2, "bf16+ckpt")
+    assert (doc["model"], doc["seq_len"], doc["batch_size"], doc["mode"]) == (
+        "tiny-llama", 64, 2, "bf16+ckpt")
     adapter = doc["adapter"]
     assert (adapter["method"], adapter["r"], adapter["alpha"], adapter["quant_type"], adapter["double_quant"],
             adapter["recipe"], adapter["targets_default"]) == ("qlora", 32, 16, "nf4", True, "axolotl", False)
