@@ -262,6 +262,28 @@ def test_worker_reports_a_model_larger_than_the_budget() -> None:
     assert ready["op"] == "ready" and ready["model_oom"] == OOM_MESSAGE
 
 
+def test_worker_builds_the_model_on_the_device_and_on_the_cpu_where_that_fails(monkeypatch) -> None:
+    from autotune.backends.cuda import probe_worker
+
+    devices = []
+    real = probe_worker.build_model
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        devices.append(torch.get_default_device().type)
+        if len(devices) == 1:  # the build on the device: e.g. a budget smaller than the weights
+            raise RuntimeError("CUDA error: out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_worker, "build_model", build)
+    memory = CpuMemory()
+    memory.device = "meta"  # where the stand-in's device is: the first build is made there
+    memory.load_error = torch.OutOfMemoryError(OOM_MESSAGE)
+    _, ready = started_worker(memory=memory)
+    # The CPU build runs after the failed one, and loading it decides, as for any model.
+    assert devices == ["meta", "cpu"]
+    assert ready["op"] == "ready" and ready["model_oom"] == OOM_MESSAGE
+
+
 def test_worker_reports_other_load_failures_as_failed_not_oom() -> None:
     memory = CpuMemory()
     memory.load_error = RuntimeError("CUDA error: no kernel image is available for execution")

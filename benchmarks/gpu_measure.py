@@ -1,0 +1,411 @@
+"""Measured tables and allocator traces on a real GPU (issue "Measured truth on a real GPU").
+
+Run from the repository root on a CUDA machine; everything lands in OUT:
+
+    python benchmarks/gpu_measure.py plan first --out OUT --deadline EPOCH_S
+    python benchmarks/gpu_measure.py plan second --out OUT --deadline EPOCH_S
+
+A plan is a list of phases run one after another; a phase is lanes run side by side (one process
+each, on the same card: each job's budget caps its own caching allocator, so lanes whose budgets add
+up to less than the card do not disturb each other's memory, only each other's step times); a lane
+runs its jobs in order. A job is either a measured table (``autotune.table(backend="cuda")``: NAME.json
+at the end, NAME.cells.jsonl as each cell finishes, so a job stopped at the deadline keeps its cells)
+or a recorded step (``record-NAME.json``: one real training step under
+``torch.cuda.memory._record_memory_history``, its allocator events, the real peaks, and the device
+memory outside the allocator: the CUDA context, kernels and library handles). At the deadline every
+lane still running is killed with its probe workers.
+
+``benchmarks/accuracy.py`` reads these files (docs/measurements/) and compares them with the estimator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BERT = dict(modes="fp32,amp,ckpt,amp+ckpt")  # the default modes, the default seq lens (64..512)
+LLAMA = dict(model="meta-llama/Llama-3.2-1B", modes="bf16,bf16+ckpt", seq_lens="512,1024,2048,4096")
+
+# Measured tables: the keyword arguments of autotune.table (backend "cuda" added).
+JOBS: dict[str, dict[str, Any]] = {
+    "bert-base-uncased-12GiB": dict(model="bert-base-uncased", gpu_memory="12GiB", **BERT),
+    "bert-base-uncased-16GiB": dict(model="bert-base-uncased", gpu_memory="16GiB", **BERT),
+    "bert-large-uncased-12GiB": dict(model="bert-large-uncased", gpu_memory="12GiB", **BERT),
+    "bert-large-uncased-16GiB": dict(model="bert-large-uncased", gpu_memory="16GiB", **BERT),
+    "roberta-base-16GiB": dict(model="roberta-base", gpu_memory="16GiB", **BERT),
+    "gpt2-causal-lm-16GiB": dict(model="gpt2", task="causal-lm", gpu_memory="16GiB", **BERT),
+    "llama-3.2-1b-24GiB": dict(gpu_memory="24GiB", **LLAMA),
+    "llama-3.2-1b-lora-24GiB": dict(gpu_memory="24GiB", peft="lora", **LLAMA),
+    "llama-3.2-1b-qlora-trl-24GiB": dict(gpu_memory="24GiB", peft="qlora", qlora_recipe="trl", **LLAMA),
+    "llama-3.2-1b-qlora-axolotl-24GiB": dict(
+        gpu_memory="24GiB", peft="qlora", qlora_recipe="axolotl",
+        model=LLAMA["model"], modes="bf16+ckpt", seq_lens="2048"),
+    "llama-3.2-1b-qlora-peft-24GiB": dict(
+        gpu_memory="24GiB", peft="qlora", qlora_recipe="peft",
+        model=LLAMA["model"], modes="bf16+ckpt", seq_lens="2048"),
+    "llama-3.2-1b-card": dict(**LLAMA),  # the whole card: run alone
+}
+# What a lease's deadline left of the Llama tables, seeded from the whole tables' estimates.
+for _name, _seq_lens in (("llama-3.2-1b-24GiB", "1024,2048,4096"),
+                         ("llama-3.2-1b-lora-24GiB", "1024,2048,4096"),
+                         ("llama-3.2-1b-qlora-trl-24GiB", "2048")):
+    JOBS[f"{_name}-ckpt"] = {**JOBS[_name], "modes": "bf16+ckpt", "seq_lens": _seq_lens, "seeds_from": _name}
+# The checkpointing modes of the BERT tables, as jobs of their own (a lease's first run measured fp32
+# and amp before its deadline).
+for _name in ("bert-base-uncased-12GiB", "bert-base-uncased-16GiB", "bert-large-uncased-12GiB",
+              "bert-large-uncased-16GiB", "roberta-base-16GiB"):
+    JOBS[f"{_name}-ckpt"] = {**JOBS[_name], "modes": "ckpt,amp+ckpt"}
+
+# Recorded steps: (model, task, mode, seq_len, batch, table keyword arguments for the adapter).
+RECORDS: dict[str, dict[str, Any]] = {
+    "bert-base-fp32-128x64": dict(model="bert-base-uncased", mode="fp32", seq_len=128, batch=64),
+    "bert-base-amp-512x32": dict(model="bert-base-uncased", mode="amp", seq_len=512, batch=32),
+    "llama-1b-bf16ckpt-2048x4": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=2048, batch=4),
+    "llama-1b-lora-bf16ckpt-2048x4": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=2048, batch=4,
+                                          peft="lora"),
+    "llama-1b-qlora-bf16ckpt-2048x6": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=2048, batch=6,
+                                           peft="qlora", qlora_recipe="trl"),
+}
+
+PLANS: dict[str, list[list[list[str]]]] = {
+    # Budgets side by side: 12 + 12 + 16 + 16 + 16 GiB, about 75 GiB with five CUDA contexts.
+    "first": [
+        [["record:bert-base-fp32-128x64", "record:bert-base-amp-512x32"]],
+        [
+            ["bert-base-uncased-12GiB"],
+            ["bert-large-uncased-12GiB"],
+            ["bert-base-uncased-16GiB"],
+            ["bert-large-uncased-16GiB"],
+            ["roberta-base-16GiB", "gpt2-causal-lm-16GiB"],
+        ],
+    ],
+    # Budgets side by side: 3 x 24 GiB; then the recorded steps and the whole card, alone.
+    "second": [
+        [
+            ["llama-3.2-1b-24GiB"],
+            ["llama-3.2-1b-lora-24GiB", "llama-3.2-1b-qlora-axolotl-24GiB"],
+            ["llama-3.2-1b-qlora-trl-24GiB", "llama-3.2-1b-qlora-peft-24GiB"],
+        ],
+        [["record:llama-1b-bf16ckpt-2048x4", "record:llama-1b-qlora-bf16ckpt-2048x6",
+          "record:llama-1b-lora-bf16ckpt-2048x4"]],
+        [["llama-3.2-1b-card"]],
+    ],
+    # The last lease: what the deadlines left, most wanted first.
+    "last": [
+        [
+            ["llama-3.2-1b-24GiB-ckpt"],
+            ["llama-3.2-1b-lora-24GiB-ckpt"],
+            ["llama-3.2-1b-qlora-trl-24GiB-ckpt", "record:llama-1b-qlora-bf16ckpt-2048x6"],
+        ],
+        [["llama-3.2-1b-card"]],
+        [
+            ["bert-base-uncased-12GiB-ckpt"],
+            ["bert-large-uncased-12GiB-ckpt"],
+            ["bert-base-uncased-16GiB-ckpt"],
+            ["bert-large-uncased-16GiB-ckpt"],
+            ["roberta-base-16GiB-ckpt", "gpt2-causal-lm-16GiB"],
+        ],
+    ],
+    "third": [
+        [
+            ["bert-base-uncased-12GiB-ckpt"],
+            ["bert-large-uncased-12GiB-ckpt"],
+            ["bert-base-uncased-16GiB-ckpt"],
+            ["bert-large-uncased-16GiB-ckpt"],
+            ["roberta-base-16GiB-ckpt", "gpt2-causal-lm-16GiB"],
+        ],
+    ],
+}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run_plan(name: str, out: Path, deadline: float, only: set[str] | None, backend: str) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for phase in PLANS[name]:
+        lanes = [[job for job in lane if only is None or job in only] for lane in phase]
+        lanes = [lane for lane in lanes if lane]
+        procs = []
+        for lane in lanes:
+            argv = [sys.executable, __file__, "lane", "--out", str(out), "--backend", backend, *lane]
+            log(f"lane {' '.join(lane)}")
+            procs.append(subprocess.Popen(argv, start_new_session=True))
+        for proc in procs:
+            left = deadline - time.time()
+            try:
+                proc.wait(timeout=max(1.0, left))
+            except subprocess.TimeoutExpired:
+                log(f"deadline: killing lane {proc.args[6:]}")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            failed += proc.returncode != 0
+        if time.time() >= deadline:
+            log("deadline reached: later phases skipped")
+            break
+    return 1 if failed else 0
+
+
+def run_lane(jobs: list[str], out: Path, backend: str) -> int:
+    failed = 0
+    for job in jobs:
+        started = time.time()
+        argv = [sys.executable, __file__, "job", job, "--out", str(out), "--backend", backend]
+        code = subprocess.call(argv)
+        log(f"{job}: exit {code} in {time.time() - started:.0f} s")
+        failed += code != 0
+    return 1 if failed else 0
+
+
+SEEDS = Path(os.environ.get("GPU_SEEDS", ROOT / "benchmarks" / "gpu_seeds.json"))  # the estimator's answers
+
+
+def run_seeds(jobs: list[str]) -> int:
+    """The estimator's max batch of each cell of ``jobs``, for the measured search to start from."""
+    import autotune
+
+    for name in jobs:
+        seeds = json.loads(SEEDS.read_text()) if SEEDS.exists() else {}
+        started = time.time()
+        job = JOBS[name]
+        if "gpu" not in job and "gpu_memory" not in job:  # the whole card: the lent H100's preset
+            job = {**job, "gpu": "H100-80GB"}
+        result = autotune.table(**job, backend="estimate")
+        seeds[name] = {f"{c.mode}:{c.seq_len}": c.max_batch_size for c in result.cells}
+        SEEDS.write_text(json.dumps(seeds, indent=1, sort_keys=True) + "\n")
+        log(f"seeds {name}: {seeds[name]} in {time.time() - started:.0f} s")
+    return 0
+
+
+def run_table(name: str, out: Path, backend: str) -> int:
+    """The job's table; where the estimator's answers are known (SEEDS), each cell's search starts
+    at its estimated max (tuner._guess), one mode at a time, and the modes are merged."""
+    import autotune
+    from autotune import tuner
+
+    cells = (out / f"{name}.cells.jsonl").open("w")
+
+    def on_cell(cell: Any, done: int, total: int) -> None:
+        cells.write(json.dumps(cell.to_dict()) + "\n")
+        cells.flush()
+        log(f"{name} {done}/{total} {cell.mode} seq {cell.seq_len}: {cell.max_batch_size} "
+            f"({cell.probes} probes){' ' + cell.error if cell.error else ''}")
+
+    job = dict(JOBS[name])
+    seeds = json.loads(SEEDS.read_text()).get(job.pop("seeds_from", name)) if SEEDS.exists() else None
+    if not seeds:
+        result = autotune.table(**job, backend=backend, on_cell=on_cell)
+        (out / f"{name}.json").write_text(json.dumps(result.to_dict(), indent=1))
+        return 0
+    merged: dict[str, Any] | None = None
+    for mode in job["modes"].split(","):
+        def seeded(history: Any, seq_len: int, budget: int, mode: str = mode) -> int | None:
+            return seeds.get(f"{mode}:{seq_len}") or None
+
+        tuner._guess = seeded  # type: ignore[assignment]
+        part = autotune.table(**{**job, "modes": mode}, backend=backend, on_cell=on_cell).to_dict()
+        if merged is None:
+            merged = {**part, "modes": [], "cells": [], "elapsed_s": 0.0, "seeded_by": "estimate"}
+        merged["modes"] += part["modes"]
+        merged["cells"] += part["cells"]
+        merged["elapsed_s"] += part["elapsed_s"]
+    assert merged is not None
+    total = sum(c["probes"] for c in merged["cells"])
+    merged.update(probes_total=total, probes_per_cell=round(total / max(1, len(merged["cells"])), 2))
+    (out / f"{name}.json").write_text(json.dumps(merged, indent=1))
+    return 0
+
+
+def device_used() -> dict[str, int]:
+    """Device memory in use by this process, as the driver and as the allocator see it."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {"device_used_bytes": total - free, "reserved_bytes": torch.cuda.memory_reserved(),
+            "allocated_bytes": torch.cuda.memory_allocated()}
+
+
+def run_record(name: str, out: Path) -> int:
+    """One real probe under the allocator's history; the events, the peaks, the memory outside it."""
+    import torch
+
+    from autotune.backends.cuda.probe_worker import CudaMemory, Worker
+    from autotune.backends.cuda.protocol import PROTOCOL, cell_spec
+    from autotune.public import _model, _peft, _workload
+    from autotune.workload.modes import parse_modes
+
+    spec = RECORDS[name]
+    found: dict[str, Any] = {"name": name, **spec}
+
+    class Recorded(CudaMemory):
+        def open(self, device_index: int, budget_bytes: int) -> dict[str, Any]:
+            info = super().open(device_index, budget_bytes)
+            found["context"] = device_used()  # the CUDA context alone: nothing allocated yet
+            torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
+            return info
+
+    adapter = _peft(spec.get("peft"), None, None, None, None, None, False, False, None, None, None,
+                    None, spec.get("qlora_recipe"))
+    workload = _workload(_model(spec["model"], False), [spec["seq_len"]], spec.get("task"), None,
+                         "adamw_torch_fused", "auto", "full", adapter)
+    mode = parse_modes(spec["mode"])[0]
+    total = torch.cuda.get_device_properties(0).total_memory
+    memory = Recorded()
+    worker = Worker(memory)
+    ready = worker.init({"op": "init", "protocol": PROTOCOL,
+                         "cell": cell_spec(workload, mode, spec["seq_len"], total).to_json()})
+    if ready.get("op") != "ready":
+        raise RuntimeError(f"the worker could not set up the cell: {ready}")
+    found["ready"] = ready
+    found["after_load"] = device_used()
+    began = time.time()
+    found["run"] = worker._run(spec["batch"])
+    torch.cuda.synchronize()
+    found["step_wall_s"] = time.time() - began
+    found["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    found["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    found["after_step"] = device_used()
+    stats = torch.cuda.memory_stats()
+    found["memory_stats"] = {k: v for k, v in stats.items() if "all" in k or "." not in k}
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][0]
+    found["events"] = [[e["action"], e["addr"], e["size"], e.get("stream", 0)] for e in trace]
+    found["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                         "device": torch.cuda.get_device_name(0)}
+    (out / f"record-{name}.json").write_text(json.dumps(found))
+    log(f"record {name}: {len(trace)} events, peak allocated {found['peak_allocated_bytes']}, "
+        f"reserved {found['peak_reserved_bytes']}, outside the allocator after the step "
+        f"{found['after_step']['device_used_bytes'] - found['after_step']['reserved_bytes']}")
+    return 0
+
+
+def run_assemble(runs: list[Path], dest: Path) -> int:
+    """The measured tables of several leases' runs, one per model and budget, into ``dest``.
+
+    A table's cells come from every run of its job and of its follow-up jobs (NAME-ckpt): a later
+    run's cell replaces an earlier one's. The header is a finished run's (the cuda backend's
+    environment), else that of a one-cell estimate of the same job with the measured environment;
+    cells no run reached are listed in ``cells_missing``. Allocator records go to dest/records.
+    """
+    import shutil
+
+    import autotune
+    from autotune.gpus import gpu_from_device_properties
+    from autotune.tuner import budget_bytes
+
+    environment = None
+    finished: dict[str, dict[str, Any]] = {}
+    cells: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    for run in runs:  # in lease order
+        for path in sorted(run.glob("*.json")):
+            if path.name.startswith("record-"):
+                (dest / "records").mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, dest / "records" / path.name.removeprefix("record-"))
+                continue
+            table = json.loads(path.read_text())
+            environment = table["environment"]
+            finished[path.stem] = table
+        for path in sorted(run.glob("*.cells.jsonl")):
+            job = path.name.removesuffix(".cells.jsonl")
+            base = JOBS[job].get("seeds_from") or job.removesuffix("-ckpt")
+            seeded = SEED_RUNS.get(run.name, True)
+            for line in path.read_text().splitlines():
+                cell = {**json.loads(line), "seeded_by_estimate": seeded}
+                cells.setdefault(base, {})[(cell["mode"], cell["seq_len"])] = cell
+    assert environment is not None, "no run finished a table: no measured environment"
+    dest.mkdir(parents=True, exist_ok=True)
+    for base, found in sorted(cells.items()):
+        job = JOBS[base]
+        header = next((t for n, t in finished.items() if n == base or JOBS[n].get("seeds_from") == base
+                       or n == f"{base}-ckpt"), None)
+        if header is None:
+            kwargs = {k: v for k, v in job.items() if k not in ("modes", "seq_lens")}
+            first_mode, first_len = next(iter(found))
+            header = autotune.table(**kwargs, modes=first_mode, seq_lens=[first_len],
+                                    backend="estimate").to_dict()
+            if "gpu_memory" not in job:  # the whole card: the target the cuda backend made of it
+                card = gpu_from_device_properties(environment["device_name"], LENT_CARD_BYTES, 9, 0)
+                header.update(gpu_name=card.name, gpu_memory_bytes=card.total_memory_bytes,
+                              context_overhead_bytes=card.context_overhead_bytes,
+                              budget_bytes=budget_bytes(card, header["margin"]), warnings=[])
+            header.update(backend="cuda", environment={**environment, "gpu_name": header["gpu_name"],
+                                                      "gpu_total_memory_bytes": header["gpu_memory_bytes"]})
+        modes = job["modes"].split(",")
+        seq_lens = sorted({seq for _, seq in found} | set(header["seq_lens"]))
+        if "seq_lens" in job:
+            seq_lens = [int(n) for n in job["seq_lens"].split(",")]
+        ordered = [found[(m, n)] for m in modes for n in seq_lens if (m, n) in found]
+        missing = [f"{m}:{n}" for m in modes for n in seq_lens if (m, n) not in found]
+        total = sum(c["probes"] for c in ordered)
+        table = {**header, "modes": modes, "seq_lens": seq_lens, "cells": ordered, "cells_missing": missing,
+                 "elapsed_s": None, "probes_total": total,
+                 "probes_per_cell": round(total / len(ordered), 2), "seeded_by": None}
+        table["search"] = "guided; cells with seeded_by_estimate start at the estimator's max"
+        (dest / f"{base}.json").write_text(json.dumps(table, indent=1) + "\n")
+        log(f"{base}: {len(ordered)} cells, missing {missing}")
+    return 0
+
+
+# torch.cuda.get_device_properties(0).total_memory of the lent H100 80GB HBM3 (the probe workers'
+# "total_bytes"; nvidia-smi: 81559 MiB).
+LENT_CARD_BYTES = 85_017_493_504
+# The runs whose searches did not start from the estimator's answers (seeds came after them).
+SEED_RUNS = {"gpu-first": False}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan")
+    plan.add_argument("name", choices=sorted(PLANS))
+    plan.add_argument("--deadline", type=float, required=True, help="epoch seconds: lanes are killed then")
+    plan.add_argument("--only", help="comma-separated jobs of the plan to run (default: all)")
+    lane = sub.add_parser("lane")
+    lane.add_argument("jobs", nargs="+")
+    seeds = sub.add_parser("seeds", help="the estimator's answers for the jobs, into gpu_seeds.json")
+    seeds.add_argument("jobs", nargs="+")
+    job = sub.add_parser("job")
+    job.add_argument("name")
+    assemble = sub.add_parser("assemble", help="the runs' measured tables into docs/measurements/...")
+    assemble.add_argument("runs", nargs="+", type=Path)
+    assemble.add_argument("--dest", type=Path, default=ROOT / "docs" / "measurements" / "h100-80gb")
+    for p in (plan, lane, job):
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--backend", default="cuda", help="estimate: a dry run of the plan on a CPU")
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        only = set(args.only.split(",")) if args.only else None
+        return run_plan(args.name, args.out, args.deadline, only, args.backend)
+    if args.command == "assemble":
+        return run_assemble(args.runs, args.dest)
+    if args.command == "seeds":
+        return run_seeds(args.jobs)
+    if args.command == "lane":
+        return run_lane(args.jobs, args.out, args.backend)
+    try:
+        if args.name.startswith("record:"):
+            return run_record(args.name.removeprefix("record:"), args.out)
+        return run_table(args.name, args.out, args.backend)
+    except Exception:
+        traceback.print_exc()
+        (args.out / f"{args.name.replace(':', '-')}.error.txt").write_text(traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One lease of a GPU machine (issue "Measured truth on a real GPU"): the cuda tests, then a plan of
+# benchmarks/gpu_measure.py, everything packed into $OUT/PLAN.tgz before the lease's limit.
+#
+#   benchmarks/gpu_session.sh PLAN SECONDS [--tests]
+#
+# Wheels for what the machine lacks (transformers and PEFT at this checkout's versions,
+# pydantic-settings, bitsandbytes with its CUDA 13 library only) travel in .whl/ (not in git).
+set -u
+plan=$1 seconds=$2 tests=${3:-}
+start=$(date +%s)
+out=/tmp/gpu-$plan
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 AUTOTUNE_OFFLINE=1 TRANSFORMERS_VERBOSITY=error OMP_NUM_THREADS=4
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl >"$out/pip.txt" 2>&1 || { cat "$out/pip.txt"; exit 1; }
+    [ -d .whl/bnb_site ] && cp -r .whl/bnb_site/* /tmp/site/
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+{
+    nvidia-smi
+    nproc; free -g; uname -r
+    python3 -c "import sys, torch, transformers, peft; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+    python3 -c "import bitsandbytes; print('bitsandbytes', bitsandbytes.__version__)"
+} >"$out/env.txt" 2>&1
+head -30 "$out/env.txt"
+if [ "$tests" = --tests ]; then  # every cuda-marked test (bitsandbytes, LoRA and QLoRA included)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda -rs --timeout 90 \
+        tests/autotune/backends/cuda >"$out/pytest-cuda.txt" 2>&1
+    tail -15 "$out/pytest-cuda.txt"
+fi
+python3 benchmarks/gpu_measure.py plan "$plan" --out "$out" --deadline $((start + seconds)) >"$out/plan.log" 2>&1
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv >>"$out/env.txt" 2>&1
+tar czf "$OUT/$plan.tgz" -C /tmp "gpu-$plan"
+grep -v "^\[transformers\]\|warn" "$out/plan.log" | tail -80
+ls -la "$out"
