@@ -40,7 +40,9 @@ CUBLAS_WORKSPACE_HOPPER_BYTES = 8 * 4096 * KIB
 # cuBLASLt (addmm with a bias, i.e. nn.Linear) gets a workspace of its own unless the
 # two are unified: same file, parseCUDABlasLtWorkspaceSize, CUBLASLT_WORKSPACE_SIZE
 # "default size in KiB according to #73328" = 1024 KiB. Newer releases unify it with
-# the cuBLAS one by default; counting it anyway errs by 1 MiB on the safe side.
+# the cuBLAS one by default; counting it anyway errs by 1 MiB on the safe side. Measured on an
+# H100 with torch 2.11 (docs/measurements/h100-80gb/records): a BERT step held two 32 MiB cuBLAS
+# workspaces and one 1 MiB cuBLASLt workspace; the estimator counts two of each (66 MiB, 1 MiB over).
 CUBLASLT_WORKSPACE_BYTES = 1024 * KIB
 
 # --- CUDA context overhead ------------------------------------------------------------
@@ -56,6 +58,10 @@ CUBLASLT_WORKSPACE_BYTES = 1024 * KIB
 #   unslothai/unsloth-zoo#1053 (torch 2.10+cu130, RTX 6000 Ada): 426 MiB;
 #   OOM messages of training runs (process memory minus PyTorch's allocated and
 #     reserved): 130-165 MiB on Colab/Kaggle T4s, 180-250 MiB on L4s.
+# Measured here (docs/measurements/h100-80gb/records, 2026-11-23: H100 80GB HBM3, driver
+# 580.159.04, torch 2.11.0+cu130): 527 MiB for the bare context, 749 MiB with a model loaded,
+# 751 MiB after a BERT-base fp32 step, 767 MiB after an amp step and after a Llama-3.2-1B QLoRA
+# bf16 step (device memory in use minus torch.cuda.memory_reserved()): Hopper takes 768 MiB.
 # The context grows with SMs x threads per SM, so larger chips get more. The figures
 # below round those measurements up, leaving room for kernels loaded on first use;
 # they are estimates, not measurements of each card (see the module docstring).
@@ -70,9 +76,9 @@ ARCH_CONTEXT_OVERHEAD_BYTES: dict[tuple[int, int], int] = {
     (8, 0): 512 * MIB,  # A100, 108 SMs x 2048 threads; ptrblck's ~400 MB plus handles
     (8, 6): 384 * MIB,  # Ampere GA10x; RTX 3090 bare context 256 MiB plus handles
     (8, 9): 512 * MIB,  # Ada; RTX 6000 Ada bare context 426 MiB
-    (9, 0): 640 * MIB,  # Hopper, 132 SMs x 2048 threads: the largest context here
+    (9, 0): 768 * MIB,  # Hopper, 132 SMs x 2048 threads: 767 MiB measured on an H100 (above)
 }
-_NEWER_ARCH_CONTEXT_OVERHEAD_BYTES = 640 * MIB  # Blackwell and later: at least Hopper's
+_NEWER_ARCH_CONTEXT_OVERHEAD_BYTES = 768 * MIB  # Blackwell and later: at least Hopper's
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
     # A100 80GB: "79.15 GiB total capacity" (79.25 GiB on some drivers).
     _preset("A100-80GB", "79.15", 512, (8, 0)),
     # H100 80GB HBM3: "total capacity of 79.11 GiB" (vLLM on 8x H100 80GB, 2025).
-    _preset("H100-80GB", "79.11", 640, (9, 0)),
+    _preset("H100-80GB", "79.11", 768, (9, 0)),  # 767 MiB measured outside the allocator
     # GeForce RTX 3090: "23.69 GiB total capacity" (nvidia-smi shows 24268 MiB).
     _preset("RTX-3090", "23.69", 384, (8, 6)),
     # GeForce RTX 4090: "total capacity of 23.65 GiB" (23.68 GiB in zai-org/CogVideo#36).
@@ -157,11 +163,11 @@ _PRESETS: tuple[GpuSpec, ...] = (
     _preset("TITAN-X-12GB", "11.90", 320, (6, 1)),
     # H200 141 GB HBM3e (nvidia-smi: 143771MiB): "total capacity of 139.80 GiB" in 8x H200
     # training runs (2025-26); 139.81 GiB in a few others.
-    _preset("H200", "139.80", 640, (9, 0)),
+    _preset("H200", "139.80", 768, (9, 0)),  # Hopper, 132 SMs: the H100's measured figure
     # B200 (nvidia-smi: 183359MiB): "total capacity of 178.35 GiB" (vLLM, NeMo-RL and
     # Megatron runs on 8x B200, 2025-26; 178.36 GiB in a few). 148 SMs: Hopper's overhead
     # at least, as for every newer architecture.
-    _preset("B200", "178.35", 640, (10, 0)),
+    _preset("B200", "178.35", 768, (10, 0)),
     # L40S 48 GB GDDR6, ECC on by default (nvidia-smi: 46068MiB): "total capacity of
     # 44.42 GiB" on 8x L40S (stepfun-ai/Step-Video-T2V#8, 2025).
     _preset("L40S", "44.42", 512, (8, 9)),
@@ -174,7 +180,7 @@ _PRESETS: tuple[GpuSpec, ...] = (
     # GeForce RTX 5090 32 GB GDDR7: "total capacity of 31.36 GiB"
     # (TrajectoryCrafter/TrajectoryCrafter#20, 2025-04); 31.37 GiB in later reports
     # (Wan-Video/Wan2.1#465).
-    _preset("RTX-5090", "31.36", 640, (12, 0)),
+    _preset("RTX-5090", "31.36", 768, (12, 0)),
 )
 
 GPU_PRESETS: dict[str, GpuSpec] = {spec.name: spec for spec in _PRESETS}

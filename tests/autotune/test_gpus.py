@@ -147,7 +147,7 @@ def test_t4_capacity_in_bytes() -> None:
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_context_overhead_is_a_few_hundred_mib_and_leaves_the_rest(name: str) -> None:
     spec = GPU_PRESETS[name]
-    assert 256 * MIB <= spec.context_overhead_bytes <= 640 * MIB
+    assert 256 * MIB <= spec.context_overhead_bytes <= 768 * MIB
     assert spec.available_bytes == spec.total_memory_bytes - spec.context_overhead_bytes
 
 
@@ -280,7 +280,7 @@ def test_local_device_takes_the_matching_presets_overhead(
         ("NVIDIA GeForce RTX 2080 Ti", (7, 5), 256),  # Turing default
         ("NVIDIA L40", (8, 9), 512),  # Ada default; the L40 is neither the L4 nor the L40S
         ("NVIDIA A10", (8, 6), 384),  # the A10 is not the A10G
-        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 640),  # Blackwell default
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 768),  # Blackwell default
         ("NVIDIA Jetson AGX Orin", (8, 7), 512),  # unlisted architecture
     ],
 )
@@ -302,12 +302,12 @@ def test_units_and_gpus_do_not_import_torch() -> None:
 @pytest.mark.parametrize(
     ("name", "capacity_gib", "compute_capability", "overhead_mib"),
     [
-        ("H200", "139.80", (9, 0), 640),
-        ("B200", "178.35", (10, 0), 640),
+        ("H200", "139.80", (9, 0), 768),
+        ("B200", "178.35", (10, 0), 768),
         ("L40S", "44.42", (8, 9), 512),
         ("RTX-A6000", "47.54", (8, 6), 384),
         ("RTX-6000-Ada", "44.43", (8, 9), 512),
-        ("RTX-5090", "31.36", (12, 0), 640),
+        ("RTX-5090", "31.36", (12, 0), 768),
     ],
 )
 def test_current_cards_carry_their_oom_capacity_and_architecture(
