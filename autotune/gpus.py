@@ -185,6 +185,31 @@ _PRESETS: tuple[GpuSpec, ...] = (
 
 GPU_PRESETS: dict[str, GpuSpec] = {spec.name: spec for spec in _PRESETS}
 
+# Streaming multiprocessors of each preset (NVIDIA's data sheets; the H100 is the SXM/HBM3 card
+# the H100-80GB capacity is from, as measured here: 132), and the threads one multiprocessor keeps
+# resident per compute capability (CUDA C++ Programming Guide, "Technical Specifications per
+# Compute Capability": maxThreadsPerMultiProcessor). CUDA's reduction kernels size the buffer
+# they share between thread blocks by both (backends/estimate/reduce.py).
+PRESET_MULTIPROCESSORS: dict[str, int] = {
+    "T4": 40, "V100-16GB": 80, "V100-32GB": 80, "P100-16GB": 56, "A10G": 80, "L4": 58,
+    "A100-40GB": 108, "A100-80GB": 108, "H100-80GB": 132, "RTX-3090": 82, "RTX-4090": 128,
+    "TITAN-X-12GB": 28, "H200": 132, "B200": 148, "L40S": 142, "RTX-A6000": 84, "RTX-6000-Ada": 142,
+    "RTX-5090": 170,
+}
+MAX_THREADS_PER_MULTIPROCESSOR: dict[tuple[int, int], int] = {
+    (6, 0): 2048, (6, 1): 2048, (7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536,
+    (8, 9): 1536, (9, 0): 2048, (10, 0): 2048, (12, 0): 1536,
+}
+
+
+def multiprocessors(gpu: GpuSpec) -> tuple[int, int] | None:
+    """(multiprocessors, threads resident per multiprocessor) of a preset or of a local card that
+    matches one; None for a card known only by its size."""
+    preset = GPU_PRESETS.get(gpu.name) or _preset_for_device(gpu.name, gpu.total_memory_bytes)
+    if preset is None or preset.compute_capability not in MAX_THREADS_PER_MULTIPROCESSOR:
+        return None
+    return PRESET_MULTIPROCESSORS[preset.name], MAX_THREADS_PER_MULTIPROCESSOR[preset.compute_capability]
+
 # Lower-case alias -> preset name. Only names that mean one card: "A100", "V100" and
 # "P100" (12 GB and 16 GB) come in several sizes and "H100" also as a 94 GB NVL; "A6000"
 # is the Ampere RTX A6000 (the Ada card is the "RTX 6000 Ada").

@@ -345,7 +345,7 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
             continue
         index_of[key] = index = len(blocks)
         before = sim.stats.allocated_bytes
-        handles[index] = sim.malloc(nbytes)
+        handles[index] = sim.malloc(recording.nbytes(key, nbytes))
         blocks.append(sim.stats.allocated_bytes - before)  # rounded, or a whole unsplit block
         allocated += blocks[index]
         if allocated > peak:

@@ -264,7 +264,12 @@ class EstimateBackend:
     name = "estimate"
 
     def __init__(self, gpu: GpuSpec) -> None:
+        from autotune.backends.estimate.reduce import Multiprocessors
+        from autotune.gpus import multiprocessors
+
         self.gpu = gpu
+        found = multiprocessors(gpu)  # what CUDA's reductions size their buffers by (reduce.py)
+        self.multiprocessors = None if found is None else Multiprocessors(*found)
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
@@ -364,7 +369,7 @@ class EstimateBackend:
         started = time.perf_counter()
         found = _extrapolated(traces or [], batch_size, reference)
         if found is None:
-            traced = Trace.from_events(batch_size, self.trace(fake, workload, mode, seq_len, batch_size))
+            traced = self.trace(fake, workload, mode, seq_len, batch_size)
             method = "traced"
             if traces is not None:
                 traces.append(traced)
@@ -387,8 +392,8 @@ class EstimateBackend:
 
     def trace(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int
-    ) -> list[tuple[int, int]]:
-        """The allocation events of one probe: parameters, workspaces, then the steps."""
+    ) -> Trace:
+        """The allocations of one probe: parameters, workspaces, then the steps."""
         import torch
 
         from autotune.backends.estimate.attention import AttentionKernels
@@ -404,14 +409,15 @@ class EstimateBackend:
             flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
         )
         emulation = CudaEmulation(dtype, kernels)
-        tracker = StorageTracker()
+        tracker = StorageTracker(reductions=True, device=self.multiprocessors)
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;
         # with it paused, the trace depends only on the step (refcounting frees the rest).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size)
+            events = self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size)
+            return Trace.from_events(batch_size, events, tracker.workspaces)
         finally:
             if gc_was_enabled:
                 gc.enable()

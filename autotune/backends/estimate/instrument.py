@@ -36,6 +36,8 @@ from autotune.backends.estimate.backend import (
     MemoryEquivalentScaler,
 )
 from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace
+from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.tracker import StorageTracker
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -86,6 +88,13 @@ class Recording:
     allocations: list[Allocation]
     calls: dict[str, ModuleCall] = field(default_factory=dict)
     steps: int = 0
+    # CUDA reductions' buffers: event key -> Workspace, whose events record an element count
+    # (tracker.StorageTracker, reduce.py); ``nbytes`` gives any event's bytes.
+    workspaces: dict[int, Workspace] = field(default_factory=dict)
+
+    def nbytes(self, key: int, recorded: int) -> int:
+        workspace = self.workspaces.get(key)
+        return recorded if workspace is None else workspace.nbytes(recorded)
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,8 @@ class Variant:
 class RecordingTracker(StorageTracker):
     """A StorageTracker that also notes, per allocation, when and where it happened."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, device: Multiprocessors | None = None) -> None:
+        super().__init__(reductions=True, device=device)
         self.allocations: list[Allocation] = []
         self._current: dict[int, int] = {}  # storage key -> allocation index, while alive
         self.phase = SETUP
@@ -122,6 +131,14 @@ class RecordingTracker(StorageTracker):
     def _on_free(self, key: int) -> None:
         super()._on_free(key)
         self._current.pop(key, None)
+
+    def _reduce(self, reduction: ReduceInput, numel: int) -> None:
+        """A CUDA reduction's buffer and semaphores (reduce.py): temporaries of the running module."""
+        module = self.modules[-1] if self.modules else None
+        for semaphores in (False, True):
+            nbytes = Workspace(reduction, self._device, semaphores).nbytes(numel)
+            self.allocations.append(Allocation(nbytes, self.phase, self.step, module, (nbytes,), "uint8"))
+        super()._reduce(reduction, numel)
 
     def mark(self, tensor: Any, kind: str, param: str | None = None) -> None:
         """Say what ``tensor``'s storage is, unless something already did."""
@@ -262,7 +279,7 @@ class InstrumentedBackend(EstimateBackend):
         return self._base._model(workload)
 
     def trace(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
-              ) -> list[tuple[int, int]]:
+              ) -> Trace:
         """EstimateBackend.trace, recording what each allocation is (module docstring)."""
         gc_was_enabled = gc.isenabled()
         gc.disable()  # as EstimateBackend.trace: frees happen where refcounting puts them
@@ -271,7 +288,7 @@ class InstrumentedBackend(EstimateBackend):
         finally:
             if gc_was_enabled:
                 gc.enable()
-        return self.last.events
+        return Trace.from_events(batch_size, self.last.events, self.last.workspaces)
 
     def _record(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
                 ) -> Recording:
@@ -285,7 +302,7 @@ class InstrumentedBackend(EstimateBackend):
         kernels = AttentionKernels(
             flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
         )
-        tracker = RecordingTracker()
+        tracker = RecordingTracker(self._base.multiprocessors)
         names = {id(p): n for n, p in model.named_parameters()}
         names.update({id(b): n for n, b in model.named_buffers()})
         emulation = RecordingEmulation(
@@ -293,7 +310,8 @@ class InstrumentedBackend(EstimateBackend):
             lambda value, cast: tracker.mark(cast, "autocast_copies", names[id(value)])
             if id(value) in names else None,
         )
-        recording = Recording(batch_size, seq_len, tracker.events, tracker.allocations)
+        recording = Recording(batch_size, seq_len, tracker.events, tracker.allocations,
+                              workspaces=tracker.workspaces)
 
         @contextlib.contextmanager
         def forward_region() -> Iterator[None]:

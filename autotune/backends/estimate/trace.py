@@ -16,36 +16,58 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 Event = tuple[int, int]  # (storage key, nbytes); nbytes == -1 marks a free
 
 
+class Workspace(Protocol):
+    """What turns a recorded element count into bytes (reduce.Workspace, a CUDA reduction's buffer)."""
+
+    def nbytes(self, count: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class Trace:
-    """One probe's allocations: ``order`` lists ``i`` to allocate ``sizes[i]``, ``~i`` to free it."""
+    """One probe's allocations: ``order`` lists ``i`` to allocate ``sizes[i]``, ``~i`` to free it.
+
+    ``workspaces`` maps the index of a CUDA reduction's buffer or semaphores (reduce.py) to what
+    turns its recorded size, the reduction's element count, into bytes: the one kind of
+    allocation whose bytes are not affine in the batch, while its element count is.
+    """
 
     batch_size: int
     sizes: tuple[int, ...]
     order: tuple[int, ...]
+    workspaces: tuple[tuple[int, Workspace], ...] = ()
 
     @classmethod
-    def from_events(cls, batch_size: int, events: Sequence[Event]) -> Trace:
-        """Number the allocations of a (storage key, nbytes | -1) event list in order."""
+    def from_events(cls, batch_size: int, events: Sequence[Event],
+                    workspaces: Mapping[int, Workspace] | None = None) -> Trace:
+        """Number the allocations of a (storage key, nbytes | -1) event list in order; the keys in
+        ``workspaces`` are reductions' buffers, their nbytes the reduction's element count."""
         index_of: dict[int, int] = {}
         sizes: list[int] = []
         order: list[int] = []
+        found: list[tuple[int, Workspace]] = []
         for key, nbytes in events:
             if nbytes < 0:
                 order.append(~index_of.pop(key))
             else:
                 index_of[key] = len(sizes)
+                if workspaces and key in workspaces:
+                    found.append((len(sizes), workspaces[key]))
                 order.append(len(sizes))
                 sizes.append(nbytes)
-        return cls(batch_size, tuple(sizes), tuple(order))
+        return cls(batch_size, tuple(sizes), tuple(order), tuple(found))
 
     def events(self) -> list[Event]:
-        """Back to the event form ``accounting.replay`` takes (allocation index as the key)."""
-        return [(i, self.sizes[i]) if i >= 0 else (~i, -1) for i in self.order]
+        """Back to the event form ``accounting.replay`` takes (allocation index as the key), each
+        reduction's buffer in bytes."""
+        nbytes = list(self.sizes)
+        for index, workspace in self.workspaces:
+            nbytes[index] = workspace.nbytes(self.sizes[index])
+        return [(i, nbytes[i]) if i >= 0 else (~i, -1) for i in self.order]
 
 
 def extrapolate(a: Trace, b: Trace, batch_size: int) -> Trace | None:
@@ -60,7 +82,7 @@ def extrapolate(a: Trace, b: Trace, batch_size: int) -> Trace | None:
         if remainder or per_sample < 0 or fixed < 0:
             return None
         sizes.append(fixed + per_sample * batch_size)
-    return Trace(batch_size, tuple(sizes), a.order)
+    return Trace(batch_size, tuple(sizes), a.order, a.workspaces)
 
 
 def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> Trace | None:
@@ -89,7 +111,7 @@ def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> T
         if remainder:
             return None
         sizes.append(per_sample_here * batch_size)
-    return Trace(batch_size, tuple(sizes), single.order)
+    return Trace(batch_size, tuple(sizes), single.order, single.workspaces)
 
 
 def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:
@@ -128,7 +150,7 @@ def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_siz
             fixed = _lagrange([(s, parts[s][i][0]) for s in known], seq_len)  # type: ignore[index]
             per_sample = _lagrange([(s, parts[s][i][1]) for s in known], seq_len)  # type: ignore[index]
         sizes.append(max(0, round(fixed + per_sample * batch_size)))
-    return Trace(batch_size, tuple(sizes), orders.pop())
+    return Trace(batch_size, tuple(sizes), orders.pop(), pairs[known[0]][0].workspaces)
 
 
 def _parts(a: Trace, b: Trace) -> list[tuple[int, int]] | None:

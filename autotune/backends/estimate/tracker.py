@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from autotune.backends.estimate.allocator import ROUND_LARGE, CachingAllocatorSim
+from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace, reduction_of
 from autotune.backends.estimate.trace import Event
 from autotune.errors import OutOfMemory
 
@@ -68,12 +69,17 @@ class Replay:
 class StorageTracker(TorchDispatchMode):
     """Record an allocation for each new storage an op creates and a free when it dies."""
 
-    def __init__(self) -> None:
+    def __init__(self, reductions: bool = False, device: Multiprocessors | None = None) -> None:
         super().__init__()
         self.events: list[Event] = []
         self._live: dict[int, weakref.finalize] = {}
         self._outside: set[int] = set()  # storages made in outside_allocator(), while alive
         self._closed = False
+        # CUDA reductions' buffers (reduce.py), on ``device``: event key (< 0) -> its Workspace;
+        # such an event's nbytes is the reduction's element count (trace.Trace.from_events).
+        self._reductions = reductions
+        self._device = device
+        self.workspaces: dict[int, Workspace] = {}
 
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
@@ -110,7 +116,24 @@ class StorageTracker(TorchDispatchMode):
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf)
+        if self._reductions:
+            found = reduction_of(func, args, kwargs or {})
+            if found is not None:
+                self._reduce(*found)
         return out
+
+    def _reduce(self, reduction: ReduceInput, numel: int) -> None:
+        """A reduction's staging buffer, then its semaphores, after its output; both freed at once
+        (gpu_reduce_kernel's DataPtrs, semaphores first). Recorded even where they take 0 bytes:
+        which batch sizes need them varies, and a trace's order must not (trace.py)."""
+        keys = []
+        for semaphores in (False, True):
+            key = -1 - len(self.workspaces)
+            self.workspaces[key] = Workspace(reduction, self._device, semaphores)
+            self.events.append((key, numel))
+            keys.append(key)
+        for key in reversed(keys):
+            self.events.append((key, -1))
 
 
 def replay(events: list[Event], capacity_bytes: int | None) -> Replay:

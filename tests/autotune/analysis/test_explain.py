@@ -61,11 +61,11 @@ def test_the_instrumented_step_allocates_what_the_table_step_does(one_gib, mode)
     gpu, backend = one_gib
     workload, mode = tiny_bert(), parse_mode(mode)
     with backend.cell(workload, mode, 64, GIB):  # the cell turns checkpointing on for its probes
-        expected = Trace.from_events(8, backend.trace(backend._model(workload), workload, mode, 64, 8))
+        expected = backend.trace(backend._model(workload), workload, mode, 64, 8)
     instrumented = InstrumentedBackend(backend)
     with instrumented.cell(workload, mode, 64, GIB) as cell:
         cell.fits(8)
-    assert Trace.from_events(8, instrumented.last.events) == expected
+    assert Trace.from_events(8, instrumented.last.events, instrumented.last.workspaces) == expected
 
 
 def test_the_breakdown_adds_up_to_the_peak_the_probe_reports(one_gib):

@@ -86,13 +86,12 @@ def test_the_chunked_step_peaks_lower_by_the_logits_and_their_gradients(mode):
 def test_the_instrumented_chunked_step_allocates_what_the_table_step_does():
     backend, workload, fp32 = EstimateBackend(custom_gpu(GIB)), vocab_heavy("chunked"), parse_mode("fp32")
     with backend.cell(workload, fp32, SEQ, GIB):
-        expected = Trace.from_events(BATCH, backend.trace(backend._model(workload), workload, fp32,
-                                                          SEQ, BATCH))
+        expected = backend.trace(backend._model(workload), workload, fp32, SEQ, BATCH)
     instrumented = InstrumentedBackend(backend)
     with instrumented.cell(workload, fp32, SEQ, GIB) as cell:
         cell.fits(BATCH)
     assert instrumented.last is not None
-    assert Trace.from_events(BATCH, instrumented.last.events) == expected
+    assert Trace.from_events(BATCH, instrumented.last.events, instrumented.last.workspaces) == expected
 
 
 def test_check_loss_names_the_allowed_values():

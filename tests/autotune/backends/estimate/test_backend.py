@@ -203,7 +203,7 @@ def test_cublas_workspaces_are_counted_twice():
     backend = EstimateBackend(gpu)
     workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
     fake = backend._model(workload)
-    events = backend.trace(fake, workload, parse_mode("fp32"), 16, 1)
+    events = backend.trace(fake, workload, parse_mode("fp32"), 16, 1).events()
     workspace = [n for _, n in events if n == gpu.cublas_workspace_bytes]
     assert len(workspace) == CUBLAS_HANDLES_PER_STEP
 

@@ -44,7 +44,7 @@ def test_rescale_reads_the_batch_structure_off_another_cell():
 def _traces(backend, workload, mode, seq_len, batches):
     fake = backend._model(workload)
     with backend.cell(workload, mode, seq_len, 10**12):
-        return [Trace.from_events(b, backend.trace(fake, workload, mode, seq_len, b)) for b in batches]
+        return [backend.trace(fake, workload, mode, seq_len, b) for b in batches]
 
 
 @pytest.mark.parametrize(("model", "task", "mode"), [
