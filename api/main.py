@@ -1,6 +1,7 @@
 """The FastAPI app: ``create_app(settings)`` builds it, ``autotune serve`` runs it with uvicorn.
 
-On startup the app opens the store (and claims it: one server per database), starts the
+On startup the app opens the store (and claims it: one server per database), imports the measured
+tables of AUTOTUNE_MEASUREMENTS (api/measurements.py: a bad file stops the start), starts the
 runner, and resumes the queue (runs.queue.RunQueue.start); on shutdown it stops the runner's workers,
 leaving their runs to the next start.
 """
@@ -19,6 +20,7 @@ from api import docs, errors
 from api.admission import Admission
 from api.hosts import LOOPBACK_HOSTS, TrustedHosts
 from api.limits import BodyLimits
+from api.measurements import import_measurements
 from api.routes import api_router
 from api.runs.analysis import PREPARING_AT_ONCE
 from api.runs.queue import RunQueue
@@ -56,6 +58,15 @@ def create_app(
         if app_store is None:
             app_store = Store(settings.db)
             app_store.claim()
+        if settings.measurements:  # opt-in: AUTOTUNE_MEASUREMENTS
+            try:
+                await anyio.to_thread.run_sync(import_measurements, app_store, settings.measurements,
+                                               settings)
+            except BaseException:  # the start fails: close what the shutdown would have closed
+                app_store.close()
+                if runner is not None:
+                    runner.close()
+                raise
         app_runner = runner if runner is not None else make_runner(settings)
         queue = RunQueue(app_store, app_runner, reconcile_s=settings.reconcile_s)
         queue.start()

@@ -172,6 +172,25 @@ class GpuPublic(BaseModel):
     context_overhead_bytes: int
 
 
+class ImportedPublic(BaseModel):
+    """Where a measured reference table came from: a file of docs/measurements/ (api/measurements.py)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: str = Field(description="the file's folder and name, e.g. h100-80gb/x.json: what identifies "
+                                    "the import (importing it again replaces it when it changed)")
+    file: str = Field(description="the file as it was imported")
+    sha256: str = Field(description="of the file's bytes")
+    measured_on: str = Field(description="the GPU the table was measured on")
+    driver: str | None
+    cuda_version: str | None
+    torch_version: str
+    transformers_version: str
+    measured_at: str | None = Field(description="when it was measured, when the file says")
+    cells_missing: list[str] = Field(description="the cells the measurement did not reach, as mode:seq_len "
+                                                 "(not measured, not failed)")
+
+
 class TableSummary(BaseModel):
     id: str
     url: str
@@ -185,6 +204,11 @@ class TableSummary(BaseModel):
     finished_at: str | None
     error: str | None
     adapter: AdapterPublic | None = Field(description=ADAPTER_DESCRIPTION)
+    measured_on: str | None = Field(default=None, description="the GPU a cuda run measured on (null: "
+                                                              "an estimate, or not known)")
+    imported: ImportedPublic | None = Field(default=None, description="a measured reference table imported "
+                                                                      "from a file: where it came from; null "
+                                                                      "for a run of this service")
 
 
 class TablePublic(TableSummary):

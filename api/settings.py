@@ -40,7 +40,7 @@ def _db(value: Any) -> Any:
 
 
 def _dirs(value: Any) -> Any:
-    """os.pathsep-separated directories (``/a:/b``), ``~`` expanded; blank entries skipped."""
+    """os.pathsep-separated paths (``/a:/b``), ``~`` expanded; blank entries skipped."""
     if isinstance(value, str):
         return tuple(Path(p).expanduser() for p in value.strip().split(os.pathsep) if p.strip())
     return value
@@ -79,6 +79,10 @@ class ServiceSettings(LibrarySettings):
     # empty = none, only presets and hub ids.
     model_dirs: Dirs = ()
     allow_hub: Switch = True  # AUTOTUNE_ALLOW_HUB: resolve Hugging Face hub ids (configs only)
+    # AUTOTUNE_MEASUREMENTS (os.pathsep-separated): measured tables to import when the server starts
+    # (api/measurements.py), files or directories (their *.json, not subfolders), e.g.
+    # docs/measurements/h100-80gb; empty = none. Opt-in: an import adds runs to the database.
+    measurements: Dirs = ()
     backend: Backend = DEFAULT_BACKEND  # AUTOTUNE_BACKEND: for requests that name none (auto|cuda|estimate)
     # AUTOTUNE_ESTIMATE_WORKERS: estimate runs at once; default: the CPUs this process may use
     estimate_workers: PositiveInt = Field(default_factory=_cpu_count)

@@ -12,6 +12,8 @@ Plain SQL, in the style of sqlite-utils and datasette:
 A run's status moves ``queued -> running -> done | failed``, and ``queued | running ->
 cancelled``; a run found ``running`` when a server starts was interrupted by the last one
 stopping, and goes back to ``queued`` with its finished cells kept (``requeue_interrupted``).
+A measured table imported from a file (api/measurements.py) is a run made ``done`` with its cells
+in one transaction (``import_run``); its header's ``imported`` says where it came from.
 
 Faults: a write that fails with a transient SQLite error (``is_transient``: busy, locked, full,
 I/O, read-only) is tried again a few times with a doubling wait; reads likewise, on a fresh
@@ -143,6 +145,13 @@ class Run:
     @property
     def active(self) -> bool:
         return self.status in ACTIVE
+
+    @property
+    def imported(self) -> dict[str, Any] | None:
+        """Where an imported measured table came from (api/measurements.py), None for a run of
+        this service."""
+        imported = (self.header or {}).get("imported")
+        return imported if isinstance(imported, dict) else None
 
 
 def _now() -> str:
@@ -511,6 +520,62 @@ class Store:
             "WHERE id = ? AND status IN ('queued', 'running')",
             (status, error, elapsed_s, _now(), run_id),
         )
+
+    def import_run(
+        self, *, key: str, model: str, gpu: str, spec: dict[str, Any], total: int, header: dict[str, Any],
+        cells: Sequence[tuple[int, dict[str, Any]]], elapsed_s: float | None = None,
+    ) -> tuple[Run, str]:
+        """A finished cuda run of a measured table read from a file (api/measurements.py), and
+        what became of it: ``imported``, ``unchanged`` or ``replaced``.
+
+        ``header["imported"]`` names the file's ``source`` (the import's identity) and ``sha256``
+        (its content). The earlier import of the same source is kept as it is when its content is
+        the same, else rewritten in place (same id, the new spec, header and cells); runs of this
+        service and imports of other sources are never touched. One transaction.
+        """
+        source, digest = header["imported"]["source"], header["imported"]["sha256"]
+
+        def write(conn: sqlite3.Connection) -> tuple[Run, str]:
+            earlier = self._imported_run(conn, source)
+            now = _now()
+            if earlier is not None and (earlier.imported or {}).get("sha256") == digest:
+                return earlier, "unchanged"
+            values = (key, model, gpu, json.dumps(spec, sort_keys=True), total,
+                      json.dumps(header, sort_keys=True), elapsed_s, now)
+            if earlier is None:
+                run_id = uuid.uuid4().hex
+                conn.execute(
+                    "INSERT INTO runs (id, key, model, gpu, backend, status, spec, total, header, elapsed_s, "
+                    "finished_at, created_at) VALUES (?, ?, ?, ?, 'cuda', 'done', ?, ?, ?, ?, ?, ?)",
+                    (run_id, *values, now),
+                )
+            else:
+                run_id = earlier.id
+                conn.execute(
+                    "UPDATE runs SET key = ?, model = ?, gpu = ?, spec = ?, total = ?, header = ?, "
+                    "elapsed_s = ?, finished_at = ?, status = 'done', error = NULL WHERE id = ?",
+                    (*values, run_id),
+                )
+                conn.execute("DELETE FROM cells WHERE run_id = ?", (run_id,))
+            conn.executemany(
+                "INSERT INTO cells (run_id, position, mode, seq_len, data, finished_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(run_id, position, cell["mode"], cell["seq_len"], json.dumps(cell), now)
+                 for position, cell in cells],
+            )
+            row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+            return _run(row), "imported" if earlier is None else "replaced"
+
+        return self._write(f"import the measured table {source}", write)
+
+    @staticmethod
+    def _imported_run(conn: sqlite3.Connection, source: str) -> Run | None:
+        """The newest run imported from ``source``, if any. The LIKE narrows the rows to read to
+        imports (headers are stored with json.dumps, so the key reads ``"imported":``); the
+        source is compared decoded."""
+        rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE backend = 'cuda' AND "
+                            "header LIKE '%\"imported\":%' ORDER BY seq DESC").fetchall()
+        return next((run for run in map(_run, rows) if (run.imported or {}).get("source") == source), None)
 
     def cancel_run(self, run_id: str) -> Run | None:
         """queued | running -> cancelled; the run afterwards (None if there is no such run)."""

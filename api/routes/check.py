@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
 from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE, MAX_LORA_R, MAX_LORA_TARGETS_CHARS
+from api.measurements import measured_label, measured_on
 from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import TableSpec, normalize
 from api.schemas import PEFT_DESCRIPTIONS
@@ -21,7 +22,8 @@ from autotune.workload.modes import parse_mode
 
 router = APIRouter(tags=["check"], dependencies=[Depends(query_fields)])
 
-# Which stored runs may answer, best first: a measurement beats an estimate.
+# Which stored runs may answer, best first: a measurement (of this service's GPUs, or a measured
+# reference table imported from docs/measurements: api/measurements.py) beats an estimate.
 _SOURCES = ("cuda", "estimate")
 _RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering table
 
@@ -81,8 +83,10 @@ async def check(
 ) -> dict[str, Any]:
     """Does the step fit? From a stored measured table, else a stored estimate, else estimated now.
 
-    With LoRA / QLoRA (peft, lora_*, bnb_4bit_*), only a stored table of the same adapter answers;
-    the answer's ``adapter`` says it (null: a full fine-tune), and its message names it."""
+    ``table_id`` names the stored table that answered (null: estimated now); ``measured_on`` the GPU
+    it was measured on, and ``imported_from`` the file of a measured reference table (null
+    otherwise). With LoRA / QLoRA (peft, lora_*, bnb_4bit_*), only a stored table of the same
+    adapter answers; the answer's ``adapter`` says it (null: a full fine-tune), and its message names it."""
     body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
             "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
             "dtype": dtype, "optimizer": optimizer, "loss": loss, **peft.fields}
@@ -140,6 +144,10 @@ def _from_store(
                 if reported is not None:
                     result.adapter = reported
                     result.message = format_message(result)
-                return {**result.to_dict(), "table_id": run.id}
+                label = measured_label(run)
+                if label is not None:  # which table, and on which GPU: a CI log says so
+                    result.message += f"\nnote: from table {run.id}, {label}"
+                return {**result.to_dict(), "table_id": run.id, "measured_on": measured_on(run),
+                        "imported_from": run.imported["file"] if run.imported else None}
     return None
 

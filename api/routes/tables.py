@@ -9,11 +9,13 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from api.deps import QueueDep, SettingsDep, WriteAccess
 from api.errors import ERROR_RESPONSES
 from api.limits import MAX_OFFSET
+from api.measurements import measured_on
 from api.runs.spec import TableSpec, normalize, run_adapter, run_warnings
 from api.schemas import (
     AdapterPublic,
     CellPublic,
     GpuPublic,
+    ImportedPublic,
     Progress,
     Status,
     TableAccepted,
@@ -44,6 +46,8 @@ def _summary(run: Run, request: Request) -> dict[str, Any]:
         "finished_at": run.finished_at, "error": run.error,
         "adapter": None if (adapter := run_adapter(run.spec, run.header)) is None
         else AdapterPublic.model_validate(adapter),
+        "measured_on": measured_on(run),
+        "imported": None if run.imported is None else ImportedPublic.model_validate(run.imported),
     }
 
 

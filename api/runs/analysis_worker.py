@@ -57,7 +57,7 @@ def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, 
     result = check_step(_workload(spec), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
                         batch_size=params["batch_size"], mode=parse_mode(params["mode"]),
                         margin=spec.margin, effective_batch=params["effective_batch"])
-    return {**result.to_dict(), "table_id": None}
+    return {**result.to_dict(), "table_id": None, "measured_on": None, "imported_from": None}
 
 
 def explain_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 
+from api.measurements import measured_on
 from api.runs.spec import run_adapter
 from api.store import Run
 from autotune.analysis.explain import CATEGORY_LABELS, category_labels
@@ -74,6 +75,11 @@ def breakable(name: str) -> Markup:
     return Markup(".<wbr>").join(escape(name).split("."))
 
 
+def slashes(path: str) -> Markup:
+    """A path (``docs/measurements/h100-80gb/x.json``) that may wrap after each slash."""
+    return Markup("/<wbr>").join(escape(path).split("/"))
+
+
 def backend_label(backend: str) -> str:
     """What a run's numbers are: measured on a GPU, or estimated on a CPU."""
     return "measured" if backend == "cuda" else "estimated"
@@ -91,7 +97,7 @@ def _path_for(context: Any, name: str, /, **params: Any) -> str:
 
 templates.env.globals["path_for"] = _path_for
 templates.env.filters.update(size=size, when=when, duration=duration, band=band, breakable=breakable,
-                             commas=commas)
+                             commas=commas, slashes=slashes)
 templates.env.globals.update(backend_label=backend_label, BANDS=BANDS, CATEGORY_LABELS=CATEGORY_LABELS,
                              category_labels=category_labels)
 
@@ -143,4 +149,6 @@ def summary(run: Run) -> dict[str, Any]:
         "backend_label": backend_label(run.backend), "status": run.status, "done": run.done,
         "total": run.total, "percent": round(100 * run.done / run.total) if run.total else 0,
         "created_at": run.created_at, "active": run.active, "error": run.error,
+        # Where a cuda run's numbers come from: "measured on <GPU> (imported from <file>)".
+        "measured_on": measured_on(run), "imported": run.imported,
     }

@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
 from api.deps import QueueDep
+from api.measurements import measured_on
 from api.store import Run
 from api.views.common import PACKAGE, adapter_labels, path_for, run_label, summary, templates
 from autotune.workload.modes import ALLOWED_MODE_NAMES
@@ -69,8 +70,12 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
         found = {c["seq_len"]: c for c in cells[run.id] if c["mode"] == mode}
         label = run_label(run)
         adapter_label, adapter = adapter_labels(run)
+        device = measured_on(run)
+        backend = f"{label.backend} on {device}" if device else label.backend
+        if run.imported:
+            backend += " (imported)"
         columns.append(Column(
-            label=f"{label.model} · {label.gpu}", sub=f"{label.backend}, budget {label.budget}",
+            label=f"{label.model} · {label.gpu}", sub=f"{backend}, budget {label.budget}",
             url=path_for(request, "run_page", run_id=run.id),
             values={s: found[s]["max_batch_size"] if s in found else None for s in run.spec["seq_lens"]},
             capped=frozenset(s for s, c in found.items() if c.get("capped")),

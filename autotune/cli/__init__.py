@@ -6,6 +6,7 @@ a call of the Python API (``autotune.table``, ``check``, ``explain``); library e
     autotune check MODEL [...]     the CI gate: exit 0 fits, 1 does not (check.py)
     autotune explain MODEL [...]   where the memory goes, and what each lever buys (explain.py)
     autotune serve [...]           the HTTP service and dashboard (serve.py: the one module that imports api)
+    autotune import PATH...        measured tables (docs/measurements/) into the service's database (serve.py)
     autotune models | gpus         the offline presets (presets.py)
     autotune --version             the version (autotune.__version__)
 
@@ -28,6 +29,7 @@ COMMANDS = {
     "check": check.run_check,
     "explain": explain.run,
     "serve": serve.run,
+    "import": serve.run_import,
     "models": presets.run_models,
     "gpus": presets.run_gpus,
 }
@@ -42,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="table, check, explain, serve, models or gpus; "
+                                help="table, check, explain, serve, import, models or gpus; "
                                 "`autotune COMMAND --help` for its options")
     table.add_parser(sub)
     check.add_parser(sub)

@@ -1,6 +1,8 @@
-"""``autotune serve``: the HTTP API (api/) under uvicorn.
+"""``autotune serve``: the HTTP API (api/) under uvicorn; ``autotune import``: measured tables into its
+database.
 
-    autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH]
+    autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH] [--measurements PATH]...
+    autotune import PATH... [--db PATH] [--json]
 
 Binds to loopback unless told otherwise; binding anywhere else exposes the API beyond this
 machine and needs AUTOTUNE_API_TOKEN, which write requests must then send as a Bearer token, and
@@ -9,6 +11,11 @@ AUTOTUNE_ALLOWED_HOSTS naming the host names clients use (a request for any othe
 The database is --db, else AUTOTUNE_DB, else ./autotune.db. One process: the runner in it owns
 the GPUs and the database has one writer, so there are no uvicorn workers and no reload.
 
+``autotune import`` (and ``serve --measurements`` or AUTOTUNE_MEASUREMENTS, at start) turns measured
+tables kept as JSON (docs/measurements/) into finished cuda runs that ``check`` answers from and the
+dashboard shows (api/measurements.py): files, or directories (their ``*.json``, not subfolders).
+Both commands are here because this is the one CLI module that imports the service (api/).
+
 Only argparse and ipaddress at import: ``autotune --help`` stays fast.
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +48,29 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug"),
                         help="uvicorn's log level (default: %(default)s)")
+    parser.add_argument("--measurements", action="append", default=None, metavar="PATH",
+                        help="import these measured tables at start, as `autotune import` does (a file or a "
+                             "directory of *.json; repeatable; default: $AUTOTUNE_MEASUREMENTS, "
+                             f"{os.pathsep}-separated)")
+    add_import_parser(subparsers)
+    return parser
+
+
+def add_import_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``import`` subcommand: measured tables into the service's database."""
+    parser = subparsers.add_parser(
+        "import", help="import measured tables (JSON, e.g. docs/measurements/) into the service's database",
+        description="Import tables measured on a GPU (autotune table --backend cuda --json, as kept in "
+                    "docs/measurements/) into the service's database as finished runs, which `check` "
+                    "answers from and the dashboard shows. Importing a file again changes nothing; a "
+                    "changed file replaces its earlier import. A bad file is an error naming it, and "
+                    "then nothing is imported.")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a table's JSON file, or a directory: its *.json (not its subfolders)")
+    parser.add_argument("--db", default=None, help="SQLite file of the service "
+                                                   "(default: $AUTOTUNE_DB, else ./autotune.db)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document: what became of each file")
     return parser
 
 
@@ -89,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.db is not None:
         settings = settings.model_copy(update={"db": Path(args.db)})
+    if args.measurements is not None:
+        settings = settings.model_copy(update={"measurements": tuple(Path(p) for p in args.measurements)})
     settings = settings.model_copy(update={"allowed_hosts": with_host(settings.allowed_hosts, args.host)})
     check_bind(args.host, settings.api_token)
     if not 0 < args.port < 65536:
@@ -99,11 +132,13 @@ def run(args: argparse.Namespace) -> int:
     from api.main import create_app, make_runner
     from api.store import Store
 
-    # Opened here, not at the app's startup, so that a database another server holds is a
-    # one-line error before anything binds.
+    # Opened here, not at the app's startup, so that a database another server holds, or a bad
+    # measured table, is a one-line error before anything binds.
     store = Store(settings.db)
     try:
         store.claim()
+        _import(store, settings)
+        settings = settings.model_copy(update={"measurements": ()})  # done: not again at startup
         runner = make_runner(settings)
     except BaseException:
         store.close()
@@ -111,6 +146,55 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings, store=store, runner=runner)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=10)
+    return 0
+
+
+def _import(store: Any, settings: Any) -> list[Any]:
+    """Import ``settings.measurements`` into ``store``, saying what became of each file on stderr."""
+    from api.measurements import import_measurements
+    from autotune.cli.common import quiet_transformers
+
+    if not settings.measurements:
+        return []
+    with quiet_transformers():
+        done = import_measurements(store, settings.measurements, settings)
+    for imported in done:
+        print(imported, file=sys.stderr)
+    return done
+
+
+def run_import(args: argparse.Namespace) -> int:
+    """``autotune import``: each file's outcome on stdout; library errors propagate (exit 2).
+
+    No claim on the database: a server may be running on it (SQLite serialises the writes), and it
+    answers from the imported tables at once.
+    """
+    from pathlib import Path
+
+    check_service_installed()
+
+    from api.measurements import import_measurements
+    from api.settings import Settings
+    from api.store import Store
+    from autotune.cli.common import print_json, quiet_transformers
+
+    settings = Settings.from_env()
+    if args.db is not None:
+        settings = settings.model_copy(update={"db": Path(args.db)})
+    store = Store(settings.db)
+    try:
+        with quiet_transformers():
+            done = import_measurements(store, args.paths, settings)
+    finally:
+        store.close()
+    if args.json:
+        print_json([{"file": d.measurement.file, "source": d.measurement.source, "outcome": d.outcome,
+                     "run_id": d.run.id, "model": d.run.model, "gpu": d.run.gpu,
+                     "measured_on": d.measurement.measured_on, "cells": d.run.done, "total": d.run.total}
+                    for d in done])
+    else:
+        for imported in done:
+            print(imported)
     return 0
 
 

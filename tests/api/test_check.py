@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from liveserver import Server
@@ -85,3 +87,83 @@ def test_cli_check_against_a_real_server(tmp_path, capsys):
         assert "answered 422: sequence length 1024 exceeds" in capsys.readouterr().err
     finally:
         server.stop()
+
+
+# -- measured reference tables (api/measurements.py) -------------------------------------------------
+
+H100 = Path(__file__).resolve().parent.parent.parent / "docs" / "measurements" / "h100-80gb"
+BERT_16 = {"model": "bert-base-uncased", "seq_len": 128, "batch_size": 64, "mode": "fp32"}
+
+
+def _import(client, name: str) -> str:
+    from api.measurements import import_measurements
+
+    (imported,) = import_measurements(client.app.state.queue.store, [H100 / name], client.app.state.settings)
+    return imported.run.id
+
+
+def _store_estimate(client, body, best: int) -> str:
+    """A finished estimate run of ``body`` whose every cell has max batch ``best``."""
+    queue = client.app.state.queue
+    spec = normalize({**body, "backend": "estimate"}, client.app.state.settings, queue.runner.environment)
+    run, _ = queue.store.create_run(key=spec.key(), spec=spec.to_json(), model=spec.model,
+                                   gpu=spec.gpu["name"], backend="estimate", total=spec.cells)
+    queue.store.mark_running(run.id, lane="estimate:0", worker_pid=None)
+    for position, (mode, seq_len) in enumerate((m, s) for m in spec.modes for s in spec.seq_lens):
+        queue.store.add_cell(run.id, position, {
+            "seq_len": seq_len, "mode": mode, "max_batch_size": best, "peak_memory_bytes": 1000 * best,
+            "peak_allocated_bytes": 900 * best, "probes": 1, "capped": False, "backend": "estimate",
+            "step_time_s": None, "error": None,
+            "probe_log": [{"batch_size": best, "outcome": "fits", "peak_bytes": 1000 * best}]})
+    queue.store.finish_run(run.id, "done")
+    return run.id
+
+
+def test_an_imported_measured_table_answers_before_an_estimate_and_says_where_it_was_measured(client):
+    table_id = _import(client, "bert-base-uncased-16GiB.json")
+    _store_estimate(client, {"model": "bert-base-uncased", "seq_lens": [128], "modes": ["fp32"],
+                             "gpu_memory": "16GiB"}, best=999)  # newer, and covers the same cell
+    doc = client.get("/v1/check", params=BERT_16 | {"gpu_memory": "16GiB"}).json()
+    assert (doc["source"], doc["backend"], doc["table_id"]) == ("measured", "cuda", table_id)
+    assert doc["fits"] is True and doc["max_batch_size"] == 170  # the H100's cell, not the estimate's 999
+    assert doc["measured_on"] == "NVIDIA H100 80GB HBM3"
+    assert doc["imported_from"].endswith("docs/measurements/h100-80gb/bert-base-uncased-16GiB.json")
+    assert doc["message"].splitlines()[-1] == (f"note: from table {table_id}, measured on NVIDIA H100 80GB "
+                                               f"HBM3 (imported from {doc['imported_from']})")
+
+
+def test_an_imported_table_answers_only_the_card_it_was_measured_for(client):
+    """16 GiB measured on an H100 is "custom 16 GiB": no answer for a T4 (15 GiB, another name)."""
+    _import(client, "bert-base-uncased-16GiB.json")
+    t4 = _store_estimate(client, {"model": "bert-base-uncased", "seq_lens": [128], "modes": ["fp32"],
+                                  "gpu": "T4"}, best=50)
+    doc = client.get("/v1/check", params=BERT_16 | {"gpu": "T4"}).json()
+    assert (doc["source"], doc["table_id"], doc["max_batch_size"]) == ("estimated", t4, 50)
+    assert doc["measured_on"] is None and doc["imported_from"] is None
+    assert "note: from table" not in doc["message"]
+
+
+def test_a_cell_the_measurement_did_not_reach_is_not_answered_from_it(client):
+    table_id = _import(client, "bert-base-uncased-16GiB.json")  # ckpt:128 is in its cells_missing
+    estimate = _store_estimate(client, {"model": "bert-base-uncased", "seq_lens": [128], "modes": ["ckpt"],
+                                        "gpu_memory": "16GiB"}, best=300)
+    doc = client.get("/v1/check", params=BERT_16 | {"gpu_memory": "16GiB", "mode": "ckpt"}).json()
+    assert doc["table_id"] == estimate != table_id and doc["source"] == "estimated"
+
+
+def test_cli_check_against_a_server_that_imported_measurements_at_start(tmp_path, capsys):
+    folder = tmp_path / "h100-80gb"
+    folder.mkdir()
+    shutil.copy(H100 / "bert-base-uncased-16GiB.json", folder)
+    server = Server(tmp_path / "server.db", tmp_path / "server.log", AUTOTUNE_MEASUREMENTS=str(folder))
+    try:
+        code = main(["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "200", "--gpu-memory",
+                     "16GiB", "--server", server.url])
+        out = capsys.readouterr().out
+        assert code == 1 and out.startswith("does not fit: bert-base-uncased seq 128 fp32")
+        assert "max batch 170" in out
+        assert ("measured on NVIDIA H100 80GB HBM3 (imported from "
+                f"{folder / 'bert-base-uncased-16GiB.json'})") in out
+    finally:
+        server.stop()
+    assert "imported " in (tmp_path / "server.log").read_text()  # serve says what it imported

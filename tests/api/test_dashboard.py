@@ -283,3 +283,38 @@ def test_explain_over_http_never_takes_the_gpu_for_8bit_levers(idle_client, monk
     assert response.status_code == 200
     eight_bit = [lever for lever in response.json()["levers"] if lever["name"].startswith("adamw-8bit")]
     assert eight_bit and all(lever["estimated"].startswith("emulated") for lever in eight_bit)
+
+
+# -- measured reference tables (api/measurements.py) -------------------------------------------------
+
+
+def test_an_imported_measured_table_says_where_it_was_measured(idle_client, store):
+    from pathlib import Path
+
+    from api.measurements import import_measurements
+
+    card = Path(__file__).resolve().parents[2] / "docs/measurements/h100-80gb/llama-3.2-1b-card.json"
+    (imported,) = import_measurements(store, [card], Settings())
+    file = imported.measurement.file  # docs/measurements/h100-80gb/llama-3.2-1b-card.json, from the root
+    label = f"measured on NVIDIA H100 80GB HBM3 (imported from {file})"
+
+    def seen(html: str) -> str:  # text(), the paths' line-break hints dropped
+        return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html.replace("<wbr>", ""))))
+
+    page = idle_client.get(f"/runs/{imported.run.id}")
+    words = seen(page.text)
+    assert f"{label} (cuda)" in words
+    assert ("driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, transformers 5.23.0; a measured reference "
+            "table, 3 of its cells not measured (the measurement did not reach them)") in words
+    # The cells the lease did not reach: not measured, not failures.
+    for seq_len in (1024, 2048, 4096):
+        assert re.search(rf'state-not-measured">\s*<button[^>]*aria-label="seq {seq_len}, bf16\+ckpt: not '
+                         'measured"', page.text)
+    assert "state-failed" not in page.text and "band-failed state" not in page.text
+    detail = seen(page.text.split('id="detail-1024-bf16_ckpt"')[1].split("</article>")[0])
+    assert f"Not measured: the measurement imported from {file} did not reach this cell" in detail
+    assert "max batch 35" in words  # a measured cell: seq 512, bf16
+
+    assert label in seen(idle_client.get("/").text)  # the runs list says it too
+    compare = seen(idle_client.get("/compare", params={"id": imported.run.id}).text)
+    assert "measured on NVIDIA H100 80GB HBM3 (imported), budget 74.63 GiB" in compare

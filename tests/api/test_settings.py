@@ -33,6 +33,13 @@ def test_every_setting_reads_its_variable():
                                 max_batch=512, max_seq_len=1024, max_body_bytes=2048)
 
 
+def test_measurements_are_paths_to_import_at_start():
+    assert Settings.from_env({}).measurements == ()
+    value = os.pathsep.join(["docs/measurements/h100-80gb", "~/tables/a.json"])
+    assert Settings.from_env({"AUTOTUNE_MEASUREMENTS": value}).measurements == (
+        Path("docs/measurements/h100-80gb"), Path("~/tables/a.json").expanduser())
+
+
 def test_an_empty_token_is_no_token():
     assert Settings.from_env({"AUTOTUNE_API_TOKEN": "  "}).api_token is None
 

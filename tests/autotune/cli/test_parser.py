@@ -30,7 +30,7 @@ def _actions_without_help(parser: argparse.ArgumentParser) -> list[str]:
 
 def test_every_option_of_every_command_has_help():
     parser = build_parser()
-    assert set(_commands(parser)) == {"", "table", "check", "explain", "serve", "models", "gpus"}
+    assert set(_commands(parser)) == {"", "table", "check", "explain", "serve", "import", "models", "gpus"}
     assert _actions_without_help(parser) == []
 
 
@@ -41,7 +41,7 @@ def test_the_walk_sees_an_option_without_help():
     assert _actions_without_help(parser) == ["table --undocumented"]
 
 
-@pytest.mark.parametrize("command", ["table", "check", "explain", "serve", "models", "gpus"])
+@pytest.mark.parametrize("command", ["table", "check", "explain", "serve", "import", "models", "gpus"])
 def test_every_command_has_its_help_page(capsys, command):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
