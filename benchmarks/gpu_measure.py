@@ -302,6 +302,7 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
     cells no run reached are listed in ``cells_missing``. Allocator records go to dest/records.
     """
     import shutil
+    from dataclasses import replace
 
     import autotune
     from autotune.gpus import gpu_from_device_properties
@@ -338,7 +339,8 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
             header = autotune.table(**kwargs, modes=first_mode, seq_lens=[first_len],
                                     backend="estimate").to_dict()
             if "gpu_memory" not in job:  # the whole card: the target the cuda backend made of it
-                card = gpu_from_device_properties(environment["device_name"], LENT_CARD_BYTES, 9, 0)
+                card = replace(gpu_from_device_properties(environment["device_name"], LENT_CARD_BYTES, 9, 0),
+                               context_overhead_bytes=LENT_CARD_OVERHEAD_BYTES)
                 header.update(gpu_name=card.name, gpu_memory_bytes=card.total_memory_bytes,
                               context_overhead_bytes=card.context_overhead_bytes,
                               budget_bytes=budget_bytes(card, header["margin"]), warnings=[])
@@ -354,7 +356,7 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
         table = {**header, "modes": modes, "seq_lens": seq_lens, "cells": ordered, "cells_missing": missing,
                  "elapsed_s": None, "probes_total": total,
                  "probes_per_cell": round(total / len(ordered), 2), "seeded_by": None}
-        table["search"] = "guided; cells with seeded_by_estimate start at the estimator's max"
+        table["search_note"] = "cells with seeded_by_estimate: the search started at the estimator's max"
         (dest / f"{base}.json").write_text(json.dumps(table, indent=1) + "\n")
         log(f"{base}: {len(ordered)} cells, missing {missing}")
     return 0
@@ -363,6 +365,9 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
 # torch.cuda.get_device_properties(0).total_memory of the lent H100 80GB HBM3 (the probe workers'
 # "total_bytes"; nvidia-smi: 81559 MiB).
 LENT_CARD_BYTES = 85_017_493_504
+# The H100 preset's context overhead when the card was measured (640 MiB, before gpus.py took the
+# 767 MiB measured then): the budget that run's cells were searched against.
+LENT_CARD_OVERHEAD_BYTES = 640 * 1024**2
 # The runs whose searches did not start from the estimator's answers (seeds came after them).
 SEED_RUNS = {"gpu-first": False}
 
