@@ -5,7 +5,19 @@
 #   benchmarks/gpu_session.sh PLAN SECONDS [--tests]
 #
 # Wheels for what the machine lacks (transformers and PEFT at this checkout's versions,
-# pydantic-settings, bitsandbytes with its CUDA 13 library only) travel in .whl/ (not in git).
+# pydantic-settings, bitsandbytes with its CUDA 13 libraries only) travel in .whl/ (not in git; add
+# "/.whl/" to .git/info/exclude and carry ".whl"). Made on the developer machine with:
+#   p="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any
+#      --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+#      --platform manylinux2014_x86_64"
+#   pip download $p -d .whl transformers==5.23.0 peft==0.21.2 tokenizers==0.23.3 regex==2026.11.15 \
+#       pydantic==2.14.3 pydantic_core==2.50.4 pydantic-settings==2.16.3 typing-inspection==0.4.5 \
+#       annotated-types==0.8.0 python-dotenv==1.2.4 fastapi==0.165.0 starlette==1.10.0 \
+#       uvicorn==0.54.0 annotated-doc==0.0.7 typing_extensions==4.16.0
+#   pip download $p -d /tmp/bnb bitsandbytes==0.50.2 && mkdir -p .whl/bnb_site && cd .whl/bnb_site \
+#       && unzip -q /tmp/bnb/bitsandbytes-*.whl && rm bitsandbytes/libbitsandbytes_{cuda1[12]*,rocm*,xpu*}.so
+# (the lent machine has torch 2.11+cu130, huggingface_hub, accelerate; its fastapi tests also need
+# opentelemetry-api, not carried: only the cuda tests run there).
 set -u
 plan=$1 seconds=$2 tests=${3:-}
 start=$(date +%s)
