@@ -11,6 +11,11 @@ finalizer fires when the memory would be returned, not when our reference goes a
 The resulting event list is replayed through ``CachingAllocatorSim`` (``replay``) for the peaks
 ``torch.cuda.max_memory_allocated/reserved`` would report and the smallest capacity it runs in.
 
+With ``reductions=True`` it also records the two allocations a CUDA reduction kernel makes besides its
+output (reduce.py); their events carry the reduction's element count, not bytes, and a
+``trace.Trace`` made with the tracker's ``workspaces`` turns them into bytes: replay those events only
+through a Trace.
+
 Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
