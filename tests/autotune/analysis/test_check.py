@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
+import limitbackend
 import pytest
 
 from autotune.analysis.check import accumulation_plan
@@ -135,34 +136,14 @@ def test_accumulation_plan(effective, max_batch, plan):
 # -- the advice names only levers that raise the max batch ------------------------------------
 
 
-class LimitBackend:
-    """A backend whose step fits up to a limit per (optimizer, loss, mode, seq_len): the advice's
-    searches run against known answers."""
-
-    name = "estimate"
+class LimitBackend(limitbackend.LimitBackend):
+    """Fits up to a limit per (optimizer, loss, mode, seq_len), else ``limits["base"]``: the
+    advice's searches run against known answers."""
 
     def __init__(self, limits):
-        from autotune.gpus import resolve_gpu
-
-        self.gpu = resolve_gpu("A100-80GB")
         self.limits = limits
-
-    def attn_used(self, workload):
-        return "sdpa"
-
-    def cell(self, workload, mode, seq_len, budget_bytes):
-        from contextlib import nullcontext
-
-        from autotune.search import Probe, ProbeOnlyCell
-
-        limit = self.limits.get((workload.optimizer, workload.loss, mode.name, seq_len),
-                                self.limits["base"])
-
-        def probe(batch_size):
-            fits = batch_size <= limit
-            return Probe(batch_size, "fits" if fits else "oom", peak_bytes=batch_size)
-
-        return nullcontext(ProbeOnlyCell(probe))
+        super().__init__(lambda workload, mode, seq_len: limits.get(
+            (workload.optimizer, workload.loss, mode.name, seq_len), limits["base"]))
 
 
 def _causal_workload():

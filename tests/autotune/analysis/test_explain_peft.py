@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import limitbackend
 import pytest
 
 from autotune.analysis.check import adapter_levers, helpful_levers, suggestion
@@ -307,33 +308,13 @@ def test_a_qlora_lever_peft_cannot_build_is_an_error_not_a_crash(one_gib):
 # -- check's advice ------------------------------------------------------------------------------------
 
 
-class AdapterLimitBackend:
-    """A backend whose step fits up to a limit per PEFT method (None: a full fine-tune)."""
-
-    name = "estimate"
+class AdapterLimitBackend(limitbackend.LimitBackend):
+    """Fits up to a limit per PEFT method and rank (None: a full fine-tune), else 0."""
 
     def __init__(self, limits):
-        from autotune.gpus import resolve_gpu
-
-        self.gpu = resolve_gpu("A100-80GB")
         self.limits = limits
-
-    def attn_used(self, workload):
-        return "sdpa"
-
-    def cell(self, workload, mode, seq_len, budget_bytes):
-        from contextlib import nullcontext
-
-        from autotune.search import Probe, ProbeOnlyCell
-
-        adapter = workload.adapter
-        key = None if adapter is None else (adapter.method, adapter.r)
-        limit = self.limits.get(key, 0)
-
-        def probe(batch_size):
-            return Probe(batch_size, "fits" if batch_size <= limit else "oom", peak_bytes=batch_size)
-
-        return nullcontext(ProbeOnlyCell(probe))
+        super().__init__(lambda workload, mode, seq_len: self.limits.get(
+            None if workload.adapter is None else (workload.adapter.method, workload.adapter.r), 0))
 
 
 def test_check_advises_qlora_and_lora_for_a_full_fine_tune_that_does_not_fit():
