@@ -330,27 +330,27 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
     """Categories of the live blocks when allocated memory peaks (the first such moment); with
     ``split`` (a PEFT model), the adapter's categories (category_keys)."""
     from autotune.backends.estimate.allocator import CachingAllocatorSim
+    from autotune.backends.estimate.trace import Trace
 
+    # Keyed by allocation index, in bytes (a CUDA reduction's recorded count turned into its buffer).
+    events = Trace.from_events(recording.batch_size, recording.events, recording.workspaces).events()
     sim = CachingAllocatorSim()  # no limit: as accounting.replay finds the peak allocated
     handles: dict[int, int] = {}
-    index_of: dict[int, int] = {}  # storage key -> allocation index, while alive
     blocks: list[int] = []  # the allocator's block size of each allocation
     allocated = peak = 0
     peak_event = 0
-    for position, (key, nbytes) in enumerate(recording.events):
+    for position, (index, nbytes) in enumerate(events):
         if nbytes < 0:
-            index = index_of.pop(key)
             sim.free(handles.pop(index))
             allocated -= blocks[index]
             continue
-        index_of[key] = index = len(blocks)
         before = sim.stats.allocated_bytes
-        handles[index] = sim.malloc(recording.nbytes(key, nbytes))
+        handles[index] = sim.malloc(nbytes)
         blocks.append(sim.stats.allocated_bytes - before)  # rounded, or a whole unsplit block
         allocated += blocks[index]
         if allocated > peak:
             peak, peak_event = allocated, position
-    live, at_peak = _live_at(recording.events, peak_event)
+    live, at_peak = _live_at(events, peak_event)
     categories = dict.fromkeys(category_keys(split is not None, split is not None and split.quantized), 0)
     for index in live:
         allocation = recording.allocations[index]

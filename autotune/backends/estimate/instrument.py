@@ -89,12 +89,8 @@ class Recording:
     calls: dict[str, ModuleCall] = field(default_factory=dict)
     steps: int = 0
     # CUDA reductions' buffers: event key -> Workspace, whose events record an element count
-    # (tracker.StorageTracker, reduce.py); ``nbytes`` gives any event's bytes.
+    # (tracker.StorageTracker, reduce.py); a Trace made with them gives bytes.
     workspaces: dict[int, Workspace] = field(default_factory=dict)
-
-    def nbytes(self, key: int, recorded: int) -> int:
-        workspace = self.workspaces.get(key)
-        return recorded if workspace is None else workspace.nbytes(recorded)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ not on a training step's peak in the traces measured.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,8 @@ def reduce_input(tensor: torch.Tensor, dims: Any, dtype: torch.dtype | None = No
     ndim = tensor.dim()
     listed = [dims] if isinstance(dims, int) else (dims or [])
     reduced = {d % ndim for d in listed} or set(range(ndim))
-    acc = torch.float64 if (dtype or tensor.dtype) in (torch.float64, torch.int64) else torch.float32
+    # opmath: float for float, half and bfloat16 inputs, 8 bytes for double and int64
+    acc_bytes = 8 if (dtype or tensor.dtype) in (torch.float64, torch.int64) else 4
     kept = [(tensor.shape[d], tensor.stride(d), d in reduced) for d in range(ndim) if tensor.shape[d] != 1]
     if not any(r for _, _, r in kept):
         return None  # nothing reduced: a copy, no reduction kernel
@@ -97,7 +99,7 @@ def reduce_input(tensor: torch.Tensor, dims: Any, dtype: torch.dtype | None = No
             coalesced.append((size, stride, red))
     outer = max(range(len(coalesced)), key=lambda i: coalesced[i][1])
     coalesced[outer] = (1, coalesced[outer][1], coalesced[outer][2])
-    return ReduceInput(tuple(coalesced), torch.empty((), dtype=acc).element_size())
+    return ReduceInput(tuple(coalesced), acc_bytes)
 
 
 def _last_pow2(n: int) -> int:
@@ -108,6 +110,7 @@ def _div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=4096)  # a trace's buffer and semaphores, replayed at every probe
 def workspace_bytes(reduction: ReduceInput, numel: int, device: Multiprocessors | None) -> tuple[int, int]:
     """(staging buffer, semaphores) bytes ``gpu_reduce_kernel`` takes for ``reduction`` over
     ``numel`` elements: Reduce.cuh's ``setReduceConfig``, ``global_memory_size`` and
