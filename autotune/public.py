@@ -95,6 +95,7 @@ def table(
     adapter: Adapter | None = None,
     hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
+    seed_with_estimate: bool = True,
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
@@ -104,6 +105,8 @@ def table(
     (default off), as in every function here. ``on_cell(cell, done, total)`` is called as
     each cell finishes. A cell that failed has
     ``error`` set and ``max_batch_size`` None; the others are proven by their probes.
+    ``seed_with_estimate`` (backend cuda, search guided): each cell's GPU search starts from the
+    estimator's answer (backends/seeded.py), two GPU probes where it is right.
 
     >>> import autotune
     >>> t = autotune.table("bert-base-uncased", seq_lens=[128, 512], modes="fp32,amp", gpu="T4")
@@ -122,7 +125,7 @@ def table(
                                load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
                                bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
                                qlora_recipe))
-    chosen, target = _backend(backend, gpu, gpu_memory)
+    chosen, target = _backend(backend, gpu, gpu_memory, seeded=seed_with_estimate and search == "guided")
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
 
@@ -383,10 +386,11 @@ def _workload(spec: ModelSpec, seq_lens: Sequence[int], task: str | None, attn: 
                     adapter=adapter)
 
 
-def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None) -> tuple[Backend, GpuSpec]:
+def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None, *, seeded: bool = True
+             ) -> tuple[Backend, GpuSpec]:
     from autotune.backends import make_backend
 
-    return make_backend(name, gpu, gpu_memory)
+    return make_backend(name, gpu, gpu_memory, seeded=seeded)
 
 
 def _positive(name: str, value: int) -> None:

@@ -51,6 +51,8 @@ class CellResult:
     step_time_s: float | None = None
     error: str | None = None
     probe_log: list[dict[str, Any]] = field(default_factory=list)
+    # The estimator's answer that seeded a measured search (backends/seeded.py); None otherwise.
+    estimated_max_batch_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -262,5 +264,7 @@ def _tune_cell(
         probes=result.num_probes, capped=result.capped, backend=backend.name,
         step_time_s=best.step_time_s if best else None,
         probe_log=[_probe_dict(p) for p in result.probes],
+        estimated_max_batch_size=(result.probes[0].details.get("estimated_max_batch_size")
+                                  if result.probes else None),
     )
     return cell, result.model

@@ -82,13 +82,16 @@ def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]
     spec = TableSpec.from_json(order["spec"])
     workload, gpu = spec.workload(), spec.target_gpu()
     backend: Any
+    from autotune.backends.estimate.backend import EstimateBackend
+
     if spec.backend == "cuda":
         from autotune.backends.cuda.backend import CudaBackend
+        from autotune.backends.seeded import EstimateSeeded
 
         backend = CudaBackend(gpu)  # the lane's GPU is device 0 (CUDA_VISIBLE_DEVICES)
+        if spec.search == "guided":  # each cell's GPU search starts from the estimate (seeded.py)
+            backend = EstimateSeeded(backend, EstimateBackend(gpu))
     else:
-        from autotune.backends.estimate.backend import EstimateBackend
-
         backend = EstimateBackend(gpu)
     completed = {(c["mode"], c["seq_len"]): CellResult(**c) for c in order.get("completed", [])}
 

@@ -1,9 +1,10 @@
-"""Probe backends: what a backend is (``Backend``), and choosing one with the target GPU for it.
+"""Probe backends: choosing one with the target GPU for it (what a backend is: base.Backend).
 
 Two backends run the same training step (workload/step.py) at a batch size and say whether it
 fits: ``estimate`` (estimate/: fake tensors on the CPU, CUDA's allocations emulated and replayed
 through a caching-allocator simulator) and ``cuda`` (cuda/: a real step on the local GPU, one
-probe worker process per cell).
+probe worker process per cell), whose every cell's search starts from the estimator's answer
+(seeded.py) unless ``seeded=False``.
 
 ``auto`` is ``cuda`` on a machine with a CUDA GPU, else ``estimate``. The target GPU is ``gpu``
 (a preset name) or ``gpu_memory`` (a size) when given, else the local GPU (cuda), else a
@@ -12,9 +13,7 @@ probe worker process per cell).
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
-
+from autotune.backends.base import Backend
 from autotune.backends.cuda.device import cuda_available
 from autotune.defaults import BACKENDS, DEFAULT_GPU_NAME
 from autotune.errors import BackendUnavailable, InvalidInput
@@ -25,30 +24,9 @@ from autotune.gpus import (
     resolve_gpu,
     with_context_overhead,
 )
-from autotune.search import Cell
 from autotune.units import parse_bytes
-from autotune.workload import Workload
-from autotune.workload.modes import Mode
 
-
-class Backend(Protocol):
-    """Probes training steps: ``cell`` opens one (workload, mode, seq_len) cell at a budget."""
-
-    name: str  # "estimate" | "cuda"
-    gpu: GpuSpec  # the target card its answers are for
-
-    def describe(self) -> dict[str, Any]:
-        """The environment of its answers: backend, GPU, versions."""
-        ...
-
-    def attn_used(self, workload: Workload) -> str:
-        """The attention implementation the step runs with (the one asked for, else transformers')."""
-        ...
-
-    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int
-             ) -> AbstractContextManager[Cell]:
-        """The cell's probes, for the search (search.Cell); its resources are freed on exit."""
-        ...
+__all__ = ["Backend", "make_backend", "target_gpu"]
 
 
 def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec | None) -> GpuSpec:
@@ -66,9 +44,13 @@ def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec 
 
 
 def make_backend(
-    name: str, gpu: str | None = None, gpu_memory: str | int | None = None
+    name: str, gpu: str | None = None, gpu_memory: str | int | None = None, *, seeded: bool = True
 ) -> tuple[Backend, GpuSpec]:
-    """The backend called ``name`` and the target GPU it estimates or measures for."""
+    """The backend called ``name`` and the target GPU it estimates or measures for.
+
+    ``seeded``: a cuda backend's searches start from the estimator's answer of each cell
+    (seeded.py); False probes from the earlier cells' hints alone.
+    """
     if name not in BACKENDS:
         raise InvalidInput(f"unknown backend {name!r}: allowed are {', '.join(BACKENDS)}")
     use_cuda = name == "cuda" or (name == "auto" and cuda_available())
@@ -88,7 +70,11 @@ def make_backend(
                 f"target {target.name} has more memory than the local {local.name}: "
                 "the cuda backend can only simulate a smaller card; use backend 'estimate'"
             )
-        return CudaBackend(target), target
+        from autotune.backends.estimate.backend import EstimateBackend
+        from autotune.backends.seeded import EstimateSeeded
+
+        measure = CudaBackend(target)
+        return (EstimateSeeded(measure, EstimateBackend(target)) if seeded else measure), target
     from autotune.backends.estimate.backend import EstimateBackend
 
     target = target_gpu(gpu, gpu_memory, local=None)

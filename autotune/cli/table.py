@@ -6,7 +6,8 @@
                          [--peft none|lora|qlora] [--lora-r R] [--lora-alpha A] [--lora-dropout P]
                          [--lora-targets M,M|all-linear] [--peft-config PATH] [--load-in-4bit]
                          [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]
-                         [--margin F] [--search guided|bisect] [--max-batch N] [--hub] [--json]
+                         [--margin F] [--search guided|bisect] [--no-seed-with-estimate]
+                         [--max-batch N] [--hub] [--json]
 
 Exit 0 with the table, 2 with ``Error: ...`` on bad input or when a cell failed.
 """
@@ -71,6 +72,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS,
                        help="guided: each probe where the peaks measured so far put the limit; "
                        "bisect: 1, 2, 4, ... then binary search (default: %(default)s)")
+    table.add_argument("--no-seed-with-estimate", dest="seed_with_estimate", action="store_false",
+                       help="backend cuda: search each cell on the GPU without first asking the "
+                       "estimator where its limit is (default: seeded, two GPU probes per cell "
+                       "where the estimate is right)")
     table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH, metavar="N",
                        help="the largest batch probed; a cell that fits at it is shown N+ "
                        "(default: %(default)s)")
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
             margin=args.margin, search=args.search, max_batch=args.max_batch,
             optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
-            **peft_kwargs(args),
+            seed_with_estimate=args.seed_with_estimate, **peft_kwargs(args),
         )
     progress.close()
     if args.json:
@@ -161,8 +166,9 @@ def render_table(t: TableResult) -> str:
         if cell.error:
             lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")
     per_cell = t.total_probes / max(1, len(t.cells))
+    seeded = ", seeded by the estimator" if t.environment.get("seeded_by") else ""
     lines.append(f"{t.total_probes} probes for {len(t.cells)} cells ({per_cell:.2f} per cell, "
-                 f"search {t.search}), {t.elapsed_s:.1f} s")
+                 f"search {t.search}{seeded}), {t.elapsed_s:.1f} s")
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)

@@ -1,0 +1,205 @@
+"""The estimator-seeded measured search (autotune/backends/seeded.py), on fake GPUs whose memory
+differs from the estimator's (tests/fakegpu.py): the same answers as bisect, fewer GPU probes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import transformers
+from fakegpu import ScaledGpu
+
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.seeded import EstimateSeeded, Seed, SeededCell
+from autotune.errors import ProbeError
+from autotune.gpus import custom_gpu
+from autotune.search import Probe, ProbeOnlyCell, search_max_batch
+from autotune.tuner import TableResult, tune_table
+from autotune.units import MIB
+from autotune.workload import Workload
+from autotune.workload.models import ModelSpec
+from autotune.workload.modes import Mode, parse_modes
+
+GPU = custom_gpu(1024 * MIB)
+SEQ_LENS = [128, 256, 512]
+
+
+def small_workload() -> Workload:
+    # Wide enough that a sample's activations (megabytes) dwarf the allocator's 2 MiB rounding, as in
+    # the models people train: in a 64-wide model the 20 MiB segments make the memory a staircase.
+    config = transformers.BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=1024, max_position_embeddings=512)
+    return Workload(model=ModelSpec("small-bert", "preset", config, 512), task="sequence-classification",
+                    attn=None)
+
+
+@pytest.fixture(scope="module")
+def curve() -> EstimateBackend:
+    return EstimateBackend(GPU)  # the fake GPUs' memory, shared: its fake model is built once
+
+
+@pytest.fixture(scope="module")
+def estimator() -> EstimateBackend:
+    return EstimateBackend(GPU)
+
+
+def tune(backend: Any, method: str = "guided", modes: str = "fp32,amp") -> TableResult:
+    return tune_table(small_workload(), backend, GPU, seq_lens=SEQ_LENS, modes=parse_modes(modes),
+                      method=method)
+
+
+def answers(table: TableResult) -> list[int | None]:
+    return [cell.max_batch_size for cell in table.cells]
+
+
+def test_a_right_estimate_costs_two_gpu_probes_per_cell(
+    curve: EstimateBackend, estimator: EstimateBackend,
+) -> None:
+    gpu = ScaledGpu(curve)  # exactly the estimator's memory
+    table = tune(EstimateSeeded(gpu, estimator), modes="amp")
+    assert gpu.probes == 2 * len(table.cells)
+    for cell in table.cells:
+        assert cell.estimated_max_batch_size == cell.max_batch_size
+        first, second = cell.probe_log
+        assert (first["batch_size"], first["outcome"]) == (cell.max_batch_size, "fits")
+        assert (second["batch_size"], second["outcome"]) == (cell.max_batch_size + 1, "oom")
+        assert first["estimated_max_batch_size"] == cell.max_batch_size
+    assert table.environment["seeded_by"] == "estimate"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [0.9, 1.1])
+def test_a_gpu_ten_percent_off_gets_the_answers_of_bisect_in_fewer_probes(
+    curve: EstimateBackend, estimator: EstimateBackend, scale: float,
+) -> None:
+    probes = {}
+    tables = {}
+    for how in ("bisect", "guided", "seeded"):
+        gpu = ScaledGpu(curve, scale=scale, smooth=True)
+        backend = EstimateSeeded(gpu, estimator) if how == "seeded" else gpu
+        tables[how] = tune(backend, "bisect" if how == "bisect" else "guided")
+        probes[how] = gpu.probes
+    assert answers(tables["seeded"]) == answers(tables["bisect"]) == answers(tables["guided"])
+    seeded = tables["seeded"]
+    # Each estimate is ~10 % off: the first cell of a mode corrects it from the GPU's peaks, the
+    # later ones start from the estimate scaled by how far the one before was.
+    firsts = [cell for cell in seeded.cells if cell.seq_len == SEQ_LENS[0]]
+    assert all(cell.estimated_max_batch_size != cell.max_batch_size for cell in firsts)
+    assert probes["seeded"] < probes["guided"] < probes["bisect"]
+    assert probes["seeded"] <= 4 * len(seeded.cells)
+    later = [cell for cell in seeded.cells if cell.seq_len != SEQ_LENS[0]]
+    assert sum(cell.probes for cell in later) <= 3 * len(later)
+
+
+def test_a_constant_offset_is_corrected_too(curve: EstimateBackend, estimator: EstimateBackend) -> None:
+    # A CUDA context or workspace the estimator missed: every peak 24 MiB higher.
+    bisect = tune(ScaledGpu(curve, offset_bytes=24 * MIB, smooth=True), "bisect", modes="fp32")
+    gpu = ScaledGpu(curve, offset_bytes=24 * MIB, smooth=True)
+    seeded = tune(EstimateSeeded(gpu, estimator), modes="fp32")
+    assert answers(seeded) == answers(bisect)
+    assert gpu.probes <= 4 * len(seeded.cells)
+
+
+class Unmodelled:
+    """An estimator that cannot model the step (an operation it does not emulate)."""
+
+    name = "estimate"
+    gpu = GPU
+
+    @contextlib.contextmanager
+    def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Any]:
+        raise ProbeError("aten::frobnicate has no fake-tensor kernel")
+        yield
+
+
+def test_a_step_the_estimator_cannot_model_is_searched_unseeded_and_says_why(curve: EstimateBackend) -> None:
+    plain = tune(ScaledGpu(curve, scale=1.1, smooth=True), modes="fp32")
+    seeded = tune(EstimateSeeded(ScaledGpu(curve, scale=1.1, smooth=True), Unmodelled()), modes="fp32")  # type: ignore[arg-type]
+    assert answers(seeded) == answers(plain)
+    assert [c.probes for c in seeded.cells] == [c.probes for c in plain.cells]
+    for cell in seeded.cells:
+        assert cell.estimated_max_batch_size is None
+        assert "frobnicate" in cell.probe_log[0]["estimate_error"]
+
+
+def line_gpu(intercept: int, slope: int, budget: int) -> ProbeOnlyCell:
+    def probe(batch: int) -> Probe:
+        peak = intercept + slope * batch
+        return Probe(batch, "fits", peak_bytes=peak) if peak <= budget else Probe(batch, "oom")
+
+    return ProbeOnlyCell(probe)
+
+
+@pytest.mark.parametrize(("seed", "slope", "expected"), [
+    (100, 10 * MIB, [100, 101]),  # right: two probes
+    (90, 10 * MIB, [90, 100, 101]),  # low: the estimator's slope through the measured peak
+    (90, 11 * MIB, [90, 99, 100, 101]),  # low, and the slope 10 % off: then the two peaks' line
+    (110, 10 * MIB, [110, 109]),  # high: real CUDA OOMs say no peak; then a sixteenth down
+])
+def test_the_claims_of_a_seeded_cell(seed: int, slope: int, expected: list[int]) -> None:
+    budget = 2000 * MIB
+    gpu = line_gpu(1000 * MIB, 10 * MIB, budget)  # max batch 100
+    cell = SeededCell(gpu, Seed(seed, budget - slope // 2, float(slope), claim=seed), budget)
+    result = search_max_batch(cell.fits, budget_bytes=budget, predict=cell.predict, settle=cell.settle)
+    assert result.max_batch_size == 100 or expected[-1] != 101
+    assert [p.batch_size for p in result.probes][:len(expected)] == expected
+    assert result.probes[0].details["estimated_max_batch_size"] == seed
+
+
+# --- the product path: cuda backends are seeded unless asked not to -------------------------------
+
+
+def test_make_backend_seeds_the_cuda_backend_with_the_estimator(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.backends
+    import autotune.backends.cuda.device
+    from autotune.backends import make_backend
+    from autotune.backends.cuda.backend import CudaBackend
+
+    monkeypatch.setattr(autotune.backends, "cuda_available", lambda: True)
+    monkeypatch.setattr(autotune.backends.cuda.device, "local_gpu", lambda: custom_gpu(80 * 1024 * MIB))
+    seeded, target = make_backend("cuda", gpu_memory="12GiB")
+    assert isinstance(seeded, EstimateSeeded) and isinstance(seeded.measure, CudaBackend)
+    assert isinstance(seeded.estimator, EstimateBackend) and seeded.estimator.gpu == target == seeded.gpu
+    assert seeded.name == "cuda" and seeded.timeout_s == seeded.measure.timeout_s
+    plain, _ = make_backend("cuda", gpu_memory="12GiB", seeded=False)
+    assert isinstance(plain, CudaBackend)
+
+
+@pytest.mark.parametrize(("kwargs", "seeded"), [
+    ({}, True), ({"search": "bisect"}, False), ({"seed_with_estimate": False}, False),
+])
+def test_table_seeds_a_guided_search_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], seeded: bool,
+) -> None:
+    import autotune
+    import autotune.backends
+
+    asked = []
+
+    def make_backend(name: str, gpu: Any, gpu_memory: Any, *, seeded: bool = True) -> Any:
+        asked.append(seeded)
+        return EstimateBackend(GPU), GPU
+
+    monkeypatch.setattr(autotune.backends, "make_backend", make_backend)
+    autotune.table("bert-base-uncased", seq_lens=[64], modes="fp32", gpu_memory="1GiB", max_batch=1, **kwargs)
+    assert asked == [seeded]
+
+
+def test_the_cli_flag_turns_the_seed_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune
+    from autotune.cli import main
+
+    seen: dict[str, Any] = {}
+
+    def table(model: str, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(autotune, "table", table)
+    for argv, expected in ((["table", "bert-base-uncased"], True),
+                           (["table", "bert-base-uncased", "--no-seed-with-estimate"], False)):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert seen["seed_with_estimate"] is expected
