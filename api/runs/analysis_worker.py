@@ -17,6 +17,7 @@ cannot be modelled), which the server may cache; anything else is not. stdin clo
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -28,6 +29,12 @@ from autotune.errors import AutotuneError, InvalidInput
 from autotune.processes import protocol_stream
 
 NICE_INCREMENT = 10  # below the server and the run workers (os.nice: 0 is normal, 19 the lowest)
+# The estimators of the last specs (model, step, GPU) a worker answered for, kept with their fake
+# model and the traces of each (mode, length) they probed (estimate/backend.py): the next check or
+# explain of that spec, at any batch, replays those traces instead of running the model again
+# (BERT-base on a T4: about 8 s the first time, a fraction of a second after). Each holds a fake
+# model (no weights) and its traces: a few MB.
+SPECS_KEPT = 8
 
 
 def _workload(spec: Any) -> Any:
@@ -45,16 +52,34 @@ def _workload(spec: Any) -> Any:
     return workload
 
 
-def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """``autotune.analysis.check.check_step`` on the estimator for a normalised request, as JSON."""
-    from api.runs.spec import TableSpec
-    from autotune.analysis.check import check_step
-    from autotune.backends.estimate.backend import EstimateBackend
-    from autotune.workload.modes import parse_mode
+_prepared: collections.OrderedDict[str, tuple[Any, Any, Any, Any]] = collections.OrderedDict()
 
+
+def _prepare(spec_json: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """(spec, workload, target GPU, estimator) of a spec, the estimator kept (SPECS_KEPT)."""
+    from api.runs.spec import TableSpec
+    from autotune.backends.estimate.backend import EstimateBackend
+
+    key = json.dumps(spec_json, sort_keys=True)
+    if key in _prepared:
+        _prepared.move_to_end(key)
+        return _prepared[key]
     spec = TableSpec.from_json(spec_json)
     gpu = spec.target_gpu()
-    result = check_step(_workload(spec), EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+    prepared = (spec, _workload(spec), gpu, EstimateBackend(gpu))
+    _prepared[key] = prepared
+    while len(_prepared) > SPECS_KEPT:
+        _prepared.popitem(last=False)
+    return prepared
+
+
+def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """``autotune.analysis.check.check_step`` on the estimator for a normalised request, as JSON."""
+    from autotune.analysis.check import check_step
+    from autotune.workload.modes import parse_mode
+
+    spec, workload, gpu, backend = _prepare(spec_json)
+    result = check_step(workload, backend, gpu, seq_len=params["seq_len"],
                         batch_size=params["batch_size"], mode=parse_mode(params["mode"]),
                         margin=spec.margin, effective_batch=params["effective_batch"])
     return {**result.to_dict(), "table_id": None, "measured_on": None, "imported_from": None}
@@ -62,15 +87,12 @@ def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, 
 
 def explain_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """``autotune.analysis.explain`` on the estimator for a normalised request, as JSON."""
-    from api.runs.spec import TableSpec
     from autotune.analysis.explain import explain
-    from autotune.backends.estimate.backend import EstimateBackend
     from autotune.tuner import adapter_json
     from autotune.workload.modes import parse_mode
 
-    spec = TableSpec.from_json(spec_json)
-    gpu, workload = spec.target_gpu(), _workload(spec)
-    result = explain(workload, EstimateBackend(gpu), gpu, seq_len=params["seq_len"],
+    spec, workload, gpu, backend = _prepare(spec_json)
+    result = explain(workload, backend, gpu, seq_len=params["seq_len"],
                      mode=parse_mode(params["mode"]), margin=spec.margin,
                      batch_size=params.get("batch_size"), with_levers=params.get("levers", True),
                      max_batch=spec.max_batch,

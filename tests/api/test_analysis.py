@@ -189,3 +189,35 @@ def test_a_refusal_whose_class_takes_more_than_a_message_keeps_its_kind():
     assert isinstance(exc, InvalidInput) and str(exc) == "sequence length 9999 exceeds 512"
     assert exc.field == "seq_lens"
     assert type(_error({"error_type": "NoSuchError", "error": "x"})) is AutotuneError
+
+
+def test_a_worker_keeps_the_estimator_of_a_spec_so_the_next_batch_replays_its_traces(monkeypatch):
+    """A check of the same spec at another batch (a sweep, CI's next job) traces nothing again."""
+    from api.runs import analysis_worker
+    from api.runs.spec import normalize
+    from api.settings import Settings
+    from autotune.backends.estimate.backend import EstimateBackend
+
+    body = {"model": "tiny-bert", "seq_lens": [64], "modes": ["fp32"], "gpu_memory": "1GiB",
+            "backend": "estimate"}
+    spec = normalize(body, Settings(), lambda backend, gpu=None: {"backend": "estimate"}).to_json()
+    traced = []
+    original = EstimateBackend.trace
+
+    def trace(self, *args, **kwargs):
+        traced.append(args[-1])  # the batch size
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(EstimateBackend, "trace", trace)
+    monkeypatch.setattr(analysis_worker, "_prepared", type(analysis_worker._prepared)())
+    params = {"seq_len": 64, "mode": "fp32", "effective_batch": None}
+    first = analysis_worker.check_order(spec, {**params, "batch_size": 8})
+    assert traced and first["fits"]
+    traced.clear()
+    second = analysis_worker.check_order(spec, {**params, "batch_size": 9})
+    assert traced == [] and second["max_batch_size"] == first["max_batch_size"]
+    # Another spec gets an estimator of its own; the oldest beyond SPECS_KEPT is dropped.
+    for size in range(analysis_worker.SPECS_KEPT):
+        other = {**spec, "margin": (size + 1) / 100}
+        analysis_worker._prepare(other)
+    assert len(analysis_worker._prepared) == analysis_worker.SPECS_KEPT

@@ -342,6 +342,8 @@ class EstimateBackend:
         structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})
         cell = _EstimateCell(self, fake, workload, mode, seq_len, budget_bytes, known)
+        if seq_len in known:  # a cell opened again (a check, explain, a seeded GPU search): its
+            cell.traces.extend(known[seq_len])  # traces extrapolate every batch, as they did then
 
         # Checkpointed segments are recomputed inside backward, where the emulation's function
         # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the

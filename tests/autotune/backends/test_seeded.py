@@ -29,8 +29,9 @@ SEQ_LENS = [128, 256, 512]
 def small_workload() -> Workload:
     # Wide enough that a sample's activations (megabytes) dwarf the allocator's 2 MiB rounding, as in
     # the models people train: in a 64-wide model the 20 MiB segments make the memory a staircase.
-    config = transformers.BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=1024, max_position_embeddings=512)
+    config = transformers.BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=1024,
+                                     max_position_embeddings=512)
     return Workload(model=ModelSpec("small-bert", "preset", config, 512), task="sequence-classification",
                     attn=None)
 
