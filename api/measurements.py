@@ -304,7 +304,7 @@ def _spec(data: Mapping[str, Any], gpu: GpuSpec, environment: dict[str, Any],
         "max_cells": max(settings.max_cells, cells), "max_batch": max(settings.max_batch, data["max_batch"]),
         "max_seq_len": max([settings.max_seq_len, *(s for s in data["seq_lens"] if isinstance(s, int))]),
     })
-    spec = normalize(body, roomy, lambda backend: {"backend": backend})
+    spec = normalize(body, roomy, lambda backend, gpu: {"backend": backend})
     return replace(spec, backend="cuda", search=data["search"], environment=environment, gpu={
         "name": gpu.name, "total_memory_bytes": gpu.total_memory_bytes,
         "context_overhead_bytes": gpu.context_overhead_bytes,

@@ -247,6 +247,39 @@ class DatabasePublic(BaseModel):
                                        "its first problems")
 
 
+class FleetKindPublic(BaseModel):
+    kind: str = Field(description="a GPU kind, as the GPU preset its nodes' label autotune/gpu names")
+    nodes: int
+    gpus: float
+    free_gpus: float = Field(description="GPUs no task holds now")
+
+
+class FleetNodePublic(BaseModel):
+    node_id: str
+    address: str
+    kind: str | None = Field(description="its GPU kind; null: no GPU, or a card no label names")
+    gpus: float
+    free_gpus: float
+    cpus: float
+    free_cpus: float
+
+
+class FleetPublic(BaseModel):
+    """The Ray cluster a fleet server runs its tables on (autotune serve --ray)."""
+
+    address: str
+    status: Literal["connected", "unreachable"] = Field(
+        description="unreachable: new runs are answered 503, queued ones wait for it")
+    error: str | None = Field(description="why it is unreachable")
+    since: float = Field(description="when it became connected or unreachable (Unix time, s)")
+    kinds: list[FleetKindPublic]
+    nodes: list[FleetNodePublic]
+    cpus: float
+    free_cpus: float
+    runs: int = Field(description="runs on the cluster now")
+    tasks: int = Field(description="cells in flight (Ray tasks)")
+
+
 class HealthPublic(BaseModel):
     status: Literal["ok", "degraded"] = Field(description="degraded: the database failed its integrity check")
     backend: str = Field(description="what backend auto means here: cuda or estimate")
@@ -257,3 +290,5 @@ class HealthPublic(BaseModel):
     database: DatabasePublic
     analysis: dict[str, int] = Field(
         description="heavy reads (check and explain on the estimator): workers, busy now, answers cached")
+    fleet: FleetPublic | None = Field(default=None, description="the Ray cluster of a fleet server (GPU "
+                                                                "kinds, nodes, free GPUs); null on one host")

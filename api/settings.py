@@ -46,6 +46,25 @@ def _dirs(value: Any) -> Any:
     return value
 
 
+def _ray_address(value: Any) -> Any:
+    """``auto`` (the cluster this machine is part of), ``HOST:PORT`` of its head (GCS), or a
+    Ray Client address ``ray://HOST:PORT``; blank: no fleet."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError("give a Ray address: auto, HOST:PORT or ray://HOST:PORT")
+    value = value.strip()
+    if not value:
+        return None
+    if value == "auto":
+        return value
+    host, _, port = value.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise ValueError(f"{value!r} is not a Ray address: use auto, HOST:PORT (the head's GCS port, "
+                         "6379 by default) or ray://HOST:PORT (Ray Client, 10001 by default)")
+    return value
+
+
 def _backend(value: Any) -> Any:
     if isinstance(value, str):
         value = value.strip()
@@ -68,6 +87,7 @@ def _hosts(value: Any) -> Any:
 
 
 Hosts = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_hosts)]  # not JSON: a,b; "" = loopback
+RayAddress = Annotated[str | None, BeforeValidator(_ray_address)]  # auto | HOST:PORT | ray://HOST:PORT
 
 
 class ServiceSettings(LibrarySettings):
@@ -111,6 +131,10 @@ class ServiceSettings(LibrarySettings):
     # AUTOTUNE_BODY_TIMEOUT_S: seconds a request body may take to arrive whole after its headers
     # before it is answered 408 (this API's bodies are at most AUTOTUNE_MAX_BODY_BYTES of JSON).
     body_timeout_s: PositiveFloat = 10.0
+    # AUTOTUNE_RAY_ADDRESS (`autotune serve --ray`): run on the Ray cluster there (api/fleet/), a
+    # fleet of GPU kinds, instead of this host's GPUs and CPUs; auto joins the cluster this
+    # machine is part of. Unset: the local runner. Needs the [fleet] extra (Ray).
+    ray_address: RayAddress = None
 
 
 Settings = ServiceSettings

@@ -12,7 +12,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", response_model=HealthPublic)
 async def health(queue: QueueDep) -> HealthPublic:
-    """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state."""
+    """Liveness, the backend (cuda and the GPU, or estimate), versions, the queue, the database's state,
+    and on a fleet its Ray cluster: GPU kinds, nodes and free GPUs per kind, or why it is unreachable."""
     # On the event loop, not in the threadpool: heavy requests may hold every thread of the pool
     # for a while (a hub lookup), and health must answer at once. Its reads take a millisecond.
     runner = queue.runner.describe()
@@ -20,4 +21,5 @@ async def health(queue: QueueDep) -> HealthPublic:
     database = DatabasePublic(file=store.path.name, integrity=store.integrity)
     return HealthPublic(status="ok" if store.integrity == "ok" else "degraded", backend=runner["backend"],
                         gpu=runner["gpu"], lanes=runner["lanes"], versions=runner["versions"],
-                        queue=store.counts(), database=database, analysis=runner["analysis"])
+                        queue=store.counts(), database=database, analysis=runner["analysis"],
+                        fleet=runner.get("fleet"))

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from api.fleet.cluster import ClusterUnreachable
 from api.runs.runner import Runner, RunOrder
 from api.runs.spec import TableSpec, adapter_environment
 from api.settings import RECONCILE_S
@@ -62,7 +63,11 @@ class RunQueue:
             self._thread.join(timeout=10.0)
 
     def _resume(self, run: Run) -> None:
-        changed = self._environment_change(run)
+        try:
+            changed = self._environment_change(run)
+        except ClusterUnreachable as exc:  # a fleet's cluster is away: the run waits, queued
+            log.info("run %s stays queued: %s", run.id, exc)
+            return
         if changed is None:
             self._hand_over(run)
         else:
@@ -162,7 +167,9 @@ class RunQueue:
         """Why a queued run cannot go on here (its cells would mix environments), or None."""
         recorded = run.spec["environment"]
         try:
-            now = self.runner.environment(recorded["backend"])
+            now = self.runner.environment(recorded["backend"], (run.spec.get("gpu") or {}).get("name"))
+        except ClusterUnreachable:
+            raise
         except AutotuneError as exc:
             return f"the run cannot resume on this server: {exc}"
         if "peft" in recorded:  # a run with an adapter: PEFT builds it

@@ -2,9 +2,8 @@
 
 The service talks to a runner through ``Runner``, five methods, and hears back through
 ``RunEvents``; the queue itself lives in the store (queue.py). ``LocalRunner`` runs orders on
-this host. A fleet of GPU hosts of several kinds would implement the same interface on Ray
-(a task per order with ``num_gpus=1`` on a node of the order's GPU kind, calling the events back
-through the driver), with no change to the service.
+this host. ``RayRunner`` (ray_runner.py) implements the same interface on a Ray cluster, a fleet
+of GPU kinds: a task per cell with ``num_gpus=1`` on a node of the run's kind.
 
 LocalRunner has lanes, each a thread that runs one order at a time in a worker process
 (``python -m api.runs.worker``, protocol in that module):
@@ -90,9 +89,12 @@ class RunEvents(Protocol):
 
 
 class Runner(Protocol):
-    def environment(self, backend: str) -> dict[str, Any]:
+    def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
         """Where a run of ``backend`` (auto|cuda|estimate) would go: the resolved backend, the
-        GPU kind, the versions. Part of the key of identical runs. BackendUnavailable if none."""
+        GPU kind, the versions. Part of the key of identical runs. BackendUnavailable if none.
+
+        ``gpu``: the GPU preset the request names (a fleet runs cuda on a node of that kind; a
+        host measures on its own GPUs and ignores it)."""
         ...
 
     def describe(self) -> dict[str, Any]:
@@ -289,7 +291,7 @@ class LocalRunner:
 
     # --- Runner ---------------------------------------------------------------------------
 
-    def environment(self, backend: str) -> dict[str, Any]:
+    def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
         if backend == "auto":
             backend = "cuda" if self._gpu_lanes else "estimate"
         if backend not in BACKEND_KINDS:

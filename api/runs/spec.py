@@ -39,7 +39,7 @@ from api.limits import (
     MAX_LORA_TARGETS_CHARS,
 )
 from api.settings import Settings
-from autotune.backends import make_backend
+from autotune.backends import make_backend, target_gpu
 from autotune.defaults import (
     BACKENDS,
     DEFAULT_DTYPE,
@@ -179,7 +179,7 @@ def run_warnings(spec: TableSpec) -> list[str]:
     return dtype_warnings(spec.weights_dtype, parse_modes(spec.modes), spec.target_gpu())
 
 
-EnvironmentFn = Callable[[str], dict[str, Any]]
+EnvironmentFn = Callable[[str, str | None], dict[str, Any]]  # Runner.environment(backend, gpu)
 
 
 def normalize(body: Mapping[str, Any], settings: Settings, environment: EnvironmentFn) -> TableSpec:
@@ -226,13 +226,17 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
             raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
         if body.get("gpu_memory") is not None:
             _check_gpu_memory(body["gpu_memory"])
+    env: dict[str, Any] | None = None
     if found.ok("backend"):
         with found.about("backend"):
-            env = environment(backend_name)
+            env = environment(backend_name, body.get("gpu"))
     gpu_field = "gpu" if body.get("gpu") is not None else "gpu_memory"
-    if found.ok("backend", "gpu_memory"):
+    if env is not None and found.ok("gpu_memory"):
         with found.about(gpu_field):
-            _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
+            if env.get("fleet") is not None:  # measured on a node of the kind: the preset is its card
+                gpu = target_gpu(body.get("gpu"), body.get("gpu_memory"), local=None)
+            else:
+                _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
         if found.ok(gpu_field):
             with found.about("margin"):
                 budget = budget_bytes(gpu, margin)  # checks the margin
@@ -265,6 +269,7 @@ def normalize(body: Mapping[str, Any], settings: Settings, environment: Environm
             loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
     adapter = _adapter(body, found)
     found.raise_first()  # none found: every check above ran, and every name is bound
+    assert env is not None
     return TableSpec(
         model=preset_name(name) or name,
         model_source=model.source,

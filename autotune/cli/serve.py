@@ -1,7 +1,7 @@
 """``autotune serve``: the HTTP API (api/) under uvicorn; ``autotune import``: measured tables into its
 database.
 
-    autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH] [--measurements PATH]...
+    autotune serve [--host 127.0.0.1] [--port 8000] [--db PATH] [--measurements PATH]... [--ray ADDRESS]
     autotune import PATH... [--db PATH] [--json]
 
 Binds to loopback unless told otherwise; binding anywhere else exposes the API beyond this
@@ -15,6 +15,10 @@ the GPUs and the database has one writer, so there are no uvicorn workers and no
 tables kept as JSON (docs/measurements/) into finished cuda runs that ``check`` answers from and the
 dashboard shows (api/measurements.py): files, or directories (their ``*.json``, not subfolders).
 Both commands are here because this is the one CLI module that imports the service (api/).
+
+``--ray ADDRESS`` (or AUTOTUNE_RAY_ADDRESS) runs the tables on a Ray cluster, a fleet of GPU kinds
+(api/fleet/): ``auto`` joins the cluster this machine is part of (``ray start`` ran here), HOST:PORT
+is its head. It needs the [fleet] extra; without Ray the option says how to install it.
 
 Only argparse and ipaddress at import: ``autotune --help`` stays fast.
 """
@@ -52,6 +56,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="import these measured tables at start, as `autotune import` does (a file or a "
                              "directory of *.json; repeatable; default: $AUTOTUNE_MEASUREMENTS, "
                              f"{os.pathsep}-separated)")
+    parser.add_argument("--ray", default=None, metavar="ADDRESS",
+                        help="run the tables on the Ray cluster at ADDRESS, a fleet of GPU kinds: auto "
+                             "(the cluster this machine is part of), HOST:PORT of its head, or "
+                             "ray://HOST:PORT; needs pip install 'autotune-batch[fleet]' (default: "
+                             "$AUTOTUNE_RAY_ADDRESS, else this host's GPUs)")
     add_import_parser(subparsers)
     return parser
 
@@ -108,6 +117,25 @@ def check_service_installed() -> None:
         )
 
 
+def ray_address(text: str) -> str | None:
+    """``--ray``'s address, checked as AUTOTUNE_RAY_ADDRESS is; InvalidInput saying what is allowed."""
+    from api.settings import _ray_address
+
+    try:
+        return _ray_address(text)
+    except ValueError as exc:
+        raise InvalidInput(f"--ray: {exc}") from None
+
+
+def check_fleet_installed() -> None:
+    """AutotuneError naming the extra when Ray is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise AutotuneError("a fleet (--ray, AUTOTUNE_RAY_ADDRESS) runs on Ray, which is not installed: "
+                            "pip install 'autotune-batch[fleet]' (or -e \".[fleet]\" from a checkout)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; library errors propagate (the CLI prints them, exit 2)."""
     from pathlib import Path
@@ -123,6 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if args.measurements is not None:
         settings = settings.model_copy(update={"measurements": tuple(Path(p) for p in args.measurements)})
     settings = settings.model_copy(update={"allowed_hosts": with_host(settings.allowed_hosts, args.host)})
+    if args.ray is not None:
+        settings = settings.model_copy(update={"ray_address": ray_address(args.ray)})
+    if settings.ray_address is not None:
+        check_fleet_installed()
     check_bind(args.host, settings.api_token)
     if not 0 < args.port < 65536:
         raise InvalidInput(f"port {args.port} is out of range: use 1 to 65535")

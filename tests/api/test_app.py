@@ -246,7 +246,7 @@ def test_a_spec_stored_before_weights_dtypes_reads_as_the_step_it_ran(tmp_path):
     settings = Settings(db=tmp_path / "db")
     spec = normalize({"model": "meta-llama/Llama-3.2-1B", "seq_lens": [512], "modes": ["bf16"],
                       "backend": "estimate", "optimizer": "adamw"}, settings,
-                     lambda backend: {"backend": "estimate"})
+                     lambda backend, gpu: {"backend": "estimate"})
     assert (spec.optimizer, spec.weights_dtype, spec.task) == ("adamw_torch", "bfloat16", "causal-lm")
     old = {k: v for k, v in spec.to_json().items() if k not in ("dtype", "weights_dtype", "loss")}
     stored = TableSpec.from_json({**old, "optimizer": "adamw"})

@@ -123,3 +123,106 @@ def test_compose_cpu_profile_runs_the_estimator(compose):
     assert service["build"] == compose["services"]["autotune"]["build"]
     assert service["ports"][0].endswith(":8000")
     assert service["volumes"][0].split(":")[0] in compose["volumes"]
+
+
+# --- a fleet: docker-compose.fleet.yml and the KubeRay example ------------------------------------
+
+FLEET_COMPOSE = ROOT / "docker-compose.fleet.yml"
+RAYCLUSTER = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
+
+
+@pytest.fixture(scope="module")
+def fleet_compose():
+    return yaml.safe_load(FLEET_COMPOSE.read_text())
+
+
+def ray_start_options(words: list[str]) -> dict[str, str]:
+    """``--name value`` pairs of a ray start command line (flags without a value map to "")."""
+    options, i = {}, 0
+    while i < len(words):
+        if words[i].startswith("--"):
+            name, _, value = words[i][2:].partition("=")
+            if not value and i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value, i = words[i + 1], i + 1
+            options[name] = value
+        i += 1
+    return options
+
+
+def test_dockerfile_installs_the_extras_it_is_built_with(dockerfile):
+    arg = {k: v for k, _, v in (a.partition("=") for a in args_of(dockerfile, "ARG"))}
+    assert arg["EXTRAS"] == "service"  # the plain image has no Ray
+    install = next(r for r in args_of(dockerfile, "RUN") if "pip install" in r)
+    assert ".[${EXTRAS}]" in install
+
+
+def test_fleet_compose_runs_the_service_beside_the_ray_head(fleet_compose):
+    service = fleet_compose["services"]["autotune"]
+    assert service["build"]["args"]["EXTRAS"] == "fleet"
+    script = service["command"][0]
+    head, serve = (shlex.split(part) for part in script.split("&&"))
+    assert head[:3] == ["ray", "start", "--head"]
+    options = ray_start_options(head[3:])
+    assert options["port"] == "6379" and options["num-gpus"] == "0" and "disable-usage-stats" in options
+    assert serve[0] == "exec"
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(serve[2:])  # the real `serve` parser accepts it
+    assert args.ray == "auto" and args.host == "0.0.0.0"
+    assert service["environment"]["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert service["environment"]["AUTOTUNE_API_TOKEN"].startswith("${AUTOTUNE_API_TOKEN:?")
+    assert service["ports"] == ["${AUTOTUNE_PUBLISH_ADDR:-127.0.0.1}:${AUTOTUNE_PORT:-8000}:8000"]
+    assert service["volumes"][0].split(":")[0] in fleet_compose["volumes"]
+    assert "deploy" not in service  # no GPU: the workers have them
+
+
+def test_fleet_compose_has_a_gpu_worker_per_kind_labelled_with_a_preset(fleet_compose):
+    from autotune.gpus import GPU_PRESETS
+
+    workers = {name: s for name, s in fleet_compose["services"].items() if name.startswith("worker-")}
+    kinds = []
+    for name, worker in workers.items():
+        assert worker["entrypoint"] == ["ray", "start"]
+        options = ray_start_options(worker["command"])
+        assert options["address"] == "autotune:6379"
+        assert "block" in options and "disable-usage-stats" in options
+        key, _, kind = options["labels"].partition("=")
+        assert key == "autotune/gpu" and kind in GPU_PRESETS and name == f"worker-{kind.lower()}"
+        devices = worker["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+        assert worker["environment"]["RAY_USAGE_STATS_ENABLED"] == "0"
+        assert worker["image"] == fleet_compose["services"]["autotune"]["image"]
+        kinds.append(kind)
+    assert len(kinds) >= 2 and len(set(kinds)) == len(kinds)
+
+
+def test_the_kuberay_example_has_a_worker_group_per_gpu_type():
+    from autotune.gpus import GPU_PRESETS
+
+    cluster, deployment, claim = yaml.safe_load_all(RAYCLUSTER.read_text())
+    assert (cluster["apiVersion"], cluster["kind"]) == ("ray.io/v1", "RayCluster")
+    assert cluster["spec"]["rayVersion"] == "2.60.0"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"ray==2.60.0"' in pyproject  # the image's Ray is the cluster's
+    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    groups = cluster["spec"]["workerGroupSpecs"]
+    kinds = []
+    for group in groups:
+        params = group["rayStartParams"]
+        key, _, kind = params["labels"].partition("=")
+        assert key == "autotune/gpu" and kind in GPU_PRESETS and params["num-gpus"] == "1"
+        container = group["template"]["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"} in container["env"]
+        assert group["template"]["spec"]["nodeSelector"]  # the pods land on nodes with the card
+        kinds.append(kind)
+    assert len(kinds) >= 2 and len(set(kinds)) == len(kinds)
+    # The service: one replica (one writer), joining through Ray Client on the head's service.
+    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == 1
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AUTOTUNE_RAY_ADDRESS"] == f"ray://{cluster['metadata']['name']}-head-svc:10001"
+    from api.settings import _ray_address
+
+    assert _ray_address(env["AUTOTUNE_RAY_ADDRESS"]) == env["AUTOTUNE_RAY_ADDRESS"]
+    assert claim["kind"] == "PersistentVolumeClaim"

@@ -67,7 +67,7 @@ def test_the_spec_is_the_one_the_service_normalises_for_the_same_request(store):
     (imported,) = import_measurements(store, [H100 / LLAMA_24], Settings())
     asked = normalize({"model": "meta-llama/Llama-3.2-1B", "gpu_memory": "24GiB", "backend": "estimate",
                        "seq_lens": [512, 1024, 2048, 4096], "modes": ["bf16", "bf16+ckpt"]},
-                      Settings(), lambda backend: {"backend": backend})
+                      Settings(), lambda backend, gpu: {"backend": backend})
     stored = TableSpec.from_json(imported.run.spec)
     for field in ("model", "model_type", "model_config", "task", "attn", "optimizer", "weights_dtype", "loss",
                   "seq_lens", "modes", "margin", "budget_bytes", "adapter"):

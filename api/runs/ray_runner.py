@@ -1,0 +1,391 @@
+"""RayRunner: the runs of this service execute on a Ray cluster (``autotune serve --ray ADDRESS``).
+
+The same interface as LocalRunner (runner.Runner); the store stays the source of truth (runs,
+cells, dedupe and resume work as on one host) and Ray only executes:
+
+- a run of backend ``cuda`` names a GPU preset, and its cells run on nodes of that kind, one Ray
+  task per cell (api/fleet/task.py ``measure_cell``, ``num_gpus=1``) sent with the label selector
+  of the kind (api/fleet/cluster.py). A kind no node has is refused up front, naming the kinds
+  the fleet has: Ray would leave such a task pending forever. ``auto`` is cuda on a kind the
+  fleet has, else the estimator;
+- a run of backend ``estimate`` fans out over the cluster's CPUs (``estimate_cell``);
+- the cells of one mode run in order of sequence length, each given the mode's finished cells (its
+  hints, as on one host); the modes of a run run at once;
+- a cell whose worker or node died (Ray's WorkerCrashedError, NodeDiedError, OutOfMemoryError) is
+  sent again once, away from the node it died on when the kind has another; if that dies too,
+  the cell is recorded failed with both reasons and the run goes on;
+- cancel stops a run's tasks with ``ray.cancel(force=True)``;
+- close (a server stopping) cancels every task and leaves the runs running in the store: the next
+  start requeues them, and this runner sends their unfinished cells again, keeping the finished
+  ones. A driver that died without closing takes its tasks with it (Ray ends the tasks of a gone
+  owner), so there is nothing to re-attach to: the unfinished cells are sent again;
+- while the cluster is unreachable the service keeps serving: new runs are refused (503, the
+  reason said), and runs handed over meanwhile wait here until it is back.
+
+Heavy reads (check and explain) stay on this host, in the analysis pool as with LocalRunner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.fleet.cluster import Cluster, ClusterUnreachable
+from api.runs.analysis import ANALYSIS_COMMAND, AnalysisOrder, AnalysisPool, Ticket
+from api.runs.runner import ANALYSIS_TIMEOUT_S, BACKEND_KINDS, RunEvents, RunOrder, versions
+from autotune.errors import BackendUnavailable, InvalidInput, UnknownGpu
+from autotune.gpus import resolve_gpu
+from autotune.processes import child_env
+
+log = logging.getLogger("autotune.api")
+
+WAIT_S = 0.2  # the dispatcher's longest wait for a task to finish before it looks at new work
+# Ray's errors of a task whose process or node went away, not of the cell itself: sent again once.
+DIED = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ObjectLostError",
+        "LocalRayletDiedError", "ActorDiedError")
+
+
+@dataclass
+class _Cell:
+    """One cell's task in flight."""
+
+    run_id: str
+    mode: str
+    seq_len: int
+    position: int
+    attempt: int = 1
+    died: str | None = None  # why the first attempt's worker died
+    avoid: tuple[str, ...] = ()  # node ids not to run on (the one a first attempt died on)
+
+
+@dataclass
+class _Run:
+    """An order handed to this runner: its cells, finished and to do, per mode."""
+
+    order: RunOrder
+    events: RunEvents
+    seq_lens: list[int]
+    modes: list[str]
+    done: dict[tuple[str, int], dict[str, Any]]
+    started: float = field(default_factory=time.monotonic)
+    running: bool = False  # events.started said yes
+    header_sent: bool = False
+    new_cells: int = 0
+
+    def position(self, mode: str, seq_len: int) -> int:
+        return self.modes.index(mode) * len(self.seq_lens) + self.seq_lens.index(seq_len)
+
+    def next_cell(self, mode: str) -> int | None:
+        """The mode's next sequence length to run, None when its cells are all finished."""
+        return next((s for s in self.seq_lens if (mode, s) not in self.done), None)
+
+    def finished(self) -> bool:
+        return len(self.done) == len(self.seq_lens) * len(self.modes)
+
+
+class RayRunner:
+    """Runs orders on the Ray cluster at ``address``; see the module docstring."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        analysis_workers: int = 1,
+        analysis_timeout_s: float = ANALYSIS_TIMEOUT_S,
+        analysis_command: tuple[str, ...] = ANALYSIS_COMMAND,
+        analyses: AnalysisPool | None = None,  # shared by the tests' apps: left open on close
+        setup: Callable[[dict[str, Any]], None] | None = None,  # setup(order) first in each task (tests)
+        cluster: Cluster | None = None,
+    ) -> None:
+        self._versions = versions()
+        self.cluster = cluster if cluster is not None else Cluster(address)
+        self.setup = setup
+        self._own_analyses = analyses is None
+        self.analyses = analyses if analyses is not None else AnalysisPool(
+            workers=analysis_workers, timeout_s=analysis_timeout_s, command=analysis_command,
+            env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
+        self._cond = threading.Condition()
+        self._runs: dict[str, _Run] = {}
+        self._waiting: list[str] = []  # run ids handed over, not yet started (cluster unreachable)
+        self._tasks: dict[Any, _Cell] = {}  # ObjectRef -> its cell
+        self._closed = False
+        self._thread = threading.Thread(target=self._dispatch_loop, name="ray dispatcher", daemon=True)
+        self._thread.start()
+
+    # --- Runner ---------------------------------------------------------------------------
+
+    def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
+        """Where a run goes: ``cuda`` on the kind ``gpu`` names (which the fleet must have),
+        ``estimate`` on the cluster's CPUs, ``auto`` the first if it can."""
+        if backend not in ("auto", *BACKEND_KINDS):
+            raise InvalidInput(f"unknown backend {backend!r}: allowed are auto, {', '.join(BACKEND_KINDS)}")
+        if not self.cluster.reachable:
+            raise ClusterUnreachable(self.cluster.unreachable() + ": no new runs until it is back")
+        kinds = list(self.cluster.snapshot().kinds())
+        kind = _kind(gpu) if gpu is not None else None
+        if backend == "auto":
+            backend = "cuda" if kind is not None and kind in kinds else "estimate"
+        env: dict[str, Any] = {"backend": backend, "device": None}
+        if backend == "cuda":
+            if not kinds:
+                raise BackendUnavailable("backend 'cuda' needs a GPU node, and this fleet has none: use "
+                                         "backend 'estimate' (or auto)")
+            if kind is None or kind not in kinds:
+                asked = "no GPU kind" if gpu is None else f"GPU {gpu!r}"
+                error = InvalidInput(f"{asked}: on this fleet backend 'cuda' runs on a node of the GPU kind "
+                                     f"named by gpu, and the fleet has {', '.join(kinds)}")
+                error.field = "gpu"
+                raise error
+            env.update(device=kind, fleet="ray")
+        env.update({k: v for k, v in self._versions.items() if k not in ("python", "cuda")})
+        return env
+
+    def describe(self) -> dict[str, Any]:
+        fleet = self.cluster.describe()
+        with self._cond:
+            fleet["runs"] = len(self._runs)
+            fleet["tasks"] = len(self._tasks)
+        kinds = [k["kind"] for k in fleet["kinds"]]
+        return {
+            "backend": "cuda" if kinds else "estimate",
+            "gpu": None,  # one per kind: see fleet
+            "lanes": {"cuda": int(sum(k["gpus"] for k in fleet["kinds"])), "estimate": int(fleet["cpus"])},
+            "analysis": self.analyses.describe(),
+            "versions": dict(self._versions),
+            "fleet": fleet,
+        }
+
+    def submit(self, order: RunOrder, events: RunEvents) -> None:
+        if order.backend not in BACKEND_KINDS:
+            raise InvalidInput(f"order {order.run_id} has backend {order.backend!r}")
+        spec = order.spec
+        seq_lens = sorted(set(int(s) for s in spec["seq_lens"]))
+        modes = list(dict.fromkeys(spec["modes"]))
+        done = {(c["mode"], int(c["seq_len"])): c for c in order.completed}
+        with self._cond:
+            if self._closed or order.run_id in self._runs:
+                return
+            self._runs[order.run_id] = _Run(order, events, seq_lens, modes, done)
+            self._waiting.append(order.run_id)
+            self._cond.notify_all()
+
+    def cancel(self, run_id: str) -> None:
+        with self._cond:
+            self._runs.pop(run_id, None)
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(run_id)
+            refs = [ref for ref, cell in self._tasks.items() if cell.run_id == run_id]
+            for ref in refs:
+                del self._tasks[ref]
+        self._kill(refs)
+
+    def held(self) -> set[str]:
+        with self._cond:
+            return set(self._runs)
+
+    def analyze(self, order: AnalysisOrder) -> Ticket:
+        return self.analyses.analyze(order)
+
+    def close(self) -> None:
+        if self._own_analyses:
+            self.analyses.close()
+        with self._cond:
+            self._closed = True
+            refs = list(self._tasks)
+            self._tasks.clear()
+            self._cond.notify_all()
+        self._kill(refs)  # their runs stay running in the store: the next start resumes them
+        self._thread.join(timeout=10.0)
+        self.cluster.close()
+
+    # --- the dispatcher -------------------------------------------------------------------
+
+    def tasks(self) -> dict[str, list[tuple[str, int, int]]]:
+        """run id -> (mode, seq_len, attempt) of its cells in flight."""
+        with self._cond:
+            found: dict[str, list[tuple[str, int, int]]] = {}
+            for cell in self._tasks.values():
+                found.setdefault(cell.run_id, []).append((cell.mode, cell.seq_len, cell.attempt))
+            return found
+
+    def _kill(self, refs: list[Any]) -> None:
+        for ref in refs:
+            with contextlib.suppress(Exception):  # finished meanwhile, or the cluster is gone
+                self.cluster.ray.cancel(ref, force=True)
+
+    def _dispatch_loop(self) -> None:
+        ray = self.cluster.ray
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                if not self._tasks and not (self._waiting and self.cluster.reachable):
+                    self._cond.wait(timeout=WAIT_S)
+                    continue
+                refs = list(self._tasks)
+            try:
+                self._start_waiting()
+                ready = ray.wait(refs, num_returns=1, timeout=WAIT_S)[0] if refs else []
+                for ref in ready:
+                    self._finish(ref)
+            except Exception as exc:  # a bug or a lost cluster must not end the dispatcher
+                log.exception("ray dispatcher")
+                self.cluster.lost(exc)
+                if not self.cluster.reachable:
+                    self._requeue()
+                time.sleep(WAIT_S)
+
+    def _requeue(self) -> None:
+        """The cluster went away: its tasks with it. Every run waits here for it to be back, and
+        then sends its unfinished cells again (the finished ones are kept)."""
+        with self._cond:
+            self._tasks.clear()
+            self._waiting = list(self._runs)
+
+    def _start_waiting(self) -> None:
+        """Start the runs handed over while the cluster was away (or just now)."""
+        if not self.cluster.reachable:
+            return
+        with self._cond:
+            waiting, self._waiting = self._waiting, []
+            runs = [self._runs[r] for r in waiting if r in self._runs]
+        for run in runs:
+            lane = f"ray:{run.order.spec['environment'].get('device') or 'cpu'}"
+            if not run.running and not run.events.started(run.order.run_id, lane, None):
+                with self._cond:  # cancelled meanwhile (or the store is away: the reconciler retries)
+                    self._runs.pop(run.order.run_id, None)
+                continue
+            run.running = True
+            if run.finished():  # every cell was there already (a restart after the last one)
+                self._end(run, "done", None)
+                continue
+            for mode in run.modes:
+                seq_len = run.next_cell(mode)
+                if seq_len is not None:
+                    self._send(run, _Cell(run.order.run_id, mode, seq_len, run.position(mode, seq_len)))
+
+    def _send(self, run: _Run, cell: _Cell) -> None:
+        from api.fleet.task import estimate_cell, measure_cell
+
+        ray = self.cluster.ray
+        spec = run.order.spec
+        earlier = [s for s in run.seq_lens if s < cell.seq_len]
+        order = {"run_id": run.order.run_id,
+                 "spec": {**spec, "seq_lens": [*earlier, cell.seq_len], "modes": [cell.mode]},
+                 "completed": [run.done[(cell.mode, s)] for s in earlier]}
+        if spec["backend"] == "cuda":
+            kind = spec["environment"]["device"]
+            selector = self.cluster.snapshot().selector(kind) or {}
+            if cell.avoid and self._other_nodes(kind, cell.avoid):
+                selector["ray.io/node-id"] = f"!in({','.join(cell.avoid)})"
+            ref = measure_cell.options(label_selector=selector).remote(order, self.setup)
+        else:
+            ref = estimate_cell.remote(order, self.setup)
+        with self._cond:
+            if self._closed or run.order.run_id not in self._runs:  # cancelled or closed meanwhile
+                stale = True
+            else:
+                stale = False
+                self._tasks[ref] = cell
+        if stale:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+    def _other_nodes(self, kind: str, avoid: tuple[str, ...]) -> bool:
+        """Whether the fleet has a node of ``kind`` besides those in ``avoid``."""
+        return any(n.node_id not in avoid for n in self.cluster.snapshot().kinds().get(kind, []))
+
+    def _finish(self, ref: Any) -> None:
+        """A task ended: record its cell and send the mode's next one, or retry it, or end the run."""
+        ray = self.cluster.ray
+        with self._cond:
+            cell = self._tasks.pop(ref, None)
+            run = self._runs.get(cell.run_id) if cell is not None else None
+        if cell is None or run is None:  # cancelled meanwhile
+            return
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.TaskCancelledError:
+            return
+        except ray.exceptions.RayError as exc:
+            self._failed_task(run, cell, exc)
+            return
+        if "error" in result:
+            self._end(run, "failed", str(result["error"]))
+            return
+        if not run.header_sent and result.get("header") is not None:
+            run.events.header(run.order.run_id, result["header"])
+            run.header_sent = True
+        for new in result["cells"]:
+            if (new["mode"], int(new["seq_len"])) == (cell.mode, cell.seq_len):
+                self._record(run, cell, new)
+
+    def _failed_task(self, run: _Run, cell: _Cell, exc: BaseException) -> None:
+        why = _reason(exc)
+        if type(exc).__name__ not in DIED:  # Ray could not run the task at all: the cell fails
+            self._record(run, cell, _failed_cell(run, cell, f"the Ray task failed: {why}"))
+            return
+        if cell.attempt == 1:
+            node = _node_of(str(exc))
+            log.warning("run %s, cell %s seq %d: %s; sent again", cell.run_id, cell.mode, cell.seq_len, why)
+            retry = _Cell(cell.run_id, cell.mode, cell.seq_len, cell.position, attempt=2, died=why,
+                          avoid=(node,) if node else ())
+            self._send(run, retry)
+            return
+        error = f"its Ray worker died twice: {cell.died}; then, sent again: {why}"
+        self._record(run, cell, _failed_cell(run, cell, error))
+
+    def _record(self, run: _Run, cell: _Cell, result: dict[str, Any]) -> None:
+        run.done[(cell.mode, cell.seq_len)] = result
+        run.new_cells += 1
+        run.events.cell(run.order.run_id, cell.position, result)
+        following = run.next_cell(cell.mode)
+        if following is not None:
+            self._send(run, _Cell(run.order.run_id, cell.mode, following, run.position(cell.mode, following)))
+        elif run.finished():
+            self._end(run, "done", None)
+
+    def _end(self, run: _Run, status: str, error: str | None) -> None:
+        with self._cond:
+            if self._runs.pop(run.order.run_id, None) is None:
+                return
+            refs = [ref for ref, cell in self._tasks.items() if cell.run_id == run.order.run_id]
+            for ref in refs:
+                del self._tasks[ref]
+        self._kill(refs)  # a failed run's other modes
+        run.events.finished(run.order.run_id, status, error, round(time.monotonic() - run.started, 3))
+
+
+def _kind(gpu: str) -> str | None:
+    """The preset a request's gpu names, None for a name that is none (normalize says why)."""
+    try:
+        return resolve_gpu(gpu).name
+    except UnknownGpu:
+        return None
+
+
+def _reason(exc: BaseException) -> str:
+    """Ray's error in a line: its type and the first line of what it says."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"
+
+
+def _node_of(text: str) -> str | None:
+    """The node id in Ray's message of a dead worker, when it gives one."""
+    import re
+
+    found = re.search(r"\b(?:node|Node ID:?)\s*(?:ID\s*)?:?\s*([0-9a-f]{56})\b", text)
+    return found.group(1) if found else None
+
+
+def _failed_cell(run: _Run, cell: _Cell, error: str) -> dict[str, Any]:
+    """A cell that could not be measured, as tune_table records one (CellResult.to_dict())."""
+    from autotune.tuner import CellResult
+
+    return CellResult(cell.seq_len, cell.mode, None, None, None, 0, False, run.order.backend,
+                      error=error).to_dict()
