@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     allow_hub: Switch = False
     server: OptionalText = None  # AUTOTUNE_SERVER: URL of the autotune service `check` asks; None = local
     api_token: OptionalText = None  # AUTOTUNE_API_TOKEN: Bearer token for the service's writes; None = open
+    # AUTOTUNE_CACHE_DIR: where a local `autotune check` keeps its estimator answers (cli/answers.py);
+    # None = $XDG_CACHE_HOME/autotune/checks, else ~/.cache/autotune/checks.
+    cache_dir: OptionalText = None
 
     # Fields whose refusal already quotes the text: "NAME: <refusal>", not "NAME='text': <refusal>".
     _QUOTING_FIELDS: ClassVar[frozenset[str]] = frozenset({"context_overhead"})

@@ -70,6 +70,10 @@ def main() -> None:
         figures = [f"{how} {counts[how] / cells:.2f} GPU probes/cell ({tables[how].elapsed_s:.0f} s)"
                    for how in HOWS]
         print(f"scale {scale}: {', '.join(figures)}; same answers: {agree}")
+        for index, cell in enumerate(tables["bisect"].cells):
+            found = {how: answers[how][index] for how in HOWS}
+            if len(set(found.values())) > 1:
+                print(f"   differ at {cell.mode} seq {cell.seq_len}: {found}")
         for cell in tables["seeded"].cells:
             if cell.probes > 2:
                 print(f"   {cell.mode} seq {cell.seq_len}: estimate {cell.estimated_max_batch_size}, "

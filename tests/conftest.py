@@ -105,3 +105,10 @@ def explain_cli_run(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def check_answer_cache(tmp_path_factory, monkeypatch):
+    """Each test's local checks keep their answers in a folder of its own (cli/answers.py), never
+    in ~/.cache, and never find another test's answers."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("answers")))

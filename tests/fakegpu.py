@@ -28,6 +28,9 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode
 
 ROUND_BYTES = 2 * MIB
+# (curve backend, workload, mode, seq_len, budget) -> (intercept, slope) of a smooth cell: fixed once
+# drawn, so that every fake GPU over the same curve has the same memory, whatever searched it first.
+_LINES: dict[tuple[int, Workload, str, int, int], tuple[float, float]] = {}
 
 
 class ScaledGpu:
@@ -52,7 +55,7 @@ class ScaledGpu:
     @contextlib.contextmanager
     def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Cell]:
         with self.curve.cell(workload, mode, seq_len, budget_bytes) as estimated:
-            demand = self._demand(estimated, budget_bytes)
+            demand = self._demand(estimated, (id(self.curve), workload, mode.name, seq_len, budget_bytes))
 
             def probe(batch_size: int) -> Probe:
                 self.probes += 1
@@ -65,7 +68,7 @@ class ScaledGpu:
 
             yield ProbeOnlyCell(probe)
 
-    def _demand(self, estimated: Cell, budget_bytes: int) -> Callable[[int], float]:
+    def _demand(self, estimated: Cell, key: tuple[int, Workload, str, int, int]) -> Callable[[int], float]:
         def exact(batch_size: int) -> float:
             peak = estimated.fits(batch_size).peak_bytes
             assert peak is not None
@@ -73,12 +76,14 @@ class ScaledGpu:
 
         if not self.smooth:
             return exact
-        top = search_max_batch(estimated.fits, budget_bytes=budget_bytes, predict=estimated.predict,
-                               settle=estimated.settle).max_batch_size
-        low, high = max(1, top // 2), max(2, top)
-        if low == high:
-            low = high - 1
-        slope = (exact(high) - exact(low)) / (high - low)
-        intercept = exact(high) - slope * high
-        assert slope > 0, (low, high, slope)
+        if key not in _LINES:
+            top = search_max_batch(estimated.fits, budget_bytes=key[-1], predict=estimated.predict,
+                                   settle=estimated.settle).max_batch_size
+            low, high = max(1, top // 2), max(2, top)
+            if low == high:
+                low = high - 1
+            slope = (exact(high) - exact(low)) / (high - low)
+            assert slope > 0, (low, high, slope)
+            _LINES[key] = (exact(high) - slope * high, slope)
+        intercept, slope = _LINES[key]
         return lambda batch_size: intercept + slope * batch_size

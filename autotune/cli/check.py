@@ -3,7 +3,7 @@
     autotune check MODEL --seq-len N --batch-size B [--mode M] [--task T] [--dtype D]
                    [--optimizer O] [--attn A] [--loss L] [--peft lora|qlora] [--lora-r R] ...
                    [--gpu-memory SIZE | --gpu NAME]
-                   [--backend B] [--margin F] [--server URL] [--hub] [--json]
+                   [--backend B] [--margin F] [--server URL] [--hub] [--no-cache] [--json]
     autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
 
 A training config is read whole (analysis/training_config.py): a setting that changes memory
@@ -79,6 +79,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl "
                        "YAML, or a YAML/JSON of model, seq_len, batch_size, mode; flags win")
     add_hub(check)
+    check.add_argument("--no-cache", action="store_true",
+                       help="compute the answer again: neither read nor write the local answer cache "
+                       "(an estimate of a preset model is kept, keyed by every input and the versions "
+                       "of autotune, torch, transformers and peft; AUTOTUNE_CACHE_DIR)")
     check.add_argument("--json", action="store_true",
                        help="print one JSON document (an error too, as {\"error\": ...})")
     return check
@@ -151,13 +155,17 @@ def run_check(args: argparse.Namespace) -> int:
 
         settings = Settings.from_env()
         server = args.server or settings.server
-        result = _ask_server(server, args, plan, settings.api_token) if server else _check_locally(args, plan)
+        result = (_ask_server(server, args, plan, settings.api_token) if server
+                  else _check_locally(args, plan, settings.cache_dir))
     except AutotuneError as exc:
         return report_error(exc, as_json=args.json)
     if args.json:
         print_json({**result, "config_notes": plan["notes"], "ignored_keys": plan["ignored"]})
     else:
         print(result["message"])
+        if result.get("cached"):
+            print("note: answered from the local answer cache (AUTOTUNE_CACHE_DIR, default "
+                  "~/.cache/autotune/checks); --no-cache computes it again")
         for note in plan["notes"]:
             print(f"note: {note}")
         if plan["ignored"]:
@@ -165,7 +173,17 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_FITS if result["fits"] else EXIT_DOES_NOT_FIT
 
 
-def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, Any]:
+def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+    """The check on this machine; an estimator's answer from the answer cache when it has it
+    (answers.py), which ``cached`` says."""
+    from autotune.cli import answers
+
+    where = answers.folder(cache_dir)
+    key = None if args.no_cache else answers.key_of(plan, gpu=args.gpu, gpu_memory=args.gpu_memory,
+                                                     backend=args.backend, margin=args.margin)
+    stored = answers.read(where, key) if key is not None else None
+    if stored is not None:
+        return {**stored, "cached": True}
     with quiet_transformers():
         result = autotune.check(
             plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
@@ -174,7 +192,10 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any]) -> dict[str, 
             optimizer=plan["optimizer"], loss=plan["loss"],
             accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
         )
-    return result.to_dict()
+    answer = result.to_dict()
+    if key is not None:
+        answers.write(where, key, answer)
+    return {**answer, "cached": False}
 
 
 def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], token: str | None

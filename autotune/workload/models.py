@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from autotune.defaults import DEFAULT_SEQ_LENS, DEFAULT_TASK
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
 from autotune.spelling import close_matches, did_you_mean
-from autotune.workload.presets import HUB_ALIASES, PRESETS, TINY_CONFIGS
+from autotune.workload.presets import PRESET_INDEX, PRESETS, TINY_CONFIGS, preset_name
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -66,29 +66,11 @@ class ModelSpec:
     max_seq_len: int  # usable positions (see position_limit)
 
 
-def _preset_index() -> dict[str, str]:
-    """Lower-case name -> preset: the name, the name without its org, the hub aliases."""
-    index: dict[str, str] = {}
-    for name in PRESETS:
-        index[name.lower()] = name
-        index.setdefault(name.rsplit("/", 1)[-1].lower(), name)
-    index.update({alias.lower(): name for alias, name in HUB_ALIASES.items()})
-    return index
-
-
-_PRESET_INDEX = _preset_index()
-
-
-def preset_name(name: str) -> str | None:
-    """The preset `name` stands for (case-insensitive, org optional), or None."""
-    return _PRESET_INDEX.get(name.strip().lower())
-
-
 def preset_suggestions(name: str) -> list[str]:
     """The presets closest to a name that is none ("tiny-bret" -> ["tiny-bert"]), best first: the
-    name and its part after the organisation, against every spelling of _PRESET_INDEX."""
+    name and its part after the organisation, against every spelling of PRESET_INDEX."""
     typed = name.strip()
-    return close_matches([typed, typed.rsplit("/", 1)[-1]], _PRESET_INDEX.items())
+    return close_matches([typed, typed.rsplit("/", 1)[-1]], PRESET_INDEX.items())
 
 
 def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:

@@ -535,3 +535,22 @@ HUB_ALIASES: dict[str, str] = {
     "openai-community/gpt2-medium": "gpt2-medium",
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
 }
+
+
+def _preset_index() -> dict[str, str]:
+    """Lower-case name -> preset: the name, the name without its org, the hub aliases."""
+    index: dict[str, str] = {}
+    for name in PRESETS:
+        index[name.lower()] = name
+        index.setdefault(name.rsplit("/", 1)[-1].lower(), name)
+    index.update({alias.lower(): name for alias, name in HUB_ALIASES.items()})
+    return index
+
+
+PRESET_INDEX = _preset_index()
+
+
+def preset_name(name: str) -> str | None:
+    """The preset `name` stands for (case-insensitive, org optional), or None. Here, not in
+    models.py, so that a name can be told a preset without importing transformers (cli/answers.py)."""
+    return PRESET_INDEX.get(name.strip().lower())

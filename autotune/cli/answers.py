@@ -1,0 +1,135 @@
+"""A local ``autotune check``'s answers, kept on disk: CI asks the same question before every launch.
+
+An estimate is a function of its inputs alone: the step (model, task, dtype, optimizer, adapter,
+...), the target GPU and margin, the ``AUTOTUNE_*`` settings, and the code that computes it
+(autotune's own files, torch, transformers, peft). A check answered on the estimator is stored under
+a hash of all of them, and the same check in a fresh process is answered from it without importing
+torch (BERT-base on a T4: under half a second instead of 5 to 8 s, most of it torch's import).
+
+An answer is kept only where that key is the whole input:
+
+- the model is a preset (its config is data, workload/presets.py; a local config or a hub id can
+  change under the same name);
+- the answer came from the estimator (a measured answer is the GPU's, at that moment), so it is
+  looked up for ``--backend estimate``, and for ``auto`` only on a machine without an NVIDIA device
+  node, where auto is the estimator (one with a GPU measures: never from here).
+
+``--no-cache`` neither reads nor writes. The folder is AUTOTUNE_CACHE_DIR, else
+``$XDG_CACHE_HOME/autotune/checks`` (``~/.cache/autotune/checks``); the oldest answers beyond
+MAX_ENTRIES are removed. A file that cannot be read or is not the answer of its key is a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, is_dataclass
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1  # of a stored answer: a new format misses every old one
+MAX_ENTRIES = 512
+PACKAGES = ("torch", "transformers", "peft")  # whose versions change an estimate
+# Device nodes of an NVIDIA GPU (Linux, WSL2): with one, ``auto`` may measure.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg")
+# Settings that change no answer of a local check (and a token is no key material).
+NOT_KEY_SETTINGS = frozenset({"AUTOTUNE_SERVER", "AUTOTUNE_API_TOKEN", "AUTOTUNE_CACHE_DIR"})
+
+
+def folder(configured: str | None) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "autotune" / "checks"
+
+
+def key_of(plan: dict[str, Any], *, gpu: str | None, gpu_memory: str | None, backend: str,
+           margin: float) -> dict[str, Any] | None:
+    """The whole input of a local check, or None where an answer must not come from here."""
+    from autotune.workload.presets import preset_name
+
+    if backend == "cuda" or (backend == "auto" and any(os.path.exists(p) for p in GPU_DEVICE_NODES)):
+        return None
+    model = preset_name(plan["model"])
+    if model is None:
+        return None
+    adapter = plan["adapter"]
+    return {
+        "format": FORMAT,
+        "code": _code_fingerprint(),
+        "versions": {name: _version(name) for name in PACKAGES},
+        "model": model,
+        "step": {name: plan[name] for name in ("seq_len", "batch_size", "task", "dtype", "attn", "optimizer",
+                                                "loss", "accumulation_steps")},
+        "mode": plan["mode"].name,
+        "adapter": asdict(adapter) if is_dataclass(adapter) and not isinstance(adapter, type) else None,
+        "target": {"gpu": gpu, "gpu_memory": gpu_memory, "backend": backend, "margin": margin},
+        "settings": {name: value for name, value in sorted(os.environ.items())
+                     if name.upper().startswith("AUTOTUNE_") and name.upper() not in NOT_KEY_SETTINGS},
+    }
+
+
+def read(where: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored answer of ``key``, or None."""
+    path = where / f"{_digest(key)}.json"
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != _canonical(key):
+        return None
+    result = stored.get("result")
+    return result if isinstance(result, dict) else None
+
+
+def write(where: Path, key: dict[str, Any], result: dict[str, Any]) -> None:
+    """Store an estimator's answer (atomically); a cache that cannot be written is skipped."""
+    if result.get("backend") != "estimate":
+        return
+    with contextlib.suppress(OSError):
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=where, suffix=".tmp", delete=False) as handle:
+            json.dump({"key": _canonical(key), "result": result}, handle)
+        os.replace(handle.name, where / f"{_digest(key)}.json")
+        _prune(where)
+
+
+def _prune(where: Path) -> None:
+    entries = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    for old in entries[:max(0, len(entries) - MAX_ENTRIES)]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+def _canonical(key: dict[str, Any]) -> Any:
+    """The key as JSON reads it back (tuples become lists), for comparing with a stored one."""
+    return json.loads(json.dumps(key, sort_keys=True, default=str))
+
+
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@cache
+def _code_fingerprint() -> str:
+    """A hash of autotune's own files (its code and data): an editable install keeps its version
+    number while the code changes."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".json") and path.is_file():
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
