@@ -96,6 +96,7 @@ def table(
     hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
     seed_with_estimate: bool = True,
+    workers: int | None = None,
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
@@ -106,7 +107,9 @@ def table(
     each cell finishes. A cell that failed has
     ``error`` set and ``max_batch_size`` None; the others are proven by their probes.
     ``seed_with_estimate`` (backend cuda, search guided): each cell's GPU search starts from the
-    estimator's answer (backends/seeded.py), two GPU probes where it is right.
+    estimator's answer (backends/seeded.py), two GPU probes where it is right. ``workers``: on the
+    estimator, the modes run in that many processes at once (parallel.py; None: one per mode, up to
+    the usable cores, for a model of 10M parameters or more; 1: this process), with the same answers.
 
     >>> import autotune
     >>> t = autotune.table("bert-base-uncased", seq_lens=[128, 512], modes="fp32,amp", gpu="T4")
@@ -126,6 +129,17 @@ def table(
                                bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
                                qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory, seeded=seed_with_estimate and search == "guided")
+    if workers is not None:
+        _positive("workers", workers)
+    if chosen.name == "estimate" and len(parsed_modes) > 1:
+        from autotune.parallel import default_workers, tune_table_parallel
+
+        processes = (default_workers(workload, parsed_modes) if workers is None
+                     else min(workers, len(parsed_modes)))
+        if processes > 1:
+            return tune_table_parallel(workload, target, seq_lens=seq_len_list, modes=parsed_modes,
+                                       margin=margin, method=search, max_batch=max_batch,
+                                       workers=processes, on_cell=on_cell)
     return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
                       method=search, max_batch=max_batch, on_cell=on_cell)
 

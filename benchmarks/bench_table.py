@@ -1,6 +1,8 @@
 """Time the default BERT-base table on the estimator and count probes per cell.
 
-    python benchmarks/bench_table.py                 # guided search (the default)
+    python benchmarks/bench_table.py                 # guided search (the default), the modes in
+                                                     # parallel as `autotune table` runs them
+    python benchmarks/bench_table.py --workers 1     # in one process
     python benchmarks/bench_table.py --compare       # guided and bisect side by side
 
 Goal (issue 2): <= 60 s for the 24 cells on a 2-core machine, <= 3 probes per cell on average.
@@ -13,19 +15,15 @@ import argparse
 import time
 import warnings
 
-from autotune.backends import make_backend
-from autotune.defaults import DEFAULT_SEQ_LENS
-from autotune.tuner import TableResult, tune_table
-from autotune.workload import Workload
-from autotune.workload.models import resolve_model
-from autotune.workload.modes import DEFAULT_MODES
+import autotune
+from autotune.defaults import DEFAULT_MODE_NAMES, DEFAULT_SEQ_LENS
+from autotune.tuner import TableResult
 
 
-def run(model: str, gpu: str | None, gpu_memory: str | None, method: str) -> TableResult:
-    backend, target = make_backend("estimate", gpu, gpu_memory)
-    workload = Workload(resolve_model(model), "sequence-classification", None)
-    return tune_table(workload, backend, target, seq_lens=DEFAULT_SEQ_LENS, modes=DEFAULT_MODES,
-                      method=method)
+def run(model: str, gpu: str | None, gpu_memory: str | None, method: str, workers: int | None) -> TableResult:
+    return autotune.table(model, seq_lens=DEFAULT_SEQ_LENS, modes=DEFAULT_MODE_NAMES,
+                          task="sequence-classification", gpu=gpu, gpu_memory=gpu_memory, backend="estimate",
+                          search=method, workers=workers)
 
 
 def main() -> None:
@@ -34,13 +32,15 @@ def main() -> None:
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--gpu-memory", default=None)
     parser.add_argument("--compare", action="store_true", help="also run the bisect baseline")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes for the modes (default: as autotune table)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     methods = ["guided", "bisect"] if args.compare else ["guided"]
     tables: dict[str, TableResult] = {}
     for method in methods:
         started = time.perf_counter()
-        tables[method] = run(args.model, args.gpu, args.gpu_memory, method)
+        tables[method] = run(args.model, args.gpu, args.gpu_memory, method, args.workers)
         tables[method].elapsed_s = time.perf_counter() - started
     first = tables[methods[0]]
     print(f"{args.model} on {first.gpu_name}, budget {first.budget_bytes / 2**30:.2f} GiB")

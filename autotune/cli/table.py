@@ -7,7 +7,7 @@
                          [--lora-targets M,M|all-linear] [--peft-config PATH] [--load-in-4bit]
                          [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]
                          [--margin F] [--search guided|bisect] [--no-seed-with-estimate]
-                         [--max-batch N] [--hub] [--json]
+                         [--workers N] [--max-batch N] [--hub] [--json]
 
 Exit 0 with the table, 2 with ``Error: ...`` on bad input or when a cell failed.
 """
@@ -76,6 +76,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="backend cuda: search each cell on the GPU without first asking the "
                        "estimator where its limit is (default: seeded, two GPU probes per cell "
                        "where the estimate is right)")
+    table.add_argument("--workers", type=positive, default=None, metavar="N",
+                       help="backend estimate: the modes run in N processes at once, the same answers "
+                       "(default: one per mode, up to the usable CPU cores, for models of 10M "
+                       "parameters or more; 1: one process)")
     table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH, metavar="N",
                        help="the largest batch probed; a cell that fits at it is shown N+ "
                        "(default: %(default)s)")
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
             margin=args.margin, search=args.search, max_batch=args.max_batch,
             optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
-            seed_with_estimate=args.seed_with_estimate, **peft_kwargs(args),
+            seed_with_estimate=args.seed_with_estimate, workers=args.workers, **peft_kwargs(args),
         )
     progress.close()
     if args.json:

@@ -1,0 +1,206 @@
+"""An estimator table's modes on several CPU cores at once (``autotune table``'s and ``autotune.table``'s
+default where there are cores to spare).
+
+The cells of one mode depend on each other: a cell's hints come from the shorter lengths before it
+(tuner.py). The modes do not. So each mode of a table on the estimator runs whole in a worker
+process (tuner.tune_table with that one mode), and the parent merges the cells in the order one
+process makes them. The answers are one process's: every worker builds its own estimator of the same
+workload and target. A worker is ``python -m autotune.parallel``, like the project's other child
+processes (processes.py): not a fork (torch in a forked process can deadlock on the thread pools the
+parent started), and not multiprocessing's spawn, which imports the caller's main script again (a
+script without an ``if __name__ == "__main__"`` guard would run twice). Each worker imports torch and
+builds the fake model once, a few seconds paid back from two modes on (the default table has four),
+and keeps to one of torch's threads, so that two workers on two cores do not contend. Parent and
+worker exchange pickles (base64 lines): a job (a mode), then each finished cell, then the mode's table
+or the error it raised.
+
+Progress (``on_cell``) reaches the parent as each worker finishes a cell; an error in a worker is
+raised here, as a sequential run would raise it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from autotune.errors import AutotuneError
+from autotune.gpus import GpuSpec
+from autotune.processes import child_env, exit_reason, protocol_stream
+from autotune.tuner import CellResult, TableResult, tune_table
+from autotune.workload import Workload
+from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.support import step_warnings
+
+WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# A model under this many parameters (about: its layers and embeddings) traces in well under the
+# second or more a worker takes to start and import torch: its table runs in one process.
+PARALLEL_FROM_PARAMETERS = 10_000_000
+
+
+def approximate_parameters(workload: Workload) -> int | None:
+    """12 h^2 per layer and the embeddings (a transformer's weights, roughly); None when the config
+    does not say its width and depth."""
+    config = workload.model.config
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        return None
+    return 12 * layers * hidden * hidden + int(getattr(config, "vocab_size", 0) or 0) * hidden
+
+
+def default_workers(workload: Workload, modes: Sequence[Mode]) -> int:
+    """One process per mode, up to the usable cores; one for a small model (see above)."""
+    size = approximate_parameters(workload)
+    if size is not None and size < PARALLEL_FROM_PARAMETERS:
+        return 1
+    return max(1, min(len(modes), usable_cores()))
+
+
+def _encode(message: Any) -> str:
+    return base64.b64encode(pickle.dumps(message)).decode("ascii") + "\n"
+
+
+def _decode(line: str) -> Any:
+    return pickle.loads(base64.b64decode(line))  # noqa: S301 (our own child, over its own pipe)
+
+
+def tune_table_parallel(
+    workload: Workload, gpu: GpuSpec, *, seq_lens: Sequence[int], modes: Sequence[Mode], margin: float,
+    method: str, max_batch: int, workers: int,
+    on_cell: Callable[[CellResult, int, int], None] | None = None,
+) -> TableResult:
+    """tuner.tune_table on the estimator, the modes shared out over ``workers`` processes."""
+    started = time.perf_counter()
+    ordered = sorted(set(seq_lens))
+    pending = [mode.name for mode in modes]
+    tables: dict[str, TableResult] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    done = [0]
+    total = len(ordered) * len(modes)
+
+    def job(mode_name: str) -> dict[str, Any]:
+        return {"workload": workload, "gpu": gpu, "seq_lens": ordered, "mode_name": mode_name,
+                "margin": margin, "method": method, "max_batch": max_batch}
+
+    def serve(process: subprocess.Popen[str]) -> None:
+        """Feed one worker modes until none is left; pass on what it sends."""
+        assert process.stdin is not None and process.stdout is not None
+        while True:
+            with lock:
+                mode_name = pending.pop(0) if pending and not errors else None
+            if mode_name is None:
+                process.stdin.close()
+                return
+            process.stdin.write(_encode(job(mode_name)))
+            process.stdin.flush()
+            if not follow(process, process.stdout, mode_name):
+                return
+
+    def follow(process: subprocess.Popen[str], replies: IO[str], mode_name: str) -> bool:
+        """Pass on the worker's replies to one job; False when it failed (``errors`` says why)."""
+        for line in replies:
+            kind, payload = _decode(line)
+            with lock:
+                if kind == "cell":
+                    done[0] += 1
+                    if on_cell is not None:
+                        on_cell(payload, done[0], total)
+                elif kind == "table":
+                    tables[mode_name] = payload
+                    return True
+                else:
+                    errors.append(payload)
+                    return False
+        died = exit_reason(process.wait())
+        with lock:
+            errors.append(AutotuneError(f"the worker of mode {mode_name} {died} before it finished"))
+        return False
+
+    processes = [subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=child_env()) for _ in range(min(workers, len(pending)))]
+    threads = []
+    try:
+        for process in processes:
+            thread = threading.Thread(target=serve, args=(process,), daemon=True)
+            threads.append(thread)
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for process in processes:
+            if process.poll() is None and errors:
+                process.kill()
+            process.wait()
+    if errors:
+        raise errors[0]
+    first = tables[modes[0].name]
+    first.modes = [mode.name for mode in modes]
+    first.cells = [cell for mode in modes for cell in tables[mode.name].cells]
+    first.warnings = step_warnings(workload, modes, gpu)
+    first.elapsed_s = round(time.perf_counter() - started, 3)
+    return first
+
+
+def _tune_mode(workload: Workload, gpu: GpuSpec, seq_lens: list[int], mode_name: str, margin: float,
+               method: str, max_batch: int, send: Callable[[Any], None], backends: dict[GpuSpec, Any],
+               ) -> TableResult:
+    """One mode's table, each cell sent as it finishes; the estimator kept per target."""
+    from autotune.backends.estimate.backend import EstimateBackend
+
+    backend = backends.get(gpu)
+    if backend is None:
+        backend = backends[gpu] = EstimateBackend(gpu)
+    return tune_table(workload, backend, gpu, seq_lens=seq_lens, modes=[parse_mode(mode_name)],
+                      margin=margin, method=method, max_batch=max_batch,
+                      on_cell=lambda cell, done, total: send(("cell", cell)))
+
+
+def main() -> int:
+    """A worker: one job (a mode) a line on stdin, its cells and its table (or error) on stdout."""
+    import warnings
+
+    replies = protocol_stream()
+
+    def send(message: Any) -> None:
+        replies.write(_encode(message))
+        replies.flush()
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecation notices
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    backends: dict[GpuSpec, Any] = {}
+    for line in sys.stdin:
+        try:
+            send(("table", _tune_mode(**_decode(line), send=send, backends=backends)))
+        except Exception as exc:  # the parent raises it, as a run in one process would
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = AutotuneError(f"{type(exc).__name__}: {exc}")
+            send(("error", exc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
