@@ -6,8 +6,9 @@ the CPU in about a second, and its max batch is the measured one or one below it
 on the GPU, where
 
 - the first claim is the estimator's max batch, scaled by how far the measured max was from the
-  estimated one in the previous cell of the mode (a GPU that differs from the estimator does so
-  alike at every length): a right claim costs two GPU probes, it fits and one more does not;
+  estimated one in the previous cell of the mode, else of the mode before (a GPU that differs from
+  the estimator does so alike at every length): a right claim costs two GPU probes, it fits and one
+  more does not;
 - the second, when only one measured batch has a peak, is the line through that peak with the
   estimator's slope (peak per sample between half its max batch and its max batch, wide enough
   that the allocator's 2 MiB and 20 MiB steps do not swamp it); two measured peaks make the search's
@@ -128,8 +129,10 @@ class EstimateSeeded:
         self.estimator = estimator
         self.name = measure.name
         self.gpu: GpuSpec = measure.gpu
-        # (workload, mode) -> measured max / estimated max of its last cell that had both.
-        self._scale: dict[tuple[Workload, str], float] = {}
+        # (workload, mode) -> measured max / estimated max of its last cell that had both;
+        # (workload, None) -> the same of the workload's last such cell in any mode, for the first
+        # cell of the next mode (a GPU that differs from the estimator does so in every mode alike).
+        self._scale: dict[tuple[Workload, str | None], float] = {}
 
     def describe(self) -> dict[str, Any]:
         return {**self.measure.describe(), "seeded_by": self.estimator.name}
@@ -149,11 +152,12 @@ class EstimateSeeded:
         estimated = replace(workload, attn=self.measure.attn_used(workload))
         seed = estimate_seed(self.estimator, estimated, mode, seq_len, budget_bytes)
         key = (workload, mode.name)
-        if seed.max_batch_size is not None and key in self._scale:
-            seed = replace(seed, claim=round(seed.max_batch_size * self._scale[key]))
+        scale = self._scale.get(key, self._scale.get((workload, None)))
+        if seed.max_batch_size is not None and scale is not None:
+            seed = replace(seed, claim=round(seed.max_batch_size * scale))
         with self.measure.cell(workload, mode, seq_len, budget_bytes) as cell:
             seeded = SeededCell(cell, seed, budget_bytes)
             yield seeded
         measured = seeded.measured_max()
         if seed.max_batch_size and measured:
-            self._scale[key] = measured / seed.max_batch_size
+            self._scale[key] = self._scale[(workload, None)] = measured / seed.max_batch_size
