@@ -100,6 +100,21 @@ class TableAccepted(BaseModel):
     created: bool = Field(description="false when an identical run answered the request")
 
 
+class FleetRunAccepted(TableAccepted):
+    gpu: str = Field(description="the GPU kind this run measures on")
+
+
+class FleetTablesAccepted(BaseModel):
+    """One table run per GPU kind of the fleet (POST /v1/fleet/tables)."""
+
+    model: str
+    step: str = Field(description="the id of what the runs share (task, dtype, optimizer, attention, loss, "
+                                  "adapter, margin, backend): the dashboard's fleet view of the model shows "
+                                  "them side by side at /fleet?model=MODEL&step=STEP")
+    kinds: list[str] = Field(description="the fleet's GPU kinds, one run each")
+    runs: list[FleetRunAccepted]
+
+
 class Progress(BaseModel):
     done: int  # cells finished
     total: int

@@ -143,8 +143,11 @@ class FleetCluster:
         started = time.monotonic()
         ray_start(("--head", "--port", str(port), "--include-dashboard=false", "--num-gpus", "0",
                    "--temp-dir", str(self.dir)), temp_dir=self.dir)
-        ray_start(*(("--address", self.address, "--num-gpus", "1", "--labels", f"autotune/gpu={kind}")
-                    for kind in kinds), temp_dir=self.dir)
+        # One node after another: nodes started at once in one temp dir may pick the same name for
+        # their object store's socket, and the second raylet then dies ("bind: Address already in use").
+        for kind in kinds:
+            ray_start(("--address", self.address, "--num-gpus", "1", "--labels", f"autotune/gpu={kind}"),
+                      temp_dir=self.dir)
         self.start_s = time.monotonic() - started
 
     def close(self) -> None:
@@ -219,9 +222,11 @@ uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 
 class FleetServer:
     """The service with a RayRunner (its tasks on the CPU stand-in) in a process of its own, on a free
-    loopback port: what ``autotune serve --ray ADDRESS`` runs, for the tests that kill it."""
+    loopback port: what ``autotune serve --ray ADDRESS`` runs, for the tests that kill it (and the
+    browser's). ``connected``: wait until it has joined the cluster too."""
 
-    def __init__(self, db: Path, log: Path, address: str, records: Path, hold: Path) -> None:
+    def __init__(self, db: Path, log: Path, address: str, records: Path, hold: Path, *,
+                 connected: bool = True) -> None:
         import httpx
         from liveserver import free_port
 
@@ -241,6 +246,9 @@ class FleetServer:
             return False
 
         wait_until(answers, "the server to answer /v1/health", timeout_s=90)
+        if connected:  # it joins the cluster in the background: until then new runs are answered 503
+            wait_until(lambda: self.client.get("/v1/health").json()["fleet"]["status"] == "connected",
+                       "the server to join the Ray cluster", timeout_s=60)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown handler runs, as in a crash."""
@@ -259,3 +267,54 @@ class FleetServer:
                 self.proc.wait()
         self.client.close()
         self.log.close()
+
+
+# -- a fleet without Ray ----------------------------------------------------------------------------
+
+
+class StaticCluster:
+    """A stand-in for api.fleet.cluster.Cluster whose nodes never change (one GPU node per kind), or
+    that is unreachable (``error``): what the routing and the health check read of a cluster, for the
+    tests of the dashboard's fleet parts, where starting Ray would only cost time."""
+
+    def __init__(self, kinds: tuple[str, ...] = ("T4", "L4"), *, error: str | None = None,
+                 address: str = "127.0.0.1:6379") -> None:
+        from api.fleet.cluster import Node, Snapshot
+
+        self.address, self.error = address, error
+        self._snapshot = Snapshot(tuple(
+            Node(node_id=f"{i:056x}", address="127.0.0.1", kind=kind, selector={"autotune/gpu": kind},
+                 gpus=1.0, free_gpus=1.0, cpus=1.0, free_cpus=1.0) for i, kind in enumerate(kinds, 1)))
+
+    @property
+    def reachable(self) -> bool:
+        return self.error is None
+
+    def snapshot(self):
+        from api.fleet.cluster import Snapshot
+
+        return self._snapshot if self.reachable else Snapshot()
+
+    def unreachable(self) -> str:
+        return f"the Ray cluster at {self.address} is unreachable ({self.error})"
+
+    def describe(self) -> dict[str, Any]:
+        return {"address": self.address, "status": "connected" if self.reachable else "unreachable",
+                "error": self.error, "since": 0.0, **self.snapshot().describe()}
+
+
+def fleet_runner(cluster: StaticCluster, analyses):
+    """A runner with no lanes (its runs stay queued) that routes and describes a fleet as RayRunner
+    does, with RayRunner's own ``environment`` over ``cluster``."""
+    from api.runs.ray_runner import RayRunner
+    from api.runs.runner import LocalRunner
+
+    class FleetRunner(LocalRunner):
+        environment = RayRunner.environment
+
+        def describe(self) -> dict[str, Any]:
+            return {**super().describe(), "fleet": {**self.cluster.describe(), "runs": 0, "tasks": 0}}
+
+    runner = FleetRunner(estimate_workers=0, gpu_lanes=[], analyses=analyses)
+    runner.cluster = cluster
+    return runner

@@ -6,8 +6,12 @@
   run's kind) and ``estimate_cell`` (one CPU anywhere).
 - ``api/runs/ray_runner.py``: ``RayRunner``, the runner behind the same interface as the local
   one; SQLite stays the source of truth, Ray only executes.
+- ``launch.py``: "all kinds in the fleet", one run per GPU kind (POST /v1/fleet/tables and the launch
+  form), from the kinds the runner describes.
+- ``step.py``: what runs on several kinds are compared by (the dashboard's fleet view, api/views/fleet.py).
 
-Ray is optional (the ``[fleet]`` extra): nothing here is imported unless a fleet is configured.
+Ray is optional (the ``[fleet]`` extra): only cluster.py and task.py import it, and nothing imports
+them unless a fleet is configured; launch.py and step.py serve every server.
 """
 
 INSTALL_HINT = "pip install 'autotune-batch[fleet]'"

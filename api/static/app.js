@@ -1,7 +1,8 @@
 // autotune dashboard: the little script the server-rendered pages need.
 //  - [data-live] regions refetch themselves from their URL until the server stops marking them live;
 //  - the run page's cells select their details; the explain panel loads on request;
-//  - the launch form posts to POST /v1/tables and puts the API's errors next to their fields;
+//  - the launch form posts to POST /v1/tables (or, for all kinds in the fleet, POST /v1/fleet/tables)
+//    and puts the API's errors next to their fields;
 //  - a table wider than its .scroll box marks the box, for the stylesheet's "scroll" cue.
 "use strict";
 
@@ -278,12 +279,17 @@ async function submitLaunch(event) {
     headers.Authorization = `Bearer ${token}`;
     sessionStorage.setItem("autotune-token", token);
   }
+  // "All kinds in the fleet": one run per GPU kind, through the fleet's route, which sets each gpu.
+  const allKinds = Boolean(form.elements.gpu) && form.elements.gpu.value === form.dataset.allKinds;
+  const request = formBody(form);
+  if (allKinds) delete request.gpu;
   submit.disabled = true;
   status.textContent = "Checking the request…";
   let response;
   let body = {};
   try {
-    response = await fetch(form.action, { method: "POST", headers, body: JSON.stringify(formBody(form)) });
+    const action = allKinds ? form.dataset.fleetAction : form.action;
+    response = await fetch(action, { method: "POST", headers, body: JSON.stringify(request) });
     body = await response.json().catch(() => ({}));
   } catch (error) {
     status.textContent = "";
@@ -291,6 +297,12 @@ async function submitLaunch(event) {
     const general = document.getElementById("form-error");
     general.textContent = `The server did not answer: ${error.message}`;
     general.hidden = false;
+    return;
+  }
+  if (response.ok && allKinds) {
+    status.textContent = `Queued on ${body.kinds.join(", ")}; opening the fleet view…`;
+    const params = new URLSearchParams({ model: body.model, step: body.step });
+    window.location.assign(`${form.dataset.fleetUrl}?${params}`);
     return;
   }
   if (response.ok) {

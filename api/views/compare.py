@@ -8,6 +8,7 @@ target: a PyTorch step on another card uses memory differently (REFERENCE_NOTE).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any
@@ -59,10 +60,21 @@ class Column:
     reference: bool = False
     adapter: str = ""  # the run's training setup, short: "LoRA r=16, 0.52% trainable", "full fine-tune"
     adapter_label: str = ""  # and in full (the adapter's label)
+    status: str = "done"  # the run's: a column of a run not done says so
+    progress: str = ""  # "1/4 cells"
 
 
-def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
-             request: Request) -> list[Column]:
+Heading = Callable[[Run], str]
+
+
+def run_heading(run: Run) -> str:
+    """A column's heading on the compare page: the run's model and target."""
+    label = run_label(run)
+    return f"{label.model} · {label.gpu}"
+
+
+def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str, request: Request,
+             heading: Heading, reference_columns: bool, adapters: bool) -> list[Column]:
     columns = []
     for run in runs:
         if mode not in run.spec["modes"]:
@@ -75,13 +87,14 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
         if run.imported:
             backend += " (imported)"
         columns.append(Column(
-            label=f"{label.model} · {label.gpu}", sub=f"{backend}, budget {label.budget}",
+            label=heading(run), sub=f"{backend}, budget {label.budget}",
             url=path_for(request, "run_page", run_id=run.id),
             values={s: found[s]["max_batch_size"] if s in found else None for s in run.spec["seq_lens"]},
             capped=frozenset(s for s, c in found.items() if c.get("capped")),
-            adapter=adapter, adapter_label=adapter_label,
+            adapter=adapter if adapters else "", adapter_label=adapter_label,
+            status=run.status, progress=f"{run.done}/{run.total} cells",
         ))
-    if mode == "fp32":
+    if mode == "fp32" and reference_columns:
         ref = reference()
         for key in dict.fromkeys(k for r in runs if (k := reference_key(r.model))):
             columns.append(Column(
@@ -90,6 +103,28 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
                 capped=frozenset(), reference=True,
             ))
     return columns
+
+
+def mode_sections(runs: list[Run], cells: dict[str, list[dict[str, Any]]], request: Request, *,
+                  heading: Heading = run_heading, reference_columns: bool = True, adapters: bool = True,
+                  title: str = "Max batch size by sequence length, {mode}") -> list[dict[str, Any]]:
+    """A table and a chart per mode any of ``runs`` has: a column (and a line) per run, headed by
+    ``heading(run)`` and with its training setup under it when ``adapters``, and the BERT README's
+    beside BERT runs when ``reference_columns``."""
+    modes = [m for m in ALLOWED_MODE_NAMES if any(m in r.spec["modes"] for r in runs)]
+    sections = []
+    for mode in modes:
+        columns = _columns(runs, cells, mode, request, heading, reference_columns, adapters)
+        seq_lens = sorted({s for c in columns for s in c.values})
+        series = [Series(c.label, [(s, c.values.get(s)) for s in seq_lens if s in c.values], c.capped,
+                         dashed=c.reference) for c in columns]
+        first = next((c for c in columns if not c.reference), None)
+        sections.append({
+            "mode": mode, "columns": columns, "seq_lens": seq_lens, "first": first,
+            "chart": line_chart(series, title=title.format(mode=mode),
+                                chart_id=f"chart-{mode.replace('+', '_')}"),
+        })
+    return sections
 
 
 @router.get("/compare", response_class=HTMLResponse, name="compare")
@@ -112,19 +147,7 @@ def compare(
         else:
             runs.append(run)
     cells = {run.id: queue.store.cells(run.id) for run in runs}
-    modes = [m for m in ALLOWED_MODE_NAMES if any(m in r.spec["modes"] for r in runs)]
-    sections = []
-    for mode in modes:
-        columns = _columns(runs, cells, mode, request)
-        seq_lens = sorted({s for c in columns for s in c.values})
-        series = [Series(c.label, [(s, c.values.get(s)) for s in seq_lens if s in c.values], c.capped,
-                         dashed=c.reference) for c in columns]
-        first = next((c for c in columns if not c.reference), None)
-        sections.append({
-            "mode": mode, "columns": columns, "seq_lens": seq_lens, "first": first,
-            "chart": line_chart(series, title=f"Max batch size by sequence length, {mode}",
-                                chart_id=f"chart-{mode.replace('+', '_')}"),
-        })
+    sections = mode_sections(runs, cells, request)
     recent, _ = queue.store.list_runs(limit=PICKER_RUNS)
     context = {
         "page": "compare", "runs": [summary(r) for r in runs], "sections": sections,

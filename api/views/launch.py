@@ -1,12 +1,20 @@
 """The launch form: a new table run. The page's script posts it to ``POST /v1/tables`` and shows
-the API's validation errors next to their fields; on success it opens the new run's page."""
+the API's validation errors next to their fields; on success it opens the new run's page.
+
+On a fleet server the GPU choice offers "all kinds in the fleet": the script posts the form to
+``POST /v1/fleet/tables`` instead (one run per kind) and opens the fleet view of the model. Without a
+fleet, or while it cannot take runs, the choice is shown disabled with the reason. ``?model=`` and
+``?gpu=`` fill in the form (the fleet view's "measure it on all kinds" link)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import QueueDep, SettingsDep
+from api.fleet.launch import ALL_KINDS, NO_FLEET, fleet_of
 from api.views.common import templates
 from autotune.defaults import (
     BACKENDS,
@@ -45,9 +53,12 @@ QLORA_RECIPE_LABELS = (
 
 
 @router.get("/new", response_class=HTMLResponse, name="launch")
-def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResponse:
+def launch(request: Request, queue: QueueDep, settings: SettingsDep,
+           model: Annotated[str | None, Query(max_length=300)] = None,
+           gpu: Annotated[str | None, Query(max_length=300)] = None) -> HTMLResponse:
     """The form that asks for a new table."""
     runner = queue.runner.describe()
+    fleet = fleet_of(queue.runner)
     gpus = [(name, format_bytes(spec.total_memory_bytes)) for name, spec in GPU_PRESETS.items()]
     context = {
         "page": "launch", "models": sorted(PRESETS, key=lambda m: (m.startswith("tiny-"), m)),
@@ -62,5 +73,8 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep) -> HTMLResp
         "needs_token": settings.api_token is not None,
         "peft_methods": PEFT_METHODS, "qlora_recipes": QLORA_RECIPE_LABELS,
         "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA, "dropout": DEFAULT_DROPOUT},
+        "fleet": fleet, "all_kinds": ALL_KINDS,
+        "all_kinds_unavailable": NO_FLEET if fleet is None else fleet.unavailable,
+        "asked": {"model": (model or "").strip(), "gpu": (gpu or "").strip()},
     }
     return templates.TemplateResponse(request, "launch.html", context)

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
 from api.chart import Series, line_chart
 from api.deps import QueueDep
+from api.fleet.step import step_of
 from api.routes.tables import read_run
 from api.runs.spec import TableSpec, run_warnings
 from api.store import Run
-from api.views.common import band, summary, templates
+from api.views.common import band, path_for, summary, templates
 from autotune.errors import AutotuneError, Overloaded
 from autotune.workload.support import weights_label
 
@@ -117,7 +119,11 @@ def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
 def run_page(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
     """A run: table, chart, and per cell its memory and probes; updates itself while it runs."""
     run, cells = read_run(queue, run_id)
-    return templates.TemplateResponse(request, "run.html", _context(run, cells))
+    context = _context(run, cells)
+    # The model's runs of this step on every GPU kind (views/fleet.py).
+    context["fleet_url"] = path_for(request, "fleet") + "?" + urlencode(
+        {"model": run.model, "step": step_of(run.spec).id})
+    return templates.TemplateResponse(request, "run.html", context)
 
 
 @router.get("/runs/{run_id}/live", response_class=HTMLResponse, name="run_live")

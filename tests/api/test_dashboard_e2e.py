@@ -6,7 +6,9 @@ explain panel, then compare three runs (one of them LoRA); then the same pages a
 (390 px) and a laptop's (1280 px), where every table must fit its box or scroll inside it with a
 cue, every run must have its column in compare, and no two legend entries or axis labels may
 overlap; a LoRA run's page and the launch form's fine-tuning settings at a phone's width. The API docs
-(/docs, /redoc) render from the server's own files. No page asks another host for anything.
+(/docs, /redoc) render from the server's own files. On a real Ray cluster of two GPU kinds (tests/fleet.py),
+"all kinds in the fleet" on the form, and the fleet view it opens filling in. No page asks another host
+for anything.
 Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it and prints the folder) or the test's
 temporary folder.
 
@@ -16,6 +18,7 @@ installs Chromium and sets it), where their absence fails the test instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -135,10 +138,17 @@ def server(tmp_path):
 
 @pytest.fixture
 def page(server):
-    sync_playwright = _browser_or_skip()
+    with browser_page(_browser_or_skip(), server.url) as tab:
+        yield tab
+
+
+@contextlib.contextmanager
+def browser_page(sync_playwright, base_url: str):
+    """A Chromium tab on ``base_url``; on leaving, fails the test if a page asked another host for
+    anything or logged an error."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport=LAPTOP, base_url=server.url)
+        context = browser.new_context(viewport=LAPTOP, base_url=base_url)
         context.set_default_timeout(TIMEOUT_MS)
         # expect() has a timeout of its own (5 s), which the context's default does not reach: the
         # explain panel's estimate can take longer than that on a loaded 2-core machine.
@@ -153,7 +163,7 @@ def page(server):
             foreign.append(route.request.url)
             route.abort()
 
-        context.route(lambda url: not url.startswith((server.url + "/", "data:", "blob:")), refuse)
+        context.route(lambda url: not url.startswith((base_url + "/", "data:", "blob:")), refuse)
         tab = context.new_page()
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -345,3 +355,88 @@ def test_api_docs_render_from_the_server_itself(page, server, shots):
     expect(page.locator("h1", has_text="autotune")).to_be_visible()
     expect(page.get_by_text("/v1/tables/{table_id}").first).to_be_attached()
     page.screenshot(path=shots / "11-api-redoc.png")
+
+
+def test_all_kinds_launch_and_the_fleet_view_on_a_ray_cluster(tmp_path, shots):
+    """The service on a real Ray cluster (tests/fleet.py: a T4 node and an L4 node, loopback only, in a
+    network namespace the browser runs in too): "all kinds in the fleet" on the form queues a run per
+    kind, the fleet view opens and fills in as their cells are stored, one column and one line per kind."""
+    from fleet import FleetCluster, FleetServer, namespace_or_skip, ray_or_skip
+
+    sync_playwright = _browser_or_skip()
+    ray_or_skip()
+    namespace = namespace_or_skip()
+    cluster = None
+    try:
+        cluster = FleetCluster(namespace)
+        server = FleetServer(tmp_path / "fleet.db", tmp_path / "fleet.log", cluster.address, cluster.records,
+                             cluster.dir / "hold")
+        try:
+            with browser_page(sync_playwright, server.url) as page:
+                fleet_in_the_browser(page, server, shots)
+        finally:
+            server.stop()
+    finally:
+        namespace.close()  # every Ray process of the cluster is in it
+        if cluster is not None:
+            cluster.close()
+
+
+def fleet_in_the_browser(page, server, shots) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/new")
+    gpu = page.get_by_label("GPU preset")
+    expect(gpu.locator("option[value=all-kinds]")).to_have_text("all kinds in the fleet: L4, T4")
+    page.get_by_label("Model").fill("tiny-bert")
+    # One cell per kind, the kinds at once: a cell is a Ray task in a fresh worker process, then a probe
+    # process, each importing torch (seconds apiece on a loaded 2-core machine).
+    page.get_by_label("Sequence lengths").fill("32")
+    for mode in ("amp", "ckpt", "amp+ckpt"):
+        page.get_by_label(mode, exact=True).uncheck()
+    page.get_by_text("More settings").click()
+    page.get_by_label("Largest batch probed").fill("2")  # two probes a cell at most, on the CPU stand-in
+    page.get_by_label("Search").select_option("bisect")
+    # A card size beside "all kinds" is turned down next to its field, and nothing is queued.
+    gpu.select_option("all-kinds")
+    page.get_by_label("or its memory").fill("12GiB")
+    page.get_by_role("button", name="Make the table").click()
+    expect(page.locator("#gpu_memory-error")).to_contain_text("all kinds in the fleet sets each run's GPU")
+    assert server.client.get("/v1/tables").json()["count"] == 0
+    page.screenshot(path=shots / "12-launch-all-kinds-error.png", full_page=True)
+    page.get_by_label("or its memory").fill("")
+    page.get_by_role("button", name="Make the table").click()
+
+    # The fleet view of the model, for the step just asked: a column per kind, filling in live.
+    expect(page).to_have_url(re.compile(r"/fleet\?model=tiny-bert&step=[0-9a-f]{12}$"))
+    page.evaluate("window.__sameDocument = true")
+    table = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
+    expect(table.locator("thead th a")).to_have_text(["T4", "L4"])
+    live = page.locator("#fleet-live")
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while live.get_attribute("data-live") is not None:
+        assert time.monotonic() < deadline, "the fleet's runs did not finish"
+        page.wait_for_timeout(200)
+    assert page.evaluate("window.__sameDocument") is True, "the view reloaded instead of updating"
+    expect(table.locator("tbody tr")).to_have_count(1)
+    expect(table.locator("td.cell")).to_have_text([re.compile(r"^\s*2\+\s*$")] * 2)  # at the cap of 2
+    for kind in ("T4", "L4"):  # a line per kind: here its one point
+        expect(page.locator("svg.chart title", has_text=f"{kind}, seq 32: max batch 2+")).to_have_count(1)
+    expect(page.locator(".chart-legend li")).to_have_text(["T4", "L4"])
+    expect(page.locator("#fleet-step")).to_contain_text("measured on each kind's GPU")
+    runs = server.client.get("/v1/tables").json()["data"]
+    assert sorted((r["gpu"], r["backend"], r["status"]) for r in runs) == [
+        ("L4", "cuda", "done"), ("T4", "cuda", "done")]
+    assert_readable(page, "the fleet view")
+    page.screenshot(path=shots / "13-fleet-view.png", full_page=True)
+    page.set_viewport_size(PHONE)
+    page.reload()
+    assert_readable(page, "the fleet view")
+    page.screenshot(path=shots / "14-phone-fleet-view.png", full_page=True)
+    # From a run's page, back to the fleet view of its step.
+    page.set_viewport_size(LAPTOP)
+    page.locator("thead th a", has_text="L4").first.click()
+    expect(page.get_by_role("heading", name=re.compile("tiny-bert"))).to_contain_text("on L4")
+    page.get_by_role("link", name="Every GPU kind…").click()
+    back = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
+    expect(back.locator("thead th a")).to_have_text(["T4", "L4"])

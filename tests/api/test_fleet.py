@@ -200,7 +200,8 @@ def test_an_unreachable_cluster_keeps_the_service_serving_and_refuses_new_runs(f
     from liveserver import free_port
 
     nowhere = f"127.0.0.1:{free_port()}"
-    server = FleetServer(tmp_path / "away.db", tmp_path / "away.log", nowhere, fleet.records, fleet.dir)
+    server = FleetServer(tmp_path / "away.db", tmp_path / "away.log", nowhere, fleet.records, fleet.dir,
+                         connected=False)
     try:
         health = server.client.get("/v1/health")
         assert health.status_code == 200
