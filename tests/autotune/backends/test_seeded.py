@@ -80,7 +80,7 @@ def test_a_gpu_ten_percent_off_gets_the_answers_of_bisect_in_fewer_probes(
     for how in ("bisect", "guided", "seeded"):
         gpu = ScaledGpu(curve, scale=scale, smooth=True)
         backend = EstimateSeeded(gpu, estimator) if how == "seeded" else gpu
-        tables[how] = tune(backend, "bisect" if how == "bisect" else "guided")
+        tables[how] = tune(backend, "bisect" if how == "bisect" else "guided", modes="amp")
         probes[how] = gpu.probes
     assert answers(tables["seeded"]) == answers(tables["bisect"]) == answers(tables["guided"])
     seeded = tables["seeded"]
