@@ -23,6 +23,7 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import AutotuneError, InvalidInput
@@ -53,6 +54,10 @@ def _workload(spec: Any) -> Any:
 
 
 _prepared: collections.OrderedDict[str, tuple[Any, Any, Any, Any]] = collections.OrderedDict()
+# (spec, mode, seq_len, search cap) -> the cell's max batch, found by an earlier check of a kept
+# spec: a check of another batch of the same cell then costs one probe, not a search.
+_max_batch: collections.OrderedDict[tuple[str, str, int, int], int] = collections.OrderedDict()
+CELLS_KEPT = 1024
 
 
 def _prepare(spec_json: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
@@ -79,9 +84,21 @@ def check_order(spec_json: dict[str, Any], params: dict[str, Any]) -> dict[str, 
     from autotune.workload.modes import parse_mode
 
     spec, workload, gpu, backend = _prepare(spec_json)
+    spec_key = json.dumps(spec_json, sort_keys=True)
+
+    def known_max(cap: int, search: Callable[[], int]) -> int:
+        key = (spec_key, params["mode"], params["seq_len"], cap)
+        if key in _max_batch:
+            _max_batch.move_to_end(key)
+        else:
+            _max_batch[key] = search()
+            while len(_max_batch) > CELLS_KEPT:
+                _max_batch.popitem(last=False)
+        return _max_batch[key]
+
     result = check_step(workload, backend, gpu, seq_len=params["seq_len"],
                         batch_size=params["batch_size"], mode=parse_mode(params["mode"]),
-                        margin=spec.margin, effective_batch=params["effective_batch"])
+                        margin=spec.margin, effective_batch=params["effective_batch"], known_max=known_max)
     return {**result.to_dict(), "table_id": None, "measured_on": None, "imported_from": None}
 
 

@@ -15,7 +15,7 @@ advised.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.gpus import GpuSpec
+from autotune.search import Probe
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
@@ -70,15 +71,27 @@ def source_of(backend_name: str) -> str:
 def check_step(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, batch_size: int,
     mode: Mode, margin: float, effective_batch: int | None = None,
+    known_max: Callable[[int, Callable[[], int]], int] | None = None,
 ) -> CheckResult:
-    """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help."""
+    """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help.
+
+    ``known_max(cap, search)``: where the caller keeps the cell's max batch from an earlier search of
+    the same backend (the service's analysis worker), it returns that, else ``search()``'s answer.
+    """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
     budget = budget_bytes(gpu, margin)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
-    found = search_cell(backend, workload, mode, seq_len, budget, max_batch=cap, guess=batch_size)
-    best = found.max_batch_size
-    at_request = next((p for p in found.probes if p.batch_size == batch_size), None)
+    probes: tuple[Probe, ...] = ()
+
+    def search() -> int:
+        nonlocal probes
+        found = search_cell(backend, workload, mode, seq_len, budget, max_batch=cap, guess=batch_size)
+        probes = found.probes
+        return found.max_batch_size
+
+    best = search() if known_max is None else known_max(cap, search)
+    at_request = next((p for p in probes if p.batch_size == batch_size), None)
     if at_request is None:  # the search never needed the requested batch itself
         with backend.cell(workload, mode, seq_len, budget) as cell:
             at_request = cell.fits(batch_size)

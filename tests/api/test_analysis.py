@@ -208,14 +208,29 @@ def test_a_worker_keeps_the_estimator_of_a_spec_so_the_next_batch_replays_its_tr
         traced.append(args[-1])  # the batch size
         return original(self, *args, **kwargs)
 
+    probed = []
+    original_probe = EstimateBackend.probe
+
+    def probe(self, *args, **kwargs):
+        probed.append(args[4])  # the batch size
+        return original_probe(self, *args, **kwargs)
+
     monkeypatch.setattr(EstimateBackend, "trace", trace)
+    monkeypatch.setattr(EstimateBackend, "probe", probe)
     monkeypatch.setattr(analysis_worker, "_prepared", type(analysis_worker._prepared)())
+    monkeypatch.setattr(analysis_worker, "_max_batch", type(analysis_worker._max_batch)())
     params = {"seq_len": 64, "mode": "fp32", "effective_batch": None}
     first = analysis_worker.check_order(spec, {**params, "batch_size": 8})
-    assert traced and first["fits"]
+    assert traced and first["fits"] and len(probed) >= 2
     traced.clear()
+    probed.clear()
+    # The same cell at another batch: its max batch is kept, one probe of the kept traces answers.
     second = analysis_worker.check_order(spec, {**params, "batch_size": 9})
-    assert traced == [] and second["max_batch_size"] == first["max_batch_size"]
+    assert traced == [] and probed == [9] and second["max_batch_size"] == first["max_batch_size"]
+    assert second["peak_memory_bytes"] >= first["peak_memory_bytes"] and second["batch_size"] == 9
+    probed.clear()
+    too_many = analysis_worker.check_order(spec, {**params, "batch_size": first["max_batch_size"] + 1})
+    assert too_many["fits"] is False and too_many["levers"] is not None
     # Another spec gets an estimator of its own; the oldest beyond SPECS_KEPT is dropped.
     for size in range(analysis_worker.SPECS_KEPT):
         other = {**spec, "margin": (size + 1) / 100}
