@@ -121,7 +121,11 @@ def tune_table_parallel(
                 if kind == "cell":
                     done[0] += 1
                     if on_cell is not None:
-                        on_cell(payload, done[0], total)
+                        try:
+                            on_cell(payload, done[0], total)
+                        except BaseException as exc:  # the caller's own error ends the table
+                            errors.append(exc)
+                            return False
                 elif kind == "table":
                     tables[mode_name] = payload
                     return True
@@ -136,6 +140,7 @@ def tune_table_parallel(
     processes = [subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   env=child_env()) for _ in range(min(workers, len(pending)))]
     threads = []
+    finished = False
     try:
         for process in processes:
             thread = threading.Thread(target=serve, args=(process,), daemon=True)
@@ -143,9 +148,10 @@ def tune_table_parallel(
             thread.start()
         for thread in threads:
             thread.join()
-    finally:
+        finished = True
+    finally:  # an error, or this process interrupted (Ctrl-C): no worker outlives the table
         for process in processes:
-            if process.poll() is None and errors:
+            if process.poll() is None and (errors or not finished):
                 process.kill()
             process.wait()
     if errors:

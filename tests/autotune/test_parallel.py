@@ -48,3 +48,12 @@ def test_small_models_run_in_one_process_and_workers_is_checked(monkeypatch):
     assert parallel.default_workers(base, modes) == 2
     with pytest.raises(AutotuneError, match="workers must be an integer >= 1"):
         autotune.table("tiny-bert", workers=0, **TABLE)
+
+
+@pytest.mark.slow
+def test_an_error_of_the_progress_callback_ends_the_table_and_its_workers():
+    def fail(cell, done, total):
+        raise RuntimeError("the terminal went away")
+
+    with pytest.raises(RuntimeError, match="the terminal went away"):
+        autotune.table("tiny-bert", workers=2, on_cell=fail, **TABLE)
