@@ -75,21 +75,38 @@ def _extrapolated(
 # How far a prediction may gallop when no batch is known to run out of memory.
 _PREDICT_LIMIT = 1 << 24
 
+Verdict = Callable[[int], "bool | None"]  # fits at a batch (one allocator replay); None: cannot tell
 
-def _largest_fitting(fits: Callable[[int], bool | None], lo: int, hi: int | None) -> int | None:
-    """The largest batch in (lo, hi) for which ``fits`` holds, galloping up from ``lo`` while
-    no failure is known (``lo`` fits or is 0; ``hi`` fails or is None); None as soon as
-    ``fits`` cannot tell. Each call of ``fits`` is one allocator replay (milliseconds)."""
+
+def _largest_fitting(fits: Verdict, lo: int, hi: int | None, start: int | None = None) -> int | None:
+    """The largest batch in (lo, hi) for which ``fits`` holds (``lo`` fits or is 0; ``hi`` fails
+    or is None); None as soon as ``fits`` cannot tell. Each call of ``fits`` is one allocator
+    replay (milliseconds), so the answer is reached in few of them from where it is likely to be:
+    from ``start`` when given (a guess), else from a known end: the distance from it doubles
+    (lo + 1, lo + 2, lo + 4, ... or hi - 1, hi - 2, hi - 4, ...) until the verdict changes, then
+    the bracket is bisected. A claim one batch off costs two replays, not a bisection."""
     good, bad = lo, hi
-    candidate = max(2 * lo, 1)
-    while bad is None:
+    verdict: bool | None
+    if start is not None and good < start and (bad is None or start < bad):
+        verdict = fits(start) if start <= _PREDICT_LIMIT else False
+        if verdict is None:
+            return None
+        good, bad = (start, bad) if verdict else (good, start)
+    distance = 1
+    while bad is None:  # up from the largest batch known to fit
+        candidate = good + distance
         verdict = fits(candidate) if candidate <= _PREDICT_LIMIT else False
         if verdict is None:
             return None
-        if verdict:
-            good, candidate = candidate, 2 * candidate
-        else:
-            bad = candidate
+        good, bad = (candidate, None) if verdict else (good, candidate)
+        distance *= 2
+    while good == 0 and bad - good > 1:  # down from the smallest batch known not to fit
+        candidate = max(bad - distance, 1)
+        verdict = fits(candidate)
+        if verdict is None:
+            return None
+        good, bad = (candidate, bad) if verdict else (good, candidate)
+        distance *= 2
     while bad - good > 1:
         middle = (good + bad) // 2
         verdict = fits(middle)
@@ -99,31 +116,20 @@ def _largest_fitting(fits: Callable[[int], bool | None], lo: int, hi: int | None
     return good
 
 
-def _predict_max(
-    traces: list[Trace], budget_bytes: int, lo: int, hi: int | None,
-    reference: tuple[Trace, Trace] | None = None,
-) -> int | None:
-    """The max batch in (lo, hi) by the cell's extrapolated traces; None if they cannot tell."""
-    from autotune.backends.estimate.tracker import fits_in
-
-    def fits(batch_size: int) -> bool | None:
-        found = _extrapolated(traces, batch_size, reference)
-        return None if found is None else fits_in(found[0].events(), budget_bytes)
-
-    return _largest_fitting(fits, lo, hi)
-
-
 def _guess_max(
-    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int
+    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int, start: int | None
 ) -> int | None:
-    """The max batch by traces synthesized from other lengths (trace.synthesize): a guess."""
+    """The max batch by traces synthesized from other lengths (trace.synthesize), settled as
+    the cell's own traces would be (see _settle): a guess, to choose the cell's first probe."""
     from autotune.backends.estimate.tracker import fits_in
 
     def fits(batch_size: int) -> bool | None:
         guess = synthesize(known, seq_len, batch_size)
         return None if guess is None else fits_in(guess.events(), budget_bytes)
 
-    return _largest_fitting(fits, 0, None)
+    found = _largest_fitting(fits, 0, None, start)
+    settled = _settle(fits, found) if found else None
+    return found if settled is None else settled
 
 
 # The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
@@ -136,31 +142,27 @@ _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
 
 
-def _settle(
-    traces: list[Trace], budget_bytes: int, reference: tuple[Trace, Trace] | None, boundary: int
-) -> int | None:
+def _settle(fits: Verdict, boundary: int) -> int | None:
     """The max batch just below the lowest out-of-memory batch near ``boundary`` (see above);
-    None when there is none below it, or the cell's traces cannot tell."""
-    from autotune.backends.estimate.tracker import fits_in
-
-    def fits(batch_size: int) -> bool | None:
-        found = _extrapolated(traces, batch_size, reference)
-        return None if found is None else fits_in(found[0].events(), budget_bytes)
-
+    None when there is none below it, or ``fits`` cannot tell. ``boundary + 1`` is known to run
+    out of memory: the last grid step before it is searched like any failing one, so that a
+    search ending at ``boundary`` and one ending a grid step higher settle alike."""
     low = max(1, boundary - max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)))
     start = -(-low // _SETTLE_STEP) * _SETTLE_STEP
-    for point in range(start, boundary + 1, _SETTLE_STEP):
-        verdict = fits(point)
+    previous = start - _SETTLE_STEP
+    for point in [*range(start, boundary + 1, _SETTLE_STEP), boundary + 1]:
+        verdict = False if point == boundary + 1 else fits(point)
         if verdict is None:
             return None
         if not verdict:  # the lowest failure on the grid: is there one just below it?
-            for batch in range(max(1, point - _SETTLE_STEP + 1), point):
+            for batch in range(max(1, previous + 1, point - _SETTLE_STEP + 1), point):
                 verdict = fits(batch)
                 if verdict is None:
                     return None
                 if not verdict:
                     return batch - 1
-            return point - 1
+            return point - 1 if point <= boundary else None
+        previous = point
     return None
 
 
@@ -239,23 +241,66 @@ class _EstimateCell:
     allocator replays of the cell's extrapolated traces."""
 
     def __init__(self, backend: EstimateBackend, fake: _FakeModel, workload: Workload, mode: Mode,
-                 seq_len: int, budget_bytes: int, known: dict[int, tuple[Trace, Trace]]) -> None:
+                 seq_len: int, budget_bytes: int, known: dict[int, tuple[Trace, Trace]],
+                 maxima: dict[int, int]) -> None:
         self.backend, self.fake, self.workload, self.mode = backend, fake, workload, mode
-        self.seq_len, self.budget_bytes, self.known = seq_len, budget_bytes, known
+        self.seq_len, self.budget_bytes, self.known, self.maxima = seq_len, budget_bytes, known, maxima
         self.traces: list[Trace] = []
         self.reference = known[max(known)] if known else None  # the longest length seen so far
+        # Whether each batch fits at the budget by one replay of its extrapolated trace: the
+        # search's hooks ask about the same batches again (claims, then settling).
+        self.verdicts: dict[int, bool] = {}
+        self.outcomes: dict[int, bool] = {}  # the probes': batch -> fits
+        self.settled: set[int] = set()  # boundaries _settle chose: they stay where they are
 
     def fits(self, batch_size: int) -> Probe:
-        return self.backend.probe(self.fake, self.workload, self.mode, self.seq_len, batch_size,
-                                  self.budget_bytes, self.traces, self.reference)
+        probe = self.backend.probe(self.fake, self.workload, self.mode, self.seq_len, batch_size,
+                                   self.budget_bytes, self.traces, self.reference)
+        self.outcomes[batch_size] = probe.outcome == "fits"
+        return probe
+
+    def replayed(self, batch_size: int) -> bool | None:
+        """Whether ``batch_size`` fits by the cell's extrapolated traces; None if they cannot tell."""
+        from autotune.backends.estimate.tracker import fits_in
+
+        verdict = self.verdicts.get(batch_size)
+        if verdict is None:
+            found = _extrapolated(self.traces, batch_size, self.reference)
+            if found is None:
+                return None
+            verdict = self.verdicts[batch_size] = fits_in(found[0].events(), self.budget_bytes)
+        return verdict
 
     def predict(self, lo: int, hi: int | None) -> int | None:
         if not self.traces:  # the cell's first probe: a guess from the other lengths
-            return _guess_max(self.known, self.seq_len, self.budget_bytes)
-        return _predict_max(self.traces, self.budget_bytes, lo, hi, self.reference)
+            return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start())
+        found = _largest_fitting(self.replayed, lo, hi)
+        if not found:
+            return found
+        # Claim the boundary the search would settle on at the end, so its probes prove that one.
+        settled = self.settle(found)
+        return found if settled is None or settled < lo else settled
 
     def settle(self, boundary: int) -> int | None:
-        return _settle(self.traces, self.budget_bytes, self.reference, boundary)
+        if boundary in self.settled:  # already the boundary of a boundary found higher up
+            return None
+        settled = _settle(self.replayed, boundary)
+        if settled is not None:
+            self.settled.add(settled)
+        return settled
+
+    def _start(self) -> int | None:
+        """Where the guess starts looking: the max of the nearest length found so far, scaled by
+        the lengths (activations grow at least linearly with the length)."""
+        if not self.maxima:
+            return None
+        nearest = min(self.maxima, key=lambda length: abs(length - self.seq_len))
+        return max(1, self.maxima[nearest] * nearest // self.seq_len)
+
+    def proven_max(self) -> int | None:
+        """The max the cell's probes proved (b fits, b + 1 does not), if they did."""
+        best = max((b for b, fit in self.outcomes.items() if fit), default=0)
+        return best if self.outcomes.get(best + 1) is False else None
 
 
 class EstimateBackend:
@@ -276,6 +321,8 @@ class EstimateBackend:
         # another length extrapolate from a single trace of its own (trace.rescale).
         # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
         self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
+        # Per (workload, mode, budget): seq_len -> the max batch a cell proved (where guesses start).
+        self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -341,7 +388,8 @@ class EstimateBackend:
         fake = self._model(workload)
         structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})
-        cell = _EstimateCell(self, fake, workload, mode, seq_len, budget_bytes, known)
+        maxima = self._maxima.setdefault((structure_key, budget_bytes), {})
+        cell = _EstimateCell(self, fake, workload, mode, seq_len, budget_bytes, known, maxima)
         if seq_len in known:  # a cell opened again (a check, explain, a seeded GPU search): its
             cell.traces.extend(known[seq_len])  # traces extrapolate every batch, as they did then
 
@@ -353,8 +401,17 @@ class EstimateBackend:
                                     input_grads=workload.adapter is not None and workload.adapter.quantized):
             yield cell
         pair = aligned_pair(cell.traces)
+        if pair is None and cell.traces and cell.reference is not None:
+            # One trace of its own and the batch structure of another length (trace.rescale):
+            # as exact a pair as two traces, and the next lengths' guesses interpolate through it.
+            single = cell.traces[-1]
+            partner = rescale(cell.reference, single, single.batch_size + 1)
+            pair = None if partner is None else (single, partner)
         if pair is not None:  # the next length of this mode can extrapolate from one trace
             known[seq_len] = pair
+        found = cell.proven_max()
+        if found is not None:
+            maxima[seq_len] = found
 
     def _checkpoint_contexts(self) -> tuple[Any, Any]:
         recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()

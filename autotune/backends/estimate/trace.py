@@ -127,10 +127,12 @@ def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:
 def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_size: int) -> Trace | None:
     """A *guess* at the trace of another sequence length, from aligned pairs at other lengths.
 
-    Each allocation's fixed and per-sample sizes are interpolated as polynomials in the
-    sequence length through the nearest lengths known (degree up to 2: activations grow with
-    the length, attention masks and matrices with its square). Not exact in general, so it is
-    only used to choose a cell's first probe, never as a probe.
+    Each allocation's fixed and per-sample sizes are functions of the sequence length: a tensor
+    has the length as a dimension once (activations), twice (attention scores, masks) or not at
+    all, so most sizes are ``c * L**k`` with k in 0, 1, 2, and that is read off exactly from two
+    lengths. Other sizes are interpolated as polynomials through the nearest lengths known
+    (degree up to 2). Not exact in general, so it is only used to choose a cell's first probe,
+    never as a probe.
     """
     if not pairs:
         return None
@@ -143,14 +145,24 @@ def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_siz
         return None
     sizes = []
     for i in range(len(pairs[known[0]][0].sizes)):
-        if len(known) == 1:  # one length: per-sample sizes scale with the length
-            fixed, per_sample = parts[known[0]][i]  # type: ignore[index]
-            per_sample = per_sample * seq_len / known[0]
-        else:
-            fixed = _lagrange([(s, parts[s][i][0]) for s in known], seq_len)  # type: ignore[index]
-            per_sample = _lagrange([(s, parts[s][i][1]) for s in known], seq_len)  # type: ignore[index]
+        fixed = _at_length([(s, parts[s][i][0]) for s in known], seq_len, 0)  # type: ignore[index]
+        per_sample = _at_length([(s, parts[s][i][1]) for s in known], seq_len, 1)  # type: ignore[index]
         sizes.append(max(0, round(fixed + per_sample * batch_size)))
     return Trace(batch_size, tuple(sizes), orders.pop(), pairs[known[0]][0].workspaces)
+
+
+def _at_length(points: Sequence[tuple[int, int]], length: int, alone: int) -> float:
+    """A size at ``length`` from its sizes at other lengths: ``c * L**k`` (k = 0, 1, 2) where that
+    holds at every length known, else a polynomial through them; from one length, ``c * L**alone``
+    (the fixed part of an allocation is taken not to grow with the length, the per-sample part
+    to grow in proportion)."""
+    (first, value), rest = points[0], points[1:]
+    if not rest:
+        return value * (length / first) ** alone
+    for power in (0, 1, 2):
+        if all(size * first**power == value * other**power for other, size in rest):
+            return value * (length / first) ** power
+    return _lagrange(points, length)
 
 
 def _parts(a: Trace, b: Trace) -> list[tuple[int, int]] | None:

@@ -78,3 +78,14 @@ def test_synthesize_interpolates_sizes_in_the_sequence_length():
     # From one length only, per-sample sizes scale linearly with the length.
     assert synthesize({32: pair(32)}, 64, 5).sizes == (1000, 4 * 64 * 5, 4 * 32 * 64 * 5)
     assert synthesize({}, 64, 5) is None
+    # From two lengths, each size that is c * L**k (k = 0, 1, 2) at both is read off exactly.
+    two = {s: pair(s) for s in (64, 128)}
+    assert synthesize(two, 320, 5).sizes == (1000, 4 * 320 * 5, 4 * 320 * 320 * 5)
+
+
+def test_synthesize_interpolates_a_size_with_two_powers_of_the_length():
+    # 4*s + s*s bytes per sample: no single power; a polynomial through three lengths is exact.
+    def pair(s):
+        return tuple(Trace(b, ((4 * s + s * s) * b,), (0,)) for b in (2, 3))
+
+    assert synthesize({s: pair(s) for s in (32, 64, 128)}, 256, 5).sizes == ((4 * 256 + 256 * 256) * 5,)

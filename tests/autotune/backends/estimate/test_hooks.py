@@ -1,0 +1,92 @@
+"""The estimator's search hooks: claims from allocator replays in few replays, settled boundaries."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from autotune.backends.estimate.backend import EstimateBackend, _largest_fitting, _settle
+from autotune.gpus import custom_gpu
+from autotune.search import search_max_batch
+from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
+
+
+def counted(limit: int, holes: frozenset[int] = frozenset()):
+    """fits(b) for b <= limit except the holes (the allocator's non-monotone spots), and the
+    batches it was asked about."""
+    asked: list[int] = []
+
+    def fits(batch: int) -> bool:
+        asked.append(batch)
+        return batch <= limit and batch not in holes
+
+    return fits, asked
+
+
+@pytest.mark.parametrize(("lo", "hi", "start", "limit"), [
+    (0, None, None, 1), (0, None, None, 777), (3, None, None, 320), (0, 50, None, 49), (0, 50, None, 0),
+    (0, None, 100, 100), (0, None, 100, 99), (0, None, 100, 230), (0, None, 100, 7), (40, 90, None, 63),
+])
+def test_largest_fitting_finds_the_limit(lo, hi, start, limit):
+    fits, _ = counted(limit)
+    assert _largest_fitting(fits, lo, hi, start) == limit
+
+
+def test_a_claim_one_batch_off_costs_two_replays():
+    fits, asked = counted(320)
+    assert _largest_fitting(fits, 320, None) == 320
+    assert asked == [321]  # the known fitting batch is not asked again; one above ends it
+    fits, asked = counted(319)
+    assert _largest_fitting(fits, 0, None, start=320) == 319
+    assert asked == [320, 319]
+    fits, asked = counted(321)
+    assert _largest_fitting(fits, 0, 323) == 321
+    assert asked == [322, 320, 321]  # down by 1, then 2; then bisected
+
+
+def test_largest_fitting_says_none_when_the_replays_cannot_tell():
+    assert _largest_fitting(lambda batch: None, 0, None) is None
+    assert _largest_fitting(lambda batch: None if batch > 4 else True, 0, None) is None
+
+
+def test_settle_agrees_from_any_boundary_near_a_band():
+    # Fits up to 400 except in a ragged band from 378: a search can stop at 377, 379, 381 or 400.
+    holes = frozenset({378, 380, *range(382, 390)})
+    for boundary in (377, 379, 381, 400):
+        fits, _ = counted(400, holes)
+        settled = _settle(fits, boundary)
+        assert (boundary if settled is None else settled) == 377, boundary
+    fits, _ = counted(400)
+    assert _settle(fits, 400) is None  # no hole: the boundary stays
+
+
+def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
+    """A cell proven with one trace leaves an exact pair for the next length's guess, so from the
+    third length on the first probe is the max and the cell takes two probes."""
+    backend = EstimateBackend(custom_gpu(2 << 30))
+    workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+    mode = parse_mode("fp32")
+    budget = 1 << 30
+    answers = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for seq_len in (16, 32, 64, 128):
+            with backend.cell(workload, mode, seq_len, budget) as cell:
+                result = search_max_batch(cell.fits, budget_bytes=budget, guess=2, predict=cell.predict,
+                                          settle=cell.settle)
+            answers[seq_len] = result
+    structures = backend._structures[(workload, "fp32")]
+    assert sorted(structures) == [16, 32, 64, 128]
+    for seq_len in (64, 128):
+        probes = answers[seq_len].probes
+        assert [p.batch_size for p in probes] == [answers[seq_len].max_batch_size,
+                                                 answers[seq_len].max_batch_size + 1]
+        assert probes[0].details["estimate"] == "traced"
+    # The answers are the same as the baseline search's over the same backend.
+    for seq_len, result in answers.items():
+        with backend.cell(workload, mode, seq_len, budget) as cell:
+            bisect = search_max_batch(cell.fits, budget_bytes=budget, method="bisect", settle=cell.settle)
+        assert bisect.max_batch_size == result.max_batch_size
