@@ -173,10 +173,13 @@ def run_steps(
     steps: int = MIN_STEPS,
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     scaler: Any = None,
-    after_step: Callable[[int], None] | None = None,
+    after_step: Callable[[int], bool | None] | None = None,
     loss: str = "full",
 ) -> None:
     """Run ``steps`` full training steps; the one loop every backend uses.
+
+    ``after_step(index)`` is called after each step; a true answer ends the loop there (the
+    estimator writes the remaining steps' allocations itself: estimate/steps.py).
 
     ``loss``: "full", the model's own loss; "chunked", Liger's fused linear cross-entropy
     (loss.chunked_lm_loss), which never materializes the logits.
@@ -194,8 +197,8 @@ def run_steps(
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        if after_step is not None:
-            after_step(index)
+        if after_step is not None and after_step(index):
+            return
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.estimate.steps import SteadySteps, StepMarks
 from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
@@ -37,6 +38,7 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer
 from autotune.workload.step import (
+    NoScaler,
     build_model,
     gradient_checkpointing,
     make_batch,
@@ -236,6 +238,24 @@ class MemoryEquivalentScaler:
         pass
 
 
+class _MarkedScaler:
+    """The step's gradient scaler, noting where each optimizer step begins and ends in the trace."""
+
+    def __init__(self, scaler: Any, events: list[tuple[int, int]], marks: StepMarks) -> None:
+        self.scaler, self.events, self.marks = scaler, events, marks
+
+    def scale(self, loss: Any) -> Any:
+        return self.scaler.scale(loss)
+
+    def step(self, optimizer: Any) -> None:
+        self.marks.optimizer_starts.append(len(self.events))
+        self.scaler.step(optimizer)
+        self.marks.optimizer_ends.append(len(self.events))
+
+    def update(self) -> None:
+        self.scaler.update()
+
+
 class _EstimateCell:
     """One cell's probes (search.Cell), with the search's hooks: cheap, exact evaluations by
     allocator replays of the cell's extrapolated traces."""
@@ -322,6 +342,8 @@ class EstimateBackend:
         # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
         self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
         # Per (workload, mode, budget): seq_len -> the max batch a cell proved (where guesses start).
+        # Per (workload, mode): whether steps after the first are written from it (steps.py).
+        self._steady: dict[tuple[Any, ...], SteadySteps] = {}
         self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -497,16 +519,33 @@ class EstimateBackend:
             ]
             batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
             optimizer = make_optimizer(model, workload.optimizer, emulate=True)
-            scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
+            marks = StepMarks()
+            scaler = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
+                                   tracker.events, marks)
+            steady = self._steady.setdefault((workload, mode.name), SteadySteps())
+            written = False
+
+            def after_step(index: int) -> bool:
+                nonlocal written
+                marks.ends.append(len(tracker.events))
+                marks.starts.append(len(tracker.events))
+                written = index == 0 and steady.can_write(tracker.events, marks, tracker.workspaces)
+                return written
+
             self._emulation = emulation
             try:
                 with emulation:
+                    marks.starts.append(len(tracker.events))
                     run_steps(
-                        model, batch, optimizer, steps=workload.steps,
+                        model, batch, optimizer, steps=workload.steps, after_step=after_step,
                         autocast=emulation.forward_region, scaler=scaler, loss=workload.loss,
                     )
             finally:
                 self._emulation = None
+            if written:  # steps 2.. from step 1 (steps.py)
+                steady.write(tracker, marks, workload.steps)
+            elif steady.verified is None:
+                steady.learn(tracker.events, marks, workload.steps, tracker.workspaces)
             del optimizer, batch, scaler, workspaces
             model.zero_grad(set_to_none=True)
         tracker.close()
