@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.backends.estimate.steps import SteadySteps, StepMarks
+from autotune.backends.estimate.steps import SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
@@ -238,19 +238,45 @@ class MemoryEquivalentScaler:
         pass
 
 
-class _MarkedScaler:
-    """The step's gradient scaler, noting where each optimizer step begins and ends in the trace."""
+class _Unsteady(Exception):
+    """The first step, its optimizer step written, turned out not to be steady (steps.py)."""
 
-    def __init__(self, scaler: Any, events: list[tuple[int, int]], marks: StepMarks) -> None:
-        self.scaler, self.events, self.marks = scaler, events, marks
+
+class _MarkedScaler:
+    """The step's gradient scaler, noting where each optimizer step begins and ends in the trace;
+    the first optimizer step is written instead of run where ``steady`` allows (steps.py)."""
+
+    def __init__(self, scaler: Any, tracker: Any, marks: StepMarks, steady: SteadySteps,
+                 writer: StepWriter | None) -> None:
+        self.scaler, self.tracker, self.marks = scaler, tracker, marks
+        self.steady, self.writer = steady, writer
+        self.state: dict[int, int] | None = None  # the written state's keys, by number
+        self.written = False  # whether the steps after the first are to be written
+
+    def after_step(self, index: int) -> bool:
+        """run_steps' hook: the end of a step; True (stop) where the rest is to be written."""
+        events = self.tracker.events
+        self.marks.ends.append(len(events))
+        self.marks.starts.append(len(events))
+        if index == 0 and self.writer is not None:
+            self.written = self.steady.can_write(events, self.marks, self.tracker.workspaces)
+            if self.state is not None and not self.written:
+                raise _Unsteady  # the optimizer step was written: run again, all of it
+        return self.written
 
     def scale(self, loss: Any) -> Any:
         return self.scaler.scale(loss)
 
     def step(self, optimizer: Any) -> None:
-        self.marks.optimizer_starts.append(len(self.events))
-        self.scaler.step(optimizer)
-        self.marks.optimizer_ends.append(len(self.events))
+        events = self.tracker.events
+        self.marks.optimizer_starts.append(len(events))
+        first = len(self.marks.optimizer_starts) == 1
+        if first and self.writer is not None and self.steady.can_write_first_optimizer(
+                events, self.marks, self.tracker.workspaces):
+            self.state = self.steady.write_first_optimizer(self.writer)
+        else:
+            self.scaler.step(optimizer)
+        self.marks.optimizer_ends.append(len(events))
 
     def update(self) -> None:
         self.scaler.update()
@@ -489,23 +515,32 @@ class EstimateBackend:
         kernels = AttentionKernels(
             flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
         )
-        emulation = CudaEmulation(dtype, kernels)
-        tracker = StorageTracker(reductions=True, device=self.multiprocessors)
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;
         # with it paused, the trace depends only on the step (refcounting frees the rest).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            events = self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size)
-            return Trace.from_events(batch_size, events, tracker.workspaces)
+            for write_steps in (True, False):
+                emulation = CudaEmulation(dtype, kernels)
+                tracker = StorageTracker(reductions=True, device=self.multiprocessors)
+                try:
+                    events = self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size,
+                                         write_steps)
+                except _Unsteady:  # a step that was not steady after all: run every step
+                    tracker.close()
+                    with fake.mode_ctx:
+                        fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
+                    continue
+                return Trace.from_events(batch_size, events, tracker.workspaces)
+            raise AssertionError("a trace that writes no step cannot be unsteady")
         finally:
             if gc_was_enabled:
                 gc.enable()
 
     def _trace(
         self, tracker: Any, emulation: Any, fake: _FakeModel, workload: Workload, mode: Mode,
-        seq_len: int, batch_size: int,
+        seq_len: int, batch_size: int, write_steps: bool = True,
     ) -> list[tuple[int, int]]:
         import torch
 
@@ -520,33 +555,29 @@ class EstimateBackend:
             batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
             optimizer = make_optimizer(model, workload.optimizer, emulate=True)
             marks = StepMarks()
-            scaler = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
-                                   tracker.events, marks)
             steady = self._steady.setdefault((workload, mode.name), SteadySteps())
-            written = False
-
-            def after_step(index: int) -> bool:
-                nonlocal written
-                marks.ends.append(len(tracker.events))
-                marks.starts.append(len(tracker.events))
-                written = index == 0 and steady.can_write(tracker.events, marks, tracker.workspaces)
-                return written
-
+            writer = StepWriter(tracker) if write_steps else None
+            marked = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
+                                   tracker, marks, steady, writer)
             self._emulation = emulation
             try:
                 with emulation:
                     marks.starts.append(len(tracker.events))
                     run_steps(
-                        model, batch, optimizer, steps=workload.steps, after_step=after_step,
-                        autocast=emulation.forward_region, scaler=scaler, loss=workload.loss,
+                        model, batch, optimizer, steps=workload.steps, after_step=marked.after_step,
+                        autocast=emulation.forward_region, scaler=marked, loss=workload.loss,
                     )
             finally:
                 self._emulation = None
+            written = marked.written
             if written:  # steps 2.. from step 1 (steps.py)
-                steady.write(tracker, marks, workload.steps)
-            elif steady.verified is None:
-                steady.learn(tracker.events, marks, workload.steps, tracker.workspaces)
-            del optimizer, batch, scaler, workspaces
+                assert writer is not None
+                steady.write(writer, marks, workload.steps)
+                if marked.state is not None:  # what ``del optimizer`` frees of the real state
+                    steady.free_state(writer, marked.state)
+            del optimizer, batch, marked, workspaces
             model.zero_grad(set_to_none=True)
         tracker.close()
+        if steady.verified is None and not written:
+            steady.learn(tracker.events, marks, workload.steps, tracker.workspaces)
         return tracker.events

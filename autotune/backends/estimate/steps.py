@@ -56,6 +56,13 @@ def canonical(events: Sequence[Event], workspaces: dict[int, Workspace]) -> Cano
     (``(i, nbytes, workspace)`` to allocate, ``(~i, -1, None)`` to free), so that windows of two
     steps compare equal when they allocate and free alike; None if the window frees an
     allocation made before it."""
+    found = _numbered(events, workspaces)
+    return None if found is None else found[0]
+
+
+def _numbered(events: Sequence[Event], workspaces: dict[int, Workspace]
+              ) -> tuple[Canonical, dict[int, int]] | None:
+    """``canonical``, and the key -> number of the window's allocations still alive after it."""
     local: dict[int, int] = {}  # key of a live allocation -> its number (a key can come back)
     out: list[tuple[int, int, Workspace | None]] = []
     numbered = 0
@@ -68,11 +75,17 @@ def canonical(events: Sequence[Event], workspaces: dict[int, Workspace]) -> Cano
             out.append((~local.pop(key), -1, None))
         else:
             return None
-    return tuple(out)
+    return tuple(out), local
 
 
-class _Writer:
-    """Writes canonical windows into a tracker's events under fresh keys."""
+def _left(window: Canonical) -> tuple[int, ...]:
+    """The sizes of a canonical window's allocations it does not free, in order."""
+    freed = {~index for index, _, _ in window if index < 0}
+    return tuple(nbytes for index, nbytes, _ in window if index >= 0 and index not in freed)
+
+
+class StepWriter:
+    """Writes canonical windows into a tracker's events under fresh keys (one per trace)."""
 
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
@@ -121,17 +134,41 @@ class SteadySteps:
 
     verified: bool | None = None
     optimizer_steps: list[Canonical] = field(default_factory=list)  # steps 2, 3, ...
+    # The first optimizer step (it makes the state), when it can be written too: the sizes of what
+    # the first forward-backward leaves for it (the gradients), and the order in which the trace's
+    # end frees the state (``del optimizer``), by the numbers of the state's allocations.
+    first_optimizer: Canonical | None = None
+    gradients: tuple[int, ...] = ()
+    state_frees: tuple[int, ...] = ()
+
+    def can_write_first_optimizer(self, events: Sequence[Event], marks: StepMarks,
+                                  workspaces: dict[int, Workspace]) -> bool:
+        """At the first optimizer step: whether it can be written instead of run."""
+        if not self.verified or self.first_optimizer is None:
+            return False
+        forward = canonical(events[marks.starts[0]:marks.optimizer_starts[0]], workspaces)
+        return forward is not None and _left(forward) == self.gradients
+
+    def write_first_optimizer(self, writer: StepWriter) -> dict[int, int]:
+        """Write the first optimizer step; the keys of the state it leaves, by number."""
+        assert self.first_optimizer is not None
+        return writer.write(self.first_optimizer)
+
+    def free_state(self, writer: StepWriter, keys: dict[int, int]) -> None:
+        """Free the written state, as ``del optimizer`` frees the real one."""
+        for number in self.state_frees:
+            writer.tracker.events.append((keys.pop(number), -1))
 
     def can_write(self, events: Sequence[Event], marks: StepMarks, workspaces: dict[int, Workspace]) -> bool:
         """Whether the steps after the first of the trace in progress can be written from it."""
         return bool(self.verified) and _step_parts(events, marks, 0, workspaces) is not None
 
-    def write(self, tracker: Any, marks: StepMarks, steps: int) -> None:
+    def write(self, writer: StepWriter, marks: StepMarks, steps: int) -> None:
         """Append steps 2..``steps`` to the tracker's events, from its first step."""
+        tracker = writer.tracker
         parts = _step_parts(tracker.events, marks, 0, tracker.workspaces)
         assert parts is not None and self.verified and len(self.optimizer_steps) == steps - 1
         forward, zero_grad = parts
-        writer = _Writer(tracker)
         for optimizer in self.optimizer_steps:
             keys = writer.write(forward)
             writer.write(optimizer)
@@ -139,8 +176,9 @@ class SteadySteps:
 
     def learn(self, events: Sequence[Event], marks: StepMarks, steps: int,
               workspaces: dict[int, Workspace]) -> None:
-        """From a trace that ran every step: keep its optimizer steps after the first, and
-        whether steps written from its first step equal its real ones."""
+        """From a whole trace that ran every step: keep its optimizer steps, and whether steps
+        written from its first step equal its real ones (the optimizer steps after the first
+        must leave nothing behind: the state is the first's)."""
         self.verified = False
         first = _step_parts(events, marks, 0, workspaces)
         if first is None or len(marks.ends) != steps:
@@ -150,11 +188,29 @@ class SteadySteps:
             forward, optimizer, zero_grad = marks.windows(events, step)
             written = canonical(optimizer, workspaces)
             real = canonical(forward + optimizer + zero_grad, workspaces)
-            if written is None or real is None or real != _concatenated(first[0], written, first[1]):
+            if written is None or real is None or _left(written) \
+                    or real != _concatenated(first[0], written, first[1]):
                 return
             optimizer_steps.append(written)
         self.optimizer_steps = optimizer_steps
         self.verified = True
+        self._learn_first_optimizer(events, marks, workspaces)
+
+    def _learn_first_optimizer(self, events: Sequence[Event], marks: StepMarks,
+                               workspaces: dict[int, Workspace]) -> None:
+        forward, optimizer, _ = marks.windows(events, 0)
+        numbered_forward = canonical(forward, workspaces)
+        numbered = _numbered(optimizer, workspaces)
+        if numbered_forward is None or numbered is None:
+            return
+        window, state = numbered
+        end = events[marks.ends[-1]:marks.ends[-1] + len(state)]
+        freed = {key for key, nbytes in end if nbytes < 0 and key in state}
+        if len(freed) != len(state) or len(end) != len(state):
+            return  # the trace's end does not free the state first, each once
+        self.first_optimizer = window
+        self.gradients = _left(numbered_forward)
+        self.state_frees = tuple(state[key] for key, _ in end)
 
 
 def _concatenated(forward: Canonical, optimizer: Canonical, zero_grad: Canonical) -> Canonical:

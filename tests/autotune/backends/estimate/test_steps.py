@@ -36,6 +36,7 @@ def test_written_steps_equal_real_ones(model, task, mode, extra):
     _trace(writing, workload, step_mode, 32, 3)  # every step runs, and is compared
     steady = writing._steady[(workload, mode)]
     assert steady.verified is True
+    assert steady.first_optimizer is not None  # the first optimizer step is written too
     real = EstimateBackend(resolve_gpu("A100-80GB"))
     real._steady[(workload, mode)] = SteadySteps(verified=False)  # never writes
     calls = []
@@ -113,3 +114,24 @@ def test_canonical_numbers_a_key_that_comes_back_as_a_new_allocation():
     assert canonical([(7, 100), (7, -1), (7, 200), (7, -1)], {}) == (
         (0, 100, None), (~0, -1, None), (1, 200, None), (~1, -1, None))
     assert canonical([(7, -1)], {}) is None
+
+
+def test_a_first_step_found_unsteady_after_its_optimizer_step_was_written_runs_again():
+    workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+    mode = parse_mode("fp32")
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    _trace(backend, workload, mode, 32, 3)
+    steady = backend._steady[(workload, "fp32")]
+    writes = []
+    original = steady.write_first_optimizer
+
+    def write_first_optimizer(writer):
+        writes.append(writer)
+        return original(writer)
+
+    steady.write_first_optimizer = write_first_optimizer
+    steady.can_write = lambda *args: False  # as if the first step had left something behind
+    real = EstimateBackend(resolve_gpu("A100-80GB"))
+    real._steady[(workload, "fp32")] = SteadySteps(verified=False)
+    assert _trace(backend, workload, mode, 64, 4) == _trace(real, workload, mode, 64, 4)
+    assert len(writes) == 1  # written once, then the trace ran again with every step run
