@@ -119,15 +119,20 @@ def _largest_fitting(fits: Verdict, lo: int, hi: int | None, start: int | None =
 
 
 def _guess_max(
-    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int, start: int | None
+    known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int, start: int | None,
+    verdicts: dict[int, bool],
 ) -> int | None:
     """The max batch by traces synthesized from other lengths (trace.synthesize), settled as
-    the cell's own traces would be (see _settle): a guess, to choose the cell's first probe."""
+    the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
+    ``verdicts`` receives each batch's verdict."""
     from autotune.backends.estimate.tracker import fits_in
 
     def fits(batch_size: int) -> bool | None:
         guess = synthesize(known, seq_len, batch_size)
-        return None if guess is None else fits_in(guess.events(), budget_bytes)
+        if guess is None:
+            return None
+        verdict = verdicts[batch_size] = fits_in(guess.events(), budget_bytes)
+        return verdict
 
     found = _largest_fitting(fits, 0, None, start)
     settled = _settle(fits, found) if found else None
@@ -297,6 +302,7 @@ class _EstimateCell:
         # search's hooks ask about the same batches again (claims, then settling).
         self.verdicts: dict[int, bool] = {}
         self.outcomes: dict[int, bool] = {}  # the probes': batch -> fits
+        self.guessed: dict[int, bool] = {}  # the guess's replays of synthesized traces
         self.settled: set[int] = set()  # boundaries _settle chose: they stay where they are
 
     def fits(self, batch_size: int) -> Probe:
@@ -319,13 +325,24 @@ class _EstimateCell:
 
     def predict(self, lo: int, hi: int | None) -> int | None:
         if not self.traces:  # the cell's first probe: a guess from the other lengths
-            return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start())
+            return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start(), self.guessed)
+        self._take_guessed()
         found = _largest_fitting(self.replayed, lo, hi)
         if not found:
             return found
         # Claim the boundary the search would settle on at the end, so its probes prove that one.
         settled = self.settle(found)
         return found if settled is None or settled < lo else settled
+
+    def _take_guessed(self) -> None:
+        """The guess's verdicts where the trace it synthesized is the cell's own (the same
+        allocations in bytes, as a replay sees them): the replays need not be made again."""
+        for batch, verdict in self.guessed.items():
+            found = _extrapolated(self.traces, batch, self.reference)
+            guess = synthesize(self.known, self.seq_len, batch)
+            if found is not None and guess is not None and found[0].events() == guess.events():
+                self.verdicts.setdefault(batch, verdict)
+        self.guessed.clear()
 
     def settle(self, boundary: int) -> int | None:
         if boundary in self.settled:  # already the boundary of a boundary found higher up

@@ -90,3 +90,20 @@ def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
         with backend.cell(workload, mode, seq_len, budget) as cell:
             bisect = search_max_batch(cell.fits, budget_bytes=budget, method="bisect", settle=cell.settle)
         assert bisect.max_batch_size == result.max_batch_size
+
+
+def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one():
+    from autotune.backends.estimate.backend import _EstimateCell
+    from autotune.backends.estimate.trace import Trace
+
+    def pair(length):  # a fixed 1000 B tensor and 4 * length bytes per sample
+        return tuple(Trace(b, (1000, 4 * length * b), (0, 1)) for b in (2, 3))
+
+    known = {32: pair(32), 64: pair(64)}
+    for own, taken in ((Trace(5, (1000, 4 * 128 * 5), (0, 1)), {10: True, 11: False}),
+                       (Trace(5, (1000, 4 * 100 * 5), (0, 1)), {})):  # not what the guess synthesized
+        cell = _EstimateCell(None, None, None, None, 128, 1 << 30, known, {})
+        cell.guessed.update({10: True, 11: False})
+        cell.traces.append(own)
+        cell._take_guessed()
+        assert cell.verdicts == taken and cell.guessed == {}
