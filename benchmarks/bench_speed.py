@@ -1,0 +1,89 @@
+"""Every figure of the speed goals (issue 15) in one run, on this machine.
+
+    .venv/bin/python benchmarks/bench_speed.py               # everything (about 10 minutes on 2 cores)
+    .venv/bin/python benchmarks/bench_speed.py --quick       # the default table only
+
+1. The default BERT-base table on the estimator (``autotune table bert-base-uncased``'s work, its
+   modes in worker processes as the CLI runs them) at three budgets: a T4 (the default),
+   ``--gpu-memory 12GiB`` and an A100-80GB: wall time, probes per cell, traced runs of the model.
+   Goals: 20 s for the default table; at most 2.5 probes per cell at each budget.
+   ``--compare`` also runs the bisect baseline in one process and checks the same answer in every cell.
+2. Checks (bench_check.py): ``GET /v1/check`` with and without a stored table, and ``autotune check``
+   in a fresh process, cold and again. Goals: 2 s for the CLI check, 0.3 s for a repeated request
+   without a stored table.
+3. The measured path on a fake GPU off the estimator by +-10 % (bench_seeded.py): GPU probes per
+   cell of bisect, guided without the estimator, and estimator-seeded. Goal: at most 2.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import autotune  # noqa: E402
+from autotune.defaults import DEFAULT_MODE_NAMES, DEFAULT_SEQ_LENS  # noqa: E402
+from autotune.tuner import TableResult  # noqa: E402
+
+TARGETS = (("T4 (default)", {}), ("12 GiB", {"gpu_memory": "12GiB"}), ("A100-80GB", {"gpu": "A100-80GB"}))
+
+
+def table(target: dict[str, str], **options: object) -> tuple[TableResult, float]:
+    started = time.perf_counter()
+    result = autotune.table("bert-base-uncased", seq_lens=DEFAULT_SEQ_LENS, modes=DEFAULT_MODE_NAMES,
+                            backend="estimate", **target, **options)  # type: ignore[arg-type]
+    return result, time.perf_counter() - started
+
+
+def traced_runs(result: TableResult) -> int:
+    return sum(1 for cell in result.cells for probe in cell.probe_log if probe.get("estimate") == "traced")
+
+
+def tables(compare: bool) -> None:
+    print("1. default table, bert-base-uncased, 24 cells, estimator")
+    print(f"   {'target':<14} {'wall s':>7} {'probes':>7} {'per cell':>9} {'traced':>7}" +
+          (f" {'bisect probes':>14} {'same answers':>13}" if compare else ""))
+    for name, target in TARGETS:
+        result, seconds = table(target)
+        cells = len(result.cells)
+        line = (f"   {name:<14} {seconds:>7.1f} {result.total_probes:>7} "
+                f"{result.total_probes / cells:>9.2f} {traced_runs(result):>7}")
+        if compare:
+            baseline, _ = table(target, search="bisect", workers=1)
+            same = all(cell.max_batch_size == baseline.cell(cell.mode, cell.seq_len).max_batch_size  # type: ignore[union-attr]
+                       for cell in result.cells)
+            line += f" {baseline.total_probes:>14} {same!s:>13}"
+        print(line, flush=True)
+
+
+def script(name: str, *args: str) -> None:
+    print(f"\n$ python benchmarks/{name} {' '.join(args)}".rstrip(), flush=True)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="the default table at a T4 only")
+    parser.add_argument("--compare", action="store_true", help="also the bisect baseline's answers")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", FutureWarning)
+    if args.quick:
+        result, seconds = table({})
+        print(f"default table: {seconds:.1f} s, {result.total_probes} probes "
+              f"({result.total_probes / len(result.cells):.2f} per cell), {traced_runs(result)} traced runs")
+        return
+    tables(args.compare)
+    print("\n2. checks")
+    script("bench_check.py", "--requests", "50", "--cli-runs", "3")
+    print("\n3. the measured path on a fake GPU")
+    script("bench_seeded.py")
+
+
+if __name__ == "__main__":
+    main()
