@@ -144,9 +144,12 @@ def _guess_max(
 # sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 6% of the batch (OOMs from 2227, fits
 # up to 2362). So that every search of a cell reports the same max, a found boundary settles on
 # the lowest out-of-memory batch within this fraction below it, looked for on a grid of
-# multiples of _SETTLE_STEP shared by all searches, then refined.
+# multiples of _SETTLE_STEP shared by all searches, then refined. The window is at most
+# _SETTLE_POINTS grid points (256 batches, the 135 seen above with room to spare): each point is a
+# replay, and a window of 10 % of a batch of 100,000 (a tiny model on a large card) is 2,500 of them.
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
+_SETTLE_POINTS = 64
 
 
 def _settle(fits: Verdict, boundary: int) -> int | None:
@@ -154,7 +157,8 @@ def _settle(fits: Verdict, boundary: int) -> int | None:
     None when there is none below it, or ``fits`` cannot tell. ``boundary + 1`` is known to run
     out of memory: the last grid step before it is searched like any failing one, so that a
     search ending at ``boundary`` and one ending a grid step higher settle alike."""
-    low = max(1, boundary - max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)))
+    window = min(max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)), _SETTLE_STEP * _SETTLE_POINTS)
+    low = max(1, boundary - window)
     start = -(-low // _SETTLE_STEP) * _SETTLE_STEP
     previous = start - _SETTLE_STEP
     for point in [*range(start, boundary + 1, _SETTLE_STEP), boundary + 1]:

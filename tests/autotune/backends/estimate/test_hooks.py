@@ -107,3 +107,9 @@ def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one
         cell.traces.append(own)
         cell._take_guessed()
         assert cell.verdicts == taken and cell.guessed == {}
+
+
+def test_settle_scans_a_bounded_window_below_a_large_boundary():
+    fits, asked = counted(100_000, frozenset({99_900, 95_000}))
+    assert _settle(fits, 100_000) == 99_899  # the hole 100 below is in the window
+    assert len(asked) <= 64 + 4 and min(asked) >= 100_000 - 256  # 95,000 is not looked at
