@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.backends.estimate.steps import SteadySteps, StepMarks, StepWriter
+from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
@@ -260,7 +260,7 @@ class _MarkedScaler:
         self.scaler, self.tracker, self.marks = scaler, tracker, marks
         self.steady, self.writer = steady, writer
         self.state: dict[int, int] | None = None  # the written state's keys, by number
-        self.written = False  # whether the steps after the first are to be written
+        self.first: tuple[Canonical, Canonical] | None = None  # step 1, where the rest is written from it
 
     def after_step(self, index: int) -> bool:
         """run_steps' hook: the end of a step; True (stop) where the rest is to be written."""
@@ -268,10 +268,10 @@ class _MarkedScaler:
         self.marks.ends.append(len(events))
         self.marks.starts.append(len(events))
         if index == 0 and self.writer is not None:
-            self.written = self.steady.can_write(events, self.marks, self.tracker.workspaces)
-            if self.state is not None and not self.written:
+            self.first = self.steady.first_step(events, self.marks, self.tracker.workspaces)
+            if self.state is not None and self.first is None:
                 raise _Unsteady  # the optimizer step was written: run again, all of it
-        return self.written
+        return self.first is not None
 
     def scale(self, loss: Any) -> Any:
         return self.scaler.scale(loss)
@@ -389,9 +389,9 @@ class EstimateBackend:
         # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
         self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
         # Per (workload, mode, budget): seq_len -> the max batch a cell proved (where guesses start).
+        self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
         # Per (workload, mode): whether steps after the first are written from it (steps.py).
         self._steady: dict[tuple[Any, ...], SteadySteps] = {}
-        self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -590,10 +590,10 @@ class EstimateBackend:
                     )
             finally:
                 self._emulation = None
-            written = marked.written
-            if written:  # steps 2.. from step 1 (steps.py)
+            written = marked.first is not None
+            if marked.first is not None:  # steps 2.. from step 1 (steps.py)
                 assert writer is not None
-                steady.write(writer, marks, workload.steps)
+                steady.write(writer, marked.first, workload.steps)
                 if marked.state is not None:  # what ``del optimizer`` frees of the real state
                     steady.free_state(writer, marked.state)
             del optimizer, batch, marked, workspaces

@@ -159,16 +159,16 @@ class SteadySteps:
         for number in self.state_frees:
             writer.tracker.events.append((keys.pop(number), -1))
 
-    def can_write(self, events: Sequence[Event], marks: StepMarks, workspaces: dict[int, Workspace]) -> bool:
-        """Whether the steps after the first of the trace in progress can be written from it."""
-        return bool(self.verified) and _step_parts(events, marks, 0, workspaces) is not None
+    def first_step(self, events: Sequence[Event], marks: StepMarks, workspaces: dict[int, Workspace]
+                   ) -> tuple[Canonical, Canonical] | None:
+        """The first step of the trace in progress, as ``write`` takes it (its forward-backward
+        and its zero_grad), where the steps after it can be written from it; else None."""
+        return _step_parts(events, marks, 0, workspaces) if self.verified else None
 
-    def write(self, writer: StepWriter, marks: StepMarks, steps: int) -> None:
-        """Append steps 2..``steps`` to the tracker's events, from its first step."""
-        tracker = writer.tracker
-        parts = _step_parts(tracker.events, marks, 0, tracker.workspaces)
-        assert parts is not None and self.verified and len(self.optimizer_steps) == steps - 1
-        forward, zero_grad = parts
+    def write(self, writer: StepWriter, first: tuple[Canonical, Canonical], steps: int) -> None:
+        """Append steps 2..``steps`` to the tracker's events, from its ``first_step``."""
+        assert self.verified and len(self.optimizer_steps) == steps - 1
+        forward, zero_grad = first
         for optimizer in self.optimizer_steps:
             keys = writer.write(forward)
             writer.write(optimizer)

@@ -130,7 +130,7 @@ def test_a_first_step_found_unsteady_after_its_optimizer_step_was_written_runs_a
         return original(writer)
 
     steady.write_first_optimizer = write_first_optimizer
-    steady.can_write = lambda *args: False  # as if the first step had left something behind
+    steady.first_step = lambda *args: None  # as if the first step had left something behind
     real = EstimateBackend(resolve_gpu("A100-80GB"))
     real._steady[(workload, "fp32")] = SteadySteps(verified=False)
     assert _trace(backend, workload, mode, 64, 4) == _trace(real, workload, mode, 64, 4)
