@@ -428,8 +428,9 @@ def search_max_batch(
     that can evaluate a batch without a probe), also "guided" only: still verified by probes.
     ``settle(b)``, for both methods: where fits is not monotone near the limit (the caching
     allocator's fragmentation), two searches can stop at different boundaries; a backend that
-    can evaluate batches cheaply names the one boundary at or below ``b`` that any search
-    ending near it settles on, and the two probes that prove it are made here.
+    can evaluate batches cheaply names the one boundary near ``b`` (below it, or above it past
+    a batch that ran out of memory) that any search ending near it settles on, and the probes
+    that prove it are made here.
     Raises SearchError on a probe with outcome "error"; exceptions raised by ``fits``
     propagate untouched.
     """
@@ -448,18 +449,23 @@ def search_max_batch(
     else:
         allowed = ", ".join(METHODS)
         raise InvalidInput(f"unknown search method {method!r}; allowed: {allowed}")
-    return result if settle is None else _settle(fits, result, settle)
+    return result if settle is None else _settle(fits, result, settle, max_batch, upper_bound)
 
 
-def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn) -> SearchResult:
-    """Move the answer down to ``settle``'s boundary, proving it with its own two probes."""
+def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn, max_batch: int,
+            upper_bound: int | None) -> SearchResult:
+    """Move the answer to ``settle``'s boundary, proving it with its own probes: it fits and the next
+    one does not, unless it is the largest batch the search may probe (``max_batch``, a shorter
+    sequence's answer)."""
     found = result.max_batch_size
+    top = max_batch if upper_bound is None else min(upper_bound, max_batch)
     target = settle(found) if found >= 1 else None
-    if target is None or target >= found or target < 0:
+    if target is None or target == found or target < 0 or target > top:
         return result
     probes = list(result.probes)
     made = {p.batch_size: p for p in probes}
-    for batch, expected in ((target, "fits"), (target + 1, "oom")):
+    proof = ((target, "fits"), (target + 1, "oom")) if target < top else ((target, "fits"),)
+    for batch, expected in proof:
         if batch < 1:
             continue
         probe = made.get(batch)
@@ -471,4 +477,4 @@ def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn) -> SearchResul
                                   probes, probe)
         if probe.outcome != expected:  # the backend's claim did not hold: keep the search's
             return SearchResult(found, tuple(probes), result.capped, result.model)
-    return SearchResult(target, tuple(probes), False, result.model)
+    return SearchResult(target, tuple(probes), target == max_batch, result.model)

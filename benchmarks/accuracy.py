@@ -156,11 +156,16 @@ def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: in
                 batch: int) -> dict[str, Any]:
     """One estimated step at ``batch``: the probe's outcome and peaks (backends/estimate/backend.py:
     peak_reserved_bytes is the reserved at the smallest capacity the step runs in when it fits), and
-    its trace replayed with the budget as the limit."""
+    its trace (traced, or extrapolated as the probe did) replayed with the budget as the limit."""
+    from autotune.backends.estimate.backend import _extrapolated
+
     with backend.cell(workload, mode, seq_len, budget) as cell:
         probe = cell.fits(batch)
         traces = getattr(cell, "traces", [])
         trace = traces[-1] if traces and traces[-1].batch_size == batch else None
+        if trace is None:  # the probe extrapolated it (exact, as the probe's own replay)
+            found = _extrapolated(traces, batch, getattr(cell, "reference", None))
+            trace = None if found is None else found[0]
         capped = replay_capped(trace.events(), budget) if trace is not None else None
     return {
         "batch_size": batch, "outcome": probe.outcome,

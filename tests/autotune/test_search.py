@@ -515,3 +515,25 @@ def test_a_settle_claim_that_probes_refute_is_ignored():
 
     result = search_max_batch(fits, budget_bytes=40_500, method="bisect", settle=lambda b: 30)
     assert result.max_batch_size == 40  # 31 fits, so 30 is no boundary
+
+
+def test_settle_can_move_the_answer_up_past_a_hole_and_proves_it():
+    # 17 fits, 18 runs out, 19 and 20 fit (Llama-3.2-1B bf16 at 1024 on an H100): a search that
+    # stopped at 17 moves to the backend's 20, proven by its own probes, never past its bounds.
+    def fits(b):
+        return Probe(b, "fits" if b <= 20 and b != 18 else "oom", peak_bytes=1000 * b)
+
+    def settle(boundary):
+        return 20 if boundary == 17 else None
+
+    result = search_max_batch(fits, budget_bytes=None, method="guided", guess=17, settle=settle)
+    outcomes = {p.batch_size: p.outcome for p in result.probes}
+    assert result.max_batch_size == 20 and not result.capped
+    assert outcomes[17] == "fits" and outcomes[18] == "oom"
+    assert outcomes[20] == "fits" and outcomes[21] == "oom"
+    assert len(outcomes) == len(result.probes)  # nothing probed twice
+    below = search_max_batch(fits, budget_bytes=None, guess=17, upper_bound=19, settle=settle)
+    assert below.max_batch_size == 17  # the shorter sequence's answer bounds it
+    at_cap = search_max_batch(fits, budget_bytes=None, guess=17, max_batch=20, settle=settle)
+    assert at_cap.max_batch_size == 20 and at_cap.capped
+    assert 21 not in {p.batch_size for p in at_cap.probes}

@@ -125,7 +125,7 @@ def _guess_max(
     """The max batch by traces synthesized from other lengths (trace.synthesize), settled as
     the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
     ``verdicts`` receives each batch's verdict."""
-    from autotune.backends.estimate.tracker import fits_in
+    from autotune.backends.estimate.tracker import fits_in, replay
 
     def fits(batch_size: int) -> bool | None:
         guess = synthesize(known, seq_len, batch_size)
@@ -134,47 +134,90 @@ def _guess_max(
         verdict = verdicts[batch_size] = fits_in(guess.events(), budget_bytes)
         return verdict
 
+    def robust(batch_size: int) -> bool | None:
+        guess = synthesize(known, seq_len, batch_size)
+        return None if guess is None else replay(guess.events(), budget_bytes).demand_bytes <= budget_bytes
+
     found = _largest_fitting(fits, 0, None, start)
-    settled = _settle(fits, found) if found else None
+    settled = _settle(fits, found, robust) if found else None
     return found if settled is None else settled
 
 
 # The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
 # fit while a smaller one runs out of memory (best-fit reuse of cached blocks changes with the
 # sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 6% of the batch (OOMs from 2227, fits
-# up to 2362). So that every search of a cell reports the same max, a found boundary settles on
-# the lowest out-of-memory batch within this fraction below it, looked for on a grid of
-# multiples of _SETTLE_STEP shared by all searches, then refined. The window is at most
-# _SETTLE_POINTS grid points (256 batches, the 135 seen above with room to spare): each point is a
-# replay, and a window of 10 % of a batch of 100,000 (a tiny model on a large card) is 2,500 of them.
+# up to 2362), and on Llama-3.2-1B bf16 on an H100 80GB at 512 (35 fits, 36 and 37 run out, 38-40
+# fit), 1024 (17 fits, 18 runs out, 19 and 20 fit) and 2048 (8 fits, 9 runs out, 10 fits); the
+# H100 measured 35 fitting and 36 not, 20 fitting and 21 not, 10 fitting and 11 not.
+# So that every search of a cell reports the same max, a found boundary settles on one the cell
+# defines: on a grid of multiples of _SETTLE_STEP, the lowest grid point that runs out of memory,
+# looked for from this fraction below the boundary; the max is just below the lowest batch that
+# runs out in the grid step up to it (35, 20 and 8 above; 2226 on the T4). A hole between two
+# fitting grid points is stepped over, so a search that stopped under one moves up, where the grid
+# point above fits by its demand too (_EstimateCell.robust), not only in a run at the budget. The
+# window is at most _SETTLE_POINTS grid points (256 batches, the 135 seen above with room to
+# spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
+# large card) is 2,500 of them.
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
 _SETTLE_POINTS = 64
 
 
-def _settle(fits: Verdict, boundary: int) -> int | None:
-    """The max batch just below the lowest out-of-memory batch near ``boundary`` (see above);
-    None when there is none below it, or ``fits`` cannot tell. ``boundary + 1`` is known to run
-    out of memory: the last grid step before it is searched like any failing one, so that a
-    search ending at ``boundary`` and one ending a grid step higher settle alike."""
+def _settle(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int | None:
+    """The cell's boundary near ``boundary`` (see above), below or above it; None when that is
+    ``boundary`` itself or ``fits`` cannot tell. ``boundary`` fits and ``boundary + 1`` does not:
+    neither is asked again. Where every grid point of the window above a hole fits, the boundary
+    above them is found (galloping) and settled in turn. ``robust``, where given, must also hold
+    for a grid point above ``boundary`` to count as fitting (see _EstimateCell.robust)."""
+    known = {boundary: True, boundary + 1: False}
+
+    def verdict(batch: int) -> bool | None:
+        return known[batch] if batch in known else fits(batch)
+
+    current = boundary
+    while True:
+        scanned = _first_failure(verdict, current, robust)
+        if scanned is None:
+            return None
+        found, above = scanned
+        if found is None and above is not None:  # no grid point failed: the next boundary up
+            higher = _largest_fitting(verdict, above, None)
+            if higher is None:
+                return None
+            known[higher], known[higher + 1] = True, False
+            current = higher
+            continue
+        found = current if found is None else found
+        return None if found == boundary else found
+
+
+def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = None,
+                   ) -> tuple[int | None, int | None] | None:
+    """(the max below the lowest grid point in the window around ``boundary`` that fails (see
+    above), the highest grid point above ``boundary`` that fits), each None where there is none;
+    None when ``verdict`` cannot tell."""
     window = min(max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)), _SETTLE_STEP * _SETTLE_POINTS)
     low = max(1, boundary - window)
-    start = -(-low // _SETTLE_STEP) * _SETTLE_STEP
-    previous = start - _SETTLE_STEP
-    for point in [*range(start, boundary + 1, _SETTLE_STEP), boundary + 1]:
-        verdict = False if point == boundary + 1 else fits(point)
-        if verdict is None:
+    first = -(-low // _SETTLE_STEP) * _SETTLE_STEP
+    top = min(-(-(boundary + 1) // _SETTLE_STEP) * _SETTLE_STEP + window, _PREDICT_LIMIT)
+    above = None
+    for point in range(first, top + 1, _SETTLE_STEP):
+        fitted = verdict(point)
+        if fitted and point > boundary and robust is not None:
+            fitted = robust(point)
+        if fitted is None:
             return None
-        if not verdict:  # the lowest failure on the grid: is there one just below it?
-            for batch in range(max(1, previous + 1, point - _SETTLE_STEP + 1), point):
-                verdict = fits(batch)
-                if verdict is None:
-                    return None
-                if not verdict:
-                    return batch - 1
-            return point - 1 if point <= boundary else None
-        previous = point
-    return None
+        if fitted:
+            above = point if point > boundary else None
+            continue
+        for batch in range(max(1, point - _SETTLE_STEP + 1), point):  # a failure below it?
+            fitted = verdict(batch)
+            if fitted is None:
+                return None
+            if not fitted:
+                return (batch - 1 if batch > 1 else None), None
+        return point - 1, None
+    return None, above
 
 
 @contextlib.contextmanager
@@ -308,6 +351,7 @@ class _EstimateCell:
         self.outcomes: dict[int, bool] = {}  # the probes': batch -> fits
         self.guessed: dict[int, bool] = {}  # the guess's replays of synthesized traces
         self.settled: set[int] = set()  # boundaries _settle chose: they stay where they are
+        self.robustness: dict[int, bool] = {}  # batch -> fits at every capacity from the budget up
 
     def fits(self, batch_size: int) -> Probe:
         probe = self.backend.probe(self.fake, self.workload, self.mode, self.seq_len, batch_size,
@@ -327,6 +371,23 @@ class _EstimateCell:
             verdict = self.verdicts[batch_size] = fits_in(found[0].events(), self.budget_bytes)
         return verdict
 
+    def robust(self, batch_size: int) -> bool | None:
+        """Whether ``batch_size``'s demand (the smallest capacity it runs in, tracker.replay) is
+        within the budget, not only a run at the budget itself; None if the traces cannot tell.
+        A batch above a hole is stepped onto only so (_settle): the allocator is not monotone in
+        the capacity either, and a step that runs at the budget but not a little above it would
+        not run on the card, which has more memory than the budget (its margin)."""
+        from autotune.backends.estimate.tracker import replay
+
+        verdict = self.robustness.get(batch_size)
+        if verdict is None:
+            found = _extrapolated(self.traces, batch_size, self.reference)
+            if found is None:
+                return None
+            demand = replay(found[0].events(), self.budget_bytes).demand_bytes
+            verdict = self.robustness[batch_size] = demand <= self.budget_bytes
+        return verdict
+
     def predict(self, lo: int, hi: int | None) -> int | None:
         if not self.traces:  # the cell's first probe: a guess from the other lengths
             return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start(), self.guessed)
@@ -334,9 +395,11 @@ class _EstimateCell:
         found = _largest_fitting(self.replayed, lo, hi)
         if not found:
             return found
-        # Claim the boundary the search would settle on at the end, so its probes prove that one.
+        # Claim the boundary the search would settle on at the end, so its probes prove that one
+        # (one above a batch known to run out of memory is the search's to move to, at the end).
         settled = self.settle(found)
-        return found if settled is None or settled < lo else settled
+        inside = settled is not None and lo <= settled and (hi is None or settled < hi)
+        return settled if inside else found
 
     def _take_guessed(self) -> None:
         """The guess's verdicts where the trace it synthesized is the cell's own (the same
@@ -351,7 +414,7 @@ class _EstimateCell:
     def settle(self, boundary: int) -> int | None:
         if boundary in self.settled:  # already the boundary of a boundary found higher up
             return None
-        settled = _settle(self.replayed, boundary)
+        settled = _settle(self.replayed, boundary, self.robust)
         if settled is not None:
             self.settled.add(settled)
         return settled
@@ -384,9 +447,8 @@ class EstimateBackend:
         self.multiprocessors = None if found is None else Multiprocessors(*found)
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
-        # Per (workload, mode): an aligned pair of traces, whose batch structure lets a cell at
-        # another length extrapolate from a single trace of its own (trace.rescale).
-        # Per (workload, mode): seq_len -> an aligned pair of traces at that length.
+        # Per (workload, mode): seq_len -> an aligned pair of traces at that length, whose batch
+        # structure lets a cell at another length extrapolate from one trace of its own (trace.rescale).
         self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
         # Per (workload, mode, budget): seq_len -> the max batch a cell proved (where guesses start).
         self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}

@@ -56,11 +56,45 @@ def test_settle_agrees_from_any_boundary_near_a_band():
     # Fits up to 400 except in a ragged band from 378: a search can stop at 377, 379, 381 or 400.
     holes = frozenset({378, 380, *range(382, 390)})
     for boundary in (377, 379, 381, 400):
-        fits, _ = counted(400, holes)
+        fits, asked = counted(400, holes)
         settled = _settle(fits, boundary)
         assert (boundary if settled is None else settled) == 377, boundary
+        assert boundary not in asked and boundary + 1 not in asked  # known: not replayed
     fits, _ = counted(400)
     assert _settle(fits, 400) is None  # no hole: the boundary stays
+
+
+def test_settle_steps_over_a_hole_between_fitting_grid_points():
+    # Llama-3.2-1B bf16 on an H100 80GB. At 1024: 17 fits, 18 runs out, 19 and 20 fit (the H100
+    # measured 20 fitting, 21 not): 16 and 20 fit, 24 does not, and 21 is the first failure of
+    # that step. At 512: 35 fits, 36 and 37 run out, 38 to 40 fit: 36 fails, the max is 35 (so
+    # the H100 measured). At 2048: 8 fits, 9 runs out, 10 fits: 12 fails, 9 first: 8.
+    fits, _ = counted(20, frozenset({18}))
+    assert _settle(fits, 17) == 20
+    assert _settle(fits, 20) is None
+    fits, _ = counted(40, frozenset({36, 37}))
+    assert _settle(fits, 35) is None and _settle(fits, 40) == 35
+    fits, _ = counted(10, frozenset({9}))
+    assert _settle(fits, 8) is None and _settle(fits, 10) == 8
+    fits, _ = counted(60, frozenset({18}))  # fits far past the window above: gallops there
+    assert _settle(fits, 17) == 60
+
+
+def test_settle_steps_only_onto_a_batch_that_fits_by_its_demand():
+    # A small BERT in amp at 512 on 1 GiB: 20 fits, 21-23 run out, 24 runs at the budget though its
+    # demand (570 MiB) is over it (486 MiB): a card with more memory than the budget would not run it.
+    fits, _ = counted(24, frozenset({21, 22, 23}))
+    assert _settle(fits, 20) == 24
+    assert _settle(fits, 20, robust=lambda batch: batch != 24) is None
+    assert _settle(fits, 20, robust=lambda batch: None) is None  # cannot tell: the boundary stays
+
+
+def test_settle_ignores_fits_past_the_window():
+    def fits(batch):  # fits again 50 above the boundary: past the window (10 % of 100)
+        return batch <= 100 or 150 <= batch <= 160
+
+    assert _settle(fits, 100) is None
+    assert _settle(lambda batch: None, 100) is None  # the replays cannot tell
 
 
 def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
@@ -109,7 +143,10 @@ def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one
         assert cell.verdicts == taken and cell.guessed == {}
 
 
-def test_settle_scans_a_bounded_window_below_a_large_boundary():
+def test_settle_scans_a_bounded_window_near_a_large_boundary():
     fits, asked = counted(100_000, frozenset({99_900, 95_000}))
-    assert _settle(fits, 100_000) == 99_899  # the hole 100 below is in the window
+    assert _settle(fits, 100_000) == 99_899  # the hole 100 below is on the grid, in the window
     assert len(asked) <= 64 + 4 and min(asked) >= 100_000 - 256  # 95,000 is not looked at
+    fits, asked = counted(100_000, frozenset({99_901}))
+    assert _settle(fits, 99_900) == 100_000  # a search stopped under a hole off the grid moves up
+    assert len(asked) <= 2 * 64 + 2 * 17 and max(asked) <= 100_004 + 256
