@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
-from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
+from autotune.backends.estimate.trace import (
+    Affine,
+    Trace,
+    affine,
+    aligned_pair,
+    rescale,
+    rescaled,
+    synthesized,
+)
 from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
@@ -55,23 +63,31 @@ class _FakeModel:
     attn: str
 
 
+def _extrapolation(traces: list[Trace], reference: tuple[Trace, Trace] | None = None,
+                   ) -> tuple[Affine, str] | None:
+    """The cell's traces at every batch size without running the model, if its traces allow it:
+    from an aligned pair of this cell, else from one trace of it and another cell's pair; with
+    what it came from, in words."""
+    pair = aligned_pair(traces)
+    if pair is not None:
+        form = affine(pair[0], pair[1])
+        if form is not None:
+            return form, f"extrapolated from batches {pair[0].batch_size} and {pair[1].batch_size}"
+    if reference is not None and traces:
+        form = rescaled(reference, traces[-1])
+        if form is not None:
+            return form, (f"extrapolated from batch {traces[-1].batch_size} with the batch "
+                          f"structure of batches {reference[0].batch_size} and "
+                          f"{reference[1].batch_size} at another length")
+    return None
+
+
 def _extrapolated(
     traces: list[Trace], batch_size: int, reference: tuple[Trace, Trace] | None = None
 ) -> tuple[Trace, str] | None:
-    """The trace at ``batch_size`` without running the model, if the cell's traces allow it:
-    from an aligned pair of this cell, else from one trace of it and another cell's pair."""
-    pair = aligned_pair(traces)
-    if pair is not None:
-        result = extrapolate(pair[0], pair[1], batch_size)
-        if result is not None:
-            return result, f"extrapolated from batches {pair[0].batch_size} and {pair[1].batch_size}"
-    if reference is not None and traces:
-        result = rescale(reference, traces[-1], batch_size)
-        if result is not None:
-            return result, (f"extrapolated from batch {traces[-1].batch_size} with the batch "
-                            f"structure of batches {reference[0].batch_size} and "
-                            f"{reference[1].batch_size} at another length")
-    return None
+    """The trace at ``batch_size`` by ``_extrapolation``, and what it came from; None if it cannot."""
+    found = _extrapolation(traces, reference) if batch_size >= 1 else None
+    return None if found is None else (found[0].at(batch_size), found[1])
 
 
 # How far a prediction may gallop when no batch is known to run out of memory.
@@ -120,23 +136,25 @@ def _largest_fitting(fits: Verdict, lo: int, hi: int | None, start: int | None =
 
 def _guess_max(
     known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int, start: int | None,
-    verdicts: dict[int, bool],
+    guessed: dict[int, tuple[bool, Trace]],
 ) -> int | None:
-    """The max batch by traces synthesized from other lengths (trace.synthesize), settled as
+    """The max batch by traces synthesized from other lengths (trace.synthesized), settled as
     the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
-    ``verdicts`` receives each batch's verdict."""
+    ``guessed`` receives each batch's verdict and the trace it replayed."""
     from autotune.backends.estimate.tracker import fits_in, replay
 
-    def fits(batch_size: int) -> bool | None:
-        guess = synthesize(known, seq_len, batch_size)
-        if guess is None:
-            return None
-        verdict = verdicts[batch_size] = fits_in(guess.events(), budget_bytes)
+    form = synthesized(known, seq_len)
+    if form is None:
+        return None
+
+    def fits(batch_size: int) -> bool:
+        guess = form.at(batch_size)
+        verdict = fits_in(guess.events(), budget_bytes)
+        guessed[batch_size] = (verdict, guess)
         return verdict
 
-    def robust(batch_size: int) -> bool | None:
-        guess = synthesize(known, seq_len, batch_size)
-        return None if guess is None else replay(guess.events(), budget_bytes).demand_bytes <= budget_bytes
+    def robust(batch_size: int) -> bool:
+        return replay(form.at(batch_size).events(), budget_bytes).demand_bytes <= budget_bytes
 
     found = _largest_fitting(fits, 0, None, start)
     settled = _settle(fits, found, robust) if found else None
@@ -349,15 +367,28 @@ class _EstimateCell:
         # search's hooks ask about the same batches again (claims, then settling).
         self.verdicts: dict[int, bool] = {}
         self.outcomes: dict[int, bool] = {}  # the probes': batch -> fits
-        self.guessed: dict[int, bool] = {}  # the guess's replays of synthesized traces
+        self.guessed: dict[int, tuple[bool, Trace]] = {}  # the guess's replays of synthesized traces
+        self._form: tuple[tuple[int, ...], tuple[Affine, str] | None] | None = None  # see extrapolated
         self.settled: set[int] = set()  # boundaries _settle chose: they stay where they are
         self.robustness: dict[int, bool] = {}  # batch -> fits at every capacity from the budget up
 
     def fits(self, batch_size: int) -> Probe:
         probe = self.backend.probe(self.fake, self.workload, self.mode, self.seq_len, batch_size,
-                                   self.budget_bytes, self.traces, self.reference)
+                                   self.budget_bytes, self.traces, self.extrapolation())
         self.outcomes[batch_size] = probe.outcome == "fits"
         return probe
+
+    def extrapolation(self) -> tuple[Affine, str] | None:
+        """_extrapolation of the cell's traces so far, read off once per set of traces."""
+        key = tuple(id(trace) for trace in self.traces)
+        if self._form is None or self._form[0] != key:
+            self._form = key, _extrapolation(self.traces, self.reference)
+        return self._form[1]
+
+    def extrapolated(self, batch_size: int) -> Trace | None:
+        """The cell's trace at ``batch_size`` without running the model; None if it cannot."""
+        found = self.extrapolation()
+        return None if found is None or batch_size < 1 else found[0].at(batch_size)
 
     def replayed(self, batch_size: int) -> bool | None:
         """Whether ``batch_size`` fits by the cell's extrapolated traces; None if they cannot tell."""
@@ -365,10 +396,10 @@ class _EstimateCell:
 
         verdict = self.verdicts.get(batch_size)
         if verdict is None:
-            found = _extrapolated(self.traces, batch_size, self.reference)
+            found = self.extrapolated(batch_size)
             if found is None:
                 return None
-            verdict = self.verdicts[batch_size] = fits_in(found[0].events(), self.budget_bytes)
+            verdict = self.verdicts[batch_size] = fits_in(found.events(), self.budget_bytes)
         return verdict
 
     def robust(self, batch_size: int) -> bool | None:
@@ -381,10 +412,10 @@ class _EstimateCell:
 
         verdict = self.robustness.get(batch_size)
         if verdict is None:
-            found = _extrapolated(self.traces, batch_size, self.reference)
+            found = self.extrapolated(batch_size)
             if found is None:
                 return None
-            demand = replay(found[0].events(), self.budget_bytes).demand_bytes
+            demand = replay(found.events(), self.budget_bytes).demand_bytes
             verdict = self.robustness[batch_size] = demand <= self.budget_bytes
         return verdict
 
@@ -404,10 +435,9 @@ class _EstimateCell:
     def _take_guessed(self) -> None:
         """The guess's verdicts where the trace it synthesized is the cell's own (the same
         allocations in bytes, as a replay sees them): the replays need not be made again."""
-        for batch, verdict in self.guessed.items():
-            found = _extrapolated(self.traces, batch, self.reference)
-            guess = synthesize(self.known, self.seq_len, batch)
-            if found is not None and guess is not None and found[0].events() == guess.events():
+        for batch, (verdict, guess) in self.guessed.items():
+            found = self.extrapolated(batch)
+            if found is not None and found.order == guess.order and found.events() == guess.events():
                 self.verdicts.setdefault(batch, verdict)
         self.guessed.clear()
 
@@ -550,19 +580,18 @@ class EstimateBackend:
 
     def probe(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int,
-        budget_bytes: int, traces: list[Trace] | None = None,
-        reference: tuple[Trace, Trace] | None = None,
+        budget_bytes: int, traces: list[Trace], extrapolation: tuple[Affine, str] | None,
     ) -> Probe:
-        """Estimate one training step at ``batch_size``; ``traces`` are the cell's so far."""
+        """Estimate one training step at ``batch_size``: from ``extrapolation`` (of the cell's
+        ``traces`` so far, _extrapolation) where there is one, else traced and added to them."""
         from autotune.backends.estimate.tracker import replay
 
         started = time.perf_counter()
-        found = _extrapolated(traces or [], batch_size, reference)
+        found = None if extrapolation is None else (extrapolation[0].at(batch_size), extrapolation[1])
         if found is None:
             traced = self.trace(fake, workload, mode, seq_len, batch_size)
             method = "traced"
-            if traces is not None:
-                traces.append(traced)
+            traces.append(traced)
         else:
             traced, method = found
         result = replay(traced.events(), budget_bytes)

@@ -70,23 +70,54 @@ class Trace:
         return [(i, nbytes[i]) if i >= 0 else (~i, -1) for i in self.order]
 
 
+@dataclass(frozen=True)
+class Affine:
+    """Every allocation's size as ``fixed + per_sample * batch``: the traces at all batch sizes.
+
+    Read off once (a pair of traces, or a pair at another length), then ``at`` writes the trace at
+    any batch in one pass. ``exact`` forms come from traces and hold whole bytes; a synthesized one
+    (``synthesized``) holds the fractions its interpolation gave and rounds each size.
+    """
+
+    fixed: tuple[float, ...]
+    per_sample: tuple[float, ...]
+    order: tuple[int, ...]
+    workspaces: tuple[tuple[int, Workspace], ...] = ()
+    exact: bool = True
+
+    def at(self, batch_size: int) -> Trace:
+        if self.exact:
+            sizes = tuple(int(f + p * batch_size) for f, p in zip(self.fixed, self.per_sample, strict=True))
+        else:
+            sizes = tuple(max(0, round(f + p * batch_size))
+                          for f, p in zip(self.fixed, self.per_sample, strict=True))
+        return Trace(batch_size, sizes, self.order, self.workspaces)
+
+
+def affine(a: Trace, b: Trace) -> Affine | None:
+    """The exact affine form through traces ``a`` and ``b``, or None if they are not affine."""
+    span = b.batch_size - a.batch_size
+    if span == 0 or a.order != b.order:
+        return None
+    fixed, per_sample = [], []
+    for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
+        slope, remainder = divmod(size_b - size_a, span)
+        intercept = size_a - slope * a.batch_size
+        if remainder or slope < 0 or intercept < 0:
+            return None
+        fixed.append(intercept)
+        per_sample.append(slope)
+    return Affine(tuple(fixed), tuple(per_sample), a.order, a.workspaces)
+
+
 def extrapolate(a: Trace, b: Trace, batch_size: int) -> Trace | None:
     """The trace at ``batch_size`` from traces ``a`` and ``b``, or None if they are not affine."""
-    span = b.batch_size - a.batch_size
-    if span == 0 or a.order != b.order or batch_size < 1:
-        return None
-    sizes = []
-    for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
-        per_sample, remainder = divmod(size_b - size_a, span)
-        fixed = size_a - per_sample * a.batch_size
-        if remainder or per_sample < 0 or fixed < 0:
-            return None
-        sizes.append(fixed + per_sample * batch_size)
-    return Trace(batch_size, tuple(sizes), a.order, a.workspaces)
+    form = affine(a, b) if batch_size >= 1 else None
+    return None if form is None else form.at(batch_size)
 
 
-def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> Trace | None:
-    """The trace at ``batch_size`` from one trace of this cell and an aligned pair of another.
+def rescaled(reference: tuple[Trace, Trace], single: Trace) -> Affine | None:
+    """The affine form of a cell from one trace of it and an aligned pair of another.
 
     A cell at a new sequence length runs the same ops, so its trace has the same order; what the
     pair from the other cell adds is which allocations depend on the batch. That is read off
@@ -96,36 +127,44 @@ def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> T
     """
     a, b = reference
     span = b.batch_size - a.batch_size
-    if span == 0 or not (single.order == a.order == b.order) or batch_size < 1:
+    if span == 0 or not (single.order == a.order == b.order):
         return None
-    sizes = []
+    fixed, per_sample = [], []
     for size_a, size_b, size in zip(a.sizes, b.sizes, single.sizes, strict=True):
-        per_sample, remainder = divmod(size_b - size_a, span)
-        fixed = size_a - per_sample * a.batch_size
-        if remainder or per_sample < 0 or fixed < 0 or (per_sample and fixed):
+        slope, remainder = divmod(size_b - size_a, span)
+        intercept = size_a - slope * a.batch_size
+        if remainder or slope < 0 or intercept < 0 or (slope and intercept):
             return None
-        if per_sample == 0:
-            sizes.append(size)
+        if slope == 0:
+            fixed.append(size)
+            per_sample.append(0)
             continue
-        per_sample_here, remainder = divmod(size, single.batch_size)
+        slope_here, remainder = divmod(size, single.batch_size)
         if remainder:
             return None
-        sizes.append(per_sample_here * batch_size)
-    return Trace(batch_size, tuple(sizes), single.order, single.workspaces)
+        fixed.append(0)
+        per_sample.append(slope_here)
+    return Affine(tuple(fixed), tuple(per_sample), single.order, single.workspaces)
+
+
+def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> Trace | None:
+    """The trace at ``batch_size`` from one trace of this cell and an aligned pair of another
+    (``rescaled``), or None."""
+    form = rescaled(reference, single) if batch_size >= 1 else None
+    return None if form is None else form.at(batch_size)
 
 
 def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:
     """The latest two traces that extrapolate exactly, if any."""
     for i in range(len(traces) - 1, 0, -1):
         for j in range(i - 1, -1, -1):
-            other = traces[i].batch_size + (1 if traces[i].batch_size != traces[j].batch_size + 1 else 2)
-            if extrapolate(traces[j], traces[i], other) is not None:
+            if affine(traces[j], traces[i]) is not None:
                 return traces[j], traces[i]
     return None
 
 
-def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_size: int) -> Trace | None:
-    """A *guess* at the trace of another sequence length, from aligned pairs at other lengths.
+def synthesized(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int) -> Affine | None:
+    """A *guess* at the affine form of another sequence length, from aligned pairs at other lengths.
 
     Each allocation's fixed and per-sample sizes are functions of the sequence length: a tensor
     has the length as a dimension once (activations), twice (attention scores, masks) or not at
@@ -143,12 +182,17 @@ def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_siz
     parts = {s: _parts(*pairs[s]) for s in known}
     if any(p is None for p in parts.values()):
         return None
-    sizes = []
+    fixed, per_sample = [], []
     for i in range(len(pairs[known[0]][0].sizes)):
-        fixed = _at_length([(s, parts[s][i][0]) for s in known], seq_len, 0)  # type: ignore[index]
-        per_sample = _at_length([(s, parts[s][i][1]) for s in known], seq_len, 1)  # type: ignore[index]
-        sizes.append(max(0, round(fixed + per_sample * batch_size)))
-    return Trace(batch_size, tuple(sizes), orders.pop(), pairs[known[0]][0].workspaces)
+        fixed.append(_at_length([(s, parts[s][i][0]) for s in known], seq_len, 0))  # type: ignore[index]
+        per_sample.append(_at_length([(s, parts[s][i][1]) for s in known], seq_len, 1))  # type: ignore[index]
+    return Affine(tuple(fixed), tuple(per_sample), orders.pop(), pairs[known[0]][0].workspaces, exact=False)
+
+
+def synthesize(pairs: Mapping[int, tuple[Trace, Trace]], seq_len: int, batch_size: int) -> Trace | None:
+    """The trace at ``batch_size`` of ``synthesized``'s guess, or None."""
+    form = synthesized(pairs, seq_len)
+    return None if form is None else form.at(batch_size)
 
 
 def _at_length(points: Sequence[tuple[int, int]], length: int, alone: int) -> float:

@@ -128,7 +128,7 @@ def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
 
 def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one():
     from autotune.backends.estimate.backend import _EstimateCell
-    from autotune.backends.estimate.trace import Trace
+    from autotune.backends.estimate.trace import Trace, synthesize
 
     def pair(length):  # a fixed 1000 B tensor and 4 * length bytes per sample
         return tuple(Trace(b, (1000, 4 * length * b), (0, 1)) for b in (2, 3))
@@ -137,7 +137,8 @@ def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one
     for own, taken in ((Trace(5, (1000, 4 * 128 * 5), (0, 1)), {10: True, 11: False}),
                        (Trace(5, (1000, 4 * 100 * 5), (0, 1)), {})):  # not what the guess synthesized
         cell = _EstimateCell(None, None, None, None, 128, 1 << 30, known, {})
-        cell.guessed.update({10: True, 11: False})
+        cell.guessed.update({batch: (fits, synthesize(known, 128, batch))
+                             for batch, fits in ((10, True), (11, False))})
         cell.traces.append(own)
         cell._take_guessed()
         assert cell.verdicts == taken and cell.guessed == {}
