@@ -166,7 +166,7 @@ def tune_table_parallel(
                     return
                 tables[mode_name] = _tune_mode(workload, gpu, ordered, mode_name, margin, method,
                                                max_batch, send, backends)
-        except BaseException as exc:
+        except Exception as exc:  # the workers stop at their next mode; Ctrl-C goes straight up
             with lock:
                 errors.append(exc)
         finally:
@@ -183,8 +183,9 @@ def tune_table_parallel(
             threads.append(thread)
             thread.start()
         run_here()
-        for thread in threads:
-            thread.join()
+        if not errors:  # else the workers are stopped now, not after their modes
+            for thread in threads:
+                thread.join()
         finished = True
     finally:  # an error, or this process interrupted (Ctrl-C): no worker outlives the table
         for process in processes:

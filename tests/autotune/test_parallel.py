@@ -57,3 +57,19 @@ def test_an_error_of_the_progress_callback_ends_the_table_and_its_workers():
 
     with pytest.raises(RuntimeError, match="the terminal went away"):
         autotune.table("tiny-bert", workers=2, on_cell=fail, **TABLE)
+
+
+@pytest.mark.slow
+def test_the_callers_process_takes_modes_too(monkeypatch):
+    started = []
+    popen = parallel.subprocess.Popen
+
+    def count(*args, **kwargs):
+        started.append(args)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", count)
+    one = autotune.table("tiny-bert", workers=1, **TABLE)
+    two = autotune.table("tiny-bert", workers=2, **TABLE)
+    assert len(started) == 1  # two processes: this one and one worker
+    assert cells(two) == cells(one)
