@@ -95,14 +95,19 @@ def check_step(
     if at_request is None:  # the search never needed the requested batch itself
         with backend.cell(workload, mode, seq_len, budget) as cell:
             at_request = cell.fits(batch_size)
-    fits_now = batch_size <= best
-    levers = [] if fits_now else helpful_levers(backend, workload, mode, seq_len, budget, best,
-                                                max_batch=cap)
+    # Below the max, the step at the request can still run out of memory: the caching allocator
+    # is not monotone near the limit (a hole the cell's max stepped over, backends/estimate).
+    hole = batch_size <= best and at_request.outcome != "fits"
+    fits_now = batch_size <= best and not hole
+    levers = [] if fits_now or hole else helpful_levers(backend, workload, mode, seq_len, budget, best,
+                                                        max_batch=cap)
+    advice = (hole_advice(batch_size, best) if hole
+              else None if fits_now else suggestion(best, effective_batch or batch_size, levers))
     result = CheckResult(
         fits=fits_now, max_batch_size=best,
         peak_memory_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
         budget_bytes=budget, source=source_of(backend.name), backend=backend.name,
-        suggestion=None if fits_now else suggestion(best, effective_batch or batch_size, levers),
+        suggestion=advice,
         model=workload.model.name, seq_len=seq_len, mode=mode.name,
         batch_size=batch_size, gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes,
         task=workload.task, weights_dtype=workload.weights_dtype, optimizer=workload.optimizer,
@@ -259,6 +264,12 @@ def suggestion(best: int, effective_batch: int, levers: list[Lever]) -> str:
         return ("even batch 1 does not fit with any lever autotune models (16-bit autocast, "
                 "checkpointing, 8-bit AdamW, chunked loss, LoRA / QLoRA): use a GPU with more memory")
     return ", or ".join(parts)
+
+
+def hole_advice(batch_size: int, best: int) -> str:
+    """What to do where ``batch_size`` runs out of memory below the cell's max ``best``."""
+    return (f"batch {batch_size} runs out of memory here though batch {best} fits: the caching "
+            f"allocator fragments differently at the two sizes; use batch {best}")
 
 
 def gpu_label(result: CheckResult) -> str:

@@ -226,3 +226,42 @@ def test_from_config_qlora_recipe_alone_changes_only_how_the_base_is_prepared(tm
                        "--json")
     assert code == 0
     assert (json.loads(out)["adapter"]["recipe"], json.loads(out)["adapter"]["r"]) == ("peft", 8)
+
+
+def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
+    # Llama-3.2-1B bf16 at 1024 on an H100 80GB, as the estimator has it: 17 fits, 18 runs out,
+    # 19 and 20 fit (the H100 ran 20); the cell's max is 20, a plan of 18 still does not fit.
+    from contextlib import nullcontext
+
+    from autotune.analysis.check import check_step
+    from autotune.search import Probe
+    from autotune.workload.modes import parse_mode
+
+    class Holed(limitbackend.LimitBackend):
+        def cell(self, workload, mode, seq_len, budget_bytes):
+            class Cell:
+                def fits(self, batch):
+                    ok = batch <= 20 and batch != 18
+                    return Probe(batch, "fits" if ok else "oom", peak_bytes=batch)
+
+                def predict(self, lo, hi):
+                    return None
+
+                def settle(self, boundary):
+                    return 20 if boundary == 17 else None
+
+            return nullcontext(Cell())
+
+    backend = Holed(lambda workload, mode, seq_len: 0)
+    workload = _causal_workload()
+    for batch, fits in ((17, True), (18, False), (20, True)):
+        result = check_step(workload, backend, backend.gpu, seq_len=64, batch_size=batch,
+                            mode=parse_mode("fp32"), margin=0.05)
+        assert (result.fits, result.max_batch_size) == (fits, 20), batch
+    assert result.suggestion is None
+    hole = check_step(workload, backend, backend.gpu, seq_len=64, batch_size=18, mode=parse_mode("fp32"),
+                      margin=0.05)
+    assert hole.levers == []
+    assert hole.suggestion == ("batch 18 runs out of memory here though batch 20 fits: the caching "
+                               "allocator fragments differently at the two sizes; use batch 20")
+    assert hole.message.startswith("does not fit: ") and "use batch 20" in hole.message
