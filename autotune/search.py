@@ -459,6 +459,8 @@ def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn, max_batch: int
     sequence's answer)."""
     found = result.max_batch_size
     top = max_batch if upper_bound is None else min(upper_bound, max_batch)
+    if result.capped:  # the cap fits and nothing above was asked: no boundary to settle
+        return result
     target = settle(found) if found >= 1 else None
     if target is None or target == found or target < 0 or target > top:
         return result

@@ -184,9 +184,10 @@ _SETTLE_POINTS = 64
 def _settle(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int | None:
     """The cell's boundary near ``boundary`` (see above), below or above it; None when that is
     ``boundary`` itself or ``fits`` cannot tell. ``boundary`` fits and ``boundary + 1`` does not:
-    neither is asked again. Where every grid point of the window above a hole fits, the boundary
-    above them is found (galloping) and settled in turn. ``robust``, where given, must also hold
-    for a grid point above ``boundary`` to count as fitting (see _EstimateCell.robust)."""
+    neither is asked again. Where the first grid point above the boundary fits (a hole off the
+    grid), the boundary above it is found (galloping) and settled in turn. ``robust``, where
+    given, must also hold for a grid point above ``boundary`` to count as fitting
+    (_EstimateCell.robust)."""
     known = {boundary: True, boundary + 1: False}
 
     def verdict(batch: int) -> bool | None:
@@ -211,22 +212,23 @@ def _settle(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int 
 
 def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = None,
                    ) -> tuple[int | None, int | None] | None:
-    """(the max below the lowest grid point in the window around ``boundary`` that fails (see
-    above), the highest grid point above ``boundary`` that fits), each None where there is none;
-    None when ``verdict`` cannot tell."""
+    """(the max below the lowest grid point from the window below ``boundary`` up to the first
+    grid point above it that fails (see above), that first grid point above if it fits), one of
+    them None; None when ``verdict`` cannot tell. Nothing past the first grid point above is
+    looked at: where it fits, the boundary above it is the one to settle (_settle)."""
     window = min(max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)), _SETTLE_STEP * _SETTLE_POINTS)
     low = max(1, boundary - window)
     first = -(-low // _SETTLE_STEP) * _SETTLE_STEP
-    top = min(-(-(boundary + 1) // _SETTLE_STEP) * _SETTLE_STEP + window, _PREDICT_LIMIT)
-    above = None
-    for point in range(first, top + 1, _SETTLE_STEP):
+    above = -(-(boundary + 1) // _SETTLE_STEP) * _SETTLE_STEP
+    for point in range(first, min(above, _PREDICT_LIMIT) + 1, _SETTLE_STEP):
         fitted = verdict(point)
         if fitted and point > boundary and robust is not None:
             fitted = robust(point)
         if fitted is None:
             return None
         if fitted:
-            above = point if point > boundary else None
+            if point > boundary:
+                return None, point
             continue
         for batch in range(max(1, point - _SETTLE_STEP + 1), point):  # a failure below it?
             fitted = verdict(batch)
@@ -235,7 +237,7 @@ def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = Non
             if not fitted:
                 return (batch - 1 if batch > 1 else None), None
         return point - 1, None
-    return None, above
+    return None, None
 
 
 @contextlib.contextmanager
