@@ -5,15 +5,25 @@ the CPU in about a second, and its max batch is the measured one or one below it
 (docs/accuracy.md). So each measured cell is first searched on the estimator, to the end, and then
 on the GPU, where
 
-- the first claim is the estimator's max batch, scaled by how far the measured max was from the
-  estimated one in the previous cell of the mode, else of the mode before (a GPU that differs from
-  the estimator does so alike at every length): a right claim costs two GPU probes, it fits and one
-  more does not;
-- the second, when only one measured batch has a peak, is the line through that peak with the
-  estimator's slope (peak per sample between half its max batch and its max batch, wide enough
-  that the allocator's 2 MiB and 20 MiB steps do not swamp it); two measured peaks make the search's
-  own line (search.py). While no batch fit, the search steps down from the claim by a sixteenth of
-  it, then twice that.
+- the first claim of a workload's first cell is the estimator's max batch. Then the GPU's limit is
+  read in the estimator's bytes: a batch fits on the GPU while the estimator's memory line of its
+  cell (through its peaks at half its max batch and at its max batch) is below a limit that is the
+  same for every cell of the workload (a GPU that differs from the estimator does so as a function
+  of the memory, whatever the length: a scale, a context or workspace the estimator missed). Each
+  measured cell bounds that limit from both sides (its max's line is below it, the next batch's is
+  not), the bounds of the cells are intersected (``GpuLimit``), and the claim is the largest batch
+  whose line is below the upper bound: the answer or one above it, and both cost two GPU probes
+  (fits, one more does not; or out of memory, one fewer fits). Where the estimator's max is that
+  claim or one off it, the larger of the two is claimed (the estimator's own allocator steps, which
+  its line smooths out). Bounds that contradict each other (a GPU whose difference is not a
+  function of the memory alone) are replaced by the newest cell's;
+- after a claim fit, the next is where the line through its measured peak, with the estimator's
+  slope times the GPU's scale (the budget over the limit; before the first measured cell, the peak
+  over the estimated one), crosses the budget; after a claim of the estimator's own max, at most
+  a batch above it (the allocator's steps it saw there are the GPU's too). Two measured peaks make the
+  search's own line (search.py). After a claim ran out of memory: one below it, then where the
+  limit's lower bound says a batch surely fits; then, as with no limit, the search steps down by a
+  sixteenth of the claim, then twice that.
 
 The answer is still only what the GPU's probes prove (search.py's contract: the max fits, the next
 one does not); the estimate only decides where to look. A cell the estimator cannot model (an
@@ -21,7 +31,9 @@ operation it does not emulate) is searched as before, from the earlier cells' hi
 probe says why (``estimate_error``).
 
 Measured on the H100 (#17): 2.0 GPU probes per cell where the estimate was right, against 6.6 for the
-guided search without it. On a fake GPU 10 % off the estimator: benchmarks/bench_seeded.py.
+guided search without it. On a fake GPU 10 % off the estimator (benchmarks/bench_seeded.py, the
+BERT-base table at 12 GiB): 2.08 GPU probes per cell at x0.9, 2.25 at x1.1 (3.50 and 3.50 when the
+first claim was the estimate scaled by the previous cell's measured/estimated max).
 """
 
 from __future__ import annotations
@@ -48,7 +60,7 @@ class Seed:
     max_batch_size: int | None  # None: the estimator could not model the step (error says why)
     peak_bytes: int | None = None  # the estimated peak at max_batch_size
     slope_bytes: float | None = None  # peak per sample near the max (None: not measurable)
-    claim: int | None = None  # the first GPU claim: max_batch_size scaled by the mode's history
+    claim: int | None = None  # the first GPU claim (see the module docstring)
     error: str | None = None
 
     def details(self) -> dict[str, Any]:
@@ -56,6 +68,50 @@ class Seed:
         if self.max_batch_size is None:
             return {"estimate_error": self.error}
         return {"estimated_max_batch_size": self.max_batch_size, "seeded_claim": self.claim}
+
+    def line(self, batch_size: int) -> float | None:
+        """The estimator's memory line of the cell at ``batch_size`` (None: it has none)."""
+        if self.max_batch_size is None or self.peak_bytes is None or self.slope_bytes is None:
+            return None
+        return self.peak_bytes + self.slope_bytes * (batch_size - self.max_batch_size)
+
+    def below(self, limit: float) -> int | None:
+        """The largest batch whose line is below ``limit`` (0 when none is; None: no line)."""
+        at_zero = self.line(0)
+        if at_zero is None or self.slope_bytes is None:
+            return None
+        return max(0, math.ceil((limit - at_zero) / self.slope_bytes) - 1)
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    """Where the GPU runs out, in the estimator's bytes: a batch fits while its cell's estimated
+    line is below a limit at least ``low`` and below ``high`` (bounds from the measured cells,
+    intersected)."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, seed: Seed, measured_max: int) -> GpuLimit | None:
+        """The bounds one measured cell sets: its max's line is below the limit, the next one's not."""
+        high = seed.line(measured_max + 1)
+        if high is None:
+            return None
+        low = seed.line(measured_max) if measured_max >= 1 else -math.inf
+        assert low is not None
+        return cls(low, high)
+
+    def narrowed(self, other: GpuLimit) -> GpuLimit:
+        """Both cells' bounds; the newer cell's alone where they contradict each other."""
+        low, high = max(self.low, other.low), min(self.high, other.high)
+        return GpuLimit(low, high) if low < high else other
+
+    def scale(self, budget_bytes: int) -> float | None:
+        """The GPU's bytes per estimated byte near the limit (None: not known)."""
+        if not math.isfinite(self.low) or self.low <= 0:
+            return None
+        return budget_bytes / ((self.low + self.high) / 2)
 
 
 def estimate_seed(estimator: Backend, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int
@@ -77,14 +133,27 @@ def estimate_seed(estimator: Backend, workload: Workload, mode: Mode, seq_len: i
     return Seed(answer, at_max, slope if slope is not None and slope > 0 else None, claim=answer)
 
 
-class SeededCell:
-    """A measuring cell (search.Cell) that claims the seed first, then the seed's slope through
-    the one measured peak (see the module docstring)."""
+def first_claim(seed: Seed, limit: GpuLimit | None) -> int | None:
+    """The cell's first GPU claim: the largest batch whose line is below the upper bound of the
+    GPU's limit, or the estimator's max where that is the same within a batch (the estimator's own
+    allocator steps, and a claim one too high costs no more than a right one); the estimator's max
+    in a workload's first cell (the module docstring)."""
+    estimated = seed.max_batch_size
+    claim = seed.below(limit.high) if limit is not None else None
+    if estimated is None or claim is None:
+        return estimated
+    return max(claim, estimated) if abs(claim - estimated) <= 1 else claim
 
-    def __init__(self, cell: Cell, seed: Seed, budget_bytes: int) -> None:
+
+class SeededCell:
+    """A measuring cell (search.Cell) that claims the seed first, then the seed's slope, scaled,
+    through the one measured peak (see the module docstring)."""
+
+    def __init__(self, cell: Cell, seed: Seed, budget_bytes: int, limit: GpuLimit | None = None) -> None:
         self.cell = cell
         self.seed = seed
         self.budget_bytes = budget_bytes
+        self.limit = limit
         self.probes: list[Probe] = []
 
     def fits(self, batch_size: int) -> Probe:
@@ -95,20 +164,34 @@ class SeededCell:
         return probe
 
     def predict(self, lo: int, hi: int | None) -> int | None:
-        """The seed's claim; then, from the one measured peak, the estimator's slope up to where the
-        estimator's own limit lies (at most a batch above its peak at its max: the allocator's
-        steps it saw there are the GPU's too)."""
+        """The seed's claim; then, from the one measured peak, the estimator's slope scaled to the
+        GPU up to the budget (while the GPU agrees with the estimator, up to where the estimator's
+        own limit lies: at most a batch above its peak at its max)."""
         seed = self.seed
         if seed.claim is None:
             return self.cell.predict(lo, hi)
         if not self.probes:
             return seed.claim
         peaks = [(p.batch_size, p.peak_bytes) for p in self.probes if p.peak_bytes is not None]
-        if len(peaks) != 1 or seed.slope_bytes is None or seed.peak_bytes is None:
+        if not peaks and hi is not None and self.limit is not None and len(self.probes) <= 2:
+            # Only out of memory: the claim was one too high (the limit's upper bound claims the
+            # answer or one above it), else the limit's lower bound says where a batch surely fits;
+            # out of memory there too, the limit is wrong here and the search falls back.
+            surely = seed.below(self.limit.low)
+            if len(self.probes) == 1 or surely is None:
+                return max(hi - 1, lo)
+            return max(min(hi - 1, surely), lo)
+        line = seed.line(peaks[0][0]) if len(peaks) == 1 else None
+        if line is None or line <= 0 or seed.slope_bytes is None or seed.peak_bytes is None:
             return self.cell.predict(lo, hi)  # None from a GPU: the search's own line or fallback
         (batch, peak), = peaks
-        limit = min(self.budget_bytes, seed.peak_bytes + seed.slope_bytes)
-        return batch + math.floor((limit - peak) / seed.slope_bytes)
+        limit = self.budget_bytes
+        if seed.claim == seed.max_batch_size:  # the estimator's own steps: at most one batch above
+            limit = min(limit, math.floor(seed.peak_bytes + seed.slope_bytes))
+        scale = self.limit.scale(self.budget_bytes) if self.limit is not None else None
+        if scale is None:
+            scale = peak / line
+        return batch + math.floor((limit - peak) / (seed.slope_bytes * scale))
 
     def settle(self, boundary: int) -> int | None:
         return self.cell.settle(boundary)
@@ -129,10 +212,9 @@ class EstimateSeeded:
         self.estimator = estimator
         self.name = measure.name
         self.gpu: GpuSpec = measure.gpu
-        # (workload, mode) -> measured max / estimated max of its last cell that had both;
-        # (workload, None) -> the same of the workload's last such cell in any mode, for the first
-        # cell of the next mode (a GPU that differs from the estimator does so in every mode alike).
-        self._scale: dict[tuple[Workload, str | None], float] = {}
+        # (workload, mode) -> the GPU's limit read from the mode's measured cells; (workload, None)
+        # -> the same of the workload's newest cell in any mode, for the first cell of the next mode.
+        self._limit: dict[tuple[Workload, str | None], GpuLimit] = {}
 
     def describe(self) -> dict[str, Any]:
         return {**self.measure.describe(), "seeded_by": self.estimator.name}
@@ -152,12 +234,12 @@ class EstimateSeeded:
         estimated = replace(workload, attn=self.measure.attn_used(workload))
         seed = estimate_seed(self.estimator, estimated, mode, seq_len, budget_bytes)
         key = (workload, mode.name)
-        scale = self._scale.get(key, self._scale.get((workload, None)))
-        if seed.max_batch_size is not None and scale is not None:
-            seed = replace(seed, claim=round(seed.max_batch_size * scale))
+        limit = self._limit.get(key, self._limit.get((workload, None)))
+        seed = replace(seed, claim=first_claim(seed, limit))
         with self.measure.cell(workload, mode, seq_len, budget_bytes) as cell:
-            seeded = SeededCell(cell, seed, budget_bytes)
+            seeded = SeededCell(cell, seed, budget_bytes, limit)
             yield seeded
         measured = seeded.measured_max()
-        if seed.max_batch_size and measured:
-            self._scale[key] = self._scale[(workload, None)] = measured / seed.max_batch_size
+        read = GpuLimit.of(seed, measured) if measured is not None else None
+        if read is not None:
+            self._limit[key] = self._limit[(workload, None)] = read if limit is None else limit.narrowed(read)

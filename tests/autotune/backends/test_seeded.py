@@ -4,7 +4,9 @@ differs from the estimator's (tests/fakegpu.py): the same answers as bisect, few
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ import transformers
 from fakegpu import ScaledGpu
 
 from autotune.backends.estimate.backend import EstimateBackend
-from autotune.backends.seeded import EstimateSeeded, Seed, SeededCell
+from autotune.backends.seeded import EstimateSeeded, GpuLimit, Seed, SeededCell, first_claim
 from autotune.errors import ProbeError
 from autotune.gpus import custom_gpu
 from autotune.search import Probe, ProbeOnlyCell, search_max_batch
@@ -90,8 +92,10 @@ def test_a_gpu_ten_percent_off_gets_the_answers_of_bisect_in_fewer_probes(
     assert all(cell.estimated_max_batch_size != cell.max_batch_size for cell in firsts)
     assert probes["seeded"] < probes["guided"] < probes["bisect"]
     assert probes["seeded"] <= 4 * len(seeded.cells)
+    # The later cells claim from the GPU's limit the first cell bounded: two probes each, or one more.
     later = [cell for cell in seeded.cells if cell.seq_len != SEQ_LENS[0]]
-    assert sum(cell.probes for cell in later) <= 3 * len(later)
+    assert sum(cell.probes for cell in later) <= 2 * len(later) + 1
+    assert all(cell.probe_log[0]["seeded_claim"] != cell.estimated_max_batch_size for cell in later)
 
 
 def test_a_constant_offset_is_corrected_too(curve: EstimateBackend, estimator: EstimateBackend) -> None:
@@ -101,6 +105,8 @@ def test_a_constant_offset_is_corrected_too(curve: EstimateBackend, estimator: E
     seeded = tune(EstimateSeeded(gpu, estimator), modes="fp32")
     assert answers(seeded) == answers(bisect)
     assert gpu.probes <= 4 * len(seeded.cells)
+    later = seeded.cells[1:]
+    assert sum(cell.probes for cell in later) <= 2 * len(later) + 1
 
 
 class Unmodelled:
@@ -147,6 +153,70 @@ def test_the_claims_of_a_seeded_cell(seed: int, slope: int, expected: list[int])
     assert result.max_batch_size == 100 or expected[-1] != 101
     assert [p.batch_size for p in result.probes][:len(expected)] == expected
     assert result.probes[0].details["estimated_max_batch_size"] == seed
+
+
+# --- the GPU's limit in the estimator's bytes ---------------------------------------------------------
+
+
+def seed(max_batch: int, slope: int = 10 * MIB, peak: int = 1900 * MIB) -> Seed:
+    return Seed(max_batch, peak, float(slope), claim=max_batch)
+
+
+def test_a_measured_cell_bounds_the_limit_between_its_max_and_the_next_batch() -> None:
+    limit = GpuLimit.of(seed(100), 90)  # the line at 90 and at 91
+    assert limit == GpuLimit(1800 * MIB, 1810 * MIB)
+    assert GpuLimit.of(seed(100), 0) == GpuLimit(-math.inf, 910 * MIB)  # batch 1 ran out
+    assert GpuLimit.of(Seed(100, 1900 * MIB, None), 90) is None  # no line: nothing read
+    assert limit.scale(1800 * MIB) == pytest.approx(1800 / 1805)
+    assert GpuLimit.of(seed(100), 0).scale(1800 * MIB) is None  # type: ignore[union-attr]
+
+
+def test_bounds_intersect_and_a_contradiction_keeps_the_newer_cell() -> None:
+    old = GpuLimit(1800 * MIB, 1810 * MIB)
+    assert old.narrowed(GpuLimit(1805 * MIB, 1820 * MIB)) == GpuLimit(1805 * MIB, 1810 * MIB)
+    assert old.narrowed(GpuLimit(1790 * MIB, 1808 * MIB)) == GpuLimit(1800 * MIB, 1808 * MIB)
+    newer = GpuLimit(1700 * MIB, 1710 * MIB)
+    assert old.narrowed(newer) == newer
+
+
+@pytest.mark.parametrize(("limit", "expected"), [
+    (None, 100),  # a workload's first cell: the estimator's max
+    (GpuLimit(1795 * MIB, 1805 * MIB), 90),  # the largest batch whose line is below 1805 MiB
+    (GpuLimit(1795 * MIB, 1800 * MIB), 89),  # the line at 90 is 1800 MiB: not below
+    (GpuLimit(1900 * MIB, 1905 * MIB), 100),  # the same as the estimator's
+    (GpuLimit(1880 * MIB, 1895 * MIB), 100),  # 99 by the line, one off the estimator's: the larger
+    (GpuLimit(1900 * MIB, 1915 * MIB), 101),  # 101 by the line, one off: the larger
+    (GpuLimit(850 * MIB, 905 * MIB), 0),  # not even one sample: claim nothing (the search tries 1)
+])
+def test_the_first_claim_is_below_the_limits_upper_bound(limit: GpuLimit | None, expected: int) -> None:
+    assert first_claim(seed(100), limit) == expected
+    assert first_claim(Seed(None, error="unmodelled"), limit) is None
+
+
+def test_after_out_of_memory_a_limited_cell_steps_one_down_then_to_where_it_surely_fits() -> None:
+    budget = 2000 * MIB
+    gpu = line_gpu(1200 * MIB, 10 * MIB, budget)  # max batch 80; the estimator's line says 110
+    limit = GpuLimit(2000 * MIB, 2080 * MIB)  # a line below 2000 MiB surely fits: batch 109 and below
+    cell = SeededCell(gpu, replace(seed(110, peak=2000 * MIB), claim=112), budget, limit)
+    result = search_max_batch(cell.fits, budget_bytes=budget, predict=cell.predict, settle=cell.settle)
+    assert result.max_batch_size == 80
+    # 112 out of memory, 111 too, 109 (surely, by the limit) too: the limit is wrong here, and the
+    # search falls back as without a seed (one down from its last claim, then a sixteenth of it).
+    assert [p.batch_size for p in result.probes][:5] == [112, 111, 109, 108, 102]
+
+
+def test_a_cell_claims_from_the_limit_the_cells_before_it_read(
+    curve: EstimateBackend, estimator: EstimateBackend,
+) -> None:
+    gpu = ScaledGpu(curve, scale=0.9, smooth=True)
+    seeded = EstimateSeeded(gpu, estimator)
+    table = tune(seeded, modes="fp32")
+    first, *later = table.cells
+    limit = seeded._limit[(small_workload(), "fp32")]
+    assert limit.low < limit.high
+    for cell in later:  # each claim is the answer or one above it
+        assert cell.probe_log[0]["seeded_claim"] in (cell.max_batch_size, cell.max_batch_size + 1)
+        assert cell.probes == 2
 
 
 # --- the product path: cuda backends are seeded unless asked not to -------------------------------
