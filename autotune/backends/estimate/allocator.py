@@ -253,6 +253,11 @@ class CachingAllocatorSim:
         self._peak_reserved = self._reserved
 
     @property
+    def reserved_bytes(self) -> int:
+        """stats.reserved_bytes, without building the stats."""
+        return self._reserved
+
+    @property
     def stats(self) -> AllocatorStats:
         return AllocatorStats(
             allocated_bytes=self._allocated,
@@ -263,6 +268,36 @@ class CachingAllocatorSim:
             num_segments=self._num_segments,
             num_ooms=self._num_ooms,
         )
+
+    def clone(self, capacity_bytes: int | None) -> CachingAllocatorSim:
+        """This allocator's state, block for block, under another capacity: where a run with a limit
+        has not yet reached it, it is the same as one without (tracker.replay starts there)."""
+        other = CachingAllocatorSim(capacity_bytes)
+        copies: dict[int, _Block] = {}
+
+        def copy(block: _Block) -> _Block:
+            found = copies.get(id(block))
+            if found is None:
+                found = copies[id(block)] = _Block(block.address, block.size, block.is_small)
+                found.allocated = block.allocated
+            return found
+
+        for mine, theirs in ((self._small, other._small), (self._large, other._large)):
+            theirs._keys = list(mine._keys)
+            theirs._blocks = {address: copy(block) for address, block in mine._blocks.items()}
+            theirs.whole_segments = {address: copy(block) for address, block in mine.whole_segments.items()}
+        other._active = {handle: copy(block) for handle, block in self._active.items()}
+        every = [*self._active.values(), *self._small._blocks.values(), *self._large._blocks.values()]
+        for original in every:
+            twin = copy(original)
+            twin.prev = copy(original.prev) if original.prev is not None else None
+            twin.next = copy(original.next) if original.next is not None else None
+        other._next_address = self._next_address
+        other._allocated, other._reserved = self._allocated, self._reserved
+        other._peak_allocated, other._peak_reserved = self._peak_allocated, self._peak_reserved
+        other._num_allocs, other._num_segments, other._num_ooms = (
+            self._num_allocs, self._num_segments, self._num_ooms)
+        return other
 
     def snapshot(self) -> list[SegmentInfo]:
         """Every segment and its blocks by address, like torch.cuda.memory_snapshot."""

@@ -150,15 +150,21 @@ def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
     demand is found by bisection over capacities between the two (reserved memory is a sum of
     whole segments, multiples of 2 MiB): a single figure that decides fits/oom and that grows
     with the batch size, which is what the batch-size search predicts from.
+
+    A run with a limit is the run without one until its reserved memory would first pass the
+    limit, and no limit the bisection tries is below the peak allocated: every run of it starts
+    from the unlimited run's state where its reserved first passes that (``_Prefix``), instead of
+    from the first event (the same figures; about half of each run is skipped).
     """
-    peak_allocated, unlimited_reserved = _run(events, None)
+    peak_allocated, unlimited_reserved, grown = _run_growth(events)
     low = -(-peak_allocated // SEGMENT_GRANULE)  # in granules; nothing below can fit
     high = -(-unlimited_reserved // SEGMENT_GRANULE)  # fits: no limit is ever reached
     reserved_at_high = unlimited_reserved
+    prefix = _Prefix.of(events, grown, low * SEGMENT_GRANULE)
     while low < high:
         middle = (low + high) // 2
         try:
-            _, reserved = _run(events, middle * SEGMENT_GRANULE)
+            _, reserved = prefix.run(middle * SEGMENT_GRANULE)
         except OutOfMemory:
             low = middle + 1
         else:
@@ -168,8 +174,11 @@ def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
         return Replay(peak_allocated, reserved_at_high, demand, fits=True)
     # Over the demand found by bisection; the direct run at the capacity decides (the two can
     # differ where releasing cached segments at other moments changes the placement).
-    fits = fits_in(events, capacity_bytes)
-    return Replay(peak_allocated, unlimited_reserved, demand, fits)
+    try:
+        prefix.run(capacity_bytes)
+    except OutOfMemory:
+        return Replay(peak_allocated, unlimited_reserved, demand, fits=False)
+    return Replay(peak_allocated, unlimited_reserved, demand, fits=True)
 
 
 def fits_in(events: list[Event], capacity_bytes: int) -> bool:
@@ -191,3 +200,59 @@ def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:
             handles[key] = sim.malloc(nbytes)
     stats = sim.stats
     return stats.peak_allocated_bytes, stats.peak_reserved_bytes
+
+
+def _run_growth(events: list[Event]) -> tuple[int, int, list[tuple[int, int]]]:
+    """The unlimited run's peaks, and where its reserved memory grew: (event index, reserved after)."""
+    sim = CachingAllocatorSim(None)
+    handles: dict[int, int] = {}
+    grown: list[tuple[int, int]] = []
+    reserved = 0
+    for index, (key, nbytes) in enumerate(events):
+        if nbytes < 0:
+            sim.free(handles.pop(key))
+            continue
+        handles[key] = sim.malloc(nbytes)
+        if sim.reserved_bytes != reserved:
+            reserved = sim.reserved_bytes
+            grown.append((index, reserved))
+    stats = sim.stats
+    return stats.peak_allocated_bytes, stats.peak_reserved_bytes, grown
+
+
+@dataclass(frozen=True)
+class _Prefix:
+    """The unlimited run's state just before its reserved memory first passes ``floor``: every run
+    with a limit of at least ``floor`` is the same up to there."""
+
+    events: list[Event]
+    floor: int
+    start: int  # the first event not yet run
+    sim: CachingAllocatorSim
+    handles: dict[int, int]
+
+    @classmethod
+    def of(cls, events: list[Event], grown: list[tuple[int, int]], floor: int) -> _Prefix:
+        start = next((index for index, reserved in grown if reserved > floor), len(events))
+        sim = CachingAllocatorSim(None)
+        handles: dict[int, int] = {}
+        for key, nbytes in events[:start]:
+            if nbytes < 0:
+                sim.free(handles.pop(key))
+            else:
+                handles[key] = sim.malloc(nbytes)
+        return cls(events, floor, start, sim, handles)
+
+    def run(self, capacity_bytes: int) -> tuple[int, int]:
+        """_run(events, capacity_bytes): from the prefix where the capacity is at least ``floor``."""
+        if capacity_bytes < self.floor:
+            return _run(self.events, capacity_bytes)
+        sim = self.sim.clone(capacity_bytes)
+        handles = dict(self.handles)
+        for key, nbytes in self.events[self.start:]:
+            if nbytes < 0:
+                sim.free(handles.pop(key))
+            else:
+                handles[key] = sim.malloc(nbytes)
+        stats = sim.stats
+        return stats.peak_allocated_bytes, stats.peak_reserved_bytes

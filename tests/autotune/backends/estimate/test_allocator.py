@@ -327,3 +327,28 @@ def test_random_workload_keeps_the_books_consistent() -> None:
     for handle, nbytes in live.items():
         block = next(b for seg in segments for b in seg.blocks if b.address == handle)
         assert block.size >= round_size(nbytes)
+
+
+
+def test_a_clone_goes_on_as_the_original_would_and_shares_no_block_with_it() -> None:
+    rng = random.Random(7)
+    mib = 1 << 20
+    original = CachingAllocatorSim(None)
+    live = [original.malloc(rng.randint(1, 30 * mib)) for _ in range(40)]
+    for handle in live[::3]:
+        original.free(handle)
+    live = [handle for index, handle in enumerate(live) if index % 3]
+    clone = original.clone(None)
+    assert clone.snapshot() == original.snapshot() and clone.stats == original.stats
+    requests = [rng.randint(1, 30 * mib) for _ in range(30)]
+    for sim in (original, clone):
+        for handle in live[::2]:
+            sim.free(handle)
+        for nbytes in requests:
+            sim.malloc(nbytes)
+    assert clone.snapshot() == original.snapshot() and clone.stats == original.stats
+    before = original.snapshot()
+    for handle in live[1::2]:  # freed in the clone only
+        clone.free(handle)
+    assert original.snapshot() == before != clone.snapshot()
+    assert original.clone(5 * mib).capacity_bytes == 5 * mib

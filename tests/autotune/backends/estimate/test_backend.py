@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import warnings
 from types import SimpleNamespace
 
@@ -62,6 +63,46 @@ def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
     assert result.fits and result.demand_bytes == 40 * MIB
     assert result.peak_reserved_bytes == 40 * MIB
     assert replay(events, capacity_bytes=38 * MIB).fits is False
+
+
+def test_replay_from_the_shared_prefix_finds_what_whole_runs_find():
+    # replay starts each run with a limit where the unlimited run's reserved memory first passes
+    # the peak allocated (tracker._Prefix); the bisection of whole runs is the reference.
+    from autotune.backends.estimate.tracker import SEGMENT_GRANULE, Replay, _run, fits_in
+    from autotune.errors import OutOfMemory
+
+    def whole_runs(events, capacity):
+        peak_allocated, unlimited = _run(events, None)
+        low, high = -(-peak_allocated // SEGMENT_GRANULE), -(-unlimited // SEGMENT_GRANULE)
+        reserved_at_high = unlimited
+        while low < high:
+            middle = (low + high) // 2
+            try:
+                _, reserved = _run(events, middle * SEGMENT_GRANULE)
+            except OutOfMemory:
+                low = middle + 1
+            else:
+                high, reserved_at_high = middle, reserved
+        demand = high * SEGMENT_GRANULE
+        if capacity is None or demand <= capacity:
+            return Replay(peak_allocated, reserved_at_high, demand, True)
+        return Replay(peak_allocated, unlimited, demand, fits_in(events, capacity))
+
+    rng = random.Random(3)
+    for _ in range(120):
+        live, events, key = [], [], 0
+        for _ in range(rng.randint(5, 300)):
+            if live and rng.random() < 0.45:
+                events.append((live.pop(rng.randrange(len(live))), -1))
+            else:
+                size = rng.choice([rng.randint(1, 3000), rng.randint(1, MIB), rng.randint(1, 64 * MIB)])
+                events.append((key, size))
+                live.append(key)
+                key += 1
+        peak_allocated, unlimited = _run(events, None)
+        for capacity in (None, peak_allocated - 1, peak_allocated, (peak_allocated + unlimited) // 2,
+                         unlimited, rng.randint(peak_allocated, unlimited + 1)):
+            assert replay(events, capacity) == whole_runs(events, capacity)
 
 
 def test_dropout_saves_a_one_byte_mask_as_cuda_does():
