@@ -4,7 +4,8 @@ default where there are cores to spare).
 The cells of one mode depend on each other: a cell's hints come from the shorter lengths before it
 (tuner.py). The modes do not. So each mode of a table on the estimator runs whole in one process
 (tuner.tune_table with that one mode), the costliest modes first: the caller's own process takes
-modes too (it has imported torch already), and ``workers - 1`` workers started for the table; the
+modes too, the costliest first (it has imported torch already), and ``workers - 1`` workers started
+for the table, or before it (``prestart``: the CLI starts them before it imports torch); the
 caller merges the cells in the order one process makes them. The answers are one process's: every
 process builds its own estimator of the same workload and target. A worker is
 ``python -m autotune.parallel``, like the project's other child processes (processes.py): not a
@@ -41,6 +42,8 @@ from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.support import step_warnings
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
+# Workers started before this process imported torch (``prestart``), taken by the next table.
+_prestarted: list[subprocess.Popen[str]] = []
 
 
 def usable_cores() -> int:
@@ -68,10 +71,47 @@ def approximate_parameters(workload: Workload) -> int | None:
 
 def default_workers(workload: Workload, modes: Sequence[Mode]) -> int:
     """One process per mode, up to the usable cores; one for a small model (see above)."""
-    size = approximate_parameters(workload)
-    if size is not None and size < PARALLEL_FROM_PARAMETERS:
+    return _workers(approximate_parameters(workload), len(modes))
+
+
+def preset_workers(config: dict[str, Any], modes: int, workers: int | None) -> int:
+    """The processes ``autotune.table`` runs an estimator table of a preset in (its config as data,
+    workload/presets.py: nothing imported), ``workers`` as the caller gave it."""
+    if workers is not None:
+        return min(workers, modes)
+    hidden, layers = config.get("hidden_size"), config.get("num_hidden_layers")
+    size = None
+    if isinstance(hidden, int) and isinstance(layers, int):
+        size = 12 * layers * hidden * hidden + int(config.get("vocab_size") or 0) * hidden
+    return _workers(size, modes)
+
+
+def _workers(parameters: int | None, modes: int) -> int:
+    if parameters is not None and parameters < PARALLEL_FROM_PARAMETERS:
         return 1
-    return max(1, min(len(modes), usable_cores()))
+    return max(1, min(modes, usable_cores()))
+
+
+def prestart(count: int) -> None:
+    """Start ``count`` workers now, for the table this process is about to make: each imports
+    torch and transformers while this process does the same (the CLI calls it first thing), instead
+    of after it (2-3 s of the default table's wall). ``stop_prestarted`` ends those no table took."""
+    _prestarted.extend(_start_worker() for _ in range(count))
+
+
+def stop_prestarted() -> None:
+    while _prestarted:
+        process = _prestarted.pop()
+        process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _start_worker() -> subprocess.Popen[str]:
+    return subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env())
 
 
 def _encode(message: Any) -> str:
@@ -144,9 +184,9 @@ def tune_table_parallel(
             errors.append(AutotuneError(f"the worker of mode {mode_name} {died} before it finished"))
         return False
 
-    def run_here() -> None:
-        """This process takes modes from the same queue: it has imported torch already, so it is
-        one worker fewer to start (a few seconds of a core)."""
+    def run_here(first: str) -> None:
+        """This process takes modes from the same queue, the costliest first (it has imported torch
+        already, its workers may not have yet): one worker fewer to start (a few seconds of a core)."""
         import torch
 
         def send(message: Any) -> None:
@@ -158,14 +198,15 @@ def tune_table_parallel(
 
         threads_before = torch.get_num_threads()
         torch.set_num_threads(1)  # as a worker does: the cores are the workers'
+        mode_name: str | None = first
         try:
             while True:
-                with lock:
-                    mode_name = pending.pop(0) if pending and not errors else None
                 if mode_name is None:
                     return
                 tables[mode_name] = _tune_mode(workload, gpu, ordered, mode_name, margin, method,
                                                max_batch, send, backends)
+                with lock:
+                    mode_name = pending.pop(0) if pending and not errors else None
         except Exception as exc:  # the workers stop at their next mode; Ctrl-C goes straight up
             with lock:
                 errors.append(exc)
@@ -173,8 +214,9 @@ def tune_table_parallel(
             torch.set_num_threads(threads_before)
 
     backends: dict[GpuSpec, Any] = {}
-    processes = [subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=child_env()) for _ in range(min(workers, len(pending)) - 1)]
+    processes = [_prestarted.pop() if _prestarted else _start_worker()
+                 for _ in range(min(workers, len(pending)) - 1)]
+    mine = pending.pop(0)
     threads = []
     finished = False
     try:
@@ -182,7 +224,7 @@ def tune_table_parallel(
             thread = threading.Thread(target=serve, args=(process,), daemon=True)
             threads.append(thread)
             thread.start()
-        run_here()
+        run_here(mine)
         if not errors:  # else the workers are stopped now, not after their modes
             for thread in threads:
                 thread.join()
@@ -230,7 +272,12 @@ def main() -> int:
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecation notices
+    # What every job needs, imported before the first one is read: a worker started early (prestart)
+    # imports while its parent does.
+    import transformers.modeling_utils  # noqa: F401
     from transformers.utils import logging as transformers_logging
+
+    import autotune.backends.estimate.backend  # noqa: F401
 
     transformers_logging.set_verbosity_error()
     backends: dict[GpuSpec, Any] = {}

@@ -41,6 +41,7 @@ from autotune.defaults import (
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
 )
+from autotune.errors import AutotuneError
 from autotune.units import format_bytes
 from autotune.workload.support import weights_label
 
@@ -90,21 +91,52 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Library errors propagate: ``autotune``'s main prints them (exit 2)."""
+    from autotune import parallel
+
     progress = Progress(sys.stderr)
-    with quiet_transformers():  # its notices would break the progress line
-        table = autotune.table(
-            args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, dtype=args.dtype,
-            attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
-            margin=args.margin, search=args.search, max_batch=args.max_batch,
-            optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
-            seed_with_estimate=args.seed_with_estimate, workers=args.workers, **peft_kwargs(args),
-        )
+    prestart_workers(args)
+    try:
+        with quiet_transformers():  # its notices would break the progress line
+            table = autotune.table(
+                args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, dtype=args.dtype,
+                attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
+                margin=args.margin, search=args.search, max_batch=args.max_batch,
+                optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
+                seed_with_estimate=args.seed_with_estimate, workers=args.workers, **peft_kwargs(args),
+            )
+    finally:
+        parallel.stop_prestarted()
     progress.close()
     if args.json:
         print_json(table.to_dict())
     else:
         sys.stdout.write(render_table(table))
     return EXIT_OK if all(c.error is None for c in table.cells) else EXIT_ERROR
+
+
+def prestart_workers(args: argparse.Namespace) -> int:
+    """Start the worker processes the table will take (parallel.py) before this process imports
+    torch, where that is known without importing it: an estimator table (``auto`` on a machine
+    without an NVIDIA device node) of a preset with several modes. Returns how many were started."""
+    import os
+
+    from autotune import parallel
+    from autotune.cli.answers import GPU_DEVICE_NODES
+    from autotune.workload.modes import parse_modes
+    from autotune.workload.presets import PRESETS, preset_name
+
+    if args.backend == "cuda" or (args.backend == "auto" and any(map(os.path.exists, GPU_DEVICE_NODES))):
+        return 0
+    name = preset_name(args.model)
+    if name is None or (args.workers is not None and args.workers < 1):
+        return 0
+    try:
+        modes = len(parse_modes(args.modes))
+    except AutotuneError:  # the table says what is wrong
+        return 0
+    count = parallel.preset_workers(PRESETS[name], modes, args.workers) - 1 if modes > 1 else 0
+    parallel.prestart(count)
+    return count
 
 
 class Progress:

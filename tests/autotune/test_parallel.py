@@ -73,3 +73,76 @@ def test_the_callers_process_takes_modes_too(monkeypatch):
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1  # two processes: this one and one worker
     assert cells(two) == cells(one)
+
+
+@pytest.mark.slow
+def test_the_callers_process_takes_the_costliest_mode_first(monkeypatch):
+    ran_here = []
+    tune_mode = parallel._tune_mode
+
+    def record(workload, gpu, seq_lens, mode_name, *args):
+        ran_here.append(mode_name)
+        return tune_mode(workload, gpu, seq_lens, mode_name, *args)
+
+    monkeypatch.setattr(parallel, "_tune_mode", record)
+    autotune.table("tiny-bert", workers=2, **TABLE)
+    assert ran_here[0] == "amp+ckpt"  # checkpointing and autocast: the costliest of the two
+
+
+@pytest.mark.slow
+def test_a_table_takes_the_workers_started_before_it(monkeypatch):
+    parallel.prestart(1)
+    early = list(parallel._prestarted)
+    started = []
+    popen = parallel.subprocess.Popen
+
+    def count(*args, **kwargs):
+        started.append(args)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(parallel.subprocess, "Popen", count)
+    one = autotune.table("tiny-bert", workers=1, **TABLE)
+    two = autotune.table("tiny-bert", workers=2, **TABLE)
+    assert started == [] and parallel._prestarted == []  # the table took the early worker
+    assert early[0].wait(timeout=30) == 0  # and ended it, its modes done
+    assert cells(two) == cells(one)
+
+
+def test_workers_no_table_took_are_stopped():
+    parallel.prestart(2)
+    early = list(parallel._prestarted)
+    parallel.stop_prestarted()
+    assert parallel._prestarted == [] and all(process.poll() is not None for process in early)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["table", "bert-base-uncased"], 1),  # 4 modes, 2 cores: this process and one worker
+    (["table", "bert-base-uncased", "--workers", "3"], 2),
+    (["table", "bert-base-uncased", "--modes", "amp"], 0),  # one mode: one process
+    (["table", "bert-base-uncased", "--workers", "1"], 0),
+    (["table", "bert-base-uncased", "--backend", "cuda"], 0),  # measured: no estimator table
+    (["table", "tiny-bert"], 0),  # a small model runs in one process (default_workers)
+    (["table", "./not-a-preset"], 0),  # a config: its size is known once transformers reads it
+    (["table", "bert-base-uncased", "--modes", "fp33"], 0),  # the table says what is wrong
+])
+def test_the_cli_starts_the_workers_its_table_will_take(monkeypatch, argv, expected):
+    from autotune.cli import build_parser
+    from autotune.cli.table import prestart_workers
+
+    asked = []
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "prestart", asked.append)
+    args = build_parser().parse_args(argv)
+    assert prestart_workers(args) == expected
+    assert sum(asked) == expected
+
+
+def test_the_preset_rule_is_default_workers_rule(monkeypatch):
+    from autotune.workload.presets import PRESETS
+
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 4)
+    modes = parse_modes("fp32,amp,ckpt,amp+ckpt")
+    for name in ("bert-base-uncased", "tiny-bert", "distilbert-base-uncased", "meta-llama/Llama-3.2-1B"):
+        workload = Workload(resolve_model(name), "sequence-classification", None)
+        assert parallel.preset_workers(PRESETS[name], len(modes), None) == parallel.default_workers(
+            workload, modes), name
