@@ -44,6 +44,10 @@ def main() -> None:
     parser.add_argument("--modes", default="fp32,amp,ckpt,amp+ckpt")
     parser.add_argument("--scales", default="0.9,1.0,1.1",
                         help="the fake GPU's memory over the estimator's (default: %(default)s)")
+    parser.add_argument("--stepwise", action="store_true",
+                        help="the fake GPU is the estimator's own curve (its allocator steps) times the "
+                        "scale, not the smooth line through it: --scales 1.0 is a GPU the estimator "
+                        "gets exactly right (the searches may then differ where the curve is not monotone)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     _, target = make_backend("estimate", args.gpu, None if args.gpu else args.gpu_memory)
@@ -51,13 +55,14 @@ def main() -> None:
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
     modes = parse_modes(args.modes)
     curve, estimator = EstimateBackend(target), EstimateBackend(target)
-    print(f"{args.model} on {target.name}; fake GPU = the estimator's curve near the limit x scale")
+    shape = "curve" if args.stepwise else "curve's line near the limit"
+    print(f"{args.model} on {target.name}; fake GPU = the estimator's {shape} x scale")
     worst = 0.0
     for scale in (float(s) for s in args.scales.split(",")):
         tables: dict[str, TableResult] = {}
         counts: dict[str, int] = {}
         for how in HOWS:
-            fake = ScaledGpu(curve, scale=scale, smooth=True)
+            fake = ScaledGpu(curve, scale=scale, smooth=not args.stepwise)
             backend: Backend = EstimateSeeded(fake, estimator) if how == "seeded" else fake
             started = time.perf_counter()
             tables[how] = tune_table(workload, backend, target, seq_lens=seq_lens, modes=modes,

@@ -11,12 +11,14 @@ on the GPU, where
   same for every cell of the workload (a GPU that differs from the estimator does so as a function
   of the memory, whatever the length: a scale, a context or workspace the estimator missed). Each
   measured cell bounds that limit from both sides (its max's line is below it, the next batch's is
-  not), the bounds of the cells are intersected (``GpuLimit``), and the claim is the largest batch
-  whose line is below the upper bound: the answer or one above it, and both cost two GPU probes
-  (fits, one more does not; or out of memory, one fewer fits). Where the estimator's max is that
-  claim or one off it, the larger of the two is claimed (the estimator's own allocator steps, which
-  its line smooths out). Bounds that contradict each other (a GPU whose difference is not a
-  function of the memory alone) are replaced by the newest cell's;
+  not), the bounds of the cells are intersected (``GpuLimit``), and the limit claims the largest
+  batch whose line is below the upper bound: the answer or one above it, and both cost two GPU
+  probes (fits, one more does not; or out of memory, one fewer fits); where the estimator's max is
+  that or one off it, the larger of the two. Bounds that contradict each other (a GPU whose
+  difference is not a function of the memory alone) are replaced by the newest cell's. A cell
+  claims the estimator's max or the limit's claim, whichever missed the measured maxes of the
+  workload's cells by less so far: on a GPU the estimator gets exactly right the estimator's max
+  (its allocator steps, which the line smooths out), on one it does not the limit's;
 - after a claim fit, the next is where the line through its measured peak, with the estimator's
   slope times the GPU's scale (the budget over the limit; before the first measured cell, the peak
   over the estimated one), crosses the budget; after a claim of the estimator's own max, at most
@@ -215,6 +217,9 @@ class EstimateSeeded:
         # (workload, mode) -> the GPU's limit read from the mode's measured cells; (workload, None)
         # -> the same of the workload's newest cell in any mode, for the first cell of the next mode.
         self._limit: dict[tuple[Workload, str | None], GpuLimit] = {}
+        # workload -> how far the two first claims missed the measured max, summed over its cells:
+        # the estimator's max, the claim from the GPU's limit (see ``first``).
+        self._missed: dict[Workload, tuple[int, int]] = {}
 
     def describe(self) -> dict[str, Any]:
         return {**self.measure.describe(), "seeded_by": self.estimator.name}
@@ -235,11 +240,28 @@ class EstimateSeeded:
         seed = estimate_seed(self.estimator, estimated, mode, seq_len, budget_bytes)
         key = (workload, mode.name)
         limit = self._limit.get(key, self._limit.get((workload, None)))
-        seed = replace(seed, claim=first_claim(seed, limit))
+        from_limit = first_claim(seed, limit) if limit is not None else None
+        seed = replace(seed, claim=self.first(workload, seed.max_batch_size, from_limit))
         with self.measure.cell(workload, mode, seq_len, budget_bytes) as cell:
             seeded = SeededCell(cell, seed, budget_bytes, limit)
             yield seeded
         measured = seeded.measured_max()
-        read = GpuLimit.of(seed, measured) if measured is not None else None
+        if measured is None or seed.max_batch_size is None:
+            return
+        estimate_missed, limit_missed = self._missed.get(workload, (0, 0))
+        if from_limit is not None:
+            limit_missed += abs(measured - from_limit)
+        self._missed[workload] = (estimate_missed + abs(measured - seed.max_batch_size), limit_missed)
+        read = GpuLimit.of(seed, measured)
         if read is not None:
             self._limit[key] = self._limit[(workload, None)] = read if limit is None else limit.narrowed(read)
+
+    def first(self, workload: Workload, estimated: int | None, from_limit: int | None) -> int | None:
+        """A cell's first claim: the estimator's max or the claim from the GPU's limit, whichever
+        missed the measured maxes of the workload's cells by less so far (the estimator's while
+        neither did worse: a GPU it gets exactly right, allocator steps and all, stays at two probes
+        a cell; the limit's line smooths those steps out)."""
+        if from_limit is None or estimated is None:
+            return estimated
+        estimate_missed, limit_missed = self._missed.get(workload, (0, 0))
+        return estimated if estimate_missed <= limit_missed else from_limit

@@ -60,8 +60,8 @@ def answers(table: TableResult) -> list[int | None]:
 def test_a_right_estimate_costs_two_gpu_probes_per_cell(
     curve: EstimateBackend, estimator: EstimateBackend,
 ) -> None:
-    gpu = ScaledGpu(curve)  # exactly the estimator's memory
-    table = tune(EstimateSeeded(gpu, estimator), modes="amp")
+    gpu = ScaledGpu(curve)  # exactly the estimator's memory, its allocator steps and all
+    table = tune(EstimateSeeded(gpu, estimator), modes="fp32,amp")
     assert gpu.probes == 2 * len(table.cells)
     for cell in table.cells:
         assert cell.estimated_max_batch_size == cell.max_batch_size
@@ -217,6 +217,18 @@ def test_a_cell_claims_from_the_limit_the_cells_before_it_read(
     for cell in later:  # each claim is the answer or one above it
         assert cell.probe_log[0]["seeded_claim"] in (cell.max_batch_size, cell.max_batch_size + 1)
         assert cell.probes == 2
+
+
+def test_a_cell_claims_whichever_of_estimate_and_limit_missed_less_so_far(estimator: EstimateBackend) -> None:
+    seeded = EstimateSeeded(ScaledGpu(estimator), estimator)
+    workload = small_workload()
+    assert seeded.first(workload, 100, None) == 100  # no limit read yet: the estimate
+    assert seeded.first(workload, 100, 90) == 100  # neither missed yet: the estimate
+    seeded._missed[workload] = (4, 1)
+    assert seeded.first(workload, 100, 90) == 90
+    seeded._missed[workload] = (1, 1)
+    assert seeded.first(workload, 100, 90) == 100
+    assert seeded.first(workload, None, 90) is None  # the estimator could not model the step
 
 
 # --- the product path: cuda backends are seeded unless asked not to -------------------------------
