@@ -79,7 +79,11 @@ def preset_workers(config: dict[str, Any], modes: int, workers: int | None) -> i
     workload/presets.py: nothing imported), ``workers`` as the caller gave it."""
     if workers is not None:
         return min(workers, modes)
-    hidden, layers = config.get("hidden_size"), config.get("num_hidden_layers")
+    # The names transformers' attribute_map gives hidden_size and num_hidden_layers in the presets'
+    # families (DistilBERT, GPT-2): tests/autotune/test_parallel.py checks every preset against
+    # default_workers of its config.
+    hidden = next((config[k] for k in ("hidden_size", "dim", "n_embd") if k in config), None)
+    layers = next((config[k] for k in ("num_hidden_layers", "n_layers", "n_layer") if k in config), None)
     size = None
     if isinstance(hidden, int) and isinstance(layers, int):
         size = 12 * layers * hidden * hidden + int(config.get("vocab_size") or 0) * hidden

@@ -34,8 +34,9 @@ probe says why (``estimate_error``).
 
 Measured on the H100 (#17): 2.0 GPU probes per cell where the estimate was right, against 6.6 for the
 guided search without it. On a fake GPU 10 % off the estimator (benchmarks/bench_seeded.py, the
-BERT-base table at 12 GiB): 2.08 GPU probes per cell at x0.9, 2.25 at x1.1 (3.50 and 3.50 when the
-first claim was the estimate scaled by the previous cell's measured/estimated max).
+BERT-base table at 12 GiB): 2.08 GPU probes per cell at x0.9, 2.25 at x1.1 (3.50 and 3.50 before the
+limit, when a claim was the estimate scaled by the previous cell's measured/estimated max), and
+2.00 on a GPU whose memory is the estimator's own (``--stepwise --scales 1.0``).
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ class SeededCell:
 
     def predict(self, lo: int, hi: int | None) -> int | None:
         """The seed's claim; then, from the one measured peak, the estimator's slope scaled to the
-        GPU up to the budget (while the GPU agrees with the estimator, up to where the estimator's
-        own limit lies: at most a batch above its peak at its max)."""
+        GPU up to the budget (after a claim of the estimator's own max, up to where the estimator's
+        own limit lies: at most a batch above its peak at its max); after out of memory only, one
+        below, then where the limit says a batch surely fits (see the module docstring)."""
         seed = self.seed
         if seed.claim is None:
             return self.cell.predict(lo, hi)

@@ -142,7 +142,7 @@ def test_the_preset_rule_is_default_workers_rule(monkeypatch):
 
     monkeypatch.setattr(parallel, "usable_cores", lambda: 4)
     modes = parse_modes("fp32,amp,ckpt,amp+ckpt")
-    for name in ("bert-base-uncased", "tiny-bert", "distilbert-base-uncased", "meta-llama/Llama-3.2-1B"):
+    for name in PRESETS:
         workload = Workload(resolve_model(name), "sequence-classification", None)
         assert parallel.preset_workers(PRESETS[name], len(modes), None) == parallel.default_workers(
             workload, modes), name
