@@ -130,11 +130,24 @@ def test_the_cli_starts_the_workers_its_table_will_take(monkeypatch, argv, expec
     from autotune.cli.table import prestart_workers
 
     asked = []
+    monkeypatch.setattr("autotune.cli.answers.GPU_DEVICE_NODES", ())  # this machine has no GPU
     monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
     monkeypatch.setattr(parallel, "prestart", asked.append)
     args = build_parser().parse_args(argv)
     assert prestart_workers(args) == expected
     assert sum(asked) == expected
+
+
+def test_auto_on_a_machine_with_an_nvidia_device_starts_no_estimator_workers(monkeypatch, tmp_path):
+    from autotune.cli import build_parser
+    from autotune.cli.table import prestart_workers
+
+    node = tmp_path / "nvidiactl"
+    node.touch()
+    monkeypatch.setattr("autotune.cli.answers.GPU_DEVICE_NODES", (str(node),))
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "prestart", lambda count: pytest.fail("started workers"))
+    assert prestart_workers(build_parser().parse_args(["table", "bert-base-uncased"])) == 0
 
 
 def test_the_preset_rule_is_default_workers_rule(monkeypatch):
