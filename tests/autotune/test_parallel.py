@@ -59,16 +59,22 @@ def test_an_error_of_the_progress_callback_ends_the_table_and_its_workers():
         autotune.table("tiny-bert", workers=2, on_cell=fail, **TABLE)
 
 
-@pytest.mark.slow
-def test_the_callers_process_takes_modes_too(monkeypatch):
-    started = []
+@pytest.fixture
+def started(monkeypatch):
+    """The worker processes started from here on (each Popen's arguments)."""
+    calls = []
     popen = parallel.subprocess.Popen
 
     def count(*args, **kwargs):
-        started.append(args)
+        calls.append(args)
         return popen(*args, **kwargs)
 
     monkeypatch.setattr(parallel.subprocess, "Popen", count)
+    return calls
+
+
+@pytest.mark.slow
+def test_the_callers_process_takes_modes_too(started):
     one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1  # two processes: this one and one worker
@@ -90,20 +96,12 @@ def test_the_callers_process_takes_the_costliest_mode_first(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_table_takes_the_workers_started_before_it(monkeypatch):
+def test_a_table_takes_the_workers_started_before_it(started):
     parallel.prestart(1)
     early = list(parallel._prestarted)
-    started = []
-    popen = parallel.subprocess.Popen
-
-    def count(*args, **kwargs):
-        started.append(args)
-        return popen(*args, **kwargs)
-
-    monkeypatch.setattr(parallel.subprocess, "Popen", count)
     one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE)
-    assert started == [] and parallel._prestarted == []  # the table took the early worker
+    assert len(started) == 1 and parallel._prestarted == []  # the table took the early worker
     assert early[0].wait(timeout=30) == 0  # and ended it, its modes done
     assert cells(two) == cells(one)
 

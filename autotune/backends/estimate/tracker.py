@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -192,14 +192,18 @@ def fits_in(events: list[Event], capacity_bytes: int) -> bool:
 
 def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:
     sim = CachingAllocatorSim(capacity_bytes)
-    handles: dict[int, int] = {}
+    _apply(sim, {}, events)
+    stats = sim.stats
+    return stats.peak_allocated_bytes, stats.peak_reserved_bytes
+
+
+def _apply(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequence[Event]) -> None:
+    """Allocate and free ``events`` in ``sim``; ``handles``: event key -> the sim's handle."""
     for key, nbytes in events:
         if nbytes < 0:
             sim.free(handles.pop(key))
         else:
             handles[key] = sim.malloc(nbytes)
-    stats = sim.stats
-    return stats.peak_allocated_bytes, stats.peak_reserved_bytes
 
 
 def _run_growth(events: list[Event]) -> tuple[int, int, list[tuple[int, int]]]:
@@ -236,11 +240,7 @@ class _Prefix:
         start = next((index for index, reserved in grown if reserved > floor), len(events))
         sim = CachingAllocatorSim(None)
         handles: dict[int, int] = {}
-        for key, nbytes in events[:start]:
-            if nbytes < 0:
-                sim.free(handles.pop(key))
-            else:
-                handles[key] = sim.malloc(nbytes)
+        _apply(sim, handles, events[:start])
         return cls(events, floor, start, sim, handles)
 
     def run(self, capacity_bytes: int) -> tuple[int, int]:
@@ -248,11 +248,6 @@ class _Prefix:
         if capacity_bytes < self.floor:
             return _run(self.events, capacity_bytes)
         sim = self.sim.clone(capacity_bytes)
-        handles = dict(self.handles)
-        for key, nbytes in self.events[self.start:]:
-            if nbytes < 0:
-                sim.free(handles.pop(key))
-            else:
-                handles[key] = sim.malloc(nbytes)
+        _apply(sim, dict(self.handles), self.events[self.start:])
         stats = sim.stats
         return stats.peak_allocated_bytes, stats.peak_reserved_bytes
