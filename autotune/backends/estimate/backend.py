@@ -26,6 +26,7 @@ import contextlib
 import gc
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -532,7 +533,12 @@ class EstimateBackend:
             quantize = make_quantizer(
                 quant_type=adapter.quant_type, double_quant=adapter.double_quant,
                 compute_dtype=compute_dtype(adapter, custom or self.gpu.supports_bf16))
-        with _settable_fake_parameters(), _shared_fake_mode():
+        with _settable_fake_parameters(), _shared_fake_mode(), warnings.catch_warnings():
+            # PEFT deep-copies the modules it trains in full (modules_to_save: a classifier head),
+            # and torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor; the
+            # copy is a fake tensor of the same size, as it should be, so the warning says nothing.
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor",
+                                    category=UserWarning)
             return prepare(model, adapter, workload.task, quantize)
 
     def parameter_counts(self, workload: Workload) -> Any:

@@ -231,3 +231,18 @@ def test_the_recipe_is_for_a_4bit_base_and_one_of_three() -> None:
     del stored["recipe"]
     assert Adapter.from_json(stored).recipe == "peft"
     assert Adapter.from_json(make_adapter("qlora", recipe="axolotl").to_json()).recipe == "axolotl"
+
+
+def test_a_trained_head_is_copied_without_a_fake_tensor_warning() -> None:
+    """PEFT deep-copies a classification head it trains in full (modules_to_save); on the
+    estimator's fake tensors torch warns of a data pointer there, which reached users' terminals."""
+    import warnings
+
+    workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None,
+                        adapter=make_adapter("lora"))
+    backend = EstimateBackend(custom_gpu(1 << 30))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        counts = backend.parameter_counts(workload)
+    assert 0 < counts.trainable < counts.total
+    assert [str(w.message) for w in caught if "FakeTensor" in str(w.message)] == []
