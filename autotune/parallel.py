@@ -1,21 +1,23 @@
-"""An estimator table's modes on several CPU cores at once (``autotune table``'s and ``autotune.table``'s
-default where there are cores to spare).
+"""Estimator work on several CPU cores at once: an estimator table's modes (``autotune table``'s and
+``autotune.table``'s default where there are cores to spare), and the lever searches of a check
+whose step does not fit (``autotune check``, ``autotune.check``).
 
 The cells of one mode depend on each other: a cell's hints come from the shorter lengths before it
-(tuner.py). The modes do not. So each mode of a table on the estimator runs whole in one process
-(tuner.tune_table with that one mode), the costliest modes first: the caller's own process takes
-modes too, the costliest first (it has imported torch already), and ``workers - 1`` workers started
-for the table, or before it (``prestart``: the CLI starts them before it imports torch); the
-caller merges the cells in the order one process makes them. The answers are one process's: every
-process builds its own estimator of the same workload and target. A worker is
+(tuner.py). The modes do not, nor do a check's levers (each a cell of a changed step). So each job
+(a mode of a table, a lever's search) runs whole in one process, the costliest first: the caller's
+own process takes jobs too, the costliest first (it has imported torch already), and ``workers - 1``
+workers started for them, or before (``prestart``: the CLI starts them before it imports torch);
+the caller puts the results in the order one process makes them. The answers are one process's:
+every process builds its own estimator of the same workload and target. A worker is
 ``python -m autotune.parallel``, like the project's other child processes (processes.py): not a
 fork (torch in a forked process can deadlock on the thread pools the parent started), and not
 multiprocessing's spawn, which imports the caller's main script again (a script without an
 ``if __name__ == "__main__"`` guard would run twice). Each worker imports torch and builds the fake
-model once, a few seconds paid back from two modes on (the default table has four), and keeps to
-one of torch's threads, as the caller does while it takes modes, so that two processes on two cores
-do not contend. Parent and worker exchange pickles (base64 lines): a job (a mode), then each
-finished cell, then the mode's table or the error it raised.
+model once, a few seconds paid back from two jobs on (the default table has four modes, a check of
+a full fine-tune five levers or more), and keeps to one of torch's threads, as the caller does
+while it takes jobs, so that two processes on two cores do not contend. Parent and worker exchange
+pickles (base64 lines): a job, then its progress (a table's cells), then its result or the error it
+raised.
 
 Progress (``on_cell``) reaches the parent as each worker finishes a cell; an error in a worker is
 raised here, as a sequential run would raise it.
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from autotune.analysis.check import LeverSearch, Maxima, lever_max
 from autotune.errors import AutotuneError
 from autotune.gpus import GpuSpec
 from autotune.processes import child_env, exit_reason, protocol_stream
@@ -42,7 +45,7 @@ from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.support import step_warnings
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
-# Workers started before this process imported torch (``prestart``), taken by the next table.
+# Workers started before this process imported torch (``prestart``), taken by the next jobs.
 _prestarted: list[subprocess.Popen[str]] = []
 
 
@@ -55,7 +58,7 @@ def usable_cores() -> int:
 
 
 # A model under this many parameters (about: its layers and embeddings) traces in well under the
-# second or more a worker takes to start and import torch: its table runs in one process.
+# second or more a worker takes to start and import torch: its jobs run in one process.
 PARALLEL_FROM_PARAMETERS = 10_000_000
 
 
@@ -74,11 +77,12 @@ def default_workers(workload: Workload, modes: Sequence[Mode]) -> int:
     return _workers(approximate_parameters(workload), len(modes))
 
 
-def preset_workers(config: dict[str, Any], modes: int, workers: int | None) -> int:
-    """The processes ``autotune.table`` runs an estimator table of a preset in (its config as data,
-    workload/presets.py: nothing imported), ``workers`` as the caller gave it."""
+def preset_workers(config: dict[str, Any], jobs: int, workers: int | None) -> int:
+    """The processes ``jobs`` jobs on the estimator run in (a table's modes: default_workers; a
+    check's levers: lever_processes) for a preset (its config as data, workload/presets.py: nothing
+    imported), ``workers`` as the caller gave it."""
     if workers is not None:
-        return min(workers, modes)
+        return min(workers, jobs)
     # The names transformers' attribute_map gives hidden_size and num_hidden_layers in the presets'
     # families (DistilBERT, GPT-2): tests/autotune/test_parallel.py checks every preset against
     # default_workers of its config.
@@ -87,19 +91,19 @@ def preset_workers(config: dict[str, Any], modes: int, workers: int | None) -> i
     size = None
     if isinstance(hidden, int) and isinstance(layers, int):
         size = 12 * layers * hidden * hidden + int(config.get("vocab_size") or 0) * hidden
-    return _workers(size, modes)
+    return _workers(size, jobs)
 
 
-def _workers(parameters: int | None, modes: int) -> int:
+def _workers(parameters: int | None, jobs: int) -> int:
     if parameters is not None and parameters < PARALLEL_FROM_PARAMETERS:
         return 1
-    return max(1, min(modes, usable_cores()))
+    return max(1, min(jobs, usable_cores()))
 
 
 def prestart(count: int) -> None:
-    """Start ``count`` workers now, for the table this process is about to make: each imports
+    """Start ``count`` workers now, for the jobs this process is about to share out: each imports
     torch and transformers while this process does the same (the CLI calls it first thing), instead
-    of after it (2-3 s of the default table's wall). ``stop_prestarted`` ends those no table took."""
+    of after it (2-3 s of the default table's wall). ``stop_prestarted`` ends those no job took."""
     _prestarted.extend(_start_worker() for _ in range(count))
 
 
@@ -138,108 +142,20 @@ def tune_table_parallel(
     # The costliest modes first, so that the last to finish is a cheap one: checkpointing recomputes
     # in every trace and its batches are larger (more replays to settle), autocast adds the casts.
     # (BERT-base, one process: amp+ckpt 8.6 s, ckpt 6.2, amp 5.2, fp32 4.2.)
-    pending = [mode.name for mode in sorted(
-        modes, key=lambda mode: (mode.checkpointing, mode.autocast_dtype_name is not None), reverse=True)]
-    tables: dict[str, TableResult] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
+    costliest = sorted(modes, key=_cost, reverse=True)
+    jobs = [{"job": "mode", "name": f"mode {mode.name}", "workload": workload, "gpu": gpu,
+             "seq_lens": ordered, "mode_name": mode.name, "margin": margin, "method": method,
+             "max_batch": max_batch} for mode in costliest]
     done = [0]
     total = len(ordered) * len(modes)
 
-    def job(mode_name: str) -> dict[str, Any]:
-        return {"workload": workload, "gpu": gpu, "seq_lens": ordered, "mode_name": mode_name,
-                "margin": margin, "method": method, "max_batch": max_batch}
+    def progress(cell: CellResult) -> None:
+        done[0] += 1
+        if on_cell is not None:
+            on_cell(cell, done[0], total)
 
-    def serve(process: subprocess.Popen[str]) -> None:
-        """Feed one worker modes until none is left; pass on what it sends."""
-        assert process.stdin is not None and process.stdout is not None
-        while True:
-            with lock:
-                mode_name = pending.pop(0) if pending and not errors else None
-            if mode_name is None:
-                process.stdin.close()
-                return
-            process.stdin.write(_encode(job(mode_name)))
-            process.stdin.flush()
-            if not follow(process, process.stdout, mode_name):
-                return
-
-    def follow(process: subprocess.Popen[str], replies: IO[str], mode_name: str) -> bool:
-        """Pass on the worker's replies to one job; False when it failed (``errors`` says why)."""
-        for line in replies:
-            kind, payload = _decode(line)
-            with lock:
-                if kind == "cell":
-                    done[0] += 1
-                    if on_cell is not None:
-                        try:
-                            on_cell(payload, done[0], total)
-                        except BaseException as exc:  # the caller's own error ends the table
-                            errors.append(exc)
-                            return False
-                elif kind == "table":
-                    tables[mode_name] = payload
-                    return True
-                else:
-                    errors.append(payload)
-                    return False
-        died = exit_reason(process.wait())
-        with lock:
-            errors.append(AutotuneError(f"the worker of mode {mode_name} {died} before it finished"))
-        return False
-
-    def run_here(first: str) -> None:
-        """This process takes modes from the same queue, the costliest first (it has imported torch
-        already, its workers may not have yet): one worker fewer to start (a few seconds of a core)."""
-        import torch
-
-        def send(message: Any) -> None:
-            _, cell = message
-            with lock:
-                done[0] += 1
-                if on_cell is not None:
-                    on_cell(cell, done[0], total)  # the caller's own error ends the table
-
-        threads_before = torch.get_num_threads()
-        torch.set_num_threads(1)  # as a worker does: the cores are the workers'
-        mode_name: str | None = first
-        try:
-            while True:
-                if mode_name is None:
-                    return
-                tables[mode_name] = _tune_mode(workload, gpu, ordered, mode_name, margin, method,
-                                               max_batch, send, backends)
-                with lock:
-                    mode_name = pending.pop(0) if pending and not errors else None
-        except Exception as exc:  # the workers stop at their next mode; Ctrl-C goes straight up
-            with lock:
-                errors.append(exc)
-        finally:
-            torch.set_num_threads(threads_before)
-
-    backends: dict[GpuSpec, Any] = {}
-    processes = [_prestarted.pop() if _prestarted else _start_worker()
-                 for _ in range(min(workers, len(pending)) - 1)]
-    mine = pending.pop(0)
-    threads = []
-    finished = False
-    try:
-        for process in processes:
-            thread = threading.Thread(target=serve, args=(process,), daemon=True)
-            threads.append(thread)
-            thread.start()
-        run_here(mine)
-        if not errors:  # else the workers are stopped now, not after their modes
-            for thread in threads:
-                thread.join()
-        finished = True
-    finally:  # an error, or this process interrupted (Ctrl-C): no worker outlives the table
-        for process in processes:
-            if process.poll() is None and (errors or not finished):
-                process.kill()
-            process.wait()
-    if errors:
-        raise errors[0]
+    tables = dict(zip([mode.name for mode in costliest], _share_out(jobs, workers, progress, {}),
+                      strict=True))
     first = tables[modes[0].name]
     first.modes = [mode.name for mode in modes]
     first.cells = [cell for mode in modes for cell in tables[mode.name].cells]
@@ -248,22 +164,177 @@ def tune_table_parallel(
     return first
 
 
-def _tune_mode(workload: Workload, gpu: GpuSpec, seq_lens: list[int], mode_name: str, margin: float,
-               method: str, max_batch: int, send: Callable[[Any], None], backends: dict[GpuSpec, Any],
-               ) -> TableResult:
-    """One mode's table, each cell sent as it finishes; the estimator kept per target."""
+def lever_processes(workload: Workload, searches: int, workers: int | None) -> int:
+    """The processes a check's ``searches`` lever searches run in (``workers`` as the caller gave
+    it; None: one per search, up to the usable cores, for a model of 10M parameters or more)."""
+    if workers is not None:
+        return max(1, min(workers, searches))
+    return min(_workers(approximate_parameters(workload), searches), max(1, searches))
+
+
+def lever_maxima(backend: Any, processes: int) -> Maxima:
+    """A check's lever searches (analysis/check.py) on the estimator, shared out over ``processes``
+    processes: this one, with ``backend`` (the check's own estimator: its fake model is built),
+    takes the costliest. Each search's answer is one process's."""
+
+    def maxima(searches: Sequence[LeverSearch], budget: int, guess: int, max_batch: int
+               ) -> list[int | None]:
+        order = sorted(range(len(searches)), key=lambda i: _cost(searches[i].mode, searches[i].workload),
+                       reverse=True)
+        jobs = [{"job": "lever", "name": f"lever search {searches[i].label}",
+                 "workload": searches[i].workload, "gpu": backend.gpu,
+                 "mode_name": searches[i].mode.name, "seq_len": searches[i].seq_len, "budget": budget,
+                 "guess": guess, "max_batch": max_batch} for i in order]
+        found = _share_out(jobs, processes, None, {backend.gpu: backend})
+        answers: list[int | None] = [None] * len(searches)
+        for i, value in zip(order, found, strict=True):
+            answers[i] = value
+        return answers
+
+    return maxima
+
+
+def _cost(mode: Mode, workload: Workload | None = None) -> tuple[bool, bool, bool]:
+    """What makes a job slow, for the costliest-first order: checkpointing (recomputes in every
+    trace, larger batches to settle), a PEFT model (built for the job), autocast (the casts)."""
+    adapted = workload is not None and workload.adapter is not None
+    return mode.checkpointing, adapted, mode.autocast_dtype_name is not None
+
+
+def _share_out(jobs: list[dict[str, Any]], workers: int, on_progress: Callable[[Any], None] | None,
+               backends: dict[GpuSpec, Any]) -> list[Any]:
+    """Run ``jobs`` (each ``{"job": kind, "name": what it is, **arguments}``, costliest first) in
+    this process and ``workers - 1`` worker processes, taken in order from one queue; their
+    results in the jobs' order. This process takes the first (it has imported torch already, its
+    workers may not have yet), with the estimators in ``backends``. ``on_progress`` gets each
+    progress message (a table's cells) as it comes; the first error, a job's or ``on_progress``'s,
+    stops the other jobs and is raised here, as one process would raise it."""
+    pending = list(range(len(jobs)))
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def take() -> int | None:
+        with lock:
+            return pending.pop(0) if pending and not errors else None
+
+    def serve(process: subprocess.Popen[str]) -> None:
+        """Feed one worker jobs until none is left; pass on what it sends."""
+        assert process.stdin is not None and process.stdout is not None
+        while (index := take()) is not None:
+            process.stdin.write(_encode(jobs[index]))
+            process.stdin.flush()
+            if not follow(process, process.stdout, index):
+                return
+        process.stdin.close()
+
+    def follow(process: subprocess.Popen[str], replies: IO[str], index: int) -> bool:
+        """Pass on the worker's replies to one job; False when it failed (``errors`` says why)."""
+        for line in replies:
+            kind, payload = _decode(line)
+            with lock:
+                if kind == "progress":
+                    if on_progress is not None:
+                        try:
+                            on_progress(payload)
+                        except BaseException as exc:  # the caller's own error ends the jobs
+                            errors.append(exc)
+                            return False
+                elif kind == "done":
+                    results[index] = payload
+                    return True
+                else:
+                    errors.append(payload)
+                    return False
+        died = exit_reason(process.wait())
+        with lock:
+            errors.append(AutotuneError(f"the worker of {jobs[index]['name']} {died} before it finished"))
+        return False
+
+    def run_here(index: int | None) -> None:
+        import torch
+
+        def send(message: Any) -> None:
+            _, payload = message
+            with lock:
+                if on_progress is not None:
+                    on_progress(payload)  # the caller's own error ends the jobs
+
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(1)  # as a worker does: the cores are the workers'
+        try:
+            while index is not None:
+                results[index] = _run_job(jobs[index], send, backends)
+                index = take()
+        except Exception as exc:  # the workers stop at their next job; Ctrl-C goes straight up
+            with lock:
+                errors.append(exc)
+        finally:
+            torch.set_num_threads(threads_before)
+
+    processes = [_prestarted.pop() if _prestarted else _start_worker()
+                 for _ in range(min(workers, len(pending)) - 1)]
+    mine = pending.pop(0) if pending else None
+    threads = []
+    finished = False
+    try:
+        for process in processes:
+            thread = threading.Thread(target=serve, args=(process,), daemon=True)
+            threads.append(thread)
+            thread.start()
+        run_here(mine)
+        if not errors:  # else the workers are stopped now, not after their jobs
+            for thread in threads:
+                thread.join()
+        finished = True
+    finally:  # an error, or this process interrupted (Ctrl-C): no worker outlives its jobs
+        for process in processes:
+            if process.poll() is None and (errors or not finished):
+                process.kill()
+            process.wait()
+    if errors:
+        raise errors[0]
+    return [results[index] for index in range(len(jobs))]
+
+
+def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: dict[GpuSpec, Any]) -> Any:
+    arguments = {key: value for key, value in job.items() if key not in ("job", "name")}
+    if job["job"] == "mode":
+        return _tune_mode(**arguments, send=send, backends=backends)
+    if job["job"] == "lever":
+        return _lever_max(**arguments, backends=backends)
+    raise AutotuneError(f"unknown job {job['job']!r}")
+
+
+def _estimator(gpu: GpuSpec, backends: dict[GpuSpec, Any]) -> Any:
+    """The process's estimator of ``gpu``, kept across its jobs (its fake models are built once)."""
     from autotune.backends.estimate.backend import EstimateBackend
 
     backend = backends.get(gpu)
     if backend is None:
         backend = backends[gpu] = EstimateBackend(gpu)
-    return tune_table(workload, backend, gpu, seq_lens=seq_lens, modes=[parse_mode(mode_name)],
-                      margin=margin, method=method, max_batch=max_batch,
-                      on_cell=lambda cell, done, total: send(("cell", cell)))
+    return backend
+
+
+def _tune_mode(workload: Workload, gpu: GpuSpec, seq_lens: list[int], mode_name: str, margin: float,
+               method: str, max_batch: int, send: Callable[[Any], None], backends: dict[GpuSpec, Any],
+               ) -> TableResult:
+    """One mode's table, each cell sent as it finishes."""
+    return tune_table(workload, _estimator(gpu, backends), gpu, seq_lens=seq_lens,
+                      modes=[parse_mode(mode_name)], margin=margin, method=method, max_batch=max_batch,
+                      on_cell=lambda cell, done, total: send(("progress", cell)))
+
+
+def _lever_max(workload: Workload, gpu: GpuSpec, mode_name: str, seq_len: int, budget: int, guess: int,
+               max_batch: int, backends: dict[GpuSpec, Any]) -> int | None:
+    """One lever's max batch (analysis/check.py: None where the estimator cannot run it)."""
+    return lever_max(_estimator(gpu, backends), workload, parse_mode(mode_name), seq_len, budget,
+                     guess=guess, max_batch=max_batch)
 
 
 def main() -> int:
-    """A worker: one job (a mode) a line on stdin, its cells and its table (or error) on stdout."""
+    """A worker: one job a line on stdin (a table's mode, a check's lever search); its progress
+    (a table's cells) and its result (or error) on stdout."""
     import warnings
 
     replies = protocol_stream()
@@ -287,7 +358,7 @@ def main() -> int:
     backends: dict[GpuSpec, Any] = {}
     for line in sys.stdin:
         try:
-            send(("table", _tune_mode(**_decode(line), send=send, backends=backends)))
+            send(("done", _run_job(_decode(line), send, backends)))
         except Exception as exc:  # the parent raises it, as a run in one process would
             try:
                 pickle.dumps(exc)

@@ -174,11 +174,15 @@ def check(
     qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
+    workers: int | None = None,
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
     a suggestion (``autotune check``; its exit status is ``0 if result.fits else 1``).
 
-    ``accumulation_steps`` sets the effective batch a suggestion keeps.
+    ``accumulation_steps`` sets the effective batch a suggestion keeps. ``workers``: on the
+    estimator, a step that does not fit has its levers searched in that many processes at once
+    (parallel.py; None: one per lever, up to the usable cores, for a model of 10M parameters or
+    more; 1: this process), with the same answers.
 
     >>> import autotune
     >>> r = autotune.check("bert-base-uncased", seq_len=512, batch_size=64, gpu_memory="12GiB")
@@ -192,6 +196,8 @@ def check(
 
     _positive("batch_size", batch_size)
     _positive("accumulation_steps", accumulation_steps)
+    if workers is not None:
+        _positive("workers", workers)
     parsed = parse_mode(mode)
     workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
                          _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
@@ -199,8 +205,15 @@ def check(
                                bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
                                qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
+    maxima = None
+    if chosen.name == "estimate":
+        from autotune.analysis.check import lever_searches
+        from autotune.parallel import lever_maxima, lever_processes
+
+        processes = lever_processes(workload, len(lever_searches(workload, parsed, seq_len, target)), workers)
+        maxima = lever_maxima(chosen, processes) if processes > 1 else None
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
-                      margin=margin, effective_batch=batch_size * accumulation_steps)
+                      margin=margin, effective_batch=batch_size * accumulation_steps, maxima=maxima)
 
 
 def explain(

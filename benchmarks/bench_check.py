@@ -5,7 +5,9 @@
   again (the server's answer cache), and the same spec at other batch sizes (the analysis worker
   keeps the spec's estimator and traces: 0.3 s);
 - ``autotune check`` of a BERT-base cell in a fresh process, wall (2 s): the first, then the same
-  check again, answered from the local answer cache (cli/answers.py).
+  check again, answered from the local answer cache (cli/answers.py);
+- the README's check of a step that does not fit (its levers searched), first answer, fresh process:
+  the levers over the usable cores (the default) and in one process (``--workers 1``).
 
     .venv/bin/python benchmarks/bench_check.py [--requests 200] [--cli-runs 3]
 """
@@ -34,6 +36,8 @@ from tests.api.test_check import QUERY, _store_measured_table  # noqa: E402
 CELL = {"model": "bert-base-uncased", "seq_len": 128, "mode": "amp", "gpu": "T4"}
 CLI = [sys.executable, "-m", "autotune", "check", "bert-base-uncased", "--seq-len", "128",
        "--batch-size", "32", "--mode", "amp", "--gpu", "T4"]
+NOT_FITTING = [sys.executable, "-m", "autotune", "check", "bert-base-uncased", "--seq-len", "512",
+               "--batch-size", "64", "--gpu-memory", "12GiB"]
 
 
 def timed(client: TestClient, params: dict[str, object]) -> float:
@@ -73,6 +77,14 @@ def main() -> None:
         walls.append(time.perf_counter() - started)
     print(f"autotune check (fresh process, BERT-base amp seq 128 batch 32 on a T4): first {walls[0]:.2f} s, "
           f"again (the answer cache) median {statistics.median(walls[1:]):.2f} s over {args.cli_runs} runs")
+
+    for extra, label in (([], "levers over the usable cores"), (["--workers", "1"], "one process")):
+        started = time.perf_counter()
+        done = subprocess.run([*NOT_FITTING, *extra, "--no-cache"], check=False, capture_output=True,
+                              cwd=ROOT, text=True)
+        assert done.returncode == 1, done.stderr  # does not fit
+        print(f"autotune check, a step that does not fit (BERT-base fp32 seq 512 batch 64 on 12 GiB), "
+              f"{label}: {time.perf_counter() - started:.2f} s")
 
 
 if __name__ == "__main__":

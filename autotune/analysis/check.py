@@ -15,7 +15,7 @@ advised.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -71,12 +71,13 @@ def source_of(backend_name: str) -> str:
 def check_step(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, batch_size: int,
     mode: Mode, margin: float, effective_batch: int | None = None,
-    known_max: Callable[[int, Callable[[], int]], int] | None = None,
+    known_max: Callable[[int, Callable[[], int]], int] | None = None, maxima: Maxima | None = None,
 ) -> CheckResult:
     """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help.
 
     ``known_max(cap, search)``: where the caller keeps the cell's max batch from an earlier search of
     the same backend (the service's analysis worker), it returns that, else ``search()``'s answer.
+    ``maxima``: how the levers' searches run (helpful_levers; parallel.lever_maxima on the estimator).
     """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
@@ -100,7 +101,7 @@ def check_step(
     hole = batch_size <= best and at_request.outcome != "fits"
     fits_now = batch_size <= best and not hole
     levers = [] if fits_now or hole else helpful_levers(backend, workload, mode, seq_len, budget, best,
-                                                        max_batch=cap)
+                                                        max_batch=cap, maxima=maxima)
     advice = (hole_advice(batch_size, best) if hole
               else None if fits_now else suggestion(best, effective_batch or batch_size, levers))
     result = CheckResult(
@@ -202,22 +203,47 @@ def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
     return options
 
 
+@dataclass(frozen=True)
+class LeverSearch:
+    """One lever's search: the max batch of the cell with the step changed."""
+
+    name: str  # Lever.name
+    label: str  # Lever.label
+    workload: Workload
+    mode: Mode
+    seq_len: int
+
+
+# Runs lever searches (searches, budget, guess, max_batch) -> each one's max batch or None (lever_max);
+# parallel.lever_maxima shares them out over processes on the estimator.
+Maxima = Callable[[Sequence[LeverSearch], int, int, int], list[int | None]]
+
+
+def lever_searches(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -> list[LeverSearch]:
+    """The searches of the single levers of a cell: the step's own (candidate_levers), then the
+    PEFT setup's (adapter_levers)."""
+    return ([LeverSearch(name, label, changed, changed_mode, seq_len)
+             for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)]
+            + [LeverSearch("adapter", label, changed, mode, seq_len)
+               for _, label, changed in adapter_levers(workload)])
+
+
 def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
-                   best: int, *, max_batch: int = DEFAULT_MAX_BATCH) -> list[Lever]:
+                   best: int, *, max_batch: int = DEFAULT_MAX_BATCH, maxima: Maxima | None = None,
+                   ) -> list[Lever]:
     """The levers that raise this cell's max batch above ``best``, by the same backend's search
     (capped at ``max_batch``, as the cell's), best first. When none of the step's own levers does
-    (a PEFT setup may) and nothing fits, those levers together, then half the length."""
+    (a PEFT setup may) and nothing fits, those levers together, then half the length.
+
+    ``maxima`` runs the searches of the single levers (lever_searches; default: one after the
+    other here); each starts from four times ``best``."""
     gpu = backend.gpu
-    found: list[Lever] = []
+    guess = max(1, min(4 * best, max_batch))
+    searches = lever_searches(workload, mode, seq_len, gpu)
+    values = (maxima or _one_after_another(backend))(searches, budget, guess, max_batch)
+    found = [Lever(search.name, search.label, value) for search, value in zip(searches, values, strict=True)
+             if value is not None and value > best]
     options = candidate_levers(workload, mode, gpu)
-    for name, label, changed, changed_mode in options:
-        value = _max_or_none(backend, changed, changed_mode, seq_len, budget, best, max_batch)
-        if value is not None and value > best:
-            found.append(Lever(name, label, value))
-    for _, label, changed in adapter_levers(workload):
-        value = _max_or_none(backend, changed, mode, seq_len, budget, best, max_batch)
-        if value is not None and value > best:
-            found.append(Lever("adapter", label, value))
     own = [lever for lever in found if lever.name != "adapter"]
     if not own and best == 0 and options:
         # Nothing alone lets batch 1 fit: all of them at once (the lightest mode, every change
@@ -229,25 +255,34 @@ def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: in
                            loss=changes.get("loss", workload).loss)
         labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options
                                                if changed != workload]
-        value = _max_or_none(backend, together, lightest, seq_len, budget, best, max_batch)
+        value = lever_max(backend, together, lightest, seq_len, budget, guess=guess, max_batch=max_batch)
         if value is not None and value > best:
             own.append(Lever("combined", "all of: " + "; ".join(labels), value))
             found.append(own[-1])
     if not own and best == 0 and seq_len > 1:
         shorter = seq_len // 2
-        value = _max_or_none(backend, workload, mode, shorter, budget, best, max_batch)
+        value = lever_max(backend, workload, mode, shorter, budget, guess=guess, max_batch=max_batch)
         if value is not None and value > best:
             found.append(Lever("seq_len", f"sequences of at most {shorter} tokens", value))
     return sorted(found, key=lambda lever: -lever.max_batch_size)
 
 
-def _max_or_none(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
-                 best: int, max_batch: int = DEFAULT_MAX_BATCH) -> int | None:
+def _one_after_another(backend: Backend) -> Maxima:
+    def maxima(searches: Sequence[LeverSearch], budget: int, guess: int, max_batch: int
+               ) -> list[int | None]:
+        return [lever_max(backend, search.workload, search.mode, search.seq_len, budget, guess=guess,
+                          max_batch=max_batch) for search in searches]
+
+    return maxima
+
+
+def lever_max(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int, *,
+              guess: int, max_batch: int = DEFAULT_MAX_BATCH) -> int | None:
     """The max batch of a lever's step; None where the backend cannot run it (e.g. bitsandbytes
     missing on a GPU machine, flash attention without 16-bit): such a lever is not advised."""
     try:
         return search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch,
-                           guess=max(1, min(4 * best, max_batch))).max_batch_size
+                           guess=guess).max_batch_size
     except AutotuneError:  # SearchError and ProbeError included
         return None
 

@@ -36,6 +36,7 @@ from autotune.cli.common import (
     add_target,
     peft_kwargs,
     positive,
+    prestart_estimator_workers,
     print_json,
     quiet_transformers,
     report_error,
@@ -51,6 +52,10 @@ from autotune.units import parse_bytes
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
+# The lever searches a step that does not fit is given workers for before torch is imported: 3 to 7
+# (analysis/check.py: lighter modes, checkpointing, 8-bit AdamW, chunked loss, LoRA, QLoRA); more
+# are started when the levers are known, if there are cores for them.
+EARLY_LEVER_JOBS = 3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -78,6 +83,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--from-config", default=None, metavar="FILE",
                        help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl "
                        "YAML, or a YAML/JSON of model, seq_len, batch_size, mode; flags win")
+    check.add_argument("--workers", type=positive, default=None, metavar="N",
+                       help="backend estimate: a step that does not fit has its levers searched in N "
+                       "processes at once, the same answers (default: one per lever, up to the usable "
+                       "CPU cores, for models of 10M parameters or more; 1: one process)")
     add_hub(check)
     check.add_argument("--no-cache", action="store_true",
                        help="compute the answer again: neither read nor write the local answer cache "
@@ -184,14 +193,24 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
     stored = answers.read(where, key) if key is not None else None
     if stored is not None:
         return {**stored, "cached": True}
-    with quiet_transformers():
-        result = autotune.check(
-            plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
-            task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
-            gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
-            optimizer=plan["optimizer"], loss=plan["loss"],
-            accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
-        )
+    from autotune import parallel
+
+    # A step that does not fit has its levers searched in worker processes (parallel.py): started
+    # now, they import torch while this process does and searches the cell itself; unused ones
+    # are stopped (a step that fits needs none).
+    prestart_estimator_workers(args.backend, plan["model"], args.workers, jobs=EARLY_LEVER_JOBS)
+    try:
+        with quiet_transformers():
+            result = autotune.check(
+                plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
+                task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
+                gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
+                optimizer=plan["optimizer"], loss=plan["loss"],
+                accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
+                workers=args.workers,
+            )
+    finally:
+        parallel.stop_prestarted()
     answer = result.to_dict()
     if key is not None:
         answers.write(where, key, answer)

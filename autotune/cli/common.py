@@ -205,3 +205,26 @@ def quiet_transformers() -> Iterator[None]:
 
         transformers_logging.set_verbosity_error()
         yield
+
+
+def prestart_estimator_workers(backend: str, model: str | None, workers: int | None, *, jobs: int) -> int:
+    """Start the worker processes an estimator run of ``jobs`` jobs (a table's modes, a check's
+    lever searches; parallel.py) will take, before this process imports torch, so that their
+    imports overlap with its own: where that is known without importing it, the estimator
+    (``auto`` on a machine without an NVIDIA device node) and a preset model (its size is data,
+    workload/presets.py). Returns how many were started; parallel.stop_prestarted ends those no
+    run took."""
+    import os
+
+    from autotune import parallel
+    from autotune.cli.answers import GPU_DEVICE_NODES
+    from autotune.workload.presets import PRESETS, preset_name
+
+    if jobs < 2 or backend == "cuda" or (backend == "auto" and any(map(os.path.exists, GPU_DEVICE_NODES))):
+        return 0
+    name = None if model is None else preset_name(model)
+    if name is None or (workers is not None and workers < 1):
+        return 0
+    count = parallel.preset_workers(PRESETS[name], jobs, workers) - 1
+    parallel.prestart(count)
+    return count

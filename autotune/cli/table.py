@@ -33,6 +33,7 @@ from autotune.cli.common import (
     int_list,
     peft_kwargs,
     positive,
+    prestart_estimator_workers,
     print_json,
     quiet_transformers,
 )
@@ -116,27 +117,15 @@ def run(args: argparse.Namespace) -> int:
 
 def prestart_workers(args: argparse.Namespace) -> int:
     """Start the worker processes the table will take (parallel.py) before this process imports
-    torch, where that is known without importing it: an estimator table (``auto`` on a machine
-    without an NVIDIA device node) of a preset with several modes. Returns how many were started."""
-    import os
-
-    from autotune import parallel
-    from autotune.cli.answers import GPU_DEVICE_NODES
+    torch, where that is known without importing it (common.prestart_estimator_workers): a table of
+    several modes. Returns how many were started."""
     from autotune.workload.modes import parse_modes
-    from autotune.workload.presets import PRESETS, preset_name
 
-    if args.backend == "cuda" or (args.backend == "auto" and any(map(os.path.exists, GPU_DEVICE_NODES))):
-        return 0
-    name = preset_name(args.model)
-    if name is None or (args.workers is not None and args.workers < 1):
-        return 0
     try:
         modes = len(parse_modes(args.modes))
     except AutotuneError:  # the table says what is wrong
         return 0
-    count = parallel.preset_workers(PRESETS[name], modes, args.workers) - 1 if modes > 1 else 0
-    parallel.prestart(count)
-    return count
+    return prestart_estimator_workers(args.backend, args.model, args.workers, jobs=modes if modes > 1 else 0)
 
 
 class Progress:

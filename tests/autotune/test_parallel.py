@@ -1,4 +1,5 @@
-"""An estimator table's modes in worker processes (autotune/parallel.py): the cells of one process."""
+"""An estimator table's modes and a check's lever searches in worker processes (autotune/parallel.py):
+the answers of one process."""
 
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ def test_the_callers_process_takes_the_costliest_mode_first(monkeypatch):
     ran_here = []
     tune_mode = parallel._tune_mode
 
-    def record(workload, gpu, seq_lens, mode_name, *args):
-        ran_here.append(mode_name)
-        return tune_mode(workload, gpu, seq_lens, mode_name, *args)
+    def record(**arguments):
+        ran_here.append(arguments["mode_name"])
+        return tune_mode(**arguments)
 
     monkeypatch.setattr(parallel, "_tune_mode", record)
     autotune.table("tiny-bert", workers=2, **TABLE)
@@ -157,3 +158,74 @@ def test_the_preset_rule_is_default_workers_rule(monkeypatch):
         workload = Workload(resolve_model(name), "sequence-classification", None)
         assert parallel.preset_workers(PRESETS[name], len(modes), None) == parallel.default_workers(
             workload, modes), name
+
+
+# -- a check's lever searches ----------------------------------------------------------------
+
+# tiny-bert at seq 64 on 1 GiB: batch 100000 does not fit, so every lever is searched.
+NOT_FITTING = {"seq_len": 64, "batch_size": 100_000, "gpu_memory": "1GiB", "backend": "estimate"}
+
+
+@pytest.mark.slow
+def test_a_check_s_levers_in_two_processes_are_those_of_one(started):
+    one = autotune.check("tiny-bert", workers=1, **NOT_FITTING)
+    assert started == []  # workers=1: this process alone
+    two = autotune.check("tiny-bert", workers=2, **NOT_FITTING)
+    assert len(started) == 1  # this process and one worker
+    assert not one.fits and len(one.levers) >= 3
+    assert two.to_dict() == one.to_dict()
+
+
+def test_a_worker_that_dies_fails_the_check_naming_its_lever(monkeypatch):
+    monkeypatch.setattr(parallel, "WORKER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    with pytest.raises(AutotuneError, match=r"the worker of lever search .+ exited with code 3"):
+        autotune.check("tiny-bert", workers=2, **NOT_FITTING)
+
+
+def test_a_step_that_fits_starts_no_worker_and_workers_is_checked(started):
+    fits = autotune.check("tiny-bert", seq_len=64, batch_size=4, gpu_memory="1GiB", workers=4)
+    assert fits.fits and started == []
+    with pytest.raises(AutotuneError, match="workers must be an integer >= 1"):
+        autotune.check("tiny-bert", seq_len=64, batch_size=4, workers=0)
+
+
+def test_lever_processes_follow_the_table_s_rule(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 4)
+    tiny = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
+    base = Workload(resolve_model("bert-base-uncased"), "sequence-classification", None)
+    assert parallel.lever_processes(tiny, 6, None) == 1  # a small model: one process
+    assert parallel.lever_processes(base, 6, None) == 4  # up to the cores
+    assert parallel.lever_processes(base, 3, None) == 3  # one per search
+    assert parallel.lever_processes(base, 6, 2) == 2 and parallel.lever_processes(base, 1, 8) == 1
+    assert parallel.lever_processes(base, 0, None) == 1
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "8"], 1),  # 2 cores
+    (["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "8", "--workers", "1"], 0),
+    (["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "8", "--backend", "cuda"], 0),
+    (["check", "tiny-bert", "--seq-len", "64", "--batch-size", "8"], 0),  # a small model
+])
+def test_the_cli_check_starts_workers_for_its_levers_and_stops_them(monkeypatch, tmp_path, argv, expected):
+    """Before torch is imported; a step that fits stops them unused."""
+    from autotune.cli import main
+
+    asked = []
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("autotune.cli.answers.GPU_DEVICE_NODES", ())  # this machine has no GPU
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "prestart", asked.append)
+    stopped = []
+    monkeypatch.setattr(parallel, "stop_prestarted", lambda: stopped.append(True))
+    monkeypatch.setattr(autotune, "check", lambda *args, **kwargs: _Fits())
+    assert main(argv) == 0
+    assert sum(asked) == expected and stopped == [True]
+
+
+class _Fits:
+    """What autotune.check returns, as far as the command reads it."""
+
+    fits = True
+
+    def to_dict(self):
+        return {"fits": True, "message": "fits", "backend": "estimate"}
