@@ -271,7 +271,7 @@ class CachingAllocatorSim:
 
     def clone(self, capacity_bytes: int | None) -> CachingAllocatorSim:
         """This allocator's state, block for block, under another capacity: where a run with a limit
-        has not yet reached it, it is the same as one without (tracker.replay starts there)."""
+        has not yet reached it, it is the same as one without (replay.replay starts there)."""
         other = CachingAllocatorSim(capacity_bytes)
         copies: dict[int, _Block] = {}
 

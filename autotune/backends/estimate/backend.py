@@ -142,7 +142,7 @@ def _guess_max(
     """The max batch by traces synthesized from other lengths (trace.synthesized), settled as
     the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
     ``guessed`` receives each batch's verdict and the trace it replayed."""
-    from autotune.backends.estimate.tracker import fits_in, replay
+    from autotune.backends.estimate.replay import fits_in, replay
 
     form = synthesized(known, seq_len)
     if form is None:
@@ -395,7 +395,7 @@ class _EstimateCell:
 
     def replayed(self, batch_size: int) -> bool | None:
         """Whether ``batch_size`` fits by the cell's extrapolated traces; None if they cannot tell."""
-        from autotune.backends.estimate.tracker import fits_in
+        from autotune.backends.estimate.replay import fits_in
 
         verdict = self.verdicts.get(batch_size)
         if verdict is None:
@@ -406,12 +406,12 @@ class _EstimateCell:
         return verdict
 
     def robust(self, batch_size: int) -> bool | None:
-        """Whether ``batch_size``'s demand (the smallest capacity it runs in, tracker.replay) is
+        """Whether ``batch_size``'s demand (the smallest capacity it runs in, replay.replay) is
         within the budget, not only a run at the budget itself; None if the traces cannot tell.
         A batch above a hole is stepped onto only so (_settle): the allocator is not monotone in
         the capacity either, and a step that runs at the budget but not a little above it would
         not run on the card, which has more memory than the budget (its margin)."""
-        from autotune.backends.estimate.tracker import replay
+        from autotune.backends.estimate.replay import replay
 
         verdict = self.robustness.get(batch_size)
         if verdict is None:
@@ -592,7 +592,7 @@ class EstimateBackend:
     ) -> Probe:
         """Estimate one training step at ``batch_size``: from ``extrapolation`` (of the cell's
         ``traces`` so far, _extrapolation) where there is one, else traced and added to them."""
-        from autotune.backends.estimate.tracker import replay
+        from autotune.backends.estimate.replay import replay
 
         started = time.perf_counter()
         found = None if extrapolation is None else (extrapolation[0].at(batch_size), extrapolation[1])

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 WARP_SIZE = 32
 MAX_NUM_THREADS = 512  # mnt_wrapper<T>::MAX_NUM_THREADS for every real dtype (256: complex double)
@@ -78,6 +79,8 @@ class ReduceInput:
 
 def reduce_input(tensor: torch.Tensor, dims: Any, dtype: torch.dtype | None = None) -> ReduceInput | None:
     """The TensorIterator of ``tensor.sum(dims)`` (``dims`` None or empty: every dim)."""
+    import torch  # here, not above: a trace's replay (Workspace.nbytes) runs without torch
+
     if tensor.dim() == 0 or tensor.numel() <= 1:
         return None
     ndim = tensor.dim()
@@ -197,15 +200,21 @@ class Workspace:
         return semaphores if self.semaphores else buffer
 
 
-_SUMS = {
-    torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList,
-    torch.ops.aten.mean.default, torch.ops.aten.mean.dim,
-}
+@functools.cache
+def _sums() -> frozenset[Any]:
+    import torch
+
+    return frozenset({torch.ops.aten.sum.default, torch.ops.aten.sum.dim_IntList,
+                      torch.ops.aten.mean.default, torch.ops.aten.mean.dim})
 
 
 def reduction_of(func: Any, args: Any, kwargs: Any) -> tuple[ReduceInput, int] | None:
     """The reduction an aten sum or mean runs on CUDA and its element count; None for other ops."""
-    if func not in _SUMS or not args or not isinstance(args[0], torch.Tensor):
+    if func not in _sums() or not args:  # every op of a step passes here: the common case first
+        return None
+    import torch
+
+    if not isinstance(args[0], torch.Tensor):
         return None
     dims = args[1] if len(args) > 1 else kwargs.get("dim")
     reduction = reduce_input(args[0], dims, kwargs.get("dtype"))

@@ -14,7 +14,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa
 from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
-from autotune.backends.estimate.tracker import StorageTracker, replay
+from autotune.backends.estimate.replay import replay
+from autotune.backends.estimate.tracker import StorageTracker
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu, resolve_gpu
 from autotune.workload import Workload
@@ -68,7 +69,7 @@ def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
 def test_replay_from_the_shared_prefix_finds_what_whole_runs_find():
     # replay starts each run with a limit where the unlimited run's reserved memory first passes
     # the peak allocated (tracker._Prefix); the bisection of whole runs is the reference.
-    from autotune.backends.estimate.tracker import SEGMENT_GRANULE, Replay, _run, fits_in
+    from autotune.backends.estimate.replay import SEGMENT_GRANULE, Replay, _run, fits_in
     from autotune.errors import OutOfMemory
 
     def whole_runs(events, capacity):
