@@ -48,7 +48,7 @@ from autotune.defaults import (
 from autotune.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from autotune.analysis.check import CheckResult
+    from autotune.analysis.check import CellMemo, CheckResult
     from autotune.analysis.explain import Explanation
     from autotune.backends import Backend
     from autotune.gpus import GpuSpec
@@ -175,6 +175,7 @@ def check(
     adapter: Adapter | None = None,
     hub: bool | None = None,
     workers: int | None = None,
+    remember: Callable[[CellMemo], None] | None = None,
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
     a suggestion (``autotune check``; its exit status is ``0 if result.fits else 1``).
@@ -182,7 +183,9 @@ def check(
     ``accumulation_steps`` sets the effective batch a suggestion keeps. ``workers``: on the
     estimator, a step that does not fit has its levers searched in that many processes at once
     (parallel.py; None: one per lever, up to the usable cores, for a model of 10M parameters or
-    more; 1: this process), with the same answers.
+    more; 1: this process), with the same answers. ``remember(memo)`` is called, on the estimator,
+    with what answers the same check at any other batch size in a replay, without torch
+    (analysis.check.CellMemo, check_from_memo; the CLI keeps it on disk).
 
     >>> import autotune
     >>> r = autotune.check("bert-base-uncased", seq_len=512, batch_size=64, gpu_memory="12GiB")
@@ -213,7 +216,8 @@ def check(
         processes = lever_processes(workload, len(lever_searches(workload, parsed, seq_len, target)), workers)
         maxima = lever_maxima(chosen, processes) if processes > 1 else None
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
-                      margin=margin, effective_batch=batch_size * accumulation_steps, maxima=maxima)
+                      margin=margin, effective_batch=batch_size * accumulation_steps, maxima=maxima,
+                      remember=remember)
 
 
 def explain(

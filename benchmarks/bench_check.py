@@ -5,7 +5,8 @@
   again (the server's answer cache), and the same spec at other batch sizes (the analysis worker
   keeps the spec's estimator and traces: 0.3 s);
 - ``autotune check`` of a BERT-base cell in a fresh process, wall (2 s): the first, then the same
-  check again, answered from the local answer cache (cli/answers.py);
+  check again, answered from the local answer cache (cli/answers.py), and the same cell at other
+  batch sizes (its memo there, replayed without torch);
 - the README's check of a step that does not fit (its levers searched), first answer, fresh process:
   the levers over the usable cores (the default) and in one process (``--workers 1``).
 
@@ -75,8 +76,16 @@ def main() -> None:
         started = time.perf_counter()
         subprocess.run(CLI, check=False, capture_output=True, cwd=ROOT, env=cache)
         walls.append(time.perf_counter() - started)
+    others = []
+    for batch in (24, 40, 48, 64):
+        started = time.perf_counter()
+        done = subprocess.run([*CLI, "--batch-size", str(batch), "--json"], check=False, capture_output=True,
+                              cwd=ROOT, env=cache, text=True)
+        others.append(time.perf_counter() - started)
+        assert '"cached": true' in done.stdout, done.stdout[-300:]
     print(f"autotune check (fresh process, BERT-base amp seq 128 batch 32 on a T4): first {walls[0]:.2f} s, "
-          f"again (the answer cache) median {statistics.median(walls[1:]):.2f} s over {args.cli_runs} runs")
+          f"again (the answer cache) median {statistics.median(walls[1:]):.2f} s over {args.cli_runs} runs, "
+          f"other batch sizes (the cell's memo) median {statistics.median(others):.2f} s")
 
     for extra, label in (([], "levers over the usable cores"), (["--workers", "1"], "one process")):
         started = time.perf_counter()

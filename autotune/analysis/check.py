@@ -72,12 +72,15 @@ def check_step(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, batch_size: int,
     mode: Mode, margin: float, effective_batch: int | None = None,
     known_max: Callable[[int, Callable[[], int]], int] | None = None, maxima: Maxima | None = None,
+    remember: Callable[[CellMemo], None] | None = None,
 ) -> CheckResult:
     """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help.
 
     ``known_max(cap, search)``: where the caller keeps the cell's max batch from an earlier search of
     the same backend (the service's analysis worker), it returns that, else ``search()``'s answer.
     ``maxima``: how the levers' searches run (helpful_levers; parallel.lever_maxima on the estimator).
+    ``remember(memo)``: called with what answers this check at any other batch size without running
+    the model (CellMemo), where the backend can tell that (the estimator).
     """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
@@ -98,26 +101,49 @@ def check_step(
             at_request = cell.fits(batch_size)
     # Below the max, the step at the request can still run out of memory: the caching allocator
     # is not monotone near the limit (a hole the cell's max stepped over, backends/estimate).
-    hole = batch_size <= best and at_request.outcome != "fits"
+    searched: list[Lever] | None = None
+
+    def levers() -> list[Lever]:
+        nonlocal searched
+        searched = helpful_levers(backend, workload, mode, seq_len, budget, best, max_batch=cap,
+                                  maxima=maxima)
+        return searched
+
+    step = {
+        "budget_bytes": budget, "source": source_of(backend.name), "backend": backend.name,
+        "model": workload.model.name, "seq_len": seq_len, "mode": mode.name, "gpu_name": gpu.name,
+        "gpu_memory_bytes": gpu.total_memory_bytes, "task": workload.task,
+        "weights_dtype": workload.weights_dtype, "optimizer": workload.optimizer,
+        "attn": backend.attn_used(workload), "loss": workload.loss,
+        "warnings": step_warnings(workload, [mode], gpu),
+        "outside_allocator_bytes": paged_state_bytes(workload),
+        "adapter": adapter_json(workload),
+    }
+    result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
+                     peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
+                     runs=at_request.outcome == "fits", levers=levers)
+    form = getattr(backend, "cell_form", lambda *args: None)(workload, mode, seq_len)
+    if remember is not None and form is not None:
+        remember(CellMemo(step, best, cap, searched, form))
+    return result
+
+
+def verdict(step: Mapping[str, Any], *, best: int, batch_size: int, effective_batch: int | None,
+            peak_bytes: int | None, runs: bool, levers: Callable[[], list[Lever]]) -> CheckResult:
+    """The check of ``batch_size`` in a cell whose max batch is ``best``: the step at the request
+    has the peak ``peak_bytes`` and ``runs`` at the budget or not; ``levers()`` are searched only
+    where they are advised (above the max). ``step``: the CheckResult's fields of the cell."""
+    hole = batch_size <= best and not runs
     fits_now = batch_size <= best and not hole
-    levers = [] if fits_now or hole else helpful_levers(backend, workload, mode, seq_len, budget, best,
-                                                        max_batch=cap, maxima=maxima)
+    found = [] if fits_now or hole else levers()
     advice = (hole_advice(batch_size, best) if hole
-              else None if fits_now else suggestion(best, effective_batch or batch_size, levers))
+              else None if fits_now else suggestion(best, effective_batch or batch_size, found))
     result = CheckResult(
-        fits=fits_now, max_batch_size=best,
-        peak_memory_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
-        budget_bytes=budget, source=source_of(backend.name), backend=backend.name,
+        fits=fits_now, max_batch_size=best, peak_memory_bytes=peak_bytes, batch_size=batch_size,
         suggestion=advice,
-        model=workload.model.name, seq_len=seq_len, mode=mode.name,
-        batch_size=batch_size, gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes,
-        task=workload.task, weights_dtype=workload.weights_dtype, optimizer=workload.optimizer,
-        attn=backend.attn_used(workload), loss=workload.loss,
-        warnings=step_warnings(workload, [mode], gpu),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
-                for lever in levers],
-        outside_allocator_bytes=paged_state_bytes(workload),
-        adapter=adapter_json(workload),
+                for lever in found],
+        **step,
     )
     result.message = format_message(result)
     return result
@@ -399,3 +425,57 @@ def check_from_cells(
     )
     result.message = format_message(result)
     return result
+
+
+# -- answering from a kept cell ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellMemo:
+    """What a check on the estimator knows of its cell at every batch size: the cell's fields, its
+    max batch (searched up to ``cap``), the levers when they were searched (None: the step fitted),
+    and the step's allocations at any batch (trace.Affine). ``check_from_memo`` answers the same
+    check at another batch from it in a replay, without torch (the CLI keeps it, cli/answers.py)."""
+
+    step: Mapping[str, Any]
+    max_batch_size: int
+    cap: int
+    levers: list[Lever] | None
+    form: Any  # trace.Affine
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": dict(self.step), "max_batch_size": self.max_batch_size, "cap": self.cap,
+                "levers": None if self.levers is None else [asdict(lever) for lever in self.levers],
+                "form": self.form.to_json()}
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> CellMemo:
+        from autotune.backends.estimate.reduce import Workspace
+        from autotune.backends.estimate.trace import Affine
+
+        levers = document["levers"]
+        return cls(dict(document["step"]), int(document["max_batch_size"]), int(document["cap"]),
+                   None if levers is None else [Lever(**lever) for lever in levers],
+                   Affine.from_json(document["form"], Workspace.from_json))
+
+
+def check_from_memo(memo: CellMemo, *, batch_size: int, effective_batch: int | None = None
+                    ) -> CheckResult | None:
+    """check_step's answer at ``batch_size`` from a CellMemo of the same cell (the step at the
+    request replayed from the memo's form), or None where the memo cannot tell: the levers were not
+    searched and the request is above the max, or the search's cap (the larger of DEFAULT_MAX_BATCH
+    and the request) is another one and a max reached the lower of the two."""
+    from autotune.backends.estimate.replay import replay
+
+    cap = max(DEFAULT_MAX_BATCH, batch_size)
+    if cap != memo.cap:
+        lower = min(cap, memo.cap)
+        if memo.max_batch_size >= lower or any(lever.max_batch_size >= lower for lever in memo.levers or ()):
+            return None
+    if batch_size > memo.max_batch_size and memo.levers is None:
+        return None
+    levers = memo.levers or []
+    replayed = replay(memo.form.at(batch_size).events(), memo.step["budget_bytes"])
+    return verdict(memo.step, best=memo.max_batch_size, batch_size=batch_size,
+                   effective_batch=effective_batch, peak_bytes=replayed.peak_reserved_bytes,
+                   runs=replayed.fits, levers=lambda: levers)

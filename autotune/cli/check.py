@@ -183,8 +183,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
-    """The check on this machine; an estimator's answer from the answer cache when it has it
-    (answers.py), which ``cached`` says."""
+    """The check on this machine; an estimator's answer from the answer cache when it has it, or
+    from its cell's memo kept there (answers.py), which ``cached`` says."""
     from autotune.cli import answers
 
     where = answers.folder(cache_dir)
@@ -193,12 +193,27 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
     stored = answers.read(where, key) if key is not None else None
     if stored is not None:
         return {**stored, "cached": True}
+    effective_batch = plan["batch_size"] * plan["accumulation_steps"]
+    memo = answers.read_cell(where, key) if key is not None else None
+    if key is not None and memo is not None:
+        from autotune.analysis.check import CellMemo, check_from_memo
+
+        try:
+            found = check_from_memo(CellMemo.from_json(memo), batch_size=plan["batch_size"],
+                                    effective_batch=effective_batch)
+        except (KeyError, TypeError, ValueError):  # a memo this code cannot read: computed again
+            found = None
+        if found is not None:
+            answer = found.to_dict()
+            answers.write(where, key, answer)
+            return {**answer, "cached": True}
     from autotune import parallel
 
     # A step that does not fit has its levers searched in worker processes (parallel.py): started
     # now, they import torch while this process does and searches the cell itself; unused ones
     # are stopped (a step that fits needs none).
     prestart_estimator_workers(args.backend, plan["model"], args.workers, jobs=EARLY_LEVER_JOBS)
+    kept: list[Any] = []
     try:
         with quiet_transformers():
             result = autotune.check(
@@ -207,13 +222,15 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
                 gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
                 optimizer=plan["optimizer"], loss=plan["loss"],
                 accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
-                workers=args.workers,
+                workers=args.workers, remember=kept.append if key is not None else None,
             )
     finally:
         parallel.stop_prestarted()
     answer = result.to_dict()
     if key is not None:
         answers.write(where, key, answer)
+        if kept and answer["backend"] == "estimate":
+            answers.write_cell(where, key, kept[-1].to_json())
     return {**answer, "cached": False}
 
 

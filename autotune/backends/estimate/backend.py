@@ -500,6 +500,12 @@ class EstimateBackend:
             "cuda_version": None,
         }
 
+    def cell_form(self, workload: Workload, mode: Mode, seq_len: int) -> Affine | None:
+        """The exact allocations of a cell opened before at every batch (trace.Affine), if its
+        traces gave them."""
+        pair = self._structures.get((workload, mode.name), {}).get(seq_len)
+        return None if pair is None else affine(*pair)
+
     def attn_used(self, workload: Workload) -> str:
         return self._model(workload).attn
 

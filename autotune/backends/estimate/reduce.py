@@ -199,6 +199,18 @@ class Workspace:
         buffer, semaphores = workspace_bytes(self.reduction, count, self.device)
         return semaphores if self.semaphores else buffer
 
+    def to_json(self) -> dict[str, Any]:
+        device = None if self.device is None else [self.device.count, self.device.max_threads]
+        return {"dims": [list(dim) for dim in self.reduction.dims], "acc_bytes": self.reduction.acc_bytes,
+                "device": device, "semaphores": self.semaphores}
+
+    @classmethod
+    def from_json(cls, document: Any) -> Workspace:
+        dims = tuple((int(size), int(stride), bool(reduced)) for size, stride, reduced in document["dims"])
+        reduction = ReduceInput(dims, int(document["acc_bytes"]))
+        device = None if document["device"] is None else Multiprocessors(*document["device"])
+        return cls(reduction, device, bool(document["semaphores"]))
+
 
 @functools.cache
 def _sums() -> frozenset[Any]:

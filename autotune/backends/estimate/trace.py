@@ -14,9 +14,9 @@ non-negative fixed part; otherwise ``extrapolate`` returns None and the caller r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 Event = tuple[int, int]  # (storage key, nbytes); nbytes == -1 marks a free
 
@@ -25,6 +25,8 @@ class Workspace(Protocol):
     """What turns a recorded element count into bytes (reduce.Workspace, a CUDA reduction's buffer)."""
 
     def nbytes(self, count: int) -> int: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,20 @@ class Affine:
             sizes = tuple(max(0, round(f + p * batch_size))
                           for f, p in zip(self.fixed, self.per_sample, strict=True))
         return Trace(batch_size, sizes, self.order, self.workspaces)
+
+    def to_json(self) -> dict[str, Any]:
+        """The form as JSON (an exact one: whole bytes), to be read back by ``from_json``."""
+        if not self.exact:
+            raise ValueError("only an exact form is kept: a synthesized one is a guess")
+        return {"fixed": [int(f) for f in self.fixed], "per_sample": [int(p) for p in self.per_sample],
+                "order": list(self.order),
+                "workspaces": [[index, workspace.to_json()] for index, workspace in self.workspaces]}
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any], workspace: Callable[[Any], Workspace]) -> Affine:
+        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (reduce.Workspace.from_json)."""
+        return cls(tuple(document["fixed"]), tuple(document["per_sample"]), tuple(document["order"]),
+                   tuple((int(index), workspace(found)) for index, found in document["workspaces"]))
 
 
 def affine(a: Trace, b: Trace) -> Affine | None:

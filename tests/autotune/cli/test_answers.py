@@ -48,8 +48,9 @@ def test_the_same_check_again_is_answered_from_the_cache(capsys, counted):
     assert "note: answered from the local answer cache" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", [["--batch-size", "9"], ["--mode", "amp"], ["--peft", "lora"]])
-def test_any_other_input_is_computed(capsys, counted, change):
+@pytest.mark.parametrize("change", [["--mode", "amp"], ["--peft", "lora"], ["--seq-len", "32"],
+                                    ["--gpu-memory", "2GiB"]])
+def test_any_other_input_but_the_batch_is_computed(capsys, counted, change):
     check(capsys)
     main([*CHECK, *change])
     capsys.readouterr()
@@ -69,7 +70,7 @@ def test_a_setting_a_version_or_a_code_change_misses(capsys, counted, monkeypatc
 
 def test_no_cache_neither_reads_nor_writes(capsys, counted):
     check(capsys, "--no-cache")
-    assert not list(Path(os.environ["AUTOTUNE_CACHE_DIR"]).glob("*.json"))
+    assert not list(Path(os.environ["AUTOTUNE_CACHE_DIR"]).rglob("*.json"))
     check(capsys)
     assert check(capsys, "--no-cache")[1]["cached"] is False and len(counted) == 3
 
@@ -114,14 +115,71 @@ def test_a_damaged_or_foreign_file_is_a_miss_and_the_oldest_answers_go(tmp_path,
         False, False, True, True]
 
 
+def with_batch(batch: int) -> list[str]:
+    return ["--batch-size", str(batch)]  # after CHECK's own: the later flag wins
+
+
+def test_another_batch_of_a_seen_cell_is_answered_from_its_memo(capsys, counted):
+    """The same answer as computing it: below the max, at it, just above it and far above (the
+    levers: searched once the step does not fit, then kept)."""
+    code, first = check(capsys)
+    best = first["max_batch_size"]
+    assert code == 0 and 8 < best < 4096 and len(counted) == 1
+    assert list(Path(os.environ["AUTOTUNE_CACHE_DIR"]).glob("cells/*.json"))
+    for batch in (9, best, best + 1, best + 7, 5000):
+        before = len(counted)
+        code, answer = check(capsys, *with_batch(batch))
+        from_memo = batch != best + 1  # best + 1 does not fit: its levers were not searched yet
+        assert len(counted) == before + (not from_memo), batch
+        assert answer.pop("cached") is from_memo
+        fresh_code, fresh = check(capsys, *with_batch(batch), "--no-cache")
+        assert fresh.pop("cached") is False
+        assert (code, answer) == (fresh_code, fresh), batch
+    assert fresh["fits"] is False and fresh["levers"]
+
+
+def test_a_memo_answers_only_what_it_knows(capsys):
+    """A max at the search's cap may be higher under another cap, and so may a lever's; a memo that
+    cannot be read is computed again."""
+    from dataclasses import replace
+
+    from autotune.analysis.check import CellMemo, Lever, check_from_memo
+
+    kept: list[CellMemo] = []
+    autotune.check("tiny-bert", seq_len=64, batch_size=8, gpu_memory="1GiB", backend="estimate",
+                   remember=kept.append)
+    (memo,) = kept
+    assert memo.cap == 4096 and memo.levers is None  # the step fitted: no lever searched
+    assert check_from_memo(memo, batch_size=10) is not None
+    assert check_from_memo(memo, batch_size=memo.max_batch_size + 1) is None  # needs the levers
+    at_cap = replace(memo, max_batch_size=memo.cap, levers=[])
+    assert check_from_memo(at_cap, batch_size=10) is not None  # the same cap
+    assert check_from_memo(at_cap, batch_size=6000) is None  # a larger cap: the max may be larger
+    lever_at_cap = replace(memo, levers=[Lever("mode", "mode bf16+ckpt", 4096)])
+    assert check_from_memo(lever_at_cap, batch_size=6000) is None
+    assert check_from_memo(replace(memo, levers=[]), batch_size=6000) is not None
+    assert CellMemo.from_json(json.loads(json.dumps(memo.to_json()))) == memo
+
+
+def test_a_damaged_memo_is_computed_again(capsys, counted):
+    check(capsys)
+    (path,) = Path(os.environ["AUTOTUNE_CACHE_DIR"]).glob("cells/*.json")
+    stored = json.loads(path.read_text())
+    stored["result"]["form"] = {"fixed": "damaged"}
+    path.write_text(json.dumps(stored))
+    assert check(capsys, *with_batch(9))[1]["cached"] is False and len(counted) == 2
+
+
 @pytest.mark.slow
 def test_a_hit_in_a_fresh_process_imports_no_torch(tmp_path):
+    """The same check again, and the same cell at another batch (its memo replayed)."""
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)}
     script = ("import sys; from autotune.cli import main; code = main(sys.argv[1:]); "
               "print('torch imported:', 'torch' in sys.modules, file=sys.stderr); sys.exit(code)")
-    runs = [subprocess.run([sys.executable, "-c", script, *CHECK], capture_output=True, text=True, env=env,
-                           cwd=ROOT, timeout=300) for _ in range(2)]
-    assert [run.returncode for run in runs] == [0, 0]
+    runs = [subprocess.run([sys.executable, "-c", script, *CHECK, *extra], capture_output=True, text=True,
+                           env=env, cwd=ROOT, timeout=300) for extra in ([], [], with_batch(9))]
+    assert [run.returncode for run in runs] == [0, 0, 0]
     assert "torch imported: True" in runs[0].stderr
-    assert "torch imported: False" in runs[1].stderr
+    assert "torch imported: False" in runs[1].stderr and "torch imported: False" in runs[2].stderr
     assert json.loads(runs[1].stdout)["cached"] is True
+    assert json.loads(runs[2].stdout)["cached"] is True and json.loads(runs[2].stdout)["batch_size"] == 9
