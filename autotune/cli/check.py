@@ -201,7 +201,7 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
         try:
             found = check_from_memo(CellMemo.from_json(memo), batch_size=plan["batch_size"],
                                     effective_batch=effective_batch)
-        except (KeyError, TypeError, ValueError):  # a memo this code cannot read: computed again
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # unreadable: computed again
             found = None
         if found is not None:
             answer = found.to_dict()
