@@ -400,8 +400,11 @@ def resolve_dtype(spec: ModelSpec, dtype: str = "auto") -> str:
     name = check_dtype(dtype)
     if name != "auto":
         return name
+    # transformers 5 keeps it as ``dtype`` (``torch_dtype``, an alias, logs a deprecation notice
+    # when read); before, as ``torch_dtype``.
+    config = spec.config
     configured_name = configured_dtype(
-        getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None))
+        config.dtype if hasattr(config, "dtype") else getattr(config, "torch_dtype", None))
     if configured_name not in DTYPES:  # e.g. float64 or int8 in a hand-written config
         raise InvalidInput(
             f"{spec.name}'s config says dtype {configured_name}: autotune models float32, "

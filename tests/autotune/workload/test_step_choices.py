@@ -78,6 +78,21 @@ def test_auto_dtype_is_the_configs_and_an_explicit_dtype_overrides_it(tmp_path):
     assert resolve_dtype(resolve_model(str(tmp_path)), "auto") == "float32"  # torch's default
 
 
+def test_auto_dtype_reads_dtype_not_its_deprecated_alias(monkeypatch):
+    """transformers 5's ``torch_dtype`` is an alias of ``dtype`` that logs a deprecation notice on
+    every read (it reached the Python API's users): a config with ``dtype`` is read there only."""
+    spec = resolve_model("bert-base-uncased")
+    config_type = type(spec.config)
+
+    def deprecated(self):
+        raise AssertionError("torch_dtype read")
+
+    monkeypatch.setattr(config_type, "torch_dtype", property(deprecated), raising=False)
+    assert hasattr(spec.config, "dtype")
+    assert resolve_dtype(spec, "auto") == "float32"
+    assert resolve_dtype(resolve_model("meta-llama/Llama-3.2-1B"), "auto") == "bfloat16"
+
+
 def test_an_unknown_dtype_names_the_allowed_ones():
     with pytest.raises(InvalidInput,
                        match="unknown dtype 'int4': allowed are auto, float32, bfloat16, float16"):
