@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +198,48 @@ def test_table_and_check_say_the_adapter_they_modelled(capsys):
     code, out, err = run(capsys, "check", "tiny-llama", "--seq-len", "32", "--batch-size", "2",
                          "--peft", "lora", "--qlora-recipe", "trl")
     assert code == 2 and err.startswith("Error: --qlora-recipe set a 4-bit base: add --load-in-4bit")
+
+
+# -- the command's process: its exit ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def command(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, **kwargs)
+
+
+@pytest.mark.slow
+def test_a_command_that_ends_at_once_keeps_its_output_and_exit_status(tmp_path):
+    """table, check, ... end with os._exit (no finalization of torch's modules): every line is out
+    first, and check's exit status is still its verdict."""
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)}
+    done = command("check", "tiny-bert", "--seq-len", "64", "--batch-size", "100000", "--gpu-memory", "1GiB",
+                   "--json", env=env)
+    assert done.returncode == 1  # does not fit
+    assert json.loads(done.stdout)["fits"] is False
+    listed = command("models")
+    assert listed.returncode == 0 and listed.stdout.count("\n") >= 40  # every preset, flushed
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    process = subprocess.Popen([sys.executable, "-m", "autotune", "models"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=ROOT)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before it writes a line: as `| head -0` would
+    assert process.wait(timeout=300) == 2
+    assert "Traceback" not in process.stderr.read().decode()
+
+
+def test_serve_and_import_end_as_python_does(monkeypatch, tmp_path):
+    """Their servers, Ray and SQLite finish their work at exit: no os._exit (which would also end
+    this test's process)."""
+    from autotune.cli import QUICK_EXIT
+    from autotune.cli import run as run_command
+
+    assert not QUICK_EXIT & {"serve", "import"}
+    monkeypatch.setattr(sys, "argv", ["autotune", "import", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit) as ended:
+        run_command()
+    assert ended.value.code == 2
