@@ -52,9 +52,9 @@ from autotune.units import parse_bytes
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
-# The lever searches a step that does not fit is given workers for before torch is imported: 3 to 7
-# (analysis/check.py: lighter modes, checkpointing, 8-bit AdamW, chunked loss, LoRA, QLoRA); more
-# are started when the levers are known, if there are cores for them.
+# How many lever searches the command starts workers for before it imports torch: a step that does
+# not fit has 3 to 7 (analysis/check.py: lighter modes, checkpointing, 8-bit AdamW, chunked loss,
+# LoRA, QLoRA); more are started once the levers are known, where there are cores for them.
 EARLY_LEVER_JOBS = 3
 
 
