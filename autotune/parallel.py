@@ -1,6 +1,7 @@
 """Estimator work on several CPU cores at once: an estimator table's modes (``autotune table``'s and
-``autotune.table``'s default where there are cores to spare), and the lever searches of a check
-whose step does not fit (``autotune check``, ``autotune.check``).
+``autotune.table``'s default where there are cores to spare), the lever searches of a check whose
+step does not fit (``autotune check``, ``autotune.check``) and of an explanation (``autotune
+explain``, ``autotune.explain``).
 
 The cells of one mode depend on each other: a cell's hints come from the shorter lengths before it
 (tuner.py). The modes do not, nor do a check's levers (each a cell of a changed step). So each job
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from autotune.analysis.check import LeverSearch, Maxima, lever_max
+from autotune.analysis.levers import Lever, LeverJob, LeverRunner, run_lever_job
 from autotune.errors import AutotuneError
 from autotune.gpus import GpuSpec
 from autotune.processes import child_env, exit_reason, protocol_stream
@@ -194,6 +196,30 @@ def lever_maxima(backend: Any, processes: int) -> Maxima:
     return maxima
 
 
+# The most levers an explanation searches (levers.what_if: two autocast modes, checkpointing and
+# with AMP, two 8-bit AdamW setups, SGD, frozen embeddings, chunked loss, two PEFT setups, one or
+# two shorter lengths): the processes it may use, before they are known.
+LEVERS_AT_MOST = 13
+
+
+def explain_levers(backend: Any, processes: int) -> LeverRunner:
+    """An explanation's lever searches (analysis/levers.py) on the estimator, shared out over up to
+    ``processes`` processes: this one, with ``backend`` (the explanation's estimator), takes the
+    costliest. Each lever is one process's."""
+
+    def run(jobs: Sequence[LeverJob], budget: int, max_batch: int) -> list[Lever]:
+        order = sorted(range(len(jobs)), key=lambda i: _cost(jobs[i].mode, jobs[i].workload), reverse=True)
+        found = _share_out([{"job": "explain-lever", "name": f"lever {jobs[i].label}", "lever": jobs[i],
+                             "gpu": backend.gpu, "budget": budget, "max_batch": max_batch} for i in order],
+                           min(processes, len(jobs)), None, {backend.gpu: backend})
+        levers: list[Lever | None] = [None] * len(jobs)
+        for i, lever in zip(order, found, strict=True):
+            levers[i] = lever
+        return [lever for lever in levers if lever is not None]
+
+    return run
+
+
 def _cost(mode: Mode, workload: Workload | None = None) -> tuple[bool, bool, bool]:
     """What makes a job slow, for the costliest-first order: checkpointing (recomputes in every
     trace, larger batches to settle), a PEFT model (built for the job), autocast (the casts)."""
@@ -303,6 +329,9 @@ def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: dict[Gp
         return _tune_mode(**arguments, send=send, backends=backends)
     if job["job"] == "lever":
         return _lever_max(**arguments, backends=backends)
+    if job["job"] == "explain-lever":
+        return run_lever_job(arguments["lever"], _estimator(arguments["gpu"], backends),
+                             budget=arguments["budget"], max_batch=arguments["max_batch"])
     raise AutotuneError(f"unknown job {job['job']!r}")
 
 
@@ -333,8 +362,8 @@ def _lever_max(workload: Workload, gpu: GpuSpec, mode_name: str, seq_len: int, b
 
 
 def main() -> int:
-    """A worker: one job a line on stdin (a table's mode, a check's lever search); its progress
-    (a table's cells) and its result (or error) on stdout."""
+    """A worker: one job a line on stdin (a table's mode, a check's or an explanation's lever
+    search); its progress (a table's cells) and its result (or error) on stdout."""
     import warnings
 
     replies = protocol_stream()

@@ -255,6 +255,7 @@ def explain(
     qlora_recipe: str | None = None,
     adapter: Adapter | None = None,
     hub: bool | None = None,
+    workers: int | None = None,
 ) -> Explanation:
     """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
     largest modules, outlier flags and the max batch under each lever (``autotune explain``).
@@ -262,7 +263,9 @@ def explain(
     Dynamic padding needs the data's token lengths: ``lengths`` (a list of counts), or ``texts`` (a
     .csv/.tsv/.jsonl/.txt file) with ``text_column`` and a local ``tokenizer`` directory (default:
     ``model`` when it is a directory). ``seq_len`` defaults to the longest length, else the model's
-    limit. ``levers=False`` skips the what-if searches.
+    limit. ``levers=False`` skips the what-if searches. ``workers``: the levers are searched in that
+    many processes at once (parallel.py; None: up to the usable cores, for a model of 10M parameters
+    or more; 1: this process), with the same answers.
 
     >>> import autotune
     >>> e = autotune.explain("bert-base-uncased", seq_len=512, batch_size=64, gpu="T4", levers=False)
@@ -277,6 +280,8 @@ def explain(
     parsed = parse_mode(mode)
     if batch_size is not None:
         _positive("batch_size", batch_size)
+    if workers is not None:
+        _positive("workers", workers)
     if texts is not None and lengths is not None:
         raise InvalidInput("give either lengths or texts, not both")
     if texts is None and (text_column is not None or tokenizer is not None):
@@ -295,9 +300,15 @@ def explain(
                                bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
                                qlora_recipe))
     chosen, target = _backend(backend, gpu, gpu_memory)
+    run_levers = None
+    if levers and chosen.name == "estimate":
+        from autotune.parallel import LEVERS_AT_MOST, explain_levers, lever_processes
+
+        processes = lever_processes(workload, LEVERS_AT_MOST, workers)
+        run_levers = explain_levers(chosen, processes) if processes > 1 else None
     return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
                         batch_size=batch_size, lengths=list(lengths) if lengths else None,
-                        with_levers=levers, max_batch=max_batch)
+                        with_levers=levers, max_batch=max_batch, run_levers=run_levers)
 
 
 def max_batch_size(

@@ -48,7 +48,7 @@ from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
 
 if TYPE_CHECKING:
-    from autotune.analysis.levers import Lever
+    from autotune.analysis.levers import Lever, LeverRunner
     from autotune.analysis.padding import PaddingReport
     from autotune.backends.estimate.instrument import Recording
 
@@ -645,11 +645,13 @@ def explain(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
     margin: float, batch_size: int | None = None, lengths: Sequence[int] | None = None,
     with_levers: bool = True, max_batch: int = DEFAULT_MAX_BATCH, measure_8bit: bool = True,
+    run_levers: LeverRunner | None = None,
 ) -> Explanation:
     """The breakdown at ``batch_size`` (default: the cell's max batch), modules, flags, levers.
 
     ``measure_8bit``: measure the 8-bit AdamW levers on this machine's GPU where it has one and
-    bitsandbytes (bnb.real_8bit); False, or elsewhere, emulates them.
+    bitsandbytes (bnb.real_8bit); False, or elsewhere, emulates them. ``run_levers``: how the
+    levers' searches run (levers.what_if; parallel.explain_levers over the cores).
     """
     from autotune.backends.estimate.backend import EstimateBackend
     from autotune.backends.estimate.instrument import InstrumentedBackend
@@ -709,6 +711,7 @@ def explain(
                 workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
                 effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,
                 real=real_8bit(gpu) if measure_8bit and workload.optimizer in TORCH_ADAMW else None,
+                run=run_levers,
             )
         if lengths:
             explanation.padding = dynamic_padding(

@@ -74,78 +74,120 @@ class Lever:
     adapter: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class LeverJob:
+    """One lever's search, as ``run_lever_job`` runs it on an estimator (here or in a worker
+    process, parallel.explain_levers): the changed step, on the estimator itself or instrumented
+    with ``variant``."""
+
+    name: str
+    label: str
+    workload: Workload
+    mode: Mode
+    seq_len: int
+    variant: Variant | None = None  # a change the table has no column for (instrument.Variant)
+    estimated: str = AS_THE_TABLE
+    note: str | None = None
+    adapter: bool = False  # a PEFT lever: it carries its adapter (_adapter_lever)
+
+
+# Runs lever jobs (jobs, budget, max_batch) -> their levers, in order; parallel.explain_levers shares
+# them out over processes.
+LeverRunner = Callable[[Sequence[LeverJob], int, int], list[Lever]]
+
+
+def run_lever_job(job: LeverJob, backend: Backend, *, budget: int, max_batch: int) -> Lever:
+    """The lever of ``job``, searched on ``backend`` (an EstimateBackend where ``job.variant`` is set)."""
+    from autotune.backends.estimate.instrument import InstrumentedBackend
+
+    target = backend if job.variant is None else InstrumentedBackend(backend, job.variant)  # type: ignore[arg-type]
+    lever = search_lever(job.name, job.label, target, job.workload, job.mode, job.seq_len, budget=budget,
+                         max_batch=max_batch, estimated=job.estimated, note=job.note)
+    return _adapter_lever(lever, job.workload) if job.adapter else lever
+
+
 def what_if(
     workload: Workload, backend: Backend, *, seq_len: int, mode: Mode, budget: int, base_max: int,
     effective_batch: int | None = None, shorter_seq_lens: Sequence[int] | None = None,
     max_batch: int = DEFAULT_MAX_BATCH, real: Real8bit | None = None, peft: bool = True,
+    run: LeverRunner | None = None,
 ) -> list[Lever]:
     """Each lever that changes something from (workload, mode, seq_len), with its max batch.
 
     ``real``: where the 8-bit levers are measured (bnb.real_8bit); None emulates them. ``peft``:
-    with the levers that change the PEFT setup (check.adapter_levers).
+    with the levers that change the PEFT setup (check.adapter_levers). ``run`` runs the searches
+    (default: one after the other here); the measured 8-bit levers run here, on the GPU.
     """
-    from autotune.backends.estimate.instrument import InstrumentedBackend, Variant, embedding_parameters
+    from autotune.backends.estimate.instrument import Variant, embedding_parameters
 
-    def search(name: str, label: str, target: Backend, wl: Workload, m: Mode, s: int,
-               estimated: str = AS_THE_TABLE, note: str | None = None) -> Lever:
-        return search_lever(name, label, target, wl, m, s, budget=budget, max_batch=max_batch,
-                            estimated=estimated, note=note)
+    def job(name: str, label: str, wl: Workload, m: Mode, s: int, **options: Any) -> LeverJob:
+        return LeverJob(name, label, wl, m, s, **options)
 
-    def eight_bit(name: str, label: str, variant: Variant, note: str | None = None) -> Lever:
+    def eight_bit(name: str, label: str, variant: Variant, note: str | None = None) -> LeverJob | Lever:
+        if real is None:
+            return job(name, label, workload, mode, seq_len, variant=variant, estimated=EMULATED_8BIT,
+                       note=note)
         return eight_bit_lever(name, label, variant, backend=backend, workload=workload, mode=mode,
-                               seq_len=seq_len, budget=budget, max_batch=max_batch,
-                               real=real, note=note)
+                               seq_len=seq_len, budget=budget, max_batch=max_batch, real=real, note=note)
 
-    levers = []
+    planned: list[LeverJob | Lever] = []
     for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
                              ("bf16", "bf16 (autocast bfloat16)")):
         if mode.precision != precision:
-            levers.append(search(precision if not mode.checkpointing else f"{precision}+ckpt",
-                                 label, backend, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
-                                 seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
+            planned.append(job(precision if not mode.checkpointing else f"{precision}+ckpt",
+                               label, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
+                               seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
     if not mode.checkpointing:
-        levers.append(search("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
-                             "gradient checkpointing", backend, workload, Mode(mode.precision, True),
-                             seq_len))
+        planned.append(job("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
+                           "gradient checkpointing", workload, Mode(mode.precision, True), seq_len))
         if mode.precision == "fp32":
-            levers.append(search("amp+ckpt", "AMP fp16 + gradient checkpointing", backend, workload,
-                                 Mode("amp", True), seq_len))
+            planned.append(job("amp+ckpt", "AMP fp16 + gradient checkpointing", workload,
+                               Mode("amp", True), seq_len))
     # Embeddings that train (a PEFT setup freezes them): what the Trainer's 8-bit setup and the
     # frozen-embeddings lever change.
     has_embeddings = any(p.requires_grad for p in embedding_parameters(
         backend._model(workload).model))  # type: ignore[attr-defined]
     if workload.optimizer in TORCH_ADAMW:
-        levers.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
-                                Variant(optimizer="adamw-8bit")))
+        planned.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
+                                 Variant(optimizer="adamw-8bit")))
         if has_embeddings:
-            levers.append(eight_bit(
+            planned.append(eight_bit(
                 "adamw-8bit-trainer", "8-bit AdamW as Trainer(optim='adamw_bnb_8bit') sets it up",
                 Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True),
                 note="the Trainer keeps 32-bit state for every nn.Embedding weight",
             ))
-        levers.append(search("sgd", "SGD instead of AdamW (no momentum: no optimizer state)", backend,
-                             replace(workload, optimizer="sgd"), mode, seq_len))
+        planned.append(job("sgd", "SGD instead of AdamW (no momentum: no optimizer state)",
+                           replace(workload, optimizer="sgd"), mode, seq_len))
     if has_embeddings:
-        levers.append(search(
-            "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)",
-            InstrumentedBackend(backend, Variant(freeze_embeddings=True)),  # type: ignore[arg-type]
-            workload, mode, seq_len, "the table's step with the embeddings frozen",
+        planned.append(job(
+            "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)", workload, mode,
+            seq_len, variant=Variant(freeze_embeddings=True),
+            estimated="the table's step with the embeddings frozen",
         ))
     if workload.task in CHUNKED_TASKS and workload.loss == "full":
-        levers.append(search(
+        planned.append(job(
             "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
-            backend, replace(workload, loss="chunked"), mode, seq_len,
+            replace(workload, loss="chunked"), mode, seq_len,
             note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
         ))
     for name, label, changed in adapter_levers(workload) if peft else ():
-        levers.append(_adapter_lever(search(name, label, backend, changed, mode, seq_len), changed))
+        planned.append(job(name, label, changed, mode, seq_len, adapter=True))
     for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
         if 1 <= shorter < seq_len:
-            levers.append(search(f"seq-{shorter}", f"max sequence length {shorter}", backend,
-                                 workload, mode, shorter))
+            planned.append(job(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter))
+    jobs = [entry for entry in planned if isinstance(entry, LeverJob)]
+    found = iter((run or _one_after_another(backend))(jobs, budget, max_batch))
+    levers = [next(found) if isinstance(entry, LeverJob) else entry for entry in planned]
     if effective_batch is not None:
         levers.append(_accumulation(effective_batch, base_max, mode, seq_len, workload.optimizer))
     return levers
+
+
+def _one_after_another(backend: Backend) -> LeverRunner:
+    def run(jobs: Sequence[LeverJob], budget: int, max_batch: int) -> list[Lever]:
+        return [run_lever_job(job, backend, budget=budget, max_batch=max_batch) for job in jobs]
+
+    return run
 
 
 def search_lever(name: str, label: str, target: Backend, workload: Workload, mode: Mode, seq_len: int, *,

@@ -36,6 +36,7 @@ from autotune.cli.common import (
     add_target,
     peft_kwargs,
     positive,
+    prestart_estimator_workers,
     print_json,
     quiet_transformers,
     report_error,
@@ -87,6 +88,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="local directory of the tokenizer for --texts (default: MODEL, when it is "
                         "a directory); never downloaded")
     parser.add_argument("--no-levers", action="store_true", help="skip the what-if searches")
+    parser.add_argument("--workers", type=positive, default=None, metavar="N",
+                        help="the levers are searched in N processes at once, the same answers (default: "
+                        "up to the usable CPU cores, for models of 10M parameters or more; 1: one process)")
     add_hub(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -105,14 +109,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> Explanation:
-    with quiet_transformers():
-        lengths = _lengths(args)
-        return autotune.explain(
-            args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode, task=args.task,
-            dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
-            backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
-            lengths=lengths, levers=not args.no_levers, hub=args.hub, **peft_kwargs(args),
-        )
+    from autotune import parallel
+
+    if not args.no_levers:  # their workers import torch while this process does (parallel.py)
+        prestart_estimator_workers(args.backend, args.model, args.workers, jobs=parallel.LEVERS_AT_MOST)
+    try:
+        with quiet_transformers():
+            lengths = _lengths(args)
+            return autotune.explain(
+                args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode,
+                task=args.task, dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
+                backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
+                lengths=lengths, levers=not args.no_levers, hub=args.hub, workers=args.workers,
+                **peft_kwargs(args),
+            )
+    finally:
+        parallel.stop_prestarted()
 
 
 def _lengths(args: argparse.Namespace) -> list[int] | None:

@@ -229,3 +229,46 @@ class _Fits:
 
     def to_dict(self):
         return {"fits": True, "message": "fits", "backend": "estimate"}
+
+
+# -- an explanation's lever searches -----------------------------------------------------------
+
+EXPLAIN = {"seq_len": 64, "batch_size": 8, "gpu_memory": "1GiB"}
+
+
+@pytest.mark.slow
+def test_an_explanation_s_levers_in_two_processes_are_those_of_one(started):
+    one = autotune.explain("tiny-bert", workers=1, **EXPLAIN)
+    assert started == []
+    two = autotune.explain("tiny-bert", workers=2, **EXPLAIN)
+    assert len(started) == 1
+    assert {lever.name for lever in one.levers} >= {"amp", "ckpt", "adamw-8bit", "frozen-embeddings", "lora"}
+    assert two.to_dict() == one.to_dict()
+
+
+def test_a_worker_that_dies_fails_the_explanation_naming_its_lever(monkeypatch):
+    monkeypatch.setattr(parallel, "WORKER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    with pytest.raises(AutotuneError, match=r"the worker of lever .+ exited with code 3"):
+        autotune.explain("tiny-bert", workers=2, **EXPLAIN)
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["explain", "bert-base-uncased", "--seq-len", "128"], 1),  # 2 cores: this process and one worker
+    (["explain", "bert-base-uncased", "--seq-len", "128", "--no-levers"], 0),
+    (["explain", "bert-base-uncased", "--seq-len", "128", "--workers", "1"], 0),
+    (["explain", "tiny-bert", "--seq-len", "64"], 0),  # a small model
+])
+def test_the_cli_explain_starts_workers_for_its_levers(monkeypatch, argv, expected):
+    from autotune.cli import main
+
+    asked = []
+    monkeypatch.setattr("autotune.cli.answers.GPU_DEVICE_NODES", ())
+    monkeypatch.setattr(parallel, "usable_cores", lambda: 2)
+    monkeypatch.setattr(parallel, "prestart", asked.append)
+
+    def explain(*args, **kwargs):
+        raise AutotuneError("stop here")  # what matters is what was started before
+
+    monkeypatch.setattr(autotune, "explain", explain)
+    assert main(argv) == 2
+    assert sum(asked) == expected
