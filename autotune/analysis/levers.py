@@ -120,12 +120,9 @@ def what_if(
     """
     from autotune.backends.estimate.instrument import Variant, embedding_parameters
 
-    def job(name: str, label: str, wl: Workload, m: Mode, s: int, **options: Any) -> LeverJob:
-        return LeverJob(name, label, wl, m, s, **options)
-
     def eight_bit(name: str, label: str, variant: Variant, note: str | None = None) -> LeverJob | Lever:
         if real is None:
-            return job(name, label, workload, mode, seq_len, variant=variant, estimated=EMULATED_8BIT,
+            return LeverJob(name, label, workload, mode, seq_len, variant=variant, estimated=EMULATED_8BIT,
                        note=note)
         return eight_bit_lever(name, label, variant, backend=backend, workload=workload, mode=mode,
                                seq_len=seq_len, budget=budget, max_batch=max_batch, real=real, note=note)
@@ -134,14 +131,14 @@ def what_if(
     for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
                              ("bf16", "bf16 (autocast bfloat16)")):
         if mode.precision != precision:
-            planned.append(job(precision if not mode.checkpointing else f"{precision}+ckpt",
+            planned.append(LeverJob(precision if not mode.checkpointing else f"{precision}+ckpt",
                                label, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
                                seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
     if not mode.checkpointing:
-        planned.append(job("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
+        planned.append(LeverJob("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
                            "gradient checkpointing", workload, Mode(mode.precision, True), seq_len))
         if mode.precision == "fp32":
-            planned.append(job("amp+ckpt", "AMP fp16 + gradient checkpointing", workload,
+            planned.append(LeverJob("amp+ckpt", "AMP fp16 + gradient checkpointing", workload,
                                Mode("amp", True), seq_len))
     # Embeddings that train (a PEFT setup freezes them): what the Trainer's 8-bit setup and the
     # frozen-embeddings lever change.
@@ -156,25 +153,26 @@ def what_if(
                 Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True),
                 note="the Trainer keeps 32-bit state for every nn.Embedding weight",
             ))
-        planned.append(job("sgd", "SGD instead of AdamW (no momentum: no optimizer state)",
+        planned.append(LeverJob("sgd", "SGD instead of AdamW (no momentum: no optimizer state)",
                            replace(workload, optimizer="sgd"), mode, seq_len))
     if has_embeddings:
-        planned.append(job(
+        planned.append(LeverJob(
             "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)", workload, mode,
             seq_len, variant=Variant(freeze_embeddings=True),
             estimated="the table's step with the embeddings frozen",
         ))
     if workload.task in CHUNKED_TASKS and workload.loss == "full":
-        planned.append(job(
+        planned.append(LeverJob(
             "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
             replace(workload, loss="chunked"), mode, seq_len,
             note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
         ))
     for name, label, changed in adapter_levers(workload) if peft else ():
-        planned.append(job(name, label, changed, mode, seq_len, adapter=True))
+        planned.append(LeverJob(name, label, changed, mode, seq_len, adapter=True))
     for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
         if 1 <= shorter < seq_len:
-            planned.append(job(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter))
+            planned.append(LeverJob(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode,
+                                    shorter))
     jobs = [entry for entry in planned if isinstance(entry, LeverJob)]
     found = iter((run or _one_after_another(backend))(jobs, budget, max_batch))
     levers = [next(found) if isinstance(entry, LeverJob) else entry for entry in planned]
