@@ -181,17 +181,13 @@ def lever_maxima(backend: Any, processes: int) -> Maxima:
 
     def maxima(searches: Sequence[LeverSearch], budget: int, guess: int, max_batch: int
                ) -> list[int | None]:
-        order = sorted(range(len(searches)), key=lambda i: _cost(searches[i].mode, searches[i].workload),
-                       reverse=True)
-        jobs = [{"job": "lever", "name": f"lever search {searches[i].label}",
-                 "workload": searches[i].workload, "gpu": backend.gpu,
-                 "mode_name": searches[i].mode.name, "seq_len": searches[i].seq_len, "budget": budget,
-                 "guess": guess, "max_batch": max_batch} for i in order]
-        found = _share_out(jobs, processes, None, {backend.gpu: backend})
-        answers: list[int | None] = [None] * len(searches)
-        for i, value in zip(order, found, strict=True):
-            answers[i] = value
-        return answers
+        return _costliest_first(
+            [(search.mode, search.workload) for search in searches],
+            lambda i: {"job": "lever", "name": f"lever search {searches[i].label}",
+                       "workload": searches[i].workload, "gpu": backend.gpu,
+                       "mode_name": searches[i].mode.name, "seq_len": searches[i].seq_len,
+                       "budget": budget, "guess": guess, "max_batch": max_batch},
+            processes, backend)
 
     return maxima
 
@@ -208,16 +204,25 @@ def explain_levers(backend: Any, processes: int) -> LeverRunner:
     costliest. Each lever is one process's."""
 
     def run(jobs: Sequence[LeverJob], budget: int, max_batch: int) -> list[Lever]:
-        order = sorted(range(len(jobs)), key=lambda i: _cost(jobs[i].mode, jobs[i].workload), reverse=True)
-        found = _share_out([{"job": "explain-lever", "name": f"lever {jobs[i].label}", "lever": jobs[i],
-                             "gpu": backend.gpu, "budget": budget, "max_batch": max_batch} for i in order],
-                           min(processes, len(jobs)), None, {backend.gpu: backend})
-        levers: list[Lever | None] = [None] * len(jobs)
-        for i, lever in zip(order, found, strict=True):
-            levers[i] = lever
-        return [lever for lever in levers if lever is not None]
+        return _costliest_first(
+            [(job.mode, job.workload) for job in jobs],
+            lambda i: {"job": "explain-lever", "name": f"lever {jobs[i].label}", "lever": jobs[i],
+                       "gpu": backend.gpu, "budget": budget, "max_batch": max_batch},
+            processes, backend)
 
     return run
+
+
+def _costliest_first(steps: Sequence[tuple[Mode, Workload]], job: Callable[[int], dict[str, Any]],
+                     processes: int, backend: Any) -> list[Any]:
+    """Jobs ``job(i)`` for each of ``steps`` run over ``processes`` processes, the costliest first
+    (this one with ``backend``, the caller's estimator); their results in the steps' order."""
+    order = sorted(range(len(steps)), key=lambda i: _cost(*steps[i]), reverse=True)
+    found = _share_out([job(i) for i in order], min(processes, len(steps)), None, {backend.gpu: backend})
+    results: list[Any] = [None] * len(steps)
+    for i, result in zip(order, found, strict=True):
+        results[i] = result
+    return results
 
 
 def _cost(mode: Mode, workload: Workload | None = None) -> tuple[bool, bool, bool]:
