@@ -166,12 +166,20 @@ def tune_table_parallel(
     return first
 
 
+# The most levers an explanation searches (levers.what_if: two autocast modes, checkpointing and
+# with AMP, two 8-bit AdamW setups, SGD, frozen embeddings, chunked loss, two PEFT setups, one or
+# two shorter lengths; a check's are fewer): the processes they may use, before they are known
+# (_costliest_first uses no more than there are searches).
+LEVERS_AT_MOST = 13
+
+
 def lever_processes(workload: Workload, searches: int, workers: int | None) -> int:
-    """The processes a check's ``searches`` lever searches run in (``workers`` as the caller gave
-    it; None: one per search, up to the usable cores, for a model of 10M parameters or more)."""
+    """The processes ``searches`` lever searches (a check's, an explanation's) run in (``workers`` as
+    the caller gave it; None: one per search, up to the usable cores, for a model of 10M parameters
+    or more)."""
     if workers is not None:
         return max(1, min(workers, searches))
-    return min(_workers(approximate_parameters(workload), searches), max(1, searches))
+    return _workers(approximate_parameters(workload), searches)
 
 
 def lever_maxima(backend: Any, processes: int) -> Maxima:
@@ -190,12 +198,6 @@ def lever_maxima(backend: Any, processes: int) -> Maxima:
             processes, backend)
 
     return maxima
-
-
-# The most levers an explanation searches (levers.what_if: two autocast modes, checkpointing and
-# with AMP, two 8-bit AdamW setups, SGD, frozen embeddings, chunked loss, two PEFT setups, one or
-# two shorter lengths): the processes it may use, before they are known.
-LEVERS_AT_MOST = 13
 
 
 def explain_levers(backend: Any, processes: int) -> LeverRunner:

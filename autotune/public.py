@@ -210,10 +210,9 @@ def check(
     chosen, target = _backend(backend, gpu, gpu_memory)
     maxima = None
     if chosen.name == "estimate":
-        from autotune.analysis.check import lever_searches
-        from autotune.parallel import lever_maxima, lever_processes
+        from autotune.parallel import LEVERS_AT_MOST, lever_maxima, lever_processes
 
-        processes = lever_processes(workload, len(lever_searches(workload, parsed, seq_len, target)), workers)
+        processes = lever_processes(workload, LEVERS_AT_MOST, workers)
         maxima = lever_maxima(chosen, processes) if processes > 1 else None
     return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
                       margin=margin, effective_batch=batch_size * accumulation_steps, maxima=maxima,

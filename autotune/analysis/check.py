@@ -99,8 +99,6 @@ def check_step(
     if at_request is None:  # the search never needed the requested batch itself
         with backend.cell(workload, mode, seq_len, budget) as cell:
             at_request = cell.fits(batch_size)
-    # Below the max, the step at the request can still run out of memory: the caching allocator
-    # is not monotone near the limit (a hole the cell's max stepped over, backends/estimate).
     searched: list[Lever] | None = None
 
     def levers() -> list[Lever]:
@@ -122,9 +120,10 @@ def check_step(
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
                      runs=at_request.outcome == "fits", levers=levers)
-    form = getattr(backend, "cell_form", lambda *args: None)(workload, mode, seq_len)
-    if remember is not None and form is not None:
-        remember(CellMemo(step, best, cap, searched, form))
+    if remember is not None:  # the form is read off the cell's traces only for a caller that keeps it
+        form = getattr(backend, "cell_form", lambda *args: None)(workload, mode, seq_len)
+        if form is not None:
+            remember(CellMemo(step, best, cap, searched, form))
     return result
 
 
@@ -133,6 +132,8 @@ def verdict(step: Mapping[str, Any], *, best: int, batch_size: int, effective_ba
     """The check of ``batch_size`` in a cell whose max batch is ``best``: the step at the request
     has the peak ``peak_bytes`` and ``runs`` at the budget or not; ``levers()`` are searched only
     where they are advised (above the max). ``step``: the CheckResult's fields of the cell."""
+    # Below the max, the step at the request can still run out of memory: the caching allocator
+    # is not monotone near the limit (a hole the cell's max stepped over, backends/estimate).
     hole = batch_size <= best and not runs
     fits_now = batch_size <= best and not hole
     found = [] if fits_now or hole else levers()
