@@ -87,6 +87,10 @@ class GpuSpec:
     total_memory_bytes: int  # torch.cuda.get_device_properties(i).total_memory
     context_overhead_bytes: int  # CUDA context, kernel images and library handles
     compute_capability: tuple[int, int] | None  # None for a custom size
+    # (multiprocessorCount, maxThreadsPerMultiProcessor) of the chip the step runs on, where the
+    # name does not tell it (`multiprocessors`): a local device's own, or the card a smaller
+    # budget is simulated on. CUDA's reductions size their buffers by it (estimate/reduce.py).
+    multiprocessors: tuple[int, int] | None = None
 
     @property
     def available_bytes(self) -> int:
@@ -203,8 +207,10 @@ MAX_THREADS_PER_MULTIPROCESSOR: dict[tuple[int, int], int] = {
 
 
 def multiprocessors(gpu: GpuSpec) -> tuple[int, int] | None:
-    """(multiprocessors, threads resident per multiprocessor) of a preset or of a local card that
-    matches one; None for a card known only by its size."""
+    """(multiprocessors, threads resident per multiprocessor): the spec's own, else those of the
+    preset it is or matches; None for a card known only by its size."""
+    if gpu.multiprocessors is not None:
+        return gpu.multiprocessors
     preset = GPU_PRESETS.get(gpu.name) or _preset_for_device(gpu.name, gpu.total_memory_bytes)
     if preset is None or preset.compute_capability not in MAX_THREADS_PER_MULTIPROCESSOR:
         return None
@@ -304,12 +310,14 @@ def context_overhead_override() -> int | None:
     return Settings.from_env().context_overhead
 
 
-def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: int) -> GpuSpec:
+def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: int,
+                               multiprocessors: tuple[int, int] | None = None) -> GpuSpec:
     """A spec for a local CUDA device, from `torch.cuda.get_device_properties(i)`.
 
     The capacity is the device's own; the context overhead is that of the preset the
     device name matches (e.g. "Tesla T4", "NVIDIA A100-SXM4-80GB"), else the default
-    of its architecture.
+    of its architecture. ``multiprocessors``: the properties' (multi_processor_count,
+    max_threads_per_multi_processor), where they were read.
     """
     preset = _preset_for_device(name, total_memory)
     if preset is not None:
@@ -320,7 +328,7 @@ def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: 
         overhead = _NEWER_ARCH_CONTEXT_OVERHEAD_BYTES
     else:
         overhead = DEFAULT_CONTEXT_OVERHEAD_BYTES
-    return GpuSpec(name, total_memory, overhead, (major, minor))
+    return GpuSpec(name, total_memory, overhead, (major, minor), multiprocessors)
 
 
 # Device-name patterns (lower case) -> preset, for cards with one memory size;

@@ -13,6 +13,8 @@ probe worker process per cell), whose every cell's search starts from the estima
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.backends.base import Backend
 from autotune.backends.cuda.device import cuda_available
 from autotune.defaults import BACKENDS, DEFAULT_GPU_NAME
@@ -21,6 +23,7 @@ from autotune.gpus import (
     GpuSpec,
     context_overhead_override,
     custom_gpu,
+    multiprocessors,
     resolve_gpu,
     with_context_overhead,
 )
@@ -74,7 +77,12 @@ def make_backend(
         from autotune.backends.seeded import EstimateSeeded
 
         measure = CudaBackend(target)
-        return (EstimateSeeded(measure, EstimateBackend(target)) if seeded else measure), target
+        if not seeded:
+            return measure, target
+        # The seeds are for the step as this card runs it: its reductions split over its own
+        # multiprocessors, whatever the budget (estimate/reduce.py).
+        runs_on = replace(target, multiprocessors=multiprocessors(local))
+        return EstimateSeeded(measure, EstimateBackend(runs_on)), target
     from autotune.backends.estimate.backend import EstimateBackend
 
     target = target_gpu(gpu, gpu_memory, local=None)

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autotune.backends.cuda.bnb import check_bnb_optimizer, require_bitsandbytes
-from autotune.backends.cuda.device import check_free_memory, cuda_available, driver_version
+from autotune.backends.cuda.device import check_free_memory, cuda_available, driver_version, local_gpu
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode
 from autotune.errors import BackendUnavailable, InvalidInput, ProbeError, ProtocolError, WorkerFailed
 from autotune.gpus import GpuSpec, gpu_from_device_properties
@@ -172,12 +172,15 @@ class CudaBackend:
         import torch
         import transformers
 
+        chip = local_gpu(self.device_index).multiprocessors if cuda_available() else None
         return {
             "backend": self.name,
             "gpu_name": self.gpu.name,
             "gpu_total_memory_bytes": self.gpu.total_memory_bytes,
             "device_index": self.device_index,
             "device_name": torch.cuda.get_device_name(self.device_index) if cuda_available() else None,
+            # what the step's reductions split over (estimate/reduce.py): the chip's, whatever the budget
+            "device_multiprocessors": chip and list(chip),
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             "cuda_version": torch.version.cuda,

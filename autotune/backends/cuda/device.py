@@ -41,7 +41,10 @@ def local_gpu(device_index: int = 0) -> GpuSpec:
     if not 0 <= device_index < count:
         raise InvalidInput(f"CUDA device {device_index} does not exist: devices are 0 to {count - 1}")
     props = torch.cuda.get_device_properties(device_index)
-    return gpu_from_device_properties(props.name, props.total_memory, props.major, props.minor)
+    sms = getattr(props, "multi_processor_count", None)
+    threads = getattr(props, "max_threads_per_multi_processor", None)  # absent from older torch
+    return gpu_from_device_properties(props.name, props.total_memory, props.major, props.minor,
+                                      (sms, threads) if sms and threads else None)
 
 
 def check_free_memory(

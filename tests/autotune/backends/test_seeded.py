@@ -14,12 +14,13 @@ import transformers
 from fakegpu import ScaledGpu
 
 from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.seeded import EstimateSeeded, GpuLimit, Seed, SeededCell, first_claim
 from autotune.errors import ProbeError
-from autotune.gpus import custom_gpu
+from autotune.gpus import custom_gpu, gpu_from_device_properties
 from autotune.search import Probe, ProbeOnlyCell, search_max_batch
 from autotune.tuner import TableResult, tune_table
-from autotune.units import MIB
+from autotune.units import GIB, MIB
 from autotune.workload import Workload
 from autotune.workload.models import ModelSpec
 from autotune.workload.modes import Mode, parse_modes
@@ -241,10 +242,14 @@ def test_make_backend_seeds_the_cuda_backend_with_the_estimator(monkeypatch: pyt
     from autotune.backends.cuda.backend import CudaBackend
 
     monkeypatch.setattr(autotune.backends, "cuda_available", lambda: True)
-    monkeypatch.setattr(autotune.backends.cuda.device, "local_gpu", lambda: custom_gpu(80 * 1024 * MIB))
+    h100 = gpu_from_device_properties("NVIDIA H100 80GB HBM3", 85_017_493_504, 9, 0, (132, 2048))
+    monkeypatch.setattr(autotune.backends.cuda.device, "local_gpu", lambda: h100)
     seeded, target = make_backend("cuda", gpu_memory="12GiB")
     assert isinstance(seeded, EstimateSeeded) and isinstance(seeded.measure, CudaBackend)
-    assert isinstance(seeded.estimator, EstimateBackend) and seeded.estimator.gpu == target == seeded.gpu
+    assert isinstance(seeded.estimator, EstimateBackend) and target == seeded.gpu == custom_gpu(12 * GIB)
+    # the seeds are for the step as the local card runs it: its reductions over its multiprocessors
+    assert seeded.estimator.gpu == replace(target, multiprocessors=(132, 2048))
+    assert seeded.estimator.multiprocessors == Multiprocessors(132, 2048)
     assert seeded.name == "cuda" and seeded.timeout_s == seeded.measure.timeout_s
     plain, _ = make_backend("cuda", gpu_memory="12GiB", seeded=False)
     assert isinstance(plain, CudaBackend)

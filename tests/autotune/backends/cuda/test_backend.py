@@ -26,7 +26,7 @@ from autotune.backends.cuda.device import check_free_memory, cuda_available, loc
 from autotune.backends.cuda.probe_worker import Worker, is_out_of_memory
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode, rebuild_workload
 from autotune.errors import BackendUnavailable, InvalidInput, ProtocolError
-from autotune.gpus import GpuSpec
+from autotune.gpus import GpuSpec, multiprocessors
 from autotune.search import bisect_search
 from autotune.units import GIB, MIB
 from autotune.workload import Workload
@@ -506,12 +506,29 @@ def test_local_gpu_without_cuda_is_backend_unavailable() -> None:
         local_gpu()
 
 
+def test_local_gpu_reads_the_multiprocessors_of_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85_017_493_504, major=9, minor=0,
+                                  multi_processor_count=132, max_threads_per_multi_processor=2048)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    assert local_gpu().multiprocessors == (132, 2048)
+    del props.max_threads_per_multi_processor  # an older torch: the preset the name matches tells it
+    gpu = local_gpu()
+    assert gpu.multiprocessors is None and multiprocessors(gpu) == (132, 2048)
+
+
 # --- on a real GPU ---------------------------------------------------------------------------
 
 
 @pytest.mark.cuda
 @needs_cuda
 def test_tiny_bert_fits_at_batch_1_with_peaks_on_the_gpu() -> None:
+    assert local_gpu().multiprocessors is not None  # read from the device properties
     backend = CudaBackend(local_gpu())
     probes = run_cell(backend, [1, 2, 1], budget_bytes=GIB)
     assert [p.outcome for p in probes] == ["fits"] * 3

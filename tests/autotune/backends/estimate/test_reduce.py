@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,5 @@ def test_presets_and_local_cards_know_their_multiprocessors():
     assert multiprocessors(gpu_from_device_properties("NVIDIA H100 80GB HBM3", 85_017_493_504, 9, 0)) == (
         132, 2048)
     assert multiprocessors(custom_gpu(12 * GIB)) is None
+    # a budget simulated on a card: that card's chip, whatever the size says
+    assert multiprocessors(replace(custom_gpu(12 * GIB), multiprocessors=(132, 2048))) == (132, 2048)
