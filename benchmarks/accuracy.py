@@ -382,6 +382,9 @@ class RecordReplay:
     outside_after_step: int
     unmatched_frees: int  # frees of addresses allocated before the record began
     streams: int
+    budget: int | None = None  # the allocator's cap during the record (None: the whole card)
+    real_outcome: str = "fits"  # "oom" where the recorded step ran out of memory
+    sim_outcome: str = "fits"
 
 
 class RealAddressSim(CachingAllocatorSim):
@@ -390,8 +393,8 @@ class RealAddressSim(CachingAllocatorSim):
     simulator's own addresses increase and only decide ties between equal-sized free blocks
     (allocator.py): with the real ones, a faithful simulator puts every block where the real one did."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        super().__init__(capacity_bytes)
         self.next_segment_address: int | None = None
         self._own_address = self._next_address  # for a segment the real allocator did not make
 
@@ -435,10 +438,17 @@ def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> 
 def replay_record(record: dict[str, Any]) -> RecordReplay:
     """The record's events replayed as the estimator's simulator runs (its own addresses) and with
     the real segment addresses; the memory outside the allocator."""
+    from autotune.errors import OutOfMemory
+
     events = record["events"]
-    sim, addressed = CachingAllocatorSim(), RealAddressSim()
-    _, allocations, unmatched = replay_events(events, sim)
-    misplaced, _, _ = replay_events(events, addressed)
+    budget = record.get("budget_bytes")  # a step recorded under a table's budget: replayed under it
+    sim, addressed = CachingAllocatorSim(budget), RealAddressSim(budget)
+    sim_outcome = "fits"
+    try:
+        _, allocations, unmatched = replay_events(events, sim)
+        misplaced, _, _ = replay_events(events, addressed)
+    except OutOfMemory:  # the step ran out of memory in the simulator: so it did, or not, on the GPU
+        sim_outcome, allocations, unmatched, misplaced = "oom", sum(e[0] == "alloc" for e in events), 0, 0
     counts = Counter(event[0] for event in events)
 
     def outside(snapshot: dict[str, int] | None) -> int | None:
@@ -458,6 +468,7 @@ def replay_record(record: dict[str, Any]) -> RecordReplay:
         context_bytes=record["context"]["device_used_bytes"],
         outside_after_load=outside(record.get("after_load")), outside_after_step=after_step,
         unmatched_frees=unmatched, streams=len({event[3] for event in events}),
+        budget=budget, real_outcome=record.get("outcome", "fits"), sim_outcome=sim_outcome,
     )
 
 
@@ -671,6 +682,10 @@ def records_section(replays: Sequence[RecordReplay], tables: Sequence[dict[str, 
         "budget: the measured runs capped the allocator at the same budget).",
     ]
     for r in replays:
+        if r.budget is not None:
+            lines.append(f"- `{r.name}`: recorded under a {gib(r.budget)} GiB budget; the step "
+                         f"{'ran out of memory' if r.real_outcome == 'oom' else 'fit'} on the GPU and "
+                         f"{'runs out of memory' if r.sim_outcome == 'oom' else 'fits'} in the simulator.")
         if r.unmatched_frees or r.streams > 1:
             lines.append(f"- `{r.name}`: {r.unmatched_frees} frees of unknown addresses, {r.streams} streams "
                          "(the simulator models one).")

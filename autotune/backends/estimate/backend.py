@@ -241,6 +241,33 @@ def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = Non
     return None, None
 
 
+def load_weights(model: Any, track: Callable[[Any], None]) -> None:
+    """Allocate ``model``'s parameters and buffers in the order they reach the GPU: module by module,
+    children first, each module's parameters then its buffers (``Module._apply``, the order of
+    ``model.to("cuda")``; a model built on the GPU allocates in nearly the same order); a 4-bit layer
+    through its quantization's allocations (nf4.py ``load``); an adapter's weights last, as PEFT adds
+    them to the loaded model. The order decides where the long-lived blocks lie in the allocator's
+    segments, so what a step's fragmentation and a budget's releases can reach."""
+    adapter = {id(p) for name, p in model.named_parameters() if "lora_" in name or "modules_to_save" in name}
+    later: list[Any] = []
+
+    def visit(module: Any) -> None:
+        for child in module.children():
+            visit(child)
+        if getattr(module, "emulates_4bit_load", False):
+            module.load(track)
+        for tensor in module._parameters.values():
+            if tensor is not None:
+                (later.append if id(tensor) in adapter else track)(tensor)
+        for tensor in module._buffers.values():
+            if tensor is not None:
+                track(tensor)
+
+    visit(model)
+    for tensor in later:
+        track(tensor)
+
+
 @contextlib.contextmanager
 def _settable_fake_parameters() -> Iterator[None]:
     """``Module.to()`` over fake parameters, as PEFT calls it to give each adapter its base layer's
@@ -672,8 +699,7 @@ class EstimateBackend:
 
         model = fake.model
         with fake.mode_ctx, tracker:
-            for tensor in (*model.parameters(), *model.buffers()):
-                tracker.track(tensor)
+            load_weights(model, tracker.track)
             workspaces = [
                 torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
                 for _ in range(CUBLAS_HANDLES_PER_STEP)

@@ -34,6 +34,7 @@ from autotune.backends.estimate.backend import (
     CUBLAS_HANDLES_PER_STEP,
     EstimateBackend,
     MemoryEquivalentScaler,
+    load_weights,
 )
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace
@@ -339,9 +340,11 @@ class InstrumentedBackend(EstimateBackend):
 
         freezing = frozen_embeddings(model, self.variant.freeze_embeddings, mode.checkpointing)
         with fake.mode_ctx, tracker, freezing, module_hooks(model, tracker, recording.calls):
-            for tensor in (*model.parameters(), *model.buffers()):
+            def load(tensor: Any) -> None:
                 tracker.track(tensor)
                 tracker.mark(tensor, "parameters", names.get(id(tensor)))
+
+            load_weights(model, load)  # in EstimateBackend._trace's order
             # What EstimateBackend._trace allocates, in its order: workspaces, batch, optimizer.
             workspaces = [
                 torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)

@@ -40,6 +40,7 @@ back. PEFT dispatches to it through ``LoraConfig._register_custom_module`` (adap
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -73,6 +74,8 @@ class EmulatedLinear4bit(nn.Linear):
     """A linear layer stored in 4 bits as bitsandbytes stores it; computes as its CUDA kernels
     allocate (module docstring). An ``nn.Linear`` so that PEFT's ``all-linear`` finds it, as it
     finds ``bnb.nn.Linear4bit``."""
+
+    emulates_4bit_load = True  # the estimator allocates it through ``load`` (backend.load_weights)
 
     # The quantization state's buffers (registered in __init__).
     code: torch.Tensor
@@ -113,6 +116,34 @@ class EmulatedLinear4bit(nn.Linear):
                                  persistent=False)
         else:
             self.register_buffer("absmax", torch.empty(blocks, device=device), persistent=False)
+
+    def load(self, track: Callable[[torch.Tensor], None]) -> None:
+        """Allocate this layer as it reaches the GPU, run under the estimator's tracker: bitsandbytes'
+        ``Params4bit._quantize`` (nn/modules.py) copies the 16-bit weight to the device, then
+        ``functional.quantize_4bit`` allocates the float32 absmax, the packed weight and the code
+        table; with double quantization the offset, ``_absmax - offset``, the nested absmax, the
+        8-bit absmax and the nested code's copy, then frees ``_absmax - offset``, the float32 absmax
+        and, back in ``_quantize``, the 16-bit copy. Its transients leave holes among the packed
+        weights: an H100's record of Llama-3.2-1B's QLoRA step shows this sequence for every layer
+        (docs/measurements/h100-80gb/records), and under a 24 GiB budget the step fits in 19.8 GiB
+        reserved from that layout while a layout without the transients runs out of memory.
+        Left out: get_4bit_type's 64- and 4-byte temporaries and the dynamic map bitsandbytes caches
+        once per process (1 KiB)."""
+        device = self.weight.device
+        weight16 = torch.empty((self.out_features, self.in_features), dtype=self.quant_dtype, device=device)
+        absmax32 = (torch.empty(self.absmax.shape, dtype=torch.float32, device=device)
+                    if self.double_quant else self.absmax)
+        track(absmax32)
+        track(self.weight)
+        track(self.code)
+        if self.double_quant:
+            track(self.offset)
+            shifted = torch.empty(self.absmax.shape, dtype=torch.float32, device=device)
+            track(self.state2_absmax)
+            track(self.absmax)
+            track(self.state2_code)
+            del shifted, absmax32
+        del weight16
 
     def set_compute_type(self, x: torch.Tensor) -> None:
         # nn/modules.py Linear4bit.set_compute_type: float32 and bfloat16 inputs compute in their

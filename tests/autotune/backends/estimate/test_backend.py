@@ -254,3 +254,57 @@ def test_a_budget_below_the_parameters_gives_oom_at_batch_one():
     workload = Workload(resolve_model("tiny-bert"), "sequence-classification", None)
     with _backend().cell(workload, parse_mode("fp32"), 16, 4 * KIB) as cell:
         assert cell.fits(1).outcome == "oom"
+
+
+# --- the load: the order weights reach the GPU ---------------------------------------------------
+
+
+def _loaded(model: torch.nn.Module) -> list[int]:
+    """The sizes ``load_weights`` allocates (+) and frees (-), in order."""
+    from autotune.backends.estimate.backend import load_weights
+
+    tracker = StorageTracker()
+    with tracker:
+        load_weights(model, tracker.track)
+    sizes: dict[int, int] = {}
+    out = []
+    for key, nbytes in tracker.events:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        out.append(nbytes if nbytes >= 0 else -sizes[key])
+    tracker.close()
+    return out
+
+
+def test_a_4bit_layer_loads_through_its_quantization_as_on_an_h100():
+    from autotune.backends.estimate.nf4 import EmulatedLinear4bit
+
+    with FakeTensorMode():
+        base = torch.nn.Linear(2048, 2048, bias=False, dtype=torch.bfloat16)
+        layer = EmulatedLinear4bit(base, quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+        sizes = _loaded(layer)
+    # The record of Llama-3.2-1B's QLoRA step on an H100 (docs/measurements/h100-80gb/records,
+    # llama-1b-qlora-bf16ckpt-2048x6), every q_proj: the bf16 weight, the float32 absmax, the packed
+    # weight, the code table, the offset, absmax - offset, the nested absmax, the 8-bit absmax, the
+    # nested code; then absmax - offset, the float32 absmax and the bf16 weight freed (the record's
+    # 64- and 4-byte temporaries of the code table left out).
+    assert sizes == [8388608, 262144, 2097152, 64, 4, 262144, 1024, 65536, 1024, -262144, -262144, -8388608]
+    with FakeTensorMode():
+        plain = EmulatedLinear4bit(base, quant_type="nf4", double_quant=False, compute_dtype="bfloat16")
+        assert _loaded(plain) == [8388608, 262144, 2097152, 64, -8388608]  # the absmax is the state's own
+
+
+def test_weights_load_children_first_then_buffers_and_an_adapter_last():
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(4)  # 16-byte weight and bias
+            self.register_buffer("ids", torch.zeros(8, dtype=torch.int64))  # 64 bytes
+            self.proj = torch.nn.Linear(4, 2, bias=False)  # 32 bytes
+            self.lora_A = torch.nn.Linear(4, 1, bias=False)  # 16 bytes, PEFT's name for an adapter
+
+    with FakeTensorMode():
+        block = Block()
+        # Module._apply's order (model.to("cuda")): the children in order, then the buffers; the
+        # adapter's weight after every other, as PEFT adds it to the loaded model.
+        assert _loaded(block) == [16, 16, 32, 64, 16]
