@@ -410,8 +410,10 @@ class RealAddressSim(CachingAllocatorSim):
 def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> tuple[int, int, int]:
     """Replay a record's allocator events through ``sim``: alloc is a malloc, free_completed its free,
     a run of segment_free events an empty_cache followed by a reset of the peaks (the worker's
-    release()); a segment_alloc gives a RealAddressSim its address. Returns the allocations placed
-    elsewhere than the real allocator placed them, the allocations and the frees of unknown blocks."""
+    release()); a segment_alloc gives a RealAddressSim its address; an oom (a step recorded up to
+    the allocation the GPU refused) that allocation, which raises OutOfMemory if the simulator
+    refuses it too. Returns the allocations placed elsewhere than the real allocator placed them,
+    the allocations and the frees of unknown blocks."""
     handles: dict[int, int] = {}
     misplaced = allocations = unmatched = 0
     previous = None
@@ -426,6 +428,8 @@ def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> 
                 unmatched += 1
             else:
                 sim.free(handle)
+        elif action == "oom":  # the allocation the GPU refused (its size): the simulator tries it too
+            sim.malloc(size)
         elif action == "segment_alloc" and isinstance(sim, RealAddressSim):
             sim.next_segment_address = address
         elif action == "segment_free" and previous != "segment_free":
