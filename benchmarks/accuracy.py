@@ -30,6 +30,7 @@ import argparse
 import fnmatch
 import hashlib
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -49,7 +50,7 @@ from autotune.backends.estimate.allocator import CachingAllocatorSim  # noqa: E4
 DEFAULT_MEASURED = ROOT / "docs" / "measurements" / "h100-80gb"
 DEFAULT_RECORDS = DEFAULT_MEASURED / "records"
 DEFAULT_OUT = ROOT / "docs" / "accuracy.md"
-CACHE_VERSION = 2  # 2: the target carries the measured chip's multiprocessors
+CACHE_VERSION = 3  # 2: the target carries the measured chip's multiprocessors; 3: refused probes
 
 # The card the tables were measured on; the estimator targets the same architecture and chip:
 # the measured steps' reductions split over the H100's 132 multiprocessors whatever the budget
@@ -158,11 +159,9 @@ def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int) -> int
     return sim.stats.peak_reserved_bytes
 
 
-def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
-                batch: int) -> dict[str, Any]:
-    """One estimated step at ``batch``: the probe's outcome and peaks (backends/estimate/backend.py:
-    peak_reserved_bytes is the reserved at the smallest capacity the step runs in when it fits), and
-    its trace (traced, or extrapolated as the probe did) replayed with the budget as the limit."""
+def _probe_and_trace(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
+                     batch: int) -> tuple[Any, Any]:
+    """One estimator probe at ``batch`` and its step's trace (traced, or extrapolated as the probe did)."""
     from autotune.backends.estimate.backend import _extrapolated
 
     with backend.cell(workload, mode, seq_len, budget) as cell:
@@ -172,7 +171,16 @@ def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: in
         if trace is None:  # the probe extrapolated it (exact, as the probe's own replay)
             found = _extrapolated(traces, batch, getattr(cell, "reference", None))
             trace = None if found is None else found[0]
-        capped = replay_capped(trace.events(), budget) if trace is not None else None
+    return probe, trace
+
+
+def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
+                batch: int) -> dict[str, Any]:
+    """One estimated step at ``batch``: the probe's outcome and peaks (backends/estimate/backend.py:
+    peak_reserved_bytes is the reserved at the smallest capacity the step runs in when it fits), and
+    its trace replayed with the budget as the limit."""
+    probe, trace = _probe_and_trace(backend, workload, mode, seq_len, budget, batch)
+    capped = replay_capped(trace.events(), budget) if trace is not None else None
     return {
         "batch_size": batch, "outcome": probe.outcome,
         "peak_reserved_bytes": probe.details.get("peak_reserved_bytes"),
@@ -180,6 +188,92 @@ def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: in
         "demand_bytes": probe.details.get("demand_bytes"),
         "reserved_at_budget_bytes": capped,
     }
+
+
+# How the GPU's out-of-memory message writes sizes: torch's format_size (c10/core/
+# CachingDeviceAllocator.h), two decimals of bytes, KiB, MiB or GiB, each unit up to 1024 of it.
+_SIZE_UNITS = {"bytes": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+_OOM_MESSAGE = re.compile(
+    r"Tried to allocate (?P<tried>[\d.]+ (?:bytes|KiB|MiB|GiB))\..*?"
+    r"(?P<allocated>[\d.]+ (?:bytes|KiB|MiB|GiB)) is allocated by PyTorch, and "
+    r"(?P<cached>[\d.]+ (?:bytes|KiB|MiB|GiB)) is reserved by PyTorch but unallocated", re.S)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"6.12 GiB"`` as bytes, and the half-width of the figure's rounding (two decimals)."""
+    value, unit = text.split()
+    scale = _SIZE_UNITS[unit]
+    return round(float(value) * scale), (scale // 200 if scale > 1 else 0)
+
+
+def measured_refusal(cell: dict[str, Any]) -> dict[str, Any] | None:
+    """What the GPU's allocator said when it refused the step one above the measured max: the segment
+    it tried to allocate, the memory allocated and the memory cached but unallocated at that moment
+    (after it released every cached segment with no block in use: CUDACachingAllocator.cpp, malloc).
+    None without such a probe or message."""
+    best = cell.get("max_batch_size")
+    if best is None:
+        return None
+    probe = next((p for p in cell.get("probe_log") or []
+                  if p["batch_size"] == best + 1 and p["outcome"] == "oom" and p.get("oom_message")), None)
+    found = _OOM_MESSAGE.search(probe["oom_message"]) if probe else None
+    if probe is None or found is None:
+        return None
+    (tried, tried_tol), (allocated, _), (cached, _) = (parse_size(found[k]) for k in ("tried", "allocated",
+                                                                                      "cached"))
+    return {"batch_size": best + 1, "tried_bytes": tried, "tried_tolerance": tried_tol,
+            "allocated_bytes": allocated, "cached_free_bytes": cached}
+
+
+def _pool_state(sim: CachingAllocatorSim, size: int) -> dict[str, int]:
+    """What the allocator holds at a request of ``size`` (rounded) bytes: allocated, reserved, the
+    reserved that release_cached_blocks would keep (segments with a block in use), the largest free
+    block of the request's pool."""
+    from autotune.backends.estimate.allocator import SMALL_SIZE
+
+    segments = sim.snapshot()
+    small = size <= SMALL_SIZE
+    free = [b.size for s in segments if s.is_small == small for b in s.blocks if not b.allocated]
+    return {"allocated_bytes": sim.stats.allocated_bytes, "reserved_bytes": sim.stats.reserved_bytes,
+            "kept_bytes": sum(s.size for s in segments if any(b.allocated for b in s.blocks)),
+            "largest_free_bytes": max(free, default=0)}
+
+
+def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
+                     refused: dict[str, Any]) -> dict[str, Any]:
+    """The estimator's step at the batch the GPU refused, replayed under the budget. Where the
+    simulator refuses it too: the request it refused and its state then (as the GPU's message gives
+    it, after the release). Where it fits: its state at the allocation the GPU refused: of the
+    requests whose segment would be the size the message names, the one with the memory allocated
+    before it nearest the GPU's."""
+    from autotune.backends.estimate.allocator import round_size, segment_size
+    from autotune.errors import OutOfMemory
+
+    probe, trace = _probe_and_trace(backend, workload, mode, seq_len, budget, refused["batch_size"])
+    found: dict[str, Any] = {"batch_size": refused["batch_size"], "outcome": probe.outcome}
+    if trace is None:
+        return found
+    sim, handles = CachingAllocatorSim(budget), dict[int, int]()
+    nearest: tuple[int, dict[str, Any]] | None = None
+    try:
+        for key, nbytes in trace.events():
+            if nbytes < 0:
+                sim.free(handles.pop(key))
+                continue
+            size = round_size(nbytes)
+            if abs(segment_size(size) - refused["tried_bytes"]) <= refused["tried_tolerance"] + 1:
+                distance = abs(sim.stats.allocated_bytes - refused["allocated_bytes"])
+                if nearest is None or distance < nearest[0]:
+                    nearest = (distance, {"request_bytes": nbytes, **_pool_state(sim, size)})
+            handles[key] = sim.malloc(nbytes)
+    except OutOfMemory as exc:  # the state after the release, as the GPU's message gives it
+        found["replay"] = "oom"
+        found["refused"] = {"request_bytes": exc.requested_bytes, "segment_bytes": exc.segment_bytes,
+                            **_pool_state(sim, round_size(exc.requested_bytes))}
+        return found
+    found["replay"] = "fits"
+    found["nearest"] = None if nearest is None else nearest[1]
+    return found
 
 
 def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
@@ -203,11 +297,15 @@ def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
         for cell in result.cells:
             batch = measured[cell.seq_len]["max_batch_size"]
             at = estimate_at(backend, workload, mode, cell.seq_len, budget, batch) if batch else None
+            refused = measured_refusal(measured[cell.seq_len])
+            at_refused = (estimate_refusal(backend, workload, mode, cell.seq_len, budget, refused)
+                          if refused else None)
             cells.append({
                 "mode": cell.mode, "seq_len": cell.seq_len, "max_batch_size": cell.max_batch_size,
                 "peak_memory_bytes": cell.peak_memory_bytes,
                 "peak_allocated_bytes": cell.peak_allocated_bytes,
                 "probes": cell.probes, "capped": cell.capped, "error": cell.error, "at_measured": at,
+                "at_refused": at_refused,
             })
     return {"attn": backend.attn_used(workload), "workload_attn": workload.attn,
             "environment": backend.describe(), "elapsed_s": round(time.perf_counter() - started, 1),
@@ -335,7 +433,7 @@ def compare_table(name: str, table: dict[str, Any], estimate: dict[str, Any]) ->
     for cell in table["cells"]:
         est = estimated.get((cell["mode"], cell["seq_len"]))
         best = cell["max_batch_size"]
-        fitting = next((p for p in cell.get("probe_log") or []
+        fitting: dict[str, Any] = next((p for p in cell.get("probe_log") or []
                         if p["batch_size"] == best and p["outcome"] == "fits"), {})
         at = (est or {}).get("at_measured") or {}
         notes = measured_notes(cell)
@@ -572,6 +670,7 @@ def header_section(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[
 
 def goals_section(rows: Sequence[Comparison]) -> list[str]:
     reserved = [r.reserved_err for r in rows if r.reserved_err is not None]
+    capped = [r.reserved_at_budget_err for r in rows if r.reserved_at_budget_err is not None]
     judged = [r for r in rows if r.measured_max is not None]
     share = sum(r.max_goal for r in judged) / len(judged) if judged else None
     above = [r for r in judged if not r.above_goal]
@@ -589,6 +688,10 @@ def goals_section(rows: Sequence[Comparison]) -> list[str]:
         [f"... and within {RESERVED_WORST_GOAL_PCT:g} % in the worst cell",
          "—" if bad is None else f"{bad:+.2f} %",
          verdict(None if bad is None else abs(bad) <= RESERVED_WORST_GOAL_PCT)],
+        ["(for reference, not the goal: the estimated step replayed with the budget as the allocator's "
+         "limit, as the GPU ran it, the quantity the GPU measured; *capped* below)",
+         "—" if not capped else f"median {median_abs(capped):.2f} %, worst {worst(capped):+.2f} % over "
+         f"{len(capped)} cells", "—"],
         [f"estimated max batch the measured one or one below it in at least {MAX_BATCH_SHARE_GOAL:.0%} of "
          "cells", "—" if share is None else f"{share:.0%} of {len(judged)} cells",
          verdict(None if share is None else share >= MAX_BATCH_SHARE_GOAL)],
@@ -696,6 +799,71 @@ def records_section(replays: Sequence[RecordReplay], tables: Sequence[dict[str, 
     return lines + [""]
 
 
+def refusals_section(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[str, Any]]) -> list[str]:
+    """The GPU's out-of-memory one above each measured max against the estimator's step at that batch."""
+    header = ["table", "mode", "seq", "batch", "GPU tried GiB", "GPU allocated GiB", "GPU cached free GiB",
+              "estimator", "est. request GiB", "est. allocated GiB", "allocated err %",
+              "est. cached free GiB", "est. largest free GiB"]
+    body: list[list[str]] = []
+    refuses = same = close = 0
+    fits: list[str] = []  # the probes the simulator runs where the GPU refused them
+    fit_errors: list[float] = []  # their allocated error at the refused allocation
+    more_cached = 0  # of those, where the GPU kept more free memory in segments it could not release
+    for name, table in tables.items():
+        estimated = {(c["mode"], c["seq_len"]): c for c in estimates[name]["cells"]}
+        for cell in table["cells"]:
+            real = measured_refusal(cell)
+            at = (estimated.get((cell["mode"], cell["seq_len"])) or {}).get("at_refused")
+            if real is None or not at or "replay" not in at:
+                continue
+            state = at.get("refused") or at.get("nearest")
+            err = None if state is None else error_pct(state["allocated_bytes"], real["allocated_bytes"])
+            cached = None if state is None else state["kept_bytes"] - state["allocated_bytes"]
+            if at["replay"] == "oom":
+                refuses += 1
+                matched = abs(state["segment_bytes"] - real["tried_bytes"]) <= real["tried_tolerance"] + 1
+                same += matched
+                close += matched and err is not None and abs(err) <= 1
+                verdict = "refuses " + ("it" if matched else f"{gib(state['segment_bytes'])} GiB")
+            else:
+                verdict = "fits"
+                fits.append(f"{name} {cell['mode']} {cell['seq_len']} x {real['batch_size']}")
+                if err is not None and cached is not None:
+                    fit_errors.append(err)
+                    more_cached += real["cached_free_bytes"] > cached
+            body.append([f"`{name}`", cell["mode"], str(cell["seq_len"]), str(real["batch_size"]),
+                         gib(real["tried_bytes"]), gib(real["allocated_bytes"]),
+                         gib(real["cached_free_bytes"]),
+                         verdict, "—" if state is None else gib(state["request_bytes"]),
+                         "—" if state is None else gib(state["allocated_bytes"]), pct(err), gib(cached),
+                         "—" if state is None else gib(state["largest_free_bytes"])])
+    lines = ["## Refused steps", ""]
+    if not body:
+        return lines + ["No out-of-memory probe one above a measured max has a message to compare.", ""]
+    lines += [
+        "The GPU's out-of-memory message for the probe one above each measured max names the segment it "
+        "tried to allocate, the memory allocated and the memory cached but unallocated once it had released "
+        "every cached segment with no block in use (two decimals of GiB or MiB). The estimator's step at "
+        "that batch is replayed under the same budget: where the simulator refuses it too, its figures at "
+        "its refusal; where it fits, its figures at the allocation the GPU refused (of the requests whose "
+        "segment would be the size the message names, the one with the memory allocated before it nearest "
+        "the GPU's). *Cached free*: reserved minus allocated in the segments with a block in use; *largest "
+        "free*: the largest free block of the request's pool, segments with no block in use included.",
+        "",
+        f"- {len(body)} refused probes: the simulator refuses {refuses} of them, {same} at the allocation "
+        f"the GPU refused, with the memory allocated then within 1 % of the GPU's in {close} of those.",
+    ]
+    if fits:
+        found = (f"at the allocation the GPU refused, the memory allocated is within "
+                 f"{max(abs(e) for e in fit_errors):.2f} % of the GPU's in the {len(fit_errors)} with a "
+                 f"request of that size, and the GPU held more free memory than the simulator in segments "
+                 f"with a block in use in {more_cached} of them: memory it could neither hand out in one "
+                 "piece nor release for a new segment, where the simulator's lay in segments it could release"
+                 if fit_errors else "none has a request of the size the GPU refused")
+        lines.append(f"- It runs {len(fits)} ({', '.join(fits)}): {found}.")
+    return lines + ["", *markdown_table(header, body), ""]
+
+
 def render(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[str, Any]],
            comparisons: dict[str, list[Comparison]], replays: Sequence[RecordReplay], command: str) -> str:
     rows = [row for group in comparisons.values() for row in group]
@@ -709,6 +877,7 @@ def render(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[str, Any
               "estimated step replayed with the budget as the allocator's limit.", ""]
     for name, table in tables.items():
         lines += table_section(name, table, comparisons[name], estimates[name])
+    lines += refusals_section(tables, estimates)
     lines += records_section(replays, list(tables.values()))
     return "\n".join(lines)
 
