@@ -50,7 +50,7 @@ from autotune.backends.estimate.allocator import CachingAllocatorSim  # noqa: E4
 DEFAULT_MEASURED = ROOT / "docs" / "measurements" / "h100-80gb"
 DEFAULT_RECORDS = DEFAULT_MEASURED / "records"
 DEFAULT_OUT = ROOT / "docs" / "accuracy.md"
-CACHE_VERSION = 3  # 2: the target carries the measured chip's multiprocessors; 3: refused probes
+CACHE_VERSION = 4  # 2: the target carries the measured chip's multiprocessors; 3, 4: refusals
 
 # The card the tables were measured on; the estimator targets the same architecture and chip:
 # the measured steps' reductions split over the H100's 132 multiprocessors whatever the budget
@@ -141,9 +141,12 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
     return workload
 
 
-def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int) -> int | None:
+def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int
+                  ) -> tuple[int | None, dict[str, int] | None]:
     """Peak reserved of the estimator's trace replayed with the budget as the allocator's limit (as the
-    GPU ran, under set_per_process_memory_fraction); None when it runs out of memory."""
+    GPU ran, under set_per_process_memory_fraction); where it runs out of memory, None and the
+    request it refused with the allocator's state then (_pool_state, after the release)."""
+    from autotune.backends.estimate.allocator import round_size
     from autotune.errors import OutOfMemory
 
     sim = CachingAllocatorSim(capacity_bytes)
@@ -154,9 +157,10 @@ def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int) -> int
                 sim.free(handles.pop(key))
             else:
                 handles[key] = sim.malloc(nbytes)
-    except OutOfMemory:
-        return None
-    return sim.stats.peak_reserved_bytes
+    except OutOfMemory as exc:
+        return None, {"request_bytes": exc.requested_bytes, "segment_bytes": exc.segment_bytes,
+                      **_pool_state(sim, round_size(exc.requested_bytes))}
+    return sim.stats.peak_reserved_bytes, None
 
 
 def _probe_and_trace(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
@@ -180,13 +184,14 @@ def estimate_at(backend: Any, workload: Any, mode: Any, seq_len: int, budget: in
     peak_reserved_bytes is the reserved at the smallest capacity the step runs in when it fits), and
     its trace replayed with the budget as the limit."""
     probe, trace = _probe_and_trace(backend, workload, mode, seq_len, budget, batch)
-    capped = replay_capped(trace.events(), budget) if trace is not None else None
+    capped, refused = replay_capped(trace.events(), budget) if trace is not None else (None, None)
     return {
         "batch_size": batch, "outcome": probe.outcome,
         "peak_reserved_bytes": probe.details.get("peak_reserved_bytes"),
         "peak_allocated_bytes": probe.details.get("peak_allocated_bytes"),
         "demand_bytes": probe.details.get("demand_bytes"),
         "reserved_at_budget_bytes": capped,
+        "refused_at_budget": refused,
     }
 
 
@@ -440,7 +445,13 @@ def compare_table(name: str, table: dict[str, Any], estimate: dict[str, Any]) ->
         if est is not None and est.get("error"):
             notes.append(f"estimate failed: {est['error'].splitlines()[0][:80]}")
         if at.get("outcome") == "oom":
-            notes.append("the estimator says the measured max runs out of memory")
+            refused = at.get("refused_at_budget")
+            notes.append("the estimator says the measured max runs out of memory" + (
+                "" if not refused else
+                f" (under the budget it refuses {gib(refused['request_bytes'])} GiB with "
+                f"{gib(refused['allocated_bytes'])} GiB allocated, "
+                f"{gib(refused['kept_bytes'] - refused['allocated_bytes'])} GiB free in segments with a "
+                f"block in use, the largest free block {gib(refused['largest_free_bytes'])} GiB)"))
         rows.append(Comparison(
             table=name, mode=cell["mode"], seq_len=cell["seq_len"], measured_max=best,
             estimated_max=est["max_batch_size"] if est else None,
@@ -488,21 +499,17 @@ class RecordReplay:
 class RealAddressSim(CachingAllocatorSim):
     """The simulator with each new segment at the address cudaMalloc gave the real allocator (set
     ``next_segment_address`` from a segment_alloc event before the malloc that needs it). The
-    simulator's own addresses increase and only decide ties between equal-sized free blocks
-    (allocator.py): with the real ones, a faithful simulator puts every block where the real one did."""
+    simulator's own addresses only decide ties between equal-sized free blocks (allocator.py): with
+    the real ones, a faithful simulator puts every block where the real one did."""
 
     def __init__(self, capacity_bytes: int | None = None) -> None:
         super().__init__(capacity_bytes)
         self.next_segment_address: int | None = None
-        self._own_address = self._next_address  # for a segment the real allocator did not make
 
-    def _new_segment(self, pool: Any, nbytes: int, size: int) -> Any:
+    def _segment_address(self, alloc_size: int) -> int:
         real, self.next_segment_address = self.next_segment_address, None
-        self._next_address = real if real is not None else self._own_address
-        block = super()._new_segment(pool, nbytes, size)
-        if real is None:
-            self._own_address = self._next_address
-        return block
+        # The simulator's own for a segment the real allocator did not make (far above the real ones).
+        return real if real is not None else super()._segment_address(alloc_size)
 
 
 def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> tuple[int, int, int]:

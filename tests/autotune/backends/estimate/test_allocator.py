@@ -9,7 +9,9 @@ free segments before an out-of-memory.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from autotune.errors import AutotuneError, OutOfMemory
 
 KiB = 1 << 10
 MiB = 1 << 20
+# Real training steps under torch.cuda.memory._record_memory_history on an H100 (benchmarks/gpu_measure.py).
+RECORDS = Path(__file__).resolve().parents[4] / "docs" / "measurements" / "h100-80gb" / "records"
 
 
 @pytest.mark.parametrize(
@@ -113,8 +117,9 @@ def test_large_request_segment_rounds_up_to_2_mib() -> None:
 
 def test_best_fit_picks_the_smallest_free_block_that_fits() -> None:
     sim = CachingAllocatorSim()
-    big = sim.malloc(16 * MiB)  # its own 16 MiB segment, lower address
     small = sim.malloc(12 * MiB)  # its own 12 MiB segment
+    big = sim.malloc(16 * MiB)  # its own 16 MiB segment, below the first (cudaMalloc goes top-down)
+    assert big < small
     sim.free(big)
     sim.free(small)
     handle = sim.malloc(11 * MiB)
@@ -123,6 +128,41 @@ def test_best_fit_picks_the_smallest_free_block_that_fits() -> None:
     # Remainder exactly 1 MiB is not > kSmallSize: the whole 12 MiB is handed out.
     assert sim.stats.allocated_bytes == 12 * MiB
     assert sim.stats.reserved_bytes == 28 * MiB
+
+
+def test_a_new_segment_lies_below_the_earlier_ones_so_a_tie_goes_to_the_newest() -> None:
+    # cudaMalloc hands out addresses top-down (the H100 records: allocator.py's docstring), and
+    # among equal free blocks best fit takes the lowest address: the newest segment's.
+    sim = CachingAllocatorSim()
+    older, newer = sim.malloc(12 * MiB), sim.malloc(12 * MiB)
+    assert newer + 12 * MiB <= older
+    sim.free(older)
+    sim.free(newer)
+    assert sim.malloc(12 * MiB) == newer
+    assert sim.malloc(12 * MiB) == older
+    assert [seg.address for seg in sim.snapshot()] == [newer, older]
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda path: path.stem)
+def test_a_step_recorded_on_an_h100_replays_to_its_real_peaks(path: Path) -> None:
+    record = json.loads(path.read_text())
+    sim = CachingAllocatorSim(record.get("budget_bytes"))
+    handles: dict[int, int] = {}
+    previous = None
+    for action, address, size, _stream in record["events"]:
+        if action == "alloc":
+            handles[address] = sim.malloc(size)
+        elif action == "free_completed":
+            sim.free(handles.pop(address))
+        elif action == "segment_free" and previous != "segment_free":  # the worker's release()
+            sim.empty_cache()
+            sim.reset_peak()
+        elif action == "oom":  # a step recorded up to the allocation the GPU refused
+            with pytest.raises(OutOfMemory):
+                sim.malloc(size)
+        previous = action
+    assert sim.stats.peak_reserved_bytes == record["peak_reserved_bytes"]
+    assert sim.stats.peak_allocated_bytes == record["peak_allocated_bytes"]
 
 
 def test_large_block_splits_when_remainder_exceeds_1_mib() -> None:
