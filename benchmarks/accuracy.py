@@ -146,7 +146,6 @@ def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int
     """Peak reserved of the estimator's trace replayed with the budget as the allocator's limit (as the
     GPU ran, under set_per_process_memory_fraction); where it runs out of memory, None and the
     request it refused with the allocator's state then (_pool_state, after the release)."""
-    from autotune.backends.estimate.allocator import round_size
     from autotune.errors import OutOfMemory
 
     sim = CachingAllocatorSim(capacity_bytes)
@@ -158,8 +157,7 @@ def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int
             else:
                 handles[key] = sim.malloc(nbytes)
     except OutOfMemory as exc:
-        return None, {"request_bytes": exc.requested_bytes, "segment_bytes": exc.segment_bytes,
-                      **_pool_state(sim, round_size(exc.requested_bytes))}
+        return None, _refusal(sim, exc)
     return sim.stats.peak_reserved_bytes, None
 
 
@@ -244,6 +242,15 @@ def _pool_state(sim: CachingAllocatorSim, size: int) -> dict[str, int]:
             "largest_free_bytes": max(free, default=0)}
 
 
+def _refusal(sim: CachingAllocatorSim, exc: Any) -> dict[str, int]:
+    """The request the simulator refused (an OutOfMemory) and its state then: after the release, as
+    the GPU's message gives it."""
+    from autotune.backends.estimate.allocator import round_size
+
+    return {"request_bytes": exc.requested_bytes, "segment_bytes": exc.segment_bytes,
+            **_pool_state(sim, round_size(exc.requested_bytes))}
+
+
 def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
                      refused: dict[str, Any]) -> dict[str, Any]:
     """The estimator's step at the batch the GPU refused, replayed under the budget. Where the
@@ -271,10 +278,8 @@ def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budge
                 if nearest is None or distance < nearest[0]:
                     nearest = (distance, {"request_bytes": nbytes, **_pool_state(sim, size)})
             handles[key] = sim.malloc(nbytes)
-    except OutOfMemory as exc:  # the state after the release, as the GPU's message gives it
-        found["replay"] = "oom"
-        found["refused"] = {"request_bytes": exc.requested_bytes, "segment_bytes": exc.segment_bytes,
-                            **_pool_state(sim, round_size(exc.requested_bytes))}
+    except OutOfMemory as exc:
+        found["replay"], found["refused"] = "oom", _refusal(sim, exc)
         return found
     found["replay"] = "fits"
     found["nearest"] = None if nearest is None else nearest[1]
