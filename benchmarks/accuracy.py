@@ -517,52 +517,53 @@ class RealAddressSim(CachingAllocatorSim):
         return real if real is not None else super()._segment_address(alloc_size)
 
 
-def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> tuple[int, int, int]:
+def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> tuple[int, int, int, bool]:
     """Replay a record's allocator events through ``sim``: alloc is a malloc, free_completed its free,
     a run of segment_free events an empty_cache followed by a reset of the peaks (the worker's
     release()); a segment_alloc gives a RealAddressSim its address; an oom (a step recorded up to
-    the allocation the GPU refused) that allocation, which raises OutOfMemory if the simulator
-    refuses it too. Returns the allocations placed elsewhere than the real allocator placed them,
-    the allocations and the frees of unknown blocks."""
+    the allocation the GPU refused) that allocation. The replay stops where the simulator runs out
+    of memory. Returns the allocations placed elsewhere than the real allocator placed them, the
+    allocations, the frees of unknown blocks (so far) and whether the simulator ran out."""
+    from autotune.errors import OutOfMemory
+
     handles: dict[int, int] = {}
     misplaced = allocations = unmatched = 0
     previous = None
-    for action, address, size, _stream in events:
-        if action == "alloc":
-            handles[address] = sim.malloc(size)
-            allocations += 1
-            misplaced += handles[address] != address
-        elif action == "free_completed":
-            handle = handles.pop(address, None)
-            if handle is None:
-                unmatched += 1
-            else:
-                sim.free(handle)
-        elif action == "oom":  # the allocation the GPU refused (its size): the simulator tries it too
-            sim.malloc(size)
-        elif action == "segment_alloc" and isinstance(sim, RealAddressSim):
-            sim.next_segment_address = address
-        elif action == "segment_free" and previous != "segment_free":
-            sim.empty_cache()
-            sim.reset_peak()
-        previous = action
-    return misplaced, allocations, unmatched
+    try:
+        for action, address, size, _stream in events:
+            if action == "alloc":
+                handles[address] = sim.malloc(size)
+                allocations += 1
+                misplaced += handles[address] != address
+            elif action == "free_completed":
+                handle = handles.pop(address, None)
+                if handle is None:
+                    unmatched += 1
+                else:
+                    sim.free(handle)
+            elif action == "oom":  # the allocation the GPU refused (its size): the simulator tries it too
+                sim.malloc(size)
+            elif action == "segment_alloc" and isinstance(sim, RealAddressSim):
+                sim.next_segment_address = address
+            elif action == "segment_free" and previous != "segment_free":
+                sim.empty_cache()
+                sim.reset_peak()
+            previous = action
+    except OutOfMemory:  # so it did, or not, on the GPU (the record's outcome)
+        return misplaced, allocations, unmatched, True
+    return misplaced, allocations, unmatched, False
 
 
 def replay_record(record: dict[str, Any]) -> RecordReplay:
     """The record's events replayed as the estimator's simulator runs (its own addresses) and with
-    the real segment addresses; the memory outside the allocator."""
-    from autotune.errors import OutOfMemory
-
+    the real segment addresses, each up to where it runs out of memory, if it does; the memory
+    outside the allocator."""
     events = record["events"]
     budget = record.get("budget_bytes")  # a step recorded under a table's budget: replayed under it
     sim, addressed = CachingAllocatorSim(budget), RealAddressSim(budget)
-    sim_outcome = "fits"
-    try:
-        _, allocations, unmatched = replay_events(events, sim)
-        misplaced, _, _ = replay_events(events, addressed)
-    except OutOfMemory:  # the step ran out of memory in the simulator: so it did, or not, on the GPU
-        sim_outcome, allocations, unmatched, misplaced = "oom", sum(e[0] == "alloc" for e in events), 0, 0
+    ran_out = replay_events(events, sim)[3]
+    misplaced, allocations, unmatched, _ = replay_events(events, addressed)
+    sim_outcome = "oom" if ran_out else "fits"
     counts = Counter(event[0] for event in events)
 
     def outside(snapshot: dict[str, int] | None) -> int | None:

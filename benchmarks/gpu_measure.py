@@ -77,8 +77,8 @@ RECORDS: dict[str, dict[str, Any]] = {
     "llama-1b-qlora-bf16ckpt-2048x6": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=2048, batch=6,
                                            peft="qlora", qlora_recipe="trl"),
     # Under the 24 GiB tables' budget (``gpu_memory``): the LoRA bf16+ckpt cell at 512 the estimator
-    # answers 21 for the H100's 24 (docs/accuracy.md: it puts a 96 MiB tensor into a segment the
-    # float32 logits freed, and the next step's logits find no segment whole), at the measured max
+    # answers 21 for the H100's 24 (its trace puts a 96 MiB tensor into a segment the float32 logits
+    # freed, and the next step's logits find no segment whole: docs/accuracy.md), at the measured max
     # and at the batch that ran out of memory on the GPU, where the GPU's free memory was split too.
     "llama-1b-lora-bf16ckpt-512x24-24GiB": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=24,
                                                 peft="lora", gpu_memory="24GiB"),
