@@ -1,7 +1,8 @@
 """Scaled dot-product attention as CUDA would run it, for the estimator.
 
 On CUDA, ``F.scaled_dot_product_attention`` dispatches to a fused kernel when it can
-(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, priority flash > memory-efficient > math).
+(aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, priority cuDNN where SDPA prefers it, then
+flash > memory-efficient > math).
 Fused kernels keep no seq x seq attention matrix: they save the output and a float32 log-sum-exp
 per row, and recompute attention in backward. On the CPU the same call takes the math path
 whenever dropout is on, which saves the full attention matrix and its dropout mask, so running
@@ -19,14 +20,29 @@ memory-efficient (cutlass, attention.cu ``_efficient_attention_forward``/``_back
     (``convert_boolean_attn_mask``) whose last dim is padded to a multiple of 16
     (``preprocess_mask``, mem_eff_alignment = 16); the bias is saved for backward.
     forward: out [B, Sq, H, Dv], logsumexp float32 [B, H, round32(Sq)] (kAlignLSE = 32)
-    backward: dq/dk/dv; temporary delta float32 [B, H, round32(Sq)]
+    backward: dq/dk/dv, then delta float32 [B, H, Sq] and a workspace of float32 dQ tiles
+    (``_efficient_backward``)
+cuDNN (aten/src/ATen/native/cudnn/MHA.cpp ``run_cudnn_SDP_fprop``/``bprop``)
+    the first choice where SDPA prefers it (``check_prefer_cudnn_attention``: sm90, sm93, sm100,
+    sm103 with a cuDNN runtime above 9.15.0, the one PyTorch 2.11's CUDA 13 wheels bundle). A
+    boolean mask becomes an additive bias of q's dtype, as for the memory-efficient kernel.
+    forward: out [B, Sq, H, Dv], softmax stats float32 [B, H, Sq, 1], a workspace
+    backward: dq/dk/dv, then a workspace holding cuDNN's float32 dQ accumulator [B, H, Sq, Dqk]
+    and its per-row sums [B, H, Sq], freed as the kernel returns
 math
     the composite math path itself (``_scaled_dot_product_attention_math``), run as is.
+
+Measured on an H100 with PyTorch 2.11.0+cu130 (docs/measurements/h100-80gb/records): every
+half-precision attention ran on cuDNN. Its backward allocated dq, dk, dv and then one block of
+4 x B x H x Sq x (Dqk + 1) + 256 bytes (102,236,416 B at B 6, H 32, Sq 2048, D 64; 51,118,336 B
+at B 32, H 12, Sq 512, D 64), its forward a 256-byte workspace; float32 attention ran on the
+memory-efficient kernel.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +52,19 @@ FLASH_HEAD_DIM_MAX = 256  # sdp_utils.cpp check_head_dim_size_flash
 HEAD_DIM_ALIGNMENT = 8  # both fused kernels need head_dim % 8 == 0 for 16-bit inputs
 FP32_HEAD_DIM_ALIGNMENT = 4  # memory-efficient kernel, float32 inputs (minimum_gemm_alignment)
 MEM_EFF_BIAS_ALIGNMENT = 16  # attention.cu: mem_eff_alignment
+MEM_EFF_BLOCK = 64  # kBlockSizeI of the sm80 backward kernels up to a head dim of 64
+MEM_EFF_GRAD_Q_TILE_FLOATS = 64 * 64 + 4  # sizeof(GradQTempStorage) / 4, measured (see the workspace)
 LSE_ALIGNMENT = 32  # kernel_forward.h: kAlignLSE
 FLASH_SEQ_ROUND = 128  # flash_api.cpp: seqlen_q_rounded = round_multiple(seqlen_q, 128)
 FLASH_HEAD_ROUND = 32  # flash_api.cpp: head_size_rounded for dq_accum
+# cuDNN's SDPA (sdp_utils.cpp check_cudnn_tensor_shapes): head dims up to 128, up to 256 on sm90
+# (cuDNN >= 9.10), multiples of 8; no key/value sequence of length 1.
+CUDNN_HEAD_DIM_MAX = 128
+CUDNN_HOPPER_HEAD_DIM_MAX = 256
+# Workspaces of cuDNN's SDPA graphs as measured on an H100, PyTorch 2.11.0+cu130 (module docstring):
+# the forward's, and what the backward's holds beyond its float32 dQ accumulator and row sums.
+CUDNN_FPROP_WORKSPACE_BYTES = 256
+CUDNN_BPROP_WORKSPACE_EXTRA_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -47,6 +73,31 @@ class AttentionKernels:
 
     flash: bool  # FlashAttention-2 in PyTorch needs sm80+
     bf16: bool  # bfloat16 inputs need sm80+ for both fused kernels
+    # The largest head dim cuDNN's SDPA takes where SDPA prefers it over flash; 0 where it does not.
+    cudnn_head_dim_max: int = 0
+
+
+# sdp_utils.cpp check_prefer_cudnn_attention (PyTorch 2.10+): SDPA tries cuDNN first on these
+# architectures (major 9 or 10, minor 0 or 3) when the cuDNN runtime is above 9.15.0, which holds
+# from PyTorch 2.11's CUDA 13 wheels on; TORCH_CUDNN_SDPA_DEPRIORITIZED=1 turns it off.
+CUDNN_PREFERRED_ARCHS = ((9, 0), (9, 3), (10, 0), (10, 3))
+CUDNN_DEPRIORITIZED_ENV = "TORCH_CUDNN_SDPA_DEPRIORITIZED"
+_ENV_TRUE = ("1", "ON", "YES", "TRUE", "Y")  # c10::utils::check_env
+
+
+def kernels_for(compute_capability: tuple[int, int] | None) -> AttentionKernels:
+    """The fused kernels SDPA has on a card of ``compute_capability``. A card given only by its
+    size (None) is taken to be a current data-center one: sm80+, SDPA preferring cuDNN (Hopper and
+    Blackwell) unless this environment sets TORCH_CUDNN_SDPA_DEPRIORITIZED, as the job's would."""
+    cc = compute_capability
+    current = cc is None or cc >= (8, 0)
+    cudnn_max = 0
+    if os.environ.get(CUDNN_DEPRIORITIZED_ENV, "").strip().upper() not in _ENV_TRUE:
+        if cc is None or cc in CUDNN_PREFERRED_ARCHS:
+            cudnn_max = CUDNN_HOPPER_HEAD_DIM_MAX if cc in (None, (9, 0)) else CUDNN_HEAD_DIM_MAX
+    return AttentionKernels(
+        flash=cc is None or (8, 0) <= cc <= (12, 1), bf16=current, cudnn_head_dim_max=cudnn_max
+    )
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -71,6 +122,12 @@ def choose_kernel(
     value_dim = value.shape[-1]
     half = dtype in (torch.float16, torch.bfloat16)
     if (
+        kernels.cudnn_head_dim_max and half and key.shape[-2] != 1
+        and max(head_dim, value_dim) <= kernels.cudnn_head_dim_max
+        and head_dim % HEAD_DIM_ALIGNMENT == 0 and value_dim % HEAD_DIM_ALIGNMENT == 0
+    ):
+        return "cudnn"
+    if (
         kernels.flash and half and attn_mask is None and head_dim == value_dim
         and head_dim <= FLASH_HEAD_DIM_MAX and head_dim % HEAD_DIM_ALIGNMENT == 0
     ):
@@ -93,8 +150,11 @@ class _FusedAttention(torch.autograd.Function):
         batch, heads, seq_q = query.shape[0], query.shape[1], query.shape[2]
         # Fused kernels write [B, Sq, H, Dv] and return it transposed to [B, H, Sq, Dv].
         out = query.new_empty((batch, seq_q, heads, value.shape[-1])).transpose(1, 2)
-        lse_len = seq_q if kind == "flash" else _round_up(seq_q, LSE_ALIGNMENT)
+        lse_len = seq_q if kind in ("flash", "cudnn") else _round_up(seq_q, LSE_ALIGNMENT)
         lse = query.new_empty((batch, heads, lse_len), dtype=torch.float32)
+        if kind == "cudnn":
+            workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
+            del workspace
         ctx.kind = kind
         ctx.save_for_backward(query, key, value, out, lse, bias)
         return out
@@ -103,6 +163,15 @@ class _FusedAttention(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
         query, key, value, _out, _lse, _bias = ctx.saved_tensors
         batch, heads, seq_q, head_dim = query.shape
+        if ctx.kind == "cudnn":
+            grads = _grads_like(query, key, value)
+            # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
+            workspace = query.new_empty(
+                (4 * batch * heads * seq_q * (head_dim + 1) + CUDNN_BPROP_WORKSPACE_EXTRA_BYTES,),
+                dtype=torch.uint8,
+            )
+            del workspace
+            return grads[0], grads[1], grads[2], None, None
         if ctx.kind == "flash":
             seq_rounded = _round_up(seq_q, FLASH_SEQ_ROUND)
             dq_accum = query.new_empty(
@@ -111,14 +180,50 @@ class _FusedAttention(torch.autograd.Function):
             softmax_d = query.new_empty((batch, heads, seq_rounded), dtype=torch.float32)
             temporaries = [dq_accum, softmax_d]
         else:
-            delta = query.new_empty((batch, heads, _round_up(seq_q, LSE_ALIGNMENT)), dtype=torch.float32)
-            temporaries = [delta]
-        grads = tuple(
-            t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2)
-            for t in (query, key, value)
-        )
+            return _efficient_backward(query, key, value, _out)
+        grads = _grads_like(query, key, value)
         del temporaries
         return grads[0], grads[1], grads[2], None, None
+
+
+def _efficient_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor
+                        ) -> tuple[torch.Tensor | None, ...]:
+    """What ``_efficient_attention_backward`` (attention_backward.cu) allocates, in its order: the
+    gradients, then delta, the row sums of dO x O (an empty float32 [B, H, M] the 16-bit kernels
+    fill; for float32, computed by ops: ``(grad_out * out).sum(-1).transpose(-2, -1).contiguous()``,
+    whose product and sum are freed at once), then the kernel's workspace; delta is freed before
+    the workspace."""
+    batch, heads, seq_q, head_dim = query.shape
+    grads = _grads_like(query, key, value)
+    if query.dtype in (torch.float16, torch.bfloat16):
+        delta = query.new_empty((batch, heads, seq_q), dtype=torch.float32)
+    else:
+        product = query.new_empty((batch, seq_q, heads, out.shape[-1]), dtype=torch.float32)
+        summed = query.new_empty((batch, seq_q, heads), dtype=torch.float32)
+        delta = query.new_empty((batch, heads, seq_q), dtype=torch.float32)
+        del summed, product
+    nbytes = _efficient_workspace_bytes(batch, heads, seq_q, head_dim)
+    workspace = query.new_empty((nbytes,), dtype=torch.uint8)
+    del delta, workspace
+    return grads[0], grads[1], grads[2], None, None
+
+
+def _efficient_workspace_bytes(batch: int, heads: int, seq_q: int, head_dim: int) -> int:
+    """The memory-efficient backward's workspace (kernel_backward.h ``workspace_size``): per batch
+    and head, a float32 tile for dQ (``GradQTempStorage``) per block of rows and of head dims,
+    aligned to 4 floats. Tiles of 64 x 64 floats and 4 more: measured on an H100 for float32 and a
+    head dim of 64 (25,190,400 B at B 64, H 12, Sq 128; docs/measurements/h100-80gb/records), and
+    the shape of every sm80 kernel up to a head dim of 64. Kernels for larger head dims also
+    accumulate dK and dV there when they do not fit in registers: not counted."""
+    tiles = -(-seq_q // MEM_EFF_BLOCK) * -(-head_dim // MEM_EFF_BLOCK)
+    return 4 * batch * heads * _round_up(tiles * MEM_EFF_GRAD_Q_TILE_FLOATS, 4)
+
+
+def _grads_like(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]."""
+    return tuple(
+        t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2) for t in tensors
+    )
 
 
 def _mem_efficient_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -656,18 +656,15 @@ class EstimateBackend:
         """The allocations of one probe: parameters, workspaces, then the steps."""
         import torch
 
-        from autotune.backends.estimate.attention import AttentionKernels
+        from autotune.backends.estimate.attention import kernels_for
         from autotune.backends.estimate.emulation import CudaEmulation
         from autotune.backends.estimate.tracker import StorageTracker
 
         dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
             mode.autocast_dtype_name
         ]
-        # A card given only by its size (--gpu-memory) is taken to be a current one (sm80+).
-        custom = self.gpu.compute_capability is None
-        kernels = AttentionKernels(
-            flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
-        )
+        # A card given only by its size (--gpu-memory) is taken to be a current one (kernels_for).
+        kernels = kernels_for(self.gpu.compute_capability)
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;
         # with it paused, the trace depends only on the step (refcounting frees the rest).

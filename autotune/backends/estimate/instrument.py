@@ -129,6 +129,14 @@ class RecordingTracker(StorageTracker):
         super()._on_free(key)
         self._current.pop(key, None)
 
+    def _accumulated_in_place(self, output: int, operand: int) -> None:
+        super()._accumulated_in_place(output, operand)
+        self.allocations.pop()  # the output's, taken back: it is the operand's allocation
+        self._current.pop(output, None)
+        index = self._current.pop(operand, None)
+        if index is not None:
+            self._current[output] = index
+
     def _reduce(self, reduction: ReduceInput, numel: int) -> None:
         """A CUDA reduction's buffer and semaphores (reduce.py): temporaries of the running module."""
         module = self.modules[-1] if self.modules else None
@@ -289,16 +297,13 @@ class InstrumentedBackend(EstimateBackend):
 
     def _record(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
                 ) -> Recording:
-        from autotune.backends.estimate.attention import AttentionKernels
+        from autotune.backends.estimate.attention import kernels_for
 
         model = fake.model
         dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
             mode.autocast_dtype_name
         ]
-        custom = self.gpu.compute_capability is None
-        kernels = AttentionKernels(
-            flash=custom or self.gpu.supports_flash_attention, bf16=custom or self.gpu.supports_bf16
-        )
+        kernels = kernels_for(self.gpu.compute_capability)
         tracker = RecordingTracker(self._base.multiprocessors)
         names = {id(p): n for n, p in model.named_parameters()}
         names.update({id(b): n for n, b in model.named_buffers()})

@@ -16,6 +16,13 @@ output (reduce.py); their events carry the reduction's element count, not bytes,
 ``trace.Trace`` made with the tracker's ``workspaces`` turns them into bytes: replay those events only
 through a Trace.
 
+Autograd accumulates two gradients for one input in place where it can (torch/csrc/autograd/
+input_buffer.cpp ``accumulate``: ``old_var.add_(var)`` when the buffer holds the last reference to
+``old_var`` and its storage), but never on a tensor subclass such as a fake tensor: there it
+allocates ``old_var + var``. The tracker undoes that difference: an ``add`` run by the backward
+engine whose first operand's storage dies as it returns was that in-place accumulation on CUDA,
+so its output takes over the operand's allocation instead of making one of its own.
+
 Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
@@ -30,6 +37,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -38,6 +46,10 @@ from autotune.backends.estimate.trace import Event
 
 # Ops that return no new storage and are called thousands of times per step.
 _PASSTHROUGH = frozenset({torch.ops.prim.device.default})
+_ADD = torch.ops.aten.add.Tensor
+# Keys of allocations whose storage changed hands (an in-place accumulation): above any storage
+# address (a 48-bit pointer), below the keys steps.py writes (1 << 62).
+_FIRST_MOVED_KEY = 1 << 60
 
 _OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
 
@@ -66,6 +78,14 @@ class StorageTracker(TorchDispatchMode):
         self._reductions = reductions
         self._device = device
         self.workspaces: dict[int, Workspace] = {}
+        # In-place gradient accumulation (module docstring): the index in ``events`` of each live
+        # storage's allocation, the key a storage that took over another's allocation frees it
+        # with, and the add just run by the engine: (its output's storage, its first operand's,
+        # the length of ``events`` once the output was counted).
+        self._allocated_at: dict[int, int] = {}
+        self._moved: dict[int, int] = {}
+        self._accumulation: tuple[int, int, int] | None = None
+        self._next_moved_key = _FIRST_MOVED_KEY
 
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
@@ -78,6 +98,7 @@ class StorageTracker(TorchDispatchMode):
             self._outside.add(key)
             weakref.finalize(storage, self._outside.discard, key).atexit = False
             return
+        self._allocated_at[key] = len(self.events)
         self.events.append((key, storage.nbytes()))
         finalizer = weakref.finalize(storage, self._on_free, key)
         finalizer.atexit = False
@@ -86,7 +107,27 @@ class StorageTracker(TorchDispatchMode):
     def _on_free(self, key: int) -> None:
         if self._closed or self._live.pop(key, None) is None:
             return
-        self.events.append((key, -1))
+        accumulation, self._accumulation = self._accumulation, None
+        if accumulation is not None and accumulation[1] == key and accumulation[2] == len(self.events):
+            self._accumulated_in_place(accumulation[0], key)
+            return
+        self._allocated_at.pop(key, None)
+        self.events.append((self._moved.pop(key, key), -1))
+
+    def _accumulated_in_place(self, output: int, operand: int) -> None:
+        """The engine's ``operand + x`` just made ``output`` and dropped ``operand``: on CUDA it
+        was ``operand.add_(x)``. The output's allocation (the last event) is taken back and
+        ``output`` frees the operand's allocation when it dies (under a key no storage has)."""
+        self.events.pop()
+        self._allocated_at.pop(output)
+        index = self._allocated_at.pop(operand)
+        key, nbytes = self.events[index]
+        self._moved.pop(operand, None)
+        if key < _FIRST_MOVED_KEY:  # the address of a storage now dead: another may get it
+            key, self._next_moved_key = self._next_moved_key, self._next_moved_key + 1
+            self.events[index] = (key, nbytes)
+        self._moved[output] = key
+        self._allocated_at[output] = index
 
     def close(self) -> None:
         """Stop recording; storages still alive stay allocated in the trace."""
@@ -99,9 +140,13 @@ class StorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func in _PASSTHROUGH:
             return out
+        self._accumulation = None
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf)
+        if func is _ADD and not kwargs and _accumulable(args, out) and self.events \
+                and self.events[-1][0] == out.untyped_storage()._cdata:
+            self._accumulation = (self.events[-1][0], args[0].untyped_storage()._cdata, len(self.events))
         if self._reductions:
             found = reduction_of(func, args, kwargs or {})
             if found is not None:
@@ -120,3 +165,20 @@ class StorageTracker(TorchDispatchMode):
             keys.append(key)
         for key in reversed(keys):
             self.events.append((key, -1))
+
+
+def _accumulable(args: Any, out: Any) -> bool:
+    """Whether ``add(*args)`` -> ``out`` can be the backward engine's accumulation of two gradients
+    that CUDA runs in place on ``args[0]`` (input_buffer.cpp ``can_accumulate_inplace``): run by
+    the engine with grad mode off, on two tensors, the first a dense tensor of the output's shape
+    and dtype, alone in its storage. Whether the engine held its last reference shows when its
+    storage dies as the add returns (StorageTracker._on_free)."""
+    if torch.is_grad_enabled() or torch._C._current_autograd_node() is None or len(args) != 2:
+        return False
+    first, second = args
+    return (
+        isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
+        and isinstance(out, torch.Tensor) and first.shape == out.shape and first.dtype == out.dtype
+        and is_non_overlapping_and_dense_or_false(first)
+        and first.untyped_storage().nbytes() == first.numel() * first.element_size()
+    )

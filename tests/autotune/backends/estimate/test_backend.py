@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa
+from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa, kernels_for
 from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.replay import replay
@@ -26,6 +26,8 @@ from autotune.workload.step import run_steps
 
 KIB, MIB = 1024, 1024**2
 SM80 = AttentionKernels(flash=True, bf16=True)
+HOPPER = kernels_for((9, 0))  # SDPA prefers cuDNN there (PyTorch 2.11, CUDA 13)
+BLACKWELL = kernels_for((10, 0))
 
 
 def _live_bytes(tracker: StorageTracker) -> int:
@@ -152,6 +154,12 @@ def test_a_boolean_mask_becomes_a_padded_additive_bias():
         (torch.float16, False, 64, AttentionKernels(flash=False, bf16=False), "efficient"),
         (torch.bfloat16, False, 64, AttentionKernels(flash=False, bf16=False), "math"),
         (torch.float32, False, 30, SM80, "math"),
+        (torch.bfloat16, True, 64, HOPPER, "cudnn"),
+        (torch.float16, False, 64, HOPPER, "cudnn"),
+        (torch.float32, True, 64, HOPPER, "efficient"),  # cuDNN's SDPA takes 16-bit inputs only
+        (torch.bfloat16, False, 160, HOPPER, "cudnn"),  # head dims up to 256 on sm90
+        (torch.bfloat16, False, 160, BLACKWELL, "flash"),  # up to 128 elsewhere
+        (torch.bfloat16, True, 36, HOPPER, "math"),  # not a multiple of 8: no fused kernel takes it
     ],
 )
 def test_kernel_choice_follows_cuda_sdp_utils(dtype, mask, head_dim, kernels, expected):
@@ -159,6 +167,80 @@ def test_kernel_choice_follows_cuda_sdp_utils(dtype, mask, head_dim, kernels, ex
         q = torch.empty(1, 2, 8, head_dim, dtype=dtype)
         m = torch.ones(1, 1, 8, 8, dtype=torch.bool) if mask else None
         assert choose_kernel(kernels, q, q, q, m, is_causal=False) == expected
+
+
+@pytest.mark.parametrize(
+    ("compute_capability", "cudnn_head_dim_max"),
+    [((9, 0), 256), ((10, 0), 128), ((10, 3), 128), ((8, 0), 0), ((8, 9), 0), ((12, 0), 0), ((7, 5), 0),
+     (None, 256)],
+)
+def test_sdpa_prefers_cudnn_on_hopper_and_blackwell(compute_capability, cudnn_head_dim_max, monkeypatch):
+    monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", raising=False)
+    assert kernels_for(compute_capability).cudnn_head_dim_max == cudnn_head_dim_max
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")  # as PyTorch reads it (c10::utils::check_env)
+    assert kernels_for(compute_capability).cudnn_head_dim_max == 0
+
+
+def _backward_events(kernels, dtype, batch, heads, seq, head_dim, mask):
+    """The allocations (bytes) and frees (-bytes) of one attention's backward, in order."""
+    with FakeTensorMode():
+        q, k, v = (torch.empty(batch, seq, heads, head_dim, dtype=dtype).transpose(1, 2).requires_grad_()
+                   for _ in range(3))
+        attn_mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool) if mask else None
+        grad = torch.empty(batch, seq, heads, head_dim, dtype=dtype).transpose(1, 2)
+        with StorageTracker() as tracker:
+            out = emulated_sdpa(kernels, q, k, v, attn_mask=attn_mask)
+            forward = len(tracker.events)
+            out.backward(grad)
+    sizes: dict[int, int] = {}
+    events = []
+    for index, (key, nbytes) in enumerate(tracker.events):
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        if index >= forward:
+            events.append(nbytes if nbytes >= 0 else -sizes[key])
+    return events
+
+
+def test_cudnn_attention_backward_allocates_what_an_h100_did():
+    # Llama-3.2-1B's attention at batch 6 x 2048 in bf16 (docs/measurements/h100-80gb/records,
+    # llama-1b-qlora-bf16ckpt-2048x6): dq, dk, dv, then one block of 102,236,416 B freed at once.
+    grad = 6 * 2048 * 32 * 64 * 2
+    assert _backward_events(HOPPER, torch.bfloat16, 6, 32, 2048, 64, mask=True)[:5] == [
+        grad, grad, grad, 102_236_416, -102_236_416]
+
+
+def test_efficient_attention_backward_in_float32_allocates_what_an_h100_did():
+    # BERT-base's attention at batch 64 x 128 in fp32 (records, bert-base-fp32-128x64): the
+    # gradients, delta from (grad_out * out).sum(-1) made contiguous, then the kernel's workspace.
+    grad = 64 * 128 * 12 * 64 * 4
+    rows = 64 * 12 * 128 * 4
+    assert _backward_events(HOPPER, torch.float32, 64, 12, 128, 64, mask=True)[:10] == [
+        grad, grad, grad, grad, rows, rows, -rows, -grad, 25_190_400, -rows]
+
+
+def test_efficient_attention_backward_in_half_precision_leaves_delta_to_the_kernel():
+    # A T4 (sm75: no cuDNN preference, no flash): delta is an empty float32 [B, H, M] the kernel fills.
+    grad = 2 * 100 * 4 * 64 * 2
+    workspace = 4 * 2 * 4 * 2 * (64 * 64 + 4)  # two 64-row tiles of dQ per batch and head
+    assert _backward_events(kernels_for((7, 5)), torch.float16, 2, 4, 100, 64, mask=True)[:6] == [
+        grad, grad, grad, 2 * 4 * 100 * 4, workspace, -2 * 4 * 100 * 4]
+
+
+def test_autograd_accumulates_a_gradient_in_place_as_on_cuda():
+    # x feeds two products: its gradient arrives twice. CUDA's engine adds the second into the
+    # first's buffer (input_buffer.cpp); on fake tensors it would allocate the sum.
+    with FakeTensorMode():
+        x = torch.empty(1024, requires_grad=True)
+        with StorageTracker() as tracker:
+            loss = (x * 2 + x * 3).sum()
+            forward = len(tracker.events)
+            loss.backward()
+        backward = [n for _, n in tracker.events[forward:] if n > 0]
+        assert x.grad is not None
+        # Left: the loss (4 B) and x.grad, which is the first gradient's block.
+        assert _live_bytes(tracker) == 4 + 4096
+    assert backward.count(4096) == 2  # the two incoming gradients; their sum took the first's place
 
 
 def test_autocast_casts_a_weight_once_per_forward_and_runs_norms_in_float32():
