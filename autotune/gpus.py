@@ -24,6 +24,9 @@ from autotune.spelling import close_matches, did_you_mean
 from autotune.units import KIB, MIB, format_bytes, gib_to_bytes, parse_bytes
 
 CONTEXT_OVERHEAD_ENV = "AUTOTUNE_CONTEXT_OVERHEAD"
+# PyTorch's switch that stops SDPA preferring cuDNN on Hopper and Blackwell (sdp_utils.cpp,
+# check_prefer_cudnn_attention); the estimate follows it (backends/estimate/attention.py).
+CUDNN_DEPRIORITIZED_ENV = "TORCH_CUDNN_SDPA_DEPRIORITIZED"
 
 # --- cuBLAS workspaces --------------------------------------------------------------
 # PyTorch gives each (cuBLAS handle, stream) pair a workspace from its caching

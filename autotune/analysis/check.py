@@ -59,6 +59,9 @@ class CheckResult:
     levers: list[dict[str, Any]] = field(default_factory=list)  # what raises the max, best first
     outside_allocator_bytes: int = 0  # a paged optimizer's state in unified memory (optimizers.py)
     adapter: dict[str, Any] | None = None  # LoRA / QLoRA (tuner.adapter_json); None: full fine-tune
+    # The SDPA kernel the estimated step ran ("cuDNN", "memory-efficient", ...; attention.py); None
+    # where the step has no SDPA or was measured.
+    attention_kernel: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +119,7 @@ def check_step(
         "warnings": step_warnings(workload, [mode], gpu),
         "outside_allocator_bytes": paged_state_bytes(workload),
         "adapter": adapter_json(workload),
+        "attention_kernel": at_request.details.get("attention"),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),

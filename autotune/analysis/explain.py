@@ -176,6 +176,8 @@ class Explanation:
     # With an adapter: tensor bytes of the parameters and buffers by category (frozen_base,
     # base_4bit, adapter_weights), before the allocator's rounding; None for a full fine-tune.
     weight_bytes: dict[str, int] | None = None
+    # The SDPA kernel the step ran ("cuDNN", "memory-efficient", ...; attention.py); None without SDPA.
+    attention_kernel: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -698,6 +700,7 @@ def explain(
             breakdown, recording, table, optimizer_label(workload.optimizer), workload.adapter is not None),
         adapter=adapter_json(workload),
         weight_bytes=None if groups is None else weight_bytes(model, groups),
+        attention_kernel=probe.details.get("attention"),
     )
     if with_levers or lengths:
         from autotune.analysis.levers import real_8bit, what_if

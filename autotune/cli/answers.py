@@ -38,6 +38,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autotune.gpus import CUDNN_DEPRIORITIZED_ENV
+
 FORMAT = 1  # of a stored answer: a new format misses every old one
 MAX_ENTRIES = 512
 MAX_CELLS = 64  # a cell's memo is larger (BERT-base fp32 at seq 512, its allocations: 90 KB)
@@ -78,6 +80,8 @@ def key_of(plan: dict[str, Any], *, gpu: str | None, gpu_memory: str | None, bac
         "target": {"gpu": gpu, "gpu_memory": gpu_memory, "backend": backend, "margin": margin},
         "settings": {name: value for name, value in sorted(os.environ.items())
                      if name.upper().startswith("AUTOTUNE_") and name.upper() not in NOT_KEY_SETTINGS},
+        # PyTorch's own switch of the SDPA kernel, which the estimate follows (estimate/attention.py).
+        "sdpa": os.environ.get(CUDNN_DEPRIORITIZED_ENV),
     }
 
 

@@ -165,8 +165,8 @@ def render(e: Explanation) -> str:
     b = e.breakdown
     lines = [
         f"{e.model}, seq {e.seq_len}, {e.mode} on {_gpu(e)}",
-        f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}, "
-        f"loss {e.loss}",
+        f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}"
+        f"{f' ({e.attention_kernel})' if e.attention_kernel else ''}, loss {e.loss}",
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context) x (1 - margin {e.margin})",

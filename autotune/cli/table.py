@@ -185,6 +185,11 @@ def render_table(t: TableResult) -> str:
     if t.weights_dtype != "float32":
         lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt are the step without autocast "
                      f"over {weights_label(t.weights_dtype)}; amp and bf16 autocast on top of them")
+    cudnn = [mode for mode in modes if any("cuDNN" in str(probe.get("attention", ""))
+                                           for c in t.cells if c.mode == mode for probe in c.probe_log)]
+    if cudnn:
+        lines.append(f"attention: SDPA runs cuDNN on this card for {', '.join(cudnn)}, as PyTorch 2.11+ with "
+                     "CUDA 13 does (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 models its other kernels)")
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
     for cell in t.cells:

@@ -43,10 +43,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from autotune.gpus import CUDNN_DEPRIORITIZED_ENV
 
 FLASH_HEAD_DIM_MAX = 256  # sdp_utils.cpp check_head_dim_size_flash
 HEAD_DIM_ALIGNMENT = 8  # both fused kernels need head_dim % 8 == 0 for 16-bit inputs
@@ -81,7 +84,6 @@ class AttentionKernels:
 # architectures (major 9 or 10, minor 0 or 3) when the cuDNN runtime is above 9.15.0, which holds
 # from PyTorch 2.11's CUDA 13 wheels on; TORCH_CUDNN_SDPA_DEPRIORITIZED=1 turns it off.
 CUDNN_PREFERRED_ARCHS = ((9, 0), (9, 3), (10, 0), (10, 3))
-CUDNN_DEPRIORITIZED_ENV = "TORCH_CUDNN_SDPA_DEPRIORITIZED"
 _ENV_TRUE = ("1", "ON", "YES", "TRUE", "Y")  # c10::utils::check_env
 
 
@@ -251,14 +253,19 @@ def emulated_sdpa(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
+    *,
+    on_kernel: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with CUDA's kernel choice and buffers."""
+    """``F.scaled_dot_product_attention`` with CUDA's kernel choice and buffers; ``on_kernel`` is
+    told the kernel chosen ("cudnn", "flash", "efficient" or "math")."""
     if enable_gqa and key.shape[1] != query.shape[1]:
         # Grouped-query attention: the CUDA kernels see keys/values repeated per query head.
         repeat = query.shape[1] // key.shape[1]
         key = key.repeat_interleave(repeat, dim=1)
         value = value.repeat_interleave(repeat, dim=1)
     kind = choose_kernel(kernels, query, key, value, attn_mask, is_causal)
+    if on_kernel is not None:
+        on_kernel(kind)
     if kind == "math":
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None,

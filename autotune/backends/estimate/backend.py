@@ -162,6 +162,17 @@ def _guess_max(
     return found if settled is None else settled
 
 
+# How the probes' details name the SDPA kernels a step ran (attention.choose_kernel's kinds).
+ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math"}
+
+
+def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
+    """``{"attention": "cuDNN"}`` for a probe whose step ran those SDPA kernels; {} if none or unknown."""
+    if not kinds:
+        return {}
+    return {"attention": ", ".join(ATTENTION_KERNEL_NAMES[kind] for kind in sorted(kinds))}
+
+
 # The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
 # fit while a smaller one runs out of memory (best-fit reuse of cached blocks changes with the
 # sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 5% of the batch (OOMs from 2240, fits
@@ -507,6 +518,8 @@ class EstimateBackend:
         self.multiprocessors = None if found is None else Multiprocessors(*found)
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
+        # The SDPA kernels each (workload, mode)'s traces ran (attention.py), for the probes' details.
+        self._attention: dict[tuple[Any, ...], frozenset[str]] = {}
         # Per (workload, mode): seq_len -> an aligned pair of traces at that length, whose batch
         # structure lets a cell at another length extrapolate from one trace of its own (trace.rescale).
         self._structures: dict[tuple[Any, ...], dict[int, tuple[Trace, Trace]]] = {}
@@ -647,6 +660,7 @@ class EstimateBackend:
                 "peak_reserved_bytes": result.peak_reserved_bytes,
                 "estimate": method,
                 "estimate_seconds": round(time.perf_counter() - started, 4),
+                **attention_detail(self._attention.get((workload, mode.name))),
             },
         )
 
@@ -682,6 +696,8 @@ class EstimateBackend:
                     with fake.mode_ctx:
                         fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
                     continue
+                if emulation.attention_kernels:
+                    self._attention[(workload, mode.name)] = frozenset(emulation.attention_kernels)
                 return Trace.from_events(batch_size, events, tracker.workspaces)
             raise AssertionError("a trace that writes no step cannot be unsteady")
         finally:

@@ -86,6 +86,7 @@ class CudaEmulation(TorchFunctionMode):
         self.kernels = kernels
         self._policies = _autocast_policies() if autocast_dtype is not None else {}
         self._cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] | None = None
+        self.attention_kernels: set[str] = set()  # the SDPA kernels chosen (attention.choose_kernel)
 
     # -- the cast cache ---------------------------------------------------------------------
     def begin_forward(self) -> None:
@@ -131,7 +132,7 @@ class CudaEmulation(TorchFunctionMode):
         if func is F.dropout:
             return _fused_dropout(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
-            return emulated_sdpa(self.kernels, *args, **kwargs)
+            return emulated_sdpa(self.kernels, *args, on_kernel=self.attention_kernels.add, **kwargs)
         return func(*args, **kwargs)
 
     def _apply_policy(self, func: Any, policy: Policy, args: Any, kwargs: Any) -> tuple[Any, Any]:

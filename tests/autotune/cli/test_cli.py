@@ -200,6 +200,26 @@ def test_table_and_check_say_the_adapter_they_modelled(capsys):
     assert code == 2 and err.startswith("Error: --qlora-recipe set a 4-bit base: add --load-in-4bit")
 
 
+def test_table_check_and_explain_say_where_sdpa_ran_cudnn(capsys, monkeypatch):
+    monkeypatch.delenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", raising=False)
+    cell = ("tiny-bert", "--gpu", "H100-80GB", "--backend", "estimate")
+    code, out, _ = run(capsys, "table", *cell, "--seq-lens", "32", "--modes", "fp32,amp", "--max-batch", "8")
+    assert code == 0
+    assert "attention: SDPA runs cuDNN on this card for amp, as PyTorch 2.11+ with CUDA 13 does" in out
+    kernels = {}
+    for mode in ("fp32", "amp"):
+        code, out, _ = run(capsys, "check", *cell, "--seq-len", "32", "--batch-size", "2", "--mode", mode,
+                           "--json", "--no-cache")
+        kernels[mode] = json.loads(out)["attention_kernel"]
+    assert kernels == {"fp32": "memory-efficient", "amp": "cuDNN"}  # cuDNN takes 16-bit inputs only
+    code, out, _ = run(capsys, "explain", *cell[:3], "--seq-len", "32", "--batch-size", "2", "--mode", "amp")
+    assert "attention sdpa (cuDNN), loss full" in out
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")  # the job's own switch, read here too
+    code, out, _ = run(capsys, "check", *cell, "--seq-len", "32", "--batch-size", "2", "--mode", "amp",
+                       "--json", "--no-cache")
+    assert json.loads(out)["attention_kernel"] == "memory-efficient"  # a padded batch: no flash
+
+
 # -- the command's process: its exit ----------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[3]
