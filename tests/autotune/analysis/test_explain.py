@@ -401,12 +401,13 @@ def test_the_header_states_the_step_it_modelled(one_gib):
     result = explain(vocab_heavy_lm(), backend, gpu, seq_len=LM_SEQ, mode=FP32, margin=0.05,
                      batch_size=LM_BATCH, with_levers=False)
     doc = result.to_dict()
-    assert {key: doc[key] for key in ("task", "weights_dtype", "optimizer", "attn", "loss")} == {
+    assert {key: doc[key] for key in ("task", "weights_dtype", "optimizer", "attn", "loss",
+                                      "attention_kernel")} == {
         "task": "causal-lm", "weights_dtype": "float32", "optimizer": result.optimizer, "attn": "sdpa",
-        "loss": "full"}
+        "loss": "full", "attention_kernel": "memory-efficient"}  # SDPA's kernel for float32
     text = render(result)
-    assert (f"step: task causal-lm, weights float32, optimizer {result.optimizer}, attention sdpa, "
-            "loss full\n") in text
+    assert (f"step: task causal-lm, weights float32, optimizer {result.optimizer}, attention sdpa "
+            "(memory-efficient), loss full\n") in text
     row = next(line for line in text.splitlines() if LOSS_LOGITS in line)
     assert row.split()[:7] == ["(model)", "logits", "of", "the", "loss", "(float32)", "->"]
     assert "-> 4 x 128 x 4096 " in row
