@@ -455,13 +455,12 @@ class CellMemo:
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> CellMemo:
-        from autotune.backends.estimate.reduce import Workspace
-        from autotune.backends.estimate.trace import Affine
+        from autotune.backends.estimate.trace import Affine, workspace_from_json
 
         levers = document["levers"]
         return cls(dict(document["step"]), int(document["max_batch_size"]), int(document["cap"]),
                    None if levers is None else [Lever(**lever) for lever in levers],
-                   Affine.from_json(document["form"], Workspace.from_json))
+                   Affine.from_json(document["form"], workspace_from_json))
 
 
 def check_from_memo(memo: CellMemo, *, batch_size: int, effective_batch: int | None = None

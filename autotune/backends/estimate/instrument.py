@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +37,9 @@ from autotune.backends.estimate.backend import (
     load_weights,
 )
 from autotune.backends.estimate.emulation import CudaEmulation
-from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace
+from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
+from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 from autotune.backends.estimate.tracker import StorageTracker
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -89,9 +90,10 @@ class Recording:
     allocations: list[Allocation]
     calls: dict[str, ModuleCall] = field(default_factory=dict)
     steps: int = 0
-    # CUDA reductions' buffers: event key -> Workspace, whose events record an element count
+    # CUDA kernels' own buffers (reductions', an embedding backward's): event key -> Workspace,
+    # whose events record an element count
     # (tracker.StorageTracker, reduce.py); a Trace made with them gives bytes.
-    workspaces: dict[int, Workspace] = field(default_factory=dict)
+    workspaces: dict[int, TraceWorkspace] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,13 +139,14 @@ class RecordingTracker(StorageTracker):
         if index is not None:
             self._current[output] = index
 
-    def _reduce(self, reduction: ReduceInput, numel: int) -> None:
-        """A CUDA reduction's buffer and semaphores (reduce.py): temporaries of the running module."""
+    def _transients(self, workspaces: Sequence[TraceWorkspace], count: int) -> None:
+        """A CUDA kernel's own buffers (a reduction's, reduce.py; an embedding backward's,
+        embedding.py): temporaries of the running module."""
         module = self.modules[-1] if self.modules else None
-        for semaphores in (False, True):
-            nbytes = Workspace(reduction, self._device, semaphores).nbytes(numel)
+        for workspace in workspaces:
+            nbytes = workspace.nbytes(count)
             self.allocations.append(Allocation(nbytes, self.phase, self.step, module, (nbytes,), "uint8"))
-        super()._reduce(reduction, numel)
+        super()._transients(workspaces, count)
 
     def mark(self, tensor: Any, kind: str, param: str | None = None) -> None:
         """Say what ``tensor``'s storage is, unless something already did."""

@@ -22,7 +22,8 @@ Event = tuple[int, int]  # (storage key, nbytes); nbytes == -1 marks a free
 
 
 class Workspace(Protocol):
-    """What turns a recorded element count into bytes (reduce.Workspace, a CUDA reduction's buffer)."""
+    """What turns a recorded element count into bytes: reduce.Workspace (a CUDA reduction's buffer),
+    embedding.EmbeddingPartials (an embedding backward's)."""
 
     def nbytes(self, count: int) -> int: ...
 
@@ -105,9 +106,20 @@ class Affine:
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], workspace: Callable[[Any], Workspace]) -> Affine:
-        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (reduce.Workspace.from_json)."""
+        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (workspace_from_json)."""
         return cls(tuple(document["fixed"]), tuple(document["per_sample"]), tuple(document["order"]),
                    tuple((int(index), workspace(found)) for index, found in document["workspaces"]))
+
+
+def workspace_from_json(document: Mapping[str, Any]) -> Workspace:
+    """A workspace's ``to_json`` back: an embedding backward's buffer (embedding.py), else a
+    reduction's (reduce.py)."""
+    from autotune.backends.estimate.embedding import KIND, EmbeddingPartials
+    from autotune.backends.estimate.reduce import Workspace as ReductionWorkspace
+
+    if document.get("kind") == KIND:
+        return EmbeddingPartials.from_json(document)
+    return ReductionWorkspace.from_json(document)
 
 
 def affine(a: Trace, b: Trace) -> Affine | None:

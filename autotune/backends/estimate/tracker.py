@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -41,12 +41,15 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from autotune.backends.estimate.embedding import partial_sums
 from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace, reduction_of
 from autotune.backends.estimate.trace import Event
+from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 
 # Ops that return no new storage and are called thousands of times per step.
 _PASSTHROUGH = frozenset({torch.ops.prim.device.default})
 _ADD = torch.ops.aten.add.Tensor
+_EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
 # Keys of allocations whose storage changed hands (an in-place accumulation): above any storage
 # address (a 48-bit pointer), below the keys steps.py writes (1 << 62).
 _FIRST_MOVED_KEY = 1 << 60
@@ -77,7 +80,7 @@ class StorageTracker(TorchDispatchMode):
         # such an event's nbytes is the reduction's element count (trace.Trace.from_events).
         self._reductions = reductions
         self._device = device
-        self.workspaces: dict[int, Workspace] = {}
+        self.workspaces: dict[int, TraceWorkspace] = {}
         # In-place gradient accumulation (module docstring): the index in ``events`` of each live
         # storage's allocation, the key a storage that took over another's allocation frees it
         # with, and the add just run by the engine: (its output's storage, its first operand's,
@@ -151,17 +154,26 @@ class StorageTracker(TorchDispatchMode):
             found = reduction_of(func, args, kwargs or {})
             if found is not None:
                 self._reduce(*found)
+            elif func is _EMBEDDING_BACKWARD:
+                grad_output, indices, num_weights, _padding_idx, scale_grad_by_freq = args
+                self._transients(partial_sums(grad_output, num_weights, scale_grad_by_freq), indices.numel())
         return out
 
     def _reduce(self, reduction: ReduceInput, numel: int) -> None:
         """A reduction's staging buffer, then its semaphores, after its output; both freed at once
         (gpu_reduce_kernel's DataPtrs, semaphores first). Recorded even where they take 0 bytes:
         which batch sizes need them varies, and a trace's order must not (trace.py)."""
+        self._transients([Workspace(reduction, self._device, semaphores) for semaphores in (False, True)],
+                         numel)
+
+    def _transients(self, workspaces: Sequence[TraceWorkspace], count: int) -> None:
+        """Buffers a CUDA kernel allocates in this order after its output and frees in the reverse
+        one as it returns, their sizes given by ``count`` (trace.Workspace)."""
         keys = []
-        for semaphores in (False, True):
+        for workspace in workspaces:
             key = -1 - len(self.workspaces)
-            self.workspaces[key] = Workspace(reduction, self._device, semaphores)
-            self.events.append((key, numel))
+            self.workspaces[key] = workspace
+            self.events.append((key, count))
             keys.append(key)
         for key in reversed(keys):
             self.events.append((key, -1))

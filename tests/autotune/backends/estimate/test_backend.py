@@ -15,6 +15,7 @@ from autotune.backends.estimate.attention import AttentionKernels, choose_kernel
 from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.replay import replay
+from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.tracker import StorageTracker
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu, resolve_gpu
@@ -390,3 +391,42 @@ def test_weights_load_children_first_then_buffers_and_an_adapter_last():
         # Module._apply's order (model.to("cuda")): the children in order, then the buffers; the
         # adapter's weight after every other, as PEFT adds it to the loaded model.
         assert _loaded(block) == [16, 16, 32, 64, 16]
+
+
+def test_cuda_embedding_backward_sizes_its_partial_sums_as_an_h100_did():
+    from autotune.backends.estimate.embedding import partial_sums
+    from autotune.backends.estimate.trace import workspace_from_json
+
+    with FakeTensorMode():
+        fp32 = torch.empty(64, 128, 768)
+        half = torch.empty(32, 512, 768, dtype=torch.float16)
+    # BERT-base's word embeddings (30522 rows) on an H100 (docs/measurements/h100-80gb/records).
+    offsets, sums = partial_sums(fp32, 30522, scale_grad_by_freq=False)
+    assert (offsets.nbytes(8192), sums.nbytes(8192)) == (72_088, 27_681_792)  # 9011 rows
+    assert partial_sums(half, 30522, False)[1].nbytes(16384) == 55_363_584  # float32 sums of fp16
+    assert (offsets.nbytes(3072), sums.nbytes(3072)) == (0, 0)  # the direct kernel up to 3072 indices
+    assert partial_sums(fp32, 30522, scale_grad_by_freq=True)[1].nbytes(100) == (10 + 100) * 768 * 4
+    assert sums.nbytes(100_000) == (10_000 + 30522) * 768 * 4  # no more segments than rows
+    assert workspace_from_json(sums.to_json()) == sums
+
+
+def test_the_tracker_records_the_embedding_backward_buffers_after_the_gradient():
+    with FakeTensorMode():
+        weight = torch.empty(1000, 16, requires_grad=True)
+        ids = torch.zeros(4, 1024, dtype=torch.long)
+        with StorageTracker(reductions=True) as tracker:
+            out = F.embedding(ids, weight)
+            out.backward(torch.empty(4, 1024, 16))
+    events = Trace.from_events(1, tracker.events, tracker.workspaces).events()
+    sizes = {}
+    order = []
+    for key, nbytes in events:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+            order.append(nbytes)
+        else:
+            order.append(-sizes[key])
+    rows = 4096 // 10 + 1000  # 4096 indices, no more segments than the 1000 rows
+    gradient = 1000 * 16 * 4
+    start = order.index(gradient)
+    assert order[start:start + 5] == [gradient, rows * 8, rows * 64, -rows * 64, -rows * 8]
