@@ -455,7 +455,8 @@ class CellMemo:
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> CellMemo:
-        from autotune.backends.estimate.trace import Affine, workspace_from_json
+        from autotune.backends.estimate.backend import workspace_from_json
+        from autotune.backends.estimate.trace import Affine
 
         levers = document["levers"]
         return cls(dict(document["step"]), int(document["max_batch_size"]), int(document["cap"]),

@@ -27,7 +27,7 @@ import gc
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +160,17 @@ def _guess_max(
     found = _largest_fitting(fits, 0, None, start)
     settled = _settle(fits, found, robust) if found else None
     return found if settled is None else settled
+
+
+def workspace_from_json(document: Mapping[str, Any]) -> Any:
+    """A trace workspace's ``to_json`` back (trace.Affine.from_json): an embedding backward's buffer
+    (embedding.py), else a reduction's (reduce.py)."""
+    from autotune.backends.estimate.embedding import KIND, EmbeddingPartials
+    from autotune.backends.estimate.reduce import Workspace
+
+    if document.get("kind") == KIND:
+        return EmbeddingPartials.from_json(document)
+    return Workspace.from_json(document)
 
 
 # How the probes' details name the SDPA kernels a step ran (attention.choose_kernel's kinds).

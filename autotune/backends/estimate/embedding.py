@@ -59,7 +59,7 @@ class EmbeddingPartials:
                    bool(document["sums"]))
 
 
-KIND = "embedding_partials"  # how to_json marks these among a trace's workspaces (trace.workspace_from_json)
+KIND = "embedding_partials"  # marks these among a trace's workspaces (backend.workspace_from_json)
 
 
 def partial_sums(grad_output: Any, num_weights: int, scale_grad_by_freq: bool

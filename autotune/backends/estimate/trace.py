@@ -106,20 +106,9 @@ class Affine:
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], workspace: Callable[[Any], Workspace]) -> Affine:
-        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (workspace_from_json)."""
+        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (backend.workspace_from_json)."""
         return cls(tuple(document["fixed"]), tuple(document["per_sample"]), tuple(document["order"]),
                    tuple((int(index), workspace(found)) for index, found in document["workspaces"]))
-
-
-def workspace_from_json(document: Mapping[str, Any]) -> Workspace:
-    """A workspace's ``to_json`` back: an embedding backward's buffer (embedding.py), else a
-    reduction's (reduce.py)."""
-    from autotune.backends.estimate.embedding import KIND, EmbeddingPartials
-    from autotune.backends.estimate.reduce import Workspace as ReductionWorkspace
-
-    if document.get("kind") == KIND:
-        return EmbeddingPartials.from_json(document)
-    return ReductionWorkspace.from_json(document)
 
 
 def affine(a: Trace, b: Trace) -> Affine | None:

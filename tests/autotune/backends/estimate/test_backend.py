@@ -394,8 +394,8 @@ def test_weights_load_children_first_then_buffers_and_an_adapter_last():
 
 
 def test_cuda_embedding_backward_sizes_its_partial_sums_as_an_h100_did():
+    from autotune.backends.estimate.backend import workspace_from_json
     from autotune.backends.estimate.embedding import partial_sums
-    from autotune.backends.estimate.trace import workspace_from_json
 
     with FakeTensorMode():
         fp32 = torch.empty(64, 128, 768)
