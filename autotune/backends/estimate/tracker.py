@@ -154,8 +154,9 @@ class StorageTracker(TorchDispatchMode):
             found = reduction_of(func, args, kwargs or {})
             if found is not None:
                 self._reduce(*found)
-            elif func is _EMBEDDING_BACKWARD:
-                grad_output, indices, num_weights, _padding_idx, scale_grad_by_freq = args
+            elif func is _EMBEDDING_BACKWARD:  # (grad_output, indices, num_weights, padding_idx, scale)
+                grad_output, indices, num_weights, _padding_idx, scale_grad_by_freq = _arguments(
+                    func, args, kwargs or {})
                 self._transients(partial_sums(grad_output, num_weights, scale_grad_by_freq), indices.numel())
         return out
 
@@ -194,3 +195,11 @@ def _accumulable(args: Any, out: Any) -> bool:
         and is_non_overlapping_and_dense_or_false(first)
         and first.untyped_storage().nbytes() == first.numel() * first.element_size()
     )
+
+
+def _arguments(func: Any, args: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """An op's arguments in its schema's order, defaults filled in."""
+    found = list(args)
+    for argument in func._schema.arguments[len(found):]:
+        found.append(kwargs[argument.name] if argument.name in kwargs else argument.default_value)
+    return found
