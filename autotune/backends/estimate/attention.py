@@ -13,8 +13,8 @@ allocates, with their dtypes and alignment paddings:
 
 flash (FlashAttention-2, flash_api.cpp ``mha_fwd``/``mha_bwd``)
     forward: out [B, Sq, H, Dv] (q dtype), softmax_lse float32 [B, H, Sq], rng_state int64 [2]
-    backward: dq/dk/dv like q/k/v; temporaries dq_accum float32
-    [B, round128(Sq), H, round32(D)] and softmax_d float32 [B, H, round128(Sq)]
+    backward: dq/dk/dv like q/k/v, then temporaries softmax_d float32 [B, H, round128(Sq)] and
+    dq_accum float32 [B, round128(Sq), H, round32(D)]
 memory-efficient (cutlass, attention.cu ``_efficient_attention_forward``/``_backward``)
     a boolean mask is first turned into an additive bias of q's dtype
     (``convert_boolean_attn_mask``) whose last dim is padded to a multiple of 16
@@ -175,17 +175,17 @@ class _FusedAttention(torch.autograd.Function):
             del workspace
             return grads[0], grads[1], grads[2], None, None
         if ctx.kind == "flash":
+            # mha_bwd (flash_api.cpp): dq, dk, dv first, then softmax_d and dq_accum; dq_accum is
+            # freed as it returns, softmax_d (returned, then dropped) right after.
+            grads = _grads_like(query, key, value)
             seq_rounded = _round_up(seq_q, FLASH_SEQ_ROUND)
+            softmax_d = query.new_empty((batch, heads, seq_rounded), dtype=torch.float32)
             dq_accum = query.new_empty(
                 (batch, seq_rounded, heads, _round_up(head_dim, FLASH_HEAD_ROUND)), dtype=torch.float32
             )
-            softmax_d = query.new_empty((batch, heads, seq_rounded), dtype=torch.float32)
-            temporaries = [dq_accum, softmax_d]
-        else:
-            return _efficient_backward(query, key, value, _out)
-        grads = _grads_like(query, key, value)
-        del temporaries
-        return grads[0], grads[1], grads[2], None, None
+            del dq_accum, softmax_d
+            return grads[0], grads[1], grads[2], None, None
+        return _efficient_backward(query, key, value, _out)
 
 
 def _efficient_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor

@@ -228,6 +228,16 @@ def test_efficient_attention_backward_in_half_precision_leaves_delta_to_the_kern
         grad, grad, grad, 2 * 4 * 100 * 4, workspace, -2 * 4 * 100 * 4]
 
 
+def test_flash_attention_backward_allocates_the_gradients_before_its_temporaries():
+    # flash_api.cpp mha_bwd: dq, dk, dv, then softmax_d [B, H, round128(Sq)] and dq_accum
+    # [B, round128(Sq), H, round32(D)] in float32, dq_accum freed first.
+    grad = 2 * 100 * 4 * 64 * 2
+    softmax_d = 2 * 4 * 128 * 4
+    dq_accum = 2 * 128 * 4 * 64 * 4
+    assert _backward_events(SM80, torch.float16, 2, 4, 100, 64, mask=False)[:7] == [
+        grad, grad, grad, softmax_d, dq_accum, -dq_accum, -softmax_d]
+
+
 def test_autograd_accumulates_a_gradient_in_place_as_on_cuda():
     # x feeds two products: its gradient arrives twice. CUDA's engine adds the second into the
     # first's buffer (input_buffer.cpp); on fake tensors it would allocate the sum.
