@@ -141,21 +141,17 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
     return workload
 
 
-def replay_capped(events: Iterable[tuple[int, int]], capacity_bytes: int
+def replay_capped(events: Sequence[tuple[int, int]], capacity_bytes: int
                   ) -> tuple[int | None, dict[str, int] | None]:
     """Peak reserved of the estimator's trace replayed with the budget as the allocator's limit (as the
     GPU ran, under set_per_process_memory_fraction); where it runs out of memory, None and the
     request it refused with the allocator's state then (_pool_state, after the release)."""
+    from autotune.backends.estimate.replay import _apply
     from autotune.errors import OutOfMemory
 
     sim = CachingAllocatorSim(capacity_bytes)
-    handles: dict[int, int] = {}
     try:
-        for key, nbytes in events:
-            if nbytes < 0:
-                sim.free(handles.pop(key))
-            else:
-                handles[key] = sim.malloc(nbytes)
+        _apply(sim, {}, events)
     except OutOfMemory as exc:
         return None, _refusal(sim, exc)
     return sim.stats.peak_reserved_bytes, None
