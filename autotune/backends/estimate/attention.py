@@ -158,14 +158,31 @@ class _FusedAttention(torch.autograd.Function):
             workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
             del workspace
         ctx.kind = kind
-        ctx.save_for_backward(query, key, value, out, lse, bias)
+        # Saved as the generated autograd node saves them (torch/csrc/autograd/generated/
+        # Functions.h, ScaledDotProduct{Cudnn,Efficient,Flash}AttentionBackward0): the inputs by
+        # name, then the outputs by name. ``release_variables`` frees them in that order after
+        # the backward, as a Python Function's saved tensors are freed in the order saved.
+        ctx.save_for_backward(bias, key, query, value, lse, out)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
-        query, key, value, _out, _lse, _bias = ctx.saved_tensors
+        bias, key, query, value, lse, out = ctx.saved_tensors
+        grads = _FusedAttention._kernel_backward(ctx.kind, query, key, value, out)
+        # Under activation checkpointing the node's apply holds the only references (the
+        # recomputed tensors, unpacked in the order saved), and they die with its locals, in the
+        # reverse order. Measured on an H100 (records/llama-1b-qlora-bf16ckpt-2048x6.json): the
+        # output, the log-sum-exp, value, query, key, then the mask's bias. Without checkpointing
+        # these dels free nothing: the saved tensors still hold them.
+        del out, lse, value, query, key, bias
+        return grads
+
+    @staticmethod
+    def _kernel_backward(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """What the kernel's backward allocates, in its order; the gradients it returns."""
         batch, heads, seq_q, head_dim = query.shape
-        if ctx.kind == "cudnn":
+        if kind == "cudnn":
             grads = _grads_like(query, key, value)
             # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
             workspace = query.new_empty(
@@ -174,7 +191,7 @@ class _FusedAttention(torch.autograd.Function):
             )
             del workspace
             return grads[0], grads[1], grads[2], None, None
-        if ctx.kind == "flash":
+        if kind == "flash":
             # mha_bwd (flash_api.cpp): dq, dk, dv first, then softmax_d and dq_accum; dq_accum is
             # freed as it returns, softmax_d (returned, then dropped) right after.
             grads = _grads_like(query, key, value)
@@ -185,7 +202,7 @@ class _FusedAttention(torch.autograd.Function):
             )
             del dq_accum, softmax_d
             return grads[0], grads[1], grads[2], None, None
-        return _efficient_backward(query, key, value, _out)
+        return _efficient_backward(query, key, value, out)
 
 
 def _efficient_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor

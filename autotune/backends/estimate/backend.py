@@ -186,18 +186,18 @@ def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
 
 # The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
 # fit while a smaller one runs out of memory (best-fit reuse of cached blocks changes with the
-# sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 5% of the batch (OOMs from 2240, fits
-# up to 2362), and on Llama-3.2-1B bf16 on an H100 80GB at 512 (35 fits, 36 to 39 run out, 40
+# sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 2% of the batch (OOMs from 2291, fits
+# up to 2336), and on Llama-3.2-1B bf16 on an H100 80GB at 512 (35 fits, 36 to 39 run out, 40
 # fits), 1024 (17 fits, 18 and 19 run out, 20 fits) and 2048 (8 fits, 9 runs out, 10 fits); the
 # H100 measured 35 fitting and 36 not, 20 fitting and 21 not, 10 fitting and 11 not.
 # So that every search of a cell reports the same max, a found boundary settles on one the cell
 # defines: on a grid of multiples of _SETTLE_STEP, the lowest grid point that runs out of memory,
 # looked for from this fraction below the boundary; the max is just below the lowest batch that
-# runs out in the grid step up to it (35, 20 and 8 above; 2239 on the T4). A hole between two
+# runs out in the grid step up to it (35, 20 and 8 above; 2290 on the T4). A hole between two
 # fitting grid points is stepped over, so a search that stopped under one moves up, where the grid
 # point above fits by its demand too (_EstimateCell.robust), not only in a run at the budget. The
-# window is at most _SETTLE_POINTS grid points (256 batches, the 131 seen above with room to
-# spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
+# window is at most _SETTLE_POINTS grid points (256 batches, the 131 once seen on the T4
+# with room to spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
 # large card) is 2,500 of them.
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4

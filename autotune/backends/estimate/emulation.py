@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 
@@ -153,7 +153,22 @@ class CudaEmulation(TorchFunctionMode):
                 return args, kwargs
             widest = max(dtypes, key=lambda d: torch.finfo(d).bits)
             cast = lambda v: self._cast(v, widest)  # noqa: E731
-        return tree_map(cast, args), tree_map(cast, kwargs)
+        return _right_to_left(cast, args, kwargs)
+
+
+def _right_to_left(cast: Callable[[Any], Any], args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """``cast`` applied to every argument, the last first.
+
+    Autocast's wrappers cast with a parameter pack expansion, ``(*F)(cached_cast(to_type, args,
+    device_type)...)`` (aten/src/ATen/autocast_mode.h), whose order C++ leaves to the compiler;
+    GCC, which builds PyTorch's Linux wheels, evaluates a call's arguments right to left.
+    Measured on an H100 (records/bert-base-amp-512x32.json): each ``nn.Linear`` under amp
+    allocated its weight's float16 copy (1.12 MiB) before its input's (24 MiB), then its output.
+    """
+    leaves, spec = tree_flatten((args, kwargs))
+    cast_leaves = [cast(leaf) for leaf in reversed(leaves)]
+    cast_leaves.reverse()
+    return tree_unflatten(cast_leaves, spec)
 
 
 def autocast_enabled() -> bool:

@@ -410,14 +410,41 @@ def test_cuda_embedding_backward_sizes_its_partial_sums_as_an_h100_did():
     with FakeTensorMode():
         fp32 = torch.empty(64, 128, 768)
         half = torch.empty(32, 512, 768, dtype=torch.float16)
-    # BERT-base's word embeddings (30522 rows) on an H100 (docs/measurements/h100-80gb/records).
-    offsets, sums = partial_sums(fp32, 30522, scale_grad_by_freq=False)
-    assert (offsets.nbytes(8192), sums.nbytes(8192)) == (72_088, 27_681_792)  # 9011 rows
-    assert partial_sums(half, 30522, False)[1].nbytes(16384) == 55_363_584  # float32 sums of fp16
+    # BERT-base's word embeddings (30522 rows) on an H100 (docs/measurements/h100-80gb/records):
+    # the two-pass kernel, whose partial sums are one row of float32 per 10 indices and per row.
+    offsets, sums, accumulator = partial_sums(fp32, 30522, scale_grad_by_freq=False, multiprocessors=132)
+    assert (offsets.nbytes(8192), sums.nbytes(8192), accumulator.nbytes(8192)) == (72_088, 27_681_792, 0)
+    assert partial_sums(half, 30522, False, 132)[1].nbytes(16384) == 55_363_584  # float32 sums of fp16
     assert (offsets.nbytes(3072), sums.nbytes(3072)) == (0, 0)  # the direct kernel up to 3072 indices
     assert partial_sums(fp32, 30522, scale_grad_by_freq=True)[1].nbytes(100) == (10 + 100) * 768 * 4
     assert sums.nbytes(100_000) == (10_000 + 30522) * 768 * 4  # no more segments than rows
-    assert workspace_from_json(sums.to_json()) == sums
+    for buffer in (offsets, sums, accumulator):
+        assert workspace_from_json(buffer.to_json()) == buffer
+
+
+def test_cuda_embedding_backward_runs_the_fused_kernel_for_few_rows_on_a_known_card():
+    from autotune.backends.estimate.embedding import partial_sums
+
+    with FakeTensorMode():
+        fp32 = torch.empty(64, 128, 768)
+        half = torch.empty(32, 512, 768, dtype=torch.float16)
+    # BERT's token type embeddings (2 rows): sum_and_scatter would run 2 blocks, under 4 per
+    # multiprocessor of an H100, so the atomic kernel runs: int64 partial-to-segment indices in place
+    # of float32 partial sums, the H100's record showed no 2.41 MiB block.
+    offsets, sums, accumulator = partial_sums(fp32, 2, False, multiprocessors=132)
+    rows = 8192 // 10 + 2
+    assert (offsets.nbytes(8192), sums.nbytes(8192), accumulator.nbytes(8192)) == (rows * 8, rows * 8, 0)
+    # A 16-bit gradient is accumulated in a float32 copy.
+    assert partial_sums(half, 2, False, 132)[2].nbytes(16384) == 2 * 768 * 4
+    # Unknown multiprocessors: the two-pass kernel, which never takes less.
+    assert partial_sums(fp32, 2, False)[1].nbytes(8192) == rows * 768 * 4
+    # The grid against the card: 100 rows of 768 are 100 blocks, under 4 x 132 but not 4 x 20; and
+    assert partial_sums(fp32, 100, False, 132)[1].nbytes(8192) == (819 + 100) * 8
+    assert partial_sums(fp32, 100, False, 20)[1].nbytes(8192) == (819 + 100) * 768 * 4
+    # only with more partial segments than 4 per block: 500 rows are 500 blocks, fused from 2001
+    # partial segments on.
+    assert partial_sums(fp32, 500, False, 132)[1].nbytes(15010) == (1501 + 500) * 8
+    assert partial_sums(fp32, 500, False, 132)[1].nbytes(15000) == (1500 + 500) * 768 * 4
 
 
 def test_the_tracker_records_the_embedding_backward_buffers_after_the_gradient():
@@ -439,4 +466,6 @@ def test_the_tracker_records_the_embedding_backward_buffers_after_the_gradient()
     rows = 4096 // 10 + 1000  # 4096 indices, no more segments than the 1000 rows
     gradient = 1000 * 16 * 4
     start = order.index(gradient)
-    assert order[start:start + 5] == [gradient, rows * 8, rows * 64, -rows * 64, -rows * 8]
+    # Three buffers after the gradient, freed in the reverse order: no multiprocessor count, so
+    # the two-pass kernel's partial sums, and no float32 accumulator.
+    assert order[start:start + 7] == [gradient, rows * 8, rows * 64, 0, -0, -rows * 64, -rows * 8]
