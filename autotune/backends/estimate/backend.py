@@ -196,8 +196,8 @@ def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
 # runs out in the grid step up to it (35, 20 and 8 above; 2290 on the T4). A hole between two
 # fitting grid points is stepped over, so a search that stopped under one moves up, where the grid
 # point above fits by its demand too (_EstimateCell.robust), not only in a run at the budget. The
-# window is at most _SETTLE_POINTS grid points (256 batches, the 131 once seen on the T4
-# with room to spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
+# window is at most _SETTLE_POINTS grid points (256 batches, the 131 once seen on the T4 with room
+# to spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
 # large card) is 2,500 of them.
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4

@@ -120,6 +120,21 @@ def test_dropout_saves_a_one_byte_mask_as_cuda_does():
     assert sizes == [4000, 16000]  # mask + output
 
 
+def test_dropout_allocates_its_mask_before_its_output_as_cuda_does():
+    # Dropout.cu dropout_cuda: at::empty_like for the mask, then the output (the H100's records);
+    # not training, or p == 1: the output first.
+    def order(p: float, training: bool) -> list[int]:
+        with FakeTensorMode():
+            x = torch.empty(4, 1000, requires_grad=True)
+            with StorageTracker() as tracker:
+                torch.ops.aten.native_dropout(x, p, training)
+        return [n for _, n in tracker.events if n > 0]
+
+    assert order(0.1, True) == [4000, 16000]
+    assert order(0.1, False) == [16000, 4000]
+    assert order(1.0, True) == [16000, 4000]
+
+
 def test_efficient_attention_keeps_no_seq_by_seq_matrix():
     b, h, s, d = 2, 4, 128, 32
     with FakeTensorMode():
@@ -268,6 +283,59 @@ def test_autocast_casts_a_weight_once_per_forward_and_runs_norms_in_float32():
         casts = [n for _, n in tracker.events if n == 64 * 32 * 2]
     # One fp16 copy of the weight (4,096 B) for both calls: autocast's cast cache.
     assert len(casts) == 1
+
+
+def test_autocast_casts_a_calls_last_argument_first():
+    # autocast_mode.h expands cached_cast over the arguments, which GCC evaluates right to left:
+    # the H100's amp BERT step allocated each Linear's weight copy before its input's.
+    with FakeTensorMode():
+        linear = torch.nn.Linear(32, 64)  # weight 64x32 fp32: 4,096 B in fp16; bias 128 B
+        x = torch.empty(16, 32)  # 1,024 B in fp16
+        emulation = CudaEmulation(torch.float16, SM80)
+        with StorageTracker() as tracker, emulation, emulation.forward_region():
+            y = linear(x)
+        assert y.dtype == torch.float16
+    assert [n for _, n in tracker.events if n > 0] == [128, 4096, 1024, 16 * 64 * 2]
+
+
+def _attention_frees(checkpointed: bool) -> list[str]:
+    """Which of an attention's saved tensors its backward frees, in order (named by size)."""
+    from torch.utils.checkpoint import checkpoint
+
+    names = {2 * 8 * 64 * 16 * 2: "qkv/out", 2 * 8 * 64 * 4: "lse", 2 * 1 * 64 * 64 * 2: "bias"}
+    with FakeTensorMode():
+        x = torch.empty(2, 64, 8 * 16, dtype=torch.float16, requires_grad=True)
+        mask = torch.ones(2, 1, 64, 64, dtype=torch.bool)
+
+        def attention(x: torch.Tensor) -> torch.Tensor:
+            q, k, v = (x.view(2, 64, 8, 16).transpose(1, 2) * scale for scale in (1.0, 2.0, 3.0))
+            return emulated_sdpa(HOPPER, q, k, v, attn_mask=mask).sum()
+
+        with StorageTracker() as tracker:
+            loss = checkpoint(attention, x, use_reentrant=False) if checkpointed else attention(x)
+            forward = len(tracker.events)
+            loss.backward()
+    sizes: dict[int, int] = {}
+    frees = []
+    for index, (key, nbytes) in enumerate(tracker.events):
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        elif index >= forward and sizes[key] in names:
+            frees.append(names[sizes[key]])
+    return frees
+
+
+def test_attention_saved_tensors_die_in_the_generated_nodes_order():
+    # ScaledDotProductCudnnAttentionBackward0 (Functions.h) saves attn_bias, key, query, value, then
+    # logsumexp, output: its release_variables frees them in that order after the backward; under
+    # checkpointing its apply's locals free the recomputed ones in the reverse order (the H100's
+    # Llama record: output, log-sum-exp, value, query, key, bias). The first free in both is the
+    # incoming gradient (the size of the output), the last the inputs' gradients.
+    plain = _attention_frees(checkpointed=False)
+    assert plain[plain.index("bias"):][:6] == ["bias", "qkv/out", "qkv/out", "qkv/out", "lse", "qkv/out"]
+    recomputed = _attention_frees(checkpointed=True)
+    start = recomputed.index("lse") - 1
+    assert recomputed[start:start + 6] == ["qkv/out", "lse", "qkv/out", "qkv/out", "qkv/out", "bias"]
 
 
 def test_optimizer_peak_is_five_copies_of_the_parameters():
