@@ -148,7 +148,7 @@ class StorageTracker(TorchDispatchMode):
         if func in _PASSTHROUGH:
             return out
         self._accumulation = None
-        for leaf in _allocation_order(func, args, tree_leaves(out)):
+        for leaf in _allocation_order(func, args, kwargs or {}, tree_leaves(out)):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf)
         if func is _ADD and not kwargs and _accumulable(args, out) and self.events \
@@ -186,7 +186,7 @@ class StorageTracker(TorchDispatchMode):
             self.events.append((key, -1))
 
 
-def _allocation_order(func: Any, args: Any, leaves: list[Any]) -> list[Any]:
+def _allocation_order(func: Any, args: Any, kwargs: dict[str, Any], leaves: list[Any]) -> list[Any]:
     """``func``'s outputs in the order CUDA allocates them.
 
     ``native_dropout`` in training with 0 < p < 1 (Dropout.cu ``dropout_cuda``) makes its boolean
@@ -194,8 +194,8 @@ def _allocation_order(func: Any, args: Any, leaves: list[Any]) -> list[Any]:
     output first. Measured on an H100 (records/llama-1b-qlora-bf16ckpt-2048x6.json): each LoRA
     dropout allocated its 24 MiB mask, then its 48 MiB output, then freed the mask.
     """
-    if func is _NATIVE_DROPOUT and len(leaves) == 2 and len(args) >= 2:
-        p, train = args[1], args[2] if len(args) > 2 else None
+    if func is _NATIVE_DROPOUT and len(leaves) == 2:
+        _input, p, train = _arguments(func, args, kwargs)  # (input, p, train: bool | None)
         if train is not False and 0 < p < 1:
             return leaves[::-1]
     return leaves

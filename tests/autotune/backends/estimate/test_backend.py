@@ -133,6 +133,11 @@ def test_dropout_allocates_its_mask_before_its_output_as_cuda_does():
     assert order(0.1, True) == [4000, 16000]
     assert order(0.1, False) == [16000, 4000]
     assert order(1.0, True) == [16000, 4000]
+    with FakeTensorMode():
+        x = torch.empty(4, 1000, requires_grad=True)
+        with StorageTracker() as tracker:
+            torch.ops.aten.native_dropout(x, p=0.1, train=True)  # by keyword: the same order
+    assert [n for _, n in tracker.events if n > 0] == [4000, 16000]
 
 
 def test_efficient_attention_keeps_no_seq_by_seq_matrix():
