@@ -233,7 +233,13 @@ def _efficient_workspace_bytes(batch: int, heads: int, seq_q: int, head_dim: int
     aligned to 4 floats. Tiles of 64 x 64 floats and 4 more: measured on an H100 for float32 and a
     head dim of 64 (25,190,400 B at B 64, H 12, Sq 128; docs/measurements/h100-80gb/records), and
     the shape of every sm80 kernel up to a head dim of 64. Kernels for larger head dims also
-    accumulate dK and dV there when they do not fit in registers: not counted."""
+    accumulate dK and dV there when they do not fit in registers (``kNeedsAccumGradK/V``):
+    ``num_splits_key x kBlockSizeJ x align_up(head_dim, kBlockSizeI)`` floats each per batch and
+    head, ``num_splits_key`` capped at ``200 / (B x H)`` (at least 1) for such kernels
+    (attention_backward.cu): at most about max(B x H, 200) x 128 x head_dim x 8 bytes in all, 26 MB
+    at a head dim of 128 up to 200 batch x heads. Not counted: the dispatcher picks the kernel (its
+    block sizes) by shared memory per architecture; plan ``last``'s ``-memeff`` records
+    (benchmarks/gpu_measure.py) measure it."""
     tiles = -(-seq_q // MEM_EFF_BLOCK) * -(-head_dim // MEM_EFF_BLOCK)
     return 4 * batch * heads * _round_up(tiles * MEM_EFF_GRAD_Q_TILE_FLOATS, 4)
 
