@@ -106,13 +106,6 @@ class GpuSpec:
         return self.compute_capability is not None and self.compute_capability >= (8, 0)
 
     @property
-    def supports_flash_attention(self) -> bool:
-        # aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-        # check_flash_attention_hardware_support: sm80 to sm121 (sm90 in older releases).
-        cc = self.compute_capability
-        return cc is not None and (8, 0) <= cc <= (12, 1)
-
-    @property
     def cublas_workspace_bytes(self) -> int:
         """cuBLAS plus cuBLASLt workspace of one handle and stream (see the constants).
 

@@ -21,7 +21,7 @@ memory-efficient (cutlass, attention.cu ``_efficient_attention_forward``/``_back
     (``preprocess_mask``, mem_eff_alignment = 16); the bias is saved for backward.
     forward: out [B, Sq, H, Dv], logsumexp float32 [B, H, round32(Sq)] (kAlignLSE = 32)
     backward: dq/dk/dv, then delta float32 [B, H, Sq] and a workspace of float32 dQ tiles
-    (``_efficient_backward``)
+    (``_efficient_temporaries``)
 cuDNN (aten/src/ATen/native/cudnn/MHA.cpp ``run_cudnn_SDP_fprop``/``bprop``)
     the first choice where SDPA prefers it (``check_prefer_cudnn_attention``: sm90, sm93, sm100,
     sm103 with a cuDNN runtime above 9.15.0, the one PyTorch 2.11's CUDA 13 wheels bundle). A
@@ -97,6 +97,8 @@ def kernels_for(compute_capability: tuple[int, int] | None) -> AttentionKernels:
     if os.environ.get(CUDNN_DEPRIORITIZED_ENV, "").strip().upper() not in _ENV_TRUE:
         if cc is None or cc in CUDNN_PREFERRED_ARCHS:
             cudnn_max = CUDNN_HOPPER_HEAD_DIM_MAX if cc in (None, (9, 0)) else CUDNN_HEAD_DIM_MAX
+    # Flash: sdp_utils.cpp check_flash_attention_hardware_support, sm80 to sm121 (sm90 in older
+    # releases).
     return AttentionKernels(
         flash=cc is None or (8, 0) <= cc <= (12, 1), bf16=current, cudnn_head_dim_max=cudnn_max
     )
@@ -175,45 +177,43 @@ class _FusedAttention(torch.autograd.Function):
         # output, the log-sum-exp, value, query, key, then the mask's bias. Without checkpointing
         # these dels free nothing: the saved tensors still hold them.
         del out, lse, value, query, key, bias
-        return grads
+        return grads[0], grads[1], grads[2], None, None
 
     @staticmethod
     def _kernel_backward(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """What the kernel's backward allocates, in its order; the gradients it returns."""
+                         out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the kernel's backward allocates, in its order: dq, dk, dv first (every fused
+        kernel), then its temporaries, freed as it returns; the gradients."""
         batch, heads, seq_q, head_dim = query.shape
+        grads = _grads_like(query, key, value)
         if kind == "cudnn":
-            grads = _grads_like(query, key, value)
             # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
             workspace = query.new_empty(
                 (4 * batch * heads * seq_q * (head_dim + 1) + CUDNN_BPROP_WORKSPACE_EXTRA_BYTES,),
                 dtype=torch.uint8,
             )
             del workspace
-            return grads[0], grads[1], grads[2], None, None
-        if kind == "flash":
-            # mha_bwd (flash_api.cpp): dq, dk, dv first, then softmax_d and dq_accum; dq_accum is
-            # freed as it returns, softmax_d (returned, then dropped) right after.
-            grads = _grads_like(query, key, value)
+        elif kind == "flash":
+            # mha_bwd (flash_api.cpp): softmax_d and dq_accum; dq_accum is freed as it returns,
+            # softmax_d (returned, then dropped) right after.
             seq_rounded = _round_up(seq_q, FLASH_SEQ_ROUND)
             softmax_d = query.new_empty((batch, heads, seq_rounded), dtype=torch.float32)
             dq_accum = query.new_empty(
                 (batch, seq_rounded, heads, _round_up(head_dim, FLASH_HEAD_ROUND)), dtype=torch.float32
             )
             del dq_accum, softmax_d
-            return grads[0], grads[1], grads[2], None, None
-        return _efficient_backward(query, key, value, out)
+        else:
+            _efficient_temporaries(query, out)
+        return grads
 
 
-def _efficient_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor
-                        ) -> tuple[torch.Tensor | None, ...]:
-    """What ``_efficient_attention_backward`` (attention_backward.cu) allocates, in its order: the
-    gradients, then delta, the row sums of dO x O (an empty float32 [B, H, M] the 16-bit kernels
-    fill; for float32, computed by ops: ``(grad_out * out).sum(-1).transpose(-2, -1).contiguous()``,
-    whose product and sum are freed at once), then the kernel's workspace; delta is freed before
-    the workspace."""
+def _efficient_temporaries(query: torch.Tensor, out: torch.Tensor) -> None:
+    """What ``_efficient_attention_backward`` (attention_backward.cu) allocates after the
+    gradients, in its order: delta, the row sums of dO x O (an empty float32 [B, H, M] the 16-bit
+    kernels fill; for float32, computed by ops: ``(grad_out * out).sum(-1).transpose(-2,
+    -1).contiguous()``, whose product and sum are freed at once), then the kernel's workspace;
+    delta is freed before the workspace."""
     batch, heads, seq_q, head_dim = query.shape
-    grads = _grads_like(query, key, value)
     if query.dtype in (torch.float16, torch.bfloat16):
         delta = query.new_empty((batch, heads, seq_q), dtype=torch.float32)
     else:
@@ -224,7 +224,6 @@ def _efficient_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     nbytes = _efficient_workspace_bytes(batch, heads, seq_q, head_dim)
     workspace = query.new_empty((nbytes,), dtype=torch.uint8)
     del delta, workspace
-    return grads[0], grads[1], grads[2], None, None
 
 
 def _efficient_workspace_bytes(batch: int, heads: int, seq_q: int, head_dim: int) -> int:

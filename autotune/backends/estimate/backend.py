@@ -675,6 +675,11 @@ class EstimateBackend:
             },
         )
 
+    def _note_attention(self, workload: Workload, mode: Mode, emulation: Any) -> None:
+        """Keep the SDPA kernels a traced step ran (its CudaEmulation's), for the probes' details."""
+        if emulation.attention_kernels:
+            self._attention[(workload, mode.name)] = frozenset(emulation.attention_kernels)
+
     def trace(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int
     ) -> Trace:
@@ -707,8 +712,7 @@ class EstimateBackend:
                     with fake.mode_ctx:
                         fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
                     continue
-                if emulation.attention_kernels:
-                    self._attention[(workload, mode.name)] = frozenset(emulation.attention_kernels)
+                self._note_attention(workload, mode, emulation)
                 return Trace.from_events(batch_size, events, tracker.workspaces)
             raise AssertionError("a trace that writes no step cannot be unsteady")
         finally:

@@ -380,6 +380,5 @@ class InstrumentedBackend(EstimateBackend):
             del optimizer, batch, scaler, workspaces
             model.zero_grad(set_to_none=True)
         tracker.close()
-        if emulation.attention_kernels:  # as EstimateBackend.trace notes them for the probe
-            self._attention[(workload, mode.name)] = frozenset(emulation.attention_kernels)
+        self._note_attention(workload, mode, emulation)
         return recording
