@@ -106,6 +106,10 @@ class GpuSpec:
         return self.compute_capability is not None and self.compute_capability >= (8, 0)
 
     @property
+    def supports_flash_attention(self) -> bool:
+        return self.compute_capability is not None and flash_attention_supported(self.compute_capability)
+
+    @property
     def cublas_workspace_bytes(self) -> int:
         """cuBLAS plus cuBLASLt workspace of one handle and stream (see the constants).
 
@@ -113,6 +117,13 @@ class GpuSpec:
         thread, so a training step may hold this twice.
         """
         return cublas_workspace_bytes(self.compute_capability)
+
+
+def flash_attention_supported(compute_capability: tuple[int, int]) -> bool:
+    """Whether PyTorch's FlashAttention-2 kernel runs on this architecture: sm80 to sm121
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_flash_attention_hardware_support;
+    sm90 in older releases)."""
+    return (8, 0) <= compute_capability <= (12, 1)
 
 
 def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:

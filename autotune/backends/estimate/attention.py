@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from autotune.gpus import CUDNN_DEPRIORITIZED_ENV
+from autotune.gpus import CUDNN_DEPRIORITIZED_ENV, flash_attention_supported
 
 FLASH_HEAD_DIM_MAX = 256  # sdp_utils.cpp check_head_dim_size_flash
 HEAD_DIM_ALIGNMENT = 8  # both fused kernels need head_dim % 8 == 0 for 16-bit inputs
@@ -97,10 +97,8 @@ def kernels_for(compute_capability: tuple[int, int] | None) -> AttentionKernels:
     if os.environ.get(CUDNN_DEPRIORITIZED_ENV, "").strip().upper() not in _ENV_TRUE:
         if cc is None or cc in CUDNN_PREFERRED_ARCHS:
             cudnn_max = CUDNN_HOPPER_HEAD_DIM_MAX if cc in (None, (9, 0)) else CUDNN_HEAD_DIM_MAX
-    # Flash: sdp_utils.cpp check_flash_attention_hardware_support, sm80 to sm121 (sm90 in older
-    # releases).
     return AttentionKernels(
-        flash=cc is None or (8, 0) <= cc <= (12, 1), bf16=current, cudnn_head_dim_max=cudnn_max
+        flash=cc is None or flash_attention_supported(cc), bf16=current, cudnn_head_dim_max=cudnn_max
     )
 
 
