@@ -6,34 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from autotune.defaults import DEFAULT_MAX_BATCH
-from autotune.workload.adapters import DEFAULT_ALPHA, DEFAULT_DROPOUT, DEFAULT_R, MAX_R
+from autotune.request import PEFT_FIELDS, CheckRequest, ExplainRequest, TableRequest, fields_of
 
-# The LoRA / QLoRA fields of a table request, and the query parameters of check and explain, as
-# the CLI's --peft, --lora-*, --load-in-4bit and --bnb-4bit-* options (autotune.workload.adapters).
-PEFT_DESCRIPTIONS = {
-    "peft": "none (default: a full fine-tune), lora (a frozen base in the weights' dtype, LoRA "
-            "matrices on the target modules, built by PEFT) or qlora (the same over a 4-bit "
-            "bitsandbytes base)",
-    "lora_r": f"LoRA rank, 1 to {MAX_R} (default {DEFAULT_R}); needs peft",
-    "lora_alpha": f"LoRA alpha, a positive number (default {DEFAULT_ALPHA}); needs peft",
-    "lora_dropout": f"LoRA dropout, from 0 up to (not including) 1 (default {DEFAULT_DROPOUT}); needs peft",
-    "lora_targets": "the modules LoRA adapts: module names (q_proj,v_proj), or all-linear (every "
-                    "linear layer but the output head); default: PEFT's for the architecture "
-                    "(q_proj and v_proj for Llama); needs peft",
-    "load_in_4bit": "a 4-bit base (bitsandbytes): with peft lora, the same as peft qlora",
-    "load_in_8bit": "an 8-bit (LLM.int8) base: not modelled, refused",
-    "bnb_4bit_quant_type": "the 4-bit storage, nf4 (default) or fp4; needs a 4-bit base",
-    "bnb_4bit_use_double_quant": "quantize the 4-bit quantization constants too (default true); "
-                                 "needs a 4-bit base",
-    "bnb_4bit_compute_dtype": "the 4-bit layers' compute dtype: bfloat16, float16 or float32 (default "
-                              "bfloat16, float16 on a card without bfloat16); needs a 4-bit base",
-    "qlora_recipe": "how the 4-bit base is prepared, as the trainer that runs it does: trl (TRL's "
-                    "SFTTrainer, the default: non-4-bit weights in the model's dtype, adapters cast "
-                    "to bfloat16), axolotl (norms and embeddings in the model's dtype, adapters "
-                    "float32) or peft (prepare_model_for_kbit_training alone: every non-4-bit "
-                    "weight in float32); needs a 4-bit base",
-}
+# What each field of a request is, in the words every entrance uses (autotune/request.py declares
+# it once); the service's own limits are added where it has them.
+DESCRIPTIONS = {f.name: f.about.help for cls in (TableRequest, CheckRequest, ExplainRequest)
+                for f in fields_of(cls)}
+# The LoRA / QLoRA fields of a table request, and the query parameters of check and explain.
+PEFT_DESCRIPTIONS = {name: DESCRIPTIONS[name] for name in PEFT_FIELDS if name != "peft_config"}
 ADAPTER_DESCRIPTION = (
     "LoRA / QLoRA: the method, rank, alpha, dropout, the target modules PEFT resolved on the model, "
     "the trainable and total parameters (PEFT's get_nb_trainable_parameters) and a label saying "
@@ -52,32 +32,19 @@ class TableCreate(BaseModel):
 
     model: str = Field(description="a preset (`autotune models`), a Hugging Face hub id, or an absolute "
                                    "path inside AUTOTUNE_MODEL_DIRS")
-    task: str | None = Field(None, description="sequence-classification, question-answering, masked-lm, "
-                                               "causal-lm, token-classification (default: from the "
-                                               "config's architectures; without them causal-lm for "
-                                               "decoder-only models, else sequence-classification)")
-    dtype: str | None = Field(None, description="weights dtype: auto (default: the config's torch_dtype, "
-                                                "else float32), float32, bfloat16, float16")
-    seq_lens: list[StrictInt] | None = Field(None, description="default [64, 128, 256, 320, 384, 512] for "
-                                             "models of at most 512 positions, else [512, 1024, 2048, "
-                                             "4096, 8192]; within the model's limit")
-    modes: list[str] | str | None = Field(None, description="from fp32, amp, bf16, ckpt, amp+ckpt, "
-                                                            "bf16+ckpt; default (null) fp32, amp, ckpt, "
-                                                            "amp+ckpt; at least one")
-    gpu_memory: str | StrictInt | None = Field(None, description="the target card's memory, e.g. '12GiB' "
-                                                                 "or a byte count; at most 4 TiB")
-    gpu: str | None = Field(None, description="a GPU preset, e.g. 'T4', 'A100-80GB'")
-    backend: str | None = Field(None, description="auto (default), cuda or estimate")
-    margin: float | None = Field(None, description="fraction of the allocator's memory kept free (0.05)")
-    max_batch: StrictInt | None = Field(None, description=f"the largest batch probed ({DEFAULT_MAX_BATCH})")
-    attn: str | None = Field(None, description="sdpa, eager or flash_attention_2 (default: what "
-                                               "transformers picks on CUDA)")
-    optimizer: str | None = Field(None, description="a Trainer optim name: adamw_torch_fused (default), "
-                                                    "adamw_torch (adamw), adafactor, adamw_bnb_8bit "
-                                                    "(adamw_8bit), paged_adamw_8bit, paged_adamw_32bit, sgd")
-    loss: str | None = Field(None, description="full (default) or chunked: a fused linear cross-entropy "
-                                               "that never holds the full logits (causal-lm)")
-    search: str | None = Field(None, description="guided (default) or bisect")
+    task: str | None = Field(None, description=DESCRIPTIONS["task"])
+    dtype: str | None = Field(None, description=DESCRIPTIONS["dtype"])
+    seq_lens: list[StrictInt] | None = Field(None, description=DESCRIPTIONS["seq_lens"])
+    modes: list[str] | str | None = Field(None, description=DESCRIPTIONS["modes"])
+    gpu_memory: str | StrictInt | None = Field(None, description=DESCRIPTIONS["gpu_memory"])
+    gpu: str | None = Field(None, description=DESCRIPTIONS["gpu"])
+    backend: str | None = Field(None, description=DESCRIPTIONS["backend"])
+    margin: float | None = Field(None, description=DESCRIPTIONS["margin"])
+    max_batch: StrictInt | None = Field(None, description=DESCRIPTIONS["max_batch"])
+    attn: str | None = Field(None, description=DESCRIPTIONS["attn"])
+    optimizer: str | None = Field(None, description=DESCRIPTIONS["optimizer"])
+    loss: str | None = Field(None, description=DESCRIPTIONS["loss"])
+    search: str | None = Field(None, description=DESCRIPTIONS["search"])
     peft: str | None = Field(None, description=PEFT_DESCRIPTIONS["peft"])
     lora_r: StrictInt | None = Field(None, description=PEFT_DESCRIPTIONS["lora_r"])
     lora_alpha: float | None = Field(None, description=PEFT_DESCRIPTIONS["lora_alpha"])

@@ -18,17 +18,24 @@
     │   └── ProtocolError         a line that is not a message of the probe worker protocol
     ├── OutOfMemory               the allocator simulator refused an allocation (the estimator
     │                             catches it: a probe's "oom", never an error a user sees)
-    └── StoreError                the service's database cannot be opened or is not autotune's
+    ├── StoreError                the service's database cannot be opened or is not autotune's
+    └── ServiceError              an autotune service asked by ``check --server`` failed (a 5xx) or
+                                  could not be reached (its 4xx are the user's: InvalidInput)
 
 Errors become exit codes or HTTP responses only at the edges: ``autotune/cli`` (exit 2 with
 ``Error: ...``) and ``api/errors.py`` (one exception handler for the whole app). Messages name
-request fields (``seq_len``, ``gpu_memory``), not CLI flags: they reach HTTP users too.
+request fields (``seq_len``, ``gpu_memory``), not CLI flags: they reach HTTP users too. A message
+that names fields is written with them in braces (``naming``); the CLI words them as its flags.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+# A request field named in an error's message: ``{lora_r}`` (AutotuneError.naming).
+_FIELD = re.compile(r"\{([a-z][a-z0-9_]*)\}")
 
 
 class AutotuneError(Exception):
@@ -42,6 +49,24 @@ class AutotuneError(Exception):
 
     field: str | None = None
     others: tuple[AutotuneError, ...] = ()
+    # The message with the request fields it names in braces ("{lora_r} needs {peft} lora"); None:
+    # the message names none.
+    template: str | None = None
+
+    @classmethod
+    def naming(cls, template: str) -> Self:
+        """An error whose message names request fields, written ``{name}``: its text says the
+        field names (``lora_r needs peft lora``), ``worded`` says them another way (the CLI's
+        flags). For the classes whose constructor takes the message alone."""
+        exc = cls(_FIELD.sub(r"\1", template))
+        exc.template = template
+        return exc
+
+    def worded(self, names: Mapping[str, str]) -> str:
+        """The message with each field it names as ``names`` calls it (a name not in ``names`` kept)."""
+        if self.template is None:
+            return str(self)
+        return _FIELD.sub(lambda match: names.get(match[1], match[1]), self.template)
 
 
 class InvalidInput(AutotuneError, ValueError):
@@ -149,3 +174,7 @@ class OutOfMemory(AutotuneError):
 
 class StoreError(AutotuneError):
     """The database cannot be opened or is not an autotune database."""
+
+
+class ServiceError(AutotuneError):
+    """An autotune service asked for an answer (``check --server``) failed or was unreachable."""

@@ -25,13 +25,16 @@ weights) only with ``hub=True``, or with ``hub=None`` (the default) when AUTOTUN
 HF_HUB_OFFLINE=1 (or AUTOTUNE_OFFLINE=1) limits that lookup to the local Hugging Face cache. A name
 that resolves nowhere is refused naming the closest presets. torch and transformers are imported on
 the first call, not by ``import autotune``.
+
+Each function builds a request (autotune/request.py), resolves it and calls the tuner: the CLI and
+the service build the same requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.defaults import (
     DEFAULT_BACKEND,
@@ -46,22 +49,25 @@ from autotune.defaults import (
     EXPLAIN_BACKEND,
 )
 from autotune.errors import InvalidInput
+from autotune.request import (
+    HUB_HINT,
+    CheckRequest,
+    ExplainRequest,
+    GpuMemory,
+    PeftOptions,
+    Step,
+    TableRequest,
+    Target,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from autotune.analysis.check import CellMemo, CheckResult
     from autotune.analysis.explain import Explanation
-    from autotune.backends import Backend
-    from autotune.gpus import GpuSpec
     from autotune.tuner import CellResult, TableResult
-    from autotune.workload import Workload
     from autotune.workload.adapters import Adapter
-    from autotune.workload.models import ModelSpec
 
-GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
-
-# How to ask for a hub lookup, said by the refusal of an unknown name that could be a hub id.
-HUB_HINT = ("Hugging Face hub ids are looked up only when asked: --hub, hub=True in Python, "
-            "or AUTOTUNE_ALLOW_HUB=1")
+__all__ = ["HUB_HINT", "GpuMemory", "check", "explain", "max_batch_size", "table"]
 
 
 def table(
@@ -116,32 +122,30 @@ def table(
     >>> t.cell("amp", 512).max_batch_size  # doctest: +SKIP
     59
     """
-    from autotune.tuner import tune_table
-    from autotune.workload.models import default_seq_lens, parse_seq_lens
-    from autotune.workload.modes import parse_modes
+    request = TableRequest(
+        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        Target(gpu, gpu_memory, backend, margin), seq_lens=seq_lens, modes=modes, search=search,
+        max_batch=max_batch, seed_with_estimate=seed_with_estimate, workers=workers)
+    return run_table(request, on_cell=on_cell)
 
-    spec = _model(model, hub)
-    seq_len_list = default_seq_lens(spec) if seq_lens is None else parse_seq_lens(seq_lens)
-    parsed_modes = parse_modes(list(modes) if not isinstance(modes, str) else modes)
-    workload = _workload(spec, seq_len_list, task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
-                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
-                               qlora_recipe))
-    chosen, target = _backend(backend, gpu, gpu_memory, seeded=seed_with_estimate and search == "guided")
-    if workers is not None:
-        _positive("workers", workers)
-    if chosen.name == "estimate" and len(parsed_modes) > 1:
+
+def run_table(request: TableRequest, *, on_cell: Callable[[CellResult, int, int], None] | None = None
+              ) -> TableResult:
+    """``table`` of a request (the CLI's)."""
+    from autotune.tuner import tune_table
+
+    resolved = resolve(request, seeded=request.seed_with_estimate and request.search == "guided")
+    workload, target, modes = resolved.workload, resolved.gpu, resolved.modes
+    search = {"seq_lens": resolved.seq_lens, "modes": modes, "margin": resolved.margin,
+              "method": request.search, "max_batch": request.max_batch, "on_cell": on_cell}
+    if resolved.backend.name == "estimate" and len(modes) > 1:
         from autotune.parallel import default_workers, tune_table_parallel
 
-        processes = (default_workers(workload, parsed_modes) if workers is None
-                     else min(workers, len(parsed_modes)))
+        processes = (default_workers(workload, modes) if request.workers is None
+                     else min(request.workers, len(modes)))
         if processes > 1:
-            return tune_table_parallel(workload, target, seq_lens=seq_len_list, modes=parsed_modes,
-                                       margin=margin, method=search, max_batch=max_batch,
-                                       workers=processes, on_cell=on_cell)
-    return tune_table(workload, chosen, target, seq_lens=seq_len_list, modes=parsed_modes, margin=margin,
-                      method=search, max_batch=max_batch, on_cell=on_cell)
+            return tune_table_parallel(workload, target, workers=processes, **search)  # type: ignore[arg-type]
+    return tune_table(workload, resolved.backend, target, **search)  # type: ignore[arg-type]
 
 
 def check(
@@ -194,28 +198,28 @@ def check(
     >>> r.message  # doctest: +SKIP
     'does not fit: bert-base-uncased seq 512 fp32 (sequence-classification, fp32 weights, ...'
     """
-    from autotune.analysis.check import check_step
-    from autotune.workload.modes import parse_mode
+    request = CheckRequest(
+        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        accumulation_steps=accumulation_steps, workers=workers)
+    return run_check(request, remember=remember)
 
-    _positive("batch_size", batch_size)
-    _positive("accumulation_steps", accumulation_steps)
-    if workers is not None:
-        _positive("workers", workers)
-    parsed = parse_mode(mode)
-    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
-                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
-                               qlora_recipe))
-    chosen, target = _backend(backend, gpu, gpu_memory)
+
+def run_check(request: CheckRequest, *, remember: Callable[[CellMemo], None] | None = None
+              ) -> CheckResult:
+    """``check`` of a request (the CLI's)."""
+    from autotune.analysis.check import check_step
+
+    resolved = resolve(request)
     maxima = None
-    if chosen.name == "estimate":
+    if resolved.backend.name == "estimate":
         from autotune.parallel import LEVERS_AT_MOST, lever_maxima, lever_processes
 
-        processes = lever_processes(workload, LEVERS_AT_MOST, workers)
-        maxima = lever_maxima(chosen, processes) if processes > 1 else None
-    return check_step(workload, chosen, target, seq_len=seq_len, batch_size=batch_size, mode=parsed,
-                      margin=margin, effective_batch=batch_size * accumulation_steps, maxima=maxima,
+        processes = lever_processes(resolved.workload, LEVERS_AT_MOST, request.workers)
+        maxima = lever_maxima(resolved.backend, processes) if processes > 1 else None
+    return check_step(resolved.workload, resolved.backend, resolved.gpu, seq_len=request.seq_len,
+                      batch_size=request.batch_size, mode=resolved.modes[0], margin=resolved.margin,
+                      effective_batch=request.batch_size * request.accumulation_steps, maxima=maxima,
                       remember=remember)
 
 
@@ -271,16 +275,8 @@ def explain(
     >>> e.fits, e.breakdown.peak_phase  # doctest: +SKIP
     (False, 'backward')
     """
-    from autotune.analysis.explain import explain as explain_step
-    from autotune.analysis.padding import padded_length
     from autotune.analysis.texts import lengths_from_texts
-    from autotune.workload.modes import parse_mode
 
-    parsed = parse_mode(mode)
-    if batch_size is not None:
-        _positive("batch_size", batch_size)
-    if workers is not None:
-        _positive("workers", workers)
     if texts is not None and lengths is not None:
         raise InvalidInput("give either lengths or texts, not both")
     if texts is None and (text_column is not None or tokenizer is not None):
@@ -290,24 +286,33 @@ def explain(
             raise InvalidInput(f"texts need a tokenizer: give tokenizer, a local directory with the "
                                f"tokenizer's files ({model!r} is not a local directory)")
         lengths = lengths_from_texts(texts, text_column, tokenizer if tokenizer is not None else model)
-    spec = _model(model, hub)
-    if seq_len is None:
-        seq_len = padded_length(max(lengths), spec.max_seq_len) if lengths else spec.max_seq_len
-    workload = _workload(spec, [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
-                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
-                               qlora_recipe))
-    chosen, target = _backend(backend, gpu, gpu_memory)
+    request = ExplainRequest(
+        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
+        workers=workers)
+    return run_explain(request)
+
+
+def run_explain(request: ExplainRequest) -> Explanation:
+    """``explain`` of a request (the CLI's)."""
+    from autotune.analysis.explain import explain as explain_step
+    from autotune.analysis.padding import padded_length
+
+    resolved = resolve(request)
+    limit = resolved.workload.model.max_seq_len
+    seq_len = (resolved.seq_lens[0] if resolved.seq_lens
+               else padded_length(max(request.lengths), limit) if request.lengths else limit)
     run_levers = None
-    if levers and chosen.name == "estimate":
+    if request.levers and resolved.backend.name == "estimate":
         from autotune.parallel import LEVERS_AT_MOST, explain_levers, lever_processes
 
-        processes = lever_processes(workload, LEVERS_AT_MOST, workers)
-        run_levers = explain_levers(chosen, processes) if processes > 1 else None
-    return explain_step(workload, chosen, target, seq_len=seq_len, mode=parsed, margin=margin,
-                        batch_size=batch_size, lengths=list(lengths) if lengths else None,
-                        with_levers=levers, max_batch=max_batch, run_levers=run_levers)
+        processes = lever_processes(resolved.workload, LEVERS_AT_MOST, request.workers)
+        run_levers = explain_levers(resolved.backend, processes) if processes > 1 else None
+    return explain_step(resolved.workload, resolved.backend, resolved.gpu, seq_len=seq_len,
+                        mode=resolved.modes[0], margin=resolved.margin, batch_size=request.batch_size,
+                        lengths=list(request.lengths) if request.lengths else None,
+                        with_levers=request.levers, max_batch=request.max_batch, run_levers=run_levers)
 
 
 def max_batch_size(
@@ -348,92 +353,27 @@ def max_batch_size(
     59
     """
     from autotune.tuner import budget_bytes, search_cell
-    from autotune.workload.modes import parse_mode
 
-    parsed = parse_mode(mode)
-    _positive("max_batch", max_batch)
-    workload = _workload(_model(model, hub), [seq_len], task, attn, optimizer, dtype, loss,
-                         _peft(peft, lora_r, lora_alpha, lora_dropout, lora_targets, peft_config,
-                               load_in_4bit, load_in_8bit, bnb_4bit_quant_type,
-                               bnb_4bit_use_double_quant, bnb_4bit_compute_dtype, adapter,
-                               qlora_recipe))
-    chosen, target = _backend(backend, gpu, gpu_memory)
-    budget = budget_bytes(target, margin)
-    return search_cell(chosen, workload, parsed, seq_len, budget, max_batch=max_batch).max_batch_size
+    request = TableRequest(
+        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        Target(gpu, gpu_memory, backend, margin), seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
+    resolved = resolve(request)
+    budget = budget_bytes(resolved.gpu, resolved.margin)
+    return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,
+                       max_batch=max_batch).max_batch_size
 
 
-# -- shared by the four --------------------------------------------------------------------------
+def _step(model: str, task: str | None, dtype: str, attn: str | None, optimizer: str, loss: str,
+          hub: bool | None, adapter: Adapter | None, given: dict[str, Any]) -> Step:
+    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords."""
+    peft = {name: given[name] for name in PEFT_KEYWORDS}
+    targets = peft["lora_targets"]
+    peft["lora_targets"] = targets if targets is None or isinstance(targets, str) else tuple(targets)
+    peft["peft_config"] = None if peft["peft_config"] is None else str(peft["peft_config"])
+    peft["load_in_4bit"], peft["load_in_8bit"] = bool(peft["load_in_4bit"]), bool(peft["load_in_8bit"])
+    return Step(model, task, dtype, optimizer, attn, loss, PeftOptions(**peft), adapter, hub)
 
 
-def _model(model: str, hub: bool | None) -> ModelSpec:
-    """``model`` resolved offline, or on the hub too with ``hub`` (None: AUTOTUNE_ALLOW_HUB)."""
-    from autotune.workload.models import resolve_model
-
-    if hub is None:
-        from autotune.settings import Settings  # pydantic-settings: imported when first needed
-
-        hub = Settings.from_env().allow_hub
-    elif not isinstance(hub, bool):
-        raise InvalidInput(f"hub must be True, False or None, got {hub!r}")
-    return resolve_model(model, allow_hub=hub, hub_hint=HUB_HINT)
-
-
-def _peft(peft: str | None, lora_r: int | None, lora_alpha: float | None, lora_dropout: float | None,
-          lora_targets: str | Sequence[str] | None, peft_config: str | Path | None, load_in_4bit: bool,
-          load_in_8bit: bool, quant_type: str | None, double_quant: bool | None,
-          compute_dtype: str | None, adapter: Adapter | None = None,
-          qlora_recipe: str | None = None) -> Adapter | None:
-    """The adapter the PEFT arguments ask for (adapters.PeftOptions), None for a full fine-tune;
-    or ``adapter`` itself (an adapters.Adapter, e.g. read from a training config)."""
-    from autotune.workload.adapters import Adapter, PeftOptions
-
-    if adapter is not None:
-        if not isinstance(adapter, Adapter):
-            raise InvalidInput(f"adapter must be an autotune.workload.adapters.Adapter, got {adapter!r}")
-        if peft is not None or peft_config is not None or load_in_4bit or lora_r is not None \
-                or qlora_recipe is not None:
-            raise InvalidInput("give adapter or the PEFT arguments (peft, lora_*, peft_config, "
-                               "load_in_4bit, qlora_recipe), not both")
-        return adapter
-    targets = lora_targets if lora_targets is None or isinstance(lora_targets, str) else tuple(lora_targets)
-    return PeftOptions(
-        peft=peft, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-        lora_targets=targets, peft_config=None if peft_config is None else str(peft_config),
-        load_in_4bit=bool(load_in_4bit), load_in_8bit=bool(load_in_8bit),
-        bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=double_quant,
-        bnb_4bit_compute_dtype=compute_dtype, qlora_recipe=qlora_recipe,
-    ).adapter()
-
-
-def _workload(spec: ModelSpec, seq_lens: Sequence[int], task: str | None, attn: str | None,
-              optimizer: str, dtype: str = DEFAULT_DTYPE, loss: str = DEFAULT_LOSS,
-              adapter: Adapter | None = None) -> Workload:
-    """The workload, every sequence length checked against the model before anything is built.
-
-    ``task=None`` is the task the config was built for (models.infer_task); ``dtype="auto"`` the
-    weights' dtype as from_pretrained loads them (models.resolve_dtype).
-    """
-    from autotune.workload import Workload
-    from autotune.workload.loss import check_loss
-    from autotune.workload.models import check_seq_len, resolve_dtype, task_for
-    from autotune.workload.optimizers import check_optimizer
-    from autotune.workload.step import check_attn
-
-    for seq_len in seq_lens:
-        check_seq_len(spec, seq_len)
-    resolved_task = task_for(spec, task)
-    return Workload(spec, resolved_task, check_attn(attn), check_optimizer(optimizer),
-                    weights_dtype=resolve_dtype(spec, dtype), loss=check_loss(loss, resolved_task),
-                    adapter=adapter)
-
-
-def _backend(name: str, gpu: str | None, gpu_memory: GpuMemory | None, *, seeded: bool = True
-             ) -> tuple[Backend, GpuSpec]:
-    from autotune.backends import make_backend
-
-    return make_backend(name, gpu, gpu_memory, seeded=seeded)
-
-
-def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInput(f"{name} must be an integer >= 1, got {value!r}")
+PEFT_KEYWORDS = ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "peft_config",
+                 "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+                 "bnb_4bit_compute_dtype", "qlora_recipe")

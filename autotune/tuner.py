@@ -101,10 +101,12 @@ class TableResult:
 
 
 def adapter_json(workload: Workload) -> dict[str, Any] | None:
-    """What results say of the workload's adapter (adapters.summarize), None without one."""
+    """What results say of the workload's adapter (adapters.summarize, with the estimator's 4-bit
+    layers on the meta device), None without one."""
+    from autotune.backends.estimate.parts import ESTIMATE_PARTS
     from autotune.workload.adapters import summarize
 
-    summary = summarize(workload)
+    summary = summarize(workload, ESTIMATE_PARTS)
     return None if summary is None else summary.to_json()
 
 

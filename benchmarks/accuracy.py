@@ -126,14 +126,15 @@ def table_adapter(data: dict[str, Any] | None) -> Any:
 def table_workload(table: dict[str, Any], backend: Any) -> Any:
     """The table's workload, built as autotune.public builds it. The attention the measured run used
     was transformers' choice unless one was asked for: None when the estimator picks the same."""
-    from autotune.public import _model, _workload
+    from autotune.request import ModelAccess, Step, TableRequest, resolve
 
-    spec = _model(table["model"], False)
     adapter = table_adapter(table.get("adapter"))
 
     def build(attn: str | None) -> Any:
-        return _workload(spec, table["seq_lens"], table["task"], attn, table["optimizer"],
-                         table["weights_dtype"], table["loss"], adapter)
+        step = Step(table["model"], table["task"], table["weights_dtype"], table["optimizer"], attn,
+                    table["loss"], adapter=adapter)
+        request = TableRequest(step, seq_lens=table["seq_lens"])
+        return resolve(request, make_target=False, access=ModelAccess(allow_hub=False)).workload
 
     workload = build(None)
     if backend.attn_used(workload) != table["attn"]:
@@ -146,12 +147,12 @@ def replay_capped(events: Sequence[tuple[int, int]], capacity_bytes: int
     """Peak reserved of the estimator's trace replayed with the budget as the allocator's limit (as the
     GPU ran, under set_per_process_memory_fraction); where it runs out of memory, None and the
     request it refused with the allocator's state then (_pool_state, after the release)."""
-    from autotune.backends.estimate.replay import _apply
+    from autotune.backends.estimate.replay import apply_events
     from autotune.errors import OutOfMemory
 
     sim = CachingAllocatorSim(capacity_bytes)
     try:
-        _apply(sim, {}, events)
+        apply_events(sim, {}, events)
     except OutOfMemory as exc:
         return None, _refusal(sim, exc)
     return sim.stats.peak_reserved_bytes, None
@@ -160,14 +161,14 @@ def replay_capped(events: Sequence[tuple[int, int]], capacity_bytes: int
 def _probe_and_trace(backend: Any, workload: Any, mode: Any, seq_len: int, budget: int,
                      batch: int) -> tuple[Any, Any]:
     """One estimator probe at ``batch`` and its step's trace (traced, or extrapolated as the probe did)."""
-    from autotune.backends.estimate.backend import _extrapolated
+    from autotune.backends.estimate.backend import extrapolate_traces
 
     with backend.cell(workload, mode, seq_len, budget) as cell:
         probe = cell.fits(batch)
         traces = getattr(cell, "traces", [])
         trace = traces[-1] if traces and traces[-1].batch_size == batch else None
         if trace is None:  # the probe extrapolated it (exact, as the probe's own replay)
-            found = _extrapolated(traces, batch, getattr(cell, "reference", None))
+            found = extrapolate_traces(traces, batch, getattr(cell, "reference", None))
             trace = None if found is None else found[0]
     return probe, trace
 

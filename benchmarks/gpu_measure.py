@@ -270,7 +270,7 @@ def run_record(name: str, out: Path) -> int:
     from autotune.backends.cuda.protocol import PROTOCOL, cell_spec
     from autotune.defaults import DEFAULT_MARGIN
     from autotune.gpus import custom_gpu
-    from autotune.public import _model, _peft, _workload
+    from autotune.request import ModelAccess, PeftOptions, Step, TableRequest, resolve
     from autotune.tuner import budget_bytes
     from autotune.units import parse_bytes
     from autotune.workload.modes import parse_modes
@@ -285,10 +285,10 @@ def run_record(name: str, out: Path) -> int:
             torch.cuda.memory._record_memory_history(max_entries=5_000_000, context=None, stacks="python")
             return info
 
-    adapter = _peft(spec.get("peft"), None, None, None, None, None, False, False, None, None, None,
-                    None, spec.get("qlora_recipe"))
-    workload = _workload(_model(spec["model"], False), [spec["seq_len"]], spec.get("task"), None,
-                         "adamw_torch_fused", "auto", "full", adapter)
+    peft = PeftOptions(peft=spec.get("peft"), qlora_recipe=spec.get("qlora_recipe"))
+    request = TableRequest(Step(spec["model"], spec.get("task"), peft_options=peft),
+                           seq_lens=[spec["seq_len"]])
+    workload = resolve(request, make_target=False, access=ModelAccess(allow_hub=False)).workload
     mode = parse_modes(spec["mode"])[0]
     budget = torch.cuda.get_device_properties(0).total_memory
     if "gpu_memory" in spec:  # the budget of the tables measured for that size (the allocator capped)

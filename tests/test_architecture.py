@@ -123,3 +123,110 @@ def test_the_import_graph_has_no_cycle():
 ])
 def test_find_cycle_finds_cycles(edges, cycle):
     assert find_cycle(edges) == cycle
+
+
+def in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
+
+
+# What the training step's definition sits below: the backends hand it their parts
+# (workload/parts.py), the analyses and the interfaces use it.
+ABOVE_THE_WORKLOAD = ("autotune.backends", "autotune.analysis", "autotune.tuner", "autotune.public",
+                      "autotune.cli", "autotune.__main__", "api")
+
+
+def test_the_workload_imports_nothing_above_it():
+    offenders = {(m, dep) for m, deps in graph().items() if in_package(m, "autotune.workload")
+                 for dep in deps if any(in_package(dep, above) for above in ABOVE_THE_WORKLOAD)}
+    assert offenders == set()
+
+
+def private_imports(path: Path) -> set[str]:
+    """``module.name`` for every ``from autotune... import _name`` in ``path`` (dunders aside)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and in_package(node.module, "autotune"):
+            found |= {f"{node.module}.{alias.name}" for alias in node.names
+                      if alias.name.startswith("_") and not alias.name.endswith("__")}
+    return found
+
+
+def test_the_service_imports_no_private_name_of_the_library():
+    offenders = {(m, name) for m, path in modules().items() if is_api(m) for name in private_imports(path)}
+    assert offenders == set()
+
+
+def test_the_benchmarks_import_no_private_name_of_the_library():
+    offenders = {(path.name, name) for path in sorted((ROOT / "benchmarks").glob("*.py"))
+                 for name in private_imports(path)}
+    assert offenders == set()
+
+
+def classes(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def patched_classes(source: str, known: dict[str, Path]) -> set[str]:
+    """``module.Class`` for every class of another project module that ``source`` changes from
+    outside: ``setattr`` / ``delattr`` on it, or an assignment to one of its attributes. The class
+    is named as imported (``from m import C``) or through its module (``import m``, ``m.C``)."""
+    imported: dict[str, str] = {}  # local name -> module.Class
+    imported_modules: dict[str, str] = {}  # local name -> module
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if f"{node.module}.{alias.name}" in known:
+                    imported_modules[local] = f"{node.module}.{alias.name}"
+                elif node.module in known and alias.name in classes(known[node.module]):
+                    imported[local] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    imported_modules[alias.asname or alias.name] = alias.name
+
+    def named_class(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return imported.get(node.id)
+        if isinstance(node, ast.Attribute):
+            module = ast.unparse(node.value)
+            module = imported_modules.get(module, module)
+            if module in known and node.attr in classes(known[module]):
+                return f"{module}.{node.attr}"
+        return None
+
+    targets: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("setattr", "delattr") and node.args:
+            targets.append(node.args[0])
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            found = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            targets += [target.value for target in found if isinstance(target, ast.Attribute)]
+    return {name for target in targets if (name := named_class(target)) is not None}
+
+
+def test_no_module_patches_a_class_of_another():
+    known = modules()
+    paths = [*known.values(), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    offenders = {(str(path.relative_to(ROOT)), name) for path in paths
+                 for name in patched_classes(path.read_text(), known)}
+    assert offenders == set()
+
+
+@pytest.mark.parametrize(("source", "patched"), [
+    ("from autotune.backends.estimate.nf4 import _MatMul4Bit\n"
+     "setattr(_MatMul4Bit, 'forward', staticmethod(print))", {"autotune.backends.estimate.nf4._MatMul4Bit"}),
+    ("import autotune.backends.estimate.nf4 as nf4\nnf4.EmulatedLinear4bit.forward = print",
+     {"autotune.backends.estimate.nf4.EmulatedLinear4bit"}),
+    ("from autotune.backends.estimate import nf4\ndelattr(nf4.LoraLinear4bit, 'forward')",
+     {"autotune.backends.estimate.nf4.LoraLinear4bit"}),
+    ("from autotune.workload.adapters import Adapter\nadapter = Adapter('lora')\nsetattr(adapter, 'r', 8)",
+     set()),  # an instance: its own business
+    ("from autotune.backends.estimate.nf4 import MATMUL_REGION\nsetattr(MATMUL_REGION, 'x', 1)", set()),
+])
+def test_patched_classes_finds_patches(source, patched):
+    assert patched_classes(source, modules()) == patched

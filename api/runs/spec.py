@@ -8,7 +8,7 @@ environment (backend, GPU kind, torch / transformers / autotune versions, and PE
 with an adapter) have the same ``key``: the service answers the second with the first's run.
 
 LoRA / QLoRA (``peft``, ``lora_*``, ``load_in_4bit``, ``bnb_4bit_*``: the CLI's options, as
-autotune.workload.adapters.PeftOptions names them) is part of the spec: ``adapter`` holds the
+autotune.request.PeftOptions names them) is part of the spec: ``adapter`` holds the
 Adapter asked for (``Adapter.to_json()``), None for a full fine-tune, so a LoRA table and a full
 fine-tune table of one model are different runs. A full fine-tune's key leaves ``adapter`` out:
 it is the key such a run had before adapters were modelled, and identical requests still meet
@@ -25,8 +25,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from autotune.defaults import (
 )
 from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
 from autotune.gpus import GpuSpec
+from autotune.request import PEFT_FIELDS, Findings, PeftOptions
 from autotune.search import METHODS
 from autotune.tuner import budget_bytes
 from autotune.units import format_bytes, parse_bytes
@@ -59,7 +59,6 @@ from autotune.workload import Workload
 from autotune.workload.adapters import (
     PEFT_CHOICES,
     Adapter,
-    PeftOptions,
     check_compute_dtype,
     check_quant_type,
     check_recipe,
@@ -316,18 +315,13 @@ def adapter_environment(env: Mapping[str, Any]) -> dict[str, Any]:
     return {**env, "peft": peft}
 
 
-LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
-BNB_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "qlora_recipe")
-PEFT_FIELDS = ("peft", *LORA_FIELDS, "load_in_4bit", "load_in_8bit", *BNB_FIELDS)
-
-
 def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
-    """The Adapter the PEFT fields ask for (adapters.PeftOptions), None for a full fine-tune.
+    """The Adapter the PEFT fields ask for (request.PeftOptions), None for a full fine-tune.
 
     Each field is checked on its own first, so that an error names it; then PeftOptions checks
     them together (a LoRA setting without ``peft``, a 4-bit setting without a 4-bit base, ...),
-    its error naming the field to change. The targets are sorted: the same modules in another
-    order are the same run.
+    its error naming the field to change (request.py). The targets are sorted: the same modules in
+    another order are the same run.
     """
     with found.about("peft"):
         peft = body.get("peft")
@@ -365,28 +359,12 @@ def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
         bnb_4bit_compute_dtype=body.get("bnb_4bit_compute_dtype"),
         qlora_recipe=body.get("qlora_recipe"),
     )
-    with found.about(_combination_field(body)):
+    with found.about("peft"):  # an error of the fields together names the one to change
         adapter = options.adapter()
         if adapter is not None and adapter.targets is not None:
             adapter = replace(adapter, targets=tuple(sorted(adapter.targets)))
         return adapter
     return None
-
-
-def _combination_field(body: Mapping[str, Any]) -> str:
-    """The field an error of PeftOptions' combined check is about: the one to change."""
-    peft = str(body.get("peft") or "none").strip().lower()
-    if peft == "none":
-        if body.get("load_in_4bit"):
-            return "load_in_4bit"
-        given = [name for name in (*LORA_FIELDS, *BNB_FIELDS) if body.get(name) is not None]
-        if given:
-            return given[0]
-    elif peft == "lora" and not body.get("load_in_4bit"):
-        given = [name for name in BNB_FIELDS if body.get(name) is not None]
-        if given:
-            return given[0]
-    return "peft"
 
 
 def _check_rank(value: Any) -> None:
@@ -426,33 +404,6 @@ def _lora_targets(value: Any) -> tuple[str, ...] | None:
         if not name.isprintable() or any(ch.isspace() for ch in name):
             raise InvalidInput(f"LoRA target {name!r} is not a module name: no spaces or control characters")
     return targets
-
-
-class Findings:
-    """The errors found in one request, in the order checked, each naming its field."""
-
-    def __init__(self) -> None:
-        self.errors: list[AutotuneError] = []
-
-    @contextmanager
-    def about(self, field: str) -> Iterator[None]:
-        """Errors raised inside are about request field ``field`` (unless they already name one),
-        and are kept: the checks go on."""
-        try:
-            yield
-        except AutotuneError as exc:
-            self.errors.append(_on(field, exc))
-
-    def ok(self, *fields: str) -> bool:
-        """No error found so far about any of ``fields``."""
-        return not any(exc.field in fields for exc in self.errors)
-
-    def raise_first(self) -> None:
-        """Raise the first error found, the others in its ``others``; nothing when none was."""
-        if self.errors:
-            first, *others = self.errors
-            first.others = tuple(others)
-            raise first
 
 
 def _on(field: str, exc: AutotuneError) -> AutotuneError:

@@ -28,11 +28,9 @@ cuda backend of its own).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -263,65 +261,15 @@ def weight_bytes(model: Any, groups: dict[str, str]) -> dict[str, int]:
 
 # -- the 4-bit matmul's temporaries ----------------------------------------------------------------
 
-# While a traced probe of explain runs: the allocation indices made inside the emulated 4-bit matmul.
-_DEQUANTIZING: ContextVar[set[int] | None] = ContextVar("dequantizing", default=None)
-_WRAPPED = "_autotune_explain_regions"
 
+def dequantization(recording: Recording) -> frozenset[int]:
+    """Indices of the allocations made inside the emulated 4-bit matmul's forward and backward
+    (the dequantized weight, the float32 absmax, casts), but for what it returns (the output, the
+    input's gradient): those the recording tracker noted in nf4's allocation region."""
+    from autotune.backends.estimate.nf4 import MATMUL_REGION
 
-@contextlib.contextmanager
-def dequantization_regions() -> Iterator[set[int]]:
-    """Collect, for the recording tracker that runs the step, the indices of the allocations made
-    inside nf4's ``_MatMul4Bit`` forward and backward (the dequantized weight, the float32
-    absmax, casts), but for what it returns (the output, the input's gradient). The class's
-    forward and backward are wrapped once; outside this context, or with no RecordingTracker
-    running, they are called as they are."""
-    _wrap_matmul_4bit()
-    found: set[int] = set()
-    token = _DEQUANTIZING.set(found)
-    try:
-        yield found
-    finally:
-        _DEQUANTIZING.reset(token)
-
-
-def _wrap_matmul_4bit() -> None:
-    from autotune.backends.estimate.nf4 import _MatMul4Bit
-
-    if getattr(_MatMul4Bit, _WRAPPED, False):
-        return
-    for method in ("forward", "backward"):
-        setattr(_MatMul4Bit, method, staticmethod(_in_region(getattr(_MatMul4Bit, method))))
-    setattr(_MatMul4Bit, _WRAPPED, True)
-
-
-def _in_region(function: Any) -> Any:
-    def region(*args: Any) -> Any:
-        found = _DEQUANTIZING.get()
-        tracker = _recording_tracker() if found is not None else None
-        if found is None or tracker is None:
-            return function(*args)
-        start = len(tracker.allocations)
-        result = function(*args)
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        returned = {tracker._current.get(leaf.untyped_storage()._cdata) for leaf in tree_leaves(result)
-                    if isinstance(leaf, torch.Tensor)}
-        found.update(index for index in range(start, len(tracker.allocations)) if index not in returned)
-        return result
-
-    return region
-
-
-def _recording_tracker() -> Any:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    from autotune.backends.estimate.instrument import RecordingTracker
-
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, RecordingTracker):
-            return mode
-    return None
+    return frozenset(index for index, allocation in enumerate(recording.allocations)
+                     if allocation.region == MATMUL_REGION)
 
 
 # -- the breakdown ------------------------------------------------------------------------------
@@ -670,15 +618,14 @@ def explain(
     model = backend._model(workload).model
     instrumented = InstrumentedBackend(backend)
     quantized = workload.adapter is not None and workload.adapter.quantized
-    regions = dequantization_regions() if quantized else contextlib.nullcontext(set[int]())
-    with instrumented.cell(workload, mode, seq_len, budget) as cell, regions as dequantizing:
+    with instrumented.cell(workload, mode, seq_len, budget) as cell:
         probe = cell.fits(at)
     recording = instrumented.last
     assert recording is not None and recording.batch_size == at
     split = groups = None
     if workload.adapter is not None:
         groups = adapter_groups(model)
-        split = AdapterSplit(quantized, groups, frozenset(dequantizing))
+        split = AdapterSplit(quantized, groups, dequantization(recording) if quantized else frozenset())
     breakdown = breakdown_of(recording, gpu, budget, probe.details["demand_bytes"],
                              probe.outcome == "fits", split)
     table, total = parameter_table(model)

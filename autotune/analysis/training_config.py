@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.request import INT8_BASE, INT8_REASON
 from autotune.workload.adapters import (
     ALL_LINEAR,
     COMPUTE_DTYPES,
     PEFT_TASK_TYPES,
     QUANT_TYPES,
     Adapter,
-    PeftOptions,
     adapter_from_peft_config,
     adapter_from_peft_dict,
     make_adapter,
@@ -334,14 +334,9 @@ _BNB_NO_EFFECT = frozenset({"quant_method", "load_in_4bit", "load_in_8bit", "bnb
 
 
 def _int8(cfg: _Config, key: str, value: Any) -> UnmodelledSetting:
-    """The refusal of an 8-bit base, in the words of the CLI's (PeftOptions, --load-in-8bit)."""
-    try:
-        PeftOptions(load_in_8bit=True).adapter()
-    except InvalidInput as exc:
-        head, _, why = str(exc).partition(" is not modelled: ")
-        what = head.removeprefix("--load-in-8bit").strip(" ()")
-        return cfg.unmodelled(key, value, f"an {what}: {why.replace('--load-in-4bit', 'load_in_4bit')}")
-    raise AssertionError("PeftOptions(load_in_8bit=True) is refused")  # pragma: no cover
+    """The refusal of an 8-bit base, for the reason the request's is refused (request.INT8_REASON)."""
+    return cfg.unmodelled(key, value, f"an {INT8_BASE}: {INT8_REASON}; use load_in_4bit (QLoRA) or a "
+                          "16-bit base")
 
 
 def _lora_number(cfg: _Config, key: str, value: Any, *, rank: bool = False, dropout: bool = False) -> Any:

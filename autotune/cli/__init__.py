@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from autotune import __version__
 from autotune.cli import check, explain, presets, serve, table
-from autotune.cli.common import EXIT_ERROR, NAMES_AND_SIZES
+from autotune.cli.common import EXIT_ERROR, NAMES_AND_SIZES, worded
 from autotune.errors import AutotuneError
 
 COMMANDS = {
@@ -88,5 +88,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except AutotuneError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+        print(f"Error: {worded(exc)}", file=sys.stderr)
         return EXIT_ERROR

@@ -32,13 +32,16 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.gpus import CUDNN_DEPRIORITIZED_ENV
+
+if TYPE_CHECKING:
+    from autotune.request import CheckRequest
 
 FORMAT = 1  # of a stored answer: a new format misses every old one
 MAX_ENTRIES = 512
@@ -57,27 +60,31 @@ def folder(configured: str | None) -> Path:
     return Path(base) / "autotune" / "checks"
 
 
-def key_of(plan: dict[str, Any], *, gpu: str | None, gpu_memory: str | None, backend: str,
-           margin: float) -> dict[str, Any] | None:
+def key_of(request: CheckRequest) -> dict[str, Any] | None:
     """The whole input of a local check, or None where an answer must not come from here."""
+    from autotune.workload.modes import parse_mode
     from autotune.workload.presets import preset_name
 
+    step, target = request.step, request.target
+    backend = target.backend
     if backend == "cuda" or (backend == "auto" and any(os.path.exists(p) for p in GPU_DEVICE_NODES)):
         return None
-    model = preset_name(plan["model"])
+    model = preset_name(step.model)
     if model is None:
         return None
-    adapter = plan["adapter"]
+    adapter = step.adapter if step.adapter is not None else step.peft_options.adapter()
     return {
         "format": FORMAT,
         "code": _code_fingerprint(),
         "versions": {name: _version(name) for name in PACKAGES},
         "model": model,
-        "step": {name: plan[name] for name in ("seq_len", "batch_size", "task", "dtype", "attn", "optimizer",
-                                                "loss", "accumulation_steps")},
-        "mode": plan["mode"].name,
-        "adapter": asdict(adapter) if is_dataclass(adapter) and not isinstance(adapter, type) else None,
-        "target": {"gpu": gpu, "gpu_memory": gpu_memory, "backend": backend, "margin": margin},
+        "step": {"seq_len": request.seq_len, "batch_size": request.batch_size, "task": step.task,
+                 "dtype": step.dtype, "attn": step.attn, "optimizer": step.optimizer, "loss": step.loss,
+                 "accumulation_steps": request.accumulation_steps},
+        "mode": parse_mode(request.mode).name,
+        "adapter": asdict(adapter) if adapter is not None else None,
+        "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,
+                   "margin": target.margin},
         "settings": {name: value for name, value in sorted(os.environ.items())
                      if name.upper().startswith("AUTOTUNE_") and name.upper() not in NOT_KEY_SETTINGS},
         # PyTorch's own switch of the SDPA kernel, which the estimate follows (estimate/attention.py).

@@ -22,33 +22,26 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass, replace
 from typing import Any
 
-import autotune
+from autotune import public
 from autotune.cli.common import (
     MODEL_HELP,
     NAMES_AND_SIZES,
-    add_backend,
-    add_hub,
-    add_margin,
-    add_peft,
-    add_step,
-    add_target,
-    peft_kwargs,
+    add_fields,
+    add_request,
     positive,
     prestart_estimator_workers,
     print_json,
     quiet_transformers,
     report_error,
+    request_of,
 )
-from autotune.defaults import (
-    DEFAULT_DTYPE,
-    DEFAULT_LOSS,
-    DEFAULT_MODE_NAME,
-    DEFAULT_OPTIMIZER,
-)
-from autotune.errors import AutotuneError, InvalidInput
+from autotune.errors import AutotuneError, InvalidInput, ServiceError
+from autotune.request import CheckRequest, PeftOptions
 from autotune.units import parse_bytes
+from autotune.workload.adapters import check_recipe
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
@@ -60,23 +53,12 @@ EARLY_LEVER_JOBS = 3
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``check`` subcommand to ``autotune``'s subparsers."""
-    from autotune.workload.modes import ALLOWED_MODE_NAMES
-
     check = subparsers.add_parser("check", help="CI gate: exit 0 if a planned step fits, 1 if not",
                                   description="Exit 0 if the planned training step fits, 1 if not, "
                                   "2 on bad input or an error.", epilog=NAMES_AND_SIZES)
     check.add_argument("model", nargs="?", help=f"{MODEL_HELP} (or from --from-config)")
-    check.add_argument("--seq-len", type=positive, metavar="N",
-                       help="sequence length of the step, in tokens (or from --from-config)")
-    check.add_argument("--batch-size", type=positive, metavar="B",
-                       help="per-device batch size of the step (or from --from-config)")
-    check.add_argument("--mode", default=None,
-                       help=f"one of {', '.join(ALLOWED_MODE_NAMES)} (default {DEFAULT_MODE_NAME})")
-    add_step(check)
-    add_peft(check)
-    add_target(check, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
-    add_backend(check)
-    add_margin(check)
+    add_fields(check, CheckRequest, ("seq_len", "batch_size", "mode"))
+    add_request(check, CheckRequest)
     check.add_argument("--server", default=None,
                        help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local); "
                        "the service decides on hub ids (its AUTOTUNE_ALLOW_HUB)")
@@ -87,7 +69,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="backend estimate: a step that does not fit has its levers searched in N "
                        "processes at once, the same answers (default: one per lever, up to the usable "
                        "CPU cores, for models of 10M parameters or more; 1: one process)")
-    add_hub(check)
     check.add_argument("--no-cache", action="store_true",
                        help="compute the answer again: neither read nor write the local answer cache "
                        "(an estimate of a preset model is kept, keyed by every input and the versions "
@@ -97,64 +78,65 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return check
 
 
-# What a training config may set besides model, seq_len, batch_size and mode: flag -> plan key.
-# A flag given explicitly wins over the config; its default does not.
-_STEP_FIELDS = {"task": None, "dtype": DEFAULT_DTYPE, "optimizer": DEFAULT_OPTIMIZER,
-                "attn": None, "loss": DEFAULT_LOSS}
+@dataclass(frozen=True)
+class Plan:
+    """What ``check`` answers: the request (flags over --from-config's values), and what the
+    config reader said of the file."""
+
+    request: CheckRequest
+    notes: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
 
 
-def _plan(args: argparse.Namespace) -> dict[str, Any]:
-    """Merge --from-config with the flags (flags win); name what is missing."""
-    from autotune.analysis.training_config import missing_fields, read_training_config
-    from autotune.workload.modes import parse_mode
+# What a training config may set, as request fields: a flag given wins over the file.
+_CONFIG_FIELDS = ("model", "seq_len", "batch_size", "accumulation_steps", "task", "dtype", "optimizer",
+                  "attn", "loss")
 
-    plan: dict[str, Any] = {"model": args.model, "seq_len": args.seq_len,
-                            "batch_size": args.batch_size, "mode": None, "accumulation_steps": 1,
-                            "notes": [], "ignored": []}
-    if args.mode is not None:
-        plan["mode"] = parse_mode(args.mode)
-    for name, default in _STEP_FIELDS.items():
-        given = getattr(args, name)
-        plan[name] = given if given != default else None
-    if args.from_config:
-        planned = read_training_config(args.from_config)
-        for key in ("model", "seq_len", "batch_size", "mode", *_STEP_FIELDS):
-            if plan[key] is None:
-                plan[key] = getattr(planned, key)
-        plan["accumulation_steps"] = planned.accumulation_steps
-        plan["notes"] = [f"read {args.from_config} as {planned.format}", *planned.notes]
-        plan["ignored"] = list(planned.ignored)
-        missing = [name for name in missing_fields(planned) if plan[name] is None]
-    else:
-        missing = [name for name in ("model", "seq_len", "batch_size") if plan[name] is None]
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """The flags' request, --from-config filling what they leave out; every missing field named."""
+    from autotune.analysis.training_config import read_training_config
+
+    flags = request_of(CheckRequest, args, model=args.model)
+    if not args.from_config:
+        _missing(flags, None)
+        return Plan(flags)  # type: ignore[arg-type]
+    planned = read_training_config(args.from_config)
+    read = {name: getattr(planned, name) for name in _CONFIG_FIELDS}
+    read["mode"] = None if planned.mode is None else planned.mode.name
+    given = {name for name in (*_CONFIG_FIELDS, "mode") if getattr(args, name, None) is not None}
+    values = {name: value for name, value in read.items() if name not in given and value is not None}
+    adapter = _adapter(flags.step.peft_options, planned.adapter)  # type: ignore[union-attr]
+    step = replace(flags.step, **{k: v for k, v in values.items() if k in _STEP_FIELDS},
+                   adapter=adapter, peft_options=PeftOptions() if adapter is not None
+                   else flags.step.peft_options)  # type: ignore[union-attr]
+    request = replace(flags, step=step, **{k: v for k, v in values.items() if k not in _STEP_FIELDS})
+    _missing(request, args.from_config)  # type: ignore[arg-type]
+    return Plan(request, (f"read {args.from_config} as {planned.format}", *planned.notes),  # type: ignore[arg-type]
+                tuple(planned.ignored))
+
+
+_STEP_FIELDS = ("model", "task", "dtype", "optimizer", "attn", "loss")
+
+
+def _missing(request: Any, config: str | None) -> None:
+    missing = [name for name in ("model", "seq_len", "batch_size")
+               if (request.step.model if name == "model" else getattr(request, name)) is None]
     if missing:
-        flags = {"model": "MODEL", "seq_len": "--seq-len", "batch_size": "--batch-size"}
-        where = f" in {args.from_config!r} or" if args.from_config else ""
-        raise InvalidInput(
-            f"missing {', '.join(missing)}: give{where} {', '.join(flags[m] for m in missing)}"
-        )
-    plan["adapter"] = _adapter(args, getattr(planned, "adapter", None) if args.from_config else None)
-    plan["mode"] = plan["mode"] or parse_mode(DEFAULT_MODE_NAME)
-    for name, default in _STEP_FIELDS.items():
-        if plan[name] is None:
-            plan[name] = default
-    return plan
+        where = f" in {config!r} or" if config else ""
+        raise InvalidInput.naming(f"missing {', '.join(missing)}: give{where} "
+                                  f"{', '.join('{' + name + '}' for name in missing)}")
 
 
-def _adapter(args: argparse.Namespace, configured: Any) -> Any:
-    """The adapter of the step: the PEFT flags' when any is given (flags win), else the config's;
-    ``--qlora-recipe`` alone changes only how the config's 4-bit base is prepared."""
-    from dataclasses import replace
-
-    from autotune.workload.adapters import PeftOptions, check_recipe
-
-    flags = peft_kwargs(args)
-    given = [name for name, value in flags.items() if value not in (None, False)]
-    if given == ["qlora_recipe"] and configured is not None and configured.quantized:
-        return replace(configured, recipe=check_recipe(flags["qlora_recipe"]))
-    if given:
-        return PeftOptions(**flags).adapter()
-    return configured
+def _adapter(options: PeftOptions, configured: Any) -> Any:
+    """The config's adapter, unless PEFT flags are given (they win: None, the request's options
+    then say the adapter); ``--qlora-recipe`` alone changes only how the config's 4-bit base is
+    prepared."""
+    given = options.given()
+    if options.qlora_recipe is not None and given == ["qlora_recipe"] and configured is not None \
+            and configured.quantized:
+        return replace(configured, recipe=check_recipe(options.qlora_recipe))
+    return None if given else configured
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -164,42 +146,41 @@ def run_check(args: argparse.Namespace) -> int:
 
         settings = Settings.from_env()
         server = args.server or settings.server
-        result = (_ask_server(server, args, plan, settings.api_token) if server
-                  else _check_locally(args, plan, settings.cache_dir))
+        result = (_ask_server(server, plan.request, settings.api_token) if server
+                  else _check_locally(args, plan.request, settings.cache_dir))
     except AutotuneError as exc:
         return report_error(exc, as_json=args.json)
     if args.json:
-        print_json({**result, "config_notes": plan["notes"], "ignored_keys": plan["ignored"]})
+        print_json({**result, "config_notes": list(plan.notes), "ignored_keys": list(plan.ignored)})
     else:
         print(result["message"])
         if result.get("cached"):
             print("note: answered from the local answer cache (AUTOTUNE_CACHE_DIR, default "
                   "~/.cache/autotune/checks); --no-cache computes it again")
-        for note in plan["notes"]:
+        for note in plan.notes:
             print(f"note: {note}")
-        if plan["ignored"]:
-            print(f"note: ignored (no effect on memory): {', '.join(plan['ignored'])}")
+        if plan.ignored:
+            print(f"note: ignored (no effect on memory): {', '.join(plan.ignored)}")
     return EXIT_FITS if result["fits"] else EXIT_DOES_NOT_FIT
 
 
-def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+def _check_locally(args: argparse.Namespace, request: CheckRequest, cache_dir: str | None) -> dict[str, Any]:
     """The check on this machine; an estimator's answer from the answer cache when it has it, or
     from its cell's memo kept there (answers.py), which ``cached`` says."""
     from autotune.cli import answers
 
     where = answers.folder(cache_dir)
-    key = None if args.no_cache else answers.key_of(plan, gpu=args.gpu, gpu_memory=args.gpu_memory,
-                                                     backend=args.backend, margin=args.margin)
+    key = None if args.no_cache else answers.key_of(request)
     stored = answers.read(where, key) if key is not None else None
     if stored is not None:
         return {**stored, "cached": True}
-    effective_batch = plan["batch_size"] * plan["accumulation_steps"]
+    effective_batch = request.batch_size * request.accumulation_steps
     memo = answers.read_cell(where, key) if key is not None else None
     if key is not None and memo is not None:
         from autotune.analysis.check import CellMemo, check_from_memo
 
         try:
-            found = check_from_memo(CellMemo.from_json(memo), batch_size=plan["batch_size"],
+            found = check_from_memo(CellMemo.from_json(memo), batch_size=request.batch_size,
                                     effective_batch=effective_batch)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # unreadable: computed again
             found = None
@@ -212,18 +193,12 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
     # A step that does not fit has its levers searched in worker processes (parallel.py): started
     # now, they import torch while this process does and searches the cell itself; unused ones
     # are stopped (a step that fits needs none).
-    prestart_estimator_workers(args.backend, plan["model"], args.workers, jobs=EARLY_LEVER_JOBS)
+    prestart_estimator_workers(request.target.backend, request.step.model, request.workers,
+                               jobs=EARLY_LEVER_JOBS)
     kept: list[Any] = []
     try:
         with quiet_transformers():
-            result = autotune.check(
-                plan["model"], seq_len=plan["seq_len"], batch_size=plan["batch_size"], mode=plan["mode"].name,
-                task=plan["task"], dtype=plan["dtype"], attn=plan["attn"], gpu=args.gpu,
-                gpu_memory=args.gpu_memory, backend=args.backend, margin=args.margin,
-                optimizer=plan["optimizer"], loss=plan["loss"],
-                accumulation_steps=plan["accumulation_steps"], hub=args.hub, adapter=plan["adapter"],
-                workers=args.workers, remember=kept.append if key is not None else None,
-            )
+            result = public.run_check(request, remember=kept.append if key is not None else None)
     finally:
         parallel.stop_prestarted()
     answer = result.to_dict()
@@ -234,26 +209,26 @@ def _check_locally(args: argparse.Namespace, plan: dict[str, Any], cache_dir: st
     return {**answer, "cached": False}
 
 
-def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], token: str | None
-                ) -> dict[str, Any]:
-    """GET {server}/v1/check with the plan; the service's 4xx details become our errors."""
-    if args.gpu_memory:
-        parse_bytes(args.gpu_memory)  # a malformed size is refused here, as it is locally
-    query = {
-        "model": plan["model"], "seq_len": plan["seq_len"], "batch_size": plan["batch_size"],
-        "mode": plan["mode"].name, "margin": args.margin, "dtype": plan["dtype"],
-        "optimizer": plan["optimizer"], "loss": plan["loss"],
-        "accumulation_steps": plan["accumulation_steps"],
+def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[str, Any]:
+    """GET {server}/v1/check with the request; the service's 4xx details become our errors."""
+    from autotune.workload.modes import parse_mode
+
+    step, target = request.step, request.target
+    if target.gpu_memory:
+        parse_bytes(target.gpu_memory)  # a malformed size is refused here, as it is locally
+    query: dict[str, Any] = {
+        "model": step.model, "seq_len": request.seq_len, "batch_size": request.batch_size,
+        "mode": parse_mode(request.mode).name, "margin": target.margin, "dtype": step.dtype,
+        "optimizer": step.optimizer, "loss": step.loss, "accumulation_steps": request.accumulation_steps,
     }
-    if plan["task"]:
-        query["task"] = plan["task"]
-    if args.gpu:
-        query["gpu"] = args.gpu
-    if args.gpu_memory:
-        query["gpu_memory"] = args.gpu_memory
-    if plan["attn"]:
-        query["attn"] = plan["attn"]
-    query.update(_adapter_query(plan["adapter"]))
+    for name in ("task", "attn"):
+        if getattr(step, name):
+            query[name] = getattr(step, name)
+    for name in ("gpu", "gpu_memory"):
+        if getattr(target, name):
+            query[name] = getattr(target, name)
+    adapter = step.adapter if step.adapter is not None else step.peft_options.adapter()
+    query.update(_adapter_query(adapter))
     url = f"{server.rstrip('/')}/v1/check?{urllib.parse.urlencode(query)}"
     headers = {"Accept": "application/json"}
     if token:
@@ -263,11 +238,11 @@ def _ask_server(server: str, args: argparse.Namespace, plan: dict[str, Any], tok
                                     timeout=SERVER_TIMEOUT_S) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        detail = _detail(exc)
-        raise InvalidInput(f"server {server} answered {exc.code}: {detail}") from exc
+        error = InvalidInput if 400 <= exc.code < 500 else ServiceError
+        raise error(f"server {server} answered {exc.code}: {_detail(exc)}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise InvalidInput(f"server {server} is unreachable: {reason}") from exc
+        raise ServiceError(f"server {server} is unreachable: {reason}") from exc
 
 
 def _adapter_query(adapter: Any) -> dict[str, Any]:

@@ -23,25 +23,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import autotune
 from autotune.analysis.explain import category_labels
 from autotune.cli.common import (
     EXIT_OK,
     MODEL_HELP,
     NAMES_AND_SIZES,
-    add_hub,
-    add_margin,
-    add_peft,
-    add_step,
-    add_target,
-    peft_kwargs,
+    add_fields,
+    add_request,
     positive,
     prestart_estimator_workers,
     print_json,
     quiet_transformers,
     report_error,
+    request_of,
 )
+from autotune.defaults import EXPLAIN_BACKEND
 from autotune.errors import AutotuneError, InvalidInput
+from autotune.public import run_explain
+from autotune.request import ExplainRequest
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -53,28 +52,13 @@ TOP = 5  # modules per table in the text report (--json has explain.TOP_MODULES)
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``explain`` subcommand to ``autotune``'s subparsers."""
-    from autotune.defaults import DEFAULT_MODE_NAME, EXPLAIN_BACKEND
-    from autotune.workload.modes import ALLOWED_MODE_NAMES
-
     parser = subparsers.add_parser(
         "explain", help="where the memory goes at a batch, and the max batch under each lever",
         description="Where the memory of a training step goes, and what each lever would buy.",
         epilog=NAMES_AND_SIZES)
     parser.add_argument("model", help=MODEL_HELP)
-    parser.add_argument("--seq-len", type=positive, default=None,
-                        help="sequence length (default: the longest in --lengths or --texts, else the "
-                        "model's limit)")
-    parser.add_argument("--batch-size", type=positive, default=None,
-                        help="the batch to explain, and the effective batch to reach by accumulation "
-                        "(default: the max batch)")
-    parser.add_argument("--mode", default=DEFAULT_MODE_NAME, help=f"one of {', '.join(ALLOWED_MODE_NAMES)} "
-                        "(default: %(default)s)")
-    add_step(parser)
-    add_peft(parser)
-    add_target(parser, gpu_help="GPU preset, e.g. T4 (see `autotune gpus`)")
-    parser.add_argument("--backend", default=EXPLAIN_BACKEND, choices=(EXPLAIN_BACKEND,),
-                        help="explain runs the estimator: the breakdown needs its traced step")
-    add_margin(parser)
+    add_fields(parser, ExplainRequest, ("seq_len", "batch_size", "mode"))
+    add_request(parser, ExplainRequest, choices={"backend": (EXPLAIN_BACKEND,)})
     data = parser.add_mutually_exclusive_group()
     data.add_argument("--lengths", default=None, metavar="FILE",
                       help="token lengths of the data, one per line: percentiles and dynamic padding")
@@ -91,7 +75,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=positive, default=None, metavar="N",
                         help="the levers are searched in N processes at once, the same answers (default: "
                         "up to the usable CPU cores, for models of 10M parameters or more; 1: one process)")
-    add_hub(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -112,17 +95,14 @@ def _explain(args: argparse.Namespace) -> Explanation:
     from autotune import parallel
 
     if not args.no_levers:  # their workers import torch while this process does (parallel.py)
-        prestart_estimator_workers(args.backend, args.model, args.workers, jobs=parallel.LEVERS_AT_MOST)
+        prestart_estimator_workers(args.backend or EXPLAIN_BACKEND, args.model, args.workers,
+                                   jobs=parallel.LEVERS_AT_MOST)
     try:
         with quiet_transformers():
             lengths = _lengths(args)
-            return autotune.explain(
-                args.model, seq_len=args.seq_len, batch_size=args.batch_size, mode=args.mode,
-                task=args.task, dtype=args.dtype, attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory,
-                backend=args.backend, margin=args.margin, optimizer=args.optimizer, loss=args.loss,
-                lengths=lengths, levers=not args.no_levers, hub=args.hub, workers=args.workers,
-                **peft_kwargs(args),
-            )
+            request = request_of(ExplainRequest, args, model=args.model, levers=not args.no_levers,
+                                 lengths=None if lengths is None else tuple(lengths))
+            return run_explain(request)  # type: ignore[arg-type]
     finally:
         parallel.stop_prestarted()
 

@@ -18,31 +18,23 @@ import argparse
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
-import autotune
 from autotune.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     MODEL_HELP,
     NAMES_AND_SIZES,
-    add_backend,
-    add_hub,
-    add_margin,
-    add_peft,
-    add_step,
-    add_target,
-    int_list,
-    peft_kwargs,
+    add_fields,
+    add_request,
     positive,
     prestart_estimator_workers,
     print_json,
     quiet_transformers,
+    request_of,
 )
-from autotune.defaults import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_METHOD,
-    DEFAULT_MODE_NAMES,
-)
+from autotune.defaults import DEFAULT_BACKEND, DEFAULT_MODE_NAMES
 from autotune.errors import AutotuneError
+from autotune.public import run_table
+from autotune.request import TableRequest
 from autotune.units import format_bytes
 from autotune.workload.support import weights_label
 
@@ -52,28 +44,13 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``table`` subcommand to ``autotune``'s subparsers."""
-    from autotune.search import METHODS
-    from autotune.workload.modes import ALLOWED_MODE_NAMES
-
     table = subparsers.add_parser("table", help="max batch size table for a model",
                                   description="The max batch size of each sequence length and mode.",
                                   epilog=NAMES_AND_SIZES)
     table.add_argument("model", help=MODEL_HELP)
-    table.add_argument("--seq-lens", type=int_list, default=None,
-                       help="comma-separated sequence lengths (default: 64,128,256,320,384,512 for "
-                       "models of at most 512 positions, else 512,1024,2048,4096,8192; within the "
-                       "model's limit)")
-    table.add_argument("--modes", default=",".join(DEFAULT_MODE_NAMES),
-                       help=f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} "
-                       "(default: %(default)s)")
-    add_step(table)
-    add_peft(table)
-    add_target(table)
-    add_backend(table)
-    add_margin(table)
-    table.add_argument("--search", default=DEFAULT_METHOD, choices=METHODS,
-                       help="guided: each probe where the peaks measured so far put the limit; "
-                       "bisect: 1, 2, 4, ... then binary search (default: %(default)s)")
+    add_fields(table, TableRequest, ("seq_lens", "modes"))
+    add_request(table, TableRequest)
+    add_fields(table, TableRequest, ("search",))
     table.add_argument("--no-seed-with-estimate", dest="seed_with_estimate", action="store_false",
                        help="backend cuda: search each cell on the GPU without first asking the "
                        "estimator where its limit is (default: seeded, two GPU probes per cell "
@@ -82,10 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="backend estimate: the modes run in N processes at once, the same answers "
                        "(default: one per mode, up to the usable CPU cores, for models of 10M "
                        "parameters or more; 1: one process)")
-    table.add_argument("--max-batch", type=positive, default=DEFAULT_MAX_BATCH, metavar="N",
-                       help="the largest batch probed; a cell that fits at it is shown N+ "
-                       "(default: %(default)s)")
-    add_hub(table)
+    add_fields(table, TableRequest, ("max_batch",))
     table.add_argument("--json", action="store_true", help="print one JSON document")
     return table
 
@@ -98,13 +72,8 @@ def run(args: argparse.Namespace) -> int:
     prestart_workers(args)
     try:
         with quiet_transformers():  # its notices would break the progress line
-            table = autotune.table(
-                args.model, seq_lens=args.seq_lens, modes=args.modes, task=args.task, dtype=args.dtype,
-                attn=args.attn, gpu=args.gpu, gpu_memory=args.gpu_memory, backend=args.backend,
-                margin=args.margin, search=args.search, max_batch=args.max_batch,
-                optimizer=args.optimizer, loss=args.loss, hub=args.hub, on_cell=progress.update,
-                seed_with_estimate=args.seed_with_estimate, workers=args.workers, **peft_kwargs(args),
-            )
+            request = request_of(TableRequest, args)
+            table = run_table(request, on_cell=progress.update)  # type: ignore[arg-type]
     finally:
         parallel.stop_prestarted()
     progress.close()
@@ -122,10 +91,11 @@ def prestart_workers(args: argparse.Namespace) -> int:
     from autotune.workload.modes import parse_modes
 
     try:
-        modes = len(parse_modes(args.modes))
+        modes = len(parse_modes(args.modes or list(DEFAULT_MODE_NAMES)))
     except AutotuneError:  # the table says what is wrong
         return 0
-    return prestart_estimator_workers(args.backend, args.model, args.workers, jobs=modes if modes > 1 else 0)
+    return prestart_estimator_workers(args.backend or DEFAULT_BACKEND, args.model, args.workers,
+                                      jobs=modes if modes > 1 else 0)
 
 
 class Progress:

@@ -29,7 +29,7 @@ adapter layers' activations (their dropout, their casts) and the optimizer over 
 weights alone are what PEFT builds. What differs between backends is only how a linear layer
 is stored in 4 bits: the estimator replaces it by an emulation with bitsandbytes' sizes
 (backends/estimate/nf4.py), the cuda backend by bitsandbytes' ``Linear4bit``
-(backends/cuda/bnb.py). Both are passed in as ``quantize``.
+(backends/cuda/bnb.py). Both come with the backend's parts (workload/parts.py, ``StepParts``).
 
 PEFT's defaults, kept here: ``lora_alpha`` 8 and ``lora_dropout`` 0 in ``LoraConfig``; this tool's
 defaults (r 16, alpha 32, dropout 0.05) are the ones Axolotl's and TRL's QLoRA examples use.
@@ -271,6 +271,9 @@ def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -
 
 # --- building the adapted model ----------------------------------------------------------------
 
+if TYPE_CHECKING:
+    from autotune.workload.parts import StepParts
+
 
 @dataclass(frozen=True)
 class ParameterCounts:
@@ -312,13 +315,13 @@ def compute_dtype(adapter: Adapter, supports_bf16: bool) -> str:
 
 
 def prepare(
-    model: torch.nn.Module, adapter: Adapter, task: str,
-    quantize: Callable[[torch.nn.Module, str], torch.nn.Module] | None = None,
+    model: torch.nn.Module, adapter: Adapter, task: str, parts: StepParts | None = None, *,
+    supports_bf16: bool = True,
 ) -> torch.nn.Module:
-    """``model`` as PEFT wraps it for ``adapter``: for qlora, its linear layers quantized by
-    ``quantize(linear, module_name)`` first (those transformers' bitsandbytes integration
-    quantizes) and the base prepared by the adapter's recipe (module docstring); then
-    ``get_peft_model``.
+    """``model`` as PEFT wraps it for ``adapter``: for qlora, its linear layers stored in 4 bits
+    by the backend's ``parts`` first (those transformers' bitsandbytes integration quantizes,
+    computing in ``compute_dtype(adapter, supports_bf16)``: the card's) and the base prepared by
+    the adapter's recipe (module docstring); then ``get_peft_model``.
 
     Gradient checkpointing is left to the step (step.gradient_checkpointing), which turns it on
     per mode as ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` would.
@@ -326,8 +329,10 @@ def prepare(
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     if adapter.quantized:
-        if quantize is None:
+        if parts is None:
             raise InvalidInput("a 4-bit base needs a backend that can store it")
+        quantize = parts.quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
+                                   compute_dtype=compute_dtype(adapter, supports_bf16))
         _quantize_linears(model, quantize)
         # transformers' Bnb4BitHfQuantizer sets it after loading
         setattr(model, "is_loaded_in_4bit", True)  # noqa: B010 (not an attribute mypy knows)
@@ -339,7 +344,7 @@ def prepare(
             if adapter.recipe == "axolotl":
                 _axolotl_back_to_model_dtype(model, loaded)
     config = lora_config(adapter, task)
-    _register_quantized_layers(config, adapter)
+    _register_quantized_layers(config, adapter, parts)
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as exc:
@@ -398,25 +403,25 @@ def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any
         model.set_submodule(name, quantize(model.get_submodule(name), name))
 
 
-def _register_quantized_layers(config: Any, adapter: Adapter) -> None:
-    """PEFT's custom-module hook for the estimator's emulated 4-bit layers (the cuda backend's
-    bitsandbytes layers are dispatched by PEFT itself)."""
-    if not adapter.quantized:
+def _register_quantized_layers(config: Any, adapter: Adapter, parts: StepParts | None) -> None:
+    """PEFT's custom-module hook for the backend's 4-bit layers that PEFT does not dispatch itself
+    (the estimator's emulated ones; the cuda backend's bitsandbytes layers PEFT knows)."""
+    if not adapter.quantized or parts is None:
         return
-    from autotune.backends.estimate.nf4 import EmulatedLinear4bit, LoraLinear4bit
+    mapping = dict(parts.lora_modules())
+    if mapping:
+        config._register_custom_module(mapping)
 
-    config._register_custom_module({EmulatedLinear4bit: LoraLinear4bit})
 
-
-def parameter_counts(model: Any) -> ParameterCounts:
-    """Trainable and total parameters as PEFT's ``get_nb_trainable_parameters`` counts them."""
+def parameter_counts(model: Any, parts: StepParts | None = None) -> ParameterCounts:
+    """Trainable and total parameters as PEFT's ``get_nb_trainable_parameters`` counts them;
+    ``parts``: the backend's that built ``model`` (a 4-bit base needs them)."""
     if hasattr(model, "get_nb_trainable_parameters"):
         trainable, total = model.get_nb_trainable_parameters()
-        # PEFT counts a bitsandbytes Params4bit as 2 elements a byte (peft_model.py); the
-        # estimator's emulated 4-bit weight is a plain uint8 parameter, counted once.
-        from autotune.backends.estimate.nf4 import EmulatedLinear4bit
-
-        total += sum(m.weight.numel() for m in model.modules() if isinstance(m, EmulatedLinear4bit))
+        # PEFT counts a bitsandbytes Params4bit as 2 elements a byte (peft_model.py); a backend's
+        # 4-bit weight that PEFT does not know (the estimator's uint8 parameter) it counts once.
+        if parts is not None:
+            total += parts.uncounted_4bit_parameters(model)
         return ParameterCounts(int(trainable), int(total))
     params = list(model.parameters())
     return ParameterCounts(sum(p.numel() for p in params if p.requires_grad),
@@ -462,14 +467,15 @@ def _count(n: int) -> str:
 _SUMMARIES: dict[Any, AdapterSummary] = {}
 
 
-def summarize(workload: Any) -> AdapterSummary | None:
+def summarize(workload: Any, parts: StepParts) -> AdapterSummary | None:
     """The AdapterSummary of ``workload`` (None without an adapter), from the model built on the
-    meta device (shapes only): the same PEFT wrapping as every backend's, 4-bit layers counted as
-    PEFT counts bitsandbytes' (two weights a byte)."""
+    meta device (shapes only) with ``parts`` (the estimator's: tuner.adapter_json): the same PEFT
+    wrapping as every backend's, 4-bit layers counted as PEFT counts bitsandbytes' (two weights
+    a byte)."""
     adapter = workload.adapter
     if adapter is None:
         return None
-    key = (workload.model.name, workload.task, workload.weights_dtype, adapter)
+    key = (workload.model.name, workload.task, workload.weights_dtype, adapter, parts)
     found = _SUMMARIES.get(key)
     if found is None:
         import torch
@@ -478,95 +484,13 @@ def summarize(workload: Any) -> AdapterSummary | None:
 
         with torch.device("meta"):
             model, _ = build_model(workload.model, workload.task, "eager", workload.weights_dtype)
-            quantize = None
-            if adapter.quantized:
-                from autotune.backends.estimate.nf4 import make_quantizer
-
-                quantize = make_quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
-                                          compute_dtype=adapter.compute_dtype or "bfloat16")
-            wrapped = prepare(model, adapter, workload.task, quantize)
-        found = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped))
+            wrapped = prepare(model, adapter, workload.task, parts)
+        found = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped, parts))
         _SUMMARIES[key] = found
     return found
 
 
-# --- the options the CLI, the Python API and the service take ----------------------------------------
-
-
-@dataclass(frozen=True)
-class PeftOptions:
-    """What a user asks for: ``--peft``, ``--lora-*``, ``--peft-config``, ``--load-in-4bit`` and the
-    bitsandbytes 4-bit settings. ``adapter()`` checks them together."""
-
-    peft: str | None = None  # "none" | "lora" | "qlora"; None: none, or what peft_config says
-    lora_r: int | None = None
-    lora_alpha: float | None = None
-    lora_dropout: float | None = None
-    lora_targets: str | tuple[str, ...] | None = None
-    peft_config: str | None = None  # a path to adapter_config.json or its directory
-    load_in_4bit: bool = False
-    load_in_8bit: bool = False
-    bnb_4bit_quant_type: str | None = None
-    bnb_4bit_use_double_quant: bool | None = None
-    bnb_4bit_compute_dtype: str | None = None
-    qlora_recipe: str | None = None  # QLORA_RECIPES; None: DEFAULT_QLORA_RECIPE
-
-    def adapter(self) -> Adapter | None:
-        """The Adapter asked for, or None (a full fine-tune); InvalidInput for a combination
-        that does not make a training step, naming the options."""
-        peft = (self.peft or "none").strip().lower()
-        if peft not in PEFT_CHOICES:
-            raise InvalidInput(f"unknown --peft {self.peft!r}: allowed are {', '.join(PEFT_CHOICES)}")
-        if self.load_in_8bit:
-            raise InvalidInput(
-                "--load-in-8bit (LLM.int8 base, bitsandbytes Linear8bitLt) is not modelled: its "
-                "training step quantizes every input row to int8 with outlier columns kept in 16 bits, "
-                "which autotune does not emulate yet; use --load-in-4bit (QLoRA) or a 16-bit base")
-        lora_flags = {"--lora-r": self.lora_r, "--lora-alpha": self.lora_alpha,
-                      "--lora-dropout": self.lora_dropout, "--lora-targets": self.lora_targets}
-        given = [flag for flag, value in lora_flags.items() if value is not None]
-        quant_flags = {"--bnb-4bit-quant-type": self.bnb_4bit_quant_type,
-                       "--bnb-4bit-use-double-quant": self.bnb_4bit_use_double_quant,
-                       "--bnb-4bit-compute-dtype": self.bnb_4bit_compute_dtype,
-                       "--qlora-recipe": self.qlora_recipe}
-        quant_given = [flag for flag, value in quant_flags.items() if value is not None]
-        quantized = peft == "qlora" or self.load_in_4bit
-        if self.peft_config is not None:
-            if peft == "none" and self.peft is not None:
-                raise InvalidInput("--peft none and --peft-config contradict: leave --peft out, or "
-                                   "give lora or qlora")
-            if given:
-                raise InvalidInput(f"give --peft-config or {', '.join(given)}, not both: the "
-                                   "config's values would be overridden silently")
-            adapter = adapter_from_peft_config(self.peft_config, quantized=quantized)
-        elif peft == "none":
-            if self.load_in_4bit:
-                raise InvalidInput("--load-in-4bit trains adapters only (a 4-bit base is frozen): add "
-                                   "--peft lora (QLoRA) or --peft qlora")
-            if given or quant_given:
-                named = given + quant_given
-                raise InvalidInput(f"{', '.join(named)} {'needs' if len(named) == 1 else 'need'} "
-                                   "--peft lora or --peft qlora")
-            return None
-        else:
-            adapter = make_adapter(
-                "qlora" if quantized else "lora",
-                r=DEFAULT_R if self.lora_r is None else self.lora_r,
-                alpha=DEFAULT_ALPHA if self.lora_alpha is None else self.lora_alpha,
-                dropout=DEFAULT_DROPOUT if self.lora_dropout is None else self.lora_dropout,
-                targets=self.lora_targets)
-        if quant_given and not adapter.quantized:
-            raise InvalidInput(f"{', '.join(quant_given)} set a 4-bit base: add --load-in-4bit or "
-                               "--peft qlora")
-        if adapter.quantized:
-            adapter = replace(
-                adapter,
-                quant_type=check_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
-                double_quant=adapter.double_quant if self.bnb_4bit_use_double_quant is None
-                else bool(self.bnb_4bit_use_double_quant),
-                compute_dtype=check_compute_dtype(self.bnb_4bit_compute_dtype) or adapter.compute_dtype,
-                recipe=check_recipe(self.qlora_recipe or adapter.recipe or DEFAULT_QLORA_RECIPE))
-        return adapter
+# --- checking one field (the request, autotune/request.py, checks them together) ------------------
 
 
 def check_quant_type(value: str) -> str:

@@ -13,14 +13,15 @@ parameters in one group, with the Trainer's default learning rate (memory does n
     paged_adamw_32bit  bitsandbytes AdamW(optim_bits=32, is_paged=True)
     sgd                torch.optim.SGD (no momentum: no state)
 
-``make_optimizer(..., emulate=True)`` is the estimator's: the parameters are fake tensors on the
-CPU that stand for CUDA tensors, so PyTorch's and transformers' own classes run (AdamW with
-``foreach=True``, PyTorch's choice for CUDA tensors: torch/optim/optimizer.py,
+``make_optimizer`` takes the backend's parts (parts.StepParts). The estimator's parameters are
+fake tensors on the CPU that stand for CUDA tensors, so PyTorch's and transformers' own classes
+run (AdamW with ``foreach=True``, PyTorch's choice for CUDA tensors: torch/optim/optimizer.py,
 ``_default_to_fused_or_foreach``). Fused AdamW runs there through the meta kernel of
 ``aten._fused_adamw_`` (torch/_meta_registrations.py), which, like the CUDA kernel, updates in
 place and allocates nothing. bitsandbytes has no CPU kernels to run there and is never
-imported: ``BnbAdamWState`` allocates its state exactly as bitsandbytes does. ``emulate=False``
-(the cuda backend) builds the real optimizers, bitsandbytes' through backends/cuda/bnb.py.
+imported: ``BnbAdamWState`` allocates its state exactly as bitsandbytes does
+(``emulated_bnb_optimizer``). The cuda backend builds the real optimizers, bitsandbytes' through
+backends/cuda/bnb.py.
 
 Paged state (``outside_allocator_bytes``) is CUDA unified memory, not the caching allocator's.
 Torch is imported only when an optimizer is built: the CLI and the service read the names.
@@ -28,7 +29,8 @@ Torch is imported only when an optimizer is built: the CLI and the service read 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -36,6 +38,12 @@ from autotune.errors import InvalidInput
 
 if TYPE_CHECKING:
     import torch
+
+    from autotune.workload.parts import StepParts
+
+# A context in which the storages made are not the caching allocator's (CUDA unified memory):
+# the estimator's tracker.outside_allocator.
+OutsideAllocator = Callable[[], AbstractContextManager[Any]]
 
 Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
                     "paged_adamw_8bit", "paged_adamw_32bit", "sgd"]
@@ -122,16 +130,14 @@ def optimizer_label(name: str) -> str:
     return _LABELS[check_optimizer(name)]
 
 
-def make_optimizer(model: torch.nn.Module, name: str, *, emulate: bool) -> Any:
-    """The optimizer ``name`` over ``model``'s trainable parameters, as the Trainer builds it.
-
-    ``emulate``: the parameters are the estimator's fake tensors (module docstring).
-    """
+def make_optimizer(model: torch.nn.Module, name: str, parts: StepParts) -> Any:
+    """The optimizer ``name`` over ``model``'s trainable parameters, as the Trainer builds it;
+    ``parts``: the backend's (foreach, bitsandbytes' AdamW: module docstring)."""
     import torch
 
     canonical = check_optimizer(name)
     params = [p for p in model.parameters() if p.requires_grad]
-    foreach = True if emulate else None  # None lets PyTorch choose, as the Trainer does
+    foreach = parts.foreach
     if canonical == "adamw_torch_fused":
         return torch.optim.AdamW(params, lr=ADAMW_LR, fused=True)
     if canonical == "adamw_torch":
@@ -143,12 +149,18 @@ def make_optimizer(model: torch.nn.Module, name: str, *, emulate: bool) -> Any:
 
         return Adafactor(params, lr=ADAMW_LR, **ADAFACTOR_KWARGS)
     setup = _BNB[canonical]
-    if not emulate:
-        from autotune.backends.cuda.bnb import make_trainer_bnb_optimizer
+    return parts.bnb_optimizer(model, optim_bits=setup.optim_bits, is_paged=setup.is_paged)
 
-        return make_trainer_bnb_optimizer(model, optim_bits=setup.optim_bits, is_paged=setup.is_paged)
-    return BnbAdamWState(params, lr=ADAMW_LR, optim_bits=setup.optim_bits, is_paged=setup.is_paged,
-                         fp32_state=_trainer_fp32_state(model, setup.optim_bits))
+
+def emulated_bnb_optimizer(model: torch.nn.Module, *, optim_bits: int, is_paged: bool,
+                           outside_allocator: OutsideAllocator) -> BnbAdamWState:
+    """bitsandbytes' AdamW as the Trainer sets it up, emulated (``BnbAdamWState``): with
+    ``optim_bits=8`` every nn.Embedding weight keeps 32-bit state. ``outside_allocator``: where
+    a paged moment is made (the estimator's tracker.outside_allocator)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return BnbAdamWState(params, lr=ADAMW_LR, optim_bits=optim_bits, is_paged=is_paged,
+                         fp32_state=_trainer_fp32_state(model, optim_bits),
+                         outside_allocator=outside_allocator)
 
 
 def outside_allocator_bytes(model_or_params: Any, name: str) -> int:
@@ -211,16 +223,22 @@ class BnbAdamWState:
     unsigned quantization maps (256 float32 each) are moved to the device once and shared.
     Otherwise both moments are float32 (8 bytes a parameter), whatever the weights' dtype.
     ``get_state_buffer`` makes a paged optimizer's moments of n >= ``PAGED_MIN_SIZE`` in CUDA
-    unified memory: made here inside tracker.outside_allocator(), so no trace counts them. The
-    update (``optimizer_update_8bit_blockwise`` / ``_32bit``) is one in-place kernel: no
-    temporaries. ``fp32_state``: ids of parameters overridden to 32 bits (the Trainer's
-    embeddings). It has the optimizer interface the training step uses.
+    unified memory: made here inside ``outside_allocator()`` (the estimator's
+    tracker.outside_allocator), so no trace counts them. The update
+    (``optimizer_update_8bit_blockwise`` / ``_32bit``) is one in-place kernel: no temporaries.
+    ``fp32_state``: ids of parameters overridden to 32 bits (the Trainer's embeddings). It has
+    the optimizer interface the training step uses.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = ADAMW_LR, *, optim_bits: int = 8,
-                 is_paged: bool = False, fp32_state: frozenset[int] = frozenset()) -> None:
+                 is_paged: bool = False, fp32_state: frozenset[int] = frozenset(),
+                 outside_allocator: OutsideAllocator | None = None) -> None:
         if optim_bits not in (8, 32):
             raise InvalidInput(f"bitsandbytes' AdamW has 8 or 32 bits of state, not {optim_bits}")
+        if is_paged and outside_allocator is None:
+            raise TypeError("a paged BnbAdamWState needs outside_allocator: where its unified "
+                            "memory is made")
+        self._outside_allocator = outside_allocator
         self.param_groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
         self.state: dict[torch.Tensor, dict[str, Any]] = {}
         self.optim_bits, self.is_paged, self._fp32_state = optim_bits, is_paged, fp32_state
@@ -261,11 +279,9 @@ class BnbAdamWState:
     def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         import torch
 
-        from autotune.backends.estimate.tracker import outside_allocator
-
-        if not (self.is_paged and p.numel() >= PAGED_MIN_SIZE):
+        if not (self.is_paged and p.numel() >= PAGED_MIN_SIZE) or self._outside_allocator is None:
             return torch.zeros_like(p, dtype=dtype)
-        with outside_allocator():
+        with self._outside_allocator():
             moment = torch.zeros_like(p, dtype=dtype)
         self.paged_bytes += moment.untyped_storage().nbytes()
         return moment

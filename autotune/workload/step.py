@@ -9,7 +9,8 @@ One definition, so that the CUDA probe and the CPU estimator measure the same th
 - at least two full steps: forward and loss, backward, optimizer step, ``zero_grad(set_to_none=True)``.
   The optimizer state only exists from the first step on, so the peak is often in the second.
 
-What differs between backends (the autocast context, the loss scaler, the device) is passed in.
+What differs between backends (the autocast context, the loss scaler, the device, and the parts
+only a backend can make: 4-bit layers, bitsandbytes' optimizers, parts.StepParts) is passed in.
 """
 
 from __future__ import annotations

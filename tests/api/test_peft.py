@@ -143,16 +143,16 @@ def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupe
                                                  "including) 1, got 1"),
     (LORA | {"lora_targets": "all-linear,q_proj"}, "lora_targets",
      "all-linear stands alone in LoRA targets, got all-linear,q_proj"),
-    ({"load_in_4bit": True}, "load_in_4bit", "--load-in-4bit trains adapters only"),
-    ({"load_in_8bit": True}, "load_in_8bit", "--load-in-8bit (LLM.int8 base, bitsandbytes Linear8bitLt) "
+    ({"load_in_4bit": True}, "load_in_4bit", "load_in_4bit trains adapters only"),
+    ({"load_in_8bit": True}, "load_in_8bit", "load_in_8bit (an LLM.int8 base, bitsandbytes Linear8bitLt) "
                                              "is not modelled"),
-    ({"lora_r": 8}, "lora_r", "--lora-r needs --peft lora or --peft qlora"),
-    (LORA | {"bnb_4bit_quant_type": "fp4"}, "bnb_4bit_quant_type", "--bnb-4bit-quant-type set a 4-bit base"),
+    ({"lora_r": 8}, "lora_r", "lora_r needs peft lora or peft qlora"),
+    (LORA | {"bnb_4bit_quant_type": "fp4"}, "bnb_4bit_quant_type", "bnb_4bit_quant_type set a 4-bit base"),
     ({"peft": "qlora", "bnb_4bit_compute_dtype": "int8"}, "bnb_4bit_compute_dtype",
      "4-bit compute dtype must be one of bfloat16, float16, float32, got 'int8'"),
     ({"peft": "qlora", "qlora_recipe": "unsloth"}, "qlora_recipe",
      "unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"),
-    (LORA | {"qlora_recipe": "peft"}, "qlora_recipe", "--qlora-recipe set a 4-bit base"),
+    (LORA | {"qlora_recipe": "peft"}, "qlora_recipe", "qlora_recipe set a 4-bit base"),
 ])
 def test_a_table_request_with_bad_peft_settings_is_422_naming_the_field(client, changes, field, detail):
     response = client.post("/v1/tables", json=LLAMA | changes)
@@ -160,6 +160,23 @@ def test_a_table_request_with_bad_peft_settings_is_422_naming_the_field(client, 
     body = response.json()
     assert body["field"] == field and body["detail"].startswith(detail)
     assert body["errors"][0] == {"field": field, "detail": body["detail"]}
+    assert "--" not in body["detail"]  # the fields of the body, never the CLI's flags
+
+
+def test_the_cli_says_the_same_error_with_its_flags(capsys):
+    from autotune.cli import main
+
+    assert main(["check", "tiny-llama", "--seq-len", "64", "--batch-size", "1", "--lora-r", "8"]) == 2
+    assert capsys.readouterr().err == "Error: --lora-r needs --peft lora or --peft qlora\n"
+
+
+def test_check_and_explain_errors_name_their_query_parameters_never_flags(client):
+    for route in ("/v1/check", "/v1/explain"):
+        response = client.get(route, params={"model": "tiny-llama", "seq_len": 64, "batch_size": 1,
+                                             "lora_r": 8, "bnb_4bit_quant_type": "fp4"})
+        body = response.json()
+        assert response.status_code == 422 and body["field"] == "lora_r", body
+        assert body["detail"] == "lora_r, bnb_4bit_quant_type need peft lora or peft qlora"
 
 
 def test_a_non_finite_alpha_in_a_json_body_is_refused(client):

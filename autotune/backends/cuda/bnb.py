@@ -12,7 +12,7 @@ Two setups, one per lever (levers.py):
 
 ``make_trainer_bnb_optimizer`` is that Trainer setup for any of its bitsandbytes AdamW names
 (``adamw_bnb_8bit``, ``paged_adamw_8bit``, ``paged_adamw_32bit``): what the cuda backend runs for
-a workload whose optimizer is one of them (workload/optimizers.py).
+a workload whose optimizer is one of them (workload/optimizers.py, through parts.py).
 
 Registering after the optimizer is built works because bitsandbytes reads the overrides at the
 first ``step`` (bitsandbytes/optim/optimizer.py, ``Optimizer8bit.step`` calls ``check_overrides``
@@ -99,18 +99,19 @@ def make_trainer_bnb_optimizer(model: Any, *, optim_bits: int, is_paged: bool) -
     return optimizer
 
 
-def make_linear4bit_quantizer(adapter: Any, compute_dtype_name: str) -> Any:
-    """``quantize(linear, name)`` for adapters.prepare: bitsandbytes' ``Linear4bit`` as transformers'
-    bitsandbytes integration builds it (integrations/bitsandbytes.py ``replace_with_bnb_linear``:
-    ``bnb.nn.Linear4bit(in, out, bias, bnb_4bit_compute_dtype, compress_statistics=
-    bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type, quant_storage=uint8)``, frozen),
-    holding the layer's weight as a ``Params4bit``: moving the model to the GPU quantizes it, as
-    loading a checkpoint does. ``compute_dtype_name`` is adapters.compute_dtype's for the card."""
+def make_linear4bit_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str) -> Any:
+    """``quantize(linear, name)`` for adapters.prepare (parts.py): bitsandbytes' ``Linear4bit`` as
+    transformers' bitsandbytes integration builds it (integrations/bitsandbytes.py
+    ``replace_with_bnb_linear``: ``bnb.nn.Linear4bit(in, out, bias, bnb_4bit_compute_dtype,
+    compress_statistics=bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type,
+    quant_storage=uint8)``, frozen), holding the layer's weight as a ``Params4bit``: moving the
+    model to the GPU quantizes it, as loading a checkpoint does. ``compute_dtype`` is
+    adapters.compute_dtype's for the card."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
     bnb = import_bitsandbytes()
-    dtype = getattr(torch, compute_dtype_name)
+    dtype = getattr(torch, compute_dtype)
 
     def quantize(linear: Any, name: str) -> Any:
         weight = linear.weight.data
@@ -118,12 +119,10 @@ def make_linear4bit_quantizer(adapter: Any, compute_dtype_name: str) -> Any:
             weight = weight.t().contiguous()
         out_features, in_features = weight.shape
         layer = bnb.nn.Linear4bit(in_features, out_features, linear.bias is not None, dtype,
-                                  compress_statistics=adapter.double_quant, quant_type=adapter.quant_type,
+                                  compress_statistics=double_quant, quant_type=quant_type,
                                   quant_storage=torch.uint8)
-        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False,
-                                         compress_statistics=adapter.double_quant,
-                                         quant_type=adapter.quant_type, quant_storage=torch.uint8,
-                                         module=layer)
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=double_quant,
+                                         quant_type=quant_type, quant_storage=torch.uint8, module=layer)
         if linear.bias is not None:
             layer.bias = linear.bias
         layer.requires_grad_(False)

@@ -32,15 +32,14 @@ from autotune.backends.cuda.bnb import (
     check_bnb_optimizer,
     import_bitsandbytes,
     make_bnb_optimizer,
-    make_linear4bit_quantizer,
     require_bitsandbytes,
 )
+from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
 from autotune.errors import BackendUnavailable, ProtocolError
 from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
-from autotune.workload.adapters import compute_dtype
 from autotune.workload.adapters import prepare as prepare_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
@@ -209,9 +208,8 @@ class Worker:
             model, attn = self._build(workload, on_device=not quantized)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)
-                quantize = make_linear4bit_quantizer(
-                    workload.adapter, compute_dtype(workload.adapter, supports_bf16)) if quantized else None
-                model = prepare_adapter(model, workload.adapter, workload.task, quantize)
+                model = prepare_adapter(model, workload.adapter, workload.task, CUDA_PARTS,
+                                        supports_bf16=supports_bf16)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
@@ -295,7 +293,7 @@ class Worker:
             raise ProtocolError("a probe before a successful init")
         batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device,
                            attn=workload.attn)
-        optimizer = (make_optimizer(self.model, workload.optimizer, emulate=False)
+        optimizer = (make_optimizer(self.model, workload.optimizer, CUDA_PARTS)
                      if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None
         marks: list[float] = []

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.trace import (
     Affine,
@@ -83,7 +84,7 @@ def _extrapolation(traces: list[Trace], reference: tuple[Trace, Trace] | None = 
     return None
 
 
-def _extrapolated(
+def extrapolate_traces(
     traces: list[Trace], batch_size: int, reference: tuple[Trace, Trace] | None = None
 ) -> tuple[Trace, str] | None:
     """The trace at ``batch_size`` by ``_extrapolation``, and what it came from; None if it cannot."""
@@ -578,31 +579,25 @@ class EstimateBackend:
 
     def _adapt(self, model: Any, workload: Workload) -> Any:
         """``model`` wrapped by PEFT for the workload's adapter; a 4-bit base emulated (nf4.py)."""
-        from autotune.workload.adapters import compute_dtype, prepare
+        from autotune.workload.adapters import prepare
 
         adapter = workload.adapter
         assert adapter is not None
-        quantize = None
-        if adapter.quantized:
-            from autotune.backends.estimate.nf4 import make_quantizer
-
-            custom = self.gpu.compute_capability is None  # a card given by its size: a current one
-            quantize = make_quantizer(
-                quant_type=adapter.quant_type, double_quant=adapter.double_quant,
-                compute_dtype=compute_dtype(adapter, custom or self.gpu.supports_bf16))
+        custom = self.gpu.compute_capability is None  # a card given by its size: a current one
         with _settable_fake_parameters(), _shared_fake_mode(), warnings.catch_warnings():
             # PEFT deep-copies the modules it trains in full (modules_to_save: a classifier head),
             # and torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor; the
             # copy is a fake tensor of the same size, as it should be, so the warning says nothing.
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor",
                                     category=UserWarning)
-            return prepare(model, adapter, workload.task, quantize)
+            return prepare(model, adapter, workload.task, ESTIMATE_PARTS,
+                           supports_bf16=custom or self.gpu.supports_bf16)
 
     def parameter_counts(self, workload: Workload) -> Any:
         """Trainable and total parameters of the workload's model, as PEFT counts them."""
         from autotune.workload.adapters import parameter_counts
 
-        return parameter_counts(self._model(workload).model)
+        return parameter_counts(self._model(workload).model, ESTIMATE_PARTS)
 
     @contextlib.contextmanager
     def cell(self, workload: Workload, mode: Mode, seq_len: int, budget_bytes: int) -> Iterator[Cell]:
@@ -733,7 +728,7 @@ class EstimateBackend:
                 for _ in range(CUBLAS_HANDLES_PER_STEP)
             ]
             batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
-            optimizer = make_optimizer(model, workload.optimizer, emulate=True)
+            optimizer = make_optimizer(model, workload.optimizer, ESTIMATE_PARTS)
             marks = StepMarks()
             steady = self._steady.setdefault((workload, mode.name), SteadySteps())
             writer = StepWriter(tracker) if write_steps else None

@@ -8,6 +8,7 @@ its probes, searches and extrapolations are the table's. On the way it records, 
   step's own seams: the autocast region around the forward, ``scaler.step`` (which calls
   ``optimizer.step``) and run_steps' ``after_step``;
 - the innermost module whose forward was running (forward pre/post hooks on every module);
+- the region of the step's code it was made in (tracker.allocation_region: nf4.py's 4-bit matmul);
 - what it is: parameters and buffers (tracked at the start), the cuBLAS workspaces, the batch,
   gradients (storages that are some ``p.grad`` when the optimizer step starts), optimizer state
   (storages in ``optimizer.state`` after the step), autocast copies (casts of parameters made by
@@ -37,10 +38,11 @@ from autotune.backends.estimate.backend import (
     load_weights,
 )
 from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
-from autotune.backends.estimate.tracker import StorageTracker
+from autotune.backends.estimate.tracker import StorageTracker, current_region
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
@@ -69,6 +71,7 @@ class Allocation:
     dtype: str
     kind: str = TEMPORARY
     param: str | None = None  # the parameter this is, or is the gradient, state or cast copy of
+    region: str | None = None  # the tracker.allocation_region it was made in (not as its result)
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,17 @@ class RecordingTracker(StorageTracker):
         key, nbytes = self.events[-1]
         self._current[key] = len(self.allocations)
         module = self.modules[-1] if self.modules else None
-        self.allocations.append(Allocation(nbytes, self.phase, self.step, module,
-                                           tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+        allocation = Allocation(nbytes, self.phase, self.step, module, tuple(tensor.shape),
+                                str(tensor.dtype).removeprefix("torch."))
+        self.allocations.append(allocation)
+        region = current_region()
+        if region is not None:
+            allocation.region = region.name
+
+            def leave() -> None:
+                allocation.region = None
+
+            region.made(key, leave)
 
     def _on_free(self, key: int) -> None:
         super()._on_free(key)
@@ -143,9 +155,11 @@ class RecordingTracker(StorageTracker):
         """A CUDA kernel's own buffers (a reduction's, reduce.py; an embedding backward's,
         embedding.py): temporaries of the running module."""
         module = self.modules[-1] if self.modules else None
+        region = current_region()
         for workspace in workspaces:
             nbytes = workspace.nbytes(count)
-            self.allocations.append(Allocation(nbytes, self.phase, self.step, module, (nbytes,), "uint8"))
+            self.allocations.append(Allocation(nbytes, self.phase, self.step, module, (nbytes,), "uint8",
+                                               region=None if region is None else region.name))
         super()._transients(workspaces, count)
 
     def mark(self, tensor: Any, kind: str, param: str | None = None) -> None:
@@ -179,10 +193,10 @@ class RecordingEmulation(CudaEmulation):
 def make_variant_optimizer(model: nn.Module, workload: Workload, variant: Variant) -> Any:
     """The optimizer of the step: the workload's (as the table builds it), or the variant's."""
     if variant.optimizer is None:
-        return make_optimizer(model, workload.optimizer, emulate=True)
+        return make_optimizer(model, workload.optimizer, ESTIMATE_PARTS)
     if variant.optimizer == "adamw-8bit":
         if variant.fp32_state_for_embeddings:  # the Trainer's setup of adamw_bnb_8bit
-            return make_optimizer(model, "adamw_bnb_8bit", emulate=True)
+            return make_optimizer(model, "adamw_bnb_8bit", ESTIMATE_PARTS)
         return BnbAdamWState([p for p in model.parameters() if p.requires_grad], optim_bits=8)
     raise ValueError(f"unknown optimizer variant {variant.optimizer!r}")
 

@@ -26,6 +26,9 @@ compute dtype (``[out, in]``), then ``F.linear``. Smaller batches may take the f
 allocates only its output: the emulation takes the unfused path always, which holds one layer's
 dequantized weight more (an upper bound, by at most the largest layer's weight in 16 bits).
 ``MatMul4Bit`` saves no activation for backward (the packed weight only: no gradient for it).
+Its forward and backward each run in the allocation region ``MATMUL_REGION`` (tracker.py), their
+result handed out: a recording tracker tells what they allocate for themselves (the dequantized
+weight and absmax, casts) from the rest of the step (explain's dequantization temporaries).
 
 Backward (``MatMul4Bit.backward``): ``functional.dequantize_4bit`` (with double quantization a
 float32 absmax again, offset added in place) dequantizes the weight in the dtype it was loaded in
@@ -34,7 +37,8 @@ float32 absmax again, offset added in place) dequantizes the weight in the dtype
 ``LoraLinear4bit`` is PEFT's ``lora.Linear`` with the forward of PEFT's bitsandbytes LoRA layer
 (peft/tuners/lora/bnb.py ``Linear4bit.forward``): the base output cloned ("defensively", per Tim
 Dettmers), the input cast to the adapter's dtype only outside autocast, the adapter's output cast
-back. PEFT dispatches to it through ``LoraConfig._register_custom_module`` (adapters.py).
+back. PEFT dispatches to it through ``LoraConfig._register_custom_module`` (adapters.prepare, with
+the estimator's parts: parts.py).
 """
 
 from __future__ import annotations
@@ -48,12 +52,14 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from autotune.backends.estimate.emulation import autocast_enabled
+from autotune.backends.estimate.tracker import allocation_region
 
 BLOCKSIZE = 64  # functional.quantize_4bit: blocksize None -> 64
 NESTED_BLOCKSIZE = 256  # functional.quantize_4bit: quantize_blockwise(..., blocksize=256)
 CODE_VALUES_4BIT = 16  # functional.get_4bit_type: the NF4 / FP4 table
 CODE_VALUES_DYNAMIC = 256  # functional.create_dynamic_map: the 8-bit map of the nested absmax
 GEMM_CUSTOM_MAX_M = 1536  # backends/cuda/ops.py _gemm_4bit_custom_max_m (CUDA)
+MATMUL_REGION = "4-bit matmul"  # the allocation region of the matmul's own work (module docstring)
 
 
 def nf4_storage_bytes(in_features: int, out_features: int, *, double_quant: bool) -> dict[str, int]:
@@ -183,25 +189,27 @@ class _MatMul4Bit(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, layer: EmulatedLinear4bit,
                 bias: torch.Tensor | None) -> torch.Tensor:
         ctx.layer = layer
-        absmax = layer.dequantized_absmax()
-        if absmax is not None:
-            absmax = absmax + layer.offset  # _dequant_linear_fallback: absmax_dq + absmax_offset
-        weight = torch.empty((layer.out_features, layer.in_features), dtype=x.dtype, device=x.device)
-        del absmax
-        return torch.nn.functional.linear(x, weight, bias)
+        with allocation_region(MATMUL_REGION) as region:
+            absmax = layer.dequantized_absmax()
+            if absmax is not None:
+                absmax = absmax + layer.offset  # _dequant_linear_fallback: absmax_dq + absmax_offset
+            weight = torch.empty((layer.out_features, layer.in_features), dtype=x.dtype, device=x.device)
+            del absmax
+            return region.hand_out(torch.nn.functional.linear(x, weight, bias))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
         layer: EmulatedLinear4bit = ctx.layer
         if not ctx.needs_input_grad[0]:
             return None, None, None
-        absmax = layer.dequantized_absmax()
-        if absmax is not None:
-            absmax += layer.offset
-        weight = torch.empty((layer.out_features, layer.in_features), dtype=layer.quant_dtype,
-                             device=grad_output.device)
-        del absmax
-        grad = torch.matmul(grad_output, weight.to(grad_output.dtype))
+        with allocation_region(MATMUL_REGION) as region:
+            absmax = layer.dequantized_absmax()
+            if absmax is not None:
+                absmax += layer.offset
+            weight = torch.empty((layer.out_features, layer.in_features), dtype=layer.quant_dtype,
+                                 device=grad_output.device)
+            del absmax
+            grad = region.hand_out(torch.matmul(grad_output, weight.to(grad_output.dtype)))
         return grad, None, None
 
 

@@ -83,12 +83,12 @@ def fits_in(events: list[Event], capacity_bytes: int) -> bool:
 
 def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:
     sim = CachingAllocatorSim(capacity_bytes)
-    _apply(sim, {}, events)
+    apply_events(sim, {}, events)
     stats = sim.stats
     return stats.peak_allocated_bytes, stats.peak_reserved_bytes
 
 
-def _apply(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequence[Event]) -> None:
+def apply_events(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequence[Event]) -> None:
     """Allocate and free ``events`` in ``sim``; ``handles``: event key -> the sim's handle."""
     for key, nbytes in events:
         if nbytes < 0:
@@ -131,7 +131,7 @@ class _Prefix:
         start = next((index for index, reserved in grown if reserved > floor), len(events))
         sim = CachingAllocatorSim(None)
         handles: dict[int, int] = {}
-        _apply(sim, handles, events[:start])
+        apply_events(sim, handles, events[:start])
         return cls(events, floor, start, sim, handles)
 
     def run(self, capacity_bytes: int) -> tuple[int, int]:
@@ -139,6 +139,6 @@ class _Prefix:
         if capacity_bytes < self.floor:
             return _run(self.events, capacity_bytes)
         sim = self.sim.clone(capacity_bytes)
-        _apply(sim, dict(self.handles), self.events[self.start:])
+        apply_events(sim, dict(self.handles), self.events[self.start:])
         stats = sim.stats
         return stats.peak_allocated_bytes, stats.peak_reserved_bytes

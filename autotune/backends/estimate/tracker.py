@@ -29,15 +29,21 @@ the result except where ``_allocation_order`` says otherwise (dropout: mask firs
 Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
+
+Code of the step may name a part of itself, ``with allocation_region(name) as region:``, and hand
+back what the part returns (``region.hand_out(result)``): a tracker that records where each
+allocation was made (instrument.RecordingTracker) notes the region of each allocation made inside
+but those of the result. nf4.py names its 4-bit matmul so (explain's dequantization temporaries).
+Other trackers ignore regions: they change no event.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
@@ -59,6 +65,8 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 _FIRST_MOVED_KEY = 1 << 60
 
 _OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
+_REGION: ContextVar[Region | None] = ContextVar("allocation_region", default=None)
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -69,6 +77,46 @@ def outside_allocator() -> Iterator[None]:
         yield
     finally:
         _OUTSIDE_ALLOCATOR.reset(token)
+
+
+class Region:
+    """A named part of the step (module docstring). A recording tracker calls ``made`` for each
+    allocation inside; ``hand_out`` calls back ``leave`` for those of the result."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # storage key -> what takes that storage's allocation out of the region; a key whose
+        # storage died and was reused is overwritten by the live storage's allocation
+        self._made: dict[int, Callable[[], None]] = {}
+
+    def made(self, storage_key: int, leave: Callable[[], None]) -> None:
+        self._made[storage_key] = leave
+
+    def hand_out(self, result: T) -> T:
+        """``result`` (tensors, or a structure of them) is what the region returns, not part of
+        its own work: the allocations of its storages leave the region. Returns ``result``."""
+        for leaf in tree_leaves(result):
+            if isinstance(leaf, torch.Tensor):
+                leave = self._made.pop(leaf.untyped_storage()._cdata, None)
+                if leave is not None:
+                    leave()
+        return result
+
+
+@contextlib.contextmanager
+def allocation_region(name: str) -> Iterator[Region]:
+    """The allocations made inside are in the region ``name`` (module docstring)."""
+    region = Region(name)
+    token = _REGION.set(region)
+    try:
+        yield region
+    finally:
+        _REGION.reset(token)
+
+
+def current_region() -> Region | None:
+    """The innermost ``allocation_region`` open here, or None."""
+    return _REGION.get()
 
 
 class StorageTracker(TorchDispatchMode):

@@ -25,7 +25,7 @@ from autotune.analysis.explain import (
     breakdown_of,
     category_keys,
     category_labels,
-    dequantization_regions,
+    dequantization,
     explain,
     parameter_table,
 )
@@ -130,10 +130,10 @@ def test_the_4bit_matmul_temporaries_are_recorded_in_forward_and_backward(one_gi
     gpu, backend = one_gib
     workload = llama("qlora")
     instrumented = InstrumentedBackend(backend)
-    with instrumented.cell(workload, BF16, SEQ, GIB) as cell, dequantization_regions() as found:
+    with instrumented.cell(workload, BF16, SEQ, GIB) as cell:
         cell.fits(2)
     recording = instrumented.last
-    made = [recording.allocations[i] for i in sorted(found)]
+    made = [recording.allocations[i] for i in sorted(dequantization(recording))]
     assert {a.phase for a in made} == {"forward", "backward"}
     assert all(a.kind == "temporaries" for a in made)  # none outlives the matmul
     # Every quantized layer's weight dequantized to [out, in], in forward and backward.
@@ -141,10 +141,10 @@ def test_the_4bit_matmul_temporaries_are_recorded_in_forward_and_backward(one_gi
               if isinstance(m, EmulatedLinear4bit)}
     for phase in ("forward", "backward"):
         assert shapes <= {a.shape for a in made if a.phase == phase}, phase
-    # Outside the context (and for the table's own probes) nothing is collected.
-    with instrumented.cell(workload, BF16, SEQ // 2, GIB) as cell:
+    # A full fine-tune has no 4-bit matmul.
+    with instrumented.cell(llama(), BF16, SEQ, GIB) as cell:
         cell.fits(2)
-    assert len(found) == len(made)
+    assert instrumented.last is not recording and dequantization(instrumented.last) == frozenset()
 
 
 def test_where_the_weights_dominate_the_peak_holds_a_dequantized_weight(one_gib):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import autotune
+from autotune import public
 from autotune.cli import answers, main
+from autotune.request import CheckRequest, Step, Target
 
 CHECK = ["check", "tiny-bert", "--seq-len", "64", "--batch-size", "8", "--gpu-memory", "1GiB", "--backend",
          "estimate", "--json"]
@@ -28,13 +29,13 @@ def check(capsys, *argv: str) -> tuple[int, dict]:
 def counted(monkeypatch):
     """How many times the library's check ran (a cache hit runs none)."""
     calls = []
-    real = autotune.check
+    real = public.run_check
 
     def counting(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(autotune, "check", counting)
+    monkeypatch.setattr(public, "run_check", counting)
     return calls
 
 
@@ -78,21 +79,18 @@ def test_no_cache_neither_reads_nor_writes(capsys, counted):
 
 
 def test_only_an_estimate_of_a_preset_is_kept(tmp_path, monkeypatch):
-    plan = {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "task": None, "dtype": "auto", "attn": None,
-            "optimizer": "adamw_torch_fused", "loss": "full", "accumulation_steps": 1, "adapter": None}
-    from autotune.workload.modes import parse_mode
+    def request(backend: str, model: str = "tiny-bert") -> CheckRequest:
+        return CheckRequest(Step(model), Target(gpu_memory="1GiB", backend=backend), seq_len=64, batch_size=8)
 
-    plan["mode"] = parse_mode("fp32")
-    target = {"gpu": None, "gpu_memory": "1GiB", "margin": 0.05}
-    assert answers.key_of(plan, backend="estimate", **target) is not None
-    assert answers.key_of(plan, backend="cuda", **target) is None  # measured: the GPU's, at that moment
+    assert answers.key_of(request("estimate")) is not None
+    assert answers.key_of(request("cuda")) is None  # measured: the GPU's, at that moment
     monkeypatch.setattr(answers, "GPU_DEVICE_NODES", (str(tmp_path),))  # a machine with a GPU
-    assert answers.key_of(plan, backend="auto", **target) is None
+    assert answers.key_of(request("auto")) is None
     monkeypatch.setattr(answers, "GPU_DEVICE_NODES", (str(tmp_path / "none"),))
-    assert answers.key_of(plan, backend="auto", **target) is not None
-    local = {**plan, "model": str(tmp_path / "config.json")}  # a local config can change under its name
-    assert answers.key_of(local, backend="estimate", **target) is None
-    key = answers.key_of(plan, backend="estimate", **target)
+    assert answers.key_of(request("auto")) is not None
+    # a local config can change under its name
+    assert answers.key_of(request("estimate", str(tmp_path / "config.json"))) is None
+    key = answers.key_of(request("estimate"))
     assert key is not None
     answers.write(tmp_path, key, {"backend": "cuda", "fits": True})
     assert answers.read(tmp_path, key) is None
@@ -148,7 +146,7 @@ def test_a_memo_answers_only_what_it_knows(capsys):
     from autotune.analysis.check import CellMemo, Lever, check_from_memo
 
     kept: list[CellMemo] = []
-    autotune.check("tiny-bert", seq_len=64, batch_size=8, gpu_memory="1GiB", backend="estimate",
+    public.check("tiny-bert", seq_len=64, batch_size=8, gpu_memory="1GiB", backend="estimate",
                    remember=kept.append)
     (memo,) = kept
     assert memo.cap == 4096 and memo.levers is None  # the step fitted: no lever searched

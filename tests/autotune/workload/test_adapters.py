@@ -11,13 +11,14 @@ from peft import LoraConfig, get_peft_model
 
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.nf4 import EmulatedLinear4bit, nf4_storage_bytes
+from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu
+from autotune.request import PeftOptions
 from autotune.tuner import budget_bytes, search_cell
 from autotune.workload import Workload
 from autotune.workload.adapters import (
     Adapter,
-    PeftOptions,
     adapter_from_peft_config,
     make_adapter,
     summarize,
@@ -41,14 +42,14 @@ def _peft_counts(name: str, config: LoraConfig) -> tuple[int, int]:
 def test_parameter_counts_are_peft_s(name: str, targets: str | None) -> None:
     adapter = make_adapter("lora", r=16, alpha=32, dropout=0.05, targets=targets)
     workload = Workload(resolve_model(name), "causal-lm", None, weights_dtype="bfloat16", adapter=adapter)
-    summary = summarize(workload)
+    summary = summarize(workload, ESTIMATE_PARTS)
     assert summary is not None
     config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=targets, task_type="CAUSAL_LM")
     trainable, total = _peft_counts(name, config)
     assert (summary.parameters.trainable, summary.parameters.total) == (trainable, total)
     # QLoRA trains the same adapters; PEFT counts a 4-bit weight as its unpacked elements.
     quantized = summarize(Workload(resolve_model(name), "causal-lm", None, weights_dtype="bfloat16",
-                                   adapter=make_adapter("qlora", targets=targets)))
+                                   adapter=make_adapter("qlora", targets=targets)), ESTIMATE_PARTS)
     assert quantized is not None
     assert (quantized.parameters.trainable, quantized.parameters.total) == (trainable, total)
 
@@ -56,7 +57,7 @@ def test_parameter_counts_are_peft_s(name: str, targets: str | None) -> None:
 def test_llama_1b_default_targets_and_label() -> None:
     workload = Workload(resolve_model("meta-llama/Llama-3.2-1B"), "causal-lm", None,
                         weights_dtype="bfloat16", adapter=make_adapter("qlora"))
-    summary = summarize(workload)
+    summary = summarize(workload, ESTIMATE_PARTS)
     assert summary is not None
     assert summary.targets == ("q_proj", "v_proj")  # PEFT's default for llama
     # 16 layers x (q: 2048x16 + 16x2048, v: 2048x16 + 16x512)
@@ -90,11 +91,11 @@ def test_emulated_layer_holds_exactly_that_storage(double_quant: bool) -> None:
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (PeftOptions(load_in_4bit=True), "--load-in-4bit trains adapters only"),
-    (PeftOptions(lora_r=8), "--lora-r needs --peft lora or --peft qlora"),
+    (PeftOptions(load_in_4bit=True), "load_in_4bit trains adapters only"),
+    (PeftOptions(lora_r=8), "lora_r needs peft lora or peft qlora"),
     (PeftOptions(peft="lora", bnb_4bit_quant_type="fp4"), "set a 4-bit base"),
-    (PeftOptions(peft="lora", load_in_8bit=True), "--load-in-8bit (LLM.int8 base"),
-    (PeftOptions(peft="dora"), "unknown --peft 'dora': allowed are none, lora, qlora"),
+    (PeftOptions(peft="lora", load_in_8bit=True), "load_in_8bit (an LLM.int8 base"),
+    (PeftOptions(peft="dora"), "unknown peft 'dora': allowed are none, lora, qlora"),
     (PeftOptions(peft="lora", lora_r=0), "LoRA rank must be an integer from 1 to 4096"),
     (PeftOptions(peft="lora", lora_dropout=1.0), "LoRA dropout must be a number from 0"),
     (PeftOptions(peft="lora", lora_targets="all-linear,q_proj"), "all-linear stands alone"),
@@ -131,7 +132,7 @@ def test_unknown_targets_are_refused() -> None:
     workload = Workload(resolve_model("tiny-llama"), "causal-lm", None,
                         adapter=make_adapter("lora", targets="query"))
     with pytest.raises(InvalidInput, match="LoRA targets: Target modules {'query'} not found"):
-        summarize(workload)
+        summarize(workload, ESTIMATE_PARTS)
 
 
 @pytest.mark.slow
@@ -185,13 +186,11 @@ def _dtypes_by_part(model: torch.nn.Module) -> dict[str, set[tuple[str, bool]]]:
     ("peft", "float32", "float32"),
 ])
 def test_each_qlora_recipe_leaves_its_trainer_s_dtypes(recipe: str, norms: str, adapters: str) -> None:
-    from autotune.backends.estimate.nf4 import make_quantizer
     from autotune.workload.adapters import prepare
 
     with torch.device("meta"):
         model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", "eager", "bfloat16")
-        wrapped = prepare(model, make_adapter("qlora", recipe=recipe), "causal-lm",
-                          make_quantizer(quant_type="nf4", double_quant=True, compute_dtype="bfloat16"))
+        wrapped = prepare(model, make_adapter("qlora", recipe=recipe), "causal-lm", ESTIMATE_PARTS)
     assert _dtypes_by_part(wrapped) == {
         "lora": {(adapters, True)}, "norm": {(norms, False)}, "embed": {(norms, False)},
         "head": {(norms, False)}, "4-bit": {("uint8", False)}}
@@ -220,7 +219,7 @@ def test_the_recipe_is_for_a_4bit_base_and_one_of_three() -> None:
     assert PeftOptions(peft="qlora").adapter().recipe == "trl"
     assert PeftOptions(peft="lora").adapter().recipe is None
     assert PeftOptions(peft="lora", load_in_4bit=True, qlora_recipe="axolotl").adapter().recipe == "axolotl"
-    with pytest.raises(InvalidInput, match="--qlora-recipe set a 4-bit base: add --load-in-4bit"):
+    with pytest.raises(InvalidInput, match="qlora_recipe set a 4-bit base: add load_in_4bit"):
         PeftOptions(peft="lora", qlora_recipe="peft").adapter()
     with pytest.raises(InvalidInput, match="unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"):
         PeftOptions(peft="qlora", qlora_recipe="unsloth").adapter()

@@ -31,7 +31,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers.optimization import Adafactor
 
+from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.tracker import StorageTracker, outside_allocator
 from autotune.defaults import DEFAULT_OPTIMIZER
 from autotune.errors import InvalidInput
@@ -131,7 +133,7 @@ def measure(name: str, dtype: torch.dtype = torch.float32) -> Measured:
             with StorageTracker() as tracker:
                 for p in model.parameters():
                     tracker.track(p)
-                optimizer = make_optimizer(model, name, emulate=True)
+                optimizer = make_optimizer(model, name, ESTIMATE_PARTS)
                 scaler = MarkingScaler(tracker)
                 run_steps(model, batch, optimizer, steps=2, scaler=scaler)
     finally:
@@ -192,10 +194,10 @@ def test_importing_the_names_imports_neither_torch_nor_transformers():
 
 def test_the_estimator_runs_the_real_torch_and_transformers_classes():
     model = Small(torch.float32)
-    fused = make_optimizer(model, "adamw_torch_fused", emulate=True)
-    foreach = make_optimizer(model, "adamw", emulate=True)
-    adafactor = make_optimizer(model, "adafactor", emulate=True)
-    sgd = make_optimizer(model, "sgd", emulate=True)
+    fused = make_optimizer(model, "adamw_torch_fused", ESTIMATE_PARTS)
+    foreach = make_optimizer(model, "adamw", ESTIMATE_PARTS)
+    adafactor = make_optimizer(model, "adafactor", ESTIMATE_PARTS)
+    sgd = make_optimizer(model, "sgd", ESTIMATE_PARTS)
     assert type(fused) is type(foreach) is torch.optim.AdamW
     assert (fused.defaults["fused"], fused.defaults["lr"]) == (True, 5e-5)
     assert (foreach.defaults["foreach"], foreach.defaults["fused"]) == (True, None)
@@ -209,15 +211,15 @@ def test_only_trainable_parameters_are_optimized():
     model = Small(torch.float32)
     model.embed.weight.requires_grad_(False)
     for name in OPTIMIZERS:
-        optimizer = make_optimizer(model, name, emulate=True)
+        optimizer = make_optimizer(model, name, ESTIMATE_PARTS)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         assert [id(p) for p in params] == [id(model.mix), id(model.fc.weight), id(model.fc.bias)], name
 
 
 def test_on_the_gpu_torch_chooses_foreach_itself():
     model = Small(torch.float32)
-    assert make_optimizer(model, "adamw_torch", emulate=False).defaults["foreach"] is None
-    assert make_optimizer(model, "adamw_torch_fused", emulate=False).defaults["fused"] is True
+    assert make_optimizer(model, "adamw_torch", CUDA_PARTS).defaults["foreach"] is None
+    assert make_optimizer(model, "adamw_torch_fused", CUDA_PARTS).defaults["fused"] is True
 
 
 def fake_bitsandbytes() -> types.ModuleType:
@@ -253,7 +255,7 @@ def test_on_the_gpu_bitsandbytes_is_built_as_the_trainer_builds_it(monkeypatch, 
     bnb = fake_bitsandbytes()
     monkeypatch.setitem(sys.modules, "bitsandbytes", bnb)
     model = Small(torch.float32)
-    optimizer = make_optimizer(model, name, emulate=False)
+    optimizer = make_optimizer(model, name, CUDA_PARTS)
     assert bnb.built == [optimizer] and optimizer.kwargs == kwargs  # type: ignore[attr-defined]
     assert optimizer.defaults["lr"] == 5e-5
     expected = [(model.embed, "weight", {"optim_bits": 32})] if overridden else []
@@ -313,7 +315,7 @@ def test_the_trainer_keeps_embeddings_at_32_bits_and_plain_8bit_adamw_does_not()
         model = Small(torch.float32)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        trainer = make_optimizer(model, "adamw_bnb_8bit", emulate=True)
+        trainer = make_optimizer(model, "adamw_bnb_8bit", ESTIMATE_PARTS)
         plain = BnbAdamWState(list(model.parameters()), optim_bits=8)
         trainer.step()
         plain.step()
@@ -321,6 +323,11 @@ def test_the_trainer_keeps_embeddings_at_32_bits_and_plain_8bit_adamw_does_not()
     assert plain.state[model.embed.weight]["state1"].dtype == torch.uint8
     assert plain.state[model.embed.weight]["absmax1"].shape == (EMBED // 256,)
     assert plain.state[model.fc.bias]["state1"].dtype == torch.float32  # under min_8bit_size
+
+
+def test_a_paged_emulation_needs_to_know_where_unified_memory_is_made():
+    with pytest.raises(TypeError, match="outside_allocator"):
+        BnbAdamWState([nn.Parameter(torch.zeros(4))], optim_bits=8, is_paged=True)
 
 
 def test_outside_allocator_bytes_of_bare_parameters_knows_no_embeddings():

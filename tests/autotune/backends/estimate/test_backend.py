@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa, kernels_for
 from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.replay import replay
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.tracker import StorageTracker
@@ -358,7 +359,7 @@ def test_optimizer_peak_is_five_copies_of_the_parameters():
         batch = {"input_ids": torch.empty(1, 512), "labels": torch.empty(1)}
         with StorageTracker() as tracker:
             tracker.track(model.weight)
-            optimizer = make_optimizer(model, "adamw_torch", emulate=True)
+            optimizer = make_optimizer(model, "adamw_torch", ESTIMATE_PARTS)
             run_steps(model, batch, optimizer)
             del optimizer
     peak = replay(tracker.events, None).peak_allocated_bytes

@@ -20,7 +20,7 @@ import pytest
 from autotune.backends.estimate.allocator import round_size
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.gpus import resolve_gpu
-from autotune.public import _model, _workload
+from autotune.request import ModelAccess, Step, TableRequest, resolve
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import parse_mode
 
@@ -50,9 +50,10 @@ def recorded(record: dict) -> list[tuple[str, int]]:
 def estimated(record: dict, table: dict) -> list[tuple[str, int]]:
     backend = EstimateBackend(resolve_gpu("H100-80GB"))
     adapter = table.get("adapter")
-    workload = _workload(_model(table["model"], False), [record["seq_len"]], table["task"], None,
-                         table["optimizer"], table["weights_dtype"], table["loss"],
-                         None if adapter is None else Adapter.from_json(adapter))
+    step = Step(table["model"], table["task"], table["weights_dtype"], table["optimizer"], None,
+                table["loss"], adapter=None if adapter is None else Adapter.from_json(adapter))
+    request = TableRequest(step, seq_lens=[record["seq_len"]])
+    workload = resolve(request, make_target=False, access=ModelAccess(allow_hub=False)).workload
     mode = parse_mode(record["mode"])
     with backend.cell(workload, mode, record["seq_len"], table["budget_bytes"]) as cell:
         cell.fits(record["batch"])

@@ -9,8 +9,8 @@ import pytest
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.steps import SteadySteps, StepMarks, canonical
 from autotune.gpus import resolve_gpu
+from autotune.request import PeftOptions
 from autotune.workload import Workload
-from autotune.workload.adapters import PeftOptions
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
 

@@ -1,0 +1,46 @@
+"""The cuda backend's parts of the training step (workload/parts.py): bitsandbytes' own.
+
+QLoRA's base is bitsandbytes' ``Linear4bit``, which PEFT dispatches to its own LoRA layer
+(peft/tuners/lora/bnb.py ``dispatch_bnb_4bit``) and counts as bitsandbytes stores it (a
+``Params4bit`` of two weights a byte: peft_model.py ``get_nb_trainable_parameters``); the
+bitsandbytes optimizers are the Trainer's setup (bnb.py). bitsandbytes is imported when a part is
+first used, in the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.cuda.bnb import make_linear4bit_quantizer, make_trainer_bnb_optimizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.workload.parts import Quantize
+
+
+@dataclass(frozen=True)
+class CudaParts:
+    """workload.parts.StepParts on a CUDA GPU."""
+
+    @property
+    def foreach(self) -> None:
+        return None  # PyTorch chooses, as the Trainer lets it
+
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+        return make_linear4bit_quantizer(quant_type=quant_type, double_quant=double_quant,
+                                         compute_dtype=compute_dtype)
+
+    def lora_modules(self) -> Mapping[type, type]:
+        return {}  # PEFT dispatches bitsandbytes' Linear4bit itself
+
+    def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
+        return 0  # PEFT counts a Params4bit's two weights a byte
+
+    def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
+        return make_trainer_bnb_optimizer(model, optim_bits=optim_bits, is_paged=is_paged)
+
+
+CUDA_PARTS = CudaParts()

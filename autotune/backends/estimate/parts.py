@@ -1,0 +1,56 @@
+"""The estimator's parts of the training step (workload/parts.py): what runs on fake tensors.
+
+bitsandbytes cannot run here (no CPU kernels, no fake tensors): its 4-bit layer is nf4.py's
+emulation, with PEFT's LoRA layer over it, and its AdamW is workload.optimizers.BnbAdamWState,
+whose paged moments are made in tracker.outside_allocator() (CUDA unified memory, not the caching
+allocator's). torch, PEFT and the tracker are imported when a part is first used: the CLI and the
+tuner name these parts without running a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.workload.optimizers import emulated_bnb_optimizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.workload.parts import Quantize
+
+
+@dataclass(frozen=True)
+class EstimateParts:
+    """workload.parts.StepParts for fake tensors that stand for CUDA ones."""
+
+    @property
+    def foreach(self) -> bool:
+        return True  # PyTorch's choice for CUDA tensors, which it cannot see on fake CPU ones
+
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+        from autotune.backends.estimate.nf4 import make_quantizer
+
+        return make_quantizer(quant_type=quant_type, double_quant=double_quant, compute_dtype=compute_dtype)
+
+    def lora_modules(self) -> Mapping[type, type]:
+        from autotune.backends.estimate.nf4 import EmulatedLinear4bit, LoraLinear4bit
+
+        return {EmulatedLinear4bit: LoraLinear4bit}
+
+    def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
+        """The emulated 4-bit weight is a plain uint8 parameter, which PEFT counts once: the
+        second weight of each byte."""
+        from autotune.backends.estimate.nf4 import EmulatedLinear4bit
+
+        return sum(m.weight.numel() for m in model.modules() if isinstance(m, EmulatedLinear4bit))
+
+    def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
+        from autotune.backends.estimate.tracker import outside_allocator
+
+        return emulated_bnb_optimizer(model, optim_bits=optim_bits, is_paged=is_paged,
+                                      outside_allocator=outside_allocator)
+
+
+ESTIMATE_PARTS = EstimateParts()

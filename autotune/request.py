@@ -1,0 +1,674 @@
+"""One request: what a table, a check or an explain asks for, typed, and resolved once.
+
+Every entrance builds one of these and hands it to ``resolve``: the Python API (public.py) from
+its keywords, the CLI from its flags (cli/common.py makes the flags from the fields here), the
+service from a body or query (api/schemas.py makes its models from them; api/runs/spec.py adds the
+service's own policy), a training config (analysis/training_config.py).
+
+    TableRequest   Step + Target + seq_lens, modes, search, max_batch, ...   (autotune table)
+    CheckRequest   Step + Target + seq_len, batch_size, mode, accumulation   (autotune check)
+    ExplainRequest Step + Target + seq_len, batch_size, mode, lengths, ...   (autotune explain)
+    Step           the training step: model, task, dtype, attn, optimizer, loss, PEFT, hub
+    PeftOptions    LoRA / QLoRA as asked for: peft, lora_*, peft_config, load_in_*, bnb_4bit_*
+    Target         the card and who answers: gpu, gpu_memory, backend, margin
+
+A field is declared once, here, with its type, default, allowed values and one line of help
+(``option``: metadata on the dataclass field, as transformers' HfArgumentParser reads
+TrainingArguments). ``fields`` lists them, flattened: a field's name is the same in every
+entrance (``lora_r`` is the CLI's ``--lora-r``, the body's and the query's ``lora_r``).
+
+``resolve`` checks every field, keeps every invalid one (``Findings``: the first raised, the
+others in its ``others``), and returns what the tuner takes (``Resolved``: the Workload, the
+backend and the target GPU). Errors name fields, never flags: a message that names fields is
+written with them in braces (``InvalidInput.naming("{lora_r} needs {peft} lora or qlora")``),
+and only the CLI words them as its flags (``AutotuneError.worded``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.defaults import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_DTYPE,
+    DEFAULT_LOSS,
+    DEFAULT_MARGIN,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_METHOD,
+    DEFAULT_MODE_NAME,
+    DEFAULT_MODE_NAMES,
+    DEFAULT_OPTIMIZER,
+    EXPLAIN_BACKEND,
+)
+from autotune.errors import AutotuneError, InvalidInput
+from autotune.workload.adapters import (
+    ALL_LINEAR,
+    COMPUTE_DTYPES,
+    DEFAULT_ALPHA,
+    DEFAULT_DROPOUT,
+    DEFAULT_QLORA_RECIPE,
+    DEFAULT_R,
+    MAX_R,
+    PEFT_CHOICES,
+    QLORA_RECIPES,
+    QUANT_TYPES,
+    Adapter,
+    adapter_from_peft_config,
+    check_compute_dtype,
+    check_quant_type,
+    check_recipe,
+    make_adapter,
+)
+from autotune.workload.loss import LOSSES
+from autotune.workload.models import DTYPES, TASKS
+from autotune.workload.modes import ALLOWED_MODE_NAMES
+from autotune.workload.optimizers import OPTIMIZER_NAMES
+from autotune.workload.step import ATTN_CHOICES
+
+if TYPE_CHECKING:
+    from autotune.backends import Backend
+    from autotune.gpus import GpuSpec
+    from autotune.workload import Workload
+    from autotune.workload.models import ModelSpec
+    from autotune.workload.modes import Mode
+
+GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
+
+SEARCH_METHODS = ("guided", "bisect")  # search.METHODS (kept here: the search module is pure)
+# How to ask for a hub lookup, said by the refusal of an unknown name that could be a hub id.
+HUB_HINT = ("Hugging Face hub ids are looked up only when asked: --hub, hub=True in Python, "
+            "or AUTOTUNE_ALLOW_HUB=1")
+
+
+# --- declaring a field ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class About:
+    """What every entrance says of a field: its help, its allowed values, and how the CLI spells it.
+
+    ``flag``: the CLI's name (default ``--`` and the name with dashes; ``MODEL`` for the positional
+    argument). ``cli``/``http``: whether the field is an option of the CLI / of the service.
+    ``parse``: the CLI's reading of the flag's text (argparse ``type``).
+    """
+
+    help: str
+    choices: tuple[str, ...] | None = None
+    flag: str | None = None
+    metavar: str | None = None
+    cli: bool = True
+    http: bool = True
+    parse: Callable[[str], Any] | None = None
+
+    def flag_of(self, name: str) -> str:
+        return self.flag or "--" + name.replace("_", "-")
+
+
+def option(default: Any, help: str, **about: Any) -> Any:
+    """A request field: its default and what entrances say of it (``About``)."""
+    return field(default=default, metadata={"about": About(help, **about)})
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a request as ``fields`` lists it: its name, default and ``About``."""
+
+    name: str
+    default: Any
+    about: About
+    type: str  # the annotation as written ("bool | None")
+
+    @property
+    def flag(self) -> str:
+        return self.about.flag_of(self.name)
+
+
+def fields_of(cls: type) -> list[Field]:
+    """The fields of a request class, nested parts (Step, Target, PeftOptions) flattened, in order."""
+    found: list[Field] = []
+    for f in fields(cls):
+        about = f.metadata.get("about")
+        if about is not None:
+            default = f.default if f.default is not MISSING else None
+            found.append(Field(f.name, default, about, str(f.type)))
+        elif f.metadata.get("part"):
+            found.extend(fields_of(f.metadata["part"]))
+    return found
+
+
+def flag_names() -> dict[str, str]:
+    """Every field's CLI spelling (``lora_r`` -> ``--lora-r``, ``model`` -> ``MODEL``): how the
+    CLI words an error that names fields."""
+    names: dict[str, str] = {}
+    for cls in (TableRequest, CheckRequest, ExplainRequest):
+        for f in fields_of(cls):
+            names.setdefault(f.name, f.flag)
+    return names
+
+
+def _part(cls: type, **kwargs: Any) -> Any:
+    """A nested part of a request (its fields are the request's, flattened)."""
+    return field(metadata={"part": cls}, **kwargs)
+
+
+# --- parsing a field's text (the CLI's flags, the Python API's strings) -------------------------
+
+
+def positive(value: Any, name: str = "value") -> int:
+    """An integer >= 1 (a bool is refused)."""
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise InvalidInput(f"invalid {name} {value!r}: use a positive integer") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def fraction(value: Any) -> float:
+    """A margin: a fraction in [0, 1)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"invalid margin {value!r}: use a fraction, e.g. 0.05") from None
+    if not 0.0 <= number < 1.0:
+        raise InvalidInput(f"invalid margin {value!r}: use a fraction in [0, 1), e.g. 0.05")
+    return number
+
+
+def seq_len_list(value: str | Sequence[int]) -> list[int]:
+    from autotune.workload.models import parse_seq_lens
+
+    return parse_seq_lens(value)
+
+
+# --- the request -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeftOptions:
+    """LoRA / QLoRA as asked for; ``adapter()`` checks the fields together."""
+
+    peft: str | None = option(
+        None, "none: a full fine-tune (default); lora: LoRA over a frozen base in the weights' dtype, "
+        "built by PEFT; qlora: LoRA over a 4-bit (bitsandbytes NF4) base", choices=PEFT_CHOICES)
+    lora_r: int | None = option(None, f"LoRA rank, 1 to {MAX_R} (default {DEFAULT_R})", metavar="R",
+                                parse=lambda text: positive(text, "LoRA rank"))
+    lora_alpha: float | None = option(None, f"LoRA alpha, a positive number (default {DEFAULT_ALPHA})",
+                                      metavar="A", parse=float)
+    lora_dropout: float | None = option(
+        None, f"dropout on the adapters' input, from 0 up to (not including) 1 (default {DEFAULT_DROPOUT})",
+        metavar="P", parse=float)
+    lora_targets: str | tuple[str, ...] | None = option(
+        None, f"the modules LoRA adapts: comma-separated module names (q_proj,v_proj), or {ALL_LINEAR} "
+        "(every linear layer but the output head); default: PEFT's for the architecture",
+        metavar="MODULES")
+    peft_config: str | None = option(None, "PEFT's adapter_config.json (or its directory) instead of the "
+                                     "lora_* fields", metavar="PATH", http=False)
+    load_in_4bit: bool = option(False, "a 4-bit bitsandbytes base (with peft lora: QLoRA), as "
+                                "BitsAndBytesConfig(load_in_4bit=True)")
+    load_in_8bit: bool = option(False, "an 8-bit (LLM.int8) base: not modelled yet, refused with the reason")
+    bnb_4bit_quant_type: str | None = option(None, "the 4-bit data type (default: nf4)", choices=QUANT_TYPES)
+    bnb_4bit_use_double_quant: bool | None = option(
+        None, "quantize the 4-bit quantization constants too (default: on)")
+    bnb_4bit_compute_dtype: str | None = option(
+        None, "the dtype the 4-bit layers compute in (default: bfloat16, float16 on cards without it)",
+        choices=COMPUTE_DTYPES)
+    qlora_recipe: str | None = option(
+        None, "how the 4-bit base is prepared, as the trainer that runs it does: trl (TRL's SFTTrainer: "
+        "non-4-bit weights in the model's dtype, adapters cast to bfloat16; the default), axolotl (norms "
+        "and embeddings in the model's dtype, adapters float32), peft (prepare_model_for_kbit_training "
+        "alone: every non-4-bit weight float32)", choices=QLORA_RECIPES)
+
+    def given(self) -> list[str]:
+        """The fields set (neither None nor False), in order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+
+    def adapter(self) -> Adapter | None:
+        """The Adapter asked for, or None (a full fine-tune); InvalidInput naming the field to
+        change when the fields do not make a training step together."""
+        peft = (self.peft or "none").strip().lower()
+        if peft not in PEFT_CHOICES:
+            raise _about("peft", InvalidInput(f"unknown peft {self.peft!r}: allowed are "
+                                              f"{', '.join(PEFT_CHOICES)}"))
+        if self.load_in_8bit:
+            raise _about("load_in_8bit", InvalidInput.naming(
+                f"{{load_in_8bit}} (an {INT8_BASE}) is not modelled: {INT8_REASON}; use {{load_in_4bit}} "
+                "(QLoRA) or a 16-bit base"))
+        lora = [name for name in _LORA_FIELDS if getattr(self, name) is not None]
+        quant = [name for name in _QUANT_FIELDS if getattr(self, name) is not None]
+        quantized = peft == "qlora" or self.load_in_4bit
+        if self.peft_config is not None:
+            if peft == "none" and self.peft is not None:
+                raise _about("peft", InvalidInput.naming(
+                    "{peft} none and {peft_config} contradict: leave {peft} out, or give lora or qlora"))
+            if lora:
+                raise _about(lora[0], InvalidInput.naming(
+                    f"give {{peft_config}} or {_braced(lora)}, not both: the config's values would be "
+                    "overridden silently"))
+            adapter = adapter_from_peft_config(self.peft_config, quantized=quantized)
+        elif peft == "none":
+            if self.load_in_4bit:
+                raise _about("load_in_4bit", InvalidInput.naming(
+                    "{load_in_4bit} trains adapters only (a 4-bit base is frozen): add {peft} lora "
+                    "(QLoRA) or {peft} qlora"))
+            if lora or quant:
+                named = lora + quant
+                raise _about(named[0], InvalidInput.naming(
+                    f"{_braced(named)} {'needs' if len(named) == 1 else 'need'} {{peft}} lora or "
+                    "{peft} qlora"))
+            return None
+        else:
+            adapter = make_adapter(
+                "qlora" if quantized else "lora",
+                r=DEFAULT_R if self.lora_r is None else self.lora_r,
+                alpha=DEFAULT_ALPHA if self.lora_alpha is None else self.lora_alpha,
+                dropout=DEFAULT_DROPOUT if self.lora_dropout is None else self.lora_dropout,
+                targets=self.lora_targets)
+        if quant and not adapter.quantized:
+            raise _about(quant[0], InvalidInput.naming(
+                f"{_braced(quant)} set a 4-bit base: add {{load_in_4bit}} or {{peft}} qlora"))
+        if adapter.quantized:
+            adapter = replace(
+                adapter,
+                quant_type=check_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
+                double_quant=adapter.double_quant if self.bnb_4bit_use_double_quant is None
+                else bool(self.bnb_4bit_use_double_quant),
+                compute_dtype=check_compute_dtype(self.bnb_4bit_compute_dtype) or adapter.compute_dtype,
+                recipe=check_recipe(self.qlora_recipe or adapter.recipe or DEFAULT_QLORA_RECIPE))
+        return adapter
+
+
+# Why an 8-bit base is refused (here and by the training config reader).
+INT8_BASE = "LLM.int8 base, bitsandbytes Linear8bitLt"
+INT8_REASON = ("its training step quantizes every input row to int8 with outlier columns kept in 16 bits, "
+               "which autotune does not emulate yet")
+_LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+_QUANT_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype",
+                 "qlora_recipe")
+PEFT_FIELDS = tuple(f.name for f in fields_of(PeftOptions))
+
+
+def _braced(names: Sequence[str]) -> str:
+    return ", ".join("{" + name + "}" for name in names)
+
+
+def _about(name: str, exc: AutotuneError) -> AutotuneError:
+    exc.field = name
+    return exc
+
+
+@dataclass(frozen=True)
+class Step:
+    """The training step: the model, its head, its weights and how it is trained."""
+
+    model: str = option(None, "a preset (see `autotune models`), a local config directory or "
+                        "config.json, or with hub a Hugging Face hub id", flag="MODEL", cli=False)
+    task: str | None = option(None, "the head trained (default: from the config's architectures; "
+                              "without them causal-lm for decoder-only models, else "
+                              "sequence-classification)", choices=TASKS)
+    dtype: str = option(DEFAULT_DTYPE, "dtype of the weights (default auto: the config's torch_dtype, "
+                        "as from_pretrained loads it, else float32); modes autocast on top of it",
+                        choices=DTYPES)
+    optimizer: str = option(DEFAULT_OPTIMIZER, "a Trainer optim name (default adamw_torch_fused, the "
+                            "Trainer's)", choices=OPTIMIZER_NAMES)
+    attn: str | None = option(None, "attention implementation (default: what transformers picks on "
+                              "CUDA)", choices=ATTN_CHOICES)
+    loss: str = option(DEFAULT_LOSS, "full: the model's loss over full logits; chunked: a fused linear "
+                       "cross-entropy that never holds them (Liger's; causal-lm)", choices=LOSSES)
+    peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
+    # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
+    # the PEFT fields.
+    adapter: Adapter | None = None
+    hub: bool | None = option(None, "look the model up on the Hugging Face hub when it is neither a "
+                              "preset nor a local config (its config.json only; HF_HUB_OFFLINE=1 keeps "
+                              "to the local cache). Default: off, unless AUTOTUNE_ALLOW_HUB=1",
+                              http=False)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The card the answer is for, and who answers."""
+
+    gpu: str | None = option(None, "GPU preset, e.g. T4, A100-80GB (see `autotune gpus`)")
+    gpu_memory: GpuMemory | None = option(
+        None, "total memory of the target card, with its unit: 12GiB, 16GB, 512MiB, 12G (GiB); a number "
+        "alone is refused (default: the local GPU with the cuda backend, else a T4)", metavar="SIZE")
+    backend: str = option(DEFAULT_BACKEND, "cuda measures on the local GPU, estimate runs on the CPU; "
+                          "auto: cuda when there is a GPU (default: auto)", choices=BACKENDS)
+    margin: float = option(DEFAULT_MARGIN, "fraction of the allocator's memory kept free (default: "
+                           f"{DEFAULT_MARGIN})", parse=fraction)
+
+
+_WORKERS_HELP = ("on the estimator, how many processes work at once, with the same answers (default: "
+                 "one per job, up to the usable CPU cores, for models of 10M parameters or more; 1: one "
+                 "process)")
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    """``autotune table``: the max batch of each (sequence length, mode) cell."""
+
+    step: Step = _part(Step)
+    target: Target = _part(Target, default_factory=Target)
+    seq_lens: Sequence[int] | str | None = option(
+        None, "comma-separated sequence lengths (default: 64,128,256,320,384,512 for models of at most "
+        "512 positions, else 512,1024,2048,4096,8192; within the model's limit)", parse=seq_len_list)
+    modes: Sequence[str] | str = option(
+        DEFAULT_MODE_NAMES, f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} (default: "
+        f"{','.join(DEFAULT_MODE_NAMES)})")
+    search: str = option(DEFAULT_METHOD, "guided: each probe where the peaks measured so far put the "
+                         "limit; bisect: 1, 2, 4, ... then binary search (default: guided)",
+                         choices=SEARCH_METHODS)
+    max_batch: int = option(DEFAULT_MAX_BATCH, f"the largest batch probed (default: {DEFAULT_MAX_BATCH})",
+                            metavar="N", parse=lambda text: positive(text, "max_batch"))
+    seed_with_estimate: bool = option(True, "backend cuda: each cell's GPU search starts from the "
+                                      "estimator's answer", http=False, cli=False)
+    workers: int | None = option(None, _WORKERS_HELP, metavar="N", http=False, cli=False)
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """``autotune check``: does a step at ``batch_size`` fit?"""
+
+    step: Step = _part(Step)
+    target: Target = _part(Target, default_factory=Target)
+    seq_len: int = option(None, "sequence length of the step, in tokens", metavar="N",
+                          parse=lambda text: positive(text, "seq_len"))
+    batch_size: int = option(None, "per-device batch size of the step", metavar="B",
+                             parse=lambda text: positive(text, "batch_size"))
+    mode: str = option(DEFAULT_MODE_NAME, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default "
+                       f"{DEFAULT_MODE_NAME})")
+    accumulation_steps: int = option(1, "gradient accumulation steps: the effective batch a suggestion "
+                                     "keeps", cli=False)
+    workers: int | None = option(None, _WORKERS_HELP, metavar="N", http=False, cli=False)
+
+
+@dataclass(frozen=True)
+class ExplainRequest:
+    """``autotune explain``: where the memory of a step goes, and what each lever buys."""
+
+    step: Step = _part(Step)
+    target: Target = _part(Target, default_factory=lambda: Target(backend=EXPLAIN_BACKEND))
+    seq_len: int | None = option(None, "sequence length (default: the longest in lengths, else the "
+                                 "model's limit)", metavar="N", parse=lambda text: positive(text, "seq_len"))
+    batch_size: int | None = option(None, "the batch to explain, and the effective batch to reach by "
+                                    "accumulation (default: the max batch)", metavar="B",
+                                    parse=lambda text: positive(text, "batch_size"))
+    mode: str = option(DEFAULT_MODE_NAME, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default "
+                       f"{DEFAULT_MODE_NAME})")
+    lengths: Sequence[int] | None = option(None, "token lengths of the data: percentiles and dynamic "
+                                           "padding", cli=False, http=False)
+    levers: bool = option(True, "also the max batch under each lever (slower)", cli=False)
+    max_batch: int = option(DEFAULT_MAX_BATCH, "the largest batch a lever's search probes", cli=False,
+                            http=False)
+    workers: int | None = option(None, _WORKERS_HELP, metavar="N", http=False, cli=False)
+
+
+Request = TableRequest | CheckRequest | ExplainRequest
+
+
+def request_from(cls: type[Request], values: dict[str, Any]) -> Request:
+    """A request of ``cls`` from flat field values (a CLI's flags, a body): None is the default.
+    Names that are not fields of ``cls`` are a bug of the caller (KeyError)."""
+    known = {f.name for f in fields_of(cls)} | {"adapter"}
+    unknown = set(values) - known
+    if unknown:
+        raise KeyError(f"not fields of {cls.__name__}: {', '.join(sorted(unknown))}")
+    given = {name: value for name, value in values.items() if value is not None}
+    return _build(cls, given)  # type: ignore[return-value]
+
+
+def _build(cls: type, given: dict[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        part = f.metadata.get("part")
+        if part is not None:
+            if any(name in given for name in _names(part)) or f.default_factory is MISSING:
+                kwargs[f.name] = _build(part, given)
+        elif f.name in given:
+            kwargs[f.name] = given[f.name]
+    return cls(**kwargs)
+
+
+def _names(cls: type) -> set[str]:
+    names = set()
+    for f in fields(cls):
+        part = f.metadata.get("part")
+        names |= _names(part) if part is not None else {f.name}
+    return names
+
+
+# --- every invalid field of one request ------------------------------------------------------------
+
+
+class Findings:
+    """The errors found in one request, in the order checked, each naming its field."""
+
+    def __init__(self) -> None:
+        self.errors: list[AutotuneError] = []
+
+    @contextmanager
+    def about(self, name: str) -> Iterator[None]:
+        """Errors raised inside are about field ``name`` (unless they already name one), and are
+        kept: the checks go on."""
+        try:
+            yield
+        except AutotuneError as exc:
+            if exc.field is None:
+                exc.field = name
+            self.errors.append(exc)
+
+    def ok(self, *names: str) -> bool:
+        """No error found so far about any of ``names``."""
+        return not any(exc.field in names for exc in self.errors)
+
+    def raise_first(self) -> None:
+        """Raise the first error found, the others in its ``others``; nothing when none was."""
+        if self.errors:
+            first, *others = self.errors
+            first.others = tuple(others)
+            raise first
+
+
+# --- resolving ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """Where a model name may be looked up: the Python API's and the CLI's defaults (offline,
+    any local config), or a service's policy (AUTOTUNE_MODEL_DIRS, AUTOTUNE_ALLOW_HUB)."""
+
+    allow_local: bool = True
+    allow_hub: bool | None = None  # None: the step's hub, else AUTOTUNE_ALLOW_HUB
+    local_dirs: tuple[Path, ...] | None = None
+    # How a refused hub id is told to ask for the hub (None: the refusal reads as with the hub on).
+    hub_hint: str | None = HUB_HINT
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the tuner takes for a request: its workload, backend, target GPU and cells."""
+
+    request: Request
+    workload: Workload
+    backend: Backend
+    gpu: GpuSpec
+    seq_lens: list[int]  # an explain's without seq_len: none (its default needs the lengths)
+    modes: tuple[Mode, ...]
+
+    @property
+    def margin(self) -> float:
+        return self.request.target.margin
+
+
+def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
+            access: ModelAccess = ModelAccess()) -> Resolved:
+    """``request`` checked whole and resolved: InvalidInput (or another AutotuneError) naming the
+    first invalid field, the others in its ``others``.
+
+    ``seeded``: a cuda backend's cells start from the estimator's answer (backends.make_backend).
+    """
+    found = Findings()
+    step = request.step
+    spec = resolve_model(step, found, access)
+    seq_lens = _seq_lens(request, spec, found)
+    modes = _modes(request, found)
+    _counts(request, found)
+    workload = resolve_workload(step, spec, seq_lens, found)
+    backend = gpu = None
+    if make_target:
+        backend, gpu = resolve_target(request.target, found, seeded=seeded)
+    found.raise_first()
+    assert workload is not None and seq_lens is not None and modes is not None
+    return Resolved(request, workload, backend, gpu, seq_lens, modes)  # type: ignore[arg-type]
+
+
+def resolve_model(step: Step, found: Findings, access: ModelAccess = ModelAccess()) -> ModelSpec | None:
+    """The model ``step`` names, offline unless the step or the access allows the hub."""
+    from autotune.workload.models import resolve_model as resolve_name
+
+    with found.about("model"):
+        if step.model is None:
+            raise InvalidInput("no model given: give a preset (`autotune models`), a local config, or "
+                               "a hub id")
+        allow_hub = access.allow_hub if access.allow_hub is not None else step.hub
+        if allow_hub is None:
+            from autotune.settings import Settings  # pydantic-settings: imported when first needed
+
+            allow_hub = Settings.from_env().allow_hub
+        elif not isinstance(allow_hub, bool):
+            raise InvalidInput(f"hub must be True, False or None, got {allow_hub!r}")
+        local_dirs = list(access.local_dirs) if access.local_dirs is not None else None
+        return resolve_name(step.model, allow_hub=allow_hub, hub_hint=access.hub_hint,
+                            allow_local=access.allow_local, local_dirs=local_dirs)
+    return None
+
+
+def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int] | None,
+                     found: Findings) -> Workload | None:
+    """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
+    None when a field was invalid (found in ``found``)."""
+    from autotune.workload import Workload
+    from autotune.workload.loss import check_loss
+    from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
+    from autotune.workload.optimizers import check_optimizer
+    from autotune.workload.step import check_attn
+
+    if spec is not None and seq_lens is not None:
+        with found.about("seq_lens" if len(seq_lens) > 1 else "seq_len"):
+            for seq_len in seq_lens:
+                check_seq_len(spec, seq_len)
+    with found.about("task"):
+        task = check_task(step.task) if step.task else None
+    with found.about("dtype"):
+        dtype = check_dtype(step.dtype or DEFAULT_DTYPE)
+    with found.about("attn"):
+        attn = check_attn(step.attn)
+    with found.about("optimizer"):
+        optimizer = check_optimizer(step.optimizer or DEFAULT_OPTIMIZER)
+    adapter = resolve_adapter(step, found)
+    if spec is None or not found.ok("task", "dtype"):
+        return None
+    with found.about("task"):
+        task = task_for(spec, task)
+    with found.about("dtype"):
+        weights_dtype = resolve_dtype(spec, dtype)
+    if not found.ok("task"):
+        return None
+    with found.about("loss"):
+        loss = check_loss(step.loss or DEFAULT_LOSS, task)
+    if found.errors:
+        return None
+    return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter)
+
+
+def resolve_adapter(step: Step, found: Findings) -> Adapter | None:
+    """The step's adapter: the one built already (``step.adapter``), else the PEFT fields'."""
+    options = step.peft_options
+    if step.adapter is not None:
+        with found.about("adapter"):
+            if not isinstance(step.adapter, Adapter):
+                raise InvalidInput(f"adapter must be an autotune.workload.adapters.Adapter, got "
+                                   f"{step.adapter!r}")
+            given = [name for name in options.given() if name not in _QUANT_FIELDS]
+            if given:
+                raise InvalidInput.naming(f"give adapter or the PEFT fields ({_braced(given)}), not both")
+        return step.adapter
+    with found.about("peft"):
+        return options.adapter()
+    return None
+
+
+def resolve_target(target: Target, found: Findings, *, seeded: bool = True
+                   ) -> tuple[Backend | None, GpuSpec | None]:
+    """The backend and the card it answers for, the margin checked against it."""
+    from autotune.backends import make_backend
+    from autotune.tuner import budget_bytes
+
+    name = "gpu" if target.gpu is not None else "gpu_memory"
+    backend = gpu = None
+    with found.about(name):
+        if target.backend not in BACKENDS:
+            raise _about("backend", InvalidInput(f"unknown backend {target.backend!r}: allowed are "
+                                                 f"{', '.join(BACKENDS)}"))
+        if target.gpu is not None and target.gpu_memory is not None:
+            raise InvalidInput.naming("give either {gpu} (a preset name) or {gpu_memory} (a size), not both")
+        backend, gpu = make_backend(target.backend, target.gpu, target.gpu_memory, seeded=seeded)
+    if gpu is not None:
+        with found.about("margin"):
+            budget_bytes(gpu, target.margin)
+    return backend, gpu
+
+
+def _seq_lens(request: Request, spec: ModelSpec | None, found: Findings) -> list[int] | None:
+    from autotune.workload.models import default_seq_lens, parse_seq_lens
+
+    if isinstance(request, TableRequest):
+        with found.about("seq_lens"):
+            if request.seq_lens is not None:
+                return parse_seq_lens(request.seq_lens)
+            return default_seq_lens(spec) if spec is not None else None
+        return None
+    if request.seq_len is None:
+        if isinstance(request, ExplainRequest):  # the longest length, else the model's limit: the caller's
+            return []
+        with found.about("seq_len"):
+            raise InvalidInput.naming("missing {seq_len}: the step's sequence length")
+        return None
+    with found.about("seq_len"):
+        return [positive(request.seq_len, "seq_len")]
+    return None
+
+
+def _modes(request: Request, found: Findings) -> tuple[Mode, ...] | None:
+    from autotune.workload.modes import parse_mode, parse_modes
+
+    name = "modes" if isinstance(request, TableRequest) else "mode"
+    with found.about(name):
+        if isinstance(request, TableRequest):
+            modes = request.modes
+            return parse_modes(list(modes) if not isinstance(modes, str) else modes)
+        return (parse_mode(request.mode or DEFAULT_MODE_NAME),)
+    return None
+
+
+def _counts(request: Request, found: Findings) -> None:
+    """The integer fields of a request that must be >= 1."""
+    names = {TableRequest: ("max_batch", "workers"),
+             CheckRequest: ("batch_size", "accumulation_steps", "workers"),
+             ExplainRequest: ("batch_size", "max_batch", "workers")}[type(request)]
+    for name in names:
+        value = getattr(request, name)
+        if value is None and name == "batch_size" and isinstance(request, CheckRequest):
+            with found.about(name):
+                raise InvalidInput.naming("missing {batch_size}: the step's per-device batch size")
+        if value is not None:
+            with found.about(name):
+                positive(value, name)

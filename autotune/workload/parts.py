@@ -1,0 +1,57 @@
+"""What a backend hands the training step: the parts that depend on where the step runs.
+
+The workload defines the step (step.py, adapters.py, optimizers.py) and sits below the backends:
+it imports none of them (tests/test_architecture.py). Where the step needs something only a
+backend can make, the backend passes its ``StepParts``:
+
+    estimate  backends/estimate/parts.py  fake tensors that stand for CUDA ones: bitsandbytes'
+                                          4-bit layer and AdamW emulated with their CUDA sizes
+                                          (nf4.py; optimizers.BnbAdamWState)
+    cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit and AdamW (bnb.py)
+
+The model PEFT builds, the optimizer the Trainer builds, the loop (step.run_steps) are the same
+for both: only these parts differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+# ``quantize(linear, module_name)``: the layer that stores ``linear`` in 4 bits (adapters.prepare).
+Quantize = Callable[["torch.nn.Module", str], "torch.nn.Module"]
+
+
+class StepParts(Protocol):
+    """The backend-specific parts of a training step (module docstring)."""
+
+    @property
+    def foreach(self) -> bool | None:
+        """``foreach`` of torch's AdamW and SGD: True where the parameters are fake CPU tensors
+        that stand for CUDA ones (PyTorch's own choice for CUDA tensors, torch/optim/optimizer.py
+        ``_default_to_fused_or_foreach``); None lets PyTorch choose, as the Trainer does."""
+        ...
+
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+        """``quantize(linear, module_name)``: a linear layer stored in 4 bits as transformers'
+        bitsandbytes integration stores it (``bnb_4bit_quant_type``, ``bnb_4bit_use_double_quant``),
+        computing in ``compute_dtype`` (adapters.compute_dtype)."""
+        ...
+
+    def lora_modules(self) -> Mapping[type, type]:
+        """PEFT's LoRA layer class per 4-bit layer class that PEFT does not dispatch itself
+        (``LoraConfig._register_custom_module``); empty where PEFT knows the layer."""
+        ...
+
+    def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
+        """Elements of ``model``'s 4-bit weights that PEFT's ``get_nb_trainable_parameters`` does
+        not count: 0 where PEFT counts the layer's weight as bitsandbytes' (two elements a byte)."""
+        ...
+
+    def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
+        """bitsandbytes' AdamW over ``model``'s trainable parameters as transformers' Trainer
+        sets it up (optimizers.py), with the optimizer interface the step uses."""
+        ...
