@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune import public
 from autotune.analysis.explain import category_labels
 from autotune.cli.common import (
     EXIT_OK,
@@ -39,7 +40,6 @@ from autotune.cli.common import (
 )
 from autotune.defaults import EXPLAIN_BACKEND
 from autotune.errors import AutotuneError, InvalidInput
-from autotune.public import run_explain
 from autotune.request import ExplainRequest
 from autotune.units import format_bytes
 
@@ -102,7 +102,7 @@ def _explain(args: argparse.Namespace) -> Explanation:
             lengths = _lengths(args)
             request = request_of(ExplainRequest, args, model=args.model, levers=not args.no_levers,
                                  lengths=None if lengths is None else tuple(lengths))
-            return run_explain(request)  # type: ignore[arg-type]
+            return public.run_explain(request)  # type: ignore[arg-type]
     finally:
         parallel.stop_prestarted()
 

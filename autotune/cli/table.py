@@ -18,6 +18,7 @@ import argparse
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
+from autotune import public
 from autotune.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -33,7 +34,6 @@ from autotune.cli.common import (
 )
 from autotune.defaults import DEFAULT_BACKEND, DEFAULT_MODE_NAMES
 from autotune.errors import AutotuneError
-from autotune.public import run_table
 from autotune.request import TableRequest
 from autotune.units import format_bytes
 from autotune.workload.support import weights_label
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with quiet_transformers():  # its notices would break the progress line
             request = request_of(TableRequest, args)
-            table = run_table(request, on_cell=progress.update)  # type: ignore[arg-type]
+            table = public.run_table(request, on_cell=progress.update)  # type: ignore[arg-type]
     finally:
         parallel.stop_prestarted()
     progress.close()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import autotune
+from autotune import public
 from autotune import parallel
 from autotune.errors import AutotuneError
 from autotune.workload import Workload
@@ -217,7 +218,7 @@ def test_the_cli_check_starts_workers_for_its_levers_and_stops_them(monkeypatch,
     monkeypatch.setattr(parallel, "prestart", asked.append)
     stopped = []
     monkeypatch.setattr(parallel, "stop_prestarted", lambda: stopped.append(True))
-    monkeypatch.setattr(autotune, "check", lambda *args, **kwargs: _Fits())
+    monkeypatch.setattr(public, "run_check", lambda *args, **kwargs: _Fits())
     assert main(argv) == 0
     assert sum(asked) == expected and stopped == [True]
 
@@ -269,6 +270,6 @@ def test_the_cli_explain_starts_workers_for_its_levers(monkeypatch, argv, expect
     def explain(*args, **kwargs):
         raise AutotuneError("stop here")  # what matters is what was started before
 
-    monkeypatch.setattr(autotune, "explain", explain)
+    monkeypatch.setattr(public, "run_explain", explain)
     assert main(argv) == 2
     assert sum(asked) == expected
