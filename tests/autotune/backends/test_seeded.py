@@ -282,16 +282,16 @@ def test_table_seeds_a_guided_search_unless_told_not_to(
 
 
 def test_the_cli_flag_turns_the_seed_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune
+    from autotune import public
     from autotune.cli import main
 
     seen: dict[str, Any] = {}
 
-    def table(model: str, **kwargs: Any) -> Any:
-        seen.update(kwargs)
+    def run_table(request: Any, **kwargs: Any) -> Any:
+        seen["seed_with_estimate"] = request.seed_with_estimate
         raise SystemExit(0)
 
-    monkeypatch.setattr(autotune, "table", table)
+    monkeypatch.setattr(public, "run_table", run_table)
     for argv, expected in ((["table", "bert-base-uncased"], True),
                            (["table", "bert-base-uncased", "--no-seed-with-estimate"], False)):
         with pytest.raises(SystemExit):
