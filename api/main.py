@@ -40,7 +40,7 @@ def make_runner(settings: Settings) -> Runner:
     """The runner the settings ask for: the Ray cluster of AUTOTUNE_RAY_ADDRESS (a fleet), else this
     host's, with its lanes, watchdog and analysis workers."""
     if settings.ray_address is not None:
-        from api.runs.ray_runner import RayRunner
+        from api.fleet.runner import RayRunner
 
         return RayRunner(settings.ray_address, analysis_workers=settings.analysis_workers,
                          analysis_timeout_s=settings.analysis_timeout_s)

@@ -16,13 +16,17 @@ from pydantic import BeforeValidator, Field
 from pydantic_settings import NoDecode
 
 from api.hosts import LOOPBACK_HOSTS, parse_hosts
-from api.runs.runner import ANALYSIS_TIMEOUT_S, WATCHDOG_S
 from autotune.defaults import BACKENDS, DEFAULT_BACKEND, DEFAULT_MAX_BATCH
 from autotune.settings import PositiveInt, Switch
 from autotune.settings import Settings as LibrarySettings
 
 DEFAULT_DB = Path("autotune.db")
 RECONCILE_S = 5.0  # a failed write is retried, a lost run requeued, within seconds; a pass is 2 reads
+# A worker reports a probe at least this often unless it is stuck: the estimator's slowest
+# probe (an 8B model's first trace) takes about a minute here, a cuda probe of a large model a
+# few, so 15 minutes of silence is no step being measured.
+WATCHDOG_S = 900.0
+ANALYSIS_TIMEOUT_S = 120.0  # of one check or explain on the estimator (BERT-base with levers: ~60 s)
 
 
 def _cpu_count() -> int:

@@ -29,18 +29,17 @@ from __future__ import annotations
 import base64
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import Any
 
 from autotune.analysis.check import LeverSearch, Maxima, lever_max
 from autotune.analysis.levers import Lever, LeverJob, LeverRunner, run_lever_job
 from autotune.errors import AutotuneError
 from autotune.gpus import GpuSpec
-from autotune.processes import child_env, exit_reason, protocol_stream
+from autotune.processes import Child, exit_reason, protocol_stream
 from autotune.tuner import CellResult, TableResult, tune_table
 from autotune.workload import Workload
 from autotune.workload.modes import Mode, parse_mode
@@ -48,7 +47,7 @@ from autotune.workload.support import step_warnings
 
 WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
 # Workers started before this process imported torch (``prestart``), taken by the next jobs.
-_prestarted: list[subprocess.Popen[str]] = []
+_prestarted: list[Child] = []
 
 
 def usable_cores() -> int:
@@ -114,14 +113,11 @@ def stop_prestarted() -> None:
         process = _prestarted.pop()
         process.kill()
         process.wait()
-        for stream in (process.stdin, process.stdout):
-            if stream is not None:
-                stream.close()
+        process.close()
 
 
-def _start_worker() -> subprocess.Popen[str]:
-    return subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=child_env())
+def _start_worker() -> Child:
+    return Child(WORKER_COMMAND, stderr="inherit")  # a worker's stderr is the caller's (tracebacks)
 
 
 def _encode(message: Any) -> str:
@@ -234,6 +230,76 @@ def _cost(mode: Mode, workload: Workload | None = None) -> tuple[bool, bool, boo
     return mode.checkpointing, adapted, mode.autocast_dtype_name is not None
 
 
+class _Sharing:
+    """The jobs of one ``_share_out``: the queue they are taken from, their results, the errors
+    that stop them; taken by this process (``run_here``) and by a thread per worker (``serve``)."""
+
+    def __init__(self, jobs: list[dict[str, Any]], on_progress: Callable[[Any], None] | None,
+                 backends: dict[GpuSpec, Any]) -> None:
+        self.jobs, self.on_progress, self.backends = jobs, on_progress, backends
+        self.pending = list(range(len(jobs)))
+        self.results: dict[int, Any] = {}
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+
+    def take(self) -> int | None:
+        with self.lock:
+            return self.pending.pop(0) if self.pending and not self.errors else None
+
+    def serve(self, process: Child) -> None:
+        """Feed one worker jobs until none is left; pass on what it sends."""
+        while (index := self.take()) is not None:
+            process.send(_encode(self.jobs[index]))  # False: it is gone, and follow says how it died
+            if not self.follow(process, index):
+                return
+        process.close_input()
+
+    def follow(self, process: Child, index: int) -> bool:
+        """Pass on the worker's replies to one job; False when it failed (``errors`` says why)."""
+        for line in process.replies():
+            kind, payload = _decode(line)
+            with self.lock:
+                if kind == "progress":
+                    if self.on_progress is not None:
+                        try:
+                            self.on_progress(payload)
+                        except BaseException as exc:  # the caller's own error ends the jobs
+                            self.errors.append(exc)
+                            return False
+                elif kind == "done":
+                    self.results[index] = payload
+                    return True
+                else:
+                    self.errors.append(payload)
+                    return False
+        died = f"the worker of {self.jobs[index]['name']} {exit_reason(process.wait())} before it finished"
+        with self.lock:
+            self.errors.append(AutotuneError(died))
+        return False
+
+    def run_here(self, index: int | None) -> None:
+        """Run jobs in this process, from ``index`` on, until none is left."""
+        import torch
+
+        def send(message: Any) -> None:
+            _, payload = message
+            with self.lock:
+                if self.on_progress is not None:
+                    self.on_progress(payload)  # the caller's own error ends the jobs
+
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(1)  # as a worker does: the cores are the workers'
+        try:
+            while index is not None:
+                self.results[index] = _run_job(self.jobs[index], send, self.backends)
+                index = self.take()
+        except Exception as exc:  # the workers stop at their next job; Ctrl-C goes straight up
+            with self.lock:
+                self.errors.append(exc)
+        finally:
+            torch.set_num_threads(threads_before)
+
+
 def _share_out(jobs: list[dict[str, Any]], workers: int, on_progress: Callable[[Any], None] | None,
                backends: dict[GpuSpec, Any]) -> list[Any]:
     """Run ``jobs`` (each ``{"job": kind, "name": what it is, **arguments}``, costliest first) in
@@ -242,92 +308,31 @@ def _share_out(jobs: list[dict[str, Any]], workers: int, on_progress: Callable[[
     workers may not have yet), with the estimators in ``backends``. ``on_progress`` gets each
     progress message (a table's cells) as it comes; the first error, a job's or ``on_progress``'s,
     stops the other jobs and is raised here, as one process would raise it."""
-    pending = list(range(len(jobs)))
-    results: dict[int, Any] = {}
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def take() -> int | None:
-        with lock:
-            return pending.pop(0) if pending and not errors else None
-
-    def serve(process: subprocess.Popen[str]) -> None:
-        """Feed one worker jobs until none is left; pass on what it sends."""
-        assert process.stdin is not None and process.stdout is not None
-        while (index := take()) is not None:
-            process.stdin.write(_encode(jobs[index]))
-            process.stdin.flush()
-            if not follow(process, process.stdout, index):
-                return
-        process.stdin.close()
-
-    def follow(process: subprocess.Popen[str], replies: IO[str], index: int) -> bool:
-        """Pass on the worker's replies to one job; False when it failed (``errors`` says why)."""
-        for line in replies:
-            kind, payload = _decode(line)
-            with lock:
-                if kind == "progress":
-                    if on_progress is not None:
-                        try:
-                            on_progress(payload)
-                        except BaseException as exc:  # the caller's own error ends the jobs
-                            errors.append(exc)
-                            return False
-                elif kind == "done":
-                    results[index] = payload
-                    return True
-                else:
-                    errors.append(payload)
-                    return False
-        died = exit_reason(process.wait())
-        with lock:
-            errors.append(AutotuneError(f"the worker of {jobs[index]['name']} {died} before it finished"))
-        return False
-
-    def run_here(index: int | None) -> None:
-        import torch
-
-        def send(message: Any) -> None:
-            _, payload = message
-            with lock:
-                if on_progress is not None:
-                    on_progress(payload)  # the caller's own error ends the jobs
-
-        threads_before = torch.get_num_threads()
-        torch.set_num_threads(1)  # as a worker does: the cores are the workers'
-        try:
-            while index is not None:
-                results[index] = _run_job(jobs[index], send, backends)
-                index = take()
-        except Exception as exc:  # the workers stop at their next job; Ctrl-C goes straight up
-            with lock:
-                errors.append(exc)
-        finally:
-            torch.set_num_threads(threads_before)
-
+    sharing = _Sharing(jobs, on_progress, backends)
     processes = [_prestarted.pop() if _prestarted else _start_worker()
-                 for _ in range(min(workers, len(pending)) - 1)]
-    mine = pending.pop(0) if pending else None
+                 for _ in range(min(workers, len(jobs)) - 1)]
+    mine = sharing.pending.pop(0) if sharing.pending else None
     threads = []
     finished = False
     try:
         for process in processes:
-            thread = threading.Thread(target=serve, args=(process,), daemon=True)
+            thread = threading.Thread(target=sharing.serve, args=(process,), daemon=True)
             threads.append(thread)
             thread.start()
-        run_here(mine)
-        if not errors:  # else the workers are stopped now, not after their jobs
+        sharing.run_here(mine)
+        if not sharing.errors:  # else the workers are stopped now, not after their jobs
             for thread in threads:
                 thread.join()
         finished = True
     finally:  # an error, or this process interrupted (Ctrl-C): no worker outlives its jobs
         for process in processes:
-            if process.poll() is None and (errors or not finished):
+            if process.poll() is None and (sharing.errors or not finished):
                 process.kill()
             process.wait()
-    if errors:
-        raise errors[0]
-    return [results[index] for index in range(len(jobs))]
+            process.close()
+    if sharing.errors:
+        raise sharing.errors[0]
+    return [sharing.results[index] for index in range(len(jobs))]
 
 
 def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: dict[GpuSpec, Any]) -> Any:

@@ -72,7 +72,7 @@ def main() -> None:
 
     from liveserver import free_port
 
-    from api.runs.ray_runner import RayRunner
+    from api.fleet.runner import RayRunner
 
     namespace = Namespace()
     try:

@@ -211,7 +211,7 @@ sys.path[:0] = [{root!r}, {tests!r}]
 import uvicorn
 from fleet import CpuProbes
 from api.main import create_app
-from api.runs.ray_runner import RayRunner
+from api.fleet.runner import RayRunner
 from api.settings import Settings
 
 runner = RayRunner({address!r}, setup=CpuProbes(Path({records!r}), Path({hold!r})), analysis_workers=1)
@@ -306,7 +306,7 @@ class StaticCluster:
 def fleet_runner(cluster: StaticCluster, analyses):
     """A runner with no lanes (its runs stay queued) that routes and describes a fleet as RayRunner
     does, with RayRunner's own ``environment`` over ``cluster``."""
-    from api.runs.ray_runner import RayRunner
+    from api.fleet.runner import RayRunner
     from api.runs.runner import LocalRunner
 
     class FleetRunner(LocalRunner):

@@ -125,6 +125,40 @@ def test_find_cycle_finds_cycles(edges, cycle):
     assert find_cycle(edges) == cycle
 
 
+def service_package(name: str) -> str:
+    """api.runs for api.runs.queue, api.settings for api.settings: the service's rooms."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_the_service_s_packages_form_no_cycle():
+    # Module cycles are caught above; this catches two rooms leaning on each other (api.settings
+    # importing a runner's constants, api.runs importing the fleet that is built on it).
+    edges: dict[str, set[str]] = {}
+    for name, deps in graph().items():
+        if is_api(name):
+            room = service_package(name)
+            edges.setdefault(room, set()).update(
+                service_package(dep) for dep in deps if is_api(dep) and service_package(dep) != room)
+    assert find_cycle(edges) is None
+
+
+def test_only_processes_starts_child_processes():
+    # Every child process (probe, parallel, run and analysis workers) is a processes.Child: one
+    # place that starts, reads, kills and reaps them.
+    starters = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            if roots & {"subprocess", "multiprocessing"}:
+                starters.add(name)
+    assert starters == {"autotune.processes"}
+
+
 def in_package(name: str, package: str) -> bool:
     return name == package or name.startswith(f"{package}.")
 

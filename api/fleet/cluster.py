@@ -35,10 +35,6 @@ REFRESH_S = 2.0  # the node snapshot's age at most, while connected
 RECONNECT_S = 10.0  # between attempts to join an unreachable cluster
 
 
-class ClusterUnreachable(BackendUnavailable):
-    """The fleet's Ray cluster cannot be reached now: new runs are refused (503), queued ones wait."""
-
-
 def import_ray() -> ModuleType:
     """Ray, or BackendUnavailable saying how to install it."""
     try:

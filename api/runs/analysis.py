@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
-import queue
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from autotune import errors
 from autotune.errors import AutotuneError, Overloaded
-from autotune.processes import exit_reason
+from autotune.processes import Child, exit_reason
 
 log = logging.getLogger("autotune.api")
 T = TypeVar("T")
@@ -49,6 +45,7 @@ KINDS = ("check", "explain")
 JOBS_PER_WORKER = 25  # orders a worker answers before it is replaced (memory of large models)
 CACHE_ENTRIES = 512  # answers kept, least recently used dropped first
 TIMEOUT_MEMORY_S = 300.0  # how long an order that ran past the limit is refused at once
+KILL_WAIT_S = 5.0  # for a killed worker to be reaped before its pipes are closed
 POLL_S = 0.1  # how often a waiting order looks at its deadline and its waiters
 DISCONNECT_POLL_S = 0.25  # how often a waiting request asks whether its client is still there
 # Requests of check and explain preparing their order at once (normalising the request, reading the
@@ -112,44 +109,19 @@ class ClientGone(Exception):
     """The request's client went away while its order ran (nobody to answer)."""
 
 
-class _Worker:
-    """One analysis worker process, answering one order at a time."""
+class _Worker(Child):
+    """One analysis worker process, answering one order at a time; in a process group of its own
+    (killing it reaches any process it started)."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=dict(env), text=True, encoding="utf-8", errors="replace", bufsize=1,
-            start_new_session=True,
-        )
+        super().__init__(command, env=env, stderr="discard", own_group=True)
         self.jobs = 0
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with contextlib.suppress(ValueError, OSError):
-            for line in self.proc.stdout:
-                self.lines.put(line)
-        self.lines.put(None)  # end of output: the process is gone
-
-    def send(self, message: dict[str, Any]) -> bool:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-        except OSError:
-            return False
-        return True
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            self.proc.wait(timeout=5)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+    def end(self) -> None:
+        """Kill its group, reap it (for a few seconds at most) and close its pipes."""
+        self.kill()
+        self.wait(KILL_WAIT_S)
+        self.close()
 
 
 def _error(message: dict[str, Any]) -> AutotuneError:
@@ -250,7 +222,7 @@ class AnalysisPool:
             for job in self._running.values():
                 job.abandoned.set()
         for worker in workers:
-            worker.kill()
+            worker.end()
 
     # --- inside -----------------------------------------------------------------------------
 
@@ -277,7 +249,7 @@ class AnalysisPool:
     def _worker(self) -> _Worker:
         with self._lock:
             worker = self._idle.pop() if self._idle else None
-        if worker is None or worker.proc.poll() is not None:
+        if worker is None or worker.poll() is not None:
             worker = _Worker(self.command, self.env)
         with self._lock:
             self._busy.add(worker)
@@ -310,7 +282,7 @@ class AnalysisPool:
                         self._idle.append(worker)
                         worker = None
             if worker is not None:
-                worker.kill()
+                worker.end()
         if kind == "abandoned":  # nobody waits, unless the pool was closed under them
             value = Overloaded("the server is shutting down", retry_after_s=5)
         if isinstance(value, BaseException):
@@ -335,8 +307,9 @@ class AnalysisPool:
         """
         order = job.order
         worker.jobs += 1
-        if not worker.send({"kind": order.kind, "spec": order.spec, "params": order.params}):
-            return "error", AutotuneError(f"the analysis worker (pid {worker.proc.pid}) is gone")
+        request = {"kind": order.kind, "spec": order.spec, "params": order.params}
+        if not worker.send(json.dumps(request) + "\n"):
+            return "error", AutotuneError(f"the analysis worker (pid {worker.pid}) is gone")
         deadline = job.started + self.timeout_s
         while True:
             if job.abandoned.is_set():
@@ -346,13 +319,13 @@ class AnalysisPool:
                 log.warning("analysis %s ran past %g s: its worker is killed", order.key[:8], self.timeout_s)
                 return "timeout", self._timeout_error(order, retry_after_s=math.ceil(TIMEOUT_MEMORY_S))
             try:
-                line = worker.lines.get(timeout=min(POLL_S, left))
-            except queue.Empty:
+                line = worker.reply(min(POLL_S, left))
+            except TimeoutError:
                 continue
             if line is None:
-                code = worker.proc.wait()
+                code = worker.wait()
                 return "error", AutotuneError(
-                    f"the analysis worker (pid {worker.proc.pid}) {exit_reason(code)} before it answered")
+                    f"the analysis worker (pid {worker.pid}) {exit_reason(code)} before it answered")
             try:
                 message = json.loads(line)
             except ValueError:

@@ -22,8 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from api.fleet.cluster import ClusterUnreachable
-from api.runs.runner import Runner, RunOrder
+from api.runs.runner import ClusterUnreachable, Runner, RunOrder
 from api.runs.spec import TableSpec, adapter_environment
 from api.settings import RECONCILE_S
 from api.store import ACTIVE, REUSABLE, Run, Store

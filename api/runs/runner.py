@@ -2,7 +2,7 @@
 
 The service talks to a runner through ``Runner``, five methods, and hears back through
 ``RunEvents``; the queue itself lives in the store (queue.py). ``LocalRunner`` runs orders on
-this host. ``RayRunner`` (ray_runner.py) implements the same interface on a Ray cluster, a fleet
+this host. ``RayRunner`` (api/fleet/runner.py) implements the same interface on a Ray cluster, a fleet
 of GPU kinds: a task per cell with ``num_gpus=1`` on a node of the run's kind.
 
 LocalRunner has lanes, each a thread that runs one order at a time in a worker process
@@ -31,8 +31,6 @@ import json
 import logging
 import os
 import platform
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -42,21 +40,21 @@ from typing import Any, Protocol
 
 import autotune
 from api.runs.analysis import ANALYSIS_COMMAND, AnalysisOrder, AnalysisPool, Ticket
+from api.settings import ANALYSIS_TIMEOUT_S, WATCHDOG_S
 from autotune.errors import BackendUnavailable, InvalidInput
-from autotune.processes import child_env, exit_reason
+from autotune.processes import Child, child_env, exit_reason
 
 log = logging.getLogger("autotune.api")
 
 WORKER_COMMAND = (sys.executable, "-m", "api.runs.worker")
 STOP_GRACE_S = 5.0  # for a cancelled worker to stop between cells before its group is killed
-STDERR_TAIL_LINES = 40  # of a worker's stderr, kept for the error of a run it failed
 BACKEND_KINDS = ("cuda", "estimate")
-# A worker reports a probe at least this often unless it is stuck: the estimator's slowest
-# probe (an 8B model's first trace) takes about a minute here, a cuda probe of a large model a
-# few, so 15 minutes of silence is no step being measured.
-WATCHDOG_S = 900.0
-ANALYSIS_TIMEOUT_S = 120.0  # of one check or explain on the estimator (BERT-base with levers: ~60 s)
 WATCHDOG_POLL_S = 1.0
+
+
+class ClusterUnreachable(BackendUnavailable):
+    """The cluster a runner executes on (a fleet's Ray cluster, api/fleet/) cannot be reached now: new
+    runs are refused (503), queued ones wait (queue.py) until it is back."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +89,8 @@ class RunEvents(Protocol):
 class Runner(Protocol):
     def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
         """Where a run of ``backend`` (auto|cuda|estimate) would go: the resolved backend, the
-        GPU kind, the versions. Part of the key of identical runs. BackendUnavailable if none.
+        GPU kind, the versions. Part of the key of identical runs. BackendUnavailable if none;
+        ClusterUnreachable while the cluster the runner executes on is away.
 
         ``gpu``: the GPU preset the request names (a fleet runs cuda on a node of that kind; a
         host measures on its own GPUs and ignores it)."""
@@ -171,64 +170,33 @@ def detect_gpu_lanes() -> list[Lane]:
     return lanes
 
 
-class _Worker:
-    """One worker process and its stderr tail."""
+class _Worker(Child):
+    """One run's worker, in a process group of its own: killing it reaches its probe processes."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=dict(env), text=True, encoding="utf-8", errors="replace", bufsize=1,
-            start_new_session=True,  # a group of its own: killpg reaches its probe processes
-        )
-        self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        self._stderr_thread = threading.Thread(target=self._drain, daemon=True)
-        self._stderr_thread.start()
+        super().__init__(command, env=env, own_group=True)
         self._timer: threading.Timer | None = None
 
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(OSError):  # gone already: its exit says why
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-
-    def stop(self, grace_s: float) -> None:
+    def cancel(self, grace_s: float) -> None:
         """Ask it to stop between cells; kill its group if it has not exited after ``grace_s``."""
-        self.send({"op": "stop"})
+        self.send(json.dumps({"op": "stop"}) + "\n")  # False: gone already, its exit says why
         if self._timer is None:
             self._timer = threading.Timer(grace_s, self.kill)
             self._timer.daemon = True
             self._timer.start()
 
-    def kill(self) -> None:
-        """SIGKILL the worker and every process of its group."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def reap(self) -> int:
+    def reap(self) -> int | None:
         """Wait for the exit, then kill what is left of the group; the exit code."""
-        code = self.proc.wait()
+        code = self.wait()
         if self._timer is not None:
             self._timer.cancel()
-        # Orphans of a crashed worker (the cuda backend's probe processes) would hold the GPU.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._stderr_thread.join(timeout=2.0)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        self.close()  # orphans of a crashed worker (the cuda backend's probe processes) hold the GPU
         return code
 
-    def died(self, code: int, done: int, total: int) -> str:
+    def died(self, code: int | None, done: int, total: int) -> str:
         """Why a run failed whose worker exited without finishing it."""
-        text = f"the worker process (pid {self.proc.pid}) {exit_reason(code)} after {done} of {total} cells"
-        lines = [line.strip() for line in self.stderr if line.strip()]
+        text = f"the worker process (pid {self.pid}) {exit_reason(code)} after {done} of {total} cells"
+        lines = [line.strip() for line in self.stderr_tail() if line.strip()]
         return text + (f"; its stderr ends with: {lines[-1]}" if lines else "")
 
 
@@ -336,7 +304,7 @@ class LocalRunner:
             slot.stop = True
             worker = slot.worker
         if worker is not None:
-            worker.stop(self.stop_grace_s)
+            worker.cancel(self.stop_grace_s)
 
     def held(self) -> set[str]:
         with self._cond:
@@ -375,7 +343,7 @@ class LocalRunner:
                            if slot.worker is not None and slot.stalled is None and not slot.stop
                            and now - slot.last_progress > self.watchdog_s]
                 for slot in stalled:
-                    pid = slot.worker.proc.pid if slot.worker is not None else None
+                    pid = slot.worker.pid if slot.worker is not None else None
                     slot.stalled = (f"the worker process (pid {pid}) made no progress for "
                                     f"{self.watchdog_s:g} s (AUTOTUNE_WATCHDOG_S) and was killed")
                 self._cond.wait(timeout=min(WATCHDOG_POLL_S, self.watchdog_s / 4))
@@ -416,10 +384,10 @@ class LocalRunner:
                 events.finished(order.run_id, "failed", f"cannot start a worker process: {exc}", None)
             return
         try:
-            go = events.started(order.run_id, slot.lane.name, worker.proc.pid)  # False: cancelled meanwhile
+            go = events.started(order.run_id, slot.lane.name, worker.pid)  # False: cancelled meanwhile
             if go:
-                worker.send({"op": "run", "run_id": order.run_id, "spec": order.spec,
-                             "completed": list(order.completed)})
+                worker.send(json.dumps({"op": "run", "run_id": order.run_id, "spec": order.spec,
+                                        "completed": list(order.completed)}) + "\n")
             with self._cond:  # from here on, cancel(), close() and the watchdog reach the worker
                 slot.worker = worker
                 slot.last_progress = time.monotonic()
@@ -451,10 +419,9 @@ class LocalRunner:
 
         Returns (status, error) if the worker said how the run ended, and the cells it reported.
         """
-        assert worker.proc.stdout is not None
         result: tuple[str, str | None] | None = None
         cells = 0
-        for line in worker.proc.stdout:
+        for line in worker.replies():
             try:
                 message = json.loads(line)
                 op = message["op"]

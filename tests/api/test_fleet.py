@@ -40,8 +40,8 @@ def fleet():
 def client(fleet, analyses, tmp_path_factory):
     from fastapi.testclient import TestClient
 
+    from api.fleet.runner import RayRunner
     from api.main import create_app
-    from api.runs.ray_runner import RayRunner
     from api.settings import Settings
 
     runner = RayRunner(fleet.address, setup=CpuProbes(fleet.records, fleet.dir / "hold"), analyses=analyses)

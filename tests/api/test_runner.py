@@ -189,7 +189,7 @@ def test_the_watchdog_fails_a_run_whose_worker_is_stopped_and_frees_its_lane(mak
     runner.submit(order("frozen", tmp_path, sleep_s=0.5), events)
     runner.submit(order("next", tmp_path), events)
     wait_start(tmp_path, "frozen")
-    pid = next(iter(runner._running.values())).worker.proc.pid
+    pid = next(iter(runner._running.values())).worker.pid
     os.kill(pid, signal.SIGSTOP)  # stopped: never exits, never writes again
     status, error = events.wait("frozen")[0]
     assert status == "failed"

@@ -8,8 +8,7 @@ import sys
 import pytest
 
 import autotune
-from autotune import public
-from autotune import parallel
+from autotune import parallel, processes, public
 from autotune.errors import AutotuneError
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
@@ -65,13 +64,13 @@ def test_an_error_of_the_progress_callback_ends_the_table_and_its_workers():
 def started(monkeypatch):
     """The worker processes started from here on (each Popen's arguments)."""
     calls = []
-    popen = parallel.subprocess.Popen
+    popen = processes.subprocess.Popen  # every child starts there (processes.Child)
 
     def count(*args, **kwargs):
         calls.append(args)
         return popen(*args, **kwargs)
 
-    monkeypatch.setattr(parallel.subprocess, "Popen", count)
+    monkeypatch.setattr(processes.subprocess, "Popen", count)
     return calls
 
 
@@ -104,7 +103,7 @@ def test_a_table_takes_the_workers_started_before_it(started):
     one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1 and parallel._prestarted == []  # the table took the early worker
-    assert early[0].wait(timeout=30) == 0  # and ended it, its modes done
+    assert early[0].wait(timeout_s=30) == 0  # and ended it, its modes done
     assert cells(two) == cells(one)
 
 

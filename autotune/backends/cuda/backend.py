@@ -19,13 +19,9 @@ the workload's optimizer (bnb.py): how explain measures its 8-bit levers where i
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
-import queue
-import subprocess
 import sys
-import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,69 +31,32 @@ from autotune.backends.cuda.device import check_free_memory, cuda_available, dri
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode
 from autotune.errors import BackendUnavailable, InvalidInput, ProbeError, ProtocolError, WorkerFailed
 from autotune.gpus import GpuSpec, gpu_from_device_properties
-from autotune.processes import child_env, exit_reason
+from autotune.processes import Child, exit_reason
 from autotune.search import OUTCOMES, Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 
 DEFAULT_TIMEOUT_S = 600.0  # per probe, and for a worker to build its model
 STOP_GRACE_S = 10.0  # for a worker to exit after its stdin closes (CUDA teardown) before a kill
-STDERR_TAIL_LINES = 40  # of a worker's stderr, kept for error reports
 WORKER_COMMAND = (sys.executable, "-m", "autotune.backends.cuda.probe_worker")
 
 
-class WorkerProcess:
-    """One worker subprocess: requests on its stdin, replies read with a timeout."""
+class WorkerProcess(Child):
+    """One probe worker: requests on its stdin, each reply read with a timeout."""
 
     def __init__(self, command: Sequence[str]) -> None:
-        self._proc = subprocess.Popen(
-            list(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=child_env(),
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-        )
-        self.pid = self._proc.pid
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        # Readers on threads: a blocking read cannot time out, and an undrained stderr pipe
-        # would block a worker that logs a lot.
-        self._threads = [
-            threading.Thread(target=self._read_stdout, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _read_stdout(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)  # end of file: the worker exited or closed its stdout
-
-    def _read_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for line in self._proc.stderr:
-            self._stderr.append(line)
+        super().__init__(command)  # in this process's group: it starts no processes of its own
 
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one request and return its reply; WorkerFailed if there is none."""
-        assert self._proc.stdin is not None
         what = f"{message['op']} request"
+        if not self.send(encode(message)):
+            raise self._died(what)
         try:
-            self._proc.stdin.write(encode(message))
-            self._proc.stdin.flush()
-        except OSError:  # BrokenPipeError: the worker is gone
-            raise self._died(what) from None
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
+            line = self.reply(timeout_s)
+        except TimeoutError:
             self.kill()
-            raise self._failed(
+            raise self.failed(
                 f"the worker gave no reply to the {what} in {timeout_s:g} s and was killed"
             ) from None
         if line is None:
@@ -106,41 +65,28 @@ class WorkerProcess:
             return decode(line)
         except ProtocolError as exc:
             self.kill()
-            raise self._failed(f"the worker broke the protocol: {exc}") from exc
+            raise self.failed(f"the worker broke the protocol: {exc}") from exc
 
     def _died(self, what: str) -> WorkerFailed:
-        try:
-            code = self._proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:  # closed its stdout yet runs on
+        code = self.wait(STOP_GRACE_S)
+        if code is None:  # closed its stdout yet runs on
             self.kill()
-            code = self._proc.returncode
-        return self._failed(f"the worker process {exit_reason(code)} during the {what}")
+            code = self.poll()
+        return self.failed(f"the worker process {exit_reason(code)} during the {what}")
 
-    def _failed(self, message: str) -> WorkerFailed:
-        if self._proc.poll() is not None:
-            self._threads[1].join(timeout=1.0)  # the last of stderr, now that the worker is gone
-        tail = "".join(self._stderr).rstrip()
-        return WorkerFailed(message, exit_code=self._proc.poll(), stderr_tail=tail)
+    def failed(self, message: str) -> WorkerFailed:
+        """WorkerFailed with ``message``, the exit code and the end of the worker's stderr."""
+        tail = "".join(self.stderr_tail()).rstrip()
+        return WorkerFailed(message, exit_code=self.poll(), stderr_tail=tail)
 
     def kill(self) -> None:
-        self._proc.kill()
-        self._proc.wait()
+        """SIGKILL it and reap it."""
+        super().kill()
+        self.wait()
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """Close stdin, which ends the worker; kill it if it does not exit in time."""
-        with contextlib.suppress(OSError):
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        for thread in self._threads:
-            thread.join(timeout=1.0)
-        for stream in (self._proc.stdout, self._proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
+        return super().stop(grace_s)
 
 
 class CudaBackend:
@@ -259,7 +205,7 @@ class _CellSession:
                 why = f"{reply.get('error_type')}: {reply.get('error')}"
                 if reply.get("error_type") == "BackendUnavailable":  # e.g. no CUDA in the worker
                     raise BackendUnavailable(str(reply.get("error")))
-                raise worker._failed(f"the worker could not set up the cell: {why}")
+                raise worker.failed(f"the worker could not set up the cell: {why}")
         except BaseException:
             worker.stop()
             raise
@@ -315,7 +261,7 @@ class _CellSession:
         outcome = reply.get("outcome")
         if reply["op"] != "result" or reply.get("batch_size") != batch_size or outcome not in OUTCOMES:
             self.worker.kill()
-            raise self.worker._failed(f"the worker answered a probe of {batch_size} with {reply}")
+            raise self.worker.failed(f"the worker answered a probe of {batch_size} with {reply}")
         keys = (
             "peak_allocated_bytes",
             "peak_reserved_bytes",

@@ -1,7 +1,7 @@
 """RayRunner: the runs of this service execute on a Ray cluster (``autotune serve --ray ADDRESS``).
 
-The same interface as LocalRunner (runner.Runner); the store stays the source of truth (runs,
-cells, dedupe and resume work as on one host) and Ray only executes:
+The same interface as LocalRunner (``Runner``, api/runs/runner.py); the store stays the source of
+truth (runs, cells, dedupe and resume work as on one host) and Ray only executes:
 
 - a run of backend ``cuda`` names a GPU preset, and its cells run on nodes of that kind, one Ray
   task per cell (api/fleet/task.py ``measure_cell``, ``num_gpus=1``) sent with the label selector
@@ -35,9 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.fleet.cluster import Cluster, ClusterUnreachable
+from api.fleet.cluster import Cluster
 from api.runs.analysis import ANALYSIS_COMMAND, AnalysisOrder, AnalysisPool, Ticket
-from api.runs.runner import ANALYSIS_TIMEOUT_S, BACKEND_KINDS, RunEvents, RunOrder, versions
+from api.runs.runner import BACKEND_KINDS, ClusterUnreachable, RunEvents, RunOrder, versions
+from api.settings import ANALYSIS_TIMEOUT_S
 from autotune.errors import BackendUnavailable, InvalidInput, UnknownGpu
 from autotune.gpus import resolve_gpu
 from autotune.processes import child_env
