@@ -1,0 +1,556 @@
+"""Answer rate of ``autotune check --from-config`` over public training configs (issue #34): how
+many of the example configs Axolotl and LLaMA-Factory publish get a verdict on an H100-80GB, why
+the others are refused (reasons ranked by count, an example file each), and every crash.
+
+- Corpus: Axolotl's ``examples/**/*.y(a)ml`` less ``examples/archived/``; LLaMA-Factory's
+  ``examples/train_lora``, ``train_qlora`` and ``train_full`` (source ``llamafactory``) and, apart
+  (``llamafactory-extra``), its other training YAMLs under ``examples/`` (``stage:`` with
+  ``do_train: true``, or v1's ``train_dataset:``). They are never committed here: give a clone, a
+  bare mirror or a plain copy of each repository; the configs are copied to a scratch folder.
+- Model: the config's ``base_model`` / ``model_name_or_path`` (v1: ``model``) runs as the offline
+  preset of its family nearest in size, within a factor MAX_SIZE_RATIO (the mapping is printed).
+  A model with none counts as "no preset"; its config is still read against a stand-in preset
+  (``--stand-in``) for its refusal reasons, never for an answer.
+- Groups: preference/reward (Axolotl ``rl``, ``trl``, ``reward_model``; LLaMA-Factory ``stage``
+  dpo/kto/rm/ppo) and multi-GPU (DeepSpeed, FSDP, a parallel size above 1; LLaMA-Factory's FSDP,
+  Megatron and Ray launches) apart; the rest, one-GPU supervised, is the headline.
+- Each config, one at a time in a fresh process: ``autotune check PRESET --from-config FILE --gpu
+  H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout. Answered: exit 0/1
+  with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else (a traceback,
+  another exit status, a timeout, output that is not that JSON).
+- ``--peel``: autotune names only the first key it cannot model. Peel fixes that key as the
+  refusal says (``bf16: true``, the ``lora_*_kernel`` keys false, ``use_reentrant: false``,
+  ``attn_implementation: flash_attention_2``, the Liger kernels dropped) or drops it, and reads the
+  config again (with a tiny preset of its family: seconds, not the 40 of an 8B estimate) until it is
+  read whole or nothing is left to fix: the ranking then counts every blocking key (a lower bound:
+  a dropped key hides what is read under it).
+
+The goal (issue #34): most one-GPU supervised configs answered, every refusal a named reason.
+
+    git clone --depth 1 https://github.com/axolotl-ai-cloud/axolotl /tmp/axolotl
+    git clone --depth 1 https://github.com/hiyouga/LLaMA-Factory /tmp/LLaMA-Factory
+    .venv/bin/python benchmarks/bench_configs.py --axolotl /tmp/axolotl --llamafactory /tmp/LLaMA-Factory \\
+        [--peel] [--json rows.json] [--only qlora] [--limit 20] [--timeout 300] [--autotune-root DIR]
+
+``--autotune-root`` runs another checkout's autotune (``git worktree add /tmp/head HEAD``: the
+committed code while the work tree changes); by default this one's. ``--report rows.json`` prints
+a saved run's report again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml  # autotune's own dependency: it reads YAML configs
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = "H100-80GB"
+HEADLINE = "one-GPU SFT"
+GROUPS = (HEADLINE, "preference/reward", "multi-GPU")
+# The offline presets of decoder LLMs by family, with their nominal size in billions of parameters
+# (as their names say): a config's model runs as the one of its family nearest in size.
+FAMILIES: dict[str, dict[str, float]] = {
+    "llama": {"meta-llama/Llama-3.2-1B": 1, "meta-llama/Llama-3.2-3B": 3, "meta-llama/Llama-3.1-8B": 8},
+    "mistral": {"mistralai/Mistral-7B-v0.3": 7},
+    "qwen": {"Qwen/Qwen2.5-0.5B": 0.5, "Qwen/Qwen2.5-1.5B": 1.5, "Qwen/Qwen2.5-7B": 7},
+    "gemma2": {"google/gemma-2-2b": 2},
+    "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
+    "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
+}
+# Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
+# Llama-3.1-8B, Qwen3-0.6B as Qwen2.5-0.5B); beyond it (Qwen3-4B, a 70B) the verdict is another job's.
+MAX_SIZE_RATIO = 1.5
+# A model id's family (lower case, first match wins); None: blocks no preset has (mixture of
+# experts, a vision or audio tower, hybrid or linear attention, another family), never forced.
+FAMILY_PATTERNS: list[tuple[str, str | None]] = [
+    (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
+    (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
+    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3|gemma-4|mamba|jamba|falcon-h1", None),
+    (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
+    (r"mistral-7b|ministral-8b", "mistral"),
+    (r"qwen2(\.5)?-|qwen3-", "qwen"),  # Qwen3 dense: Qwen2's blocks with a norm on q and k
+    (r"gemma-2-", "gemma2"),
+    (r"phi-3(\.5)?-mini", "phi3"),
+    (r"(^|/)gpt2", "gpt2"),
+]
+# --peel rereads a config with a tiny preset of its family (seconds, where an 8B estimate takes 40):
+# the config's keys are read whole, and the tiny preset's own refusal of a longer sequence than its
+# 128 positions (POSITIONS) says so; the step is not the config's.
+PEEL_READERS: dict[str | None, str] = {
+    "llama": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2", "gemma2": "tiny-gemma2",
+    "gpt2": "tiny-gpt2", None: "tiny-llama",  # None: no near preset; phi3 has no tiny one: its own
+}
+POSITIONS = "exceeds max_position_embeddings"
+NAMED_SIZES = {"phi-3": 3.8, "gpt2-medium": 0.355, "gpt2": 0.124}  # ids without a "7B" in them
+LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
+AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
+AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}
+PARALLEL_SIZES = ("context_parallel_size", "tensor_parallel_size", "dp_shard_size", "expert_parallel_size",
+                  "dp_replicate_size", "sequence_parallel_degree", "ray_num_workers")
+PREFERENCE_STAGES = {"dpo", "kto", "rm", "ppo", "orpo", "simpo"}
+# Refusals whose key's value is the reason (bf16: auto); other keys are named alone (rl, deepspeed).
+VALUE_KEYS = {"bf16", "fp16", "adapter", "optimizer", "optim", "attn_implementation", "loss_type"}
+PEEL_ROUNDS = 16
+TAIL_LINES = 8  # of a crash's stderr
+
+
+@dataclass
+class Config:
+    file: str  # path inside its repository
+    source: str  # axolotl, llamafactory, llamafactory-extra
+    text: str
+    model: str | None = None
+    family: str | None = None
+    preset: str | None = None  # None: no near preset
+    group: str = HEADLINE
+
+
+@dataclass
+class Row:
+    file: str
+    source: str
+    group: str
+    model: str | None
+    preset: str | None  # None: no near preset (its config read against the stand-in)
+    status: str = "no preset"  # answered, refused, crash, no preset
+    exit: int | None = None
+    seconds: float = 0.0
+    verdict: str | None = None  # fits, does not fit
+    reason: str | None = None  # the refusal's reason
+    error: str | None = None  # the refusal's message, the file path left out
+    stand_in: str | None = None  # no preset: the stand-in's outcome (answered: the config reads whole)
+    reasons: list[str] = field(default_factory=list)  # --peel: every blocking key, in order
+    peeled: str | None = None  # --peel, once they are fixed or dropped: read whole, refused, crash
+    peel_seconds: float = 0.0
+    ignored_keys: list[str] = field(default_factory=list)  # an answer's keys taken to change nothing
+    crashes: list[str] = field(default_factory=list)  # "when: stderr's last lines"
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus
+
+
+def repo_files(path: Path) -> tuple[list[str], Callable[[str], str]]:
+    """The file paths under examples/ of a clone, a copy or a bare git directory, and their reader."""
+    if (path / "examples").is_dir():
+        names = [str(p.relative_to(path)) for p in sorted((path / "examples").rglob("*")) if p.is_file()]
+        return names, lambda name: (path / name).read_text()
+    git = ["git", f"--git-dir={path}"]
+    listing = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--name-only", "examples"],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    return listing, lambda name: subprocess.run([*git, "show", f"HEAD:{name}"], capture_output=True,
+                                                text=True, check=True).stdout
+
+
+def load_corpus(path: Path, repo: str) -> list[Config]:
+    names, read = repo_files(path)
+    configs = []
+    for name in names:
+        if not name.endswith((".yml", ".yaml")) or name.startswith("examples/archived/"):
+            continue
+        if repo == "axolotl":
+            configs.append(Config(name, repo, read(name)))
+            continue
+        config = Config(name, "llamafactory" if name.startswith(LLAMAFACTORY_CORE) else "llamafactory-extra",
+                        read(name))
+        data = parse(config.text)
+        if config.source == "llamafactory" or data.get("stage") and data.get("do_train") \
+                or data.get("train_dataset"):
+            configs.append(config)
+    return configs
+
+
+def parse(text: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}  # autotune refuses it with the reason
+    return data if isinstance(data, dict) else {}
+
+
+def classify(config: Config, presets: set[str]) -> None:
+    """The config's model, its preset and its group."""
+    data = parse(config.text)
+    model = data.get("base_model" if config.source == "axolotl" else "model_name_or_path", data.get("model"))
+    config.model = str(model).strip() if model else None
+    config.family = family(config.model) if config.model else None
+    config.preset = nearest_preset(config.model, presets) if config.model else None
+    config.group = group(config.source, config.file, data)
+
+
+def family(model: str) -> str | None:
+    return next((fam for pattern, fam in FAMILY_PATTERNS if re.search(pattern, model.lower())), None)
+
+
+def nearest_preset(model: str, presets: set[str]) -> str | None:
+    size = model_size(model.lower())
+    candidates = {p: s for p, s in FAMILIES.get(family(model) or "", {}).items() if p in presets}
+    if size is None or not candidates:
+        return None
+    preset, preset_size = min(candidates.items(), key=lambda item: abs(item[1] / size - 1))
+    return preset if max(size, preset_size) / min(size, preset_size) <= MAX_SIZE_RATIO else None
+
+
+def model_size(name: str) -> float | None:
+    """Billions of parameters a model id names: "-7b", "_0.5B", "-135m"."""
+    found = re.search(r"[-_/](\d+(?:\.\d+)?)([bm])(?![a-z0-9])", name)
+    if found:
+        return float(found.group(1)) / (1000 if found.group(2) == "m" else 1)
+    return next((size for prefix, size in NAMED_SIZES.items() if prefix in name), None)
+
+
+def group(source: str, file: str, data: dict[str, Any]) -> str:
+    set_keys = {key for key, value in data.items() if value not in (None, False, "", [], {}, 0)}
+    parallel = any(_above_one(value) for key, value in data.items()
+                   if key in PARALLEL_SIZES or key.endswith("_parallel_size"))
+    if source == "axolotl":
+        if set_keys & AXOLOTL_PREFERENCE:
+            return "preference/reward"
+        return "multi-GPU" if set_keys & AXOLOTL_SHARDING or parallel else HEADLINE
+    if str(data.get("stage", "")).lower() in PREFERENCE_STAGES or "dpo" in Path(file).name:
+        return "preference/reward"
+    # LLaMA-Factory launches FSDP from an accelerate config named on the command line: only the
+    # file's name says so. v1's dist_config, Megatron and Ray run on several GPUs.
+    if set_keys & {"deepspeed", "dist_config"} or parallel or re.search(r"fsdp|megatron|_ray\b", file):
+        return "multi-GPU"
+    return HEADLINE
+
+
+def _above_one(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 1
+
+
+# ---------------------------------------------------------------------------------------------
+# One check
+
+
+def run_check(root: Path, preset: str, file: Path, timeout_s: float) -> tuple[int | None, str, str, float]:
+    """(exit status, None on a timeout; stdout; stderr; wall seconds) of one ``autotune check``."""
+    argv = [sys.executable, "-m", "autotune", "check", preset, "--from-config", str(file), "--gpu", GPU,
+            "--json", "--no-cache", "--backend", "estimate", "--workers", "1"]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "AUTOTUNE_OFFLINE": "1"}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        return None, _text(exc.stdout), _text(exc.stderr), time.perf_counter() - started
+    return done.returncode, done.stdout, done.stderr, time.perf_counter() - started
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def outcome(code: int | None, stdout: str, stderr: str) -> tuple[str, dict[str, Any]]:
+    """answered, refused or crash, and the JSON document printed."""
+    try:
+        document = json.loads(stdout)
+    except json.JSONDecodeError:
+        document = None
+    if code is None or "Traceback (most recent call last)" in stderr or not isinstance(document, dict):
+        return "crash", {}
+    if code in (0, 1) and isinstance(document.get("fits"), bool):
+        return "answered", document
+    if code == 2 and isinstance(document.get("error"), str):
+        return "refused", document
+    return "crash", document
+
+
+def check_config(config: Config, scratch: Path, args: argparse.Namespace) -> Row:
+    row = Row(config.file, config.source, config.group, config.model, config.preset)
+    preset = config.preset or args.stand_in
+    if preset is None:
+        return row
+    file = scratch / config.source / config.file
+    text: str | None = config.text
+    for round_ in range(PEEL_ROUNDS if args.peel else 1):
+        file.write_text(text)
+        if round_:
+            preset = PEEL_READERS.get(config.family if config.preset else None, config.preset)
+        code, stdout, stderr, seconds = run_check(args.autotune_root, preset, file, args.timeout)
+        status, document = outcome(code, stdout, stderr)
+        if status == "crash":
+            when = "peeled" if round_ else "stand-in" if config.preset is None else "check"
+            tail = (stderr or stdout).strip().splitlines()[-TAIL_LINES:]
+            timeout = [f"(timed out after {args.timeout:.0f} s)"] if code is None else []
+            row.crashes.append(f"{when} with {preset}, exit {code}:\n" + "\n".join(tail + timeout))
+        message = strip_path(document["error"], file) if status == "refused" else None
+        if round_ and message and POSITIONS in message:
+            status, message = "answered", None  # the tiny reader's positions: the config was read whole
+        if round_ == 0:
+            row.exit, row.seconds = code, seconds
+            if config.preset is None:
+                row.stand_in = status
+            else:
+                row.status = status
+            if status == "answered" and config.preset:
+                row.verdict = "fits" if document["fits"] else "does not fit"
+                row.ignored_keys = list(document.get("ignored_keys", []))
+            if message:
+                row.reason, row.error = reason(message), message
+        else:
+            row.peel_seconds += seconds
+        if message is None:
+            row.peeled = {"answered": "read whole"}.get(status, status) if round_ else None
+            break
+        row.reasons.append(reason(message))
+        text = peeled(text, message) if args.peel else None
+        if text is None:
+            break
+    else:
+        text = None
+    if text is None and args.peel:
+        row.peeled = "refused"
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Reasons
+
+
+def strip_path(message: str, file: Path) -> str:
+    path = str(file)
+    return message.replace(f" in {path!r}", "").replace(repr(path), "FILE").replace(path, "FILE")
+
+
+def reason(message: str) -> str:
+    """A refusal's reason: the key it names, with its value where the value is the reason; no paths
+    or numbers."""
+    if message.startswith("missing "):
+        return message.split(":")[0]
+    if message.startswith("training config FILE mixes"):
+        return re.sub(r" \([^)]*\)", "", message.split(":")[0]).replace("training config FILE ", "")
+    verbs = "is not modelled|must be|lists|is empty|needs|names"
+    head = re.match(rf"([A-Za-z_][\w.]*)(?::\s*(.*?))?\s+({verbs})\b", message)
+    if head is None:
+        return re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", message))[:90]
+    key, value, verb = head.group(1), (head.group(2) or "").strip("'\""), head.group(3)
+    if key == "adapter" and "_kernel" in message:
+        return "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)"
+    if re.fullmatch(r"lora_\w+_kernel", key):
+        return "lora_*_kernel: true"
+    if key.startswith(("liger_", "unsloth_")):
+        return key.split("_")[0] + "_*"
+    if key == "gradient_checkpointing" and "gradient_checkpointing_kwargs" in message:
+        return "gradient_checkpointing without gradient_checkpointing_kwargs (use_reentrant=True)"
+    if "DeepSpeed/FSDP sharding" in message or "tensor/context parallelism" in message:
+        return "DeepSpeed/FSDP sharding" if "sharding" in message else "tensor/context parallelism"
+    if key == "lora_target_modules" and "regular expression" in message:
+        return "lora_target_modules: a regular expression"
+    if key == "adapter" and "names no LoRA target" in message:
+        return "adapter without LoRA targets"
+    if key.endswith(".use_reentrant"):
+        return "gradient_checkpointing_kwargs.use_reentrant: true"
+    if key in ("bf16", "fp16") and "mixed weight dtypes" in message:
+        return f"{key} without flash attention (Axolotl's float32 embeddings and norms)"
+    if verb != "is not modelled":
+        return f"{key}: invalid ({verb} ...)"
+    if key in VALUE_KEYS and re.fullmatch(r"[A-Za-z][\w.-]*", value):
+        return f"{key}: {value}"
+    return key
+
+
+# A refusal that says how to write the job autotune models, as lines to write instead.
+FIXES = {
+    "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)":
+        "".join(f"lora_{name}_kernel: false\n" for name in ("mlp", "qkv", "o", "embedding")),
+    "gradient_checkpointing without gradient_checkpointing_kwargs (use_reentrant=True)":
+        "gradient_checkpointing_kwargs:\n  use_reentrant: false\n",
+    "adapter without LoRA targets": "lora_target_linear: true\n",
+}
+
+
+def peeled(text: str, message: str) -> str | None:
+    """The config with the refused key fixed as the refusal asks, else dropped; None: nothing to do."""
+    why = reason(message)
+    if why in FIXES:
+        fixed = text.rstrip("\n") + "\n" + FIXES[why]
+    elif why == "bf16: auto":
+        fixed = re.sub(r"(?m)^bf16:.*$", "bf16: true", text)
+    elif why == "liger_*":  # every Liger kernel but the modelled fused linear cross-entropy, at once
+        fixed = re.sub(r"(?m)^liger_(?!fused_linear_cross_entropy:)\w+:.*\n?", "", text)
+    elif why == "lora_*_kernel: true":
+        fixed = re.sub(r"(?m)^(lora_\w+_kernel):.*$", r"\1: false", text)
+    elif why == "gradient_checkpointing_kwargs.use_reentrant: true":
+        fixed = re.sub(r"(?m)^(\s+use_reentrant:\s*)[Tt]rue\b", r"\1false", text)
+    elif why == "lora_target_modules: a regular expression":
+        fixed = _drop(text, "lora_target_modules").rstrip("\n") + "\n" + FIXES["adapter without LoRA targets"]
+    elif "without flash attention" in why:
+        fixed = re.sub(r"(?m)^(attn_implementation|sdp_attention|flash_attention):.*\n?", "", text)
+        fixed = fixed.rstrip("\n") + "\nattn_implementation: flash_attention_2\n"
+    else:
+        key = re.match(r"[A-Za-z_]\w*", message)
+        fixed = text if key is None else _drop(text, key.group())
+    return None if fixed == text else fixed
+
+
+def _drop(text: str, key: str) -> str:
+    """The YAML text without the top-level key: its line and its block (indented, list, comment and
+    blank lines below it)."""
+    return re.sub(rf"(?m)^{key}:.*\n?(?:(?:[ \t#-].*)?\n)*", "", text, count=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def report(rows: list[Row]) -> None:
+    mapping = Counter((r.model, r.preset) for r in rows if r.preset)
+    print(f"\nModel -> preset ({sum(mapping.values())} configs):")
+    for (model, preset), count in sorted(mapping.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(f"  {count:3d}  {model} -> {preset}")
+    unmapped = Counter(r.model or "(none named)" for r in rows if not r.preset)
+    print(f"No near preset ({sum(unmapped.values())} configs, {len(unmapped)} models): "
+          + ", ".join(f"{m} x{n}" if n > 1 else m for m, n in sorted(unmapped.items())))
+
+    print("\nPer source and group (answer rate: of the configs with a preset):")
+    for source in dict.fromkeys(r.source for r in rows):
+        for name in GROUPS:
+            part = [r for r in rows if r.source == source and r.group == name]
+            if part:
+                print("  " + counts(f"{source} / {name}", part))
+    core = [r for r in rows if r.source != "llamafactory-extra"]
+    core_sft = [r for r in core if r.group == HEADLINE]
+    print("  " + counts(f"headline: axolotl + llamafactory / {HEADLINE}", core_sft))
+    print("  " + counts("axolotl + llamafactory, all groups", core))
+    print("  " + counts("every config", rows))
+
+    picks: list[tuple[str, Callable[[Row], list[str]]]] = [("First refusal reasons", lambda r: r.reasons[:1])]
+    peel = any(r.peeled for r in rows)
+    if peel:
+        picks.append(("Every blocking key (--peel)", lambda r: list(dict.fromkeys(r.reasons))))
+    for title, pick in picks:
+        ranked, example, headline = Counter(), {}, Counter()
+        for r in rows:
+            for why in pick(r):
+                ranked[why] += 1
+                example.setdefault(why, f"{r.source}:{r.file}")
+                headline[why] += r.group == HEADLINE and r.source != "llamafactory-extra"
+        print(f"\n{title}, ranked: configs (no preset ones read against the stand-in included), "
+              f"of them axolotl + llamafactory {HEADLINE}, an example:")
+        for why, count in ranked.most_common():
+            print(f"  {count:4d} {headline[why]:4d}  {why}   e.g. {example[why]}")
+    if peel:
+        after = Counter(r.peeled for r in rows if r.peeled)
+        print(f"\nOnce every blocking key is fixed or dropped (--peel): {dict(after)}; peel checks took "
+              f"{sum(r.peel_seconds for r in rows):.0f} s")
+        stuck = Counter(r.reasons[-1] for r in rows if r.peeled == "refused")
+        if stuck:
+            print("  left refused by: " + "; ".join(f"{why} ({n})" for why, n in stuck.most_common()))
+
+    read_whole = [r for r in rows if r.stand_in == "answered"]
+    print(f"\nNo preset, but the config is read whole (the stand-in answered): {len(read_whole)}")
+    for r in read_whole:
+        print(f"  {r.source}:{r.file} ({r.model})")
+    answered = [r for r in rows if r.status == "answered"]
+    print(f"\nAnswered: {len(answered)}")
+    for r in answered:
+        ignored = f"; ignored keys: {', '.join(r.ignored_keys)}" if r.ignored_keys else ""
+        print(f"  {r.source}:{r.file} -> {r.preset}: {r.verdict} ({r.seconds:.1f} s){ignored}")
+    crashed = [r for r in rows if r.crashes]
+    print(f"\nCrashes: {sum(len(r.crashes) for r in rows)} ({sum(r.status == 'crash' for r in rows)} "
+          "of the configs with a preset at their first check)")
+    for r in crashed:
+        for crash in r.crashes:
+            print(f"  {r.source}:{r.file}: {crash}".replace("\n", "\n    "))
+    lf = [r for r in rows if r.source == "llamafactory" and r.status != "answered"]
+    print(f"\nLLaMA-Factory configs (train_lora, train_qlora, train_full) not answered: {len(lf)}")
+    for r in lf:
+        print(f"  {r.file} [{r.group}] {r.model} -> {r.preset or 'no preset'}: {r.status}: "
+              f"{r.error or r.stand_in}")
+    extra = Counter(r.reason or r.stand_in for r in rows
+                    if r.source == "llamafactory-extra" and r.status != "answered")
+    if extra:
+        print(f"  the {sum(extra.values())} other LLaMA-Factory training configs: "
+              + "; ".join(f"{why} ({n})" for why, n in extra.most_common()))
+
+
+def counts(label: str, rows: list[Row]) -> str:
+    status = Counter(r.status for r in rows)
+    verdicts = Counter(r.verdict for r in rows if r.status == "answered")
+    run = len(rows) - status["no preset"]
+    rate = f"{status['answered'] / run:.0%}" if run else "-"
+    return (f"{label:<50} {len(rows):4d} configs, {status['no preset']:3d} no preset, {run:3d} checked: "
+            f"{status['answered']:3d} answered ({verdicts['fits']} fit, {verdicts['does not fit']} do not), "
+            f"{status['refused']:3d} refused, {status['crash']:2d} crash: {rate} answered")
+
+
+def list_presets(root: Path) -> set[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    listing = subprocess.run([sys.executable, "-m", "autotune", "models"], cwd=root, env=env,
+                             capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in listing.splitlines() if line.strip()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--axolotl", type=Path, help="a clone (or bare mirror) of axolotl-ai-cloud/axolotl")
+    parser.add_argument("--llamafactory", type=Path, help="a clone (or bare mirror) of hiyouga/LLaMA-Factory")
+    parser.add_argument("--autotune-root", type=Path, default=ROOT, help="the checkout whose autotune runs")
+    parser.add_argument("--scratch", type=Path, help="where the configs are copied (default: a temp dir)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per check (default 300)")
+    parser.add_argument("--jobs", type=int, default=1, help="checks at once (default 1)")
+    parser.add_argument("--stand-in", default="meta-llama/Llama-3.2-1B",
+                        help="preset the config of a model with no near preset is read against, for its "
+                             "refusal only ('none': not checked)")
+    parser.add_argument("--peel", action="store_true", help="find every blocking key of a refused config")
+    parser.add_argument("--only", help="only the configs whose source:path contains this")
+    parser.add_argument("--limit", type=int, help="only the first N configs")
+    parser.add_argument("--json", type=Path, dest="json_out", help="write every config's row here")
+    parser.add_argument("--report", type=Path, help="print the report of a --json file again, run nothing")
+    args = parser.parse_args()
+    if args.report:
+        report([Row(**row) for row in json.loads(args.report.read_text())])
+        return
+    if not (args.axolotl or args.llamafactory):
+        parser.error("give --axolotl PATH, --llamafactory PATH or both")
+    args.stand_in = None if args.stand_in == "none" else args.stand_in
+    args.autotune_root = args.autotune_root.resolve()
+
+    presets = list_presets(args.autotune_root)
+    configs = [config for repo, path in (("axolotl", args.axolotl), ("llamafactory", args.llamafactory))
+               if path for config in load_corpus(path, repo)]
+    configs = [c for c in configs if not args.only or args.only in f"{c.source}:{c.file}"][:args.limit]
+    scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-configs-"))
+    for config in configs:
+        classify(config, presets)
+        (scratch / config.source / config.file).parent.mkdir(parents=True, exist_ok=True)
+    sources = ", ".join(f"{source} {n}" for source, n in Counter(c.source for c in configs).items())
+    print(f"{len(configs)} configs ({sources}) in {scratch}; autotune from {args.autotune_root}; {GPU}",
+          flush=True)
+
+    started = time.perf_counter()
+    rows: list[Row] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for row in pool.map(lambda config: check_config(config, scratch, args), configs):
+            rows.append(row)
+            said = row.verdict or row.reason or (row.crashes[-1].splitlines()[-1] if row.crashes else "")
+            status = row.status if row.preset else f"no preset ({row.stand_in})"
+            print(f"[{len(rows)}/{len(configs)}] {status:<9} {row.seconds:6.1f} s  {row.source}:{row.file}  "
+                  f"{said}", flush=True)
+    wall_s = time.perf_counter() - started
+    report(rows)
+    print(f"\nTotal wall time: {wall_s:.0f} s for {len(rows)} configs (first checks "
+          f"{sum(r.seconds for r in rows):.0f} s, slowest {max((r.seconds for r in rows), default=0):.1f} s)")
+    if args.json_out:
+        args.json_out.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    if not args.scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
