@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from autotune import __version__
@@ -89,4 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except AutotuneError as exc:
         print(f"Error: {worded(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # a bug, or a library failing inside a step: an error, never a verdict
+        traceback.print_exc()
+        print(f"Error: internal error ({type(exc).__name__}: {exc}); please report it with the "
+              "traceback above", file=sys.stderr)
         return EXIT_ERROR

@@ -83,19 +83,39 @@ def build_model(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str
     auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
     dtype = getattr(torch, weights_dtype)
     if attn == FLASH_ATTENTION_2 and flash_as_sdpa:
-        model = _from_config(auto_class, config, "sdpa", spec, task, dtype)
+        try:
+            model = _from_config(auto_class, config, "sdpa", spec, task, dtype)
+        except (ValueError, ImportError) as exc:
+            raise _unsupported(exc, attn, "its flash_attention_2 is modelled by SDPA's flash kernel, and "
+                               "the model has no SDPA implementation") from exc
         if not getattr(model, "_supports_flash_attn", False):
             raise InvalidInput(f"{type(model).__name__} does not support flash_attention_2 in "
                                f"transformers {transformers.__version__}: use sdpa or eager")
         return model, attn
     if attn is not None:
-        model = _from_config(auto_class, config, attn, spec, task, dtype)
+        try:
+            model = _from_config(auto_class, config, attn, spec, task, dtype)
+        except (ValueError, ImportError) as exc:
+            raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
         return model, attn
     try:
         return _from_config(auto_class, config, "sdpa", spec, task, dtype), "sdpa"
     except (ValueError, ImportError):
         # transformers raises ValueError when a model has no SDPA implementation.
         return _from_config(auto_class, config, "eager", spec, task, dtype), "eager"
+
+
+def _unsupported(exc: Exception, attn: str, why: str) -> InvalidInput:
+    """An attention the model cannot run, asked for by name: the user's error (exit 2, HTTP 422),
+    never a crash read as "does not fit"."""
+    import transformers
+
+    text = str(exc).strip()
+    first = text.splitlines()[0].split(". ")[0].rstrip(".") if text else type(exc).__name__
+    error = InvalidInput(f"attn {attn} cannot be modelled for this model in transformers "
+                         f"{transformers.__version__}: {why} ({first}); use eager, or leave attn out")
+    error.field = "attn"
+    return error
 
 
 def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task: str,

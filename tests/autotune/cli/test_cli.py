@@ -263,3 +263,29 @@ def test_serve_and_import_end_as_python_does(monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as ended:
         run_command()
     assert ended.value.code == 2
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
+def test_an_attention_the_model_cannot_run_is_an_error_not_a_verdict(capsys, attn):
+    # Gemma 2 has no SDPA implementation in transformers 5; the estimator models flash_attention_2
+    # through SDPA's flash kernel: both are refused by name (exit 2), never "does not fit" (exit 1).
+    argv = ["check", "tiny-gemma2", "--seq-len", "32", "--batch-size", "1", "--attn", attn,
+            "--mode", "bf16", "--gpu", "H100-80GB", "--backend", "estimate", "--no-cache", "--workers", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: attn {attn} cannot be modelled for this model") and "Traceback" not in err
+
+
+def test_an_unexpected_failure_inside_a_command_exits_2_with_the_traceback(capsys, monkeypatch):
+    from autotune import public
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a library failed")
+
+    monkeypatch.setattr(public, "run_check", broken)
+    argv = ["check", "tiny-bert", "--seq-len", "32", "--batch-size", "1", "--backend", "estimate",
+            "--no-cache"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().endswith(
+        "Error: internal error (RuntimeError: a library failed); please report it with the traceback above")
