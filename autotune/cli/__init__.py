@@ -91,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutotuneError as exc:
         print(f"Error: {worded(exc)}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        raise  # a reader that went away: run() ends quietly
     except Exception as exc:  # a bug, or a library failing inside a step: an error, never a verdict
         traceback.print_exc()
         print(f"Error: internal error ({type(exc).__name__}: {exc}); please report it with the "
