@@ -46,6 +46,7 @@ from autotune.defaults import (
     EXPLAIN_BACKEND,
 )
 from autotune.errors import AutotuneError, InvalidInput
+from autotune.search import METHODS
 from autotune.workload.adapters import (
     ALL_LINEAR,
     COMPUTE_DTYPES,
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
 
 GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
 
-SEARCH_METHODS = ("guided", "bisect")  # search.METHODS (kept here: the search module is pure)
 # How to ask for a hub lookup, said by the refusal of an unknown name that could be a hub id.
 HUB_HINT = ("Hugging Face hub ids are looked up only when asked: --hub, hub=True in Python, "
             "or AUTOTUNE_ALLOW_HUB=1")
@@ -365,7 +365,7 @@ class TableRequest:
         f"{','.join(DEFAULT_MODE_NAMES)})")
     search: str = option(DEFAULT_METHOD, "guided: each probe where the peaks measured so far put the "
                          "limit; bisect: 1, 2, 4, ... then binary search (default: guided)",
-                         choices=SEARCH_METHODS)
+                         choices=METHODS)
     max_batch: int = option(DEFAULT_MAX_BATCH, f"the largest batch probed (default: {DEFAULT_MAX_BATCH})",
                             metavar="N", parse=lambda text: positive(text, "max_batch"))
     seed_with_estimate: bool = option(True, "backend cuda: each cell's GPU search starts from the "

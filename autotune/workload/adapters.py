@@ -51,6 +51,8 @@ from autotune.errors import InvalidInput
 if TYPE_CHECKING:
     import torch
 
+    from autotune.workload.parts import StepParts
+
 Method = Literal["lora", "qlora"]
 METHODS: tuple[Method, ...] = ("lora", "qlora")
 PEFT_CHOICES = ("none", *METHODS)  # the CLI's --peft
@@ -270,10 +272,6 @@ def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -
 
 
 # --- building the adapted model ----------------------------------------------------------------
-
-if TYPE_CHECKING:
-    from autotune.workload.parts import StepParts
-
 
 @dataclass(frozen=True)
 class ParameterCounts:
