@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.defaults import (
     BACKENDS,
@@ -412,9 +412,10 @@ class ExplainRequest:
 
 
 Request = TableRequest | CheckRequest | ExplainRequest
+AnyRequest = TypeVar("AnyRequest", TableRequest, CheckRequest, ExplainRequest)
 
 
-def request_from(cls: type[Request], values: dict[str, Any]) -> Request:
+def request_from(cls: type[AnyRequest], values: dict[str, Any]) -> AnyRequest:
     """A request of ``cls`` from flat field values (a CLI's flags, a body): None is the default.
     Names that are not fields of ``cls`` are a bug of the caller (KeyError)."""
     known = {f.name for f in fields_of(cls)} | {"adapter"}
@@ -422,7 +423,8 @@ def request_from(cls: type[Request], values: dict[str, Any]) -> Request:
     if unknown:
         raise KeyError(f"not fields of {cls.__name__}: {', '.join(sorted(unknown))}")
     given = {name: value for name, value in values.items() if value is not None}
-    return _build(cls, given)  # type: ignore[return-value]
+    built: AnyRequest = _build(cls, given)
+    return built
 
 
 def _build(cls: type, given: dict[str, Any]) -> Any:

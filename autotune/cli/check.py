@@ -100,19 +100,19 @@ def _plan(args: argparse.Namespace) -> Plan:
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
-        return Plan(flags)  # type: ignore[arg-type]
+        return Plan(flags)
     planned = read_training_config(args.from_config)
     read = {name: getattr(planned, name) for name in _CONFIG_FIELDS}
     read["mode"] = None if planned.mode is None else planned.mode.name
     given = {name for name in (*_CONFIG_FIELDS, "mode") if getattr(args, name, None) is not None}
     values = {name: value for name, value in read.items() if name not in given and value is not None}
-    adapter = _adapter(flags.step.peft_options, planned.adapter)  # type: ignore[union-attr]
+    adapter = _adapter(flags.step.peft_options, planned.adapter)
     step = replace(flags.step, **{k: v for k, v in values.items() if k in _STEP_FIELDS},
                    adapter=adapter, peft_options=PeftOptions() if adapter is not None
-                   else flags.step.peft_options)  # type: ignore[union-attr]
+                   else flags.step.peft_options)
     request = replace(flags, step=step, **{k: v for k, v in values.items() if k not in _STEP_FIELDS})
-    _missing(request, args.from_config)  # type: ignore[arg-type]
-    return Plan(request, (f"read {args.from_config} as {planned.format}", *planned.notes),  # type: ignore[arg-type]
+    _missing(request, args.from_config)
+    return Plan(request, (f"read {args.from_config} as {planned.format}", *planned.notes),
                 tuple(planned.ignored))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.request import (
     PEFT_FIELDS,
+    AnyRequest,
     Field,
     Request,
     Step,
@@ -115,7 +116,7 @@ def _add(container: Any, f: Field, choices: tuple[str, ...] | None = None) -> No
     container.add_argument(f.flag, dest=f.name, **kwargs)
 
 
-def request_of(cls: type[Request], args: argparse.Namespace, **values: Any) -> Request:
+def request_of(cls: type[AnyRequest], args: argparse.Namespace, **values: Any) -> AnyRequest:
     """The request the flags ask for (those not given: the request's defaults), with ``values``
     (a command's own: seq_len, modes, ...) on top."""
     given = {f.name: getattr(args, f.name) for f in fields_of(cls) if hasattr(args, f.name)}

@@ -102,7 +102,7 @@ def _explain(args: argparse.Namespace) -> Explanation:
             lengths = _lengths(args)
             request = request_of(ExplainRequest, args, model=args.model, levers=not args.no_levers,
                                  lengths=None if lengths is None else tuple(lengths))
-            return public.run_explain(request)  # type: ignore[arg-type]
+            return public.run_explain(request)
     finally:
         parallel.stop_prestarted()
 

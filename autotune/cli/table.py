@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with quiet_transformers():  # its notices would break the progress line
             request = request_of(TableRequest, args)
-            table = public.run_table(request, on_cell=progress.update)  # type: ignore[arg-type]
+            table = public.run_table(request, on_cell=progress.update)
     finally:
         parallel.stop_prestarted()
     progress.close()
