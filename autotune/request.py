@@ -3,7 +3,7 @@
 Every entrance builds one of these and hands it to ``resolve``: the Python API (public.py) from
 its keywords, the CLI from its flags (cli/common.py makes the flags from the fields here), the
 service from a body or query (api/schemas.py makes its models from them; api/runs/spec.py adds the
-service's own policy), a training config (analysis/training_config.py).
+service's own policy), a training config (autotune/configs/).
 
     TableRequest   Step + Target + seq_lens, modes, search, max_batch, ...   (autotune table)
     CheckRequest   Step + Target + seq_len, batch_size, mode, accumulation   (autotune check)
@@ -425,6 +425,19 @@ def request_from(cls: type[AnyRequest], values: dict[str, Any]) -> AnyRequest:
     given = {name: value for name, value in values.items() if value is not None}
     built: AnyRequest = _build(cls, given)
     return built
+
+
+def values_of(request: Any) -> dict[str, Any]:
+    """A request's flat field values (and its prebuilt adapter): what ``request_from`` takes back,
+    so that ``request_from(type(r), {**values_of(r), **given})`` is ``r`` with ``given`` on top."""
+    values: dict[str, Any] = {}
+    for f in fields(request):
+        value = getattr(request, f.name)
+        if f.metadata.get("part") is not None:
+            values.update(values_of(value))
+        elif "about" in f.metadata or f.name == "adapter":
+            values[f.name] = value
+    return values
 
 
 def _build(cls: type, given: dict[str, Any]) -> Any:

@@ -175,6 +175,14 @@ def test_the_workload_imports_nothing_above_it():
     assert offenders == set()
 
 
+def test_the_config_readers_import_nothing_that_computes():
+    # A config is read into a request: reading a file needs no backend, analysis or interface.
+    offenders = {(m, dep) for m, deps in graph().items() if in_package(m, "autotune.configs")
+                 for dep in deps if any(in_package(dep, above) for above in ABOVE_THE_WORKLOAD)}
+    assert offenders == set()
+    assert "autotune.configs" in graph()["autotune.cli.check"]  # it is what --from-config reads
+
+
 def private_imports(path: Path) -> set[str]:
     """``module.name`` for every ``from autotune... import _name`` in ``path`` (dunders aside)."""
     found = set()

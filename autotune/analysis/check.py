@@ -10,7 +10,7 @@ fine-tune, QLoRA and a lower rank for a LoRA one; all of the step's own levers t
 shorter sequence only when none of them lets batch 1 fit). A lever that does not help is never
 advised.
 
-``training_config.read_training_config`` reads the plan from a training config.
+``autotune.configs.read_training_config`` reads the request from a training config.
 """
 
 from __future__ import annotations

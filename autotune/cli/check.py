@@ -6,7 +6,7 @@
                    [--backend B] [--margin F] [--server URL] [--hub] [--no-cache] [--json]
     autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
 
-A training config is read whole (analysis/training_config.py): a setting that changes memory
+A training config is read whole (autotune/configs/): a setting that changes memory
 and that autotune does not model (DeepSpeed, FSDP, 8-bit loading, DoRA, ...) is an error naming
 the key, never a verdict for another job. LoRA and QLoRA settings (Axolotl's adapter, TRL's
 use_peft and lora_*, a PEFT adapter directory) are modelled; PEFT flags given here win over them.
@@ -39,7 +39,7 @@ from autotune.cli.common import (
     request_of,
 )
 from autotune.errors import AutotuneError, InvalidInput, ServiceError
-from autotune.request import CheckRequest, PeftOptions
+from autotune.request import PEFT_FIELDS, CheckRequest, PeftOptions, fields_of, request_from, values_of
 from autotune.units import parse_bytes
 from autotune.workload.adapters import check_recipe
 
@@ -88,35 +88,23 @@ class Plan:
     ignored: tuple[str, ...] = ()
 
 
-# What a training config may set, as request fields: a flag given wins over the file.
-_CONFIG_FIELDS = ("model", "seq_len", "batch_size", "accumulation_steps", "task", "dtype", "optimizer",
-                  "attn", "loss")
-
-
 def _plan(args: argparse.Namespace) -> Plan:
     """The flags' request, --from-config filling what they leave out; every missing field named."""
-    from autotune.analysis.training_config import read_training_config
+    from autotune.configs import read_training_config
 
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
         return Plan(flags)
-    planned = read_training_config(args.from_config)
-    read = {name: getattr(planned, name) for name in _CONFIG_FIELDS}
-    read["mode"] = None if planned.mode is None else planned.mode.name
-    given = {name for name in (*_CONFIG_FIELDS, "mode") if getattr(args, name, None) is not None}
-    values = {name: value for name, value in read.items() if name not in given and value is not None}
-    adapter = _adapter(flags.step.peft_options, planned.adapter)
-    step = replace(flags.step, **{k: v for k, v in values.items() if k in _STEP_FIELDS},
-                   adapter=adapter, peft_options=PeftOptions() if adapter is not None
-                   else flags.step.peft_options)
-    request = replace(flags, step=step, **{k: v for k, v in values.items() if k not in _STEP_FIELDS})
+    config = read_training_config(args.from_config)
+    given = {f.name: getattr(args, f.name) for f in fields_of(CheckRequest)
+             if getattr(args, f.name, None) is not None}
+    adapter = _adapter(flags.step.peft_options, config.request.step.adapter)
+    if adapter is not None:  # the config's adapter, not the PEFT flags'
+        given = {name: value for name, value in given.items() if name not in PEFT_FIELDS}
+    request = request_from(CheckRequest, {**values_of(config.request), **given, "adapter": adapter})
     _missing(request, args.from_config)
-    return Plan(request, (f"read {args.from_config} as {planned.format}", *planned.notes),
-                tuple(planned.ignored))
-
-
-_STEP_FIELDS = ("model", "task", "dtype", "optimizer", "attn", "loss")
+    return Plan(request, (f"read {args.from_config} as {config.format}", *config.notes), config.ignored)
 
 
 def _missing(request: Any, config: str | None) -> None:

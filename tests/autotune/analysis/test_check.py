@@ -9,7 +9,7 @@ import limitbackend
 import pytest
 
 from autotune.analysis.check import accumulation_plan
-from autotune.analysis.training_config import read_training_config
+from autotune.configs import read_training_config
 from autotune.cli import main
 from autotune.errors import InvalidInput
 
@@ -94,9 +94,9 @@ def test_an_unreachable_server_exits_2(capsys):
 def test_from_config_reads_training_arguments(tmp_path, capsys):
     path = tmp_path / "training_args.json"
     path.write_text(json.dumps(TRAINING_ARGS))
-    order = read_training_config(path)
-    assert (order.model, order.seq_len, order.batch_size, order.accumulation_steps) == ("tiny-bert", 64, 8, 4)
-    assert order.mode is not None and order.mode.name == "amp+ckpt"
+    order = read_training_config(path).request
+    assert (order.step.model, order.seq_len, order.batch_size, order.accumulation_steps, order.mode) == (
+        "tiny-bert", 64, 8, 4, "amp+ckpt")
     code, out, _ = run(capsys, "check", "--from-config", str(path), *SMALL, "--json")
     doc = json.loads(out)
     assert code == 0 and doc["mode"] == "amp+ckpt" and doc["batch_size"] == 8

@@ -5,20 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from autotune.analysis.training_config import (
-    _LEGACY_TRAINER_FIELDS,
-    _TRAINER_FIELDS,
-    TrainingPlan,
-    missing_fields,
-    read_training_config,
-)
+from autotune.configs import TrainingConfig, missing_fields, read_training_config
+from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.request import CheckRequest, request_from, values_of
 from autotune.workload.adapters import Adapter
-from autotune.workload.modes import Mode
+from autotune.workload.modes import Mode, parse_mode
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 
@@ -41,15 +38,29 @@ def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
     return path
 
 
-def read(tmp_path: Path, data: dict, name: str = "config.json") -> TrainingPlan:
-    return read_training_config(write(tmp_path, data, name))
+def read(tmp_path: Path, data: dict, name: str = "config.json") -> Read:
+    return view(read_training_config(write(tmp_path, data, name)))
+
+
+class Read(SimpleNamespace):
+    """A config read, its request's fields flat (``mode`` a Mode): what the assertions compare."""
+
+
+def view(config: TrainingConfig) -> Read:
+    values = values_of(config.request)
+    return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
+                **{**values, "mode": parse_mode(values["mode"])})
+
+
+def request(**values) -> CheckRequest:
+    return request_from(CheckRequest, values)
 
 
 def test_training_arguments_are_read_whole(tmp_path):
     plan = read(tmp_path, TRAINER)
-    assert plan == TrainingPlan(format="trainer", model="tiny-bert", seq_len=64, batch_size=8,
-                                mode=Mode("amp", True), accumulation_steps=4, task=None, dtype="float32",
-                                optimizer="adamw_torch", attn=None, loss=None, notes=(), ignored=())
+    assert (plan.format, plan.notes, plan.ignored) == ("trainer", (), ())
+    assert plan.request == request(model="tiny-bert", seq_len=64, batch_size=8, mode="amp+ckpt",
+                                   accumulation_steps=4, dtype="float32", optimizer="adamw_torch")
 
 
 def test_training_arguments_defaults_and_script_model_arguments(tmp_path):
@@ -73,14 +84,14 @@ def test_trl_sft_config_is_read_whole(tmp_path):
     assert (plan.format, plan.model, plan.seq_len, plan.batch_size, plan.mode, plan.task) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", 2048, 2, Mode("bf16", True), "causal-lm")
     assert (plan.dtype, plan.attn, plan.loss, plan.optimizer) == (
-        "bfloat16", "flash_attention_2", "chunked", None)
+        "bfloat16", "flash_attention_2", "chunked", "adamw_torch_fused")
     assert "packing: every row filled to seq_len (the padded worst case autotune models)" in plan.notes
 
 
 def test_trl_sft_defaults_are_trls(tmp_path):
     plan = read(tmp_path, {"dataset_text_field": "text", "loss_type": "nll", "pad_to_multiple_of": 100})
     # TRL: bf16 and checkpointing on, max_length 1024, weights in float32 (create_model_from_path).
-    assert (plan.mode, plan.seq_len, plan.dtype, plan.loss) == (Mode("bf16", True), 1100, "float32", None)
+    assert (plan.mode, plan.seq_len, plan.dtype, plan.loss) == (Mode("bf16", True), 1100, "float32", "full")
     assert "max_length: not set, TRL's default 1024" in plan.notes
     assert "pad_to_multiple_of: 100: rows padded to 1100 tokens" in plan.notes
     assert read(tmp_path, {"packing": False, "fp16": True, "max_seq_length": 512}).mode == Mode("amp", True)
@@ -88,13 +99,12 @@ def test_trl_sft_defaults_are_trls(tmp_path):
 
 def test_axolotl_config_is_read_whole(tmp_path):
     plan = read(tmp_path, {**AXOLOTL, "custom_key": 3}, "axolotl.yml")
-    assert plan == TrainingPlan(
-        format="axolotl", model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2,
-        mode=Mode("bf16", True), accumulation_steps=8, task="causal-lm", dtype="bfloat16",
-        optimizer="paged_adamw_8bit", attn="flash_attention_2", loss=None,
-        notes=("bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
-               "sample_packing: every row filled to seq_len (the padded worst case autotune models)"),
-        ignored=("custom_key",))
+    assert plan.request == request(
+        model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2, mode="bf16+ckpt", accumulation_steps=8,
+        task="causal-lm", dtype="bfloat16", optimizer="paged_adamw_8bit", attn="flash_attention_2")
+    assert (plan.format, plan.ignored) == ("axolotl", ("custom_key",))
+    assert plan.notes == ("bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
+                          "sample_packing: every row filled to seq_len (the padded worst case autotune models)")
 
 
 def test_axolotl_defaults_and_global_batch(tmp_path):
@@ -111,35 +121,36 @@ def test_autotune_format_is_read_whole(tmp_path):
     plan = read(tmp_path, {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "mode": "amp+ckpt",
                            "task": "masked-lm", "optimizer": "adamw", "dtype": "bf16", "attn": "eager",
                            "loss": "chunked", "something_else": 1}, "plan.yaml")
-    assert plan == TrainingPlan(format="autotune", model="tiny-bert", seq_len=64, batch_size=8,
-                                mode=Mode("amp", True), task="masked-lm", dtype="bfloat16",
-                                optimizer="adamw", attn="eager", loss="chunked", ignored=("something_else",))
+    assert plan.request == request(model="tiny-bert", seq_len=64, batch_size=8, mode="amp+ckpt",
+                                   task="masked-lm", dtype="bfloat16", optimizer="adamw", attn="eager",
+                                   loss="chunked")
+    assert (plan.format, plan.ignored) == ("autotune", ("something_else",))
     assert missing_fields(read(tmp_path, {"model": "m"}, "p.yaml")) == ["seq_len", "batch_size"]
 
 
 def test_the_examples_are_read():
-    trainer = read_training_config(EXAMPLES / "trainer_args.json")
+    trainer = view(read_training_config(EXAMPLES / "trainer_args.json"))
     assert (trainer.format, trainer.model, trainer.seq_len, trainer.batch_size, trainer.mode.name,
             trainer.task) == ("trainer", "bert-base-uncased", 128, 32, "amp", "sequence-classification")
-    sft = read_training_config(EXAMPLES / "sft_config.json")
+    sft = view(read_training_config(EXAMPLES / "sft_config.json"))
     assert (sft.format, sft.model, sft.seq_len, sft.mode.name, sft.attn) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", 2048, "bf16+ckpt", "flash_attention_2")
-    full = read_training_config(EXAMPLES / "axolotl_full.yml")
+    full = view(read_training_config(EXAMPLES / "axolotl_full.yml"))
     assert (full.format, full.model, full.mode.name, full.dtype, full.attn, full.ignored) == (
         "axolotl", "meta-llama/Llama-3.2-1B", "bf16+ckpt", "bfloat16", "flash_attention_2", ())
-    qlora = read_training_config(EXAMPLES / "axolotl_qlora.yml")
+    qlora = view(read_training_config(EXAMPLES / "axolotl_qlora.yml"))
     assert (qlora.format, qlora.model, qlora.seq_len, qlora.batch_size, qlora.mode.name, qlora.dtype,
             qlora.ignored) == ("axolotl", "mistralai/Mistral-7B-v0.3", 8192, 2, "bf16+ckpt", "bfloat16", ())
     assert qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
                                     quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
                                     recipe="axolotl")
-    sft_qlora = read_training_config(EXAMPLES / "sft_qlora.yaml")
+    sft_qlora = view(read_training_config(EXAMPLES / "sft_qlora.yaml"))
     assert (sft_qlora.format, sft_qlora.model, sft_qlora.dtype, sft_qlora.ignored) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", "bfloat16", ())
     assert sft_qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
                                         quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
                                         recipe="trl")
-    saved = read_training_config(EXAMPLES / "lora_adapter")
+    saved = view(read_training_config(EXAMPLES / "lora_adapter"))
     assert (saved.format, saved.model, saved.task, saved.adapter.method, saved.adapter.r) == (
         "peft", "Qwen/Qwen2.5-0.5B", "causal-lm", "lora", 16)
 
@@ -230,7 +241,7 @@ def test_memory_neutral_settings_are_noted(tmp_path):
     ({**TRAINER, "max_seq_length": 1.5},
      "max_seq_length: sequence length in '{path}' must be a positive integer, got 1.5"),
     ({**TRAINER, "torch_dtype": "int8"},
-     "torch_dtype in '{path}' must be one of float32, bfloat16, float16, auto, got 'int8'"),
+     "torch_dtype in '{path}' must be one of auto, float32, bfloat16, float16, got 'int8'"),
     ({**TRAINER, "bf16": True}, "fp16 and bf16 in '{path}' are both true: choose one"),
     ({**AXOLOTL, "bf16": "yes"}, "bf16 in '{path}' must be true, false, 'auto' or 'full', got 'yes'"),
     ({**AXOLOTL, "micro_batch_size": -1},
@@ -264,7 +275,7 @@ def test_every_training_arguments_field_is_classified():
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    assert fields - (_TRAINER_FIELDS | _LEGACY_TRAINER_FIELDS) == set()
+    assert fields - (TRAINER_FIELDS | LEGACY_TRAINER_FIELDS) == set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,13 +484,16 @@ def test_a_peft_adapter_directory_is_read(tmp_path):
     LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["query", "value"],
                task_type="SEQ_CLS", base_model_name_or_path="bert-base-uncased").save_pretrained(tmp_path)
     for path in (tmp_path, tmp_path / "adapter_config.json"):
-        plan = read_training_config(path)
-        assert (plan.format, plan.model, plan.task, plan.seq_len, plan.batch_size, plan.mode, plan.dtype) == (
-            "peft", "bert-base-uncased", "sequence-classification", None, None, None, None)
+        config = read_training_config(path)
+        plan = view(config)
+        assert (plan.format, plan.model, plan.task, plan.seq_len, plan.batch_size) == (
+            "peft", "bert-base-uncased", "sequence-classification", None, None)
+        # The step's precision and weights are the flags' (the request's defaults here).
+        assert (plan.mode.name, plan.dtype) == (request().mode, "auto")
         # PEFT saves target_modules from a set: in any order.
         assert plan.adapter == Adapter("lora", r=8, alpha=16, dropout=0.1, targets=plan.adapter.targets)
         assert sorted(plan.adapter.targets or ()) == ["query", "value"]
-        assert missing_fields(plan) == ["seq_len", "batch_size"]
+        assert missing_fields(config) == ["seq_len", "batch_size"]
         assert any(n.startswith("adapter_config.json: LoRA r=8 alpha=16 dropout 0.1 on ") for n in plan.notes)
     with pytest.raises(InvalidInput, match="is a directory without adapter_config.json"):
         read_training_config(tmp_path / "..")

@@ -1,0 +1,94 @@
+"""A training config, read whole into the ``CheckRequest`` it describes.
+
+Five formats, told apart by their keys (``detect``), each read by its own module:
+
+    axolotl    an Axolotl YAML: base_model, sequence_len, micro_batch_size, sample_packing, adapter, ...
+               (configs/axolotl.py)
+    trl-sft    a TRL SFTConfig (a TrainingArguments superset): packing, padding_free, model_init_kwargs,
+               dataset_text_field, loss_type, ..., and the ``trl sft`` CLI's model keys (use_peft, lora_r)
+               (configs/trainer.py)
+    trainer    a Hugging Face TrainingArguments JSON (any of its fields), with the model and data
+               arguments of the example scripts (model_name_or_path, torch_dtype, max_seq_length, block_size)
+               (configs/trainer.py)
+    autotune   autotune's own: model, seq_len, batch_size, mode, task, optimizer, dtype, attn, loss
+               (configs/native.py)
+    peft       a PEFT adapter_config.json (or the adapter directory holding one): the base model and
+               the adapter; the step's length, batch and precision are left to the flags (configs/peft.py)
+
+Every key is one of three kinds. *Modelled*: read into the request (batch, length, precision, weights
+dtype, optimizer, attention, loss, checkpointing, and a LoRA/QLoRA adapter, ``request.step.adapter``).
+*No effect* on a training step's GPU memory (learning_rate, output_dir, datasets, ...): accepted.
+*Unmodelled*: it changes memory in a way autotune does not model (8-bit weights, DoRA, DeepSpeed,
+torch.compile, ...): set to anything but its default (null, false, empty), it raises
+``UnmodelledSetting``; a verdict for a different job is worse than none. Keys in none of the lists
+come back in ``TrainingConfig.ignored`` for the output to name.
+
+An adapter is read as its tool builds it, with the tool's defaults where a key is absent (Axolotl:
+loaders/adapter.py and utils/schemas/peft.py; TRL: trainer/model_config.py and trainer/utils.py
+``get_peft_config`` / ``get_quantization_config``); every adapter read adds a note naming it.
+
+``missing_fields`` names what the file leaves out (``autotune check --from-config`` lets flags fill it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.configs.axolotl import AXOLOTL_MARKERS, read_axolotl
+from autotune.configs.native import AUTOTUNE_MARKERS, read_native
+from autotune.configs.peft import read_peft
+from autotune.configs.reading import Config, TrainingConfig, load
+from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER_FIELDS, read_trainer
+from autotune.errors import InvalidInput
+
+FORMATS = ("trainer", "trl-sft", "axolotl", "autotune", "peft")
+
+__all__ = ["FORMATS", "TrainingConfig", "missing_fields", "read_training_config"]
+
+
+def read_training_config(path: str | Path) -> TrainingConfig:
+    """The check a config file (or a PEFT adapter directory) describes; a memory-relevant key it
+    cannot model raises."""
+    file = Path(path)
+    if file.is_dir():
+        if not (file / "adapter_config.json").is_file():
+            raise InvalidInput(f"training config {str(path)!r} is a directory without adapter_config.json: "
+                               "give a training config file, or a PEFT adapter directory")
+        file = file / "adapter_config.json"
+    cfg = Config(load(file), str(file))
+    fmt = detect(cfg)
+    if fmt == "peft":
+        return read_peft(cfg)
+    if fmt == "axolotl":
+        return read_axolotl(cfg)
+    if fmt == "autotune":
+        return read_native(cfg)
+    return read_trainer(cfg, fmt)
+
+
+def missing_fields(config: TrainingConfig) -> list[str]:
+    """What a check needs that the file does not say: of model, seq_len and batch_size."""
+    request = config.request
+    names = {"model": request.step.model, "seq_len": request.seq_len, "batch_size": request.batch_size}
+    return [name for name, value in names.items() if value is None]
+
+
+def detect(cfg: Config) -> str:
+    """The format of a file, from the keys only it has."""
+    keys = set(cfg.data)
+    if "peft_type" in keys:  # every PeftConfig's save_pretrained writes it
+        return "peft"
+    found = {
+        "axolotl": keys & AXOLOTL_MARKERS,
+        "trl-sft": keys & SFT_MARKERS,
+        "trainer": keys & (TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | {"model_name_or_path"}),
+        "autotune": keys & AUTOTUNE_MARKERS,
+    }
+    fmt = next((f for f in ("axolotl", "trl-sft", "trainer") if found[f]), "autotune")
+    mixed = found["autotune"] - {"batch_size"} if fmt == "axolotl" else found["autotune"]  # Axolotl's global
+    if fmt != "autotune" and mixed:
+        raise InvalidInput(
+            f"training config {cfg.file!r} mixes autotune keys ({', '.join(sorted(mixed))}) "
+            f"with {fmt} keys ({', '.join(sorted(found[fmt])[:3])}): write one format"
+        )
+    return fmt

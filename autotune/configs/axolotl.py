@@ -1,0 +1,369 @@
+"""Axolotl's YAML, read whole, with Axolotl's defaults where a key is absent
+(src/axolotl/utils/schemas/config.py; normalize_config in utils/config/__init__.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autotune.configs.lora import (
+    bnb_4bit,
+    build_adapter,
+    int8_refusal,
+    lora_number,
+    note_adapter,
+    target_names,
+)
+from autotune.configs.reading import (
+    CHUNKED_NOTE,
+    COMPILE,
+    DORA,
+    KERNEL,
+    LIGER,
+    OFFLOAD,
+    PACKED_NOTE,
+    PARALLEL,
+    QUANT,
+    RELORA,
+    SHARDING,
+    Config,
+    TrainingConfig,
+    checkpoint_kwargs,
+    note_neftune,
+    read_attention,
+    read_optimizer,
+    unset,
+    words,
+)
+from autotune.errors import InvalidInput
+from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
+from autotune.workload.modes import Mode
+
+# Keys only Axolotl has (TrainingArguments and TRL have none of them).
+AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
+                        "sample_packing adapter dataset_prepared_path val_set_size lr_scheduler")
+
+_AXOLOTL_REFUSED = {
+    "gptq": QUANT, "quantization": QUANT,
+    "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
+    "deepspeed": SHARDING, "fsdp": SHARDING, "fsdp_config": SHARDING,
+    "torch_compile": COMPILE,
+    "activation_offloading": OFFLOAD, "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
+    "max_memory": OFFLOAD,
+    "unfrozen_parameters": "training only some parameters is not modelled: autotune trains them all",
+    "rl": "RL trainers (DPO, KTO, GRPO, ...) are not modelled: autotune models supervised fine-tuning",
+    "reward_model": "reward model training is not modelled", "process_reward_model": "not modelled",
+    "xformers_attention": KERNEL, "flex_attention": KERNEL, "sage_attention": KERNEL,
+    "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL, "flash_attn_fuse_mlp": KERNEL,
+    "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
+    # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
+    "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
+    "relora": RELORA,
+    # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
+    "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
+}
+# Parallel degrees: 1 (or null) is one GPU holding the model.
+_AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
+                     "dp_shard_size")
+_AXOLOTL_NO_EFFECT = words(
+    "datasets test_datasets pretraining_dataset dataset_prepared_path val_set_size output_dir chat_template "
+    "num_epochs max_steps learning_rate lr_scheduler cosine_min_lr_ratio weight_decay max_grad_norm "
+    "adam_beta1 adam_beta2 adam_epsilon tf32 eval_batch_size evals_per_epoch "
+    "saves_per_epoch logging_steps resume_from_checkpoint auto_resume_from_checkpoints "
+    "local_rank seed strict train_on_inputs group_by_length special_tokens tokens added_tokens_overrides "
+    "tokenizer_type model_type trust_remote_code shuffle_merged_datasets debug plugins pad_to_sequence_len "
+    "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 device_map "
+    "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
+    "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
+    "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
+    "include_tokens_per_second profiler_steps ddp ddp_timeout ddp_bucket_cap_mb ddp_broadcast_buffers "
+    "ddp_find_unused_parameters torch_compile_backend torch_compile_mode fsdp_version skip_prepare_dataset "
+    "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
+    "low_cpu_mem_usage hf_use_auth_token")
+# Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
+# (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
+_AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
+                     "logging_", "lr_", "warmup_", "dataset_", "loss_watchdog", "lora_", "peft_", "loraplus_",
+                     "relora_", "dataloader_", "chat_template", "tokenizer_", "is_", "early_stopping",
+                     "profiler_")
+
+
+# Axolotl's adapter settings that change the step in ways autotune does not model (schemas/peft.py;
+# loaders/adapter.py _build_peft_lora_config and load_lora).
+_AXOLOTL_LORA_REFUSED = {
+    "lora_target_parameters": "LoRA on parameters (target_parameters) rather than modules is not modelled",
+    "lora_rank_pattern": "per-module ranks are not modelled",
+    "lora_exclude_modules": "modules excluded from the LoRA targets are not modelled",
+    "peft_layers_to_transform": "adapters on some layers only are not modelled",
+    "peft_layers_pattern": "adapters on some layers only are not modelled",
+    "peft_use_dora": DORA,
+    "peft_layer_replication": "layer replication (base layers shared between adapters) is not modelled",
+    "peft_trainable_token_indices": "trainable token embeddings are not modelled",
+    "lora_on_cpu": "lora_on_cpu moves the embedding modules to the CPU (loaders/model.py "
+                   "_convert_embedding_modules_dtype), which is not modelled",
+}
+# Adapter settings with no effect on memory: the weights' layout and initialization, merging after
+# training, loading, LoRA+'s per-group learning rates (the same optimizer states).
+_AXOLOTL_ADAPTER_NO_EFFECT = words(
+    "lora_model_dir lora_fan_in_fan_out peft_init_lora_weights peft merge_lora merge_method "
+    "qlora_sharded_model_loading loraplus_lr_ratio loraplus_lr_embedding lora_alpha_pattern peft_use_rslora "
+    "peft_autocast_adapter_dtype peft_ensure_weight_tying")
+# Axolotl's fused LoRA kernels, which check_auto_enable_lora_kernels (schemas/config.py) turns on for
+# lora and qlora when none of them is set.
+_AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
+LORA_KERNELS = ("Axolotl's fused LoRA kernels (custom autograd functions and Triton activation kernels, "
+                "monkeypatch/lora_kernels.py) save other tensors for the backward than PEFT's LoRA layers, "
+                "which autotune models")
+# Embeddings and output heads (loaders/utils.py get_linear_embedding_layers, and GPT-2's): named
+# beside lora_target_linear they put LoRA on more than every linear layer.
+_AXOLOTL_EMBEDDINGS = frozenset({"embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings",
+                                 "embeddings", "wte", "wpe"})
+
+
+def _axolotl_method(cfg: Config) -> str | None:
+    """lora, qlora or None from adapter, load_in_4bit and load_in_8bit (schemas/peft.py
+    validate_adapter and validate_qlora; loaders/model.py _set_quantization_config)."""
+    if not unset(cfg.get("load_in_8bit")):
+        raise int8_refusal(cfg, "load_in_8bit", cfg.data["load_in_8bit"])
+    load_in_4bit = cfg.flag("load_in_4bit")
+    method = cfg.get("adapter")
+    if unset(method):
+        if load_in_4bit:
+            raise InvalidInput(f"load_in_4bit: true in {cfg.file!r} without an adapter: Axolotl refuses "
+                               "4-bit loading for a full fine-tune (schemas/peft.py validate_adapter); add "
+                               "adapter: qlora")
+        return None
+    if method not in ("lora", "qlora"):
+        raise cfg.unmodelled("adapter", method, "autotune models the adapters lora and qlora")
+    if method == "lora" and load_in_4bit:
+        raise cfg.unmodelled("load_in_4bit", True, "with adapter: lora Axolotl loads no 4-bit base "
+                             "(loaders/model.py _set_quantization_config quantizes for qlora only) but runs "
+                             "prepare_model_for_kbit_training, which casts the linear weights to float32; "
+                             "write adapter: qlora for QLoRA")
+    if method == "qlora" and not load_in_4bit:
+        if cfg.data.get("load_in_4bit") is False:
+            raise InvalidInput(f"adapter: qlora with load_in_4bit: false in {cfg.file!r}: Axolotl requires "
+                               "load_in_4bit: true for qlora (schemas/peft.py validate_qlora)")
+        cfg.notes.append("adapter: qlora without load_in_4bit: read as a 4-bit base (Axolotl itself requires "
+                         "load_in_4bit: true with qlora)")
+    kernels = {key: cfg.get(key) for key in _AXOLOTL_LORA_KERNELS}
+    for key, value in kernels.items():
+        if value:
+            raise cfg.unmodelled(key, value, LORA_KERNELS)
+    if all(value is None for value in kernels.values()) and not cfg.data.get("trust_remote_code"):
+        raise cfg.unmodelled("adapter", method, f"with none of {', '.join(_AXOLOTL_LORA_KERNELS)} set, "
+                             "Axolotl turns them on (schemas/config.py check_auto_enable_lora_kernels): "
+                             f"{LORA_KERNELS}; set them to false")
+    return method
+
+
+def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
+    """The LoraConfig of loaders/adapter.py _build_peft_lora_config (bias none), or the adapter of
+    lora_model_dir; a qlora base as _set_quantization_config loads it."""
+    cfg.refuse(_AXOLOTL_LORA_REFUSED)
+    at = len(cfg.notes)
+    if cfg.get("peft_autocast_adapter_dtype") is False:
+        raise cfg.unmodelled("peft_autocast_adapter_dtype", False, "LoRA weights kept in the base weights' "
+                             "dtype, not PEFT's float32, are not modelled")
+    to_save = cfg.get("lora_modules_to_save") or []
+    if not isinstance(to_save, list) or not all(isinstance(m, str) for m in to_save):
+        raise cfg.bad("lora_modules_to_save", to_save, "a list of module names")
+    if cfg.get("peft_ensure_weight_tying") and to_save:
+        raise cfg.unmodelled("peft_ensure_weight_tying", True,
+                             "tied copies of modules_to_save are not modelled")
+    model_dir = cfg.get("lora_model_dir")
+    if not unset(model_dir):
+        adapter = _axolotl_saved_adapter(cfg, method, model_dir)
+        source = "lora_model_dir"
+    else:
+        values = {}
+        for key, field in (("lora_r", "r"), ("lora_alpha", "alpha")):
+            value = cfg.get(key)
+            if value is None:
+                raise InvalidInput(f"adapter: {method} in {cfg.file!r} needs {key}: Axolotl has no default "
+                                   f"(schemas/peft.py) and PEFT's LoraConfig fails on {field}=None")
+            values[field] = lora_number(cfg, key, value, rank=key == "lora_r")
+        dropout = cfg.get("lora_dropout")
+        if dropout is None:
+            dropout = 0.0  # schemas/peft.py validate_lora_dropout
+            cfg.notes.append("lora_dropout: not set, Axolotl's default 0.0")
+        values["dropout"] = lora_number(cfg, "lora_dropout", dropout, dropout=True)
+        adapter = build_adapter(cfg, method, targets=_axolotl_targets(cfg, method), modules_to_save=to_save,
+                                **values)
+        source = f"adapter: {method}"
+    if method == "qlora":
+        # _set_quantization_config: nf4, double quantization, compute in cfg.torch_dtype (the weights'
+        # dtype), updated by bnb_config_kwargs.
+        extra = cfg.get("bnb_config_kwargs") or {}
+        if not isinstance(extra, dict):
+            raise cfg.bad("bnb_config_kwargs", extra, "a mapping")
+        quant_type, double_quant, compute = bnb_4bit(cfg, "bnb_config_kwargs", extra, "nf4", True, dtype)
+        # loaders/model.py: prepare_model_for_kbit_training, then norms and embeddings back to
+        # torch_dtype (adapters.prepare, recipe "axolotl").
+        adapter = replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute,
+                          recipe="axolotl")
+    note_adapter(cfg, source, adapter, at)
+    if cfg.flag("peft_use_rslora"):
+        cfg.notes.append("peft_use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")
+    if not unset(cfg.get("lora_alpha_pattern")):
+        cfg.notes.append("lora_alpha_pattern: per-module alphas scale the adapters' outputs: no effect on "
+                         "memory")
+    if not unset(cfg.get("loraplus_lr_ratio")):
+        cfg.notes.append("loraplus_lr_ratio: LoRA+ learning rates per parameter group, the same optimizer "
+                         "states: no effect on memory")
+    return adapter
+
+
+def _axolotl_targets(cfg: Config, method: str) -> tuple[str, ...]:
+    modules = cfg.get("lora_target_modules")
+    if cfg.flag("lora_target_linear"):
+        # _build_peft_lora_config: lora_target_modules (as a list) with every linear module's name but
+        # the output embedding's (find_all_linear_names): PEFT's all-linear, with what else is named.
+        if isinstance(modules, str):
+            modules = [] if modules.lower() == ALL_LINEAR else [modules]
+        named = target_names(cfg, "lora_target_modules", modules) or ()
+        beyond = [name for name in named if name.split(".")[-1] in _AXOLOTL_EMBEDDINGS]
+        if beyond:
+            raise cfg.unmodelled("lora_target_modules", cfg.data["lora_target_modules"],
+                                 f"{', '.join(beyond)} beside lora_target_linear: true puts LoRA on "
+                                 "embeddings or the output head as well as on every linear layer, which "
+                                 "autotune does not model")
+        among = "; the layers lora_target_modules names are among them" if named else ""
+        cfg.notes.append("lora_target_linear: true: LoRA on every linear layer but the output head (PEFT's "
+                         f"all-linear){among}")
+        return (ALL_LINEAR,)
+    targets = target_names(cfg, "lora_target_modules", modules)
+    if not targets:
+        raise InvalidInput(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
+                           "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
+                           "refuses it)")
+    return targets
+
+
+def _axolotl_saved_adapter(cfg: Config, method: str, model_dir: Any) -> Adapter:
+    """lora_model_dir: load_lora trains on the saved adapter (PeftModel.from_pretrained), with the
+    settings of its adapter_config.json rather than lora_*."""
+    if not isinstance(model_dir, str):
+        raise cfg.bad("lora_model_dir", model_dir, "a directory")
+    for folder in (Path(model_dir).expanduser(), Path(cfg.file).parent / model_dir):
+        if (folder / "adapter_config.json").is_file():
+            cfg.notes.append(f"lora_model_dir: training goes on from the adapter in {folder}: its "
+                             "adapter_config.json sets r, alpha, dropout and targets, not lora_*")
+            return adapter_from_peft_config(folder, quantized=method == "qlora")
+    raise InvalidInput(f"lora_model_dir: {model_dir!r} in {cfg.file!r} has no adapter_config.json here: "
+                       "Axolotl trains on from the saved adapter, whose settings autotune reads from that "
+                       "file; give a local adapter directory, or leave lora_model_dir out and set lora_*")
+
+
+def read_axolotl(cfg: Config) -> TrainingConfig:
+    cfg.refuse(_AXOLOTL_REFUSED)
+    for key in _AXOLOTL_PARALLEL:
+        value = cfg.get(key)
+        if value is not None and value != 1:
+            raise cfg.unmodelled(key, value, PARALLEL)
+    for key in [k for k in cfg.data if k.startswith(("unsloth_", "liger_"))]:
+        if key != "liger_fused_linear_cross_entropy" and not unset(cfg.get(key)):
+            raise cfg.unmodelled(key, cfg.data[key], LIGER if key.startswith("liger_") else KERNEL)
+    method = _axolotl_method(cfg)
+    attn = _axolotl_attention(cfg)
+    mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None)
+    adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
+    loss = None
+    for key in ("cut_cross_entropy", "liger_fused_linear_cross_entropy"):
+        if cfg.flag(key):
+            loss = "chunked"
+            cfg.notes.append(f"{key}: {CHUNKED_NOTE}")
+    if cfg.flag("sample_packing"):
+        cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
+    batch = cfg.positive("micro_batch_size", "batch size")
+    accumulation = cfg.positive("gradient_accumulation_steps", "accumulation steps")
+    total = cfg.positive("batch_size", "global batch size")
+    if accumulation is None and total is not None and batch is not None:
+        accumulation = max(total // batch, 1)  # normalize_config: batch_size // micro_batch_size
+    optimizer = read_optimizer(cfg, "optimizer")
+    if optimizer is None:
+        optimizer = "adamw_torch_fused"  # schemas/training.py: optimizer's default
+        cfg.notes.append("optimizer: not set, Axolotl's default adamw_torch_fused")
+    note_neftune(cfg, "neftune_noise_alpha")
+    note_neftune(cfg, "noisy_embedding_alpha")
+    prefixes = _AXOLOTL_PREFIXES if adapter is None else tuple(
+        p for p in _AXOLOTL_PREFIXES if p not in ("lora_", "peft_"))
+    return cfg.result(
+        "axolotl", model=cfg.text("base_model"),
+        seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
+        accumulation_steps=accumulation or 1, task="causal-lm", dtype=dtype, optimizer=optimizer,
+        attn=attn, loss=loss, adapter=adapter,
+        ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes),
+    )
+
+
+def _axolotl_attention(cfg: Config) -> str | None:
+    # attn_implementation, or the deprecated flags it replaced (schemas/config.py).
+    attn = read_attention(cfg, "attn_implementation", cfg.get("attn_implementation"))
+    for key, name in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"),
+                      ("eager_attention", "eager")):
+        if cfg.flag(key) and attn is None:
+            attn = name
+            cfg.notes.append(f"{key}: true: attention {name}")
+    return attn
+
+
+def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool) -> tuple[Mode, str]:
+    """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them."""
+    bf16 = cfg.get("bf16")
+    if bf16 == "auto":
+        raise cfg.unmodelled("bf16", bf16, "it depends on the card (Axolotl's resolve_dtype: true where "
+                             "bfloat16 is supported, Ampere and newer, else false with fp16: true); "
+                             "write bf16: true or bf16: false")
+    if bf16 is not None and not isinstance(bf16, bool) and bf16 != "full":
+        raise cfg.bad("bf16", bf16, "true, false, 'auto' or 'full'")
+    fp16, bfloat16, float16 = cfg.flag("fp16"), cfg.flag("bfloat16"), cfg.flag("float16")
+    ckpt = _axolotl_checkpointing(cfg)
+    # resolve_dtype: cfg.torch_dtype is bfloat16 if bf16 or bfloat16, else float16 if fp16 or float16,
+    # else float32; from_pretrained loads the weights in it (loaders/model.py). The Trainer gets
+    # bf16 = bf16 or bfloat16 (except bf16: full, which only evaluates in bf16), fp16 = fp16 and not bf16.
+    if bf16 or bfloat16:
+        dtype = "bfloat16"
+        precision = "fp32" if bf16 == "full" else "bf16"
+        cfg.notes.append("bf16: full: weights in bfloat16, no autocast" if bf16 == "full" else
+                         "bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast")
+    elif fp16 and adapter:
+        # The frozen base in float16, the trained LoRA weights in float32 (PEFT's autocast_adapter_dtype):
+        # the GradScaler unscales float32 gradients.
+        dtype, precision = "float16", "amp"
+        cfg.notes.append("fp16: true: Axolotl loads the weights in float16 and trains the adapters under "
+                         "fp16 autocast with a GradScaler")
+    elif fp16:
+        raise cfg.unmodelled("fp16", True, "Axolotl loads the weights in float16 and the Trainer's "
+                             "GradScaler refuses float16 gradients in a full fine-tune; use bf16: true")
+    elif float16:
+        dtype, precision = "float16", "fp32"
+        cfg.notes.append("float16: true: weights in float16, no autocast")
+    else:
+        dtype, precision = "float32", "fp32"
+    if (dtype != "float32" and attn not in ("flash_attention_2",) and not cfg.data.get("cut_cross_entropy")
+            and not adapter):
+        # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
+        # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast),
+        # or with an adapter (needs_fa2_dtype).
+        key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
+        raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
+                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
+                             "weight dtypes are not modelled (set attn_implementation: flash_attention_2)")
+    return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
+
+
+def _axolotl_checkpointing(cfg: Config) -> bool:
+    ckpt = cfg.get("gradient_checkpointing")
+    if ckpt in ("offload", "offload_disk"):
+        raise cfg.unmodelled("gradient_checkpointing", ckpt, OFFLOAD)
+    if ckpt is not None and not isinstance(ckpt, bool):
+        raise cfg.bad("gradient_checkpointing", ckpt, "true, false, 'offload' or 'offload_disk'")
+    if ckpt:
+        # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset.
+        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", refuse_unset_reentrant=(
+            "without gradient_checkpointing_kwargs Axolotl checkpoints with use_reentrant=True, which is "
+            "not modelled; add gradient_checkpointing_kwargs: {use_reentrant: false}"))
+    return bool(ckpt)
+

@@ -1,0 +1,231 @@
+"""What every format's reader shares: the file loaded, the keys read (``Config``), the values the
+formats have in common (optimizer, attention, dtype, checkpointing arguments) and the reasons a key
+is refused.
+
+A reader ends with ``Config.result``: the ``CheckRequest`` the file describes, with the notes and
+the keys it ignored."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.request import CheckRequest, request_from
+from autotune.workload.adapters import ALL_LINEAR, Adapter
+from autotune.workload.models import DTYPES
+from autotune.workload.modes import Mode
+from autotune.workload.optimizers import OPTIMIZER_NAMES
+from autotune.workload.step import ATTN_CHOICES
+
+# The same flash-attn 2 kernel, fetched from the Hub by transformers' kernels integration.
+_ATTN_ALIASES = {"kernels-community/flash-attn2": "flash_attention_2"}
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
+                  "half": "float16"}
+
+SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
+PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
+QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit base under LoRA (QLoRA): "
+         "8-bit, GPTQ, AWQ, torchao, ... are not")
+DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
+RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
+          "autotune does not model")
+REGEX_TARGETS = ("PEFT matches a string of target modules as a regular expression against whole module "
+                 "names (model.layers.0.self_attn.q_proj), which autotune does not model: list module names, "
+                 f"or write {ALL_LINEAR}")
+COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
+LIGER = ("Liger swaps the RMSNorm, RoPE, SwiGLU and cross-entropy kernels, which autotune does not model; "
+         "only its fused linear cross-entropy is modelled (loss: chunked)")
+OFFLOAD = "activations or weights offloaded to the CPU are not modelled"
+KERNEL = "a swapped-in kernel autotune does not model"
+REENTRANT = ("reentrant checkpointing (use_reentrant=True) is not modelled: autotune models transformers' "
+             "default, use_reentrant=False")
+
+PACKED_NOTE = "every row filled to seq_len (the padded worst case autotune models)"
+CHUNKED_NOTE = "logits computed in chunks, never the full [batch, seq, vocab] tensor (loss: chunked)"
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A training config read: its format, the check it describes (what the file leaves out at the
+    request's defaults; model, seq_len and batch_size None), and what a reader should see."""
+
+    format: str  # one of configs.FORMATS
+    request: CheckRequest
+    notes: tuple[str, ...] = ()  # one line per modelled setting a reader should see
+    ignored: tuple[str, ...] = ()  # keys in no list, taken to have no effect on memory
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a file
+
+
+def load(file: Path) -> dict[str, Any]:
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read training config {str(file)!r}: {exc.strerror}") from exc
+    if file.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"training config {str(file)!r} is not valid JSON: {exc}") from exc
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"training config {str(file)!r} is not valid YAML or JSON: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
+        raise InvalidInput(f"training config {str(file)!r} must be a mapping of keys to values")
+    return data
+
+
+def unset(value: Any) -> bool:
+    """A key's value that asks for nothing: null, false, zero, an empty string, list or mapping."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value == 0
+    return value is None or value in ("", [], {})
+
+
+class Config:
+    """One file's mapping; remembers the keys read, so that the rest can be listed as ignored."""
+
+    def __init__(self, data: dict[str, Any], file: str) -> None:
+        self.data = data
+        self.file = file
+        self.read: set[str] = set()
+        self.notes: list[str] = []
+        self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
+
+    def get(self, key: str) -> Any:
+        self.read.add(key)
+        return self.data.get(key)
+
+    def bad(self, key: str, value: Any, expected: str, what: str = "") -> InvalidInput:
+        return InvalidInput(f"{key}{': ' + what if what else ''} in {self.file!r} must be {expected}, "
+                            f"got {value!r}")
+
+    def unmodelled(self, key: str, value: Any, why: str) -> UnmodelledSetting:
+        return UnmodelledSetting(f"{key}: {value!r} in {self.file!r} is not modelled: {why}")
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.bad(key, value, "true or false")
+        return value
+
+    def positive(self, key: str, what: str = "") -> int | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.bad(key, value, "a positive integer", what)
+        return value
+
+    def text(self, key: str) -> str | None:
+        value = self.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.bad(key, value, "a string")
+        return value
+
+    def refuse(self, refused: dict[str, str]) -> None:
+        """Raise for the first key of ``refused`` set to anything but its default."""
+        for key, why in refused.items():
+            if not unset(self.get(key)):
+                raise self.unmodelled(key, self.data[key], why)
+
+    def ignored(self, known: Iterable[str], prefixes: tuple[str, ...] = ()) -> tuple[str, ...]:
+        known = set(known) | self.read
+        keys = [k for k in self.data if k not in known and not k.startswith(prefixes)]
+        return tuple(keys + self.nested_ignored)
+
+    def result(self, format: str, *, mode: Mode | None, adapter: Adapter | None = None,
+               ignored: tuple[str, ...] = (), **fields: Any) -> TrainingConfig:
+        """The request the file describes, from the request fields it sets (None: not set, the
+        request's default), with the notes gathered while reading."""
+        values = {**fields, "mode": None if mode is None else mode.name, "adapter": adapter}
+        return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored)
+
+
+def words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Values shared by the formats
+
+
+def read_optimizer(cfg: Config, key: str) -> str | None:
+    name = cfg.text(key)
+    if name is not None and name.lower() not in OPTIMIZER_NAMES:
+        raise cfg.unmodelled(key, name, f"autotune models the optimizers {', '.join(OPTIMIZER_NAMES)}")
+    return None if name is None else name.lower()
+
+
+def read_attention(cfg: Config, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise cfg.bad(key, value, "a string")
+    attn = _ATTN_ALIASES.get(value, value)
+    if attn not in ATTN_CHOICES:
+        raise cfg.unmodelled(key, value, f"autotune models the attentions {', '.join(ATTN_CHOICES)}")
+    return attn
+
+
+def read_dtype(cfg: Config, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    name = value.removeprefix("torch.") if isinstance(value, str) else None
+    name = _DTYPE_ALIASES.get(name, name) if name is not None else None
+    if name not in DTYPES:
+        raise cfg.bad(key, value, f"one of {', '.join(DTYPES)}")
+    return name
+
+
+def checkpoint_kwargs(cfg: Config, key: str, refuse_unset_reentrant: str | None = None) -> None:
+    """Refuse checkpointing arguments that change what is saved; ``use_reentrant=False`` is modelled."""
+    kwargs = cfg.get(key)
+    if isinstance(kwargs, str) and kwargs.strip().startswith("{"):
+        try:  # TrainingArguments takes a JSON string for a dict field
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as exc:
+            raise cfg.bad(key, kwargs, "a mapping") from exc
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise cfg.bad(key, kwargs, "a mapping")
+    if "use_reentrant" not in kwargs and refuse_unset_reentrant:
+        raise cfg.unmodelled("gradient_checkpointing", True, refuse_unset_reentrant)
+    for name, value in kwargs.items():
+        if name == "use_reentrant" and value is True:
+            raise cfg.unmodelled(f"{key}.use_reentrant", value, REENTRANT)
+        if name == "every_n_layers" and value != 1:
+            raise cfg.unmodelled(f"{key}.every_n_layers", value, "autotune models every layer checkpointed")
+        if name == "offload" and value:
+            raise cfg.unmodelled(f"{key}.offload", value, OFFLOAD)
+        if name not in ("use_reentrant", "every_n_layers", "offload", "preserve_rng_state",
+                        "determinism_check", "debug"):
+            raise cfg.unmodelled(f"{key}.{name}", value, "checkpointing arguments other than "
+                                 "use_reentrant: false are not modelled")
+
+
+def note_neftune(cfg: Config, key: str) -> None:
+    # NEFTune adds uniform noise to the embedding output in the forward (transformers
+    # trainer_utils.neftune_post_forward_hook): one transient [batch, seq, hidden] tensor, freed
+    # before the step's peak at the start of the backward; nothing is saved for the backward.
+    if not unset(cfg.get(key)):
+        cfg.notes.append(f"{key}: noise added to the embedding output: one transient "
+                         "[batch, seq, hidden] tensor in the forward, far below the step's peak")
+
