@@ -91,12 +91,15 @@ class Plan:
 def _plan(args: argparse.Namespace) -> Plan:
     """The flags' request, --from-config filling what they leave out; every missing field named."""
     from autotune.configs import read_training_config
+    from autotune.gpus import resolve_gpu
 
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
         return Plan(flags)
-    config = read_training_config(args.from_config)
+    # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
+    card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
+    config = read_training_config(args.from_config, card)
     given = {f.name: getattr(args, f.name) for f in fields_of(CheckRequest)
              if getattr(args, f.name, None) is not None}
     adapter = _adapter(flags.step.peft_options, config.request.step.adapter)

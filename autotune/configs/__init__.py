@@ -40,22 +40,24 @@ from autotune.configs.peft import read_peft
 from autotune.configs.reading import Config, TrainingConfig, load
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER_FIELDS, read_trainer
 from autotune.errors import InvalidInput
+from autotune.gpus import GpuSpec
 
 FORMATS = ("trainer", "trl-sft", "axolotl", "autotune", "peft")
 
 __all__ = ["FORMATS", "TrainingConfig", "missing_fields", "read_training_config"]
 
 
-def read_training_config(path: str | Path) -> TrainingConfig:
+def read_training_config(path: str | Path, card: GpuSpec | None = None) -> TrainingConfig:
     """The check a config file (or a PEFT adapter directory) describes; a memory-relevant key it
-    cannot model raises."""
+    cannot model raises. ``card``: the GPU the check is for, where a tool resolves a key on the
+    card it runs on (Axolotl's ``bf16: auto``); None: such a key is refused."""
     file = Path(path)
     if file.is_dir():
         if not (file / "adapter_config.json").is_file():
             raise InvalidInput(f"training config {str(path)!r} is a directory without adapter_config.json: "
                                "give a training config file, or a PEFT adapter directory")
         file = file / "adapter_config.json"
-    cfg = Config(load(file), str(file))
+    cfg = Config(load(file), str(file), card)
     fmt = detect(cfg)
     if fmt == "peft":
         return read_peft(cfg)

@@ -311,14 +311,10 @@ def _axolotl_attention(cfg: Config) -> str | None:
 
 def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool) -> tuple[Mode, str]:
     """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them."""
-    bf16 = cfg.get("bf16")
-    if bf16 == "auto":
-        raise cfg.unmodelled("bf16", bf16, "it depends on the card (Axolotl's resolve_dtype: true where "
-                             "bfloat16 is supported, Ampere and newer, else false with fp16: true); "
-                             "write bf16: true or bf16: false")
+    bf16, fp16 = _axolotl_auto_bf16(cfg)
     if bf16 is not None and not isinstance(bf16, bool) and bf16 != "full":
         raise cfg.bad("bf16", bf16, "true, false, 'auto' or 'full'")
-    fp16, bfloat16, float16 = cfg.flag("fp16"), cfg.flag("bfloat16"), cfg.flag("float16")
+    bfloat16, float16 = cfg.flag("bfloat16"), cfg.flag("float16")
     ckpt = _axolotl_checkpointing(cfg)
     # resolve_dtype: cfg.torch_dtype is bfloat16 if bf16 or bfloat16, else float16 if fp16 or float16,
     # else float32; from_pretrained loads the weights in it (loaders/model.py). The Trainer gets
@@ -352,6 +348,29 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool) -> tuple[Mo
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
                              "weight dtypes are not modelled (set attn_implementation: flash_attention_2)")
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
+
+
+def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:
+    """bf16 and fp16 as Axolotl's resolve_dtype (utils/config/__init__.py) leaves them: ``bf16: auto``
+    is true on a card with bfloat16 (is_torch_bf16_gpu_available: Ampere and newer), else false with
+    fp16 true unless fp16 or float16 is set; with fp16: true it is false."""
+    bf16, fp16 = cfg.get("bf16"), cfg.flag("fp16")
+    if bf16 != "auto":
+        return bf16, fp16
+    if fp16:
+        cfg.notes.append("bf16: auto with fp16: true: bf16 off (Axolotl's resolve_dtype)")
+        return False, True
+    if cfg.card is None:
+        raise cfg.unmodelled("bf16", bf16, "it depends on the card (Axolotl's resolve_dtype: true where "
+                             "bfloat16 is supported, Ampere and newer, else false with fp16: true): name "
+                             "the card (--gpu), or write bf16: true or bf16: false")
+    if cfg.card.supports_bf16:
+        cfg.notes.append(f"bf16: auto: true on {cfg.card.name}, which has bfloat16 (Axolotl's resolve_dtype)")
+        return True, False
+    fp16 = cfg.data.get("fp16") is None and not cfg.flag("float16")
+    cfg.notes.append(f"bf16: auto: false on {cfg.card.name}, which has no bfloat16 (Axolotl's resolve_dtype)"
+                     + ("; fp16: true in its place" if fp16 else ""))
+    return False, fp16
 
 
 def _axolotl_checkpointing(cfg: Config) -> bool:

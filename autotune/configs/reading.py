@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.gpus import GpuSpec
 from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import ALL_LINEAR, Adapter
 from autotune.workload.models import DTYPES
@@ -99,9 +100,10 @@ def unset(value: Any) -> bool:
 class Config:
     """One file's mapping; remembers the keys read, so that the rest can be listed as ignored."""
 
-    def __init__(self, data: dict[str, Any], file: str) -> None:
+    def __init__(self, data: dict[str, Any], file: str, card: GpuSpec | None = None) -> None:
         self.data = data
         self.file = file
+        self.card = card  # the card asked about (--gpu), for the keys a tool resolves on the card
         self.read: set[str] = set()
         self.notes: list[str] = []
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision

@@ -103,8 +103,9 @@ def test_axolotl_config_is_read_whole(tmp_path):
         model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2, mode="bf16+ckpt", accumulation_steps=8,
         task="causal-lm", dtype="bfloat16", optimizer="paged_adamw_8bit", attn="flash_attention_2")
     assert (plan.format, plan.ignored) == ("axolotl", ("custom_key",))
-    assert plan.notes == ("bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
-                          "sample_packing: every row filled to seq_len (the padded worst case autotune models)")
+    assert plan.notes == (
+        "bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
+        "sample_packing: every row filled to seq_len (the padded worst case autotune models)")
 
 
 def test_axolotl_defaults_and_global_batch(tmp_path):
@@ -501,3 +502,27 @@ def test_a_peft_adapter_directory_is_read(tmp_path):
         read(tmp_path, {"peft_type": "LORA", "r": 8, "task_type": "SEQ_2_SEQ_LM"})
     with pytest.raises(InvalidInput, match="peft_type PREFIX_TUNING is not modelled"):
         read(tmp_path, {"peft_type": "PREFIX_TUNING"})
+
+
+@pytest.mark.parametrize(("card", "extra", "mode", "dtype", "note"), [
+    ("H100-80GB", {}, "bf16+ckpt", "bfloat16", "bf16: auto: true on H100-80GB, which has bfloat16"),
+    # A T4 has no bfloat16: fp16 in its place, which with an adapter Axolotl trains under fp16 autocast.
+    ("T4", {}, "amp+ckpt", "float16",
+     "bf16: auto: false on T4, which has no bfloat16 (Axolotl's resolve_dtype); fp16: true in its place"),
+    ("T4", {"fp16": False}, "ckpt", "float32", "bf16: auto: false on T4"),
+    ("H100-80GB", {"fp16": True}, "amp+ckpt", "float16", "bf16: auto with fp16: true: bf16 off"),
+])
+def test_axolotl_bf16_auto_is_resolved_on_the_card(tmp_path, card, extra, mode, dtype, note):
+    from autotune.gpus import resolve_gpu
+
+    data = {**AXOLOTL, "bf16": "auto", **extra, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+            "lora_target_linear": True, "lora_mlp_kernel": False, "lora_qkv_kernel": False,
+            "lora_o_kernel": False}
+    config = read_training_config(write(tmp_path, data, "a.yml"), resolve_gpu(card))
+    assert (config.request.mode, config.request.step.dtype) == (mode, dtype)
+    assert any(n.startswith(note) for n in config.notes), config.notes
+
+
+def test_axolotl_bf16_auto_without_a_card_asks_for_one(tmp_path):
+    with pytest.raises(UnmodelledSetting, match=r"^bf16: 'auto' .* name the card \(--gpu\)"):
+        read_training_config(write(tmp_path, {**AXOLOTL, "bf16": "auto"}, "a.yml"))
