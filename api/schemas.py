@@ -1,19 +1,160 @@
-"""Request and response bodies of the API (the OpenAPI schema at /docs is made from these)."""
+"""Request and response bodies of the API (the OpenAPI schema at /docs is made from these).
+
+The table body (``TableCreate``) and the query parameters of check and explain (``CheckQuery``,
+``ExplainQuery``) are made from the request's fields (autotune/request.py declares each once: its
+name, type, default and help, and whether the service takes it), so that a field added there is
+a property of the body and a parameter of the queries, described by its help. What the service
+adds is its own:
+
+- how each carries a value (``_body_type``, ``_query_type``): a JSON body integers as integers
+  (StrictInt: "8" and 8.5 are refused) and sequences as lists; a query everything as text, read
+  by the library where the CLI reads text (a size, comma-separated names);
+- what a request leaves out (``_default``);
+- the model names it may read (``MODEL``), its bounds on a query's numbers (``QUERY_LIMITS``, from
+  api/limits.py; a body's are checked by normalize, whose messages name the allowed values), and
+  its words where its form differs from the CLI's (``ADDED``, and each model's ``descriptions``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+import operator
+from collections.abc import Collection, Mapping, Sequence
+from types import NoneType, UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model
 
-from autotune.request import PEFT_FIELDS, CheckRequest, ExplainRequest, TableRequest, fields_of
+from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE, MAX_LORA_R, MAX_LORA_TARGETS_CHARS
+from autotune.request import CheckRequest, ExplainRequest, TableRequest, field_types, fields_of
+from autotune.request import Field as RequestField
 
-# What each field of a request is, in the words every entrance uses (autotune/request.py declares
-# it once); the service's own limits are added where it has them.
-DESCRIPTIONS = {f.name: f.about.help for cls in (TableRequest, CheckRequest, ExplainRequest)
-                for f in fields_of(cls)}
-# The LoRA / QLoRA fields of a table request, and the query parameters of check and explain.
-PEFT_DESCRIPTIONS = {name: DESCRIPTIONS[name] for name in PEFT_FIELDS if name != "peft_config"}
+Location = Literal["body", "query"]
+
+# The model names the service may read (api/runs/spec.py check_model_name), as each says them.
+MODEL = {"body": "a preset (`autotune models`), a Hugging Face hub id, or an absolute path inside "
+                 "AUTOTUNE_MODEL_DIRS",
+         "query": "preset, hub id, or a config under AUTOTUNE_MODEL_DIRS"}
+# The query's bounds: a number beyond them is pydantic's 422 naming the parameter, never a 500 from
+# what handles it (api/limits.py says why each).
+QUERY_LIMITS: dict[str, dict[str, Any]] = {
+    "seq_len": {"ge": 1},
+    "batch_size": {"ge": 1, "le": MAX_BATCH_SIZE},
+    "accumulation_steps": {"ge": 1, "le": MAX_ACCUMULATION_STEPS},
+    "lora_r": {"ge": 1, "le": MAX_LORA_R},
+    "lora_alpha": {"gt": 0, "allow_inf_nan": False},
+    "lora_dropout": {"ge": 0, "lt": 1, "allow_inf_nan": False},
+    "lora_targets": {"max_length": MAX_LORA_TARGETS_CHARS},
+}
+# Words added to a field's help where the service's form differs from the CLI's.
+ADDED = {("body", "lora_targets"): "; a comma-separated string or a list",
+         ("query", "lora_targets"): "; comma-separated"}
+TABLE_FIELDS = frozenset(f.name for f in fields_of(TableRequest) if f.about.http)
+
+
+def request_model(cls: type, location: Location, *, omit: Collection[str] = (),
+                  required: Collection[str] = (), types: Mapping[str, Any] | None = None,
+                  descriptions: Mapping[str, str] | None = None) -> type[BaseModel]:
+    """A pydantic model of the fields of ``cls`` the service takes (``About.http``), as the
+    ``location`` carries them: the required first, then a query's own (its cell), then the rest.
+
+    A field is required when its type has no None and its default is None (``model``, a check's
+    ``seq_len`` and ``batch_size``: the library names them missing), or is named in ``required``.
+    ``types`` and ``descriptions`` replace what the fields say, for this model."""
+    hints, types, descriptions = field_types(cls), types or {}, descriptions or {}
+    made: dict[str, Any] = {}  # name -> (type, FieldInfo)
+    needed = set(required)
+    for f in fields_of(cls):
+        if not f.about.http or f.name in omit:
+            continue
+        members, optional = _members(hints[f.name])
+        if f.default is None and not optional:
+            needed.add(f.name)
+        default = ... if f.name in needed else _default(f, location)
+        kind = types.get(f.name) or (functools.reduce(operator.or_, map(_body_type, members))
+                                     if location == "body" else _query_type(members))
+        limits = QUERY_LIMITS.get(f.name, {}) if location == "query" else {}
+        description = descriptions.get(f.name, f.about.help + ADDED.get((location, f.name), ""))
+        made[f.name] = (kind if default is not None or f.name in types else kind | None,
+                        Field(default, description=description, **limits))
+
+    def place(name: str) -> int:
+        return 0 if name in needed else 1 if name not in TABLE_FIELDS else 2
+
+    return create_model(f"{cls.__name__}{location.title()}",  # e.g. CheckRequestQuery
+                        **{name: made[name] for name in sorted(made, key=place)})
+
+
+def _default(f: RequestField, location: Location) -> Any:
+    """A field a request leaves out: None in a body (normalize fills in the default, the server's
+    backend among them), and so in a query for the fields a table's body has too, but switches;
+    the field's own default for a query's own (a check's mode, its accumulation steps)."""
+    if location == "body" or (f.name in TABLE_FIELDS and not isinstance(f.default, bool)):
+        return None
+    return f.default
+
+
+def _members(hint: Any) -> tuple[list[Any], bool]:
+    """The types of a union (or the one type), None apart, and whether None was one of them."""
+    args = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    return [a for a in args if a is not NoneType], NoneType in args
+
+
+def _is_sequence(hint: Any) -> bool:
+    return get_origin(hint) in (Sequence, list, tuple)
+
+
+def _body_type(hint: Any) -> Any:
+    """How a JSON body carries a value of ``hint`` (one type, not a union)."""
+    if hint is int:
+        return StrictInt
+    if _is_sequence(hint):
+        return list[_body_type(get_args(hint)[0])]  # type: ignore[misc]
+    return hint
+
+
+def _query_type(members: list[Any]) -> Any:
+    """How a query carries a value of one of ``members``: as text where the library reads text."""
+    if str in members:
+        return str
+    [hint] = members  # two kinds of number, say, would need the service to choose: it must
+    return list[get_args(hint)[0]] if _is_sequence(hint) else hint  # type: ignore[misc]
+
+
+class TableCreate(request_model(  # type: ignore[misc]  # a base made at import: mypy sees Any
+        TableRequest, "body", types={"seq_lens": list[StrictInt] | None},
+        descriptions={"model": MODEL["body"]})):
+    """A table to measure; every field but ``model`` has the CLI's default."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "model": "bert-base-uncased", "seq_lens": [128, 256, 512], "modes": ["fp32", "amp"], "gpu": "T4",
+    }]})
+
+
+# A check's and an explain's one cell: the fields of their request, as query parameters (unknown
+# parameters are ignored, as FastAPI ignores them). No peft_config: the server cannot read a
+# client's file (the CLI sends its values).
+class CheckQuery(request_model(  # type: ignore[misc]
+        CheckRequest, "query", descriptions={"model": MODEL["query"]})):
+    """GET /v1/check: one training step, and the card it is for."""
+
+
+class ExplainQuery(request_model(  # type: ignore[misc]
+        # The estimator answers (no backend to choose); the sequence length is required, the
+        # lengths that would give its default are not taken.
+        ExplainRequest, "query", omit={"backend"}, required={"seq_len"},
+        descriptions={"model": MODEL["query"], "seq_len": "sequence length of the step, in tokens",
+                      "batch_size": "default: the cell's max batch"})):
+    """GET /v1/explain: one training step, and the card it is for."""
+
+
+def table_body(query: BaseModel, **changes: Any) -> dict[str, Any]:
+    """The table request (TableCreate's fields) of a check's or an explain's one cell."""
+    values = query.model_dump()
+    body = {name: value for name, value in values.items() if name in TABLE_FIELDS}
+    return {**body, "seq_lens": [values["seq_len"]], "modes": [values["mode"]], **changes}
+
+
 ADAPTER_DESCRIPTION = (
     "LoRA / QLoRA: the method, rank, alpha, dropout, the target modules PEFT resolved on the model, "
     "the trainable and total parameters (PEFT's get_nb_trainable_parameters) and a label saying "
@@ -21,43 +162,6 @@ ADAPTER_DESCRIPTION = (
 )
 
 Status = Literal["queued", "running", "done", "failed", "cancelled"]
-
-
-class TableCreate(BaseModel):
-    """A table to measure; every field but ``model`` has the CLI's default."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
-        "model": "bert-base-uncased", "seq_lens": [128, 256, 512], "modes": ["fp32", "amp"], "gpu": "T4",
-    }]})
-
-    model: str = Field(description="a preset (`autotune models`), a Hugging Face hub id, or an absolute "
-                                   "path inside AUTOTUNE_MODEL_DIRS")
-    task: str | None = Field(None, description=DESCRIPTIONS["task"])
-    dtype: str | None = Field(None, description=DESCRIPTIONS["dtype"])
-    seq_lens: list[StrictInt] | None = Field(None, description=DESCRIPTIONS["seq_lens"])
-    modes: list[str] | str | None = Field(None, description=DESCRIPTIONS["modes"])
-    gpu_memory: str | StrictInt | None = Field(None, description=DESCRIPTIONS["gpu_memory"])
-    gpu: str | None = Field(None, description=DESCRIPTIONS["gpu"])
-    backend: str | None = Field(None, description=DESCRIPTIONS["backend"])
-    margin: float | None = Field(None, description=DESCRIPTIONS["margin"])
-    max_batch: StrictInt | None = Field(None, description=DESCRIPTIONS["max_batch"])
-    attn: str | None = Field(None, description=DESCRIPTIONS["attn"])
-    optimizer: str | None = Field(None, description=DESCRIPTIONS["optimizer"])
-    loss: str | None = Field(None, description=DESCRIPTIONS["loss"])
-    search: str | None = Field(None, description=DESCRIPTIONS["search"])
-    peft: str | None = Field(None, description=PEFT_DESCRIPTIONS["peft"])
-    lora_r: StrictInt | None = Field(None, description=PEFT_DESCRIPTIONS["lora_r"])
-    lora_alpha: float | None = Field(None, description=PEFT_DESCRIPTIONS["lora_alpha"])
-    lora_dropout: float | None = Field(None, description=PEFT_DESCRIPTIONS["lora_dropout"])
-    lora_targets: str | list[str] | None = Field(
-        None, description=PEFT_DESCRIPTIONS["lora_targets"] + "; a comma-separated string or a list")
-    load_in_4bit: bool | None = Field(None, description=PEFT_DESCRIPTIONS["load_in_4bit"])
-    load_in_8bit: bool | None = Field(None, description=PEFT_DESCRIPTIONS["load_in_8bit"])
-    bnb_4bit_quant_type: str | None = Field(None, description=PEFT_DESCRIPTIONS["bnb_4bit_quant_type"])
-    bnb_4bit_use_double_quant: bool | None = Field(
-        None, description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])
-    bnb_4bit_compute_dtype: str | None = Field(None, description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])
-    qlora_recipe: str | None = Field(None, description=PEFT_DESCRIPTIONS["qlora_recipe"])
 
 
 class TableAccepted(BaseModel):
@@ -274,3 +378,162 @@ class HealthPublic(BaseModel):
         description="heavy reads (check and explain on the estimator): workers, busy now, answers cached")
     fleet: FleetPublic | None = Field(default=None, description="the Ray cluster of a fleet server (GPU "
                                                                 "kinds, nodes, free GPUs); null on one host")
+
+
+# --- GET /v1/check and /v1/explain: what they answer ------------------------------------------------
+# Each key of autotune.analysis's answers (check.CheckResult, explain.Explanation), in their order
+# (tests/api/test_check.py and test_explain.py pin the two together); unknown keys would pass.
+
+
+class CheckLeverPublic(BaseModel):
+    """A change to the step and the cell's max batch with it (autotune.analysis.levers.Lever)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    lever: str = Field(description="mode, checkpointing, optimizer, loss, adapter, combined or seq_len")
+    label: str = Field(description="what to do, e.g. mode bf16+ckpt")
+    max_batch_size: int
+
+
+class CheckPublic(BaseModel):
+    """Does the step fit at the batch asked for; if not, the cell's max batch and what would fit."""
+
+    model_config = ConfigDict(extra="allow")
+
+    fits: bool
+    max_batch_size: int = Field(description="of the cell: the step's sequence length and mode")
+    peak_memory_bytes: int | None = Field(description="of the step at the batch asked for")
+    budget_bytes: int = Field(description="what the allocator may use on the card (the margin kept free)")
+    source: Literal["measured", "estimated"]
+    backend: str = Field(description="cuda (measured) or estimate")
+    suggestion: str | None = Field(description="when it does not fit: accumulation steps to the same "
+                                               "effective batch, then the levers that help, best first")
+    model: str
+    seq_len: int
+    mode: str
+    batch_size: int
+    gpu_name: str
+    gpu_memory_bytes: int
+    message: str = Field(description="the answer in words, as `autotune check` prints it")
+    task: str | None
+    weights_dtype: str | None
+    optimizer: str | None
+    attn: str | None
+    loss: str | None
+    warnings: list[str] = Field(description="what the target card does not support of this step")
+    levers: list[CheckLeverPublic] = Field(description="what raises the max batch, best first")
+    outside_allocator_bytes: int = Field(description="a paged optimizer's state, in unified memory")
+    adapter: dict[str, Any] | None = Field(description=ADAPTER_DESCRIPTION)
+    attention_kernel: str | None = Field(description="the SDPA kernel the estimated step ran (cuDNN, "
+                                                     "memory-efficient, ...); null without SDPA or measured")
+    ckpt_reentrant: bool = Field(description="checkpointed modes with use_reentrant=True")
+    table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
+    measured_on: str | None = Field(description="the GPU that table was measured on")
+    imported_from: str | None = Field(description="the file of a measured reference table it came from")
+
+
+class BreakdownPublic(BaseModel):
+    """Allocated memory at the peak of the step, by category (allocator blocks, in bytes)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    batch_size: int
+    peak_allocated_bytes: int = Field(description="the sum of the categories")
+    peak_step: int = Field(description="the training step of the peak, from 1")
+    peak_phase: str = Field(description="forward, backward or optimizer step (or setup)")
+    categories: dict[str, int] = Field(
+        description="parameters, gradients, optimizer_state, autocast_copies, activations, temporaries, "
+                    "inputs, workspaces; with an adapter, parameters is frozen_base, base_4bit (a 4-bit "
+                    "base) and adapter_weights, and dequantization (a 4-bit base) follows activations")
+    demand_bytes: int = Field(description="the smallest capacity the step runs in (what the budget bounds)")
+    cached_bytes: int = Field(description="reserved but not in use at the peak")
+    context_bytes: int = Field(description="the CUDA context, outside PyTorch's allocator")
+    budget_bytes: int
+    fits: bool
+
+
+class ModuleParamsPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="the module's name (empty: the model itself)")
+    type: str
+    description: str = Field(description="e.g. Embedding(868000, 32)")
+    shapes: list[list[int]] = Field(description="of its own parameters")
+    params: int
+    param_bytes: int
+    share: float = Field(description="of all parameters")
+
+
+class ModuleActivationsPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    type: str
+    output_shape: list[int] | None
+    activation_bytes: int = Field(description="tensor bytes it allocated in the forward, saved for backward")
+    share: float = Field(description="of all activations")
+
+
+class FlagPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="dominant-module, huge-vocabulary, flattened-sequence or loss-logits")
+    module: str
+    message: str
+
+
+class ExplainLeverPublic(BaseModel):
+    """One lever and the cell's max batch with it (autotune.analysis.levers.LeverReport)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="amp, bf16, ckpt, amp+ckpt, adamw-8bit, adamw-8bit-trainer, sgd, "
+                                  "frozen-embeddings, fused-cross-entropy, lora, qlora, lora-rN, qlora-rN, "
+                                  "seq-N or accumulation")
+    label: str
+    max_batch_size: int | None = Field(description="null when the lever does not apply (see error)")
+    mode: str
+    seq_len: int
+    optimizer: str
+    estimated: str = Field(description="as the table, or how the lever was emulated or measured")
+    capped: bool
+    note: str | None
+    error: str | None
+    adapter: dict[str, Any] | None = Field(description="the PEFT setup of a lever that changes it")
+
+
+class ExplainPublic(BaseModel):
+    """Where the memory of the step goes, the largest modules, outlier flags, and the levers."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    task: str
+    attn: str
+    optimizer: str
+    weights_dtype: str = Field(description="float32, bfloat16 or float16")
+    loss: str = Field(description="full or chunked")
+    mode: str
+    seq_len: int
+    gpu_name: str
+    gpu_memory_bytes: int
+    budget_bytes: int
+    margin: float
+    max_batch_size: int = Field(description="of the cell; 0: even batch 1 does not fit")
+    capped: bool = Field(description="the max batch reached the search's limit")
+    requested_batch_size: int | None
+    batch_size: int = Field(description="the batch the breakdown is for")
+    fits: bool = Field(description="at batch_size")
+    breakdown: BreakdownPublic
+    total_params: int
+    top_parameters: list[ModuleParamsPublic]
+    top_activations: list[ModuleActivationsPublic]
+    flags: list[FlagPublic]
+    does_not_fit: str | None = Field(description="why even batch 1 does not fit, when it does not")
+    levers: list[ExplainLeverPublic] = Field(description="empty with levers=false")
+    padding: dict[str, Any] | None = Field(description="dynamic padding over the data's lengths: null "
+                                                       "here (the service takes no lengths)")
+    adapter: dict[str, Any] | None = Field(description=ADAPTER_DESCRIPTION)
+    weight_bytes: dict[str, int] | None = Field(description="with an adapter: tensor bytes of the "
+                                                           "parameters and buffers by category")
+    attention_kernel: str | None = Field(description="the SDPA kernel the step ran; null without SDPA")

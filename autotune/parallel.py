@@ -33,10 +33,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from autotune.analysis.check import LeverSearch, Maxima, lever_max
-from autotune.analysis.levers import Lever, LeverJob, LeverRunner, run_lever_job
 from autotune.errors import AutotuneError
 from autotune.gpus import GpuSpec
 from autotune.processes import Child, exit_reason, protocol_stream
@@ -45,6 +43,10 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.support import step_warnings
 
+if TYPE_CHECKING:
+    from autotune.analysis.levers import LeverRunner, LeverSearch
+
+T = TypeVar("T")
 WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
 # Workers started before this process imported torch (``prestart``), taken by the next jobs.
 _prestarted: list[Child] = []
@@ -162,13 +164,6 @@ def tune_table_parallel(
     return first
 
 
-# The most levers an explanation searches (levers.what_if: two autocast modes, checkpointing and
-# with AMP, two 8-bit AdamW setups, SGD, frozen embeddings, chunked loss, two PEFT setups, one or
-# two shorter lengths; a check's are fewer): the processes they may use, before they are known
-# (_costliest_first uses no more than there are searches).
-LEVERS_AT_MOST = 13
-
-
 def lever_processes(workload: Workload, searches: int, workers: int | None) -> int:
     """The processes ``searches`` lever searches (a check's, an explanation's) run in (``workers`` as
     the caller gave it; None: one per search, up to the usable cores, for a model of 10M parameters
@@ -178,34 +173,16 @@ def lever_processes(workload: Workload, searches: int, workers: int | None) -> i
     return _workers(approximate_parameters(workload), searches)
 
 
-def lever_maxima(backend: Any, processes: int) -> Maxima:
-    """A check's lever searches (analysis/check.py) on the estimator, shared out over ``processes``
-    processes: this one, with ``backend`` (the check's own estimator: its fake model is built),
-    takes the costliest. Each search's answer is one process's."""
+def lever_runner(backend: Any, processes: int) -> LeverRunner:
+    """Lever searches (analysis/levers.py: a check's, an explanation's) on the estimator, shared out
+    over up to ``processes`` processes: this one, with ``backend`` (the caller's estimator: its fake
+    model is built), takes the costliest. Each search's answer is one process's."""
 
-    def maxima(searches: Sequence[LeverSearch], budget: int, guess: int, max_batch: int
-               ) -> list[int | None]:
+    def run(searches: Sequence[LeverSearch], search: Callable[[LeverSearch, Any], T]) -> list[T]:
         return _costliest_first(
-            [(search.mode, search.workload) for search in searches],
-            lambda i: {"job": "lever", "name": f"lever search {searches[i].label}",
-                       "workload": searches[i].workload, "gpu": backend.gpu,
-                       "mode_name": searches[i].mode.name, "seq_len": searches[i].seq_len,
-                       "budget": budget, "guess": guess, "max_batch": max_batch},
-            processes, backend)
-
-    return maxima
-
-
-def explain_levers(backend: Any, processes: int) -> LeverRunner:
-    """An explanation's lever searches (analysis/levers.py) on the estimator, shared out over up to
-    ``processes`` processes: this one, with ``backend`` (the explanation's estimator), takes the
-    costliest. Each lever is one process's."""
-
-    def run(jobs: Sequence[LeverJob], budget: int, max_batch: int) -> list[Lever]:
-        return _costliest_first(
-            [(job.mode, job.workload) for job in jobs],
-            lambda i: {"job": "explain-lever", "name": f"lever {jobs[i].label}", "lever": jobs[i],
-                       "gpu": backend.gpu, "budget": budget, "max_batch": max_batch},
+            [(lever.mode, lever.workload) for lever in searches],
+            lambda i: {"job": "lever", "name": f"lever search {searches[i].label}", "lever": searches[i],
+                       "search": search, "gpu": backend.gpu},
             processes, backend)
 
     return run
@@ -339,11 +316,8 @@ def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: dict[Gp
     arguments = {key: value for key, value in job.items() if key not in ("job", "name")}
     if job["job"] == "mode":
         return _tune_mode(**arguments, send=send, backends=backends)
-    if job["job"] == "lever":
-        return _lever_max(**arguments, backends=backends)
-    if job["job"] == "explain-lever":
-        return run_lever_job(arguments["lever"], _estimator(arguments["gpu"], backends),
-                             budget=arguments["budget"], max_batch=arguments["max_batch"])
+    if job["job"] == "lever":  # its search: levers.lever_max or levers.report_lever, its cell bound
+        return arguments["search"](arguments["lever"], _estimator(arguments["gpu"], backends))
     raise AutotuneError(f"unknown job {job['job']!r}")
 
 
@@ -364,13 +338,6 @@ def _tune_mode(workload: Workload, gpu: GpuSpec, seq_lens: list[int], mode_name:
     return tune_table(workload, _estimator(gpu, backends), gpu, seq_lens=seq_lens,
                       modes=[parse_mode(mode_name)], margin=margin, method=method, max_batch=max_batch,
                       on_cell=lambda cell, done, total: send(("progress", cell)))
-
-
-def _lever_max(workload: Workload, gpu: GpuSpec, mode_name: str, seq_len: int, budget: int, guess: int,
-               max_batch: int, backends: dict[GpuSpec, Any]) -> int | None:
-    """One lever's max batch (analysis/check.py: None where the estimator cannot run it)."""
-    return lever_max(_estimator(gpu, backends), workload, parse_mode(mode_name), seq_len, budget,
-                     guess=guess, max_batch=max_batch)
 
 
 def main() -> int:

@@ -55,6 +55,7 @@ from autotune.request import (
     ExplainRequest,
     GpuMemory,
     PeftOptions,
+    Resolved,
     Step,
     TableRequest,
     Target,
@@ -64,6 +65,7 @@ from autotune.request import (
 if TYPE_CHECKING:
     from autotune.analysis.check import CellMemo, CheckResult
     from autotune.analysis.explain import Explanation
+    from autotune.analysis.levers import LeverRunner
     from autotune.tuner import CellResult, TableResult
     from autotune.workload.adapters import Adapter
 
@@ -86,6 +88,7 @@ def table(
     max_batch: int = DEFAULT_MAX_BATCH,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    ckpt_reentrant: bool = False,
     peft: str | None = None,
     lora_r: int | None = None,
     lora_alpha: float | None = None,
@@ -163,6 +166,7 @@ def check(
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    ckpt_reentrant: bool = False,
     accumulation_steps: int = 1,
     peft: str | None = None,
     lora_r: int | None = None,
@@ -211,16 +215,10 @@ def run_check(request: CheckRequest, *, remember: Callable[[CellMemo], None] | N
     from autotune.analysis.check import check_step
 
     resolved = resolve(request)
-    maxima = None
-    if resolved.backend.name == "estimate":
-        from autotune.parallel import LEVERS_AT_MOST, lever_maxima, lever_processes
-
-        processes = lever_processes(resolved.workload, LEVERS_AT_MOST, request.workers)
-        maxima = lever_maxima(resolved.backend, processes) if processes > 1 else None
     return check_step(resolved.workload, resolved.backend, resolved.gpu, seq_len=request.seq_len,
                       batch_size=request.batch_size, mode=resolved.modes[0], margin=resolved.margin,
-                      effective_batch=request.batch_size * request.accumulation_steps, maxima=maxima,
-                      remember=remember)
+                      effective_batch=request.batch_size * request.accumulation_steps,
+                      run_levers=_lever_runner(resolved, request.workers), remember=remember)
 
 
 def explain(
@@ -238,6 +236,7 @@ def explain(
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    ckpt_reentrant: bool = False,
     lengths: Sequence[int] | None = None,
     texts: str | Path | None = None,
     text_column: str | None = None,
@@ -275,23 +274,31 @@ def explain(
     >>> e.fits, e.breakdown.peak_phase  # doctest: +SKIP
     (False, 'backward')
     """
-    from autotune.analysis.texts import lengths_from_texts
-
-    if texts is not None and lengths is not None:
-        raise InvalidInput("give either lengths or texts, not both")
-    if texts is None and (text_column is not None or tokenizer is not None):
-        raise InvalidInput("text_column and tokenizer go with texts")
-    if texts is not None:
-        if tokenizer is None and not Path(model).is_dir():
-            raise InvalidInput(f"texts need a tokenizer: give tokenizer, a local directory with the "
-                               f"tokenizer's files ({model!r} is not a local directory)")
-        lengths = lengths_from_texts(texts, text_column, tokenizer if tokenizer is not None else model)
+    lengths = _data_lengths(model, lengths, texts, text_column, tokenizer)
     request = ExplainRequest(
         _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
         Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
         lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
         workers=workers)
     return run_explain(request)
+
+
+def _data_lengths(model: str, lengths: Sequence[int] | None, texts: str | Path | None,
+                  text_column: str | None, tokenizer: str | Path | None) -> Sequence[int] | None:
+    """The data's token lengths for ``explain``: ``lengths`` as given, or those of ``texts``
+    tokenized with ``tokenizer`` (default: ``model``, a local directory); None without either."""
+    from autotune.analysis.texts import lengths_from_texts
+
+    if texts is not None and lengths is not None:
+        raise InvalidInput("give either lengths or texts, not both")
+    if texts is None and (text_column is not None or tokenizer is not None):
+        raise InvalidInput("text_column and tokenizer go with texts")
+    if texts is None:
+        return lengths
+    if tokenizer is None and not Path(model).is_dir():
+        raise InvalidInput(f"texts need a tokenizer: give tokenizer, a local directory with the "
+                           f"tokenizer's files ({model!r} is not a local directory)")
+    return lengths_from_texts(texts, text_column, tokenizer if tokenizer is not None else model)
 
 
 def run_explain(request: ExplainRequest) -> Explanation:
@@ -303,16 +310,24 @@ def run_explain(request: ExplainRequest) -> Explanation:
     limit = resolved.workload.model.max_seq_len
     seq_len = (resolved.seq_lens[0] if resolved.seq_lens
                else padded_length(max(request.lengths), limit) if request.lengths else limit)
-    run_levers = None
-    if request.levers and resolved.backend.name == "estimate":
-        from autotune.parallel import LEVERS_AT_MOST, explain_levers, lever_processes
-
-        processes = lever_processes(resolved.workload, LEVERS_AT_MOST, request.workers)
-        run_levers = explain_levers(resolved.backend, processes) if processes > 1 else None
     return explain_step(resolved.workload, resolved.backend, resolved.gpu, seq_len=seq_len,
                         mode=resolved.modes[0], margin=resolved.margin, batch_size=request.batch_size,
                         lengths=list(request.lengths) if request.lengths else None,
-                        with_levers=request.levers, max_batch=request.max_batch, run_levers=run_levers)
+                        with_levers=request.levers, max_batch=request.max_batch,
+                        run_levers=_lever_runner(resolved, request.workers) if request.levers else None)
+
+
+def _lever_runner(resolved: Resolved, workers: int | None) -> LeverRunner | None:
+    """How a check's or an explanation's lever searches run: over the cores on the estimator
+    (parallel.lever_runner, ``workers`` processes as the caller gave them); None, one after the
+    other in this process, elsewhere or where one process is all they get."""
+    if resolved.backend.name != "estimate":
+        return None
+    from autotune.analysis.levers import LEVERS_AT_MOST
+    from autotune.parallel import lever_processes, lever_runner
+
+    processes = lever_processes(resolved.workload, LEVERS_AT_MOST, workers)
+    return lever_runner(resolved.backend, processes) if processes > 1 else None
 
 
 def max_batch_size(
@@ -329,6 +344,7 @@ def max_batch_size(
     margin: float = DEFAULT_MARGIN,
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
+    ckpt_reentrant: bool = False,
     max_batch: int = DEFAULT_MAX_BATCH,
     peft: str | None = None,
     lora_r: int | None = None,
@@ -365,13 +381,16 @@ def max_batch_size(
 
 def _step(model: str, task: str | None, dtype: str, attn: str | None, optimizer: str, loss: str,
           hub: bool | None, adapter: Adapter | None, given: dict[str, Any]) -> Step:
-    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords."""
+    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords and
+    ``ckpt_reentrant``."""
     peft = {name: given[name] for name in PEFT_KEYWORDS}
     targets = peft["lora_targets"]
     peft["lora_targets"] = targets if targets is None or isinstance(targets, str) else tuple(targets)
     peft["peft_config"] = None if peft["peft_config"] is None else str(peft["peft_config"])
     peft["load_in_4bit"], peft["load_in_8bit"] = bool(peft["load_in_4bit"]), bool(peft["load_in_8bit"])
-    return Step(model, task, dtype, optimizer, attn, loss, PeftOptions(**peft), adapter, hub)
+    return Step(model=model, task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss,
+                ckpt_reentrant=bool(given["ckpt_reentrant"]) or None, peft_options=PeftOptions(**peft),
+                adapter=adapter, hub=hub)
 
 
 PEFT_KEYWORDS = ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "peft_config",

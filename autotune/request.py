@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 from autotune.defaults import (
     BACKENDS,
@@ -138,6 +138,19 @@ def fields_of(cls: type) -> list[Field]:
             found.append(Field(f.name, default, about, str(f.type)))
         elif f.metadata.get("part"):
             found.extend(fields_of(f.metadata["part"]))
+    return found
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """The type of each field of ``fields_of(cls)``, its annotation resolved (``int | None``, not
+    the text): what the service's models are made from (api/schemas.py)."""
+    hints = get_type_hints(cls)
+    found: dict[str, Any] = {}
+    for f in fields(cls):
+        if "about" in f.metadata:
+            found[f.name] = hints[f.name]
+        elif f.metadata.get("part"):
+            found.update(field_types(f.metadata["part"]))
     return found
 
 
@@ -322,6 +335,10 @@ class Step:
                               "CUDA)", choices=ATTN_CHOICES)
     loss: str = option(DEFAULT_LOSS, "full: the model's loss over full logits; chunked: a fused linear "
                        "cross-entropy that never holds them (Liger's; causal-lm)", choices=LOSSES)
+    ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
+                                         "torch.utils.checkpoint's older path and Axolotl's and "
+                                         "LLaMA-Factory's default (default: use_reentrant=False, "
+                                         "transformers')")
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -601,7 +618,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
     if found.errors:
         return None
-    return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter)
+    return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
+                    ckpt_reentrant=bool(step.ckpt_reentrant))
 
 
 def resolve_adapter(step: Step, found: Findings) -> Adapter | None:

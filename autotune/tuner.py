@@ -85,6 +85,7 @@ class TableResult:
     # LoRA / QLoRA: adapters.AdapterSummary.to_json() (method, r, alpha, dropout, targets, the
     # trainable and total parameters, label); None for a full fine-tune.
     adapter: dict[str, Any] | None = None
+    ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
 
     @property
     def total_probes(self) -> int:
@@ -172,17 +173,8 @@ def tune_table(
         raise InvalidInput(f"max batch {max_batch} must be at least 1")
     budget = budget_bytes(gpu, margin)
     ordered = sorted(set(seq_lens))
-    table = TableResult(
-        model=workload.model.name, task=workload.task, backend=backend.name,
-        attn=backend.attn_used(workload), optimizer=workload.optimizer,
-        weights_dtype=workload.weights_dtype, loss=workload.loss, gpu_name=gpu.name,
-        gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
-        budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
-        seq_lens=ordered, modes=[m.name for m in modes], environment=backend.describe(),
-        warnings=step_warnings(workload, modes, gpu),
-        outside_allocator_bytes=paged_state_bytes(workload),
-        adapter=adapter_json(workload),
-    )
+    table = _empty_table(workload, backend, gpu, seq_lens=ordered, modes=modes, margin=margin, budget=budget,
+                         method=method, max_batch=max_batch)
     started = time.perf_counter()
     total = len(ordered) * len(modes)
     for mode in modes:
@@ -207,6 +199,25 @@ def tune_table(
                 on_cell(cell, len(table.cells), total)
     table.elapsed_s = round(time.perf_counter() - started, 3)
     return table
+
+
+def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens: list[int],
+                 modes: Sequence[Mode], margin: float, budget: int, method: str, max_batch: int
+                 ) -> TableResult:
+    """The table before its first cell: the step, the card, the budget, the search, the rows and
+    columns."""
+    return TableResult(
+        model=workload.model.name, task=workload.task, backend=backend.name,
+        attn=backend.attn_used(workload), optimizer=workload.optimizer,
+        weights_dtype=workload.weights_dtype, loss=workload.loss, ckpt_reentrant=workload.ckpt_reentrant,
+        gpu_name=gpu.name,
+        gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
+        budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
+        seq_lens=seq_lens, modes=[m.name for m in modes], environment=backend.describe(),
+        warnings=step_warnings(workload, modes, gpu),
+        outside_allocator_bytes=paged_state_bytes(workload),
+        adapter=adapter_json(workload),
+    )
 
 
 def search_cell(

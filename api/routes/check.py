@@ -13,11 +13,10 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
-from api.limits import MAX_ACCUMULATION_STEPS, MAX_BATCH_SIZE, MAX_LORA_R, MAX_LORA_TARGETS_CHARS
 from api.measurements import measured_label, measured_on
 from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import TableSpec, normalize
-from api.schemas import PEFT_DESCRIPTIONS
+from api.schemas import CheckPublic, CheckQuery, table_body
 from autotune.workload.modes import parse_mode
 
 router = APIRouter(tags=["check"], dependencies=[Depends(query_fields)])
@@ -28,58 +27,9 @@ _SOURCES = ("cuda", "estimate")
 _RUNS_SCANNED = 200  # newest done runs of the model looked at for a covering table
 
 
-class PeftQuery:
-    """The LoRA / QLoRA query parameters of check and explain: the CLI's --peft, --lora-*,
-    --load-in-4bit and --bnb-4bit-* (``autotune check --server`` sends them), checked by normalize.
-    No peft_config: the server cannot read a client's file (the CLI sends its values)."""
-
-    def __init__(
-        self,
-        peft: Annotated[str | None, Query(description=PEFT_DESCRIPTIONS["peft"])] = None,
-        lora_r: Annotated[int | None, Query(ge=1, le=MAX_LORA_R,
-                                            description=PEFT_DESCRIPTIONS["lora_r"])] = None,
-        lora_alpha: Annotated[float | None, Query(gt=0, allow_inf_nan=False,
-                                                  description=PEFT_DESCRIPTIONS["lora_alpha"])] = None,
-        lora_dropout: Annotated[float | None, Query(ge=0, lt=1, allow_inf_nan=False,
-                                                    description=PEFT_DESCRIPTIONS["lora_dropout"])] = None,
-        lora_targets: Annotated[str | None, Query(
-            max_length=MAX_LORA_TARGETS_CHARS,
-            description=PEFT_DESCRIPTIONS["lora_targets"] + "; comma-separated")] = None,
-        load_in_4bit: Annotated[bool, Query(description=PEFT_DESCRIPTIONS["load_in_4bit"])] = False,
-        load_in_8bit: Annotated[bool, Query(description=PEFT_DESCRIPTIONS["load_in_8bit"])] = False,
-        bnb_4bit_quant_type: Annotated[str | None, Query(
-            description=PEFT_DESCRIPTIONS["bnb_4bit_quant_type"])] = None,
-        bnb_4bit_use_double_quant: Annotated[bool | None, Query(
-            description=PEFT_DESCRIPTIONS["bnb_4bit_use_double_quant"])] = None,
-        bnb_4bit_compute_dtype: Annotated[str | None, Query(
-            description=PEFT_DESCRIPTIONS["bnb_4bit_compute_dtype"])] = None,
-        qlora_recipe: Annotated[str | None, Query(description=PEFT_DESCRIPTIONS["qlora_recipe"])] = None,
-    ) -> None:
-        self.fields: dict[str, Any] = {
-            "peft": peft, "lora_r": lora_r, "lora_alpha": lora_alpha, "lora_dropout": lora_dropout,
-            "lora_targets": lora_targets, "load_in_4bit": load_in_4bit, "load_in_8bit": load_in_8bit,
-            "bnb_4bit_quant_type": bnb_4bit_quant_type,
-            "bnb_4bit_use_double_quant": bnb_4bit_use_double_quant,
-            "bnb_4bit_compute_dtype": bnb_4bit_compute_dtype, "qlora_recipe": qlora_recipe,
-        }
-
-
-Peft = Annotated[PeftQuery, Depends()]
-
-
-@router.get("/check", responses=ERROR_RESPONSES)
+@router.get("/check", response_model=CheckPublic, responses=ERROR_RESPONSES)
 async def check(
-    request: Request, queue: QueueDep, settings: SettingsDep,
-    model: Annotated[str, Query(description="preset, hub id, or a config under AUTOTUNE_MODEL_DIRS")],
-    seq_len: Annotated[int, Query(ge=1)],
-    batch_size: Annotated[int, Query(ge=1, le=MAX_BATCH_SIZE)],
-    *,
-    mode: str = "fp32", task: str | None = None, attn: str | None = None,
-    gpu: str | None = None, gpu_memory: str | None = None, margin: float | None = None,
-    accumulation_steps: Annotated[int, Query(ge=1, le=MAX_ACCUMULATION_STEPS)] = 1,
-    backend: str | None = None,
-    dtype: str | None = None, optimizer: str | None = None, loss: str | None = None,
-    peft: Peft,
+    request: Request, queue: QueueDep, settings: SettingsDep, query: Annotated[CheckQuery, Query()],
 ) -> dict[str, Any]:
     """Does the step fit? From a stored measured table, else a stored estimate, else estimated now.
 
@@ -87,14 +37,12 @@ async def check(
     it was measured on, and ``imported_from`` the file of a measured reference table (null
     otherwise). With LoRA / QLoRA (peft, lora_*, bnb_4bit_*), only a stored table of the same
     adapter answers; the answer's ``adapter`` says it (null: a full fine-tune), and its message names it."""
-    body = {"model": model, "seq_lens": [seq_len], "modes": [mode], "task": task, "attn": attn,
-            "gpu": gpu, "gpu_memory": gpu_memory, "margin": margin, "backend": backend,
-            "dtype": dtype, "optimizer": optimizer, "loss": loss, **peft.fields}
+    body = table_body(query)
     # In the threadpool: resolving a hub id reads the network; a store scan reads the disk.
     preparing = request.app.state.preparing
     spec = await prepare(preparing, normalize, body, settings, queue.runner.environment)
-    wanted = parse_mode(mode)
-    effective = batch_size * accumulation_steps
+    seq_len, batch_size, wanted = query.seq_len, query.batch_size, parse_mode(query.mode)
+    effective = batch_size * query.accumulation_steps
     stored = await prepare(preparing, _from_store, queue, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
         return stored

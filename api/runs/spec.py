@@ -43,7 +43,6 @@ from autotune.defaults import (
     BACKENDS,
     DEFAULT_DTYPE,
     DEFAULT_LOSS,
-    DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
@@ -51,7 +50,17 @@ from autotune.defaults import (
 )
 from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
 from autotune.gpus import GpuSpec
-from autotune.request import PEFT_FIELDS, Findings, PeftOptions
+from autotune.request import (
+    PEFT_FIELDS,
+    Findings,
+    ModelAccess,
+    PeftOptions,
+    Step,
+    TableRequest,
+    request_from,
+    resolve_adapter,
+    resolve_model,
+)
 from autotune.search import METHODS
 from autotune.tuner import budget_bytes
 from autotune.units import format_bytes, parse_bytes
@@ -66,6 +75,7 @@ from autotune.workload.adapters import (
 )
 from autotune.workload.loss import check_loss
 from autotune.workload.models import (
+    ModelSpec,
     check_dtype,
     check_seq_len,
     check_task,
@@ -75,7 +85,6 @@ from autotune.workload.models import (
     model_from_json,
     preset_name,
     resolve_dtype,
-    resolve_model,
     task_for,
 )
 from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
@@ -112,6 +121,9 @@ class TableSpec:
     # LoRA / QLoRA: adapters.Adapter.to_json() (targets sorted; None: PEFT's default modules);
     # None for a full fine-tune, and for every run stored before adapters were modelled.
     adapter: dict[str, Any] | None = None
+    # Checkpointed modes with use_reentrant=True; false (left out of the key) for every run stored
+    # before it was modelled.
+    ckpt_reentrant: bool = False
 
     @property
     def cells(self) -> int:
@@ -141,7 +153,8 @@ class TableSpec:
         model = model_from_json(self.model, self.model_source, self.model_type, self.model_config,
                                 self.max_seq_len)
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
-                        weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft())
+                        weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft(),
+                        ckpt_reentrant=self.ckpt_reentrant)
 
     def target_gpu(self) -> GpuSpec:
         cc = self.gpu["compute_capability"]
@@ -150,10 +163,13 @@ class TableSpec:
 
     def key(self) -> str:
         """sha256 of the whole spec: identical requests on an identical environment. A full
-        fine-tune's leaves ``adapter`` out: the key its run had before adapters were modelled."""
+        fine-tune's leaves ``adapter`` out, and one without reentrant checkpointing
+        ``ckpt_reentrant``: the keys their runs had before those were modelled."""
         data = self.to_json()
         if data["adapter"] is None:
             del data["adapter"]
+        if not data["ckpt_reentrant"]:
+            del data["ckpt_reentrant"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -184,120 +200,185 @@ EnvironmentFn = Callable[[str, str | None], dict[str, Any]]  # Runner.environmen
 def normalize(body: Mapping[str, Any], settings: Settings, environment: EnvironmentFn) -> TableSpec:
     """Validate a request body (TableCreate fields) and fill in defaults.
 
-    ``environment(backend)`` resolves ``auto`` and says where a run of that backend goes
-    (Runner.environment). Raises the core's errors: UnknownModel, SequenceTooLong, UnknownGpu,
-    InvalidInput (malformed sizes, modes, limits), BackendUnavailable, and ModelPathRefused.
+    The body is read once as the library's request (``table_request``: autotune.request's fields
+    and defaults); what this adds is the service's own policy: which model names it may read
+    (``check_model_name``, AUTOTUNE_MODEL_DIRS, AUTOTUNE_ALLOW_HUB), its limits (cells, batch,
+    sequence length, card size, LoRA settings: api/limits.py, Settings), and where a run goes:
+    ``environment(backend)`` resolves ``auto`` (Runner.environment). Raises the core's errors:
+    UnknownModel, SequenceTooLong, UnknownGpu, InvalidInput (malformed sizes, modes, limits),
+    BackendUnavailable, and ModelPathRefused.
 
     Every field is checked, each once the fields it depends on are valid (the sequence lengths
     against the model once it resolved, the margin once the target GPU is known): the error raised
-    is the first found in the order below, with the others found in its ``others``.
+    is the first found in the order of ``_Normalizing.spec``, with the others found in its ``others``.
     """
-    found = Findings()
-    with found.about("model"):
-        name = check_model_name(body["model"], settings.model_dirs)
-    with found.about("task"):
-        asked_task = check_task(body["task"]) if body.get("task") else None
-    with found.about("dtype"):
-        dtype = check_dtype(body.get("dtype") or DEFAULT_DTYPE)
-    with found.about("attn"):
-        attn = check_attn(body.get("attn"))
-    with found.about("optimizer"):
-        optimizer = check_optimizer(body.get("optimizer") or DEFAULT_OPTIMIZER)
-    with found.about("search"):
-        search = body.get("search") or DEFAULT_METHOD
-        if search not in METHODS:
-            raise InvalidInput(f"unknown search {search!r}: allowed are {', '.join(METHODS)}")
-    with found.about("modes"):
-        mode_names = _mode_names(body.get("modes"))
-    with found.about("seq_lens"):
-        asked_seq_lens = None if body.get("seq_lens") is None else _seq_lens(body["seq_lens"], settings)
-        if asked_seq_lens is not None and found.ok("modes"):
-            _check_cells(asked_seq_lens, mode_names, settings)
-    with found.about("max_batch"):
-        max_batch = _max_batch(body.get("max_batch"), settings)
-    margin = DEFAULT_MARGIN if body.get("margin") is None else float(body["margin"])
-    with found.about("backend"):
-        backend_name = body.get("backend") or settings.backend
-        if backend_name not in BACKENDS:
-            raise InvalidInput(f"unknown backend {backend_name!r}: allowed are {', '.join(BACKENDS)}")
-    with found.about("gpu_memory"):
-        if body.get("gpu") is not None and body.get("gpu_memory") is not None:
-            raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
-        if body.get("gpu_memory") is not None:
-            _check_gpu_memory(body["gpu_memory"])
-    env: dict[str, Any] | None = None
-    if found.ok("backend"):
+    return _Normalizing(table_request(body, settings), settings, environment).spec()
+
+
+def table_request(body: Mapping[str, Any], settings: Settings) -> TableRequest:
+    """The library's request for a body (None: the field's default), with the server's defaults
+    where it has its own: its backend (AUTOTUNE_BACKEND) and its largest batch (AUTOTUNE_MAX_BATCH)."""
+    max_batch = body.get("max_batch")
+    return request_from(TableRequest, {
+        **body, "backend": body.get("backend") or settings.backend,
+        "max_batch": min(DEFAULT_MAX_BATCH, settings.max_batch) if max_batch is None else max_batch})
+
+
+class _Normalizing:
+    """``normalize`` of one request. Each value below is set once its field passed its checks (as
+    a local name is bound), and read only when every check passed."""
+
+    name: str  # the model name, stripped
+    asked_task: str | None
+    dtype: str  # as asked (auto: the config's)
+    attn: str | None
+    optimizer: str
+    search: str
+    mode_names: list[str]
+    asked_seq_lens: list[int] | None
+    max_batch: int
+    margin: float
+    env: dict[str, Any] | None
+    gpu: GpuSpec
+    budget: int
+    model: ModelSpec
+    seq_lens: list[int]
+    task: str
+    weights_dtype: str
+    loss: str
+    adapter: Adapter | None
+
+    def __init__(self, request: TableRequest, settings: Settings, environment: EnvironmentFn) -> None:
+        self.request, self.settings, self.environment = request, settings, environment
+        self.found = Findings()
+        self.env = None
+
+    def spec(self) -> TableSpec:
+        """The checks in their order: the fields on their own, the target, then what needs the
+        model (which is resolved last of the three: its 404 comes after the others), the adapter."""
+        self.check_fields()
+        self.check_target()
+        if self.found.ok("model"):
+            self.on_the_model()
+        self.adapter = _adapter(self.request.step, self.found)
+        self.found.raise_first()  # none found: every check above ran, and every value is set
+        assert self.env is not None
+        return TableSpec(
+            model=preset_name(self.name) or self.name,
+            model_source=self.model.source,
+            model_type=self.model.config.model_type,
+            model_config=config_to_json(self.model.config),
+            max_seq_len=self.model.max_seq_len,
+            task=self.task,
+            attn=self.attn,
+            optimizer=self.optimizer,
+            steps=MIN_STEPS,
+            seq_lens=self.seq_lens,
+            modes=self.mode_names,
+            gpu={
+                "name": self.gpu.name,
+                "total_memory_bytes": self.gpu.total_memory_bytes,
+                "context_overhead_bytes": self.gpu.context_overhead_bytes,
+                "compute_capability": list(self.gpu.compute_capability) if self.gpu.compute_capability
+                else None,
+            },
+            backend=self.env["backend"],
+            margin=self.margin,
+            max_batch=self.max_batch,
+            search=self.search,
+            budget_bytes=self.budget,
+            environment=self.env if self.adapter is None else adapter_environment(self.env),
+            dtype=self.dtype,
+            weights_dtype=self.weights_dtype,
+            loss=self.loss,
+            adapter=None if self.adapter is None else self.adapter.to_json(),
+            ckpt_reentrant=bool(self.request.step.ckpt_reentrant),
+        )
+
+    def check_fields(self) -> None:
+        """The fields that need no model nor card: their names, and the server's limits."""
+        found, request, step, settings = self.found, self.request, self.request.step, self.settings
+        with found.about("model"):
+            self.name = check_model_name(step.model, settings.model_dirs)
+        with found.about("task"):
+            self.asked_task = check_task(step.task) if step.task else None
+        with found.about("dtype"):
+            self.dtype = check_dtype(step.dtype or DEFAULT_DTYPE)
+        with found.about("attn"):
+            self.attn = check_attn(step.attn)
+        with found.about("optimizer"):
+            self.optimizer = check_optimizer(step.optimizer or DEFAULT_OPTIMIZER)
+        with found.about("search"):
+            self.search = request.search or DEFAULT_METHOD
+            if self.search not in METHODS:
+                raise InvalidInput(f"unknown search {self.search!r}: allowed are {', '.join(METHODS)}")
+        with found.about("modes"):
+            self.mode_names = _mode_names(request.modes)
+        with found.about("seq_lens"):
+            asked = request.seq_lens
+            self.asked_seq_lens = None if asked is None else _seq_lens(asked, settings)
+            if self.asked_seq_lens is not None and found.ok("modes"):
+                _check_cells(self.asked_seq_lens, self.mode_names, settings)
+        with found.about("max_batch"):
+            self.max_batch = _max_batch(request.max_batch, settings)
+
+    def check_target(self) -> None:
+        """The backend, where its run goes, the card and the budget the margin leaves on it."""
+        found, target = self.found, self.request.target
+        self.margin = float(target.margin)
         with found.about("backend"):
-            env = environment(backend_name, body.get("gpu"))
-    gpu_field = "gpu" if body.get("gpu") is not None else "gpu_memory"
-    if env is not None and found.ok("gpu_memory"):
+            if target.backend not in BACKENDS:
+                raise InvalidInput(f"unknown backend {target.backend!r}: allowed are {', '.join(BACKENDS)}")
+        with found.about("gpu_memory"):
+            if target.gpu is not None and target.gpu_memory is not None:
+                raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
+            if target.gpu_memory is not None:
+                _check_gpu_memory(target.gpu_memory)
+        if found.ok("backend"):
+            with found.about("backend"):
+                self.env = self.environment(target.backend, target.gpu)
+        gpu_field = "gpu" if target.gpu is not None else "gpu_memory"
+        if self.env is None or not found.ok("gpu_memory"):
+            return
         with found.about(gpu_field):
-            if env.get("fleet") is not None:  # measured on a node of the kind: the preset is its card
-                gpu = target_gpu(body.get("gpu"), body.get("gpu_memory"), local=None)
+            if self.env.get("fleet") is not None:  # measured on a node of the kind: the preset is its card
+                self.gpu = target_gpu(target.gpu, target.gpu_memory, local=None)
             else:
-                _, gpu = make_backend(env["backend"], body.get("gpu"), body.get("gpu_memory"))
+                _, self.gpu = make_backend(self.env["backend"], target.gpu, target.gpu_memory)
         if found.ok(gpu_field):
             with found.about("margin"):
-                budget = budget_bytes(gpu, margin)  # checks the margin
-    if found.ok("model"):
-        with found.about("model"):
-            model = resolve_model(
-                name,
-                allow_local=name.startswith("/"),  # check_model_name let it through: inside model_dirs
-                allow_hub=settings.allow_hub,
-                local_dirs=list(settings.model_dirs),
-            )
-    if found.ok("model", "seq_lens"):
-        with found.about("seq_lens"):
-            if asked_seq_lens is not None:
-                seq_lens = asked_seq_lens  # its cells were counted before the model was resolved
-            else:
-                seq_lens = _seq_lens(default_seq_lens(model, settings.max_seq_len), settings)
-                if found.ok("modes"):
-                    _check_cells(seq_lens, mode_names, settings)
-            for seq_len in seq_lens:
-                check_seq_len(model, seq_len)
-    if found.ok("model", "task"):
-        with found.about("task"):
-            task = task_for(model, asked_task)
-    if found.ok("model", "dtype"):
-        with found.about("dtype"):
-            weights_dtype = resolve_dtype(model, dtype)
-    if found.ok("model", "task"):
-        with found.about("loss"):
-            loss = check_loss(body.get("loss") or DEFAULT_LOSS, task)
-    adapter = _adapter(body, found)
-    found.raise_first()  # none found: every check above ran, and every name is bound
-    assert env is not None
-    return TableSpec(
-        model=preset_name(name) or name,
-        model_source=model.source,
-        model_type=model.config.model_type,
-        model_config=config_to_json(model.config),
-        max_seq_len=model.max_seq_len,
-        task=task,
-        attn=attn,
-        optimizer=optimizer,
-        steps=MIN_STEPS,
-        seq_lens=seq_lens,
-        modes=mode_names,
-        gpu={
-            "name": gpu.name,
-            "total_memory_bytes": gpu.total_memory_bytes,
-            "context_overhead_bytes": gpu.context_overhead_bytes,
-            "compute_capability": list(gpu.compute_capability) if gpu.compute_capability else None,
-        },
-        backend=env["backend"],
-        margin=margin,
-        max_batch=max_batch,
-        search=search,
-        budget_bytes=budget,
-        environment=env if adapter is None else adapter_environment(env),
-        dtype=dtype,
-        weights_dtype=weights_dtype,
-        loss=loss,
-        adapter=None if adapter is None else adapter.to_json(),
-    )
+                self.budget = budget_bytes(self.gpu, self.margin)  # checks the margin
+
+    def on_the_model(self) -> None:
+        """The model, resolved as this server may (AUTOTUNE_MODEL_DIRS, AUTOTUNE_ALLOW_HUB), and
+        what depends on it: the sequence lengths, the task, the weights' dtype, the loss."""
+        found, settings = self.found, self.settings
+        access = ModelAccess(allow_local=self.name.startswith("/"),  # check_model_name let it through
+                             allow_hub=settings.allow_hub, local_dirs=tuple(settings.model_dirs),
+                             hub_hint=None)  # the library's hint names the CLI's flag: a body has none
+        model = resolve_model(replace(self.request.step, model=self.name), found, access)
+        if model is None:
+            return
+        self.model = model
+        if found.ok("seq_lens"):
+            with found.about("seq_lens"):
+                if self.asked_seq_lens is not None:
+                    self.seq_lens = self.asked_seq_lens  # its cells were counted before the model resolved
+                else:
+                    self.seq_lens = _seq_lens(default_seq_lens(model, settings.max_seq_len), settings)
+                    if found.ok("modes"):
+                        _check_cells(self.seq_lens, self.mode_names, settings)
+                for seq_len in self.seq_lens:
+                    check_seq_len(model, seq_len)
+        if found.ok("task"):
+            with found.about("task"):
+                self.task = task_for(model, self.asked_task)
+        if found.ok("dtype"):
+            with found.about("dtype"):
+                self.weights_dtype = resolve_dtype(model, self.dtype)
+        if found.ok("task"):
+            with found.about("loss"):
+                self.loss = check_loss(self.request.step.loss or DEFAULT_LOSS, self.task)
 
 
 # --- LoRA / QLoRA -----------------------------------------------------------------------------
@@ -315,56 +396,46 @@ def adapter_environment(env: Mapping[str, Any]) -> dict[str, Any]:
     return {**env, "peft": peft}
 
 
-def _adapter(body: Mapping[str, Any], found: Findings) -> Adapter | None:
-    """The Adapter the PEFT fields ask for (request.PeftOptions), None for a full fine-tune.
+def _adapter(step: Step, found: Findings) -> Adapter | None:
+    """The Adapter the step's PEFT fields ask for (request.PeftOptions), None for a full fine-tune.
 
-    Each field is checked on its own first, so that an error names it; then PeftOptions checks
-    them together (a LoRA setting without ``peft``, a 4-bit setting without a 4-bit base, ...),
-    its error naming the field to change (request.py). The targets are sorted: the same modules in
-    another order are the same run.
+    Each field is checked on its own first, against the server's limits, so that an error names
+    it; then the library checks them together (request.resolve_adapter: a LoRA setting without
+    ``peft``, a 4-bit setting without a 4-bit base, ...), its error naming the field to change.
+    The targets are sorted: the same modules in another order are the same run.
     """
+    options = step.peft_options
     with found.about("peft"):
-        peft = body.get("peft")
+        peft = options.peft
         if peft is not None and str(peft).strip().lower() not in PEFT_CHOICES:
             raise InvalidInput(f"unknown peft {peft!r}: allowed are {', '.join(PEFT_CHOICES)}")
     with found.about("lora_r"):
-        _check_rank(body.get("lora_r"))
+        _check_rank(options.lora_r)
     with found.about("lora_alpha"):
-        _check_number(body.get("lora_alpha"), "LoRA alpha", "a positive number", lambda x: x > 0)
+        _check_number(options.lora_alpha, "LoRA alpha", "a positive number", lambda x: x > 0)
     with found.about("lora_dropout"):
-        _check_number(body.get("lora_dropout"), "LoRA dropout",
+        _check_number(options.lora_dropout, "LoRA dropout",
                       "a number from 0 up to (not including) 1", lambda x: 0 <= x < 1)
     targets: tuple[str, ...] | None = None
     with found.about("lora_targets"):
-        targets = _lora_targets(body.get("lora_targets"))
+        targets = _lora_targets(options.lora_targets)
     with found.about("bnb_4bit_quant_type"):
-        if body.get("bnb_4bit_quant_type") is not None:
-            check_quant_type(body["bnb_4bit_quant_type"])
+        if options.bnb_4bit_quant_type is not None:
+            check_quant_type(options.bnb_4bit_quant_type)
     with found.about("bnb_4bit_compute_dtype"):
-        check_compute_dtype(body.get("bnb_4bit_compute_dtype"))
+        check_compute_dtype(options.bnb_4bit_compute_dtype)
     with found.about("qlora_recipe"):
-        if body.get("qlora_recipe") is not None:
-            check_recipe(body["qlora_recipe"])
+        if options.qlora_recipe is not None:
+            check_recipe(options.qlora_recipe)
     with found.about("load_in_8bit"):
-        if body.get("load_in_8bit"):
+        if options.load_in_8bit:
             PeftOptions(load_in_8bit=True).adapter()  # refused, with the library's reason
     if not found.ok(*PEFT_FIELDS):
         return None
-    options = PeftOptions(
-        peft=body.get("peft"), lora_r=body.get("lora_r"), lora_alpha=body.get("lora_alpha"),
-        lora_dropout=body.get("lora_dropout"), lora_targets=targets,
-        load_in_4bit=bool(body.get("load_in_4bit")),
-        bnb_4bit_quant_type=body.get("bnb_4bit_quant_type"),
-        bnb_4bit_use_double_quant=body.get("bnb_4bit_use_double_quant"),
-        bnb_4bit_compute_dtype=body.get("bnb_4bit_compute_dtype"),
-        qlora_recipe=body.get("qlora_recipe"),
-    )
-    with found.about("peft"):  # an error of the fields together names the one to change
-        adapter = options.adapter()
-        if adapter is not None and adapter.targets is not None:
-            adapter = replace(adapter, targets=tuple(sorted(adapter.targets)))
-        return adapter
-    return None
+    adapter = resolve_adapter(replace(step, peft_options=replace(options, lora_targets=targets)), found)
+    if adapter is not None and adapter.targets is not None:
+        adapter = replace(adapter, targets=tuple(sorted(adapter.targets)))
+    return adapter
 
 
 def _check_rank(value: Any) -> None:
@@ -412,13 +483,14 @@ def _on(field: str, exc: AutotuneError) -> AutotuneError:
     return exc
 
 
-def _mode_names(modes: str | list[str] | None) -> list[str]:
+def _mode_names(modes: str | Sequence[str] | None) -> list[str]:
     """Canonical mode names in ALLOWED_MODE_NAMES order; None is the defaults, empty is refused."""
     if modes is None:
         modes = list(DEFAULT_MODE_NAMES)
     elif not (modes.strip() if isinstance(modes, str) else modes):
         raise InvalidInput(f"modes is empty: give at least one of {', '.join(ALLOWED_MODE_NAMES)}")
-    return sorted({m.name for m in parse_modes(modes)}, key=ALLOWED_MODE_NAMES.index)
+    parsed = parse_modes(modes if isinstance(modes, str) else list(modes))
+    return sorted({m.name for m in parsed}, key=ALLOWED_MODE_NAMES.index)
 
 
 def _check_gpu_memory(value: str | int) -> None:
@@ -446,7 +518,7 @@ def _check_cells(seq_lens: Sequence[int], mode_names: Sequence[str], settings: S
         ))
 
 
-def _seq_lens(values: Sequence[int], settings: Settings) -> list[int]:
+def _seq_lens(values: Sequence[Any], settings: Settings) -> list[int]:
     if not values:
         raise InvalidInput("seq_lens is empty: give at least one sequence length, e.g. [128, 256]")
     for seq_len in values:

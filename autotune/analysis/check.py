@@ -4,10 +4,8 @@
 the step at the requested batch, the max batch of that cell (searched with the requested batch
 as the first guess, so a plan close to the limit costs two or three probes), and, when it does
 not fit, a suggestion: gradient accumulation to the same effective batch, then every lever
-that raises the max batch of this cell by the same backend's search, best first (a lighter
-mode, checkpointing, bitsandbytes' 8-bit AdamW, a chunked loss, then LoRA / QLoRA for a full
-fine-tune, QLoRA and a lower rank for a LoRA one; all of the step's own levers together or a
-shorter sequence only when none of them lets batch 1 fit). A lever that does not help is never
+that raises the max batch of this cell by the same backend's search, best first (levers.py:
+which levers a check weighs and how they are searched). A lever that does not help is never
 advised.
 
 ``autotune.configs.read_training_config`` reads the request from a training config.
@@ -15,21 +13,20 @@ advised.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.analysis.levers import Lever, LeverRunner, helpful_levers, suggestion
 from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
-from autotune.errors import AutotuneError, InvalidInput
+from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
 from autotune.search import Probe
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
-from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_NAMES, make_adapter
-from autotune.workload.modes import Mode
-from autotune.workload.optimizers import uses_bitsandbytes
+from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
 
 
@@ -62,6 +59,7 @@ class CheckResult:
     # The SDPA kernel the estimated step ran ("cuDNN", "memory-efficient", ...; attention.py); None
     # where the step has no SDPA or was measured.
     attention_kernel: str | None = None
+    ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,14 +72,15 @@ def source_of(backend_name: str) -> str:
 def check_step(
     workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_len: int, batch_size: int,
     mode: Mode, margin: float, effective_batch: int | None = None,
-    known_max: Callable[[int, Callable[[], int]], int] | None = None, maxima: Maxima | None = None,
-    remember: Callable[[CellMemo], None] | None = None,
+    known_max: Callable[[int, Callable[[], int]], int] | None = None,
+    run_levers: LeverRunner | None = None, remember: Callable[[CellMemo], None] | None = None,
 ) -> CheckResult:
     """Does ``batch_size`` fit? With the cell's max batch and, if not, the levers that help.
 
     ``known_max(cap, search)``: where the caller keeps the cell's max batch from an earlier search of
     the same backend (the service's analysis worker), it returns that, else ``search()``'s answer.
-    ``maxima``: how the levers' searches run (helpful_levers; parallel.lever_maxima on the estimator).
+    ``run_levers``: how the levers' searches run (levers.helpful_levers; parallel.lever_runner on
+    the estimator).
     ``remember(memo)``: called with what answers this check at any other batch size without running
     the model (CellMemo), where the backend can tell that (the estimator).
     """
@@ -107,7 +106,7 @@ def check_step(
     def levers() -> list[Lever]:
         nonlocal searched
         searched = helpful_levers(backend, workload, mode, seq_len, budget, best, max_batch=cap,
-                                  maxima=maxima)
+                                  run=run_levers)
         return searched
 
     step = {
@@ -120,6 +119,7 @@ def check_step(
         "outside_allocator_bytes": paged_state_bytes(workload),
         "adapter": adapter_json(workload),
         "attention_kernel": at_request.details.get("attention"),
+        "ckpt_reentrant": workload.ckpt_reentrant,
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -154,184 +154,6 @@ def verdict(step: Mapping[str, Any], *, best: int, batch_size: int, effective_ba
     return result
 
 
-def accumulation_plan(effective_batch: int, max_batch_size: int) -> tuple[int, int]:
-    """(micro-batch, steps) reaching ``effective_batch`` with micro-batches that fit: the
-    largest divisor of the effective batch that fits, else the max batch with enough steps."""
-    divisors = [d for d in range(1, max_batch_size + 1) if effective_batch % d == 0]
-    micro = max(divisors) if divisors else max_batch_size
-    if micro * 2 < max_batch_size:  # a poor divisor (a prime effective batch): round up
-        micro = max_batch_size
-    return micro, -(-effective_batch // micro)
-
-
-@dataclass(frozen=True)
-class Lever:
-    """One change to the step and the max batch the same search finds with it."""
-
-    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "adapter" | "combined" | "seq_len"
-    label: str  # what to do, e.g. "mode bf16+ckpt", "optimizer adamw_bnb_8bit (8-bit AdamW)"
-    max_batch_size: int
-
-
-EIGHT_BIT_OPTIMIZER = "adamw_bnb_8bit"  # the Trainer's optim name for bitsandbytes' 8-bit AdamW
-
-
-def _half_precision(gpu: GpuSpec) -> str:
-    """The 16-bit autocast to suggest: bf16 where the card has it (no loss scaling), else amp."""
-    return "bf16" if gpu.compute_capability is None or gpu.supports_bf16 else "amp"
-
-
-def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
-                     ) -> list[tuple[str, str, Workload, Mode]]:
-    """(name, label, workload, mode) of each single change that may raise the max batch, in the
-    order advice lists them when they tie: a lighter mode, checkpointing, an 8-bit optimizer, a
-    chunked loss."""
-    precision = mode.precision if mode.precision != "fp32" else _half_precision(gpu)
-    options: list[tuple[str, str, Workload, Mode]] = []
-    lighter = Mode(precision, True)  # type: ignore[arg-type]
-    if lighter != mode:
-        options.append(("mode", f"mode {lighter.name}", workload, lighter))
-    if not mode.checkpointing and Mode(mode.precision, True) != lighter:
-        options.append(("checkpointing", f"mode {Mode(mode.precision, True).name} (gradient "
-                        "checkpointing)", workload, Mode(mode.precision, True)))
-    if mode.precision == "fp32" and Mode(precision, mode.checkpointing) != lighter:  # type: ignore[arg-type]
-        half = Mode(precision, mode.checkpointing)  # type: ignore[arg-type]
-        options.append(("mode", f"mode {half.name}", workload, half))
-    if not uses_bitsandbytes(workload.optimizer):  # a paged or 8-bit one already is bitsandbytes
-        options.append(("optimizer", f"optimizer {EIGHT_BIT_OPTIMIZER} (bitsandbytes 8-bit AdamW)",
-                        replace(workload, optimizer=EIGHT_BIT_OPTIMIZER), mode))
-    if workload.task == "causal-lm" and workload.loss == "full":
-        options.append(("loss", "a chunked linear cross-entropy (Liger's fused loss: no full "
-                        "logits)", replace(workload, loss="chunked"), mode))
-    return options
-
-
-def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
-    """(name, label, workload) of each change of the PEFT setup that may raise the max batch: for a
-    full fine-tune LoRA and QLoRA (r 16, PEFT's default modules: ``make_adapter``'s defaults); for
-    LoRA the same adapter over a 4-bit base, and half the rank; for QLoRA half the rank. Names as
-    explain's levers name them (lora, qlora, lora-r8, qlora-r8)."""
-    adapter = workload.adapter
-    if adapter is None:
-        lora, qlora = make_adapter("lora"), make_adapter("qlora")
-        return [
-            ("lora", f"LoRA r={DEFAULT_R} on PEFT's default modules", replace(workload, adapter=lora)),
-            ("qlora", f"QLoRA r={DEFAULT_R} on PEFT's default modules, 4-bit "
-             f"{qlora.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} recipe",
-             replace(workload, adapter=qlora)),
-        ]
-    options: list[tuple[str, str, Workload]] = []
-    if not adapter.quantized:
-        quantized = replace(adapter, method="qlora", recipe=DEFAULT_QLORA_RECIPE)
-        options.append(("qlora", f"QLoRA r={adapter.r}: this LoRA over a 4-bit "
-                        f"{quantized.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} "
-                        "recipe", replace(workload, adapter=quantized)))
-    if adapter.r > 1:
-        lower = max(1, adapter.r // 2)
-        name = "QLoRA" if adapter.quantized else "LoRA"
-        options.append((f"{adapter.method}-r{lower}", f"{name} r={lower}, half the rank",
-                        replace(workload, adapter=replace(adapter, r=lower))))
-    return options
-
-
-@dataclass(frozen=True)
-class LeverSearch:
-    """One lever's search: the max batch of the cell with the step changed."""
-
-    name: str  # Lever.name
-    label: str  # Lever.label
-    workload: Workload
-    mode: Mode
-    seq_len: int
-
-
-# Runs lever searches (searches, budget, guess, max_batch) -> each one's max batch or None (lever_max);
-# parallel.lever_maxima shares them out over processes on the estimator.
-Maxima = Callable[[Sequence[LeverSearch], int, int, int], list[int | None]]
-
-
-def lever_searches(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -> list[LeverSearch]:
-    """The searches of the single levers of a cell: the step's own (candidate_levers), then the
-    PEFT setup's (adapter_levers)."""
-    return ([LeverSearch(name, label, changed, changed_mode, seq_len)
-             for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)]
-            + [LeverSearch("adapter", label, changed, mode, seq_len)
-               for _, label, changed in adapter_levers(workload)])
-
-
-def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
-                   best: int, *, max_batch: int = DEFAULT_MAX_BATCH, maxima: Maxima | None = None,
-                   ) -> list[Lever]:
-    """The levers that raise this cell's max batch above ``best``, by the same backend's search
-    (capped at ``max_batch``, as the cell's), best first. When none of the step's own levers does
-    (a PEFT setup may) and nothing fits, those levers together, then half the length.
-
-    ``maxima`` runs the searches of the single levers (lever_searches; default: one after the
-    other here); each starts from four times ``best``."""
-    gpu = backend.gpu
-    guess = max(1, min(4 * best, max_batch))
-    searches = lever_searches(workload, mode, seq_len, gpu)
-    values = (maxima or _one_after_another(backend))(searches, budget, guess, max_batch)
-    found = [Lever(search.name, search.label, value) for search, value in zip(searches, values, strict=True)
-             if value is not None and value > best]
-    options = candidate_levers(workload, mode, gpu)
-    own = [lever for lever in found if lever.name != "adapter"]
-    if not own and best == 0 and options:
-        # Nothing alone lets batch 1 fit: all of them at once (the lightest mode, every change
-        # of the workload).
-        lightest = options[0][3]
-        changes = {name: changed for name, _, changed, _ in options if changed != workload}
-        together = replace(workload,
-                           optimizer=changes.get("optimizer", workload).optimizer,
-                           loss=changes.get("loss", workload).loss)
-        labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options
-                                               if changed != workload]
-        value = lever_max(backend, together, lightest, seq_len, budget, guess=guess, max_batch=max_batch)
-        if value is not None and value > best:
-            own.append(Lever("combined", "all of: " + "; ".join(labels), value))
-            found.append(own[-1])
-    if not own and best == 0 and seq_len > 1:
-        shorter = seq_len // 2
-        value = lever_max(backend, workload, mode, shorter, budget, guess=guess, max_batch=max_batch)
-        if value is not None and value > best:
-            found.append(Lever("seq_len", f"sequences of at most {shorter} tokens", value))
-    return sorted(found, key=lambda lever: -lever.max_batch_size)
-
-
-def _one_after_another(backend: Backend) -> Maxima:
-    def maxima(searches: Sequence[LeverSearch], budget: int, guess: int, max_batch: int
-               ) -> list[int | None]:
-        return [lever_max(backend, search.workload, search.mode, search.seq_len, budget, guess=guess,
-                          max_batch=max_batch) for search in searches]
-
-    return maxima
-
-
-def lever_max(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int, *,
-              guess: int, max_batch: int = DEFAULT_MAX_BATCH) -> int | None:
-    """The max batch of a lever's step; None where the backend cannot run it (e.g. bitsandbytes
-    missing on a GPU machine, flash attention without 16-bit): such a lever is not advised."""
-    try:
-        return search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch,
-                           guess=guess).max_batch_size
-    except AutotuneError:  # SearchError and ProbeError included
-        return None
-
-
-def suggestion(best: int, effective_batch: int, levers: list[Lever]) -> str:
-    """What to do instead: accumulate micro-batches that fit, then the levers, best first."""
-    parts = []
-    if best >= 1:
-        micro, steps = accumulation_plan(effective_batch, best)
-        parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
-                     f"{micro * steps}")
-    parts.extend(f"{lever.label} (max {lever.max_batch_size})" for lever in levers)
-    if not parts:
-        return ("even batch 1 does not fit with any lever autotune models (16-bit autocast, "
-                "checkpointing, 8-bit AdamW, chunked loss, LoRA / QLoRA): use a GPU with more memory")
-    return ", or ".join(parts)
-
-
 def hole_advice(batch_size: int, best: int) -> str:
     """What to do where ``batch_size`` runs out of memory below the cell's max ``best``."""
     return (f"batch {batch_size} runs out of memory here though batch {best} fits: the caching "
@@ -352,6 +174,8 @@ def step_label(result: CheckResult) -> str:
              f"attention {result.attn}"]
     if result.loss not in (None, "full"):
         parts.append(f"{result.loss} loss")
+    if result.ckpt_reentrant and parse_mode(result.mode).checkpointing:
+        parts.append("reentrant checkpointing")
     if result.adapter is not None:
         parts.append(str(result.adapter["label"]))
     return " (" + ", ".join(parts) + ")"
@@ -426,7 +250,7 @@ def check_from_cells(
         warnings=step_warnings(workload, [mode], gpu),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
-        adapter=adapter_json(workload),
+        adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant,
     )
     result.message = format_message(result)
     return result

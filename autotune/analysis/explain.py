@@ -46,8 +46,9 @@ from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
 
 if TYPE_CHECKING:
-    from autotune.analysis.levers import Lever, LeverRunner
+    from autotune.analysis.levers import LeverReport, LeverRunner
     from autotune.analysis.padding import PaddingReport
+    from autotune.backends.estimate.backend import EstimateBackend
     from autotune.backends.estimate.instrument import Recording
 
 # Flags for outliers. The issue's thresholds: a module holding more than a third of the
@@ -166,7 +167,7 @@ class Explanation:
     top_activations: list[ModuleActivations]
     flags: list[Flag]
     does_not_fit: str | None  # why even batch 1 does not fit, when it does not
-    levers: list[Lever] = field(default_factory=list)
+    levers: list[LeverReport] = field(default_factory=list)
     padding: PaddingReport | None = None
     # The PEFT adapter (tuner.adapter_json: settings, resolved targets, trainable and total
     # parameters as PEFT counts them, label); None for a full fine-tune.
@@ -600,11 +601,10 @@ def explain(
     """The breakdown at ``batch_size`` (default: the cell's max batch), modules, flags, levers.
 
     ``measure_8bit``: measure the 8-bit AdamW levers on this machine's GPU where it has one and
-    bitsandbytes (bnb.real_8bit); False, or elsewhere, emulates them. ``run_levers``: how the
-    levers' searches run (levers.what_if; parallel.explain_levers over the cores).
+    bitsandbytes (levers.real_8bit); False, or elsewhere, emulates them. ``run_levers``: how the
+    levers' searches run (levers.what_if; parallel.lever_runner over the cores).
     """
     from autotune.backends.estimate.backend import EstimateBackend
-    from autotune.backends.estimate.instrument import InstrumentedBackend
 
     if not isinstance(backend, EstimateBackend):
         raise InvalidInput(f"explain needs the estimate backend, not {backend.name!r}: "
@@ -614,6 +614,28 @@ def explain(
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
     budget = budget_bytes(gpu, margin)
     best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
+    explanation = _explanation(workload, backend, gpu, seq_len=seq_len, mode=mode, margin=margin,
+                               budget=budget, best=best, capped=best >= max_batch, batch_size=batch_size)
+    if with_levers:
+        explanation.levers = _what_if(workload, backend, gpu, seq_len=seq_len, mode=mode, budget=budget,
+                                      best=best, batch_size=batch_size, lengths=lengths, max_batch=max_batch,
+                                      measure_8bit=measure_8bit, run_levers=run_levers)
+    if lengths:
+        from autotune.analysis.padding import dynamic_padding
+
+        explanation.padding = dynamic_padding(
+            workload, backend, lengths, seq_len=seq_len, mode=mode, budget=budget,
+            fixed_max=best, max_batch=max_batch,
+        )
+    return explanation
+
+
+def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
+                 margin: float, budget: int, best: int, capped: bool, batch_size: int | None) -> Explanation:
+    """The explanation of the step at ``batch_size`` (default: the cell's max batch ``best``; 1 where
+    even batch 1 does not fit) from one instrumented trace, without its levers and padding."""
+    from autotune.backends.estimate.instrument import InstrumentedBackend
+
     at = 1 if best == 0 else batch_size or best
     model = backend._model(workload).model
     instrumented = InstrumentedBackend(backend)
@@ -633,12 +655,12 @@ def explain(
     activations = activation_table(recording, lm_vocab(model, workload.task), workload.loss,
                                    lm_module(model))
     flag = logits_flag(activations, workload.task)
-    explanation = Explanation(
+    return Explanation(
         model=workload.model.name, task=workload.task, attn=backend.attn_used(workload),
         optimizer=workload.optimizer, weights_dtype=workload.weights_dtype, loss=workload.loss,
         mode=mode.name, seq_len=seq_len, gpu_name=gpu.name,
         gpu_memory_bytes=gpu.total_memory_bytes, budget_bytes=budget, margin=margin,
-        max_batch_size=best, capped=best >= max_batch, requested_batch_size=batch_size,
+        max_batch_size=best, capped=capped, requested_batch_size=batch_size,
         batch_size=at, fits=probe.outcome == "fits", breakdown=breakdown, total_params=total,
         top_parameters=table[:TOP_MODULES], top_activations=activations[:TOP_MODULES],
         flags=find_flags(model, recording, seq_len, hidden if isinstance(hidden, int) else None,
@@ -649,23 +671,22 @@ def explain(
         weight_bytes=None if groups is None else weight_bytes(model, groups),
         attention_kernel=probe.details.get("attention"),
     )
-    if with_levers or lengths:
-        from autotune.analysis.levers import real_8bit, what_if
-        from autotune.analysis.padding import dynamic_padding, length_stats, padded_length
 
-        shorter = [seq_len // 2]
-        if lengths:  # the length that covers 99% of the data, as a shorter maximum
-            shorter.append(padded_length(length_stats(lengths, seq_len).p99, seq_len))
-        if with_levers:
-            explanation.levers = what_if(
-                workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
-                effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,
-                real=real_8bit(gpu) if measure_8bit and workload.optimizer in TORCH_ADAMW else None,
-                run=run_levers,
-            )
-        if lengths:
-            explanation.padding = dynamic_padding(
-                workload, backend, lengths, seq_len=seq_len, mode=mode, budget=budget,
-                fixed_max=best, max_batch=max_batch,
-            )
-    return explanation
+
+def _what_if(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
+             budget: int, best: int, batch_size: int | None, lengths: Sequence[int] | None, max_batch: int,
+             measure_8bit: bool, run_levers: LeverRunner | None) -> list[LeverReport]:
+    """The explanation's levers (levers.what_if): with half the length and, given the data's
+    ``lengths``, the length that covers 99% of them as shorter maxima."""
+    from autotune.analysis.levers import real_8bit, what_if
+    from autotune.analysis.padding import length_stats, padded_length
+
+    shorter = [seq_len // 2]
+    if lengths:
+        shorter.append(padded_length(length_stats(lengths, seq_len).p99, seq_len))
+    return what_if(
+        workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
+        effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,
+        real=real_8bit(gpu) if measure_8bit and workload.optimizer in TORCH_ADAMW else None,
+        run=run_levers,
+    )

@@ -1,14 +1,28 @@
-"""What would fit: the max batch under each change a user can make, and dynamic padding.
+"""Levers: the changes to a training step that may raise its max batch, which of them apply to a
+step, and how each is searched.
 
-Every lever is a max batch for the same model, sequence and GPU, searched as the table searches a
-cell (``tuner.search_cell`` on the same backend), so a lever that is a table mode (amp, bf16, ckpt,
-amp+ckpt) or a table option (``--optimizer sgd``, another sequence length) gives the table's
-number. Levers the table has no column for change the step itself (instrument.Variant) and are
-searched the same way on an ``InstrumentedBackend``:
+A lever is a ``LeverSearch``: the step changed one way (its mode, workload or sequence length, or a
+change the table has no column for: instrument.Variant), searched as the table searches a cell
+(``tuner.search_cell`` on the same backend), so a lever that is a table mode (amp, bf16, ckpt,
+amp+ckpt) or a table option (``--optimizer sgd``, another sequence length) gives the table's number.
+Two analyses ask for them:
+
+- a check whose step does not fit (check.py) advises the levers that raise the cell's max batch,
+  best first (``helpful_levers``, each a ``Lever``; ``suggestion`` says them in words): a lighter
+  mode, checkpointing, bitsandbytes' 8-bit AdamW, a chunked loss (``candidate_levers``), then LoRA
+  / QLoRA for a full fine-tune, QLoRA and a lower rank for a LoRA one (``adapter_levers``); all of
+  the step's own levers together or a shorter sequence only when none of them lets batch 1 fit. A
+  lever that does not help is never advised; one the backend cannot run is left out (``lever_max``).
+- an explanation (explain.py) reports the max batch under every change a user can make, helpful or
+  not (``what_if``, each a ``LeverReport`` that says how it was found, or the error that stopped
+  it: ``report_lever``).
+
+The explanation's levers the table has no column for change the step itself (instrument.Variant)
+and are searched the same way on an ``InstrumentedBackend``:
 
 - 8-bit AdamW: once with every parameter at 8 bits (``bnb.optim.AdamW8bit`` used directly) and
   once as transformers' Trainer sets it up (``optim="adamw_bnb_8bit"``: embeddings keep 32-bit
-  state). Where this machine has a CUDA GPU and bitsandbytes (bnb.real_8bit), both are measured:
+  state). Where this machine has a CUDA GPU and bitsandbytes (real_8bit), both are measured:
   the cuda backend runs the step with bitsandbytes' own optimizer (bnb.py) at the same budget,
   one worker per cell as for a table. Elsewhere, or when the measurement fails (the lever's note
   says why), bitsandbytes' state sizes are emulated on the estimator (optimizers.BnbAdamWState).
@@ -17,36 +31,37 @@ searched the same way on an ``InstrumentedBackend``:
 - fused linear cross-entropy (causal LMs with the model's own loss): the step with loss
   "chunked" (workload/loss.py), Liger Kernel's chunked logits, as ``Trainer(use_liger_kernel=True)``
   runs it; a workload option (``loss``), so the lever gives the table's number for it.
-- PEFT (check.adapter_levers): for a full fine-tune LoRA and QLoRA at r 16 on PEFT's default
-  modules; for LoRA the same adapter over a 4-bit base (QLoRA) and half the rank; for QLoRA half
-  the rank. A workload option (``adapter``), searched as the table searches it; a setup PEFT
-  cannot build for the model (e.g. a quantized classification head) is the lever's error.
+- PEFT (adapter_levers): a workload option (``adapter``), searched as the table searches it; a
+  setup PEFT cannot build for the model (e.g. a quantized classification head) is the lever's error.
 
 Gradient accumulation needs no search: the largest micro-batch that divides the effective batch
-and fits (check.accumulation_plan). Dynamic padding (``dynamic_padding``): given the token lengths
-of a data set (``read_lengths``, or ``lengths_from_texts`` from a column of texts and a local
-tokenizer), the max batch of each length bucket against fixed padding to ``seq_len``.
+and fits (accumulation_plan). Dynamic padding is padding.py's.
+
+The searches of a check or an explanation run through a ``LeverRunner``: one after the other here
+(``in_order``), or shared out over processes on the estimator (parallel.lever_runner), each search
+a picklable function of (LeverSearch, backend).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from autotune.analysis.check import accumulation_plan, adapter_levers
 from autotune.backends import Backend
 from autotune.backends.cuda import bnb
 from autotune.backends.cuda.bnb import BNB_OPTIMIZERS
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import AutotuneError, InvalidInput, ProbeError
 from autotune.gpus import GpuSpec
-from autotune.tuner import search_cell
+from autotune.tuner import adapter_json, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
+from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_NAMES, make_adapter
 from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import TORCH_ADAMW
+from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -54,10 +69,48 @@ if TYPE_CHECKING:
 AS_THE_TABLE = "as the table"
 EMULATED_8BIT = "emulated: bitsandbytes' 8-bit state sizes"
 NOTE_CHARS = 300  # of a failed measurement's message, in a lever's note
+EIGHT_BIT_OPTIMIZER = "adamw_bnb_8bit"  # the Trainer's optim name for bitsandbytes' 8-bit AdamW
+# The most levers an explanation searches (what_if: two autocast modes, checkpointing and with AMP,
+# two 8-bit AdamW setups, SGD, frozen embeddings, chunked loss, two PEFT setups, one or two shorter
+# lengths; a check's are fewer): the processes they may use, before they are known
+# (parallel.lever_processes).
+LEVERS_AT_MOST = 13
+
+T = TypeVar("T")
+
+
+# -- what a lever is ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeverSearch:
+    """One lever: the cell's step changed one way, searched on the backend itself or, with
+    ``variant``, instrumented with it (``runs_on``)."""
+
+    name: str  # Lever.name (a check's) or LeverReport.name (an explanation's)
+    label: str
+    workload: Workload
+    mode: Mode
+    seq_len: int
+    variant: Variant | None = None  # a change the table has no column for (instrument.Variant)
+    estimated: str = AS_THE_TABLE  # LeverReport.estimated
+    note: str | None = None
+    adapter: bool = False  # a PEFT lever: its report carries its adapter (_with_adapter)
 
 
 @dataclass(frozen=True)
 class Lever:
+    """One change to the step and the max batch the same search finds with it: what a check advises."""
+
+    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "adapter" | "combined" | "seq_len"
+    label: str  # what to do, e.g. "mode bf16+ckpt", "optimizer adamw_bnb_8bit (8-bit AdamW)"
+    max_batch_size: int
+
+
+@dataclass(frozen=True)
+class LeverReport:
+    """What an explanation says of one lever: its max batch and how it was found."""
+
     name: str  # amp, bf16, ckpt, amp+ckpt, adamw-8bit, adamw-8bit-trainer, sgd, frozen-embeddings,
     #            fused-cross-entropy, lora, qlora, lora-rN, qlora-rN, seq-N, accumulation
     label: str
@@ -74,36 +127,271 @@ class Lever:
     adapter: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class LeverJob:
-    """One lever's search, as ``run_lever_job`` runs it on an estimator (here or in a worker
-    process, parallel.explain_levers): the changed step, on the estimator itself or instrumented
-    with ``variant``."""
+class LeverRunner(Protocol):
+    """Runs ``search`` (lever_max or report_lever with the cell's budget and cap bound: a picklable
+    function) on each of ``searches``; the answers in their order."""
 
-    name: str
-    label: str
-    workload: Workload
-    mode: Mode
-    seq_len: int
-    variant: Variant | None = None  # a change the table has no column for (instrument.Variant)
-    estimated: str = AS_THE_TABLE
-    note: str | None = None
-    adapter: bool = False  # a PEFT lever: it carries its adapter (_adapter_lever)
+    def __call__(self, searches: Sequence[LeverSearch], search: Callable[[LeverSearch, Backend], T]
+                 ) -> list[T]: ...
 
 
-# Runs lever jobs (jobs, budget, max_batch) -> their levers, in order; parallel.explain_levers shares
-# them out over processes.
-LeverRunner = Callable[[Sequence[LeverJob], int, int], list[Lever]]
+def in_order(backend: Backend) -> LeverRunner:
+    """The runner of the searches one after the other, here, on ``backend``."""
+
+    def run(searches: Sequence[LeverSearch], search: Callable[[LeverSearch, Backend], T]) -> list[T]:
+        return [search(lever, backend) for lever in searches]
+
+    return run
 
 
-def run_lever_job(job: LeverJob, backend: Backend, *, budget: int, max_batch: int) -> Lever:
-    """The lever of ``job``, searched on ``backend`` (an EstimateBackend where ``job.variant`` is set)."""
+def runs_on(lever: LeverSearch, backend: Backend) -> Backend:
+    """The backend that runs the lever's step: ``backend`` (an EstimateBackend where the lever has a
+    variant), instrumented with the lever's variant where it has one."""
+    if lever.variant is None:
+        return backend
     from autotune.backends.estimate.instrument import InstrumentedBackend
 
-    target = backend if job.variant is None else InstrumentedBackend(backend, job.variant)  # type: ignore[arg-type]
-    lever = search_lever(job.name, job.label, target, job.workload, job.mode, job.seq_len, budget=budget,
-                         max_batch=max_batch, estimated=job.estimated, note=job.note)
-    return _adapter_lever(lever, job.workload) if job.adapter else lever
+    return InstrumentedBackend(backend, lever.variant)  # type: ignore[arg-type]
+
+
+# -- which levers a check weighs --------------------------------------------------------------------
+
+
+def _lacks_bf16(gpu: GpuSpec) -> bool:
+    """A card known to have no bfloat16 tensor cores (one of unknown compute capability may)."""
+    return gpu.compute_capability is not None and not gpu.supports_bf16
+
+
+def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
+                     ) -> list[tuple[str, str, Workload, Mode]]:
+    """(name, label, workload, mode) of each single change that may raise the max batch, in the
+    order advice lists them when they tie: a lighter mode, checkpointing, an 8-bit optimizer, a
+    chunked loss."""
+    # The 16-bit autocast to suggest: bf16 where the card has it (no loss scaling), else amp.
+    precision = mode.precision if mode.precision != "fp32" else "amp" if _lacks_bf16(gpu) else "bf16"
+    options: list[tuple[str, str, Workload, Mode]] = []
+    lighter = Mode(precision, True)  # type: ignore[arg-type]
+    if lighter != mode:
+        options.append(("mode", f"mode {lighter.name}", workload, lighter))
+    if not mode.checkpointing and Mode(mode.precision, True) != lighter:
+        options.append(("checkpointing", f"mode {Mode(mode.precision, True).name} (gradient "
+                        "checkpointing)", workload, Mode(mode.precision, True)))
+    if mode.precision == "fp32" and Mode(precision, mode.checkpointing) != lighter:  # type: ignore[arg-type]
+        half = Mode(precision, mode.checkpointing)  # type: ignore[arg-type]
+        options.append(("mode", f"mode {half.name}", workload, half))
+    if not uses_bitsandbytes(workload.optimizer):  # a paged or 8-bit one already is bitsandbytes
+        options.append(("optimizer", f"optimizer {EIGHT_BIT_OPTIMIZER} (bitsandbytes 8-bit AdamW)",
+                        replace(workload, optimizer=EIGHT_BIT_OPTIMIZER), mode))
+    if workload.task == "causal-lm" and workload.loss == "full":
+        options.append(("loss", "a chunked linear cross-entropy (Liger's fused loss: no full "
+                        "logits)", replace(workload, loss="chunked"), mode))
+    return options
+
+
+def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
+    """(name, label, workload) of each change of the PEFT setup that may raise the max batch: for a
+    full fine-tune LoRA and QLoRA (r 16, PEFT's default modules: ``make_adapter``'s defaults); for
+    LoRA the same adapter over a 4-bit base, and half the rank; for QLoRA half the rank. Names as
+    explain's levers name them (lora, qlora, lora-r8, qlora-r8)."""
+    adapter = workload.adapter
+    if adapter is None:
+        lora, qlora = make_adapter("lora"), make_adapter("qlora")
+        return [
+            ("lora", f"LoRA r={DEFAULT_R} on PEFT's default modules", replace(workload, adapter=lora)),
+            ("qlora", f"QLoRA r={DEFAULT_R} on PEFT's default modules, 4-bit "
+             f"{qlora.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} recipe",
+             replace(workload, adapter=qlora)),
+        ]
+    options: list[tuple[str, str, Workload]] = []
+    if not adapter.quantized:
+        quantized = replace(adapter, method="qlora", recipe=DEFAULT_QLORA_RECIPE)
+        options.append(("qlora", f"QLoRA r={adapter.r}: this LoRA over a 4-bit "
+                        f"{quantized.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} "
+                        "recipe", replace(workload, adapter=quantized)))
+    if adapter.r > 1:
+        lower = max(1, adapter.r // 2)
+        name = "QLoRA" if adapter.quantized else "LoRA"
+        options.append((f"{adapter.method}-r{lower}", f"{name} r={lower}, half the rank",
+                        replace(workload, adapter=replace(adapter, r=lower))))
+    return options
+
+
+def lever_searches(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -> list[LeverSearch]:
+    """The searches of the single levers of a cell: the step's own (candidate_levers), then the
+    PEFT setup's (adapter_levers)."""
+    return ([LeverSearch(name, label, changed, changed_mode, seq_len)
+             for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)]
+            + [LeverSearch("adapter", label, changed, mode, seq_len)
+               for _, label, changed in adapter_levers(workload)])
+
+
+def _all_together(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -> LeverSearch | None:
+    """The step's own levers at once (the lightest mode, every change of the workload); None where
+    there are none."""
+    options = candidate_levers(workload, mode, gpu)
+    if not options:
+        return None
+    lightest = options[0][3]
+    changes = {name: changed for name, _, changed, _ in options if changed != workload}
+    together = replace(workload, optimizer=changes.get("optimizer", workload).optimizer,
+                       loss=changes.get("loss", workload).loss)
+    labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options if changed != workload]
+    return LeverSearch("combined", "all of: " + "; ".join(labels), together, lightest, seq_len)
+
+
+# -- how a check searches them ----------------------------------------------------------------------
+
+
+def lever_max(lever: LeverSearch, backend: Backend, *, budget: int, guess: int,
+              max_batch: int = DEFAULT_MAX_BATCH) -> int | None:
+    """The max batch of a lever's step; None where the backend cannot run it (e.g. bitsandbytes
+    missing on a GPU machine, flash attention without 16-bit): such a lever is not advised."""
+    try:
+        return search_cell(runs_on(lever, backend), lever.workload, lever.mode, lever.seq_len, budget,
+                           max_batch=max_batch, guess=guess).max_batch_size
+    except AutotuneError:  # SearchError and ProbeError included
+        return None
+
+
+def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: int, budget: int,
+                   best: int, *, max_batch: int = DEFAULT_MAX_BATCH, run: LeverRunner | None = None,
+                   ) -> list[Lever]:
+    """The levers that raise this cell's max batch above ``best``, by the same backend's search
+    (capped at ``max_batch``, as the cell's), best first. When none of the step's own levers does
+    (a PEFT setup may) and nothing fits, those levers together, then half the length.
+
+    ``run`` runs the searches of the single levers (lever_searches; default: one after the other
+    here); each starts from four times ``best``."""
+    search = partial(lever_max, budget=budget, guess=max(1, min(4 * best, max_batch)), max_batch=max_batch)
+    searches = lever_searches(workload, mode, seq_len, backend.gpu)
+    values = (run or in_order(backend))(searches, search)
+    found = [Lever(lever.name, lever.label, value) for lever, value in zip(searches, values, strict=True)
+             if value is not None and value > best]
+    if best == 0 and all(lever.name == "adapter" for lever in found):
+        found += _last_resort(backend, workload, mode, seq_len, search)
+    return sorted(found, key=lambda lever: -lever.max_batch_size)
+
+
+def _last_resort(backend: Backend, workload: Workload, mode: Mode, seq_len: int,
+                 search: Callable[[LeverSearch, Backend], int | None]) -> list[Lever]:
+    """Where nothing fits and none of the step's own levers alone lets batch 1 fit: all of them at
+    once, else half the length; none where neither does."""
+    tries = [_all_together(workload, mode, seq_len, backend.gpu)]
+    if seq_len > 1:
+        tries.append(LeverSearch("seq_len", f"sequences of at most {seq_len // 2} tokens", workload, mode,
+                                 seq_len // 2))
+    for last in tries:
+        if last is not None and (value := search(last, backend)) is not None and value > 0:
+            return [Lever(last.name, last.label, value)]
+    return []
+
+
+def accumulation_plan(effective_batch: int, max_batch_size: int) -> tuple[int, int]:
+    """(micro-batch, steps) reaching ``effective_batch`` with micro-batches that fit: the
+    largest divisor of the effective batch that fits, else the max batch with enough steps."""
+    divisors = [d for d in range(1, max_batch_size + 1) if effective_batch % d == 0]
+    micro = max(divisors) if divisors else max_batch_size
+    if micro * 2 < max_batch_size:  # a poor divisor (a prime effective batch): round up
+        micro = max_batch_size
+    return micro, -(-effective_batch // micro)
+
+
+def suggestion(best: int, effective_batch: int, levers: list[Lever]) -> str:
+    """What to do instead: accumulate micro-batches that fit, then the levers, best first."""
+    parts = []
+    if best >= 1:
+        micro, steps = accumulation_plan(effective_batch, best)
+        parts.append(f"use batch {micro} x {steps} accumulation steps for an effective "
+                     f"{micro * steps}")
+    parts.extend(f"{lever.label} (max {lever.max_batch_size})" for lever in levers)
+    if not parts:
+        return ("even batch 1 does not fit with any lever autotune models (16-bit autocast, "
+                "checkpointing, 8-bit AdamW, chunked loss, LoRA / QLoRA): use a GPU with more memory")
+    return ", or ".join(parts)
+
+
+# -- which levers an explanation reports ------------------------------------------------------------
+
+
+def _mode_levers(workload: Workload, mode: Mode, seq_len: int, backend: Backend) -> list[LeverSearch]:
+    """The other autocast modes, checkpointing, and AMP with checkpointing from fp32."""
+    found = []
+    for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
+                             ("bf16", "bf16 (autocast bfloat16)")):
+        if mode.precision != precision:
+            found.append(LeverSearch(precision if not mode.checkpointing else f"{precision}+ckpt",
+                                     label, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
+                                     seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
+    if not mode.checkpointing:
+        found.append(LeverSearch("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
+                                 "gradient checkpointing", workload, Mode(mode.precision, True), seq_len))
+        if mode.precision == "fp32":
+            found.append(LeverSearch("amp+ckpt", "AMP fp16 + gradient checkpointing", workload,
+                                     Mode("amp", True), seq_len))
+    return found
+
+
+def _step_levers(workload: Workload, mode: Mode, seq_len: int, backend: Backend) -> list[LeverSearch]:
+    """The 8-bit AdamW setups and SGD (for AdamW), frozen embeddings, the fused loss."""
+    from autotune.backends.estimate.instrument import Variant, embedding_parameters
+
+    # Embeddings that train (a PEFT setup freezes them): what the Trainer's 8-bit setup and the
+    # frozen-embeddings lever change.
+    has_embeddings = any(p.requires_grad for p in embedding_parameters(
+        backend._model(workload).model))  # type: ignore[attr-defined]
+    found = []
+    if workload.optimizer in TORCH_ADAMW:
+        found.append(LeverSearch("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
+                                 workload, mode, seq_len, variant=Variant(optimizer="adamw-8bit"),
+                                 estimated=EMULATED_8BIT))
+        if has_embeddings:
+            found.append(LeverSearch(
+                "adamw-8bit-trainer", "8-bit AdamW as Trainer(optim='adamw_bnb_8bit') sets it up",
+                workload, mode, seq_len, estimated=EMULATED_8BIT,
+                variant=Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True),
+                note="the Trainer keeps 32-bit state for every nn.Embedding weight",
+            ))
+        found.append(LeverSearch("sgd", "SGD instead of AdamW (no momentum: no optimizer state)",
+                                 replace(workload, optimizer="sgd"), mode, seq_len))
+    if has_embeddings:
+        found.append(LeverSearch(
+            "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)", workload, mode,
+            seq_len, variant=Variant(freeze_embeddings=True),
+            estimated="the table's step with the embeddings frozen",
+        ))
+    if workload.task in CHUNKED_TASKS and workload.loss == "full":
+        found.append(LeverSearch(
+            "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
+            replace(workload, loss="chunked"), mode, seq_len,
+            note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+        ))
+    return found
+
+
+def explained_levers(workload: Workload, backend: Backend, *, seq_len: int, mode: Mode,
+                     shorter_seq_lens: Sequence[int] | None = None, peft: bool = True) -> list[LeverSearch]:
+    """Each lever that changes something from (workload, mode, seq_len), in the order an explanation
+    reports them: the modes, the step's own changes, the PEFT setup's (with ``peft``), the shorter
+    lengths (default: half the length)."""
+    found = _mode_levers(workload, mode, seq_len, backend) + _step_levers(workload, mode, seq_len, backend)
+    found += [LeverSearch(name, label, changed, mode, seq_len, adapter=True)
+              for name, label, changed in (adapter_levers(workload) if peft else ())]
+    found += [LeverSearch(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter)
+              for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True)
+              if 1 <= shorter < seq_len]
+    return found
+
+
+def _bf16_note(backend: Backend) -> str | None:
+    gpu = getattr(backend, "gpu", None)
+    if gpu is None or not _lacks_bf16(gpu):
+        return None
+    major, minor = gpu.compute_capability
+    return (f"{gpu.name} (sm{major}{minor}) has no bfloat16 tensor cores: transformers' Trainer "
+            "refuses bf16=True there")
+
+
+# -- how an explanation searches them ---------------------------------------------------------------
 
 
 def what_if(
@@ -111,98 +399,54 @@ def what_if(
     effective_batch: int | None = None, shorter_seq_lens: Sequence[int] | None = None,
     max_batch: int = DEFAULT_MAX_BATCH, real: Real8bit | None = None, peft: bool = True,
     run: LeverRunner | None = None,
-) -> list[Lever]:
+) -> list[LeverReport]:
     """Each lever that changes something from (workload, mode, seq_len), with its max batch.
 
-    ``real``: where the 8-bit levers are measured (bnb.real_8bit); None emulates them. ``peft``:
-    with the levers that change the PEFT setup (check.adapter_levers). ``run`` runs the searches
+    ``real``: where the 8-bit levers are measured (real_8bit); None emulates them. ``peft``:
+    with the levers that change the PEFT setup (adapter_levers). ``run`` runs the searches
     (default: one after the other here); the measured 8-bit levers run here, on the GPU.
     """
-    from autotune.backends.estimate.instrument import Variant, embedding_parameters
-
-    def eight_bit(name: str, label: str, variant: Variant, note: str | None = None) -> LeverJob | Lever:
-        if real is None:
-            return LeverJob(name, label, workload, mode, seq_len, variant=variant, estimated=EMULATED_8BIT,
-                       note=note)
-        return eight_bit_lever(name, label, variant, backend=backend, workload=workload, mode=mode,
-                               seq_len=seq_len, budget=budget, max_batch=max_batch, real=real, note=note)
-
-    planned: list[LeverJob | Lever] = []
-    for precision, label in (("amp", "AMP fp16 (autocast float16 + GradScaler)"),
-                             ("bf16", "bf16 (autocast bfloat16)")):
-        if mode.precision != precision:
-            planned.append(LeverJob(precision if not mode.checkpointing else f"{precision}+ckpt",
-                               label, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
-                               seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
-    if not mode.checkpointing:
-        planned.append(LeverJob("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
-                           "gradient checkpointing", workload, Mode(mode.precision, True), seq_len))
-        if mode.precision == "fp32":
-            planned.append(LeverJob("amp+ckpt", "AMP fp16 + gradient checkpointing", workload,
-                               Mode("amp", True), seq_len))
-    # Embeddings that train (a PEFT setup freezes them): what the Trainer's 8-bit setup and the
-    # frozen-embeddings lever change.
-    has_embeddings = any(p.requires_grad for p in embedding_parameters(
-        backend._model(workload).model))  # type: ignore[attr-defined]
-    if workload.optimizer in TORCH_ADAMW:
-        planned.append(eight_bit("adamw-8bit", "8-bit AdamW (bitsandbytes AdamW8bit, every parameter)",
-                                 Variant(optimizer="adamw-8bit")))
-        if has_embeddings:
-            planned.append(eight_bit(
-                "adamw-8bit-trainer", "8-bit AdamW as Trainer(optim='adamw_bnb_8bit') sets it up",
-                Variant(optimizer="adamw-8bit", fp32_state_for_embeddings=True),
-                note="the Trainer keeps 32-bit state for every nn.Embedding weight",
-            ))
-        planned.append(LeverJob("sgd", "SGD instead of AdamW (no momentum: no optimizer state)",
-                           replace(workload, optimizer="sgd"), mode, seq_len))
-    if has_embeddings:
-        planned.append(LeverJob(
-            "frozen-embeddings", "frozen embeddings (requires_grad=False on nn.Embedding)", workload, mode,
-            seq_len, variant=Variant(freeze_embeddings=True),
-            estimated="the table's step with the embeddings frozen",
-        ))
-    if workload.task in CHUNKED_TASKS and workload.loss == "full":
-        planned.append(LeverJob(
-            "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
-            replace(workload, loss="chunked"), mode, seq_len,
-            note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
-        ))
-    for name, label, changed in adapter_levers(workload) if peft else ():
-        planned.append(LeverJob(name, label, changed, mode, seq_len, adapter=True))
-    for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True):
-        if 1 <= shorter < seq_len:
-            planned.append(LeverJob(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode,
-                                    shorter))
-    jobs = [entry for entry in planned if isinstance(entry, LeverJob)]
-    found = iter((run or _one_after_another(backend))(jobs, budget, max_batch))
-    levers = [next(found) if isinstance(entry, LeverJob) else entry for entry in planned]
+    planned = explained_levers(workload, backend, seq_len=seq_len, mode=mode,
+                               shorter_seq_lens=shorter_seq_lens, peft=peft)
+    # The measured 8-bit levers first, here (on this machine's GPU); the others by ``run``.
+    measured = {} if real is None else {
+        index: eight_bit_lever(lever.name, lever.label, lever.variant, backend=backend, workload=workload,
+                               mode=mode, seq_len=seq_len, budget=budget, max_batch=max_batch, real=real,
+                               note=lever.note)
+        for index, lever in enumerate(planned) if lever.name in BNB_OPTIMIZERS and lever.variant is not None}
+    searched = [lever for index, lever in enumerate(planned) if index not in measured]
+    report = partial(report_lever, budget=budget, max_batch=max_batch)
+    found = iter((run or in_order(backend))(searched, report))
+    levers = [measured[index] if index in measured else next(found) for index in range(len(planned))]
     if effective_batch is not None:
         levers.append(_accumulation(effective_batch, base_max, mode, seq_len, workload.optimizer))
     return levers
 
 
-def _one_after_another(backend: Backend) -> LeverRunner:
-    def run(jobs: Sequence[LeverJob], budget: int, max_batch: int) -> list[Lever]:
-        return [run_lever_job(job, backend, budget=budget, max_batch=max_batch) for job in jobs]
-
-    return run
+def report_lever(lever: LeverSearch, backend: Backend, *, budget: int, max_batch: int) -> LeverReport:
+    """The report of ``lever``, searched on ``backend`` (an EstimateBackend where the lever has a variant)."""
+    report = search_lever(lever.name, lever.label, runs_on(lever, backend), lever.workload, lever.mode,
+                          lever.seq_len, budget=budget, max_batch=max_batch, estimated=lever.estimated,
+                          note=lever.note)
+    return _with_adapter(report, lever.workload) if lever.adapter else report
 
 
 def search_lever(name: str, label: str, target: Backend, workload: Workload, mode: Mode, seq_len: int, *,
                  budget: int, max_batch: int, estimated: str = AS_THE_TABLE,
-                 note: str | None = None) -> Lever:
+                 note: str | None = None) -> LeverReport:
     """The lever's max batch, searched as the table searches a cell, on ``target``."""
     try:
         best = search_cell(target, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
     except (InvalidInput, ProbeError) as exc:  # e.g. a model without gradient checkpointing
-        return Lever(name, label, None, mode.name, seq_len, workload.optimizer, estimated, error=str(exc))
-    return Lever(name, label, best, mode.name, seq_len, workload.optimizer, estimated,
-                 capped=best >= max_batch, note=note)
+        return LeverReport(name, label, None, mode.name, seq_len, workload.optimizer, estimated,
+                           error=str(exc))
+    return LeverReport(name, label, best, mode.name, seq_len, workload.optimizer, estimated,
+                       capped=best >= max_batch, note=note)
 
 
 def eight_bit_lever(name: str, label: str, variant: Variant, *, backend: Backend, workload: Workload,
                     mode: Mode, seq_len: int, budget: int, max_batch: int, real: Real8bit | None,
-                    note: str | None = None) -> Lever:
+                    note: str | None = None) -> LeverReport:
     """An 8-bit AdamW lever (``name``: a bnb.BNB_OPTIMIZERS setup): measured with bitsandbytes where
     ``real`` says how, else (or when that fails, as the note then says) emulated on ``backend``
     (an EstimateBackend) with ``variant`` (instrument.Variant)."""
@@ -220,47 +464,36 @@ def eight_bit_lever(name: str, label: str, variant: Variant, *, backend: Backend
                 lines = str(exc).strip().splitlines()
                 why = f"the measurement failed: {lines[0][:NOTE_CHARS] if lines else type(exc).__name__}"
             else:
-                return Lever(name, label, best, mode.name, seq_len, workload.optimizer,
-                             f"measured: bitsandbytes {BNB_OPTIMIZERS[name]} on {real.gpu.name}",
-                             capped=best >= max_batch, note=note)
+                return LeverReport(name, label, best, mode.name, seq_len, workload.optimizer,
+                                   f"measured: bitsandbytes {BNB_OPTIMIZERS[name]} on {real.gpu.name}",
+                                   capped=best >= max_batch, note=note)
         fallback = f"not measured ({why}): emulated instead"
         note = f"{note}; {fallback}" if note else fallback
     return search_lever(name, label, InstrumentedBackend(backend, variant), workload, mode, seq_len,  # type: ignore[arg-type]
                         budget=budget, max_batch=max_batch, estimated=EMULATED_8BIT, note=note)
 
 
-def _adapter_lever(lever: Lever, workload: Workload) -> Lever:
+def _with_adapter(report: LeverReport, workload: Workload) -> LeverReport:
     """A PEFT lever with its adapter (settings, targets, parameter counts) and, as its note, the
     adapter's label; as it was where PEFT cannot build the setup (the lever's error says why)."""
-    from autotune.tuner import adapter_json
-
-    if lever.error is not None:
-        return lever
+    if report.error is not None:
+        return report
     try:
         adapter = adapter_json(workload)
     except InvalidInput:
-        return lever
-    return replace(lever, adapter=adapter, note=adapter["label"] if adapter else lever.note)
+        return report
+    return replace(report, adapter=adapter, note=adapter["label"] if adapter else report.note)
 
 
-def _bf16_note(backend: Backend) -> str | None:
-    gpu = getattr(backend, "gpu", None)
-    if gpu is None or gpu.compute_capability is None or gpu.supports_bf16:
-        return None
-    major, minor = gpu.compute_capability
-    return (f"{gpu.name} (sm{major}{minor}) has no bfloat16 tensor cores: transformers' Trainer "
-            "refuses bf16=True there")
-
-
-def _accumulation(effective: int, base_max: int, mode: Mode, seq_len: int, optimizer: str) -> Lever:
+def _accumulation(effective: int, base_max: int, mode: Mode, seq_len: int, optimizer: str) -> LeverReport:
     label = f"gradient accumulation to an effective batch of {effective}"
     if base_max < 1:
-        return Lever("accumulation", label, None, mode.name, seq_len, optimizer, AS_THE_TABLE,
-                     error="even batch 1 does not fit: accumulation cannot help")
+        return LeverReport("accumulation", label, None, mode.name, seq_len, optimizer, AS_THE_TABLE,
+                           error="even batch 1 does not fit: accumulation cannot help")
     micro, steps = accumulation_plan(effective, base_max)
     note = (f"batch {effective} fits without accumulation" if effective <= base_max else
             f"batch {micro} x {steps} accumulation steps = {micro * steps}")
-    return Lever("accumulation", label, micro, mode.name, seq_len, optimizer, AS_THE_TABLE, note=note)
+    return LeverReport("accumulation", label, micro, mode.name, seq_len, optimizer, AS_THE_TABLE, note=note)
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> Explanation:
     from autotune import parallel
+    from autotune.analysis.levers import LEVERS_AT_MOST
 
     if not args.no_levers:  # their workers import torch while this process does (parallel.py)
         prestart_estimator_workers(args.backend or EXPLAIN_BACKEND, args.model, args.workers,
-                                   jobs=parallel.LEVERS_AT_MOST)
+                                   jobs=LEVERS_AT_MOST)
     try:
         with quiet_transformers():
             lengths = _lengths(args)

@@ -12,6 +12,7 @@ from autotune.configs.lora import (
     build_adapter,
     int8_refusal,
     lora_number,
+    lora_targets,
     note_adapter,
     target_names,
 )
@@ -189,7 +190,7 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
             dropout = 0.0  # schemas/peft.py validate_lora_dropout
             cfg.notes.append("lora_dropout: not set, Axolotl's default 0.0")
         values["dropout"] = lora_number(cfg, "lora_dropout", dropout, dropout=True)
-        adapter = build_adapter(cfg, method, targets=_axolotl_targets(cfg, method), modules_to_save=to_save,
+        adapter = build_adapter(cfg, method, **_axolotl_targets(cfg, method), modules_to_save=to_save,
                                 **values)
         source = f"adapter: {method}"
     if method == "qlora":
@@ -215,7 +216,8 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
     return adapter
 
 
-def _axolotl_targets(cfg: Config, method: str) -> tuple[str, ...]:
+def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
+    """The targets as make_adapter's keyword (lora.lora_targets)."""
     modules = cfg.get("lora_target_modules")
     if cfg.flag("lora_target_linear"):
         # _build_peft_lora_config: lora_target_modules (as a list) with every linear module's name but
@@ -232,9 +234,9 @@ def _axolotl_targets(cfg: Config, method: str) -> tuple[str, ...]:
         among = "; the layers lora_target_modules names are among them" if named else ""
         cfg.notes.append("lora_target_linear: true: LoRA on every linear layer but the output head (PEFT's "
                          f"all-linear){among}")
-        return (ALL_LINEAR,)
-    targets = target_names(cfg, "lora_target_modules", modules)
-    if not targets:
+        return {"targets": (ALL_LINEAR,)}
+    targets = lora_targets(cfg, "lora_target_modules", modules)
+    if not targets.get("targets", True):
         raise InvalidInput(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
                            "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
                            "refuses it)")
@@ -380,9 +382,8 @@ def _axolotl_checkpointing(cfg: Config) -> bool:
     if ckpt is not None and not isinstance(ckpt, bool):
         raise cfg.bad("gradient_checkpointing", ckpt, "true, false, 'offload' or 'offload_disk'")
     if ckpt:
-        # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset.
-        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", refuse_unset_reentrant=(
-            "without gradient_checkpointing_kwargs Axolotl checkpoints with use_reentrant=True, which is "
-            "not modelled; add gradient_checkpointing_kwargs: {use_reentrant: false}"))
+        # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset
+        # (unless unfrozen_parameters or rl, which are refused).
+        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset={"use_reentrant": True})
     return bool(ckpt)
 

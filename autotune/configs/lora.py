@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.configs.reading import OFFLOAD, REGEX_TARGETS, Config, read_dtype
+from autotune.configs.reading import OFFLOAD, Config, read_dtype
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.request import INT8_BASE, INT8_REASON
 from autotune.workload.adapters import ALL_LINEAR, COMPUTE_DTYPES, QUANT_TYPES, Adapter, make_adapter
@@ -40,15 +40,12 @@ def lora_number(cfg: Config, key: str, value: Any, *, rank: bool = False, dropou
 
 
 def target_names(cfg: Config, key: str, value: Any) -> tuple[str, ...] | None:
-    """Target modules as PEFT's LoraConfig takes them: None (PEFT's default for the architecture),
-    all-linear (a string), or a list of names PEFT matches literally against the last parts of a
-    module's name (tuners_utils.py check_target_module_exists); a string is a regular expression."""
+    """Target modules as a list of names PEFT matches literally against the last parts of a module's
+    name (tuners_utils.py check_target_module_exists), or all-linear; None: PEFT's default."""
     if value is None:
         return None
-    if isinstance(value, str):
-        if value.lower() == ALL_LINEAR:
-            return (ALL_LINEAR,)
-        raise cfg.unmodelled(key, value, REGEX_TARGETS)
+    if isinstance(value, str) and value.lower() == ALL_LINEAR:
+        return (ALL_LINEAR,)
     if not isinstance(value, list) or not all(isinstance(name, str) and name for name in value):
         raise cfg.bad(key, value, "a list of module names")
     for name in value:
@@ -60,6 +57,18 @@ def target_names(cfg: Config, key: str, value: Any) -> tuple[str, ...] | None:
             raise cfg.unmodelled(key, value, f"{name!r} is a regular expression, but PEFT matches the names "
                                  "of a list literally (the last parts of a module's name): list module names")
     return tuple(dict.fromkeys(value))
+
+
+def lora_targets(cfg: Config, key: str, value: Any) -> dict[str, Any]:
+    """Target modules as PEFT's LoraConfig takes them, as ``make_adapter``'s keyword: a string but
+    all-linear is a regular expression PEFT matches against whole module names
+    (``target_pattern``: re.fullmatch, tuners_utils.py check_target_module_exists), else the names
+    of ``target_names``."""
+    if isinstance(value, str) and value.lower() != ALL_LINEAR:
+        cfg.notes.append(f"{key}: {value!r}: a regular expression, matched by PEFT against whole module "
+                         "names (model.layers.0.self_attn.q_proj)")
+        return {"target_pattern": value}
+    return {"targets": target_names(cfg, key, value)}
 
 
 def compute_dtype(cfg: Config, key: str, value: Any) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.gpus import GpuSpec
 from autotune.request import CheckRequest, request_from
-from autotune.workload.adapters import ALL_LINEAR, Adapter
+from autotune.workload.adapters import Adapter
 from autotune.workload.models import DTYPES
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import OPTIMIZER_NAMES
@@ -34,16 +34,13 @@ QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit base un
 DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
 RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
           "autotune does not model")
-REGEX_TARGETS = ("PEFT matches a string of target modules as a regular expression against whole module "
-                 "names (model.layers.0.self_attn.q_proj), which autotune does not model: list module names, "
-                 f"or write {ALL_LINEAR}")
 COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
 LIGER = ("Liger swaps the RMSNorm, RoPE, SwiGLU and cross-entropy kernels, which autotune does not model; "
          "only its fused linear cross-entropy is modelled (loss: chunked)")
 OFFLOAD = "activations or weights offloaded to the CPU are not modelled"
 KERNEL = "a swapped-in kernel autotune does not model"
-REENTRANT = ("reentrant checkpointing (use_reentrant=True) is not modelled: autotune models transformers' "
-             "default, use_reentrant=False")
+REENTRANT = ("torch.utils.checkpoint's reentrant path, traced: each layer's forward run again inside "
+             "backward, under torch.autograd.backward of its own")
 
 PACKED_NOTE = "every row filled to seq_len (the padded worst case autotune models)"
 CHUNKED_NOTE = "logits computed in chunks, never the full [batch, seq, vocab] tensor (loss: chunked)"
@@ -107,6 +104,7 @@ class Config:
         self.read: set[str] = set()
         self.notes: list[str] = []
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
+        self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -156,7 +154,8 @@ class Config:
                ignored: tuple[str, ...] = (), **fields: Any) -> TrainingConfig:
         """The request the file describes, from the request fields it sets (None: not set, the
         request's default), with the notes gathered while reading."""
-        values = {**fields, "mode": None if mode is None else mode.name, "adapter": adapter}
+        values = {**fields, "mode": None if mode is None else mode.name, "adapter": adapter,
+                  "ckpt_reentrant": True if self.ckpt_reentrant else None}
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored)
 
 
@@ -196,23 +195,24 @@ def read_dtype(cfg: Config, key: str, value: Any) -> str | None:
     return name
 
 
-def checkpoint_kwargs(cfg: Config, key: str, refuse_unset_reentrant: str | None = None) -> None:
-    """Refuse checkpointing arguments that change what is saved; ``use_reentrant=False`` is modelled."""
+def checkpoint_kwargs(cfg: Config, key: str, unset: dict[str, Any] | None = None) -> bool:
+    """Whether the checkpointing arguments ``key`` checkpoint reentrant (noted, and read into the
+    request); arguments that change what is saved otherwise are refused. ``unset``: what the tool
+    passes when the key is absent (Axolotl: use_reentrant true)."""
     kwargs = cfg.get(key)
     if isinstance(kwargs, str) and kwargs.strip().startswith("{"):
         try:  # TrainingArguments takes a JSON string for a dict field
             kwargs = json.loads(kwargs)
         except json.JSONDecodeError as exc:
             raise cfg.bad(key, kwargs, "a mapping") from exc
+    where = key
     if kwargs is None:
-        kwargs = {}
+        kwargs, where = dict(unset or {}), f"{key}: not set"
     if not isinstance(kwargs, dict):
         raise cfg.bad(key, kwargs, "a mapping")
-    if "use_reentrant" not in kwargs and refuse_unset_reentrant:
-        raise cfg.unmodelled("gradient_checkpointing", True, refuse_unset_reentrant)
     for name, value in kwargs.items():
-        if name == "use_reentrant" and value is True:
-            raise cfg.unmodelled(f"{key}.use_reentrant", value, REENTRANT)
+        if name == "use_reentrant" and not isinstance(value, bool):
+            raise cfg.bad(f"{key}.use_reentrant", value, "true or false")
         if name == "every_n_layers" and value != 1:
             raise cfg.unmodelled(f"{key}.every_n_layers", value, "autotune models every layer checkpointed")
         if name == "offload" and value:
@@ -220,7 +220,16 @@ def checkpoint_kwargs(cfg: Config, key: str, refuse_unset_reentrant: str | None 
         if name not in ("use_reentrant", "every_n_layers", "offload", "preserve_rng_state",
                         "determinism_check", "debug"):
             raise cfg.unmodelled(f"{key}.{name}", value, "checkpointing arguments other than "
-                                 "use_reentrant: false are not modelled")
+                                 "use_reentrant are not modelled")
+    # The Trainer passes empty arguments as None, which transformers checkpoints with
+    # use_reentrant=False (modeling_utils _activation_checkpointing_enable); others go to
+    # torch.utils.checkpoint as they are, whose use_reentrant defaults to True.
+    reentrant = bool(kwargs.get("use_reentrant", bool(kwargs)))
+    if reentrant:
+        cfg.ckpt_reentrant = True
+        cfg.notes.append(f"{where}: checkpointing with use_reentrant=True ({REENTRANT})" if where != key
+                         else f"{key}: use_reentrant=True: {REENTRANT}")
+    return reentrant
 
 
 def note_neftune(cfg: Config, key: str) -> None:

@@ -8,12 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.configs.lora import (
+    REGEX_CHARS,
     bnb_4bit,
     build_adapter,
     int8_refusal,
     lora_number,
+    lora_targets,
     note_adapter,
-    target_names,
 )
 from autotune.configs.reading import (
     CHUNKED_NOTE,
@@ -95,7 +96,6 @@ _LEGACY_REFUSED = {
     "no_cuda": "training on the CPU: autotune models a GPU",
     "sharded_ddp": SHARDING,
     "torchdynamo": COMPILE,
-    "gradient_checkpointing_use_reentrant": REENTRANT,  # TRL's old ScriptArguments
 }
 # The model and data arguments of transformers' example scripts (run_clm.py, run_glue.py, ...).
 _SCRIPT_KEYS = words(
@@ -288,21 +288,21 @@ def _trl_lora(cfg: Config, method: str) -> Adapter:
     modules = cfg.get("lora_target_modules")
     if isinstance(modules, list) and len(modules) == 1 and isinstance(modules[0], str):
         modules = modules[0]  # ModelConfig.__post_init__: a one-entry list becomes its string
-        if modules.lower() != ALL_LINEAR:
-            raise cfg.unmodelled(
-                "lora_target_modules", cfg.data["lora_target_modules"],
-                f"TRL's ModelConfig turns a one-entry list into the string {modules!r}, which PEFT matches "
-                "as a regular expression against whole module names (model.layers.0.self_attn.q_proj): a "
-                "plain name matches none, a pattern autotune does not model; list two or more module names, "
-                f"or write {ALL_LINEAR}")
-    targets = target_names(cfg, "lora_target_modules", modules)
-    if targets == ():
+        if modules.lower() != ALL_LINEAR and not REGEX_CHARS & set(modules):
+            raise InvalidInput(
+                f"lora_target_modules: {cfg.data['lora_target_modules']!r} in {cfg.file!r}: TRL's "
+                f"ModelConfig "
+                f"turns a one-entry list into the string {modules!r}, which PEFT matches as a regular "
+                "expression against whole module names (model.layers.0.self_attn.q_proj): a plain name "
+                f"matches none; list two or more module names, or write {ALL_LINEAR}")
+    targets = lora_targets(cfg, "lora_target_modules", modules)
+    if targets.get("targets") == ():
         raise InvalidInput(f"lora_target_modules in {cfg.file!r} is empty: PEFT refuses an adapter on no "
                            "module; name modules, write all-linear, or leave it out for PEFT's default")
     to_save = cfg.get("lora_modules_to_save") or []
     if not isinstance(to_save, list) or not all(isinstance(m, str) for m in to_save):
         raise cfg.bad("lora_modules_to_save", to_save, "a list of module names")
-    return build_adapter(cfg, method, targets=targets, modules_to_save=to_save, **values)
+    return build_adapter(cfg, method, modules_to_save=to_save, **targets, **values)
 
 
 def _trl_quantization(cfg: Config, adapter: Adapter, dtype: str | None, init_quant: Any) -> Adapter:
@@ -336,7 +336,16 @@ def _trainer_checkpointing(cfg: Config, default: bool) -> bool:
     if ckpt:
         kwargs_key = ("activation_checkpointing_kwargs" if cfg.get("activation_checkpointing_kwargs")
                       is not None else "gradient_checkpointing_kwargs")
-        checkpoint_kwargs(cfg, kwargs_key)
+        legacy = cfg.get("gradient_checkpointing_use_reentrant")  # TRL's old ScriptArguments
+        if legacy is not None and cfg.get(kwargs_key) is None:
+            # trl/commands/scripts (TRL < 0.12): gradient_checkpointing_kwargs={use_reentrant: it}
+            if not isinstance(legacy, bool):
+                raise cfg.bad("gradient_checkpointing_use_reentrant", legacy, "true or false")
+            if legacy:
+                cfg.ckpt_reentrant = True
+                cfg.notes.append(f"gradient_checkpointing_use_reentrant: true: {REENTRANT}")
+        else:
+            checkpoint_kwargs(cfg, kwargs_key)
     return ckpt
 
 

@@ -22,3 +22,6 @@ class Workload:
     weights_dtype: str = "float32"
     loss: str = DEFAULT_LOSS  # "full" (the model's own loss) | "chunked" (workload.loss)
     adapter: Adapter | None = None  # LoRA / QLoRA (workload.adapters); None: a full fine-tune
+    # Checkpointed modes through torch.utils.checkpoint's use_reentrant=True path (Axolotl's and
+    # LLaMA-Factory's default) rather than transformers' use_reentrant=False.
+    ckpt_reentrant: bool = False

@@ -41,6 +41,7 @@ value for BERT); ``all-linear`` is PEFT's every linear layer but the output head
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,6 +115,9 @@ class Adapter:
     modules_to_save: tuple[str, ...] = field(default=())
     # How the 4-bit base is prepared (QLORA_RECIPES); None for a LoRA over a 16/32-bit base.
     recipe: str | None = None
+    # A regular expression PEFT matches against whole module names (re.fullmatch, tuners_utils.py
+    # check_target_module_exists), given as target_modules="..."; instead of ``targets``.
+    target_pattern: str | None = None
 
     def __post_init__(self) -> None:
         if self.method == "qlora" and self.recipe is None:  # built directly, not by make_adapter
@@ -132,6 +136,8 @@ class Adapter:
             recipe = RECIPE_NAMES[self.recipe or DEFAULT_QLORA_RECIPE]
             name = f"QLoRA ({self.quant_type}{double}, {recipe} recipe)"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
+        if self.target_pattern is not None:
+            targets = f"the modules matching {self.target_pattern}"
         return f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
 
     def to_json(self) -> dict[str, Any]:
@@ -141,6 +147,8 @@ class Adapter:
             "quant_type": self.quant_type, "double_quant": self.double_quant,
             "compute_dtype": self.compute_dtype, "bias": self.bias,
             "modules_to_save": list(self.modules_to_save), "recipe": self.recipe,
+            # only when set: the stored keys of adapters before it stay as they were
+            **({"target_pattern": self.target_pattern} if self.target_pattern is not None else {}),
         }
 
     @classmethod
@@ -153,6 +161,7 @@ class Adapter:
             double_quant=data.get("double_quant", True), compute_dtype=data.get("compute_dtype"),
             bias=data.get("bias", "none"), modules_to_save=data.get("modules_to_save") or (),
             recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
+            target_pattern=data.get("target_pattern"),
         )
 
 
@@ -178,7 +187,7 @@ def make_adapter(
     method: str, *, r: int = DEFAULT_R, alpha: float = DEFAULT_ALPHA, dropout: float = DEFAULT_DROPOUT,
     targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
-    modules_to_save: Iterable[str] = (), recipe: str | None = None,
+    modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
@@ -200,8 +209,22 @@ def make_adapter(
     elif recipe is not None:
         raise InvalidInput(f"a QLoRA recipe ({recipe}) prepares a 4-bit base: LoRA over a 16/32-bit base "
                            "has none; use qlora, or leave the recipe out")
+    if target_pattern is not None:
+        _check_pattern(target_pattern, targets)
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
-                   quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe)
+                   quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
+                   target_pattern)
+
+
+def _check_pattern(pattern: Any, targets: Any) -> None:
+    if targets is not None:
+        raise InvalidInput("LoRA targets are module names or a pattern, not both")
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidInput(f"a LoRA target pattern must be a regular expression, got {pattern!r}")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidInput(f"LoRA target pattern {pattern!r} is not a regular expression: {exc}") from exc
 
 
 # --- PEFT's adapter_config.json ------------------------------------------------------------
@@ -261,13 +284,13 @@ def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -
             raise InvalidInput(f"{source}: {key}={value!r} ({what}) is not modelled: autotune models "
                                "plain LoRA; remove it, or estimate without it")
     targets = data.get("target_modules")
+    pattern = None
     if isinstance(targets, str) and targets != ALL_LINEAR:
-        raise InvalidInput(f"{source}: target_modules as a regular expression ({targets!r}) is not "
-                           f"modelled: list module names, or use {ALL_LINEAR}")
+        targets, pattern = None, targets  # PEFT matches a string as a regular expression
     return make_adapter(
         "qlora" if quantized else "lora", r=data.get("r", 8), alpha=data.get("lora_alpha", 8),
         dropout=data.get("lora_dropout", 0.0), targets=targets, bias=data.get("bias", "none"),
-        modules_to_save=data.get("modules_to_save") or (),
+        modules_to_save=data.get("modules_to_save") or (), target_pattern=pattern,
     )
 
 
@@ -294,6 +317,8 @@ def lora_config(adapter: Adapter, task: str) -> Any:
         targets = ALL_LINEAR  # PEFT reads the shorthand only as a string
     elif adapter.targets is not None:
         targets = list(adapter.targets)
+    elif adapter.target_pattern is not None:
+        targets = adapter.target_pattern
     return LoraConfig(
         r=adapter.r,
         lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # PEFT reads any number
@@ -348,9 +373,9 @@ def prepare(
     except ValueError as exc:
         message = str(exc).splitlines()[0].rstrip(".")
         if "target_modules" in message or "not found in the base model" in message:
-            raise InvalidInput(
-                f"LoRA targets: {message}. Name modules of this model with --lora-targets, "
-                f"or use {ALL_LINEAR}") from exc
+            raise InvalidInput.naming(
+                f"LoRA targets: {message}. Name modules of this model in {{lora_targets}}, or use "
+                f"{ALL_LINEAR}") from exc
         raise InvalidInput(f"PEFT cannot build this LoRA setup: {message}") from exc
     except RuntimeError as exc:
         # e.g. a classification head quantized by transformers (get_keys_to_not_convert keeps

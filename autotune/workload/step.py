@@ -242,7 +242,11 @@ def gradient_checkpointing(
         raise InvalidInput(f"{_model_name(model)} does not support gradient checkpointing")
     if input_grads:
         model.enable_input_require_grads()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+    kwargs = dict(checkpoint_kwargs or {})
+    context_fn = kwargs.pop("context_fn", None) if kwargs.get("use_reentrant") else None
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or checkpoint_kwargs)
+    if context_fn is not None:
+        _recompute_under(model, context_fn)
     try:
         yield
     finally:
@@ -252,6 +256,29 @@ def gradient_checkpointing(
         # estimator's) must not keep it, or frozen embeddings would save an extra activation.
         if getattr(model, "_require_grads_hooks", None):
             model.disable_input_require_grads()
+
+
+def _recompute_under(model: Any, context_fn: Callable[[], tuple[Any, Any]]) -> None:
+    """Give reentrant checkpointing what ``context_fn`` gives the non-reentrant kind: its second
+    context around the recompute. torch.utils.checkpoint takes ``context_fn`` only with
+    use_reentrant=False; with True the recompute is ``run_function`` called inside backward
+    (CheckpointFunction.backward), so the function each checkpointed module calls is wrapped, where
+    transformers keeps it (``_gradient_checkpointing_func``, set by _set_gradient_checkpointing)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def reentrant_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def run(*inputs: Any) -> Any:
+            if torch._C._current_graph_task_id() == -1:  # the forward, not inside backward
+                return function(*inputs)
+            with context_fn()[1]:
+                return function(*inputs)
+
+        return checkpoint(run, *args, use_reentrant=True, **kwargs)
+
+    for module in model.modules():
+        if hasattr(module, "_gradient_checkpointing_func"):
+            module._gradient_checkpointing_func = reentrant_checkpoint
 
 
 def _model_name(model: Any) -> str:

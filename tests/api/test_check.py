@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from liveserver import Server
 
 from api.runs.spec import normalize
+from api.schemas import CheckLeverPublic, CheckPublic
+from autotune.analysis.check import CheckResult
 from autotune.cli import main
 
 QUERY = {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "gpu_memory": "1GiB"}
@@ -62,6 +65,21 @@ def test_without_a_stored_table_the_estimator_answers(client):
     assert doc["fits"] is True and doc["max_batch_size"] > 8
     for key in ("peak_memory_bytes", "budget_bytes", "suggestion", "message"):
         assert key in doc
+
+
+def test_the_answer_is_what_the_openapi_document_describes(client):
+    # CheckPublic: autotune.analysis.check.CheckResult's keys, in order, then which table answered.
+    assert list(CheckPublic.model_fields) == [f.name for f in fields(CheckResult)] + [
+        "table_id", "measured_on", "imported_from"]
+    _store_measured_table(client, max_batch=6)
+    for query in (QUERY, QUERY | {"seq_len": 32}):  # from the stored table; estimated now
+        doc = client.get("/v1/check", params=query).json()
+        assert list(doc) == list(CheckPublic.model_fields)
+        assert all(list(lever) == list(CheckLeverPublic.model_fields) for lever in doc["levers"])
+    assert doc["source"] == "estimated" and client.get("/v1/check", params=QUERY).json()["levers"]
+    document = client.get("/openapi.json").json()
+    response = document["paths"]["/v1/check"]["get"]["responses"]["200"]["content"]["application/json"]
+    assert response["schema"] == {"$ref": "#/components/schemas/CheckPublic"}
 
 
 @pytest.mark.parametrize(("changes", "status", "text"), [

@@ -304,3 +304,26 @@ def test_an_internal_error_is_json_too(tmp_path):
     with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
         response = client.get("/v1/health")
     assert detail(response, 500) == "internal server error (RuntimeError)"
+
+
+# --- errors name the request's fields, never the CLI's flags ---------------------------------------
+
+
+def test_errors_name_the_fields_of_the_request_never_the_clis_flags(make_client):
+    # autotune/request.py words an error with fields ({lora_r}); only the CLI says them as flags.
+    client = make_client(allow_hub=False)
+    answers = [
+        post(client, lora_r=8),
+        post(client, task="translation", load_in_4bit=True, bnb_4bit_quant_type="fp4", gpu="T4"),
+        post(client, model="someone/model"),  # the library's hint for a hub id names --hub
+        client.get("/v1/check", params={"model": "tiny-bert", "seq_len": 32, "batch_size": 1, "lora_r": 8}),
+        client.get("/v1/explain", params={"model": "tiny-bert", "seq_len": 32, "load_in_4bit": "true"}),
+    ]
+    first = answers[0].json()
+    assert (answers[0].status_code, first["field"], first["detail"]) == (
+        422, "lora_r", "lora_r needs peft lora or peft qlora")
+    for response in answers:
+        assert response.status_code in (404, 422), response.text
+        body = response.json()
+        details = [body["detail"], *(error["detail"] for error in body.get("errors", []))]
+        assert not any("--" in text for text in details), details

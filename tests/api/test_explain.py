@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
+
+from api.schemas import (
+    BreakdownPublic,
+    ExplainLeverPublic,
+    ExplainPublic,
+    FlagPublic,
+    ModuleActivationsPublic,
+    ModuleParamsPublic,
+)
+from autotune.analysis.explain import Breakdown, Explanation, Flag, ModuleActivations, ModuleParams
 
 QUERY = {"model": "tiny-bert", "seq_len": 64, "gpu_memory": "1GiB", "batch_size": 16}
 
@@ -24,6 +36,21 @@ def test_explain_returns_a_breakdown_that_adds_up(client):
 def test_explain_with_levers(client):
     doc = client.get("/v1/explain", params=QUERY).json()
     assert len(doc["levers"]) >= 5
+
+
+def test_the_answer_is_what_the_openapi_document_describes(client):
+    # ExplainPublic and its parts: autotune.analysis.explain's dataclasses, their keys in order.
+    for model, cls in ((ExplainPublic, Explanation), (BreakdownPublic, Breakdown), (FlagPublic, Flag),
+                       (ModuleParamsPublic, ModuleParams), (ModuleActivationsPublic, ModuleActivations)):
+        assert list(model.model_fields) == [f.name for f in fields(cls)], model.__name__
+    doc = client.get("/v1/explain", params=QUERY).json()
+    assert list(doc) == list(ExplainPublic.model_fields)
+    assert list(doc["breakdown"]) == list(BreakdownPublic.model_fields)
+    assert doc["levers"]
+    assert all(list(lever) == list(ExplainLeverPublic.model_fields) for lever in doc["levers"])
+    document = client.get("/openapi.json").json()
+    response = document["paths"]["/v1/explain"]["get"]["responses"]["200"]["content"]["application/json"]
+    assert response["schema"] == {"$ref": "#/components/schemas/ExplainPublic"}
 
 
 @pytest.mark.parametrize(("changes", "status", "text"), [

@@ -259,7 +259,9 @@ class Worker:
             return _first_line(exc)
         quantized = self.workload is not None and self.workload.adapter is not None \
             and self.workload.adapter.quantized
-        self._stack.enter_context(gradient_checkpointing(model, mode.checkpointing, input_grads=quantized))
+        reentrant = self.workload is not None and self.workload.ckpt_reentrant
+        self._stack.enter_context(gradient_checkpointing(
+            model, mode.checkpointing, {"use_reentrant": True} if reentrant else None, input_grads=quantized))
         self.model = model
         self.memory.release()
         return None

@@ -85,6 +85,7 @@ class CellSpec:
     weights_dtype: str = "float32"  # float32 | bfloat16 | float16
     loss: str = "full"  # workload.loss.LOSSES
     adapter: dict[str, Any] | None = None  # workload.adapters.Adapter.to_json(); None: full fine-tune
+    ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -122,6 +123,7 @@ def cell_spec(
         weights_dtype=workload.weights_dtype,
         loss=workload.loss,
         adapter=None if workload.adapter is None else workload.adapter.to_json(),
+        ckpt_reentrant=workload.ckpt_reentrant,
     )
 
 
@@ -138,6 +140,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         weights_dtype=check_dtype(spec.weights_dtype),
         loss=check_loss(spec.loss, spec.task),
         adapter=None if spec.adapter is None else Adapter.from_json(spec.adapter),
+        ckpt_reentrant=spec.ckpt_reentrant is True,
     )
     return workload, parse_mode(spec.mode)
 

@@ -616,8 +616,10 @@ class EstimateBackend:
 
         # Checkpointed segments are recomputed inside backward, where the emulation's function
         # mode is not active: checkpoint's documented ``context_fn`` hook enters it for the
-        # recompute. It changes no allocation; use_reentrant=False is transformers' default.
-        checkpoint_kwargs = {"use_reentrant": False, "context_fn": self._checkpoint_contexts}
+        # recompute (step.gradient_checkpointing wraps it for use_reentrant=True). It changes no
+        # allocation; use_reentrant=False is transformers' default.
+        checkpoint_kwargs = {"use_reentrant": workload.ckpt_reentrant,
+                             "context_fn": self._checkpoint_contexts}
         with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs,
                                     input_grads=workload.adapter is not None and workload.adapter.quantized):
             yield cell

@@ -8,9 +8,9 @@ import socket
 import limitbackend
 import pytest
 
-from autotune.analysis.check import accumulation_plan
-from autotune.configs import read_training_config
+from autotune.analysis.levers import accumulation_plan
 from autotune.cli import main
+from autotune.configs import read_training_config
 from autotune.errors import InvalidInput
 
 # tiny-bert on a 1 GiB card: the max batch at seq 64 is in the hundreds (test_tuner figures).
@@ -154,7 +154,7 @@ def _causal_workload():
 
 
 def test_only_levers_that_raise_the_max_are_advised_best_first():
-    from autotune.analysis.check import helpful_levers, suggestion
+    from autotune.analysis.levers import helpful_levers, suggestion
     from autotune.workload.modes import parse_mode
 
     workload = _causal_workload()
@@ -173,7 +173,7 @@ def test_only_levers_that_raise_the_max_are_advised_best_first():
 
 
 def test_nothing_fits_and_no_lever_helps_says_so_without_a_shorter_sequence():
-    from autotune.analysis.check import helpful_levers, suggestion
+    from autotune.analysis.levers import helpful_levers, suggestion
     from autotune.workload.modes import parse_mode
 
     backend = LimitBackend({"base": 0})
@@ -183,7 +183,7 @@ def test_nothing_fits_and_no_lever_helps_says_so_without_a_shorter_sequence():
 
 
 def test_when_only_levers_together_fit_batch_1_the_advice_is_all_of_them():
-    from autotune.analysis.check import helpful_levers
+    from autotune.analysis.levers import helpful_levers
     from autotune.workload.modes import parse_mode
 
     backend = LimitBackend({"base": 0, ("adamw_bnb_8bit", "chunked", "bf16+ckpt", 64): 2})
@@ -193,7 +193,7 @@ def test_when_only_levers_together_fit_batch_1_the_advice_is_all_of_them():
 
 
 def test_a_shorter_sequence_is_advised_only_when_it_fits():
-    from autotune.analysis.check import helpful_levers
+    from autotune.analysis.levers import helpful_levers
     from autotune.workload.modes import parse_mode
 
     backend = LimitBackend({"base": 0, ("adamw_torch_fused", "full", "bf16+ckpt", 32): 3})
@@ -205,7 +205,7 @@ def test_a_shorter_sequence_is_advised_only_when_it_fits():
 def test_a_lever_is_searched_up_to_the_cell_s_cap_not_the_default():
     # A plan above DEFAULT_MAX_BATCH (4096): the check's search is capped at the requested batch,
     # and so are the levers' (capped at 4096 they could never beat a max of 5000).
-    from autotune.analysis.check import helpful_levers
+    from autotune.analysis.levers import helpful_levers
     from autotune.workload.modes import parse_mode
 
     backend = LimitBackend({"base": 5000, ("adamw_torch_fused", "full", "ckpt", 64): 8000})
@@ -265,3 +265,17 @@ def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
     assert hole.suggestion == ("batch 18 runs out of memory here though batch 20 fits: the caching "
                                "allocator fragments differently at the two sizes; use batch 20")
     assert hole.message.startswith("does not fit: ") and "use batch 20" in hole.message
+
+
+def test_reentrant_checkpointing_is_traced_and_said(capsys):
+    # use_reentrant=True recomputes each layer under an autograd.backward of its own, holding the
+    # layer's whole recomputed graph: traced through torch.utils.checkpoint, a lower max here.
+    step = ["check", "tiny-llama", "--seq-len", "128", "--batch-size", "4", "--mode", "bf16+ckpt",
+            "--no-cache", "--json", *SMALL]
+    _, plain, _ = run(capsys, *step)
+    code, reentrant, _ = run(capsys, *step, "--ckpt-reentrant")
+    plain_doc, reentrant_doc = json.loads(plain), json.loads(reentrant)
+    assert code == 0 and (plain_doc["ckpt_reentrant"], reentrant_doc["ckpt_reentrant"]) == (False, True)
+    assert reentrant_doc["max_batch_size"] < plain_doc["max_batch_size"]
+    assert "reentrant checkpointing" in reentrant_doc["message"]
+    assert "reentrant" not in plain_doc["message"]

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from autotune.analysis.check import accumulation_plan
 from autotune.analysis.explain import LOSS_LOGITS, breakdown_of, explain, weight_state
+from autotune.analysis.levers import accumulation_plan
 from autotune.analysis.padding import length_stats, percentile, read_lengths
 from autotune.backends.estimate.backend import EstimateBackend, _FakeModel
 from autotune.backends.estimate.instrument import AdamW8bitState, InstrumentedBackend, Variant

@@ -14,7 +14,6 @@ from dataclasses import replace
 import limitbackend
 import pytest
 
-from autotune.analysis.check import adapter_levers, helpful_levers, suggestion
 from autotune.analysis.explain import (
     ADAPTER_WEIGHTS,
     BASE_4BIT,
@@ -29,6 +28,7 @@ from autotune.analysis.explain import (
     explain,
     parameter_table,
 )
+from autotune.analysis.levers import adapter_levers, helpful_levers, suggestion
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.instrument import CATEGORIES, Allocation, InstrumentedBackend, Recording
 from autotune.backends.estimate.nf4 import EmulatedLinear4bit, nf4_storage_bytes

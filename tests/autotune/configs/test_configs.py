@@ -176,7 +176,6 @@ REFUSED = [
     (SFT, "activation_offloading", True), (SFT, "loss_type", "dft"),
     (SFT, "model_init_kwargs.quantization_config", {"quant_method": "gptq", "bits": 4}),
     (SFT, "model_init_kwargs.load_in_8bit", True),
-    (SFT, "gradient_checkpointing_kwargs.use_reentrant", True),
     (SFT, "gradient_checkpointing_kwargs.every_n_layers", 2),
 ]
 
@@ -206,9 +205,6 @@ def test_padding_free_needs_flash_attention(tmp_path):
 
 
 def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
-    # Without gradient_checkpointing_kwargs Axolotl checkpoints with use_reentrant=True.
-    with pytest.raises(UnmodelledSetting, match="^gradient_checkpointing: True .*use_reentrant=True"):
-        read(tmp_path, {**AXOLOTL, "gradient_checkpointing_kwargs": None}, "a.yml")
     # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32.
     with pytest.raises(UnmodelledSetting, match="^bf16: True .*mixed weight dtypes"):
         read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
@@ -353,8 +349,6 @@ AXOLOTL_ADAPTER_REFUSED = [
     ({"lora_mlp_kernel": True}, "lora_mlp_kernel", "fused LoRA kernels"),
     ({"adapter": "lora"}, "load_in_4bit", "quantizes for qlora only"),
     ({"peft_use_dora": True}, "peft_use_dora", "DoRA"),
-    ({"lora_target_linear": None, "lora_target_modules": ".*_proj"}, "lora_target_modules",
-     "regular expression"),
     ({"lora_target_linear": None, "lora_target_modules": ["q_proj", "model.*v_proj"]}, "lora_target_modules",
      "regular expression"),
     ({"lora_target_modules": ["q_proj", "embed_tokens"]}, "lora_target_modules", "embed_tokens beside"),
@@ -443,8 +437,6 @@ def test_trl_peft_config_is_a_lora_config(tmp_path):
 TRL_ADAPTER_REFUSED = [
     ({"use_dora": True}, "use_dora", "DoRA"),
     ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
-    ({"lora_target_modules": ["q_proj"]}, "lora_target_modules", "one-entry list into the string"),
-    ({"lora_target_modules": "q_proj|v_proj"}, "lora_target_modules", "regular expression"),
     ({"lora_target_parameters": ["mlp.experts.down_proj"]}, "lora_target_parameters", "target_parameters"),
     ({"lora_task_type": "SEQ_CLS"}, "lora_task_type", "CAUSAL_LM"),
     ({"chat_template_path": "Qwen/Qwen3-0.6B"}, "chat_template_path", "lm_head"),
@@ -526,3 +518,34 @@ def test_axolotl_bf16_auto_is_resolved_on_the_card(tmp_path, card, extra, mode, 
 def test_axolotl_bf16_auto_without_a_card_asks_for_one(tmp_path):
     with pytest.raises(UnmodelledSetting, match=r"^bf16: 'auto' .* name the card \(--gpu\)"):
         read_training_config(write(tmp_path, {**AXOLOTL, "bf16": "auto"}, "a.yml"))
+
+
+@pytest.mark.parametrize(("base", "name", "changes", "reentrant"), [
+    # Axolotl: without gradient_checkpointing_kwargs, normalize_config passes use_reentrant=True.
+    (AXOLOTL, "a.yml", {"gradient_checkpointing_kwargs": None}, True),
+    (AXOLOTL, "a.yml", {"gradient_checkpointing_kwargs": {"use_reentrant": True}}, True),
+    (AXOLOTL, "a.yml", {}, False),  # AXOLOTL says use_reentrant: false
+    (AXOLOTL, "a.yml", {"gradient_checkpointing": False, "gradient_checkpointing_kwargs": None}, False),
+    # The Trainer: no arguments is transformers' use_reentrant=False; others go to torch as they are.
+    (SFT, "c.json", {}, False),
+    (SFT, "c.json", {"gradient_checkpointing_kwargs": {"use_reentrant": True}}, True),
+    (SFT, "c.json", {"gradient_checkpointing_kwargs": {"preserve_rng_state": False}}, True),
+    (SFT, "c.json", {"gradient_checkpointing_use_reentrant": True}, True),  # TRL < 0.12's scripts
+])
+def test_reentrant_checkpointing_is_read(tmp_path, base, name, changes, reentrant):
+    plan = read(tmp_path, {**base, **changes}, name)
+    assert plan.ckpt_reentrant is (True if reentrant else None)
+    assert any("use_reentrant" in note for note in plan.notes) is reentrant
+
+
+def test_a_string_of_target_modules_is_a_pattern_peft_matches(tmp_path):
+    # PEFT matches a string as a regular expression against whole module names (re.fullmatch).
+    pattern = r"model.layers.[\d]+.(mlp|self_attn).(up|down|gate|q|k|v|o)_proj"
+    axolotl = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_linear": None, "lora_target_modules": pattern},
+                   "a.yml")
+    assert (axolotl.adapter.targets, axolotl.adapter.target_pattern) == (None, pattern)
+    assert f"on the modules matching {pattern}" in axolotl.adapter.label()
+    trl = read(tmp_path, {**SFT_PEFT, "lora_target_modules": ["q_proj|v_proj"]})  # one entry: its string
+    assert trl.adapter.target_pattern == "q_proj|v_proj"
+    with pytest.raises(InvalidInput, match="into the string 'q_proj'.* plain name matches none"):
+        read(tmp_path, {**SFT_PEFT, "lora_target_modules": ["q_proj"]})

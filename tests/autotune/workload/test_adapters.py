@@ -245,3 +245,16 @@ def test_a_trained_head_is_copied_without_a_fake_tensor_warning() -> None:
         counts = backend.parameter_counts(workload)
     assert 0 < counts.trainable < counts.total
     assert [str(w.message) for w in caught if "FakeTensor" in str(w.message)] == []
+
+
+def test_a_target_pattern_is_what_peft_matches_and_keeps_old_keys():
+    from autotune.workload.adapters import Adapter, lora_config, make_adapter
+
+    adapter = make_adapter("lora", target_pattern=r".*\.(q|v)_proj")
+    assert lora_config(adapter, "causal-lm").target_modules == r".*\.(q|v)_proj"
+    assert Adapter.from_json(adapter.to_json()) == adapter
+    assert "target_pattern" not in make_adapter("lora", targets="q_proj,v_proj").to_json()  # stored keys
+    with pytest.raises(InvalidInput, match="not a regular expression"):
+        make_adapter("lora", target_pattern="(q_proj")
+    with pytest.raises(InvalidInput, match="names or a pattern, not both"):
+        make_adapter("lora", targets="q_proj", target_pattern="q_proj")

@@ -220,3 +220,31 @@ def test_flash_attention_2_rows_are_full_and_the_estimator_runs_it():
     result = check_step(workload, EstimateBackend(gpu), gpu, seq_len=64, batch_size=2,
                         mode=parse_mode("bf16"), margin=0.05)
     assert result.fits and result.attn == "flash_attention_2"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointing_recomputes_under_the_second_context_either_way(reentrant):
+    # context_fn's second context wraps the recompute inside backward (the estimator's CUDA
+    # emulation): torch takes it for use_reentrant=False, step.py wraps the function for True.
+    import contextlib
+
+    import torch
+
+    from autotune.workload.step import build_model, gradient_checkpointing
+
+    spec = resolve_model("tiny-llama")
+    model, _ = build_model(spec, "causal-lm", "eager")
+    model.train()
+    entered = {"forward": 0, "backward": 0}
+
+    @contextlib.contextmanager
+    def recompute():
+        entered["backward" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
+        yield
+
+    kwargs = {"use_reentrant": reentrant, "context_fn": lambda: (contextlib.nullcontext(), recompute())}
+    ids = torch.randint(0, spec.config.vocab_size, (2, 8))
+    with gradient_checkpointing(model, True, kwargs):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert entered == {"forward": 0, "backward": spec.config.num_hidden_layers}
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,67 @@
+"""normalize reads every field the table body takes: a field added to the request (autotune/request.py)
+is a property of the body at once (api/schemas.py), so this is what says when the service would
+take it and do nothing with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.runs.spec import normalize
+from api.settings import Settings
+from autotune.errors import AutotuneError
+from autotune.request import TableRequest, fields_of
+
+BASE = {"model": "tiny-llama", "seq_lens": [32], "modes": ["fp32"], "gpu_memory": "1GiB",
+        "backend": "estimate"}
+LORA, QLORA = {"peft": "lora"}, {"peft": "qlora"}
+# For each field: (what it needs besides, a value other than its default). Refused: the field's
+# own error names it.
+SAMPLES = {
+    "task": ({}, {"task": "sequence-classification"}),
+    "dtype": ({}, {"dtype": "bfloat16"}),
+    "optimizer": ({}, {"optimizer": "sgd"}),
+    "attn": ({}, {"attn": "eager"}),
+    "loss": ({}, {"loss": "chunked"}),
+    "ckpt_reentrant": ({}, {"ckpt_reentrant": True}),
+    "peft": ({}, LORA),
+    "lora_r": (LORA, {"lora_r": 4}),
+    "lora_alpha": (LORA, {"lora_alpha": 8.0}),
+    "lora_dropout": (LORA, {"lora_dropout": 0.0}),
+    "lora_targets": (LORA, {"lora_targets": ["q_proj"]}),
+    "load_in_4bit": (LORA, {"load_in_4bit": True}),
+    "load_in_8bit": ({}, {"load_in_8bit": True}),  # refused
+    "bnb_4bit_quant_type": (QLORA, {"bnb_4bit_quant_type": "fp4"}),
+    "bnb_4bit_use_double_quant": (QLORA, {"bnb_4bit_use_double_quant": False}),
+    "bnb_4bit_compute_dtype": (QLORA, {"bnb_4bit_compute_dtype": "float16"}),
+    "qlora_recipe": (QLORA, {"qlora_recipe": "axolotl"}),
+    "gpu": ({"gpu_memory": None}, {"gpu": "A100-80GB"}),
+    "gpu_memory": ({}, {"gpu_memory": "2GiB"}),
+    "backend": ({}, {"backend": "auto"}),
+    "margin": ({}, {"margin": 0.2}),
+    "seq_lens": ({}, {"seq_lens": [64]}),
+    "modes": ({}, {"modes": ["amp"]}),
+    "search": ({}, {"search": "bisect"}),
+    "max_batch": ({}, {"max_batch": 32}),
+}
+
+
+def key(body):
+    """The key of the run ``body`` asks for, or the field its first error names."""
+    # Where a run goes, by the backend asked for (auto, estimate): the estimator's either way.
+    environment = lambda backend, gpu: {"backend": "estimate", "asked": backend}  # noqa: E731
+    try:
+        return normalize({k: v for k, v in body.items() if v is not None}, Settings(), environment).key()
+    except AutotuneError as exc:
+        return exc.field
+
+
+def test_every_field_of_the_body_has_a_sample():
+    assert set(SAMPLES) == {f.name for f in fields_of(TableRequest) if f.about.http} - {"model"}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_each_field_of_the_body_changes_the_run_or_is_refused_by_name(name):
+    needs, change = SAMPLES[name]
+    before, after = key(BASE | needs), key(BASE | needs | change)
+    assert isinstance(before, str) and len(before) == 64, before  # the run without it is valid
+    assert after == name or (len(after) == 64 and after != before), after
