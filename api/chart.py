@@ -18,6 +18,7 @@ y ticks are thinned to one label per LINE, x ticks keep only labels that clear t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
 
@@ -145,7 +146,16 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
                  f'y="{x_label_y + LINE:.1f}" text-anchor="middle">sequence length (tokens)</text>')
     parts.append(f'<text class="label label-y" transform="translate(14 {TOP + plot_h / 2:.1f}) rotate(-90)" '
                  'text-anchor="middle">max batch size (log scale)</text>')
-    # Lines, then markers on top.
+    parts.extend(_plotted(series, px, py))
+    parts.append("</svg>")
+    parts.append(_legend(series))
+    parts.append("</figure>")
+    return Markup("".join(parts))
+
+
+def _plotted(series: list[Series], px: Callable[[int], float], py: Callable[[int], float]) -> list[str]:
+    """Each series' lines, then its markers on top (each titled with its value), at ``px``/``py``."""
+    parts = []
     for i, s in enumerate(series):
         colour, shape, dash = _style(i, s)
         for run in _segments(s.points):
@@ -158,10 +168,7 @@ def line_chart(series: list[Series], *, title: str, chart_id: str = "chart") -> 
             shown = f"{batch}+" if x in s.capped else str(batch)
             text = f"{s.label}, seq {x}: max batch {shown}"
             parts.append(_marker(shape, px(x), py(batch), colour, text, hollow=s.dashed or batch == 0))
-    parts.append("</svg>")
-    parts.append(_legend(series))
-    parts.append("</figure>")
-    return Markup("".join(parts))
+    return parts
 
 
 def _legend(series: list[Series]) -> str:

@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from liveserver import Server  # noqa: E402
-
+START_TIMEOUT_S = 90.0  # for the server to answer /v1/health, as tests/liveserver.py waits
 HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&levers=true&mode=bf16&seq_len={seq_len}"
 CHECK = "/v1/check?model=bert-base-uncased&seq_len=128&batch_size=32&mode=amp&gpu=T4"
 EXPLAIN = "/v1/explain?model=tiny-bert&seq_len=64&mode=fp32&levers=false"
@@ -54,6 +56,45 @@ with httpx.Client(base_url=url, timeout=30.0) as client, open(out, "w") as f:
 '''
 
 
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[httpx.Client]:
+    """A real ``autotune serve`` (``python -m autotune.cli.serve``) on a free loopback port, with two
+    estimate workers, its database and log in ``folder``: a client of it (``base_url`` its URL).
+    Stopped on leaving as Ctrl-C stops it (SIGINT), killed if it has not exited 30 s later."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # its workers' too
+    with (folder / "server.log").open("ab") as log, httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                                                                  timeout=10.0) as client:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.cli.serve", "--port", str(port), "--db", str(folder / "load.db"),
+             "--log-level", "warning"],
+            cwd=ROOT, env=os.environ | {"PYTHONPATH": path, "AUTOTUNE_ESTIMATE_WORKERS": "2"}, stdout=log,
+            stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not _healthy(client):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the server did not start: see {folder / 'server.log'}")
+                time.sleep(0.1)
+            yield client
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _healthy(client: httpx.Client) -> bool:
+    try:
+        return client.get("/v1/health").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -66,22 +107,22 @@ def main() -> int:
     args = parser.parse_args()
 
     folder = Path(tempfile.mkdtemp(prefix="autotune-load-"))
-    server = Server(folder / "load.db", folder / "server.log")
     latencies: dict[str, list[float]] = collections.defaultdict(list)
     health: list[tuple[float, float]] = []  # (time since start, latency)
     errors: list[str] = []
     lock = threading.Lock()
     stop = threading.Event()
-    try:
-        run = server.client.post("/v1/tables", json={"model": "bert-base-uncased", "gpu": "T4"}).json()
+    with serving(folder) as server:
+        base_url = str(server.base_url)
+        run = server.post("/v1/tables", json={"model": "bert-base-uncased", "gpu": "T4"}).json()
         run_id = run["id"]
         reads = [("health", "/v1/health"), ("tables", "/v1/tables"), ("run", f"/v1/tables/{run_id}"),
                  ("home", "/"), ("runs", "/runs"), ("run page", f"/runs/{run_id}"), ("check", CHECK),
                  ("explain (cached)", EXPLAIN)]
-        server.client.get(EXPLAIN, timeout=120)  # the explain's first time: later ones hit the cache
+        server.get(EXPLAIN, timeout=120)  # the explain's first time: later ones hit the cache
         # The 8B model's config class is imported at its first request (seconds, under the GIL): done
         # here, with a length the model refuses, so that the burst measures the pool, not an import.
-        server.client.get(HEAVY.format(seq_len=10**6), timeout=120)
+        server.get(HEAVY.format(seq_len=10**6), timeout=120)
         started = time.monotonic()
 
         def record(kind: str, seconds: float, status: int | None, detail: str = "") -> None:
@@ -91,7 +132,7 @@ def main() -> int:
                     errors.append(f"{kind}: {status} {detail[:200]}")
 
         def reader(index: int) -> None:
-            with httpx.Client(base_url=server.url, timeout=30.0) as client:
+            with httpx.Client(base_url=base_url, timeout=30.0) as client:
                 i = index
                 while not stop.is_set():
                     kind, url = reads[i % len(reads)]
@@ -106,13 +147,13 @@ def main() -> int:
         # The prober is a process of its own: in this one, 60 client threads would make it wait for
         # the GIL, and that wait would be counted as the server's latency.
         probes = folder / "health.tsv"
-        prober = subprocess.Popen([sys.executable, "-c", PROBER, server.url, str(probes)])
+        prober = subprocess.Popen([sys.executable, "-c", PROBER, base_url, str(probes)])
 
         burst: dict[str, float] = {}
 
         # Made before the burst: an httpx client builds an SSL context (milliseconds of CPU), and on
         # this machine the attacker's CPU is the server's.
-        burst_clients = [httpx.Client(base_url=server.url, timeout=1.0) for _ in range(40)]
+        burst_clients = [httpx.Client(base_url=base_url, timeout=1.0) for _ in range(40)]
 
         def abandon(i: int) -> None:
             try:
@@ -150,9 +191,7 @@ def main() -> int:
             health.append((float(at) - started, float(latency)))
             if ok != "1":
                 errors.append("health: failed")
-        final = server.client.get(f"/v1/tables/{run_id}").json()
-    finally:
-        server.stop()
+        final = server.get(f"/v1/tables/{run_id}").json()
 
     total = sum(len(v) for v in latencies.values())
     progress = final["progress"]

@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.fleet.cluster import Cluster
-from api.runs.analysis import ANALYSIS_COMMAND, AnalysisOrder, AnalysisPool, Ticket
-from api.runs.runner import BACKEND_KINDS, ClusterUnreachable, RunEvents, RunOrder, versions
+from api.runs.analysis import ANALYSIS_COMMAND, AnalysisPool
+from api.runs.runner import ClusterUnreachable, RunEvents, RunnerBase, RunOrder, check_backend
 from api.settings import ANALYSIS_TIMEOUT_S
 from autotune.errors import BackendUnavailable, InvalidInput, UnknownGpu
 from autotune.gpus import resolve_gpu
-from autotune.processes import child_env
 
 log = logging.getLogger("autotune.api")
 
@@ -89,7 +88,7 @@ class _Run:
         return len(self.done) == len(self.seq_lens) * len(self.modes)
 
 
-class RayRunner:
+class RayRunner(RunnerBase):
     """Runs orders on the Ray cluster at ``address``; see the module docstring."""
 
     def __init__(
@@ -103,18 +102,13 @@ class RayRunner:
         setup: Callable[[dict[str, Any]], None] | None = None,  # setup(order) first in each task (tests)
         cluster: Cluster | None = None,
     ) -> None:
-        self._versions = versions()
+        super().__init__(analysis_workers=analysis_workers, analysis_timeout_s=analysis_timeout_s,
+                         analysis_command=analysis_command, analyses=analyses)
         self.cluster = cluster if cluster is not None else Cluster(address)
         self.setup = setup
-        self._own_analyses = analyses is None
-        self.analyses = analyses if analyses is not None else AnalysisPool(
-            workers=analysis_workers, timeout_s=analysis_timeout_s, command=analysis_command,
-            env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
-        self._cond = threading.Condition()
         self._runs: dict[str, _Run] = {}
         self._waiting: list[str] = []  # run ids handed over, not yet started (cluster unreachable)
         self._tasks: dict[Any, _Cell] = {}  # ObjectRef -> its cell
-        self._closed = False
         self._thread = threading.Thread(target=self._dispatch_loop, name="ray dispatcher", daemon=True)
         self._thread.start()
 
@@ -123,47 +117,37 @@ class RayRunner:
     def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
         """Where a run goes: ``cuda`` on the kind ``gpu`` names (which the fleet must have),
         ``estimate`` on the cluster's CPUs, ``auto`` the first if it can."""
-        if backend not in ("auto", *BACKEND_KINDS):
-            raise InvalidInput(f"unknown backend {backend!r}: allowed are auto, {', '.join(BACKEND_KINDS)}")
+        check_backend(backend)
         if not self.cluster.reachable:
             raise ClusterUnreachable(self.cluster.unreachable() + ": no new runs until it is back")
         kinds = list(self.cluster.snapshot().kinds())
         kind = _kind(gpu) if gpu is not None else None
         if backend == "auto":
             backend = "cuda" if kind is not None and kind in kinds else "estimate"
-        env: dict[str, Any] = {"backend": backend, "device": None}
-        if backend == "cuda":
-            if not kinds:
-                raise BackendUnavailable("backend 'cuda' needs a GPU node, and this fleet has none: use "
-                                         "backend 'estimate' (or auto)")
-            if kind is None or kind not in kinds:
-                asked = "no GPU kind" if gpu is None else f"GPU {gpu!r}"
-                error = InvalidInput(f"{asked}: on this fleet backend 'cuda' runs on a node of the GPU kind "
-                                     f"named by gpu, and the fleet has {', '.join(kinds)}")
-                error.field = "gpu"
-                raise error
-            env.update(device=kind, fleet="ray")
-        env.update({k: v for k, v in self._versions.items() if k not in ("python", "cuda")})
-        return env
+        if backend != "cuda":
+            return self._environment(backend, None)
+        if not kinds:
+            raise BackendUnavailable("backend 'cuda' needs a GPU node, and this fleet has none: use "
+                                     "backend 'estimate' (or auto)")
+        if kind is None or kind not in kinds:
+            asked = "no GPU kind" if gpu is None else f"GPU {gpu!r}"
+            error = InvalidInput(f"{asked}: on this fleet backend 'cuda' runs on a node of the GPU kind "
+                                 f"named by gpu, and the fleet has {', '.join(kinds)}")
+            error.field = "gpu"
+            raise error
+        return self._environment(backend, kind, fleet="ray")
 
     def describe(self) -> dict[str, Any]:
         fleet = self.cluster.describe()
         with self._cond:
             fleet["runs"] = len(self._runs)
             fleet["tasks"] = len(self._tasks)
-        kinds = [k["kind"] for k in fleet["kinds"]]
-        return {
-            "backend": "cuda" if kinds else "estimate",
-            "gpu": None,  # one per kind: see fleet
-            "lanes": {"cuda": int(sum(k["gpus"] for k in fleet["kinds"])), "estimate": int(fleet["cpus"])},
-            "analysis": self.analyses.describe(),
-            "versions": dict(self._versions),
-            "fleet": fleet,
-        }
+        lanes = {"cuda": int(sum(k["gpus"] for k in fleet["kinds"])), "estimate": int(fleet["cpus"])}
+        backend = "cuda" if fleet["kinds"] else "estimate"
+        return {**self._description(backend, None, lanes), "fleet": fleet}  # gpu: one per kind, see fleet
 
     def submit(self, order: RunOrder, events: RunEvents) -> None:
-        if order.backend not in BACKEND_KINDS:
-            raise InvalidInput(f"order {order.run_id} has backend {order.backend!r}")
+        self._check_order(order)
         spec = order.spec
         seq_lens = sorted(set(int(s) for s in spec["seq_lens"]))
         modes = list(dict.fromkeys(spec["modes"]))
@@ -189,18 +173,13 @@ class RayRunner:
         with self._cond:
             return set(self._runs)
 
-    def analyze(self, order: AnalysisOrder) -> Ticket:
-        return self.analyses.analyze(order)
+    def _take_running(self) -> list[Any]:
+        refs = list(self._tasks)
+        self._tasks.clear()
+        return refs
 
-    def close(self) -> None:
-        if self._own_analyses:
-            self.analyses.close()
-        with self._cond:
-            self._closed = True
-            refs = list(self._tasks)
-            self._tasks.clear()
-            self._cond.notify_all()
-        self._kill(refs)  # their runs stay running in the store: the next start resumes them
+    def _stop(self, running: list[Any]) -> None:
+        self._kill(running)  # their runs stay running in the store: the next start resumes them
         self._thread.join(timeout=10.0)
         self.cluster.close()
 

@@ -1,9 +1,10 @@
 """Runners execute table runs away from the request path.
 
-The service talks to a runner through ``Runner``, five methods, and hears back through
+The service talks to a runner through ``Runner``, seven methods, and hears back through
 ``RunEvents``; the queue itself lives in the store (queue.py). ``LocalRunner`` runs orders on
 this host. ``RayRunner`` (api/fleet/runner.py) implements the same interface on a Ray cluster, a fleet
-of GPU kinds: a task per cell with ``num_gpus=1`` on a node of the run's kind.
+of GPU kinds: a task per cell with ``num_gpus=1`` on a node of the run's kind. Both are a
+``RunnerBase``: the versions, the analysis pool, the lock, the checks of a backend, and closing.
 
 LocalRunner has lanes, each a thread that runs one order at a time in a worker process
 (``python -m api.runs.worker``, protocol in that module):
@@ -136,6 +137,68 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def check_backend(backend: str) -> None:
+    """InvalidInput unless ``backend`` is one a run may ask for (auto, or one of BACKEND_KINDS)."""
+    if backend not in ("auto", *BACKEND_KINDS):
+        raise InvalidInput(f"unknown backend {backend!r}: allowed are auto, {', '.join(BACKEND_KINDS)}")
+
+
+class RunnerBase:
+    """What every runner shares (LocalRunner here, RayRunner in api/fleet/runner.py): the versions
+    of this host, the analysis pool (heavy reads run on this host wherever the tables run), and a
+    condition guarding the runner's state, with whether it is closed. A runner says what runs in
+    it as it closes (``_take_running``) and how to stop that (``_stop``)."""
+
+    def __init__(self, *, analysis_workers: int, analysis_timeout_s: float, analysis_command: Sequence[str],
+                 analyses: AnalysisPool | None) -> None:
+        self._versions = versions()
+        # A pool of the caller's, shared by several runners (the tests' apps): this runner then
+        # leaves it open when it closes.
+        self._own_analyses = analyses is None
+        self.analyses = analyses if analyses is not None else AnalysisPool(
+            workers=analysis_workers, timeout_s=analysis_timeout_s, command=analysis_command,
+            env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def analyze(self, order: AnalysisOrder) -> Ticket:
+        return self.analyses.analyze(order)
+
+    def close(self) -> None:
+        """Stop every worker; running orders are left for the next start to resume (Runner.close)."""
+        if self._own_analyses:
+            self.analyses.close()
+        with self._cond:
+            self._closed = True
+            running = self._take_running()
+            self._cond.notify_all()
+        self._stop(running)
+
+    def _take_running(self) -> list[Any]:
+        """Under the lock, as the runner closes: what runs in it now (workers, tasks)."""
+        raise NotImplementedError
+
+    def _stop(self, running: list[Any]) -> None:
+        """Outside the lock, once closed: stop ``running`` (``_take_running``) and the runner's threads.
+        The orders stay running in the store: the next start resumes them."""
+        raise NotImplementedError
+
+    def _check_order(self, order: RunOrder) -> None:
+        if order.backend not in BACKEND_KINDS:
+            raise InvalidInput(f"order {order.run_id} has backend {order.backend!r}")
+
+    def _environment(self, backend: str, device: str | None, **more: Any) -> dict[str, Any]:
+        """``environment``'s answer: the resolved backend, its GPU kind, ``more``, the versions."""
+        # Python's version changes no allocation; CUDA's is in torch's (+cu124).
+        return {"backend": backend, "device": device, **more,
+                **{k: v for k, v in self._versions.items() if k not in ("python", "cuda")}}
+
+    def _description(self, backend: str, gpu: str | None, lanes: dict[str, int]) -> dict[str, Any]:
+        """``describe``'s answer: the default backend, the GPU, the lanes per backend, the rest shared."""
+        return {"backend": backend, "gpu": gpu, "lanes": lanes, "analysis": self.analyses.describe(),
+                "versions": dict(self._versions)}
+
+
 @dataclass(frozen=True)
 class Lane:
     name: str  # e.g. cuda:0, estimate:1
@@ -211,7 +274,7 @@ class _Slot:
     stalled: str | None = None  # why the watchdog killed its worker
 
 
-class LocalRunner:
+class LocalRunner(RunnerBase):
     """Runs orders in worker processes on this host; see the module docstring."""
 
     def __init__(
@@ -225,11 +288,10 @@ class LocalRunner:
         analysis_workers: int = 1,
         analysis_timeout_s: float = ANALYSIS_TIMEOUT_S,
         analysis_command: Sequence[str] = ANALYSIS_COMMAND,
-        # A pool of the caller's, shared by several runners (the tests' apps): this runner then
-        # leaves it open when it closes.
-        analyses: AnalysisPool | None = None,
+        analyses: AnalysisPool | None = None,  # shared by the tests' apps: left open on close
     ) -> None:
-        self._versions = versions()
+        super().__init__(analysis_workers=analysis_workers, analysis_timeout_s=analysis_timeout_s,
+                         analysis_command=analysis_command, analyses=analyses)
         lanes = detect_gpu_lanes() if gpu_lanes is None else list(gpu_lanes)
         self._gpu_kind = lanes[0].device if lanes else None
         self._gpu_lanes = lanes
@@ -239,16 +301,10 @@ class LocalRunner:
         self.worker_command = tuple(worker_command)
         self.stop_grace_s = stop_grace_s
         self.watchdog_s = watchdog_s
-        self._own_analyses = analyses is None
-        self.analyses = analyses if analyses is not None else AnalysisPool(
-            workers=analysis_workers, timeout_s=analysis_timeout_s, command=analysis_command,
-            env=child_env({"CUDA_VISIBLE_DEVICES": ""}))
-        self._cond = threading.Condition()
         self._pending: dict[str, collections.deque[tuple[RunOrder, RunEvents]]] = {
             kind: collections.deque() for kind in BACKEND_KINDS
         }
         self._running: dict[str, _Slot] = {}
-        self._closed = False
         self._threads = [
             threading.Thread(target=self._lane_loop, args=(lane,), name=f"lane {lane.name}", daemon=True)
             for lane in self._lanes
@@ -260,31 +316,21 @@ class LocalRunner:
     # --- Runner ---------------------------------------------------------------------------
 
     def environment(self, backend: str, gpu: str | None = None) -> dict[str, Any]:
+        check_backend(backend)
         if backend == "auto":
             backend = "cuda" if self._gpu_lanes else "estimate"
-        if backend not in BACKEND_KINDS:
-            raise InvalidInput(f"unknown backend {backend!r}: allowed are auto, {', '.join(BACKEND_KINDS)}")
         if backend == "cuda" and not self._gpu_lanes:
             raise BackendUnavailable(
                 "backend 'cuda' needs a CUDA GPU, and this server has none: use backend 'estimate' (or auto)"
             )
-        env: dict[str, Any] = {"backend": backend, "device": self._gpu_kind if backend == "cuda" else None}
-        # Python's version changes no allocation; CUDA's is in torch's (+cu124).
-        env.update({k: v for k, v in self._versions.items() if k not in ("python", "cuda")})
-        return env
+        return self._environment(backend, self._gpu_kind if backend == "cuda" else None)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "backend": "cuda" if self._gpu_lanes else "estimate",
-            "gpu": self._gpu_kind,
-            "lanes": {kind: sum(1 for lane in self._lanes if lane.backend == kind) for kind in BACKEND_KINDS},
-            "analysis": self.analyses.describe(),
-            "versions": dict(self._versions),
-        }
+        lanes = {kind: sum(1 for lane in self._lanes if lane.backend == kind) for kind in BACKEND_KINDS}
+        return self._description("cuda" if self._gpu_lanes else "estimate", self._gpu_kind, lanes)
 
     def submit(self, order: RunOrder, events: RunEvents) -> None:
-        if order.backend not in BACKEND_KINDS:
-            raise InvalidInput(f"order {order.run_id} has backend {order.backend!r}")
+        self._check_order(order)
         with self._cond:
             if self._closed or order.run_id in self._running or any(
                 queued.run_id == order.run_id for queued, _ in self._pending[order.backend]
@@ -310,17 +356,11 @@ class LocalRunner:
         with self._cond:
             return set(self._running) | {order.run_id for q in self._pending.values() for order, _ in q}
 
-    def analyze(self, order: AnalysisOrder) -> Ticket:
-        return self.analyses.analyze(order)
+    def _take_running(self) -> list[Any]:
+        return [slot.worker for slot in self._running.values() if slot.worker is not None]
 
-    def close(self) -> None:
-        if self._own_analyses:
-            self.analyses.close()
-        with self._cond:
-            self._closed = True
-            workers = [slot.worker for slot in self._running.values() if slot.worker is not None]
-            self._cond.notify_all()
-        for worker in workers:
+    def _stop(self, running: list[Any]) -> None:
+        for worker in running:
             worker.kill()
         for thread in self._threads:
             thread.join(timeout=10.0)

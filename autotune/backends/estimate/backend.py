@@ -10,12 +10,14 @@ under three layers:
 
 and the trace is replayed through the caching-allocator simulator (allocator.py), which adds
 CUDA's rounding (512 B blocks, 2 MiB / 20 MiB segments) and decides out-of-memory the way the
-allocator does (free cached segments and retry before giving up).
+allocator does (free cached segments and retry before giving up). The step itself, what it
+allocates in which order and the hooks that let explain watch it, is traced_step.py's.
 
 Added outside the trace, because the CPU run never allocates them:
 - cuBLAS workspace: PyTorch allocates it through the caching allocator on the first matmul of a
   (handle, stream) pair (aten/src/ATen/cuda/CublasHandlePool.cpp). cuBLAS handles are per thread
-  and autograd runs backward on its own device thread, so a training step holds two.
+  and autograd runs backward on its own device thread, so a training step holds two
+  (traced_step.CUBLAS_HANDLES_PER_STEP).
 - CUDA context overhead: outside the allocator, subtracted from the card's memory before the
   budget is computed (``tuner.budget_bytes``).
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
-from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
+from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
     Affine,
     Trace,
@@ -42,20 +44,12 @@ from autotune.backends.estimate.trace import (
     rescaled,
     synthesized,
 )
+from autotune.backends.estimate.traced_step import StepHooks, UnsteadyStep, trace_step
 from autotune.gpus import GpuSpec
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import make_optimizer
-from autotune.workload.step import (
-    NoScaler,
-    build_model,
-    gradient_checkpointing,
-    make_batch,
-    run_steps,
-)
-
-CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device thread (backward)
+from autotune.workload.step import build_model, gradient_checkpointing
 
 
 @dataclass
@@ -264,33 +258,6 @@ def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = Non
     return None, None
 
 
-def load_weights(model: Any, track: Callable[[Any], None]) -> None:
-    """Allocate ``model``'s parameters and buffers in the order they reach the GPU: module by module,
-    children first, each module's parameters then its buffers (``Module._apply``, the order of
-    ``model.to("cuda")``; a model built on the GPU allocates in nearly the same order); a 4-bit layer
-    through its quantization's allocations (nf4.py ``load``); an adapter's weights last, as PEFT adds
-    them to the loaded model. The order decides where the long-lived blocks lie in the allocator's
-    segments, so what a step's fragmentation and a budget's releases can reach."""
-    adapter = {id(p) for name, p in model.named_parameters() if "lora_" in name or "modules_to_save" in name}
-    later: list[Any] = []
-
-    def visit(module: Any) -> None:
-        for child in module.children():
-            visit(child)
-        if getattr(module, "emulates_4bit_load", False):
-            module.load(track)
-        for tensor in module._parameters.values():
-            if tensor is not None:
-                (later.append if id(tensor) in adapter else track)(tensor)
-        for tensor in module._buffers.values():
-            if tensor is not None:
-                track(tensor)
-
-    visit(model)
-    for tensor in later:
-        track(tensor)
-
-
 @contextlib.contextmanager
 def _settable_fake_parameters() -> Iterator[None]:
     """``Module.to()`` over fake parameters, as PEFT calls it to give each adapter its base layer's
@@ -328,81 +295,6 @@ def _shared_fake_mode() -> Iterator[None]:
         yield
     finally:
         del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
-
-
-class MemoryEquivalentScaler:
-    """GradScaler's memory footprint without its data-dependent control flow.
-
-    torch.amp.GradScaler reads ``found_inf.item()`` to decide whether to skip the step, which a
-    fake tensor cannot answer. Its memory is a scale and a found_inf scalar, the scaled loss, and
-    an in-place unscale of the gradients (torch/amp/grad_scaler.py), all reproduced here.
-    """
-
-    def __init__(self) -> None:
-        import torch
-
-        self._scale = torch.full((), 2.0**16, dtype=torch.float32)
-
-    def scale(self, loss: Any) -> Any:
-        return loss * self._scale
-
-    def step(self, optimizer: Any) -> None:
-        import torch
-
-        inv_scale = self._scale.double().reciprocal().float()
-        found_inf = torch.full((), 0.0, dtype=torch.float32)
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads:
-            torch._foreach_mul_(grads, inv_scale)
-        del found_inf
-        optimizer.step()
-
-    def update(self) -> None:
-        pass
-
-
-class _Unsteady(Exception):
-    """The first step, its optimizer step written, turned out not to be steady (steps.py)."""
-
-
-class _MarkedScaler:
-    """The step's gradient scaler, noting where each optimizer step begins and ends in the trace;
-    the first optimizer step is written instead of run where ``steady`` allows (steps.py)."""
-
-    def __init__(self, scaler: Any, tracker: Any, marks: StepMarks, steady: SteadySteps,
-                 writer: StepWriter | None) -> None:
-        self.scaler, self.tracker, self.marks = scaler, tracker, marks
-        self.steady, self.writer = steady, writer
-        self.state: dict[int, int] | None = None  # the written state's keys, by number
-        self.first: tuple[Canonical, Canonical] | None = None  # step 1, where the rest is written from it
-
-    def after_step(self, index: int) -> bool:
-        """run_steps' hook: the end of a step; True (stop) where the rest is to be written."""
-        events = self.tracker.events
-        self.marks.ends.append(len(events))
-        self.marks.starts.append(len(events))
-        if index == 0 and self.writer is not None:
-            self.first = self.steady.first_step(events, self.marks, self.tracker.workspaces)
-            if self.state is not None and self.first is None:
-                raise _Unsteady  # the optimizer step was written: run again, all of it
-        return self.first is not None
-
-    def scale(self, loss: Any) -> Any:
-        return self.scaler.scale(loss)
-
-    def step(self, optimizer: Any) -> None:
-        events = self.tracker.events
-        self.marks.optimizer_starts.append(len(events))
-        first = len(self.marks.optimizer_starts) == 1
-        if first and self.writer is not None and self.steady.can_write_first_optimizer(
-                events, self.marks, self.tracker.workspaces):
-            self.state = self.steady.write_first_optimizer(self.writer)
-        else:
-            self.scaler.step(optimizer)
-        self.marks.optimizer_ends.append(len(events))
-
-    def update(self) -> None:
-        self.scaler.update()
 
 
 class _EstimateCell:
@@ -680,81 +572,49 @@ class EstimateBackend:
     def trace(
         self, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int, batch_size: int
     ) -> Trace:
-        """The allocations of one probe: parameters, workspaces, then the steps."""
+        """The allocations of one probe: parameters, workspaces, then the steps (traced_step.py)."""
+        return self.trace_with(StepHooks(), fake, workload, mode, seq_len, batch_size)
+
+    def trace_with(
+        self, hooks: StepHooks, fake: _FakeModel, workload: Workload, mode: Mode, seq_len: int,
+        batch_size: int,
+    ) -> Trace:
+        """``trace`` with the step's hooks (traced_step.StepHooks: instrument.py records with them)."""
         import torch
 
         from autotune.backends.estimate.attention import kernels_for
-        from autotune.backends.estimate.emulation import CudaEmulation
-        from autotune.backends.estimate.tracker import StorageTracker
 
         dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
             mode.autocast_dtype_name
         ]
         # A card given only by its size (--gpu-memory) is taken to be a current one (kernels_for).
         kernels = kernels_for(self.gpu.compute_capability)
+        steady = self._steady.setdefault((workload, mode.name), SteadySteps())
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;
         # with it paused, the trace depends only on the step (refcounting frees the rest).
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            for write_steps in (True, False):
-                emulation = CudaEmulation(dtype, kernels)
-                tracker = StorageTracker(reductions=True, device=self.multiprocessors)
+            for write_steps in (False,) if hooks.every_step else (True, False):
+                emulation = hooks.make_emulation(dtype, kernels)
+                tracker = hooks.make_tracker(self.multiprocessors)
+                self._emulation = emulation  # the recompute of checkpointed segments runs under it
                 try:
-                    events = self._trace(tracker, emulation, fake, workload, mode, seq_len, batch_size,
-                                         write_steps)
-                except _Unsteady:  # a step that was not steady after all: run every step
+                    events = trace_step(fake, workload, mode, seq_len, batch_size, tracker=tracker,
+                                        emulation=emulation, hooks=hooks, steady=steady,
+                                        write_steps=write_steps,
+                                        cublas_workspace_bytes=self.gpu.cublas_workspace_bytes)
+                except UnsteadyStep:  # a step that was not steady after all: run every step
                     tracker.close()
                     with fake.mode_ctx:
                         fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
                     continue
+                finally:
+                    self._emulation = None
                 self._note_attention(workload, mode, emulation)
                 return Trace.from_events(batch_size, events, tracker.workspaces)
             raise AssertionError("a trace that writes no step cannot be unsteady")
         finally:
             if gc_was_enabled:
                 gc.enable()
-
-    def _trace(
-        self, tracker: Any, emulation: Any, fake: _FakeModel, workload: Workload, mode: Mode,
-        seq_len: int, batch_size: int, write_steps: bool = True,
-    ) -> list[tuple[int, int]]:
-        import torch
-
-        model = fake.model
-        with fake.mode_ctx, tracker:
-            load_weights(model, tracker.track)
-            workspaces = [
-                torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
-                for _ in range(CUBLAS_HANDLES_PER_STEP)
-            ]
-            batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
-            optimizer = make_optimizer(model, workload.optimizer, ESTIMATE_PARTS)
-            marks = StepMarks()
-            steady = self._steady.setdefault((workload, mode.name), SteadySteps())
-            writer = StepWriter(tracker) if write_steps else None
-            marked = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
-                                   tracker, marks, steady, writer)
-            self._emulation = emulation
-            try:
-                with emulation:
-                    marks.starts.append(len(tracker.events))
-                    run_steps(
-                        model, batch, optimizer, steps=workload.steps, after_step=marked.after_step,
-                        autocast=emulation.forward_region, scaler=marked, loss=workload.loss,
-                    )
-            finally:
-                self._emulation = None
-            written = marked.first is not None
-            if marked.first is not None:  # steps 2.. from step 1 (steps.py)
-                assert writer is not None
-                steady.write(writer, marked.first, workload.steps)
-                if marked.state is not None:  # what ``del optimizer`` frees of the real state
-                    steady.free_state(writer, marked.state)
-            del optimizer, batch, marked, workspaces
-            model.zero_grad(set_to_none=True)
-        tracker.close()
-        if steady.verified is None and not written:
-            steady.learn(tracker.events, marks, workload.steps, tracker.workspaces)
-        return tracker.events

@@ -1,8 +1,9 @@
 """The estimator's training step, instrumented: what each allocation is, and variants of the step.
 
-``InstrumentedBackend`` is an ``EstimateBackend`` whose ``trace`` runs the same step under the
-same three layers (CudaEmulation, StorageTracker, FakeTensorMode) and returns the same events, so
-its probes, searches and extrapolations are the table's. On the way it records, per allocation:
+``InstrumentedBackend`` is an ``EstimateBackend`` whose ``trace`` runs the same step
+(traced_step.trace_step) with the hooks of a ``Recorder`` (traced_step.StepHooks) and returns the
+same events, so its probes, searches and extrapolations are the table's. On the way it records,
+per allocation:
 
 - the phase and training step it happened in (forward, backward, optimizer step), told by the
   step's own seams: the autocast region around the forward, ``scaler.step`` (which calls
@@ -23,7 +24,6 @@ checks that the instrumented trace of the plain step is the backend's own, alloc
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,22 +31,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.backends.estimate.backend import (
-    CUBLAS_HANDLES_PER_STEP,
-    EstimateBackend,
-    MemoryEquivalentScaler,
-    load_weights,
-)
+from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
+from autotune.backends.estimate.traced_step import StepHooks
 from autotune.backends.estimate.tracker import StorageTracker, current_region
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
-from autotune.workload.step import NoScaler, make_batch, run_steps
 
 # The emulated bitsandbytes 8-bit AdamW, by the name it had here (tests/analysis import it).
 AdamW8bitState = BnbAdamWState
@@ -266,22 +261,82 @@ def module_hooks(model: nn.Module, tracker: RecordingTracker, calls: dict[str, M
             handle.remove()
 
 
-class _PhaseScaler:
-    """Wraps the step's scaler: ``step`` is where backward ends and the optimizer step begins."""
+class Recorder(StepHooks):
+    """The traced step's hooks (traced_step.StepHooks) that record what each allocation is and
+    vary the step by ``variant`` (module docstring); ``recording`` is what the latest run found."""
 
-    def __init__(self, inner: Any, before: Callable[[Any], None], after: Callable[[Any], None]) -> None:
-        self.inner, self.before, self.after = inner, before, after
+    every_step = True  # each allocation is seen as it happens: none written from the first step
+    # Made by make_tracker before the step runs: its tracker and what it records.
+    tracker: RecordingTracker
+    recording: Recording
 
-    def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.inner.scale(loss)
+    def __init__(self, model: nn.Module, mode: Mode, variant: Variant, batch_size: int, seq_len: int
+                 ) -> None:
+        self.variant, self.checkpointing = variant, mode.checkpointing
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.names = {id(p): n for n, p in model.named_parameters()}
+        self.names.update({id(b): n for n, b in model.named_buffers()})
 
-    def step(self, optimizer: Any) -> None:
-        self.before(optimizer)
-        self.inner.step(optimizer)
-        self.after(optimizer)
+    def make_tracker(self, device: Multiprocessors | None) -> StorageTracker:
+        self.tracker = RecordingTracker(device)
+        self.recording = Recording(self.batch_size, self.seq_len, self.tracker.events,
+                                   self.tracker.allocations, workspaces=self.tracker.workspaces)
+        return self.tracker
 
-    def update(self) -> None:
-        self.inner.update()
+    def make_emulation(self, autocast_dtype: torch.dtype | None, kernels: Any) -> CudaEmulation:
+        return RecordingEmulation(autocast_dtype, kernels, self._cast)
+
+    def _cast(self, value: Any, cast: Any) -> None:
+        if id(value) in self.names:
+            self.tracker.mark(cast, "autocast_copies", self.names[id(value)])
+
+    def around(self, model: nn.Module) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(frozen_embeddings(model, self.variant.freeze_embeddings, self.checkpointing))
+        stack.enter_context(module_hooks(model, self.tracker, self.recording.calls))
+        return stack
+
+    def loaded(self, tensor: Any) -> None:
+        self.tracker.mark(tensor, "parameters", self.names.get(id(tensor)))
+
+    def make_optimizer(self, model: nn.Module, workload: Workload) -> Any:
+        return make_variant_optimizer(model, workload, self.variant)
+
+    def before_steps(self, workspaces: list[Any], batch: dict[str, Any], optimizer: Any) -> None:
+        for workspace in workspaces:
+            self.tracker.mark(workspace, "workspaces")
+        for name in batch:
+            self.tracker.mark(batch[name], "inputs")
+        self.tracker.step = 1
+
+    @contextlib.contextmanager
+    def forward_region(self, emulation: CudaEmulation) -> Iterator[None]:
+        tracker = self.tracker
+        tracker.phase = FORWARD
+        with emulation.forward_region():
+            yield
+        # Alive now, allocated in this forward: saved for backward (the cast cache is gone).
+        for index in tracker.live():
+            allocation = tracker.allocations[index]
+            if allocation.phase == FORWARD and allocation.step == tracker.step \
+                    and allocation.kind == TEMPORARY:
+                allocation.kind = "activations"
+        tracker.phase = BACKWARD
+
+    def before_optimizer(self, optimizer: Any) -> None:
+        self.tracker.phase = OPTIMIZER
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self.tracker.mark(p.grad, "gradients", self.names.get(id(p)))
+
+    def after_optimizer(self, optimizer: Any) -> None:
+        for p, state in optimizer.state.items():
+            for value in state.values():
+                self.tracker.mark(value, "optimizer_state", self.names.get(id(p)))
+
+    def after_step(self, index: int) -> None:
+        self.tracker.step = index + 2
+        self.recording.steps = index + 1
 
 
 class InstrumentedBackend(EstimateBackend):
@@ -302,97 +357,8 @@ class InstrumentedBackend(EstimateBackend):
 
     def trace(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
               ) -> Trace:
-        """EstimateBackend.trace, recording what each allocation is (module docstring)."""
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # as EstimateBackend.trace: frees happen where refcounting puts them
-        try:
-            self.last = self._record(fake, workload, mode, seq_len, batch_size)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        return Trace.from_events(batch_size, self.last.events, self.last.workspaces)
-
-    def _record(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
-                ) -> Recording:
-        from autotune.backends.estimate.attention import kernels_for
-
-        model = fake.model
-        dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-            mode.autocast_dtype_name
-        ]
-        kernels = kernels_for(self.gpu.compute_capability)
-        tracker = RecordingTracker(self._base.multiprocessors)
-        names = {id(p): n for n, p in model.named_parameters()}
-        names.update({id(b): n for n, b in model.named_buffers()})
-        emulation = RecordingEmulation(
-            dtype, kernels,
-            lambda value, cast: tracker.mark(cast, "autocast_copies", names[id(value)])
-            if id(value) in names else None,
-        )
-        recording = Recording(batch_size, seq_len, tracker.events, tracker.allocations,
-                              workspaces=tracker.workspaces)
-
-        @contextlib.contextmanager
-        def forward_region() -> Iterator[None]:
-            tracker.phase = FORWARD
-            with emulation.forward_region():
-                yield
-            # Alive now, allocated in this forward: saved for backward (the cast cache is gone).
-            for index in tracker.live():
-                allocation = tracker.allocations[index]
-                if allocation.phase == FORWARD and allocation.step == tracker.step \
-                        and allocation.kind == TEMPORARY:
-                    allocation.kind = "activations"
-            tracker.phase = BACKWARD
-
-        def before_optimizer(optimizer: Any) -> None:
-            tracker.phase = OPTIMIZER
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    tracker.mark(p.grad, "gradients", names.get(id(p)))
-
-        def after_optimizer(optimizer: Any) -> None:
-            for p, state in optimizer.state.items():
-                for value in state.values():
-                    tracker.mark(value, "optimizer_state", names.get(id(p)))
-
-        def after_step(index: int) -> None:
-            tracker.step = index + 2
-            recording.steps = index + 1
-
-        freezing = frozen_embeddings(model, self.variant.freeze_embeddings, mode.checkpointing)
-        with fake.mode_ctx, tracker, freezing, module_hooks(model, tracker, recording.calls):
-            def load(tensor: Any) -> None:
-                tracker.track(tensor)
-                tracker.mark(tensor, "parameters", names.get(id(tensor)))
-
-            load_weights(model, load)  # in EstimateBackend._trace's order
-            # What EstimateBackend._trace allocates, in its order: workspaces, batch, optimizer.
-            workspaces = [
-                torch.empty(self.gpu.cublas_workspace_bytes, dtype=torch.uint8)
-                for _ in range(CUBLAS_HANDLES_PER_STEP)
-            ]
-            for index in range(CUBLAS_HANDLES_PER_STEP):
-                tracker.mark(workspaces[index], "workspaces")
-            batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
-            for name in batch:
-                tracker.mark(batch[name], "inputs")
-            optimizer = make_variant_optimizer(model, workload, self.variant)
-            scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else None
-            tracker.step = 1
-            self._emulation = emulation  # the recompute of checkpointed segments runs under it
-            try:
-                with emulation:
-                    run_steps(
-                        model, batch, optimizer, steps=workload.steps,
-                        autocast=forward_region,
-                        scaler=_PhaseScaler(scaler or NoScaler(), before_optimizer, after_optimizer),
-                        after_step=after_step, loss=workload.loss,
-                    )
-            finally:
-                self._emulation = None
-            del optimizer, batch, scaler, workspaces
-            model.zero_grad(set_to_none=True)
-        tracker.close()
-        self._note_attention(workload, mode, emulation)
-        return recording
+        """EstimateBackend.trace, the same step, recording what each allocation is (Recorder)."""
+        recorder = Recorder(fake.model, mode, self.variant, batch_size, seq_len)
+        traced = self.trace_with(recorder, fake, workload, mode, seq_len, batch_size)
+        self.last = recorder.recording
+        return traced

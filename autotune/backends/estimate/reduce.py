@@ -113,6 +113,40 @@ def _div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _vectorized(dims: tuple[tuple[int, int, bool], ...], num_reduce: int, inputs_per_output: int,
+                num_outputs: int) -> tuple[bool, int, int, int]:
+    """(whether the reduced dims are the fastest, dim0, dim1, output_vec_size): ``setReduceConfig``'s
+    block extents before ``set_block_dimension``, vectorized along the input (``input_vec_size``)
+    or the output (``get_output_vec_size``) where the fastest dim is contiguous."""
+    fastest = num_reduce == len(dims) or dims[0][1] < dims[num_reduce][1]
+    if fastest:
+        dim0, dim1, fastest_stride = inputs_per_output, num_outputs, dims[0][1]
+    else:
+        dim0, dim1, fastest_stride = num_outputs, inputs_per_output, dims[num_reduce][1]
+    output_vec_size = 1
+    if fastest_stride == 1:
+        if fastest and dim0 > 128 and num_reduce == 1 and VT0 >= INPUT_VEC_SIZE:
+            dim0 //= INPUT_VEC_SIZE  # vectorize along the input
+        elif not fastest:  # vectorize along the output: get_output_vec_size (aligned storage)
+            output_vec_size = 4
+            for value in [dims[num_reduce][0]] + [s for i, (_, s, _) in enumerate(dims) if i != num_reduce]:
+                while value % output_vec_size:
+                    output_vec_size //= 2
+            dim0 //= output_vec_size
+    return fastest, dim0, dim1, output_vec_size
+
+
+def _block_dimension(dim0: int, dim1: int, output_vec_size: int) -> tuple[int, int]:
+    """(block_width, block_height): ``ReduceConfig::set_block_dimension``."""
+    max_threads = MAX_NUM_THREADS // output_vec_size
+    dim0_pow2 = _last_pow2(dim0) if dim0 < max_threads else max_threads
+    dim1_pow2 = _last_pow2(dim1) if dim1 < max_threads else max_threads
+    block_width = min(dim0_pow2, WARP_SIZE)
+    block_height = min(dim1_pow2, max_threads // block_width)
+    block_width = min(dim0_pow2, max_threads // block_height)
+    return block_width, block_height
+
+
 @functools.lru_cache(maxsize=4096)  # a trace's buffer and semaphores, replayed at every probe
 def workspace_bytes(reduction: ReduceInput, numel: int, device: Multiprocessors | None) -> tuple[int, int]:
     """(staging buffer, semaphores) bytes ``gpu_reduce_kernel`` takes for ``reduction`` over
@@ -131,28 +165,8 @@ def workspace_bytes(reduction: ReduceInput, numel: int, device: Multiprocessors 
         if not reduced:
             num_outputs *= size
     inputs_per_output = numel // num_outputs
-    fastest = num_reduce == len(dims) or dims[0][1] < dims[num_reduce][1]
-    if fastest:
-        dim0, dim1, fastest_stride = inputs_per_output, num_outputs, dims[0][1]
-    else:
-        dim0, dim1, fastest_stride = num_outputs, inputs_per_output, dims[num_reduce][1]
-    output_vec_size = 1
-    if fastest_stride == 1:
-        if fastest and dim0 > 128 and num_reduce == 1 and VT0 >= INPUT_VEC_SIZE:
-            dim0 //= INPUT_VEC_SIZE  # vectorize along the input
-        elif not fastest:  # vectorize along the output: get_output_vec_size (aligned storage)
-            output_vec_size = 4
-            for value in [dims[num_reduce][0]] + [s for i, (_, s, _) in enumerate(dims) if i != num_reduce]:
-                while value % output_vec_size:
-                    output_vec_size //= 2
-            dim0 //= output_vec_size
-    # set_block_dimension
-    max_threads = MAX_NUM_THREADS // output_vec_size
-    dim0_pow2 = _last_pow2(dim0) if dim0 < max_threads else max_threads
-    dim1_pow2 = _last_pow2(dim1) if dim1 < max_threads else max_threads
-    block_width = min(dim0_pow2, WARP_SIZE)
-    block_height = min(dim1_pow2, max_threads // block_width)
-    block_width = min(dim0_pow2, max_threads // block_height)
+    fastest, dim0, dim1, output_vec_size = _vectorized(dims, num_reduce, inputs_per_output, num_outputs)
+    block_width, block_height = _block_dimension(dim0, dim1, output_vec_size)
     num_threads = block_width * block_height
     step_input = step_output = 1
     block_x_reduce = fastest

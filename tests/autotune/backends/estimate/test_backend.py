@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa, kernels_for
-from autotune.backends.estimate.backend import CUBLAS_HANDLES_PER_STEP, EstimateBackend
+from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.replay import replay
 from autotune.backends.estimate.trace import Trace
+from autotune.backends.estimate.traced_step import CUBLAS_HANDLES_PER_STEP
 from autotune.backends.estimate.tracker import StorageTracker
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu, resolve_gpu
@@ -428,7 +429,7 @@ def test_a_budget_below_the_parameters_gives_oom_at_batch_one():
 
 def _loaded(model: torch.nn.Module) -> list[int]:
     """The sizes ``load_weights`` allocates (+) and frees (-), in order."""
-    from autotune.backends.estimate.backend import load_weights
+    from autotune.backends.estimate.traced_step import load_weights
 
     tracker = StorageTracker()
     with tracker:
