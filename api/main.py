@@ -62,8 +62,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app_store = store
         if app_store is None:
-            app_store = Store(settings.db)
-            app_store.claim()
+            app_store = Store(settings.db, claim=True)
         if settings.measurements:  # opt-in: AUTOTUNE_MEASUREMENTS
             try:
                 await anyio.to_thread.run_sync(import_measurements, app_store, settings.measurements,

@@ -198,6 +198,14 @@ def _open_for_claim(path: Path) -> IO[bytes]:
     return open(path, "rb")  # noqa: SIM115 - never closed, see above
 
 
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    try:
+        other = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _keep_for_claims(handle: IO[bytes]) -> None:
     """Put away a descriptor ``_open_for_claim`` gave, unlocked."""
     if sys.platform != "linux":
@@ -213,10 +221,13 @@ class Store:
 
     ``attempts`` and ``retry_delay_s``: how often a read or write that fails with a transient
     error is tried in all, and the wait before the second try (doubled before each next one).
+    ``claim``: make this process the one server of the file (``claim``) before SQLite opens it,
+    as a server must: opening writes (WAL, migrations), and a second server, or a second name of
+    the file, must be refused before it writes anything.
     """
 
     def __init__(self, path: str | Path, *, attempts: int = ATTEMPTS,
-                 retry_delay_s: float = RETRY_DELAY_S) -> None:
+                 retry_delay_s: float = RETRY_DELAY_S, claim: bool = False) -> None:
         if attempts < 1 or retry_delay_s < 0:
             raise ValueError(f"attempts must be at least 1 and retry_delay_s at least 0, not "
                              f"{attempts} and {retry_delay_s}")
@@ -225,6 +236,8 @@ class Store:
         self.retry_delay_s = retry_delay_s
         self._lock = threading.Lock()
         self._claim: IO[bytes] | None = None  # the database file, flocked, while claimed
+        if claim and self.path.exists():  # a new file has no other name nor server to meet
+            self._take_claim()
         try:
             self._writer = self._connect()
         except sqlite3.Error as exc:
@@ -234,13 +247,21 @@ class Store:
             self.migrate()
         except (sqlite3.Error, StoreError) as exc:
             self._writer.close()
+            self._release_claim()
             cause = exc.__cause__ if isinstance(exc, StoreError) else exc
             if not isinstance(cause, sqlite3.Error):  # e.g. made by a newer version
                 raise
             raise StoreError(self._cannot_open(cause)) from cause
         except BaseException:
             self._writer.close()
+            self._release_claim()
             raise
+        if claim:
+            try:
+                self.claim()
+            except BaseException:
+                self.close()
+                raise
         # "ok", or the first problems found: a damaged file still opens, and /v1/health says so.
         self.integrity = self._quick_check()
 
@@ -297,12 +318,22 @@ class Store:
         inherit it (subprocess closes their fds). Then a write, which a server must be able to
         make: SQLite opens a read-only file for reading without a word.
         """
+        if self._claim is None:
+            self._take_claim()
+        try:
+            self._check_writable()
+        except BaseException:
+            with self._lock:
+                self._release_claim()
+            raise
+
+    def _take_claim(self) -> None:
+        """The flock of ``claim``, after refusing a file with a second name."""
         try:
             import fcntl
         except ImportError:  # not POSIX: no claim, one server by convention
             return
-        if self._claim is not None:
-            return
+        self._refuse_hard_links()
         try:
             handle = _open_for_claim(self.path)
         except OSError as exc:
@@ -318,12 +349,25 @@ class Store:
                 ) from exc
             raise StoreError(f"cannot lock the database {self.path}: {exc}") from exc
         self._claim = handle
+
+    def _refuse_hard_links(self) -> None:
+        """StoreError for a database file with more than one name (a hard link): SQLite keeps the
+        -wal of a database beside the name it was opened by, so a server through one name and a
+        server or the sqlite3 tool through another each see the file without the other's -wal,
+        and the next open through the first name replays its old -wal over the other's writes
+        (https://sqlite.org/howtocorrupt.html, section 2.5: "Multiple links to the same file")."""
         try:
-            self._check_writable()
-        except BaseException:
-            with self._lock:
-                self._release_claim()
-            raise
+            st = os.stat(self.path)
+        except OSError:
+            return  # no file yet: SQLite makes it
+        if st.st_nlink <= 1:
+            return
+        real = Path(os.path.realpath(self.path))
+        others = sorted(str(p) for p in real.parent.iterdir() if p != real and _same_file(p, st))
+        named = f"{others[0]}" if others else "another name elsewhere on this file system"
+        raise StoreError(f"the database {self.path} has a second name, {named} (a hard link): each "
+                         "name keeps its own -wal file and runs would be lost; remove the link, or give "
+                         "this server another database (--db or AUTOTUNE_DB)")
 
     def _release_claim(self) -> None:
         if self._claim is None:

@@ -44,6 +44,12 @@ def _refusal(path: Path) -> str:
             "(--db or AUTOTUNE_DB)")
 
 
+def _second_name(path: Path, other: Path) -> str:
+    return (f"the database {path} has a second name, {other} (a hard link): each name keeps its own -wal "
+            "file and runs would be lost; remove the link, or give this server another database (--db or "
+            "AUTOTUNE_DB)")
+
+
 def _refused(path: Path):
     return pytest.raises(StoreError, match=f"^{re.escape(_refusal(path))}$")
 
@@ -63,14 +69,11 @@ def _claim_elsewhere(path: Path) -> str:
         import sys
         from api.store import Store
         from autotune.errors import StoreError
-        store = Store(sys.argv[1])
         try:
-            store.claim()
+            Store(sys.argv[1], claim=True).close()  # as a server opens it: claimed before SQLite
             print("claimed")
         except StoreError as exc:
             print(exc)
-        finally:
-            store.close()
     """, str(path))
     out, err = second.communicate(timeout=60)
     assert second.returncode == 0, err
@@ -83,8 +86,13 @@ def test_a_second_server_through_a_link_is_refused_and_the_first_keeps_working(t
     first.claim()
     before = _create(first, "before")
     link = _link(kind, tmp_path / "runs.db", tmp_path / "other-name.db")
-    assert _claim_elsewhere(link) == _refusal(link)
-    assert _claim_elsewhere(tmp_path / "runs.db") == _refusal(tmp_path / "runs.db")
+    if kind == "symlink":
+        assert _claim_elsewhere(link) == _refusal(link)
+        assert _claim_elsewhere(tmp_path / "runs.db") == _refusal(tmp_path / "runs.db")
+    else:  # a file with two names is refused through either, before SQLite writes a -wal beside it
+        assert _claim_elsewhere(link) == _second_name(link, tmp_path / "runs.db")
+        assert _claim_elsewhere(tmp_path / "runs.db") == _second_name(tmp_path / "runs.db", link)
+        assert not (tmp_path / "other-name.db-wal").exists()
     # The first server goes on writing and reading, and nothing it wrote is lost.
     after = _create(first, "after")
     first.mark_running(after.id, lane="estimate:0", worker_pid=None)
@@ -113,6 +121,9 @@ def test_a_claim_released_by_close_can_be_taken_through_any_path(tmp_path, kind)
     first.claim()
     link = _link(kind, tmp_path / "runs.db", tmp_path / "other-name.db")
     first.close()
+    if kind == "hard link":  # never claimed through any name while it has two
+        assert _claim_elsewhere(link) == _second_name(link, tmp_path / "runs.db")
+        return
     assert _claim_elsewhere(link) == "claimed"
     again = Store(tmp_path / "runs.db")  # and in this process, which keeps the released descriptor
     again.claim()
@@ -156,7 +167,7 @@ def test_a_claim_dies_with_its_process(tmp_path):
     """, str(tmp_path / "runs.db"))
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed", holder.stderr
-        link = _link("hard link", tmp_path / "runs.db", tmp_path / "link.db")
+        link = _link("symlink", tmp_path / "runs.db", tmp_path / "link.db")
         refused = Store(link)
         with _refused(link):
             refused.claim()
@@ -192,3 +203,20 @@ def test_releasing_a_claim_leaves_the_sqlite_locks_of_other_connections(tmp_path
     assert out.strip() == "held", err
     reader.close()
 
+
+
+def test_a_hard_link_to_a_live_database_loses_nothing(tmp_path):
+    # Issue #37: a second server through a hard link was refused only after Store() had set WAL
+    # and migrated through it: a -wal beside the link, which the next open of the link replayed
+    # over the real file, every run gone. Claimed before SQLite opens it, nothing is written.
+    first = Store(tmp_path / "runs.db", claim=True)
+    runs = [_create(first, f"run {i}") for i in range(3)]
+    link = _link("hard link", tmp_path / "runs.db", tmp_path / "copy.db")
+    assert _claim_elsewhere(link) == _second_name(link, tmp_path / "runs.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.db", "runs.db", "runs.db-shm", "runs.db-wal"]
+    _create(first, "after the refusal")
+    first.close()
+    os.unlink(link)
+    again = Store(tmp_path / "runs.db", claim=True)
+    assert [again.get_run(run.id) for run in runs] == runs and again.counts()["queued"] == 4
+    again.close()
