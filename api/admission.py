@@ -11,14 +11,23 @@ Two kinds of request do not stand in the line: /v1/health, and the heavy reads (
 the dashboard's explain panel), which spend their time waiting for an analysis worker: holding a
 place in the line for that long would stop every page. They are bounded by the analysis pool and
 the limiter of their preparation instead (api/runs/analysis.py).
+
+A place in the line is taken only once the request's body has arrived whole (api.limits.BodyLimits
+runs first, timed), and a write without the server's token is refused before its body is read
+(``TokenGate``): a client that sends a body byte by byte, or many that send no token, hold no
+place. One client (its token where it sends one, else its address) holds at most ``per_client``
+of the places (all but one), so that another client always finds one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.tokens import token_refusal
 
 # Handled at once: enough to keep one process busy (the benchmark's 20 readers get the same
 # throughput at 4 as at 40), few enough that health never waits behind many.
@@ -27,10 +36,12 @@ OUTSIDE_THE_LINE = re.compile(r"^/v1/(health|check|explain)$|^/runs/[^/]+/explai
 
 
 class Admission:
-    def __init__(self, app: ASGIApp, limit: int = REQUESTS_AT_ONCE) -> None:
+    def __init__(self, app: ASGIApp, limit: int = REQUESTS_AT_ONCE, per_client: int | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.per_client = per_client if per_client is not None else max(1, limit - 1)
         self._slots: asyncio.Semaphore | None = None  # made on the server's loop, at the first request
+        self._clients: dict[str, tuple[asyncio.Semaphore, int]] = {}  # client -> its places, requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or OUTSIDE_THE_LINE.match(scope["path"]):
@@ -38,5 +49,54 @@ class Admission:
             return
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
-        async with self._slots:
+        client = client_of(scope)
+        share, waiting = self._clients.get(client, (asyncio.Semaphore(self.per_client), 0))
+        self._clients[client] = (share, waiting + 1)
+        try:
+            async with share, self._slots:
+                await self.app(scope, receive, send)
+        finally:
+            share, waiting = self._clients[client]
+            if waiting == 1:
+                del self._clients[client]
+            else:
+                self._clients[client] = (share, waiting - 1)
+
+
+def client_of(scope: Scope) -> str:
+    """Who sends a request, for its share of the line: its token where it sends one, else its address."""
+    headers = dict(scope.get("headers") or [])
+    authorization = headers.get(b"authorization")
+    if authorization:
+        return "token " + authorization.decode("latin-1")
+    address = scope.get("client")
+    return "address " + (str(address[0]) if address else "unknown")
+
+
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class TokenGate:
+    """With a token set, a write to the API (/v1/...) without it is answered 401 before its body is
+    read (api.deps.token_refusal, the same check the routes declare)."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (self.token is None or scope["type"] != "http" or scope["method"] not in WRITES
+                or not scope["path"].startswith("/v1/")):
             await self.app(scope, receive, send)
+            return
+        header = dict(scope["headers"]).get(b"authorization")
+        refusal = token_refusal(self.token, None if header is None else header.decode("latin-1"))
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        detail, challenge = refusal
+        body = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"www-authenticate", challenge.encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
@@ -10,6 +9,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.runs.queue import RunQueue
 from api.settings import Settings
+from api.tokens import token_refusal
 
 
 def get_settings(request: Request) -> Settings:
@@ -34,25 +34,13 @@ def require_token(
     settings: SettingsDep, request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
-    """With AUTOTUNE_API_TOKEN set, a write needs ``Authorization: Bearer <token>``."""
-    token = settings.api_token
-    if token is None:
-        return
-    if not request.headers.get("authorization"):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="this server requires an API token for writes: send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    given = credentials.credentials if credentials is not None else ""  # None: not a Bearer header
-    # compare_digest: the time taken does not tell how much of a guess was right.
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="invalid API token: send 'Authorization: Bearer <token>' with the server's "
-                   "AUTOTUNE_API_TOKEN",
-            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-        )
+    """With AUTOTUNE_API_TOKEN set, a write needs ``Authorization: Bearer <token>`` (checked first
+    by api.admission.TokenGate, before the body is read; here for the OpenAPI document)."""
+    refusal = token_refusal(settings.api_token, request.headers.get("authorization"))
+    if refusal is not None:
+        detail, challenge = refusal
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=detail,
+                            headers={"WWW-Authenticate": challenge})
 
 
 WriteAccess = Depends(require_token)

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 import autotune
 from api import docs, errors
-from api.admission import Admission
+from api.admission import Admission, TokenGate
 from api.hosts import LOOPBACK_HOSTS, TrustedHosts
 from api.limits import BodyLimits
 from api.measurements import import_measurements
@@ -89,12 +89,15 @@ def create_app(
     app.state.settings = settings
 
     errors.install(app)
+    # The last added runs first: the Host checked, a write's token, the body read whole (timed),
+    # and only then a place in the line (health skips it), so that a slow client holds none.
+    app.add_middleware(Admission)
     app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(TokenGate, token=settings.api_token)
     # The loopback names are always answered: no rebinding page can send them (its origin would have
     # to be this machine), and the container's health check and local tools use them.
     allowed = tuple(dict.fromkeys((*LOOPBACK_HOSTS, *settings.allowed_hosts)))
     app.add_middleware(TrustedHosts, allowed=allowed)
-    app.add_middleware(Admission)  # the last added runs first: health skips the line
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")

@@ -70,3 +70,71 @@ def test_the_heavy_reads_do_not_hold_a_place_in_the_line():
         return order
 
     assert asyncio.run(scenario())[0] == "/v1/tables"
+
+
+def test_one_client_holds_at_most_its_share_of_the_line():
+    # A client (its token, else its address) holds at most per_client places: another finds one.
+    async def scenario() -> list[str]:
+        release = asyncio.Event()
+        order: list[str] = []
+
+        async def app(scope, receive, send):
+            if scope["path"] == "/greedy":
+                await release.wait()
+            order.append(scope["client"][0])
+
+        admission = Admission(app, limit=4)
+
+        async def nothing():
+            return {"type": "http.request"}
+
+        async def ignore(message):
+            pass
+
+        def request(path, address):
+            return {**scope(path), "client": (address, 1234)}
+
+        greedy = [asyncio.create_task(admission(request("/greedy", "10.0.0.1"), nothing, ignore))
+                  for _ in range(6)]
+        await asyncio.sleep(0.01)  # the greedy client holds its 3 places, its 3 others wait
+        await asyncio.wait_for(admission(request("/v1/tables", "10.0.0.2"), nothing, ignore), timeout=1.0)
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*greedy), timeout=1.0)
+        assert admission._clients == {}  # nothing kept of a client once its requests are done
+        return order
+
+    assert asyncio.run(scenario())[0] == "10.0.0.2"
+
+
+def test_a_slow_body_or_a_missing_token_holds_no_place_in_the_line(tmp_path):
+    # Issue #37: the line (4 places) was taken before the body was read, and a body may take
+    # AUTOTUNE_BODY_TIMEOUT_S: four clients sending one byte of a body at a time held the service.
+    # Now the body is read before the line, and a write without the token is refused before it.
+    import socket
+    import time
+
+    from liveserver import Server
+
+    server = Server(tmp_path / "serve.db", tmp_path / "serve.log", AUTOTUNE_API_TOKEN="secret",
+                    AUTOTUNE_BODY_TIMEOUT_S="60")
+    slow = []
+    try:
+        for i in range(12):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            token = b"Authorization: Bearer secret\r\n" if i % 2 else b""  # half send no token
+            sock.sendall(b"POST /v1/tables HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                         + token + b"Content-Length: 100\r\n\r\n{")
+            slow.append(sock)
+        time.sleep(0.5)
+        started = time.monotonic()
+        for _ in range(5):
+            assert server.client.get("/v1/tables").status_code == 200
+            assert server.client.get("/").status_code == 200
+        assert time.monotonic() - started < 20  # seconds on a loaded machine; held for 60 s before
+        refused = [sock for i, sock in enumerate(slow) if i % 2 == 0]
+        for sock in refused:  # answered 401 at once, the body never read
+            assert sock.recv(4096).startswith(b"HTTP/1.1 401 ")
+    finally:
+        for sock in slow:
+            sock.close()
+        server.stop()
