@@ -166,9 +166,8 @@ def run(args: argparse.Namespace) -> int:
 
     # Opened here, not at the app's startup, so that a database another server holds, or a bad
     # measured table, is a one-line error before anything binds.
-    store = Store(settings.db)
+    store = Store(settings.db, claim=True)  # claimed before SQLite opens it (api/store.py)
     try:
-        store.claim()
         _import(store, settings)
         settings = settings.model_copy(update={"measurements": ()})  # done: not again at startup
         runner = make_runner(settings)

@@ -3,6 +3,7 @@ killed mid-run that, started again, finishes the run keeping the cells it had.""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -111,3 +112,17 @@ def test_serve_refuses_a_database_another_server_holds(tmp_path, capsys):
         holder.close()
     assert capsys.readouterr().err.startswith(
         f"Error: another autotune server uses the database {tmp_path / 'held.db'}: stop it")
+
+
+def test_serve_refuses_a_hard_link_of_a_live_database_before_writing_beside_it(tmp_path, capsys):
+    # Issue #37: refused only after SQLite had opened the link, its -wal left beside it was later
+    # replayed over the real file. The serve command claims the file before SQLite opens it.
+    holder = Store(tmp_path / "held.db", claim=True)
+    os.link(tmp_path / "held.db", tmp_path / "link.db")
+    try:
+        assert serve_main(["--db", str(tmp_path / "link.db")]) == 2
+    finally:
+        holder.close()
+    assert capsys.readouterr().err.startswith(
+        f"Error: the database {tmp_path / 'link.db'} has a second name, {tmp_path / 'held.db'} (a hard link)")
+    assert not (tmp_path / "link.db-wal").exists() and not (tmp_path / "link.db-shm").exists()
