@@ -62,40 +62,58 @@ GPU = "H100-80GB"
 HEADLINE = "one-GPU SFT"
 GROUPS = (HEADLINE, "preference/reward", "multi-GPU")
 # The offline presets of decoder LLMs by family, with their nominal size in billions of parameters
-# (as their names say): a config's model runs as the one of its family nearest in size.
+# (as their names or model cards say): a config's model runs as the one of its family nearest in size.
 FAMILIES: dict[str, dict[str, float]] = {
     "llama": {"meta-llama/Llama-3.2-1B": 1, "meta-llama/Llama-3.2-3B": 3, "meta-llama/Llama-3.1-8B": 8},
+    "smollm2": {"HuggingFaceTB/SmolLM2-135M": 0.135, "HuggingFaceTB/SmolLM2-360M": 0.36,
+                "HuggingFaceTB/SmolLM2-1.7B": 1.7},
     "mistral": {"mistralai/Mistral-7B-v0.3": 7},
-    "qwen": {"Qwen/Qwen2.5-0.5B": 0.5, "Qwen/Qwen2.5-1.5B": 1.5, "Qwen/Qwen2.5-7B": 7},
-    "gemma2": {"google/gemma-2-2b": 2},
+    "qwen": {"Qwen/Qwen2.5-0.5B": 0.5, "Qwen/Qwen2.5-1.5B": 1.5, "Qwen/Qwen2.5-3B": 3, "Qwen/Qwen2.5-7B": 7,
+             "Qwen/Qwen2.5-14B": 14},
+    "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
+              "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
+    "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30},
+    "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
+    "gemma3": {"google/gemma-3-270m": 0.27, "google/gemma-3-1b-pt": 1},
+    "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
-# Llama-3.1-8B, Qwen3-0.6B as Qwen2.5-0.5B); beyond it (Qwen3-4B, a 70B) the verdict is another job's.
+# Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
 MAX_SIZE_RATIO = 1.5
 # A model id's family (lower case, first match wins); None: blocks no preset has (mixture of
 # experts, a vision or audio tower, hybrid or linear attention, another family), never forced.
 FAMILY_PATTERNS: list[tuple[str, str | None]] = [
+    (r"qwen3-30b-a3b", "qwen3_moe"),  # the one mixture of experts with a preset (its -2507 too)
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
-    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3|gemma-4|mamba|jamba|falcon-h1", None),
+    # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration), 3n another architecture.
+    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-3-(4|12|27)b|gemma-4|mamba|jamba|falcon-h1", None),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
+    (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
     (r"mistral-7b|ministral-8b", "mistral"),
-    (r"qwen2(\.5)?-|qwen3-", "qwen"),  # Qwen3 dense: Qwen2's blocks with a norm on q and k
+    (r"qwen3-", "qwen3"),  # Qwen3 dense: Qwen2's blocks with a norm on q and k
+    (r"qwen2(\.5)?-", "qwen"),
     (r"gemma-2-", "gemma2"),
+    (r"gemma-3-", "gemma3"),  # the text-only 270M and 1B
+    (r"phi-(1_5|1\.5|2)\b", "phi"),
     (r"phi-3(\.5)?-mini", "phi3"),
     (r"(^|/)gpt2", "gpt2"),
 ]
 # --peel rereads a config with a tiny preset of its family (seconds, where an 8B estimate takes 40):
 # the config's keys are read whole, and the tiny preset's own refusal of a longer sequence than its
-# 128 positions (POSITIONS) says so; the step is not the config's.
+# 128 positions (POSITIONS) says so; the step is not the config's. Qwen3 and Gemma 3 name their
+# projections as Qwen2 and Gemma 2 do, SmolLM2 is a Llama.
 PEEL_READERS: dict[str | None, str] = {
-    "llama": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2", "gemma2": "tiny-gemma2",
-    "gpt2": "tiny-gpt2", None: "tiny-llama",  # None: no near preset; phi3 has no tiny one: its own
+    "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
+    "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
+    None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
-NAMED_SIZES = {"phi-3": 3.8, "gpt2-medium": 0.355, "gpt2": 0.124}  # ids without a "7B" in them
+# Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
+NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
+               "gpt2": 0.124}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

@@ -217,6 +217,124 @@ _MODERNBERT_BASE = {
     "vocab_size": 50368,
 }
 
+_GEMMA_2 = {
+    "model_type": "gemma2",
+    "architectures": ["Gemma2ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0,
+    "bos_token_id": 2,
+    "cache_implementation": "hybrid",
+    "eos_token_id": 1,
+    "final_logit_softcapping": 30.0,
+    "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 8192,
+    "pad_token_id": 0,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    # Alternating layers: sliding (4096-token window) and global attention.
+    "sliding_window": 4096,
+    # The base checkpoints are published in float32 (their -it siblings in bfloat16).
+    "torch_dtype": "float32",
+    "vocab_size": 256000,
+}
+# Qwen3 dense (Qwen/Qwen3-0.6B ... 32B, config.json as published; the 0.6B and 1.7B copied in
+# mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py, the 4B to 32B in citsjtu2020/LLM-Prof
+# sglang/Model_Config.md, the shapes also in pytorch/torchtune torchtune/models/qwen3/_model_builders.py).
+# Qwen2's blocks with an RMSNorm on each head's query and key (head_dim 128 at every size).
+_QWEN_3 = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    # The -Base checkpoints say 32768; Qwen3-4B-Instruct-2507 says 262144 (rope_theta 5e6), with
+    # the same shapes as Qwen3-4B.
+    "max_position_embeddings": 40960,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+# Gemma 3 text-only checkpoints (gemma3_text): five sliding-window layers (512 tokens) to each
+# global one, a norm on each head's query and key, one key/value head. Shapes from transformers'
+# src/transformers/models/gemma3/convert_gemma3_weights.py (the variants gemma3_270m and gemma3_1b,
+# which wrote these checkpoints, in bfloat16 by default); the 1B's config.json as published for
+# gemma-3-1b-it (same shapes as -pt) in mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py.
+# Token ids left at Gemma3TextConfig's defaults (pad 0, eos 1, bos 2), the pretrained ones.
+_GEMMA_3_TEXT = {
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "initializer_range": 0.02,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000.0,  # the sliding layers' rotary base; rope_theta the global ones'
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,  # transformers 5 turns it into layer_types
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 262144,
+}
+# SmolLM2 (HuggingFaceTB/SmolLM2-135M, -360M, -1.7B): Llama blocks, tied embeddings, 8192
+# positions. Shapes in Lightning-AI/litgpt litgpt/config.py and, as the -Instruct config.json
+# (same shapes), mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py.
+_SMOLLM2 = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "max_position_embeddings": 8192,
+    "mlp_bias": False,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 49152,
+}
+# Phi-1.5 and Phi-2 (model_type phi, as their config.json has said since transformers 4.37):
+# parallel attention and MLP blocks, LayerNorm, partial rotary embeddings, untied lm_head with bias.
+_PHI = {
+    "model_type": "phi",
+    "architectures": ["PhiForCausalLM"],
+    "attention_dropout": 0.0,
+    "embd_pdrop": 0.0,
+    "hidden_act": "gelu_new",
+    "initializer_range": 0.02,
+    "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048,
+    "num_attention_heads": 32,
+    "qk_layernorm": False,
+    "rope_scaling": None,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "vocab_size": 51200,
+}
+
 _FULL_PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _BERT_BASE,
     "bert-base-cased": {**_BERT_BASE, "vocab_size": 28996},
@@ -324,6 +442,18 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": 131072,
         "tie_word_embeddings": True,
     },
+    "Qwen/Qwen2.5-3B": {  # config.json in citsjtu2020/LLM-Prof sglang/Model_Config.md
+        **_QWEN_2_5,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 36,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 2,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+    },
     "Qwen/Qwen2.5-7B": {
         **_QWEN_2_5,
         "hidden_size": 3584,
@@ -336,6 +466,98 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": 131072,
         "tie_word_embeddings": False,
         "vocab_size": 152064,
+    },
+    "Qwen/Qwen2.5-14B": {  # config.json in citsjtu2020/LLM-Prof sglang/Model_Config.md
+        **_QWEN_2_5,
+        "hidden_size": 5120,
+        "intermediate_size": 13824,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 48,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": 131072,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+    "Qwen/Qwen3-0.6B": {
+        **_QWEN_3,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "max_window_layers": 28,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen3-1.7B": {
+        **_QWEN_3,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "max_window_layers": 28,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen3-4B": {
+        **_QWEN_3,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "max_window_layers": 36,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen3-8B": {
+        **_QWEN_3,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "max_window_layers": 36,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 36,
+        "tie_word_embeddings": False,
+    },
+    "Qwen/Qwen3-14B": {
+        **_QWEN_3,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "max_window_layers": 40,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 40,
+        "tie_word_embeddings": False,
+    },
+    "Qwen/Qwen3-32B": {
+        **_QWEN_3,
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "max_window_layers": 64,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 64,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3's mixture of experts: 48 layers of 128 experts, 8 routed per token, no shared expert;
+    # config.json in citsjtu2020/LLM-Prof sglang/Model_Config.md. transformers 5 runs the experts
+    # with grouped_mm (tokens x 8 rows, static shapes), in training and on fake tensors alike.
+    "Qwen/Qwen3-30B-A3B": {
+        **_QWEN_3,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "decoder_sparse_step": 1,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,  # of dense layers, which mlp_only_layers (empty) would name
+        "max_window_layers": 48,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "output_router_logits": False,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False,
     },
     "mistralai/Mistral-7B-v0.3": {
         "model_type": "mistral",
@@ -359,34 +581,34 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 32768,
     },
     "google/gemma-2-2b": {
-        "model_type": "gemma2",
-        "architectures": ["Gemma2ForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "attn_logit_softcapping": 50.0,
-        "bos_token_id": 2,
-        "cache_implementation": "hybrid",
-        "eos_token_id": 1,
-        "final_logit_softcapping": 30.0,
-        "head_dim": 256,
-        "hidden_act": "gelu_pytorch_tanh",
-        "hidden_activation": "gelu_pytorch_tanh",
+        **_GEMMA_2,
         "hidden_size": 2304,
-        "initializer_range": 0.02,
         "intermediate_size": 9216,
-        "max_position_embeddings": 8192,
         "num_attention_heads": 8,
         "num_hidden_layers": 26,
         "num_key_value_heads": 4,
-        "pad_token_id": 0,
-        "query_pre_attn_scalar": 256,
-        "rms_norm_eps": 1e-06,
-        "rope_theta": 10000.0,
-        # Alternating layers: sliding (4096-token window) and global attention.
-        "sliding_window": 4096,
-        # The base checkpoint is published in float32 (its -it sibling in bfloat16).
-        "torch_dtype": "float32",
-        "vocab_size": 256000,
+    },
+    # google/gemma-2-9b's config.json, in Girafboy/pytorchKQI example/evaluate.py.
+    "google/gemma-2-9b": {
+        **_GEMMA_2,
+        "hidden_size": 3584,
+        "intermediate_size": 14336,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 42,
+        "num_key_value_heads": 8,
+        "sliding_window_size": 4096,
+    },
+    "google/gemma-3-270m": {
+        **_GEMMA_3_TEXT,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 18,
+    },
+    "google/gemma-3-1b-pt": {
+        **_GEMMA_3_TEXT,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
     },
     "microsoft/Phi-3.5-mini-instruct": {
         "model_type": "phi3",
@@ -418,6 +640,64 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "vocab_size": 32064,
+    },
+    # SmolLM2-135M's base config.json (bos and eos 0) is quoted in several repositories; the
+    # larger two's token ids are not confirmed here and stay at LlamaConfig's defaults.
+    "HuggingFaceTB/SmolLM2-135M": {
+        **_SMOLLM2,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "hidden_size": 576,
+        "initializer_range": 0.041666666666666664,
+        "intermediate_size": 1536,
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "rope_theta": 100000,
+    },
+    "HuggingFaceTB/SmolLM2-360M": {
+        **_SMOLLM2,
+        "hidden_size": 960,
+        "initializer_range": 0.02,
+        "intermediate_size": 2560,
+        "num_attention_heads": 15,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 5,
+        "rope_theta": 100000,
+    },
+    "HuggingFaceTB/SmolLM2-1.7B": {
+        **_SMOLLM2,
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 8192,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 32,
+        "rope_theta": 130000,
+    },
+    # config.json of microsoft/phi-1_5 in Girafboy/pytorchKQI example/evaluate.py, of
+    # microsoft/phi-2 in sdpython/onnx-diagnostic onnx_diagnostic/torch_models/untrained/llm_phi2.py.
+    "microsoft/phi-1_5": {
+        **_PHI,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": None,
+        "partial_rotary_factor": 0.5,  # rotary on 32 of the 64 dimensions of a head
+        "resid_pdrop": 0.0,
+    },
+    "microsoft/phi-2": {
+        **_PHI,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "partial_rotary_factor": 0.4,  # rotary on 32 of the 80 dimensions of a head
+        "resid_pdrop": 0.1,
     },
     "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "answerdotai/ModernBERT-large": {

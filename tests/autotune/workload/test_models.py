@@ -67,6 +67,12 @@ LIMITS = {
     "Qwen/Qwen2.5-7B": 131072, "mistralai/Mistral-7B-v0.3": 32768, "google/gemma-2-2b": 8192,
     "microsoft/Phi-3.5-mini-instruct": 131072, "answerdotai/ModernBERT-base": 8192,
     "answerdotai/ModernBERT-large": 8192,
+    "Qwen/Qwen3-0.6B": 40960, "Qwen/Qwen3-1.7B": 40960, "Qwen/Qwen3-4B": 40960, "Qwen/Qwen3-8B": 40960,
+    "Qwen/Qwen3-14B": 40960, "Qwen/Qwen3-32B": 40960, "Qwen/Qwen3-30B-A3B": 40960,
+    "Qwen/Qwen2.5-3B": 32768, "Qwen/Qwen2.5-14B": 131072,
+    "google/gemma-2-9b": 8192, "google/gemma-3-270m": 32768, "google/gemma-3-1b-pt": 32768,
+    "HuggingFaceTB/SmolLM2-135M": 8192, "HuggingFaceTB/SmolLM2-360M": 8192,
+    "HuggingFaceTB/SmolLM2-1.7B": 8192, "microsoft/phi-1_5": 2048, "microsoft/phi-2": 2048,
 }
 
 

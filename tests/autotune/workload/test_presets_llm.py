@@ -3,6 +3,7 @@ checked on models built under FakeTensorMode (shapes only, no memory), as the es
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -21,6 +22,23 @@ DECODERS = [
     "mistralai/Mistral-7B-v0.3",
     "google/gemma-2-2b",
     "microsoft/Phi-3.5-mini-instruct",
+    "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-1.7B",
+    "Qwen/Qwen3-4B",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-14B",
+    "Qwen/Qwen3-32B",
+    "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-14B",
+    "google/gemma-2-9b",
+    "google/gemma-3-270m",
+    "google/gemma-3-1b-pt",
+    "HuggingFaceTB/SmolLM2-135M",
+    "HuggingFaceTB/SmolLM2-360M",
+    "HuggingFaceTB/SmolLM2-1.7B",
+    "microsoft/phi-1_5",
+    "microsoft/phi-2",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2"]
@@ -72,6 +90,33 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         ("google/gemma-2-2b", 2_614_341_888),
         # Phi-3.5-mini model card: 3.8B parameters; hub safetensors summary 3.82B.
         ("microsoft/Phi-3.5-mini-instruct", 3_821_079_552),
+        # Qwen3 model cards, "Number of Parameters": 0.6B, 1.7B, 4.0B, 8.2B, 14.8B, 32.8B
+        # (embeddings tied up to the 4B; test_model_cards_figures_are_the_counts_at_their_precision).
+        ("Qwen/Qwen3-0.6B", 596_049_920),
+        ("Qwen/Qwen3-1.7B", 1_720_574_976),
+        ("Qwen/Qwen3-4B", 4_022_468_096),
+        ("Qwen/Qwen3-8B", 8_190_735_360),
+        ("Qwen/Qwen3-14B", 14_768_307_200),
+        ("Qwen/Qwen3-32B", 32_762_123_264),
+        # Qwen3-30B-A3B model card: 30.5B in total, 3.3B activated.
+        ("Qwen/Qwen3-30B-A3B", 30_532_122_624),
+        # Qwen2.5 model cards: 3.09B (tied) and 14.7B.
+        ("Qwen/Qwen2.5-3B", 3_085_938_688),
+        ("Qwen/Qwen2.5-14B", 14_770_033_664),
+        # Gemma 2 report: 9B = 917,504,000 embedding + 8,324,201,984 non-embedding parameters.
+        ("google/gemma-2-9b", 9_241_705_984),
+        # Gemma 3: 270M (170M of them embedding, 100M in the blocks: Google's announcement); the 1B
+        # is 999,885,952 in keras-team/keras-hub keras_hub/src/models/gemma3/gemma3_presets.py.
+        ("google/gemma-3-270m", 268_098_176),
+        ("google/gemma-3-1b-pt", 999_885_952),
+        # SmolLM2 model cards: 135M, 360M, 1.7B (the names' sizes; embeddings tied).
+        ("HuggingFaceTB/SmolLM2-135M", 134_515_008),
+        ("HuggingFaceTB/SmolLM2-360M", 361_821_120),
+        ("HuggingFaceTB/SmolLM2-1.7B", 1_711_376_384),
+        # Phi model cards: 1.3B (phi-1.5, without one of its two 105M vocabulary matrices:
+        # 1.313B) and 2.7B (phi-2, 2.78B truncated); output layer untied, with a bias.
+        ("microsoft/phi-1_5", 1_418_270_720),
+        ("microsoft/phi-2", 2_779_683_840),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -91,6 +136,70 @@ def test_qwen2_5_counts_round_to_the_model_cards_non_embedding_figures() -> None
         embeddings = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
         rest = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
         assert round(rest / 1e9, 2) == non_embedding, name
+
+
+def published(count: int, figure: str) -> bool:
+    """Whether a model card's figure ("14.7B", "0.44B", "135M") is ``count`` at the figure's
+    precision, rounded or, as some cards do, truncated."""
+    unit = {"B": 1e9, "M": 1e6}[figure[-1]]
+    decimals = len(figure[:-1].partition(".")[2])
+    value = count / unit
+    return float(figure[:-1]) in {round(value, decimals), math.floor(value * 10**decimals) / 10**decimals}
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "non_embedding"),
+    [
+        # Qwen3 model cards, "Number of Parameters" and "(Non-Embedding)".
+        ("Qwen/Qwen3-0.6B", "0.6B", "0.44B"),
+        ("Qwen/Qwen3-1.7B", "1.7B", "1.4B"),
+        ("Qwen/Qwen3-4B", "4.0B", "3.6B"),
+        ("Qwen/Qwen3-8B", "8.2B", "6.95B"),
+        ("Qwen/Qwen3-14B", "14.8B", "13.2B"),
+        ("Qwen/Qwen3-32B", "32.8B", "31.2B"),
+        ("Qwen/Qwen3-30B-A3B", "30.5B", "29.9B"),
+        ("Qwen/Qwen2.5-3B", "3.09B", "2.77B"),
+        # The 14B card's non-embedding 13.1B is not its config's: 48 layers of 275.3M are 13.21B.
+        ("Qwen/Qwen2.5-14B", "14.7B", None),
+        ("HuggingFaceTB/SmolLM2-135M", "135M", None),
+        ("HuggingFaceTB/SmolLM2-1.7B", "1.7B", None),
+        ("google/gemma-3-1b-pt", "1B", None),
+    ],
+)
+def test_model_cards_figures_are_the_counts_at_their_precision(
+    name: str, total: str, non_embedding: str | None
+) -> None:
+    model = fake_causal_lm(name)
+    assert published(parameter_count(model), total)
+    if non_embedding is not None:
+        embeddings = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+        assert published(sum(p.numel() for p in model.parameters() if id(p) not in embeddings), non_embedding)
+
+
+@pytest.mark.parametrize(
+    ("name", "embedding", "rest"),
+    [
+        # Gemma 2 report, table of parameter counts: exact.
+        ("google/gemma-2-9b", 917_504_000, 8_324_201_984),
+        # Gemma 3 270M announcement: "170 million embedding parameters" and "100 million for our
+        # transformer blocks" (to the 10M).
+        ("google/gemma-3-270m", 170_000_000, 100_000_000),
+    ],
+)
+def test_gemma_counts_split_as_google_publishes_them(name: str, embedding: int, rest: int) -> None:
+    model = fake_causal_lm(name)
+    table = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight is table  # tied
+    others = parameter_count(model) - table.numel()
+    precision = 1 if embedding % 10**7 else 10**7
+    assert (round(table.numel() / precision), round(others / precision)) == (
+        embedding // precision, rest // precision)
+
+
+def test_published_reads_a_figure_at_its_precision() -> None:
+    assert published(14_770_033_664, "14.7B") and published(14_770_033_664, "14.8B")
+    assert published(134_515_008, "135M") and not published(361_821_120, "360M")
+    assert not published(1_720_574_976, "1.8B")
 
 
 @pytest.mark.parametrize(
@@ -115,7 +224,7 @@ def test_modernbert_parameter_counts_match_the_model_card(
 def test_decoder_presets_keep_their_architectures_and_dtype(name: str) -> None:
     preset = PRESETS[name]
     assert preset["architectures"] and preset["architectures"][0].endswith("ForCausalLM")
-    assert preset["torch_dtype"] in {"bfloat16", "float32"}
+    assert preset["torch_dtype"] in {"bfloat16", "float32", "float16"}
     config = resolve_model(name).config
     assert config.architectures == preset["architectures"]
     assert config.dtype == getattr(torch, preset["torch_dtype"])  # transformers 5: torch_dtype -> dtype
@@ -133,6 +242,13 @@ def test_decoder_presets_keep_their_architectures_and_dtype(name: str) -> None:
         ("google/gemma-2-2b", torch.float32),
         ("answerdotai/ModernBERT-base", torch.float32),
         ("answerdotai/ModernBERT-large", torch.float32),
+        ("Qwen/Qwen3-8B", torch.bfloat16),
+        ("google/gemma-3-270m", torch.bfloat16),
+        ("HuggingFaceTB/SmolLM2-135M", torch.bfloat16),
+        # The base Gemma 2 checkpoints are float32; phi-1.5 and phi-2 are published in float16.
+        ("google/gemma-2-9b", torch.float32),
+        ("microsoft/phi-1_5", torch.float16),
+        ("microsoft/phi-2", torch.float16),
     ],
 )
 def test_presets_carry_the_published_dtype(name: str, dtype: torch.dtype) -> None:
@@ -160,11 +276,39 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
         ("google/gemma-2-2b", {"head_dim": 256, "sliding_window": 4096, "num_key_value_heads": 4}),
         ("microsoft/Phi-3.5-mini-instruct", {"original_max_position_embeddings": 4096}),
         ("answerdotai/ModernBERT-large", {"local_attention": 128, "global_attn_every_n_layers": 3}),
+        # Qwen3: head_dim 128 at every size (0.6B: 16 heads of 128 on a 1024 width), no window.
+        ("Qwen/Qwen3-0.6B", {"head_dim": 128, "num_key_value_heads": 8, "tie_word_embeddings": True,
+                             "sliding_window": None, "max_position_embeddings": 40960}),
+        ("Qwen/Qwen3-8B", {"head_dim": 128, "tie_word_embeddings": False, "vocab_size": 151936}),
+        ("Qwen/Qwen3-30B-A3B", {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                                "mlp_only_layers": [], "num_key_value_heads": 4, "head_dim": 128}),
+        ("Qwen/Qwen2.5-3B", {"num_key_value_heads": 2, "tie_word_embeddings": True}),
+        ("Qwen/Qwen2.5-14B", {"rms_norm_eps": 1e-05, "vocab_size": 152064, "num_key_value_heads": 8}),
+        ("google/gemma-2-9b", {"head_dim": 256, "sliding_window": 4096, "num_key_value_heads": 8}),
+        ("google/gemma-3-270m", {"head_dim": 256, "num_key_value_heads": 1, "sliding_window": 512,
+                                 "vocab_size": 262144, "tie_word_embeddings": True}),
+        ("HuggingFaceTB/SmolLM2-360M",
+         {"num_key_value_heads": 5, "head_dim": 64, "tie_word_embeddings": True}),
+        ("microsoft/phi-2", {"num_key_value_heads": 32, "tie_word_embeddings": False, "vocab_size": 51200}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
     config = resolve_model(name).config
     assert {key: getattr(config, key) for key in fields} == fields
+
+
+@pytest.mark.parametrize(("name", "full_layers"), [
+    ("google/gemma-3-270m", [5, 11, 17]),
+    ("google/gemma-3-1b-pt", [5, 11, 17, 23]),
+])
+def test_gemma_3_attends_globally_every_sixth_layer_with_its_own_rotary_base(
+    name: str, full_layers: list[int]
+) -> None:
+    config = resolve_model(name).config
+    assert [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"] == full_layers
+    assert set(config.layer_types) == {"sliding_attention", "full_attention"}
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 1000000.0
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
 
 
 @pytest.mark.parametrize(
@@ -174,6 +318,11 @@ def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, An
         ("meta-llama/Llama-3.1-8B", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}),
         ("Qwen/Qwen2.5-1.5B", {"rope_type": "default", "rope_theta": 1000000.0}),
         ("microsoft/Phi-3.5-mini-instruct", {"rope_type": "longrope", "rope_theta": 10000.0}),
+        ("Qwen/Qwen3-8B", {"rope_type": "default", "rope_theta": 1000000}),
+        ("HuggingFaceTB/SmolLM2-1.7B", {"rope_type": "default", "rope_theta": 130000}),
+        # Rotary on part of each head: 32 of phi-2's 80 dimensions, 32 of phi-1.5's 64.
+        ("microsoft/phi-2", {"rope_type": "default", "partial_rotary_factor": 0.4}),
+        ("microsoft/phi-1_5", {"rope_type": "default", "partial_rotary_factor": 0.5}),
     ],
 )
 def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict[str, Any]) -> None:
@@ -190,6 +339,10 @@ def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict
         ("phi-3.5-mini-instruct", "microsoft/Phi-3.5-mini-instruct"),
         ("modernbert-base", "answerdotai/ModernBERT-base"),
         ("meta-llama/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+        ("qwen3-8b", "Qwen/Qwen3-8B"),
+        ("gemma-3-1b-pt", "google/gemma-3-1b-pt"),
+        ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M"),
+        ("PHI-2", "microsoft/phi-2"),
     ],
 )
 def test_llm_presets_resolve_without_their_org_and_under_old_names(typed: str, preset: str) -> None:

@@ -190,6 +190,10 @@ CAUSAL_LM_PRESETS = {
     "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.1-8B",
     "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.3",
     "google/gemma-2-2b", "microsoft/Phi-3.5-mini-instruct",
+    "HuggingFaceTB/SmolLM2-1.7B", "HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-360M",
+    "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-3B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-14B",
+    "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-32B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "google/gemma-2-9b",
+    "google/gemma-3-1b-pt", "google/gemma-3-270m", "microsoft/phi-1_5", "microsoft/phi-2",
 }
 
 
