@@ -427,6 +427,8 @@ class CheckPublic(BaseModel):
     attention_kernel: str | None = Field(description="the SDPA kernel the estimated step ran (cuDNN, "
                                                      "memory-efficient, ...); null without SDPA or measured")
     ckpt_reentrant: bool = Field(description="checkpointed modes with use_reentrant=True")
+    liger: list[str] = Field(description="Liger Kernel's kernels swapped in, emulated from its source "
+                                         "(rms_norm, rope, swiglu, ...); empty without")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")

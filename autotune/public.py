@@ -89,6 +89,7 @@ def table(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     ckpt_reentrant: bool = False,
+    liger: str | Sequence[str] | None = None,
     peft: str | None = None,
     lora_r: int | None = None,
     lora_alpha: float | None = None,
@@ -167,6 +168,7 @@ def check(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     ckpt_reentrant: bool = False,
+    liger: str | Sequence[str] | None = None,
     accumulation_steps: int = 1,
     peft: str | None = None,
     lora_r: int | None = None,
@@ -237,6 +239,7 @@ def explain(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     ckpt_reentrant: bool = False,
+    liger: str | Sequence[str] | None = None,
     lengths: Sequence[int] | None = None,
     texts: str | Path | None = None,
     text_column: str | None = None,
@@ -262,12 +265,11 @@ def explain(
     """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
     largest modules, outlier flags and the max batch under each lever (``autotune explain``).
 
-    Dynamic padding needs the data's token lengths: ``lengths`` (a list of counts), or ``texts`` (a
-    .csv/.tsv/.jsonl/.txt file) with ``text_column`` and a local ``tokenizer`` directory (default:
-    ``model`` when it is a directory). ``seq_len`` defaults to the longest length, else the model's
-    limit. ``levers=False`` skips the what-if searches. ``workers``: the levers are searched in that
-    many processes at once (parallel.py; None: up to the usable cores, for a model of 10M parameters
-    or more; 1: this process), with the same answers.
+    Dynamic padding needs the data's token lengths: ``lengths`` (a list of counts), or ``texts`` (a .csv/.tsv/
+    .jsonl/.txt file) with ``text_column`` and a local ``tokenizer`` directory (default: ``model`` when it is
+    a directory). ``seq_len`` defaults to the longest length, else the model's limit. ``levers=False`` skips
+    the what-if searches. ``workers``: the levers are searched in that many processes at once (parallel.py;
+    None: up to the usable cores, for a model of 10M parameters or more; 1: this process), same answers.
 
     >>> import autotune
     >>> e = autotune.explain("bert-base-uncased", seq_len=512, batch_size=64, gpu="T4", levers=False)
@@ -345,6 +347,7 @@ def max_batch_size(
     optimizer: str = DEFAULT_OPTIMIZER,
     loss: str = DEFAULT_LOSS,
     ckpt_reentrant: bool = False,
+    liger: str | Sequence[str] | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     peft: str | None = None,
     lora_r: int | None = None,
@@ -381,15 +384,17 @@ def max_batch_size(
 
 def _step(model: str, task: str | None, dtype: str, attn: str | None, optimizer: str, loss: str,
           hub: bool | None, adapter: Adapter | None, given: dict[str, Any]) -> Step:
-    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords and
-    ``ckpt_reentrant``."""
+    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords,
+    ``ckpt_reentrant`` and ``liger``."""
     peft = {name: given[name] for name in PEFT_KEYWORDS}
     targets = peft["lora_targets"]
     peft["lora_targets"] = targets if targets is None or isinstance(targets, str) else tuple(targets)
     peft["peft_config"] = None if peft["peft_config"] is None else str(peft["peft_config"])
     peft["load_in_4bit"], peft["load_in_8bit"] = bool(peft["load_in_4bit"]), bool(peft["load_in_8bit"])
     return Step(model=model, task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss,
-                ckpt_reentrant=bool(given["ckpt_reentrant"]) or None, peft_options=PeftOptions(**peft),
+                ckpt_reentrant=bool(given["ckpt_reentrant"]) or None,
+                liger=given["liger"] if given["liger"] is None or isinstance(given["liger"], str)
+                else tuple(given["liger"]), peft_options=PeftOptions(**peft),
                 adapter=adapter, hub=hub)
 
 

@@ -65,6 +65,7 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
+from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
@@ -339,6 +340,10 @@ class Step:
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "
                                          "transformers')")
+    liger: str | tuple[str, ...] | None = option(
+        None, "Liger kernels swapped in (emulated from Liger's source), comma-separated: "
+        f"{', '.join(LIGER_KERNELS)}; those the model type's Liger patch does not take are left out, as "
+        "Liger leaves them out; its fused_linear_cross_entropy is loss chunked", metavar="KERNELS")
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -588,6 +593,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
     None when a field was invalid (found in ``found``)."""
     from autotune.workload import Workload
+    from autotune.workload.liger import check_kernels
     from autotune.workload.loss import check_loss
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
     from autotune.workload.optimizers import check_optimizer
@@ -616,10 +622,12 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         return None
     with found.about("loss"):
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
+    with found.about("liger"):
+        liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
     if found.errors:
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
-                    ckpt_reentrant=bool(step.ckpt_reentrant))
+                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger)
 
 
 def resolve_adapter(step: Step, found: Findings) -> Adapter | None:

@@ -86,6 +86,7 @@ class TableResult:
     # trainable and total parameters, label); None for a full fine-tune.
     adapter: dict[str, Any] | None = None
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
+    liger: list[str] = field(default_factory=list)  # Liger's kernels swapped in, emulated (workload.liger)
 
     @property
     def total_probes(self) -> int:
@@ -210,6 +211,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         model=workload.model.name, task=workload.task, backend=backend.name,
         attn=backend.attn_used(workload), optimizer=workload.optimizer,
         weights_dtype=workload.weights_dtype, loss=workload.loss, ckpt_reentrant=workload.ckpt_reentrant,
+        liger=list(workload.liger),
         gpu_name=gpu.name,
         gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
         budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,

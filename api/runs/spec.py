@@ -26,7 +26,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ from autotune.workload.adapters import (
     check_recipe,
     parse_targets,
 )
+from autotune.workload.liger import check_kernels
 from autotune.workload.loss import check_loss
 from autotune.workload.models import (
     ModelSpec,
@@ -124,6 +125,9 @@ class TableSpec:
     # Checkpointed modes with use_reentrant=True; false (left out of the key) for every run stored
     # before it was modelled.
     ckpt_reentrant: bool = False
+    # Liger Kernel's kernels swapped in (workload.liger.check_kernels: those the model type's patch
+    # takes); empty (left out of the key) for every run stored before they were modelled.
+    liger: list[str] = field(default_factory=list)
 
     @property
     def cells(self) -> int:
@@ -154,7 +158,7 @@ class TableSpec:
                                 self.max_seq_len)
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
                         weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft(),
-                        ckpt_reentrant=self.ckpt_reentrant)
+                        ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger))
 
     def target_gpu(self) -> GpuSpec:
         cc = self.gpu["compute_capability"]
@@ -164,12 +168,15 @@ class TableSpec:
     def key(self) -> str:
         """sha256 of the whole spec: identical requests on an identical environment. A full
         fine-tune's leaves ``adapter`` out, and one without reentrant checkpointing
-        ``ckpt_reentrant``: the keys their runs had before those were modelled."""
+        ``ckpt_reentrant``, and one without Liger kernels ``liger``: the keys their runs had before
+        those were modelled."""
         data = self.to_json()
         if data["adapter"] is None:
             del data["adapter"]
         if not data["ckpt_reentrant"]:
             del data["ckpt_reentrant"]
+        if not data["liger"]:
+            del data["liger"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -246,6 +253,7 @@ class _Normalizing:
     task: str
     weights_dtype: str
     loss: str
+    liger: tuple[str, ...]
     adapter: Adapter | None
 
     def __init__(self, request: TableRequest, settings: Settings, environment: EnvironmentFn) -> None:
@@ -293,6 +301,7 @@ class _Normalizing:
             loss=self.loss,
             adapter=None if self.adapter is None else self.adapter.to_json(),
             ckpt_reentrant=bool(self.request.step.ckpt_reentrant),
+            liger=list(self.liger),
         )
 
     def check_fields(self) -> None:
@@ -379,6 +388,9 @@ class _Normalizing:
         if found.ok("task"):
             with found.about("loss"):
                 self.loss = check_loss(self.request.step.loss or DEFAULT_LOSS, self.task)
+        if found.ok("task", "loss"):
+            with found.about("liger"):
+                self.liger = check_kernels(self.request.step.liger, model.config, self.task, self.loss)
 
 
 # --- LoRA / QLoRA -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from autotune.search import Probe
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
+from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
 
@@ -60,6 +61,7 @@ class CheckResult:
     # where the step has no SDPA or was measured.
     attention_kernel: str | None = None
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
+    liger: list[str] = field(default_factory=list)  # Liger's kernels swapped in, emulated (workload.liger)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,7 +121,7 @@ def check_step(
         "outside_allocator_bytes": paged_state_bytes(workload),
         "adapter": adapter_json(workload),
         "attention_kernel": at_request.details.get("attention"),
-        "ckpt_reentrant": workload.ckpt_reentrant,
+        "ckpt_reentrant": workload.ckpt_reentrant, "liger": list(workload.liger),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -176,6 +178,8 @@ def step_label(result: CheckResult) -> str:
         parts.append(f"{result.loss} loss")
     if result.ckpt_reentrant and parse_mode(result.mode).checkpointing:
         parts.append("reentrant checkpointing")
+    if result.liger:
+        parts.append(describe_liger(result.liger))
     if result.adapter is not None:
         parts.append(str(result.adapter["label"]))
     return " (" + ", ".join(parts) + ")"
@@ -250,7 +254,7 @@ def check_from_cells(
         warnings=step_warnings(workload, [mode], gpu),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
-        adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant,
+        adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
     )
     result.message = format_message(result)
     return result

@@ -62,6 +62,7 @@ def folder(configured: str | None) -> Path:
 
 def key_of(request: CheckRequest) -> dict[str, Any] | None:
     """The whole input of a local check, or None where an answer must not come from here."""
+    from autotune.workload.liger import parse_kernels
     from autotune.workload.modes import parse_mode
     from autotune.workload.presets import preset_name
 
@@ -81,7 +82,7 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
         "step": {"seq_len": request.seq_len, "batch_size": request.batch_size, "task": step.task,
                  "dtype": step.dtype, "attn": step.attn, "optimizer": step.optimizer, "loss": step.loss,
                  "accumulation_steps": request.accumulation_steps,
-                 "ckpt_reentrant": bool(step.ckpt_reentrant)},
+                 "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger))},
         "mode": parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,
         "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,

@@ -36,6 +36,7 @@ from autotune.defaults import DEFAULT_BACKEND, DEFAULT_MODE_NAMES
 from autotune.errors import AutotuneError
 from autotune.request import TableRequest
 from autotune.units import format_bytes
+from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import parse_mode
 from autotune.workload.support import weights_label
 
@@ -131,6 +132,8 @@ def render_table(t: TableResult) -> str:
     loss = "" if t.loss == "full" else f", {t.loss} loss"
     if t.ckpt_reentrant and any(parse_mode(mode).checkpointing for mode in t.modes):
         loss += ", reentrant checkpointing"
+    if t.liger:
+        loss += f", {describe_liger(t.liger)}"
     lines = [
         f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
         f"{loss}) on {t.gpu_name}"

@@ -21,7 +21,6 @@ from autotune.configs.reading import (
     COMPILE,
     DORA,
     KERNEL,
-    LIGER,
     OFFLOAD,
     PACKED_NOTE,
     PARALLEL,
@@ -39,6 +38,7 @@ from autotune.configs.reading import (
 )
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
+from autotune.workload.liger import parse_kernels
 from autotune.workload.modes import Mode
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
@@ -258,15 +258,55 @@ def _axolotl_saved_adapter(cfg: Config, method: str, model_dir: Any) -> Adapter:
                        "file; give a local adapter directory, or leave lora_model_dir out and set lora_*")
 
 
+# Axolotl's LigerPlugin keys (integrations/liger/args.py LigerArgs) and the kernels each turns on;
+# liger_fused_linear_cross_entropy is the loss (read_axolotl). liger_glu_activation (liger_swiglu: its
+# deprecated name) is geglu where the model type's patch takes it, else swiglu (plugin.py
+# pre_model_load): both are asked for, and the patch keeps its own (workload.liger.check_kernels).
+_AXOLOTL_LIGER = {"liger_rope": ("rope",), "liger_rms_norm": ("rms_norm",),
+                  "liger_layer_norm": ("layer_norm",), "liger_glu_activation": ("swiglu", "geglu"),
+                  "liger_swiglu": ("swiglu", "geglu"), "liger_cross_entropy": ("cross_entropy",)}
+LIGER_NOTE = ("Liger's kernels, emulated from its source (what each saves for backward and allocates), "
+              "swapped in before the model is built as the LigerPlugin does (apply_liger_kernel_to_<model_"
+              "type>); those the model type's patch does not take are left out, as the plugin leaves "
+              "them out")
+
+
+def _axolotl_liger(cfg: Config) -> tuple[str, ...] | None:
+    """The Liger kernels the liger_* keys turn on (a key left out is off: the plugin passes None);
+    keys of Liger settings not emulated (liger_use_token_scaling, liger_rms_norm_gated) refused."""
+    kernels: list[str] = []
+    for key in sorted(k for k in cfg.data if k.startswith("liger_")):
+        if key == "liger_fused_linear_cross_entropy":
+            continue
+        if key not in _AXOLOTL_LIGER:
+            if not unset(cfg.get(key)):
+                raise cfg.unmodelled(key, cfg.data[key], f"not emulated: autotune emulates Liger's "
+                                     f"{', '.join(_AXOLOTL_LIGER)} and liger_fused_linear_cross_entropy")
+        elif cfg.flag(key):
+            kernels += _AXOLOTL_LIGER[key]
+    if cfg.data.get("liger_swiglu") is not None and cfg.data.get("liger_glu_activation") is not None:
+        raise InvalidInput(f"liger_swiglu and liger_glu_activation in {cfg.file!r}: Axolotl refuses both "
+                           "(liger_swiglu is the deprecated name of liger_glu_activation)")
+    if "cross_entropy" in kernels and cfg.flag("liger_fused_linear_cross_entropy"):
+        raise InvalidInput(f"liger_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
+                           "Axolotl refuses both")
+    if not kernels:
+        return None
+    on = [key for key in sorted(_AXOLOTL_LIGER) if cfg.data.get(key) is True]
+    cfg.notes.append(f"{', '.join(on)}: {LIGER_NOTE}")
+    return parse_kernels(kernels)
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     cfg.refuse(_AXOLOTL_REFUSED)
     for key in _AXOLOTL_PARALLEL:
         value = cfg.get(key)
         if value is not None and value != 1:
             raise cfg.unmodelled(key, value, PARALLEL)
-    for key in [k for k in cfg.data if k.startswith(("unsloth_", "liger_"))]:
-        if key != "liger_fused_linear_cross_entropy" and not unset(cfg.get(key)):
-            raise cfg.unmodelled(key, cfg.data[key], LIGER if key.startswith("liger_") else KERNEL)
+    for key in [k for k in cfg.data if k.startswith("unsloth_")]:
+        if not unset(cfg.get(key)):
+            raise cfg.unmodelled(key, cfg.data[key], KERNEL)
+    liger = _axolotl_liger(cfg)
     method = _axolotl_method(cfg)
     attn = _axolotl_attention(cfg)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None)
@@ -295,7 +335,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, task="causal-lm", dtype=dtype, optimizer=optimizer,
-        attn=attn, loss=loss, adapter=adapter,
+        attn=attn, loss=loss, adapter=adapter, liger=liger,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes),
     )
 

@@ -20,7 +20,6 @@ from autotune.configs.reading import (
     CHUNKED_NOTE,
     COMPILE,
     DORA,
-    LIGER,
     OFFLOAD,
     PACKED_NOTE,
     PARALLEL,
@@ -39,6 +38,7 @@ from autotune.configs.reading import (
 )
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
+from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
 from autotune.workload.modes import Mode
 
 # Every field of transformers.TrainingArguments (5.x), by what it does to a training step's memory.
@@ -46,7 +46,7 @@ from autotune.workload.modes import Mode
 _TRAINER_MODELLED = words(
     "per_device_train_batch_size gradient_accumulation_steps optim bf16 fp16 gradient_checkpointing "
     "gradient_checkpointing_kwargs activation_checkpointing activation_checkpointing_kwargs "
-    "neftune_noise_alpha auto_find_batch_size")
+    "neftune_noise_alpha auto_find_batch_size use_liger_kernel liger_kernel_config")
 _TRAINER_REFUSED = {
     "deepspeed": SHARDING,
     "fsdp": SHARDING,
@@ -54,7 +54,6 @@ _TRAINER_REFUSED = {
     "torch_compile": COMPILE,
     "torch_compile_backend": COMPILE,  # setting either turns torch_compile on (TrainingArguments)
     "torch_compile_mode": COMPILE,
-    "use_liger_kernel": LIGER,
     "use_cpu": "training on the CPU: autotune models a GPU",
     # The Trainer's LabelSmoother takes a log_softmax over the full logits beside the model's loss.
     "label_smoothing_factor": "the label smoother's extra log_softmax over the full logits",
@@ -64,7 +63,7 @@ _TRAINER_REFUSED = {
 }
 _TRAINER_NO_EFFECT = words(
     # fsdp_config is filled with defaults in every dump; only ``fsdp`` turns FSDP on.
-    "fsdp_config liger_kernel_config accelerator_config tf32 bf16_full_eval fp16_full_eval "
+    "fsdp_config accelerator_config tf32 bf16_full_eval fp16_full_eval "
     "per_device_eval_batch_size eval_accumulation_steps torch_empty_cache_steps max_grad_norm "
     "output_dir do_train do_eval do_predict eval_strategy eval_steps eval_delay eval_on_start "
     "eval_do_concat_batches eval_use_gather_object batch_eval_metrics prediction_loss_only "
@@ -120,7 +119,6 @@ _SFT_FIELDS = words(
 SFT_MARKERS = _SFT_FIELDS - words("max_length max_seq_length datasets")
 _SFT_REFUSED = {
     "activation_offloading": OFFLOAD,
-    "use_liger": LIGER,  # TRL < 0.13's name of use_liger_kernel
 }
 # The ``trl sft`` CLI's ModelConfig keys of an adapter (trl/trainer/model_config.py), and peft_config.
 _TRL_PEFT_KEYS = words(
@@ -161,6 +159,8 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
         loss = _sft_loss(cfg)
         _packing(cfg, attn)
         seq_len = _pad_to_multiple(cfg, seq_len)
+    liger, fused = _trainer_liger(cfg)
+    loss = "chunked" if fused else loss
     batch = cfg.positive("per_device_train_batch_size", "batch size")
     if batch is None and fmt == "trainer" and cfg.data:
         batch = 8  # TrainingArguments' default per_device_train_batch_size
@@ -178,12 +178,54 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
         fmt, model=model, seq_len=seq_len, batch_size=batch,
         mode=Mode("bf16" if bf16 else "amp" if fp16 else "fp32", ckpt),
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
-        task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss, adapter=adapter,
+        task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss, adapter=adapter, liger=liger,
         # lora_* keys are TRL's only with use_peft; with an adapter, one TRL does not know is listed.
         ignored=cfg.ignored(
             TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS | _TRL_PEFT_KEYS,
             ("eval_", "hub_", "logging_", "save_", "generation_") + (() if adapter else ("lora_",))),
     )
+
+
+# Trainer(use_liger_kernel=True): ``_apply_liger_kernel_to_instance(model, **liger_kernel_config)``
+# (transformers integrations/liger.py), the model type's Liger patch with its defaults
+# (workload.liger.DEFAULT_KERNELS, cross_entropy off, fused_linear_cross_entropy on) under the config's.
+_LIGER_CONFIG_KEYS = (*KERNELS, FUSED_LINEAR)
+LIGER_NOTE = ("Liger's kernels, emulated from its source (what each saves for backward and allocates); "
+              "those the model type's patch does not take are left out, as Liger leaves them out. The "
+              "Trainer patches the built model (_apply_liger_kernel_to_instance), which leaves Qwen3's "
+              "q_norm and k_norm transformers' RMSNorm; autotune swaps them too, as a patch before loading "
+              "does")
+
+
+def _trainer_liger(cfg: Config) -> tuple[tuple[str, ...] | None, bool]:
+    """The Liger kernels use_liger_kernel (TRL < 0.13: use_liger) turns on, and whether its fused
+    linear cross-entropy is on (the loss "chunked")."""
+    on = [key for key in ("use_liger_kernel", "use_liger") if cfg.flag(key)]
+    config = cfg.get("liger_kernel_config")
+    if not on:
+        return None, False
+    if isinstance(config, str) and config.strip().startswith("{"):
+        try:  # TrainingArguments takes a JSON string for a dict field
+            config = json.loads(config)
+        except json.JSONDecodeError as exc:
+            raise cfg.bad("liger_kernel_config", config, "a mapping") from exc
+    if not isinstance(config or {}, dict):
+        raise cfg.bad("liger_kernel_config", config, "a mapping")
+    wanted = {**dict.fromkeys(DEFAULT_KERNELS, True), "cross_entropy": False, FUSED_LINEAR: True}
+    for name, value in (config or {}).items():
+        if name not in _LIGER_CONFIG_KEYS:
+            raise cfg.unmodelled(f"liger_kernel_config.{name}", value, "not emulated: autotune emulates "
+                                 f"Liger's {', '.join(_LIGER_CONFIG_KEYS)}")
+        if not isinstance(value, bool):
+            raise cfg.bad(f"liger_kernel_config.{name}", value, "true or false")
+        wanted[name] = value
+    if wanted["cross_entropy"] and wanted[FUSED_LINEAR]:
+        raise InvalidInput(f"liger_kernel_config in {cfg.file!r} turns on cross_entropy and "
+                           f"{FUSED_LINEAR}: Liger refuses both")
+    kernels = tuple(name for name in KERNELS if wanted.get(name))
+    fused = f" and {FUSED_LINEAR} (loss: chunked)" if wanted[FUSED_LINEAR] else ""
+    cfg.notes.append(f"{on[0]}: {', '.join(kernels) or 'no kernel'}{fused}: {LIGER_NOTE}")
+    return kernels or None, wanted[FUSED_LINEAR]
 
 
 # run_glue.py's task_name: every GLUE task trains a sequence classification head.

@@ -25,3 +25,6 @@ class Workload:
     # Checkpointed modes through torch.utils.checkpoint's use_reentrant=True path (Axolotl's and
     # LLaMA-Factory's default) rather than transformers' use_reentrant=False.
     ckpt_reentrant: bool = False
+    # Liger Kernel's kernels swapped in, emulated (workload.liger: its KERNELS that the model type's
+    # patch takes, in that order); its fused linear cross-entropy is ``loss`` "chunked".
+    liger: tuple[str, ...] = ()

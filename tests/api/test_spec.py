@@ -23,6 +23,7 @@ SAMPLES = {
     "attn": ({}, {"attn": "eager"}),
     "loss": ({}, {"loss": "chunked"}),
     "ckpt_reentrant": ({}, {"ckpt_reentrant": True}),
+    "liger": ({}, {"liger": "rms_norm,rope,swiglu"}),
     "peft": ({}, LORA),
     "lora_r": (LORA, {"lora_r": 4}),
     "lora_alpha": (LORA, {"lora_alpha": 8.0}),

@@ -34,6 +34,7 @@ from autotune.backends.cuda.bnb import (
     make_bnb_optimizer,
     require_bitsandbytes,
 )
+from autotune.backends.cuda.liger import patch_before_build, require_liger
 from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
 from autotune.errors import BackendUnavailable, ProtocolError
@@ -198,6 +199,8 @@ class Worker:
                          or quantized)
             if needs_bnb:  # refused before the device is taken
                 require_bitsandbytes()
+            if workload.liger:
+                require_liger()
             info = self.memory.open(spec.device_index, spec.budget_bytes)
             if needs_bnb:  # it loads its CUDA library: on the cell's device
                 import_bitsandbytes()
@@ -205,6 +208,7 @@ class Worker:
             self.persistent_limit_bytes = PERSISTENT_WORKSPACES * cublas_workspace_bytes(
                 tuple(cc) if cc else None
             )
+            patch_before_build(workload)  # Liger's kernels, as Axolotl swaps them in (liger.py)
             model, attn = self._build(workload, on_device=not quantized)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)

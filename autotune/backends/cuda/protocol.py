@@ -29,6 +29,7 @@ from typing import Any
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
 from autotune.workload.adapters import Adapter
+from autotune.workload.liger import parse_kernels
 from autotune.workload.loss import check_loss
 from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
 from autotune.workload.modes import Mode, parse_mode
@@ -86,6 +87,7 @@ class CellSpec:
     loss: str = "full"  # workload.loss.LOSSES
     adapter: dict[str, Any] | None = None  # workload.adapters.Adapter.to_json(); None: full fine-tune
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True
+    liger: list[str] = dataclasses.field(default_factory=list)  # workload.liger's kernels, swapped in
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -124,6 +126,7 @@ def cell_spec(
         loss=workload.loss,
         adapter=None if workload.adapter is None else workload.adapter.to_json(),
         ckpt_reentrant=workload.ckpt_reentrant,
+        liger=list(workload.liger),
     )
 
 
@@ -141,6 +144,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         loss=check_loss(spec.loss, spec.task),
         adapter=None if spec.adapter is None else Adapter.from_json(spec.adapter),
         ckpt_reentrant=spec.ckpt_reentrant is True,
+        liger=parse_kernels(spec.liger),
     )
     return workload, parse_mode(spec.mode)
 

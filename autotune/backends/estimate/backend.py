@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.estimate.liger import swap_in
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
@@ -455,7 +456,7 @@ class EstimateBackend:
 
     def _model(self, workload: Workload) -> _FakeModel:
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
-               workload.adapter)
+               workload.adapter, workload.liger)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -464,6 +465,7 @@ class EstimateBackend:
             with fake_mode:
                 model, attn = build_model(workload.model, workload.task, workload.attn,
                                           workload.weights_dtype, flash_as_sdpa=True)
+                swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
             cached = self._models[key] = _FakeModel(model, fake_mode, attn)

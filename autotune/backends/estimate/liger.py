@@ -1,0 +1,30 @@
+"""Liger Kernel's kernels on fake tensors: workload/liger.py's emulation, with the target card's
+multiprocessors and the kernels' register arithmetic outside the caching allocator.
+
+What a Liger kernel's Python wrapper allocates with torch is traced as any op is; what its Triton
+kernel computes in registers is done by torch temporaries (liger_kernels.py) made inside
+``tracker.outside_allocator()``, whose storages no tracker counts. LigerRMSNorm's backward sizes its
+per-program weight gradients by the device's ``multi_processor_count``: the target card's
+(gpus.multiprocessors), a current card's where it is known only by its size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.gpus import GpuSpec, multiprocessors
+from autotune.workload.liger import DEFAULT_SM_COUNT, apply_kernels
+
+if TYPE_CHECKING:
+    import torch
+
+
+def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec) -> None:
+    """Liger's emulated ``kernels`` in the built fake ``model`` (before PEFT wraps it)."""
+    if not kernels:
+        return
+    from autotune.backends.estimate.tracker import outside_allocator
+
+    found = multiprocessors(gpu)
+    apply_kernels(model, kernels, sm_count=DEFAULT_SM_COUNT if found is None else found[0],
+                  registers=outside_allocator)

@@ -1,0 +1,301 @@
+"""Liger Kernel's patches of a model, emulated: which modules each kernel swaps, for which models.
+
+Liger Kernel (linkedin/Liger-Kernel) swaps transformers' modules for Triton kernels:
+``apply_liger_kernel_to_<model_type>(rope=True, cross_entropy=False, fused_linear_cross_entropy=True,
+rms_norm=True, swiglu=True)`` (src/liger_kernel/transformers/monkey_patch.py; ``geglu`` for Gemma)
+assigns, in transformers' modeling module of the model type,
+
+    rope            ``apply_rotary_pos_emb = liger_rotary_pos_emb``   (LigerRopeFunction)
+    rms_norm        ``<Model>RMSNorm = LigerRMSNorm``                  (LigerRMSNormFunction)
+    swiglu / geglu  ``<Model>MLP = LigerSwiGLUMLP`` / ``LigerGEGLUMLP`` (LigerSiLUMulFunction /
+                    LigerGELUMulFunction; Phi-3: ``LigerPhi3SwiGLUMLP``)
+    cross_entropy   ``nn.functional.cross_entropy = liger_cross_entropy`` in transformers' loss_utils
+                    (LigerCrossEntropyFunction)
+    fused_linear_cross_entropy  ``<Model>ForCausalLM.forward = lce_forward``: autotune's loss
+                    ``chunked`` (workload/loss.py), not a kernel of this module
+
+Axolotl's LigerPlugin (``pre_model_load``, its ``liger_*`` keys), LLaMA-Factory and Liger's own
+``AutoLigerKernelForCausalLM`` call it before the model is built, so every module of a swapped
+class is Liger's; ``apply_kernels`` does that to a built model: every module of the class gets
+Liger's forward (``_bind_method_to_module``, as the patch of an instance does), every caller of
+``apply_rotary_pos_emb`` reads Liger's. transformers' ``Trainer(use_liger_kernel=True)`` patches the
+model after it is built (``_apply_liger_kernel_to_instance``), which on Qwen3 leaves the attention's
+q_norm and k_norm transformers' RMSNorm: the config readers say so.
+
+Which kernels a model type's patch takes is its function's keyword arguments; the others are left
+out, as Liger's ``_apply_liger_kernel_to_instance`` and Axolotl's plugin leave them out (they pass
+only the arguments the function has): ``layer_norm`` (no patch of these model types takes it),
+``swiglu`` on Gemma, ``geglu`` elsewhere, ``cross_entropy`` on Mistral (whose patch assigns a
+``CrossEntropyLoss`` transformers 5's Mistral does not use). Model types whose patch does something
+else, or that Liger has no patch for, are refused by name (``check_kernels``).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.workload.liger_kernels import Registers
+
+KERNELS = ("rms_norm", "rope", "swiglu", "geglu", "layer_norm", "cross_entropy")
+FUSED_LINEAR = "fused_linear_cross_entropy"  # the request's loss "chunked"
+# The kernels the patches below turn on by default (their keyword defaults; the fused linear
+# cross-entropy too): what Trainer(use_liger_kernel=True) applies without a liger_kernel_config.
+DEFAULT_KERNELS = ("rms_norm", "rope", "swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class ModelPatch:
+    """What ``apply_liger_kernel_to_<model_type>`` swaps in transformers' ``modeling_<module>``."""
+
+    module: str  # transformers.models.<module>.modeling_<module>
+    prefix: str  # of its classes: <prefix>RMSNorm, <prefix>MLP
+    glu: str  # the MLP's keyword: swiglu or geglu
+    rms_norm: tuple[float, str, bool]  # LigerRMSNorm's offset, casting_mode, in_place
+    cross_entropy: bool = True  # the patch's cross_entropy reaches the model's loss
+    fused_gate_up: bool = False  # the MLP's gate and up projections are one (LigerPhi3SwiGLUMLP)
+
+
+LLAMA_NORM = (0.0, "llama", True)  # LigerRMSNorm's defaults
+GEMMA_NORM = (1.0, "gemma", True)  # LigerRMSNormForGemma; partial(_patch_rms_norm_module, offset=1.0, ...)
+GEMMA2_NORM = (1.0, "gemma", False)  # LigerRMSNormForGemma2/3: gemma2 adds the residual between two norms
+PATCHES = {
+    "llama": ModelPatch("llama", "Llama", "swiglu", LLAMA_NORM),
+    "mistral": ModelPatch("mistral", "Mistral", "swiglu", LLAMA_NORM, cross_entropy=False),
+    "qwen2": ModelPatch("qwen2", "Qwen2", "swiglu", LLAMA_NORM),
+    "qwen3": ModelPatch("qwen3", "Qwen3", "swiglu", LLAMA_NORM),
+    "phi3": ModelPatch("phi3", "Phi3", "swiglu", LLAMA_NORM, fused_gate_up=True),
+    "gemma": ModelPatch("gemma", "Gemma", "geglu", GEMMA_NORM),
+    "gemma2": ModelPatch("gemma2", "Gemma2", "geglu", GEMMA2_NORM),
+    "gemma3_text": ModelPatch("gemma3", "Gemma3", "geglu", GEMMA2_NORM),
+}
+# Liger's other patches (MODEL_TYPE_TO_APPLY_LIGER_FN), which swap modules these do not have.
+NOT_EMULATED = frozenset(
+    "deepseek_v4 gemma3 gemma4_text gemma4 glm4 glm4v glm4v_moe gpt_oss internvl llama4_text llama4 llava "
+    "granite mllama mllama_text_model ministral mixtral nemotron olmo2 pixtral olmo3 qwen3_moe qwen2_vl "
+    "qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text "
+    "qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text smollm3 paligemma falcon_h1 smolvlm "
+    "hunyuan_v1_dense hunyuan_v1_moe exaone4".split())
+# The SM count of a card known only by its size, taken to be a current one (attention.kernels_for):
+# an H100's 132 (gpus.PRESET_MULTIPROCESSORS).
+DEFAULT_SM_COUNT = 132
+
+
+def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The kernels asked for (comma-separated text or names), in KERNELS' order; InvalidInput
+    naming the allowed ones."""
+    if value is None:
+        return ()
+    names = value.split(",") if isinstance(value, str) else list(value)
+    asked = {str(name).strip().lower() for name in names} - {""}
+    if FUSED_LINEAR in asked:
+        raise InvalidInput.naming(f"{FUSED_LINEAR} is {{loss}} chunked (Liger's fused linear "
+                                  "cross-entropy, emulated by workload/loss.py): give {loss} chunked")
+    unknown = sorted(asked - set(KERNELS))
+    if unknown:
+        raise InvalidInput.naming(f"unknown Liger kernel {unknown[0]!r}: allowed are {', '.join(KERNELS)} "
+                                  f"({FUSED_LINEAR} is {{loss}} chunked)")
+    return tuple(name for name in KERNELS if name in asked)
+
+
+def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, loss: str) -> tuple[str, ...]:
+    """The kernels Liger's patch of ``config``'s model type swaps in of those asked for (module
+    docstring); InvalidInput naming what is not emulated."""
+    asked = parse_kernels(value)
+    if not asked:
+        return ()
+    model_type = config.model_type
+    patch = PATCHES.get(model_type)
+    if patch is None:
+        what = f"Liger Kernel has no patch for model type {model_type}"
+        if model_type in NOT_EMULATED:
+            what = f"Liger's patch for model type {model_type} (apply_liger_kernel_to_{model_type}) is not " \
+                "emulated"
+        raise InvalidInput(f"{what}: autotune emulates Liger Kernel on {', '.join(PATCHES)}")
+    taken = {"rms_norm", "rope", patch.glu} | ({"cross_entropy"} if patch.cross_entropy else set())
+    kernels = tuple(name for name in asked if name in taken)
+    if "cross_entropy" in kernels and loss == "chunked":
+        raise InvalidInput.naming("Liger's cross_entropy and fused_linear_cross_entropy ({loss} chunked) "
+                                  "cannot both be on (apply_liger_kernel_to_* asserts it)")
+    if "cross_entropy" in kernels and task != "causal-lm":
+        raise InvalidInput(f"Liger's cross_entropy is emulated in the causal-lm loss only, not {task}'s")
+    _check_config(kernels, patch, config)
+    return kernels
+
+
+def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> None:
+    """What Liger's modules do differently from the model's own, refused by name."""
+    act = getattr(config, "hidden_act", None)
+    if patch.glu in kernels and patch.glu == "swiglu" and act not in ("silu", "swish"):
+        raise InvalidInput(f"Liger's swiglu computes SiLU: LigerSwiGLUMLP refuses hidden_act {act!r}")
+    if patch.glu in kernels and getattr(config, "mlp_bias", False):
+        raise InvalidInput(f"Liger's {patch.glu} MLP has no biases: {config.model_type} with mlp_bias true "
+                           "is not emulated")
+    rope = getattr(config, "rope_parameters", None) or {}
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if "rope" in kernels and partial not in (None, 1, 1.0):
+        raise InvalidInput(f"Liger's rope rotates the whole head: partial_rotary_factor {partial} of "
+                           f"{config.model_type} is not emulated")
+
+
+def describe(kernels: Sequence[str]) -> str:
+    """What an output says of them: "Liger kernels (emulated): rms_norm, rope, swiglu"."""
+    return f"Liger kernels (emulated): {', '.join(kernels)}"
+
+
+# --- applying them --------------------------------------------------------------------------------
+
+
+def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: int,
+                  registers: Registers) -> None:
+    """Swap Liger's emulated kernels into the built ``model`` (a transformers model, before PEFT
+    wraps it) as its model type's patch does before loading (module docstring). ``sm_count``: the
+    multiprocessors of the target card (LigerRMSNorm's per-SM weight gradients); ``registers``:
+    where the kernels' arithmetic runs (liger_kernels)."""
+    import importlib
+    from types import MethodType
+
+    if not kernels:
+        return
+    config: Any = model.config
+    patch = PATCHES[config.model_type]
+    modeling = importlib.import_module(f"transformers.models.{patch.module}.modeling_{patch.module}")
+    found = {name: 0 for name in kernels}
+    norm = getattr(modeling, f"{patch.prefix}RMSNorm")
+    mlp = getattr(modeling, f"{patch.prefix}MLP")
+    rebuilt: dict[type, Any] = {}
+    for module in model.modules():
+        if "rms_norm" in kernels and type(module) is norm:
+            module.forward = MethodType(_rms_norm_forward(module, patch, sm_count, registers), module)
+            found["rms_norm"] += 1
+        elif patch.glu in kernels and type(module) is mlp:
+            module.forward = MethodType(_glu_forward(patch, registers), module)
+            found[patch.glu] += 1
+        elif "rope" in kernels and _calls_rope(type(module), modeling):
+            if type(module) not in rebuilt:
+                rope = _rope(registers)
+                rebuilt[type(module)] = _reading(type(module).forward, "apply_rotary_pos_emb", rope)
+            module.forward = MethodType(rebuilt[type(module)], module)
+            found["rope"] += 1
+    if "cross_entropy" in kernels:
+        model.loss_function = _causal_lm_loss(registers)
+        found["cross_entropy"] += 1
+    missing = [name for name, count in found.items() if not count]
+    if missing:
+        raise InvalidInput(f"Liger's {', '.join(missing)} found nothing to swap in {type(model).__name__} "
+                           f"(modeling_{patch.module}): not emulated for this transformers version")
+
+
+def _rms_norm_forward(module: Any, patch: ModelPatch, sm_count: int, registers: Registers) -> Any:
+    """LigerRMSNorm.forward with the module's eps (``_patch_rms_norm_module``)."""
+    from autotune.workload.liger_kernels import functions
+
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None) or 1e-6
+    offset, casting_mode, in_place = patch.rms_norm
+    apply = functions().RMSNorm.apply
+
+    def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        return apply(hidden_states, self.weight, eps, offset, casting_mode, in_place, sm_count, registers)
+
+    return forward
+
+
+def _glu_forward(patch: ModelPatch, registers: Registers) -> Any:
+    """LigerSwiGLUMLP.forward, LigerPhi3SwiGLUMLP.forward or LigerGEGLUMLP.forward (swiglu.py, geglu.py)."""
+    from autotune.workload.liger_kernels import functions
+
+    apply = (functions().GELUMul if patch.glu == "geglu" else functions().SiLUMul).apply
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(apply(self.gate_proj(x), self.up_proj(x), registers))
+
+    def fused_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        gate, up_states = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(apply(gate, up_states, registers))
+
+    return fused_forward if patch.fused_gate_up else forward
+
+
+def _rope(registers: Registers) -> Any:
+    """``liger_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)`` (transformers/rope.py)."""
+    from autotune.workload.liger_kernels import functions
+
+    apply = functions().Rope.apply
+
+    def liger_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                             position_ids: Any = None, unsqueeze_dim: int = 1) -> Any:
+        return apply(q, k, cos, sin, registers)
+
+    return liger_rotary_pos_emb
+
+
+def _calls_rope(cls: type, modeling: types.ModuleType) -> bool:
+    """Whether ``cls.forward`` calls the modeling module's ``apply_rotary_pos_emb``."""
+    import inspect
+
+    forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+    return isinstance(forward, types.FunctionType) and forward.__globals__ is vars(modeling) \
+        and "apply_rotary_pos_emb" in forward.__code__.co_names
+
+
+def _reading(function: Any, name: str, value: Any) -> Any:
+    """``function`` reading its module's global ``name`` as ``value``: for this one caller what
+    assigning the global does (``modeling_llama.apply_rotary_pos_emb = liger_rotary_pos_emb``).
+    Decorators' wrappers (``functools.wraps``: ``__wrapped__``, held in the wrapper's closure) are
+    rebuilt around the new function; nothing of transformers is changed."""
+    inner = getattr(function, "__wrapped__", None)
+    closure, namespace = function.__closure__, function.__globals__
+    if inner is None:
+        namespace = {**namespace, name: value}
+    else:
+        new_inner = _reading(inner, name, value)
+        cells = [types.CellType(new_inner) if _holds(cell, inner) else cell for cell in closure or ()]
+        if not any(_holds(cell, new_inner) for cell in cells):
+            raise TypeError(f"{function.__qualname__} wraps {inner.__qualname__} other than by its closure")
+        closure = tuple(cells)
+    rebuilt = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                                 closure)
+    rebuilt.__kwdefaults__ = function.__kwdefaults__
+    rebuilt.__qualname__ = function.__qualname__
+    return rebuilt
+
+
+def _holds(cell: Any, value: Any) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
+
+
+def _causal_lm_loss(registers: Registers) -> Any:
+    """transformers' ``ForCausalLMLoss`` (loss/loss_utils.py) with ``nn.functional.cross_entropy``
+    Liger's: the logits upcast to float32, the labels shifted, then LigerCrossEntropyFunction
+    (reduction "sum" divided by ``num_items_in_batch`` where the Trainer gives it, as
+    ``fixed_cross_entropy``)."""
+    import torch.nn.functional as F
+
+    from autotune.workload.liger_kernels import functions
+
+    apply = functions().CrossEntropy.apply
+
+    def loss_function(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                      num_items_in_batch: Any = None, ignore_index: int = -100,
+                      shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        logits = logits.float()
+        if shift_labels is None:
+            labels = F.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:].contiguous()
+        logits = logits.view(-1, vocab_size)
+        shift_labels = shift_labels.view(-1).to(logits.device)
+        reduction = "sum" if num_items_in_batch is not None else "mean"
+        loss = apply(logits, shift_labels, reduction, registers)
+        return loss if num_items_in_batch is None else loss / num_items_in_batch
+
+    return loss_function
