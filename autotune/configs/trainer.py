@@ -261,20 +261,9 @@ def _trainer_adapter(cfg: Config, dtype: str | None, init_quant: Any) -> Adapter
     lora_keys = [k for k in cfg.data if k.startswith("lora_") and cfg.data[k] is not None]
     trained = use_peft or (use_peft is None and not unset(peft_config))
     if not trained:
-        if use_peft is False and not unset(peft_config):
-            raise InvalidInput(f"use_peft: false and peft_config in {cfg.file!r} contradict: give one")
-        flags = [k for k in ("use_dora", "use_rslora") if cfg.flag(k)]
-        if use_peft is None and (lora_keys or flags):
-            # TRL builds an adapter only with use_peft; a script of one's own may read lora_* alone.
-            key = (lora_keys + flags)[0]
-            raise cfg.unmodelled(key, cfg.data[key], "TRL trains an adapter only with use_peft: true "
-                                 "(get_peft_config); write use_peft: true for LoRA, or use_peft: false for "
-                                 "a full fine-tune")
-        if quantized:
-            key = "load_in_4bit" if load_in_4bit else "model_init_kwargs.quantization_config"
-            raise InvalidInput(f"{key} in {cfg.file!r} loads a 4-bit base without adapters: the Trainer "
-                               "refuses to fine-tune a purely quantized model (transformers "
-                               "trainer_utils.py); add use_peft: true")
+        _refuse_adapter_keys_without_peft(cfg, use_peft, peft_config, lora_keys,
+                                          "load_in_4bit" if load_in_4bit else
+                                          "model_init_kwargs.quantization_config" if quantized else None)
         return None
     if cfg.flag("use_dora"):
         raise cfg.unmodelled("use_dora", True, DORA)
@@ -305,6 +294,24 @@ def _trainer_adapter(cfg: Config, dtype: str | None, init_quant: Any) -> Adapter
                              "trainable (clone_chat_template), which autotune does not model; give a .jinja "
                              "file")
     return adapter
+
+
+def _refuse_adapter_keys_without_peft(cfg: Config, use_peft: bool | None, peft_config: Any,
+                                      lora_keys: list[str], quantized_by: str | None) -> None:
+    """A full fine-tune's adapter settings that contradict it, or that TRL would not read."""
+    if use_peft is False and not unset(peft_config):
+        raise InvalidInput(f"use_peft: false and peft_config in {cfg.file!r} contradict: give one")
+    flags = [k for k in ("use_dora", "use_rslora") if cfg.flag(k)]
+    if use_peft is None and (lora_keys or flags):
+        # TRL builds an adapter only with use_peft; a script of one's own may read lora_* alone.
+        key = (lora_keys + flags)[0]
+        raise cfg.unmodelled(key, cfg.data[key], "TRL trains an adapter only with use_peft: true "
+                             "(get_peft_config); write use_peft: true for LoRA, or use_peft: false for "
+                             "a full fine-tune")
+    if quantized_by is not None:
+        raise InvalidInput(f"{quantized_by} in {cfg.file!r} loads a 4-bit base without adapters: the "
+                           "Trainer refuses to fine-tune a purely quantized model (transformers "
+                           "trainer_utils.py); add use_peft: true")
 
 
 def _trl_lora(cfg: Config, method: str) -> Adapter:
