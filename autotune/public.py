@@ -34,18 +34,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from autotune.defaults import (
     DEFAULT_BACKEND,
-    DEFAULT_DTYPE,
-    DEFAULT_LOSS,
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
     DEFAULT_MODE_NAME,
     DEFAULT_MODE_NAMES,
-    DEFAULT_OPTIMIZER,
     EXPLAIN_BACKEND,
 )
 from autotune.errors import InvalidInput
@@ -69,7 +66,7 @@ if TYPE_CHECKING:
     from autotune.tuner import CellResult, TableResult
     from autotune.workload.adapters import Adapter
 
-__all__ = ["HUB_HINT", "GpuMemory", "check", "explain", "max_batch_size", "table"]
+__all__ = ["HUB_HINT", "GpuMemory", "StepOptions", "check", "explain", "max_batch_size", "table"]
 
 
 def table(
@@ -77,36 +74,16 @@ def table(
     *,
     seq_lens: Sequence[int] | str | None = None,
     modes: Sequence[str] | str = DEFAULT_MODE_NAMES,
-    task: str | None = None,
-    dtype: str = DEFAULT_DTYPE,
-    attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     search: str = DEFAULT_METHOD,
     max_batch: int = DEFAULT_MAX_BATCH,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    loss: str = DEFAULT_LOSS,
-    ckpt_reentrant: bool = False,
-    liger: str | Sequence[str] | None = None,
-    peft: str | None = None,
-    lora_r: int | None = None,
-    lora_alpha: float | None = None,
-    lora_dropout: float | None = None,
-    lora_targets: str | Sequence[str] | None = None,
-    peft_config: str | Path | None = None,
-    load_in_4bit: bool = False,
-    load_in_8bit: bool = False,
-    bnb_4bit_quant_type: str | None = None,
-    bnb_4bit_use_double_quant: bool | None = None,
-    bnb_4bit_compute_dtype: str | None = None,
-    qlora_recipe: str | None = None,
-    adapter: Adapter | None = None,
-    hub: bool | None = None,
     on_cell: Callable[[CellResult, int, int], None] | None = None,
     seed_with_estimate: bool = True,
     workers: int | None = None,
+    **step: Unpack[StepOptions],
 ) -> TableResult:
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
@@ -127,7 +104,7 @@ def table(
     59
     """
     request = TableRequest(
-        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        _step(model, step),
         Target(gpu, gpu_memory, backend, margin), seq_lens=seq_lens, modes=modes, search=search,
         max_batch=max_batch, seed_with_estimate=seed_with_estimate, workers=workers)
     return run_table(request, on_cell=on_cell)
@@ -158,34 +135,14 @@ def check(
     seq_len: int,
     batch_size: int,
     mode: str = DEFAULT_MODE_NAME,
-    task: str | None = None,
-    dtype: str = DEFAULT_DTYPE,
-    attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    loss: str = DEFAULT_LOSS,
-    ckpt_reentrant: bool = False,
-    liger: str | Sequence[str] | None = None,
     accumulation_steps: int = 1,
-    peft: str | None = None,
-    lora_r: int | None = None,
-    lora_alpha: float | None = None,
-    lora_dropout: float | None = None,
-    lora_targets: str | Sequence[str] | None = None,
-    peft_config: str | Path | None = None,
-    load_in_4bit: bool = False,
-    load_in_8bit: bool = False,
-    bnb_4bit_quant_type: str | None = None,
-    bnb_4bit_use_double_quant: bool | None = None,
-    bnb_4bit_compute_dtype: str | None = None,
-    qlora_recipe: str | None = None,
-    adapter: Adapter | None = None,
-    hub: bool | None = None,
     workers: int | None = None,
     remember: Callable[[CellMemo], None] | None = None,
+    **step: Unpack[StepOptions],
 ) -> CheckResult:
     """Does a training step at ``batch_size`` fit? With the cell's max batch and, when it does not,
     a suggestion (``autotune check``; its exit status is ``0 if result.fits else 1``).
@@ -205,7 +162,7 @@ def check(
     'does not fit: bert-base-uncased seq 512 fp32 (sequence-classification, fp32 weights, ...'
     """
     request = CheckRequest(
-        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        _step(model, step),
         Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
         accumulation_steps=accumulation_steps, workers=workers)
     return run_check(request, remember=remember)
@@ -229,38 +186,18 @@ def explain(
     seq_len: int | None = None,
     batch_size: int | None = None,
     mode: str = DEFAULT_MODE_NAME,
-    task: str | None = None,
-    dtype: str = DEFAULT_DTYPE,
-    attn: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     backend: str = EXPLAIN_BACKEND,
     margin: float = DEFAULT_MARGIN,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    loss: str = DEFAULT_LOSS,
-    ckpt_reentrant: bool = False,
-    liger: str | Sequence[str] | None = None,
     lengths: Sequence[int] | None = None,
     texts: str | Path | None = None,
     text_column: str | None = None,
     tokenizer: str | Path | None = None,
     levers: bool = True,
     max_batch: int = DEFAULT_MAX_BATCH,
-    peft: str | None = None,
-    lora_r: int | None = None,
-    lora_alpha: float | None = None,
-    lora_dropout: float | None = None,
-    lora_targets: str | Sequence[str] | None = None,
-    peft_config: str | Path | None = None,
-    load_in_4bit: bool = False,
-    load_in_8bit: bool = False,
-    bnb_4bit_quant_type: str | None = None,
-    bnb_4bit_use_double_quant: bool | None = None,
-    bnb_4bit_compute_dtype: str | None = None,
-    qlora_recipe: str | None = None,
-    adapter: Adapter | None = None,
-    hub: bool | None = None,
     workers: int | None = None,
+    **step: Unpack[StepOptions],
 ) -> Explanation:
     """Where the memory of the step goes at ``batch_size`` (default: the cell's max batch), the
     largest modules, outlier flags and the max batch under each lever (``autotune explain``).
@@ -278,7 +215,7 @@ def explain(
     """
     lengths = _data_lengths(model, lengths, texts, text_column, tokenizer)
     request = ExplainRequest(
-        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        _step(model, step),
         Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
         lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
         workers=workers)
@@ -339,30 +276,10 @@ def max_batch_size(
     gpu: str | None = None,
     mode: str = DEFAULT_MODE_NAME,
     gpu_memory: GpuMemory | None = None,
-    task: str | None = None,
-    dtype: str = DEFAULT_DTYPE,
-    attn: str | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
-    optimizer: str = DEFAULT_OPTIMIZER,
-    loss: str = DEFAULT_LOSS,
-    ckpt_reentrant: bool = False,
-    liger: str | Sequence[str] | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
-    peft: str | None = None,
-    lora_r: int | None = None,
-    lora_alpha: float | None = None,
-    lora_dropout: float | None = None,
-    lora_targets: str | Sequence[str] | None = None,
-    peft_config: str | Path | None = None,
-    load_in_4bit: bool = False,
-    load_in_8bit: bool = False,
-    bnb_4bit_quant_type: str | None = None,
-    bnb_4bit_use_double_quant: bool | None = None,
-    bnb_4bit_compute_dtype: str | None = None,
-    qlora_recipe: str | None = None,
-    adapter: Adapter | None = None,
-    hub: bool | None = None,
+    **step: Unpack[StepOptions],
 ) -> int:
     """The largest batch whose training step fits: one cell of ``table`` (0 when batch 1 does not
     fit; ``max_batch`` when the search reached its cap).
@@ -374,7 +291,7 @@ def max_batch_size(
     from autotune.tuner import budget_bytes, search_cell
 
     request = TableRequest(
-        _step(model, task, dtype, attn, optimizer, loss, hub, adapter, locals()),
+        _step(model, step),
         Target(gpu, gpu_memory, backend, margin), seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
     resolved = resolve(request)
     budget = budget_bytes(resolved.gpu, resolved.margin)
@@ -382,20 +299,53 @@ def max_batch_size(
                        max_batch=max_batch).max_batch_size
 
 
-def _step(model: str, task: str | None, dtype: str, attn: str | None, optimizer: str, loss: str,
-          hub: bool | None, adapter: Adapter | None, given: dict[str, Any]) -> Step:
-    """The Step of a function's keywords; ``given``: its ``locals()``, for the PEFT keywords,
-    ``ckpt_reentrant`` and ``liger``."""
-    peft = {name: given[name] for name in PEFT_KEYWORDS}
-    targets = peft["lora_targets"]
-    peft["lora_targets"] = targets if targets is None or isinstance(targets, str) else tuple(targets)
-    peft["peft_config"] = None if peft["peft_config"] is None else str(peft["peft_config"])
-    peft["load_in_4bit"], peft["load_in_8bit"] = bool(peft["load_in_4bit"]), bool(peft["load_in_8bit"])
-    return Step(model=model, task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss,
-                ckpt_reentrant=bool(given["ckpt_reentrant"]) or None,
-                liger=given["liger"] if given["liger"] is None or isinstance(given["liger"], str)
-                else tuple(given["liger"]), peft_options=PeftOptions(**peft),
-                adapter=adapter, hub=hub)
+def _step(model: str, step: StepOptions) -> Step:
+    """The Step of a function's step keywords (StepOptions)."""
+    unknown = sorted(set(step) - set(StepOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}: a step takes "
+                        f"{', '.join(StepOptions.__annotations__)}")
+    given: dict[str, Any] = dict(step)
+    peft = {name: given.pop(name) for name in PEFT_KEYWORDS if name in given}
+    if isinstance(peft.get("lora_targets"), list | tuple):
+        peft["lora_targets"] = tuple(peft["lora_targets"])
+    if peft.get("peft_config") is not None:
+        peft["peft_config"] = str(peft["peft_config"])
+    for name in ("load_in_4bit", "load_in_8bit"):
+        peft[name] = bool(peft.get(name, False))
+    if isinstance(given.get("liger"), list | tuple):
+        given["liger"] = tuple(given["liger"])
+    given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
+    return Step(model=model, peft_options=PeftOptions(**peft), **given)
+
+
+class StepOptions(TypedDict, total=False):
+    """The step every function models, as keywords named as the CLI's flags (autotune/request.py
+    Step and PeftOptions declare them, with their defaults): the head, the weights, the optimizer,
+    attention, loss, checkpointing, Liger kernels, and LoRA/QLoRA (``peft`` and the ``lora_*`` and
+    ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an ``adapter`` built already)."""
+
+    task: str | None  # default: from the config's architectures
+    dtype: str  # auto
+    attn: str | None  # default: what transformers picks on CUDA
+    optimizer: str  # adamw_torch_fused
+    loss: str  # full
+    ckpt_reentrant: bool  # False
+    liger: str | Sequence[str] | None
+    peft: str | None
+    lora_r: int | None
+    lora_alpha: float | None
+    lora_dropout: float | None
+    lora_targets: str | Sequence[str] | None
+    peft_config: str | Path | None
+    load_in_4bit: bool
+    load_in_8bit: bool
+    bnb_4bit_quant_type: str | None
+    bnb_4bit_use_double_quant: bool | None
+    bnb_4bit_compute_dtype: str | None
+    qlora_recipe: str | None
+    adapter: Adapter | None
+    hub: bool | None  # default: AUTOTUNE_ALLOW_HUB
 
 
 PEFT_KEYWORDS = ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "peft_config",

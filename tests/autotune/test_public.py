@@ -39,10 +39,15 @@ def test_each_function_has_a_docstring_with_an_example(name):
 
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_functions_take_the_cli_names_as_keywords(name):
+    from autotune.public import StepOptions
+
     parameters = inspect.signature(getattr(autotune, name)).parameters
     assert list(parameters)[0] == "model"
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters.values())[1:])
-    assert {"task", "attn", "gpu", "gpu_memory", "backend", "margin", "optimizer"} <= set(parameters)
+    *keywords, step = list(parameters.values())[1:]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in keywords)
+    assert step.kind is inspect.Parameter.VAR_KEYWORD  # **step: Unpack[StepOptions]
+    assert {"gpu", "gpu_memory", "backend", "margin"} <= set(parameters)
+    assert {"task", "attn", "optimizer", "peft", "lora_r"} <= set(StepOptions.__annotations__)
 
 
 def test_import_autotune_imports_neither_torch_nor_transformers():

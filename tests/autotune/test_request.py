@@ -67,10 +67,23 @@ def test_every_cli_field_is_a_flag_of_its_command_with_the_fields_choices(comman
 
 
 def test_the_python_api_takes_every_field_as_a_keyword():
+    # The step's fields once, as StepOptions (a TypedDict every function takes as **step); the
+    # others in each signature.
+    from autotune.public import StepOptions
+
+    step = set(StepOptions.__annotations__)
+    assert step == {f.name for f in fields_of(Step)} - {"model"} | {"adapter"}
     for function, cls in ((autotune.table, TableRequest), (autotune.check, CheckRequest),
-                          (autotune.explain, ExplainRequest)):
-        keywords = set(inspect.signature(function).parameters)
-        assert {f.name for f in fields_of(cls)} <= keywords, function.__name__
+                          (autotune.explain, ExplainRequest), (autotune.max_batch_size, None)):
+        parameters = inspect.signature(function).parameters
+        assert parameters["step"].kind is inspect.Parameter.VAR_KEYWORD, function.__name__
+        if cls is not None:
+            assert {f.name for f in fields_of(cls)} <= set(parameters) | step, function.__name__
+
+
+def test_a_keyword_no_step_has_is_refused_by_name():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lora_rank'"):
+        autotune.max_batch_size("tiny-bert", seq_len=32, gpu_memory="1GiB", lora_rank=8)
 
 
 def test_an_error_naming_fields_says_them_as_fields_and_the_cli_as_flags():
