@@ -1,9 +1,13 @@
 """A training config, read whole into the ``CheckRequest`` it describes.
 
-Five formats, told apart by their keys (``detect``), each read by its own module:
+Six formats, told apart by their keys (``detect``), each read by its own module:
 
     axolotl    an Axolotl YAML: base_model, sequence_len, micro_batch_size, sample_packing, adapter, ...
                (configs/axolotl.py)
+    llamafactory  a LLaMA-Factory YAML: its model, data and fine-tuning arguments (stage,
+               finetuning_type, cutoff_len, template, lora_rank, lora_target, quantization_bit, ...) with
+               the Trainer's (per_device_train_batch_size, bf16, ...) (configs/llamafactory.py); read
+               before TRL and the Trainer, whose keys (packing, model_name_or_path) it shares
     trl-sft    a TRL SFTConfig (a TrainingArguments superset): packing, padding_free, model_init_kwargs,
                dataset_text_field, loss_type, ..., and the ``trl sft`` CLI's model keys (use_peft, lora_r)
                (configs/trainer.py)
@@ -25,7 +29,8 @@ come back in ``TrainingConfig.ignored`` for the output to name.
 
 An adapter is read as its tool builds it, with the tool's defaults where a key is absent (Axolotl:
 loaders/adapter.py and utils/schemas/peft.py; TRL: trainer/model_config.py and trainer/utils.py
-``get_peft_config`` / ``get_quantization_config``); every adapter read adds a note naming it.
+``get_peft_config`` / ``get_quantization_config``; LLaMA-Factory: hparams/finetuning_args.py and
+model/adapter.py ``init_adapter``); every adapter read adds a note naming it.
 
 ``missing_fields`` names what the file leaves out (``autotune check --from-config`` lets flags fill it).
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.configs.axolotl import AXOLOTL_MARKERS, read_axolotl
+from autotune.configs.llamafactory import LLAMAFACTORY_MARKERS, LLAMAFACTORY_V1_MARKERS, read_llamafactory
 from autotune.configs.native import AUTOTUNE_MARKERS, read_native
 from autotune.configs.peft import read_peft
 from autotune.configs.reading import Config, TrainingConfig, load
@@ -42,7 +48,7 @@ from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
 
-FORMATS = ("trainer", "trl-sft", "axolotl", "autotune", "peft")
+FORMATS = ("trainer", "trl-sft", "axolotl", "llamafactory", "autotune", "peft")
 
 __all__ = ["FORMATS", "TrainingConfig", "missing_fields", "read_training_config"]
 
@@ -63,6 +69,8 @@ def read_training_config(path: str | Path, card: GpuSpec | None = None) -> Train
         return read_peft(cfg)
     if fmt == "axolotl":
         return read_axolotl(cfg)
+    if fmt == "llamafactory":
+        return read_llamafactory(cfg)
     if fmt == "autotune":
         return read_native(cfg)
     return read_trainer(cfg, fmt)
@@ -80,13 +88,17 @@ def detect(cfg: Config) -> str:
     keys = set(cfg.data)
     if "peft_type" in keys:  # every PeftConfig's save_pretrained writes it
         return "peft"
+    if keys & LLAMAFACTORY_V1_MARKERS:  # v1's model and micro_batch_size are autotune's and Axolotl's too
+        return "llamafactory"  # which refuses it, naming v1
     found = {
         "axolotl": keys & AXOLOTL_MARKERS,
+        "llamafactory": keys & LLAMAFACTORY_MARKERS,
         "trl-sft": keys & SFT_MARKERS,
         "trainer": keys & (TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | {"model_name_or_path"}),
         "autotune": keys & AUTOTUNE_MARKERS,
     }
-    fmt = next((f for f in ("axolotl", "trl-sft", "trainer") if found[f]), "autotune")
+    # LLaMA-Factory's files hold TRL's packing and the Trainer's keys too: its own keys decide first.
+    fmt = next((f for f in ("axolotl", "llamafactory", "trl-sft", "trainer") if found[f]), "autotune")
     mixed = found["autotune"] - {"batch_size"} if fmt == "axolotl" else found["autotune"]  # Axolotl's global
     if fmt != "autotune" and mixed:
         raise InvalidInput(

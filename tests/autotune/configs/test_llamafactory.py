@@ -1,0 +1,441 @@
+"""LLaMA-Factory's training YAML: its examples read as its source builds the run, its defaults
+noted, what autotune does not model refused by name.
+
+The example configs are LLaMA-Factory's examples/train_lora, train_qlora and train_full (commit
+ff6d4d1, 2026-08), copied here as dicts; "LF" below is LLaMA-Factory's src/llamafactory/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.configs import read_training_config
+from autotune.configs.trainer import _TRAINER_REFUSED, LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
+from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.request import CheckRequest, request_from, values_of
+from autotune.workload.adapters import Adapter
+from autotune.workload.modes import Mode, parse_mode
+
+# examples/train_lora/qwen3_lora_sft.yaml
+QWEN3_LORA_SFT = {
+    "model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507", "trust_remote_code": True,
+    "stage": "sft", "do_train": True, "finetuning_type": "lora", "lora_rank": 8, "lora_target": "all",
+    "dataset": "identity,alpaca_en_demo", "template": "qwen3_nothink", "cutoff_len": 2048,
+    "max_samples": 1000, "preprocessing_num_workers": 16, "dataloader_num_workers": 4,
+    "output_dir": "saves/qwen3-4b/lora/sft", "logging_steps": 10, "save_steps": 500, "plot_loss": True,
+    "overwrite_output_dir": True, "save_only_model": False, "report_to": "none",
+    "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8, "learning_rate": 1.0e-4,
+    "num_train_epochs": 3.0, "lr_scheduler_type": "cosine", "warmup_ratio": 0.1, "bf16": True,
+    "ddp_timeout": 180000000, "resume_from_checkpoint": None,
+}
+# examples/train_full/qwen3_full_sft.yaml
+QWEN3_FULL_SFT = {
+    **{k: v for k, v in QWEN3_LORA_SFT.items() if k not in ("lora_rank", "lora_target")},
+    "finetuning_type": "full", "deepspeed": "examples/deepspeed/ds_z3_config.json",
+    "output_dir": "saves/qwen3-4b/full/sft", "gradient_accumulation_steps": 2, "learning_rate": 1.0e-5,
+}
+# examples/train_qlora/qwen3_lora_sft_otfq.yaml
+QWEN3_QLORA = {**QWEN3_LORA_SFT, "quantization_bit": 4, "quantization_method": "bnb"}
+# examples/train_full/mossvl_full_sft.yaml, the keys beyond qwen3_full_sft's
+MOSSVL = {"model_name_or_path": "OpenMOSS-Team/MOSS-VL-Instruct-0708", "image_max_pixels": 262144,
+          "video_max_pixels": 16384, "video_fps": 1.0, "video_maxlen": 256, "use_reentrant_gc": False,
+          "freeze_vision_tower": True, "freeze_multi_modal_projector": True, "freeze_language_model": False,
+          "template": "moss_vl", "cutoff_len": 4096, "packing": False, "gradient_accumulation_steps": 1,
+          "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+PREFERENCE = {"pref_beta": 0.1, "pref_loss": "sigmoid", "learning_rate": 5.0e-6}
+
+
+class Read(SimpleNamespace):
+    """A config read, its request's fields flat (``mode`` a Mode)."""
+
+
+def read(tmp_path: Path, data: dict, name: str = "llamafactory.yaml") -> Read:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    config = read_training_config(path)
+    values = values_of(config.request)
+    return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
+                **{**values, "mode": parse_mode(values["mode"])})
+
+
+def request(**values) -> CheckRequest:
+    return request_from(CheckRequest, values)
+
+
+LORA_NOTES = (
+    "disable_gradient_checkpointing: not set: LLaMA-Factory checkpoints every layer "
+    "(model_utils/checkpointing.py prepare_model_for_training)",
+    "use_reentrant_gc: not set, LLaMA-Factory's default true: torch.utils.checkpoint's reentrant path, "
+    "traced: each layer's forward run again inside backward, under torch.autograd.backward of its own",
+    "finetuning_type: lora: LLaMA-Factory loads the weights in the checkpoint's dtype (model/loader.py "
+    "load_model: torch_dtype auto); the adapters in float32 (model/adapter.py init_adapter)",
+    "flash_attn: not set, LLaMA-Factory's default auto: the attention transformers picks "
+    "(model_utils/attention.py)",
+    "finetuning_type: lora: LoRA r=8 alpha=16 dropout 0 on all-linear; the base weights frozen, only the "
+    "adapters trained",
+    "lora_alpha, lora_dropout: not set, LLaMA-Factory's defaults 16, 0 (lora_alpha: twice lora_rank)",
+    "lora_target: all: LoRA on every linear layer but the output head (model_utils/misc.py "
+    "find_all_linear_modules): PEFT's all-linear",
+    "optim: not set, the Trainer's default adamw_torch_fused",
+)
+# finetuning_args.py LoraArguments: alpha lora_rank * 2, dropout 0.0; "all" is every linear layer.
+LORA_R8 = Adapter("lora", r=8, alpha=16, dropout=0.0, targets=("all-linear",))
+
+
+def test_the_lora_sft_example_is_read_whole(tmp_path):
+    plan = read(tmp_path, QWEN3_LORA_SFT)
+    # LF: cutoff_len rows (padded to a multiple of 8), the checkpoint's dtype (torch_dtype auto),
+    # reentrant checkpointing on by default, bf16 autocast from the Trainer.
+    assert plan.request == request(
+        model="Qwen/Qwen3-4B-Instruct-2507", seq_len=2048, batch_size=1, mode="bf16+ckpt",
+        accumulation_steps=8, task="causal-lm", dtype="auto", optimizer="adamw_torch_fused", adapter=LORA_R8,
+        ckpt_reentrant=True)
+    assert (plan.format, plan.notes, plan.ignored) == ("llamafactory", LORA_NOTES, ())
+
+
+@pytest.mark.parametrize(("example", "changes", "seq_len", "batch", "note"), [
+    # examples/train_lora/qwen3_lora_pretrain.yaml: stage pt packs texts into blocks of cutoff_len.
+    ("qwen3_lora_pretrain", {"stage": "pt", "dataset": "c4_demo", "template": None}, 2048, 1,
+     "packing: not set, on for stage pt: texts concatenated into blocks of cutoff_len tokens "
+     "(data/processor/pretrain.py): every row filled to seq_len (the padded worst case autotune models)"),
+    # examples/train_lora/qwen3_lora_sft_ray.yaml: 4 data-parallel workers, one GPU each.
+    ("qwen3_lora_sft_ray", {"ray_num_workers": 4, "dataset_dir": "REMOTE:llamafactory/demo_data"}, 2048, 1,
+     "ray_num_workers: 4 data-parallel workers, each GPU holding the whole model: autotune checks one of "
+     "them"),
+    # examples/train_lora/qwen3_lora_preprocess.yaml: no batch, no precision given.
+    ("qwen3_preprocess", {"tokenized_path": "saves/qwen3-4b/dataset/sft", "per_device_train_batch_size": None,
+                          "bf16": None}, 2048, 8,
+     "per_device_train_batch_size: not set, the Trainer's default 8"),
+    # examples/train_lora/qwen3vl_lora_sft.yaml: a vision model's keys change nothing read here.
+    ("qwen3vl_lora_sft", {"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "image_max_pixels": 262144,
+                          "video_max_pixels": 16384, "template": "qwen3_vl_nothink"}, 2048, 1, None),
+    # examples/train_lora/mossvl_lora_sft.yaml
+    ("mossvl_lora_sft", {**{k: MOSSVL[k] for k in ("model_name_or_path", "image_max_pixels", "video_fps",
+                                                   "video_maxlen", "template", "cutoff_len", "packing")},
+                         "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                         "freeze_vision_tower": True, "freeze_language_model": False}, 4096, 2, None),
+])
+def test_the_lora_examples_are_read(tmp_path, example, changes, seq_len, batch, note):
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+    assert (plan.format, plan.seq_len, plan.batch_size, plan.adapter, plan.ignored) == (
+        "llamafactory", seq_len, batch, LORA_R8, ())
+    assert plan.mode == Mode("fp32" if changes.get("bf16", True) is None else "bf16", True)
+    assert note is None or note in plan.notes
+
+
+@pytest.mark.parametrize(("changes", "double_quant"), [
+    ({}, True),  # examples/train_qlora/qwen3_lora_sft_otfq.yaml
+    ({"double_quantization": False}, False),  # examples/train_qlora/qwen3_lora_sft_bnb_npu.yaml
+])
+def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
+    plan = read(tmp_path, {**QWEN3_QLORA, **changes})
+    # model_utils/quantization.py: nf4, double_quantization, compute in compute_dtype (bf16: bfloat16);
+    # the weights not quantized in the checkpoint's dtype, the adapters float32: Axolotl's recipe.
+    assert plan.adapter == Adapter("qlora", r=8, alpha=16, dropout=0.0, targets=("all-linear",),
+                                   quant_type="nf4", double_quant=double_quant, compute_dtype="bfloat16",
+                                   recipe="axolotl")
+    assert (plan.dtype, plan.mode, plan.ckpt_reentrant) == ("auto", Mode("bf16", True), True)
+    assert any(n.startswith("quantization_bit: 4: LLaMA-Factory keeps the weights not quantized") for n in
+               plan.notes)
+
+
+@pytest.mark.parametrize(("example", "changes", "key"), [
+    ("qwen3_lora_dpo", {"stage": "dpo", **PREFERENCE}, "stage: 'dpo'"),
+    ("qwen3_lora_kto", {"stage": "kto", **PREFERENCE}, "stage: 'kto'"),
+    ("qwen3_lora_reward", {"stage": "rm"}, "stage: 'rm'"),
+    ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
+     "stage: 'dpo'"),
+    ("qwen3_lora_sft_ds3", {"deepspeed": "examples/deepspeed/ds_z3_config.json"}, "deepspeed: "),
+    ("llama3_lora_sft_gptq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ"},
+     "model_name_or_path: 'TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ'"),
+    ("llama3_lora_sft_awq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-AWQ"},
+     "model_name_or_path: "),
+    ("llama3_lora_sft_aqlm", {"model_name_or_path": "ISTA-DASLab/Meta-Llama-3-8B-Instruct-AQLM-2Bit-1x16"},
+     "model_name_or_path: "),
+])
+def test_the_examples_autotune_does_not_model_are_refused_by_name(tmp_path, example, changes, key):
+    with pytest.raises(UnmodelledSetting, match=f"^{key}"):
+        read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+
+
+@pytest.mark.parametrize("example", ["qwen3_full_sft", "qwen3vl_full_sft", "mossvl_full_sft"])
+def test_the_full_examples_are_refused_for_deepspeed(tmp_path, example):
+    data = {**QWEN3_FULL_SFT, **(MOSSVL if example == "mossvl_full_sft" else {})}
+    with pytest.raises(UnmodelledSetting, match="^deepspeed: .*DeepSpeed/FSDP sharding is not modelled"):
+        read(tmp_path, data)
+
+
+def test_a_full_fine_tune_trains_float32_weights(tmp_path):
+    # LF model/adapter.py init_adapter: every trained parameter cast to float32 (unless pure_bf16).
+    plan = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None})
+    assert plan.request == request(
+        model="Qwen/Qwen3-4B-Instruct-2507", seq_len=2048, batch_size=1, mode="bf16+ckpt",
+        accumulation_steps=2, task="causal-lm", dtype="float32", optimizer="adamw_torch_fused",
+        ckpt_reentrant=True)
+    assert ("finetuning_type: full: LLaMA-Factory loads the weights in the checkpoint's dtype "
+            "(model/loader.py load_model: torch_dtype auto) and casts every trained parameter to float32 "
+            "(model/adapter.py init_adapter): float32 weights") in plan.notes
+    pure = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "pure_bf16": True, "bf16": False})
+    assert (pure.dtype, pure.mode) == ("auto", Mode("fp32", True))
+    # mossvl_full_sft's Trainer checkpointing with use_reentrant: false replaces LF's reentrant one.
+    moss = read(tmp_path, {**QWEN3_FULL_SFT, **MOSSVL, "deepspeed": None})
+    assert (moss.mode, moss.ckpt_reentrant, moss.seq_len, moss.ignored) == (
+        Mode("bf16", True), None, 4096, ())
+
+
+def test_defaults_are_applied_and_noted(tmp_path):
+    plan = read(tmp_path, {"model_name_or_path": "m", "template": "llama3"})
+    assert plan.request == request(model="m", seq_len=2048, batch_size=8, mode="ckpt", task="causal-lm",
+                                   dtype="auto", optimizer="adamw_torch_fused", adapter=LORA_R8,
+                                   ckpt_reentrant=True)
+    for note in ("stage: not set, LLaMA-Factory's default sft", "finetuning_type: not set, LLaMA-Factory's "
+                 "default lora", "cutoff_len: not set, LLaMA-Factory's default 2048",
+                 "lora_rank, lora_alpha, lora_dropout: not set, LLaMA-Factory's defaults 8, 16, 0 "
+                 "(lora_alpha: twice lora_rank)", "lora_target: not set, LLaMA-Factory's default all",
+                 "bf16, fp16: not set, the Trainer's default false: no autocast",
+                 "do_train: not set: read as a training run (LLaMA-Factory trains only with do_train: true)"):
+        assert note in plan.notes
+
+
+@pytest.mark.parametrize(("changes", "mode", "reentrant"), [
+    ({"disable_gradient_checkpointing": True}, Mode("bf16", False), None),
+    ({"use_reentrant_gc": False}, Mode("bf16", True), None),
+    ({"use_reentrant_gc": True}, Mode("bf16", True), True),
+    # The Trainer's own checkpointing goes through LF's gradient_checkpointing_enable: none is reentrant.
+    ({"gradient_checkpointing": True}, Mode("bf16", True), True),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}},
+     Mode("bf16", True), None),
+    # LF's off: transformers' own, use_reentrant=False without arguments.
+    ({"gradient_checkpointing": True, "disable_gradient_checkpointing": True}, Mode("bf16", True), None),
+    ({"fp16": True, "bf16": False}, Mode("amp", True), True),
+])
+def test_checkpointing_and_precision_as_llamafactory_sets_them(tmp_path, changes, mode, reentrant):
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+    assert (plan.mode, plan.ckpt_reentrant) == (mode, reentrant)
+
+
+@pytest.mark.parametrize(("changes", "seq_len", "note"), [
+    ({"cutoff_len": 1001}, 1008, "cutoff_len: 1001: rows padded to a multiple of 8 (train/sft/workflow.py "
+     "pad_to_multiple_of=8): 1008 tokens"),
+    ({"packing": True}, 2048, "packing: true: rows packed to cutoff_len tokens "
+     "(data/processor/supervised.py): every row filled to seq_len (the padded worst case autotune models)"),
+    # data_args.py __post_init__ shortens cutoff_len by one when packing is set; pretrain.py blocks.
+    ({"stage": "pt", "packing": True}, 2047, "packing: true: blocks of cutoff_len - 1 = 2047 tokens "
+     "(data/processor/pretrain.py): every row filled to seq_len (the padded worst case autotune models)"),
+    ({"stage": "pt", "packing": False, "cutoff_len": 1001}, 1001, None),
+    ({"neat_packing": True, "flash_attn": "fa2"}, 2048, "neat_packing: packed sequences attend within "
+     "themselves through flash_attention_2's varlen path: the same memory as full rows"),
+])
+def test_the_sequence_is_the_longest_row_llamafactory_builds(tmp_path, changes, seq_len, note):
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+    assert plan.seq_len == seq_len
+    assert note is None or note in plan.notes
+
+
+@pytest.mark.parametrize(("value", "attn"), [("auto", None), ("disabled", "eager"), ("sdpa", "sdpa"),
+                                             ("fa2", "flash_attention_2")])
+def test_flash_attn_is_read(tmp_path, value, attn):
+    assert read(tmp_path, {**QWEN3_LORA_SFT, "flash_attn": value}).attn == attn
+
+
+def test_lora_settings_are_read(tmp_path):
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, "lora_rank": 16, "lora_alpha": 64, "lora_dropout": 0.05,
+                           "lora_target": "q_proj, v_proj", "use_rslora": True, "loraplus_lr_ratio": 16,
+                           "pissa_init": True, "lora_unknown": 1})
+    assert plan.adapter == Adapter("lora", r=16, alpha=64, dropout=0.05, targets=("q_proj", "v_proj"))
+    for key in ("use_rslora", "loraplus_lr_ratio", "pissa_init"):
+        assert any(n.startswith(f"{key}: ") and "no effect" in n for n in plan.notes)
+    assert plan.ignored == ("lora_unknown",)  # with an adapter, a lora_* key LF does not know is named
+    # additional_target: cast to float32 by LF, unless pure_bf16, where they stay as autotune models them.
+    pure = read(tmp_path, {**QWEN3_LORA_SFT, "additional_target": "embed_tokens,lm_head", "pure_bf16": True})
+    assert pure.adapter.modules_to_save == ("embed_tokens", "lm_head")
+    # A full fine-tune reads no lora_* key.
+    assert read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "lora_rank": 8}).ignored == ()
+
+
+@pytest.mark.parametrize("key", ["enable_liger_kernel", "use_liger_kernel"])
+def test_liger_kernels_are_read(tmp_path, key):
+    # LF model_utils/liger_kernel.py: apply_liger_kernel_to_<model_type>() with its defaults for sft/pt.
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, key: True})
+    assert (plan.liger, plan.loss) == (("rms_norm", "rope", "swiglu", "geglu"), "chunked")
+    assert any(n.startswith(f"{key}: rms_norm, rope, swiglu, geglu and fused_linear_cross_entropy") for n in
+               plan.notes)
+    with pytest.raises(UnmodelledSetting, match="^liger_kernel_config: "):
+        read(tmp_path, {**QWEN3_LORA_SFT, "use_liger_kernel": True, "liger_kernel_config": {"rope": False}})
+
+
+def test_a_saved_adapter_trains_on(tmp_path):
+    from peft import LoraConfig
+
+    LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]).save_pretrained(tmp_path / "adapter")
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, "adapter_name_or_path": "merged,adapter"})
+    assert (plan.adapter.r, plan.adapter.alpha, plan.adapter.targets) == (4, 8, ("q_proj",))
+    assert any("1 before it merged into the base weights" in n for n in plan.notes)
+    new = read(tmp_path, {**QWEN3_LORA_SFT, "adapter_name_or_path": "adapter", "create_new_adapter": True})
+    assert new.adapter == LORA_R8
+    with pytest.raises(InvalidInput, match="'missing' .* has no adapter_config.json here"):
+        read(tmp_path, {**QWEN3_LORA_SFT, "adapter_name_or_path": "missing"})
+
+
+REFUSED = [
+    ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
+    ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
+    ({"stage": "ppo", "reward_model": "r"}, "stage", "preference/RL training is not modelled yet"),
+    ({"quantization_bit": 8}, "quantization_bit", "LLM.int8 base.*use quantization_bit: 4"),
+    ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
+    ({"fsdp": "full_shard"}, "fsdp", "DeepSpeed/FSDP sharding"),
+    ({"use_dora": True}, "use_dora", "DoRA"),
+    ({"use_unsloth": True}, "use_unsloth", "Unsloth"),
+    ({"use_unsloth_gc": True}, "use_unsloth_gc", "offloaded"),
+    ({"upcast_layernorm": True}, "upcast_layernorm", "norm weights in float32 beside 16-bit weights"),
+    ({"upcast_lmhead_output": True}, "upcast_lmhead_output", "lm_head's output to float32"),
+    ({"additional_target": "lm_head"}, "additional_target", "casts the modules it trains whole to float32"),
+    ({"resize_vocab": True}, "resize_vocab", "a resized vocabulary"),
+    ({"add_special_tokens": "<x>"}, "add_special_tokens", "a resized vocabulary"),
+    ({"flash_attn": "fa3"}, "flash_attn", "FlashAttention-3"),
+    ({"neat_packing": True}, "neat_packing", "block-diagonal attention mask"),
+    ({"use_galore": True}, "use_galore", "optimizer"),
+    ({"use_badam": True}, "use_badam", "optimizer"),
+    ({"use_dft_loss": True}, "use_dft_loss", "full float32 logits"),
+    ({"mixture_of_depths": "convert"}, "mixture_of_depths", "mixture-of-depths"),
+    ({"shift_attn": True}, "shift_attn", "S\\^2-Attn"),
+    ({"fp8": True}, "fp8", "fp8 training"),
+    ({"use_kt": True}, "use_kt", "KTransformers"),
+    ({"torch_compile": True}, "torch_compile", "torch.compile"),
+    ({"do_train": False}, "do_train", "trains only with do_train: true"),
+    ({"train_from_scratch": True}, "train_from_scratch", "from_config"),
+    ({"optim": "lomo"}, "optim", "autotune models the optimizers"),
+    ({"model_name_or_path": "unsloth/llama-3-8b-bnb-4bit"}, "model_name_or_path",
+     "a checkpoint saved quantized"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), REFUSED, ids=[f"{k}" for _, k, _ in REFUSED])
+def test_an_unmodelled_setting_is_refused_by_name(tmp_path, changes, key, why):
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: .* is not modelled: .*{why}"):
+        read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+
+
+def test_the_trainers_refusals_are_llamafactorys_too(tmp_path):
+    # A LLaMA-Factory YAML holds TrainingArguments' keys: what configs/trainer.py refuses is refused here.
+    for key in _TRAINER_REFUSED:
+        with pytest.raises(UnmodelledSetting, match=f"^{key}: "):
+            read(tmp_path, {**QWEN3_LORA_SFT, key: "x"})
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"quantization_bit": 4, "finetuning_type": "full"}, "LLaMA-Factory quantizes only for LoRA"),
+    ({"quantization_bit": 3}, "quantization_bit in .* must be 4 or 8"),
+    ({"neat_packing": True, "flash_attn": "fa2", "per_device_train_batch_size": 2},
+     "needs per_device_train_batch_size: 1"),
+    ({"neat_packing": True, "flash_attn": "fa2", "stage": "pt"}, "packs neatly only for sft"),
+    ({"fp16": True}, "fp16 and bf16 .* are both true"),
+    ({"stage": "grpo"}, "stage in .* must be one of sft, pt, rm, ppo, dpo, kto"),
+    ({"infer_backend": "vllm"}, "trains only with the huggingface backend"),
+])
+def test_what_llamafactory_itself_refuses_is_refused(tmp_path, changes, message):
+    with pytest.raises(InvalidInput, match=message):
+        read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+
+
+# Every field of LF's argument dataclasses (hparams/*.py at ff6d4d1) but GeneratingArguments'.
+LLAMAFACTORY_FIELDS = (
+    "model_name_or_path adapter_name_or_path adapter_folder cache_dir use_fast_tokenizer resize_vocab "
+    "split_special_tokens add_tokens add_special_tokens new_special_tokens_config init_special_tokens "
+    "model_revision low_cpu_mem_usage rope_scaling flash_attn shift_attn mixture_of_depths use_unsloth "
+    "use_unsloth_gc enable_liger_kernel moe_aux_loss_coef disable_gradient_checkpointing use_reentrant_gc "
+    "upcast_layernorm upcast_lmhead_output train_from_scratch infer_backend offload_folder use_kv_cache "
+    "use_v1_kernels infer_dtype hf_hub_token ms_hub_token om_hub_token print_param_status trust_remote_code "
+    "quantization_method quantization_bit quantization_type double_quantization quantization_device_map "
+    "image_max_pixels image_min_pixels image_do_pan_and_scan crop_to_patches video_max_pixels "
+    "video_min_pixels video_fps video_maxlen use_audio_in_video audio_sampling_rate export_dir export_size "
+    "export_device export_quantization_bit export_quantization_dataset export_quantization_nsamples "
+    "export_quantization_maxlen export_legacy_format export_hub_model_id vllm_maxlen vllm_gpu_util "
+    "vllm_enforce_eager vllm_max_lora_rank vllm_config sglang_maxlen sglang_mem_fraction sglang_tp_size "
+    "sglang_config sglang_lora_backend use_kt kt_cpu_activation kt_weight_path kt_non_expert_weight_path "
+    "kt_expert_checkpoint_path kt_use_lora_experts kt_lora_expert_num kt_lora_expert_intermediate_size "
+    "template dataset eval_dataset dataset_dir media_dir cutoff_len train_on_prompt mask_history streaming "
+    "buffer_size mix_strategy interleave_probs overwrite_cache preprocessing_batch_size "
+    "preprocessing_num_workers max_samples eval_num_beams ignore_pad_token_for_loss val_size "
+    "eval_on_each_dataset packing neat_packing tool_format default_system enable_thinking preserve_thinking "
+    "tokenized_path data_shared_file_system freeze_trainable_layers freeze_trainable_modules "
+    "freeze_extra_modules additional_target lora_alpha lora_dropout lora_rank lora_target loraplus_lr_ratio "
+    "loraplus_lr_embedding use_rslora use_dora pissa_init pissa_iter pissa_convert create_new_adapter "
+    "module_dropout oft_rank oft_block_size oft_target pref_beta pref_ftx pref_bco_weight pref_loss "
+    "dpo_label_smoothing kto_chosen_weight kto_rejected_weight simpo_gamma ppo_buffer_size ppo_epochs "
+    "ppo_score_norm ppo_target ppo_whiten_rewards ref_model ref_model_adapters ref_model_quantization_bit "
+    "reward_model reward_model_adapters reward_model_quantization_bit reward_model_type ld_alpha use_galore "
+    "galore_target galore_rank galore_update_interval galore_scale galore_proj_type galore_layerwise "
+    "use_apollo apollo_target apollo_rank apollo_update_interval apollo_scale apollo_proj apollo_proj_type "
+    "apollo_scale_type apollo_layerwise apollo_scale_front use_badam badam_mode badam_start_block "
+    "badam_switch_mode badam_switch_interval badam_update_ratio badam_mask_mode badam_verbose use_swanlab "
+    "swanlab_project swanlab_workspace swanlab_run_name swanlab_mode swanlab_api_key swanlab_logdir "
+    "swanlab_lark_webhook_url swanlab_lark_secret pure_bf16 stage finetuning_type use_llama_pro "
+    "use_adam_mini use_mca use_megatron_bridge use_hyper_parallel hyper_parallel_args hyper_parallel_cp_size "
+    "use_muon use_dft_loss use_asft_loss asft_alpha use_eaft_loss eaft_alpha freeze_vision_tower "
+    "freeze_multi_modal_projector freeze_language_model compute_accuracy disable_shuffling "
+    "early_stopping_steps plot_loss include_effective_tokens_per_second ray_num_workers ray_init_kwargs "
+    "master_addr master_port enable_torch_profiler profiler_output_dir profiler_wait_steps "
+    "profiler_warmup_steps profiler_active_steps profiler_repeat profiler_record_shapes "
+    "profiler_profile_memory profiler_with_stack profile_modules fp8 fp8_backend "
+    "fp8_enable_fsdp_float8_all_gather overwrite_output_dir do_sample temperature top_p top_k num_beams "
+    "max_length max_new_tokens repetition_penalty length_penalty skip_special_tokens kt_config").split()
+
+
+def test_every_llamafactory_argument_is_classified(tmp_path):
+    # Each key read, refused or known to have no effect: none comes back as ignored (unknown).
+    keys = {key: None for key in (*LLAMAFACTORY_FIELDS, *TRAINER_FIELDS, *LEGACY_TRAINER_FIELDS)}
+    plan = read(tmp_path, {**keys, **QWEN3_LORA_SFT})
+    assert plan.ignored == ()
+
+
+# examples/v1/train_batching_strategy/train_full_fsdp2_batching_normal.yaml: LLaMA-Factory v1.
+V1 = {"model": "Qwen/Qwen3-0.6B", "model_class": "llm", "kernel_config": {"name": "auto"},
+      "quant_config": None, "dist_config": {"name": "fsdp2", "dcp_path": None},
+      "train_dataset": "data/v1_sft_demo.yaml", "output_dir": "outputs/test_fsdp2", "micro_batch_size": 2,
+      "batching_strategy": "normal", "cutoff_len": 2048, "learning_rate": 1.0e-4, "max_steps": 10,
+      "sample_backend": "hf", "max_new_tokens": 128}
+# examples/megatron_bridge/llama3_sft.yaml, its Megatron keys (run with USE_MEGATRON_BRIDGE=1).
+MEGATRON = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
+            "sequence_parallel": False, "use_distributed_optimizer": True, "mixed_precision": "bf16_mixed"}
+
+
+def test_v1_and_megatron_runs_are_refused_by_name(tmp_path):
+    # v1's model and micro_batch_size once read it as a mix of autotune's and Axolotl's keys.
+    with pytest.raises(UnmodelledSetting, match="^train_dataset: .* LLaMA-Factory v1's config"):
+        read(tmp_path, V1)
+    with pytest.raises(UnmodelledSetting, match="^tensor_model_parallel_size: 1 .* a Megatron-Core run"):
+        read(tmp_path, {**QWEN3_LORA_SFT, **MEGATRON})
+
+
+@pytest.mark.parametrize(("data", "fmt"), [
+    (QWEN3_LORA_SFT, "llamafactory"),
+    ({**QWEN3_FULL_SFT, "deepspeed": None}, "llamafactory"),  # once read as the Trainer's: sequence 1024
+    ({**MOSSVL, "stage": "sft"}, "llamafactory"),  # packing: false made it TRL's
+    ({"model_name_or_path": "m", "dataset_text_field": "text", "max_length": 512}, "trl-sft"),
+    ({"model_name_or_path": "m", "per_device_train_batch_size": 4, "bf16": True}, "trainer"),
+    ({"model_name_or_path": "m", "use_peft": True, "lora_r": 8}, "trl-sft"),
+])
+def test_llamafactory_is_told_apart_from_trl_and_the_trainer(tmp_path, data, fmt):
+    assert read(tmp_path, data).format == fmt
+
+
+def test_check_answers_a_llamafactory_qlora_config(tmp_path, capsys):
+    path = tmp_path / "qwen3_lora_sft_otfq.yaml"
+    path.write_text(yaml.safe_dump({**QWEN3_QLORA, "model_name_or_path": "tiny-llama", "cutoff_len": 64,
+                                    "per_device_train_batch_size": 2}))
+    code = main(["check", "tiny-llama", "--from-config", str(path), "--gpu-memory", "4GiB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"] is True
+    assert (doc["seq_len"], doc["batch_size"], doc["mode"], doc["ckpt_reentrant"]) == (
+        64, 2, "bf16+ckpt", True)
+    adapter = doc["adapter"]
+    assert (adapter["method"], adapter["r"], adapter["alpha"], adapter["recipe"]) == (
+        "qlora", 8, 16, "axolotl")
+    assert doc["config_notes"][0] == f"read {path} as llamafactory"
+    assert doc["ignored_keys"] == []
