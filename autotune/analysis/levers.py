@@ -61,7 +61,7 @@ from autotune.workload import Workload
 from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_NAMES, make_adapter
 from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes
+from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes, uses_torchao
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -179,7 +179,8 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
     if mode.precision == "fp32" and Mode(precision, mode.checkpointing) != lighter:  # type: ignore[arg-type]
         half = Mode(precision, mode.checkpointing)  # type: ignore[arg-type]
         options.append(("mode", f"mode {half.name}", workload, half))
-    if not uses_bitsandbytes(workload.optimizer):  # a paged or 8-bit one already is bitsandbytes
+    # An 8-bit or paged optimizer already is bitsandbytes' or torchao's: no lighter AdamW to offer.
+    if not uses_bitsandbytes(workload.optimizer) and not uses_torchao(workload.optimizer):
         options.append(("optimizer", f"optimizer {EIGHT_BIT_OPTIMIZER} (bitsandbytes 8-bit AdamW)",
                         replace(workload, optimizer=EIGHT_BIT_OPTIMIZER), mode))
     if workload.task == "causal-lm" and workload.loss == "full":

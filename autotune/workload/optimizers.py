@@ -12,6 +12,8 @@ parameters in one group, with the Trainer's default learning rate (memory does n
     paged_adamw_8bit   the same with is_paged=True
     paged_adamw_32bit  bitsandbytes AdamW(optim_bits=32, is_paged=True)
     sgd                torch.optim.SGD (no momentum: no state)
+    adamw_torch_8bit   torchao AdamW8bit(block_size=256)    trainer_optimizer._get_torchao_optimizer
+    adamw_torch_4bit   torchao AdamW4bit(block_size=256)    (the Trainer's block size, not AdamW4bit's 128)
 
 ``make_optimizer`` takes the backend's parts (parts.StepParts). The estimator's parameters are
 fake tensors on the CPU that stand for CUDA tensors, so PyTorch's and transformers' own classes
@@ -20,8 +22,10 @@ run (AdamW with ``foreach=True``, PyTorch's choice for CUDA tensors: torch/optim
 ``aten._fused_adamw_`` (torch/_meta_registrations.py), which, like the CUDA kernel, updates in
 place and allocates nothing. bitsandbytes has no CPU kernels to run there and is never
 imported: ``BnbAdamWState`` allocates its state exactly as bitsandbytes does
-(``emulated_bnb_optimizer``). The cuda backend builds the real optimizers, bitsandbytes' through
-backends/cuda/bnb.py.
+(``emulated_bnb_optimizer``). torchao's low-bit AdamW (compiled per parameter with
+torch.compile) is not imported either: ``TorchaoAdamWState`` allocates its state exactly as
+torchao does (``emulated_torchao_optimizer``). The cuda backend builds the real optimizers,
+bitsandbytes' through backends/cuda/bnb.py, torchao's through backends/cuda/torchao.py.
 
 Paged state (``outside_allocator_bytes``) is CUDA unified memory, not the caching allocator's.
 Torch is imported only when an optimizer is built: the CLI and the service read the names.
@@ -46,10 +50,11 @@ if TYPE_CHECKING:
 OutsideAllocator = Callable[[], AbstractContextManager[Any]]
 
 Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
-                    "paged_adamw_8bit", "paged_adamw_32bit", "sgd"]
+                    "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit", "adamw_torch_4bit"]
 # Canonical names, the default (defaults.DEFAULT_OPTIMIZER) first.
 OPTIMIZERS: tuple[Optimizer, ...] = ("adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
-                                     "paged_adamw_8bit", "paged_adamw_32bit", "sgd")
+                                     "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit",
+                                     "adamw_torch_4bit")
 # Other accepted names: "adamw" is this tool's name before Trainer names, "adamw_8bit" the
 # Trainer's own alias (training_args.py, OptimizerNames.ADAMW_8BIT).
 ALIASES: dict[str, Optimizer] = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}
@@ -66,6 +71,16 @@ BLOCK_SIZE = 256  # elements per block-wise quantization scale (absmax), init_st
 QMAP_SIZE = 256  # float32 values of F.create_dynamic_map, one map per moment, shared
 PAGED_MIN_SIZE = 100_000  # get_state_buffer pages a moment only when p.numel() >= 1e5
 
+# torchao/optim (0.15 to 0.18: transformers 5 asks for >= 0.15, utils/import_utils.py
+# TORCHAO_MIN_VERSION; the state's layout is unchanged over them):
+TORCHAO_BLOCK_SIZE = 256  # trainer_optimizer._get_torchao_optimizer: optim_args' block_size, 256 for both
+TORCHAO_MIN_QUANT_SIZE = 4096  # adam.py _AdamBase._new_buffer: "follow bitsandbytes, only quantize
+# tensors >= 4096 values", and only those of a whole number of blocks (numel % block_size == 0)
+TORCHAO_QMAP_SIZE = {  # float32 values of one state's quantization map (a copy per state)
+    8: 256,  # subclass_8bit.py get_qmap_signed/unsigned: quant_utils.create_dynamic_map(signed), 2**8
+    4: 16,  # subclass_4bit.py: create_dynamic_map(True, 3, 4), 2**4; torch.linspace(0, 1, 17)[1:]
+}
+
 
 @dataclass(frozen=True)
 class _Bnb:
@@ -79,6 +94,8 @@ _BNB: dict[str, _Bnb] = {
     "paged_adamw_8bit": _Bnb(8, True),
     "paged_adamw_32bit": _Bnb(32, True),
 }
+# torchao's AdamW8bit and AdamW4bit (bits), as trainer_optimizer._get_torchao_optimizer sets them up.
+_TORCHAO: dict[str, int] = {"adamw_torch_8bit": 8, "adamw_torch_4bit": 4}
 _DESCRIPTIONS: dict[str, str] = {
     "adamw_torch_fused": "torch AdamW, fused: two moments in the weights' dtype, updated in place",
     "adamw_torch": "torch AdamW, foreach: two moments in the weights' dtype and a weight-sized "
@@ -92,13 +109,19 @@ _DESCRIPTIONS: dict[str, str] = {
     "paged_adamw_32bit": "bitsandbytes paged AdamW(optim_bits=32): float32 moments, paged to CUDA "
                          "unified memory",
     "sgd": "torch SGD without momentum: no optimizer state",
+    "adamw_torch_8bit": "torchao AdamW8bit as the Trainer sets it up: 8-bit moments in blocks of 256 "
+                        "for parameters from 4,096 elements, the others' in the weights' dtype",
+    "adamw_torch_4bit": "torchao AdamW4bit as the Trainer sets it up (blocks of 256): 4-bit moments, two "
+                        "a byte, for parameters from 4,096 elements, the others' in the weights' dtype",
 }
 EMULATED_BNB = "bitsandbytes' state sizes, emulated"
+EMULATED_TORCHAO = "torchao's state sizes, emulated"
 # Short names for sentences ("the parameters, gradients and AdamW state of ...").
 _LABELS: dict[str, str] = {
     "adamw_torch_fused": "AdamW", "adamw_torch": "AdamW", "adafactor": "Adafactor",
     "adamw_bnb_8bit": "8-bit AdamW", "paged_adamw_8bit": "paged 8-bit AdamW",
     "paged_adamw_32bit": "paged AdamW", "sgd": "SGD",
+    "adamw_torch_8bit": "torchao 8-bit AdamW", "adamw_torch_4bit": "torchao 4-bit AdamW",
 }
 
 
@@ -118,11 +141,17 @@ def uses_bitsandbytes(name: str) -> bool:
     return check_optimizer(name) in _BNB
 
 
+def uses_torchao(name: str) -> bool:
+    """Whether the optimizer is torchao's (a real one needs it installed)."""
+    return check_optimizer(name) in _TORCHAO
+
+
 def describe_optimizer(name: str, *, emulate: bool = False) -> str:
     """One line saying what the optimizer keeps; ``emulate``: as the estimator runs it."""
     canonical = check_optimizer(name)
     line = _DESCRIPTIONS[canonical]
-    return f"{line} ({EMULATED_BNB})" if emulate and canonical in _BNB else line
+    emulated = EMULATED_BNB if canonical in _BNB else EMULATED_TORCHAO if canonical in _TORCHAO else None
+    return f"{line} ({emulated})" if emulate and emulated else line
 
 
 def optimizer_label(name: str) -> str:
@@ -132,7 +161,7 @@ def optimizer_label(name: str) -> str:
 
 def make_optimizer(model: torch.nn.Module, name: str, parts: StepParts) -> Any:
     """The optimizer ``name`` over ``model``'s trainable parameters, as the Trainer builds it;
-    ``parts``: the backend's (foreach, bitsandbytes' AdamW: module docstring)."""
+    ``parts``: the backend's (foreach, bitsandbytes' and torchao's AdamW: module docstring)."""
     import torch
 
     canonical = check_optimizer(name)
@@ -148,6 +177,8 @@ def make_optimizer(model: torch.nn.Module, name: str, parts: StepParts) -> Any:
         from transformers.optimization import Adafactor
 
         return Adafactor(params, lr=ADAMW_LR, **ADAFACTOR_KWARGS)
+    if canonical in _TORCHAO:
+        return parts.torchao_optimizer(model, bits=_TORCHAO[canonical])
     setup = _BNB[canonical]
     return parts.bnb_optimizer(model, optim_bits=setup.optim_bits, is_paged=setup.is_paged)
 
@@ -161,6 +192,13 @@ def emulated_bnb_optimizer(model: torch.nn.Module, *, optim_bits: int, is_paged:
     return BnbAdamWState(params, lr=ADAMW_LR, optim_bits=optim_bits, is_paged=is_paged,
                          fp32_state=_trainer_fp32_state(model, optim_bits),
                          outside_allocator=outside_allocator)
+
+
+def emulated_torchao_optimizer(model: torch.nn.Module, *, bits: int) -> TorchaoAdamWState:
+    """torchao's AdamW8bit (``bits=8``) or AdamW4bit (4) as the Trainer sets it up, emulated
+    (``TorchaoAdamWState``): blocks of TORCHAO_BLOCK_SIZE, embeddings like any other weight."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return TorchaoAdamWState(params, lr=ADAMW_LR, bits=bits, block_size=TORCHAO_BLOCK_SIZE)
 
 
 def outside_allocator_bytes(model_or_params: Any, name: str) -> int:
@@ -213,7 +251,35 @@ def _trainer_fp32_state(model: torch.nn.Module, optim_bits: int) -> frozenset[in
     return frozenset(id(p) for p in embedding_parameters(model))
 
 
-class BnbAdamWState:
+class _EmulatedAdamW:
+    """The optimizer interface the training step uses (``param_groups``, ``state``, ``step``,
+    ``zero_grad``) for an emulated AdamW: ``_init_state`` makes a parameter's state at its first
+    step, as the real optimizer does; the update allocates nothing (each subclass says why)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float) -> None:
+        self.param_groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
+
+    def step(self, closure: Any = None) -> None:
+        for p in self.param_groups[0]["params"]:
+            if p.grad is None:
+                continue
+            if p not in self.state:
+                self.state[p] = self._init_state(p)
+            self.state[p]["step"] += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_groups[0]["params"]:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_().zero_()
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class BnbAdamWState(_EmulatedAdamW):
     """The memory of bitsandbytes' AdamW (``Optimizer2State``), without its CUDA kernels.
 
     bitsandbytes/optim/optimizer.py, ``init_state`` at a parameter's first step: with
@@ -226,8 +292,7 @@ class BnbAdamWState:
     unified memory: made here inside ``outside_allocator()`` (the estimator's
     tracker.outside_allocator), so no trace counts them. The update
     (``optimizer_update_8bit_blockwise`` / ``_32bit``) is one in-place kernel: no temporaries.
-    ``fp32_state``: ids of parameters overridden to 32 bits (the Trainer's embeddings). It has
-    the optimizer interface the training step uses.
+    ``fp32_state``: ids of parameters overridden to 32 bits (the Trainer's embeddings).
     """
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float = ADAMW_LR, *, optim_bits: int = 8,
@@ -238,29 +303,13 @@ class BnbAdamWState:
         if is_paged and outside_allocator is None:
             raise TypeError("a paged BnbAdamWState needs outside_allocator: where its unified "
                             "memory is made")
+        super().__init__(params, lr)
         self._outside_allocator = outside_allocator
-        self.param_groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
-        self.state: dict[torch.Tensor, dict[str, Any]] = {}
         self.optim_bits, self.is_paged, self._fp32_state = optim_bits, is_paged, fp32_state
         self._qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
         self.paged_bytes = 0  # of the moments made outside the caching allocator
 
-    def step(self, closure: Any = None) -> None:
-        for p in self.param_groups[0]["params"]:
-            if p.grad is None:
-                continue
-            if p not in self.state:
-                self._init_state(p)
-            self.state[p]["step"] += 1
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.param_groups[0]["params"]:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.detach_().zero_()
-
-    def _init_state(self, p: torch.Tensor) -> None:
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
         import torch
 
         eight_bit = self.optim_bits == 8 and p.numel() >= MIN_8BIT_SIZE and id(p) not in self._fp32_state
@@ -274,7 +323,7 @@ class BnbAdamWState:
             state["qmap1"], state["qmap2"] = self._qmaps
             state["absmax1"] = torch.zeros(blocks, dtype=torch.float32)
             state["absmax2"] = torch.zeros(blocks, dtype=torch.float32)
-        self.state[p] = state
+        return state
 
     def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         import torch
@@ -285,3 +334,53 @@ class BnbAdamWState:
             moment = torch.zeros_like(p, dtype=dtype)
         self.paged_bytes += moment.untyped_storage().nbytes()
         return moment
+
+
+class TorchaoAdamWState(_EmulatedAdamW):
+    """The memory of torchao's AdamW8bit (``bits=8``) and AdamW4bit (4), without torch.compile.
+
+    torchao/optim/adam.py, ``_AdamBase.step`` at a parameter's first step: ``step`` is
+    ``torch.tensor(0.0)``, on the CPU (as is the learning rate, ``add_param_group``): no device
+    memory. ``exp_avg`` then ``exp_avg_sq`` come from ``_new_buffer(p, signed)``: for n >=
+    ``TORCHAO_MIN_QUANT_SIZE`` elements with n % block_size == 0 a quantized state, else
+    ``torch.zeros_like(p)``, in the weights' dtype (bitsandbytes' are float32). A quantized state
+    (subclass_8bit.py ``OptimState8bit.zeros``, subclass_4bit.py ``OptimState4bit.zeros``) makes
+    three tensors, kept here as plain ones (``exp_avg_codes``, ...) that the estimator can mark:
+
+        codes  uint8, the parameter's shape (8-bit) or [n // 2] (4-bit: two codes a byte)
+        scale  float32 [n // block_size], one per block
+        qmap   float32 [TORCHAO_QMAP_SIZE]: ``torch.tensor(qmap_list, device=...)``, a copy per
+               state, not shared as bitsandbytes' maps are
+
+    The update (``single_param_adam``, compiled per parameter: fullgraph=True, dynamic=False)
+    dequantizes, updates and requantizes in Inductor's fused kernels. It is modelled as allocating
+    nothing, as bitsandbytes' in-place kernel: torchao's measured peaks with 8-bit state are
+    bitsandbytes' (torchao/optim/README.md, Benchmarks: ViT-H 8.33 against 8.32 GB, Llama2-7B
+    39.1 against 39.3 GB). What the compiled kernels hold on a GPU, and the first step's
+    compilation and autotuning, are not measured here.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = ADAMW_LR, *, bits: int = 8,
+                 block_size: int = TORCHAO_BLOCK_SIZE) -> None:
+        if bits not in TORCHAO_QMAP_SIZE:
+            raise InvalidInput(f"torchao's low-bit AdamW has 8 or 4 bits of state, not {bits}")
+        if block_size < 1:
+            raise InvalidInput(f"a block size is an integer >= 1, got {block_size}")
+        super().__init__(params, lr)
+        self.bits, self.block_size = bits, block_size
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        import torch
+
+        n = p.numel()
+        state: dict[str, Any] = {"step": 0}  # torchao's is a CPU tensor: no device memory
+        quantized = n >= TORCHAO_MIN_QUANT_SIZE and n % self.block_size == 0
+        for moment in ("exp_avg", "exp_avg_sq"):  # _new_buffer(p, signed=True), then signed=False
+            if not quantized:
+                state[moment] = torch.zeros_like(p)
+                continue
+            codes_shape = p.shape if self.bits == 8 else (n // 2,)
+            state[f"{moment}_codes"] = torch.zeros(codes_shape, dtype=torch.uint8)
+            state[f"{moment}_scale"] = torch.zeros(n // self.block_size, dtype=torch.float32)
+            state[f"{moment}_qmap"] = torch.zeros(TORCHAO_QMAP_SIZE[self.bits], dtype=torch.float32)
+        return state

@@ -6,8 +6,10 @@ backend can make, the backend passes its ``StepParts``:
 
     estimate  backends/estimate/parts.py  fake tensors that stand for CUDA ones: bitsandbytes'
                                           4-bit layer and AdamW emulated with their CUDA sizes
-                                          (nf4.py; optimizers.BnbAdamWState)
-    cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit and AdamW (bnb.py)
+                                          (nf4.py; optimizers.BnbAdamWState), torchao's AdamW
+                                          too (optimizers.TorchaoAdamWState)
+    cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit and AdamW (bnb.py),
+                                          torchao's own AdamW (torchao.py)
 
 The model PEFT builds, the optimizer the Trainer builds, the loop (step.run_steps) are the same
 for both: only these parts differ.
@@ -54,4 +56,10 @@ class StepParts(Protocol):
     def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
         """bitsandbytes' AdamW over ``model``'s trainable parameters as transformers' Trainer
         sets it up (optimizers.py), with the optimizer interface the step uses."""
+        ...
+
+    def torchao_optimizer(self, model: torch.nn.Module, *, bits: int) -> Any:
+        """torchao's AdamW8bit (``bits=8``) or AdamW4bit (4) over ``model``'s trainable parameters
+        as transformers' Trainer sets it up (optimizers.py), with the optimizer interface the step
+        uses."""
         ...

@@ -1,10 +1,10 @@
-"""The cuda backend's parts of the training step (workload/parts.py): bitsandbytes' own.
+"""The cuda backend's parts of the training step (workload/parts.py): bitsandbytes' and torchao's own.
 
 QLoRA's base is bitsandbytes' ``Linear4bit``, which PEFT dispatches to its own LoRA layer
 (peft/tuners/lora/bnb.py ``dispatch_bnb_4bit``) and counts as bitsandbytes stores it (a
 ``Params4bit`` of two weights a byte: peft_model.py ``get_nb_trainable_parameters``); the
-bitsandbytes optimizers are the Trainer's setup (bnb.py). bitsandbytes is imported when a part is
-first used, in the worker.
+bitsandbytes optimizers are the Trainer's setup (bnb.py), as are torchao's (torchao.py). bitsandbytes
+and torchao are imported when a part is first used, in the worker.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.cuda.bnb import make_linear4bit_quantizer, make_trainer_bnb_optimizer
+from autotune.backends.cuda.torchao import make_trainer_torchao_optimizer
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +42,9 @@ class CudaParts:
 
     def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
         return make_trainer_bnb_optimizer(model, optim_bits=optim_bits, is_paged=is_paged)
+
+    def torchao_optimizer(self, model: torch.nn.Module, *, bits: int) -> Any:
+        return make_trainer_torchao_optimizer(model, bits=bits)
 
 
 CUDA_PARTS = CudaParts()

@@ -3,8 +3,9 @@
 bitsandbytes cannot run here (no CPU kernels, no fake tensors): its 4-bit layer is nf4.py's
 emulation, with PEFT's LoRA layer over it, and its AdamW is workload.optimizers.BnbAdamWState,
 whose paged moments are made in tracker.outside_allocator() (CUDA unified memory, not the caching
-allocator's). torch, PEFT and the tracker are imported when a part is first used: the CLI and the
-tuner name these parts without running a step.
+allocator's). Nor can torchao's low-bit AdamW (compiled per parameter for the device): its state
+is workload.optimizers.TorchaoAdamWState. torch, PEFT and the tracker are imported when a part is
+first used: the CLI and the tuner name these parts without running a step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.workload.optimizers import emulated_bnb_optimizer
+from autotune.workload.optimizers import emulated_bnb_optimizer, emulated_torchao_optimizer
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +52,9 @@ class EstimateParts:
 
         return emulated_bnb_optimizer(model, optim_bits=optim_bits, is_paged=is_paged,
                                       outside_allocator=outside_allocator)
+
+    def torchao_optimizer(self, model: torch.nn.Module, *, bits: int) -> Any:
+        return emulated_torchao_optimizer(model, bits=bits)  # torch.compile has no fake CUDA here
 
 
 ESTIMATE_PARTS = EstimateParts()

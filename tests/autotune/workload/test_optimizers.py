@@ -3,7 +3,8 @@
 The figures are for ``Small``, whose parameters, in the order ``model.parameters()`` yields them
 (the module's own first, then its children's), are:
 
-    mix           [64, 130]    8,320 elements   (>= 4,096: 8-bit, in 33 blocks of 256; never paged)
+    mix           [64, 130]    8,320 elements   (>= 4,096: 8-bit, in 33 blocks of 256; never paged;
+                                                 32.5 blocks: torchao keeps it unquantized)
     embed.weight  [1024, 128]  131,072          (an nn.Embedding: 32-bit under the Trainer; paged)
     fc.weight     [64, 4096]   262,144          (8-bit; paged)
     fc.bias       [64]         64               (< 4,096: float32 moments in bitsandbytes)
@@ -65,6 +66,12 @@ QMAPS = 2 * 256 * 4  # bitsandbytes' two 256-value float32 quantization maps, sh
 def absmax(n: int) -> int:
     """bitsandbytes' two float32 block scales of an 8-bit parameter of n elements."""
     return 2 * 4 * math.ceil(n / 256)
+
+
+def torchao(n: int, bits: int) -> int:
+    """torchao's two quantized moments of n elements (whole blocks of 256): codes of ``bits`` bits,
+    float32 block scales and a float32 quantization map each (256 values at 8 bits, 16 at 4)."""
+    return 2 * (n * bits // 8 + 4 * (n // 256) + 4 * 2**bits)
 
 
 class Small(nn.Module):
@@ -150,7 +157,8 @@ def measure(name: str, dtype: torch.dtype = torch.float32) -> Measured:
 def test_names_are_the_trainers_with_the_default_first():
     assert OPTIMIZERS[0] == DEFAULT_OPTIMIZER == "adamw_torch_fused"
     assert set(OPTIMIZERS) == {"adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
-                               "paged_adamw_8bit", "paged_adamw_32bit", "sgd"}
+                               "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit",
+                               "adamw_torch_4bit"}
     assert OPTIMIZER_NAMES == (*OPTIMIZERS, "adamw", "adamw_8bit")
 
 
@@ -166,7 +174,8 @@ def test_an_unknown_optimizer_is_refused_with_the_allowed_names():
         check_optimizer("adam")
     assert str(raised.value) == (
         "unknown optimizer 'adam': allowed are adamw_torch_fused, adamw_torch, adafactor, adamw_bnb_8bit, "
-        "paged_adamw_8bit, paged_adamw_32bit, sgd, or the aliases adamw (= adamw_torch), "
+        "paged_adamw_8bit, paged_adamw_32bit, sgd, adamw_torch_8bit, adamw_torch_4bit, or the aliases "
+        "adamw (= adamw_torch), "
         "adamw_8bit (= adamw_bnb_8bit)"
     )
 
@@ -294,6 +303,11 @@ PAGED_32BIT = 8 * EMBED + 8 * FC
     ("adamw_bnb_8bit", BNB_8BIT_STATE, 0, 0),  # 1,600,520 B: about 4 B a parameter, not 8
     ("paged_adamw_8bit", BNB_8BIT_STATE - PAGED_8BIT, 0, PAGED_8BIT),  # 27,656 B in the allocator
     ("paged_adamw_32bit", 8 * MIX + 8 * BIAS, 0, PAGED_32BIT),  # no maps, no block scales
+    # torchao: mix (not whole blocks) and fc.bias (< 4,096) keep zeros_like moments; the embedding
+    # is quantized too (the Trainer overrides bitsandbytes only); the compiled update is modelled
+    # as allocating nothing.
+    ("adamw_torch_8bit", 8 * (MIX + BIAS) + torchao(EMBED, 8) + torchao(FC, 8), 0, 0),
+    ("adamw_torch_4bit", 8 * (MIX + BIAS) + torchao(EMBED, 4) + torchao(FC, 4), 0, 0),
 ])
 def test_state_and_step_temporaries_of_every_optimizer(name, state, temporaries, outside):
     measured = measure(name)
@@ -351,6 +365,8 @@ def test_outside_allocator_bytes_of_bare_parameters_knows_no_embeddings():
     # bitsandbytes' state dtypes are its own (uint8 or float32), whatever the weights'.
     ("adamw_bnb_8bit", BNB_8BIT_STATE, 0),
     ("paged_adamw_32bit", 8 * MIX + 8 * BIAS, 0),
+    # torchao's unquantized moments are zeros_like(p): the weights' dtype.
+    ("adamw_torch_8bit", 2 * BF16 * (MIX + BIAS) + torchao(EMBED, 8) + torchao(FC, 8), 0),
 ])
 def test_state_with_bfloat16_weights(name, state, temporaries):
     measured = measure(name, torch.bfloat16)
