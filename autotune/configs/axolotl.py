@@ -38,7 +38,8 @@ from autotune.configs.reading import (
 )
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
-from autotune.workload.liger import parse_kernels
+from autotune.workload.liger import parse_kernels as parse_liger_kernels
+from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
@@ -110,12 +111,11 @@ _AXOLOTL_ADAPTER_NO_EFFECT = words(
     "lora_model_dir lora_fan_in_fan_out peft_init_lora_weights peft merge_lora merge_method "
     "qlora_sharded_model_loading loraplus_lr_ratio loraplus_lr_embedding lora_alpha_pattern peft_use_rslora "
     "peft_autocast_adapter_dtype peft_ensure_weight_tying")
-# Axolotl's fused LoRA kernels, which check_auto_enable_lora_kernels (schemas/config.py) turns on for
-# lora and qlora when none of them is set.
-_AXOLOTL_LORA_KERNELS = ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel")
-LORA_KERNELS = ("Axolotl's fused LoRA kernels (custom autograd functions and Triton activation kernels, "
-                "monkeypatch/lora_kernels.py) save other tensors for the backward than PEFT's LoRA layers, "
-                "which autotune models")
+# Axolotl's fused LoRA kernels (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel, lora_embedding_kernel),
+# which check_auto_enable_lora_kernels (schemas/config.py) turns on for lora and qlora when none is set.
+LORA_KERNELS_NOTE = ("emulated: Axolotl's LoRA_MLP, LoRA_QKV, LoRA_O (and LoRA_Embedding) autograd Functions "
+                     "and its SwiGLU/GeGLU Triton kernels re-written in torch, saving for the backward what "
+                     "Axolotl's save, patched in as apply_lora_kernel_patches patches them")
 # Embeddings and output heads (loaders/utils.py get_linear_embedding_layers, and GPT-2's): named
 # beside lora_target_linear they put LoRA on more than every linear layer.
 _AXOLOTL_EMBEDDINGS = frozenset({"embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings",
@@ -148,15 +148,55 @@ def _axolotl_method(cfg: Config) -> str | None:
                                "load_in_4bit: true for qlora (schemas/peft.py validate_qlora)")
         cfg.notes.append("adapter: qlora without load_in_4bit: read as a 4-bit base (Axolotl itself requires "
                          "load_in_4bit: true with qlora)")
-    kernels = {key: cfg.get(key) for key in _AXOLOTL_LORA_KERNELS}
-    for key, value in kernels.items():
-        if value:
-            raise cfg.unmodelled(key, value, LORA_KERNELS)
-    if all(value is None for value in kernels.values()) and not cfg.data.get("trust_remote_code"):
-        raise cfg.unmodelled("adapter", method, f"with none of {', '.join(_AXOLOTL_LORA_KERNELS)} set, "
-                             "Axolotl turns them on (schemas/config.py check_auto_enable_lora_kernels): "
-                             f"{LORA_KERNELS}; set them to false")
     return method
+
+
+def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
+    """The fused LoRA kernels Axolotl patches in: the lora_*_kernel keys set true, or, where none is
+    set, those schemas/config.py check_auto_enable_lora_kernels turns on: all four for lora and qlora
+    but with trust_remote_code or nvfp4_merge_aware (rl, an 8-bit LoRA base and FSDP, which it also
+    skips, are refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
+    The embedding kernel alone patches nothing (patch_manager.py _apply_lora_kernel_patch) and is
+    dropped where embed_tokens carries no LoRA."""
+    values = {name: cfg.get(key) for name, key in CONFIG_KEYS.items()}
+    for name, value in values.items():
+        if value is not None and not isinstance(value, bool):
+            raise cfg.bad(CONFIG_KEYS[name], value, "true or false")
+    remote = cfg.get("trust_remote_code")
+    if all(value is None for value in values.values()):
+        skip = "trust_remote_code" if remote else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") \
+            else None
+        if skip is not None:
+            cfg.notes.append(f"lora_*_kernel: not set, and with {skip} Axolotl leaves its fused LoRA kernels "
+                             "off (check_auto_enable_lora_kernels)")
+            return ()
+        on = list(KERNELS)
+        cfg.notes.append("lora_*_kernel: not set, Axolotl turns its fused LoRA kernels on "
+                         f"(check_auto_enable_lora_kernels): {', '.join(on)} — {LORA_KERNELS_NOTE}")
+    else:
+        on = [name for name, value in values.items() if value]
+        if remote and set(on) & set(PATCHING):
+            raise InvalidInput(f"lora_*_kernel with trust_remote_code in {cfg.file!r}: Axolotl refuses them "
+                               "together (schemas/validation.py check_lora_kernels_trust_remote_code)")
+        if set(on) & set(PATCHING):
+            cfg.notes.append(f"{', '.join(CONFIG_KEYS[name] for name in on)}: true — {LORA_KERNELS_NOTE}")
+    if not set(on) & set(PATCHING):
+        if on:
+            cfg.notes.append("lora_embedding_kernel: true alone patches nothing: Axolotl patches its kernels "
+                             "in only with lora_mlp_kernel, lora_qkv_kernel or lora_o_kernel")
+        return ()
+    if "embedding" in on and not _embeddings_may_carry_lora(adapter):
+        on.remove("embedding")
+        cfg.notes.append("lora_embedding_kernel: embed_tokens carries no LoRA here: nothing for it to patch")
+    return parse_kernels(on)
+
+
+def _embeddings_may_carry_lora(adapter: Adapter) -> bool:
+    """Whether embed_tokens may be a LoRA target (a pattern may match it; all-linear and PEFT's
+    default targets are linear layers)."""
+    if adapter.target_pattern is not None:
+        return True
+    return adapter.targets is not None and "embed_tokens" in adapter.targets
 
 
 def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
@@ -193,6 +233,7 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
         adapter = build_adapter(cfg, method, **_axolotl_targets(cfg, method), modules_to_save=to_save,
                                 **values)
         source = f"adapter: {method}"
+    adapter = replace(adapter, kernels=_axolotl_kernels(cfg, adapter))
     if method == "qlora":
         # _set_quantization_config: nf4, double quantization, compute in cfg.torch_dtype (the weights'
         # dtype), updated by bnb_config_kwargs.
@@ -294,7 +335,7 @@ def _axolotl_liger(cfg: Config) -> tuple[str, ...] | None:
         return None
     on = [key for key in sorted(_AXOLOTL_LIGER) if cfg.data.get(key) is True]
     cfg.notes.append(f"{', '.join(on)}: {LIGER_NOTE}")
-    return parse_kernels(kernels)
+    return parse_liger_kernels(kernels)
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:

@@ -31,6 +31,11 @@ is stored in 4 bits: the estimator replaces it by an emulation with bitsandbytes
 (backends/estimate/nf4.py), the cuda backend by bitsandbytes' ``Linear4bit``
 (backends/cuda/bnb.py). Both come with the backend's parts (workload/parts.py, ``StepParts``).
 
+An adapter's ``kernels`` are Axolotl's fused LoRA kernels (``lora_mlp_kernel``, ...), which replace
+PEFT's LoRA layers' forward and backward in the MLPs and attentions once PEFT has wrapped the
+model: emulated by the estimator (workload/lora_kernels.py), Axolotl's own on the GPU; both
+through the backend's parts.
+
 PEFT's defaults, kept here: ``lora_alpha`` 8 and ``lora_dropout`` 0 in ``LoraConfig``; this tool's
 defaults (r 16, alpha 32, dropout 0.05) are the ones Axolotl's and TRL's QLoRA examples use.
 ``targets`` None is PEFT's own default for the architecture
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import InvalidInput
+from autotune.workload.lora_kernels import describe, parse_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -118,6 +124,9 @@ class Adapter:
     # A regular expression PEFT matches against whole module names (re.fullmatch, tuners_utils.py
     # check_target_module_exists), given as target_modules="..."; instead of ``targets``.
     target_pattern: str | None = None
+    # Axolotl's fused LoRA kernels patched in after get_peft_model (workload/lora_kernels.py
+    # KERNELS: mlp, qkv, o, embedding; Axolotl's lora_*_kernel), through the backend's parts.
+    kernels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method == "qlora" and self.recipe is None:  # built directly, not by make_adapter
@@ -138,7 +147,9 @@ class Adapter:
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         if self.target_pattern is not None:
             targets = f"the modules matching {self.target_pattern}"
-        return f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
+        kernels = f" with {describe(self.kernels)}" if self.kernels else ""
+        return (f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
+                f"{kernels}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +160,7 @@ class Adapter:
             "modules_to_save": list(self.modules_to_save), "recipe": self.recipe,
             # only when set: the stored keys of adapters before it stay as they were
             **({"target_pattern": self.target_pattern} if self.target_pattern is not None else {}),
+            **({"kernels": list(self.kernels)} if self.kernels else {}),
         }
 
     @classmethod
@@ -161,7 +173,7 @@ class Adapter:
             double_quant=data.get("double_quant", True), compute_dtype=data.get("compute_dtype"),
             bias=data.get("bias", "none"), modules_to_save=data.get("modules_to_save") or (),
             recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
-            target_pattern=data.get("target_pattern"),
+            target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
         )
 
 
@@ -188,6 +200,7 @@ def make_adapter(
     targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
+    kernels: str | Iterable[str] = (),
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
@@ -213,7 +226,7 @@ def make_adapter(
         _check_pattern(target_pattern, targets)
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
-                   target_pattern)
+                   target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)))
 
 
 def _check_pattern(pattern: Any, targets: Any) -> None:
@@ -390,6 +403,12 @@ def prepare(
         for param in wrapped.parameters():
             if param.requires_grad:
                 param.data = param.data.to(torch.bfloat16)
+    if adapter.kernels:
+        # Axolotl: apply_lora_kernel_patches once PEFT has wrapped the model (loaders/model.py ->
+        # patch_manager.py apply_post_model_load_patches -> _apply_lora_kernel_patch).
+        if parts is None:
+            raise InvalidInput("Axolotl's fused LoRA kernels need a backend that can patch them in")
+        parts.lora_kernels(wrapped, adapter.kernels)
     return wrapped
 
 

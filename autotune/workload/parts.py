@@ -7,9 +7,11 @@ backend can make, the backend passes its ``StepParts``:
     estimate  backends/estimate/parts.py  fake tensors that stand for CUDA ones: bitsandbytes'
                                           4-bit layer and AdamW emulated with their CUDA sizes
                                           (nf4.py; optimizers.BnbAdamWState), torchao's AdamW
-                                          too (optimizers.TorchaoAdamWState)
+                                          too (optimizers.TorchaoAdamWState), Axolotl's fused
+                                          LoRA kernels emulated (lora_kernels.py)
     cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit and AdamW (bnb.py),
-                                          torchao's own AdamW (torchao.py)
+                                          torchao's own AdamW (torchao.py),
+                                          Axolotl's own LoRA kernels (lora_kernels.py)
 
 The model PEFT builds, the optimizer the Trainer builds, the loop (step.run_steps) are the same
 for both: only these parts differ.
@@ -51,6 +53,12 @@ class StepParts(Protocol):
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
         """Elements of ``model``'s 4-bit weights that PEFT's ``get_nb_trainable_parameters`` does
         not count: 0 where PEFT counts the layer's weight as bitsandbytes' (two elements a byte)."""
+        ...
+
+    def lora_kernels(self, model: torch.nn.Module, kernels: tuple[str, ...]) -> None:
+        """Axolotl's fused LoRA kernels (workload/lora_kernels.py KERNELS) patched into the
+        PEFT-wrapped ``model`` as Axolotl's ``apply_lora_kernel_patches`` patches them: the
+        estimator's emulation, Axolotl's own on the GPU (adapters.prepare)."""
         ...
 
     def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:

@@ -40,6 +40,11 @@ class CudaParts:
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
         return 0  # PEFT counts a Params4bit's two weights a byte
 
+    def lora_kernels(self, model: torch.nn.Module, kernels: tuple[str, ...]) -> None:
+        from autotune.backends.cuda.lora_kernels import patch
+
+        patch(model, kernels)  # Axolotl's own patch; BackendUnavailable without axolotl
+
     def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
         return make_trainer_bnb_optimizer(model, optim_bits=optim_bits, is_paged=is_paged)
 

@@ -47,6 +47,11 @@ class EstimateParts:
 
         return sum(m.weight.numel() for m in model.modules() if isinstance(m, EmulatedLinear4bit))
 
+    def lora_kernels(self, model: torch.nn.Module, kernels: tuple[str, ...]) -> None:
+        from autotune.backends.estimate.lora_kernels import patch
+
+        patch(model, kernels)  # Axolotl's Functions in plain torch, on the estimator's hooks
+
     def bnb_optimizer(self, model: torch.nn.Module, *, optim_bits: int, is_paged: bool) -> Any:
         from autotune.backends.estimate.tracker import outside_allocator
 

@@ -329,8 +329,22 @@ def test_axolotl_lora_takes_axolotls_defaults(tmp_path):
     # trust_remote_code: Axolotl does not turn its fused kernels on.
     remote = read(tmp_path, {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
                              "lora_target_modules": "all-linear", "trust_remote_code": True}, "a.yml")
-    assert remote.adapter.targets == ("all-linear",)
+    assert (remote.adapter.targets, remote.adapter.kernels) == (("all-linear",), ())
     assert read(tmp_path, {**AXOLOTL, "lora_r": 8, "lora_target_linear": True}, "a.yml").adapter is None
+
+
+@pytest.mark.parametrize(("changes", "kernels"), [
+    # none set: check_auto_enable_lora_kernels turns mlp, qkv, o (and embedding: no LoRA on it here) on
+    ({lora_kernel: None for lora_kernel in NO_KERNELS}, ("mlp", "qkv", "o")),
+    ({"lora_mlp_kernel": True}, ("mlp",)),  # the others set false in AXOLOTL_QLORA stay off
+])
+def test_axolotl_s_fused_lora_kernels_are_read_into_the_adapter(tmp_path, changes, kernels):
+    plan = read(tmp_path, {**AXOLOTL_QLORA, **changes}, "a.yml")
+    assert plan.adapter.kernels == kernels
+    said = f"with Axolotl's fused LoRA kernels (emulated): {', '.join(kernels)}, 4-bit layers computing"
+    assert any(note.startswith("adapter: qlora: ") and said in note for note in plan.notes), plan.notes
+    assert any(note.startswith("lora_") and "emulated: Axolotl's LoRA_MLP, LoRA_QKV, LoRA_O" in note
+               for note in plan.notes)
 
 
 def test_axolotl_lora_model_dir_reads_the_saved_adapter(tmp_path):
@@ -347,8 +361,6 @@ def test_axolotl_lora_model_dir_reads_the_saved_adapter(tmp_path):
 AXOLOTL_ADAPTER_REFUSED = [
     # (changes to AXOLOTL_QLORA, key named, words of the reason)
     ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
-    ({lora_kernel: None for lora_kernel in NO_KERNELS}, "adapter", "check_auto_enable_lora_kernels"),
-    ({"lora_mlp_kernel": True}, "lora_mlp_kernel", "fused LoRA kernels"),
     ({"adapter": "lora"}, "load_in_4bit", "quantizes for qlora only"),
     ({"peft_use_dora": True}, "peft_use_dora", "DoRA"),
     ({"lora_target_linear": None, "lora_target_modules": ["q_proj", "model.*v_proj"]}, "lora_target_modules",

@@ -1,0 +1,346 @@
+"""Axolotl's fused LoRA kernels, patched into a PEFT model as Axolotl patches them, emulated.
+
+Axolotl turns on ``lora_mlp_kernel``, ``lora_qkv_kernel``, ``lora_o_kernel`` and
+``lora_embedding_kernel`` for a LoRA or QLoRA run where none is set (utils/schemas/config.py
+``check_auto_enable_lora_kernels``; configs/axolotl.py reads that rule). With one of the first
+three on, loaders/patch_manager.py ``_apply_lora_kernel_patch`` calls monkeypatch/lora_kernels.py
+``apply_lora_kernel_patches`` on the PEFT model (the embedding kernel alone patches nothing); for
+the attention, ``patch_self_attn_lora`` first rewrites the attention class's forward source so that
+its q/k/v lines call ``self.apply_qkv(hidden_states)`` and its o line ``self.apply_o(attn_output)``.
+Per decoder layer (``get_layers``: ``model.model.model.layers``):
+
+    qkv        ``layer.self_attn`` with q_proj, k_proj, v_proj and o_proj: ``apply_qkv`` is
+               ``apply_lora_qkv`` (the ``LoRA_QKV`` Function) where all three carry LoRA, else the
+               three plain projections in turn (``original_apply_qkv``, "Cannot patch some attention
+               QKV projections" warned)
+    o          ``apply_o`` is ``apply_lora_o`` (``LoRA_O``) where o_proj carries LoRA
+    mlp        ``layer.mlp`` with gate_proj, up_proj and down_proj, all three LoRA layers: its
+               forward is ``apply_lora_mlp_swiglu`` (hidden_act silu) or ``apply_lora_mlp_geglu``
+               (a gelu: Axolotl's GeGLU kernel computes GELU's erf form, also for Gemma's tanh one);
+               another activation raises
+    embedding  ``model.model.model.embed_tokens`` with LoRA (``lora_embedding_A``): its forward is
+               ``apply_lora_embedding`` (``LoRA_Embedding``); lm_head is left to PEFT
+
+Dropout is drawn once for q, k, v (and once for gate and up) on the LoRA path (``_apply_dropout``),
+and not at all on down_proj's (LoRA_MLP: "no dropout on hidden - it's an intermediate"), where PEFT
+draws one per projection.
+
+Here the same happens to the instances, nothing of transformers or PEFT changed: the attention's
+forward is left as it is and its projections' calls are what the rewritten one makes them: the
+first, q_proj's, computes Q, K and V (fused, or the three plain projections in turn) and k_proj's
+and v_proj's hand back K and V; o_proj's computes ``LoRA_O``. The attention class's source is
+checked as ``patch_self_attn_lora`` checks it, so a model whose forward Axolotl cannot rewrite
+is refused with Axolotl's own assertion. The Functions are lora_kernel_functions.py's; the
+backend's ``KernelHooks`` dequantize a 4-bit base and hold the Triton kernels' registers.
+
+Emulated for the model types of ``EMULATED`` (autotune's presets among them); others are refused
+by name, as are tasks other than causal-lm (``apply_lora_kernel_patches`` takes a
+``PeftModelForCausalLM`` only). Not emulated: Axolotl's ``LoRA_QK`` (Gemma 4's k_eq_v attention),
+``LoRA_FusedProj`` (Qwen 3.5's linear attention), Llama 4's experts, DoRA. Where Axolotl's run
+would fail, so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot
+rewrite, an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's
+addmm_ of two dtypes), the embedding kernel under autocast (its backward's index_add_ of a 16-bit
+gradient into a float32 one).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from autotune.workload.lora_kernel_functions import KernelHooks
+
+KERNELS = ("mlp", "qkv", "o", "embedding")
+CONFIG_KEYS = {name: f"lora_{name}_kernel" for name in KERNELS}  # Axolotl's keys
+PATCHING = ("mlp", "qkv", "o")  # patch_manager.py _apply_lora_kernel_patch: one of them on
+NAME = "Axolotl's fused LoRA kernels (emulated)"
+# The model types whose decoder layers were checked against Axolotl's patch (self_attn with
+# q/k/v/o_proj and a source patch_self_attn_lora rewrites, mlp with gate/up/down_proj, or a sparse
+# MoE block it leaves alone).
+EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")
+# get_attention_cls_from_config's special cases (transformers module, class); others are
+# ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
+_ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
+              "mistral3": ("mistral", "MistralAttention"), "qwen3_vl": ("qwen3_vl", "Qwen3VLTextAttention"),
+              "mllama": ("mllama", "MllamaTextSelfAttention"), "llama4": ("llama4", "Llama4TextAttention")}
+# monkeypatch/lora_kernels.py QKV_PATCHES' originals and ORIGINAL_O_CODE, as patch_self_attn_lora
+# looks for them in the detabbed source (the method's body indented by four spaces).
+_QKV_CODE = (
+    "    query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+    "    key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+    "    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n",
+    "    query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)\n"
+    "    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)\n"
+    "    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n",
+    "    query_states, gate = torch.chunk(\n"
+    "        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1\n"
+    "    )\n"
+    "    gate = gate.reshape(*input_shape, -1)\n\n"
+    "    query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)\n"
+    "    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)\n"
+    "    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n",
+)
+_O_CODE = "    attn_output = self.o_proj(attn_output)\n"
+
+
+def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The kernels named (comma-separated text or names), in KERNELS' order; InvalidInput naming the
+    allowed ones, and refusing the embedding kernel alone (it patches nothing without another)."""
+    if value is None:
+        return ()
+    names = value.split(",") if isinstance(value, str) else list(value)
+    asked = {str(name).strip().lower() for name in names} - {""}
+    unknown = sorted(asked - set(KERNELS))
+    if unknown:
+        raise InvalidInput(f"unknown Axolotl LoRA kernel {unknown[0]!r}: allowed are {', '.join(KERNELS)}")
+    if asked and not asked & set(PATCHING):
+        raise InvalidInput("Axolotl's embedding LoRA kernel is patched only with the mlp, qkv or o kernel "
+                           "(loaders/patch_manager.py _apply_lora_kernel_patch)")
+    return tuple(name for name in KERNELS if name in asked)
+
+
+def describe(kernels: Sequence[str]) -> str:
+    """What an output says of them: "Axolotl's fused LoRA kernels (emulated): mlp, qkv, o"."""
+    return f"{NAME}: {', '.join(kernels)}"
+
+
+# --- what Axolotl's patch takes ------------------------------------------------------------------
+
+
+def attention_class(model_type: str) -> Any:
+    """get_attention_cls_from_config's attention class of ``model_type``; None where it has none
+    (Axolotl raises "could not import attention class")."""
+    import importlib
+
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    module, name = _ATTENTION.get(model_type, (model_type, ""))
+    if not name:
+        prefix = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(
+            model_type, "".join(part.capitalize() for part in model_type.split("_")))
+        for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "GenerationDecoder"):
+            prefix = prefix.replace(suffix, "")  # utils/callbacks/models.py get_causal_lm_model_cls_prefix
+        name = f"{prefix}Attention"
+    try:
+        found = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+    except (ImportError, AttributeError):
+        return None
+    return found if isinstance(found, type) else None  # a class, or None
+
+
+def _detabbed_source(function: Any) -> str:
+    """inspect.getsource with the first line's indentation removed from every line (utils.py
+    detab_code)."""
+    source = inspect.getsource(function)
+    indent = re.match(r"[\s\t]+", source)
+    return re.sub(r"^" + indent.group(0), "", source, flags=re.MULTILINE) if indent else source
+
+
+def check_model(config: Any, kernels: Sequence[str]) -> None:
+    """InvalidInput where Axolotl's patch of ``config``'s model type fails or is not emulated."""
+    model_type = config.model_type
+    if set(kernels) & {"qkv", "o"}:
+        cls = attention_class(model_type)
+        if cls is None:
+            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type {model_type}: "
+                               "get_attention_cls_from_config finds no attention class; set them to false")
+        source = _detabbed_source(cls.forward)
+        missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
+                                            ("O", _O_CODE in source)) if not found]
+        if missing:
+            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
+                               f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
+                               "its forward; set lora_qkv_kernel: false and lora_o_kernel: false")
+    if model_type not in EMULATED:
+        raise InvalidInput(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type {model_type}")
+
+
+def glu_of(config: Any) -> str:
+    """The MLP kernel's activation: apply_lora_kernel_patches reads hidden_act, else
+    hidden_activation, else mlp_hidden_act; a gelu is GeGLU, silu SwiGLU, another raises."""
+    activation = None
+    for name in ("hidden_act", "hidden_activation", "mlp_hidden_act"):
+        if hasattr(config, name):
+            activation = getattr(config, name)
+            break
+    if activation and "gelu" in activation:
+        return "geglu"
+    if activation == "silu":
+        return "swiglu"
+    raise InvalidInput(f"Axolotl's lora_mlp_kernel refuses activation {activation!r} "
+                       "(apply_lora_kernel_patches supports silu and gelu): set lora_mlp_kernel: false")
+
+
+# --- the patch ------------------------------------------------------------------------------------
+
+
+def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) -> None:
+    """Axolotl's ``apply_lora_kernel_patches`` on the PEFT-wrapped ``model`` (module docstring), the
+    Functions computing with the backend's ``hooks``."""
+    if not set(kernels) & set(PATCHING):
+        return
+    from peft import PeftModelForCausalLM
+
+    if not isinstance(model, PeftModelForCausalLM):
+        raise InvalidInput(f"{NAME} patch causal language models only (apply_lora_kernel_patches takes a "
+                           f"PeftModelForCausalLM), not a {type(model).__name__}")
+    config: Any = model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    check_model(config, kernels)
+    for layer in _layers(model):
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            if "qkv" in kernels:
+                _QKV(attn, hooks).install()
+            if "o" in kernels and hasattr(attn.o_proj, "lora_A"):
+                attn.o_proj.forward = _o_forward(attn, hooks)
+        mlp = getattr(layer, "mlp", None)
+        if "mlp" in kernels and mlp is not None and all(
+                hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj")):
+            glu = glu_of(config)  # raised only where a MLP is found, as Axolotl raises it
+            if all(hasattr(getattr(mlp, p), "lora_A") for p in ("gate_proj", "up_proj", "down_proj")):
+                mlp.forward = _mlp_forward(mlp, glu, hooks)
+    if "embedding" in kernels:
+        _patch_embedding(model, hooks)
+
+
+def _layers(model: Any) -> Any:
+    """get_layers: the decoder layers of a PEFT causal LM (multimodal ones' language model's)."""
+    pretrained = model.model  # the transformers model PEFT wraps
+    if hasattr(pretrained, "language_model"):
+        return pretrained.language_model.layers
+    if hasattr(pretrained.model, "language_model"):
+        return pretrained.model.language_model.layers
+    return pretrained.model.layers
+
+
+class _Lora:
+    """get_lora_parameters(proj): the base layer, A [r, in], B [out, r], scaling, dropout."""
+
+    def __init__(self, proj: Any) -> None:
+        active = proj.active_adapters[0]
+        self.base = proj.base_layer
+        self.A = proj.lora_A[active].weight
+        self.B = proj.lora_B[active].weight
+        self.s = proj.scaling[active]
+        self.dropout = proj.lora_dropout[active] if active in proj.lora_dropout else None
+
+
+def _apply_dropout(dropout: Any, X: torch.Tensor, training: bool) -> torch.Tensor | None:
+    """lora.py _apply_dropout: X_drop, or None where there is no (active) dropout."""
+    from torch import nn
+
+    if dropout is None or isinstance(dropout, nn.Identity) or not training:
+        return None
+    out: torch.Tensor = dropout(X)
+    return out
+
+
+def _mlp_forward(mlp: Any, glu: str, hooks: KernelHooks) -> Callable[..., Any]:
+    """apply_lora_mlp_swiglu / apply_lora_mlp_geglu: ``LoRA_MLP.apply``, dropout drawn once from
+    gate_proj's module for gate and up."""
+    from autotune.workload.lora_kernel_functions import LoRA_MLP
+
+    def forward(X: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        gate, up, down = _Lora(mlp.gate_proj), _Lora(mlp.up_proj), _Lora(mlp.down_proj)
+        X_drop = _apply_dropout(gate.dropout, X, mlp.training)
+        bases, scales = (gate.base, up.base, down.base), (gate.s, up.s, down.s)
+        out: torch.Tensor = LoRA_MLP.apply(X, X_drop, gate.A, gate.B, up.A, up.B, down.A, down.B, bases,
+                                           scales, glu, hooks)
+        return out
+
+    return forward
+
+
+def _o_forward(attn: Any, hooks: KernelHooks) -> Callable[..., Any]:
+    """apply_lora_o as o_proj's call: ``LoRA_O.apply``, o_proj's dropout on the LoRA path."""
+    from autotune.workload.lora_kernel_functions import LoRA_O
+
+    def forward(X: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        o = _Lora(attn.o_proj)
+        X_drop = _apply_dropout(o.dropout, X, attn.training)
+        out: torch.Tensor = LoRA_O.apply(X, X_drop, o.A, o.B, o.base, o.s, hooks)
+        return out
+
+    return forward
+
+
+class _QKV:
+    """``self.apply_qkv(hidden_states)`` of the rewritten attention, as its projections' calls: the
+    first (q_proj's) computes Q, K and V, k_proj's and v_proj's take K and V. Fused (apply_lora_qkv)
+    where q, k and v all carry LoRA, else original_apply_qkv's three projections in turn."""
+
+    def __init__(self, attn: Any, hooks: KernelHooks) -> None:
+        self.attn, self.hooks = attn, hooks
+        self.projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.fused = all(hasattr(proj, "lora_A") for proj in self.projs)
+        self.own_q = attn.q_proj.forward  # q_proj's own forward, before install()
+        self.pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def install(self) -> None:
+        q_proj, k_proj, v_proj = self.projs
+        q_proj.forward = self.q
+        k_proj.forward = lambda hidden, *args, **kwargs: self.take("k", hidden)
+        v_proj.forward = lambda hidden, *args, **kwargs: self.take("v", hidden)
+
+    def q(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.fused:
+            from autotune.workload.lora_kernel_functions import LoRA_QKV
+
+            q, k, v = (_Lora(proj) for proj in self.projs)
+            X_drop = _apply_dropout(q.dropout, hidden, self.attn.training)
+            Q, K, V = LoRA_QKV.apply(hidden, X_drop, q.A, q.B, k.A, k.B, v.A, v.B,
+                                     (q.base, k.base, v.base), (q.s, k.s, v.s), self.hooks)
+        else:  # q_proj's own forward (its call is this one), then k_proj's and v_proj's calls
+            Q, K, V = self.own_q(hidden), _called(self.projs[1], hidden), _called(self.projs[2], hidden)
+        self.pending = {"k": (hidden, K), "v": (hidden, V)}
+        return Q  # type: ignore[no-any-return]
+
+    def take(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
+        found = self.pending.pop(name, None)
+        if found is None or found[0] is not hidden:
+            raise RuntimeError(f"{name}_proj called other than after q_proj on the same input: not the "
+                               "attention forward Axolotl's patch_self_attn_lora rewrites")
+        return found[1]
+
+
+def _called(proj: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """``proj(hidden)`` through its module call (its hooks) with its own forward, not the one
+    ``_QKV.install`` gave it."""
+    installed = vars(proj).pop("forward")
+    try:
+        out: torch.Tensor = proj(hidden)
+        return out
+    finally:
+        proj.forward = installed
+
+
+def _patch_embedding(model: Any, hooks: KernelHooks) -> None:
+    """_patch_embedding_layers: ``model.embed_tokens`` (or the language model's) with LoRA gets
+    apply_lora_embedding's forward: ``LoRA_Embedding.apply``, cast to the base weight's dtype."""
+    from autotune.workload.lora_kernel_functions import LoRA_Embedding
+
+    for path in (("model", "embed_tokens"), ("model", "language_model", "embed_tokens")):
+        embed = model.model
+        for name in path:
+            embed = getattr(embed, name, None)
+        if embed is None or not hasattr(embed, "lora_embedding_A"):
+            continue
+
+        def forward(x: torch.Tensor, *args: Any, embed: Any = embed, **kwargs: Any) -> torch.Tensor:
+            active = embed.active_adapters[0]
+            W = embed.base_layer.weight
+            out: torch.Tensor = LoRA_Embedding.apply(x, W, embed.lora_embedding_A[active],
+                                                     embed.lora_embedding_B[active], embed.scaling[active],
+                                                     embed.base_layer, hooks)
+            return out.to(W.dtype)
+
+        embed.forward = forward

@@ -1,0 +1,365 @@
+"""Axolotl's fused LoRA kernels, emulated (workload/lora_kernels.py, lora_kernel_functions.py): the
+values and gradients of PEFT's LoRA layers they replace, the tensors Axolotl saves for backward,
+which layers Axolotl's patch takes and what it refuses, the adapter option, Axolotl's configs and
+the check through the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig
+
+from autotune.cli import main
+from autotune.configs import read_training_config
+from autotune.errors import InvalidInput
+from autotune.workload.adapters import Adapter, make_adapter, prepare
+from autotune.workload.lora_kernel_functions import KernelHooks, LoRA_Embedding, LoRA_MLP, LoRA_O, LoRA_QKV
+from autotune.workload.lora_kernels import EMULATED, apply_kernels, parse_kernels
+from autotune.workload.models import ModelSpec
+from autotune.workload.step import build_model, gradient_checkpointing, make_batch
+
+# Real CPU tensors: the base weight as it is, registers nowhere, no autocast.
+PLAIN = KernelHooks(dequantize=lambda layer: layer.weight, registers=contextlib.nullcontext,
+                    autocast=lambda: (None, contextlib.nullcontext))
+SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
+         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
+         "gemma3_text": {"query_pre_attn_scalar": 16, "sliding_window": 64},
+         "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                       "decoder_sparse_step": 2}}
+ALL = ("mlp", "qkv", "o")
+T, HIDDEN, OUT, INNER, R = 16, 32, 48, 64, 4  # a [2, 8] batch's tokens; LoRA rank
+
+
+def small_model(model_type: str, **overrides) -> tuple[nn.Module, object]:
+    config = AutoConfig.for_model(model_type, **{**SMALL, **EXTRA.get(model_type, {}), **overrides})
+    model, _ = build_model(ModelSpec(f"small-{model_type}", "local", config, 128), "causal-lm", "eager")
+    return model, config
+
+
+class FixedMask(nn.Module):
+    """A dropout whose mask depends on the input's shape only: the same for every projection of one
+    input, as Axolotl's one mask for gate and up (and for q, k, v), where PEFT draws one each."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(x.shape[-1])
+        return x * (torch.rand(x.shape, generator=generator) > 0.3).to(x.dtype) / 0.7
+
+
+def lora_model(model_type: str, targets: str = "all-linear", dropout: bool = False, erf: bool = True,
+               **overrides):
+    torch.manual_seed(0)
+    model, config = small_model(model_type, **overrides)
+    if erf:  # Gemma's GELU in its erf form: Axolotl's GeGLU kernel computes that one (for its tanh one too)
+        for module in model.modules():
+            if "gemma" in model_type and hasattr(module, "act_fn"):
+                module.act_fn = nn.GELU()
+    wrapped = prepare(model, make_adapter("lora", r=R, alpha=8, dropout=0.1 if dropout else 0.0,
+                                          targets=targets), "causal-lm")
+    for name, parameter in wrapped.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(parameter, std=0.2)  # PEFT starts B at 0: make the LoRA path count
+    if dropout:
+        for name, module in wrapped.named_modules():
+            if hasattr(module, "lora_dropout") and "default" in module.lora_dropout:
+                # LoRA_MLP draws no dropout on down_proj's input ("no dropout on hidden - it's an
+                # intermediate"), where PEFT's down_proj does
+                down = name.endswith("down_proj")
+                module.lora_dropout["default"] = nn.Identity() if down else FixedMask()
+    return wrapped, config
+
+
+def loss_and_grads(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    with gradient_checkpointing(model, True):
+        model.train()
+        loss = model(**batch).loss
+        loss.backward()
+    return loss, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def patched(model: nn.Module) -> list[str]:
+    """The last part of the name of each module whose forward the patch replaced."""
+    return sorted(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                  if "forward" in vars(module))
+
+
+# --- the kernels give PEFT's values and gradients ---------------------------------------------------
+
+
+# PEFT refuses dropout on Qwen3-MoE's all-linear ("lora.ParamWrapper does not work with lora_dropout").
+@pytest.mark.parametrize(("model_type", "dropout"), [
+    (model_type, dropout) for model_type in EMULATED for dropout in (False, True)
+    if not (dropout and model_type == "qwen3_moe")])
+def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropout):
+    reference, config = lora_model(model_type, dropout=dropout)
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ALL, PLAIN)
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+    # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
+    # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP)
+    mlps = 0 if model_type == "qwen3_moe" else 2
+    assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
+
+
+def test_gemma_s_tanh_gelu_is_computed_in_its_erf_form_as_axolotl_s_kernel_does():
+    reference, config = lora_model("gemma2", erf=False)
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ALL, PLAIN)
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    (_, grads), (_, expected) = loss_and_grads(model, batch), loss_and_grads(reference, batch)
+    gate = "base_model.model.model.layers.0.mlp.gate_proj.lora_B.default.weight"
+    assert not torch.equal(grads[gate], expected[gate])
+    assert all(torch.allclose(grad, expected[name], rtol=1e-2, atol=1e-4) for name, grad in grads.items())
+
+
+def test_layers_without_lora_on_all_their_projections_are_left_to_peft():
+    # Axolotl warns "Cannot patch some attention QKV projections" and keeps original_apply_qkv: the
+    # three plain projections, computed in turn before Qwen3's q_norm (its rewritten forward's order).
+    reference, config = lora_model("qwen3", targets="q_proj,v_proj")
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ALL, PLAIN)
+    assert patched(model) == sorted(["k_proj", "q_proj", "v_proj"] * 2)  # no o_proj, no mlp: not LoRA
+    batch = make_batch(config, "causal-lm", 2, 16)
+    orders: list[list[str]] = [[], []]
+    for order, each in zip(orders, (model, reference), strict=True):
+        for name, module in each.named_modules():
+            if name.endswith(("layers.0.self_attn.q_proj.base_layer", "layers.0.self_attn.v_proj.base_layer",
+                              "layers.0.self_attn.q_norm")):
+                module.register_forward_hook(lambda m, i, o, order=order, name=name: order.append(
+                    name.removesuffix(".base_layer").rsplit(".", 1)[-1]))
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected)
+    assert all(torch.allclose(grad, expected_grads[name]) for name, grad in grads.items())
+    assert orders[0][:3] == ["q_proj", "v_proj", "q_norm"]  # original_apply_qkv, then the norms
+    assert orders[1][:3] == ["q_proj", "q_norm", "v_proj"]  # transformers' own forward
+
+
+def test_the_embedding_kernel_gives_peft_s_gradients_and_is_refused_under_autocast():
+    reference, config = lora_model("llama", targets="embed_tokens,q_proj,k_proj,v_proj")
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ("qkv", "embedding"), PLAIN)
+    assert "embed_tokens" in patched(model)
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    assert any("lora_embedding_A" in name for name in grads)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+    # Under autocast its backward's index_add_ of a 16-bit gradient into a float32 one fails (as on
+    # a CPU with torch.autocast("cpu"), where matmul also runs in bfloat16).
+    bf16 = KernelHooks(PLAIN.dequantize, PLAIN.registers, lambda: (torch.bfloat16, contextlib.nullcontext))
+    embed = nn.Embedding(128, HIDDEN)
+    with pytest.raises(InvalidInput, match="LoRA_Embedding kernel fails in its backward under torch.bfloat16 "
+                                           "autocast .* set lora_embedding_kernel: false"):
+        LoRA_Embedding.apply(torch.zeros(2, 8, dtype=torch.long), embed.weight, torch.ones(R, 128),
+                             torch.ones(HIDDEN, R), 2.0, embed, bf16)
+
+
+# --- what each Function saves for backward -------------------------------------------------------------
+
+
+def saved(output: torch.Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """What the Function node that made ``output`` saved (ctx.save_for_backward), in order."""
+    return [(tuple(t.shape), t.dtype) for t in output.grad_fn.saved_tensors]
+
+
+def test_each_function_saves_what_axolotl_s_save_for_backward_saves():
+    bf16, f32 = torch.bfloat16, torch.float32
+    X = torch.randn(2, 8, HIDDEN, dtype=bf16, requires_grad=True) * 1
+    linear = lambda i, o: nn.Linear(i, o, bias=False, dtype=bf16)  # noqa: E731
+    lora = lambda i, o: (torch.randn(R, i, requires_grad=True), torch.randn(o, R, requires_grad=True))  # noqa: E731
+    # LoRA_MLP (lora.py): X, X (no dropout), gate, up [batch, seq, inner] in X's dtype, then
+    # gate_A, gate_B, up_A, up_B, down_A, down_B as X's dtype (not the float32 parameters)
+    (gA, gB), (uA, uB), (dA, dB) = lora(HIDDEN, INNER), lora(HIDDEN, INNER), lora(INNER, HIDDEN)
+    bases = (linear(HIDDEN, INNER), linear(HIDDEN, INNER), linear(INNER, HIDDEN))
+    out = LoRA_MLP.apply(X, None, gA, gB, uA, uB, dA, dB, bases, (2.0,) * 3, "swiglu", PLAIN)
+    assert saved(out) == [((2, 8, HIDDEN), bf16)] * 2 + [((2, 8, INNER), bf16)] * 2 + [
+        ((R, HIDDEN), bf16), ((INNER, R), bf16)] * 2 + [((R, INNER), bf16), ((HIDDEN, R), bf16)]
+    # LoRA_QKV: X, X_drop, q_A, q_B, k_A, k_B, v_A, v_B in X's dtype; not Q, K, V
+    X_drop = X * 2
+    (qA, qB), (kA, kB), (vA, vB) = lora(HIDDEN, OUT), lora(HIDDEN, 16), lora(HIDDEN, 16)
+    bases = (linear(HIDDEN, OUT), linear(HIDDEN, 16), linear(HIDDEN, 16))
+    Q, _, _ = LoRA_QKV.apply(X, X_drop, qA, qB, kA, kB, vA, vB, bases, (2.0,) * 3, PLAIN)
+    assert saved(Q) == [((2, 8, HIDDEN), bf16)] * 2 + [((R, HIDDEN), bf16), ((OUT, R), bf16)] + [
+        ((R, HIDDEN), bf16), ((16, R), bf16)] * 2
+    # LoRA_O: A, B in X's dtype, X, X_drop
+    A, B = lora(HIDDEN, OUT)
+    out = LoRA_O.apply(X, None, A, B, linear(HIDDEN, OUT), 2.0, PLAIN)
+    assert saved(out) == [((R, HIDDEN), bf16), ((OUT, R), bf16)] + [((2, 8, HIDDEN), bf16)] * 2
+    # LoRA_Embedding: x, A and B in the base weight's dtype, after_A [batch, seq, r] in A's (float32)
+    embed = nn.Embedding(128, HIDDEN, dtype=bf16)
+    A, B = lora(128, HIDDEN)
+    out = LoRA_Embedding.apply(torch.zeros(2, 8, dtype=torch.long), embed.weight, A, B, 2.0, embed, PLAIN)
+    assert saved(out) == [((2, 8), torch.int64), ((R, 128), bf16), ((HIDDEN, R), bf16), ((2, 8, R), f32)]
+
+
+def test_a_float32_run_saves_the_lora_parameters_themselves():
+    # ``A.to(dtype)`` of a float32 A in a float32 step is A: nothing copied.
+    X = torch.randn(2, 8, HIDDEN, requires_grad=True) * 1
+    A, B = torch.randn(R, HIDDEN, requires_grad=True), torch.randn(OUT, R, requires_grad=True)
+    out = LoRA_O.apply(X, None, A, B, nn.Linear(HIDDEN, OUT), 2.0, PLAIN)
+    kept = out.grad_fn.saved_tensors
+    assert kept[0].untyped_storage().data_ptr() == A.untyped_storage().data_ptr()
+
+
+# --- which models, which kernels -------------------------------------------------------------------------
+
+
+def test_the_kernels_are_read_in_axolotl_s_order():
+    assert parse_kernels(" o, MLP,qkv ") == ("mlp", "qkv", "o") and parse_kernels(None) == ()
+    with pytest.raises(InvalidInput, match="unknown Axolotl LoRA kernel 'swiglu': allowed are mlp, qkv, o, "):
+        parse_kernels("mlp,swiglu")
+    with pytest.raises(InvalidInput, match="embedding LoRA kernel is patched only with the mlp, qkv or o"):
+        parse_kernels("embedding")
+
+
+@pytest.mark.parametrize(("model_type", "overrides", "kernels", "message"), [
+    # patch_self_attn_lora asserts on an attention forward it cannot rewrite (a fused qkv_proj)
+    ("phi3", {}, ALL, "fail on Phi3Attention: patch_self_attn_lora asserts \"Original QKV code not found\""),
+    ("gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 2}, ("o",), "fail on GPT2Attention"),
+    ("granite", {}, ALL, "emulated on llama, mistral, .*, not on model type granite"),
+    ("phi3", {}, ("mlp",), "not on model type phi3"),
+    ("llama", {"hidden_act": "relu"}, ALL, "lora_mlp_kernel refuses activation 'relu'"),
+])
+def test_what_axolotl_s_patch_would_not_do_is_refused_by_name(model_type, overrides, kernels, message):
+    model, _ = small_model(model_type, **overrides)
+    wrapped = prepare(model, make_adapter("lora", targets="all-linear"), "causal-lm")
+    with pytest.raises(InvalidInput, match=message):
+        apply_kernels(wrapped, kernels, PLAIN)
+
+
+def test_only_a_causal_lm_is_patched():
+    model, _ = build_model(ModelSpec("tiny", "local", AutoConfig.for_model("llama", **SMALL), 128),
+                           "sequence-classification", "eager")
+    wrapped = prepare(model, make_adapter("lora", targets="all-linear"), "sequence-classification")
+    with pytest.raises(InvalidInput, match="patch causal language models only .* not a PeftModelForSequence"):
+        apply_kernels(wrapped, ALL, PLAIN)
+    apply_kernels(wrapped, (), PLAIN)  # nothing asked, nothing checked
+
+
+def test_an_adapter_names_its_kernels_and_keeps_the_stored_keys_of_others():
+    adapter = make_adapter("lora", targets="all-linear", kernels="qkv,mlp,o")
+    assert adapter.kernels == ("mlp", "qkv", "o")
+    assert adapter.label().endswith("on all-linear with Axolotl's fused LoRA kernels (emulated): mlp, qkv, o")
+    assert Adapter.from_json(adapter.to_json()) == adapter
+    assert "kernels" not in make_adapter("lora").to_json()  # stored keys of adapters without them
+    with pytest.raises(InvalidInput, match="need a backend that can patch them in"):
+        model, _ = small_model("llama")
+        prepare(model, adapter, "causal-lm")
+
+
+# --- Axolotl's configs --------------------------------------------------------------------------------------
+
+AXOLOTL = {"base_model": "tiny-llama", "sequence_len": 128, "micro_batch_size": 4, "adapter": "lora",
+           "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_target_linear": True, "bf16": True,
+           "attn_implementation": "flash_attention_2", "gradient_checkpointing": True}
+
+
+def read(tmp_path, **changes):
+    path = tmp_path / "axolotl.yml"
+    path.write_text(json.dumps({**AXOLOTL, **changes}))
+    return read_training_config(path)
+
+
+def test_axolotl_turns_its_kernels_on_where_none_is_set(tmp_path):
+    config = read(tmp_path)
+    assert config.request.step.adapter.kernels == ("mlp", "qkv", "o")
+    assert any(note.startswith("lora_*_kernel: not set, Axolotl turns its fused LoRA kernels on "
+                               "(check_auto_enable_lora_kernels): mlp, qkv, o, embedding — emulated")
+               for note in config.notes)
+    # the embedding kernel, on too, has nothing to patch: all-linear puts no LoRA on embed_tokens
+    assert "lora_embedding_kernel: embed_tokens carries no LoRA here: nothing for it to patch" in config.notes
+    named = read(tmp_path, lora_target_linear=None, lora_target_modules=["embed_tokens", "q_proj"])
+    assert named.request.step.adapter.kernels == ("mlp", "qkv", "o", "embedding")
+    qlora = read(tmp_path, adapter="qlora", load_in_4bit=True).request.step.adapter
+    assert (qlora.method, qlora.kernels) == ("qlora", ("mlp", "qkv", "o"))
+
+
+@pytest.mark.parametrize(("changes", "kernels", "note"), [
+    ({"lora_mlp_kernel": True}, ("mlp",), "lora_mlp_kernel: true — emulated"),
+    ({"lora_qkv_kernel": False}, (), None),  # one set: Axolotl turns none on, the others stay off
+    ({"lora_o_kernel": True, "lora_qkv_kernel": True, "lora_mlp_kernel": False}, ("qkv", "o"), None),
+    ({"trust_remote_code": True}, (), "with trust_remote_code Axolotl leaves its fused LoRA kernels off"),
+    ({"lora_embedding_kernel": True}, (), "lora_embedding_kernel: true alone patches nothing"),
+])
+def test_axolotl_s_kernel_keys_are_read_as_axolotl_reads_them(tmp_path, changes, kernels, note):
+    config = read(tmp_path, **changes)
+    assert config.request.step.adapter.kernels == kernels
+    assert note is None or any(note in n for n in config.notes), config.notes
+
+
+def test_axolotl_refuses_its_kernels_with_trust_remote_code(tmp_path):
+    with pytest.raises(InvalidInput, match="refuses them together .*check_lora_kernels_trust_remote_code"):
+        read(tmp_path, trust_remote_code=True, lora_qkv_kernel=True)
+    with pytest.raises(InvalidInput, match="lora_mlp_kernel in .* must be true or false, got 'yes'"):
+        read(tmp_path, lora_mlp_kernel="yes")
+
+
+# --- the check -------------------------------------------------------------------------------------------
+
+
+def check(capsys, tmp_path, **changes) -> dict:
+    path = tmp_path / "axolotl.yml"
+    path.write_text(json.dumps({**AXOLOTL, **changes}))
+    code = main(["check", "tiny-llama", "--from-config", str(path), "--gpu", "A100-40GB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    return doc
+
+
+OFF = {"lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False,
+       "lora_embedding_kernel": False}
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_a_check_of_an_axolotl_config_says_the_kernels_and_peaks_otherwise(capsys, tmp_path, method):
+    # tiny-llama's step peaks at the allocator's first segments at small batches; at 512 sequences
+    # of 128 tokens the activations show, and the kernels keep less of them than PEFT's layers.
+    extra = {"adapter": method, "micro_batch_size": 512,
+             **({"load_in_4bit": True} if method == "qlora" else {})}
+    on, off = check(capsys, tmp_path, **extra), check(capsys, tmp_path, **extra, **OFF)
+    assert on["fits"] and off["fits"]
+    assert on["adapter"]["kernels"] == ["mlp", "qkv", "o"] and "kernels" not in off["adapter"]
+    assert "with Axolotl's fused LoRA kernels (emulated): mlp, qkv, o" in on["adapter"]["label"]
+    assert "with Axolotl's fused LoRA kernels (emulated): mlp, qkv, o: " in on["message"]
+    assert any("Axolotl turns its fused LoRA kernels on" in note for note in on["config_notes"])
+    assert "Axolotl's fused LoRA kernels" not in off["message"]
+    assert on["peak_memory_bytes"] < off["peak_memory_bytes"]
+
+
+def test_the_cuda_backend_carries_the_kernels_and_needs_axolotl():
+    import importlib.util
+
+    from autotune.backends.cuda.lora_kernels import require_axolotl
+    from autotune.backends.cuda.protocol import CellSpec, cell_spec, rebuild_workload
+    from autotune.errors import BackendUnavailable
+    from autotune.request import CheckRequest, request_from, resolve
+    from autotune.workload.modes import parse_mode
+
+    adapter = make_adapter("lora", targets="all-linear", kernels=ALL)
+    request = request_from(CheckRequest, {"model": "tiny-llama", "seq_len": 64, "batch_size": 4,
+                                          "adapter": adapter, "gpu_memory": "1GiB", "backend": "estimate"})
+    workload = resolve(request).workload
+    sent = json.dumps(cell_spec(workload, parse_mode("bf16"), 64, 2**30).to_json())  # what the worker reads
+    assert rebuild_workload(CellSpec.from_json(json.loads(sent)))[0].adapter.kernels == ALL
+    if importlib.util.find_spec("axolotl") is None:  # the worker refuses the cell, naming the package
+        with pytest.raises(BackendUnavailable, match="need the axolotl package"):
+            require_axolotl()
