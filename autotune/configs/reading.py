@@ -35,8 +35,6 @@ DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune do
 RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
           "autotune does not model")
 COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
-LIGER = ("Liger swaps the RMSNorm, RoPE, SwiGLU and cross-entropy kernels, which autotune does not model; "
-         "only its fused linear cross-entropy is modelled (loss: chunked)")
 OFFLOAD = "activations or weights offloaded to the CPU are not modelled"
 KERNEL = "a swapped-in kernel autotune does not model"
 REENTRANT = ("torch.utils.checkpoint's reentrant path, traced: each layer's forward run again inside "
