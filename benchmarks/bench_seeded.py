@@ -1,5 +1,5 @@
 """GPU probes per cell of the measured (cuda) search, on a fake GPU whose memory differs from the
-estimator's (tests/fakegpu.py): bisect, guided without the estimator, and estimator-seeded
+estimator's (autotune/testing.py): bisect, guided without the estimator, and estimator-seeded
 (autotune/backends/seeded.py, the cuda backend's default).
 
     .venv/bin/python benchmarks/bench_seeded.py                       # BERT-base, 12 GiB, +-10 %
@@ -18,15 +18,13 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The checkout before tests/ (whose autotune/ folder of tests would otherwise shadow the package).
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/fakegpu.py
-
-from fakegpu import ScaledGpu  # noqa: E402
+sys.path.insert(0, str(ROOT))
 
 from autotune.backends import Backend, make_backend  # noqa: E402
 from autotune.backends.estimate.backend import EstimateBackend  # noqa: E402
 from autotune.backends.seeded import EstimateSeeded  # noqa: E402
 from autotune.defaults import DEFAULT_SEQ_LENS  # noqa: E402
+from autotune.testing import ScaledGpu  # noqa: E402
 from autotune.tuner import TableResult, tune_table  # noqa: E402
 from autotune.workload import Workload  # noqa: E402
 from autotune.workload.models import resolve_model  # noqa: E402

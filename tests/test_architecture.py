@@ -205,6 +205,23 @@ def test_the_benchmarks_import_no_private_name_of_the_library():
     assert offenders == set()
 
 
+def test_the_benchmarks_reach_nothing_in_the_tests():
+    # A benchmark runs what a user runs: the package, the service, the files in docs/; the tests'
+    # fakes and helpers are the tests' own (a stand-in GPU for a search is autotune/testing.py).
+    helpers = {"tests"} | {path.stem for path in (ROOT / "tests").glob("*.py")}  # fleet, liveserver, ...
+    offenders = set()
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source, str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] in helpers for name in names):
+                offenders.add(path.name)
+        if any("sys.path" in line and "tests" in line for line in source.splitlines()):
+            offenders.add(path.name)
+    assert offenders == set()
+
+
 def classes(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}

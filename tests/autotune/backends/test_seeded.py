@@ -1,5 +1,5 @@
 """The estimator-seeded measured search (autotune/backends/seeded.py), on fake GPUs whose memory
-differs from the estimator's (tests/fakegpu.py): the same answers as bisect, fewer GPU probes."""
+differs from the estimator's (autotune/testing.py): the same answers as bisect, fewer GPU probes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import transformers
-from fakegpu import ScaledGpu
 
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.reduce import Multiprocessors
@@ -19,6 +18,7 @@ from autotune.backends.seeded import EstimateSeeded, GpuLimit, Seed, SeededCell,
 from autotune.errors import ProbeError
 from autotune.gpus import custom_gpu, gpu_from_device_properties
 from autotune.search import Probe, ProbeOnlyCell, search_max_batch
+from autotune.testing import ScaledGpu
 from autotune.tuner import TableResult, tune_table
 from autotune.units import GIB, MIB
 from autotune.workload import Workload

@@ -1,5 +1,5 @@
-"""A fake GPU whose memory differs from the estimator's: for the estimator-seeded search
-(autotune/backends/seeded.py) in tests and in benchmarks/bench_seeded.py.
+"""A fake GPU whose memory differs from the estimator's, for testing a search without a GPU: the
+estimator-seeded search (autotune/backends/seeded.py) in the tests and in benchmarks/bench_seeded.py.
 
 ``ScaledGpu(EstimateBackend(gpu), scale=1.1)`` answers each probe as a GPU would: "fits" with its
 peak when that is within the budget, else "oom" with no peak (a real CUDA out-of-memory says no
