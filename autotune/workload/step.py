@@ -138,8 +138,32 @@ def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task:
         if "does not support" in str(exc) or "not supported" in str(exc) or "attn" in str(exc):
             raise
         raise InvalidInput(f"model {spec.name} has no {task} head: {exc}") from exc
+    _check_experts_dtype(model, dtype)
     model.train()
     return model
+
+
+def _check_experts_dtype(model: Any, dtype: Any) -> None:
+    """A mixture of experts in weights other than bfloat16 cannot train on a GPU: refused naming
+    ``dtype`` (exit 2, HTTP 422), never traced into a crash read as an internal error.
+
+    transformers runs the experts of every class decorated ``use_experts_implementation`` with
+    ``grouped_mm`` unless told otherwise (modeling_utils ``get_correct_experts_implementation``;
+    integrations/moe.py ``_grouped_mm`` casts the tokens to the weights' dtype, so autocast does not
+    help), and torch's CUDA grouped_mm takes bfloat16 only (aten/src/ATen/native/cuda/Blas.cpp
+    ``_grouped_mm_cuda``, whose checks torch/_meta_registrations.py ``_meta_grouped_mm_common``
+    repeats: "Expected inputs of BF16 type")."""
+    import torch
+
+    if dtype == torch.bfloat16 or getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+        return
+    if any(hasattr(module, "_is_expert_parallel") for module in model.modules()):
+        error = InvalidInput.naming(
+            f"{{dtype}} {str(dtype).removeprefix('torch.')}: {type(model).__name__}'s experts run "
+            "transformers' grouped_mm, whose CUDA kernel takes bfloat16 weights only (torch's "
+            "_grouped_mm_cuda); use {dtype} bfloat16")
+        error.field = "dtype"
+        raise error
 
 
 def make_batch(

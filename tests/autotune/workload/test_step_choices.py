@@ -112,6 +112,29 @@ def test_the_estimator_builds_the_weights_in_the_resolved_dtype(tmp_path):
         assert {str(p.dtype) for p in model.parameters()} == {"torch.float32"}
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_mixture_of_experts_outside_bfloat16_is_refused_naming_dtype(tmp_path, dtype):
+    # transformers' grouped_mm experts take bfloat16 only on CUDA (as on fake tensors): an error of
+    # the request, never a crash inside the trace.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.workload.step import build_model
+
+    moe = {**QWEN2, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 16, "head_dim": 8}
+    spec = _local(tmp_path, **moe)
+    with FakeTensorMode():
+        with pytest.raises(InvalidInput, match=rf"^dtype {dtype}: Qwen3MoeForCausalLM's experts run "
+                           r"transformers' grouped_mm, .* use dtype bfloat16$") as raised:
+            build_model(spec, "causal-lm", None, dtype)
+        assert raised.value.field == "dtype"
+        model, _ = build_model(spec, "causal-lm", None, "bfloat16")
+        assert any(hasattr(module, "_is_expert_parallel") for module in model.modules())
+    (tmp_path / "dense").mkdir()
+    with FakeTensorMode():  # a dense model in float32 is built as before
+        build_model(_local(tmp_path / "dense", **QWEN2), "causal-lm", None, "float32")
+
+
 @pytest.mark.parametrize(("limit", "rows"), [
     (128, [64, 128]),  # the tiny presets
     (512, [64, 128, 256, 320, 384, 512]),  # BERT: the README's rows
