@@ -325,8 +325,11 @@ def _peft_fields(adapter: Any) -> dict[str, Any]:
         raise InvalidInput("its adapter trains biases or whole modules (bias, modules_to_save), which a "
                            "request to the service cannot ask for: no check would match it")
     targets = None if adapter["targets_default"] else adapter["targets"]
-    fields = {"peft": adapter["method"], "lora_r": adapter["r"], "lora_alpha": adapter["alpha"],
-              "lora_dropout": adapter["dropout"], "lora_targets": targets}
+    fields = {"peft": "lora" if adapter["method"] == "lora_8bit" else adapter["method"],
+              "lora_r": adapter["r"], "lora_alpha": adapter["alpha"], "lora_dropout": adapter["dropout"],
+              "lora_targets": targets}
+    if adapter["method"] == "lora_8bit":
+        fields.update(load_in_8bit=True, qlora_recipe=adapter.get("recipe"))
     if adapter["method"] == "qlora":
         fields.update(load_in_4bit=True, bnb_4bit_quant_type=adapter["quant_type"],
                       bnb_4bit_use_double_quant=adapter["double_quant"],

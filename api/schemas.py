@@ -233,7 +233,7 @@ class AdapterPublic(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    method: Literal["lora", "qlora"]
+    method: Literal["lora", "qlora", "lora_8bit"]
     r: int
     alpha: float
     dropout: float
@@ -446,7 +446,8 @@ class BreakdownPublic(BaseModel):
     categories: dict[str, int] = Field(
         description="parameters, gradients, optimizer_state, autocast_copies, activations, temporaries, "
                     "inputs, workspaces; with an adapter, parameters is frozen_base, base_4bit (a 4-bit "
-                    "base) and adapter_weights, and dequantization (a 4-bit base) follows activations")
+                    "base) or base_8bit (an 8-bit one) and adapter_weights, and dequantization (a 4-bit "
+                    "base) or int8_matmul (an 8-bit one) follows activations")
     demand_bytes: int = Field(description="the smallest capacity the step runs in (what the budget bounds)")
     cached_bytes: int = Field(description="reserved but not in use at the peak")
     context_bytes: int = Field(description="the CUDA context, outside PyTorch's allocator")

@@ -227,7 +227,8 @@ class PeftOptions:
                                      "lora_* fields", metavar="PATH", http=False)
     load_in_4bit: bool = option(False, "a 4-bit bitsandbytes base (with peft lora: QLoRA), as "
                                 "BitsAndBytesConfig(load_in_4bit=True)")
-    load_in_8bit: bool = option(False, "an 8-bit (LLM.int8) base: not modelled yet, refused with the reason")
+    load_in_8bit: bool = option(False, "an 8-bit (LLM.int8, bitsandbytes Linear8bitLt) base under peft lora, "
+                                "as BitsAndBytesConfig(load_in_8bit=True)")
     bnb_4bit_quant_type: str | None = option(None, "the 4-bit data type (default: nf4)", choices=QUANT_TYPES)
     bnb_4bit_use_double_quant: bool | None = option(
         None, "quantize the 4-bit quantization constants too (default: on)")
@@ -251,13 +252,14 @@ class PeftOptions:
         if peft not in PEFT_CHOICES:
             raise _about("peft", InvalidInput(f"unknown peft {self.peft!r}: allowed are "
                                               f"{', '.join(PEFT_CHOICES)}"))
-        if self.load_in_8bit:
+        if self.load_in_8bit and (peft == "qlora" or self.load_in_4bit):
             raise _about("load_in_8bit", InvalidInput.naming(
-                f"{{load_in_8bit}} (an {INT8_BASE}) is not modelled: {INT8_REASON}; use {{load_in_4bit}} "
-                "(QLoRA) or a 16-bit base"))
+                f"{{load_in_8bit}} and {'{peft} qlora' if peft == 'qlora' else '{load_in_4bit}'} ask for two "
+                "bases: an 8-bit one (LLM.int8) and a 4-bit one (QLoRA); give one"))
         lora = [name for name in _LORA_FIELDS if getattr(self, name) is not None]
         quant = [name for name in _QUANT_FIELDS if getattr(self, name) is not None]
         quantized = peft == "qlora" or self.load_in_4bit
+        method = "qlora" if quantized else "lora_8bit" if self.load_in_8bit else "lora"
         if self.peft_config is not None:
             if peft == "none" and self.peft is not None:
                 raise _about("peft", InvalidInput.naming(
@@ -266,12 +268,16 @@ class PeftOptions:
                 raise _about(lora[0], InvalidInput.naming(
                     f"give {{peft_config}} or {_braced(lora)}, not both: the config's values would be "
                     "overridden silently"))
-            adapter = adapter_from_peft_config(self.peft_config, quantized=quantized)
+            adapter = adapter_from_peft_config(self.peft_config, method=method)
         elif peft == "none":
             if self.load_in_4bit:
                 raise _about("load_in_4bit", InvalidInput.naming(
                     "{load_in_4bit} trains adapters only (a 4-bit base is frozen): add {peft} lora "
                     "(QLoRA) or {peft} qlora"))
+            if self.load_in_8bit:
+                raise _about("load_in_8bit", InvalidInput.naming(
+                    "{load_in_8bit} trains adapters only (an 8-bit base is frozen: transformers refuses to "
+                    "train a purely quantized model): add {peft} lora"))
             if lora or quant:
                 named = lora + quant
                 raise _about(named[0], InvalidInput.naming(
@@ -280,15 +286,24 @@ class PeftOptions:
             return None
         else:
             adapter = make_adapter(
-                "qlora" if quantized else "lora",
+                method,
                 r=DEFAULT_R if self.lora_r is None else self.lora_r,
                 alpha=DEFAULT_ALPHA if self.lora_alpha is None else self.lora_alpha,
                 dropout=DEFAULT_DROPOUT if self.lora_dropout is None else self.lora_dropout,
                 targets=self.lora_targets)
+        four_bit = [name for name in quant if name != "qlora_recipe"]
+        if four_bit and adapter.base_bits != 4:
+            raise _about(four_bit[0], InvalidInput.naming(
+                f"{_braced(four_bit)} set a 4-bit base: add {{load_in_4bit}} or {{peft}} qlora"
+                + (" (an 8-bit base has no such settings)" if adapter.base_bits == 8 else "")))
         if quant and not adapter.quantized:
             raise _about(quant[0], InvalidInput.naming(
-                f"{_braced(quant)} set a 4-bit base: add {{load_in_4bit}} or {{peft}} qlora"))
-        if adapter.quantized:
+                f"{_braced(quant)} prepares a 4- or 8-bit base: add {{load_in_4bit}} or {{peft}} qlora, or "
+                "{load_in_8bit}"))
+        if adapter.base_bits == 8:
+            adapter = replace(adapter, recipe=check_recipe(self.qlora_recipe or adapter.recipe
+                                                           or DEFAULT_QLORA_RECIPE))
+        elif adapter.quantized:
             adapter = replace(
                 adapter,
                 quant_type=check_quant_type(self.bnb_4bit_quant_type or adapter.quant_type),
@@ -299,10 +314,6 @@ class PeftOptions:
         return adapter
 
 
-# Why an 8-bit base is refused (here and by the training config reader).
-INT8_BASE = "LLM.int8 base, bitsandbytes Linear8bitLt"
-INT8_REASON = ("its training step quantizes every input row to int8 with outlier columns kept in 16 bits, "
-               "which autotune does not emulate yet")
 _LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
 _QUANT_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype",
                  "qlora_recipe")

@@ -54,7 +54,6 @@ from autotune.request import (
     PEFT_FIELDS,
     Findings,
     ModelAccess,
-    PeftOptions,
     Step,
     TableRequest,
     request_from,
@@ -439,9 +438,6 @@ def _adapter(step: Step, found: Findings) -> Adapter | None:
     with found.about("qlora_recipe"):
         if options.qlora_recipe is not None:
             check_recipe(options.qlora_recipe)
-    with found.about("load_in_8bit"):
-        if options.load_in_8bit:
-            PeftOptions(load_in_8bit=True).adapter()  # refused, with the library's reason
     if not found.ok(*PEFT_FIELDS):
         return None
     adapter = resolve_adapter(replace(step, peft_options=replace(options, lora_targets=targets)), found)

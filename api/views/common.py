@@ -131,7 +131,8 @@ def adapter_labels(run: Run) -> tuple[str, str]:
     adapter = run_adapter(run.spec, run.header)
     if adapter is None:
         return FULL_FINE_TUNE, FULL_FINE_TUNE
-    short = f"{'QLoRA' if adapter['method'] == 'qlora' else 'LoRA'} r={adapter['r']}"
+    name = {"qlora": "QLoRA", "lora_8bit": "LoRA 8-bit"}.get(adapter["method"], "LoRA")
+    short = f"{name} r={adapter['r']}"
     counts = adapter.get("parameters")
     if counts:
         short += f", {100 * counts['trainable'] / max(1, counts['total']):.2f}% trainable"

@@ -10,10 +10,12 @@ the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
   add up to the peak allocated exactly. The allocator's cached-but-unused blocks and the CUDA
   context (outside the allocator) complete the picture. With a PEFT adapter (LoRA, QLoRA) the
   parameters and buffers split into the frozen base, its 4-bit storage (the packed weights and
-  the quantization state of each 4-bit layer) and the adapter weights (what trains: LoRA's
-  matrices and modules_to_save); the gradients and optimizer state are the adapters' alone; the
-  temporaries of the emulated 4-bit matmul (nf4.py: the dequantized weight and absmax, in its
-  forward and backward) get a category of their own;
+  the quantization state of each 4-bit layer; or an 8-bit base's int8 weights and row scales) and
+  the adapter weights (what trains: LoRA's matrices and modules_to_save); the gradients and
+  optimizer state are the adapters' alone; the temporaries of the emulated 4-bit matmul (nf4.py:
+  the dequantized weight and absmax, in its forward and backward) or 8-bit matmul (int8.py: the
+  input quantized, the int32 product, the weight dequantized for backward) get a category of
+  their own;
 - the modules holding the most parameters and the most activations, and flags for the outliers
   that caused real out-of-memory reports: a module holding more than a third of the parameters,
   an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence, the
@@ -41,6 +43,7 @@ from autotune.gpus import GpuSpec
 from autotune.tuner import adapter_json, budget_bytes, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
+from autotune.workload.adapters import BASE_BITS
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
@@ -77,6 +80,9 @@ CATEGORY_LABELS = {
 # the 4-bit matmul's temporaries follow the activations (see the module docstring).
 FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS, DEQUANTIZATION = (
     "frozen_base", "base_4bit", "adapter_weights", "dequantization")
+BASE_8BIT, INT8_MATMUL = "base_8bit", "int8_matmul"
+# Per bits of a quantized base: its storage's category and its matmul temporaries' category.
+BASE_CATEGORIES = {4: (BASE_4BIT, DEQUANTIZATION), 8: (BASE_8BIT, INT8_MATMUL)}
 ADAPTER_CATEGORY_LABELS = {
     FROZEN_BASE: "frozen base (weights and buffers)",
     BASE_4BIT: "4-bit base ({quant} weights + quantization state)",
@@ -84,6 +90,8 @@ ADAPTER_CATEGORY_LABELS = {
     "gradients": "adapter gradients",
     "optimizer_state": "optimizer state (adapter weights only)",
     DEQUANTIZATION: "4-bit dequantization temporaries",  # and the casts of the 4-bit matmul
+    BASE_8BIT: "8-bit base (int8 weights + row scales)",
+    INT8_MATMUL: "8-bit matmul temporaries",  # the input quantized, the int32 product, casts
 }
 # How batch_one_reason names the adapter's categories in a sentence.
 _ADAPTER_SHORT = {FROZEN_BASE: "frozen base", BASE_4BIT: "4-bit base", ADAPTER_WEIGHTS: "adapter weights",
@@ -182,21 +190,23 @@ class Explanation:
         return asdict(self)
 
 
-def category_keys(adapter: bool, quantized: bool = False) -> tuple[str, ...]:
+def category_keys(adapter: bool, bits: int | None = None) -> tuple[str, ...]:
     """The breakdown's categories in order: instrument.CATEGORIES, or with an adapter "parameters"
-    split (module docstring)."""
+    split, over a base of ``bits`` (4 or 8) its storage and matmul temporaries too (module
+    docstring)."""
     from autotune.backends.estimate.instrument import CATEGORIES
 
     if not adapter:
         return CATEGORIES
+    storage, matmul = BASE_CATEGORIES.get(bits or 0, (None, None))
     keys: list[str] = []
     for kind in CATEGORIES:
         if kind == "parameters":
-            keys += [FROZEN_BASE, *([BASE_4BIT] if quantized else []), ADAPTER_WEIGHTS]
+            keys += [FROZEN_BASE, *([storage] if storage else []), ADAPTER_WEIGHTS]
         else:
             keys.append(kind)
-        if kind == "activations" and quantized:
-            keys.append(DEQUANTIZATION)
+        if kind == "activations" and matmul:
+            keys.append(matmul)
     return tuple(keys)
 
 
@@ -205,43 +215,47 @@ def category_labels(adapter: dict[str, Any] | None) -> dict[str, str]:
     fine-tune; with ``adapter`` (Explanation.adapter) the adapter's split."""
     if adapter is None:
         return dict(CATEGORY_LABELS)
-    quantized = adapter.get("method") == "qlora"
+    bits = BASE_BITS.get(str(adapter.get("method")))
     quant = str(adapter.get("quant_type") or "nf4").upper()
     labels = {**CATEGORY_LABELS, **ADAPTER_CATEGORY_LABELS}
-    return {key: labels[key].format(quant=quant) for key in category_keys(True, quantized)}
+    return {key: labels[key].format(quant=quant) for key in category_keys(True, bits)}
 
 
 @dataclass(frozen=True)
 class AdapterSplit:
     """How a PEFT model's allocations split (module docstring): the category of each parameter
     and buffer by name (those not named are the frozen base), and the allocations made inside
-    the emulated 4-bit matmul (dequantization temporaries, by allocation index)."""
+    the emulated 4- or 8-bit matmul (its temporaries, by allocation index)."""
 
-    quantized: bool
-    groups: dict[str, str]  # parameter or buffer name -> BASE_4BIT | ADAPTER_WEIGHTS
+    bits: int | None  # of a quantized base (4 or 8); None for a base in the weights' dtype
+    groups: dict[str, str]  # parameter or buffer name -> BASE_4BIT | BASE_8BIT | ADAPTER_WEIGHTS
     dequantization: frozenset[int] = frozenset()
 
     def kind(self, index: int, allocation: Any) -> str:
         if allocation.kind == "parameters":
             return self.groups.get(allocation.param or "", FROZEN_BASE)
         if allocation.kind == TEMPORARY and index in self.dequantization:
-            return DEQUANTIZATION
+            return BASE_CATEGORIES[self.bits or 4][1]
         return str(allocation.kind)
 
 
 def adapter_groups(model: Any) -> dict[str, str]:
     """Parameter and buffer names of a PEFT model -> BASE_4BIT (the packed weight and the
-    quantization state of every emulated 4-bit layer) or ADAPTER_WEIGHTS (every trainable
-    parameter); the rest is the frozen base."""
+    quantization state of every emulated 4-bit layer), BASE_8BIT (the int8 weight and row scales of
+    every emulated 8-bit layer) or ADAPTER_WEIGHTS (every trainable parameter); the rest is the
+    frozen base."""
+    from autotune.backends.estimate.int8 import EmulatedLinear8bitLt
     from autotune.backends.estimate.nf4 import EmulatedLinear4bit
 
     groups: dict[str, str] = {}
     for name, module in model.named_modules():
-        if isinstance(module, EmulatedLinear4bit):
+        storage = BASE_4BIT if isinstance(module, EmulatedLinear4bit) else \
+            BASE_8BIT if isinstance(module, EmulatedLinear8bitLt) else None
+        if storage is not None:
             prefix = f"{name}." if name else ""
-            groups[f"{prefix}weight"] = BASE_4BIT
+            groups[f"{prefix}weight"] = storage
             for buffer, _ in module.named_buffers(recurse=False):
-                groups[f"{prefix}{buffer}"] = BASE_4BIT
+                groups[f"{prefix}{buffer}"] = storage
     for name, p in model.named_parameters():
         if p.requires_grad:
             groups[name] = ADAPTER_WEIGHTS
@@ -249,8 +263,10 @@ def adapter_groups(model: Any) -> dict[str, str]:
 
 
 def weight_bytes(model: Any, groups: dict[str, str]) -> dict[str, int]:
-    """Tensor bytes of a PEFT model's parameters and buffers by category (each storage once)."""
-    totals = dict.fromkeys((FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS), 0)
+    """Tensor bytes of a PEFT model's parameters and buffers by category (each storage once):
+    frozen_base, base_4bit and adapter_weights, and base_8bit over an 8-bit base."""
+    eight_bit = BASE_8BIT in groups.values()
+    totals = dict.fromkeys((FROZEN_BASE, BASE_4BIT, *([BASE_8BIT] if eight_bit else []), ADAPTER_WEIGHTS), 0)
     seen: set[int] = set()
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         if id(tensor) in seen:
@@ -263,14 +279,16 @@ def weight_bytes(model: Any, groups: dict[str, str]) -> dict[str, int]:
 # -- the 4-bit matmul's temporaries ----------------------------------------------------------------
 
 
-def dequantization(recording: Recording) -> frozenset[int]:
+def dequantization(recording: Recording, bits: int = 4) -> frozenset[int]:
     """Indices of the allocations made inside the emulated 4-bit matmul's forward and backward
-    (the dequantized weight, the float32 absmax, casts), but for what it returns (the output, the
-    input's gradient): those the recording tracker noted in nf4's allocation region."""
-    from autotune.backends.estimate.nf4 import MATMUL_REGION
+    (the dequantized weight, the float32 absmax, casts), or the 8-bit one's (``bits`` 8: the input
+    quantized, the int32 product, the weight dequantized), but for what it returns (the output, the
+    input's gradient): those the recording tracker noted in nf4's or int8's allocation region."""
+    from autotune.backends.estimate import int8, nf4
 
+    region = int8.MATMUL_REGION if bits == 8 else nf4.MATMUL_REGION
     return frozenset(index for index, allocation in enumerate(recording.allocations)
-                     if allocation.region == MATMUL_REGION)
+                     if allocation.region == region)
 
 
 # -- the breakdown ------------------------------------------------------------------------------
@@ -302,7 +320,7 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
         if allocated > peak:
             peak, peak_event = allocated, position
     live, at_peak = _live_at(events, peak_event)
-    categories = dict.fromkeys(category_keys(split is not None, split is not None and split.quantized), 0)
+    categories = dict.fromkeys(category_keys(split is not None, split.bits if split is not None else None), 0)
     for index in live:
         allocation = recording.allocations[index]
         categories[split.kind(index, allocation) if split else allocation.kind] += blocks[index]
@@ -639,7 +657,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
     at = 1 if best == 0 else batch_size or best
     model = backend._model(workload).model
     instrumented = InstrumentedBackend(backend)
-    quantized = workload.adapter is not None and workload.adapter.quantized
+    bits = workload.adapter.base_bits if workload.adapter is not None else None
     with instrumented.cell(workload, mode, seq_len, budget) as cell:
         probe = cell.fits(at)
     recording = instrumented.last
@@ -647,7 +665,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
     split = groups = None
     if workload.adapter is not None:
         groups = adapter_groups(model)
-        split = AdapterSplit(quantized, groups, dequantization(recording) if quantized else frozenset())
+        split = AdapterSplit(bits, groups, dequantization(recording, bits) if bits else frozenset())
     breakdown = breakdown_of(recording, gpu, budget, probe.details["demand_bytes"],
                              probe.outcome == "fits", split)
     table, total = parameter_table(model)

@@ -192,8 +192,9 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
 def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
     """(name, label, workload) of each change of the PEFT setup that may raise the max batch: for a
     full fine-tune LoRA and QLoRA (r 16, PEFT's default modules: ``make_adapter``'s defaults); for
-    LoRA the same adapter over a 4-bit base, and half the rank; for QLoRA half the rank. Names as
-    explain's levers name them (lora, qlora, lora-r8, qlora-r8)."""
+    LoRA (over a 16/32-bit or an 8-bit base) the same adapter over a 4-bit base, and half the rank;
+    for QLoRA half the rank. Names as explain's levers name them (lora, qlora, lora-r8, qlora-r8,
+    lora_8bit-r8)."""
     adapter = workload.adapter
     if adapter is None:
         lora, qlora = make_adapter("lora"), make_adapter("qlora")
@@ -204,14 +205,15 @@ def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
              replace(workload, adapter=qlora)),
         ]
     options: list[tuple[str, str, Workload]] = []
-    if not adapter.quantized:
-        quantized = replace(adapter, method="qlora", recipe=DEFAULT_QLORA_RECIPE)
+    if adapter.base_bits != 4:
+        recipe = adapter.recipe or DEFAULT_QLORA_RECIPE  # an 8-bit base's recipe prepares a 4-bit one too
+        quantized = replace(adapter, method="qlora", recipe=recipe)
         options.append(("qlora", f"QLoRA r={adapter.r}: this LoRA over a 4-bit "
-                        f"{quantized.quant_type.upper()} base, {RECIPE_NAMES[DEFAULT_QLORA_RECIPE]} "
-                        "recipe", replace(workload, adapter=quantized)))
+                        f"{quantized.quant_type.upper()} base, {RECIPE_NAMES[recipe]} recipe",
+                        replace(workload, adapter=quantized)))
     if adapter.r > 1:
         lower = max(1, adapter.r // 2)
-        name = "QLoRA" if adapter.quantized else "LoRA"
+        name = {"qlora": "QLoRA", "lora_8bit": "LoRA over an 8-bit base"}.get(adapter.method, "LoRA")
         options.append((f"{adapter.method}-r{lower}", f"{name} r={lower}, half the rank",
                         replace(workload, adapter=replace(adapter, r=lower))))
     return options

@@ -244,11 +244,14 @@ def _adapter_query(adapter: Any) -> dict[str, Any]:
     if adapter.bias != "none" or adapter.modules_to_save:
         raise InvalidInput("a PEFT config with bias or modules_to_save is checked locally only: "
                            "the service takes --peft, --lora-* and --bnb-4bit-* values")
-    query: dict[str, Any] = {"peft": adapter.method, "lora_r": adapter.r, "lora_alpha": adapter.alpha,
+    query: dict[str, Any] = {"peft": "lora" if adapter.method == "lora_8bit" else adapter.method,
+                             "lora_r": adapter.r, "lora_alpha": adapter.alpha,
                              "lora_dropout": adapter.dropout}
     if adapter.targets is not None:
         query["lora_targets"] = ",".join(adapter.targets)
-    if adapter.quantized:
+    if adapter.base_bits == 8:
+        query.update({"load_in_8bit": "true", "qlora_recipe": adapter.recipe})
+    elif adapter.quantized:
         query.update({"bnb_4bit_quant_type": adapter.quant_type,
                       "bnb_4bit_use_double_quant": str(adapter.double_quant).lower(),
                       "qlora_recipe": adapter.recipe})

@@ -10,7 +10,6 @@ from typing import Any
 from autotune.configs.lora import (
     bnb_4bit,
     build_adapter,
-    int8_refusal,
     lora_number,
     lora_targets,
     note_adapter,
@@ -123,12 +122,19 @@ _AXOLOTL_EMBEDDINGS = frozenset({"embed_tokens", "lm_head", "embed_in", "embed_o
 
 
 def _axolotl_method(cfg: Config) -> str | None:
-    """lora, qlora or None from adapter, load_in_4bit and load_in_8bit (schemas/peft.py
-    validate_adapter and validate_qlora; loaders/model.py _set_quantization_config)."""
-    if not unset(cfg.get("load_in_8bit")):
-        raise int8_refusal(cfg, "load_in_8bit", cfg.data["load_in_8bit"])
-    load_in_4bit = cfg.flag("load_in_4bit")
+    """lora, qlora, lora_8bit or None from adapter, load_in_4bit and load_in_8bit (schemas/peft.py
+    validate_adapter and validate_qlora; loaders/model.py _set_quantization_config: an 8-bit base,
+    BitsAndBytesConfig(load_in_8bit=True), for adapter: lora with load_in_8bit)."""
+    load_in_4bit, load_in_8bit = cfg.flag("load_in_4bit"), cfg.flag("load_in_8bit")
     method = cfg.get("adapter")
+    if load_in_8bit and method != "lora":
+        if unset(method):
+            raise InvalidInput(f"load_in_8bit: true in {cfg.file!r} without an adapter: an 8-bit base is "
+                               "frozen (transformers refuses to train a purely quantized model); add "
+                               "adapter: lora")
+        if method == "qlora":
+            raise InvalidInput(f"adapter: qlora with load_in_8bit: true in {cfg.file!r}: Axolotl refuses "
+                               "it (schemas/peft.py validate_qlora: \"Can't load qlora in 8bit\")")
     if unset(method):
         if load_in_4bit:
             raise InvalidInput(f"load_in_4bit: true in {cfg.file!r} without an adapter: Axolotl refuses "
@@ -137,6 +143,11 @@ def _axolotl_method(cfg: Config) -> str | None:
         return None
     if method not in ("lora", "qlora"):
         raise cfg.unmodelled("adapter", method, "autotune models the adapters lora and qlora")
+    if method == "lora" and load_in_8bit:
+        if load_in_4bit:
+            raise InvalidInput(f"load_in_8bit and load_in_4bit in {cfg.file!r}: BitsAndBytesConfig refuses "
+                               "both; give one")
+        return "lora_8bit"
     if method == "lora" and load_in_4bit:
         raise cfg.unmodelled("load_in_4bit", True, "with adapter: lora Axolotl loads no 4-bit base "
                              "(loaders/model.py _set_quantization_config quantizes for qlora only) but runs "
@@ -154,7 +165,7 @@ def _axolotl_method(cfg: Config) -> str | None:
 def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     """The fused LoRA kernels Axolotl patches in: the lora_*_kernel keys set true, or, where none is
     set, those schemas/config.py check_auto_enable_lora_kernels turns on: all four for lora and qlora
-    but with trust_remote_code or nvfp4_merge_aware (rl, an 8-bit LoRA base and FSDP, which it also
+    but with trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (rl and FSDP, which it also
     skips, are refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
     The embedding kernel alone patches nothing (patch_manager.py _apply_lora_kernel_patch) and is
     dropped where embed_tokens carries no LoRA."""
@@ -162,6 +173,16 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     for name, value in values.items():
         if value is not None and not isinstance(value, bool):
             raise cfg.bad(CONFIG_KEYS[name], value, "true or false")
+    if adapter.base_bits == 8:
+        named = [CONFIG_KEYS[name] for name in PATCHING if values.get(name)]
+        if named:
+            raise InvalidInput(f"{', '.join(named)}: true with an 8-bit base in {cfg.file!r}: Axolotl "
+                               "refuses them (schemas/validation.py check_lora_kernels_8bit: \"not "
+                               "compatible with 8-bit LoRA\")")
+        if all(value is None for value in values.values()):
+            cfg.notes.append("lora_*_kernel: not set, and with load_in_8bit Axolotl leaves its fused LoRA "
+                             "kernels off (check_auto_enable_lora_kernels)")
+            return ()
     remote = cfg.get("trust_remote_code")
     if all(value is None for value in values.values()):
         skip = "trust_remote_code" if remote else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") \
@@ -234,6 +255,10 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
                                 **values)
         source = f"adapter: {method}"
     adapter = replace(adapter, kernels=_axolotl_kernels(cfg, adapter))
+    if method == "lora_8bit":
+        # _set_quantization_config: BitsAndBytesConfig(load_in_8bit=True); then, as for qlora,
+        # prepare_model_for_kbit_training and norms and embeddings back to torch_dtype.
+        adapter = replace(adapter, recipe="axolotl")
     if method == "qlora":
         # _set_quantization_config: nf4, double quantization, compute in cfg.torch_dtype (the weights'
         # dtype), updated by bnb_config_kwargs.
@@ -293,7 +318,7 @@ def _axolotl_saved_adapter(cfg: Config, method: str, model_dir: Any) -> Adapter:
         if (folder / "adapter_config.json").is_file():
             cfg.notes.append(f"lora_model_dir: training goes on from the adapter in {folder}: its "
                              "adapter_config.json sets r, alpha, dropout and targets, not lora_*")
-            return adapter_from_peft_config(folder, quantized=method == "qlora")
+            return adapter_from_peft_config(folder, method=method)
     raise InvalidInput(f"lora_model_dir: {model_dir!r} in {cfg.file!r} has no adapter_config.json here: "
                        "Axolotl trains on from the saved adapter, whose settings autotune reads from that "
                        "file; give a local adapter directory, or leave lora_model_dir out and set lora_*")

@@ -36,7 +36,6 @@ from autotune.configs.reading import (
 )
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput
-from autotune.request import INT8_BASE, INT8_REASON
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR
 from autotune.workload.modes import Mode
@@ -157,10 +156,10 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                              "as its name says), which LLaMA-Factory loads as its quantization_config says "
                              f"(model_utils/quantization.py configure_quantization): {QUANT}")
     full = _lf_finetuning_type(cfg) == "full"
-    quantized = _lf_quantization(cfg, full)
+    bits = _lf_quantization(cfg, full)
     mode, dtype, compute = _lf_precision(cfg, full)
     attn = _lf_attention(cfg)
-    adapter = None if full else _lf_adapter(cfg, quantized, compute)
+    adapter = None if full else _lf_adapter(cfg, bits, compute)
     batch = cfg.positive("per_device_train_batch_size", "batch size")
     if batch is None:
         batch = 8  # transformers TrainingArguments' default per_device_train_batch_size
@@ -260,25 +259,23 @@ def _lf_finetuning_type(cfg: Config) -> str:
     return str(method)
 
 
-def _lf_quantization(cfg: Config, full: bool) -> bool:
-    """Whether the base is a bitsandbytes 4-bit one (QLoRA), as model_utils/quantization.py
-    ``configure_quantization`` loads it on the fly; other quantizations raise."""
+def _lf_quantization(cfg: Config, full: bool) -> int | None:
+    """The bits of a bitsandbytes base, 4 (QLoRA) or 8 (LLM.int8), as model_utils/quantization.py
+    ``configure_quantization`` loads it on the fly; None for a 16/32-bit one; other quantizations
+    raise."""
     bits = cfg.get("quantization_bit")
     if bits is None:
-        return False
+        return None
     if full:  # hparams/parser.py _verify_model_args
         raise InvalidInput(f"quantization_bit: {bits!r} in {cfg.file!r} with finetuning_type: full: "
                            "LLaMA-Factory quantizes only for LoRA (hparams/parser.py _verify_model_args)")
     method = cfg.get("quantization_method") or "bnb"  # model_args.py QuantizationArguments
     if method != "bnb":
         raise cfg.unmodelled("quantization_method", method, QUANT)
-    if bits == 8:  # the reason configs/lora.py int8_refusal gives, with LLaMA-Factory's key
-        raise cfg.unmodelled("quantization_bit", bits, f"an {INT8_BASE}: {INT8_REASON}; use "
-                             "quantization_bit: 4 (QLoRA) or a 16-bit base")
-    if bits != 4:
+    if bits not in (4, 8) or isinstance(bits, bool):
         raise cfg.bad("quantization_bit", bits, "4 or 8 with quantization_method bnb (bitsandbytes "
                       "only accepts 4-bit or 8-bit quantization)")
-    return True
+    return int(bits)
 
 
 def _lf_precision(cfg: Config, full: bool) -> tuple[Mode, str, str | None]:
@@ -372,18 +369,25 @@ def _lf_attention(cfg: Config) -> str | None:
     return names[value]
 
 
-def _lf_adapter(cfg: Config, quantized: bool, compute: str | None) -> Adapter:
+def _lf_adapter(cfg: Config, bits: int | None, compute: str | None) -> Adapter:
     """The LoraConfig of model/adapter.py _setup_lora_tuning (bias none), or the saved adapter
-    training goes on from; a 4-bit base as configure_quantization loads it."""
+    training goes on from; a 4- or 8-bit base as configure_quantization loads it
+    (BitsAndBytesConfig(load_in_8bit=True) for quantization_bit 8)."""
     at = len(cfg.notes)
     to_save = _lf_trained_whole(cfg)
-    adapter = _lf_saved_adapter(cfg, quantized)
+    method = "qlora" if bits == 4 else "lora_8bit" if bits == 8 else "lora"
+    adapter = _lf_saved_adapter(cfg, method)
     source = "adapter_name_or_path"
     if adapter is None:
-        adapter = build_adapter(cfg, "qlora" if quantized else "lora", **_lf_lora_numbers(cfg),
+        adapter = build_adapter(cfg, method, **_lf_lora_numbers(cfg),
                                 targets=_lf_targets(cfg), modules_to_save=to_save)
-        source = "finetuning_type: lora" + (" over quantization_bit: 4" if quantized else "")
-    if quantized:
+        source = "finetuning_type: lora" + (f" over quantization_bit: {bits}" if bits else "")
+    if bits == 8:
+        adapter = replace(adapter, recipe="axolotl")
+        cfg.notes.append("quantization_bit: 8: LLaMA-Factory keeps the weights not quantized in the "
+                         "checkpoint's dtype and casts the adapters to float32 (model/adapter.py "
+                         "init_adapter): the dtypes of Axolotl's recipe")
+    if bits == 4:
         # configure_quantization: BitsAndBytesConfig(load_in_4bit, bnb_4bit_quant_type=quantization_type
         # (nf4), bnb_4bit_use_double_quant=double_quantization (true), bnb_4bit_compute_dtype=compute_dtype).
         quant_type = cfg.get("quantization_type") or "nf4"
@@ -473,7 +477,7 @@ def _lf_trained_whole(cfg: Config) -> tuple[str, ...]:
     return tuple(_names(cfg, "additional_target", value))
 
 
-def _lf_saved_adapter(cfg: Config, quantized: bool) -> Adapter | None:
+def _lf_saved_adapter(cfg: Config, method: str) -> Adapter | None:
     """adapter_name_or_path: _setup_lora_tuning merges every adapter but the last into the base
     (merge_and_unload: no effect on memory) and trains on from the last (PeftModel.from_pretrained),
     with the settings of its adapter_config.json; with create_new_adapter it merges them all and
@@ -482,6 +486,7 @@ def _lf_saved_adapter(cfg: Config, quantized: bool) -> Adapter | None:
     if unset(value):
         return None
     paths = _names(cfg, "adapter_name_or_path", value)
+    quantized = method != "lora"
     if cfg.flag("create_new_adapter") and not quantized:
         cfg.notes.append(f"adapter_name_or_path: {len(paths)} adapter(s) merged into the base weights: no "
                          "effect on memory; create_new_adapter: a new LoRA trained")
@@ -492,7 +497,7 @@ def _lf_saved_adapter(cfg: Config, quantized: bool) -> Adapter | None:
     subfolder = cfg.text("adapter_folder") or ""
     for folder in (Path(paths[-1]).expanduser() / subfolder, Path(cfg.file).parent / paths[-1] / subfolder):
         if (folder / "adapter_config.json").is_file():
-            adapter = adapter_from_peft_config(folder, quantized=quantized)
+            adapter = adapter_from_peft_config(folder, method=method)
             if adapter.modules_to_save and not cfg.data.get("pure_bf16"):
                 raise cfg.unmodelled("adapter_name_or_path", value, _TRAINED_WHOLE)
             merged = f"; {len(paths) - 1} before it merged into the base weights" if len(paths) > 1 else ""

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.configs.reading import OFFLOAD, Config, read_dtype
-from autotune.errors import InvalidInput, UnmodelledSetting
-from autotune.request import INT8_BASE, INT8_REASON
+from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, COMPUTE_DTYPES, QUANT_TYPES, Adapter, make_adapter
 
 # What a regular expression has and a module name never does.
@@ -20,10 +19,23 @@ BNB_NO_EFFECT = frozenset({"quant_method", "load_in_4bit", "load_in_8bit", "bnb_
                             "llm_int8_enable_fp32_cpu_offload"})
 
 
-def int8_refusal(cfg: Config, key: str, value: Any) -> UnmodelledSetting:
-    """The refusal of an 8-bit base, for the reason the request's is refused (request.INT8_REASON)."""
-    return cfg.unmodelled(key, value, f"an {INT8_BASE}: {INT8_REASON}; use load_in_4bit (QLoRA) or a "
-                          "16-bit base")
+def int8_settings(cfg: Config, key: str, settings: dict[str, Any]) -> None:
+    """Check a BitsAndBytesConfig of an 8-bit base (``load_in_8bit: true``): what changes its memory
+    beyond transformers' defaults is refused by name; the 4-bit settings have no effect on it."""
+    for name, value in settings.items():
+        where = f"{key}.{name}"
+        if name == "llm_int8_has_fp16_weight" and value:
+            raise cfg.unmodelled(where, value, "Linear8bitLt keeping 16-bit weights beside the int8 ones "
+                                 "(has_fp16_weights) is not modelled")
+        if name == "llm_int8_enable_fp32_cpu_offload" and value:
+            raise cfg.unmodelled(where, value, OFFLOAD)
+        if name == "llm_int8_skip_modules" and value:
+            raise cfg.unmodelled(where, value, "autotune quantizes the layers transformers does by default")
+        if name == "llm_int8_threshold" and value != 6.0:
+            cfg.notes.append(f"{where}: {value}: the outlier threshold decides which input columns stay in "
+                             "16 bits; autotune counts none either way (backends/estimate/int8.py)")
+        elif name not in BNB_NO_EFFECT and not name.startswith("bnb_4bit_"):
+            raise cfg.unmodelled(where, value, "a bitsandbytes setting autotune does not model")
 
 
 def lora_number(cfg: Config, key: str, value: Any, *, rank: bool = False, dropout: bool = False) -> Any:
@@ -95,7 +107,8 @@ def bnb_4bit(cfg: Config, key: str, settings: dict[str, Any], quant_type: str, d
         elif name == "bnb_4bit_compute_dtype":
             compute = compute_dtype(cfg, where, value)
         elif name == "load_in_8bit" and value:
-            raise int8_refusal(cfg, where, value)
+            raise InvalidInput(f"{where}: true beside load_in_4bit in {cfg.file!r}: BitsAndBytesConfig "
+                               "refuses both (\"only one can be used at the same time\"); give one")
         elif name == "load_in_4bit" and value is not True:
             raise cfg.bad(where, value, "true (a 4-bit base)")
         elif name == "llm_int8_enable_fp32_cpu_offload" and value:
@@ -117,9 +130,12 @@ def build_adapter(cfg: Config, method: str, **fields: Any) -> Adapter:
 def note_adapter(cfg: Config, source: str, adapter: Adapter, at: int | None = None) -> None:
     """The adapter's note, at ``at`` (before the notes on its keys), else last."""
     parts = [adapter.label()]
-    if adapter.quantized:
+    if adapter.base_bits == 4:
         parts.append(f"4-bit layers computing in {adapter.compute_dtype}" if adapter.compute_dtype
                      else "4-bit layers computing in bfloat16 (float16 on a card without bfloat16)")
+    elif adapter.base_bits == 8:
+        parts.append("8-bit layers computing in int8 (outlier columns, which depend on the data, not "
+                     "counted)")
     if adapter.modules_to_save:
         parts.append(f"{', '.join(adapter.modules_to_save)} trained whole (modules_to_save)")
     if adapter.bias != "none":

@@ -11,7 +11,7 @@ from autotune.configs.lora import (
     REGEX_CHARS,
     bnb_4bit,
     build_adapter,
-    int8_refusal,
+    int8_settings,
     lora_number,
     lora_targets,
     note_adapter,
@@ -130,7 +130,8 @@ _INIT_NO_EFFECT = words("trust_remote_code revision cache_dir token local_files_
                          "low_cpu_mem_usage device_map use_cache force_download")
 _INIT_REFUSED = {"load_in_4bit": "transformers 5's from_pretrained has no load_in_4bit argument: a 4-bit "
                                  "base is quantization_config: {load_in_4bit: true}",
-                 "load_in_8bit": QUANT,  # refused with the 8-bit base's reason (_int8)
+                 "load_in_8bit": "transformers 5's from_pretrained has no load_in_8bit argument: an 8-bit "
+                                 "base is quantization_config: {load_in_8bit: true}",
                  "max_memory": OFFLOAD, "offload_folder": OFFLOAD}
 # TRL's chunked_nll loss (trl/trainer/sft_trainer.py _chunked_cross_entropy_loss): 256-token chunks
 # of logits, each recomputed in its backward; the default loss_type since TRL 1.7.
@@ -251,23 +252,29 @@ def _trainer_adapter(cfg: Config, dtype: str | None, init_quant: Any) -> Adapter
     peft_config = cfg.get("peft_config")
     if not unset(cfg.get("quantization_config")):  # not a ModelConfig key: a script's own
         raise cfg.unmodelled("quantization_config", cfg.data["quantization_config"], QUANT)
-    if not unset(cfg.get("load_in_8bit")):
-        raise int8_refusal(cfg, "load_in_8bit", cfg.data["load_in_8bit"])
-    load_in_4bit = cfg.flag("load_in_4bit")
-    if load_in_4bit and init_quant is not None:
-        raise InvalidInput(f"load_in_4bit and model_init_kwargs.quantization_config in {cfg.file!r} both set "
-                           "the quantization: SFTTrainer refuses both, give one")
-    quantized = load_in_4bit or init_quant is not None
+    load_in_4bit, load_in_8bit = cfg.flag("load_in_4bit"), cfg.flag("load_in_8bit")
+    if load_in_4bit and load_in_8bit:
+        raise InvalidInput(f"load_in_4bit and load_in_8bit in {cfg.file!r} both set: TRL's "
+                           "get_quantization_config takes the 4-bit one; give one")
+    if (load_in_4bit or load_in_8bit) and init_quant is not None:
+        raise InvalidInput(f"load_in_{'4' if load_in_4bit else '8'}bit and "
+                           f"model_init_kwargs.quantization_config in {cfg.file!r} both set the "
+                           "quantization: SFTTrainer refuses both, give one")
+    init_8bit = init_quant is not None and init_quant.get("load_in_8bit") is True
+    quantized = load_in_4bit or (init_quant is not None and not init_8bit)
+    eight_bit = load_in_8bit or init_8bit
     lora_keys = [k for k in cfg.data if k.startswith("lora_") and cfg.data[k] is not None]
     trained = use_peft or (use_peft is None and not unset(peft_config))
     if not trained:
         _refuse_adapter_keys_without_peft(cfg, use_peft, peft_config, lora_keys,
-                                          "load_in_4bit" if load_in_4bit else
-                                          "model_init_kwargs.quantization_config" if quantized else None)
+                                          "load_in_4bit" if load_in_4bit else "load_in_8bit" if load_in_8bit
+                                          else "model_init_kwargs.quantization_config"
+                                          if quantized or eight_bit else None)
         return None
     if cfg.flag("use_dora"):
         raise cfg.unmodelled("use_dora", True, DORA)
-    method = "qlora" if quantized else "lora"
+    # get_quantization_config: BitsAndBytesConfig(load_in_8bit=True) for ModelConfig's load_in_8bit
+    method = "qlora" if quantized else "lora_8bit" if eight_bit else "lora"
     at = len(cfg.notes)
     if not unset(peft_config):
         if use_peft or lora_keys:
@@ -277,7 +284,7 @@ def _trainer_adapter(cfg: Config, dtype: str | None, init_quant: Any) -> Adapter
         if not isinstance(peft_config, dict):
             raise cfg.bad("peft_config", peft_config, "a mapping (a LoraConfig's fields)")
         adapter = adapter_from_peft_dict(peft_config, source=f"peft_config in {cfg.file!r}",
-                                         quantized=quantized)
+                                         method=method)
         source = "peft_config"
     else:
         adapter = _trl_lora(cfg, method)
@@ -412,17 +419,15 @@ def _model_init(cfg: Config, sft: bool) -> tuple[str | None, str | None, dict[st
         raise cfg.bad("model_init_kwargs", kwargs, "a mapping")
     for key, why in _INIT_REFUSED.items():
         if not unset(kwargs.get(key)):
-            if key == "load_in_8bit":
-                raise int8_refusal(cfg, f"model_init_kwargs.{key}", kwargs[key])
             raise cfg.unmodelled(f"model_init_kwargs.{key}", kwargs[key], why)
     quant = kwargs.get("quantization_config")
     if not unset(quant):
         key = "model_init_kwargs.quantization_config"
         if not isinstance(quant, dict) or quant.get("quant_method", "bitsandbytes") != "bitsandbytes":
             raise cfg.unmodelled(key, quant, QUANT)
-        if quant.get("load_in_8bit"):
-            raise int8_refusal(cfg, key, quant)
-        if quant.get("load_in_4bit") is not True:
+        if quant.get("load_in_8bit") is True and not quant.get("load_in_4bit"):
+            int8_settings(cfg, key, quant)
+        elif quant.get("load_in_4bit") is not True:
             raise cfg.unmodelled(key, quant, QUANT)
     else:
         quant = None

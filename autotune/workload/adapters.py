@@ -8,8 +8,11 @@ An ``Adapter`` is what a run's PEFT setup changes in the training step:
             integration quantizes (``BitsAndBytesConfig(load_in_4bit=True)``) stored as NF4 (or FP4),
             prepared as the trainer that runs it prepares it (its ``recipe``, below), then
             ``get_peft_model``
+    lora_8bit  the same over an 8-bit base (``BitsAndBytesConfig(load_in_8bit=True)``: LLM.int8,
+            bitsandbytes' ``Linear8bitLt``), prepared by the same recipes (TRL, Axolotl and PEFT
+            treat a base loaded in 8 bits as one loaded in 4: ``is_loaded_in_8bit``)
 
-A 4-bit base is prepared differently by each trainer, and the dtypes it leaves change the step's
+A 4- or 8-bit base is prepared differently by each trainer, and the dtypes it leaves change the step's
 memory (the weights kept in 16 or 32 bits, the adapters' dtype, the dtype of the residual stream):
 
     trl      TRL's SFTTrainer (trl/trainer/sft_trainer.py since 0.26, which dropped
@@ -27,9 +30,10 @@ memory (the weights kept in 16 or 32 bits, the adapters' dtype, the dtype of the
 The model is wrapped by PEFT's own code (``prepare``): the trainable and frozen parameters, the
 adapter layers' activations (their dropout, their casts) and the optimizer over the adapter
 weights alone are what PEFT builds. What differs between backends is only how a linear layer
-is stored in 4 bits: the estimator replaces it by an emulation with bitsandbytes' sizes
-(backends/estimate/nf4.py), the cuda backend by bitsandbytes' ``Linear4bit``
-(backends/cuda/bnb.py). Both come with the backend's parts (workload/parts.py, ``StepParts``).
+is stored in 4 or 8 bits: the estimator replaces it by an emulation with bitsandbytes' sizes
+(backends/estimate/nf4.py, int8.py), the cuda backend by bitsandbytes' ``Linear4bit`` or
+``Linear8bitLt`` (backends/cuda/bnb.py). Both come with the backend's parts (workload/parts.py,
+``StepParts``).
 
 An adapter's ``kernels`` are Axolotl's fused LoRA kernels (``lora_mlp_kernel``, ...), which replace
 PEFT's LoRA layers' forward and backward in the MLPs and attentions once PEFT has wrapped the
@@ -60,9 +64,13 @@ if TYPE_CHECKING:
 
     from autotune.workload.parts import StepParts
 
-Method = Literal["lora", "qlora"]
-METHODS: tuple[Method, ...] = ("lora", "qlora")
-PEFT_CHOICES = ("none", *METHODS)  # the CLI's --peft
+Method = Literal["lora", "qlora", "lora_8bit"]
+METHODS: tuple[Method, ...] = ("lora", "qlora", "lora_8bit")
+# The request's peft: an 8-bit base is asked for with load_in_8bit beside peft lora, as in
+# transformers' BitsAndBytesConfig and the trainers' configs.
+PEFT_CHOICES = ("none", "lora", "qlora")
+# How many bits the base is stored in, per method that quantizes it.
+BASE_BITS: dict[str, int] = {"qlora": 4, "lora_8bit": 8}
 ALL_LINEAR = "all-linear"  # peft.utils.constants.INCLUDE_LINEAR_LAYERS_SHORTHAND
 
 DEFAULT_R = 16
@@ -111,7 +119,7 @@ class Adapter:
     alpha: float = DEFAULT_ALPHA
     dropout: float = DEFAULT_DROPOUT
     targets: tuple[str, ...] | None = None  # None: PEFT's default for the architecture
-    quant_type: str = DEFAULT_QUANT_TYPE  # qlora only
+    quant_type: str = DEFAULT_QUANT_TYPE  # qlora (a 4-bit base) only
     double_quant: bool = True  # qlora only
     # The bnb_4bit_compute_dtype; None: bfloat16, or float16 where the card has no bfloat16.
     compute_dtype: str | None = None
@@ -119,7 +127,7 @@ class Adapter:
     # not; bias "all" or "lora_only" trains the biases; modules_to_save trains whole modules).
     bias: str = "none"
     modules_to_save: tuple[str, ...] = field(default=())
-    # How the 4-bit base is prepared (QLORA_RECIPES); None for a LoRA over a 16/32-bit base.
+    # How the 4- or 8-bit base is prepared (QLORA_RECIPES); None for a LoRA over a 16/32-bit base.
     recipe: str | None = None
     # A regular expression PEFT matches against whole module names (re.fullmatch, tuners_utils.py
     # check_target_module_exists), given as target_modules="..."; instead of ``targets``.
@@ -129,21 +137,30 @@ class Adapter:
     kernels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.method == "qlora" and self.recipe is None:  # built directly, not by make_adapter
+        if self.quantized and self.recipe is None:  # built directly, not by make_adapter
             object.__setattr__(self, "recipe", DEFAULT_QLORA_RECIPE)
 
     @property
     def quantized(self) -> bool:
-        return self.method == "qlora"
+        """Whether the base is stored in 4 or 8 bits (bitsandbytes), frozen and prepared by a recipe."""
+        return self.method in BASE_BITS
+
+    @property
+    def base_bits(self) -> int | None:
+        """4 (QLoRA) or 8 (an LLM.int8 base); None for a base in the weights' dtype."""
+        return BASE_BITS.get(self.method)
 
     def label(self) -> str:
-        """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj`` or
-        ``QLoRA (nf4, double quant, TRL's SFTTrainer recipe) ...``."""
+        """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj``,
+        ``QLoRA (nf4, double quant, TRL's SFTTrainer recipe) ...`` or
+        ``LoRA over an LLM.int8 base (Linear8bitLt, Axolotl recipe) ...``."""
         name = "LoRA"
-        if self.quantized:
+        recipe = RECIPE_NAMES[self.recipe or DEFAULT_QLORA_RECIPE]
+        if self.method == "qlora":
             double = ", double quant" if self.double_quant else ""
-            recipe = RECIPE_NAMES[self.recipe or DEFAULT_QLORA_RECIPE]
             name = f"QLoRA ({self.quant_type}{double}, {recipe} recipe)"
+        elif self.method == "lora_8bit":
+            name = f"LoRA over an LLM.int8 base (bitsandbytes Linear8bitLt, {recipe} recipe)"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         if self.target_pattern is not None:
             targets = f"the modules matching {self.target_pattern}"
@@ -173,6 +190,7 @@ class Adapter:
             double_quant=data.get("double_quant", True), compute_dtype=data.get("compute_dtype"),
             bias=data.get("bias", "none"), modules_to_save=data.get("modules_to_save") or (),
             recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
+            # (an 8-bit base was never stored without its recipe)
             target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
         )
 
@@ -217,11 +235,11 @@ def make_adapter(
     compute_dtype = check_compute_dtype(compute_dtype)
     if bias not in ("none", "all", "lora_only"):
         raise InvalidInput(f"LoRA bias must be none, all or lora_only, got {bias!r}")
-    if name == "qlora":
+    if name in BASE_BITS:
         recipe = check_recipe(recipe or DEFAULT_QLORA_RECIPE)
     elif recipe is not None:
-        raise InvalidInput(f"a QLoRA recipe ({recipe}) prepares a 4-bit base: LoRA over a 16/32-bit base "
-                           "has none; use qlora, or leave the recipe out")
+        raise InvalidInput(f"a QLoRA recipe ({recipe}) prepares a 4- or 8-bit base: LoRA over a 16/32-bit "
+                           "base has none; use qlora, or leave the recipe out")
     if target_pattern is not None:
         _check_pattern(target_pattern, targets)
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
@@ -268,10 +286,10 @@ _UNMODELLED: dict[str, tuple[Any, str]] = {
 }
 
 
-def adapter_from_peft_config(path: str | Path, *, quantized: bool = False) -> Adapter:
-    """The Adapter of a PEFT ``adapter_config.json`` (a file, or a directory holding one); with
-    ``quantized``, over a 4-bit base. A field that changes the step in a way not modelled is
-    refused, naming it."""
+def adapter_from_peft_config(path: str | Path, *, method: str = "lora") -> Adapter:
+    """The Adapter of a PEFT ``adapter_config.json`` (a file, or a directory holding one), as a
+    ``method`` (METHODS: over a base in the weights' dtype, a 4-bit or an 8-bit one). A field that
+    changes the step in a way not modelled is refused, naming it."""
     file = Path(path).expanduser()
     if file.is_dir():
         file = file / "adapter_config.json"
@@ -281,10 +299,10 @@ def adapter_from_peft_config(path: str | Path, *, quantized: bool = False) -> Ad
         raise InvalidInput(f"no PEFT config at {file}: give adapter_config.json or its directory") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"cannot read the PEFT config {file}: {exc}") from exc
-    return adapter_from_peft_dict(data, source=str(file), quantized=quantized)
+    return adapter_from_peft_dict(data, source=str(file), method=method)
 
 
-def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -> Adapter:
+def adapter_from_peft_dict(data: Any, *, source: str, method: str = "lora") -> Adapter:
     if not isinstance(data, dict):
         raise InvalidInput(f"{source} is not a JSON object")
     peft_type = str(data.get("peft_type", "LORA")).upper()
@@ -301,7 +319,7 @@ def adapter_from_peft_dict(data: Any, *, source: str, quantized: bool = False) -
     if isinstance(targets, str) and targets != ALL_LINEAR:
         targets, pattern = None, targets  # PEFT matches a string as a regular expression
     return make_adapter(
-        "qlora" if quantized else "lora", r=data.get("r", 8), alpha=data.get("lora_alpha", 8),
+        method, r=data.get("r", 8), alpha=data.get("lora_alpha", 8),
         dropout=data.get("lora_dropout", 0.0), targets=targets, bias=data.get("bias", "none"),
         modules_to_save=data.get("modules_to_save") or (), target_pattern=pattern,
     )
@@ -366,12 +384,16 @@ def prepare(
 
     if adapter.quantized:
         if parts is None:
-            raise InvalidInput("a 4-bit base needs a backend that can store it")
-        quantize = parts.quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
-                                   compute_dtype=compute_dtype(adapter, supports_bf16))
+            raise InvalidInput(f"a {adapter.base_bits}-bit base needs a backend that can store it")
+        if adapter.base_bits == 8:
+            quantize = parts.int8_quantizer()
+        else:
+            quantize = parts.quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
+                                       compute_dtype=compute_dtype(adapter, supports_bf16))
         _quantize_linears(model, quantize)
-        # transformers' Bnb4BitHfQuantizer sets it after loading
-        setattr(model, "is_loaded_in_4bit", True)  # noqa: B010 (not an attribute mypy knows)
+        # transformers' Bnb4BitHfQuantizer (Bnb8BitHfQuantizer) sets it after loading; the recipes
+        # (PEFT's prepare_model_for_kbit_training, TRL's cast) read either
+        setattr(model, f"is_loaded_in_{adapter.base_bits}bit", True)
         if adapter.recipe in ("axolotl", "peft"):
             loaded = {name: param.dtype for name, param in model.named_parameters()}
             # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
@@ -399,7 +421,8 @@ def prepare(
         import torch
 
         # trl/trainer/sft_trainer.py: "When using QLoRA, the PEFT adapter weights are converted to
-        # bf16" (every parameter that requires grad: the adapters and any module trained whole).
+        # bf16" (every parameter that requires grad: the adapters and any module trained whole),
+        # for a model loaded in 4 or 8 bits ("is_loaded_in_4bit" or "is_loaded_in_8bit").
         for param in wrapped.parameters():
             if param.requires_grad:
                 param.data = param.data.to(torch.bfloat16)

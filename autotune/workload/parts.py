@@ -5,11 +5,11 @@ it imports none of them (tests/test_architecture.py). Where the step needs somet
 backend can make, the backend passes its ``StepParts``:
 
     estimate  backends/estimate/parts.py  fake tensors that stand for CUDA ones: bitsandbytes'
-                                          4-bit layer and AdamW emulated with their CUDA sizes
-                                          (nf4.py; optimizers.BnbAdamWState), torchao's AdamW
+                                          4- and 8-bit layers and AdamW emulated with their CUDA
+                                          sizes (nf4.py, int8.py; optimizers.BnbAdamWState), torchao's AdamW
                                           too (optimizers.TorchaoAdamWState), Axolotl's fused
                                           LoRA kernels emulated (lora_kernels.py)
-    cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit and AdamW (bnb.py),
+    cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit, Linear8bitLt and AdamW (bnb.py),
                                           torchao's own AdamW (torchao.py),
                                           Axolotl's own LoRA kernels (lora_kernels.py)
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-# ``quantize(linear, module_name)``: the layer that stores ``linear`` in 4 bits (adapters.prepare).
+# ``quantize(linear, module_name)``: the layer that stores ``linear`` in 4 or 8 bits (adapters.prepare).
 Quantize = Callable[["torch.nn.Module", str], "torch.nn.Module"]
 
 
@@ -45,8 +45,14 @@ class StepParts(Protocol):
         computing in ``compute_dtype`` (adapters.compute_dtype)."""
         ...
 
+    def int8_quantizer(self) -> Quantize:
+        """``quantize(linear, module_name)``: a linear layer stored in 8 bits as transformers'
+        bitsandbytes integration stores it for ``load_in_8bit`` (LLM.int8: ``Linear8bitLt``,
+        frozen, outlier threshold 6.0)."""
+        ...
+
     def lora_modules(self) -> Mapping[type, type]:
-        """PEFT's LoRA layer class per 4-bit layer class that PEFT does not dispatch itself
+        """PEFT's LoRA layer class per 4- or 8-bit layer class that PEFT does not dispatch itself
         (``LoraConfig._register_custom_module``); empty where PEFT knows the layer."""
         ...
 

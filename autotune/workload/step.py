@@ -59,6 +59,16 @@ def check_attn(name: str | None) -> str | None:
 def build_model(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str = "float32",
                 *, flash_as_sdpa: bool = False) -> tuple[torch.nn.Module, str]:
     """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and
+    the attention used (``_build``); a model that cannot train on a GPU in that dtype is refused
+    (``_check_experts_dtype``)."""
+    model, used = _build(spec, task, attn, weights_dtype, flash_as_sdpa=flash_as_sdpa)
+    _check_experts_dtype(model, weights_dtype)
+    return model, used
+
+
+def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
+           *, flash_as_sdpa: bool) -> tuple[torch.nn.Module, str]:
+    """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and
     the attention used.
 
     ``attn=None`` picks what transformers picks on a CUDA GPU: SDPA where the model supports it,
@@ -138,14 +148,14 @@ def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task:
         if "does not support" in str(exc) or "not supported" in str(exc) or "attn" in str(exc):
             raise
         raise InvalidInput(f"model {spec.name} has no {task} head: {exc}") from exc
-    _check_experts_dtype(model, dtype)
     model.train()
     return model
 
 
-def _check_experts_dtype(model: Any, dtype: Any) -> None:
+def _check_experts_dtype(model: Any, weights_dtype: str) -> None:
     """A mixture of experts in weights other than bfloat16 cannot train on a GPU: refused naming
-    ``dtype`` (exit 2, HTTP 422), never traced into a crash read as an internal error.
+    ``dtype`` (exit 2, HTTP 422), never traced into a crash read as an internal error. A model of
+    real CPU tensors (torch's CPU grouped_mm takes every dtype) is left alone.
 
     transformers runs the experts of every class decorated ``use_experts_implementation`` with
     ``grouped_mm`` unless told otherwise (modeling_utils ``get_correct_experts_implementation``;
@@ -153,13 +163,16 @@ def _check_experts_dtype(model: Any, dtype: Any) -> None:
     help), and torch's CUDA grouped_mm takes bfloat16 only (aten/src/ATen/native/cuda/Blas.cpp
     ``_grouped_mm_cuda``, whose checks torch/_meta_registrations.py ``_meta_grouped_mm_common``
     repeats: "Expected inputs of BF16 type")."""
-    import torch
+    from torch._subclasses.fake_tensor import is_fake
 
-    if dtype == torch.bfloat16 or getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+    if weights_dtype == "bfloat16" or getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+        return
+    weight = next(model.parameters(), None)
+    if weight is not None and weight.device.type == "cpu" and not is_fake(weight):
         return
     if any(hasattr(module, "_is_expert_parallel") for module in model.modules()):
         error = InvalidInput.naming(
-            f"{{dtype}} {str(dtype).removeprefix('torch.')}: {type(model).__name__}'s experts run "
+            f"{{dtype}} {weights_dtype}: {type(model).__name__}'s experts run "
             "transformers' grouped_mm, whose CUDA kernel takes bfloat16 weights only (torch's "
             "_grouped_mm_cuda); use {dtype} bfloat16")
         error.field = "dtype"

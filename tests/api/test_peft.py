@@ -144,15 +144,16 @@ def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupe
     (LORA | {"lora_targets": "all-linear,q_proj"}, "lora_targets",
      "all-linear stands alone in LoRA targets, got all-linear,q_proj"),
     ({"load_in_4bit": True}, "load_in_4bit", "load_in_4bit trains adapters only"),
-    ({"load_in_8bit": True}, "load_in_8bit", "load_in_8bit (an LLM.int8 base, bitsandbytes Linear8bitLt) "
-                                             "is not modelled"),
+    ({"load_in_8bit": True}, "load_in_8bit", "load_in_8bit trains adapters only"),
+    (LORA | {"load_in_8bit": True, "load_in_4bit": True}, "load_in_8bit", "load_in_8bit and load_in_4bit ask "
+                                                                         "for two bases"),
     ({"lora_r": 8}, "lora_r", "lora_r needs peft lora or peft qlora"),
     (LORA | {"bnb_4bit_quant_type": "fp4"}, "bnb_4bit_quant_type", "bnb_4bit_quant_type set a 4-bit base"),
     ({"peft": "qlora", "bnb_4bit_compute_dtype": "int8"}, "bnb_4bit_compute_dtype",
      "4-bit compute dtype must be one of bfloat16, float16, float32, got 'int8'"),
     ({"peft": "qlora", "qlora_recipe": "unsloth"}, "qlora_recipe",
      "unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"),
-    (LORA | {"qlora_recipe": "peft"}, "qlora_recipe", "qlora_recipe set a 4-bit base"),
+    (LORA | {"qlora_recipe": "peft"}, "qlora_recipe", "qlora_recipe prepares a 4- or 8-bit base"),
 ])
 def test_a_table_request_with_bad_peft_settings_is_422_naming_the_field(client, changes, field, detail):
     response = client.post("/v1/tables", json=LLAMA | changes)

@@ -24,8 +24,9 @@ bitsandbytes is imported only when an optimizer is built (in the worker): ``bits
 asks importlib whether it is installed without importing it (its import loads CUDA libraries).
 The emulation the estimator uses instead is workload.optimizers.BnbAdamWState.
 
-QLoRA's base (``make_linear4bit_quantizer``) is bitsandbytes' own ``Linear4bit``; the estimator's
-emulation of it is backends/estimate/nf4.py.
+QLoRA's base (``make_linear4bit_quantizer``) is bitsandbytes' own ``Linear4bit``, an 8-bit base
+(``make_linear8bit_quantizer``) its own ``Linear8bitLt``; the estimator's emulations of them are
+backends/estimate/nf4.py and int8.py.
 """
 
 from __future__ import annotations
@@ -123,6 +124,37 @@ def make_linear4bit_quantizer(*, quant_type: str, double_quant: bool, compute_dt
                                   quant_storage=torch.uint8)
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=double_quant,
                                          quant_type=quant_type, quant_storage=torch.uint8, module=layer)
+        if linear.bias is not None:
+            layer.bias = linear.bias
+        layer.requires_grad_(False)
+        return layer
+
+    return quantize
+
+
+# transformers BitsAndBytesConfig's llm_int8_threshold default (utils/quantization_config.py).
+INT8_THRESHOLD = 6.0
+
+
+def make_linear8bit_quantizer() -> Any:
+    """``quantize(linear, name)`` for adapters.prepare (parts.py): bitsandbytes' ``Linear8bitLt`` as
+    transformers' bitsandbytes integration builds it for ``load_in_8bit`` (integrations/bitsandbytes.py
+    ``replace_with_bnb_linear``: ``bnb.nn.Linear8bitLt(in, out, bias, has_fp16_weights=
+    llm_int8_has_fp16_weight (False), threshold=llm_int8_threshold (6.0))``, frozen), holding the
+    layer's weight as an ``Int8Params``: moving the model to the GPU quantizes it
+    (``Int8Params._quantize``), as loading a checkpoint does."""
+    from transformers.pytorch_utils import Conv1D
+
+    bnb = import_bitsandbytes()
+
+    def quantize(linear: Any, name: str) -> Any:
+        weight = linear.weight.data
+        if isinstance(linear, Conv1D):  # GPT-2's [in, out] weight; transformers transposes it
+            weight = weight.t().contiguous()
+        out_features, in_features = weight.shape
+        layer = bnb.nn.Linear8bitLt(in_features, out_features, linear.bias is not None,
+                                    has_fp16_weights=False, threshold=INT8_THRESHOLD)
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
         if linear.bias is not None:
             layer.bias = linear.bias
         layer.requires_grad_(False)

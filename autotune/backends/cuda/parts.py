@@ -1,10 +1,11 @@
 """The cuda backend's parts of the training step (workload/parts.py): bitsandbytes' and torchao's own.
 
-QLoRA's base is bitsandbytes' ``Linear4bit``, which PEFT dispatches to its own LoRA layer
-(peft/tuners/lora/bnb.py ``dispatch_bnb_4bit``) and counts as bitsandbytes stores it (a
-``Params4bit`` of two weights a byte: peft_model.py ``get_nb_trainable_parameters``); the
-bitsandbytes optimizers are the Trainer's setup (bnb.py), as are torchao's (torchao.py). bitsandbytes
-and torchao are imported when a part is first used, in the worker.
+QLoRA's base is bitsandbytes' ``Linear4bit`` and an 8-bit base its ``Linear8bitLt``, which PEFT
+dispatches to its own LoRA layers (peft/tuners/lora/bnb.py ``dispatch_bnb_4bit``,
+``dispatch_bnb_8bit``) and counts as bitsandbytes stores them (a ``Params4bit`` of two weights a
+byte: peft_model.py ``get_nb_trainable_parameters``); the bitsandbytes optimizers are the Trainer's
+setup (bnb.py), as are torchao's (torchao.py). bitsandbytes and torchao are imported when a part is
+first used, in the worker.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.cuda.bnb import make_linear4bit_quantizer, make_trainer_bnb_optimizer
+from autotune.backends.cuda.bnb import (
+    make_linear4bit_quantizer,
+    make_linear8bit_quantizer,
+    make_trainer_bnb_optimizer,
+)
 from autotune.backends.cuda.torchao import make_trainer_torchao_optimizer
 
 if TYPE_CHECKING:
@@ -34,8 +39,11 @@ class CudaParts:
         return make_linear4bit_quantizer(quant_type=quant_type, double_quant=double_quant,
                                          compute_dtype=compute_dtype)
 
+    def int8_quantizer(self) -> Quantize:
+        return make_linear8bit_quantizer()
+
     def lora_modules(self) -> Mapping[type, type]:
-        return {}  # PEFT dispatches bitsandbytes' Linear4bit itself
+        return {}  # PEFT dispatches bitsandbytes' Linear4bit and Linear8bitLt itself
 
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
         return 0  # PEFT counts a Params4bit's two weights a byte

@@ -81,7 +81,7 @@ class EmulatedLinear4bit(nn.Linear):
     allocate (module docstring). An ``nn.Linear`` so that PEFT's ``all-linear`` finds it, as it
     finds ``bnb.nn.Linear4bit``."""
 
-    emulates_4bit_load = True  # the estimator allocates it through ``load`` (traced_step.load_weights)
+    emulates_quantized_load = True  # the estimator allocates it through ``load`` (traced_step.load_weights)
 
     # The quantization state's buffers (registered in __init__).
     code: torch.Tensor

@@ -1,11 +1,12 @@
 """The estimator's parts of the training step (workload/parts.py): what runs on fake tensors.
 
-bitsandbytes cannot run here (no CPU kernels, no fake tensors): its 4-bit layer is nf4.py's
-emulation, with PEFT's LoRA layer over it, and its AdamW is workload.optimizers.BnbAdamWState,
-whose paged moments are made in tracker.outside_allocator() (CUDA unified memory, not the caching
-allocator's). Nor can torchao's low-bit AdamW (compiled per parameter for the device): its state
-is workload.optimizers.TorchaoAdamWState. torch, PEFT and the tracker are imported when a part is
-first used: the CLI and the tuner name these parts without running a step.
+bitsandbytes cannot run here (no CPU kernels, no fake tensors): its 4-bit and 8-bit layers are
+nf4.py's and int8.py's emulations, each with PEFT's LoRA layer over it, and its AdamW is
+workload.optimizers.BnbAdamWState, whose paged moments are made in tracker.outside_allocator() (CUDA
+unified memory, not the caching allocator's). Nor can torchao's low-bit AdamW (compiled per
+parameter for the device): its state is workload.optimizers.TorchaoAdamWState. torch, PEFT and the
+tracker are imported when a part is first used: the CLI and the tuner name these parts without
+running a step.
 """
 
 from __future__ import annotations
@@ -35,10 +36,16 @@ class EstimateParts:
 
         return make_quantizer(quant_type=quant_type, double_quant=double_quant, compute_dtype=compute_dtype)
 
+    def int8_quantizer(self) -> Quantize:
+        from autotune.backends.estimate.int8 import make_quantizer
+
+        return make_quantizer()
+
     def lora_modules(self) -> Mapping[type, type]:
+        from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, LoraLinear8bitLt
         from autotune.backends.estimate.nf4 import EmulatedLinear4bit, LoraLinear4bit
 
-        return {EmulatedLinear4bit: LoraLinear4bit}
+        return {EmulatedLinear4bit: LoraLinear4bit, EmulatedLinear8bitLt: LoraLinear8bitLt}
 
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
         """The emulated 4-bit weight is a plain uint8 parameter, which PEFT counts once: the

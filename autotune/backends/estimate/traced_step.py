@@ -43,17 +43,18 @@ CUBLAS_HANDLES_PER_STEP = 2  # the caller's thread (forward) + autograd's device
 def load_weights(model: Any, track: Callable[[Any], None]) -> None:
     """Allocate ``model``'s parameters and buffers in the order they reach the GPU: module by module,
     children first, each module's parameters then its buffers (``Module._apply``, the order of
-    ``model.to("cuda")``; a model built on the GPU allocates in nearly the same order); a 4-bit layer
-    through its quantization's allocations (nf4.py ``load``); an adapter's weights last, as PEFT adds
-    them to the loaded model. The order decides where the long-lived blocks lie in the allocator's
-    segments, so what a step's fragmentation and a budget's releases can reach."""
+    ``model.to("cuda")``; a model built on the GPU allocates in nearly the same order); a 4- or
+    8-bit layer through its quantization's allocations (nf4.py, int8.py ``load``); an adapter's
+    weights last, as PEFT adds them to the loaded model. The order decides where the long-lived
+    blocks lie in the allocator's segments, so what a step's fragmentation and a budget's releases
+    can reach."""
     adapter = {id(p) for name, p in model.named_parameters() if "lora_" in name or "modules_to_save" in name}
     later: list[Any] = []
 
     def visit(module: Any) -> None:
         for child in module.children():
             visit(child)
-        if getattr(module, "emulates_4bit_load", False):
+        if getattr(module, "emulates_quantized_load", False):
             module.load(track)
         for tensor in module._parameters.values():
             if tensor is not None:

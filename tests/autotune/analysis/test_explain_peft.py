@@ -17,9 +17,11 @@ import pytest
 from autotune.analysis.explain import (
     ADAPTER_WEIGHTS,
     BASE_4BIT,
+    BASE_8BIT,
     CATEGORY_LABELS,
     DEQUANTIZATION,
     FROZEN_BASE,
+    INT8_MATMUL,
     AdapterSplit,
     breakdown_of,
     category_keys,
@@ -77,11 +79,31 @@ def lora_result(one_gib):
 # -- the breakdown ------------------------------------------------------------------------------------
 
 
+def test_an_8bit_base_has_its_storage_and_its_matmul_temporaries(one_gib):
+    from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, int8_storage_bytes
+
+    gpu, backend = one_gib
+    result = explained(one_gib, llama("lora_8bit"))
+    categories = result.breakdown.categories
+    assert tuple(categories) == category_keys(True, bits=8) == (
+        FROZEN_BASE, BASE_8BIT, ADAPTER_WEIGHTS, "gradients", "optimizer_state", "autocast_copies",
+        "activations", INT8_MATMUL, "temporaries", "inputs", "workspaces")
+    assert sum(categories.values()) == result.breakdown.peak_allocated_bytes
+    model = backend._model(llama("lora_8bit")).model
+    layers = [m for m in model.modules() if isinstance(m, EmulatedLinear8bitLt)]
+    assert len(layers) == 14  # 7 linear layers x 2 decoder layers; lm_head stays
+    storage = sum(sum(int8_storage_bytes(m.in_features, m.out_features).values()) for m in layers)
+    assert result.weight_bytes[BASE_8BIT] == storage
+    labels = category_labels(result.adapter)
+    assert labels[BASE_8BIT] == "8-bit base (int8 weights + row scales)"
+    assert labels[INT8_MATMUL] == "8-bit matmul temporaries"
+
+
 def test_qlora_splits_the_parameters_into_frozen_base_4bit_base_and_adapter_weights(one_gib, qlora_result):
     gpu, backend = one_gib
     result = qlora_result
     categories = result.breakdown.categories
-    assert tuple(categories) == category_keys(True, quantized=True) == (
+    assert tuple(categories) == category_keys(True, bits=4) == (
         FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS, "gradients", "optimizer_state", "autocast_copies",
         "activations", DEQUANTIZATION, "temporaries", "inputs", "workspaces")
     assert sum(categories.values()) == result.breakdown.peak_allocated_bytes
@@ -108,7 +130,7 @@ def test_lora_has_no_4bit_lines_and_its_frozen_base_is_the_whole_model(one_gib, 
     gpu, backend = one_gib
     lora = lora_result
     categories = lora.breakdown.categories
-    assert tuple(categories) == category_keys(True, quantized=False)
+    assert tuple(categories) == category_keys(True)
     assert BASE_4BIT not in categories and DEQUANTIZATION not in categories
     assert "parameters" not in categories
     assert sum(categories.values()) == lora.breakdown.peak_allocated_bytes
@@ -176,7 +198,7 @@ def test_the_breakdown_puts_each_allocation_in_its_adapter_category():
     ]
     events = [(1, MIB), (2, MIB), (3, MIB), (4, 2 * MIB), (5, 3 * MIB)]
     recording = Recording(1, 8, events, allocations, steps=1)
-    split = AdapterSplit(True, {"q.base_layer.weight": BASE_4BIT, "q.lora_A.weight": ADAPTER_WEIGHTS},
+    split = AdapterSplit(4, {"q.base_layer.weight": BASE_4BIT, "q.lora_A.weight": ADAPTER_WEIGHTS},
                          frozenset({3}))
     breakdown = breakdown_of(recording, custom_gpu(GIB), budget=100 * MIB, demand_bytes=8 * MIB,
                              fits=True, split=split)

@@ -197,7 +197,7 @@ def test_table_and_check_say_the_adapter_they_modelled(capsys):
     assert adapter["parameters"]["trainable"] < adapter["parameters"]["total"]
     code, out, err = run(capsys, "check", "tiny-llama", "--seq-len", "32", "--batch-size", "2",
                          "--peft", "lora", "--qlora-recipe", "trl")
-    assert code == 2 and err.startswith("Error: --qlora-recipe set a 4-bit base: add --load-in-4bit")
+    assert code == 2 and err.startswith("Error: --qlora-recipe prepares a 4- or 8-bit base: add")
 
 
 def test_table_check_and_explain_say_where_sdpa_ran_cudnn(capsys, monkeypatch):

@@ -158,7 +158,7 @@ def test_the_examples_are_read():
 
 REFUSED = [
     # (format base, key, value)
-    (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "load_in_8bit", True), (AXOLOTL, "relora", True),
+    (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "relora", True),
     (AXOLOTL, "deepspeed", "deepspeed_configs/zero3.json"), (AXOLOTL, "fsdp", ["full_shard"]),
     (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
     (AXOLOTL, "activation_offloading", True), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
@@ -174,7 +174,7 @@ REFUSED = [
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
     (TRAINER, "parallelism_config", {"tp_size": 2}), (TRAINER, "use_cpu", True),
     (TRAINER, "attn_implementation", "flash_attention_3"), (TRAINER, "config_overrides", "n_layer=2"),
-    (SFT, "lora_r", 16), (SFT, "use_dora", True), (SFT, "load_in_8bit", True),
+    (SFT, "lora_r", 16), (SFT, "use_dora", True),
     (SFT, "activation_offloading", True), (SFT, "loss_type", "dft"),
     (SFT, "model_init_kwargs.quantization_config", {"quant_method": "gptq", "bits": 4}),
     (SFT, "model_init_kwargs.load_in_8bit", True),
@@ -287,6 +287,38 @@ AXOLOTL_QLORA = {**AXOLOTL, **NO_KERNELS, "adapter": "qlora", "load_in_4bit": Tr
 SFT_PEFT = {**SFT, "use_peft": True}
 
 
+def test_axolotl_lora_over_an_8bit_base_is_read(tmp_path):
+    data = {**AXOLOTL, "adapter": "lora", "load_in_8bit": True, "lora_r": 16, "lora_alpha": 32,
+            "lora_dropout": 0.05, "lora_target_linear": True}
+    plan = read(tmp_path, data, "a.yml")
+    # loaders/model.py _set_quantization_config: BitsAndBytesConfig(load_in_8bit=True), then the
+    # kbit preparation of qlora; check_auto_enable_lora_kernels skips an 8-bit LoRA base.
+    assert plan.adapter == Adapter("lora_8bit", r=16, alpha=32, dropout=0.05, targets=("all-linear",),
+                                   recipe="axolotl")
+    label = "adapter: lora_8bit: LoRA over an LLM.int8 base (bitsandbytes Linear8bitLt, Axolotl recipe) r=16"
+    assert any(n.startswith(label) and "8-bit layers computing in int8" in n for n in plan.notes)
+    assert any(n.startswith("lora_*_kernel: not set, and with load_in_8bit Axolotl") for n in plan.notes)
+    with pytest.raises(InvalidInput, match="lora_mlp_kernel: true with an 8-bit .*check_lora_kernels_8bit"):
+        read(tmp_path, {**data, "lora_mlp_kernel": True}, "b.yml")
+    with pytest.raises(InvalidInput, match="Can't load qlora in 8bit"):
+        read(tmp_path, {**data, "adapter": "qlora"}, "c.yml")
+    with pytest.raises(InvalidInput, match="load_in_8bit: true in .* without an adapter"):
+        read(tmp_path, {**data, "adapter": None}, "d.yml")
+
+
+def test_trl_load_in_8bit_is_an_8bit_base_under_the_sft_trainer_s_recipe(tmp_path):
+    plan = read(tmp_path, {**SFT_PEFT, "load_in_8bit": True})
+    assert (plan.adapter.method, plan.adapter.recipe) == ("lora_8bit", "trl")
+    init = read(tmp_path, {**SFT_PEFT, "model_init_kwargs": {
+        "dtype": "bfloat16", "attn_implementation": "flash_attention_2",
+        "quantization_config": {"load_in_8bit": True, "llm_int8_threshold": 4.0}}})
+    assert init.adapter.method == "lora_8bit"
+    threshold = "model_init_kwargs.quantization_config.llm_int8_threshold: 4.0"
+    assert any(n.startswith(threshold) for n in init.notes)
+    with pytest.raises(InvalidInput, match="load_in_4bit and load_in_8bit .* both set"):
+        read(tmp_path, {**SFT_PEFT, "load_in_8bit": True, "load_in_4bit": True})
+
+
 def test_axolotl_qlora_is_read(tmp_path):
     plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_modules": ["q_proj", "v_proj"],
                            "peft_use_rslora": True, "loraplus_lr_ratio": 16, "lora_unknown": 1}, "a.yml")
@@ -360,7 +392,6 @@ def test_axolotl_lora_model_dir_reads_the_saved_adapter(tmp_path):
 
 AXOLOTL_ADAPTER_REFUSED = [
     # (changes to AXOLOTL_QLORA, key named, words of the reason)
-    ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
     ({"adapter": "lora"}, "load_in_4bit", "quantizes for qlora only"),
     ({"peft_use_dora": True}, "peft_use_dora", "DoRA"),
     ({"lora_target_linear": None, "lora_target_modules": ["q_proj", "model.*v_proj"]}, "lora_target_modules",
@@ -450,12 +481,13 @@ def test_trl_peft_config_is_a_lora_config(tmp_path):
 
 TRL_ADAPTER_REFUSED = [
     ({"use_dora": True}, "use_dora", "DoRA"),
-    ({"load_in_8bit": True}, "load_in_8bit", "LLM.int8 base"),
     ({"lora_target_parameters": ["mlp.experts.down_proj"]}, "lora_target_parameters", "target_parameters"),
     ({"lora_task_type": "SEQ_CLS"}, "lora_task_type", "CAUSAL_LM"),
     ({"chat_template_path": "Qwen/Qwen3-0.6B"}, "chat_template_path", "lm_head"),
-    ({"model_init_kwargs": {"quantization_config": {"load_in_8bit": True}}},
-     "model_init_kwargs.quantization_config", "LLM.int8 base"),
+    ({"model_init_kwargs": {"quantization_config": {"load_in_8bit": True, "llm_int8_skip_modules": ["q"]}}},
+     "model_init_kwargs.quantization_config.llm_int8_skip_modules", "transformers does by default"),
+    ({"model_init_kwargs": {"quantization_config": {"load_in_8bit": True, "llm_int8_has_fp16_weight": True}}},
+     "model_init_kwargs.quantization_config.llm_int8_has_fp16_weight", "16-bit weights"),
 ]
 
 

@@ -87,6 +87,15 @@ LORA_NOTES = (
 LORA_R8 = Adapter("lora", r=8, alpha=16, dropout=0.0, targets=("all-linear",))
 
 
+def test_quantization_bit_8_is_an_8bit_base(tmp_path):
+    plan = read(tmp_path, {**QWEN3_LORA_SFT, "quantization_bit": 8})
+    # configure_quantization: BitsAndBytesConfig(load_in_8bit=True); init_adapter casts what trains
+    # to float32 and leaves the rest in the checkpoint's dtype, as for quantization_bit 4.
+    assert (plan.adapter.method, plan.adapter.recipe) == ("lora_8bit", "axolotl")
+    assert any(n.startswith("quantization_bit: 8: LLaMA-Factory keeps the weights not quantized") for n in
+               plan.notes)
+
+
 def test_the_lora_sft_example_is_read_whole(tmp_path):
     plan = read(tmp_path, QWEN3_LORA_SFT)
     # LF: cutoff_len rows (padded to a multiple of 8), the checkpoint's dtype (torch_dtype auto),
@@ -286,7 +295,6 @@ REFUSED = [
     ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
     ({"stage": "ppo", "reward_model": "r"}, "stage", "preference/RL training is not modelled yet"),
-    ({"quantization_bit": 8}, "quantization_bit", "LLM.int8 base.*use quantization_bit: 4"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
     ({"fsdp": "full_shard"}, "fsdp", "DeepSpeed/FSDP sharding"),
     ({"use_dora": True}, "use_dora", "DoRA"),

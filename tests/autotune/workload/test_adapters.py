@@ -94,7 +94,10 @@ def test_emulated_layer_holds_exactly_that_storage(double_quant: bool) -> None:
     (PeftOptions(load_in_4bit=True), "load_in_4bit trains adapters only"),
     (PeftOptions(lora_r=8), "lora_r needs peft lora or peft qlora"),
     (PeftOptions(peft="lora", bnb_4bit_quant_type="fp4"), "set a 4-bit base"),
-    (PeftOptions(peft="lora", load_in_8bit=True), "load_in_8bit (an LLM.int8 base"),
+    (PeftOptions(load_in_8bit=True), "load_in_8bit trains adapters only"),
+    (PeftOptions(peft="qlora", load_in_8bit=True), "load_in_8bit and peft qlora ask for two bases"),
+    (PeftOptions(peft="lora", load_in_8bit=True, bnb_4bit_quant_type="fp4"),
+     "bnb_4bit_quant_type set a 4-bit base: add load_in_4bit or peft qlora (an 8-bit base has no such"),
     (PeftOptions(peft="dora"), "unknown peft 'dora': allowed are none, lora, qlora"),
     (PeftOptions(peft="lora", lora_r=0), "LoRA rank must be an integer from 1 to 4096"),
     (PeftOptions(peft="lora", lora_dropout=1.0), "LoRA dropout must be a number from 0"),
@@ -120,7 +123,7 @@ def test_peft_adapter_config(tmp_path) -> None:
     adapter = adapter_from_peft_config(tmp_path)
     assert (adapter.method, adapter.r, adapter.alpha, adapter.dropout) == ("lora", 64, 16, 0.1)
     assert adapter.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
-    assert adapter_from_peft_config(tmp_path / "adapter_config.json", quantized=True).method == "qlora"
+    assert adapter_from_peft_config(tmp_path / "adapter_config.json", method="qlora").method == "qlora"
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "use_dora": True}))
     with pytest.raises(InvalidInput, match="use_dora=True .DoRA"):
         adapter_from_peft_config(tmp_path)
@@ -196,6 +199,49 @@ def test_each_qlora_recipe_leaves_its_trainer_s_dtypes(recipe: str, norms: str, 
         "head": {(norms, False)}, "4-bit": {("uint8", False)}}
 
 
+@pytest.mark.parametrize(("recipe", "norms", "adapters"), [
+    ("trl", "bfloat16", "bfloat16"), ("axolotl", "bfloat16", "float32"), ("peft", "float32", "float32")])
+def test_an_8bit_base_is_prepared_by_the_same_recipes(recipe: str, norms: str, adapters: str) -> None:
+    # TRL, Axolotl and PEFT read is_loaded_in_8bit as they read is_loaded_in_4bit (module docstring).
+    from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, LoraLinear8bitLt
+    from autotune.workload.adapters import prepare
+
+    with torch.device("meta"):
+        model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", "eager", "bfloat16")
+        wrapped = prepare(model, make_adapter("lora_8bit", recipe=recipe), "causal-lm", ESTIMATE_PARTS)
+    assert _dtypes_by_part(wrapped) == {
+        "lora": {(adapters, True)}, "norm": {(norms, False)}, "embed": {(norms, False)},
+        "head": {(norms, False)}, "4-bit": {("int8", False)}}
+    assert wrapped.get_base_model().is_loaded_in_8bit is True
+    adapted = [m for m in wrapped.modules() if isinstance(m, LoraLinear8bitLt)]
+    assert adapted and all(isinstance(m.base_layer, EmulatedLinear8bitLt) for m in adapted)
+
+
+def test_an_8bit_base_weighs_between_a_16bit_and_a_4bit_one() -> None:
+    """bf16 weights of wide layers: LoRA over int8 weights holds about half the 16-bit base, QLoRA's
+    NF4 a quarter; the layer inputs an 8-bit base keeps for backward cost less than that here."""
+    config = tiny_config("llama", hidden_size=512, intermediate_size=2048, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                         max_position_embeddings=64, tie_word_embeddings=True)
+    spec = _spec("tiny-llama-wide", "preset", config)
+    gpu = custom_gpu(768 * 2**20)
+    budget = budget_bytes(gpu, 0.05)
+    weights = {}
+    for method in ("lora", "lora_8bit", "qlora"):
+        workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16",
+                            adapter=make_adapter(method, recipe="axolotl" if method != "lora" else None))
+        backend = EstimateBackend(gpu)
+        with backend.cell(workload, parse_mode("bf16+ckpt"), 32, budget) as cell:
+            cell.fits(1)
+        model = backend._model(workload).model
+        weights[method] = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    assert weights["lora"] > weights["lora_8bit"] > weights["qlora"]
+    # 4 layers of 4 attention (512 x 512) and 3 MLP (512 x 2048) linears: int8 plus a float32 scale a row
+    linears = 4 * (4 * 512 * 512 + 3 * 512 * 2048)
+    scales = 4 * (4 * 512 + 2 * 2048 + 512) * 4
+    assert weights["lora"] - weights["lora_8bit"] == linears * 2 - (linears + scales)
+
+
 def test_the_recipe_changes_the_peak_as_its_dtypes_say() -> None:
     """bf16 weights, bf16+ckpt: TRL's bfloat16 adapters (and their AdamW states) weigh least, Axolotl's
     float32 adapters more, and prepare_model_for_kbit_training's float32 embeddings, norms and residual
@@ -219,8 +265,11 @@ def test_the_recipe_is_for_a_4bit_base_and_one_of_three() -> None:
     assert PeftOptions(peft="qlora").adapter().recipe == "trl"
     assert PeftOptions(peft="lora").adapter().recipe is None
     assert PeftOptions(peft="lora", load_in_4bit=True, qlora_recipe="axolotl").adapter().recipe == "axolotl"
-    with pytest.raises(InvalidInput, match="qlora_recipe set a 4-bit base: add load_in_4bit"):
+    with pytest.raises(InvalidInput, match="qlora_recipe prepares a 4- or 8-bit base: add load_in_4bit"):
         PeftOptions(peft="lora", qlora_recipe="peft").adapter()
+    eight = PeftOptions(peft="lora", load_in_8bit=True, qlora_recipe="axolotl").adapter()
+    assert (eight.method, eight.base_bits, eight.recipe) == ("lora_8bit", 8, "axolotl")
+    assert PeftOptions(peft="lora", load_in_8bit=True).adapter().recipe == "trl"
     with pytest.raises(InvalidInput, match="unknown QLoRA recipe 'unsloth': allowed are trl, axolotl, peft"):
         PeftOptions(peft="qlora", qlora_recipe="unsloth").adapter()
     with pytest.raises(InvalidInput, match="LoRA over a 16/32-bit base has none"):
