@@ -380,10 +380,10 @@ def test_bitsandbytes_optimizers_run_the_step_on_the_gpu(setup):
 
 @pytest.mark.cuda
 @needs_cuda_and_bnb
-@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("method", ["lora", "qlora", "lora_8bit"])
 def test_lora_and_qlora_run_the_step_on_the_gpu(method):
-    """PEFT over bitsandbytes' real Linear4bit (qlora): two probes in one worker, and the
-    estimate of the same cells beside them."""
+    """PEFT over bitsandbytes' real Linear4bit (qlora) and Linear8bitLt (lora_8bit): two probes in
+    one worker, and the estimate of the same cells beside them."""
     from autotune.backends.estimate.backend import EstimateBackend
     from autotune.workload.adapters import make_adapter
 
