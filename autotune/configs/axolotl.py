@@ -66,14 +66,24 @@ _AXOLOTL_REFUSED = {
 }
 # Parallel degrees: 1 (or null) is one GPU holding the model.
 _AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
-                     "dp_shard_size")
+                     "dp_shard_size", "dp_replicate_size", "expert_parallel_size")
+# Axolotl's plugins (integrations/): each one's keys join the config. Those read: CutCrossEntropy
+# (cut_cross_entropy, default true once the plugin is listed: cut_cross_entropy/args.py), Liger
+# (its liger_* keys), and plugins that only log. Any other changes the step in ways not modelled.
+_PLUGIN_PREFIX = "axolotl.integrations."
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+_AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.LigerPlugin",
+                                   "axolotl.integrations.swanlab.SwanLabPlugin"})
+# transformers' experts implementations (modeling_utils get_correct_experts_implementation):
+# grouped_mm is its default, which autotune traces; the others run the experts another way.
+_EXPERTS_DEFAULT = "grouped_mm"
 _AXOLOTL_NO_EFFECT = words(
     "datasets test_datasets pretraining_dataset dataset_prepared_path val_set_size output_dir chat_template "
     "num_epochs max_steps learning_rate lr_scheduler cosine_min_lr_ratio weight_decay max_grad_norm "
     "adam_beta1 adam_beta2 adam_epsilon tf32 eval_batch_size evals_per_epoch "
     "saves_per_epoch logging_steps resume_from_checkpoint auto_resume_from_checkpoints "
     "local_rank seed strict train_on_inputs group_by_length special_tokens tokens added_tokens_overrides "
-    "tokenizer_type model_type trust_remote_code shuffle_merged_datasets debug plugins pad_to_sequence_len "
+    "tokenizer_type model_type trust_remote_code shuffle_merged_datasets debug pad_to_sequence_len "
     "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 device_map "
     "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
@@ -363,25 +373,68 @@ def _axolotl_liger(cfg: Config) -> tuple[str, ...] | None:
     return parse_liger_kernels(kernels)
 
 
+def _axolotl_plugins(cfg: Config) -> list[str]:
+    """The plugins listed, each one read or refused by name (_AXOLOTL_PLUGINS_READ)."""
+    plugins = cfg.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise cfg.bad("plugins", plugins, "a list of plugin class paths")
+    for plugin in plugins:
+        if plugin not in _AXOLOTL_PLUGINS_READ:
+            name = plugin.removeprefix(_PLUGIN_PREFIX)
+            raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
+                                 "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
+                                 "logging plugins)")
+    return plugins
+
+
+def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
+    """Whether CutCrossEntropy runs: with its plugin listed, cut_cross_entropy defaults to true
+    (integrations/cut_cross_entropy/args.py), and needs bf16 or fp16 (check_dtype_is_half)."""
+    value = cfg.get("cut_cross_entropy")
+    if value is not None and not isinstance(value, bool):
+        raise cfg.bad("cut_cross_entropy", value, "true or false")
+    if CCE_PLUGIN not in plugins:
+        return bool(value)
+    on = value is not False
+    if on and value is None:
+        cfg.notes.append("cut_cross_entropy: not set, and with CutCrossEntropyPlugin listed Axolotl's "
+                         "default is true")
+    if on and not (cfg.data.get("bf16") or cfg.data.get("fp16")):  # check_dtype_is_half, as written
+        raise InvalidInput(f"CutCrossEntropyPlugin in {cfg.file!r} without bf16 or fp16: Axolotl refuses it "
+                           "(\"Cut Cross Entropy requires fp16/bf16 training\"); set bf16: true or turn "
+                           "cut_cross_entropy off")
+    return on
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     cfg.refuse(_AXOLOTL_REFUSED)
     for key in _AXOLOTL_PARALLEL:
         value = cfg.get(key)
         if value is not None and value != 1:
             raise cfg.unmodelled(key, value, PARALLEL)
+    plugins = _axolotl_plugins(cfg)
+    experts = cfg.get("experts_implementation")
+    if experts is not None and experts != _EXPERTS_DEFAULT:
+        raise cfg.unmodelled("experts_implementation", experts, f"autotune traces transformers' default "
+                             f"{_EXPERTS_DEFAULT} experts")
+    if experts is not None:
+        cfg.notes.append(f"experts_implementation: {experts}: transformers' default for mixtures of experts")
     for key in [k for k in cfg.data if k.startswith("unsloth_")]:
         if not unset(cfg.get(key)):
             raise cfg.unmodelled(key, cfg.data[key], KERNEL)
     liger = _axolotl_liger(cfg)
     method = _axolotl_method(cfg)
     attn = _axolotl_attention(cfg)
-    mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None)
+    cce = _axolotl_cut_cross_entropy(cfg, plugins)
+    mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
     loss = None
-    for key in ("cut_cross_entropy", "liger_fused_linear_cross_entropy"):
-        if cfg.flag(key):
-            loss = "chunked"
-            cfg.notes.append(f"{key}: {CHUNKED_NOTE}")
+    if cce:
+        loss = "chunked"
+        cfg.notes.append(f"cut_cross_entropy: {CHUNKED_NOTE}")
+    if cfg.flag("liger_fused_linear_cross_entropy"):
+        loss = "chunked"
+        cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
     batch = cfg.positive("micro_batch_size", "batch size")
@@ -417,8 +470,9 @@ def _axolotl_attention(cfg: Config) -> str | None:
     return attn
 
 
-def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool) -> tuple[Mode, str]:
-    """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them."""
+def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) -> tuple[Mode, str]:
+    """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them (``cce``:
+    CutCrossEntropy runs, which keeps the embeddings in the weights' dtype)."""
     bf16, fp16 = _axolotl_auto_bf16(cfg)
     if bf16 is not None and not isinstance(bf16, bool) and bf16 != "full":
         raise cfg.bad("bf16", bf16, "true, false, 'auto' or 'full'")
@@ -446,8 +500,7 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool) -> tuple[Mo
         cfg.notes.append("float16: true: weights in float16, no autocast")
     else:
         dtype, precision = "float32", "fp32"
-    if (dtype != "float32" and attn not in ("flash_attention_2",) and not cfg.data.get("cut_cross_entropy")
-            and not adapter):
+    if dtype != "float32" and attn not in ("flash_attention_2",) and not cce and not adapter:
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
         # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast),
         # or with an adapter (needs_fa2_dtype).

@@ -29,8 +29,8 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
 
 SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
-QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit base under LoRA (QLoRA): "
-         "8-bit, GPTQ, AWQ, torchao, ... are not")
+QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
+         "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")
 DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
 RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
           "autotune does not model")

@@ -167,7 +167,8 @@ REFUSED = [
     (AXOLOTL, "tensor_parallel_size", 2), (AXOLOTL, "gradient_checkpointing", "offload"),
     (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
-    (AXOLOTL, "fp32_norms", True),
+    (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
+    (AXOLOTL, "experts_implementation", "scattermoe"),
     (TRAINER, "deepspeed", "ds_config.json"), (TRAINER, "fsdp", "full_shard auto_wrap"),
     (TRAINER, "torch_compile", True),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
@@ -285,6 +286,30 @@ NO_KERNELS = {"lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel
 AXOLOTL_QLORA = {**AXOLOTL, **NO_KERNELS, "adapter": "qlora", "load_in_4bit": True, "lora_r": 16,
                  "lora_alpha": 32, "lora_dropout": 0.1, "lora_target_linear": True}
 SFT_PEFT = {**SFT, "use_peft": True}
+
+
+def test_axolotl_s_cut_cross_entropy_plugin_turns_it_on_by_default(tmp_path):
+    # integrations/cut_cross_entropy/args.py: cut_cross_entropy: Optional[bool] = True
+    cce = {**AXOLOTL, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
+    plan = read(tmp_path, cce, "a.yml")
+    assert plan.loss == "chunked"
+    default = "cut_cross_entropy: not set, and with CutCrossEntropyPlugin listed"
+    assert any(n.startswith(default) for n in plan.notes)
+    assert read(tmp_path, {**cce, "cut_cross_entropy": False}, "b.yml").loss != "chunked"
+    assert read(tmp_path, {**AXOLOTL}, "c.yml").loss != "chunked"  # no plugin, no key: off
+    with pytest.raises(InvalidInput, match="Cut Cross Entropy requires fp16/bf16"):
+        read(tmp_path, {**cce, "bf16": False}, "d.yml")
+    swanlab = "axolotl.integrations.swanlab.SwanLabPlugin"
+    assert read(tmp_path, {**cce, "plugins": [*cce["plugins"], swanlab]}, "e.yml").loss == "chunked"
+    grouped = read(tmp_path, {**AXOLOTL, "experts_implementation": "grouped_mm"}, "f.yml")
+    assert any(n.startswith("experts_implementation: grouped_mm: transformers'") for n in grouped.notes)
+
+
+@pytest.mark.parametrize("plugin", ["axolotl.integrations.expert_parallel.ExpertParallelPlugin",
+                                    "axolotl.integrations.kernels.KernelsPlugin", "my.own.Plugin"])
+def test_a_plugin_not_read_is_refused_by_name(tmp_path, plugin):
+    with pytest.raises(UnmodelledSetting, match=rf"^plugins: '{plugin}' in .* is not modelled: the plugin "):
+        read(tmp_path, {**AXOLOTL, "plugins": [plugin]}, "a.yml")
 
 
 def test_axolotl_lora_over_an_8bit_base_is_read(tmp_path):
