@@ -7,6 +7,8 @@
     │   ├── SequenceTooLong       seq_len beyond the model's max_position_embeddings
     │   ├── UnmodelledSetting     a training config key that changes memory in a way autotune does
     │   │                         not model (LoRA, DeepSpeed, ...): refused, never ignored
+    │   ├── UnknownSetting        a training config key its format does not have (a typo, most
+    │   │                         often): refused with the closest known keys, never ignored
     │   └── ModelPathRefused      a model path the service may not read: HTTP 403
     ├── BackendUnavailable        e.g. backend cuda on a machine without CUDA: HTTP 503
     ├── Overloaded                the service has no room for a request now (every analysis worker
@@ -95,6 +97,12 @@ class UnmodelledSetting(InvalidInput):
     The message names the key, its value and the file; a verdict for a different job is worse
     than none, so such keys are refused, never ignored.
     """
+
+
+class UnknownSetting(InvalidInput):
+    """A training config sets a key that autotune does not know for its format: a typo, or a key of
+    a newer release. Whether it changes memory cannot be told, so it is refused, naming the known
+    keys closest to it, never listed as ignored."""
 
 
 class ModelPathRefused(InvalidInput):

@@ -114,6 +114,12 @@ _AXOLOTL_LORA_REFUSED = {
     "lora_on_cpu": "lora_on_cpu moves the embedding modules to the CPU (loaders/model.py "
                    "_convert_embedding_modules_dtype), which is not modelled",
 }
+# Keys read on some paths only (an adapter's, a 4-bit base's): set where this config does not use
+# them (lora_alpha beside lora_model_dir), they are listed as ignored, never refused as unknown.
+_AXOLOTL_SOMETIMES_READ = words(
+    "bnb_config_kwargs lora_r lora_alpha lora_dropout lora_target_modules lora_target_linear "
+    "lora_modules_to_save lora_model_dir lora_alpha_pattern loraplus_lr_ratio peft_use_rslora "
+    "peft_autocast_adapter_dtype peft_ensure_weight_tying nvfp4_merge_aware")
 # Adapter settings with no effect on memory: the weights' layout and initialization, merging after
 # training, loading, LoRA+'s per-group learning rates (the same optimizer states).
 _AXOLOTL_ADAPTER_NO_EFFECT = words(
@@ -455,7 +461,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, task="causal-lm", dtype=dtype, optimizer=optimizer,
         attn=attn, loss=loss, adapter=adapter, liger=liger,
-        ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes),
+        ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
+                            modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
 
 

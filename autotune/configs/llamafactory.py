@@ -113,6 +113,11 @@ _PREFERENCE_STAGES = ("rm", "ppo", "dpo", "kto")
 # A checkpoint saved quantized: configure_quantization loads it as its config's quantization_config
 # says (FP8 and MXFP4 are dequantized to 16 bits there, and are read as a 16-bit checkpoint).
 _SAVED_QUANTIZED = re.compile(r"(?<![a-z0-9])(gptq|awq|aqlm|exl2|bnb-4bit|bnb-8bit)(?![a-z])")
+# Keys read on some paths only (a new adapter's, a 4-bit base's): set where this config does not use
+# them (lora_rank beside adapter_name_or_path), they are listed as ignored, never refused as unknown.
+_LF_SOMETIMES_READ = words(
+    "lora_rank lora_alpha lora_dropout lora_target additional_target loraplus_lr_ratio use_rslora pissa_init "
+    "create_new_adapter adapter_folder quantization_type double_quantization quantization_method")
 _LF_NO_EFFECT = words(
     # model_args.py
     "model_name_or_path adapter_folder cache_dir use_fast_tokenizer split_special_tokens "
@@ -191,7 +196,8 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         task="causal-lm", dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
         loss="chunked" if liger else None,
         ignored=cfg.ignored(_LF_NO_EFFECT | TRAINER_FIELDS | LEGACY_TRAINER_FIELDS,
-                            _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_"))),
+                            _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
+                            modelled=_LF_SOMETIMES_READ),
     )
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.gpus import GpuSpec
 from autotune.request import CheckRequest, request_from
+from autotune.spelling import close_matches, did_you_mean
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import DTYPES
 from autotune.workload.modes import Mode
@@ -143,10 +144,27 @@ class Config:
             if not unset(self.get(key)):
                 raise self.unmodelled(key, self.data[key], why)
 
-    def ignored(self, known: Iterable[str], prefixes: tuple[str, ...] = ()) -> tuple[str, ...]:
-        known = set(known) | self.read
-        keys = [k for k in self.data if k not in known and not k.startswith(prefixes)]
-        return tuple(keys + self.nested_ignored)
+    def ignored(self, known: Iterable[str], prefixes: tuple[str, ...] = (),
+                modelled: Iterable[str] = ()) -> tuple[str, ...]:
+        """The keys the file sets that were not read, as its tool has them: those ``known`` to have
+        no effect on memory (and those starting with ``prefixes``) are left out; those in
+        ``modelled`` (keys the reader reads elsewhere, unused by this config: lora_alpha beside a
+        saved adapter) are returned, with the nested keys set aside. A key the format does not
+        know is refused, naming the known keys closest to it: a typo would otherwise change the
+        answer without a word (``gradient_checkpoint`` for ``gradient_checkpointing``)."""
+        known = set(known)
+        rest = [k for k in self.data if k not in known and k not in self.read and not k.startswith(prefixes)]
+        modelled = set(modelled)
+        unknown = [k for k in rest if k not in modelled]
+        if unknown:
+            key = unknown[0]
+            close = close_matches(key, [(name, name) for name in sorted(known | modelled | self.read)])
+            hint = f" ({did_you_mean(close)})" if close else ""
+            more = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+            raise UnknownSetting(f"unknown key {key}{more} in {self.file!r}{hint}: autotune cannot tell "
+                                 "whether it changes memory, so the file is refused rather than answered for "
+                                 "another job; correct the key, or remove it")
+        return tuple(rest + self.nested_ignored)
 
     def result(self, format: str, *, mode: Mode | None, adapter: Adapter | None = None,
                ignored: tuple[str, ...] = (), **fields: Any) -> TrainingConfig:

@@ -12,7 +12,7 @@ import yaml
 
 from autotune.configs import TrainingConfig, missing_fields, read_training_config
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.request import CheckRequest, request_from, values_of
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode, parse_mode
@@ -65,10 +65,26 @@ def test_training_arguments_are_read_whole(tmp_path):
 
 def test_training_arguments_defaults_and_script_model_arguments(tmp_path):
     plan = read(tmp_path, {"output_dir": "out", "bf16": True, "activation_checkpointing": True,
-                           "torch_dtype": "torch.bfloat16", "attn_implementation": "sdpa", "custom": 1})
+                           "torch_dtype": "torch.bfloat16", "attn_implementation": "sdpa"})
     assert (plan.batch_size, plan.mode, plan.dtype, plan.attn) == (8, Mode("bf16", True), "bfloat16", "sdpa")
     assert "per_device_train_batch_size: not set, the Trainer's default 8" in plan.notes
-    assert plan.ignored == ("custom",)
+    assert plan.ignored == ()
+
+
+@pytest.mark.parametrize(("base", "typo", "meant"), [
+    # issue 40: a typo listed as "ignored" answered a job without checkpointing
+    (SFT, "gradient_checkpoint", "gradient_checkpointing"),
+    (AXOLOTL, "micro_batch_sise", "micro_batch_size"),
+    (TRAINER, "per_device_train_batch_sizes", "per_device_train_batch_size"),
+    ({"model": "tiny-bert", "seq_len": 64, "batch_size": 8}, "seq_lens", "seq_len"),
+])
+def test_a_key_the_format_does_not_have_is_refused_with_the_closest(tmp_path, base, typo, meant):
+    name = "a.yml" if base is AXOLOTL else "plan.yaml" if "model" in base else "config.json"
+    with pytest.raises(UnknownSetting, match=rf"^unknown key {typo} in .*did you mean {meant}\b"):
+        read(tmp_path, {**base, typo: True}, name)
+    # with an adapter, a lora_* key the tool does not know is refused too
+    with pytest.raises(UnknownSetting, match="^unknown key lora_unknown in "):
+        read(tmp_path, {**AXOLOTL_QLORA, "lora_unknown": 1}, "b.yml")
 
 
 def test_model_init_kwargs_are_read(tmp_path):
@@ -98,11 +114,11 @@ def test_trl_sft_defaults_are_trls(tmp_path):
 
 
 def test_axolotl_config_is_read_whole(tmp_path):
-    plan = read(tmp_path, {**AXOLOTL, "custom_key": 3}, "axolotl.yml")
+    plan = read(tmp_path, {**AXOLOTL}, "axolotl.yml")
     assert plan.request == request(
         model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2, mode="bf16+ckpt", accumulation_steps=8,
         task="causal-lm", dtype="bfloat16", optimizer="paged_adamw_8bit", attn="flash_attention_2")
-    assert (plan.format, plan.ignored) == ("axolotl", ("custom_key",))
+    assert (plan.format, plan.ignored) == ("axolotl", ())
     assert plan.notes == (
         "bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
         "sample_packing: every row filled to seq_len (the padded worst case autotune models)")
@@ -121,11 +137,11 @@ def test_axolotl_defaults_and_global_batch(tmp_path):
 def test_autotune_format_is_read_whole(tmp_path):
     plan = read(tmp_path, {"model": "tiny-bert", "seq_len": 64, "batch_size": 8, "mode": "amp+ckpt",
                            "task": "masked-lm", "optimizer": "adamw", "dtype": "bf16", "attn": "eager",
-                           "loss": "chunked", "something_else": 1}, "plan.yaml")
+                           "loss": "chunked"}, "plan.yaml")
     assert plan.request == request(model="tiny-bert", seq_len=64, batch_size=8, mode="amp+ckpt",
                                    task="masked-lm", dtype="bfloat16", optimizer="adamw", attn="eager",
                                    loss="chunked")
-    assert (plan.format, plan.ignored) == ("autotune", ("something_else",))
+    assert (plan.format, plan.ignored) == ("autotune", ())
     assert missing_fields(read(tmp_path, {"model": "m"}, "p.yaml")) == ["seq_len", "batch_size"]
 
 
@@ -346,7 +362,7 @@ def test_trl_load_in_8bit_is_an_8bit_base_under_the_sft_trainer_s_recipe(tmp_pat
 
 def test_axolotl_qlora_is_read(tmp_path):
     plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_modules": ["q_proj", "v_proj"],
-                           "peft_use_rslora": True, "loraplus_lr_ratio": 16, "lora_unknown": 1}, "a.yml")
+                           "peft_use_rslora": True, "loraplus_lr_ratio": 16}, "a.yml")
     # loaders/model.py _set_quantization_config: nf4, double quantization, compute in the weights' dtype.
     assert plan.adapter == Adapter("qlora", r=16, alpha=32, dropout=0.1, targets=("all-linear",),
                                    quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
@@ -358,7 +374,7 @@ def test_axolotl_qlora_is_read(tmp_path):
     assert any(n.startswith("lora_target_linear: true: LoRA on every linear layer") for n in plan.notes)
     assert any(n.startswith("peft_use_rslora:") for n in plan.notes)
     assert any(n.startswith("loraplus_lr_ratio:") for n in plan.notes)
-    assert plan.ignored == ("lora_unknown",)  # with an adapter, a lora_* key Axolotl does not know is named
+    assert plan.ignored == ()
     # bnb_config_kwargs update Axolotl's bitsandbytes settings; adapter: qlora alone implies the 4-bit base.
     plan = read(tmp_path, {**AXOLOTL_QLORA, "load_in_4bit": None, "bnb_config_kwargs": {
         "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False, "bnb_4bit_compute_dtype": "float16",
@@ -469,11 +485,11 @@ def test_trl_use_peft_takes_trls_defaults(tmp_path):
             "frozen, only the adapters trained") in plan.notes
     plan = read(tmp_path, {**SFT_PEFT, "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
                            "use_rslora": True, "lora_target_modules": ["q_proj", "k_proj", "v_proj"],
-                           "lora_modules_to_save": ["lm_head"], "lora_typo": 1})
+                           "lora_modules_to_save": ["lm_head"]})
     assert plan.adapter == Adapter("lora", r=64, alpha=128, dropout=0.0,
                                    targets=("q_proj", "k_proj", "v_proj"), modules_to_save=("lm_head",))
     assert any(n.startswith("use_rslora:") for n in plan.notes)
-    assert plan.ignored == ("lora_typo",)
+    assert plan.ignored == ()
     one = read(tmp_path, {**SFT_PEFT, "lora_target_modules": ["all-linear"]})  # one entry: its string
     assert one.adapter.targets == ("all-linear",)
 

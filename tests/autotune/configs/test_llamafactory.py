@@ -16,7 +16,7 @@ import yaml
 from autotune.cli import main
 from autotune.configs import read_training_config
 from autotune.configs.trainer import _TRAINER_REFUSED, LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.request import CheckRequest, request_from, values_of
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode, parse_mode
@@ -255,11 +255,13 @@ def test_flash_attn_is_read(tmp_path, value, attn):
 def test_lora_settings_are_read(tmp_path):
     plan = read(tmp_path, {**QWEN3_LORA_SFT, "lora_rank": 16, "lora_alpha": 64, "lora_dropout": 0.05,
                            "lora_target": "q_proj, v_proj", "use_rslora": True, "loraplus_lr_ratio": 16,
-                           "pissa_init": True, "lora_unknown": 1})
+                           "pissa_init": True})
     assert plan.adapter == Adapter("lora", r=16, alpha=64, dropout=0.05, targets=("q_proj", "v_proj"))
     for key in ("use_rslora", "loraplus_lr_ratio", "pissa_init"):
         assert any(n.startswith(f"{key}: ") and "no effect" in n for n in plan.notes)
-    assert plan.ignored == ("lora_unknown",)  # with an adapter, a lora_* key LF does not know is named
+    assert plan.ignored == ()
+    with pytest.raises(UnknownSetting, match="^unknown key lora_unknown in "):
+        read(tmp_path, {**QWEN3_LORA_SFT, "lora_unknown": 1})
     # additional_target: cast to float32 by LF, unless pure_bf16, where they stay as autotune models them.
     pure = read(tmp_path, {**QWEN3_LORA_SFT, "additional_target": "embed_tokens,lm_head", "pure_bf16": True})
     assert pure.adapter.modules_to_save == ("embed_tokens", "lm_head")
