@@ -72,7 +72,10 @@ FAMILIES: dict[str, dict[str, float]] = {
              "Qwen/Qwen2.5-14B": 14},
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
-    "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30},
+    "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
+    "mistral_small": {"mistralai/Devstral-Small-2507": 24},
+    "gpt_oss": {"openai/gpt-oss-20b": 21},
+    "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16},
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
     "gemma3": {"google/gemma-3-270m": 0.27, "google/gemma-3-1b-pt": 1},
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
@@ -85,7 +88,11 @@ MAX_SIZE_RATIO = 1.5
 # A model id's family (lower case, first match wins); None: blocks no preset has (mixture of
 # experts, a vision or audio tower, hybrid or linear attention, another family), never forced.
 FAMILY_PATTERNS: list[tuple[str, str | None]] = [
-    (r"qwen3-30b-a3b", "qwen3_moe"),  # the one mixture of experts with a preset (its -2507 too)
+    # The mixtures of experts with a preset (the Qwen3 ones' -2507 too), before the rule that drops
+    # the others; gpt-oss-safeguard-20b is a gpt-oss-20b fine-tune.
+    (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
+    (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
+    (r"deepseek-v2-lite", "deepseek_v2"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration), 3n another architecture.
@@ -93,8 +100,13 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
     (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
     (r"mistral-7b|ministral-8b", "mistral"),
+    # Mistral Small 3's 24B text model; Magistral-Small-2509 and Mistral-Small-3.1 carry a vision tower.
+    (r"devstral-small-2507|magistral-small-250[67]", "mistral_small"),
     (r"qwen3-", "qwen3"),  # Qwen3 dense: Qwen2's blocks with a norm on q and k
+    # Plano-Orchestrator-4B: Axolotl's example trains it with the qwen3 chat template (a Qwen3-4B).
+    (r"plano-orchestrator-4b", "qwen3"),
     (r"qwen2(\.5)?-", "qwen"),
+    (r"cogito-v1-preview-qwen-", "qwen"),  # Deep Cogito's fine-tunes of Qwen2.5 (14B, 32B)
     (r"gemma-2-", "gemma2"),
     (r"gemma-3-", "gemma3"),  # the text-only 270M and 1B
     (r"phi-(1_5|1\.5|2)\b", "phi"),
@@ -113,7 +125,7 @@ PEEL_READERS: dict[str | None, str] = {
 POSITIONS = "exceeds max_position_embeddings"
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
-               "gpt2": 0.124}
+               "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

@@ -62,6 +62,8 @@ def test_every_preset_resolves_offline(name: str) -> None:
 # Positions of the presets not limited to 512 (max_position_embeddings of their config.json).
 LIMITS = {
     "gpt2": 1024, "gpt2-medium": 1024,
+    "Qwen/Qwen3-235B-A22B": 40960, "mistralai/Devstral-Small-2507": 131072, "openai/gpt-oss-20b": 131072,
+    "deepseek-ai/DeepSeek-V2-Lite": 163840,
     "meta-llama/Llama-3.2-1B": 131072, "meta-llama/Llama-3.2-3B": 131072,
     "meta-llama/Llama-3.1-8B": 131072, "Qwen/Qwen2.5-0.5B": 32768, "Qwen/Qwen2.5-1.5B": 131072,
     "Qwen/Qwen2.5-7B": 131072, "mistralai/Mistral-7B-v0.3": 32768, "google/gemma-2-2b": 8192,

@@ -39,6 +39,10 @@ DECODERS = [
     "HuggingFaceTB/SmolLM2-1.7B",
     "microsoft/phi-1_5",
     "microsoft/phi-2",
+    "Qwen/Qwen3-235B-A22B",
+    "mistralai/Devstral-Small-2507",
+    "openai/gpt-oss-20b",
+    "deepseek-ai/DeepSeek-V2-Lite",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2"]
@@ -117,6 +121,14 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         # 1.313B) and 2.7B (phi-2, 2.78B truncated); output layer untied, with a bias.
         ("microsoft/phi-1_5", 1_418_270_720),
         ("microsoft/phi-2", 2_779_683_840),
+        # Qwen3-235B-A22B model card: 235B in total, 22B activated.
+        ("Qwen/Qwen3-235B-A22B", 235_093_634_560),
+        # Devstral-Small-2507's model.safetensors.index.json: "total_parameters": 23572403200.
+        ("mistralai/Devstral-Small-2507", 23_572_403_200),
+        # gpt-oss model card: 20.91B in total (3.61B active); the hub says 21B.
+        ("openai/gpt-oss-20b", 20_914_757_184),
+        # DeepSeek-V2 paper and model card: DeepSeek-V2-Lite, 15.7B in total, 2.4B activated.
+        ("deepseek-ai/DeepSeek-V2-Lite", 15_706_484_224),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -164,6 +176,10 @@ def published(count: int, figure: str) -> bool:
         ("HuggingFaceTB/SmolLM2-135M", "135M", None),
         ("HuggingFaceTB/SmolLM2-1.7B", "1.7B", None),
         ("google/gemma-3-1b-pt", "1B", None),
+        ("Qwen/Qwen3-235B-A22B", "235B", "234B"),
+        ("mistralai/Devstral-Small-2507", "24B", None),
+        ("openai/gpt-oss-20b", "21B", None),
+        ("deepseek-ai/DeepSeek-V2-Lite", "15.7B", None),
     ],
 )
 def test_model_cards_figures_are_the_counts_at_their_precision(
@@ -249,6 +265,11 @@ def test_decoder_presets_keep_their_architectures_and_dtype(name: str) -> None:
         ("google/gemma-2-9b", torch.float32),
         ("microsoft/phi-1_5", torch.float16),
         ("microsoft/phi-2", torch.float16),
+        ("mistralai/Devstral-Small-2507", torch.bfloat16),
+        # gpt-oss-20b's config.json names none: bfloat16, its unquantized weights' and the
+        # dequantized experts' dtype.
+        ("openai/gpt-oss-20b", torch.bfloat16),
+        ("deepseek-ai/DeepSeek-V2-Lite", torch.bfloat16),
     ],
 )
 def test_presets_carry_the_published_dtype(name: str, dtype: torch.dtype) -> None:
@@ -290,6 +311,19 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
         ("HuggingFaceTB/SmolLM2-360M",
          {"num_key_value_heads": 5, "head_dim": 64, "tie_word_embeddings": True}),
         ("microsoft/phi-2", {"num_key_value_heads": 32, "tie_word_embeddings": False, "vocab_size": 51200}),
+        ("Qwen/Qwen3-235B-A22B",
+         {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+          "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 40960}),
+        # Mistral Small 3: 32 heads of 128 on a 5120 width (head_dim is not hidden_size / heads).
+        ("mistralai/Devstral-Small-2507", {"head_dim": 128, "num_key_value_heads": 8, "sliding_window": None,
+                                           "vocab_size": 131072, "tie_word_embeddings": False}),
+        ("openai/gpt-oss-20b", {"num_local_experts": 32, "num_experts_per_tok": 4, "head_dim": 64,
+                                "sliding_window": 128, "attention_bias": True, "vocab_size": 201088}),
+        # Multi-head latent attention: queries uncompressed (q_lora_rank null), keys and values
+        # through a 512-wide projection.
+        ("deepseek-ai/DeepSeek-V2-Lite", {"q_lora_rank": None, "kv_lora_rank": 512, "n_routed_experts": 64,
+                                          "n_shared_experts": 2, "num_experts_per_tok": 6,
+                                          "first_k_dense_replace": 1}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
@@ -309,6 +343,18 @@ def test_gemma_3_attends_globally_every_sixth_layer_with_its_own_rotary_base(
     assert set(config.layer_types) == {"sliding_attention", "full_attention"}
     assert config.rope_parameters["full_attention"]["rope_theta"] == 1000000.0
     assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+
+
+def test_gpt_oss_alternates_a_128_token_window_with_full_attention() -> None:
+    config = resolve_model("openai/gpt-oss-20b").config
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 12
+    assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 32.0
+
+
+def test_deepseek_v2_lite_has_no_query_compression() -> None:
+    attention = fake_causal_lm("deepseek-ai/DeepSeek-V2-Lite").model.layers[0].self_attn
+    assert attention.q_proj is not None and attention.q_a_proj is None  # hidden -> heads directly
+    assert attention.kv_a_proj_with_mqa.out_features == 512 + 64  # kv_lora_rank + qk_rope_head_dim
 
 
 @pytest.mark.parametrize(
@@ -343,6 +389,10 @@ def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict
         ("gemma-3-1b-pt", "google/gemma-3-1b-pt"),
         ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M"),
         ("PHI-2", "microsoft/phi-2"),
+        ("gpt-oss-20b", "openai/gpt-oss-20b"),
+        ("devstral-small-2507", "mistralai/Devstral-Small-2507"),
+        ("DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite"),
+        ("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B"),
     ],
 )
 def test_llm_presets_resolve_without_their_org_and_under_old_names(typed: str, preset: str) -> None:

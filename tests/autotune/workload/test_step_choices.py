@@ -217,6 +217,8 @@ CAUSAL_LM_PRESETS = {
     "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-3B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-14B",
     "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-32B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "google/gemma-2-9b",
     "google/gemma-3-1b-pt", "google/gemma-3-270m", "microsoft/phi-1_5", "microsoft/phi-2",
+    "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V2-Lite", "mistralai/Devstral-Small-2507",
+    "openai/gpt-oss-20b",
 }
 
 
