@@ -212,7 +212,10 @@ function formBody(form) {
   // Fine-tuning: a full fine-tune sends none of it (the request of a table before PEFT was modelled);
   // a LoRA setting filled in without a method is sent, and the API says what it needs.
   const peft = String(data.get("peft") || "none");
-  if (peft !== "none") body.peft = peft;
+  if (peft === "lora_8bit") {  // an 8-bit base is asked for as transformers does: load_in_8bit
+    body.peft = "lora";
+    body.load_in_8bit = true;
+  } else if (peft !== "none") body.peft = peft;
   const rank = String(data.get("lora_r") || "").trim();
   if (rank) body.lora_r = numberOr(rank);
   for (const name of ["lora_alpha", "lora_dropout"]) {

@@ -43,6 +43,7 @@ PEFT_METHODS = (
     ("none", "full fine-tune (every weight trained)"),
     ("lora", "LoRA (frozen base, adapters trained)"),
     ("qlora", "QLoRA (LoRA over a 4-bit base)"),
+    ("lora_8bit", "LoRA over an 8-bit base (LLM.int8)"),  # sent as peft lora + load_in_8bit (app.js)
 )
 # How a 4-bit base is prepared (POST /v1/tables' qlora_recipe), the default first: value, label.
 QLORA_RECIPE_LABELS = (

@@ -327,6 +327,12 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     expect(page.locator("#lora_r-error")).to_contain_text(
         "LoRA rank must be an integer from 1 to 4096, got 0")
     expect(page.get_by_label("LoRA rank (r)")).to_have_attribute("aria-invalid", "true")
+    page.get_by_label("Method").select_option("lora_8bit")  # asked for as transformers does
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/tables")) as posted:
+        page.get_by_role("button", name="Make the table").click()
+    body = posted.value.post_data_json
+    assert (body["peft"], body["load_in_8bit"]) == ("lora", True)
+    expect(page.locator("#lora_r-error")).to_contain_text("LoRA rank must be an integer")
     assert_readable(page, "the launch form")
     page.screenshot(path=shots / "09b-phone-launch.png", full_page=True)
     print(f"dashboard screenshots: {shots}")
