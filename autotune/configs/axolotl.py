@@ -63,6 +63,12 @@ _AXOLOTL_REFUSED = {
     "relora": RELORA,
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
+    "processor_type": "a processor feeds images or audio to a vision-language model, which autotune does not "
+                      "model (it trains on text)",
+    "quantize_moe_experts": QUANT, "llmcompressor": QUANT,
+    "cls_model_config": "a classification head (reward models) is not modelled",
+    "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
+    "fused_attn_kernel": KERNEL,
 }
 # Parallel degrees: 1 (or null) is one GPU holding the model.
 _AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
@@ -91,13 +97,15 @@ _AXOLOTL_NO_EFFECT = words(
     "include_tokens_per_second profiler_steps ddp ddp_timeout ddp_bucket_cap_mb ddp_broadcast_buffers "
     "ddp_find_unused_parameters torch_compile_backend torch_compile_mode fsdp_version skip_prepare_dataset "
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
-    "low_cpu_mem_usage hf_use_auth_token")
+    "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
+    "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
+    "use_otel_metrics")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
                      "logging_", "lr_", "warmup_", "dataset_", "loss_watchdog", "lora_", "peft_", "loraplus_",
                      "relora_", "dataloader_", "chat_template", "tokenizer_", "is_", "early_stopping",
-                     "profiler_")
+                     "profiler_", "otel_")
 
 
 # Axolotl's adapter settings that change the step in ways autotune does not model (schemas/peft.py;
