@@ -104,13 +104,15 @@ def test_from_config_reads_training_arguments(tmp_path, capsys):
 
 def test_from_config_yaml_flags_win_and_missing_keys_are_named(tmp_path, capsys):
     path = tmp_path / "plan.yaml"
-    path.write_text("model: tiny-bert\nseq_len: 64\nmode: amp\nsomething_else: 1\n")
+    path.write_text("model: tiny-bert\nseq_len: 64\nmode: amp\n")
     code, _, err = run(capsys, "check", "--from-config", str(path), *SMALL)
     assert code == 2 and f"missing batch_size: give in '{path}' or --batch-size" in err
     code, out, _ = run(capsys, "check", "--from-config", str(path), "--batch-size", "2", *SMALL)
     assert code == 0 and " amp (sequence-classification, fp32 weights, adamw_torch_fused, attention sdpa) " \
         "on 1 GiB, batch 2" in out
-    assert "note: ignored (no effect on memory): something_else" in out
+    path.write_text("model: tiny-bert\nseq_len: 64\nmode: amp\nbatch_sise: 2\n")  # a typo: an error, exit 2
+    code, _, err = run(capsys, "check", "--from-config", str(path), *SMALL)
+    assert code == 2 and "unknown key batch_sise in" in err and "did you mean batch_size?" in err
 
 
 def test_a_malformed_config_is_refused(tmp_path):
