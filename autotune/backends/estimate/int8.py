@@ -122,11 +122,8 @@ class _MatMul8bitLt(torch.autograd.Function):
             del product, quantized, row_stats
             output = dequantized.to(x.dtype)
             del dequantized
-            if bias is not None:
-                if bias.dtype == torch.float16:
-                    pass  # fused into int8_mm_dequant's kernel
-                else:
-                    output.add_(bias)
+            if bias is not None and bias.dtype != torch.float16:  # a float16 bias is fused in the kernel
+                output.add_(bias)
             result = region.hand_out(output.reshape(*shape[:-1], layer.out_features))
         ctx.grad_shape = shape
         ctx.dtype_A = x.dtype
