@@ -33,8 +33,8 @@ parameters and more), so the emulation finds none; each one found keeps a column
 forward. The forward and backward run in the allocation region ``MATMUL_REGION`` (tracker.py), their
 result handed out, as the 4-bit layer's do (nf4.py): explain counts their own buffers apart.
 
-``LoraLinear8bitLt`` is PEFT's ``lora.Linear`` with the forward of PEFT's bitsandbytes 8-bit LoRA
-layer (peft/tuners/lora/bnb.py ``Linear8bitLt.forward``: no defensive clone, unlike the 4-bit one).
+``LoraLinear8bitLt`` is PEFT's LoRA layer over it (bnb_lora.py: no defensive clone, unlike the 4-bit
+one).
 """
 
 from __future__ import annotations
@@ -43,10 +43,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from autotune.backends.estimate.emulation import autocast_enabled
+from autotune.backends.estimate.bnb_lora import BnbLoraLinear
 from autotune.backends.estimate.tracker import allocation_region
 
 THRESHOLD = 6.0  # transformers BitsAndBytesConfig llm_int8_threshold (utils/quantization_config.py)
@@ -159,26 +158,6 @@ def make_quantizer() -> Any:
     return quantize
 
 
-class LoraLinear8bitLt(LoraLinear):
-    """PEFT's LoRA layer over an 8-bit base, with the forward of peft/tuners/lora/bnb.py
-    ``Linear8bitLt`` (plain LoRA: this tool refuses LoRA variants)."""
-
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._check_forward_args(x, *args, **kwargs)
-        result = self.base_layer(x, *args, **kwargs)
-        for active_adapter in self.active_adapters:
-            if active_adapter not in self.lora_A.keys():
-                continue
-            lora_A = self.lora_A[active_adapter]
-            lora_B = self.lora_B[active_adapter]
-            dropout = self.lora_dropout[active_adapter]
-            scaling = self.scaling[active_adapter]
-            requires_conversion = not autocast_enabled()  # the emulated CUDA autocast
-            if requires_conversion:
-                expected_dtype = result.dtype
-                x = self._cast_input_dtype(x, cast(torch.dtype, lora_A.weight.dtype))
-            output = lora_B(lora_A(dropout(x))) * scaling
-            if requires_conversion:
-                output = output.to(expected_dtype)
-            result = result + output
-        return result
+class LoraLinear8bitLt(BnbLoraLinear):
+    """PEFT's LoRA layer over an 8-bit base: peft/tuners/lora/bnb.py ``Linear8bitLt`` (bnb_lora.py,
+    without the 4-bit layer's clone)."""

@@ -34,24 +34,20 @@ Backward (``MatMul4Bit.backward``): ``functional.dequantize_4bit`` (with double 
 float32 absmax again, offset added in place) dequantizes the weight in the dtype it was loaded in
 (``quant_state.dtype``), casts it to the gradient's dtype, and multiplies.
 
-``LoraLinear4bit`` is PEFT's ``lora.Linear`` with the forward of PEFT's bitsandbytes LoRA layer
-(peft/tuners/lora/bnb.py ``Linear4bit.forward``): the base output cloned ("defensively", per Tim
-Dettmers), the input cast to the adapter's dtype only outside autocast, the adapter's output cast
-back. PEFT dispatches to it through ``LoraConfig._register_custom_module`` (adapters.prepare, with
-the estimator's parts: parts.py).
+``LoraLinear4bit`` is PEFT's LoRA layer over it (bnb_lora.py: the base output cloned
+"defensively", per Tim Dettmers).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
-from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from autotune.backends.estimate.emulation import autocast_enabled
+from autotune.backends.estimate.bnb_lora import BnbLoraLinear
 from autotune.backends.estimate.tracker import allocation_region
 
 BLOCKSIZE = 64  # functional.quantize_4bit: blocksize None -> 64
@@ -224,27 +220,7 @@ def make_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str) -
     return quantize
 
 
-class LoraLinear4bit(LoraLinear):
-    """PEFT's LoRA layer over a 4-bit base, with the forward of peft/tuners/lora/bnb.py
-    ``Linear4bit`` (plain LoRA: this tool refuses LoRA variants)."""
+class LoraLinear4bit(BnbLoraLinear):
+    """PEFT's LoRA layer over a 4-bit base: peft/tuners/lora/bnb.py ``Linear4bit`` (bnb_lora.py)."""
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._check_forward_args(x, *args, **kwargs)
-        result = self.base_layer(x, *args, **kwargs)
-        result = result.clone()  # "As per Tim Dettmers, for 4bit, we need to defensively clone here."
-        for active_adapter in self.active_adapters:
-            if active_adapter not in self.lora_A.keys():
-                continue
-            lora_A = self.lora_A[active_adapter]
-            lora_B = self.lora_B[active_adapter]
-            dropout = self.lora_dropout[active_adapter]
-            scaling = self.scaling[active_adapter]
-            requires_conversion = not autocast_enabled()  # the emulated CUDA autocast
-            if requires_conversion:
-                expected_dtype = result.dtype
-                x = self._cast_input_dtype(x, cast(torch.dtype, lora_A.weight.dtype))
-            output = lora_B(lora_A(dropout(x))) * scaling
-            if requires_conversion:
-                output = output.to(expected_dtype)
-            result = result + output
-        return result
+    clone_base_output = True  # "As per Tim Dettmers, for 4bit, we need to defensively clone here."
