@@ -179,6 +179,7 @@ def _dtypes_by_part(model: torch.nn.Module) -> dict[str, set[tuple[str, bool]]]:
     return parts
 
 
+@pytest.mark.parametrize(("method", "stored"), [("qlora", "uint8"), ("lora_8bit", "int8")])
 @pytest.mark.parametrize(("recipe", "norms", "adapters"), [
     # TRL's SFTTrainer: no prepare_model_for_kbit_training; what trains is cast to bfloat16.
     ("trl", "bfloat16", "bfloat16"),
@@ -188,33 +189,22 @@ def _dtypes_by_part(model: torch.nn.Module) -> dict[str, set[tuple[str, bool]]]:
     # prepare_model_for_kbit_training alone: every weight not quantized in float32.
     ("peft", "float32", "float32"),
 ])
-def test_each_qlora_recipe_leaves_its_trainer_s_dtypes(recipe: str, norms: str, adapters: str) -> None:
-    from autotune.workload.adapters import prepare
-
-    with torch.device("meta"):
-        model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", "eager", "bfloat16")
-        wrapped = prepare(model, make_adapter("qlora", recipe=recipe), "causal-lm", ESTIMATE_PARTS)
-    assert _dtypes_by_part(wrapped) == {
-        "lora": {(adapters, True)}, "norm": {(norms, False)}, "embed": {(norms, False)},
-        "head": {(norms, False)}, "4-bit": {("uint8", False)}}
-
-
-@pytest.mark.parametrize(("recipe", "norms", "adapters"), [
-    ("trl", "bfloat16", "bfloat16"), ("axolotl", "bfloat16", "float32"), ("peft", "float32", "float32")])
-def test_an_8bit_base_is_prepared_by_the_same_recipes(recipe: str, norms: str, adapters: str) -> None:
-    # TRL, Axolotl and PEFT read is_loaded_in_8bit as they read is_loaded_in_4bit (module docstring).
+def test_each_qlora_recipe_leaves_its_trainer_s_dtypes(method: str, stored: str, recipe: str, norms: str,
+                                                       adapters: str) -> None:
+    # An 8-bit base the same: TRL, Axolotl and PEFT read is_loaded_in_8bit as is_loaded_in_4bit.
     from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, LoraLinear8bitLt
     from autotune.workload.adapters import prepare
 
     with torch.device("meta"):
         model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", "eager", "bfloat16")
-        wrapped = prepare(model, make_adapter("lora_8bit", recipe=recipe), "causal-lm", ESTIMATE_PARTS)
+        wrapped = prepare(model, make_adapter(method, recipe=recipe), "causal-lm", ESTIMATE_PARTS)
     assert _dtypes_by_part(wrapped) == {
         "lora": {(adapters, True)}, "norm": {(norms, False)}, "embed": {(norms, False)},
-        "head": {(norms, False)}, "4-bit": {("int8", False)}}
-    assert wrapped.get_base_model().is_loaded_in_8bit is True
-    adapted = [m for m in wrapped.modules() if isinstance(m, LoraLinear8bitLt)]
-    assert adapted and all(isinstance(m.base_layer, EmulatedLinear8bitLt) for m in adapted)
+        "head": {(norms, False)}, "4-bit": {(stored, False)}}
+    if method == "lora_8bit":
+        assert wrapped.get_base_model().is_loaded_in_8bit is True
+        adapted = [m for m in wrapped.modules() if isinstance(m, LoraLinear8bitLt)]
+        assert adapted and all(isinstance(m.base_layer, EmulatedLinear8bitLt) for m in adapted)
 
 
 def test_an_8bit_base_weighs_between_a_16bit_and_a_4bit_one() -> None:

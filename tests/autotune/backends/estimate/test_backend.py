@@ -462,6 +462,17 @@ def test_a_4bit_layer_loads_through_its_quantization_as_on_an_h100():
         assert _loaded(plain) == [8388608, 262144, 2097152, 64, -8388608]  # the absmax is the state's own
 
 
+def test_an_8bit_layer_loads_through_its_quantization():
+    from autotune.backends.estimate.int8 import EmulatedLinear8bitLt
+
+    with FakeTensorMode():
+        layer = EmulatedLinear8bitLt(torch.nn.Linear(64, 32, bias=False, dtype=torch.bfloat16))
+        sizes = _loaded(layer)
+    # Int8Params._quantize: the weight to the device in float16, then int8_vectorwise_quant's
+    # row_stats (float32 [32]) and out_row (int8 [32, 64]); the float16 copy freed.
+    assert sizes == [32 * 64 * 2, 32 * 4, 32 * 64, -32 * 64 * 2]
+
+
 def test_weights_load_children_first_then_buffers_and_an_adapter_last():
     class Block(torch.nn.Module):
         def __init__(self) -> None:
