@@ -56,6 +56,33 @@ JOBS: dict[str, dict[str, Any]] = {
         model=LLAMA["model"], modes="bf16+ckpt", seq_lens="2048"),
     "llama-3.2-1b-card": dict(**LLAMA),  # the whole card: run alone
 }
+# PyTorch's expandable segments (CUDACachingAllocator.cpp, ExpandableSegment), which Unsloth and SkyRL
+# switch on by default: a job's or a record's ``env`` is set before torch starts in its process. A
+# job's ``table`` names the measured table its cells belong to (run_assemble).
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+LORA_CKPT = dict(model=LLAMA["model"], peft="lora", modes="bf16+ckpt", seq_lens=LLAMA["seq_lens"])
+BERT_BASE = dict(model="bert-base-uncased")
+JOBS.update({
+    "bert-base-uncased-12GiB-expandable": dict(**BERT_BASE, gpu_memory="12GiB", modes="ckpt,amp+ckpt",
+                                               env=EXPANDABLE),
+    "llama-3.2-1b-lora-12GiB": dict(gpu_memory="12GiB", **LORA_CKPT),
+    "llama-3.2-1b-lora-12GiB-expandable": dict(gpu_memory="12GiB", **LORA_CKPT, env=EXPANDABLE),
+    "llama-3.2-1b-lora-24GiB-expandable": dict(gpu_memory="24GiB", **LORA_CKPT, env=EXPANDABLE),
+    # The classic 512 cell the H100 ran at 24 and the H200 did not (its 512 x 24 record ran out).
+    "llama-3.2-1b-lora-24GiB-512": dict(gpu_memory="24GiB", **{**LORA_CKPT, "seq_lens": "512"},
+                                        table="llama-3.2-1b-lora-24GiB"),
+    # The size-only answers' distance to the chip's (issue "Measured truth, second card"): the cells
+    # the H200's first lease did not reach, mixed precision and checkpointing first (the first lease
+    # measured ckpt at 64 and 128 tokens).
+    "bert-base-uncased-12GiB-rest": dict(**BERT_BASE, gpu_memory="12GiB", modes="amp+ckpt,ckpt",
+                                         table="bert-base-uncased-12GiB"),
+    "bert-base-uncased-12GiB-amp": dict(**BERT_BASE, gpu_memory="12GiB", modes="amp,fp32",
+                                        table="bert-base-uncased-12GiB"),
+    "bert-base-uncased-16GiB-amp": dict(**BERT_BASE, gpu_memory="16GiB", modes="amp+ckpt,amp",
+                                        table="bert-base-uncased-16GiB"),
+    "roberta-base-16GiB-rest": dict(model="roberta-base", gpu_memory="16GiB", modes="amp+ckpt,ckpt",
+                                    table="roberta-base-16GiB"),
+})
 # What a lease's deadline left of the Llama tables, seeded from the whole tables' estimates.
 for _name, _seq_lens in (("llama-3.2-1b-24GiB", "1024,2048,4096"),
                          ("llama-3.2-1b-lora-24GiB", "1024,2048,4096"),
@@ -97,6 +124,13 @@ RECORDS: dict[str, dict[str, Any]] = {
     "llama-8b-lora-bf16ckpt-2048x1-memeff": dict(model="meta-llama/Llama-3.1-8B", mode="bf16+ckpt",
                                                  seq_len=2048, batch=1, peft="lora",
                                                  env={"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"}),
+    # Under expandable segments: the allocator's map and unmap events (segment_map, segment_unmap)
+    # for the simulator's expandable mode; the LoRA step the H200 refused with classic segments.
+    "bert-base-ckpt-128x703-12GiB-expandable": dict(model="bert-base-uncased", mode="ckpt", seq_len=128,
+                                                    batch=703, gpu_memory="12GiB", env=EXPANDABLE),
+    "llama-1b-lora-bf16ckpt-512x24-24GiB-expandable": dict(
+        model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=24, peft="lora", gpu_memory="24GiB",
+        env=EXPANDABLE),
 }
 
 PLANS: dict[str, list[list[list[str]]]] = {
@@ -139,6 +173,21 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["roberta-base-16GiB-ckpt", "gpt2-causal-lm-16GiB", "record:bert-base-amp-320x105-16GiB"],
         ],
         [["record:llama-1b-bf16ckpt-2048x4-memeff", "record:llama-8b-lora-bf16ckpt-2048x1-memeff"]],
+    ],
+    # The H200's second lease: expandable segments beside the classic allocator on the same card,
+    # and the size-only cells (about 115 GiB of budgets side by side with eight CUDA contexts).
+    "h200-second": [
+        [
+            ["bert-base-uncased-12GiB-expandable"],
+            ["llama-3.2-1b-lora-24GiB-expandable", "llama-3.2-1b-lora-24GiB-512",
+             "record:llama-1b-lora-bf16ckpt-512x24-24GiB-expandable"],
+            ["llama-3.2-1b-lora-12GiB-expandable", "record:bert-base-ckpt-128x703-12GiB-expandable"],
+            ["llama-3.2-1b-lora-12GiB"],
+            ["bert-base-uncased-12GiB-rest"],
+            ["bert-base-uncased-16GiB-amp"],
+            ["roberta-base-16GiB-rest"],
+            ["bert-base-uncased-12GiB-amp"],
+        ],
     ],
     "third": [
         [
@@ -187,8 +236,8 @@ def run_lane(jobs: list[str], out: Path, backend: str) -> int:
     for job in jobs:
         started = time.time()
         argv = [sys.executable, __file__, "job", job, "--out", str(out), "--backend", backend]
-        record = RECORDS.get(job.removeprefix("record:"), {}) if job.startswith("record:") else {}
-        code = subprocess.call(argv, env={**os.environ, **record.get("env", {})})
+        spec = RECORDS[job.removeprefix("record:")] if job.startswith("record:") else JOBS[job]
+        code = subprocess.call(argv, env={**os.environ, **spec.get("env", {})})
         log(f"{job}: exit {code} in {time.time() - started:.0f} s")
         failed += code != 0
     return 1 if failed else 0
@@ -229,6 +278,8 @@ def run_table(name: str, out: Path, backend: str) -> int:
             f"({cell.probes} probes){' ' + cell.error if cell.error else ''}")
 
     job = dict(JOBS[name])
+    job.pop("env", None)  # set in this process's environment by its lane
+    job.pop("table", None)
     seeds = json.loads(SEEDS.read_text()).get(job.pop("seeds_from", name)) if SEEDS.exists() else None
     if not seeds:
         result = autotune.table(**job, backend=backend, on_cell=on_cell)
@@ -320,7 +371,8 @@ def run_record(name: str, out: Path) -> int:
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snapshot["device_traces"][0]
-    found["events"] = [[e["action"], e["addr"], e["size"], e.get("stream", 0)] for e in trace]
+    # an ``oom`` event carries no address (the H200's first lease: KeyError 'addr')
+    found["events"] = [[e["action"], e.get("addr", 0), e.get("size", 0), e.get("stream", 0)] for e in trace]
     found["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                          "device": torch.cuda.get_device_name(0)}
     (out / f"record-{name}.json").write_text(json.dumps(found))
@@ -359,7 +411,7 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
             finished[path.stem] = table
         for path in sorted(run.glob("*.cells.jsonl")):
             job = path.name.removesuffix(".cells.jsonl")
-            base = JOBS[job].get("seeds_from") or job.removesuffix("-ckpt")
+            base = JOBS[job].get("table") or JOBS[job].get("seeds_from") or job.removesuffix("-ckpt")
             seeded = SEED_RUNS.get(run.name, True)
             for line in path.read_text().splitlines():
                 cell = {**json.loads(line), "seeded_by_estimate": seeded}
