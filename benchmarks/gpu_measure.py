@@ -82,6 +82,21 @@ JOBS.update({
                                         table="bert-base-uncased-16GiB"),
     "roberta-base-16GiB-rest": dict(model="roberta-base", gpu_memory="16GiB", modes="amp+ckpt,ckpt",
                                     table="roberta-base-16GiB"),
+    "bert-base-uncased-16GiB-rest": dict(**BERT_BASE, gpu_memory="16GiB", modes="ckpt,fp32",
+                                         table="bert-base-uncased-16GiB"),
+    "bert-large-uncased-12GiB-amp": dict(model="bert-large-uncased", gpu_memory="12GiB", modes="amp,fp32",
+                                         table="bert-large-uncased-12GiB"),
+    # expandable segments in the other modes and models
+    "bert-base-uncased-12GiB-expandable-amp": dict(
+        **BERT_BASE, gpu_memory="12GiB", modes="amp,fp32", env=EXPANDABLE,
+        table="bert-base-uncased-12GiB-expandable"),
+    "roberta-base-16GiB-expandable": dict(model="roberta-base", gpu_memory="16GiB", modes="ckpt,amp+ckpt",
+                                          env=EXPANDABLE),
+    "llama-3.2-1b-24GiB-expandable": dict(gpu_memory="24GiB", model=LLAMA["model"], modes="bf16+ckpt",
+                                          seq_lens="1024,2048,4096", env=EXPANDABLE),
+    "llama-3.2-1b-qlora-trl-24GiB-expandable": dict(gpu_memory="24GiB", model=LLAMA["model"], peft="qlora",
+                                                    qlora_recipe="trl", modes="bf16+ckpt", seq_lens="2048",
+                                                    env=EXPANDABLE),
 })
 # What a lease's deadline left of the Llama tables, seeded from the whole tables' estimates.
 for _name, _seq_lens in (("llama-3.2-1b-24GiB", "1024,2048,4096"),
@@ -187,6 +202,19 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["bert-base-uncased-16GiB-amp"],
             ["roberta-base-16GiB-rest"],
             ["bert-base-uncased-12GiB-amp"],
+        ],
+    ],
+    # What the second plan left, in the same lease (about 125 GiB of budgets side by side).
+    "h200-third": [
+        [
+            ["bert-base-uncased-12GiB-expandable-amp"],
+            ["roberta-base-16GiB-expandable"],
+            ["llama-3.2-1b-24GiB-expandable", "llama-3.2-1b-qlora-trl-24GiB-expandable"],
+            ["bert-base-uncased-16GiB-rest"],
+            ["bert-large-uncased-12GiB-ckpt"],
+            ["bert-large-uncased-16GiB-ckpt"],
+            ["bert-large-uncased-12GiB-amp"],
+            ["gpt2-causal-lm-16GiB"],
         ],
     ],
     "third": [
