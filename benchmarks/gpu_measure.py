@@ -448,10 +448,11 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     for base, found in sorted(cells.items()):
         job = JOBS[base]
-        header = next((t for n, t in finished.items() if n == base or JOBS[n].get("seeds_from") == base
+        header = next((t for n, t in finished.items() if base in (n, JOBS[n].get("seeds_from"),
+                                                                    JOBS[n].get("table"))
                        or n == f"{base}-ckpt"), None)
         if header is None:
-            kwargs = {k: v for k, v in job.items() if k not in ("modes", "seq_lens")}
+            kwargs = {k: v for k, v in job.items() if k not in ("modes", "seq_lens", "env", "table")}
             first_mode, first_len = next(iter(found))
             header = autotune.table(**kwargs, modes=first_mode, seq_lens=[first_len],
                                     backend="estimate").to_dict()
@@ -461,9 +462,12 @@ def run_assemble(runs: list[Path], dest: Path) -> int:
                 header.update(gpu_name=card.name, gpu_memory_bytes=card.total_memory_bytes,
                               context_overhead_bytes=card.context_overhead_bytes,
                               budget_bytes=budget_bytes(card, header["margin"]), warnings=[])
-            header.update(backend="cuda", environment={**environment, "gpu_name": header["gpu_name"],
+            alloc_conf = job.get("env", {}).get("PYTORCH_CUDA_ALLOC_CONF")  # not another job's
+            header.update(backend="cuda", environment={**environment, "alloc_conf": alloc_conf,
+                                                      "gpu_name": header["gpu_name"],
                                                       "gpu_total_memory_bytes": header["gpu_memory_bytes"]})
-        modes = job["modes"].split(",")
+        modes = job["modes"].split(",")  # then those of the jobs filling the same table
+        modes += sorted({mode for mode, _ in found} - set(modes), key=ALL_MODES.index)
         seq_lens = sorted({seq for _, seq in found} | set(header["seq_lens"]))
         if "seq_lens" in job:
             seq_lens = [int(n) for n in job["seq_lens"].split(",")]
@@ -485,6 +489,7 @@ LENT_CARD_BYTES = 85_017_493_504
 # The H100 preset's context overhead when the card was measured (640 MiB, before gpus.py took the
 # 767 MiB measured then): the budget that run's cells were searched against.
 LENT_CARD_OVERHEAD_BYTES = 640 * 1024**2
+ALL_MODES = ["fp32", "amp", "ckpt", "amp+ckpt", "bf16", "bf16+ckpt"]  # a table's modes in this order
 # The runs whose searches did not start from the estimator's answers (seeds came after them).
 SEED_RUNS = {"gpu-first": False}
 
