@@ -213,15 +213,36 @@ MAX_THREADS_PER_MULTIPROCESSOR: dict[tuple[int, int], int] = {
 }
 
 
-def multiprocessors(gpu: GpuSpec) -> tuple[int, int] | None:
+def multiprocessors(gpu: GpuSpec) -> tuple[int, int]:
     """(multiprocessors, threads resident per multiprocessor): the spec's own, else those of the
-    preset it is or matches; None for a card known only by its size."""
+    preset it is or matches, else, for a card known only by its size, `size_only_chip`'s."""
     if gpu.multiprocessors is not None:
         return gpu.multiprocessors
     preset = GPU_PRESETS.get(gpu.name) or _preset_for_device(gpu.name, gpu.total_memory_bytes)
     if preset is None or preset.compute_capability not in MAX_THREADS_PER_MULTIPROCESSOR:
-        return None
+        return size_only_chip()[1]
     return PRESET_MULTIPROCESSORS[preset.name], MAX_THREADS_PER_MULTIPROCESSOR[preset.compute_capability]
+
+
+def size_only_chip() -> tuple[str, tuple[int, int]]:
+    """The preset whose chip a card known only by its size is taken to be, and its multiprocessors:
+    the one keeping the most threads resident (multiprocessors x threads per multiprocessor).
+
+    CUDA's reduction kernels split their work over every resident thread, and their staging
+    buffers grow with it (estimate/reduce.py): with that chip's, a size-only answer is the answer of
+    a current card, its reduction buffers the largest of any preset's. (Before, a size alone took
+    the largest buffers any chip could: 7 to 20 % below an H100's or H200's answer in checkpointed
+    BERT cells, docs/accuracy.md.) The other parts CUDA sizes by the card are Hopper's and
+    Blackwell's: cuDNN attention (backends/estimate/attention.py) and 32 MiB cuBLAS workspaces.
+    """
+    def resident(preset: GpuSpec) -> tuple[int, int]:
+        count = PRESET_MULTIPROCESSORS[preset.name]
+        return count * MAX_THREADS_PER_MULTIPROCESSOR[preset.compute_capability], count  # type: ignore[index]
+
+    known = [p for p in GPU_PRESETS.values() if p.compute_capability in MAX_THREADS_PER_MULTIPROCESSOR]
+    chip = max(known, key=resident)
+    return chip.name, (PRESET_MULTIPROCESSORS[chip.name],
+                       MAX_THREADS_PER_MULTIPROCESSOR[chip.compute_capability])  # type: ignore[index]
 
 # Lower-case alias -> preset name. Only names that mean one card: "A100", "V100" and
 # "P100" (12 GB and 16 GB) come in several sizes and "H100" also as a 94 GB NVL; "A6000"
@@ -284,15 +305,66 @@ def resolve_gpu(name: str) -> GpuSpec:
     return GPU_PRESETS[preset]
 
 
-def custom_gpu(total_memory_bytes: int) -> GpuSpec:
-    """A GPU known only by its size; the context overhead is the generic default."""
+def custom_gpu(total_memory_bytes: int, chip: tuple[int, int] | None = None) -> GpuSpec:
+    """A GPU known by its size (and the multiprocessors of its chip, where given); the context
+    overhead is the generic default."""
     total = parse_bytes(total_memory_bytes)
     if total <= DEFAULT_CONTEXT_OVERHEAD_BYTES:
         raise InvalidInput(
             f"GPU memory {format_bytes(total)} is too small: the CUDA context alone takes "
             f"about {format_bytes(DEFAULT_CONTEXT_OVERHEAD_BYTES)}"
         )
-    return GpuSpec(f"custom {format_bytes(total)}", total, DEFAULT_CONTEXT_OVERHEAD_BYTES, None)
+    name = f"custom {format_bytes(total)}"
+    if chip is not None:
+        name += f" ({chip[0]} multiprocessors x {chip[1]} threads)"
+    return GpuSpec(name, total, DEFAULT_CONTEXT_OVERHEAD_BYTES, None, chip)
+
+
+def budget_on(card: GpuSpec, total_memory_bytes: int) -> GpuSpec:
+    """``card``'s chip with ``total_memory_bytes`` of memory: a budget on a known card (a share of a
+    larger one, or the size a user has), its architecture, context and multiprocessors the card's."""
+    total = parse_bytes(total_memory_bytes)
+    if total > card.total_memory_bytes:
+        raise InvalidInput(f"GPU memory {format_bytes(total)} is more than the "
+                           f"{format_bytes(card.total_memory_bytes)} of {card.name}: give at most its size, "
+                           "or another GPU")
+    if total <= card.context_overhead_bytes:
+        raise InvalidInput(f"GPU memory {format_bytes(total)} is too small: the CUDA context of {card.name} "
+                           f"alone takes about {format_bytes(card.context_overhead_bytes)}")
+    return replace(card, name=f"{card.name}, {format_bytes(total)} of it", total_memory_bytes=total,
+                   multiprocessors=multiprocessors(card))
+
+
+def describe_chip(gpu: GpuSpec) -> str:
+    """What the estimate took the card's chip to be, in words (the ``chip`` of a table's environment)."""
+    count, threads = multiprocessors(gpu)
+    found = f"{count} multiprocessors x {threads} threads"
+    if gpu.multiprocessors is not None or GPU_PRESETS.get(gpu.name) or _preset_for_device(
+            gpu.name, gpu.total_memory_bytes):
+        return found
+    name, _ = size_only_chip()
+    return (f"unknown (a size alone), taken to be a current one: the {name}'s {found}, the most threads "
+            "of any preset (CUDA's reduction buffers grow with them), cuDNN attention and 32 MiB cuBLAS "
+            "workspaces as on Hopper and Blackwell; --gpu with --gpu-memory, or --multiprocessors, names it")
+
+
+# Threads a multiprocessor keeps resident where a count is given alone: the most of any architecture
+# (MAX_THREADS_PER_MULTIPROCESSOR), the larger reduction buffers.
+DEFAULT_THREADS_PER_MULTIPROCESSOR = 2048
+
+
+def parse_multiprocessors(value: str | int) -> tuple[int, int]:
+    """``46`` or ``46x1536``: (multiprocessors, threads resident per multiprocessor)."""
+    text = str(value).strip().lower()
+    match = re.fullmatch(r"(\d+)(?:\s*x\s*(\d+))?", text)
+    count = int(match.group(1)) if match else 0
+    threads = int(match.group(2) or DEFAULT_THREADS_PER_MULTIPROCESSOR) if match else 0
+    if not (match and 1 <= count <= 1024 and 32 <= threads <= 4096 and threads % 32 == 0):
+        raise InvalidInput(f"multiprocessors {value!r}: give the chip's multiprocessor count, e.g. 46 (with "
+                           f"{DEFAULT_THREADS_PER_MULTIPROCESSOR} threads each), or count x threads per "
+                           "multiprocessor, e.g. 46x1536 (torch.cuda.get_device_properties: "
+                           "multi_processor_count, max_threads_per_multi_processor)")
+    return count, threads
 
 
 def with_context_overhead(spec: GpuSpec, nbytes: int) -> GpuSpec:

@@ -76,6 +76,7 @@ def table(
     modes: Sequence[str] | str = DEFAULT_MODE_NAMES,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
+    multiprocessors: str | int | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     search: str = DEFAULT_METHOD,
@@ -105,7 +106,7 @@ def table(
     """
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin), seq_lens=seq_lens, modes=modes, search=search,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_lens=seq_lens, modes=modes, search=search,
         max_batch=max_batch, seed_with_estimate=seed_with_estimate, workers=workers)
     return run_table(request, on_cell=on_cell)
 
@@ -137,6 +138,7 @@ def check(
     mode: str = DEFAULT_MODE_NAME,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
+    multiprocessors: str | int | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     accumulation_steps: int = 1,
@@ -163,7 +165,7 @@ def check(
     """
     request = CheckRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_len=seq_len, batch_size=batch_size, mode=mode,
         accumulation_steps=accumulation_steps, workers=workers)
     return run_check(request, remember=remember)
 
@@ -188,6 +190,7 @@ def explain(
     mode: str = DEFAULT_MODE_NAME,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
+    multiprocessors: str | int | None = None,
     backend: str = EXPLAIN_BACKEND,
     margin: float = DEFAULT_MARGIN,
     lengths: Sequence[int] | None = None,
@@ -216,7 +219,7 @@ def explain(
     lengths = _data_lengths(model, lengths, texts, text_column, tokenizer)
     request = ExplainRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_len=seq_len, batch_size=batch_size, mode=mode,
         lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
         workers=workers)
     return run_explain(request)
@@ -276,6 +279,7 @@ def max_batch_size(
     gpu: str | None = None,
     mode: str = DEFAULT_MODE_NAME,
     gpu_memory: GpuMemory | None = None,
+    multiprocessors: str | int | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     max_batch: int = DEFAULT_MAX_BATCH,
@@ -292,7 +296,7 @@ def max_batch_size(
 
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin), seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
+        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
     resolved = resolve(request)
     budget = budget_bytes(resolved.gpu, resolved.margin)
     return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,

@@ -372,11 +372,16 @@ class Target:
     gpu: str | None = option(None, "GPU preset, e.g. T4, A100-80GB (see `autotune gpus`)")
     gpu_memory: GpuMemory | None = option(
         None, "total memory of the target card, with its unit: 12GiB, 16GB, 512MiB, 12G (GiB); a number "
-        "alone is refused (default: the local GPU with the cuda backend, else a T4)", metavar="SIZE")
+        "alone is refused; with --gpu, a budget on that card (default: the local GPU with the cuda "
+        "backend, else a T4)", metavar="SIZE")
     backend: str = option(DEFAULT_BACKEND, "cuda measures on the local GPU, estimate runs on the CPU; "
                           "auto: cuda when there is a GPU (default: auto)", choices=BACKENDS)
     margin: float = option(DEFAULT_MARGIN, "fraction of the allocator's memory kept free (default: "
                            f"{DEFAULT_MARGIN})", parse=fraction)
+    multiprocessors: str | int | None = option(
+        None, "the chip of a card given by its size: its multiprocessor count, e.g. 46, or count x "
+        "threads per multiprocessor, e.g. 46x1536 (default: the chip of the presets keeping the most "
+        "threads resident, whose CUDA reductions take the most memory)", metavar="N[xT]")
 
 
 _WORKERS_HELP = ("on the estimator, how many processes work at once, with the same answers (default: "
@@ -664,15 +669,15 @@ def resolve_target(target: Target, found: Findings, *, seeded: bool = True
     from autotune.backends import make_backend
     from autotune.tuner import budget_bytes
 
-    name = "gpu" if target.gpu is not None else "gpu_memory"
+    name = ("multiprocessors" if target.multiprocessors is not None else
+            "gpu" if target.gpu is not None else "gpu_memory")
     backend = gpu = None
     with found.about(name):
         if target.backend not in BACKENDS:
             raise _about("backend", InvalidInput(f"unknown backend {target.backend!r}: allowed are "
                                                  f"{', '.join(BACKENDS)}"))
-        if target.gpu is not None and target.gpu_memory is not None:
-            raise InvalidInput.naming("give either {gpu} (a preset name) or {gpu_memory} (a size), not both")
-        backend, gpu = make_backend(target.backend, target.gpu, target.gpu_memory, seeded=seeded)
+        backend, gpu = make_backend(target.backend, target.gpu, target.gpu_memory, seeded=seeded,
+                                    chip=target.multiprocessors)
     if gpu is not None:
         with found.about("margin"):
             budget_bytes(gpu, target.margin)

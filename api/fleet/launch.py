@@ -70,7 +70,8 @@ def all_kinds_specs(body: Mapping[str, Any], settings: Settings, runner: Runner)
         raise _refused(NO_FLEET, "gpu")
     if fleet.unavailable is not None:
         raise BackendUnavailable(fleet.unavailable)
-    for field, what in (("gpu", "a GPU preset"), ("gpu_memory", "a card size")):
+    for field, what in (("gpu", "a GPU preset"), ("gpu_memory", "a card size"),
+                        ("multiprocessors", "a chip")):
         if body.get(field) is not None:
             raise _refused(f"all kinds in the fleet sets each run's GPU to one of its kinds ({fleet.label}): "
                            f"leave {field} ({what}) out", field)

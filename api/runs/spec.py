@@ -160,9 +160,10 @@ class TableSpec:
                         ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger))
 
     def target_gpu(self) -> GpuSpec:
-        cc = self.gpu["compute_capability"]
+        cc, chip = self.gpu["compute_capability"], self.gpu.get("multiprocessors")
         return GpuSpec(self.gpu["name"], self.gpu["total_memory_bytes"],
-                       self.gpu["context_overhead_bytes"], tuple(cc) if cc else None)  # type: ignore[arg-type]
+                       self.gpu["context_overhead_bytes"], tuple(cc) if cc else None,  # type: ignore[arg-type]
+                       tuple(chip) if chip else None)  # type: ignore[arg-type]
 
     def key(self) -> str:
         """sha256 of the whole spec: identical requests on an identical environment. A full
@@ -288,6 +289,8 @@ class _Normalizing:
                 "context_overhead_bytes": self.gpu.context_overhead_bytes,
                 "compute_capability": list(self.gpu.compute_capability) if self.gpu.compute_capability
                 else None,
+                # the chip where one was named: left out otherwise, as in the keys of runs stored before
+                **({"multiprocessors": list(self.gpu.multiprocessors)} if self.gpu.multiprocessors else {}),
             },
             backend=self.env["backend"],
             margin=self.margin,
@@ -338,21 +341,21 @@ class _Normalizing:
             if target.backend not in BACKENDS:
                 raise InvalidInput(f"unknown backend {target.backend!r}: allowed are {', '.join(BACKENDS)}")
         with found.about("gpu_memory"):
-            if target.gpu is not None and target.gpu_memory is not None:
-                raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
             if target.gpu_memory is not None:
                 _check_gpu_memory(target.gpu_memory)
         if found.ok("backend"):
             with found.about("backend"):
                 self.env = self.environment(target.backend, target.gpu)
-        gpu_field = "gpu" if target.gpu is not None else "gpu_memory"
+        gpu_field = ("multiprocessors" if target.multiprocessors is not None else
+                     "gpu" if target.gpu is not None else "gpu_memory")
         if self.env is None or not found.ok("gpu_memory"):
             return
         with found.about(gpu_field):
             if self.env.get("fleet") is not None:  # measured on a node of the kind: the preset is its card
-                self.gpu = target_gpu(target.gpu, target.gpu_memory, local=None)
+                self.gpu = target_gpu(target.gpu, target.gpu_memory, local=None, chip=target.multiprocessors)
             else:
-                _, self.gpu = make_backend(self.env["backend"], target.gpu, target.gpu_memory)
+                _, self.gpu = make_backend(self.env["backend"], target.gpu, target.gpu_memory,
+                                           chip=target.multiprocessors)
         if found.ok(gpu_field):
             with found.about("margin"):
                 self.budget = budget_bytes(self.gpu, self.margin)  # checks the margin

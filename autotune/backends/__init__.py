@@ -7,8 +7,9 @@ probe worker process per cell), whose every cell's search starts from the estima
 (seeded.py) unless ``seeded=False``.
 
 ``auto`` is ``cuda`` on a machine with a CUDA GPU, else ``estimate``. The target GPU is ``gpu``
-(a preset name) or ``gpu_memory`` (a size) when given, else the local GPU (cuda), else a
-16 GB-class card (defaults.DEFAULT_GPU_NAME).
+(a preset name), ``gpu_memory`` (a size: with ``gpu``, a budget on that card; with
+``multiprocessors``, on that chip) when given, else the local GPU (cuda), else a 16 GB-class card
+(defaults.DEFAULT_GPU_NAME).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from autotune.defaults import BACKENDS, DEFAULT_GPU_NAME
 from autotune.errors import BackendUnavailable, InvalidInput
 from autotune.gpus import (
     GpuSpec,
+    budget_on,
     context_overhead_override,
     custom_gpu,
     multiprocessors,
+    parse_multiprocessors,
     resolve_gpu,
     with_context_overhead,
 )
@@ -32,14 +35,25 @@ from autotune.units import parse_bytes
 __all__ = ["Backend", "make_backend", "target_gpu"]
 
 
-def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec | None) -> GpuSpec:
-    """The card the table is for; the CUDA context overhead honours AUTOTUNE_CONTEXT_OVERHEAD."""
+def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec | None,
+               chip: str | int | None = None) -> GpuSpec:
+    """The card the table is for; the CUDA context overhead honours AUTOTUNE_CONTEXT_OVERHEAD.
+
+    ``gpu`` and ``gpu_memory`` together: a budget on that card (gpus.budget_on); ``chip``, the
+    multiprocessors of a card given by its size (gpus.parse_multiprocessors).
+    """
+    if chip is not None and gpu_memory is None:
+        raise InvalidInput("multiprocessors name the chip of a card given by its size: give gpu_memory too"
+                           + (f" ({gpu} has its own)" if gpu is not None else ""))
+    if chip is not None and gpu is not None:
+        raise InvalidInput(f"give either gpu ({gpu} has its own multiprocessors) or multiprocessors, "
+                           "not both")
     if gpu is not None and gpu_memory is not None:
-        raise InvalidInput("give either gpu (a preset name) or gpu_memory (a size), not both")
-    if gpu is not None:
+        spec = budget_on(resolve_gpu(gpu), parse_bytes(gpu_memory))
+    elif gpu is not None:
         spec = resolve_gpu(gpu)
     elif gpu_memory is not None:
-        spec = custom_gpu(parse_bytes(gpu_memory))
+        spec = custom_gpu(parse_bytes(gpu_memory), None if chip is None else parse_multiprocessors(chip))
     else:
         spec = local if local is not None else resolve_gpu(DEFAULT_GPU_NAME)
     override = context_overhead_override()
@@ -47,7 +61,8 @@ def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec 
 
 
 def make_backend(
-    name: str, gpu: str | None = None, gpu_memory: str | int | None = None, *, seeded: bool = True
+    name: str, gpu: str | None = None, gpu_memory: str | int | None = None, *, seeded: bool = True,
+    chip: str | int | None = None,
 ) -> tuple[Backend, GpuSpec]:
     """The backend called ``name`` and the target GPU it estimates or measures for.
 
@@ -57,6 +72,9 @@ def make_backend(
     if name not in BACKENDS:
         raise InvalidInput(f"unknown backend {name!r}: allowed are {', '.join(BACKENDS)}")
     use_cuda = name == "cuda" or (name == "auto" and cuda_available())
+    if use_cuda and chip is not None:
+        raise InvalidInput("multiprocessors are the estimator's: the cuda backend measures the local "
+                           "GPU's chip")
     if use_cuda:
         if not cuda_available():
             raise BackendUnavailable(
@@ -67,7 +85,7 @@ def make_backend(
         from autotune.backends.cuda.device import local_gpu
 
         local = local_gpu()
-        target = target_gpu(gpu, gpu_memory, local=local)
+        target = target_gpu(gpu, gpu_memory, local=local, chip=chip)
         if target.total_memory_bytes > local.total_memory_bytes:
             raise InvalidInput(
                 f"target {target.name} has more memory than the local {local.name}: "
@@ -85,5 +103,5 @@ def make_backend(
         return EstimateSeeded(measure, EstimateBackend(runs_on)), target
     from autotune.backends.estimate.backend import EstimateBackend
 
-    target = target_gpu(gpu, gpu_memory, local=None)
+    target = target_gpu(gpu, gpu_memory, local=None, chip=chip)
     return EstimateBackend(target), target

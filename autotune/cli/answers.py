@@ -86,7 +86,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
         "mode": parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,
         "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,
-                   "margin": target.margin},
+                   "margin": target.margin,
+                   **({"multiprocessors": target.multiprocessors} if target.multiprocessors else {})},
         "settings": {name: value for name, value in sorted(os.environ.items())
                      if name.upper().startswith("AUTOTUNE_") and name.upper() not in NOT_KEY_SETTINGS},
         # PyTorch's own switch of the SDPA kernel, which the estimate follows (estimate/attention.py).

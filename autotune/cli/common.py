@@ -73,19 +73,20 @@ PEFT_TITLE = ("parameter-efficient fine-tuning", "LoRA and QLoRA, built by the r
 def add_request(parser: argparse.ArgumentParser, cls: type[Request], *,
                 choices: dict[str, tuple[str, ...]] | None = None) -> None:
     """The flags of a request's step, PEFT options and target, made from their fields
-    (request.py: one declaration a field): the step's, a group of PEFT's, --gpu-memory | --gpu,
-    --backend, --margin, --hub. Every flag defaults to None, "not given": a request built from
-    them (``request_of``) takes its own defaults, and a config's values where it reads one.
+    (request.py: one declaration a field): the step's, a group of PEFT's, --gpu-memory, --gpu,
+    --multiprocessors, --backend, --margin, --hub. Every flag defaults to None, "not given": a
+    request built from them (``request_of``) takes its own defaults, and a config's values where it
+    reads one.
     ``choices`` narrows a field's allowed values (explain: the estimator only)."""
     choices = choices or {}
     step = [f for f in fields_of(Step) if f.about.cli and f.name != "hub"]
     peft = parser.add_argument_group(*PEFT_TITLE)
     for f in step:
         _add(peft if f.name in PEFT_FIELDS else parser, f, choices.get(f.name))
-    target = {f.name: f for f in fields_of(cls) if f.name in ("gpu", "gpu_memory", "backend", "margin")}
-    exclusive = parser.add_mutually_exclusive_group()
-    _add(exclusive, target["gpu_memory"])
-    _add(exclusive, target["gpu"])
+    target = {f.name: f for f in fields_of(cls)
+              if f.name in ("gpu", "gpu_memory", "multiprocessors", "backend", "margin")}
+    for name in ("gpu_memory", "gpu", "multiprocessors"):
+        _add(parser, target[name])
     _add(parser, target["backend"], choices.get("backend"))
     _add(parser, target["margin"])
     _add(parser, next(f for f in fields_of(Step) if f.name == "hub"))

@@ -137,7 +137,8 @@ def render_table(t: TableResult) -> str:
     lines = [
         f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
         f"{loss}) on {t.gpu_name}"
-        + ("" if t.gpu_name.startswith("custom") else f" {format_bytes(t.gpu_memory_bytes)}"),
+        + ("" if t.gpu_name.startswith("custom") or format_bytes(t.gpu_memory_bytes) in t.gpu_name
+           else f" {format_bytes(t.gpu_memory_bytes)}"),
         *([f"adapter: {t.adapter['label']}"] if t.adapter else []),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
@@ -166,6 +167,8 @@ def render_table(t: TableResult) -> str:
     if cudnn:
         lines.append(f"attention: SDPA runs cuDNN on this card for {', '.join(cudnn)}, as PyTorch 2.11+ with "
                      "CUDA 13 does (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 models its other kernels)")
+    if str(t.environment.get("chip", "")).startswith("unknown"):
+        lines.append(f"chip: {t.environment['chip']}")
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
     for cell in t.cells:

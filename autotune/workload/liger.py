@@ -83,9 +83,6 @@ NOT_EMULATED = frozenset(
     "qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text "
     "qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text smollm3 paligemma falcon_h1 smolvlm "
     "hunyuan_v1_dense hunyuan_v1_moe exaone4".split())
-# The SM count of a card known only by its size, taken to be a current one (attention.kernels_for):
-# an H100's 132 (gpus.PRESET_MULTIPROCESSORS).
-DEFAULT_SM_COUNT = 132
 
 
 def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from autotune.backends.estimate.trace import (
     synthesized,
 )
 from autotune.backends.estimate.traced_step import StepHooks, UnsteadyStep, trace_step
-from autotune.gpus import GpuSpec
+from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -419,8 +419,8 @@ class EstimateBackend:
         from autotune.gpus import multiprocessors
 
         self.gpu = gpu
-        found = multiprocessors(gpu)  # what CUDA's reductions size their buffers by (reduce.py)
-        self.multiprocessors = None if found is None else Multiprocessors(*found)
+        # what CUDA's reductions size their buffers by (reduce.py)
+        self.multiprocessors = Multiprocessors(*multiprocessors(gpu))
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # The SDPA kernels each (workload, mode)'s traces ran (attention.py), for the probes' details.
@@ -440,6 +440,7 @@ class EstimateBackend:
         return {
             "backend": self.name,
             "gpu_name": self.gpu.name,
+            "chip": describe_chip(self.gpu),
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             "cuda_version": None,

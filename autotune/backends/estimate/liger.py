@@ -5,7 +5,7 @@ What a Liger kernel's Python wrapper allocates with torch is traced as any op is
 kernel computes in registers is done by torch temporaries (liger_kernels.py) made inside
 ``tracker.outside_allocator()``, whose storages no tracker counts. LigerRMSNorm's backward sizes its
 per-program weight gradients by the device's ``multi_processor_count``: the target card's
-(gpus.multiprocessors), a current card's where it is known only by its size.
+(gpus.multiprocessors), gpus.size_only_chip's where it is known only by its size.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.gpus import GpuSpec, multiprocessors
-from autotune.workload.liger import DEFAULT_SM_COUNT, apply_kernels
+from autotune.workload.liger import apply_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +25,5 @@ def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec) -> N
         return
     from autotune.backends.estimate.tracker import outside_allocator
 
-    found = multiprocessors(gpu)
-    apply_kernels(model, kernels, sm_count=DEFAULT_SM_COUNT if found is None else found[0],
+    apply_kernels(model, kernels, sm_count=multiprocessors(gpu)[0],
                   registers=outside_allocator)
