@@ -192,6 +192,75 @@ _PRESETS: tuple[GpuSpec, ...] = (
     # (TrajectoryCrafter/TrajectoryCrafter#20, 2025-04); 31.37 GiB in later reports
     # (Wan-Video/Wan2.1#465).
     _preset("RTX-5090", "31.36", 768, (12, 0)),
+    # --- cards rented and owned in 2026 ------------------------------------------------------
+    # Where no OOM message names the card, the figure is a printout of the same quantity
+    # (torch.cuda.get_device_properties: "total_memory=...MB", which is MiB) or is derived from
+    # nvidia-smi's total, as each comment says; a derived figure takes the largest gap seen.
+    # GeForce RTX 3060 12 GB: "11.75 GiB total capacity" (Kunhao-Liu/StyleGaussian#12, 2024-11;
+    # smy20011/dreambooth-gui#78); 11.76 GiB in TencentARC/PhotoMaker#47. An 8 GB 3060 exists.
+    _preset("RTX-3060-12GB", "11.75", 384, (8, 6)),
+    # GeForce RTX 4060 Ti 16 GB: no OOM figure found. nvidia-smi shows 16380 MiB (public output,
+    # drivers 555 to 595); the largest gap to PyTorch's total on a 16 GB Ada card, the 4070 Ti
+    # Super's (16376 vs 15934 MiB), gives 15938 MiB: 15.56 GiB. An 8 GB 4060 Ti exists.
+    _preset("RTX-4060-Ti-16GB", "15.56", 512, (8, 9)),
+    # GeForce RTX 4070 12 GB (nvidia-smi: 12282MiB, meta-llama/llama#466): a CUDA device query
+    # printed "totalmem=11874MiB" (sm_89, 46 SMs): 11.59 GiB, rounded down. The 4070 Ti, with the
+    # same 12282 MiB, reports "11.70 GiB total capacity" (Kwai-Kolors/Kolors#11).
+    _preset("RTX-4070", "11.59", 512, (8, 9)),
+    # GeForce RTX 4070 Ti Super 16 GB (nvidia-smi: 16376MiB): get_device_properties printed
+    # total_memory=15934MB (2026) and 15974MB (driver 560.35.03); no OOM figure found.
+    _preset("RTX-4070-Ti-Super", "15.56", 512, (8, 9)),
+    # GeForce RTX 4080 16 GB: get_device_properties printed total_memory=16049MB (15.67 GiB);
+    # no OOM figure found.
+    _preset("RTX-4080", "15.67", 512, (8, 9)),
+    # GeForce RTX 4080 Super 16 GB: "15.60 GiB total capacity" (shanice-l/UNOPose#4, 2025-07).
+    _preset("RTX-4080-Super", "15.60", 512, (8, 9)),
+    # GeForce RTX 5080 16 GB GDDR7 (nvidia-smi: 16303MiB): "total capacity of 15.47 GiB" (a
+    # vLLM speculative-decoding run on an RTX 5080, 2026).
+    _preset("RTX-5080", "15.47", 768, (12, 0)),
+    # GeForce RTX 5070 Ti 16 GB GDDR7: no OOM figure found. nvidia-smi shows 16302-16303 MiB, the
+    # total of the RTX 5080 and RTX 5060 Ti too: it takes the smaller of theirs, 15.44 GiB.
+    _preset("RTX-5070-Ti", "15.44", 768, (12, 0)),
+    # GeForce RTX 5060 Ti 16 GB (nvidia-smi: 16303MiB): 15,816 MiB CUDA-visible with driver
+    # 595.71.05 (Luce-Org/lucebox#407, 2026-06): 15.44 GiB; earlier drivers gave "total capacity
+    # of 15.48 GiB" in OOMs and total_memory=15841MB (15.47 GiB). An 8 GB 5060 Ti exists.
+    _preset("RTX-5060-Ti-16GB", "15.44", 768, (12, 0)),
+    # A10 24 GB, the data-centre card (nvidia-smi: 23028MiB, modal-labs/modal-client#2797), not
+    # AWS's A10G: "total capacty of 21.99 GiB" on a Lambda A10 (zai-org/CogVLM#236, 2023-12).
+    _preset("A10", "21.99", 384, (8, 6)),
+    # A40 48 GB, ECC on by default: get_device_properties printed total_memory=45416MB (44.35 GiB)
+    # for an A40; no OOM figure naming the card found ("total capacity of 44.35 GiB" is common in
+    # OOMs of unnamed 48 GB cards, 2025-26).
+    _preset("A40", "44.35", 384, (8, 6)),
+    # L40 48 GB (the L40S is its own preset): "total capacity of 44.40 GiB" on a single L40
+    # (QwenLM/Qwen3-VL#2097 and NVlabs/Eagle#68, 2026-06).
+    _preset("L40", "44.40", 512, (8, 9)),
+    # H100 PCIe 80 GB HBM2e: get_device_properties printed total_memory=81008MB, 114 SMs: the
+    # H100-80GB (SXM) figure, 79.11 GiB; no OOM figure naming the PCIe card found.
+    _preset("H100-PCIe", "79.11", 768, (9, 0)),
+    # H100 NVL 94 GB: "total capacity of 93.00 GiB" on an H100 NVL at RunPod (ali-vilab/VACE#56,
+    # 2025-05); 93.09-93.10 GiB in other H100 NVL runs.
+    _preset("H100-NVL", "93.00", 768, (9, 0)),
+    # GH200 with 96 GB HBM3 ("NVIDIA GH200 480GB"): "total capacity of 94.50 GiB"
+    # (vllm-project/vllm#9630, driver 550.107.02, 2024-10); 94.88 GiB with nvidia-smi showing
+    # 97871MiB in Lightning-AI/litgpt#1892. The 144 GB HBM3e GH200 is no preset: no figure found.
+    _preset("GH200-96GB", "94.50", 768, (9, 0)),
+    # RTX PRO 6000 Blackwell 96 GB (Workstation, Max-Q and Server Edition; nvidia-smi: 97887MiB):
+    # "total=94.97 GiB" (antirez/ds4#431, 2026-06), vram=97250MB from get_device_properties on a
+    # Server Edition, and "total capacity of 94.97 GiB" in OOMs of sm_120 nodes.
+    _preset("RTX-PRO-6000", "94.97", 768, (12, 0)),
+    # RTX A4000 16 GB: "total capacity of 15.61 GiB" (DengKaiCQ/VGGT-Long#6, 2025-07).
+    _preset("RTX-A4000", "15.61", 384, (8, 6)),
+    # RTX A5000 24 GB (nvidia-smi: 24564MiB): get_device_properties printed total_memory=24114MB
+    # (23.55 GiB) and 24138MB; OOMs gave 23.67 GiB (Magicboomliu/Accelerator-Simple-Template#7,
+    # 2024-04) and 23.68 GiB (zai-org/GLM-4#730). The smaller errs safe.
+    _preset("RTX-A5000", "23.55", 384, (8, 6)),
+    # B300 ("NVIDIA B300 SXM6 AC", 288 GB HBM3e): "total capacity of 267.69 GiB" in a 2x8 B300
+    # Megatron training run (2026-08) and other B300 logs.
+    _preset("B300", "267.69", 768, (10, 3)),
+    # A GB200 superchip's Blackwell GPU (186 GB HBM3e): "total capacity of 184.31 GiB" in vLLM
+    # and FSDP2 runs on GB200 nodes (2026).
+    _preset("GB200", "184.31", 768, (10, 0)),
 )
 
 GPU_PRESETS: dict[str, GpuSpec] = {spec.name: spec for spec in _PRESETS}
@@ -206,10 +275,20 @@ PRESET_MULTIPROCESSORS: dict[str, int] = {
     "A100-40GB": 108, "A100-80GB": 108, "H100-80GB": 132, "RTX-3090": 82, "RTX-4090": 128,
     "TITAN-X-12GB": 28, "H200": 132, "B200": 148, "L40S": 142, "RTX-A6000": 84, "RTX-6000-Ada": 142,
     "RTX-5090": 170,
+    # CUDA cores / 128 per SM in NVIDIA's GeForce and RTX data sheets and the Ampere (GA102), Ada
+    # and Blackwell architecture whitepapers; TechPowerUp's GPU database agrees.
+    "RTX-3060-12GB": 28, "RTX-4060-Ti-16GB": 34, "RTX-4070": 46, "RTX-4070-Ti-Super": 66,
+    "RTX-4080": 76, "RTX-4080-Super": 80, "RTX-5080": 84, "RTX-5070-Ti": 70, "RTX-5060-Ti-16GB": 36,
+    "A10": 72, "A40": 84, "L40": 142, "RTX-PRO-6000": 188, "RTX-A4000": 48, "RTX-A5000": 64,
+    # H100 PCIe 114 and H100 NVL 132 (NVIDIA H100 data sheet); GH200's H100 is the full 132.
+    "H100-PCIe": 114, "H100-NVL": 132, "GH200-96GB": 132,
+    # NVIDIA publishes no count for these: multi_processor_count as measured on the cards in public
+    # benchmarks, 148 on a B300 (as on a B200) and 152 on a GB200's GPU.
+    "B300": 148, "GB200": 152,
 }
 MAX_THREADS_PER_MULTIPROCESSOR: dict[tuple[int, int], int] = {
     (6, 0): 2048, (6, 1): 2048, (7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536,
-    (8, 9): 1536, (9, 0): 2048, (10, 0): 2048, (12, 0): 1536,
+    (8, 9): 1536, (9, 0): 2048, (10, 0): 2048, (10, 3): 2048, (12, 0): 1536,
 }
 
 
@@ -264,6 +343,36 @@ _ALIASES: dict[str, str] = {
     "5090": "RTX-5090",
     "rtx5090": "RTX-5090",
     "geforce-rtx-5090": "RTX-5090",
+    # The 3060, 4060 Ti and 5060 Ti come with 8 GB too: only their 12 and 16 GB names are aliases.
+    "3060-12gb": "RTX-3060-12GB",
+    "4060-ti-16gb": "RTX-4060-Ti-16GB",
+    "5060-ti-16gb": "RTX-5060-Ti-16GB",
+    "4070": "RTX-4070",
+    "rtx4070": "RTX-4070",
+    "geforce-rtx-4070": "RTX-4070",
+    "4070-ti-super": "RTX-4070-Ti-Super",
+    "geforce-rtx-4070-ti-super": "RTX-4070-Ti-Super",
+    "4080": "RTX-4080",
+    "rtx4080": "RTX-4080",
+    "geforce-rtx-4080": "RTX-4080",
+    "4080-super": "RTX-4080-Super",
+    "geforce-rtx-4080-super": "RTX-4080-Super",
+    "5080": "RTX-5080",
+    "rtx5080": "RTX-5080",
+    "geforce-rtx-5080": "RTX-5080",
+    "5070-ti": "RTX-5070-Ti",
+    "geforce-rtx-5070-ti": "RTX-5070-Ti",
+    "nvidia-a10": "A10",
+    "nvidia-a40": "A40",
+    "nvidia-l40": "L40",
+    "nvidia-h100-pcie": "H100-PCIe",
+    "nvidia-h100-nvl": "H100-NVL",
+    "nvidia-gh200-480gb": "GH200-96GB",  # the device name of the 96 GB GH200
+    "rtx-pro-6000-blackwell": "RTX-PRO-6000",
+    "a4000": "RTX-A4000",
+    "a5000": "RTX-A5000",
+    "nvidia-b300": "B300",
+    "nvidia-gb200": "GB200",
 }
 
 
@@ -410,8 +519,8 @@ def gpu_from_device_properties(name: str, total_memory: int, major: int, minor: 
     return GpuSpec(name, total_memory, overhead, (major, minor), multiprocessors)
 
 
-# Device-name patterns (lower case) -> preset, for cards with one memory size;
-# V100, P100, A100 and H100 are told apart by capacity in _preset_for_device.
+# Device-name patterns (lower case) -> the preset whose chip the device has (its capacity is
+# its own); V100, P100, A100 and H100 are told apart by capacity in _preset_for_device.
 _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\bt4\b", "T4"),
     (r"\ba10g\b", "A10G"),
@@ -425,6 +534,28 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"\brtx a6000\b", "RTX-A6000"),
     (r"\brtx 6000 ada\b", "RTX-6000-Ada"),
     (r"\b5090\b", "RTX-5090"),
+    # The 8 GB 3060, 4060 Ti and 5060 Ti are the same chips as the presets; laptop parts are not,
+    # nor are the Ti and Super cards beside a 4070 or 4080.
+    (r"\brtx 3060(?! ti)\b(?!.*laptop)", "RTX-3060-12GB"),
+    (r"\b4060 ti\b(?!.*laptop)", "RTX-4060-Ti-16GB"),
+    (r"\brtx 4070\b(?! ti| super)(?!.*laptop)", "RTX-4070"),
+    (r"\b4070 ti super\b", "RTX-4070-Ti-Super"),
+    (r"\brtx 4080\b(?! super)(?!.*laptop)", "RTX-4080"),
+    (r"\b4080 super\b", "RTX-4080-Super"),
+    (r"\brtx 5080\b(?!.*laptop)", "RTX-5080"),
+    (r"\b5070 ti\b(?!.*laptop)", "RTX-5070-Ti"),
+    (r"\b5060 ti\b(?!.*laptop)", "RTX-5060-Ti-16GB"),
+    (r"\ba10\b", "A10"),
+    (r"\ba40\b", "A40"),
+    (r"\bl40\b", "L40"),
+    (r"\bh100 pcie\b", "H100-PCIe"),
+    (r"\bh100 nvl\b", "H100-NVL"),
+    (r"\bgh200\b", "GH200-96GB"),  # the 144 GB GH200 too: the same chip
+    (r"\brtx pro 6000\b", "RTX-PRO-6000"),
+    (r"\brtx a4000\b", "RTX-A4000"),
+    (r"\brtx a5000\b", "RTX-A5000"),
+    (r"\bb300\b", "B300"),
+    (r"\bgb200\b", "GB200"),
 )
 
 

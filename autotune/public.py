@@ -106,7 +106,8 @@ def table(
     """
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_lens=seq_lens, modes=modes, search=search,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        seq_lens=seq_lens, modes=modes, search=search,
         max_batch=max_batch, seed_with_estimate=seed_with_estimate, workers=workers)
     return run_table(request, on_cell=on_cell)
 
@@ -165,7 +166,8 @@ def check(
     """
     request = CheckRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        seq_len=seq_len, batch_size=batch_size, mode=mode,
         accumulation_steps=accumulation_steps, workers=workers)
     return run_check(request, remember=remember)
 
@@ -219,7 +221,8 @@ def explain(
     lengths = _data_lengths(model, lengths, texts, text_column, tokenizer)
     request = ExplainRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_len=seq_len, batch_size=batch_size, mode=mode,
+        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        seq_len=seq_len, batch_size=batch_size, mode=mode,
         lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
         workers=workers)
     return run_explain(request)
@@ -296,7 +299,8 @@ def max_batch_size(
 
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors), seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
+        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
     resolved = resolve(request)
     budget = budget_bytes(resolved.gpu, resolved.margin)
     return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,

@@ -59,9 +59,10 @@ def test_malformed_gpu_memory_is_422(client, size):
     ({"gpu": "T5", "gpu_memory": None}, "unknown GPU 'T5': use one of T4, "),
     ({"gpu": "T4", "gpu_memory": "20GiB"},
      "GPU memory 20 GiB is more than the 14.56 GiB of T4: give at most its size, or another GPU"),
-    ({"gpu": "T4", "multiprocessors": 46}, "give either gpu (T4 has its own multiprocessors) or multiprocessors, "
-                                           "not both"),
-    ({"multiprocessors": "46 SMs"}, "multiprocessors '46 SMs': give the chip's multiprocessor count, e.g. 46"),
+    ({"gpu": "T4", "multiprocessors": 46},
+     "give either gpu (T4 has its own multiprocessors) or multiprocessors, not both"),
+    ({"multiprocessors": "46 SMs"},
+     "multiprocessors '46 SMs': give the chip's multiprocessor count, e.g. 46"),
     ({"modes": ["fp64"]},
      "unknown mode 'fp64': allowed modes are fp32, amp, bf16, ckpt, amp+ckpt, bf16+ckpt"),
     ({"task": "translation"}, "unknown task 'translation': use one of sequence-classification, "),

@@ -31,7 +31,8 @@ def test_a_size_alone_takes_the_preset_chip_keeping_the_most_threads_resident():
     assert count * threads == max(resident.values()) == resident[name]
     assert multiprocessors(custom_gpu(12 * GIB)) == (count, threads)
     assert describe_chip(custom_gpu(12 * GIB)).startswith(
-        f"unknown (a size alone), taken to be a current one: the {name}'s {count} multiprocessors x {threads}")
+        f"unknown (a size alone), taken to be a current one: the {name}'s {count} multiprocessors "
+        f"x {threads}")
 
 
 def test_a_budget_on_a_known_card_keeps_its_chip_context_and_architecture():
@@ -40,15 +41,17 @@ def test_a_budget_on_a_known_card_keeps_its_chip_context_and_architecture():
     assert spec == budget_on(h200, 12 * GIB)
     assert (spec.name, spec.total_memory_bytes) == ("H200, 12 GiB of it", 12 * GIB)
     assert (spec.context_overhead_bytes, spec.compute_capability) == (h200.context_overhead_bytes, (9, 0))
-    assert multiprocessors(spec) == (132, 2048) and describe_chip(spec) == "132 multiprocessors x 2048 threads"
+    assert multiprocessors(spec) == (132, 2048)
+    assert describe_chip(spec) == "132 multiprocessors x 2048 threads"
 
 
-@pytest.mark.parametrize(("text", "chip"), [("46", (46, 2048)), ("46x1536", (46, 1536)), (" 28 X 2048", (28, 2048)),
-                                            (170, (170, 2048))])
+@pytest.mark.parametrize(("text", "chip"), [
+    ("46", (46, 2048)), ("46x1536", (46, 1536)), (" 28 X 2048", (28, 2048)), (170, (170, 2048))])
 def test_multiprocessors_are_a_count_or_count_x_threads(text, chip):
     assert parse_multiprocessors(text) == chip
     spec = target_gpu(None, "12GiB", local=None, chip=text)
-    assert spec.multiprocessors == chip and spec.name == f"custom 12 GiB ({chip[0]} multiprocessors x {chip[1]} threads)"
+    assert spec.multiprocessors == chip
+    assert spec.name == f"custom 12 GiB ({chip[0]} multiprocessors x {chip[1]} threads)"
 
 
 @pytest.mark.parametrize("text", ["0", "46x", "x1536", "46x1000", "46 SMs", "-4", "2000"])

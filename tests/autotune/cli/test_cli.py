@@ -55,8 +55,8 @@ def test_table_text_output(capsys):
         (["table", "tiny-bert", "--seq-lens", "32", "--gpu-memory", "12"],
          "Error: invalid memory size '12': a size needs a unit, e.g. 12GiB or 12MiB (12B for bytes); "
          "units: KiB, MiB, GiB, TiB, K, M, G, T (powers of 1024), KB, MB, GB, TB (powers of 1000), B\n"),
-        (["table", "tiny-bert", "--gpu", "H10"], "Error: unknown GPU 'H10': did you mean H100-80GB? "
-         "Presets: T4, "),
+        (["table", "tiny-bert", "--gpu", "H10"], "Error: unknown GPU 'H10': did you mean H100-80GB, "
+         "H100-PCIe or H100-NVL? Presets: T4, "),
         (["table", "tiny-bert", "--gpu", "T-4"], "Error: unknown GPU 'T-4': did you mean T4? Presets: "),
         (["table", "tiny-bret"], "Error: unknown model 'tiny-bret': did you mean tiny-bert? It is not a "
          "built-in preset or a local config (Hugging Face hub ids are looked up only when asked: --hub, "
