@@ -153,8 +153,9 @@ def workspace_bytes(reduction: ReduceInput, numel: int, device: Multiprocessors 
     ``numel`` elements: Reduce.cuh's ``setReduceConfig``, ``global_memory_size`` and
     ``semaphore_size``, step by step.
 
-    ``device`` None (a card known only by its size) takes the most blocks per output any card
-    would: ``ctas_per_output`` is then limited by the values per thread alone, the larger buffer.
+    ``device`` None takes the most blocks per output any card could: ``ctas_per_output`` is then
+    limited by the values per thread alone, the larger buffer (the estimator always passes a chip:
+    a card known only by its size is gpus.size_only_chip's; None is an upper bound for tests).
     """
     dims = reduction.sized(numel)
     if numel <= 1 or numel > INT32_MAX:
