@@ -92,7 +92,8 @@ class SequenceTooLong(InvalidInput):
 
 
 class UnmodelledSetting(InvalidInput):
-    """A training config sets a key that changes memory in a way autotune does not model.
+    """A training config (or PyTorch's allocator settings, PYTORCH_ALLOC_CONF) sets a key that
+    changes memory in a way autotune does not model.
 
     The message names the key, its value and the file; a verdict for a different job is worse
     than none, so such keys are refused, never ignored.
@@ -100,8 +101,8 @@ class UnmodelledSetting(InvalidInput):
 
 
 class UnknownSetting(InvalidInput):
-    """A training config sets a key that autotune does not know for its format: a typo, or a key of
-    a newer release. Whether it changes memory cannot be told, so it is refused, naming the known
+    """A training config (or PYTORCH_ALLOC_CONF) sets a key that autotune does not know for its
+    format: a typo, or a key of a newer release. Whether it changes memory cannot be told, so it is refused, naming the known
     keys closest to it, never listed as ignored."""
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.allocator import ROUND_LARGE, CachingAllocatorSim
 from autotune.backends.estimate.trace import Event
 from autotune.errors import OutOfMemory
 
-SEGMENT_GRANULE = ROUND_LARGE  # every segment size is a multiple of 2 MiB (allocator.py)
+# Every segment size, and every page an expandable segment maps (2 or 20 MiB), is a multiple of
+# 2 MiB (allocator.py): so is reserved memory.
+SEGMENT_GRANULE = ROUND_LARGE
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Replay:
         return not self.fits
 
 
-def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
+def replay(events: list[Event], capacity_bytes: int | None, config: AllocatorConfig | None = None) -> Replay:
     """Peaks of ``events``, the smallest capacity they run in, and whether that is <= capacity.
 
     Without a limit the allocator keeps every segment it ever cached. With one it frees its
@@ -42,16 +45,23 @@ def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
     whole segments, multiples of 2 MiB): a single figure that decides fits/oom and that grows
     with the batch size, which is what the batch-size search predicts from.
 
-    A run with a limit is the run without one until its reserved memory would first pass the
+    ``config``: the allocator's settings (PYTORCH_ALLOC_CONF; None: PyTorch's defaults). With
+    expandable segments the limit is checked against a request's allocation size while the pages
+    mapped for it can be fewer or more: the capacity the unlimited run never hits is the most any
+    request checked (``capacity_needed_bytes``), which can be above or below its peak reserved
+    (below its peak allocated even, where pages mapped beyond the allocation size serve later
+    requests: the demand is then below the peak allocated, the bisection having nothing to do).
+
+    A run with a limit is the run without one until a request for memory would first pass the
     limit, and no limit the bisection tries is below the peak allocated: every run of it starts
-    from the unlimited run's state where its reserved first passes that (``_Prefix``), instead of
+    from the unlimited run's state where a request first passes that (``_Prefix``), instead of
     from the first event (the same figures; about half of each run is skipped).
     """
-    peak_allocated, unlimited_reserved, grown = _run_growth(events)
-    low = -(-peak_allocated // SEGMENT_GRANULE)  # in granules; nothing below can fit
-    high = -(-unlimited_reserved // SEGMENT_GRANULE)  # fits: no limit is ever reached
+    peak_allocated, unlimited_reserved, needed, grown = _run_growth(events, config)
+    low = -(-peak_allocated // SEGMENT_GRANULE)  # in granules; below, a request is refused
+    high = -(-needed // SEGMENT_GRANULE)  # fits: no limit is ever reached
     reserved_at_high = unlimited_reserved
-    prefix = _Prefix.of(events, grown, low * SEGMENT_GRANULE)
+    prefix = _Prefix.of(events, grown, low * SEGMENT_GRANULE, config)
     while low < high:
         middle = (low + high) // 2
         try:
@@ -72,17 +82,19 @@ def replay(events: list[Event], capacity_bytes: int | None) -> Replay:
     return Replay(peak_allocated, unlimited_reserved, demand, fits=True)
 
 
-def fits_in(events: list[Event], capacity_bytes: int) -> bool:
-    """Whether the caching allocator runs ``events`` within ``capacity_bytes``: one replay."""
+def fits_in(events: list[Event], capacity_bytes: int, config: AllocatorConfig | None = None) -> bool:
+    """Whether the caching allocator (under ``config``'s settings) runs ``events`` within
+    ``capacity_bytes``: one replay."""
     try:
-        _run(events, capacity_bytes)
+        _run(events, capacity_bytes, config)
     except OutOfMemory:
         return False
     return True
 
 
-def _run(events: list[Event], capacity_bytes: int | None) -> tuple[int, int]:
-    sim = CachingAllocatorSim(capacity_bytes)
+def _run(events: list[Event], capacity_bytes: int | None,
+         config: AllocatorConfig | None = None) -> tuple[int, int]:
+    sim = CachingAllocatorSim(capacity_bytes, config)
     apply_events(sim, {}, events)
     stats = sim.stats
     return stats.peak_allocated_bytes, stats.peak_reserved_bytes
@@ -97,47 +109,54 @@ def apply_events(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequ
             handles[key] = sim.malloc(nbytes)
 
 
-def _run_growth(events: list[Event]) -> tuple[int, int, list[tuple[int, int]]]:
-    """The unlimited run's peaks, and where its reserved memory grew: (event index, reserved after)."""
-    sim = CachingAllocatorSim(None)
+def _run_growth(events: list[Event], config: AllocatorConfig | None
+                ) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """The unlimited run's peaks, the most a request checked against the capacity, and where that
+    grew: (event index, capacity needed after; classic segments: the reserved memory after)."""
+    sim = CachingAllocatorSim(None, config)
     handles: dict[int, int] = {}
     grown: list[tuple[int, int]] = []
-    reserved = 0
+    needed = 0
     for index, (key, nbytes) in enumerate(events):
         if nbytes < 0:
             sim.free(handles.pop(key))
             continue
         handles[key] = sim.malloc(nbytes)
-        if sim.reserved_bytes != reserved:
-            reserved = sim.reserved_bytes
-            grown.append((index, reserved))
+        if sim.capacity_needed_bytes != needed:
+            needed = sim.capacity_needed_bytes
+            grown.append((index, needed))
     stats = sim.stats
-    return stats.peak_allocated_bytes, stats.peak_reserved_bytes, grown
+    return stats.peak_allocated_bytes, stats.peak_reserved_bytes, needed, grown
 
 
 @dataclass(frozen=True)
 class _Prefix:
-    """The unlimited run's state just before its reserved memory first passes ``floor``: every run
-    with a limit of at least ``floor`` is the same up to there."""
+    """The unlimited run's state just before a request first checks more than ``floor`` against the
+    capacity: every run with a limit of at least ``floor`` is the same up to there."""
 
     events: list[Event]
     floor: int
     start: int  # the first event not yet run
     sim: CachingAllocatorSim
     handles: dict[int, int]
+    config: AllocatorConfig | None
 
     @classmethod
-    def of(cls, events: list[Event], grown: list[tuple[int, int]], floor: int) -> _Prefix:
-        start = next((index for index, reserved in grown if reserved > floor), len(events))
-        sim = CachingAllocatorSim(None)
+    def of(cls, events: list[Event], grown: list[tuple[int, int]], floor: int,
+           config: AllocatorConfig | None = None) -> _Prefix:
+        start = next((index for index, needed in grown if needed > floor), len(events))
+        if config is not None and config.garbage_collection_threshold > 0:
+            # Garbage collection acts below the limit (from threshold x limit): runs differ earlier.
+            start = 0
+        sim = CachingAllocatorSim(None, config)
         handles: dict[int, int] = {}
         apply_events(sim, handles, events[:start])
-        return cls(events, floor, start, sim, handles)
+        return cls(events, floor, start, sim, handles, config)
 
     def run(self, capacity_bytes: int) -> tuple[int, int]:
         """_run(events, capacity_bytes): from the prefix where the capacity is at least ``floor``."""
         if capacity_bytes < self.floor:
-            return _run(self.events, capacity_bytes)
+            return _run(self.events, capacity_bytes, self.config)
         sim = self.sim.clone(capacity_bytes)
         apply_events(sim, dict(self.handles), self.events[self.start:])
         stats = sim.stats
