@@ -2,22 +2,24 @@
 
     python benchmarks/accuracy.py                      # every table, writes docs/accuracy.md
     python benchmarks/accuracy.py --only 'bert-*'      # some tables (file names without .json, globs)
-    python benchmarks/accuracy.py --measured DIR --records DIR --out PATH --cache PATH [--refresh]
+    python benchmarks/accuracy.py --measured DIR [--measured DIR ...] --out PATH --cache PATH [--refresh]
 
-Inputs (benchmarks/gpu_measure.py makes them on a CUDA machine):
+Inputs (benchmarks/gpu_measure.py makes them on a CUDA machine), one folder per card
+(``--measured``, default docs/measurements/h100-80gb/ and docs/measurements/h200/):
 
-- measured tables, ``--measured`` (default docs/measurements/h100-80gb/): each ``NAME.json`` is the
-  ``TableResult.to_dict()`` of a ``cuda`` table (autotune/tuner.py); raw ``NAME.cells.jsonl`` files
-  are not read: assemble them into a table first;
-- allocator records, ``--records`` (default docs/measurements/h100-80gb/records/): ``*.json``,
-  one real training step under ``torch.cuda.memory._record_memory_history`` with the real peaks.
+- measured tables: each ``NAME.json`` is the ``TableResult.to_dict()`` of a ``cuda`` table
+  (autotune/tuner.py); raw ``NAME.cells.jsonl`` files are not read: assemble them into a table first;
+- allocator records, in its ``records/``: ``*.json``, one real training step under
+  ``torch.cuda.memory._record_memory_history`` with the real peaks.
 
 For each table the estimator answers for the same workload (model, task, weights dtype, optimizer,
 attention, loss, adapter) on the same budget, its target card the measured one (Hopper, sm90: cuBLAS
 workspaces depend on the architecture): the max batch of each cell (``tune_table``, one mode at a
 time over the lengths measured in that mode; modes never share hints, so for a complete table this
-is the table's own search), and the peaks of one estimated step at the measured max batch. The
-records' allocator events are replayed through ``CachingAllocatorSim``.
+is the table's own search), and the peaks of one estimated step at the measured max batch; and the
+max batch for the budget given by its size alone (``--gpu-memory``: gpus.size_only_chip), whose
+distance to the chip's answer the report gives per cell. The records' allocator events are replayed
+through ``CachingAllocatorSim``.
 
 The estimator's answers are cached per table (``--cache``, default next to the output), keyed by the
 table's file name, a hash of its content and a fingerprint of the estimator (autotune's sources,
@@ -47,24 +49,23 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.backends.estimate.allocator import CachingAllocatorSim  # noqa: E402  (no torch)
 
-DEFAULT_MEASURED = ROOT / "docs" / "measurements" / "h100-80gb"
-DEFAULT_RECORDS = DEFAULT_MEASURED / "records"
+DEFAULT_MEASURED = [ROOT / "docs" / "measurements" / "h100-80gb", ROOT / "docs" / "measurements" / "h200"]
 DEFAULT_OUT = ROOT / "docs" / "accuracy.md"
-CACHE_VERSION = 4  # 2: the target carries the measured chip's multiprocessors; 3, 4: refusals
+# 2: the target carries the measured chip's multiprocessors; 3, 4: refusals; 5: the size-only answers
+CACHE_VERSION = 5
 
-# The card the tables were measured on; the estimator targets the same architecture and chip:
-# the measured steps' reductions split over the H100's 132 multiprocessors whatever the budget
-# (estimate/reduce.py), where a card known only by its size takes the largest buffers any chip would
-# (an amp step of BERT-base at 512 x 32: 402 MB instead of the 138 MB the H100 took, 1.1 % of the peak).
-MEASURED_DEVICE = "H100"
-MEASURED_PRESET = "H100-80GB"
-MEASURED_COMPUTE_CAPABILITY = (9, 0)
+# The cards measured (the device name a table's environment records, in it: the preset of the card
+# and its compute capability); the estimator targets the same architecture and chip: the measured
+# steps' reductions split over the card's multiprocessors whatever the budget (estimate/reduce.py).
+MEASURED_CARDS = {"H100": ("H100-80GB", (9, 0)), "H200": ("H200", (9, 0))}
 
 # The issue's goals.
 RESERVED_MEDIAN_GOAL_PCT = 3.0  # median |error| of the estimated peak reserved
 RESERVED_WORST_GOAL_PCT = 6.0  # worst |error|
 MAX_BATCH_SHARE_GOAL = 0.90  # share of cells whose estimated max is the measured one or one below
 MAX_BATCH_ABOVE_GOAL = 0.02  # the estimated max never above the measured by more than this fraction
+
+SIZE_ONLY_GOAL_PCT = 2.0  # the size-only answer this close below the chip's, never above
 
 GIB = 1024**3
 MIB = 1024**2
@@ -99,18 +100,27 @@ def target_gpu(table: dict[str, Any]) -> Any:
     from autotune.tuner import budget_bytes
 
     device = str(table["environment"].get("device_name") or "")
-    if MEASURED_DEVICE not in device:
-        raise SystemExit(f"{table['model']}: measured on {device!r}, not an {MEASURED_DEVICE}: set "
-                         "MEASURED_PRESET and MEASURED_COMPUTE_CAPABILITY for that card")
+    card = next((found for name, found in MEASURED_CARDS.items() if name in device), None)
+    if card is None:
+        raise SystemExit(f"{table['model']}: measured on {device!r}, not one of {', '.join(MEASURED_CARDS)}: "
+                         "add the card to MEASURED_CARDS")
+    preset, compute_capability = card
     found = table["environment"].get("device_multiprocessors")  # recorded by cuda runs since 2026-11-25
-    chip = tuple(found) if found else multiprocessors(GPU_PRESETS[MEASURED_PRESET])
+    chip = tuple(found) if found else multiprocessors(GPU_PRESETS[preset])
     spec = GpuSpec(table["gpu_name"], table["gpu_memory_bytes"], table["context_overhead_bytes"],
-                   MEASURED_COMPUTE_CAPABILITY, chip)
+                   compute_capability, chip)
     budget = budget_bytes(spec, table["margin"])
     if budget != table["budget_bytes"]:
         raise SystemExit(f"{table['model']} on {table['gpu_name']}: the budget comes out as {budget} bytes, "
                          f"the table says {table['budget_bytes']}")
     return spec
+
+
+def table_allocator(table: dict[str, Any]) -> Any:
+    """The caching-allocator settings the table was measured under (its PYTORCH_CUDA_ALLOC_CONF)."""
+    from autotune.backends.estimate.alloc_conf import parse_alloc_conf
+
+    return parse_alloc_conf(table["environment"].get("alloc_conf"))
 
 
 def table_adapter(data: dict[str, Any] | None) -> Any:
@@ -291,7 +301,7 @@ def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
 
     started = time.perf_counter()
     spec = target_gpu(table)
-    backend = EstimateBackend(spec)
+    backend = EstimateBackend(spec, table_allocator(table))
     workload = table_workload(table, backend)
     budget = table["budget_bytes"]
     cells = []
@@ -315,8 +325,29 @@ def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
                 "at_refused": at_refused,
             })
     return {"attn": backend.attn_used(workload), "workload_attn": workload.attn,
-            "environment": backend.describe(), "elapsed_s": round(time.perf_counter() - started, 1),
-            "cells": cells}
+            "environment": backend.describe(), "size_only": size_only_answers(table, workload),
+            "elapsed_s": round(time.perf_counter() - started, 1), "cells": cells}
+
+
+def size_only_answers(table: dict[str, Any], workload: Any) -> dict[str, int | None] | None:
+    """The max batch of each measured cell for a card given by the table's size alone, as
+    ``--gpu-memory`` asks (gpus.size_only_chip), keyed "mode:seq_len"; None for a whole card."""
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.gpus import custom_gpu
+    from autotune.tuner import tune_table
+    from autotune.workload.modes import parse_modes
+
+    if not table["gpu_name"].startswith("custom"):
+        return None
+    spec = custom_gpu(table["gpu_memory_bytes"])
+    backend, answers = EstimateBackend(spec, table_allocator(table)), {}
+    for mode in parse_modes(",".join(table["modes"])):
+        lengths = sorted(c["seq_len"] for c in table["cells"] if c["mode"] == mode.name)
+        if lengths:
+            result = tune_table(workload, backend, spec, seq_lens=lengths, modes=[mode],
+                                margin=table["margin"], method=table["search"], max_batch=table["max_batch"])
+            answers.update({f"{c.mode}:{c.seq_len}": c.max_batch_size for c in result.cells})
+    return answers
 
 
 def load_cache(path: Path) -> dict[str, Any]:
@@ -326,23 +357,24 @@ def load_cache(path: Path) -> dict[str, Any]:
     return data if data.get("version") == CACHE_VERSION else {"version": CACHE_VERSION, "tables": {}}
 
 
-def cached_estimates(paths: Sequence[Path], cache_path: Path, refresh: bool) -> dict[str, dict[str, Any]]:
-    """The estimator's answers per table file name: from the cache where the table and the estimator
-    are unchanged, else computed (and the cache written after each table)."""
+def cached_estimates(card: str, paths: Sequence[Path], cache_path: Path,
+                     refresh: bool) -> dict[str, dict[str, Any]]:
+    """The estimator's answers per table file name of a card: from the cache where the table and the
+    estimator are unchanged, else computed (and the cache written after each table)."""
     cache = load_cache(cache_path)
     fingerprint = estimator_fingerprint()
     found = {}
     for path in paths:
         content = path.read_bytes()
         key = {"sha256": hashlib.sha256(content).hexdigest(), "estimator": fingerprint}
-        entry = cache["tables"].get(path.name)
+        entry = cache["tables"].get(f"{card}/{path.name}")
         if not refresh and entry is not None and entry["key"] == key:
             found[path.name] = entry["result"]
             continue
         log(f"{path.name}: estimating")
         result = estimate_table(json.loads(content))
         log(f"{path.name}: {len(result['cells'])} cells in {result['elapsed_s']} s")
-        cache["tables"][path.name] = {"key": key, "result": result}
+        cache["tables"][f"{card}/{path.name}"] = {"key": key, "result": result}
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_text(json.dumps(cache, indent=1) + "\n")
         found[path.name] = result
@@ -368,6 +400,12 @@ class Comparison:
     estimated_outcome: str | None  # does the estimator say the measured max fits
     reserved_at_budget: int | None  # the estimated trace replayed with the budget as the limit
     notes: list[str]
+    size_only_max: int | None = None  # the max batch for the budget's size alone (--gpu-memory)
+
+    @property
+    def size_only_pct(self) -> float | None:
+        """The size-only answer's distance to the measured max, % of it."""
+        return error_pct(self.size_only_max, self.measured_max)
 
     @property
     def max_diff(self) -> int | None:
@@ -436,6 +474,7 @@ def measured_notes(cell: dict[str, Any]) -> list[str]:
 
 def compare_table(name: str, table: dict[str, Any], estimate: dict[str, Any]) -> list[Comparison]:
     estimated = {(c["mode"], c["seq_len"]): c for c in estimate["cells"]}
+    size_only = estimate.get("size_only") or {}
     rows = []
     for cell in table["cells"]:
         est = estimated.get((cell["mode"], cell["seq_len"]))
@@ -462,7 +501,7 @@ def compare_table(name: str, table: dict[str, Any], estimate: dict[str, Any]) ->
             estimated_reserved=at.get("peak_reserved_bytes"),
             estimated_allocated=at.get("peak_allocated_bytes"),
             estimated_outcome=at.get("outcome"), reserved_at_budget=at.get("reserved_at_budget_bytes"),
-            notes=notes,
+            notes=notes, size_only_max=size_only.get(f"{cell['mode']}:{cell['seq_len']}"),
         ))
     return rows
 
@@ -527,7 +566,7 @@ def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> 
     misplaced = allocations = unmatched = 0
     previous = None
     try:
-        for action, address, size, _stream in events:
+        for index, (action, address, size, _stream) in enumerate(events):
             if action == "alloc":
                 handles[address] = sim.malloc(size)
                 allocations += 1
@@ -545,6 +584,10 @@ def replay_events(events: Sequence[Sequence[Any]], sim: CachingAllocatorSim) -> 
             elif action == "segment_free" and previous != "segment_free":
                 sim.empty_cache()
                 sim.reset_peak()
+            elif action == "segment_unmap" and previous != "segment_unmap" and next(
+                    (e[0] for e in events[index:] if e[0] != "segment_unmap"), None) != "segment_map":
+                sim.empty_cache()  # expandable segments: a release unmaps, an out-of-memory retry maps after
+                sim.reset_peak()
             previous = action
     except OutOfMemory:  # so it did, or not, on the GPU (the record's outcome)
         return misplaced, allocations, unmatched, True
@@ -555,9 +598,15 @@ def replay_record(record: dict[str, Any]) -> RecordReplay:
     """The record's events replayed as the estimator's simulator runs (its own addresses) and with
     the real segment addresses, each up to where it runs out of memory, if it does; the memory
     outside the allocator."""
+    from autotune.backends.estimate.alloc_conf import alloc_conf_text, parse_alloc_conf
+
     events = record["events"]
     budget = record.get("budget_bytes")  # a step recorded under a table's budget: replayed under it
-    sim, addressed = CachingAllocatorSim(budget), RealAddressSim(budget)
+    config = parse_alloc_conf(alloc_conf_text(record.get("env") or {}))
+    sim = CachingAllocatorSim(budget, config)
+    # real addresses place classic segments; an expandable one's pages lie where the simulator maps them
+    addressed = (CachingAllocatorSim(budget, config) if config.expandable_segments
+                 else RealAddressSim(budget))
     ran_out = replay_events(events, sim)[3]
     misplaced, allocations, unmatched, _ = replay_events(events, addressed)
     sim_outcome = "oom" if ran_out else "fits"
@@ -569,7 +618,8 @@ def replay_record(record: dict[str, Any]) -> RecordReplay:
     after_step = outside(record["after_step"])
     assert after_step is not None
     return RecordReplay(
-        name=record["name"], model=record["model"], mode=record["mode"], seq_len=record["seq_len"],
+        name=record["name"] + ("" if not config.expandable_segments else f" ({config.name})"),
+        model=record["model"], mode=record["mode"], seq_len=record["seq_len"],
         batch=record["batch"], events=len(events),
         real_reserved=record["peak_reserved_bytes"], sim_reserved=sim.stats.peak_reserved_bytes,
         real_allocated=record["peak_allocated_bytes"], sim_allocated=sim.stats.peak_allocated_bytes,
@@ -655,8 +705,8 @@ def header_section(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[
         "",
         f"Estimated with the `estimate` backend on a CPU (torch {distinct(estimated, 'torch_version')}, "
         f"transformers {distinct(estimated, 'transformers_version')}) for the same workload and budget, the "
-        "target card the measured one: its size and context overhead as the table says, compute capability "
-        f"{'.'.join(map(str, MEASURED_COMPUTE_CAPABILITY))}. Estimated peaks are those of one estimated step "
+        "target card the measured one: its size and context overhead as the table says, its compute "
+        "capability and multiprocessors (MEASURED_CARDS). Estimated peaks are those of one estimated step "
         "at the measured max batch: the peak reserved as the estimator reports it (the reserved memory at "
         "the smallest limit the step runs in), and *capped*, the same trace replayed with the budget as the "
         "allocator's limit, as the GPU ran it. Errors are (estimated - measured) / measured.",
@@ -874,21 +924,86 @@ def refusals_section(tables: dict[str, dict[str, Any]], estimates: dict[str, dic
     return lines + ["", *markdown_table(header, body), ""]
 
 
-def render(tables: dict[str, dict[str, Any]], estimates: dict[str, dict[str, Any]],
-           comparisons: dict[str, list[Comparison]], replays: Sequence[RecordReplay], command: str) -> str:
-    rows = [row for group in comparisons.values() for row in group]
-    modes = list(dict.fromkeys(mode for t in tables.values() for mode in t["modes"]))
-    lines = header_section(tables, estimates, command)
-    lines += goals_section(rows)
-    lines += modes_section(rows, modes)
+@dataclass
+class Card:
+    """One measured card's tables, the estimator's answers for them and its records' replays."""
+
+    name: str  # the folder's: h100-80gb, h200
+    tables: dict[str, dict[str, Any]]  # by "card/table"
+    estimates: dict[str, dict[str, Any]]
+    comparisons: dict[str, list[Comparison]]
+    replays: list[RecordReplay]
+
+    @property
+    def rows(self) -> list[Comparison]:
+        return [row for group in self.comparisons.values() for row in group]
+
+
+def size_only_summary(rows: Sequence[Comparison]) -> list[str]:
+    """cells, within SIZE_ONLY_GOAL_PCT below the measured max, above it, median and worst distance."""
+    judged = [r.size_only_pct for r in rows if r.size_only_pct is not None]
+    within = sum(-SIZE_ONLY_GOAL_PCT <= d <= 0 for d in judged)
+    above = sum(d > 0 for d in judged)
+    return [str(len(judged)), f"{within}/{len(judged)}", str(above),
+            abs_pct(median_abs(judged)), pct(min(judged, default=None))]
+
+
+def cards_section(cards: Sequence[Card]) -> list[str]:
+    """Each card's goals in a row, and its size-only answers' distance."""
+    header = ["card", "cells", "max = or -1", "max > +2 %", "reserved median \\|err\\| %", "reserved worst %",
+              "size-only cells", f"size-only within {SIZE_ONLY_GOAL_PCT:g} % below", "size-only above",
+              "size-only median \\|dist\\| %", "size-only furthest %"]
+    body = []
+    for card in cards:
+        rows = card.rows
+        judged = [r for r in rows if r.measured_max is not None]
+        reserved = [r.reserved_err for r in rows if r.reserved_err is not None]
+        body.append([card.name, str(len(rows)), f"{sum(r.max_goal for r in judged)}/{len(judged)}",
+                     str(sum(not r.above_goal for r in judged)), abs_pct(median_abs(reserved)),
+                     pct(worst(reserved)), *size_only_summary(rows)])
+    return ["## The cards side by side", "",
+            "The estimator aimed at the measured chip (its multiprocessors, Hopper's kernels): `max = or -1` "
+            "counts the cells whose estimated max is the measured one or one below it. *Size-only*: the "
+            "answer for the budget given by its size alone (`--gpu-memory`, the chip taken to be "
+            "`gpus.size_only_chip`'s), its distance (size-only - measured) / measured; the goal is within "
+            f"{SIZE_ONLY_GOAL_PCT:g} % below, never above.", "", *markdown_table(header, body), ""]
+
+
+def size_only_section(card: Card) -> list[str]:
+    """Per cell of a card: the measured max, the estimate for its chip, the size-only answer."""
+    header = ["table", "mode", "seq", "measured max", "estimated (chip)", "size-only", "distance %"]
+    body = [[f"`{r.table}`", r.mode, str(r.seq_len), num(r.measured_max), num(r.estimated_max),
+             num(r.size_only_max), pct(r.size_only_pct)]
+            for r in card.rows if r.size_only_max is not None]
+    if not body:
+        return []
+    return [f"## {card.name}: size-only answers per cell", "", *markdown_table(header, body, left=(0, 1)), ""]
+
+
+def card_sections(card: Card) -> list[str]:
+    """A card's goals, modes, tables, refusals and records, each heading naming the card."""
+    modes = list(dict.fromkeys(mode for t in card.tables.values() for mode in t["modes"]))
+    lines = goals_section(card.rows) + modes_section(card.rows, modes)
     lines += ["## Per table", "",
               "`goal`: yes where the estimated max is the measured one or one below it, *above* where it is "
               "above the measured by more than 2 % of it. Peaks at the measured max batch; *capped err*: the "
               "estimated step replayed with the budget as the allocator's limit.", ""]
-    for name, table in tables.items():
-        lines += table_section(name, table, comparisons[name], estimates[name])
-    lines += refusals_section(tables, estimates)
-    lines += records_section(replays, list(tables.values()))
+    for name, table in card.tables.items():
+        lines += table_section(name, table, card.comparisons[name], card.estimates[name])
+    lines += refusals_section(card.tables, card.estimates)
+    lines += records_section(card.replays, list(card.tables.values()))
+    lines += size_only_section(card)
+    return [f"## {card.name}: {line[3:]}" if line.startswith("## ") and not line.startswith(f"## {card.name}")
+            else line for line in lines]
+
+
+def render(cards: Sequence[Card], command: str) -> str:
+    tables = {name: t for card in cards for name, t in card.tables.items()}
+    estimates = {name: e for card in cards for name, e in card.estimates.items()}
+    lines = header_section(tables, estimates, command)
+    lines += cards_section(cards)
+    for card in cards:
+        lines += [f"# {card.name}", "", *card_sections(card)]
     return "\n".join(lines)
 
 
@@ -919,11 +1034,27 @@ def read_table(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def read_card(directory: Path, only: str | None, cache: Path, refresh: bool) -> Card | None:
+    """A card's measured tables (``directory``), the estimator's answers, its records replayed."""
+    paths = table_paths(directory, only)
+    found = {p.stem: t for p in paths if (t := read_table(p)) is not None}
+    if not found:
+        return None
+    by_file = cached_estimates(directory.name, [p for p in paths if p.stem in found], cache, refresh)
+    tables = {f"{directory.name}/{stem}": table for stem, table in found.items()}
+    estimates = {f"{directory.name}/{Path(name).stem}": result for name, result in by_file.items()}
+    comparisons = {name: compare_table(name, table, estimates[name]) for name, table in tables.items()}
+    records = sorted((directory / "records").glob("*.json")) if (directory / "records").is_dir() else []
+    replays = [replay_record(json.loads(path.read_text())) for path in records]
+    return Card(directory.name, tables, estimates, comparisons, replays)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--measured", type=Path, default=DEFAULT_MEASURED, help="folder of measured tables")
-    parser.add_argument("--records", type=Path, default=DEFAULT_RECORDS, help="folder of record-*.json")
+    parser.add_argument("--measured", type=Path, action="append",
+                        help="a card's folder of measured tables and records/ (again for each card; default: "
+                        "docs/measurements/h100-80gb and h200)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the Markdown report")
     parser.add_argument("--cache", type=Path,
                         help="the estimator's answers (default: next to OUT, OUT's name + .cache.json)")
@@ -932,20 +1063,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", FutureWarning)
 
-    paths = table_paths(args.measured, args.only)
-    tables = {p.stem: t for p in paths if (t := read_table(p)) is not None}
-    if not tables:
-        named = f" named {args.only}" if args.only else ""
-        raise SystemExit(f"no measured tables in {args.measured}{named}")
     cache = args.cache or args.out.with_name(args.out.stem + ".cache.json")
-    by_file = cached_estimates([p for p in paths if p.stem in tables], cache, args.refresh)
-    estimates = {Path(name).stem: result for name, result in by_file.items()}
-    comparisons = {name: compare_table(name, table, estimates[name]) for name, table in tables.items()}
-    records = sorted(args.records.glob("*.json")) if args.records.is_dir() else []
-    replays = [replay_record(json.loads(path.read_text())) for path in records]
+    cards = [card for directory in args.measured or DEFAULT_MEASURED
+             if (card := read_card(directory, args.only, cache, args.refresh)) is not None]
+    if not cards:
+        named = f" named {args.only}" if args.only else ""
+        folders = ", ".join(map(str, args.measured or DEFAULT_MEASURED))
+        raise SystemExit(f"no measured tables{named} in {folders}")
     command = shlex.join(["python", "benchmarks/accuracy.py", *(sys.argv[1:] if argv is None else argv)])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(tables, estimates, comparisons, replays, command) + "\n")
+    args.out.write_text(render(cards, command) + "\n")
     log(f"wrote {args.out}")
     return 0
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.liger import swap_in
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps
@@ -133,7 +134,7 @@ def _largest_fitting(fits: Verdict, lo: int, hi: int | None, start: int | None =
 
 def _guess_max(
     known: dict[int, tuple[Trace, Trace]], seq_len: int, budget_bytes: int, start: int | None,
-    guessed: dict[int, tuple[bool, Trace]],
+    guessed: dict[int, tuple[bool, Trace]], allocator: AllocatorConfig,
 ) -> int | None:
     """The max batch by traces synthesized from other lengths (trace.synthesized), settled as
     the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
@@ -146,12 +147,12 @@ def _guess_max(
 
     def fits(batch_size: int) -> bool:
         guess = form.at(batch_size)
-        verdict = fits_in(guess.events(), budget_bytes)
+        verdict = fits_in(guess.events(), budget_bytes, allocator)
         guessed[batch_size] = (verdict, guess)
         return verdict
 
     def robust(batch_size: int) -> bool:
-        return replay(form.at(batch_size).events(), budget_bytes).demand_bytes <= budget_bytes
+        return replay(form.at(batch_size).events(), budget_bytes, allocator).demand_bytes <= budget_bytes
 
     found = _largest_fitting(fits, 0, None, start)
     settled = _settle(fits, found, robust) if found else None
@@ -345,7 +346,8 @@ class _EstimateCell:
             found = self.extrapolated(batch_size)
             if found is None:
                 return None
-            verdict = self.verdicts[batch_size] = fits_in(found.events(), self.budget_bytes)
+            verdict = self.verdicts[batch_size] = fits_in(found.events(), self.budget_bytes,
+                                                          self.backend.allocator)
         return verdict
 
     def robust(self, batch_size: int) -> bool | None:
@@ -361,13 +363,14 @@ class _EstimateCell:
             found = self.extrapolated(batch_size)
             if found is None:
                 return None
-            demand = replay(found.events(), self.budget_bytes).demand_bytes
+            demand = replay(found.events(), self.budget_bytes, self.backend.allocator).demand_bytes
             verdict = self.robustness[batch_size] = demand <= self.budget_bytes
         return verdict
 
     def predict(self, lo: int, hi: int | None) -> int | None:
         if not self.traces:  # the cell's first probe: a guess from the other lengths
-            return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start(), self.guessed)
+            return _guess_max(self.known, self.seq_len, self.budget_bytes, self._start(), self.guessed,
+                              self.backend.allocator)
         self._take_guessed()
         found = _largest_fitting(self.replayed, lo, hi)
         if not found:
@@ -414,11 +417,14 @@ class EstimateBackend:
 
     name = "estimate"
 
-    def __init__(self, gpu: GpuSpec) -> None:
+    def __init__(self, gpu: GpuSpec, allocator: AllocatorConfig | None = None) -> None:
         from autotune.backends.estimate.reduce import Multiprocessors
         from autotune.gpus import multiprocessors
 
         self.gpu = gpu
+        # PyTorch's caching-allocator settings the step runs under (PYTORCH_ALLOC_CONF): the classic
+        # segments by default, or expandable ones (alloc_conf.py, allocator.py)
+        self.allocator = allocator or AllocatorConfig()
         # what CUDA's reductions size their buffers by (reduce.py)
         self.multiprocessors = Multiprocessors(*multiprocessors(gpu))
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
@@ -441,6 +447,8 @@ class EstimateBackend:
             "backend": self.name,
             "gpu_name": self.gpu.name,
             "chip": describe_chip(self.gpu),
+            "allocator": self.allocator.describe(),
+            "alloc_conf": self.allocator.conf_text() or None,
             "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
             "cuda_version": None,
@@ -551,7 +559,7 @@ class EstimateBackend:
             traces.append(traced)
         else:
             traced, method = found
-        result = replay(traced.events(), budget_bytes)
+        result = replay(traced.events(), budget_bytes, self.allocator)
         return Probe(
             batch_size=batch_size,
             outcome="fits" if result.fits else "oom",
