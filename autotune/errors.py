@@ -102,8 +102,8 @@ class UnmodelledSetting(InvalidInput):
 
 class UnknownSetting(InvalidInput):
     """A training config (or PYTORCH_ALLOC_CONF) sets a key that autotune does not know for its
-    format: a typo, or a key of a newer release. Whether it changes memory cannot be told, so it is refused, naming the known
-    keys closest to it, never listed as ignored."""
+    format: a typo, or a key of a newer release. Whether it changes memory cannot be told, so it is
+    refused, naming the known keys closest to it, never listed as ignored."""
 
 
 class ModelPathRefused(InvalidInput):

@@ -52,6 +52,9 @@ WORKER_COMMAND = (sys.executable, "-m", "autotune.parallel")
 _prestarted: list[Child] = []
 
 
+# A process's estimators by (target card, allocator settings): each builds its fake models once.
+Estimators = dict[tuple[GpuSpec, Any], Any]
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity, e.g. a container's cpuset)."""
     try:
@@ -133,7 +136,7 @@ def _decode(line: str) -> Any:
 def tune_table_parallel(
     workload: Workload, gpu: GpuSpec, *, seq_lens: Sequence[int], modes: Sequence[Mode], margin: float,
     method: str, max_batch: int, workers: int,
-    on_cell: Callable[[CellResult, int, int], None] | None = None,
+    on_cell: Callable[[CellResult, int, int], None] | None = None, allocator: Any = None,
 ) -> TableResult:
     """tuner.tune_table on the estimator, the modes shared out over ``workers`` processes: this one
     and ``workers - 1`` started for it."""
@@ -144,8 +147,8 @@ def tune_table_parallel(
     # (BERT-base, one process: amp+ckpt 8.6 s, ckpt 6.2, amp 5.2, fp32 4.2.)
     costliest = sorted(modes, key=_cost, reverse=True)
     jobs = [{"job": "mode", "name": f"mode {mode.name}", "workload": workload, "gpu": gpu,
-             "seq_lens": ordered, "mode_name": mode.name, "margin": margin, "method": method,
-             "max_batch": max_batch} for mode in costliest]
+             "allocator": allocator, "seq_lens": ordered, "mode_name": mode.name, "margin": margin,
+             "method": method, "max_batch": max_batch} for mode in costliest]
     done = [0]
     total = len(ordered) * len(modes)
 
@@ -182,7 +185,7 @@ def lever_runner(backend: Any, processes: int) -> LeverRunner:
         return _costliest_first(
             [(lever.mode, lever.workload) for lever in searches],
             lambda i: {"job": "lever", "name": f"lever search {searches[i].label}", "lever": searches[i],
-                       "search": search, "gpu": backend.gpu},
+                       "search": search, "gpu": backend.gpu, "allocator": backend.allocator},
             processes, backend)
 
     return run
@@ -193,7 +196,8 @@ def _costliest_first(steps: Sequence[tuple[Mode, Workload]], job: Callable[[int]
     """Jobs ``job(i)`` for each of ``steps`` run over ``processes`` processes, the costliest first
     (this one with ``backend``, the caller's estimator); their results in the steps' order."""
     order = sorted(range(len(steps)), key=lambda i: _cost(*steps[i]), reverse=True)
-    found = _share_out([job(i) for i in order], min(processes, len(steps)), None, {backend.gpu: backend})
+    found = _share_out([job(i) for i in order], min(processes, len(steps)), None,
+                       {(backend.gpu, backend.allocator): backend})
     results: list[Any] = [None] * len(steps)
     for i, result in zip(order, found, strict=True):
         results[i] = result
@@ -212,7 +216,7 @@ class _Sharing:
     that stop them; taken by this process (``run_here``) and by a thread per worker (``serve``)."""
 
     def __init__(self, jobs: list[dict[str, Any]], on_progress: Callable[[Any], None] | None,
-                 backends: dict[GpuSpec, Any]) -> None:
+                 backends: Estimators) -> None:
         self.jobs, self.on_progress, self.backends = jobs, on_progress, backends
         self.pending = list(range(len(jobs)))
         self.results: dict[int, Any] = {}
@@ -278,7 +282,7 @@ class _Sharing:
 
 
 def _share_out(jobs: list[dict[str, Any]], workers: int, on_progress: Callable[[Any], None] | None,
-               backends: dict[GpuSpec, Any]) -> list[Any]:
+               backends: Estimators) -> list[Any]:
     """Run ``jobs`` (each ``{"job": kind, "name": what it is, **arguments}``, costliest first) in
     this process and ``workers - 1`` worker processes, taken in order from one queue; their
     results in the jobs' order. This process takes the first (it has imported torch already, its
@@ -312,30 +316,32 @@ def _share_out(jobs: list[dict[str, Any]], workers: int, on_progress: Callable[[
     return [sharing.results[index] for index in range(len(jobs))]
 
 
-def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: dict[GpuSpec, Any]) -> Any:
+def _run_job(job: dict[str, Any], send: Callable[[Any], None], backends: Estimators) -> Any:
     arguments = {key: value for key, value in job.items() if key not in ("job", "name")}
     if job["job"] == "mode":
         return _tune_mode(**arguments, send=send, backends=backends)
     if job["job"] == "lever":  # its search: levers.lever_max or levers.report_lever, its cell bound
-        return arguments["search"](arguments["lever"], _estimator(arguments["gpu"], backends))
+        return arguments["search"](arguments["lever"],
+                                   _estimator(arguments["gpu"], arguments["allocator"], backends))
     raise AutotuneError(f"unknown job {job['job']!r}")
 
 
-def _estimator(gpu: GpuSpec, backends: dict[GpuSpec, Any]) -> Any:
-    """The process's estimator of ``gpu``, kept across its jobs (its fake models are built once)."""
+def _estimator(gpu: GpuSpec, allocator: Any, backends: Estimators) -> Any:
+    """The process's estimator of ``gpu`` under ``allocator``'s settings (None: the classic
+    segments), kept across its jobs (its fake models are built once)."""
     from autotune.backends.estimate.backend import EstimateBackend
 
-    backend = backends.get(gpu)
+    backend = backends.get((gpu, allocator))
     if backend is None:
-        backend = backends[gpu] = EstimateBackend(gpu)
+        backend = backends[gpu, allocator] = EstimateBackend(gpu, allocator)
     return backend
 
 
-def _tune_mode(workload: Workload, gpu: GpuSpec, seq_lens: list[int], mode_name: str, margin: float,
-               method: str, max_batch: int, send: Callable[[Any], None], backends: dict[GpuSpec, Any],
+def _tune_mode(workload: Workload, gpu: GpuSpec, allocator: Any, seq_lens: list[int], mode_name: str,
+               margin: float, method: str, max_batch: int, send: Callable[[Any], None], backends: Estimators,
                ) -> TableResult:
     """One mode's table, each cell sent as it finishes."""
-    return tune_table(workload, _estimator(gpu, backends), gpu, seq_lens=seq_lens,
+    return tune_table(workload, _estimator(gpu, allocator, backends), gpu, seq_lens=seq_lens,
                       modes=[parse_mode(mode_name)], margin=margin, method=method, max_batch=max_batch,
                       on_cell=lambda cell, done, total: send(("progress", cell)))
 
@@ -363,7 +369,7 @@ def main() -> int:
     import autotune.backends.estimate.backend  # noqa: F401
 
     transformers_logging.set_verbosity_error()
-    backends: dict[GpuSpec, Any] = {}
+    backends: Estimators = {}
     for line in sys.stdin:
         try:
             send(("done", _run_job(_decode(line), send, backends)))

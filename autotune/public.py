@@ -77,6 +77,7 @@ def table(
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
+    alloc_conf: str | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     search: str = DEFAULT_METHOD,
@@ -106,7 +107,7 @@ def table(
     """
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_lens=seq_lens, modes=modes, search=search,
         max_batch=max_batch, seed_with_estimate=seed_with_estimate, workers=workers)
     return run_table(request, on_cell=on_cell)
@@ -127,7 +128,9 @@ def run_table(request: TableRequest, *, on_cell: Callable[[CellResult, int, int]
         processes = (default_workers(workload, modes) if request.workers is None
                      else min(request.workers, len(modes)))
         if processes > 1:
-            return tune_table_parallel(workload, target, workers=processes, **search)  # type: ignore[arg-type]
+            allocator = getattr(resolved.backend, "allocator", None)  # the estimator's settings
+            return tune_table_parallel(workload, target, workers=processes, allocator=allocator,
+                                       **search)  # type: ignore[arg-type]
     return tune_table(workload, resolved.backend, target, **search)  # type: ignore[arg-type]
 
 
@@ -140,6 +143,7 @@ def check(
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
+    alloc_conf: str | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     accumulation_steps: int = 1,
@@ -166,7 +170,7 @@ def check(
     """
     request = CheckRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_len=seq_len, batch_size=batch_size, mode=mode,
         accumulation_steps=accumulation_steps, workers=workers)
     return run_check(request, remember=remember)
@@ -193,6 +197,7 @@ def explain(
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
+    alloc_conf: str | None = None,
     backend: str = EXPLAIN_BACKEND,
     margin: float = DEFAULT_MARGIN,
     lengths: Sequence[int] | None = None,
@@ -221,7 +226,7 @@ def explain(
     lengths = _data_lengths(model, lengths, texts, text_column, tokenizer)
     request = ExplainRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_len=seq_len, batch_size=batch_size, mode=mode,
         lengths=None if lengths is None else tuple(lengths), levers=levers, max_batch=max_batch,
         workers=workers)
@@ -283,6 +288,7 @@ def max_batch_size(
     mode: str = DEFAULT_MODE_NAME,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
+    alloc_conf: str | None = None,
     backend: str = DEFAULT_BACKEND,
     margin: float = DEFAULT_MARGIN,
     max_batch: int = DEFAULT_MAX_BATCH,
@@ -299,7 +305,7 @@ def max_batch_size(
 
     request = TableRequest(
         _step(model, step),
-        Target(gpu, gpu_memory, backend, margin, multiprocessors),
+        Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
     resolved = resolve(request)
     budget = budget_bytes(resolved.gpu, resolved.margin)

@@ -26,6 +26,7 @@ and only the CLI words them as its flags (``AutotuneError.worded``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -382,6 +383,10 @@ class Target:
         None, "the chip of a card given by its size: its multiprocessor count, e.g. 46, or count x "
         "threads per multiprocessor, e.g. 46x1536 (default: the chip of the presets keeping the most "
         "threads resident, whose CUDA reductions take the most memory)", metavar="N[xT]")
+    alloc_conf: str | None = option(
+        None, "PyTorch's caching-allocator settings the job runs under, as PYTORCH_ALLOC_CONF takes them, "
+        "e.g. expandable_segments:True ('' for PyTorch's default; default: PYTORCH_ALLOC_CONF, else "
+        "PYTORCH_CUDA_ALLOC_CONF, of this environment)", metavar="SETTINGS")
 
 
 _WORKERS_HELP = ("on the estimator, how many processes work at once, with the same answers (default: "
@@ -667,17 +672,23 @@ def resolve_target(target: Target, found: Findings, *, seeded: bool = True
                    ) -> tuple[Backend | None, GpuSpec | None]:
     """The backend and the card it answers for, the margin checked against it."""
     from autotune.backends import make_backend
+    from autotune.backends.estimate.alloc_conf import alloc_conf_text, parse_alloc_conf
     from autotune.tuner import budget_bytes
 
     name = ("multiprocessors" if target.multiprocessors is not None else
             "gpu" if target.gpu is not None else "gpu_memory")
     backend = gpu = None
+    alloc_conf = target.alloc_conf if target.alloc_conf is not None else alloc_conf_text(os.environ)
+    with found.about("alloc_conf"):
+        parse_alloc_conf(alloc_conf)  # refused here, naming the field
+    if not found.ok("alloc_conf"):
+        return None, None
     with found.about(name):
         if target.backend not in BACKENDS:
             raise _about("backend", InvalidInput(f"unknown backend {target.backend!r}: allowed are "
                                                  f"{', '.join(BACKENDS)}"))
         backend, gpu = make_backend(target.backend, target.gpu, target.gpu_memory, seeded=seeded,
-                                    chip=target.multiprocessors)
+                                    chip=target.multiprocessors, alloc_conf=alloc_conf)
     if gpu is not None:
         with found.about("margin"):
             budget_bytes(gpu, target.margin)

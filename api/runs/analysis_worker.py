@@ -63,6 +63,7 @@ CELLS_KEPT = 1024
 def _prepare(spec_json: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     """(spec, workload, target GPU, estimator) of a spec, the estimator kept (SPECS_KEPT)."""
     from api.runs.spec import TableSpec
+    from autotune.backends.estimate.alloc_conf import parse_alloc_conf
     from autotune.backends.estimate.backend import EstimateBackend
 
     key = json.dumps(spec_json, sort_keys=True)
@@ -71,7 +72,7 @@ def _prepare(spec_json: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
         return _prepared[key]
     spec = TableSpec.from_json(spec_json)
     gpu = spec.target_gpu()
-    prepared = (spec, _workload(spec), gpu, EstimateBackend(gpu))
+    prepared = (spec, _workload(spec), gpu, EstimateBackend(gpu, parse_alloc_conf(spec.alloc_conf)))
     _prepared[key] = prepared
     while len(_prepared) > SPECS_KEPT:
         _prepared.popitem(last=False)

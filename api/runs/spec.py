@@ -39,6 +39,7 @@ from api.limits import (
 )
 from api.settings import Settings
 from autotune.backends import make_backend, target_gpu
+from autotune.backends.estimate.alloc_conf import parse_alloc_conf
 from autotune.defaults import (
     BACKENDS,
     DEFAULT_DTYPE,
@@ -127,6 +128,9 @@ class TableSpec:
     # Liger Kernel's kernels swapped in (workload.liger.check_kernels: those the model type's patch
     # takes); empty (left out of the key) for every run stored before they were modelled.
     liger: list[str] = field(default_factory=list)
+    # PyTorch's caching-allocator settings (alloc_conf.AllocatorConfig.conf_text: "" for its default,
+    # left out of the key, as for every run stored before they were modelled).
+    alloc_conf: str = ""
 
     @property
     def cells(self) -> int:
@@ -177,6 +181,8 @@ class TableSpec:
             del data["ckpt_reentrant"]
         if not data["liger"]:
             del data["liger"]
+        if not data["alloc_conf"]:
+            del data["alloc_conf"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -260,6 +266,7 @@ class _Normalizing:
         self.request, self.settings, self.environment = request, settings, environment
         self.found = Findings()
         self.env = None
+        self.alloc_conf = ""  # PyTorch's default allocator, unless the request sets it
 
     def spec(self) -> TableSpec:
         """The checks in their order: the fields on their own, the target, then what needs the
@@ -304,6 +311,7 @@ class _Normalizing:
             adapter=None if self.adapter is None else self.adapter.to_json(),
             ckpt_reentrant=bool(self.request.step.ckpt_reentrant),
             liger=list(self.liger),
+            alloc_conf=self.alloc_conf,
         )
 
     def check_fields(self) -> None:
@@ -337,6 +345,8 @@ class _Normalizing:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""
         found, target = self.found, self.request.target
         self.margin = float(target.margin)
+        with found.about("alloc_conf"):  # the request's alone: the server's environment is not the job's
+            self.alloc_conf = parse_alloc_conf(target.alloc_conf).conf_text()
         with found.about("backend"):
             if target.backend not in BACKENDS:
                 raise InvalidInput(f"unknown backend {target.backend!r}: allowed are {', '.join(BACKENDS)}")
@@ -355,7 +365,7 @@ class _Normalizing:
                 self.gpu = target_gpu(target.gpu, target.gpu_memory, local=None, chip=target.multiprocessors)
             else:
                 _, self.gpu = make_backend(self.env["backend"], target.gpu, target.gpu_memory,
-                                           chip=target.multiprocessors)
+                                           chip=target.multiprocessors, alloc_conf=self.alloc_conf)
         if found.ok(gpu_field):
             with found.about("margin"):
                 self.budget = budget_bytes(self.gpu, self.margin)  # checks the margin

@@ -82,17 +82,20 @@ def run_table(order: dict[str, Any], emit: Emit, should_stop: Callable[[], bool]
     spec = TableSpec.from_json(order["spec"])
     workload, gpu = spec.workload(), spec.target_gpu()
     backend: Any
+    from autotune.backends.estimate.alloc_conf import parse_alloc_conf
     from autotune.backends.estimate.backend import EstimateBackend
 
+    allocator = parse_alloc_conf(spec.alloc_conf)
     if spec.backend == "cuda":
         from autotune.backends.cuda.backend import CudaBackend
         from autotune.backends.seeded import EstimateSeeded
 
-        backend = CudaBackend(gpu)  # the lane's GPU is device 0 (CUDA_VISIBLE_DEVICES)
+        # the lane's GPU is device 0 (CUDA_VISIBLE_DEVICES)
+        backend = CudaBackend(gpu, alloc_conf=spec.alloc_conf)
         if spec.search == "guided":  # each cell's GPU search starts from the estimate (seeded.py)
-            backend = EstimateSeeded(backend, EstimateBackend(gpu))
+            backend = EstimateSeeded(backend, EstimateBackend(gpu, allocator))
     else:
-        backend = EstimateBackend(gpu)
+        backend = EstimateBackend(gpu, allocator)
     completed = {(c["mode"], c["seq_len"]): CellResult(**c) for c in order.get("completed", [])}
 
     def on_cell(cell: CellResult, done: int, total: int) -> None:

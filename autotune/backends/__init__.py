@@ -62,13 +62,18 @@ def target_gpu(gpu: str | None, gpu_memory: str | int | None, *, local: GpuSpec 
 
 def make_backend(
     name: str, gpu: str | None = None, gpu_memory: str | int | None = None, *, seeded: bool = True,
-    chip: str | int | None = None,
+    chip: str | int | None = None, alloc_conf: str | None = None,
 ) -> tuple[Backend, GpuSpec]:
     """The backend called ``name`` and the target GPU it estimates or measures for.
 
     ``seeded``: a cuda backend's searches start from the estimator's answer of each cell
-    (seeded.py); False probes from the earlier cells' hints alone.
+    (seeded.py); False probes from the earlier cells' hints alone. ``alloc_conf``: PyTorch's
+    caching-allocator settings (PYTORCH_ALLOC_CONF's text; None: PyTorch's default), which the
+    estimator simulates and the cuda backend's workers run under.
     """
+    from autotune.backends.estimate.alloc_conf import parse_alloc_conf
+
+    allocator = parse_alloc_conf(alloc_conf)
     if name not in BACKENDS:
         raise InvalidInput(f"unknown backend {name!r}: allowed are {', '.join(BACKENDS)}")
     use_cuda = name == "cuda" or (name == "auto" and cuda_available())
@@ -94,14 +99,14 @@ def make_backend(
         from autotune.backends.estimate.backend import EstimateBackend
         from autotune.backends.seeded import EstimateSeeded
 
-        measure = CudaBackend(target)
+        measure = CudaBackend(target, alloc_conf=None if alloc_conf is None else allocator.conf_text())
         if not seeded:
             return measure, target
         # The seeds are for the step as this card runs it: its reductions split over its own
         # multiprocessors, whatever the budget (estimate/reduce.py).
         runs_on = replace(target, multiprocessors=multiprocessors(local))
-        return EstimateSeeded(measure, EstimateBackend(runs_on)), target
+        return EstimateSeeded(measure, EstimateBackend(runs_on, allocator)), target
     from autotune.backends.estimate.backend import EstimateBackend
 
     target = target_gpu(gpu, gpu_memory, local=None, chip=chip)
-    return EstimateBackend(target), target
+    return EstimateBackend(target, allocator), target

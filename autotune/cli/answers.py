@@ -62,6 +62,7 @@ def folder(configured: str | None) -> Path:
 
 def key_of(request: CheckRequest) -> dict[str, Any] | None:
     """The whole input of a local check, or None where an answer must not come from here."""
+    from autotune.backends.estimate.alloc_conf import alloc_conf_text
     from autotune.workload.liger import parse_kernels
     from autotune.workload.modes import parse_mode
     from autotune.workload.presets import preset_name
@@ -74,6 +75,7 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
     if model is None:
         return None
     adapter = step.adapter if step.adapter is not None else step.peft_options.adapter()
+    alloc_conf = target.alloc_conf if target.alloc_conf is not None else alloc_conf_text(os.environ)
     return {
         "format": FORMAT,
         "code": _code_fingerprint(),
@@ -87,7 +89,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
         "adapter": asdict(adapter) if adapter is not None else None,
         "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,
                    "margin": target.margin,
-                   **({"multiprocessors": target.multiprocessors} if target.multiprocessors else {})},
+                   **({"multiprocessors": target.multiprocessors} if target.multiprocessors else {}),
+                   **({"alloc_conf": alloc_conf} if alloc_conf else {})},
         "settings": {name: value for name, value in sorted(os.environ.items())
                      if name.upper().startswith("AUTOTUNE_") and name.upper() not in NOT_KEY_SETTINGS},
         # PyTorch's own switch of the SDPA kernel, which the estimate follows (estimate/attention.py).

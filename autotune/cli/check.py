@@ -215,7 +215,7 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
     for name in ("task", "attn"):
         if getattr(step, name):
             query[name] = getattr(step, name)
-    for name in ("gpu", "gpu_memory", "multiprocessors"):
+    for name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf"):
         if getattr(target, name):
             query[name] = getattr(target, name)
     adapter = step.adapter if step.adapter is not None else step.peft_options.adapter()

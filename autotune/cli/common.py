@@ -74,7 +74,7 @@ def add_request(parser: argparse.ArgumentParser, cls: type[Request], *,
                 choices: dict[str, tuple[str, ...]] | None = None) -> None:
     """The flags of a request's step, PEFT options and target, made from their fields
     (request.py: one declaration a field): the step's, a group of PEFT's, --gpu-memory, --gpu,
-    --multiprocessors, --backend, --margin, --hub. Every flag defaults to None, "not given": a
+    --multiprocessors, --alloc-conf, --backend, --margin, --hub. Every flag defaults to None, "not given": a
     request built from them (``request_of``) takes its own defaults, and a config's values where it
     reads one.
     ``choices`` narrows a field's allowed values (explain: the estimator only)."""
@@ -84,8 +84,8 @@ def add_request(parser: argparse.ArgumentParser, cls: type[Request], *,
     for f in step:
         _add(peft if f.name in PEFT_FIELDS else parser, f, choices.get(f.name))
     target = {f.name: f for f in fields_of(cls)
-              if f.name in ("gpu", "gpu_memory", "multiprocessors", "backend", "margin")}
-    for name in ("gpu_memory", "gpu", "multiprocessors"):
+              if f.name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf", "backend", "margin")}
+    for name in ("gpu_memory", "gpu", "multiprocessors", "alloc_conf"):
         _add(parser, target[name])
     _add(parser, target["backend"], choices.get("backend"))
     _add(parser, target["margin"])

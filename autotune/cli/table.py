@@ -169,6 +169,9 @@ def render_table(t: TableResult) -> str:
                      "CUDA 13 does (TORCH_CUDNN_SDPA_DEPRIORITIZED=1 models its other kernels)")
     if str(t.environment.get("chip", "")).startswith("unknown"):
         lines.append(f"chip: {t.environment['chip']}")
+    if t.environment.get("alloc_conf"):  # the classic segments are PyTorch's default: said only otherwise
+        lines.append(f"allocator: {t.environment.get('allocator') or 'as set'} "
+                     f"(PYTORCH_ALLOC_CONF={t.environment['alloc_conf']})")
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
     for cell in t.cells:

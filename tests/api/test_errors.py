@@ -61,6 +61,7 @@ def test_malformed_gpu_memory_is_422(client, size):
      "GPU memory 20 GiB is more than the 14.56 GiB of T4: give at most its size, or another GPU"),
     ({"gpu": "T4", "multiprocessors": 46},
      "give either gpu (T4 has its own multiprocessors) or multiprocessors, not both"),
+    ({"alloc_conf": "expandable:True"}, "unknown allocator setting 'expandable' (PyTorch refuses it too)"),
     ({"multiprocessors": "46 SMs"},
      "multiprocessors '46 SMs': give the chip's multiprocessor count, e.g. 46"),
     ({"modes": ["fp64"]},

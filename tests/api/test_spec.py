@@ -37,6 +37,8 @@ SAMPLES = {
     "qlora_recipe": (QLORA, {"qlora_recipe": "axolotl"}),
     "gpu": ({"gpu_memory": None}, {"gpu": "A100-80GB"}),
     "gpu_memory": ({}, {"gpu_memory": "2GiB"}),
+    "multiprocessors": ({}, {"multiprocessors": "46x1536"}),
+    "alloc_conf": ({}, {"alloc_conf": "expandable_segments:True"}),
     "backend": ({}, {"backend": "auto"}),
     "margin": ({}, {"margin": 0.2}),
     "seq_lens": ({}, {"seq_lens": [64]}),

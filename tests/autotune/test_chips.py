@@ -84,3 +84,24 @@ def test_a_table_says_which_chip_it_took_and_fewer_threads_take_less_memory():
     assert alone.cells[0].max_batch_size == named.cells[0].max_batch_size <= small.cells[0].max_batch_size
     budget = autotune.table("tiny-bert", gpu="H100-80GB", gpu_memory="1GiB", **TINY)
     assert (budget.gpu_name, budget.gpu_memory_bytes) == ("H100-80GB, 1 GiB of it", GIB)
+
+
+def test_the_allocator_settings_are_the_environments_unless_given(monkeypatch):
+    """PYTORCH_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF) of this environment, or alloc_conf; expandable
+    segments fit at least what the classic ones do, and the table says which allocator it modelled."""
+    kwargs = dict(TINY, modes="fp32,ckpt", gpu_memory="1GiB", workers=2)
+    classic = autotune.table("tiny-bert", **kwargs)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    expandable = autotune.table("tiny-bert", **kwargs)
+    assert (classic.environment["allocator"], classic.environment["alloc_conf"]) == ("classic segments", None)
+    assert expandable.environment["allocator"] == "expandable segments"
+    assert expandable.environment["alloc_conf"] == "expandable_segments:True"
+    assert all(e.max_batch_size >= c.max_batch_size for e, c in zip(expandable.cells, classic.cells, strict=True))
+    again = autotune.table("tiny-bert", **kwargs, alloc_conf="")  # given: the environment's is not read
+    assert again.environment["alloc_conf"] is None
+    assert [c.max_batch_size for c in again.cells] == [c.max_batch_size for c in classic.cells]
+
+
+def test_an_allocator_setting_that_is_not_modelled_is_refused_naming_it():
+    with pytest.raises(InvalidInput, match="allocator setting backend:cudaMallocAsync is not modelled"):
+        autotune.table("tiny-bert", gpu_memory="1GiB", alloc_conf="backend:cudaMallocAsync", **TINY)

@@ -23,7 +23,7 @@ import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from autotune.backends.cuda.bnb import check_bnb_optimizer, require_bitsandbytes
@@ -31,7 +31,7 @@ from autotune.backends.cuda.device import check_free_memory, cuda_available, dri
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, cell_spec, decode, encode
 from autotune.errors import BackendUnavailable, InvalidInput, ProbeError, ProtocolError, WorkerFailed
 from autotune.gpus import GpuSpec, gpu_from_device_properties
-from autotune.processes import Child, exit_reason
+from autotune.processes import Child, child_env, exit_reason
 from autotune.search import OUTCOMES, Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -44,8 +44,8 @@ WORKER_COMMAND = (sys.executable, "-m", "autotune.backends.cuda.probe_worker")
 class WorkerProcess(Child):
     """One probe worker: requests on its stdin, each reply read with a timeout."""
 
-    def __init__(self, command: Sequence[str]) -> None:
-        super().__init__(command)  # in this process's group: it starts no processes of its own
+    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        super().__init__(command, env=env)  # in this process's group: it starts no processes of its own
 
     def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one request and return its reply; WorkerFailed if there is none."""
@@ -102,6 +102,7 @@ class CudaBackend:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         worker_command: Sequence[str] = WORKER_COMMAND,
         bnb_optimizer: str | None = None,
+        alloc_conf: str | None = None,
     ) -> None:
         if bnb_optimizer is not None:  # refused here, before any worker starts
             check_bnb_optimizer(bnb_optimizer)
@@ -113,6 +114,11 @@ class CudaBackend:
         self.worker_command = tuple(worker_command)  # injectable: tests run fake workers
         self.workers_started = 0
         self._attn: dict[tuple[str, str, str | None, str], str] = {}
+        # PyTorch's allocator settings for the workers (both variables: PYTORCH_ALLOC_CONF is read
+        # first); None: this process's environment, whatever it holds
+        self.alloc_conf = alloc_conf
+        self._env = None if alloc_conf is None else child_env(
+            {"PYTORCH_ALLOC_CONF": alloc_conf, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf})
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -131,7 +137,8 @@ class CudaBackend:
             "transformers_version": transformers.__version__,
             "cuda_version": torch.version.cuda,
             "driver": driver_version(),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "alloc_conf": (self.alloc_conf if self.alloc_conf is not None else
+                           os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")),
             **({"bnb_optimizer": self.bnb_optimizer} if self.bnb_optimizer is not None else {}),
         }
 
@@ -193,7 +200,7 @@ class _CellSession:
 
     def _start(self) -> None:
         backend = self.backend
-        worker = WorkerProcess(backend.worker_command)
+        worker = WorkerProcess(backend.worker_command, env=backend._env)
         backend.workers_started += 1
         try:
             reply = worker.request(
