@@ -429,6 +429,8 @@ class CheckPublic(BaseModel):
     ckpt_reentrant: bool = Field(description="checkpointed modes with use_reentrant=True")
     liger: list[str] = Field(description="Liger Kernel's kernels swapped in, emulated from its source "
                                          "(rms_norm, rope, swiglu, ...); empty without")
+    alloc_conf: str | None = Field(default=None, description="PyTorch's caching-allocator settings the step "
+                                   "was answered under (PYTORCH_ALLOC_CONF); null: its default")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")

@@ -89,9 +89,10 @@ def _from_store(
                 effective_batch=effective,
             )
             if result is not None:
+                result.alloc_conf = spec.alloc_conf or None  # the stored table's, as _covers checked
                 if reported is not None:
                     result.adapter = reported
-                    result.message = format_message(result)
+                result.message = format_message(result)
                 label = measured_label(run)
                 if label is not None:  # which table, and on which GPU: a CI log says so
                     result.message += f"\nnote: from table {run.id}, {label}"

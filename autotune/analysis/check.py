@@ -62,6 +62,9 @@ class CheckResult:
     attention_kernel: str | None = None
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
     liger: list[str] = field(default_factory=list)  # Liger's kernels swapped in, emulated (workload.liger)
+    # PyTorch's caching-allocator settings the step was estimated under (PYTORCH_ALLOC_CONF's text,
+    # alloc_conf.py); None: its default, the classic segments
+    alloc_conf: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +125,7 @@ def check_step(
         "adapter": adapter_json(workload),
         "attention_kernel": at_request.details.get("attention"),
         "ckpt_reentrant": workload.ckpt_reentrant, "liger": list(workload.liger),
+        "alloc_conf": allocator_text(backend),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -131,6 +135,13 @@ def check_step(
         if form is not None:
             remember(CellMemo(step, best, cap, searched, form))
     return result
+
+
+def allocator_text(backend: Any) -> str | None:
+    """The allocator settings a backend's steps run under (None: PyTorch's default)."""
+    allocator = getattr(backend, "allocator", None) or getattr(getattr(backend, "estimator", None),
+                                                               "allocator", None)
+    return (allocator.conf_text() or None) if allocator is not None else getattr(backend, "alloc_conf", None)
 
 
 def verdict(step: Mapping[str, Any], *, best: int, batch_size: int, effective_batch: int | None,
@@ -196,6 +207,8 @@ def format_message(result: CheckResult) -> str:
     else:
         line = f"does not fit: {where}: max batch {result.max_batch_size}; {result.suggestion}"
     notes = [f"warning: {w}" for w in result.warnings]
+    if result.alloc_conf:
+        notes.append(f"note: estimated with PyTorch's allocator under PYTORCH_ALLOC_CONF={result.alloc_conf}")
     if result.outside_allocator_bytes:
         notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
     return "\n".join([line, *notes])
@@ -308,7 +321,10 @@ def check_from_memo(memo: CellMemo, *, batch_size: int, effective_batch: int | N
     if batch_size > memo.max_batch_size and memo.levers is None:
         return None
     levers = memo.levers or []
-    replayed = replay(memo.form.at(batch_size).events(), memo.step["budget_bytes"])
+    from autotune.backends.estimate.alloc_conf import parse_alloc_conf
+
+    replayed = replay(memo.form.at(batch_size).events(), memo.step["budget_bytes"],
+                      parse_alloc_conf(memo.step.get("alloc_conf")))
     return verdict(memo.step, best=memo.max_batch_size, batch_size=batch_size,
                    effective_batch=effective_batch, peak_bytes=replayed.peak_reserved_bytes,
                    runs=replayed.fits, levers=lambda: levers)
