@@ -4,6 +4,7 @@ Run from the repository root on a CUDA machine; everything lands in OUT:
 
     python benchmarks/gpu_measure.py plan first --out OUT --deadline EPOCH_S
     python benchmarks/gpu_measure.py plan second --out OUT --deadline EPOCH_S
+    benchmarks/gpu_session.sh next 420 --tests     # the next lease: what is still unmeasured
 
 A plan is a list of phases run one after another; a phase is lanes run side by side (one process
 each, on the same card: each job's budget caps its own caching allocator, so lanes whose budgets add
@@ -84,6 +85,23 @@ JOBS.update({
                                     table="roberta-base-16GiB"),
     "bert-base-uncased-16GiB-rest": dict(**BERT_BASE, gpu_memory="16GiB", modes="ckpt,fp32",
                                          table="bert-base-uncased-16GiB"),
+    "bert-base-uncased-16GiB-fp32": dict(**BERT_BASE, gpu_memory="16GiB", modes="fp32",
+                                         table="bert-base-uncased-16GiB"),
+    "bert-base-uncased-16GiB-expandable": dict(**BERT_BASE, gpu_memory="16GiB", modes="ckpt,amp+ckpt",
+                                               env=EXPANDABLE),
+    "bert-large-uncased-12GiB-rest": dict(model="bert-large-uncased", gpu_memory="12GiB",
+                                          modes="amp+ckpt,ckpt", table="bert-large-uncased-12GiB"),
+    "bert-large-uncased-16GiB-rest": dict(model="bert-large-uncased", gpu_memory="16GiB",
+                                          modes="amp+ckpt,amp,ckpt", table="bert-large-uncased-16GiB"),
+    "roberta-base-16GiB-amp": dict(model="roberta-base", gpu_memory="16GiB", modes="amp,fp32",
+                                   table="roberta-base-16GiB"),
+    "roberta-base-16GiB-expandable-amp": dict(model="roberta-base", gpu_memory="16GiB", modes="amp+ckpt,amp",
+                                              env=EXPANDABLE, table="roberta-base-16GiB-expandable"),
+    "llama-3.2-1b-24GiB-512": dict(gpu_memory="24GiB", model=LLAMA["model"], modes="bf16+ckpt",
+                                   seq_lens="512", table="llama-3.2-1b-24GiB"),
+    "llama-3.2-1b-qlora-trl-24GiB-rest": dict(gpu_memory="24GiB", model=LLAMA["model"], peft="qlora",
+                                              qlora_recipe="trl", modes="bf16+ckpt", seq_lens="512,1024,4096",
+                                              table="llama-3.2-1b-qlora-trl-24GiB"),
     "bert-large-uncased-12GiB-amp": dict(model="bert-large-uncased", gpu_memory="12GiB", modes="amp,fp32",
                                          table="bert-large-uncased-12GiB"),
     # expandable segments in the other modes and models
@@ -123,6 +141,12 @@ RECORDS: dict[str, dict[str, Any]] = {
     # freed, and the next step's logits find no segment whole: docs/accuracy.md), at the measured max
     # and at the batch that ran out of memory on the GPU, where the GPU's free memory was split too.
     "llama-1b-lora-bf16ckpt-512x24-24GiB": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=24,
+                                                peft="lora", gpu_memory="24GiB"),
+    # A fresh process's step below the max the table's worker found (the next lease: where a fresh
+    # job's first step stops fitting)
+    "llama-1b-lora-bf16ckpt-512x23-24GiB": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=23,
+                                                peft="lora", gpu_memory="24GiB"),
+    "llama-1b-lora-bf16ckpt-512x22-24GiB": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=22,
                                                 peft="lora", gpu_memory="24GiB"),
     "llama-1b-lora-bf16ckpt-512x25-24GiB": dict(model=LLAMA["model"], mode="bf16+ckpt", seq_len=512, batch=25,
                                                 peft="lora", gpu_memory="24GiB"),
@@ -215,6 +239,19 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["bert-large-uncased-16GiB-ckpt"],
             ["bert-large-uncased-12GiB-amp"],
             ["gpt2-causal-lm-16GiB"],
+        ],
+    ],
+    # The next lease (one call of at most 8 minutes, about 120 GiB of budgets side by side): what the
+    # H200's three left unmeasured, and a fresh process's first step beside a probed worker's max (the
+    # 512 x 24 LoRA step ran out of memory fresh where the table's worker fitted 25: h200/README.md).
+    "next": [
+        [
+            ["bert-large-uncased-16GiB-rest", "bert-large-uncased-12GiB-rest"],
+            ["roberta-base-16GiB-amp", "bert-base-uncased-16GiB-fp32"],
+            ["roberta-base-16GiB-expandable-amp", "bert-base-uncased-16GiB-expandable"],
+            ["record:llama-1b-lora-bf16ckpt-512x24-24GiB", "record:llama-1b-lora-bf16ckpt-512x23-24GiB",
+             "record:llama-1b-lora-bf16ckpt-512x22-24GiB"],
+            ["llama-3.2-1b-24GiB-512", "llama-3.2-1b-qlora-trl-24GiB-rest"],
         ],
     ],
     "third": [
