@@ -668,6 +668,24 @@ def resolve_adapter(step: Step, found: Findings) -> Adapter | None:
     return None
 
 
+def target_field(target: Target, found: Findings) -> str | None:
+    """The field an error of the target card is about; a budget on a known card (``gpu`` and
+    ``gpu_memory``) checked here, its card under ``gpu``, its size under ``gpu_memory`` (None: one
+    of them is refused)."""
+    from autotune.gpus import budget_on, resolve_gpu
+    from autotune.units import parse_bytes
+
+    if target.multiprocessors is not None:
+        return "multiprocessors"
+    if target.gpu is None or target.gpu_memory is None:
+        return "gpu" if target.gpu is not None else "gpu_memory"
+    with found.about("gpu"):
+        card = resolve_gpu(target.gpu)
+        with found.about("gpu_memory"):
+            budget_on(card, parse_bytes(target.gpu_memory))
+    return "gpu_memory" if found.ok("gpu") and found.ok("gpu_memory") else None
+
+
 def resolve_target(target: Target, found: Findings, *, seeded: bool = True
                    ) -> tuple[Backend | None, GpuSpec | None]:
     """The backend and the card it answers for, the margin checked against it."""
@@ -675,13 +693,12 @@ def resolve_target(target: Target, found: Findings, *, seeded: bool = True
     from autotune.backends.estimate.alloc_conf import alloc_conf_text, parse_alloc_conf
     from autotune.tuner import budget_bytes
 
-    name = ("multiprocessors" if target.multiprocessors is not None else
-            "gpu" if target.gpu is not None else "gpu_memory")
+    name = target_field(target, found)
     backend = gpu = None
     alloc_conf = target.alloc_conf if target.alloc_conf is not None else alloc_conf_text(os.environ)
     with found.about("alloc_conf"):
         parse_alloc_conf(alloc_conf)  # refused here, naming the field
-    if not found.ok("alloc_conf"):
+    if name is None or not found.ok("alloc_conf"):
         return None, None
     with found.about(name):
         if target.backend not in BACKENDS:

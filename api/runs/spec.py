@@ -60,6 +60,7 @@ from autotune.request import (
     request_from,
     resolve_adapter,
     resolve_model,
+    target_field,
 )
 from autotune.search import METHODS
 from autotune.tuner import budget_bytes
@@ -356,9 +357,10 @@ class _Normalizing:
         if found.ok("backend"):
             with found.about("backend"):
                 self.env = self.environment(target.backend, target.gpu)
-        gpu_field = ("multiprocessors" if target.multiprocessors is not None else
-                     "gpu" if target.gpu is not None else "gpu_memory")
-        if self.env is None or not found.ok("gpu_memory"):
+        if self.env is None or not found.ok("gpu_memory", "alloc_conf"):
+            return
+        gpu_field = target_field(target, found)
+        if gpu_field is None:
             return
         with found.about(gpu_field):
             if self.env.get("fleet") is not None:  # measured on a node of the kind: the preset is its card

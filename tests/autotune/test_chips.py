@@ -96,7 +96,8 @@ def test_the_allocator_settings_are_the_environments_unless_given(monkeypatch):
     assert (classic.environment["allocator"], classic.environment["alloc_conf"]) == ("classic segments", None)
     assert expandable.environment["allocator"] == "expandable segments"
     assert expandable.environment["alloc_conf"] == "expandable_segments:True"
-    assert all(e.max_batch_size >= c.max_batch_size for e, c in zip(expandable.cells, classic.cells, strict=True))
+    pairs = zip(expandable.cells, classic.cells, strict=True)
+    assert all(e.max_batch_size >= c.max_batch_size for e, c in pairs)
     again = autotune.table("tiny-bert", **kwargs, alloc_conf="")  # given: the environment's is not read
     assert again.environment["alloc_conf"] is None
     assert [c.max_batch_size for c in again.cells] == [c.max_batch_size for c in classic.cells]

@@ -272,7 +272,7 @@ def test_table_seeds_a_guided_search_unless_told_not_to(
 
     asked = []
 
-    def make_backend(name: str, gpu: Any, gpu_memory: Any, *, seeded: bool = True) -> Any:
+    def make_backend(name: str, gpu: Any, gpu_memory: Any, *, seeded: bool = True, **target: Any) -> Any:
         asked.append(seeded)
         return EstimateBackend(GPU), GPU
 
