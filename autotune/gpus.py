@@ -308,11 +308,14 @@ def size_only_chip() -> tuple[str, tuple[int, int]]:
     the one keeping the most threads resident (multiprocessors x threads per multiprocessor).
 
     CUDA's reduction kernels split their work over every resident thread, and their staging
-    buffers grow with it (estimate/reduce.py): with that chip's, a size-only answer is the answer of
-    a current card, its reduction buffers the largest of any preset's. (Before, a size alone took
-    the largest buffers any chip could: 7 to 20 % below an H100's or H200's answer in checkpointed
-    BERT cells, docs/accuracy.md.) The other parts CUDA sizes by the card are Hopper's and
-    Blackwell's: cuDNN attention (backends/estimate/attention.py) and 32 MiB cuBLAS workspaces.
+    buffers grow with it (estimate/reduce.py): with that chip's, a size-only answer's reduction
+    buffers are the largest of any preset's. (Before, a size alone took the largest buffers any chip
+    could: 7 to 14 % below the H200's answer at the same budget in checkpointed BERT cells,
+    docs/accuracy.md.) What a larger chip would save is not counted for it: the embedding backward
+    takes its two-pass kernel (Multiprocessors.known False, estimate/embedding.py), Liger's RMSNorm
+    the most multiprocessors of any preset (`most_multiprocessors`). The other parts CUDA sizes by
+    the card are Hopper's and Blackwell's: cuDNN attention (backends/estimate/attention.py) and
+    32 MiB cuBLAS workspaces.
     """
     def resident(preset: GpuSpec) -> tuple[int, int]:
         count = PRESET_MULTIPROCESSORS[preset.name]
@@ -444,17 +447,30 @@ def budget_on(card: GpuSpec, total_memory_bytes: int) -> GpuSpec:
                    multiprocessors=multiprocessors(card))
 
 
+def chip_is_known(gpu: GpuSpec) -> bool:
+    """Whether the spec's chip is known (its own, a preset's, a local device's), not taken to be one."""
+    return gpu.multiprocessors is not None or bool(
+        GPU_PRESETS.get(gpu.name) or _preset_for_device(gpu.name, gpu.total_memory_bytes))
+
+
+def most_multiprocessors() -> int:
+    """The most multiprocessors of any preset's chip: what grows with their count alone (LigerRMSNorm's
+    per-program gradients) takes it for a chip known only by a card's size."""
+    return max(PRESET_MULTIPROCESSORS.values())
+
+
 def describe_chip(gpu: GpuSpec) -> str:
     """What the estimate took the card's chip to be, in words (the ``chip`` of a table's environment)."""
     count, threads = multiprocessors(gpu)
     found = f"{count} multiprocessors x {threads} threads"
-    if gpu.multiprocessors is not None or GPU_PRESETS.get(gpu.name) or _preset_for_device(
-            gpu.name, gpu.total_memory_bytes):
+    if chip_is_known(gpu):
         return found
     name, _ = size_only_chip()
-    return (f"unknown (a size alone), taken to be a current one: the {name}'s {found}, the most threads "
-            "of any preset (CUDA's reduction buffers grow with them), cuDNN attention and 32 MiB cuBLAS "
-            "workspaces as on Hopper and Blackwell; --gpu with --gpu-memory, or --multiprocessors, names it")
+    return (f"unknown (a size alone), taken to be the largest current one: CUDA's reduction buffers for the "
+            f"{name}'s {found}, the most threads of any preset; the embedding backward's two-pass kernel; "
+            f"Liger's per-program buffers for {most_multiprocessors()} multiprocessors; cuDNN attention and "
+            "32 MiB cuBLAS workspaces as on Hopper and Blackwell; --gpu with --gpu-memory, or "
+            "--multiprocessors, names it")
 
 
 # Threads a multiprocessor keeps resident where a count is given alone: the most of any architecture

@@ -13,6 +13,7 @@ from autotune.gpus import (
     MAX_THREADS_PER_MULTIPROCESSOR,
     PRESET_MULTIPROCESSORS,
     budget_on,
+    chip_is_known,
     custom_gpu,
     describe_chip,
     multiprocessors,
@@ -31,8 +32,15 @@ def test_a_size_alone_takes_the_preset_chip_keeping_the_most_threads_resident():
     assert count * threads == max(resident.values()) == resident[name]
     assert multiprocessors(custom_gpu(12 * GIB)) == (count, threads)
     assert describe_chip(custom_gpu(12 * GIB)).startswith(
-        f"unknown (a size alone), taken to be a current one: the {name}'s {count} multiprocessors "
-        f"x {threads}")
+        f"unknown (a size alone), taken to be the largest current one: CUDA's reduction buffers for the "
+        f"{name}'s {count} multiprocessors x {threads}")
+    assert not chip_is_known(custom_gpu(12 * GIB)) and chip_is_known(budget_on(GPU_PRESETS["T4"], 8 * GIB))
+    # what a larger chip would save is not counted for an assumed one: the embedding backward's
+    # two-pass kernel (its multiprocessors unknown to the tracker)
+    from autotune.backends.estimate.backend import EstimateBackend
+
+    assert EstimateBackend(custom_gpu(12 * GIB)).multiprocessors.known is False
+    assert EstimateBackend(custom_gpu(12 * GIB, (46, 1536))).multiprocessors.known is True
 
 
 def test_a_budget_on_a_known_card_keeps_its_chip_context_and_architecture():

@@ -419,14 +419,14 @@ class EstimateBackend:
 
     def __init__(self, gpu: GpuSpec, allocator: AllocatorConfig | None = None) -> None:
         from autotune.backends.estimate.reduce import Multiprocessors
-        from autotune.gpus import multiprocessors
+        from autotune.gpus import chip_is_known, multiprocessors
 
         self.gpu = gpu
         # PyTorch's caching-allocator settings the step runs under (PYTORCH_ALLOC_CONF): the classic
         # segments by default, or expandable ones (alloc_conf.py, allocator.py)
         self.allocator = allocator or AllocatorConfig()
         # what CUDA's reductions size their buffers by (reduce.py)
-        self.multiprocessors = Multiprocessors(*multiprocessors(gpu))
+        self.multiprocessors = Multiprocessors(*multiprocessors(gpu), known=chip_is_known(gpu))
         self._models: dict[tuple[Any, ...], _FakeModel] = {}
         self._emulation: Any = None  # the CudaEmulation of the probe in progress
         # The SDPA kernels each (workload, mode)'s traces ran (attention.py), for the probes' details.

@@ -5,14 +5,14 @@ What a Liger kernel's Python wrapper allocates with torch is traced as any op is
 kernel computes in registers is done by torch temporaries (liger_kernels.py) made inside
 ``tracker.outside_allocator()``, whose storages no tracker counts. LigerRMSNorm's backward sizes its
 per-program weight gradients by the device's ``multi_processor_count``: the target card's
-(gpus.multiprocessors), gpus.size_only_chip's where it is known only by its size.
+(gpus.multiprocessors), the most of any preset's where it is known only by its size.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.gpus import GpuSpec, multiprocessors
+from autotune.gpus import GpuSpec, chip_is_known, most_multiprocessors, multiprocessors
 from autotune.workload.liger import apply_kernels
 
 if TYPE_CHECKING:
@@ -25,5 +25,6 @@ def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec) -> N
         return
     from autotune.backends.estimate.tracker import outside_allocator
 
-    apply_kernels(model, kernels, sm_count=multiprocessors(gpu)[0],
+    count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
+    apply_kernels(model, kernels, sm_count=count,
                   registers=outside_allocator)

@@ -50,6 +50,9 @@ class Multiprocessors:
 
     count: int  # multiProcessorCount
     max_threads: int  # maxThreadsPerMultiProcessor
+    # False for a chip taken to be one (gpus.size_only_chip): what grows with a larger chip is sized
+    # for it, what a kernel choice on it would save is not (the embedding backward: embedding.py)
+    known: bool = True
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,9 @@ class StorageTracker(TorchDispatchMode):
             elif func is _EMBEDDING_BACKWARD:  # (grad_output, indices, num_weights, padding_idx, scale)
                 grad_output, indices, num_weights, _padding_idx, scale_grad_by_freq = _arguments(
                     func, args, kwargs or {})
-                multiprocessors = None if self._device is None else self._device.count
+                # an assumed chip takes the two-pass kernel, the larger buffers (embedding.py)
+                known = self._device is not None and self._device.known
+                multiprocessors = self._device.count if known and self._device is not None else None
                 self._transients(partial_sums(grad_output, num_weights, scale_grad_by_freq, multiprocessors),
                                  indices.numel())
         return out
