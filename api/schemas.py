@@ -431,6 +431,8 @@ class CheckPublic(BaseModel):
                                          "(rms_norm, rope, swiglu, ...); empty without")
     alloc_conf: str | None = Field(default=None, description="PyTorch's caching-allocator settings the step "
                                    "was answered under (PYTORCH_ALLOC_CONF); null: its default")
+    chip_assumed: str | None = Field(default=None, description="the preset whose chip a card given by its "
+                                     "size alone was taken to be; null where the chip is known")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")

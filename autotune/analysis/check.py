@@ -21,7 +21,7 @@ from autotune.analysis.levers import Lever, LeverRunner, helpful_levers, suggest
 from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
-from autotune.gpus import GpuSpec
+from autotune.gpus import GpuSpec, chip_is_known, size_only_chip
 from autotune.search import Probe
 from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
 from autotune.units import format_bytes
@@ -65,6 +65,9 @@ class CheckResult:
     # PyTorch's caching-allocator settings the step was estimated under (PYTORCH_ALLOC_CONF's text,
     # alloc_conf.py); None: its default, the classic segments
     alloc_conf: str | None = None
+    # The chip the estimate took a card given by its size alone to be (gpus.describe_chip); None
+    # where the card's chip is known
+    chip_assumed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +129,7 @@ def check_step(
         "attention_kernel": at_request.details.get("attention"),
         "ckpt_reentrant": workload.ckpt_reentrant, "liger": list(workload.liger),
         "alloc_conf": allocator_text(backend),
+        "chip_assumed": None if chip_is_known(gpu) else size_only_chip()[0],
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -209,6 +213,10 @@ def format_message(result: CheckResult) -> str:
     notes = [f"warning: {w}" for w in result.warnings]
     if result.alloc_conf:
         notes.append(f"note: estimated with PyTorch's allocator under PYTORCH_ALLOC_CONF={result.alloc_conf}")
+    if result.chip_assumed and not result.fits:  # a fit is one line (a CI log); --json says it always
+        chip = result.chip_assumed
+        notes.append(f"note: a size alone: the chip taken to be the {chip}'s, the most threads of any preset "
+                     "(--gpu CARD with --gpu-memory, or --multiprocessors N, names it)")
     if result.outside_allocator_bytes:
         notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
     return "\n".join([line, *notes])
