@@ -218,7 +218,8 @@ class Workspace:
         return semaphores if self.semaphores else buffer
 
     def to_json(self) -> dict[str, Any]:
-        device = None if self.device is None else [self.device.count, self.device.max_threads]
+        chip = self.device
+        device = None if chip is None else [chip.count, chip.max_threads, chip.known]
         return {"dims": [list(dim) for dim in self.reduction.dims], "acc_bytes": self.reduction.acc_bytes,
                 "device": device, "semaphores": self.semaphores}
 
@@ -226,6 +227,7 @@ class Workspace:
     def from_json(cls, document: Any) -> Workspace:
         dims = tuple((int(size), int(stride), bool(reduced)) for size, stride, reduced in document["dims"])
         reduction = ReduceInput(dims, int(document["acc_bytes"]))
+        # [count, threads, known]; the two first alone in a trace kept before chips were assumed
         device = None if document["device"] is None else Multiprocessors(*document["device"])
         return cls(reduction, device, bool(document["semaphores"]))
 
