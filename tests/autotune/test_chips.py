@@ -85,11 +85,10 @@ def test_a_budget_larger_than_the_card_or_its_context_is_refused():
 def test_a_table_says_which_chip_it_took_and_fewer_threads_take_less_memory():
     """A size alone is answered for the size-only chip; a smaller chip's reductions need no more."""
     alone = autotune.table("tiny-bert", gpu_memory="1GiB", **TINY)
-    named = autotune.table("tiny-bert", gpu_memory="1GiB", multiprocessors=size_only_chip()[1][0], **TINY)
     small = autotune.table("tiny-bert", gpu_memory="1GiB", multiprocessors="28x1536", **TINY)
     assert alone.environment["chip"].startswith("unknown (a size alone)")
     assert small.environment["chip"] == "28 multiprocessors x 1536 threads"
-    assert alone.cells[0].max_batch_size == named.cells[0].max_batch_size <= small.cells[0].max_batch_size
+    assert alone.cells[0].max_batch_size <= small.cells[0].max_batch_size
     budget = autotune.table("tiny-bert", gpu="H100-80GB", gpu_memory="1GiB", **TINY)
     assert (budget.gpu_name, budget.gpu_memory_bytes) == ("H100-80GB, 1 GiB of it", GIB)
 
@@ -97,10 +96,11 @@ def test_a_table_says_which_chip_it_took_and_fewer_threads_take_less_memory():
 def test_the_allocator_settings_are_the_environments_unless_given(monkeypatch):
     """PYTORCH_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF) of this environment, or alloc_conf; expandable
     segments fit at least what the classic ones do, and the table says which allocator it modelled."""
-    kwargs = dict(TINY, modes="fp32,ckpt", gpu_memory="1GiB", workers=2)
+    kwargs = dict(TINY, modes="fp32,ckpt", gpu_memory="1GiB", workers=1)
     classic = autotune.table("tiny-bert", **kwargs)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    expandable = autotune.table("tiny-bert", **kwargs)
+    # in the modes' processes too
+    expandable = autotune.table("tiny-bert", **{**kwargs, "workers": 2})
     assert (classic.environment["allocator"], classic.environment["alloc_conf"]) == ("classic segments", None)
     assert expandable.environment["allocator"] == "expandable segments"
     assert expandable.environment["alloc_conf"] == "expandable_segments:True"
