@@ -39,7 +39,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -293,11 +293,23 @@ def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budge
     return found
 
 
+def tuned_modes(table: dict[str, Any], workload: Any, backend: Any, spec: Any) -> Iterator[Any]:
+    """(mode, its measured cells by length, the estimator's table of them) for each measured mode:
+    ``tune_table`` one mode at a time over the lengths measured in it, as the table was searched."""
+    from autotune.tuner import tune_table
+    from autotune.workload.modes import parse_modes
+
+    for mode in parse_modes(",".join(table["modes"])):
+        measured = {c["seq_len"]: c for c in table["cells"] if c["mode"] == mode.name}
+        if measured:
+            yield mode, measured, tune_table(workload, backend, spec, seq_lens=sorted(measured), modes=[mode],
+                                             margin=table["margin"], method=table["search"],
+                                             max_batch=table["max_batch"])
+
+
 def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
     """The estimator's answers for every measured cell of ``table`` (what the cache keeps)."""
     from autotune.backends.estimate.backend import EstimateBackend
-    from autotune.tuner import tune_table
-    from autotune.workload.modes import parse_modes
 
     started = time.perf_counter()
     spec = target_gpu(table)
@@ -305,12 +317,7 @@ def estimate_table(table: dict[str, Any]) -> dict[str, Any]:
     workload = table_workload(table, backend)
     budget = table["budget_bytes"]
     cells = []
-    for mode in parse_modes(",".join(table["modes"])):
-        measured = {c["seq_len"]: c for c in table["cells"] if c["mode"] == mode.name}
-        if not measured:
-            continue
-        result = tune_table(workload, backend, spec, seq_lens=sorted(measured), modes=[mode],
-                            margin=table["margin"], method=table["search"], max_batch=table["max_batch"])
+    for mode, measured, result in tuned_modes(table, workload, backend, spec):
         for cell in result.cells:
             batch = measured[cell.seq_len]["max_batch_size"]
             at = estimate_at(backend, workload, mode, cell.seq_len, budget, batch) if batch else None
@@ -334,20 +341,13 @@ def size_only_answers(table: dict[str, Any], workload: Any) -> dict[str, int | N
     ``--gpu-memory`` asks (gpus.size_only_chip), keyed "mode:seq_len"; None for a whole card."""
     from autotune.backends.estimate.backend import EstimateBackend
     from autotune.gpus import custom_gpu
-    from autotune.tuner import tune_table
-    from autotune.workload.modes import parse_modes
 
     if not table["gpu_name"].startswith("custom"):
         return None
     spec = custom_gpu(table["gpu_memory_bytes"])
-    backend, answers = EstimateBackend(spec, table_allocator(table)), {}
-    for mode in parse_modes(",".join(table["modes"])):
-        lengths = sorted(c["seq_len"] for c in table["cells"] if c["mode"] == mode.name)
-        if lengths:
-            result = tune_table(workload, backend, spec, seq_lens=lengths, modes=[mode],
-                                margin=table["margin"], method=table["search"], max_batch=table["max_batch"])
-            answers.update({f"{c.mode}:{c.seq_len}": c.max_batch_size for c in result.cells})
-    return answers
+    backend = EstimateBackend(spec, table_allocator(table))
+    return {f"{c.mode}:{c.seq_len}": c.max_batch_size
+            for _, _, result in tuned_modes(table, workload, backend, spec) for c in result.cells}
 
 
 def load_cache(path: Path) -> dict[str, Any]:

@@ -61,61 +61,51 @@ JOBS: dict[str, dict[str, Any]] = {
 # switch on by default: a job's or a record's ``env`` is set before torch starts in its process. A
 # job's ``table`` names the measured table its cells belong to (run_assemble).
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-LORA_CKPT = dict(model=LLAMA["model"], peft="lora", modes="bf16+ckpt", seq_lens=LLAMA["seq_lens"])
-BERT_BASE = dict(model="bert-base-uncased")
+
+
+def _variant(of: str, **changes: Any) -> dict[str, Any]:
+    """The job ``of`` with ``changes``: another table of it, or, with ``table=of``, a part of its own."""
+    return {**JOBS[of], **changes}
+
+
 JOBS.update({
-    "bert-base-uncased-12GiB-expandable": dict(**BERT_BASE, gpu_memory="12GiB", modes="ckpt,amp+ckpt",
-                                               env=EXPANDABLE),
-    "llama-3.2-1b-lora-12GiB": dict(gpu_memory="12GiB", **LORA_CKPT),
-    "llama-3.2-1b-lora-12GiB-expandable": dict(gpu_memory="12GiB", **LORA_CKPT, env=EXPANDABLE),
-    "llama-3.2-1b-lora-24GiB-expandable": dict(gpu_memory="24GiB", **LORA_CKPT, env=EXPANDABLE),
-    # The classic 512 cell the H100 ran at 24 and the H200 did not (its 512 x 24 record ran out).
-    "llama-3.2-1b-lora-24GiB-512": dict(gpu_memory="24GiB", **{**LORA_CKPT, "seq_lens": "512"},
-                                        table="llama-3.2-1b-lora-24GiB"),
-    # The size-only answers' distance to the chip's (issue "Measured truth, second card"): the cells
-    # the H200's first lease did not reach, mixed precision and checkpointing first (the first lease
-    # measured ckpt at 64 and 128 tokens).
-    "bert-base-uncased-12GiB-rest": dict(**BERT_BASE, gpu_memory="12GiB", modes="amp+ckpt,ckpt",
-                                         table="bert-base-uncased-12GiB"),
-    "bert-base-uncased-12GiB-amp": dict(**BERT_BASE, gpu_memory="12GiB", modes="amp,fp32",
-                                        table="bert-base-uncased-12GiB"),
-    "bert-base-uncased-16GiB-amp": dict(**BERT_BASE, gpu_memory="16GiB", modes="amp+ckpt,amp",
-                                        table="bert-base-uncased-16GiB"),
-    "roberta-base-16GiB-rest": dict(model="roberta-base", gpu_memory="16GiB", modes="amp+ckpt,ckpt",
-                                    table="roberta-base-16GiB"),
-    "bert-base-uncased-16GiB-rest": dict(**BERT_BASE, gpu_memory="16GiB", modes="ckpt,fp32",
-                                         table="bert-base-uncased-16GiB"),
-    "bert-base-uncased-16GiB-fp32": dict(**BERT_BASE, gpu_memory="16GiB", modes="fp32",
-                                         table="bert-base-uncased-16GiB"),
-    "bert-base-uncased-16GiB-expandable": dict(**BERT_BASE, gpu_memory="16GiB", modes="ckpt,amp+ckpt",
-                                               env=EXPANDABLE),
-    "bert-large-uncased-12GiB-rest": dict(model="bert-large-uncased", gpu_memory="12GiB",
-                                          modes="amp+ckpt,ckpt", table="bert-large-uncased-12GiB"),
-    "bert-large-uncased-16GiB-rest": dict(model="bert-large-uncased", gpu_memory="16GiB",
-                                          modes="amp+ckpt,amp,ckpt", table="bert-large-uncased-16GiB"),
-    "roberta-base-16GiB-amp": dict(model="roberta-base", gpu_memory="16GiB", modes="amp,fp32",
-                                   table="roberta-base-16GiB"),
-    "roberta-base-16GiB-expandable-amp": dict(model="roberta-base", gpu_memory="16GiB", modes="amp+ckpt,amp",
-                                              env=EXPANDABLE, table="roberta-base-16GiB-expandable"),
-    "llama-3.2-1b-24GiB-512": dict(gpu_memory="24GiB", model=LLAMA["model"], modes="bf16+ckpt",
-                                   seq_lens="512", table="llama-3.2-1b-24GiB"),
-    "llama-3.2-1b-qlora-trl-24GiB-rest": dict(gpu_memory="24GiB", model=LLAMA["model"], peft="qlora",
-                                              qlora_recipe="trl", modes="bf16+ckpt", seq_lens="512,1024,4096",
-                                              table="llama-3.2-1b-qlora-trl-24GiB"),
-    "bert-large-uncased-12GiB-amp": dict(model="bert-large-uncased", gpu_memory="12GiB", modes="amp,fp32",
-                                         table="bert-large-uncased-12GiB"),
-    # expandable segments in the other modes and models
-    "bert-base-uncased-12GiB-expandable-amp": dict(
-        **BERT_BASE, gpu_memory="12GiB", modes="amp,fp32", env=EXPANDABLE,
-        table="bert-base-uncased-12GiB-expandable"),
-    "roberta-base-16GiB-expandable": dict(model="roberta-base", gpu_memory="16GiB", modes="ckpt,amp+ckpt",
-                                          env=EXPANDABLE),
-    "llama-3.2-1b-24GiB-expandable": dict(gpu_memory="24GiB", model=LLAMA["model"], modes="bf16+ckpt",
-                                          seq_lens="1024,2048,4096", env=EXPANDABLE),
-    "llama-3.2-1b-qlora-trl-24GiB-expandable": dict(gpu_memory="24GiB", model=LLAMA["model"], peft="qlora",
-                                                    qlora_recipe="trl", modes="bf16+ckpt", seq_lens="2048",
-                                                    env=EXPANDABLE),
+    "llama-3.2-1b-lora-12GiB": _variant("llama-3.2-1b-lora-24GiB", gpu_memory="12GiB", modes="bf16+ckpt"),
+    "bert-base-uncased-12GiB-expandable": _variant("bert-base-uncased-12GiB", modes="ckpt,amp+ckpt",
+                                                   env=EXPANDABLE),
+    "bert-base-uncased-16GiB-expandable": _variant("bert-base-uncased-16GiB", modes="ckpt,amp+ckpt",
+                                                   env=EXPANDABLE),
+    "roberta-base-16GiB-expandable": _variant("roberta-base-16GiB", modes="ckpt,amp+ckpt", env=EXPANDABLE),
+    "llama-3.2-1b-24GiB-expandable": _variant("llama-3.2-1b-24GiB", modes="bf16+ckpt",
+                                              seq_lens="1024,2048,4096", env=EXPANDABLE),
+    "llama-3.2-1b-lora-24GiB-expandable": _variant("llama-3.2-1b-lora-24GiB", modes="bf16+ckpt",
+                                                   env=EXPANDABLE),
+    "llama-3.2-1b-qlora-trl-24GiB-expandable": _variant("llama-3.2-1b-qlora-trl-24GiB", modes="bf16+ckpt",
+                                                        seq_lens="2048", env=EXPANDABLE),
 })
+JOBS["llama-3.2-1b-lora-12GiB-expandable"] = _variant("llama-3.2-1b-lora-12GiB", env=EXPANDABLE)
+# Parts of a table (``table``): the size-only answers' distance to the chip's (issue "Measured truth,
+# second card"), the cells earlier leases did not reach, mixed precision and checkpointing first.
+_PARTS = (
+    ("bert-base-uncased-12GiB", "rest", dict(modes="amp+ckpt,ckpt")),  # ckpt at 64, 128 measured first
+    ("bert-base-uncased-12GiB", "amp", dict(modes="amp,fp32")),
+    ("bert-base-uncased-16GiB", "amp", dict(modes="amp+ckpt,amp")),
+    ("bert-base-uncased-16GiB", "rest", dict(modes="ckpt,fp32")),
+    ("bert-base-uncased-16GiB", "fp32", dict(modes="fp32")),
+    ("bert-large-uncased-12GiB", "amp", dict(modes="amp,fp32")),
+    ("bert-large-uncased-12GiB", "rest", dict(modes="amp+ckpt,ckpt")),
+    ("bert-large-uncased-16GiB", "rest", dict(modes="amp+ckpt,amp,ckpt")),
+    ("roberta-base-16GiB", "rest", dict(modes="amp+ckpt,ckpt")),
+    ("roberta-base-16GiB", "amp", dict(modes="amp,fp32")),
+    # the classic 512 cells the H100 ran at 24 GiB and the H200 did not (its 512 x 24 record ran out)
+    ("llama-3.2-1b-24GiB", "512", dict(modes="bf16+ckpt", seq_lens="512")),
+    ("llama-3.2-1b-lora-24GiB", "512", dict(modes="bf16+ckpt", seq_lens="512")),
+    ("llama-3.2-1b-qlora-trl-24GiB", "rest", dict(modes="bf16+ckpt", seq_lens="512,1024,4096")),
+    # expandable segments in the other modes
+    ("bert-base-uncased-12GiB-expandable", "amp", dict(modes="amp,fp32")),
+    ("roberta-base-16GiB-expandable", "amp", dict(modes="amp+ckpt,amp")),
+)
+for _table, _part, _changes in _PARTS:
+    JOBS[f"{_table}-{_part}"] = _variant(_table, **_changes, table=_table)
 # What a lease's deadline left of the Llama tables, seeded from the whole tables' estimates.
 for _name, _seq_lens in (("llama-3.2-1b-24GiB", "1024,2048,4096"),
                          ("llama-3.2-1b-lora-24GiB", "1024,2048,4096"),
