@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
+from autotune.workload.parallel import Parallel
 from autotune.workload.step import MIN_STEPS
 
 
@@ -28,3 +29,5 @@ class Workload:
     # Liger Kernel's kernels swapped in, emulated (workload.liger: its KERNELS that the model type's
     # patch takes, in that order); its fused linear cross-entropy is ``loss`` "chunked".
     liger: tuple[str, ...] = ()
+    # A multi-GPU job (workload.parallel): the step is one rank's; None: one GPU.
+    parallel: Parallel | None = None

@@ -233,6 +233,7 @@ def run_steps(
     scaler: Any = None,
     after_step: Callable[[int], bool | None] | None = None,
     loss: str = "full",
+    forward: Callable[..., Any] | None = None,
 ) -> None:
     """Run ``steps`` full training steps; the one loop every backend uses.
 
@@ -241,15 +242,16 @@ def run_steps(
 
     ``loss``: "full", the model's own loss; "chunked", Liger's fused linear cross-entropy
     (loss.chunked_lm_loss), which never materializes the logits.
-    """
-    from autotune.workload.loss import chunked_lm_loss
 
+    ``forward(**batch)``: the loss where a wrapper computes it (a multi-GPU job's DDP or FSDP2
+    root around the model and its loss); default ``step_loss``.
+    """
     if steps < MIN_STEPS:
         raise InvalidInput(f"a probe runs at least {MIN_STEPS} steps, got {steps}")
     scaler = scaler or NoScaler()
     for index in range(steps):
         with autocast():
-            value = chunked_lm_loss(model, batch) if loss == "chunked" else model(**batch).loss
+            value = forward(**batch) if forward is not None else step_loss(model, batch, loss)
         scaler.scale(value).backward()
         del value
         scaler.step(optimizer)
@@ -257,6 +259,14 @@ def run_steps(
         optimizer.zero_grad(set_to_none=True)
         if after_step is not None and after_step(index):
             return
+
+
+def step_loss(model: Any, batch: dict[str, torch.Tensor], loss: str) -> torch.Tensor:
+    """The step's loss of ``batch``: the model's own (``full``), or Liger's fused linear
+    cross-entropy (``chunked``, loss.chunked_lm_loss)."""
+    from autotune.workload.loss import chunked_lm_loss
+
+    return chunked_lm_loss(model, batch) if loss == "chunked" else model(**batch).loss
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
+from autotune.backends.estimate.distributed import Distributed
 from autotune.backends.estimate.liger import swap_in
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps
@@ -59,6 +60,7 @@ class _FakeModel:
     model: Any
     mode_ctx: Any  # the FakeTensorMode the model lives in
     attn: str
+    distributed: Distributed | None = None  # a multi-GPU job's rank (distributed.py)
 
 
 def _extrapolation(traces: list[Trace], reference: tuple[Trace, Trace] | None = None,
@@ -465,7 +467,8 @@ class EstimateBackend:
 
     def _model(self, workload: Workload) -> _FakeModel:
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
-               workload.adapter, workload.liger)
+               workload.adapter, workload.liger, workload.parallel,
+               workload.loss if workload.parallel is not None else None)  # a rank's loss is in its wrapper
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -477,7 +480,12 @@ class EstimateBackend:
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
-            cached = self._models[key] = _FakeModel(model, fake_mode, attn)
+            distributed = None
+            if workload.parallel is not None:
+                distributed = Distributed(workload.parallel, workload.loss)
+                with fake_mode:
+                    distributed.prepare(model)
+            cached = self._models[key] = _FakeModel(model, fake_mode, attn, distributed)
         return cached
 
     def _adapt(self, model: Any, workload: Workload) -> Any:

@@ -1,10 +1,10 @@
 """The training step the estimator traces, once per probe, and the hooks that let a caller watch it.
 
 ``trace_step`` allocates what a training script does on the GPU, in its order: the model's
-weights (``load_weights``), the cuBLAS workspaces, the batch, the optimizer, the gradient scaler,
-then ``workload.step.run_steps`` under the CUDA emulation (emulation.py) and the storage tracker
-(tracker.py). Where a (workload, mode)'s steps are steady, the steps after the first are written
-from it instead of run (steps.py).
+weights (``load_weights``), the cuBLAS workspaces, a multi-GPU job's wrapper (distributed.py: DDP's
+buckets), the batch, the optimizer, the gradient scaler, then ``workload.step.run_steps`` under the
+CUDA emulation (emulation.py) and the storage tracker (tracker.py). Where a (workload, mode)'s
+steps are steady, the steps after the first are written from it instead of run (steps.py).
 
 ``StepHooks`` are the step's seams: its tracker and emulation, the optimizer, each forward, each
 optimizer step, the end of each step. Their defaults are the table's step (EstimateBackend.trace);
@@ -205,8 +205,9 @@ def trace_step(
     every step teaches ``steady`` whether they can be."""
     import torch
 
-    model = fake.model
-    with fake.mode_ctx, tracker, hooks.around(model):
+    model, distributed = fake.model, fake.distributed
+    around_rank = contextlib.nullcontext() if distributed is None else distributed.around(tracker)
+    with fake.mode_ctx, tracker, hooks.around(model), around_rank:
         def load(tensor: Any) -> None:
             tracker.track(tensor)
             hooks.loaded(tensor)
@@ -214,6 +215,8 @@ def trace_step(
         load_weights(model, load)
         workspaces = [torch.empty(cublas_workspace_bytes, dtype=torch.uint8)
                       for _ in range(CUBLAS_HANDLES_PER_STEP)]
+        # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
+        forward = None if distributed is None else distributed.forward(model)
         batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
         optimizer = hooks.make_optimizer(model, workload)
         marks = StepMarks()
@@ -226,7 +229,7 @@ def trace_step(
             run_steps(
                 model, batch, optimizer, steps=workload.steps, after_step=marked.after_step,
                 autocast=functools.partial(hooks.forward_region, emulation), scaler=marked,
-                loss=workload.loss,
+                loss=workload.loss, forward=forward,
             )
         written = marked.first is not None
         if marked.first is not None:  # steps 2.. from step 1 (steps.py)
@@ -234,7 +237,7 @@ def trace_step(
             steady.write(writer, marked.first, workload.steps)
             if marked.state is not None:  # what ``del optimizer`` frees of the real state
                 steady.free_state(writer, marked.state)
-        del optimizer, batch, marked, workspaces
+        del optimizer, batch, marked, workspaces, forward
         model.zero_grad(set_to_none=True)
     tracker.close()
     if write_steps and steady.verified is None and not written:

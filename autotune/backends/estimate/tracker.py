@@ -26,6 +26,11 @@ so its output takes over the operand's allocation instead of making one of its o
 An op's outputs are counted in the order its CUDA kernel allocates them, which is their order in
 the result except where ``_allocation_order`` says otherwise (dropout: mask first).
 
+A DTensor (a sharded parameter, gradient or optimizer state of a multi-GPU job: distributed.py)
+holds no memory of its own: its local shard is what the rank allocates, and is what is counted.
+A storage resized in place (FSDP2 frees a gathered parameter to 0 bytes and brings it back) is
+told to ``resized``, which records the free or the allocation: no aten op sees it.
+
 Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
@@ -127,6 +132,7 @@ class StorageTracker(TorchDispatchMode):
         self.events: list[Event] = []
         self._live: dict[int, weakref.finalize] = {}
         self._outside: set[int] = set()  # storages made in outside_allocator(), while alive
+        self._emptied: set[int] = set()  # live storages resized to 0 bytes (``resized``)
         self._closed = False
         # CUDA reductions' buffers (reduce.py), on ``device``: event key (< 0) -> its Workspace;
         # such an event's nbytes is the reduction's element count (trace.Trace.from_events).
@@ -144,8 +150,8 @@ class StorageTracker(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
-        storage first seen in ``outside_allocator()``."""
-        storage = tensor.untyped_storage()
+        storage first seen in ``outside_allocator()``. A DTensor's is its local shard's."""
+        storage = _local(tensor).untyped_storage()
         key = storage._cdata
         if key in self._live or key in self._outside:
             return
@@ -159,8 +165,27 @@ class StorageTracker(TorchDispatchMode):
         finalizer.atexit = False
         self._live[key] = finalizer
 
+    def resized(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage was just resized in place: to 0 bytes, a free of its allocation; from
+        0 bytes, an allocation again, under the same key (module docstring)."""
+        storage = tensor.untyped_storage()
+        key, nbytes = storage._cdata, storage.nbytes()
+        if key not in self._live or self._closed:
+            return
+        if nbytes == 0 and key not in self._emptied:
+            self._emptied.add(key)
+            self._allocated_at.pop(key, None)
+            self.events.append((self._moved.pop(key, key), -1))
+        elif nbytes and key in self._emptied:
+            self._emptied.discard(key)
+            self._allocated_at[key] = len(self.events)
+            self.events.append((key, nbytes))
+
     def _on_free(self, key: int) -> None:
         if self._closed or self._live.pop(key, None) is None:
+            return
+        if key in self._emptied:  # its allocation was freed by the resize to 0 bytes
+            self._emptied.discard(key)
             return
         accumulation, self._accumulation = self._accumulation, None
         if accumulation is not None and accumulation[1] == key and accumulation[2] == len(self.events):
@@ -236,6 +261,12 @@ class StorageTracker(TorchDispatchMode):
             self.events.append((key, -1))
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds ``tensor``'s memory: a DTensor's local shard, else itself."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else tensor
+
+
 def _allocation_order(func: Any, args: Any, kwargs: dict[str, Any], leaves: list[Any]) -> list[Any]:
     """``func``'s outputs in the order CUDA allocates them.
 
@@ -262,7 +293,8 @@ def _accumulable(args: Any, out: Any) -> bool:
     first, second = args
     return (
         isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
-        and isinstance(out, torch.Tensor) and first.shape == out.shape and first.dtype == out.dtype
+        and isinstance(out, torch.Tensor) and _local(first) is first and _local(out) is out
+        and first.shape == out.shape and first.dtype == out.dtype
         and is_non_overlapping_and_dense_or_false(first)
         and first.untyped_storage().nbytes() == first.numel() * first.element_size()
     )

@@ -1,0 +1,222 @@
+"""One rank of a multi-GPU job, traced: the real torch.distributed code on a fake process group.
+
+The estimator runs DDP and FSDP2 themselves (workload/parallel.py says what each is) for rank 0
+of a world of N ranks, on torch's fake process group (``dist.init_process_group("fake")``,
+torch/testing/_internal/distributed/fake_pg.py): collectives return at once and move nothing, so
+every tensor the rank allocates is its own, made by the library's code, under the estimator's fake
+tensors and storage tracker. That is the method of Megatron-LM PR #2280 for measuring a rank's
+memory on one GPU.
+
+- **FSDP2** (torch/distributed/fsdp/_fully_shard): ``fully_shard`` on each decoder layer (the
+  classes in the model's ``_no_split_modules``, what accelerate's transformer-based auto wrap
+  picks) and on the root. Its sharded parameters are DTensors: the tracker counts their local
+  shards (tracker.py). The gathered parameters live in storages FSDP2 frees and brings back by
+  resizing them (_fsdp_param.py ``free_storage``/``alloc_storage``: ``storage.resize_``), which
+  no aten op sees: ``resizes_tracked`` tells the tracker of each.
+- **DDP** (torch/nn/parallel/distributed.py): the Reducer's gradient buckets, allocated as it
+  builds them, then a copy of each gradient into its bucket in backward. Three steps of its
+  constructor and forward read tensor data, which fake tensors have none of, and are left out:
+  the check that every rank's parameters have the same shapes
+  (``_verify_param_shape_across_processes``), the broadcast of rank 0's parameters
+  (``_sync_module_states``), and the rebuild of the buckets in the order the first backward made
+  the gradients (``Reducer._rebuild_buckets``, which syncs that order over the group: the rebuilt
+  buckets hold the same gradients). The bucket's all-reduce is a comm hook that hands the bucket
+  back as it is, as the fake group would; the default hook reduces it in place.
+
+The training loss runs inside the wrapped module (``TrainingLoss``), as the Trainer's model does:
+FSDP2's root gathers the embeddings and head around it, and DDP's forward prepares its backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import InvalidInput
+from autotune.workload.parallel import DDP, FSDP, Parallel
+
+if TYPE_CHECKING:
+    import torch
+
+    from autotune.backends.estimate.tracker import StorageTracker
+
+# The fake world's size: every job's ranks are a group within it (DeviceMesh over ranks 0..N-1).
+FAKE_WORLD_SIZE = 65536
+
+
+def _loss_module() -> type:
+    from torch import nn
+
+    class TrainingLoss(nn.Module):
+        """The model and its loss as one module, the step's forward: ``module(**batch)`` is the
+        loss (workload.step.step_loss), so a wrapper around it sees the whole forward."""
+
+        def __init__(self, model: Any, loss: str) -> None:
+            super().__init__()
+            self.model = model
+            self.loss = loss
+
+        def forward(self, **batch: Any) -> Any:
+            from autotune.workload.step import step_loss
+
+            return step_loss(self.model, batch, self.loss)
+
+    return TrainingLoss
+
+
+def fake_world() -> None:
+    """This process's fake process group (module docstring), made once; refused where a real one
+    was made already (a script running autotune inside its own distributed job)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise InvalidInput("a multi-GPU step is estimated on a fake process group, and this process "
+                               f"has a real one ({dist.get_backend()}): run autotune in a process of its own")
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE)
+
+
+@functools.cache
+def _mesh(shape: tuple[int, ...]) -> Any:
+    """A DeviceMesh over the first ranks of the fake world. Made outside any FakeTensorMode: the
+    mesh's rank tensor must be real."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    fake_world()
+    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    return DeviceMesh("cpu", torch.arange(int(torch.tensor(shape).prod())).view(shape), mesh_dim_names=names)
+
+
+def layer_classes(model: Any) -> set[str]:
+    """The classes FSDP2 shards one by one: the model's ``_no_split_modules`` (its decoder or
+    encoder layers), as accelerate's transformer-based auto wrap policy takes them."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    if not names:
+        raise InvalidInput(f"{type(base).__name__} names no layers to shard (_no_split_modules): "
+                           "fsdp cannot wrap it layer by layer")
+    return names
+
+
+def mesh_of(parallel: Parallel) -> Any:
+    """The job's DeviceMesh in the fake world: its ranks, or (hybrid sharding) nodes x a node's.
+    Call outside any FakeTensorMode."""
+    return _mesh((parallel.nodes, parallel.shard_size) if parallel.nodes > 1 else (parallel.gpus,))
+
+
+def shard(model: Any, parallel: Parallel, mesh: Any, loss: str) -> Any:
+    """FSDP2 over ``model`` (built, adapted, in its FakeTensorMode; call inside that mode) on
+    ``mesh``: each layer, then the root; returns the root module, whose call is the step's loss."""
+    from torch.distributed.fsdp import fully_shard
+
+    classes = layer_classes(model)
+    for module in list(model.modules()):
+        if type(module).__name__ in classes:
+            fully_shard(module, mesh=mesh, reshard_after_forward=parallel.reshard_after_forward)
+    root = _loss_module()(model, loss)
+    fully_shard(root, mesh=mesh, reshard_after_forward=parallel.reshard_after_forward)
+    return root
+
+
+def _completed(tensor: torch.Tensor) -> Any:
+    """A future done with ``tensor``: DDP's comm hook on the fake group hands each bucket back,
+    reduced in place by nobody (a lambda: DDP refuses a hook whose annotations are not its types)."""
+    import torch
+
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
+class _BucketsKept:
+    """DDP's Reducer, its bucket rebuild left out (module docstring)."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _without_data_reads() -> Iterator[None]:
+    import torch.nn.parallel.distributed as ddp_module
+
+    saved = ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states
+    ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    ddp_module._sync_module_states = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes, ddp_module._sync_module_states = saved
+
+
+def replicate(model: Any, mesh: Any, loss: str) -> Any:
+    """DDP over ``model`` on ``mesh``'s group (in its FakeTensorMode, the tracker recording: the
+    buckets are allocated here); returns the wrapper, whose call is the step's loss."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    group = mesh.get_group()
+    with _without_data_reads():
+        wrapper = DistributedDataParallel(_loss_module()(model, loss), process_group=group)
+    wrapper.register_comm_hook(None, lambda _state, bucket: _completed(bucket.buffer()))
+    wrapper.reducer = _BucketsKept(wrapper.reducer)
+    return wrapper
+
+
+@contextlib.contextmanager
+def resizes_tracked(tracker: StorageTracker) -> Iterator[None]:
+    """FSDP2's frees and re-allocations by storage resize (module docstring), told to ``tracker``."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    saved = _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        saved[0](tensor)
+        tracker.resized(tensor)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        saved[1](tensor)
+        tracker.resized(tensor)
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
+    _fsdp_param.free_storage = free_storage
+    try:
+        yield
+    finally:
+        _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage = saved
+
+
+class Distributed:
+    """A multi-GPU job's rank 0 for the traced step: the model wrapped as the job wraps it, and
+    what a trace enters around the step."""
+
+    def __init__(self, parallel: Parallel, loss: str) -> None:
+        """Call outside any FakeTensorMode (the job's mesh is made here, of real tensors)."""
+        self.parallel, self.loss = parallel, loss
+        self.mesh = mesh_of(parallel)
+        self._sharded: Any = None
+
+    def prepare(self, model: Any) -> None:
+        """At build (inside the model's FakeTensorMode): FSDP2 shards the parameters once."""
+        if self.parallel.kind == FSDP:
+            self._sharded = shard(model, self.parallel, self.mesh, self.loss)
+
+    def forward(self, model: Any) -> Callable[..., Any]:
+        """In each trace, after the weights are loaded: the step's forward (``forward(**batch)``
+        is the loss). DDP is built here, as a training script builds it on the loaded model: its
+        buckets are allocated now."""
+        if self.parallel.kind == DDP:
+            return replicate(model, self.mesh, self.loss)  # type: ignore[no-any-return]
+        return self._sharded  # type: ignore[no-any-return]
+
+    def around(self, tracker: StorageTracker) -> contextlib.AbstractContextManager[Any]:
+        return resizes_tracked(tracker) if self.parallel.kind == FSDP else contextlib.nullcontext()

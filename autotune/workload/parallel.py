@@ -1,0 +1,100 @@
+"""More than one GPU: how a job spreads its model, gradients and optimizer state over its ranks.
+
+Every answer is per GPU: the largest micro-batch one rank fits (``per_device_train_batch_size``);
+the job's global batch is that times the GPUs times the accumulation steps.
+
+    ddp     torch DistributedDataParallel: each rank holds the whole model, its gradients and the
+            optimizer state, plus the Reducer's gradient buckets (what ``torchrun`` with the
+            Trainer and neither FSDP nor DeepSpeed runs)
+    fsdp    FSDP2 ``fully_shard`` on each decoder layer and on the root, as accelerate's
+            transformer-based auto wrap does: each rank holds 1/N of the parameters, gradients and
+            optimizer state, and gathers a layer's parameters whole while it runs.
+            ``reshard_after_forward`` False keeps them gathered from forward to backward
+            (SHARD_GRAD_OP); ``nodes`` > 1 shards within a node and replicates across nodes
+            (HYBRID_SHARD)
+    zero1, zero2, zero3
+            DeepSpeed ZeRO stages: optimizer state / and gradients / and parameters partitioned
+            (named here; not modelled yet, refused by name)
+
+The estimator runs the real ``torch.distributed`` code for one rank of a fake process group
+(backends/estimate/distributed.py); collectives move nothing, each rank's memory is its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import InvalidInput, UnmodelledSetting
+
+DDP, FSDP = "ddp", "fsdp"
+ZERO_STAGES = ("zero1", "zero2", "zero3")
+PARALLEL_CHOICES = (DDP, FSDP, *ZERO_STAGES)
+MODELLED = (DDP, FSDP)
+MAX_GPUS = 65536  # world sizes beyond any job: a typo, refused
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A job on ``gpus`` ranks (every node's together), spread by ``kind``."""
+
+    kind: str  # one of MODELLED
+    gpus: int
+    nodes: int = 1  # fsdp: hybrid sharding over nodes when > 1
+    reshard_after_forward: bool = True  # fsdp: False keeps a layer gathered until its backward
+
+    @property
+    def shard_size(self) -> int:
+        """The ranks a parameter is split over: all of them, or one node's under hybrid sharding;
+        1 where nothing is split (ddp)."""
+        if self.kind != FSDP:
+            return 1
+        return self.gpus // self.nodes
+
+    @property
+    def label(self) -> str:
+        """In words, for the output: "FSDP2 full shard over 8 GPUs"."""
+        if self.kind == DDP:
+            return f"DDP over {self.gpus} GPUs (each holds the whole model)"
+        strategy = "full shard" if self.reshard_after_forward else "shard grad op (no reshard after forward)"
+        if self.nodes > 1:
+            strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
+                        + ("" if self.reshard_after_forward else ", no reshard after forward"))
+        return f"FSDP2 {strategy}, {self.gpus} GPUs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
+                "reshard_after_forward": self.reshard_after_forward, "shard_size": self.shard_size,
+                "label": self.label}
+
+
+def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
+                  reshard_after_forward: bool | None = None) -> Parallel | None:
+    """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
+    ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with."""
+    if gpus is None:
+        gpus = 1 if kind is None else 0
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        if gpus == 0 and kind is not None:
+            raise InvalidInput.naming(f"{{parallel}} {kind} needs {{gpus}}: the GPUs of the job, every "
+                                      "node's together")
+        raise InvalidInput.naming(f"{{gpus}} must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}")
+    if kind is not None and kind not in PARALLEL_CHOICES:
+        raise InvalidInput.naming(f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}")
+    if kind in ZERO_STAGES:
+        raise UnmodelledSetting.naming(
+            f"{{parallel}} {kind}: DeepSpeed ZeRO is not modelled yet; ddp and fsdp are "
+            "(FSDP2's full shard holds what ZeRO-3 does: parameters, gradients and optimizer state split)")
+    kind = kind or DDP
+    nodes = 1 if nodes is None else nodes
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or gpus % nodes:
+        raise InvalidInput.naming(f"{{nodes}} must divide {{gpus}} ({gpus}) into nodes of equal size, "
+                                  f"got {nodes!r}")
+    if nodes > 1 and kind != FSDP:
+        raise InvalidInput.naming(f"{{nodes}} {nodes} is for {{parallel}} fsdp's hybrid sharding; "
+                                  f"{kind} is the same on one node or many")
+    if reshard_after_forward is not None and kind != FSDP:
+        raise InvalidInput.naming(f"{{reshard_after_forward}} is an fsdp setting, not {kind}'s")
+    if gpus == 1 and kind == DDP:
+        return None  # DDP on one GPU is the one-GPU step
+    return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward)

@@ -1,0 +1,181 @@
+"""One rank of a multi-GPU job, traced through torch's own DDP and FSDP2 on a fake process group
+(estimate/distributed.py): the rank's parameter, gradient and optimizer bytes are the shards the
+parameter list gives, and FSDP2's gathered layers appear where it gathers them."""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+import pytest
+
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.steps import SteadySteps
+from autotune.backends.estimate.traced_step import StepHooks
+from autotune.backends.estimate.tracker import StorageTracker, _local
+from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.gpus import resolve_gpu
+from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
+from autotune.workload.parallel import Parallel, make_parallel
+from autotune.workload.step import build_model
+
+# torch.optim.AdamW(fused=True) keeps each parameter's step count as a float32 tensor on its device.
+STEP_BYTES = 4
+
+
+class Phases(StepHooks):
+    """The live bytes of the trace at the step's seams, and what the weights' loading allocated."""
+
+    every_step = True
+
+    def __init__(self) -> None:
+        self.loaded_bytes = 0
+        self.steps_start = 0  # events before the steps
+        self.live: dict[str, list[int]] = collections.defaultdict(list)
+
+    def make_tracker(self, device: Any) -> StorageTracker:
+        self.tracker = super().make_tracker(device)
+        return self.tracker
+
+    def loaded(self, tensor: Any) -> None:
+        self.loaded_bytes += _local(tensor).untyped_storage().nbytes()
+
+    def _note(self, seam: str) -> None:
+        sizes: dict[int, int] = {}
+        for key, nbytes in self.tracker.events:
+            if nbytes >= 0:
+                sizes[key] = nbytes
+            else:
+                del sizes[key]
+        self.live[seam].append(sum(sizes.values()))
+
+    def before_steps(self, workspaces: list[Any], batch: dict[str, Any], optimizer: Any) -> None:
+        self.steps_start = len(self.tracker.events)
+        self._note("before steps")
+
+    def before_optimizer(self, optimizer: Any) -> None:
+        self._note("backward done")
+
+    def after_optimizer(self, optimizer: Any) -> None:
+        self._note("optimizer done")
+
+    def allocated_after_start(self) -> collections.Counter[int]:
+        return collections.Counter(n for _, n in self.tracker.events[self.steps_start:] if n > 0)
+
+
+def traced(parallel: Parallel | None, mode: str = "bf16") -> tuple[Phases, Any]:
+    """tiny-llama's bf16 step, batch 2 x 32, every step run; its phases and a meta copy of the model."""
+    import torch
+
+    spec = resolve_model("tiny-llama")
+    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    backend._steady[(workload, mode)] = SteadySteps(verified=False)
+    phases = Phases()
+    backend.trace_with(phases, backend._model(workload), workload, parse_mode(mode), 32, 2)
+    with torch.device("meta"):
+        model, _ = build_model(spec, "causal-lm", None, "bfloat16")
+    return phases, model
+
+
+def shard_bytes(parameters: Any, ranks: int) -> int:
+    """Rank 0's bytes of ``parameters`` split over ``ranks`` on dim 0: torch.chunk's first chunk,
+    ceil(rows / ranks) rows, which is also FSDP2's padded shard (_fsdp_param.py ``_init_sharded_param``)."""
+    return sum(math.ceil(p.shape[0] / ranks) * (p.numel() // p.shape[0]) * p.element_size()
+               for p in parameters)
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_an_fsdp_rank_holds_its_shard_of_parameters_gradients_and_optimizer_state(ranks):
+    phases, model = traced(Parallel("fsdp", ranks))
+    shard = shard_bytes(model.parameters(), ranks)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # not sharded (rotary inv_freq)
+    assert phases.loaded_bytes == shard + buffers
+    before = phases.live["before steps"][0]
+    assert phases.live["backward done"][0] - before == shard  # the reduce-scattered gradients
+    count = len(list(model.parameters()))
+    # AdamW's exp_avg and exp_avg_sq over the shard, and the step counts; the gradients still live
+    assert phases.live["optimizer done"][0] - before == shard + 2 * shard + count * STEP_BYTES
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_a_ddp_rank_holds_everything_and_a_bucket_copy_of_the_gradients(ranks):
+    phases, model = traced(Parallel("ddp", ranks))
+    alone, _ = traced(None)
+    full = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert phases.loaded_bytes == full + buffers
+    # the Reducer's buckets, allocated as DDP is built, hold every gradient once more
+    assert phases.live["before steps"][0] - alone.live["before steps"][0] == full
+    assert phases.live["backward done"][0] - phases.live["before steps"][0] == full
+    count = len(list(model.parameters()))
+    assert phases.live["optimizer done"][0] - phases.live["before steps"][0] == 3 * full + count * STEP_BYTES
+
+
+def gathered_layer_bytes(model: Any, ranks: int) -> int:
+    """One decoder layer's parameters gathered whole: every rank's padded shard."""
+    return ranks * shard_bytes(model.model.layers[0].parameters(), ranks)
+
+
+def test_fsdp_gathers_each_layer_in_forward_and_again_in_backward():
+    ranks = 4
+    phases, model = traced(Parallel("fsdp", ranks))
+    layers, steps = model.config.num_hidden_layers, 2
+    gathered = gathered_layer_bytes(model, ranks)
+    # per step and layer: its all-gather in forward, again in backward (resharded after forward),
+    # and the reduce-scatter input of its gradients: all of the layer's size
+    assert phases.allocated_after_start()[gathered] == 3 * layers * steps
+
+
+def test_fsdp_without_reshard_after_forward_keeps_layers_gathered_for_backward():
+    ranks = 4
+    kept, model = traced(Parallel("fsdp", ranks, reshard_after_forward=False))
+    resharded, _ = traced(Parallel("fsdp", ranks))
+    layers, steps = model.config.num_hidden_layers, 2
+    gathered = gathered_layer_bytes(model, ranks)
+    assert kept.allocated_after_start()[gathered] == 2 * layers * steps  # no all-gather in backward
+    assert max(kept.live["backward done"]) == max(resharded.live["backward done"])  # freed by then
+
+
+def test_a_rank_of_more_gpus_holds_less():
+    peaks = []
+    for ranks in (2, 4, 8):
+        phases, _ = traced(Parallel("fsdp", ranks))
+        peaks.append(phases.live["optimizer done"][0])
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_hybrid_sharding_shards_within_a_node():
+    hybrid, model = traced(Parallel("fsdp", 8, nodes=2))
+    within, _ = traced(Parallel("fsdp", 4))
+    assert hybrid.loaded_bytes == within.loaded_bytes  # 4 GPUs per node: a quarter each
+    assert hybrid.live["optimizer done"] == within.live["optimizer done"]
+
+
+def test_gradient_checkpointing_runs_under_fsdp():
+    phases, _ = traced(Parallel("fsdp", 4), mode="bf16+ckpt")
+    assert phases.live["optimizer done"]
+
+
+@pytest.mark.parametrize(("given", "error", "text"), [
+    ({"gpus": 8, "kind": "zero2"}, UnmodelledSetting, "DeepSpeed ZeRO is not modelled yet"),
+    ({"gpus": 8, "kind": "fsdp3"}, InvalidInput, "allowed are ddp, fsdp, zero1, zero2, zero3"),
+    ({"gpus": 0, "kind": None}, InvalidInput, "gpus must be a whole number from 1"),
+    ({"gpus": None, "kind": "fsdp"}, InvalidInput, "parallel fsdp needs gpus"),
+    ({"gpus": 8, "kind": "fsdp", "nodes": 3}, InvalidInput, "nodes must divide gpus (8)"),
+    ({"gpus": 8, "kind": "ddp", "nodes": 2}, InvalidInput, "is for parallel fsdp's hybrid sharding"),
+    ({"gpus": 8, "kind": "ddp", "reshard_after_forward": False}, InvalidInput, "an fsdp setting"),
+])
+def test_a_parallelism_that_is_not_modelled_or_not_valid_is_refused(given, error, text):
+    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)")):
+        make_parallel(given.pop("gpus"), given.pop("kind"), **given)
+
+
+def test_one_gpu_is_the_one_gpu_step_and_more_default_to_ddp():
+    assert make_parallel(None, None) is None
+    assert make_parallel(1, None) is None
+    assert make_parallel(4, None) == Parallel("ddp", 4)
+    assert make_parallel(1, "fsdp") == Parallel("fsdp", 1)
