@@ -433,6 +433,9 @@ class CheckPublic(BaseModel):
                                    "was answered under (PYTORCH_ALLOC_CONF); null: its default")
     chip_assumed: str | None = Field(default=None, description="the preset whose chip a card given by its "
                                      "size alone was taken to be; null where the chip is known")
+    parallel: dict[str, Any] | None = Field(default=None, description="a multi-GPU job: kind (ddp, fsdp), "
+                                            "gpus, nodes, reshard_after_forward, shard_size, label; the "
+                                            "batch is per GPU. null: one GPU")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")

@@ -336,8 +336,9 @@ def _step(model: str, step: StepOptions) -> Step:
 class StepOptions(TypedDict, total=False):
     """The step every function models, as keywords named as the CLI's flags (autotune/request.py
     Step and PeftOptions declare them, with their defaults): the head, the weights, the optimizer,
-    attention, loss, checkpointing, Liger kernels, and LoRA/QLoRA (``peft`` and the ``lora_*`` and
-    ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an ``adapter`` built already)."""
+    attention, loss, checkpointing, Liger kernels, the GPUs of a multi-GPU job, and LoRA/QLoRA
+    (``peft`` and the ``lora_*`` and ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an
+    ``adapter`` built already)."""
 
     task: str | None  # default: from the config's architectures
     dtype: str  # auto
@@ -346,6 +347,10 @@ class StepOptions(TypedDict, total=False):
     loss: str  # full
     ckpt_reentrant: bool  # False
     liger: str | Sequence[str] | None
+    gpus: int | None  # 1: the answer is per GPU
+    parallel: str | None  # ddp when gpus > 1
+    nodes: int | None
+    reshard_after_forward: bool | None
     peft: str | None
     lora_r: int | None
     lora_alpha: float | None

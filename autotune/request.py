@@ -8,7 +8,7 @@ service's own policy), a training config (autotune/configs/).
     TableRequest   Step + Target + seq_lens, modes, search, max_batch, ...   (autotune table)
     CheckRequest   Step + Target + seq_len, batch_size, mode, accumulation   (autotune check)
     ExplainRequest Step + Target + seq_len, batch_size, mode, lengths, ...   (autotune explain)
-    Step           the training step: model, task, dtype, attn, optimizer, loss, PEFT, hub
+    Step           the training step: model, task, dtype, attn, optimizer, loss, PEFT, GPUs, hub
     PeftOptions    LoRA / QLoRA as asked for: peft, lora_*, peft_config, load_in_*, bnb_4bit_*
     Target         the card and who answers: gpu, gpu_memory, backend, margin
 
@@ -71,6 +71,7 @@ from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
+from autotune.workload.parallel import PARALLEL_CHOICES, check_sharded, make_parallel, one_gpu_measured
 from autotune.workload.step import ATTN_CHOICES
 
 if TYPE_CHECKING:
@@ -356,6 +357,16 @@ class Step:
         None, "Liger kernels swapped in (emulated from Liger's source), comma-separated: "
         f"{', '.join(LIGER_KERNELS)}; those the model type's Liger patch does not take are left out, as "
         "Liger leaves them out; its fused_linear_cross_entropy is loss chunked", metavar="KERNELS")
+    gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
+                              "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
+    parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
+                                  "whole model), fsdp (FSDP2 fully_shard per layer); zero1/2/3 are not "
+                                  "modelled yet (default ddp when gpus > 1)", choices=PARALLEL_CHOICES)
+    nodes: int | None = option(None, "fsdp: nodes the GPUs are on; more than 1 is hybrid sharding (shard "
+                               "within a node, replicate across nodes)", metavar="N", parse=positive)
+    reshard_after_forward: bool | None = option(
+        None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
+        "or keep them for the backward (SHARD_GRAD_OP)")
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -583,6 +594,9 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     backend = gpu = None
     if make_target:
         backend, gpu = resolve_target(request.target, found, seeded=seeded)
+        if workload is not None and workload.parallel is not None and backend is not None \
+                and backend.name != "estimate":
+            found.errors.append(one_gpu_measured(backend.name))
     found.raise_first()
     assert workload is not None and seq_lens is not None and modes is not None
     return Resolved(request, workload, backend, gpu, seq_lens, modes)  # type: ignore[arg-type]
@@ -645,10 +659,14 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
     with found.about("liger"):
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
+    with found.about("parallel"):
+        parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
+                                 reshard_after_forward=step.reshard_after_forward)
+        check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     if found.errors:
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
-                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger)
+                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel)
 
 
 def resolve_adapter(step: Step, found: Findings) -> Adapter | None:

@@ -87,6 +87,9 @@ class TableResult:
     adapter: dict[str, Any] | None = None
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True (workload.ckpt_reentrant)
     liger: list[str] = field(default_factory=list)  # Liger's kernels swapped in, emulated (workload.liger)
+    # A multi-GPU job (workload.parallel.Parallel.to_json: kind, gpus, ..., label); None: one GPU.
+    # Every max batch is then one rank's, the per-device batch.
+    parallel: dict[str, Any] | None = None
 
     @property
     def total_probes(self) -> int:
@@ -219,6 +222,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         warnings=step_warnings(workload, modes, gpu),
         outside_allocator_bytes=paged_state_bytes(workload),
         adapter=adapter_json(workload),
+        parallel=None if workload.parallel is None else workload.parallel.to_json(),
     )
 
 

@@ -91,6 +91,7 @@ from autotune.workload.models import (
 )
 from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
 from autotune.workload.optimizers import check_optimizer
+from autotune.workload.parallel import Parallel, check_sharded, make_parallel, one_gpu_measured
 from autotune.workload.step import MIN_STEPS, check_attn
 from autotune.workload.support import dtype_warnings
 
@@ -132,6 +133,9 @@ class TableSpec:
     # PyTorch's caching-allocator settings (alloc_conf.AllocatorConfig.conf_text: "" for its default,
     # left out of the key, as for every run stored before they were modelled).
     alloc_conf: str = ""
+    # A multi-GPU job (workload.parallel.Parallel's fields: kind, gpus, nodes, reshard_after_forward);
+    # None (left out of the key) for one GPU, as for every run stored before jobs had more.
+    parallel: dict[str, Any] | None = None
 
     @property
     def cells(self) -> int:
@@ -162,7 +166,8 @@ class TableSpec:
                                 self.max_seq_len)
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
                         weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft(),
-                        ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger))
+                        ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger),
+                        parallel=None if self.parallel is None else Parallel(**self.parallel))
 
     def target_gpu(self) -> GpuSpec:
         cc, chip = self.gpu["compute_capability"], self.gpu.get("multiprocessors")
@@ -174,7 +179,7 @@ class TableSpec:
         """sha256 of the whole spec: identical requests on an identical environment. A full
         fine-tune's leaves ``adapter`` out, and one without reentrant checkpointing
         ``ckpt_reentrant``, and one without Liger kernels ``liger``: the keys their runs had before
-        those were modelled."""
+        those were modelled (and so ``alloc_conf`` and ``parallel`` at their defaults)."""
         data = self.to_json()
         if data["adapter"] is None:
             del data["adapter"]
@@ -184,6 +189,8 @@ class TableSpec:
             del data["liger"]
         if not data["alloc_conf"]:
             del data["alloc_conf"]
+        if data["parallel"] is None:
+            del data["parallel"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -262,6 +269,7 @@ class _Normalizing:
     loss: str
     liger: tuple[str, ...]
     adapter: Adapter | None
+    parallel: Parallel | None
 
     def __init__(self, request: TableRequest, settings: Settings, environment: EnvironmentFn) -> None:
         self.request, self.settings, self.environment = request, settings, environment
@@ -277,6 +285,10 @@ class _Normalizing:
         if self.found.ok("model"):
             self.on_the_model()
         self.adapter = _adapter(self.request.step, self.found)
+        if self.found.ok("parallel", "optimizer"):
+            with self.found.about("parallel"):
+                check_sharded(self.parallel, None if self.adapter is None else self.adapter.base_bits,
+                              self.optimizer)
         self.found.raise_first()  # none found: every check above ran, and every value is set
         assert self.env is not None
         return TableSpec(
@@ -313,6 +325,7 @@ class _Normalizing:
             ckpt_reentrant=bool(self.request.step.ckpt_reentrant),
             liger=list(self.liger),
             alloc_conf=self.alloc_conf,
+            parallel=None if self.parallel is None else asdict(self.parallel),
         )
 
     def check_fields(self) -> None:
@@ -341,6 +354,9 @@ class _Normalizing:
                 _check_cells(self.asked_seq_lens, self.mode_names, settings)
         with found.about("max_batch"):
             self.max_batch = _max_batch(request.max_batch, settings)
+        with found.about("parallel"):
+            self.parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
+                                          reshard_after_forward=step.reshard_after_forward)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""
@@ -359,6 +375,9 @@ class _Normalizing:
                 self.env = self.environment(target.backend, target.gpu)
         if self.env is None or not found.ok("gpu_memory", "alloc_conf"):
             return
+        if found.ok("parallel") and self.parallel is not None and self.env["backend"] != "estimate":
+            with found.about("parallel"):
+                raise one_gpu_measured(self.env["backend"])
         gpu_field = target_field(target, found)
         if gpu_field is None:
             return

@@ -68,6 +68,8 @@ class CheckResult:
     # The chip the estimate took a card given by its size alone to be (gpus.describe_chip); None
     # where the card's chip is known
     chip_assumed: str | None = None
+    # A multi-GPU job (workload.parallel.Parallel.to_json); None: one GPU. The batch is per GPU.
+    parallel: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +132,7 @@ def check_step(
         "ckpt_reentrant": workload.ckpt_reentrant, "liger": list(workload.liger),
         "alloc_conf": allocator_text(backend),
         "chip_assumed": None if chip_is_known(gpu) else size_only_chip()[0],
+        "parallel": None if workload.parallel is None else workload.parallel.to_json(),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -197,6 +200,8 @@ def step_label(result: CheckResult) -> str:
         parts.append(describe_liger(result.liger))
     if result.adapter is not None:
         parts.append(str(result.adapter["label"]))
+    if result.parallel is not None:
+        parts.append(f"per GPU of {result.parallel['label']}")
     return " (" + ", ".join(parts) + ")"
 
 
@@ -276,6 +281,7 @@ def check_from_cells(
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
+        parallel=None if workload.parallel is None else workload.parallel.to_json(),
     )
     result.message = format_message(result)
     return result

@@ -62,6 +62,7 @@ from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_N
 from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes, uses_torchao
+from autotune.workload.parallel import check_sharded
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -223,9 +224,20 @@ def lever_searches(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -
     """The searches of the single levers of a cell: the step's own (candidate_levers), then the
     PEFT setup's (adapter_levers)."""
     return ([LeverSearch(name, label, changed, changed_mode, seq_len)
-             for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)]
+             for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)
+             if _modelled(changed)]
             + [LeverSearch("adapter", label, changed, mode, seq_len)
-               for _, label, changed in adapter_levers(workload)])
+               for _, label, changed in adapter_levers(workload) if _modelled(changed)])
+
+
+def _modelled(workload: Workload) -> bool:
+    """Whether a lever's step is one the estimator models (a multi-GPU job's: check_sharded)."""
+    try:
+        check_sharded(workload.parallel, None if workload.adapter is None else workload.adapter.base_bits,
+                      workload.optimizer)
+    except InvalidInput:
+        return False
+    return True
 
 
 def _all_together(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -> LeverSearch | None:

@@ -84,7 +84,10 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
         "step": {"seq_len": request.seq_len, "batch_size": request.batch_size, "task": step.task,
                  "dtype": step.dtype, "attn": step.attn, "optimizer": step.optimizer, "loss": step.loss,
                  "accumulation_steps": request.accumulation_steps,
-                 "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger))},
+                 "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger)),
+                 **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
+                                  "reshard_after_forward": step.reshard_after_forward}}
+                    if step.gpus is not None or step.parallel is not None else {})},
         "mode": parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,
         "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,

@@ -140,6 +140,8 @@ def render_table(t: TableResult) -> str:
         + ("" if t.gpu_name.startswith("custom") or format_bytes(t.gpu_memory_bytes) in t.gpu_name
            else f" {format_bytes(t.gpu_memory_bytes)}"),
         *([f"adapter: {t.adapter['label']}"] if t.adapter else []),
+        *([f"GPUs: {t.parallel['label']}; each cell is one GPU's micro-batch (global batch = it x "
+           f"{t.parallel['gpus']} GPUs x accumulation steps)"] if t.parallel else []),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
         "",

@@ -71,30 +71,64 @@ class Parallel:
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
                   reshard_after_forward: bool | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
-    ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with."""
-    if gpus is None:
-        gpus = 1 if kind is None else 0
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
-        if gpus == 0 and kind is not None:
-            raise InvalidInput.naming(f"{{parallel}} {kind} needs {{gpus}}: the GPUs of the job, every "
-                                      "node's together")
-        raise InvalidInput.naming(f"{{gpus}} must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}")
+    ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
+    names the field to change (``field``)."""
     if kind is not None and kind not in PARALLEL_CHOICES:
-        raise InvalidInput.naming(f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}")
+        raise _about("parallel", InvalidInput.naming(
+            f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}"))
+    if gpus is None and kind is not None:
+        raise _about("gpus", InvalidInput.naming(
+            f"{{parallel}} {kind} needs {{gpus}}: the GPUs of the job, every node's together"))
+    gpus = 1 if gpus is None else gpus
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
+        raise _about("gpus", InvalidInput.naming(
+            f"{{gpus}} must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}"))
     if kind in ZERO_STAGES:
-        raise UnmodelledSetting.naming(
-            f"{{parallel}} {kind}: DeepSpeed ZeRO is not modelled yet; ddp and fsdp are "
-            "(FSDP2's full shard holds what ZeRO-3 does: parameters, gradients and optimizer state split)")
+        raise _about("parallel", UnmodelledSetting.naming(
+            f"{{parallel}} {kind}: DeepSpeed ZeRO is not modelled yet; ddp and fsdp are (FSDP2's full "
+            "shard splits what ZeRO-3 does: parameters, gradients and optimizer state)"))
     kind = kind or DDP
     nodes = 1 if nodes is None else nodes
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or gpus % nodes:
-        raise InvalidInput.naming(f"{{nodes}} must divide {{gpus}} ({gpus}) into nodes of equal size, "
-                                  f"got {nodes!r}")
+        raise _about("nodes", InvalidInput.naming(
+            f"{{nodes}} must divide {{gpus}} ({gpus}) into nodes of equal size, got {nodes!r}"))
     if nodes > 1 and kind != FSDP:
-        raise InvalidInput.naming(f"{{nodes}} {nodes} is for {{parallel}} fsdp's hybrid sharding; "
-                                  f"{kind} is the same on one node or many")
+        raise _about("nodes", InvalidInput.naming(
+            f"{{nodes}} {nodes} is for {{parallel}} fsdp's hybrid sharding; {kind} is the same on "
+            "one node or many"))
     if reshard_after_forward is not None and kind != FSDP:
-        raise InvalidInput.naming(f"{{reshard_after_forward}} is an fsdp setting, not {kind}'s")
+        raise _about("reshard_after_forward", InvalidInput.naming(
+            f"{{reshard_after_forward}} is an fsdp setting, not {kind}'s"))
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward)
+
+
+def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:
+    """Refuse what FSDP2 shards and the estimator has not been shown to trace faithfully: a 4- or
+    8-bit base (bitsandbytes' packed weights, which FSDP-QLoRA stores in a 16-bit quant_storage)
+    and bitsandbytes' optimizers over sharded DTensor parameters."""
+    from autotune.workload.optimizers import uses_bitsandbytes
+
+    if parallel is None or parallel.kind != FSDP:
+        return
+    if base_bits is not None:
+        raise _about("parallel", InvalidInput.naming(
+            f"a {base_bits}-bit base under {{parallel}} fsdp is not modelled yet: use ddp, or LoRA over "
+            "a 16-bit base"))
+    if uses_bitsandbytes(optimizer):
+        raise _about("optimizer", InvalidInput.naming(
+            f"{{optimizer}} {optimizer} (bitsandbytes) under {{parallel}} fsdp is not modelled yet: "
+            "its update over sharded parameters is unverified; use a torch or torchao optimizer"))
+
+
+def one_gpu_measured(backend: str) -> InvalidInput:
+    """The refusal of a multi-GPU job on a backend that measures one GPU (cuda, the fleet)."""
+    return _about("parallel", InvalidInput.naming(
+        f"a multi-GPU job ({{gpus}}, {{parallel}}) is estimated, one rank on a fake process group: "
+        f"{{backend}} {backend} measures one GPU's own step; use {{backend}} estimate"))
+
+
+def _about(field: str, error: InvalidInput) -> InvalidInput:
+    error.field = field
+    return error

@@ -45,6 +45,10 @@ SAMPLES = {
     "modes": ({}, {"modes": ["amp"]}),
     "search": ({}, {"search": "bisect"}),
     "max_batch": ({}, {"max_batch": 32}),
+    "gpus": ({}, {"gpus": 8}),
+    "parallel": ({"gpus": 8}, {"parallel": "fsdp"}),
+    "nodes": ({"gpus": 8, "parallel": "fsdp"}, {"nodes": 2}),
+    "reshard_after_forward": ({"gpus": 8, "parallel": "fsdp"}, {"reshard_after_forward": False}),
 }
 
 
