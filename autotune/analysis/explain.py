@@ -627,6 +627,13 @@ def explain(
     if not isinstance(backend, EstimateBackend):
         raise InvalidInput(f"explain needs the estimate backend, not {backend.name!r}: "
                            "use backend 'estimate'")
+    if workload.parallel is not None:
+        # Its recorder names a one-GPU step's parts: a rank's sharded states, gathered layers and
+        # buckets would be misnamed (temporaries), so it answers none rather than a wrong one.
+        error = InvalidInput.naming("explain of a multi-GPU job's rank is not built yet: use check or "
+                                    "table for its max batch per GPU, or leave {gpus} and {parallel} out")
+        error.field = "parallel"
+        raise error
     check_seq_len(workload.model, seq_len)
     if batch_size is not None and batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")

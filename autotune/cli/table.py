@@ -141,7 +141,8 @@ def render_table(t: TableResult) -> str:
            else f" {format_bytes(t.gpu_memory_bytes)}"),
         *([f"adapter: {t.adapter['label']}"] if t.adapter else []),
         *([f"GPUs: {t.parallel['label']}; each cell is one GPU's micro-batch (global batch = it x "
-           f"{t.parallel['gpus']} GPUs x accumulation steps)"] if t.parallel else []),
+           f"{t.parallel['gpus']} GPUs x accumulation steps)", f"  {t.parallel['modelled']}"]
+          if t.parallel else []),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
         f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
         "",
@@ -161,7 +162,10 @@ def render_table(t: TableResult) -> str:
             row += value.rjust(width)
         lines.append(row)
     lines.append("")
-    if t.weights_dtype != "float32":
+    if t.weights_dtype != "float32" and t.parallel is not None and t.parallel["kind"] == "fsdp":
+        lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt train them as they are, with no "
+                     "mixed-precision policy; amp and bf16 as above")
+    elif t.weights_dtype != "float32":
         lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt are the step without autocast "
                      f"over {weights_label(t.weights_dtype)}; amp and bf16 autocast on top of them")
     cudnn = [mode for mode in modes if any("cuDNN" in str(probe.get("attention", ""))

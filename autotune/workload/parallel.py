@@ -62,10 +62,21 @@ class Parallel:
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
         return f"FSDP2 {strategy}, {self.gpus} GPUs"
 
+    @property
+    def modelled(self) -> str:
+        """What the estimate ran for this job, in a sentence (the output says it)."""
+        if self.kind == DDP:
+            return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
+                    "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default)")
+        return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
+                "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
+                "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "
+                "over float32 shards of the trainable parameters, with no autocast")
+
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
                 "reshard_after_forward": self.reshard_after_forward, "shard_size": self.shard_size,
-                "label": self.label}
+                "label": self.label, "modelled": self.modelled}
 
 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,

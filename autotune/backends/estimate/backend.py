@@ -465,10 +465,14 @@ class EstimateBackend:
     def attn_used(self, workload: Workload) -> str:
         return self._model(workload).attn
 
-    def _model(self, workload: Workload) -> _FakeModel:
+    def _model(self, workload: Workload, precision: str = "fp32") -> _FakeModel:
+        """The workload's model on fake tensors, built once. A multi-GPU job's is a rank's
+        (distributed.py), whose loss is in its wrapper; FSDP2's is sharded for the modes of one
+        ``precision`` (the mixed-precision policy and the float32 upcast are part of it)."""
+        sharded = workload.parallel is not None and workload.parallel.kind == "fsdp"
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
-               workload.loss if workload.parallel is not None else None)  # a rank's loss is in its wrapper
+               workload.loss if workload.parallel is not None else None, precision if sharded else None)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -484,7 +488,7 @@ class EstimateBackend:
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)
                 with fake_mode:
-                    distributed.prepare(model)
+                    distributed.prepare(model, precision)
             cached = self._models[key] = _FakeModel(model, fake_mode, attn, distributed)
         return cached
 
@@ -517,7 +521,7 @@ class EstimateBackend:
         The first probes of a cell run the model; once two of its traces line up, later probes
         are extrapolated from them exactly (trace.py), and say so in their details.
         """
-        fake = self._model(workload)
+        fake = self._model(workload, mode.precision)
         structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})
         maxima = self._maxima.setdefault((structure_key, budget_bytes), {})
@@ -606,6 +610,8 @@ class EstimateBackend:
         dtype = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16}[
             mode.autocast_dtype_name
         ]
+        if fake.distributed is not None and not fake.distributed.autocasts:
+            dtype = None  # FSDP2's mixed-precision policy casts instead (distributed.py)
         # A card given only by its size (--gpu-memory) is taken to be a current one (kernels_for).
         kernels = kernels_for(self.gpu.compute_capability)
         steady = self._steady.setdefault((workload, mode.name), SteadySteps())

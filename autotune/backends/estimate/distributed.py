@@ -7,12 +7,19 @@ every tensor the rank allocates is its own, made by the library's code, under th
 tensors and storage tracker. That is the method of Megatron-LM PR #2280 for measuring a rank's
 memory on one GPU.
 
-- **FSDP2** (torch/distributed/fsdp/_fully_shard): ``fully_shard`` on each decoder layer (the
-  classes in the model's ``_no_split_modules``, what accelerate's transformer-based auto wrap
-  picks) and on the root. Its sharded parameters are DTensors: the tracker counts their local
-  shards (tracker.py). The gathered parameters live in storages FSDP2 frees and brings back by
-  resizing them (_fsdp_param.py ``free_storage``/``alloc_storage``: ``storage.resize_``), which
-  no aten op sees: ``resizes_tracked`` tells the tracker of each.
+- **FSDP2** (torch/distributed/fsdp/_fully_shard) as the Trainer has accelerate apply it
+  (accelerate 1.15 utils/fsdp_utils.py ``fsdp2_prepare_model``, ``shard`` below): under a 16-bit
+  mode the trainable parameters upcast to float32 first, a MixedPrecisionPolicy of the mode's
+  dtype (parameters gathered, gradients reduced and outputs in it) and no autocast (accelerate
+  never wraps an FSDP2 model's forward in one: accelerator.py ``_prepare_fsdp2``); ``fully_shard``
+  on each decoder layer (the model's ``_no_split_modules``, the transformer-based auto wrap,
+  bottom-up), on the input embedding where it is not tied, on the tail [final norm, (tied
+  embedding,) output head] kept gathered from forward to backward, then on the root, which keeps
+  its own leftovers gathered likewise (torch's ``reshard_after_forward=None`` for a root). Its
+  sharded parameters are DTensors: the tracker counts their local shards (tracker.py). The
+  gathered parameters live in storages FSDP2 frees and brings back by resizing them
+  (_fsdp_param.py ``free_storage``/``alloc_storage``: ``storage.resize_``), which no aten op
+  sees: ``resizes_tracked`` tells the tracker of each.
 - **DDP** (torch/nn/parallel/distributed.py): the Reducer's gradient buckets, allocated as it
   builds them, then a copy of each gradient into its bucket in backward. Three steps of its
   constructor and forward read tensor data, which fake tensors have none of, and are left out:
@@ -109,18 +116,72 @@ def mesh_of(parallel: Parallel) -> Any:
     return _mesh((parallel.nodes, parallel.shard_size) if parallel.nodes > 1 else (parallel.gpus,))
 
 
-def shard(model: Any, parallel: Parallel, mesh: Any, loss: str) -> Any:
-    """FSDP2 over ``model`` (built, adapted, in its FakeTensorMode; call inside that mode) on
-    ``mesh``: each layer, then the root; returns the root module, whose call is the step's loss."""
-    from torch.distributed.fsdp import fully_shard
+def mixed_precision(precision: str) -> Any:
+    """accelerate's FSDP2 policy for a mode's precision (utils/dataclasses.py
+    ``FullyShardedDataParallelPlugin.set_mixed_precision``: param, reduce and output dtype all the
+    mode's; none for fp32)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    dtype = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16}[precision]
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+
+
+def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
+    """FSDP2 over ``model`` (built, adapted, in its FakeTensorMode; call inside that mode) on
+    ``mesh``, as ``fsdp2_prepare_model`` shards it for a mode of ``precision`` (module docstring);
+    returns the root module, whose call is the step's loss."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if precision != "fp32":  # "FSDP2 requires uniform orig_dtype among trainable params in each group"
+        for parameter in model.parameters():
+            if parameter.requires_grad and parameter.dtype != torch.float32:
+                parameter.data = parameter.data.to(torch.float32)
+    kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
+              "mp_policy": mixed_precision(precision)}
     classes = layer_classes(model)
-    for module in list(model.modules()):
-        if type(module).__name__ in classes:
-            fully_shard(module, mesh=mesh, reshard_after_forward=parallel.reshard_after_forward)
+    for module in _bottom_up(model)[:-1]:
+        if type(module).__name__ in classes and not isinstance(module, FSDPModule):
+            fully_shard(module, **kwargs)
+    embedding = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    tied = head is not None and getattr(embedding, "weight", None) is getattr(head, "weight", None)
+    if not tied and embedding is not None and not isinstance(embedding, FSDPModule):
+        fully_shard(embedding, **kwargs)
+    ends = (_final_norm(model), embedding, head) if tied else (_final_norm(model), head)
+    tail = [module for module in ends if module is not None and not isinstance(module, FSDPModule)]
+    if tail:
+        fully_shard(tail, **{**kwargs, "reshard_after_forward": False})
     root = _loss_module()(model, loss)
-    fully_shard(root, mesh=mesh, reshard_after_forward=parallel.reshard_after_forward)
+    fully_shard(root, mesh=mesh, mp_policy=kwargs["mp_policy"])  # a root's None: kept gathered
     return root
+
+
+def _bottom_up(model: Any) -> list[Any]:
+    """The modules of ``model``, children before parents, the model last (accelerate
+    utils/other.py ``get_module_children_bottom_up``)."""
+    stack, ordered = [model], []
+    while stack:
+        module = stack.pop()
+        stack.extend(module.children())
+        ordered.append(module)
+    return ordered[::-1]
+
+
+def _final_norm(model: Any) -> Any:
+    """The last direct child of the base model whose class is a norm, or None (accelerate
+    utils/fsdp_utils.py ``_find_final_norm``; on a PEFT model its base-model prefix names the
+    wrapped LM, whose children hold none: None, as there)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    found = None
+    for child in getattr(base, "children", lambda: ())():
+        if "Norm" in type(child).__name__:
+            found = child
+    return found
 
 
 def _completed(tensor: torch.Tensor) -> Any:
@@ -205,10 +266,17 @@ class Distributed:
         self.mesh = mesh_of(parallel)
         self._sharded: Any = None
 
-    def prepare(self, model: Any) -> None:
-        """At build (inside the model's FakeTensorMode): FSDP2 shards the parameters once."""
+    @property
+    def autocasts(self) -> bool:
+        """Whether a mode's 16-bit precision is torch.autocast (DDP, as on one GPU), or FSDP2's
+        MixedPrecisionPolicy with no autocast (module docstring)."""
+        return self.parallel.kind != FSDP
+
+    def prepare(self, model: Any, precision: str) -> None:
+        """At build (inside the model's FakeTensorMode): FSDP2 shards the parameters once, for
+        modes of ``precision``."""
         if self.parallel.kind == FSDP:
-            self._sharded = shard(model, self.parallel, self.mesh, self.loss)
+            self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
 
     def forward(self, model: Any) -> Callable[..., Any]:
         """In each trace, after the weights are loaded: the step's forward (``forward(**batch)``

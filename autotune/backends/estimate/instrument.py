@@ -352,8 +352,8 @@ class InstrumentedBackend(EstimateBackend):
         self.variant = variant or Variant()
         self.last: Recording | None = None
 
-    def _model(self, workload: Workload) -> Any:
-        return self._base._model(workload)
+    def _model(self, workload: Workload, precision: str = "fp32") -> Any:
+        return self._base._model(workload, precision)
 
     def trace(self, fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int
               ) -> Trace:

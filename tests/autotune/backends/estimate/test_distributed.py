@@ -66,8 +66,9 @@ class Phases(StepHooks):
         return collections.Counter(n for _, n in self.tracker.events[self.steps_start:] if n > 0)
 
 
-def traced(parallel: Parallel | None, mode: str = "bf16") -> tuple[Phases, Any]:
-    """tiny-llama's bf16 step, batch 2 x 32, every step run; its phases and a meta copy of the model."""
+def traced(parallel: Parallel | None, mode: str = "fp32") -> tuple[Phases, Any]:
+    """tiny-llama's step over bf16 weights (fp32: no autocast, no mixed-precision policy), batch
+    2 x 32, every step run; its phases and a meta copy of the model as built."""
     import torch
 
     spec = resolve_model("tiny-llama")
@@ -75,7 +76,8 @@ def traced(parallel: Parallel | None, mode: str = "bf16") -> tuple[Phases, Any]:
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
     backend._steady[(workload, mode)] = SteadySteps(verified=False)
     phases = Phases()
-    backend.trace_with(phases, backend._model(workload), workload, parse_mode(mode), 32, 2)
+    backend.trace_with(phases, backend._model(workload, parse_mode(mode).precision), workload,
+                       parse_mode(mode), 32, 2)
     with torch.device("meta"):
         model, _ = build_model(spec, "causal-lm", None, "bfloat16")
     return phases, model
@@ -153,6 +155,22 @@ def test_hybrid_sharding_shards_within_a_node():
     within, _ = traced(Parallel("fsdp", 4))
     assert hybrid.loaded_bytes == within.loaded_bytes  # 4 GPUs per node: a quarter each
     assert hybrid.live["optimizer done"] == within.live["optimizer done"]
+
+
+def test_a_16_bit_mode_under_fsdp_keeps_float32_shards_and_gathers_in_16_bits():
+    """accelerate's fsdp2_prepare_model: trainable parameters upcast to float32 before sharding, and
+    MixedPrecisionPolicy(param_dtype=bfloat16) gathers them in bfloat16 (no autocast)."""
+    ranks = 4
+    phases, model = traced(Parallel("fsdp", ranks), mode="bf16")
+    shard = shard_bytes(model.parameters(), ranks)  # of the bf16 weights
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert phases.loaded_bytes == 2 * shard + buffers  # float32 masters
+    before = phases.live["before steps"][0]
+    assert phases.live["backward done"][0] - before == 2 * shard  # gradients in the shards' float32
+    count = len(list(model.parameters()))
+    assert phases.live["optimizer done"][0] - before == 2 * shard + 4 * shard + count * STEP_BYTES
+    gathered = gathered_layer_bytes(model, ranks)  # bfloat16: the policy's param_dtype
+    assert phases.allocated_after_start()[gathered] >= 2 * model.config.num_hidden_layers
 
 
 def test_gradient_checkpointing_runs_under_fsdp():
