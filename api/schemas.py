@@ -312,6 +312,9 @@ class TablePublic(TableSummary):
     dtype: str = Field(description="the weights dtype asked for (auto: the config's)")
     weights_dtype: str = Field(description="the dtype the weights had: float32, bfloat16 or float16")
     loss: str
+    parallel: dict[str, Any] | None = Field(default=None, description="a multi-GPU job: kind (ddp, fsdp), "
+                                            "gpus, nodes, reshard_after_forward, shard_size, label, "
+                                            "modelled; every max batch is one GPU's. null: one GPU")
     warnings: list[str] = Field(description="what the target card does not support of this step")
     environment: dict[str, Any]
     started_at: str | None

@@ -21,6 +21,7 @@ from typing import Any
 
 from api.runs.spec import TableSpec
 from autotune.workload.adapters import Adapter
+from autotune.workload.parallel import Parallel
 from autotune.workload.support import weights_label
 
 ID_HEX = 12  # of sha256: enough to tell a model's steps apart, short enough for a URL
@@ -38,10 +39,16 @@ class Step:
     loss: str
     adapter: str  # the adapter's settings as canonical JSON; "" for a full fine-tune
     margin: float  # fraction of the allocator's memory kept free
+    # A multi-GPU job (TableSpec.parallel) as canonical JSON; "" for one GPU, left out of the id as
+    # in the ids of the runs stored before jobs had more
+    parallel: str = ""
 
     @property
     def id(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = asdict(self)
+        if not fields["parallel"]:
+            del fields["parallel"]
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:ID_HEX]
 
     def facts(self) -> list[tuple[str, str]]:
@@ -58,6 +65,7 @@ class Step:
             ("Task", self.task),
             ("Step", step),
             ("PEFT", adapter),
+            *([("GPUs", Parallel(**json.loads(self.parallel)).label)] if self.parallel else []),
             ("Margin", f"{self.margin:g} of each card kept free"),
         ]
 
@@ -73,4 +81,6 @@ def step_of(spec: Mapping[str, Any]) -> Step:
                                                            separators=(",", ":"))
     return Step(backend=stored.backend, task=stored.task, weights_dtype=stored.weights_dtype,
                 optimizer=stored.optimizer, attn=stored.attn, loss=stored.loss, adapter=adapter,
-                margin=float(stored.margin))
+                margin=float(stored.margin),
+                parallel="" if stored.parallel is None else json.dumps(stored.parallel, sort_keys=True,
+                                                                       separators=(",", ":")))

@@ -62,6 +62,7 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
         budget_bytes=spec["budget_bytes"], margin=spec["margin"], max_batch=spec["max_batch"],
         search=spec["search"], attn=spec["attn"], attn_used=header.get("attn"), optimizer=spec["optimizer"],
         dtype=spec.get("dtype", "auto"), weights_dtype=stored.weights_dtype, loss=stored.loss,
+        parallel=None if (parallel := stored.workload_parallel()) is None else parallel.to_json(),
         warnings=run_warnings(stored),
         environment={**spec["environment"], **header.get("environment", {})},
         started_at=run.started_at, elapsed_s=run.elapsed_s, attempts=run.attempts,

@@ -167,7 +167,11 @@ class TableSpec:
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
                         weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft(),
                         ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger),
-                        parallel=None if self.parallel is None else Parallel(**self.parallel))
+                        parallel=self.workload_parallel())
+
+    def workload_parallel(self) -> Parallel | None:
+        """The job's GPUs (None: one), without building the model."""
+        return None if self.parallel is None else Parallel(**self.parallel)
 
     def target_gpu(self) -> GpuSpec:
         cc, chip = self.gpu["compute_capability"], self.gpu.get("multiprocessors")

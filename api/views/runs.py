@@ -109,6 +109,7 @@ def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
         "run": summary(run), "spec": run.spec, "header": run.header or {}, "rows": rows,
         "stored": (stored := TableSpec.from_json(run.spec)), "warnings": run_warnings(stored),
         "weights": weights_label(stored.weights_dtype),
+        "gpus": None if (parallel := stored.workload_parallel()) is None else parallel.label,
         "modes": run.spec["modes"], "chart": chart_of(run, rows), "elapsed_s": run.elapsed_s,
         "started_at": run.started_at, "finished_at": run.finished_at, "attempts": run.attempts,
         "interval_ms": LIVE_INTERVAL_MS,

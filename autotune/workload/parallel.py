@@ -67,7 +67,8 @@ class Parallel:
         """What the estimate ran for this job, in a sentence (the output says it)."""
         if self.kind == DDP:
             return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
-                    "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default)")
+                    "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default) as one "
+                    "flat buffer, before DDP's rebuild into 25 MiB buckets of the same bytes")
         return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
                 "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
                 "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "

@@ -221,6 +221,25 @@ def test_a_table_says_the_step_it_modelled_and_warns_of_bf16_on_a_t4(make_client
     assert other["created"] and other["id"] != accepted["id"]
 
 
+def test_a_multi_gpu_table_is_per_gpu_and_another_run_than_one_gpus(make_client):
+    client = make_client()
+    body = {"model": "tiny-llama", "seq_lens": [64], "modes": ["bf16"], "gpu": "A100-80GB",
+            "dtype": "bfloat16", "max_batch": 16, "backend": "estimate"}
+    accepted = client.post("/v1/tables", json={**body, "gpus": 4, "parallel": "fsdp"}).json()
+    table = wait_for(client, accepted["url"], finished)
+    assert table["status"] == "done", table
+    assert (table["parallel"]["kind"], table["parallel"]["gpus"]) == ("fsdp", 4)
+    assert "FSDP2 full shard, 4 GPUs; each max batch is one GPU's" in client.get(f"/runs/{accepted['id']}").text
+    alone = client.post("/v1/tables", json=body).json()
+    assert alone["created"] and alone["id"] != accepted["id"]
+    assert client.get(alone["url"]).json()["parallel"] is None
+    check = client.get("/v1/check", params={"model": "tiny-llama", "seq_len": 64, "batch_size": 2,
+                                            "gpu": "A100-80GB", "dtype": "bfloat16", "mode": "bf16",
+                                            "gpus": 4, "parallel": "fsdp", "backend": "estimate"})
+    assert check.status_code == 200, check.text
+    assert check.json()["parallel"]["gpus"] == 4
+
+
 def test_without_seq_lens_a_table_takes_the_models_default_rows(make_client):
     client = make_client(runner=LocalRunner(estimate_workers=0, gpu_lanes=[]))
     accepted = client.post("/v1/tables", json={"model": "tiny-llama", "modes": ["fp32"],

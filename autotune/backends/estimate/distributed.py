@@ -26,9 +26,13 @@ memory on one GPU.
   the check that every rank's parameters have the same shapes
   (``_verify_param_shape_across_processes``), the broadcast of rank 0's parameters
   (``_sync_module_states``), and the rebuild of the buckets in the order the first backward made
-  the gradients (``Reducer._rebuild_buckets``, which syncs that order over the group: the rebuilt
-  buckets hold the same gradients). The bucket's all-reduce is a comm hook that hands the bucket
-  back as it is, as the fake group would; the default hook reduces it in place.
+  the gradients (``Reducer._rebuild_buckets``, which syncs that order over the group). So the
+  buckets stay one flat buffer of every trainable gradient, as DDP (find_unused_parameters False)
+  makes them at construction; the rebuilt ones (a 1 MiB bucket, then 25 MiB ones) and those of
+  find_unused_parameters True (what the Trainer sets without checkpointing; its traversal reads
+  tensor data too) hold the same bytes in more, smaller blocks. The bucket's all-reduce is a comm
+  hook that hands the bucket back as it is, as the fake group would; the default hook reduces it
+  in place.
 
 The training loss runs inside the wrapped module (``TrainingLoss``), as the Trainer's model does:
 FSDP2's root gathers the embeddings and head around it, and DDP's forward prepares its backward.

@@ -197,3 +197,25 @@ def test_one_gpu_is_the_one_gpu_step_and_more_default_to_ddp():
     assert make_parallel(1, None) is None
     assert make_parallel(4, None) == Parallel("ddp", 4)
     assert make_parallel(1, "fsdp") == Parallel("fsdp", 1)
+
+
+class EveryStep(StepHooks):
+    every_step = True
+
+
+@pytest.mark.parametrize("parallel", [Parallel("fsdp", 4), Parallel("ddp", 4)], ids=["fsdp", "ddp"])
+def test_a_ranks_steps_written_from_its_first_are_the_steps_run(parallel):
+    """The table's traces write the steps after the first from it where the step is steady
+    (steps.py); a rank's step under DDP or FSDP2 must come out as running every step does."""
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        parallel=parallel)
+    mode = parse_mode("bf16+ckpt")
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    fake = backend._model(workload, mode.precision)
+    traces = []
+    with backend.cell(workload, mode, 64, 10**12):
+        for hooks in (StepHooks(), StepHooks(), EveryStep()):  # learn, then write; then run every step
+            traces.append(backend.trace_with(hooks, fake, workload, mode, 64, 3))
+    assert backend._steady[(workload, mode.name)].verified  # the second trace wrote its later steps
+    written, run = traces[1].events(), traces[2].events()
+    assert [n for _, n in written] == [n for _, n in run]

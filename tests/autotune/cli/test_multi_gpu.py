@@ -1,0 +1,78 @@
+"""A multi-GPU job asked for by flag and by keyword: every answer is one GPU's and says the job it
+modelled; what is not modelled is refused by name, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autotune
+from autotune.cli import main
+from autotune.errors import InvalidInput
+
+TINY = ("tiny-llama", "--dtype", "bfloat16", "--gpu-memory", "1GiB", "--backend", "estimate")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_table_says_the_job_and_that_each_cell_is_one_gpus(capsys):
+    code, out, _ = run(capsys, "table", *TINY, "--seq-lens", "64", "--modes", "fp32,bf16", "--max-batch", "8",
+                       "--gpus", "4", "--parallel", "fsdp")
+    assert code == 0, out
+    assert "GPUs: FSDP2 full shard, 4 GPUs; each cell is one GPU's micro-batch (global batch = it x 4 GPUs" in out
+    assert "traced: FSDP2 fully_shard on a fake process group" in out
+    assert "fp32 and ckpt train them as they are, with no mixed-precision policy" in out
+
+
+def test_a_check_answers_per_gpu_with_the_job_in_its_json(capsys):
+    code, out, _ = run(capsys, "check", *TINY, "--seq-len", "64", "--batch-size", "2", "--mode", "bf16",
+                       "--gpus", "8", "--parallel", "fsdp", "--no-reshard-after-forward", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["fits"] is True
+    parallel = doc["parallel"]
+    assert (parallel["kind"], parallel["gpus"], parallel["reshard_after_forward"], parallel["shard_size"]) == (
+        "fsdp", 8, False, 8)
+    assert "per GPU of FSDP2 shard grad op (no reshard after forward), 8 GPUs" in doc["message"]
+
+
+def test_gpus_alone_is_ddp():
+    result = autotune.check("tiny-llama", seq_len=64, batch_size=2, gpu_memory="1GiB", dtype="bfloat16",
+                            mode="bf16", gpus=2)
+    assert result.parallel is not None and result.parallel["kind"] == "ddp"
+    assert result.parallel["label"] == "DDP over 2 GPUs (each holds the whole model)"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "8", "--parallel", "zero3"),
+     "Error: --parallel zero3: DeepSpeed ZeRO is not modelled yet"),
+    (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--parallel", "fsdp"),
+     "Error: --parallel fsdp needs --gpus"),
+    (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--nodes", "2"),
+     "Error: --nodes 2 is for --parallel fsdp's hybrid sharding"),
+    (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--parallel", "fsdp",
+      "--peft", "qlora"), "Error: a 4-bit base under --parallel fsdp is not modelled yet"),
+    (("explain", *TINY, "--seq-len", "64", "--gpus", "4", "--parallel", "fsdp"),
+     "Error: explain of a multi-GPU job's rank is not built yet"),
+])
+def test_what_is_not_modelled_is_refused_by_name(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and err.startswith(message), err
+
+
+def test_a_backend_that_measures_one_gpu_refuses_a_job_of_more(monkeypatch):
+    """As on a machine with a GPU: the cuda backend resolves, and the job of two is refused."""
+    import autotune.backends as backends
+    from autotune.backends.cuda import device
+    from autotune.gpus import resolve_gpu
+
+    monkeypatch.setattr(backends, "cuda_available", lambda: True)
+    monkeypatch.setattr(device, "local_gpu", lambda: resolve_gpu("H100-80GB"))
+    with pytest.raises(InvalidInput) as error:
+        autotune.check("tiny-llama", seq_len=64, batch_size=2, gpu="T4", backend="cuda", gpus=2)
+    assert error.value.field == "parallel" and "backend cuda measures one GPU's own step" in str(error.value)
