@@ -183,7 +183,7 @@ function errorText(text, status) {
 
 const FIELDS = ["model", "task", "dtype", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn",
   "optimizer", "loss", "margin", "max_batch", "search", "peft", "lora_r", "lora_alpha", "lora_dropout",
-  "lora_targets", "qlora_recipe", "token"];
+  "lora_targets", "qlora_recipe", "gpus", "parallel", "nodes", "reshard_after_forward", "token"];
 
 function decimalOr(text) {
   const trimmed = text.trim();
@@ -226,6 +226,14 @@ function formBody(form) {
   if (targets) body.lora_targets = targets;
   const recipe = String(data.get("qlora_recipe") || "").trim();
   if (recipe) body.qlora_recipe = recipe;  // empty: the service's default
+  // A multi-GPU job: one GPU sends none of it (the request of a table before jobs had more).
+  for (const name of ["gpus", "nodes"]) {
+    const value = String(data.get(name) || "").trim();
+    if (value) body[name] = numberOr(value);
+  }
+  const parallel = String(data.get("parallel") || "").trim();
+  if (parallel) body.parallel = parallel;
+  if (data.get("keep_gathered")) body.reshard_after_forward = false;
   return body;
 }
 

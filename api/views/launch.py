@@ -34,6 +34,7 @@ from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, LONG_SEQ_LENS, PRESETS, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZERS
+from autotune.workload.parallel import DDP, FSDP
 from autotune.workload.step import ATTN_CHOICES
 
 router = APIRouter()
@@ -44,6 +45,11 @@ PEFT_METHODS = (
     ("lora", "LoRA (frozen base, adapters trained)"),
     ("qlora", "QLoRA (LoRA over a 4-bit base)"),
     ("lora_8bit", "LoRA over an 8-bit base (LLM.int8)"),  # sent as peft lora + load_in_8bit (app.js)
+)
+# How a multi-GPU job spreads over its GPUs (POST /v1/tables' parallel), those modelled: value, label.
+PARALLEL_LABELS = (
+    (DDP, "DDP: each GPU holds the whole model"),
+    (FSDP, "FSDP2 full shard: parameters, gradients and optimizer state split"),
 )
 # How a 4-bit base is prepared (POST /v1/tables' qlora_recipe), the default first: value, label.
 QLORA_RECIPE_LABELS = (
@@ -72,7 +78,7 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep,
         "attns": ATTN_CHOICES, "optimizers": OPTIMIZERS, "searches": METHODS, "margin": DEFAULT_MARGIN,
         "max_batch": min(settings.max_batch, DEFAULT_MAX_BATCH),
         "needs_token": settings.api_token is not None,
-        "peft_methods": PEFT_METHODS, "qlora_recipes": QLORA_RECIPE_LABELS,
+        "peft_methods": PEFT_METHODS, "qlora_recipes": QLORA_RECIPE_LABELS, "parallels": PARALLEL_LABELS,
         "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA, "dropout": DEFAULT_DROPOUT},
         "fleet": fleet, "all_kinds": ALL_KINDS,
         "all_kinds_unavailable": NO_FLEET if fleet is None else fleet.unavailable,

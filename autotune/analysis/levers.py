@@ -62,7 +62,7 @@ from autotune.workload.adapters import DEFAULT_QLORA_RECIPE, DEFAULT_R, RECIPE_N
 from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes, uses_torchao
-from autotune.workload.parallel import check_sharded
+from autotune.workload.parallel import DDP, FSDP, MAX_GPUS, Parallel, check_sharded
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -103,7 +103,7 @@ class LeverSearch:
 class Lever:
     """One change to the step and the max batch the same search finds with it: what a check advises."""
 
-    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "adapter" | "combined" | "seq_len"
+    name: str  # "mode" | "checkpointing" | "optimizer" | "loss" | "adapter" | "gpus" | "combined" | "seq_len"
     label: str  # what to do, e.g. "mode bf16+ckpt", "optimizer adamw_bnb_8bit (8-bit AdamW)"
     max_batch_size: int
 
@@ -227,7 +227,33 @@ def lever_searches(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) -
              for name, label, changed, changed_mode in candidate_levers(workload, mode, gpu)
              if _modelled(changed)]
             + [LeverSearch("adapter", label, changed, mode, seq_len)
-               for _, label, changed in adapter_levers(workload) if _modelled(changed)])
+               for _, label, changed in adapter_levers(workload) if _modelled(changed)]
+            + [LeverSearch("gpus", label, changed, mode, seq_len)
+               for label, changed in gpu_levers(workload) if _modelled(changed)])
+
+
+def gpu_levers(workload: Workload) -> list[tuple[str, Workload]]:
+    """(label, workload) of each change of a multi-GPU job's spread that may raise its per-GPU max
+    batch: FSDP2 instead of DDP on the same GPUs; for FSDP2 resharding after forward, sharding over
+    every GPU instead of a node's, and (on one node) twice the GPUs. None for a one-GPU job."""
+    parallel = workload.parallel
+    if parallel is None:
+        return []
+    if parallel.kind == DDP:
+        fsdp = Parallel(FSDP, parallel.gpus)
+        return [(f"parallel fsdp over the same {parallel.gpus} GPUs (FSDP2 full shard: parameters, "
+                 "gradients and optimizer state split among them)", replace(workload, parallel=fsdp))]
+    options = []
+    if not parallel.reshard_after_forward:
+        options.append(("reshard_after_forward (FULL_SHARD: each layer gathered again in backward)",
+                        replace(workload, parallel=replace(parallel, reshard_after_forward=True))))
+    if parallel.nodes > 1:
+        options.append((f"full shard over all {parallel.gpus} GPUs instead of a node's {parallel.shard_size}",
+                        replace(workload, parallel=replace(parallel, nodes=1))))
+    if parallel.nodes == 1 and parallel.gpus * 2 <= MAX_GPUS:  # more nodes of a hybrid job: the same shards
+        options.append((f"{parallel.gpus * 2} GPUs (twice the ranks: each holds half the shards)",
+                        replace(workload, parallel=replace(parallel, gpus=parallel.gpus * 2))))
+    return options
 
 
 def _modelled(workload: Workload) -> bool:

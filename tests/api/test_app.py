@@ -229,7 +229,8 @@ def test_a_multi_gpu_table_is_per_gpu_and_another_run_than_one_gpus(make_client)
     table = wait_for(client, accepted["url"], finished)
     assert table["status"] == "done", table
     assert (table["parallel"]["kind"], table["parallel"]["gpus"]) == ("fsdp", 4)
-    assert "FSDP2 full shard, 4 GPUs; each max batch is one GPU's" in client.get(f"/runs/{accepted['id']}").text
+    page = client.get(f"/runs/{accepted['id']}").text
+    assert "FSDP2 full shard, 4 GPUs; each max batch is one GPU's" in page
     alone = client.post("/v1/tables", json=body).json()
     assert alone["created"] and alone["id"] != accepted["id"]
     assert client.get(alone["url"]).json()["parallel"] is None

@@ -333,6 +333,14 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     body = posted.value.post_data_json
     assert (body["peft"], body["load_in_8bit"]) == ("lora", True)
     expect(page.locator("#lora_r-error")).to_contain_text("LoRA rank must be an integer")
+    page.get_by_label("GPUs", exact=True).fill("8")  # a multi-GPU job: its settings reach the API
+    page.get_by_label("Spread").select_option("fsdp")
+    page.get_by_label("FSDP2: keep each layer gathered").check()
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/tables")) as posted:
+        page.get_by_role("button", name="Make the table").click()
+    body = posted.value.post_data_json
+    assert (body["gpus"], body["parallel"], body["reshard_after_forward"]) == (8, "fsdp", False)
+    assert "nodes" not in body
     assert_readable(page, "the launch form")
     page.screenshot(path=shots / "09b-phone-launch.png", full_page=True)
     print(f"dashboard screenshots: {shots}")

@@ -24,7 +24,8 @@ def test_a_table_says_the_job_and_that_each_cell_is_one_gpus(capsys):
     code, out, _ = run(capsys, "table", *TINY, "--seq-lens", "64", "--modes", "fp32,bf16", "--max-batch", "8",
                        "--gpus", "4", "--parallel", "fsdp")
     assert code == 0, out
-    assert "GPUs: FSDP2 full shard, 4 GPUs; each cell is one GPU's micro-batch (global batch = it x 4 GPUs" in out
+    assert ("GPUs: FSDP2 full shard, 4 GPUs; each cell is one GPU's micro-batch (global batch = it x 4 "
+            "GPUs") in out
     assert "traced: FSDP2 fully_shard on a fake process group" in out
     assert "fp32 and ckpt train them as they are, with no mixed-precision policy" in out
 
@@ -36,8 +37,8 @@ def test_a_check_answers_per_gpu_with_the_job_in_its_json(capsys):
     doc = json.loads(out)
     assert doc["fits"] is True
     parallel = doc["parallel"]
-    assert (parallel["kind"], parallel["gpus"], parallel["reshard_after_forward"], parallel["shard_size"]) == (
-        "fsdp", 8, False, 8)
+    assert (parallel["kind"], parallel["gpus"], parallel["reshard_after_forward"],
+            parallel["shard_size"]) == ("fsdp", 8, False, 8)
     assert "per GPU of FSDP2 shard grad op (no reshard after forward), 8 GPUs" in doc["message"]
 
 
