@@ -17,7 +17,7 @@ the job's global batch is that times the GPUs times the accumulation steps.
             (named here; not modelled yet, refused by name)
 
 The estimator runs the real ``torch.distributed`` code for one rank of a fake process group
-(backends/estimate/distributed.py); collectives move nothing, each rank's memory is its own.
+(backends/distributed.py); collectives move nothing, each rank's memory is its own.
 """
 
 from __future__ import annotations

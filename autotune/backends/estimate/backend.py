@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.backends.distributed import Distributed
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.distributed import Distributed
 from autotune.backends.estimate.liger import swap_in
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps

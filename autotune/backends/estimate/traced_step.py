@@ -1,9 +1,10 @@
 """The training step the estimator traces, once per probe, and the hooks that let a caller watch it.
 
 ``trace_step`` allocates what a training script does on the GPU, in its order: the model's
-weights (``load_weights``), the cuBLAS workspaces, a multi-GPU job's wrapper (distributed.py: DDP's
-buckets), the batch, the optimizer, the gradient scaler, then ``workload.step.run_steps`` under the
-CUDA emulation (emulation.py) and the storage tracker (tracker.py). Where a (workload, mode)'s
+weights (``load_weights``), the cuBLAS workspaces, a multi-GPU job's wrapper
+(backends/distributed.py: DDP's buckets), the batch, the optimizer, the gradient scaler, then
+``workload.step.run_steps`` under the CUDA emulation (emulation.py) and the storage tracker
+(tracker.py). Where a (workload, mode)'s
 steps are steady, the steps after the first are written from it instead of run (steps.py).
 
 ``StepHooks`` are the step's seams: its tracker and emulation, the optimizer, each forward, each
@@ -22,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
+from autotune.backends.estimate.rank import around_rank
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -206,8 +208,7 @@ def trace_step(
     import torch
 
     model, distributed = fake.model, fake.distributed
-    around_rank = contextlib.nullcontext() if distributed is None else distributed.around(tracker)
-    with fake.mode_ctx, tracker, hooks.around(model), around_rank:
+    with fake.mode_ctx, tracker, hooks.around(model), around_rank(distributed, tracker):
         def load(tensor: Any) -> None:
             tracker.track(tensor)
             hooks.loaded(tensor)

@@ -1,6 +1,6 @@
 """One rank of a multi-GPU job, traced through torch's own DDP and FSDP2 on a fake process group
-(estimate/distributed.py): the rank's parameter, gradient and optimizer bytes are the shards the
-parameter list gives, and FSDP2's gathered layers appear where it gathers them."""
+(backends/distributed.py, estimate/rank.py): the rank's parameter, gradient and optimizer bytes
+are the shards the parameter list gives, and FSDP2's gathered layers appear where it gathers them."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""One rank of a multi-GPU job, traced: the real torch.distributed code on a fake process group.
+"""One rank of a multi-GPU job: the real torch.distributed code on a fake process group.
 
-The estimator runs DDP and FSDP2 themselves (workload/parallel.py says what each is) for rank 0
-of a world of N ranks, on torch's fake process group (``dist.init_process_group("fake")``,
+Both backends run DDP and FSDP2 themselves (workload/parallel.py says what each is) for rank 0 of
+a world of N ranks, on torch's fake process group (``dist.init_process_group("fake")``,
 torch/testing/_internal/distributed/fake_pg.py): collectives return at once and move nothing, so
-every tensor the rank allocates is its own, made by the library's code, under the estimator's fake
-tensors and storage tracker. That is the method of Megatron-LM PR #2280 for measuring a rank's
-memory on one GPU.
+every tensor the rank allocates is its own, made by the library's code: under the estimator's fake
+tensors and storage tracker, or on the cuda backend's GPU. That is the method of Megatron-LM PR
+#2280 for measuring a rank's memory on one GPU.
 
 - **FSDP2** (torch/distributed/fsdp/_fully_shard) as the Trainer has accelerate apply it
   (accelerate 1.15 utils/fsdp_utils.py ``fsdp2_prepare_model``, ``shard`` below): under a 16-bit
@@ -16,10 +16,8 @@ memory on one GPU.
   bottom-up), on the input embedding where it is not tied, on the tail [final norm, (tied
   embedding,) output head] kept gathered from forward to backward, then on the root, which keeps
   its own leftovers gathered likewise (torch's ``reshard_after_forward=None`` for a root). Its
-  sharded parameters are DTensors: the tracker counts their local shards (tracker.py). The
-  gathered parameters live in storages FSDP2 frees and brings back by resizing them
-  (_fsdp_param.py ``free_storage``/``alloc_storage``: ``storage.resize_``), which no aten op
-  sees: ``resizes_tracked`` tells the tracker of each.
+  sharded parameters are DTensors: the estimator's tracker counts their local shards, and is told
+  of the storages FSDP2 frees and brings back by resizing them (estimate/rank.py).
 - **DDP** (torch/nn/parallel/distributed.py): the Reducer's gradient buckets, allocated as it
   builds them, then a copy of each gradient into its bucket in backward. Three steps of its
   constructor and forward read tensor data, which fake tensors have none of, and are left out:
@@ -50,8 +48,6 @@ from autotune.workload.parallel import DDP, FSDP, Parallel
 
 if TYPE_CHECKING:
     import torch
-
-    from autotune.backends.estimate.tracker import StorageTracker
 
 # The fake world's size: every job's ranks are a group within it (DeviceMesh over ranks 0..N-1).
 FAKE_WORLD_SIZE = 65536
@@ -92,7 +88,7 @@ def fake_world() -> None:
 
 
 @functools.cache
-def _mesh(shape: tuple[int, ...]) -> Any:
+def _mesh(shape: tuple[int, ...], device_type: str) -> Any:
     """A DeviceMesh over the first ranks of the fake world. Made outside any FakeTensorMode: the
     mesh's rank tensor must be real."""
     import torch
@@ -100,7 +96,8 @@ def _mesh(shape: tuple[int, ...]) -> Any:
 
     fake_world()
     names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
-    return DeviceMesh("cpu", torch.arange(int(torch.tensor(shape).prod())).view(shape), mesh_dim_names=names)
+    ranks = torch.arange(int(torch.tensor(shape).prod())).view(shape)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=names)
 
 
 def layer_classes(model: Any) -> set[str]:
@@ -114,10 +111,12 @@ def layer_classes(model: Any) -> set[str]:
     return names
 
 
-def mesh_of(parallel: Parallel) -> Any:
-    """The job's DeviceMesh in the fake world: its ranks, or (hybrid sharding) nodes x a node's.
-    Call outside any FakeTensorMode."""
-    return _mesh((parallel.nodes, parallel.shard_size) if parallel.nodes > 1 else (parallel.gpus,))
+def mesh_of(parallel: Parallel, device_type: str = "cpu") -> Any:
+    """The job's DeviceMesh in the fake world: its ranks, or (hybrid sharding) nodes x a node's, on
+    ``device_type`` (cpu: the estimator's fake tensors; cuda: the GPU's). Call outside any
+    FakeTensorMode."""
+    shape = (parallel.nodes, parallel.shard_size) if parallel.nodes > 1 else (parallel.gpus,)
+    return _mesh(shape, device_type)
 
 
 def mixed_precision(precision: str) -> Any:
@@ -237,37 +236,13 @@ def replicate(model: Any, mesh: Any, loss: str) -> Any:
     return wrapper
 
 
-@contextlib.contextmanager
-def resizes_tracked(tracker: StorageTracker) -> Iterator[None]:
-    """FSDP2's frees and re-allocations by storage resize (module docstring), told to ``tracker``."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-
-    saved = _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage
-
-    def alloc_storage(tensor: torch.Tensor) -> None:
-        saved[0](tensor)
-        tracker.resized(tensor)
-
-    def free_storage(tensor: torch.Tensor) -> None:
-        saved[1](tensor)
-        tracker.resized(tensor)
-
-    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc_storage
-    _fsdp_param.free_storage = free_storage
-    try:
-        yield
-    finally:
-        _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage = saved
-
-
 class Distributed:
-    """A multi-GPU job's rank 0 for the traced step: the model wrapped as the job wraps it, and
-    what a trace enters around the step."""
+    """A multi-GPU job's rank 0 for the step: the model wrapped as the job wraps it."""
 
-    def __init__(self, parallel: Parallel, loss: str) -> None:
+    def __init__(self, parallel: Parallel, loss: str, device_type: str = "cpu") -> None:
         """Call outside any FakeTensorMode (the job's mesh is made here, of real tensors)."""
         self.parallel, self.loss = parallel, loss
-        self.mesh = mesh_of(parallel)
+        self.mesh = mesh_of(parallel, device_type)
         self._sharded: Any = None
 
     @property
@@ -283,12 +258,9 @@ class Distributed:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
 
     def forward(self, model: Any) -> Callable[..., Any]:
-        """In each trace, after the weights are loaded: the step's forward (``forward(**batch)``
-        is the loss). DDP is built here, as a training script builds it on the loaded model: its
-        buckets are allocated now."""
+        """After the weights are loaded (in each trace of the estimator's): the step's forward
+        (``forward(**batch)`` is the loss). DDP is built here, as a training script builds it on
+        the loaded model: its buckets are allocated now."""
         if self.parallel.kind == DDP:
             return replicate(model, self.mesh, self.loss)  # type: ignore[no-any-return]
         return self._sharded  # type: ignore[no-any-return]
-
-    def around(self, tracker: StorageTracker) -> contextlib.AbstractContextManager[Any]:
-        return resizes_tracked(tracker) if self.parallel.kind == FSDP else contextlib.nullcontext()
