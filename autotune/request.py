@@ -71,7 +71,7 @@ from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
-from autotune.workload.parallel import PARALLEL_CHOICES, check_sharded, make_parallel, one_gpu_measured
+from autotune.workload.parallel import PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.step import ATTN_CHOICES
 
 if TYPE_CHECKING:
@@ -594,9 +594,6 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     backend = gpu = None
     if make_target:
         backend, gpu = resolve_target(request.target, found, seeded=seeded)
-        if workload is not None and workload.parallel is not None and backend is not None \
-                and backend.name != "estimate":
-            found.errors.append(one_gpu_measured(backend.name))
     found.raise_first()
     assert workload is not None and seq_lens is not None and modes is not None
     return Resolved(request, workload, backend, gpu, seq_lens, modes)  # type: ignore[arg-type]

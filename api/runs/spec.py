@@ -91,7 +91,7 @@ from autotune.workload.models import (
 )
 from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
 from autotune.workload.optimizers import check_optimizer
-from autotune.workload.parallel import Parallel, check_sharded, make_parallel, one_gpu_measured
+from autotune.workload.parallel import Parallel, check_sharded, make_parallel
 from autotune.workload.step import MIN_STEPS, check_attn
 from autotune.workload.support import dtype_warnings
 
@@ -379,9 +379,6 @@ class _Normalizing:
                 self.env = self.environment(target.backend, target.gpu)
         if self.env is None or not found.ok("gpu_memory", "alloc_conf"):
             return
-        if found.ok("parallel") and self.parallel is not None and self.env["backend"] != "estimate":
-            with found.about("parallel"):
-                raise one_gpu_measured(self.env["backend"])
         gpu_field = target_field(target, found)
         if gpu_field is None:
             return

@@ -152,15 +152,25 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
     tied = head is not None and getattr(embedding, "weight", None) is getattr(head, "weight", None)
-    if not tied and embedding is not None and not isinstance(embedding, FSDPModule):
+    if not tied and embedding is not None and not _in_a_group(embedding):
         fully_shard(embedding, **kwargs)
     ends = (_final_norm(model), embedding, head) if tied else (_final_norm(model), head)
-    tail = [module for module in ends if module is not None and not isinstance(module, FSDPModule)]
+    tail = [module for module in ends if module is not None and not _in_a_group(module)]
     if tail:
         fully_shard(tail, **{**kwargs, "reshard_after_forward": False})
     root = _loss_module()(model, loss)
     fully_shard(root, mesh=mesh, mp_policy=kwargs["mp_policy"])  # a root's None: kept gathered
     return root
+
+
+def _in_a_group(module: Any) -> bool:
+    """Whether ``module`` or a module around it was sharded already (its parameters are DTensors):
+    not carved out again. accelerate checks the module itself only, and so would shard twice an
+    embedding inside a wrapped layer class (BERT's BertEmbeddings), which fully_shard refuses."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(module, FSDPModule) or any(isinstance(p, DTensor) for p in module.parameters())
 
 
 def _bottom_up(model: Any) -> list[Any]:

@@ -134,13 +134,6 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
             "its update over sharded parameters is unverified; use a torch or torchao optimizer"))
 
 
-def one_gpu_measured(backend: str) -> InvalidInput:
-    """The refusal of a multi-GPU job on a backend that measures one GPU (cuda, the fleet)."""
-    return _about("parallel", InvalidInput.naming(
-        f"a multi-GPU job ({{gpus}}, {{parallel}}) is estimated, one rank on a fake process group: "
-        f"{{backend}} {backend} measures one GPU's own step; use {{backend}} estimate"))
-
-
 def _about(field: str, error: InvalidInput) -> InvalidInput:
     error.field = field
     return error

@@ -62,13 +62,6 @@ def key(body):
         return exc.field
 
 
-def test_a_multi_gpu_job_goes_to_the_estimator_only():
-    measured = lambda backend, gpu: {"backend": "cuda", "asked": backend}  # noqa: E731
-    with pytest.raises(AutotuneError) as error:
-        normalize({**BASE, "gpus": 2}, Settings(), measured)
-    assert error.value.field == "parallel" and "measures one GPU's own step" in str(error.value)
-
-
 def test_every_field_of_the_body_has_a_sample():
     assert set(SAMPLES) == {f.name for f in fields_of(TableRequest) if f.about.http} - {"model"}
 

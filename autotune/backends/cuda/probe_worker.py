@@ -37,6 +37,7 @@ from autotune.backends.cuda.bnb import (
 from autotune.backends.cuda.liger import patch_before_build, require_liger
 from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
+from autotune.backends.distributed import Distributed
 from autotune.errors import BackendUnavailable, ProtocolError
 from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
@@ -44,6 +45,7 @@ from autotune.workload import Workload
 from autotune.workload.adapters import prepare as prepare_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
+from autotune.workload.parallel import FSDP
 from autotune.workload.step import (
     build_model,
     gradient_checkpointing,
@@ -171,6 +173,8 @@ class Worker:
         self.mode: Mode | None = None
         self.seq_len = 0
         self.bnb_optimizer: str | None = None  # bnb.BNB_OPTIMIZERS, instead of the workload's
+        self.distributed: Distributed | None = None  # a multi-GPU job's rank (backends/distributed.py)
+        self.forward: Callable[..., Any] | None = None  # its wrapper's call: the step's loss
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "init" and self.model is None:
@@ -209,11 +213,17 @@ class Worker:
                 tuple(cc) if cc else None
             )
             patch_before_build(workload)  # Liger's kernels, as Axolotl swaps them in (liger.py)
-            model, attn = self._build(workload, on_device=not quantized)
+            sharded = workload.parallel is not None and workload.parallel.kind == FSDP
+            model, attn = self._build(workload, on_device=not quantized and not sharded)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)
                 model = prepare_adapter(model, workload.adapter, workload.task, CUDA_PARTS,
                                         supports_bf16=supports_bf16)
+            if workload.parallel is not None:  # one rank of the job on a fake process group
+                self.distributed = Distributed(workload.parallel, workload.loss,
+                                               str(self.memory.device).partition(":")[0])
+                # FSDP2 shards the model built on the CPU, moving each rank's shard to the device
+                self.distributed.prepare(model, mode.precision)
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
@@ -236,6 +246,13 @@ class Worker:
 
         build = functools.partial(build_model, workload.model, workload.task, workload.attn,
                                   workload.weights_dtype)
+        if workload.parallel is not None and workload.parallel.kind == FSDP:
+            # A rank holds its shards only: built on the CPU without the random init (which the
+            # values need, not the memory), then sharded onto the device (init).
+            from transformers.initialization import no_init_weights
+
+            with no_init_weights():
+                return build()
         if on_device:
             try:
                 with torch.device(self.memory.device):
@@ -250,6 +267,8 @@ class Worker:
         """Put the model on the device; the OOM message if it does not fit in the budget."""
         try:
             model = self.memory.to_device(model)
+            # a multi-GPU job's wrapper: DDP's buckets are allocated as it is built, with the model
+            self.forward = None if self.distributed is None else self.distributed.forward(model)
             self.memory.release()
             self.model_bytes = self.memory.allocated_bytes()
             # cuBLAS handles (one per thread: forward, and autograd's backward thread) get
@@ -310,15 +329,18 @@ class Worker:
             marks.append(time.perf_counter())
 
         mark()
+        # FSDP2's mixed-precision policy casts instead of autocast (backends/distributed.py)
+        autocasts = self.distributed is None or self.distributed.autocasts
         run_steps(
             self.model,
             batch,
             optimizer,
             steps=workload.steps,
-            autocast=self.memory.autocast(mode.autocast_dtype_name),
+            autocast=self.memory.autocast(mode.autocast_dtype_name if autocasts else None),
             scaler=scaler,
             after_step=mark,
             loss=workload.loss,
+            forward=self.forward,
         )
         step_time_s = marks[-1] - marks[-2]
         samples_per_s = batch_size / step_time_s if step_time_s > 0 else None

@@ -34,6 +34,7 @@ from autotune.workload.loss import check_loss
 from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.optimizers import check_optimizer
+from autotune.workload.parallel import Parallel
 from autotune.workload.step import check_attn
 
 PROTOCOL = 1
@@ -88,6 +89,8 @@ class CellSpec:
     adapter: dict[str, Any] | None = None  # workload.adapters.Adapter.to_json(); None: full fine-tune
     ckpt_reentrant: bool = False  # checkpointed modes with use_reentrant=True
     liger: list[str] = dataclasses.field(default_factory=list)  # workload.liger's kernels, swapped in
+    # A multi-GPU job's rank (workload.parallel.Parallel's fields); None: one GPU's step
+    parallel: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -127,6 +130,7 @@ def cell_spec(
         adapter=None if workload.adapter is None else workload.adapter.to_json(),
         ckpt_reentrant=workload.ckpt_reentrant,
         liger=list(workload.liger),
+        parallel=None if workload.parallel is None else dataclasses.asdict(workload.parallel),
     )
 
 
@@ -145,6 +149,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         adapter=None if spec.adapter is None else Adapter.from_json(spec.adapter),
         ckpt_reentrant=spec.ckpt_reentrant is True,
         liger=parse_kernels(spec.liger),
+        parallel=None if spec.parallel is None else Parallel(**spec.parallel),
     )
     return workload, parse_mode(spec.mode)
 

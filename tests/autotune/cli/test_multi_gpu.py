@@ -9,7 +9,6 @@ import pytest
 
 import autotune
 from autotune.cli import main
-from autotune.errors import InvalidInput
 
 TINY = ("tiny-llama", "--dtype", "bfloat16", "--gpu-memory", "1GiB", "--backend", "estimate")
 
@@ -66,14 +65,16 @@ def test_what_is_not_modelled_is_refused_by_name(capsys, argv, message):
     assert code == 2 and err.startswith(message), err
 
 
-def test_a_backend_that_measures_one_gpu_refuses_a_job_of_more(monkeypatch):
-    """As on a machine with a GPU: the cuda backend resolves, and the job of two is refused."""
+def test_the_cuda_backend_takes_a_job_of_more_gpus(monkeypatch):
+    """As on a machine with a GPU: the cuda backend measures one rank of it (backends/cuda)."""
     import autotune.backends as backends
     from autotune.backends.cuda import device
     from autotune.gpus import resolve_gpu
+    from autotune.request import CheckRequest, Step, Target, resolve
 
     monkeypatch.setattr(backends, "cuda_available", lambda: True)
     monkeypatch.setattr(device, "local_gpu", lambda: resolve_gpu("H100-80GB"))
-    with pytest.raises(InvalidInput) as error:
-        autotune.check("tiny-llama", seq_len=64, batch_size=2, gpu="T4", backend="cuda", gpus=2)
-    assert error.value.field == "parallel" and "backend cuda measures one GPU's own step" in str(error.value)
+    request = CheckRequest(Step(model="tiny-llama", gpus=2, parallel="fsdp"),
+                           Target(gpu="T4", backend="cuda"), seq_len=64, batch_size=2)
+    resolved = resolve(request)
+    assert resolved.backend.name == "cuda" and resolved.workload.parallel.gpus == 2

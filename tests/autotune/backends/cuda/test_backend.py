@@ -218,6 +218,30 @@ def test_worker_probe_fits_with_peaks_and_timing() -> None:
     assert all(p.grad is None for p in worker.model.parameters())  # the reset dropped them
 
 
+@pytest.mark.parametrize("kind", ["fsdp", "ddp"])
+def test_worker_runs_one_rank_of_a_multi_gpu_job(kind: str) -> None:
+    """The rank on a fake process group, real tensors on the device (here the CPU): FSDP2 holds
+    a quarter of each parameter, DDP all of it, and the step runs through the job's wrapper."""
+    from torch.distributed.tensor import DTensor
+
+    from autotune.workload.parallel import Parallel
+
+    worker = Worker(CpuMemory())
+    workload = tiny_workload(parallel=Parallel(kind, 4))
+    spec = cell_spec(workload, parse_mode("fp32+ckpt"), 16, GIB)
+    assert CellSpec.from_json(json.loads(json.dumps(spec.to_json()))).parallel == {
+        "kind": kind, "gpus": 4, "nodes": 1, "reshard_after_forward": True}
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    weight = worker.model.bert.encoder.layer[0].intermediate.dense.weight  # [64, 32]
+    if kind == "fsdp":
+        assert isinstance(weight, DTensor) and weight.to_local().shape == (16, 32)
+    else:
+        assert not isinstance(weight, DTensor) and weight.shape == (64, 32)
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits", reply
+
+
 def test_worker_reports_out_of_memory_as_oom_and_keeps_going() -> None:
     memory = CpuMemory()
     worker, _ = started_worker(memory=memory)
