@@ -308,7 +308,7 @@ def max_batch_size(
         Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
     resolved = resolve(request)
-    budget = budget_bytes(resolved.gpu, resolved.margin)
+    budget = budget_bytes(resolved.gpu, resolved.margin, resolved.workload.parallel)
     return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,
                        max_batch=max_batch).max_batch_size
 

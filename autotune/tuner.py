@@ -22,20 +22,41 @@ from autotune.defaults import DEFAULT_MARGIN, DEFAULT_MAX_BATCH, DEFAULT_METHOD,
 from autotune.errors import InvalidInput, ProbeError, SearchError
 from autotune.gpus import GpuSpec
 from autotune.search import MemoryModel, Probe, SearchResult, search_max_batch
+from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
+from autotune.workload.parallel import Parallel, nccl_bytes
 from autotune.workload.support import check_supported, paged_state_bytes, step_warnings
 
 
-def budget_bytes(gpu: GpuSpec, margin: float) -> int:
+def budget_bytes(gpu: GpuSpec, margin: float, parallel: Parallel | None = None) -> int:
     """What PyTorch's caching allocator may use on ``gpu``, keeping ``margin`` of it free.
 
-    The CUDA context lives outside the allocator, so it comes off the card's memory first.
+    The CUDA context lives outside the allocator, so it comes off the card's memory first, and so
+    do a multi-GPU job's NCCL buffers (workload.parallel.nccl_bytes).
     """
     if not 0.0 <= margin < 1.0:
         raise InvalidInput(f"margin {margin} is out of range: use a fraction in [0, 1), e.g. 0.05")
-    return int((gpu.total_memory_bytes - gpu.context_overhead_bytes) * (1.0 - margin))
+    nccl = nccl_bytes(parallel, gpu.compute_capability)
+    left = gpu.total_memory_bytes - gpu.context_overhead_bytes - nccl
+    if left <= 0:
+        error = InvalidInput(f"{gpu.name} ({format_bytes(gpu.total_memory_bytes)}) leaves PyTorch nothing "
+                             f"after the CUDA context ({format_bytes(gpu.context_overhead_bytes)})"
+                             + (f" and NCCL's buffers ({format_bytes(nccl)})" if nccl else ""))
+        if left + nccl > 0:  # the card alone would do: the job's GPUs are what to change
+            error.field = "gpus"
+        raise error
+    return int(left * (1.0 - margin))
+
+
+def parallel_json(workload: Workload, gpu: GpuSpec) -> dict[str, Any] | None:
+    """A multi-GPU job as the output says it (Parallel.to_json), with its NCCL buffers on ``gpu``;
+    None for one GPU."""
+    if workload.parallel is None:
+        return None
+    nccl = nccl_bytes(workload.parallel, gpu.compute_capability)
+    return {**workload.parallel.to_json(), "nccl_bytes": nccl}
 
 
 @dataclass
@@ -175,7 +196,7 @@ def tune_table(
         check_seq_len(workload.model, seq_len)
     if max_batch < 1:
         raise InvalidInput(f"max batch {max_batch} must be at least 1")
-    budget = budget_bytes(gpu, margin)
+    budget = budget_bytes(gpu, margin, workload.parallel)
     ordered = sorted(set(seq_lens))
     table = _empty_table(workload, backend, gpu, seq_lens=ordered, modes=modes, margin=margin, budget=budget,
                          method=method, max_batch=max_batch)
@@ -222,7 +243,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         warnings=step_warnings(workload, modes, gpu),
         outside_allocator_bytes=paged_state_bytes(workload),
         adapter=adapter_json(workload),
-        parallel=None if workload.parallel is None else workload.parallel.to_json(),
+        parallel=parallel_json(workload, gpu),
     )
 
 

@@ -390,7 +390,9 @@ class _Normalizing:
                                            chip=target.multiprocessors, alloc_conf=self.alloc_conf)
         if found.ok(gpu_field):
             with found.about("margin"):
-                self.budget = budget_bytes(self.gpu, self.margin)  # checks the margin
+                # checks the margin; a multi-GPU job's NCCL buffers come off the card too
+                self.budget = budget_bytes(self.gpu, self.margin,
+                                           self.parallel if found.ok("parallel") else None)
 
     def on_the_model(self) -> None:
         """The model, resolved as this server may (AUTOTUNE_MODEL_DIRS, AUTOTUNE_ALLOW_HUB), and

@@ -23,7 +23,7 @@ from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec, chip_is_known, size_only_chip
 from autotune.search import Probe
-from autotune.tuner import adapter_json, budget_bytes, memory_model, search_cell
+from autotune.tuner import adapter_json, budget_bytes, memory_model, parallel_json, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.liger import describe as describe_liger
@@ -96,7 +96,7 @@ def check_step(
     """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
-    budget = budget_bytes(gpu, margin)
+    budget = budget_bytes(gpu, margin, workload.parallel)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
     probes: tuple[Probe, ...] = ()
 
@@ -132,7 +132,7 @@ def check_step(
         "ckpt_reentrant": workload.ckpt_reentrant, "liger": list(workload.liger),
         "alloc_conf": allocator_text(backend),
         "chip_assumed": None if chip_is_known(gpu) else size_only_chip()[0],
-        "parallel": None if workload.parallel is None else workload.parallel.to_json(),
+        "parallel": parallel_json(workload, gpu),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -281,7 +281,7 @@ def check_from_cells(
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
-        parallel=None if workload.parallel is None else workload.parallel.to_json(),
+        parallel=parallel_json(workload, gpu),
     )
     result.message = format_message(result)
     return result

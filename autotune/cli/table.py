@@ -144,7 +144,9 @@ def render_table(t: TableResult) -> str:
            f"{t.parallel['gpus']} GPUs x accumulation steps)", f"  {t.parallel['modelled']}"]
           if t.parallel else []),
         f"backend {t.backend}; budget {format_bytes(t.budget_bytes)} for PyTorch = "
-        f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context) x (1 - margin {t.margin})",
+        f"(card - {format_bytes(t.context_overhead_bytes)} CUDA context"
+        + (f" - {format_bytes(t.parallel['nccl_bytes'])} NCCL buffers" if t.parallel else "")
+        + f") x (1 - margin {t.margin})",
         "",
         "max batch size per sequence length:",
     ]

@@ -80,6 +80,37 @@ class Parallel:
                 "label": self.label, "modelled": self.modelled}
 
 
+# NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
+# wheels of torch 2.11-2.13), derived from its source; not measured here. With cuMem (the default)
+# each allocation rounds up to 2 MiB (src/include/alloc.h ``ncclCuMemAlloc``).
+MIB = 1 << 20
+NCCL_RING_CHANNELS = 24  # "24 coll channels" on 8xH100 and 8xA100 (NCCL_DEBUG=INFO logs)
+# per ring channel: the receive buffers of LL 512 KiB + LL128 4.69 MiB + Simple 4 MiB (src/init.cc,
+# NCCL_BUFFSIZE) rounded to 10 MiB, and the sender's 4 KiB to 2 MiB (src/transport/p2p.cc); the
+# 10485760- and 2097152-byte allocations of NVIDIA/nccl#1685 on 8xH100
+NCCL_RING_CHANNEL_BYTES = 12 * MIB
+NCCL_CHANNEL_METADATA_BYTES = 32 * 3 * 2 * MIB  # 32 p2p channels x 3 calloc'd arrays (src/channel.cc)
+# NVLink SHARP (sm90+ on an NVSwitch node of 4 or more): 16 channels x 2 x 1 MiB per GPU of the
+# node (src/transport/nvls.cc, NCCL_NVLS_CHUNKSIZE); off on PCIe cards, which this does not know
+NCCL_NVLS_BYTES_PER_GPU = 16 * 2 * MIB
+NCCL_NET_BYTES = 16 * 10 * MIB  # over nodes: 16 channels of network receive buffers (GPUDirect RDMA)
+
+
+def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | None) -> int:
+    """NCCL's buffers of one rank's communicator, taken from the card before PyTorch's budget (the
+    constants above cite each term); 0 for one GPU. A card known only by its size is taken to be
+    a current one (NVLS on)."""
+    if parallel is None or parallel.gpus == 1:
+        return 0
+    total = NCCL_CHANNEL_METADATA_BYTES + NCCL_RING_CHANNELS * NCCL_RING_CHANNEL_BYTES
+    per_node = parallel.gpus // parallel.nodes if parallel.kind == FSDP else parallel.gpus
+    if (compute_capability is None or compute_capability >= (9, 0)) and per_node >= 4:
+        total += NCCL_NVLS_BYTES_PER_GPU * min(per_node, 8)
+    if parallel.nodes > 1:
+        total += NCCL_NET_BYTES
+    return total
+
+
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
                   reshard_after_forward: bool | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with

@@ -45,10 +45,11 @@ SAMPLES = {
     "modes": ({}, {"modes": ["amp"]}),
     "search": ({}, {"search": "bisect"}),
     "max_batch": ({}, {"max_batch": 32}),
-    "gpus": ({}, {"gpus": 8}),
-    "parallel": ({"gpus": 8}, {"parallel": "fsdp"}),
-    "nodes": ({"gpus": 8, "parallel": "fsdp"}, {"nodes": 2}),
-    "reshard_after_forward": ({"gpus": 8, "parallel": "fsdp"}, {"reshard_after_forward": False}),
+    "gpus": ({"gpu_memory": "4GiB"}, {"gpus": 8}),
+    "parallel": ({"gpu_memory": "4GiB", "gpus": 8}, {"parallel": "fsdp"}),
+    "nodes": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"nodes": 2}),
+    "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
+                              {"reshard_after_forward": False}),
 }
 
 

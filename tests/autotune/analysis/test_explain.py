@@ -185,7 +185,7 @@ class FlattenedQA(nn.Module):
 class FlattenedQABackend(EstimateBackend):
     """The estimate backend on a model no config describes."""
 
-    def _model(self, workload):
+    def _model(self, workload, precision="fp32"):
         if workload not in self._models:
             fake_mode = FakeTensorMode()
             with fake_mode:

@@ -10,7 +10,7 @@ import pytest
 import autotune
 from autotune.cli import main
 
-TINY = ("tiny-llama", "--dtype", "bfloat16", "--gpu-memory", "1GiB", "--backend", "estimate")
+TINY = ("tiny-llama", "--dtype", "bfloat16", "--gpu-memory", "4GiB", "--backend", "estimate")
 
 
 def run(capsys, *argv):
@@ -41,8 +41,31 @@ def test_a_check_answers_per_gpu_with_the_job_in_its_json(capsys):
     assert "per GPU of FSDP2 shard grad op (no reshard after forward), 8 GPUs" in doc["message"]
 
 
+def test_nccl_buffers_come_off_the_card_before_the_budget():
+    """NCCL's own memory (workload.parallel.nccl_bytes, from its source): channel metadata and 24
+    ring channels of 12 MiB, NVLS on an sm90 node of 4 or more, network buffers over nodes."""
+    from autotune.gpus import resolve_gpu
+    from autotune.tuner import budget_bytes
+    from autotune.workload.parallel import MIB, Parallel, nccl_bytes
+
+    assert nccl_bytes(None, (9, 0)) == 0
+    assert nccl_bytes(Parallel("ddp", 2), (9, 0)) == 192 * MIB + 288 * MIB  # no NVLS for two
+    assert nccl_bytes(Parallel("fsdp", 8), (9, 0)) == 192 * MIB + 288 * MIB + 256 * MIB
+    assert nccl_bytes(Parallel("fsdp", 8), (8, 0)) == 480 * MIB  # an A100: no NVLS
+    assert nccl_bytes(Parallel("fsdp", 16, nodes=2), (9, 0)) == 736 * MIB + 160 * MIB
+    h100 = resolve_gpu("H100-80GB")
+    alone, job = budget_bytes(h100, 0.05), budget_bytes(h100, 0.05, Parallel("fsdp", 8))
+    assert alone - job == int(736 * MIB * 0.95) or alone - job == int(736 * MIB * 0.95) + 1
+
+
+def test_a_card_that_nccl_and_the_context_fill_is_refused(capsys):
+    code, _, err = run(capsys, "check", "tiny-llama", "--gpu-memory", "1GiB", "--seq-len", "64",
+                       "--batch-size", "1", "--gpus", "8", "--parallel", "fsdp")
+    assert code == 2 and "leaves PyTorch nothing after the CUDA context (512 MiB) and NCCL's buffers" in err
+
+
 def test_gpus_alone_is_ddp():
-    result = autotune.check("tiny-llama", seq_len=64, batch_size=2, gpu_memory="1GiB", dtype="bfloat16",
+    result = autotune.check("tiny-llama", seq_len=64, batch_size=2, gpu_memory="4GiB", dtype="bfloat16",
                             mode="bf16", gpus=2)
     assert result.parallel is not None and result.parallel["kind"] == "ddp"
     assert result.parallel["label"] == "DDP over 2 GPUs (each holds the whole model)"
