@@ -5,11 +5,14 @@
                    [--gpu-memory SIZE | --gpu NAME]
                    [--backend B] [--margin F] [--server URL] [--hub] [--no-cache] [--json]
     autotune check --from-config training_args.json|sft_config.json|axolotl.yml [--gpu T4]
+    autotune check --from-config train.yaml --from-config accelerate.yaml --gpu H100-80GB
 
 A training config is read whole (autotune/configs/): a setting that changes memory
-and that autotune does not model (DeepSpeed, FSDP, 8-bit loading, DoRA, ...) is an error naming
-the key, never a verdict for another job. LoRA and QLoRA settings (Axolotl's adapter, TRL's
-use_peft and lora_*, a PEFT adapter directory) are modelled; PEFT flags given here win over them.
+and that autotune does not model (CPU offload, FSDP1, DeepSpeed's ZeRO, DoRA, ...) is an error
+naming the key, never a verdict for another job. FSDP2 and DDP are read into the request; the
+GPU count is the launcher's, --gpus or an accelerate config given as a second --from-config.
+LoRA and QLoRA settings (Axolotl's adapter, TRL's use_peft and lora_*, a PEFT adapter directory)
+are modelled; PEFT flags given here win over them.
 
 ``--server URL`` (or AUTOTUNE_SERVER) asks an autotune service (``GET /v1/check``) instead of
 computing locally.
@@ -62,9 +65,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     check.add_argument("--server", default=None,
                        help="answer from an autotune service (default: $AUTOTUNE_SERVER; none: local); "
                        "the service decides on hub ids (its AUTOTUNE_ALLOW_HUB)")
-    check.add_argument("--from-config", default=None, metavar="FILE",
-                       help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl "
-                       "YAML, or a YAML/JSON of model, seq_len, batch_size, mode; flags win")
+    check.add_argument("--from-config", default=None, action="append", metavar="FILE",
+                       help="a Hugging Face TrainingArguments JSON, a TRL SFTConfig, an Axolotl or "
+                       "LLaMA-Factory YAML, or a YAML/JSON of model, seq_len, batch_size, mode; give it "
+                       "twice for a training config and the accelerate config it is launched with "
+                       "(accelerate launch --config_file); flags win")
     check.add_argument("--workers", type=positive, default=None, metavar="N",
                        help="backend estimate: a step that does not fit has its levers searched in N "
                        "processes at once, the same answers (default: one per lever, up to the usable "
@@ -90,7 +95,7 @@ class Plan:
 
 def _plan(args: argparse.Namespace) -> Plan:
     """The flags' request, --from-config filling what they leave out; every missing field named."""
-    from autotune.configs import read_training_config
+    from autotune.configs import check_launch, read_training_configs
     from autotune.gpus import resolve_gpu
 
     flags = request_of(CheckRequest, args, model=args.model)
@@ -99,22 +104,24 @@ def _plan(args: argparse.Namespace) -> Plan:
         return Plan(flags)
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
-    config = read_training_config(args.from_config, card)
+    config = read_training_configs(args.from_config, card)
     given = {f.name: getattr(args, f.name) for f in fields_of(CheckRequest)
              if getattr(args, f.name, None) is not None}
     adapter = _adapter(flags.step.peft_options, config.request.step.adapter)
     if adapter is not None:  # the config's adapter, not the PEFT flags'
         given = {name: value for name, value in given.items() if name not in PEFT_FIELDS}
     request = request_from(CheckRequest, {**values_of(config.request), **given, "adapter": adapter})
-    _missing(request, args.from_config)
-    return Plan(request, (f"read {args.from_config} as {config.format}", *config.notes), config.ignored)
+    _missing(request, " or ".join(repr(path) for path in args.from_config))
+    check_launch(config, request)
+    read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
+    return Plan(request, (*read, *config.notes), config.ignored)
 
 
 def _missing(request: Any, config: str | None) -> None:
     missing = [name for name in ("model", "seq_len", "batch_size")
                if (request.step.model if name == "model" else getattr(request, name)) is None]
     if missing:
-        where = f" in {config!r} or" if config else ""
+        where = f" in {config} or" if config else ""
         raise InvalidInput.naming(f"missing {', '.join(missing)}: give{where} "
                                   f"{', '.join('{' + name + '}' for name in missing)}")
 
@@ -212,9 +219,14 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
         "mode": parse_mode(request.mode).name, "margin": target.margin, "dtype": step.dtype,
         "optimizer": step.optimizer, "loss": step.loss, "accumulation_steps": request.accumulation_steps,
     }
-    for name in ("task", "attn"):
+    for name in ("task", "attn", "gpus", "parallel", "nodes"):
         if getattr(step, name):
             query[name] = getattr(step, name)
+    if step.liger:  # the service reads the kernels comma-separated, as the flag does
+        query["liger"] = step.liger if isinstance(step.liger, str) else ",".join(step.liger)
+    for name in ("ckpt_reentrant", "reshard_after_forward"):
+        if getattr(step, name) is not None:
+            query[name] = "true" if getattr(step, name) else "false"
     for name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf"):
         if getattr(target, name):
             query[name] = getattr(target, name)

@@ -1,6 +1,6 @@
 """A training config, read whole into the ``CheckRequest`` it describes.
 
-Six formats, told apart by their keys (``detect``), each read by its own module:
+Seven formats, told apart by their keys (``detect``), each read by its own module:
 
     axolotl    an Axolotl YAML: base_model, sequence_len, micro_batch_size, sample_packing, adapter, ...
                (configs/axolotl.py)
@@ -18,6 +18,13 @@ Six formats, told apart by their keys (``detect``), each read by its own module:
                (configs/native.py)
     peft       a PEFT adapter_config.json (or the adapter directory holding one): the base model and
                the adapter; the step's length, batch and precision are left to the flags (configs/peft.py)
+    accelerate an accelerate config YAML (compute_environment, distributed_type, num_processes, ...): the
+               GPUs of the job and how it spreads over them (configs/accelerate.py); given beside a
+               training config (``read_training_configs``), as ``accelerate launch --config_file`` runs one
+
+A job on more than one GPU: FSDP2, DeepSpeed's ZeRO stage and the DDP settings of each format are
+read by configs/sharding.py into the request's ``parallel`` and ``reshard_after_forward``; the GPU
+count is in no training config (it is the launcher's: ``--gpus``, or an accelerate config).
 
 Every key is one of three kinds. *Modelled*: read into the request (batch, length, precision, weights
 dtype, optimizer, attention, loss, checkpointing, and a LoRA/QLoRA adapter, ``request.step.adapter``).
@@ -37,34 +44,64 @@ model/adapter.py ``init_adapter``); every adapter read adds a note naming it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from autotune.configs.accelerate import ACCELERATE_MARKERS, combine, read_accelerate
 from autotune.configs.axolotl import AXOLOTL_MARKERS, read_axolotl
 from autotune.configs.llamafactory import LLAMAFACTORY_MARKERS, LLAMAFACTORY_V1_MARKERS, read_llamafactory
 from autotune.configs.native import AUTOTUNE_MARKERS, read_native
 from autotune.configs.peft import read_peft
 from autotune.configs.reading import Config, TrainingConfig, load
+from autotune.configs.sharding import check_launch
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER_FIELDS, read_trainer
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
 
-FORMATS = ("trainer", "trl-sft", "axolotl", "llamafactory", "autotune", "peft")
+FORMATS = ("trainer", "trl-sft", "axolotl", "llamafactory", "autotune", "peft", "accelerate")
 
-__all__ = ["FORMATS", "TrainingConfig", "missing_fields", "read_training_config"]
+__all__ = ["FORMATS", "TrainingConfig", "check_launch", "missing_fields", "read_training_config",
+           "read_training_configs"]
 
 
 def read_training_config(path: str | Path, card: GpuSpec | None = None) -> TrainingConfig:
     """The check a config file (or a PEFT adapter directory) describes; a memory-relevant key it
     cannot model raises. ``card``: the GPU the check is for, where a tool resolves a key on the
     card it runs on (Axolotl's ``bf16: auto``); None: such a key is refused."""
+    return _read(_config(path, card))
+
+
+def read_training_configs(paths: Sequence[str | Path], card: GpuSpec | None = None) -> TrainingConfig:
+    """The check of one training config, or of a training config and the accelerate config it is
+    launched with (either order): the step from the one, the GPUs from the other
+    (accelerate.combine)."""
+    if len(paths) == 1:
+        return read_training_config(paths[0], card)
+    configs = [_config(path, card) for path in paths]
+    launches = [cfg for cfg in configs if detect(cfg) == "accelerate"]
+    if len(configs) != 2 or len(launches) != 1:
+        files = ", ".join(cfg.file for cfg in configs)
+        raise InvalidInput(f"{len(configs)} configs given ({files}): give one training config, and at most "
+                           "one accelerate config beside it (accelerate launch --config_file)")
+    training = _read(next(cfg for cfg in configs if cfg is not launches[0]))
+    sharded = training.request.step.parallel == "fsdp"
+    return combine(training, read_accelerate(launches[0], trainer_fsdp=sharded))
+
+
+def _config(path: str | Path, card: GpuSpec | None) -> Config:
     file = Path(path)
     if file.is_dir():
         if not (file / "adapter_config.json").is_file():
             raise InvalidInput(f"training config {str(path)!r} is a directory without adapter_config.json: "
                                "give a training config file, or a PEFT adapter directory")
         file = file / "adapter_config.json"
-    cfg = Config(load(file), str(file), card)
+    return Config(load(file), str(file), card)
+
+
+def _read(cfg: Config) -> TrainingConfig:
     fmt = detect(cfg)
+    if fmt == "accelerate":
+        return read_accelerate(cfg)
     if fmt == "peft":
         return read_peft(cfg)
     if fmt == "axolotl":
@@ -88,6 +125,8 @@ def detect(cfg: Config) -> str:
     keys = set(cfg.data)
     if "peft_type" in keys:  # every PeftConfig's save_pretrained writes it
         return "peft"
+    if keys & ACCELERATE_MARKERS:  # accelerate's use_cpu and num_processes are no training config's
+        return "accelerate"
     if keys & LLAMAFACTORY_V1_MARKERS:  # v1's model and micro_batch_size are autotune's and Axolotl's too
         return "llamafactory"  # which refuses it, naming v1
     found = {

@@ -25,7 +25,6 @@ from autotune.configs.reading import (
     PARALLEL,
     QUANT,
     RELORA,
-    SHARDING,
     Config,
     TrainingConfig,
     checkpoint_kwargs,
@@ -34,6 +33,20 @@ from autotune.configs.reading import (
     read_optimizer,
     unset,
     words,
+)
+from autotune.configs.sharding import (
+    CPU_OFFLOAD,
+    FSDP1,
+    FSDP2_NOTE,
+    FSDP_CHECKPOINTING,
+    WRAP,
+    fsdp_options,
+    legacy_fsdp,
+    note_no_effect,
+    read_ddp,
+    read_deepspeed,
+    set_parallel,
+    wrap_classes,
 )
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
@@ -48,7 +61,6 @@ AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_s
 _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
     "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
-    "deepspeed": SHARDING, "fsdp": SHARDING, "fsdp_config": SHARDING,
     "torch_compile": COMPILE,
     "activation_offloading": OFFLOAD, "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
@@ -94,8 +106,8 @@ _AXOLOTL_NO_EFFECT = words(
     "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
     "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
-    "include_tokens_per_second profiler_steps ddp ddp_timeout ddp_bucket_cap_mb ddp_broadcast_buffers "
-    "ddp_find_unused_parameters torch_compile_backend torch_compile_mode fsdp_version skip_prepare_dataset "
+    "include_tokens_per_second profiler_steps fsdp_final_state_dict_type ddp ddp_timeout "
+    "torch_compile_backend torch_compile_mode skip_prepare_dataset "
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
     "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
@@ -189,7 +201,7 @@ def _axolotl_method(cfg: Config) -> str | None:
 def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     """The fused LoRA kernels Axolotl patches in: the lora_*_kernel keys set true, or, where none is
     set, those schemas/config.py check_auto_enable_lora_kernels turns on: all four for lora and qlora
-    but with trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (rl and FSDP, which it also
+    but with trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (rl and FSDP1, which it also
     skips, are refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
     The embedding kernel alone patches nothing (patch_manager.py _apply_lora_kernel_patch) and is
     dropped where embed_tokens carries no LoRA."""
@@ -420,8 +432,76 @@ def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
     return on
 
 
+# Axolotl's DDP keys (schemas/config.py), passed to TrainingArguments when set.
+_AXOLOTL_DDP = ("ddp_broadcast_buffers", "ddp_find_unused_parameters")
+AXOLOTL_FSDP2_NOTE = ("Axolotl prepares FSDP2 itself (monkeypatch/accelerate/fsdp2.py, in place of "
+                      "accelerate's fsdp2_prepare_model): no float32 upcast of the trainable parameters, the "
+                      "root resharded as every layer, LoRA adapters sharded on their own; autotune models "
+                      "accelerate's")
+
+
+def _axolotl_sharding(cfg: Config) -> None:
+    """fsdp_config / fsdp_version (and the deprecated fsdp list), deepspeed and the ddp_* keys, as
+    Axolotl reads them: prepare_optim_env (utils/trainer.py) turns FSDP on with fsdp or fsdp_config,
+    else DeepSpeed with deepspeed; validation.py check_fsdp_config_kwargs_prefix drops the fsdp_
+    prefixes and check_fsdp_version_in_fsdp_config pins an unversioned fsdp_config to FSDP1; the
+    builder passes fsdp_config to TrainingArguments too (core/builders/base.py), whose defaults
+    fill what it leaves out (reshard_after_forward true, the transformer-based wrap)."""
+    fsdp, config, version = cfg.get("fsdp"), cfg.get("fsdp_config"), cfg.get("fsdp_version")
+    read_ddp(cfg, _AXOLOTL_DDP)
+    if unset(fsdp) and unset(config):
+        read_deepspeed(cfg)
+        return
+    if not unset(cfg.get("deepspeed")):
+        raise InvalidInput(f"deepspeed and {'fsdp' if not unset(fsdp) else 'fsdp_config'} in {cfg.file!r}: "
+                           "Axolotl runs one of them (validation.py: \"deepspeed and fsdp cannot be used "
+                           "together\"); give one")
+    key = "fsdp_config" if not unset(config) else "fsdp"
+    if config is not None and not isinstance(config, dict):
+        raise cfg.bad("fsdp_config", config, "a mapping")
+    options = fsdp_options(cfg, config, "fsdp_config", keep=("fsdp_version",))
+    inner = options.pop("fsdp_version", None)
+    inner = options.pop("version", None) if inner is None else inner
+    version = version or inner
+    if version is None:
+        pinned = "fsdp_config without fsdp_version is FSDP1 in Axolotl (validation.py " \
+                 "check_fsdp_version_in_fsdp_config)" if key == "fsdp_config" else \
+                 "the deprecated fsdp list without fsdp_version: 2 does not take Axolotl's FSDP2 path"
+        raise cfg.unmodelled(key, cfg.data[key], f"{pinned}; {FSDP1}: write fsdp_version: 2")
+    if str(version) != "2":
+        raise cfg.unmodelled("fsdp_version", version, FSDP1)
+    if not unset(fsdp):
+        if not isinstance(fsdp, list) or not all(isinstance(item, str) for item in fsdp):
+            raise cfg.bad("fsdp", fsdp, "a list of FSDP options (full_shard, shard_grad_op, offload, "
+                          "auto_wrap)")
+        legacy_fsdp(cfg, fsdp, options, 2)  # TrainingArguments(fsdp=the list): transformers reads it
+    if options.get("offload_params"):
+        raise cfg.unmodelled("fsdp_config.offload_params", options["offload_params"], CPU_OFFLOAD)
+    if options.get("cpu_offload"):
+        where = "fsdp_config.cpu_offload" if "cpu_offload" in (config or {}) else "fsdp"
+        raise cfg.unmodelled(where, options["cpu_offload"] if where != "fsdp" else fsdp, CPU_OFFLOAD)
+    if options.get("activation_checkpointing"):
+        raise cfg.unmodelled("fsdp_config.activation_checkpointing", True, FSDP_CHECKPOINTING)
+    policy = options.get("auto_wrap_policy")
+    if policy not in (None, "TRANSFORMER_BASED_WRAP"):
+        raise cfg.unmodelled("fsdp_config.auto_wrap_policy", policy, WRAP)
+    wrap_classes(cfg, "fsdp_config.transformer_layer_cls_to_wrap",
+                 options.get("transformer_layer_cls_to_wrap"))
+    reshard = options.get("reshard_after_forward")
+    if reshard is not None and not isinstance(reshard, bool):
+        raise cfg.bad("fsdp_config.reshard_after_forward", reshard, "true or false")
+    reshard = True if reshard is None else reshard  # TrainingArguments' default
+    note_no_effect(cfg, "fsdp_config", options, {"offload_params", "cpu_offload", "activation_checkpointing",
+                                                 "auto_wrap_policy", "transformer_layer_cls_to_wrap",
+                                                 "reshard_after_forward"})
+    set_parallel(cfg, key, "fsdp", reshard)
+    cfg.notes.append(f"fsdp_version: 2: {FSDP2_NOTE}, reshard_after_forward {str(reshard).lower()}; "
+                     f"{AXOLOTL_FSDP2_NOTE}")
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     cfg.refuse(_AXOLOTL_REFUSED)
+    _axolotl_sharding(cfg)
     for key in _AXOLOTL_PARALLEL:
         value = cfg.get(key)
         if value is not None and value != 1:

@@ -34,7 +34,7 @@ from autotune.configs.reading import (
     unset,
     words,
 )
-from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
+from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read_trainer_sharding
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR
@@ -73,7 +73,7 @@ _VOCAB = ("a resized vocabulary (model_utils/embedding.py resize_embedding_layer
           "trained whole) is not modelled: autotune models the checkpoint's vocabulary")
 _LF_REFUSED = {
     # TrainingArguments (as configs/trainer.py refuses them)
-    "deepspeed": SHARDING, "fsdp": SHARDING, "sharded_ddp": SHARDING, "parallelism_config": PARALLEL,
+    "sharded_ddp": SHARDING, "parallelism_config": PARALLEL,
     "torch_compile": COMPILE, "torch_compile_backend": COMPILE, "torch_compile_mode": COMPILE,
     "torchdynamo": COMPILE,
     "use_cpu": _CPU, "no_cuda": _CPU,
@@ -154,6 +154,10 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         if present:
             raise cfg.unmodelled(present[0], cfg.data[present[0]], why)
     cfg.refuse(_LF_REFUSED)
+    # deepspeed (examples/deepspeed/ds_z*_config.json) and fsdp are TrainingArguments' (hparams/parser.py
+    # parses Seq2SeqTrainingArguments); FSDP usually comes from an accelerate config
+    # (examples/accelerate/fsdp2_config.yaml), given beside this file.
+    read_trainer_sharding(cfg)
     stage = _lf_stage(cfg)
     model = cfg.text("model_name_or_path")
     if model is not None and (found := _SAVED_QUANTIZED.search(model.lower())):

@@ -29,6 +29,8 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
                   "half": "float16"}
 
 SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
+# The request fields a config may set for a job on more than one GPU (read by configs/sharding.py).
+LAUNCH_FIELDS = ("gpus", "parallel", "nodes", "reshard_after_forward")
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")
@@ -54,6 +56,15 @@ class TrainingConfig:
     request: CheckRequest
     notes: tuple[str, ...] = ()  # one line per modelled setting a reader should see
     ignored: tuple[str, ...] = ()  # keys in no list, taken to have no effect on memory
+    # The key that spreads the job over GPUs ("fsdp", "deepspeed", "distributed_type"), for an
+    # error that asks for the GPU count the file does not say; None: one GPU, or not said.
+    parallel_key: str | None = None
+    # FSDP's transformer_layer_cls_to_wrap as written (checked against the model's
+    # _no_split_modules once the model is known: sharding.check_wrap_classes), and its key.
+    wrap_classes: tuple[str, ...] = ()
+    wrap_key: str | None = None
+    mixed_precision: str | None = None  # an accelerate config's: bf16, fp16 or no
+    files: tuple[tuple[str, str], ...] = ()  # (path, format) of each file read, in order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +115,10 @@ class Config:
         self.notes: list[str] = []
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
         self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
+        self.launch: dict[str, Any] = {}  # request fields of LAUNCH_FIELDS (configs/sharding.py)
+        self.parallel_key: str | None = None
+        self.wrap_classes: tuple[str, ...] = ()
+        self.wrap_key: str | None = None
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -170,9 +185,11 @@ class Config:
                ignored: tuple[str, ...] = (), **fields: Any) -> TrainingConfig:
         """The request the file describes, from the request fields it sets (None: not set, the
         request's default), with the notes gathered while reading."""
-        values = {**fields, "mode": None if mode is None else mode.name, "adapter": adapter,
+        values = {**fields, **self.launch, "mode": None if mode is None else mode.name, "adapter": adapter,
                   "ckpt_reentrant": True if self.ckpt_reentrant else None}
-        return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored)
+        return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
+                              parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
+                              wrap_key=self.wrap_key, files=((self.file, format),))
 
 
 def words(text: str) -> frozenset[str]:

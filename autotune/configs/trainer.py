@@ -36,6 +36,7 @@ from autotune.configs.reading import (
     unset,
     words,
 )
+from autotune.configs.sharding import read_ddp, read_deepspeed, read_trainer_fsdp
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
@@ -46,10 +47,12 @@ from autotune.workload.modes import Mode
 _TRAINER_MODELLED = words(
     "per_device_train_batch_size gradient_accumulation_steps optim bf16 fp16 gradient_checkpointing "
     "gradient_checkpointing_kwargs activation_checkpointing activation_checkpointing_kwargs "
-    "neftune_noise_alpha auto_find_batch_size use_liger_kernel liger_kernel_config")
+    "neftune_noise_alpha auto_find_batch_size use_liger_kernel liger_kernel_config "
+    # configs/sharding.py: FSDP2 and DeepSpeed's stage into the request, the DDP settings noted
+    "fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers "
+    "ddp_static_graph")
+_TRAINER_DDP = ("ddp_find_unused_parameters", "ddp_broadcast_buffers", "ddp_static_graph")
 _TRAINER_REFUSED = {
-    "deepspeed": SHARDING,
-    "fsdp": SHARDING,
     "parallelism_config": PARALLEL,
     "torch_compile": COMPILE,
     "torch_compile_backend": COMPILE,  # setting either turns torch_compile on (TrainingArguments)
@@ -62,8 +65,7 @@ _TRAINER_REFUSED = {
     "optim_target_modules": "GaLore/APOLLO projections are not modelled",
 }
 _TRAINER_NO_EFFECT = words(
-    # fsdp_config is filled with defaults in every dump; only ``fsdp`` turns FSDP on.
-    "fsdp_config accelerator_config tf32 bf16_full_eval fp16_full_eval "
+    "accelerator_config tf32 bf16_full_eval fp16_full_eval "
     "per_device_eval_batch_size eval_accumulation_steps torch_empty_cache_steps max_grad_norm "
     "output_dir do_train do_eval do_predict eval_strategy eval_steps eval_delay eval_on_start "
     "eval_do_concat_batches eval_use_gather_object batch_eval_metrics prediction_loss_only "
@@ -76,10 +78,10 @@ _TRAINER_NO_EFFECT = words(
     "greater_is_better push_to_hub hub_token hub_model_id hub_strategy hub_private_repo hub_always_push "
     "hub_revision report_to run_name project trackio_space_id trackio_bucket_id trackio_static_space_id "
     "seed data_seed full_determinism debug disable_tqdm skip_memory_metrics local_rank ddp_backend "
-    "ddp_timeout ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_static_graph "
-    "dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
-    "dataloader_prefetch_factor dataloader_in_order dataloader_multiprocessing_context "
-    "remove_unused_columns label_names length_column_name train_sampling_strategy")
+    "ddp_timeout dataloader_drop_last dataloader_num_workers dataloader_pin_memory "
+    "dataloader_persistent_workers dataloader_prefetch_factor dataloader_in_order "
+    "dataloader_multiprocessing_context remove_unused_columns label_names length_column_name "
+    "train_sampling_strategy")
 TRAINER_FIELDS = _TRAINER_MODELLED | set(_TRAINER_REFUSED) | _TRAINER_NO_EFFECT
 # Fields of transformers 4.x TrainingArguments (and Seq2SeqTrainingArguments) that 5.x dropped.
 LEGACY_TRAINER_FIELDS = words(
@@ -141,6 +143,7 @@ _SFT_LOSSES = {"chunked_nll": "chunked", "nll": None}
 def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
     sft = fmt == "trl-sft"
     cfg.refuse(_TRAINER_REFUSED | _LEGACY_REFUSED | _SCRIPT_REFUSED | _SFT_REFUSED)
+    read_trainer_sharding(cfg)
     if cfg.get("half_precision_backend") == "apex" or cfg.get("fp16_backend") == "apex":
         raise cfg.unmodelled("half_precision_backend", "apex", "NVIDIA apex AMP is not modelled; "
                              "autotune models torch.autocast")
@@ -185,6 +188,18 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
             TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS | _TRL_PEFT_KEYS,
             ("eval_", "hub_", "logging_", "save_", "generation_") + (() if adapter else ("lora_",))),
     )
+
+
+def read_trainer_sharding(cfg: Config) -> None:
+    """fsdp, fsdp_config, deepspeed and the ddp_* keys of TrainingArguments (configs/sharding.py);
+    the Trainer refuses FSDP and DeepSpeed together (TrainingArguments' accelerator state: one
+    distributed type)."""
+    if not unset(cfg.data.get("fsdp")) and not unset(cfg.data.get("deepspeed")):
+        raise InvalidInput(f"fsdp and deepspeed in {cfg.file!r} are both set: the Trainer runs one of them; "
+                           "give one")
+    read_trainer_fsdp(cfg)
+    read_deepspeed(cfg)
+    read_ddp(cfg, _TRAINER_DDP)
 
 
 # Trainer(use_liger_kernel=True): ``_apply_liger_kernel_to_instance(model, **liger_kernel_config)``

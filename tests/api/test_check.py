@@ -100,6 +100,13 @@ def test_cli_check_against_a_real_server(tmp_path, capsys):
                      "--server", server.url, "--json"])
         doc = json.loads(capsys.readouterr().out)
         assert code == 0 and doc["fits"] is True and doc["source"] == "estimated"
+        # a multi-GPU job's settings reach the server, which answers for one of its GPUs
+        code = main(["check", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--gpu-memory", "4GiB",
+                     "--gpus", "4", "--parallel", "fsdp", "--no-reshard-after-forward", "--ckpt-reentrant",
+                     "--server", server.url, "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == 0 and (doc["parallel"]["gpus"], doc["parallel"]["reshard_after_forward"]) == (4, False)
+        assert doc["ckpt_reentrant"] is True
         code = main(["check", "tiny-bert", "--seq-len", "1024", "--batch-size", "8", "--server", server.url])
         assert code == 2
         assert "answered 422: sequence length 1024 exceeds" in capsys.readouterr().err

@@ -175,7 +175,7 @@ def test_the_examples_are_read():
 REFUSED = [
     # (format base, key, value)
     (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "relora", True),
-    (AXOLOTL, "deepspeed", "deepspeed_configs/zero3.json"), (AXOLOTL, "fsdp", ["full_shard"]),
+    (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
     (AXOLOTL, "activation_offloading", True), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
     (AXOLOTL, "rl", "dpo"), (AXOLOTL, "liger_use_token_scaling", True),
@@ -187,7 +187,6 @@ REFUSED = [
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "AutoProcessor"),
     (AXOLOTL, "quantize_moe_experts", True), (AXOLOTL, "use_eaft", True),
     (AXOLOTL, "fused_attn_kernel", True),
-    (TRAINER, "deepspeed", "ds_config.json"), (TRAINER, "fsdp", "full_shard auto_wrap"),
     (TRAINER, "torch_compile", True),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),

@@ -159,7 +159,7 @@ def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
     ("qwen3_lora_reward", {"stage": "rm"}, "stage: 'rm'"),
     ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
      "stage: 'dpo'"),
-    ("qwen3_lora_sft_ds3", {"deepspeed": "examples/deepspeed/ds_z3_config.json"}, "deepspeed: "),
+    ("qwen3_lora_sft_ds3", {"deepspeed": "examples/deepspeed/ds_z0_config.json"}, "deepspeed: "),
     ("llama3_lora_sft_gptq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ"},
      "model_name_or_path: 'TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ'"),
     ("llama3_lora_sft_awq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-AWQ"},
@@ -173,10 +173,14 @@ def test_the_examples_autotune_does_not_model_are_refused_by_name(tmp_path, exam
 
 
 @pytest.mark.parametrize("example", ["qwen3_full_sft", "qwen3vl_full_sft", "mossvl_full_sft"])
-def test_the_full_examples_are_refused_for_deepspeed(tmp_path, example):
+def test_the_full_examples_read_deepspeed_s_stage(tmp_path, example):
+    # examples/deepspeed/ds_z3_config.json, LLaMA-Factory's shipped file: ZeRO-3, which the request
+    # refuses by name (parallel zero3) until it is modelled
     data = {**QWEN3_FULL_SFT, **(MOSSVL if example == "mossvl_full_sft" else {})}
-    with pytest.raises(UnmodelledSetting, match="^deepspeed: .*DeepSpeed/FSDP sharding is not modelled"):
-        read(tmp_path, data)
+    plan = read(tmp_path, data)
+    assert (plan.parallel, plan.gpus) == ("zero3", None)
+    assert "deepspeed: DeepSpeed ZeRO stage 3 (zero_optimization.stage in " \
+        "examples/deepspeed/ds_z3_config.json, the tool's shipped file)" in plan.notes
 
 
 def test_a_full_fine_tune_trains_float32_weights(tmp_path):
@@ -298,7 +302,7 @@ REFUSED = [
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
     ({"stage": "ppo", "reward_model": "r"}, "stage", "preference/RL training is not modelled yet"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
-    ({"fsdp": "full_shard"}, "fsdp", "DeepSpeed/FSDP sharding"),
+    ({"fsdp": "full_shard", "fsdp_config": {"version": 1}}, "fsdp_config.version", "FSDP1"),
     ({"use_dora": True}, "use_dora", "DoRA"),
     ({"use_unsloth": True}, "use_unsloth", "Unsloth"),
     ({"use_unsloth_gc": True}, "use_unsloth_gc", "offloaded"),

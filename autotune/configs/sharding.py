@@ -1,0 +1,364 @@
+"""How a training config spreads its job over GPUs: the keys of FSDP, DeepSpeed and DDP, read into
+the request's ``parallel`` and ``reshard_after_forward`` (the GPU count, ``gpus``, is in no training
+config: it comes from ``--gpus`` or an accelerate config, configs/accelerate.py).
+
+autotune models FSDP2 as accelerate >= 1.14 prepares it for the Trainer (``fully_shard`` on each
+decoder layer and on the root) and DDP (workload/parallel.py); DeepSpeed's ZeRO stages are read
+into ``parallel`` zero1/zero2/zero3, which the request refuses by name until they are modelled.
+Every other setting that changes memory (CPU offload, FSDP1, FSDP's own activation checkpointing,
+another wrap policy) is refused by its key; settings with no effect on a step's memory are noted
+with the reason.
+
+Sources: transformers 5.24 ``training_args.py`` (``TrainingArguments._process_fsdp_args`` and
+``_apply_legacy_fsdp_to_config``), accelerate 1.15 ``utils/dataclasses.py``
+(``FullyShardedDataParallelPlugin.__post_init__``, ``DistributedDataParallelKwargs``), Axolotl's
+``utils/schemas/fsdp.py`` and ``utils/schemas/validation.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.configs.reading import Config, TrainingConfig
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
+from autotune.spelling import close_matches, did_you_mean
+
+if TYPE_CHECKING:
+    from autotune.request import CheckRequest
+
+FSDP1 = ("FSDP1 (FullyShardedDataParallel's flat parameters) is not modelled: autotune models FSDP2 "
+         "(fully_shard), fsdp_version 2")
+CPU_OFFLOAD = ("CPU offload (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on the "
+               "CPU, the optimizer step run there) is not modelled yet")
+FSDP_CHECKPOINTING = ("FSDP's own activation checkpointing (accelerate's fsdp2_apply_ac, a checkpoint "
+                      "wrapper around each layer) is not modelled yet: turn it off and use "
+                      "gradient_checkpointing, which autotune models")
+WRAP = ("FSDP2 groups other than one per decoder layer (accelerate's transformer-based auto wrap on the "
+        "model's _no_split_modules) are not modelled")
+DEEPSPEED_STAGE0 = ("DeepSpeed's engine without ZeRO (stage 0) is not torch DDP: its own gradient buckets "
+                    "and, under bf16 or fp16, an optimizer wrapper holding float32 master weights and "
+                    "gradients; not modelled")
+FSDP2_NOTE = ("FSDP2 (fully_shard on each decoder layer and the root, as accelerate >= 1.14 prepares it for "
+              "the Trainer) over the job's GPUs")
+
+# FSDP's sharding strategies (accelerate utils/constants.py FSDP_SHARDING_STRATEGY): with FSDP2,
+# transformers maps full_shard and shard_grad_op to reshard_after_forward and refuses the others.
+_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+# fsdp_config keys with no effect on a training step's GPU memory under FSDP2, and why.
+FSDP_NO_EFFECT = {
+    "cpu_ram_efficient_loading": "how the weights are loaded (rank 0 reads them and broadcasts each "
+                                 "tensor): a transient of one tensor before training, the same shards after",
+    "state_dict_type": "how checkpoints are saved",
+    "final_state_dict_type": "how the last checkpoint is saved",
+    "sync_module_states": "FSDP1 only (accelerate resets it to None for FSDP2)",
+    "use_orig_params": "FSDP1 only (accelerate resets it to None for FSDP2)",
+    "limit_all_gathers": "FSDP1 only (accelerate resets it to None for FSDP2)",
+    "forward_prefetch": "FSDP1 only: transformers passes it for version 1 alone (FSDP2 prefetches "
+                        "implicitly, one layer ahead, which autotune traces)",
+    "backward_prefetch": "FSDP1 only: transformers passes it for version 1 alone (FSDP2 prefetches "
+                         "implicitly, one layer ahead, which autotune traces)",
+    "sharding_strategy": "FSDP1 only: FSDP2 reads reshard_after_forward instead (accelerate warns and "
+                         "ignores it)",
+    "min_num_params": "read only by the size-based wrap policy",
+    "mixed_precision_policy": "not read (the precision comes from bf16/fp16)",
+    "xla_fsdp_settings": "read only with xla: true", "xla_fsdp_v2": "read only with xla: true",
+    "xla_fsdp_grad_ckpt": "read only with xla: true",
+    "cpu_offload_pin_memory": "read only with CPU offload",
+    "activation_checkpointing_offload": "read only with FSDP's activation checkpointing",
+    "ignored_modules": None,  # refused where set: its parameters stay whole on every rank
+}
+# DDP settings: DistributedDataParallelKwargs keeps only values other than its defaults
+# (accelerate utils/dataclasses.py KwargsHandler.to_kwargs); the Trainer passes each ddp_* set.
+DDP_NO_EFFECT = {
+    "ddp_find_unused_parameters": "the Reducer's buckets hold the same gradient bytes either way (it "
+                                  "changes only when they are rebuilt), plus one int32 per parameter",
+    "ddp_broadcast_buffers": "the buffers are re-broadcast in place at each forward",
+    "ddp_static_graph": "the Reducer's buckets hold the same gradient bytes (rebuilt one step later)",
+}
+DDP_BUCKET_MB = 25  # torch DDP's bucket_cap_mb default, which accelerate leaves out when given
+
+
+def read_ddp(cfg: Config, keys: tuple[str, ...]) -> None:
+    """The ``ddp_*`` keys: the bucket size refused unless torch's default, those whose lack of
+    effect is not plain from their name noted (ddp_timeout and ddp_backend, the process group's
+    settings, are in the formats' lists of keys with no effect)."""
+    cap = cfg.get("ddp_bucket_cap_mb")
+    if cap is not None and cap != DDP_BUCKET_MB:
+        raise cfg.unmodelled("ddp_bucket_cap_mb", cap, f"DDP's gradient buckets of another size: autotune "
+                             f"traces torch's default ({DDP_BUCKET_MB} MiB, the first 1 MiB)")
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            cfg.notes.append(f"{key}: {value!r}: no effect on GPU memory: {DDP_NO_EFFECT[key]}")
+
+
+def set_parallel(cfg: Config, key: str, parallel: str, reshard: bool | None = None) -> None:
+    cfg.launch["parallel"] = parallel
+    cfg.parallel_key = key
+    if reshard is not None:
+        cfg.launch["reshard_after_forward"] = reshard
+
+
+def _truth(cfg: Config, key: str, value: Any) -> bool:
+    """A boolean as transformers reads it: ``str_to_bool(str(value).lower())``."""
+    text = str(value).lower()
+    if text in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if text in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise cfg.bad(key, value, "true or false")
+
+
+def load_json(cfg: Config, key: str, value: str, what: str) -> dict[str, Any]:
+    """The JSON file a key names (as given, from the working directory, as the tool opens it; else
+    beside the config)."""
+    for path in (Path(value).expanduser(), Path(cfg.file).parent / value):
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise InvalidInput(f"{key}: {value!r} in {cfg.file!r}: cannot read {what} {str(path)!r}: "
+                                   f"{exc}") from exc
+            if not isinstance(data, dict):
+                raise InvalidInput(f"{key}: {value!r} in {cfg.file!r}: {what} {str(path)!r} must be a JSON "
+                                   "mapping")
+            return data
+    raise InvalidInput(f"{key}: {value!r} in {cfg.file!r}: no such file, here or beside the config: autotune "
+                       f"reads the {what} from it; give its path")
+
+
+# ---------------------------------------------------------------------------------------------
+# TrainingArguments' fsdp and fsdp_config
+
+
+def read_trainer_fsdp(cfg: Config) -> None:
+    """``fsdp`` and ``fsdp_config`` as transformers' ``TrainingArguments._process_fsdp_args`` reads
+    them (training_args.py, 5.24): nothing without ``fsdp``; ``fsdp_config`` a mapping or a JSON
+    path, its ``fsdp_`` prefixes dropped; legacy strings and lists of ``fsdp`` moved into it
+    (``_apply_legacy_fsdp_to_config``); version 2 by default, ``reshard_after_forward`` True."""
+    fsdp, config = cfg.get("fsdp"), cfg.get("fsdp_config")
+    if fsdp is None or fsdp is False or fsdp in ("", []):
+        return  # transformers reads fsdp_config only with fsdp (a dump fills it with defaults)
+    if not isinstance(fsdp, bool | str | list) or isinstance(fsdp, list) and not all(
+            isinstance(item, str) for item in fsdp):
+        raise cfg.bad("fsdp", fsdp, "true, or a string or list of FSDP options (full_shard, shard_grad_op, "
+                      "offload, auto_wrap)")
+    options = fsdp_options(cfg, config, "fsdp_config")
+    version = options.get("version", 2)
+    if version not in (1, 2, "1", "2"):
+        raise cfg.bad("fsdp_config.version", version, "1 or 2")
+    version = int(version)
+    if not isinstance(fsdp, bool):
+        legacy_fsdp(cfg, fsdp, options, version)
+    if version != 2:
+        raise cfg.unmodelled("fsdp_config.version", version, FSDP1)
+    if options.get("xla"):
+        raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
+    if options.get("cpu_offload"):
+        raise cfg.unmodelled("fsdp_config.cpu_offload", options["cpu_offload"], CPU_OFFLOAD)
+    if "offload_params" in options and _truth(cfg, "fsdp_config.offload_params", options["offload_params"]):
+        raise cfg.unmodelled("fsdp_config.offload_params", options["offload_params"],
+                             f"{CPU_OFFLOAD} (transformers reads cpu_offload here; offload_params only "
+                             "reaches accelerate through the launcher's FSDP_OFFLOAD_PARAMS)")
+    policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
+    if policy not in _WRAP_POLICIES:
+        raise cfg.bad("fsdp_config.auto_wrap_policy", policy, f"one of {', '.join(_WRAP_POLICIES)}")
+    if policy != "TRANSFORMER_BASED_WRAP":
+        raise cfg.unmodelled("fsdp_config.auto_wrap_policy", policy, WRAP)
+    wrap_classes(cfg, "fsdp_config.transformer_layer_cls_to_wrap",
+                 options.get("transformer_layer_cls_to_wrap"))
+    if "activation_checkpointing" in options and _truth(
+            cfg, "fsdp_config.activation_checkpointing", options["activation_checkpointing"]):
+        raise cfg.unmodelled("fsdp_config.activation_checkpointing", options["activation_checkpointing"],
+                             FSDP_CHECKPOINTING)
+    reshard = _truth(cfg, "fsdp_config.reshard_after_forward", options.get("reshard_after_forward", True))
+    handled = {"version", "xla", "cpu_offload", "offload_params", "auto_wrap_policy",
+               "transformer_layer_cls_to_wrap", "activation_checkpointing", "reshard_after_forward"}
+    note_no_effect(cfg, "fsdp_config", options, handled)
+    set_parallel(cfg, "fsdp", "fsdp", reshard)
+    how = "reshard_after_forward true (full shard)" if reshard else \
+        "reshard_after_forward false (each layer kept gathered from its forward to its backward)"
+    cfg.notes.append(f"fsdp: {fsdp!r}: {FSDP2_NOTE}, {how} (transformers' _process_fsdp_args: version 2 "
+                     "unless fsdp_config says 1)")
+
+
+def fsdp_options(cfg: Config, config: Any, key: str, keep: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An ``fsdp_config``: a mapping, or (TrainingArguments) the path of a JSON one; its keys without
+    their ``fsdp_`` prefix (but those in ``keep``)."""
+    if config is None:
+        return {}
+    if isinstance(config, str):
+        config = load_json(cfg, key, config, "FSDP config")
+    if not isinstance(config, dict):
+        raise cfg.bad(key, config, "a mapping or the path of a JSON file")
+    return {(name[5:] if name.startswith("fsdp_") and name not in keep else name): value
+            for name, value in config.items()}
+
+
+def legacy_fsdp(cfg: Config, fsdp: str | list[str], options: dict[str, Any], version: int) -> None:
+    """``_apply_legacy_fsdp_to_config``: a sharding strategy becomes reshard_after_forward (unless
+    fsdp_config sets it), offload becomes cpu_offload, auto_wrap is the default already."""
+    items = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
+    for item in items:
+        if item.upper() in _STRATEGIES:
+            if version == 2:
+                # As transformers compares them: the lower-case names only.
+                if item == "full_shard":
+                    options.setdefault("reshard_after_forward", True)
+                elif item == "shard_grad_op":
+                    options.setdefault("reshard_after_forward", False)
+                else:
+                    raise InvalidInput(f"fsdp: {item!r} in {cfg.file!r} is only available with FSDP1 "
+                                       "(transformers' _apply_legacy_fsdp_to_config raises with FSDP2, the "
+                                       "default): write full_shard or shard_grad_op")
+        elif item == "offload":
+            options.setdefault("cpu_offload", True)
+        elif item != "auto_wrap":
+            raise cfg.bad("fsdp", fsdp, "made of full_shard, shard_grad_op, offload and auto_wrap (unknown "
+                          f"option {item!r})")
+
+
+def wrap_classes(cfg: Config, key: str, value: Any) -> None:
+    """transformer_layer_cls_to_wrap: kept for the check against the model's _no_split_modules."""
+    if value is None:
+        return
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise cfg.bad(key, value, "a class name or a list of them")
+    # accelerate splits a comma-separated string (FSDP_TRANSFORMER_CLS_TO_WRAP)
+    cfg.wrap_classes = tuple(part.strip() for name in names for part in name.split(",") if part.strip())
+    cfg.wrap_key = key
+
+
+def note_no_effect(cfg: Config, where: str, options: dict[str, Any], handled: set[str]) -> None:
+    """The FSDP options not read elsewhere: noted when set (with why they do not change memory),
+    refused when they do, refused as unknown when FSDP has no such option."""
+    for name, value in options.items():
+        if name in handled:
+            continue
+        if name not in FSDP_NO_EFFECT:
+            close = close_matches(name, [(known, known) for known in sorted(FSDP_NO_EFFECT.keys() | handled)])
+            hint = f" ({did_you_mean(close)})" if close else ""
+            raise UnknownSetting(f"unknown key {where}.{name} in {cfg.file!r}{hint}: autotune cannot tell "
+                                 "whether it changes memory; correct the key, or remove it")
+        why = FSDP_NO_EFFECT[name]
+        if why is None:
+            if value:
+                raise cfg.unmodelled(f"{where}.{name}", value, "modules FSDP leaves unsharded (whole on "
+                                     "every GPU) are not modelled")
+            continue
+        if value not in (None, False, "", [], {}):
+            cfg.notes.append(f"{where}.{name}: {value!r}: no effect on GPU memory: {why}")
+
+
+def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
+    """What a config's launch needs once the flags are merged in (``request``): the GPU count of a
+    job it spreads over GPUs, and FSDP's wrapped classes checked against the model's layers."""
+    step = request.step
+    if step.parallel is not None and step.gpus is None:
+        where = " and ".join(repr(path) for path, _ in config.files)
+        raise _about_gpus(InvalidInput.naming(
+            f"{where} spreads the job over GPUs with {step.parallel} ({config.parallel_key or 'parallel'}): "
+            "give {gpus} N, the GPUs it launches on, every node's together (no training config says how "
+            "many)"))
+    if config.wrap_classes and step.model is not None:
+        from autotune.request import Findings, resolve_model
+
+        spec = resolve_model(step, Findings())  # an unknown model is refused later, by the check
+        if spec is not None:
+            check_wrap_classes(config.wrap_classes, config.wrap_key or "transformer_layer_cls_to_wrap",
+                               no_split_modules(spec.config), spec.name)
+
+
+def _about_gpus(exc: InvalidInput) -> InvalidInput:
+    exc.field = "gpus"
+    return exc
+
+
+def no_split_modules(model_config: Any) -> list[str] | None:
+    """The model's ``_no_split_modules`` (the classes accelerate's transformer-based wrap shards one by
+    one), from its architecture's class, or the causal-LM class of its model type."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = [*(getattr(model_config, "architectures", None) or ()),
+             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(model_config, "model_type", ""), "")]
+    for name in names:
+        cls = getattr(transformers, name, None) if name else None
+        if cls is not None:
+            return list(getattr(cls, "_no_split_modules", None) or ())
+    return None
+
+
+def check_wrap_classes(classes: tuple[str, ...], key: str, no_split: list[str] | None, model: str) -> None:
+    """The classes FSDP wraps are the model's decoder layers (``_no_split_modules``), which is what
+    autotune shards; other classes make other groups, which it does not model."""
+    if no_split is None:
+        raise UnmodelledSetting(f"{key}: {', '.join(classes)} is not modelled: autotune cannot tell the "
+                                f"layer classes of {model}; leave the key out")
+    if set(classes) != set(no_split):
+        layers = ", ".join(sorted(no_split)) or "layer"
+        raise UnmodelledSetting(f"{key}: {', '.join(classes)} is not modelled: autotune shards {model} "
+                                f"one group per {layers} (its _no_split_modules, accelerate's default); "
+                                "leave the key out, or name exactly those")
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed
+
+# The DeepSpeed configs the tools ship, by the path their examples give, and the ZeRO stage each
+# sets (zero_optimization.stage): Axolotl's deepspeed_configs/ (fetched by `axolotl fetch
+# deepspeed_configs`) and LLaMA-Factory's examples/deepspeed/.
+SHIPPED_DEEPSPEED = {
+    "deepspeed_configs/zero1.json": 1, "deepspeed_configs/zero1_torch_compile.json": 1,
+    "deepspeed_configs/zero2.json": 2, "deepspeed_configs/zero2_torch_compile.json": 2,
+    "deepspeed_configs/zero3.json": 3, "deepspeed_configs/zero3_bf16.json": 3,
+    "deepspeed_configs/zero3_bf16_cpuoffload_params.json": 3,
+    "deepspeed_configs/zero3_bf16_cpuoffload_all.json": 3,
+    "examples/deepspeed/ds_z0_config.json": 0, "examples/deepspeed/ds_z2_config.json": 2,
+    "examples/deepspeed/ds_z2_offload_config.json": 2, "examples/deepspeed/ds_z2_autotp_config.json": 2,
+    "examples/deepspeed/ds_z3_config.json": 3, "examples/deepspeed/ds_z3_offload_config.json": 3,
+    "examples/deepspeed/ds_z3_fp8_config.json": 3,
+}
+
+
+def read_deepspeed(cfg: Config, key: str = "deepspeed") -> None:
+    """``deepspeed``: a DeepSpeed config (a mapping, or the path of its JSON; a tool's shipped file
+    by the path its examples give) read for its ZeRO stage, ``parallel`` zero1/zero2/zero3."""
+    value = cfg.get(key)
+    if value is None or value in ("", {}):
+        return
+    if isinstance(value, dict):
+        stage, source = deepspeed_stage(cfg, key, value), "the mapping"
+    elif isinstance(value, str):
+        shipped = next((stage for path, stage in SHIPPED_DEEPSPEED.items()
+                        if value.replace("\\", "/").lstrip("./").endswith(path)), None)
+        local = [p for p in (Path(value).expanduser(), Path(cfg.file).parent / value) if p.is_file()]
+        if local or shipped is None:
+            stage, source = deepspeed_stage(cfg, key, load_json(cfg, key, value, "DeepSpeed config")), value
+        else:
+            stage, source = shipped, f"{value}, the tool's shipped file"
+    else:
+        raise cfg.bad(key, value, "the path of a DeepSpeed JSON config, or its mapping")
+    zero(cfg, key, value, stage, source)
+
+
+def deepspeed_stage(cfg: Config, key: str, config: dict[str, Any]) -> int:
+    zero_config = config.get("zero_optimization") or {}
+    if not isinstance(zero_config, dict):
+        raise cfg.bad(f"{key}: zero_optimization", zero_config, "a mapping")
+    stage = zero_config.get("stage", 0)  # DeepSpeed's default: no ZeRO
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise cfg.bad(f"{key}: zero_optimization.stage", stage, "0, 1, 2 or 3")
+    return int(stage)
+
+
+def zero(cfg: Config, key: str, value: Any, stage: int, source: str) -> None:
+    """The ZeRO stage read into ``parallel`` (whose refusal names it); stage 0 refused here."""
+    if stage == 0:
+        raise cfg.unmodelled(key, value, DEEPSPEED_STAGE0)
+    set_parallel(cfg, key, f"zero{stage}")
+    cfg.notes.append(f"{key}: DeepSpeed ZeRO stage {stage} (zero_optimization.stage in {source})")

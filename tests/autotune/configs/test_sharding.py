@@ -1,0 +1,337 @@
+"""A job on more than one GPU, read from its configs: FSDP2, DeepSpeed's stage and the DDP keys of
+each format (configs/sharding.py), the accelerate config it is launched with (configs/accelerate.py),
+and what is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.configs import read_training_config, read_training_configs
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+TRAINER = {"model_name_or_path": "tiny-llama", "max_seq_length": 64, "per_device_train_batch_size": 2,
+           "output_dir": "out"}
+AXOLOTL = {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 2, "bf16": True,
+           "attn_implementation": "flash_attention_2", "datasets": [{"path": "x", "type": "alpaca"}]}
+AXOLOTL_FSDP2 = {**AXOLOTL, "fsdp_version": 2, "fsdp_config": {
+    "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+    "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT"}}
+LLAMAFACTORY = {"model_name_or_path": "tiny-llama", "stage": "sft", "do_train": True,
+                "finetuning_type": "lora", "lora_target": "all", "dataset": "alpaca_en_demo",
+                "template": "llama3", "cutoff_len": 64, "per_device_train_batch_size": 2, "bf16": True,
+                "output_dir": "out"}
+ACCELERATE = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "bf16",
+              "num_machines": 1, "num_processes": 4, "machine_rank": 0, "main_training_function": "main",
+              "rdzv_backend": "static", "same_network": True, "use_cpu": False, "tpu_env": [],
+              "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                              "fsdp_reshard_after_forward": True, "fsdp_offload_params": False,
+                              "fsdp_cpu_ram_efficient_loading": True,
+                              "fsdp_state_dict_type": "FULL_STATE_DICT"}}
+
+
+def write(tmp_path: Path, data: dict, name: str) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return path
+
+
+def launch(tmp_path: Path, data: dict, name: str = "config.json"):
+    """The request's multi-GPU fields of a config: (parallel, reshard_after_forward, gpus, nodes)."""
+    step = read_training_config(write(tmp_path, data, name)).request.step
+    return step.parallel, step.reshard_after_forward, step.gpus, step.nodes
+
+
+# ---------------------------------------------------------------------------------------------
+# TrainingArguments / TRL: fsdp and fsdp_config as transformers' _process_fsdp_args reads them
+
+
+@pytest.mark.parametrize(("fsdp", "fsdp_config", "reshard"), [
+    ("full_shard auto_wrap", None, True),
+    (["shard_grad_op", "auto_wrap"], None, False),
+    (True, None, True),  # version 2 and reshard_after_forward true: transformers' defaults
+    (True, {"fsdp_version": 2, "fsdp_reshard_after_forward": "false"}, False),  # fsdp_ prefixes dropped
+    ("shard_grad_op", {"reshard_after_forward": True}, True),  # fsdp_config's value first (setdefault)
+])
+def test_training_arguments_fsdp_is_fsdp2(tmp_path, fsdp, fsdp_config, reshard):
+    data = {**TRAINER, "fsdp": fsdp, "fsdp_config": fsdp_config}
+    assert launch(tmp_path, data) == ("fsdp", reshard, None, None)
+    sft = {**data, "dataset_text_field": "text", "model_init_kwargs": {"dtype": "bfloat16"}}
+    assert launch(tmp_path, sft, "sft.json")[:2] == ("fsdp", reshard)
+
+
+def test_fsdp_config_is_read_from_its_json_file(tmp_path):
+    write(tmp_path, {"reshard_after_forward": False, "cpu_ram_efficient_loading": True}, "fsdp.json")
+    config = read_training_config(write(tmp_path, {**TRAINER, "fsdp": True, "fsdp_config": "fsdp.json"},
+                                        "train.json"))
+    assert (config.request.step.parallel, config.request.step.reshard_after_forward) == ("fsdp", False)
+    assert any(note.startswith("fsdp_config.cpu_ram_efficient_loading: True: no effect on GPU memory")
+               for note in config.notes)
+    with pytest.raises(InvalidInput, match="fsdp_config: 'absent.json' in .*no such file"):
+        launch(tmp_path, {**TRAINER, "fsdp": True, "fsdp_config": "absent.json"})
+
+
+def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
+    # a TrainingArguments dump fills fsdp_config; transformers reads it only with fsdp
+    dump = {**TRAINER, "fsdp": [], "fsdp_config": {"min_num_params": 0, "xla": False, "cpu_offload": True}}
+    assert launch(tmp_path, dump) == (None, None, None, None)
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), [
+    ({"fsdp": "full_shard offload"}, "fsdp_config.cpu_offload", "CPU offload"),
+    ({"fsdp": True, "fsdp_config": {"cpu_offload": True}}, "fsdp_config.cpu_offload", "CPU offload"),
+    ({"fsdp": True, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
+    ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_config.version", "FSDP1"),
+    ({"fsdp": "hybrid_shard", "fsdp_config": {"fsdp_version": 1}}, "fsdp_config.version", "FSDP1"),
+    ({"fsdp": True, "fsdp_config": {"activation_checkpointing": True}},
+     "fsdp_config.activation_checkpointing", "use gradient_checkpointing"),
+    ({"fsdp": True, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}},
+     "fsdp_config.auto_wrap_policy", "one per decoder layer"),
+    ({"fsdp": True, "fsdp_config": {"xla": True}}, "fsdp_config.xla", "XLA"),
+    ({"fsdp": True, "fsdp_config": {"ignored_modules": ["lm_head"]}}, "fsdp_config.ignored_modules",
+     "unsharded"),
+    ({"ddp_bucket_cap_mb": 50}, "ddp_bucket_cap_mb", "buckets of another size"),
+])
+def test_training_arguments_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
+        launch(tmp_path, {**TRAINER, **changes})
+
+
+@pytest.mark.parametrize(("changes", "error", "message"), [
+    # transformers' _apply_legacy_fsdp_to_config: a ValueError with FSDP2, the default
+    ({"fsdp": "hybrid_shard"}, InvalidInput, "fsdp: 'hybrid_shard' in .* only available with FSDP1"),
+    ({"fsdp": "FULL_SHARD"}, InvalidInput, "fsdp: 'FULL_SHARD' in .* only available with FSDP1"),
+    ({"fsdp": "full_shard sharded"}, InvalidInput, "unknown option 'sharded'"),
+    ({"fsdp": True, "fsdp_config": {"reshard_after_froward": False}}, UnknownSetting,
+     "unknown key fsdp_config.reshard_after_froward .*did you mean reshard_after_forward"),
+    ({"fsdp": "full_shard", "deepspeed": {"zero_optimization": {"stage": 2}}}, InvalidInput,
+     "fsdp and deepspeed in .* are both set"),
+])
+def test_training_arguments_sharding_errors_are_named(tmp_path, changes, error, message):
+    with pytest.raises(error, match=message):
+        launch(tmp_path, {**TRAINER, **changes})
+
+
+def test_fsdp_keys_without_effect_and_ddp_keys_are_noted(tmp_path):
+    config = read_training_config(write(tmp_path, {
+        **TRAINER, "fsdp": True, "ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 25,
+        "fsdp_config": {"use_orig_params": True, "sync_module_states": True, "forward_prefetch": True,
+                        "backward_prefetch": "BACKWARD_PRE", "limit_all_gathers": True,
+                        "state_dict_type": "SHARDED_STATE_DICT"}}, "train.json"))
+    noted = {note.split(":")[0] for note in config.notes}
+    assert {"fsdp_config.use_orig_params", "fsdp_config.sync_module_states", "fsdp_config.forward_prefetch",
+            "fsdp_config.backward_prefetch", "fsdp_config.limit_all_gathers", "fsdp_config.state_dict_type",
+            "ddp_find_unused_parameters", "fsdp"} <= noted
+    assert config.ignored == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed: the ZeRO stage into parallel, refused by the request by name
+
+
+def test_deepspeed_stage_is_read_from_a_mapping_a_file_or_a_shipped_name(tmp_path):
+    assert launch(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 3}}})[0] == "zero3"
+    write(tmp_path, {"zero_optimization": {"stage": 1}, "bf16": {"enabled": "auto"}}, "ds.json")
+    assert launch(tmp_path, {**TRAINER, "deepspeed": "ds.json"})[0] == "zero1"
+    axolotl = {**AXOLOTL, "deepspeed": "deepspeed_configs/zero2.json"}  # Axolotl's shipped file
+    assert launch(tmp_path, axolotl, "axolotl.yml")[0] == "zero2"
+    lf = {**LLAMAFACTORY, "deepspeed": "examples/deepspeed/ds_z2_config.json"}  # LLaMA-Factory's
+    assert launch(tmp_path, lf, "lf.yaml")[0] == "zero2"
+
+
+def test_deepspeed_errors_are_named(tmp_path):
+    with pytest.raises(InvalidInput, match="^deepspeed: 'missing.json' in .* no such file"):
+        launch(tmp_path, {**TRAINER, "deepspeed": "missing.json"})
+    with pytest.raises(UnmodelledSetting, match="^deepspeed: .* is not modelled: .*stage 0.* not torch DDP"):
+        launch(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 0}}})
+    with pytest.raises(UnmodelledSetting, match="^deepspeed: .*stage 0"):  # LLaMA-Factory's ds_z0
+        launch(tmp_path, {**LLAMAFACTORY, "deepspeed": "examples/deepspeed/ds_z0_config.json"}, "lf.yaml")
+    with pytest.raises(InvalidInput, match="zero_optimization.stage in .* must be 0, 1, 2 or 3"):
+        launch(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 4}}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Axolotl
+
+
+def test_axolotl_fsdp2_is_read(tmp_path):
+    config = read_training_config(write(tmp_path, AXOLOTL_FSDP2, "a.yml"))
+    step = config.request.step
+    assert (step.parallel, step.reshard_after_forward, config.parallel_key) == ("fsdp", True, "fsdp_config")
+    assert (config.wrap_classes, config.ignored) == (("LlamaDecoderLayer",), ())
+    assert any("Axolotl prepares FSDP2 itself" in note for note in config.notes)
+    unsharded = {**AXOLOTL_FSDP2, "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False}}
+    assert launch(tmp_path, unsharded, "b.yml")[:2] == ("fsdp", False)
+    listed = {**AXOLOTL, "fsdp_version": 2, "fsdp": ["shard_grad_op", "auto_wrap"]}  # the deprecated list
+    assert launch(tmp_path, listed, "c.yml")[:2] == ("fsdp", False)
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), [
+    ({"fsdp_version": None}, "fsdp_config", "FSDP1"),  # validation.py pins an unversioned config to 1
+    ({"fsdp_version": 1}, "fsdp_version", "FSDP1"),
+    ({"fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
+    ({"fsdp_config": {"activation_checkpointing": True}}, "fsdp_config.activation_checkpointing",
+     "use gradient_checkpointing"),
+    ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
+     "fsdp_config.auto_wrap_policy", "one per decoder layer"),
+    ({"fsdp": ["full_shard", "offload"]}, "fsdp", "CPU offload"),
+    ({"dp_shard_size": 4}, "dp_shard_size", "tensor/context parallelism"),
+])
+def test_axolotl_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
+        launch(tmp_path, {**AXOLOTL_FSDP2, **changes}, "a.yml")
+
+
+def test_axolotl_refuses_deepspeed_beside_fsdp(tmp_path):
+    with pytest.raises(InvalidInput, match="deepspeed and fsdp_config in .* Axolotl runs one of them"):
+        launch(tmp_path, {**AXOLOTL_FSDP2, "deepspeed": "deepspeed_configs/zero2.json"}, "a.yml")
+
+
+# ---------------------------------------------------------------------------------------------
+# accelerate config: the launch, alone or beside a training config
+
+
+def test_an_accelerate_config_is_read_alone(tmp_path):
+    config = read_training_config(write(tmp_path, ACCELERATE, "acc.yaml"))
+    step = config.request.step
+    assert (config.format, step.parallel, step.reshard_after_forward, step.gpus, step.nodes) == (
+        "accelerate", "fsdp", True, 4, None)
+    assert (config.request.mode, config.mixed_precision, config.ignored) == ("bf16", "bf16", ())
+    multi = {**ACCELERATE, "distributed_type": "MULTI_GPU", "fsdp_config": {}, "mixed_precision": "no"}
+    assert launch(tmp_path, multi, "multi.yaml") == ("ddp", None, 4, None)
+    deepspeed = {**ACCELERATE, "distributed_type": "DEEPSPEED", "fsdp_config": {},
+                 "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "none"}}
+    assert launch(tmp_path, deepspeed, "ds.yaml")[0] == "zero3"
+    one = {**ACCELERATE, "distributed_type": "NO", "num_processes": 1, "fsdp_config": {}}
+    assert launch(tmp_path, one, "one.yaml") == (None, None, None, None)
+
+
+def test_accelerate_machines_and_hybrid_sharding(tmp_path):
+    # num_processes is the total over machines; FSDP2 shards over all of them without a
+    # parallelism_config (accelerate builds a hybrid mesh only from its dp_replicate_size)
+    nodes = read_training_config(write(tmp_path, {**ACCELERATE, "num_machines": 2, "num_processes": 16},
+                                       "nodes.yaml"))
+    assert (nodes.request.step.gpus, nodes.request.step.nodes) == (16, None)
+    assert any(note.startswith("num_machines: 2: FSDP2 shards over every GPU") for note in nodes.notes)
+    hybrid = {**ACCELERATE, "num_machines": 2, "num_processes": 16, "parallelism_config": {
+        "parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 8}}
+    assert launch(tmp_path, hybrid, "hybrid.yaml") == ("fsdp", True, 16, 2)
+    with pytest.raises(InvalidInput, match="dp_replicate_size x dp_shard_size = 8, not num_processes 16"):
+        launch(tmp_path, {**hybrid, "parallelism_config": {
+            "parallelism_config_dp_replicate_size": 2, "parallelism_config_dp_shard_size": 4}}, "bad.yaml")
+
+
+@pytest.mark.parametrize(("fsdp_config", "key", "why"), [
+    ({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}, "fsdp_config.fsdp_version", "FSDP1"),
+    ({"fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD"}, "fsdp_config.fsdp_version", "FSDP1"),
+    ({"fsdp_version": 2}, "fsdp_config.fsdp_auto_wrap_policy", "one per decoder layer"),
+    ({"fsdp_version": 2, "fsdp_offload_params": True}, "fsdp_config.fsdp_offload_params", "CPU offload"),
+    ({"fsdp_version": 2, "fsdp_activation_checkpointing": True}, "fsdp_config.fsdp_activation_checkpointing",
+     "use gradient_checkpointing"),
+])
+def test_accelerate_fsdp_not_modelled_is_refused_by_name(tmp_path, fsdp_config, key, why):
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
+        launch(tmp_path, {**ACCELERATE, "fsdp_config": fsdp_config}, "acc.yaml")
+
+
+def test_a_training_config_and_its_accelerate_config_are_read_together(tmp_path):
+    train, acc = write(tmp_path, TRAINER, "train.json"), write(tmp_path, ACCELERATE, "acc.yaml")
+    config = read_training_configs([str(acc), str(train)])
+    step = config.request.step
+    assert (config.format, config.files) == ("trainer", ((str(train), "trainer"), (str(acc), "accelerate")))
+    assert (step.model, step.parallel, step.gpus, config.request.mode) == ("tiny-llama", "fsdp", 4, "bf16")
+    assert any(note.startswith("mixed_precision: bf16 in") for note in config.notes)
+    # the Trainer's own FSDP plugin over the launcher's MULTI_GPU, and its reshard_after_forward
+    sharded = write(tmp_path, {**TRAINER, "fsdp": "shard_grad_op", "bf16": True}, "sharded.json")
+    multi = write(tmp_path, {**ACCELERATE, "distributed_type": "MULTI_GPU"}, "multi.yaml")
+    step = read_training_configs([sharded, multi]).request.step
+    assert (step.parallel, step.reshard_after_forward, step.gpus) == ("fsdp", False, 4)
+    # FSDP1 in the accelerate config: the Trainer's plugin says version 2
+    fsdp1 = write(tmp_path, {**ACCELERATE, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD"}},
+                  "v1.yaml")
+    assert read_training_configs([sharded, fsdp1]).request.step.parallel == "fsdp"
+
+
+def test_a_training_config_and_its_accelerate_config_that_disagree_are_refused(tmp_path):
+    acc = write(tmp_path, ACCELERATE, "acc.yaml")
+    fp16 = write(tmp_path, {**TRAINER, "fp16": True}, "fp16.json")
+    with pytest.raises(InvalidInput, match="trains in amp and mixed_precision: bf16 in .* they disagree"):
+        read_training_configs([fp16, acc])
+    zero = write(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 2}}}, "zero.json")
+    with pytest.raises(InvalidInput, match="deepspeed in .* runs zero2 and distributed_type in .* runs fsdp"):
+        read_training_configs([zero, acc])
+    with pytest.raises(InvalidInput, match="give one training config, and at most one accelerate config"):
+        read_training_configs([zero, fp16])
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the CLI: the GPU count, the refusals by name, an answer
+
+
+def check(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_config_that_spreads_the_job_needs_the_gpu_count(tmp_path, capsys):
+    path = write(tmp_path, {**TRAINER, "fsdp": "full_shard"}, "train.json")
+    code, _, err = check(capsys, "--from-config", str(path), "--gpu", "A100-80GB")
+    assert code == 2
+    assert f"Error: '{path}' spreads the job over GPUs with fsdp (fsdp): give --gpus N, the GPUs it " \
+        "launches on, every node's together" in err
+    zero = write(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 2}}}, "zero.json")
+    code, _, err = check(capsys, "--from-config", str(zero), "--gpu", "A100-80GB")
+    assert code == 2 and "give --gpus N" in err
+    code, _, err = check(capsys, "--from-config", str(zero), "--gpus", "8", "--gpu", "A100-80GB")
+    assert code == 2 and "Error: --parallel zero2: DeepSpeed ZeRO is not modelled yet" in err
+
+
+def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, capsys):
+    path = write(tmp_path, {**AXOLOTL_FSDP2, "fsdp_config": {
+        "fsdp_version": 2, "transformer_layer_cls_to_wrap": "MistralDecoderLayer"}}, "a.yml")
+    code, _, err = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB")
+    assert code == 2
+    assert "fsdp_config.transformer_layer_cls_to_wrap: MistralDecoderLayer is not modelled: autotune " \
+        "shards tiny-llama one group per LlamaDecoderLayer" in err
+
+
+@pytest.mark.parametrize("configs", [
+    ({**TRAINER, "fsdp": "full_shard auto_wrap", "bf16": True}, None),
+    (AXOLOTL_FSDP2, None),
+    ({**LLAMAFACTORY, "finetuning_type": "full"}, ACCELERATE),
+], ids=["trainer", "axolotl", "llamafactory+accelerate"])
+def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs):
+    training, accelerate = configs
+    name = "train.json" if "output_dir" in training and "stage" not in training else "train.yaml"
+    argv = ["--from-config", str(write(tmp_path, training, name))]
+    if accelerate is not None:
+        argv += ["--from-config", str(write(tmp_path, accelerate, "acc.yaml"))]
+    else:
+        argv += ["--gpus", "4"]
+    code, out, _ = check(capsys, *argv, "--gpu", "A100-80GB", "--no-cache", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["fits"] is True
+    assert "4 GPUs" in doc["message"] and "FSDP2 full shard" in doc["message"]
+    fmt = "llamafactory" if accelerate else "axolotl" if "base_model" in training else "trainer"
+    assert [note for note in doc["config_notes"] if note.startswith("read ")] == [
+        f"read {argv[1]} as {fmt}", *([f"read {argv[3]} as accelerate"] if accelerate else [])]
+
+
+def test_the_sharding_examples_are_read():
+    fsdp = read_training_config(EXAMPLES / "trainer_args_fsdp.json")
+    assert (fsdp.request.step.parallel, fsdp.request.step.reshard_after_forward, fsdp.ignored) == (
+        "fsdp", False, ())
+    axolotl = read_training_config(EXAMPLES / "axolotl_fsdp2_lora.yml")
+    assert (axolotl.request.step.parallel, axolotl.wrap_classes, axolotl.ignored) == (
+        "fsdp", ("LlamaDecoderLayer",), ())
+    acc = read_training_config(EXAMPLES / "accelerate_fsdp2.yaml")
+    assert (acc.request.step.parallel, acc.request.step.gpus, acc.request.step.nodes, acc.ignored) == (
+        "fsdp", 16, None, ())
+    assert read_training_config(EXAMPLES / "trainer_args_zero2.json").request.step.parallel == "zero2"
