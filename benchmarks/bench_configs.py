@@ -15,7 +15,8 @@ the others are refused (reasons ranked by count, an example file each), and ever
   dpo/kto/rm/ppo) and multi-GPU (DeepSpeed, FSDP, a parallel size above 1; LLaMA-Factory's FSDP,
   Megatron and Ray launches) apart; the rest, one-GPU supervised, is the headline.
 - Each config, one at a time in a fresh process: ``autotune check PRESET --from-config FILE --gpu
-  H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout. Answered: exit 0/1
+  H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout; a multi-GPU
+  config with ``--gpus 8`` (MULTI_GPU_GPUS). Answered: exit 0/1
   with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else (a traceback,
   another exit status, a timeout, output that is not that JSON).
 - ``--peel``: autotune names only the first key it cannot model. Peel fixes that key as the
@@ -61,6 +62,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU = "H100-80GB"
 HEADLINE = "one-GPU SFT"
 GROUPS = (HEADLINE, "preference/reward", "multi-GPU")
+# The GPUs a multi-GPU config is checked on (``--gpus``: no training config says how many): one node
+# of eight, what these examples are written for.
+MULTI_GPU_GPUS = 8
 # The offline presets of decoder LLMs by family, with their nominal size in billions of parameters
 # (as their names or model cards say): a config's model runs as the one of its family nearest in size.
 FAMILIES: dict[str, dict[str, float]] = {
@@ -268,10 +272,13 @@ def _above_one(value: object) -> bool:
 # One check
 
 
-def run_check(root: Path, preset: str, file: Path, timeout_s: float) -> tuple[int | None, str, str, float]:
-    """(exit status, None on a timeout; stdout; stderr; wall seconds) of one ``autotune check``."""
+def run_check(root: Path, preset: str, file: Path, timeout_s: float,
+              gpus: int | None = None) -> tuple[int | None, str, str, float]:
+    """(exit status, None on a timeout; stdout; stderr; wall seconds) of one ``autotune check``;
+    ``gpus``: the job's GPU count, which no training config carries."""
     argv = [sys.executable, "-m", "autotune", "check", preset, "--from-config", str(file), "--gpu", GPU,
-            "--json", "--no-cache", "--backend", "estimate", "--workers", "1"]
+            "--json", "--no-cache", "--backend", "estimate", "--workers", "1",
+            *(["--gpus", str(gpus)] if gpus is not None else [])]
     env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "AUTOTUNE_OFFLINE": "1"}
     started = time.perf_counter()
     try:
@@ -311,7 +318,8 @@ def check_config(config: Config, scratch: Path, args: argparse.Namespace) -> Row
         file.write_text(text)
         if round_:
             preset = PEEL_READERS.get(config.family if config.preset else None, config.preset)
-        code, stdout, stderr, seconds = run_check(args.autotune_root, preset, file, args.timeout)
+        gpus = MULTI_GPU_GPUS if config.group == "multi-GPU" else None
+        code, stdout, stderr, seconds = run_check(args.autotune_root, preset, file, args.timeout, gpus)
         status, document = outcome(code, stdout, stderr)
         if status == "crash":
             when = "peeled" if round_ else "stand-in" if config.preset is None else "check"

@@ -56,6 +56,15 @@ JOBS: dict[str, dict[str, Any]] = {
         gpu_memory="24GiB", peft="qlora", qlora_recipe="peft",
         model=LLAMA["model"], modes="bf16+ckpt", seq_lens="2048"),
     "llama-3.2-1b-card": dict(**LLAMA),  # the whole card: run alone
+    # One rank of a multi-GPU job on a fake process group (issue "More than one GPU"): the cuda
+    # backend runs the same DDP and FSDP2 wrapping as the estimator, on the GPU.
+    "llama-3.2-1b-fsdp8-24GiB": dict(gpu_memory="24GiB", gpus=8, parallel="fsdp", **LLAMA),
+    "llama-3.2-1b-lora-fsdp8-24GiB": dict(gpu_memory="24GiB", gpus=8, parallel="fsdp", peft="lora",
+                                           model=LLAMA["model"], modes="bf16+ckpt", seq_lens="1024,4096"),
+    "llama-3.1-8b-fsdp8-40GiB": dict(model="meta-llama/Llama-3.1-8B", gpu_memory="40GiB", gpus=8,
+                                      parallel="fsdp", modes="bf16+ckpt", seq_lens="2048,4096"),
+    "bert-base-uncased-ddp8-12GiB": dict(model="bert-base-uncased", gpu_memory="12GiB", gpus=8,
+                                          parallel="ddp", modes="amp,amp+ckpt", seq_lens="128,512"),
 }
 # PyTorch's expandable segments (CUDACachingAllocator.cpp, ExpandableSegment), which Unsloth and SkyRL
 # switch on by default: a job's or a record's ``env`` is set before torch starts in its process. A
@@ -83,6 +92,10 @@ JOBS.update({
                                                         seq_lens="2048", env=EXPANDABLE),
 })
 JOBS["llama-3.2-1b-lora-12GiB-expandable"] = _variant("llama-3.2-1b-lora-12GiB", env=EXPANDABLE)
+JOBS["llama-3.2-1b-fsdp2-24GiB"] = _variant("llama-3.2-1b-fsdp8-24GiB", gpus=2, modes="bf16+ckpt",
+                                            seq_lens="1024,4096")
+JOBS["llama-3.2-1b-fsdp4-24GiB"] = _variant("llama-3.2-1b-fsdp8-24GiB", gpus=4, modes="bf16+ckpt",
+                                            seq_lens="1024,4096")
 # Parts of a table (``table``): the size-only answers' distance to the chip's (issue "Measured truth,
 # second card"), the cells earlier leases did not reach, mixed precision and checkpointing first.
 _PARTS = (
@@ -242,6 +255,17 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["record:llama-1b-lora-bf16ckpt-512x24-24GiB", "record:llama-1b-lora-bf16ckpt-512x23-24GiB",
              "record:llama-1b-lora-bf16ckpt-512x22-24GiB"],
             ["llama-3.2-1b-24GiB-512", "llama-3.2-1b-qlora-trl-24GiB-rest"],
+        ],
+    ],
+    # A rank of a multi-GPU job (issue "More than one GPU"): world sizes 2, 4 and 8 of FSDP2 for
+    # Llama-3.2-1B (full and LoRA) and Llama-3.1-8B, DDP for BERT-base (about 110 GiB of budgets side by
+    # side: an H200, or an H100 with the 8B lane alone after the rest).
+    "multi-gpu": [
+        [
+            ["llama-3.2-1b-fsdp8-24GiB"],
+            ["llama-3.2-1b-fsdp2-24GiB", "llama-3.2-1b-fsdp4-24GiB"],
+            ["llama-3.2-1b-lora-fsdp8-24GiB", "bert-base-uncased-ddp8-12GiB"],
+            ["llama-3.1-8b-fsdp8-40GiB"],
         ],
     ],
     "third": [

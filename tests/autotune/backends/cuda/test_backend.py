@@ -595,6 +595,27 @@ def test_mixed_precision_modes_fit_on_the_gpu(mode: str) -> None:
     assert probe.outcome == "fits", probe.error
 
 
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("kind", ["fsdp", "ddp"])
+def test_a_rank_of_a_multi_gpu_job_runs_on_the_gpu_and_fsdp_holds_less(kind: str) -> None:
+    """One rank on a fake process group on the local GPU (backends/distributed.py): it fits, and
+    FSDP2's rank of 4 holds less than DDP's at the same batch (a quarter of the model states)."""
+    from autotune.workload.parallel import Parallel
+
+    backend = CudaBackend(local_gpu())
+    peaks = {}
+    for parallel in (Parallel(kind, 4), None):
+        with backend.cell(tiny_workload(parallel=parallel), parse_mode("fp32"), 16, GIB) as cell:
+            probe = cell.fits(2)
+        assert probe.outcome == "fits", probe.error
+        peaks[parallel is None] = probe.details["peak_allocated_bytes"]
+    if kind == "fsdp":
+        assert peaks[False] < peaks[True]
+    else:  # DDP's buckets beside the gradients
+        assert peaks[False] > peaks[True]
+
+
 # --- LoRA through the worker (PEFT's wrapping, the adapter in the cell spec) ----------------------
 
 
