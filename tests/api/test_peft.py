@@ -121,7 +121,7 @@ def test_a_lora_table_is_its_own_run_and_identical_lora_requests_share_one(clien
 def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupes(client):
     spec = _spec(client, LLAMA)
     old = {k: v for k, v in spec.to_json().items()  # then
-           if k not in ("adapter", "ckpt_reentrant", "liger", "alloc_conf")}
+           if k not in ("adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel")}
     old_key = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     store = client.app.state.queue.store
     run, _ = store.create_run(key=old_key, spec=old, model=spec.model, gpu=spec.gpu["name"],
