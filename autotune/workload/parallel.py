@@ -6,9 +6,10 @@ the job's global batch is that times the GPUs times the accumulation steps.
     ddp     torch DistributedDataParallel: each rank holds the whole model, its gradients and the
             optimizer state, plus the Reducer's gradient buckets (what ``torchrun`` with the
             Trainer and neither FSDP nor DeepSpeed runs)
-    fsdp    FSDP2 ``fully_shard`` on each decoder layer and on the root, as accelerate's
-            transformer-based auto wrap does: each rank holds 1/N of the parameters, gradients and
-            optimizer state, and gathers a layer's parameters whole while it runs.
+    fsdp    FSDP2 ``fully_shard`` as accelerate 1.14+ prepares it for the Trainer (each decoder
+            layer, the untied embedding, the tail of final norm and head, the root): each rank holds
+            1/N of the parameters, gradients and optimizer state, and gathers a layer's parameters
+            whole while it runs.
             ``reshard_after_forward`` False keeps them gathered from forward to backward
             (SHARD_GRAD_OP); ``nodes`` > 1 shards within a node and replicates across nodes
             (HYBRID_SHARD)
@@ -30,7 +31,7 @@ from autotune.errors import InvalidInput, UnmodelledSetting
 DDP, FSDP = "ddp", "fsdp"
 ZERO_STAGES = ("zero1", "zero2", "zero3")
 PARALLEL_CHOICES = (DDP, FSDP, *ZERO_STAGES)
-MODELLED = (DDP, FSDP)
+MODELLED = (DDP, FSDP)  # the kinds a Parallel has (the ZeRO stages are refused before one is made)
 MAX_GPUS = 65536  # world sizes beyond any job: a typo, refused
 
 
@@ -53,7 +54,7 @@ class Parallel:
 
     @property
     def label(self) -> str:
-        """In words, for the output: "FSDP2 full shard over 8 GPUs"."""
+        """In words, for the output: "FSDP2 full shard, 8 GPUs"."""
         if self.kind == DDP:
             return f"DDP over {self.gpus} GPUs (each holds the whole model)"
         strategy = "full shard" if self.reshard_after_forward else "shard grad op (no reshard after forward)"
