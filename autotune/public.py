@@ -351,6 +351,7 @@ class StepOptions(TypedDict, total=False):
     parallel: str | None  # ddp when gpus > 1
     nodes: int | None
     reshard_after_forward: bool | None
+    fsdp_recipe: str | None  # accelerate
     peft: str | None
     lora_r: int | None
     lora_alpha: float | None

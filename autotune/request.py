@@ -71,7 +71,7 @@ from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
-from autotune.workload.parallel import PARALLEL_CHOICES, check_sharded, make_parallel
+from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.step import ATTN_CHOICES
 
 if TYPE_CHECKING:
@@ -367,6 +367,10 @@ class Step:
     reshard_after_forward: bool | None = option(
         None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
         "or keep them for the backward (SHARD_GRAD_OP)")
+    fsdp_recipe: str | None = option(
+        None, "fsdp: who prepares FSDP2: accelerate (the Trainer's, TRL's, LLaMA-Factory's; the default) or "
+        "axolotl (its own preparation: no float32 upcast, LoRA adapters sharded on their own)",
+        choices=FSDP_RECIPES)
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -658,7 +662,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
-                                 reshard_after_forward=step.reshard_after_forward)
+                                 reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     if found.errors:
         return None

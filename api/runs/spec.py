@@ -360,7 +360,8 @@ class _Normalizing:
             self.max_batch = _max_batch(request.max_batch, settings)
         with found.about("parallel"):
             self.parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
-                                          reshard_after_forward=step.reshard_after_forward)
+                                          reshard_after_forward=step.reshard_after_forward,
+                                          recipe=step.fsdp_recipe)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

@@ -134,11 +134,13 @@ def mixed_precision(precision: str) -> Any:
 
 def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
     """FSDP2 over ``model`` (built, adapted, in its FakeTensorMode; call inside that mode) on
-    ``mesh``, as ``fsdp2_prepare_model`` shards it for a mode of ``precision`` (module docstring);
-    returns the root module, whose call is the step's loss."""
+    ``mesh``, as ``fsdp2_prepare_model`` shards it for a mode of ``precision`` (module docstring), or
+    Axolotl's (``shard_as_axolotl``); returns the root module, whose call is the step's loss."""
     import torch
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    if parallel.recipe == "axolotl":
+        return shard_as_axolotl(model, parallel, mesh, loss, precision)
     if precision != "fp32":  # "FSDP2 requires uniform orig_dtype among trainable params in each group"
         for parameter in model.parameters():
             if parameter.requires_grad and parameter.dtype != torch.float32:
@@ -161,6 +163,38 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
     root = _loss_module()(model, loss)
     fully_shard(root, mesh=mesh, mp_policy=kwargs["mp_policy"])  # a root's None: kept gathered
     return root
+
+
+def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
+    """FSDP2 as Axolotl prepares it in place of accelerate (monkeypatch/accelerate/fsdp2.py
+    ``fsdp2_prepare_model``, Axolotl 067b021): no float32 upcast (the weights stay in their dtype, as
+    Axolotl loads them, and so does the Adam state); bottom-up, each LoRA layer's lora_A and lora_B
+    (and magnitude vector) on their own (``_process_lora_module_for_fsdp``), then each decoder layer;
+    then the root, with the same ``reshard_after_forward`` as every group: no embedding or tail
+    groups, and the root's leftovers resharded after forward unless all are kept."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
+              "mp_policy": mixed_precision(precision)}
+    classes = layer_classes(model)
+    lora = _lora_layer_class() if hasattr(model, "get_base_model") else None
+    for module in _bottom_up(model)[:-1]:
+        if lora is not None and isinstance(module, lora):
+            for adapter in module.active_adapters:
+                for parts in (module.lora_A, module.lora_B, module.lora_magnitude_vector):
+                    if adapter in parts:
+                        fully_shard(parts[adapter], **kwargs)
+        if type(module).__name__ in classes and not isinstance(module, FSDPModule):
+            fully_shard(module, **kwargs)
+    root = _loss_module()(model, loss)
+    fully_shard(root, **kwargs)
+    return root
+
+
+def _lora_layer_class() -> Any:
+    from peft.tuners.lora import LoraLayer
+
+    return LoraLayer
 
 
 def _in_a_group(module: Any) -> bool:

@@ -86,7 +86,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                  "accumulation_steps": request.accumulation_steps,
                  "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger)),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
-                                  "reshard_after_forward": step.reshard_after_forward}}
+                                  "reshard_after_forward": step.reshard_after_forward,
+                                  "fsdp_recipe": step.fsdp_recipe}}
                     if step.gpus is not None or step.parallel is not None else {})},
         "mode": parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,

@@ -219,7 +219,7 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
         "mode": parse_mode(request.mode).name, "margin": target.margin, "dtype": step.dtype,
         "optimizer": step.optimizer, "loss": step.loss, "accumulation_steps": request.accumulation_steps,
     }
-    for name in ("task", "attn", "gpus", "parallel", "nodes"):
+    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe"):
         if getattr(step, name):
             query[name] = getattr(step, name)
     if step.liger:  # the service reads the kernels comma-separated, as the flag does

@@ -37,7 +37,6 @@ from autotune.configs.reading import (
 from autotune.configs.sharding import (
     CPU_OFFLOAD,
     FSDP1,
-    FSDP2_NOTE,
     FSDP_CHECKPOINTING,
     WRAP,
     fsdp_options,
@@ -436,8 +435,8 @@ def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
 _AXOLOTL_DDP = ("ddp_broadcast_buffers", "ddp_find_unused_parameters")
 AXOLOTL_FSDP2_NOTE = ("Axolotl prepares FSDP2 itself (monkeypatch/accelerate/fsdp2.py, in place of "
                       "accelerate's fsdp2_prepare_model): no float32 upcast of the trainable parameters, the "
-                      "root resharded as every layer, LoRA adapters sharded on their own; autotune models "
-                      "accelerate's")
+                      "root resharded as every layer, LoRA adapters sharded on their own; modelled so "
+                      "(fsdp_recipe axolotl)")
 
 
 def _axolotl_sharding(cfg: Config) -> None:
@@ -495,8 +494,9 @@ def _axolotl_sharding(cfg: Config) -> None:
                                                  "auto_wrap_policy", "transformer_layer_cls_to_wrap",
                                                  "reshard_after_forward"})
     set_parallel(cfg, key, "fsdp", reshard)
-    cfg.notes.append(f"fsdp_version: 2: {FSDP2_NOTE}, reshard_after_forward {str(reshard).lower()}; "
-                     f"{AXOLOTL_FSDP2_NOTE}")
+    cfg.launch["fsdp_recipe"] = "axolotl"
+    cfg.notes.append(f"fsdp_version: 2: FSDP2 over the job's GPUs, reshard_after_forward "
+                     f"{str(reshard).lower()}; {AXOLOTL_FSDP2_NOTE}")
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:

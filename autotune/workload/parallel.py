@@ -32,6 +32,9 @@ DDP, FSDP = "ddp", "fsdp"
 ZERO_STAGES = ("zero1", "zero2", "zero3")
 PARALLEL_CHOICES = (DDP, FSDP, *ZERO_STAGES)
 MODELLED = (DDP, FSDP)  # the kinds a Parallel has (the ZeRO stages are refused before one is made)
+# Who prepares FSDP2: accelerate's fsdp2_prepare_model (the Trainer, TRL, LLaMA-Factory), or
+# Axolotl's own, which replaces it (monkeypatch/accelerate/fsdp2.py): backends/distributed.py shard.
+FSDP_RECIPES = ("accelerate", "axolotl")
 MAX_GPUS = 65536  # world sizes beyond any job: a typo, refused
 
 
@@ -43,6 +46,7 @@ class Parallel:
     gpus: int
     nodes: int = 1  # fsdp: hybrid sharding over nodes when > 1
     reshard_after_forward: bool = True  # fsdp: False keeps a layer gathered until its backward
+    recipe: str = "accelerate"  # fsdp: one of FSDP_RECIPES
 
     @property
     def shard_size(self) -> int:
@@ -70,6 +74,12 @@ class Parallel:
             return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
                     "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default) as one "
                     "flat buffer, before DDP's rebuild into 25 MiB buckets of the same bytes")
+        if self.recipe == "axolotl":
+            return ("traced: FSDP2 fully_shard on a fake process group, wrapped as Axolotl wraps it "
+                    "(monkeypatch/accelerate/fsdp2.py, in place of accelerate's: each LoRA adapter, each "
+                    "decoder layer, the root, all resharded alike); 16-bit modes are its "
+                    "MixedPrecisionPolicy of that dtype over shards in the weights' dtype (no float32 "
+                    "upcast), with no autocast")
         return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
                 "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
                 "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "
@@ -77,8 +87,8 @@ class Parallel:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
-                "reshard_after_forward": self.reshard_after_forward, "shard_size": self.shard_size,
-                "label": self.label, "modelled": self.modelled}
+                "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
+                "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -113,7 +123,7 @@ def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | 
 
 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
-                  reshard_after_forward: bool | None = None) -> Parallel | None:
+                  reshard_after_forward: bool | None = None, recipe: str | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``)."""
@@ -143,9 +153,14 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
     if reshard_after_forward is not None and kind != FSDP:
         raise _about("reshard_after_forward", InvalidInput.naming(
             f"{{reshard_after_forward}} is an fsdp setting, not {kind}'s"))
+    if recipe is not None and (kind != FSDP or recipe not in FSDP_RECIPES):
+        raise _about("fsdp_recipe", InvalidInput.naming(
+            f"{{fsdp_recipe}} {recipe!r}: " + (f"allowed are {', '.join(FSDP_RECIPES)}" if kind == FSDP
+                                               else f"an fsdp setting, not {kind}'s")))
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
-    return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward)
+    return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
+                    recipe or "accelerate")
 
 
 def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:

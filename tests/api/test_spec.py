@@ -50,6 +50,7 @@ SAMPLES = {
     "nodes": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"nodes": 2}),
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
+    "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
 }
 
 

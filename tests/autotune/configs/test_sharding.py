@@ -164,6 +164,7 @@ def test_axolotl_fsdp2_is_read(tmp_path):
     config = read_training_config(write(tmp_path, AXOLOTL_FSDP2, "a.yml"))
     step = config.request.step
     assert (step.parallel, step.reshard_after_forward, config.parallel_key) == ("fsdp", True, "fsdp_config")
+    assert step.fsdp_recipe == "axolotl"  # Axolotl's own FSDP2 preparation, not accelerate's
     assert (config.wrap_classes, config.ignored) == (("LlamaDecoderLayer",), ())
     assert any("Axolotl prepares FSDP2 itself" in note for note in config.notes)
     unsharded = {**AXOLOTL_FSDP2, "fsdp_config": {"fsdp_version": 2, "fsdp_reshard_after_forward": False}}
