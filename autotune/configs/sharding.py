@@ -77,19 +77,15 @@ DDP_NO_EFFECT = {
                                   "changes only when they are rebuilt), plus one int32 per parameter",
     "ddp_broadcast_buffers": "the buffers are re-broadcast in place at each forward",
     "ddp_static_graph": "the Reducer's buckets hold the same gradient bytes (rebuilt one step later)",
+    "ddp_bucket_cap_mb": "the buckets hold every trainable gradient whatever their size; autotune traces "
+                         "them as the one flat buffer DDP makes before it splits them (docs/multi-gpu.md)",
 }
-DDP_BUCKET_MB = 25  # torch DDP's bucket_cap_mb default, which accelerate leaves out when given
 
 
 def read_ddp(cfg: Config, keys: tuple[str, ...]) -> None:
-    """The ``ddp_*`` keys: the bucket size refused unless torch's default, those whose lack of
-    effect is not plain from their name noted (ddp_timeout and ddp_backend, the process group's
-    settings, are in the formats' lists of keys with no effect)."""
-    cap = cfg.get("ddp_bucket_cap_mb")
-    if cap is not None and cap != DDP_BUCKET_MB:
-        raise cfg.unmodelled("ddp_bucket_cap_mb", cap, f"DDP's gradient buckets of another size: autotune "
-                             f"traces torch's default ({DDP_BUCKET_MB} MiB, the first 1 MiB)")
-    for key in keys:
+    """The ``ddp_*`` keys whose lack of effect is not plain from their name, noted (ddp_timeout and
+    ddp_backend, the process group's settings, are in the formats' lists of keys with no effect)."""
+    for key in (*keys, "ddp_bucket_cap_mb"):
         value = cfg.get(key)
         if value is not None:
             cfg.notes.append(f"{key}: {value!r}: no effect on GPU memory: {DDP_NO_EFFECT[key]}")

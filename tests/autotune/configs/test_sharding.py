@@ -96,7 +96,6 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
     ({"fsdp": True, "fsdp_config": {"xla": True}}, "fsdp_config.xla", "XLA"),
     ({"fsdp": True, "fsdp_config": {"ignored_modules": ["lm_head"]}}, "fsdp_config.ignored_modules",
      "unsharded"),
-    ({"ddp_bucket_cap_mb": 50}, "ddp_bucket_cap_mb", "buckets of another size"),
 ])
 def test_training_arguments_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
     with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
@@ -127,7 +126,7 @@ def test_fsdp_keys_without_effect_and_ddp_keys_are_noted(tmp_path):
     noted = {note.split(":")[0] for note in config.notes}
     assert {"fsdp_config.use_orig_params", "fsdp_config.sync_module_states", "fsdp_config.forward_prefetch",
             "fsdp_config.backward_prefetch", "fsdp_config.limit_all_gathers", "fsdp_config.state_dict_type",
-            "ddp_find_unused_parameters", "fsdp"} <= noted
+            "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "fsdp"} <= noted
     assert config.ignored == ()
 
 
