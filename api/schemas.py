@@ -457,7 +457,9 @@ class BreakdownPublic(BaseModel):
         description="parameters, gradients, optimizer_state, autocast_copies, activations, temporaries, "
                     "inputs, workspaces; with an adapter, parameters is frozen_base, base_4bit (a 4-bit "
                     "base) or base_8bit (an 8-bit one) and adapter_weights, and dequantization (a 4-bit "
-                    "base) or int8_matmul (an 8-bit one) follows activations")
+                    "base) or int8_matmul (an 8-bit one) follows activations; on a rank of a multi-GPU "
+                    "job communication_buffers (and under fsdp gathered_parameters before it) follows "
+                    "optimizer_state")
     demand_bytes: int = Field(description="the smallest capacity the step runs in (what the budget bounds)")
     cached_bytes: int = Field(description="reserved but not in use at the peak")
     context_bytes: int = Field(description="the CUDA context, outside PyTorch's allocator")
@@ -550,3 +552,7 @@ class ExplainPublic(BaseModel):
     weight_bytes: dict[str, int] | None = Field(description="with an adapter: tensor bytes of the "
                                                            "parameters and buffers by category")
     attention_kernel: str | None = Field(description="the SDPA kernel the step ran; null without SDPA")
+    parallel: dict[str, Any] | None = Field(default=None, description="a multi-GPU job: kind (ddp, fsdp), "
+                                            "gpus, nodes, reshard_after_forward, shard_size, label, "
+                                            "modelled, nccl_bytes; every figure is one GPU's (rank 0). "
+                                            "null: one GPU")

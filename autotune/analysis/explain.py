@@ -16,6 +16,11 @@ the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
   the dequantized weight and absmax, in its forward and backward) or 8-bit matmul (int8.py: the
   input quantized, the int32 product, the weight dequantized for backward) get a category of
   their own;
+- on a rank of a multi-GPU job (workload.parallel), every figure is one GPU's: the parameters,
+  gradients and optimizer state are the rank's shards under fsdp (whole under ddp), and two
+  categories join them: the parameters FSDP2 gathers whole (each layer's, while it runs; the tail's
+  and the root's, kept gathered) and the communication buffers (FSDP2's all-gather and
+  reduce-scatter buffers, DDP's gradient buckets); the budget leaves out NCCL's own buffers too;
 - the modules holding the most parameters and the most activations, and flags for the outliers
   that caused real out-of-memory reports: a module holding more than a third of the parameters,
   an embedding whose vocabulary dwarfs the model, a linear layer over a flattened sequence, the
@@ -40,13 +45,14 @@ from autotune.backends import Backend
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import adapter_json, budget_bytes, search_cell
+from autotune.tuner import adapter_json, budget_bytes, parallel_json, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import BASE_BITS
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
+from autotune.workload.parallel import DDP, FSDP
 
 if TYPE_CHECKING:
     from autotune.analysis.levers import LeverReport, LeverRunner
@@ -93,6 +99,18 @@ ADAPTER_CATEGORY_LABELS = {
     BASE_8BIT: "8-bit base (int8 weights + row scales)",
     INT8_MATMUL: "8-bit matmul temporaries",  # the input quantized, the int32 product, casts
 }
+# A rank's own categories (instrument.GATHERED_PARAMETERS, COMMUNICATION_BUFFERS), after the optimizer
+# state: FSDP2 has both, DDP only its buckets.
+GATHERED_PARAMETERS, COMMUNICATION_BUFFERS = "gathered_parameters", "communication_buffers"
+RANK_KEYS = {FSDP: (GATHERED_PARAMETERS, COMMUNICATION_BUFFERS), DDP: (COMMUNICATION_BUFFERS,)}
+RANK_CATEGORY_LABELS = {
+    FSDP: {GATHERED_PARAMETERS: "gathered parameters (FSDP2 all-gathers)",
+           COMMUNICATION_BUFFERS: "communication buffers (all-gather, reduce-scatter)"},
+    DDP: {COMMUNICATION_BUFFERS: "communication buffers (DDP gradient buckets)"},
+}
+# What FSDP2 shards: each rank holds 1/shard_size of these (category_labels says so).
+# (A 4- or 8-bit base is not modelled under fsdp: parallel.check_sharded.)
+SHARDED_KEYS = ("parameters", FROZEN_BASE, ADAPTER_WEIGHTS, "gradients", "optimizer_state")
 # How batch_one_reason names the adapter's categories in a sentence.
 _ADAPTER_SHORT = {FROZEN_BASE: "frozen base", BASE_4BIT: "4-bit base", ADAPTER_WEIGHTS: "adapter weights",
                   DEQUANTIZATION: "4-bit dequantization temporaries"}
@@ -185,40 +203,60 @@ class Explanation:
     weight_bytes: dict[str, int] | None = None
     # The SDPA kernel the step ran ("cuDNN", "memory-efficient", ...; attention.py); None without SDPA.
     attention_kernel: str | None = None
+    # A multi-GPU job (tuner.parallel_json: kind, gpus, shard_size, label, nccl_bytes, ...), whose
+    # rank 0 every figure is of; None for one GPU.
+    parallel: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def category_keys(adapter: bool, bits: int | None = None) -> tuple[str, ...]:
+def category_keys(adapter: bool, bits: int | None = None, parallel: str | None = None) -> tuple[str, ...]:
     """The breakdown's categories in order: instrument.CATEGORIES, or with an adapter "parameters"
-    split, over a base of ``bits`` (4 or 8) its storage and matmul temporaries too (module
-    docstring)."""
+    split, over a base of ``bits`` (4 or 8) its storage and matmul temporaries too; on a rank of a
+    ``parallel`` job (ddp, fsdp) its own categories after the optimizer state (module docstring)."""
     from autotune.backends.estimate.instrument import CATEGORIES
 
-    if not adapter:
-        return CATEGORIES
     storage, matmul = BASE_CATEGORIES.get(bits or 0, (None, None))
     keys: list[str] = []
     for kind in CATEGORIES:
-        if kind == "parameters":
+        if kind == "parameters" and adapter:
             keys += [FROZEN_BASE, *([storage] if storage else []), ADAPTER_WEIGHTS]
         else:
             keys.append(kind)
-        if kind == "activations" and matmul:
+        if kind == "optimizer_state" and parallel is not None:
+            keys += RANK_KEYS[parallel]
+        if kind == "activations" and adapter and matmul:
             keys.append(matmul)
     return tuple(keys)
 
 
-def category_labels(adapter: dict[str, Any] | None) -> dict[str, str]:
+def category_labels(adapter: dict[str, Any] | None, parallel: dict[str, Any] | None = None) -> dict[str, str]:
     """How a report names each category of a breakdown, in its order: CATEGORY_LABELS for a full
-    fine-tune; with ``adapter`` (Explanation.adapter) the adapter's split."""
-    if adapter is None:
-        return dict(CATEGORY_LABELS)
-    bits = BASE_BITS.get(str(adapter.get("method")))
-    quant = str(adapter.get("quant_type") or "nf4").upper()
-    labels = {**CATEGORY_LABELS, **ADAPTER_CATEGORY_LABELS}
-    return {key: labels[key].format(quant=quant) for key in category_keys(True, bits)}
+    fine-tune; with ``adapter`` (Explanation.adapter) the adapter's split; on a rank of a
+    ``parallel`` job (Explanation.parallel) its own categories, and under fsdp the shard of what
+    FSDP2 shards."""
+    kind = None if parallel is None else str(parallel["kind"])
+    bits = None if adapter is None else BASE_BITS.get(str(adapter.get("method")))
+    quant = "NF4" if adapter is None else str(adapter.get("quant_type") or "nf4").upper()
+    labels = {**CATEGORY_LABELS, **(ADAPTER_CATEGORY_LABELS if adapter else {}),
+              **(RANK_CATEGORY_LABELS[kind] if kind else {})}
+    named = {key: labels[key].format(quant=quant) for key in category_keys(adapter is not None, bits, kind)}
+    if kind == FSDP:
+        assert parallel is not None
+        shard = f"1/{parallel['shard_size']} shard"
+        named = {key: _sharded(key, label, shard) if key in SHARDED_KEYS else label
+                 for key, label in named.items()}
+    return named
+
+
+def _sharded(key: str, label: str, shard: str) -> str:
+    """``label`` saying that the rank holds ``shard`` ("1/4 shard") of it."""
+    if key == "parameters":  # the buffers (rotary frequencies, norms' running stats) are whole
+        return f"parameters ({shard}) and buffers"
+    if label.endswith(")"):
+        return f"{label[:-1]}; {shard})"
+    return f"{label} ({shard})"
 
 
 @dataclass(frozen=True)
@@ -295,9 +333,10 @@ def dequantization(recording: Recording, bits: int = 4) -> frozenset[int]:
 
 
 def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: int, fits: bool,
-                 split: AdapterSplit | None = None) -> Breakdown:
+                 split: AdapterSplit | None = None, parallel: str | None = None) -> Breakdown:
     """Categories of the live blocks when allocated memory peaks (the first such moment); with
-    ``split`` (a PEFT model), the adapter's categories (category_keys)."""
+    ``split`` (a PEFT model), the adapter's categories, and a ``parallel`` (ddp, fsdp) rank's own
+    (category_keys)."""
     from autotune.backends.estimate.allocator import CachingAllocatorSim
     from autotune.backends.estimate.trace import Trace
 
@@ -320,7 +359,8 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
         if allocated > peak:
             peak, peak_event = allocated, position
     live, at_peak = _live_at(events, peak_event)
-    categories = dict.fromkeys(category_keys(split is not None, split.bits if split is not None else None), 0)
+    categories = dict.fromkeys(category_keys(split is not None, split.bits if split is not None else None,
+                                             parallel), 0)
     for index in live:
         allocation = recording.allocations[index]
         categories[split.kind(index, allocation) if split else allocation.kind] += blocks[index]
@@ -627,17 +667,10 @@ def explain(
     if not isinstance(backend, EstimateBackend):
         raise InvalidInput(f"explain needs the estimate backend, not {backend.name!r}: "
                            "use backend 'estimate'")
-    if workload.parallel is not None:
-        # Its recorder names a one-GPU step's parts: a rank's sharded states, gathered layers and
-        # buckets would be misnamed (temporaries), so it answers none rather than a wrong one.
-        error = InvalidInput.naming("explain of a multi-GPU job's rank is not built yet: use check or "
-                                    "table for its max batch per GPU, or leave {gpus} and {parallel} out")
-        error.field = "parallel"
-        raise error
     check_seq_len(workload.model, seq_len)
     if batch_size is not None and batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
-    budget = budget_bytes(gpu, margin)
+    budget = budget_bytes(gpu, margin, workload.parallel)  # NCCL's buffers off a rank's card
     best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
     explanation = _explanation(workload, backend, gpu, seq_len=seq_len, mode=mode, margin=margin,
                                budget=budget, best=best, capped=best >= max_batch, batch_size=batch_size)
@@ -662,7 +695,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
     from autotune.backends.estimate.instrument import InstrumentedBackend
 
     at = 1 if best == 0 else batch_size or best
-    model = backend._model(workload).model
+    model = backend._model(workload, mode.precision).model  # FSDP2's is sharded per precision
     instrumented = InstrumentedBackend(backend)
     bits = workload.adapter.base_bits if workload.adapter is not None else None
     with instrumented.cell(workload, mode, seq_len, budget) as cell:
@@ -673,8 +706,9 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
     if workload.adapter is not None:
         groups = adapter_groups(model)
         split = AdapterSplit(bits, groups, dequantization(recording, bits) if bits else frozenset())
+    parallel = None if workload.parallel is None else workload.parallel.kind
     breakdown = breakdown_of(recording, gpu, budget, probe.details["demand_bytes"],
-                             probe.outcome == "fits", split)
+                             probe.outcome == "fits", split, parallel)
     table, total = parameter_table(model)
     hidden = getattr(model.config, "hidden_size", None)
     activations = activation_table(recording, lm_vocab(model, workload.task), workload.loss,
@@ -695,6 +729,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         adapter=adapter_json(workload),
         weight_bytes=None if groups is None else weight_bytes(model, groups),
         attention_kernel=probe.details.get("attention"),
+        parallel=parallel_json(workload, gpu),
     )
 
 

@@ -417,6 +417,11 @@ def explained_levers(workload: Workload, backend: Backend, *, seq_len: int, mode
     found = _mode_levers(workload, mode, seq_len, backend) + _step_levers(workload, mode, seq_len, backend)
     found += [LeverSearch(name, label, changed, mode, seq_len, adapter=True)
               for name, label, changed in (adapter_levers(workload) if peft else ())]
+    # None the estimator refuses for a multi-GPU job (check_sharded: bitsandbytes' optimizers and
+    # quantized bases under fsdp); the 8-bit AdamW variants are bitsandbytes' too.
+    sharded = workload.parallel is not None and workload.parallel.kind == FSDP
+    found = [lever for lever in found if _modelled(lever.workload)
+             and not (sharded and lever.variant is not None and lever.variant.optimizer is not None)]
     found += [LeverSearch(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter)
               for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True)
               if 1 <= shorter < seq_len]

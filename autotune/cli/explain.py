@@ -149,15 +149,16 @@ def render(e: Explanation) -> str:
         f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}"
         f"{f' ({e.attention_kernel})' if e.attention_kernel else ''}, loss {e.loss}",
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
+        *_job_lines(e),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
-        f"CUDA context) x (1 - margin {e.margin})",
+        f"CUDA context{_nccl(e)}) x (1 - margin {e.margin})",
         f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
     ]
     if e.does_not_fit:
         lines.append(e.does_not_fit)
     lines += ["", f"peak of the step at batch {e.batch_size}: {format_bytes(b.peak_allocated_bytes)} "
                   f"allocated, in the {b.peak_phase} of step {b.peak_step}"]
-    labels = category_labels(e.adapter)
+    labels = category_labels(e.adapter, e.parallel)
     w = max([32] + [len(label) + 2 for label in labels.values()])
     for kind, label in labels.items():
         nbytes = b.categories.get(kind, 0)
@@ -169,8 +170,10 @@ def render(e: Explanation) -> str:
         f"  {'= PyTorch needs':{w}}{format_bytes(b.demand_bytes):>12}  of the "
         f"{format_bytes(b.budget_bytes)} budget: {verdict}",
         f"  {'+ CUDA context':{w}}{format_bytes(b.context_bytes):>12}  (outside PyTorch's allocator)",
+        *([f"  {'+ NCCL buffers':{w}}{format_bytes(nccl):>12}  (outside it too, from NCCL's source)"]
+          if (nccl := 0 if e.parallel is None else int(e.parallel.get("nccl_bytes") or 0)) else []),
         "",
-        f"largest modules by parameters ({e.total_params:,} in all):",
+        f"largest modules by parameters ({e.total_params:,} in all{_shards(e)}):",
     ]
     params, acts = e.top_parameters[:TOP], e.top_activations[:TOP]
     width = max([len(row.name) for row in params] + [len(a.name) for a in acts] + [8])
@@ -191,6 +194,26 @@ def render(e: Explanation) -> str:
     if e.padding is not None:
         lines += ["", *_padding_lines(e.padding)]
     return "\n".join(lines) + "\n"
+
+
+def _job_lines(e: Explanation) -> list[str]:
+    """A multi-GPU job's line: what it is, and that every figure is one GPU's."""
+    if e.parallel is None:
+        return []
+    return [f"job: {e.parallel['label']}; every figure below is one GPU's (rank 0), the batch its "
+            "micro-batch"]
+
+
+def _nccl(e: Explanation) -> str:
+    nccl = 0 if e.parallel is None else int(e.parallel.get("nccl_bytes") or 0)
+    return f" - {format_bytes(nccl)} NCCL buffers" if nccl else ""
+
+
+def _shards(e: Explanation) -> str:
+    """Under fsdp the table's sizes are whole modules, of which each GPU holds a shard."""
+    if e.parallel is None or e.parallel["kind"] != "fsdp":
+        return ""
+    return f"; whole modules: FSDP2 keeps 1/{e.parallel['shard_size']} of each on a GPU"
 
 
 def _which_batch(e: Explanation) -> str:

@@ -14,7 +14,13 @@ per allocation:
   gradients (storages that are some ``p.grad`` when the optimizer step starts), optimizer state
   (storages in ``optimizer.state`` after the step), autocast copies (casts of parameters made by
   the emulation), activations (allocated in a forward and still alive when it ends: what
-  autograd saved for backward, and the loss), temporaries (everything else).
+  autograd saved for backward, and the loss), temporaries (everything else);
+- on a rank of a multi-GPU job (rank.py names its regions): gathered parameters (FSDP2's
+  unsharded parameters, from each all-gather's copy-out until it frees them, also where they stay
+  gathered past the forward) and communication buffers (FSDP2's flat all-gather and reduce-scatter
+  buffers, DDP's gradient buckets). A sharded parameter, gradient or optimizer state is its local
+  shard's storage (tracker._local), and a storage FSDP2 brings back by resizing it is a new
+  allocation (``resized``): ``allocations`` stays one per allocation event.
 
 A ``Variant`` changes the step the way a user would: another optimizer (bitsandbytes' 8-bit
 AdamW, emulated: workload.optimizers.BnbAdamWState) or frozen embeddings. tests/test_explain.py
@@ -34,11 +40,12 @@ from torch import nn
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
+from autotune.backends.estimate.rank import ALL_GATHER, DDP_BUCKETS, GATHERED, REDUCE_SCATTER
 from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 from autotune.backends.estimate.traced_step import StepHooks
-from autotune.backends.estimate.tracker import StorageTracker, current_region
+from autotune.backends.estimate.tracker import StorageTracker, _local, current_region
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
@@ -52,6 +59,11 @@ SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "autocast_copies", "activations",
               "temporaries", "inputs", "workspaces")
 TEMPORARY = "temporaries"
+# What a rank of a multi-GPU job allocates besides (explain lists them for a rank only), and the
+# kind of each of its allocation regions (rank.py).
+GATHERED_PARAMETERS, COMMUNICATION_BUFFERS = "gathered_parameters", "communication_buffers"
+REGION_KINDS = {GATHERED: GATHERED_PARAMETERS, ALL_GATHER: COMMUNICATION_BUFFERS,
+                REDUCE_SCATTER: COMMUNICATION_BUFFERS, DDP_BUCKETS: COMMUNICATION_BUFFERS}
 
 
 @dataclass
@@ -117,8 +129,22 @@ class RecordingTracker(StorageTracker):
     def track(self, tensor: torch.Tensor) -> None:
         count = len(self.events)
         super().track(tensor)
-        if len(self.events) == count:  # a storage already counted
+        if len(self.events) > count:  # a storage not counted yet
+            self._allocated(tensor)
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """FSDP2's resize of a storage (tracker.py): its free, or its allocation again."""
+        count = len(self.events)
+        super().resized(tensor)
+        if len(self.events) == count:
             return
+        if self.events[-1][1] < 0:
+            self._current.pop(tensor.untyped_storage()._cdata, None)
+        else:
+            self._allocated(tensor)
+
+    def _allocated(self, tensor: torch.Tensor) -> None:
+        """The allocation the last event made, of ``tensor``'s storage: when, where, what region."""
         key, nbytes = self.events[-1]
         self._current[key] = len(self.allocations)
         module = self.modules[-1] if self.modules else None
@@ -128,9 +154,13 @@ class RecordingTracker(StorageTracker):
         region = current_region()
         if region is not None:
             allocation.region = region.name
+            # a rank's region says what it is (a result handed out is not: ``leave``)
+            kind = allocation.kind = REGION_KINDS.get(region.name, TEMPORARY)
 
             def leave() -> None:
                 allocation.region = None
+                if allocation.kind == kind:
+                    allocation.kind = TEMPORARY
 
             region.made(key, leave)
 
@@ -158,10 +188,10 @@ class RecordingTracker(StorageTracker):
         super()._transients(workspaces, count)
 
     def mark(self, tensor: Any, kind: str, param: str | None = None) -> None:
-        """Say what ``tensor``'s storage is, unless something already did."""
+        """Say what ``tensor``'s storage (a DTensor's: its local shard's) is, unless something already did."""
         if not isinstance(tensor, torch.Tensor):
             return
-        index = self._current.get(tensor.untyped_storage()._cdata)
+        index = self._current.get(_local(tensor).untyped_storage()._cdata)
         if index is not None and self.allocations[index].kind == TEMPORARY:
             self.allocations[index].kind = kind
             self.allocations[index].param = param

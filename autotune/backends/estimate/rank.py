@@ -4,21 +4,44 @@ FSDP2 (backends/distributed.py) frees a gathered parameter's storage and brings 
 resizing it in place (torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``free_storage`` /
 ``alloc_storage``: ``storage.resize_``), which no aten op sees: ``resizes_tracked`` tells the
 tracker of each (tracker.py ``StorageTracker.resized``).
+
+The parts of the step that exist only on a rank are named as allocation regions (tracker.py
+``allocation_region``), so that explain can say what they hold (instrument.py turns each region
+into a category); other trackers ignore regions, and no event changes:
+
+- ``ALL_GATHER``: FSDP2's ``foreach_all_gather`` (_fsdp_collectives.py), a group's flat all-gather
+  input (its shards copied in the gathered dtype, under a mixed-precision policy) and output;
+- ``GATHERED``: its ``foreach_all_gather_copy_out``, each parameter's unsharded storage (the
+  per-parameter all-gather outputs, allocated the first time and resized back every time after);
+- ``REDUCE_SCATTER``: its ``foreach_reduce``, the flat reduce-scatter input and output, but for the
+  sharded gradients it hands to the parameters (the output itself, or its cast to the shards' dtype);
+- ``DDP_BUCKETS``: DDP's ``_ddp_init_helper`` (torch/nn/parallel/distributed.py), where the
+  Reducer allocates its gradient buckets.
+
+The FSDP2 functions are imported by name into _fsdp_param_group.py, where they are replaced for
+the trace and restored after it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.distributed import Distributed
-from autotune.workload.parallel import FSDP
+from autotune.backends.estimate.tracker import _local, allocation_region
+from autotune.workload.parallel import DDP, FSDP
 
 if TYPE_CHECKING:
     import torch
 
     from autotune.backends.estimate.tracker import StorageTracker
+
+# The rank's allocation regions (module docstring).
+ALL_GATHER = "fsdp all-gather"
+GATHERED = "fsdp gathered parameters"
+REDUCE_SCATTER = "fsdp reduce-scatter"
+DDP_BUCKETS = "ddp buckets"
 
 
 @contextlib.contextmanager
@@ -44,9 +67,62 @@ def resizes_tracked(tracker: StorageTracker) -> Iterator[None]:
         _fsdp_param.alloc_storage, _fsdp_param.free_storage, _fsdp_param_group.alloc_storage = saved
 
 
-def around_rank(distributed: Distributed | None,
-                tracker: StorageTracker) -> contextlib.AbstractContextManager[Any]:
+def _in_region(name: str, function: Callable[..., Any],
+               hand_out: Callable[[tuple[Any, ...], Any], Any] | None = None) -> Callable[..., Any]:
+    """``function`` run inside the allocation region ``name``; ``hand_out(args, result)`` says what
+    of its work it hands out (tracker.Region.hand_out)."""
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with allocation_region(name) as region:
+            result = function(*args, **kwargs)
+            if hand_out is not None:
+                region.hand_out(hand_out(args, result))
+            return result
+
+    return wrapped
+
+
+def _sharded_gradients(args: tuple[Any, ...], result: Any) -> list[Any]:
+    """What ``foreach_reduce(fsdp_params, ...)`` hands out: each parameter's sharded gradient (its
+    local tensor, a view of the reduce-scatter output or of its cast)."""
+    grads = (fsdp_param.sharded_param.grad for fsdp_param in args[0])
+    return [_local(grad) for grad in grads if grad is not None]
+
+
+@contextlib.contextmanager
+def fsdp_regions() -> Iterator[None]:
+    """FSDP2's all-gathers, copy-outs and reduce-scatters in their regions (module docstring)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+
+    saved = group.foreach_all_gather, group.foreach_all_gather_copy_out, group.foreach_reduce
+    group.foreach_all_gather = _in_region(ALL_GATHER, saved[0])
+    group.foreach_all_gather_copy_out = _in_region(GATHERED, saved[1])
+    group.foreach_reduce = _in_region(REDUCE_SCATTER, saved[2], _sharded_gradients)
+    try:
+        yield
+    finally:
+        group.foreach_all_gather, group.foreach_all_gather_copy_out, group.foreach_reduce = saved
+
+
+@contextlib.contextmanager
+def ddp_regions() -> Iterator[None]:
+    """DDP's Reducer built in its region (module docstring)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    saved = DistributedDataParallel.__dict__["_ddp_init_helper"]
+    DistributedDataParallel._ddp_init_helper = _in_region(DDP_BUCKETS, saved)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DistributedDataParallel._ddp_init_helper = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Iterator[None]:
     """What a trace of ``distributed``'s rank enters around its step (None: one GPU's, nothing)."""
-    if distributed is not None and distributed.parallel.kind == FSDP:
-        return resizes_tracked(tracker)
-    return contextlib.nullcontext()
+    with contextlib.ExitStack() as stack:
+        if distributed is not None and distributed.parallel.kind == FSDP:
+            stack.enter_context(resizes_tracked(tracker))
+            stack.enter_context(fsdp_regions())
+        elif distributed is not None and distributed.parallel.kind == DDP:
+            stack.enter_context(ddp_regions())
+        yield

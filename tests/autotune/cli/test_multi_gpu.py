@@ -80,12 +80,23 @@ def test_gpus_alone_is_ddp():
      "Error: --nodes 2 is for --parallel fsdp's hybrid sharding"),
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--parallel", "fsdp",
       "--peft", "qlora"), "Error: a 4-bit base under --parallel fsdp is not modelled yet"),
-    (("explain", *TINY, "--seq-len", "64", "--gpus", "4", "--parallel", "fsdp"),
-     "Error: explain of a multi-GPU job's rank is not built yet"),
 ])
 def test_what_is_not_modelled_is_refused_by_name(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and err.startswith(message), err
+
+
+def test_explain_breaks_down_one_rank_of_the_job(capsys):
+    code, out, err = run(capsys, "explain", *TINY, "--seq-len", "64", "--gpus", "4", "--parallel", "fsdp")
+    assert code == 0, err
+    assert "job: FSDP2 full shard, 4 GPUs; every figure below is one GPU's (rank 0)" in out
+    assert "CUDA context - 608 MiB NCCL buffers) x (1 - margin 0.05)" in out
+    for line in ("parameters (1/4 shard) and buffers", "gradients (1/4 shard)",
+                 "optimizer state (1/4 shard)", "gathered parameters (FSDP2 all-gathers)",
+                 "communication buffers (all-gather, reduce-scatter)",
+                 "whole modules: FSDP2 keeps 1/4 of each on a GPU"):
+        assert line in out
+    assert "8-bit AdamW" not in out and "QLoRA" not in out  # refused under fsdp: not offered
 
 
 def test_the_cuda_backend_takes_a_job_of_more_gpus(monkeypatch):

@@ -219,3 +219,87 @@ def test_a_ranks_steps_written_from_its_first_are_the_steps_run(parallel):
     assert backend._steady[(workload, mode.name)].verified  # the second trace wrote its later steps
     written, run = traces[1].events(), traces[2].events()
     assert [n for _, n in written] == [n for _, n in run]
+
+
+# -- what explain's recorder sees of a rank (instrument.py, rank.py's regions) ---------------------
+
+
+def recorded(parallel: Parallel, mode: str = "bf16") -> Any:
+    """instrument.Recorder's recording of tiny-llama's rank at batch 2 x 32, every step run."""
+    from autotune.backends.estimate.instrument import Recorder, Variant
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        parallel=parallel)
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    fake = backend._model(workload, parse_mode(mode).precision)
+    recorder = Recorder(fake.model, parse_mode(mode), Variant(), 2, 32)
+    backend.trace_with(recorder, fake, workload, parse_mode(mode), 32, 2)
+    return recorder.recording
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("parallel", [Parallel("fsdp", 4), Parallel("ddp", 4),
+                                      Parallel("fsdp", 4, reshard_after_forward=False)],
+                         ids=["fsdp", "ddp", "fsdp-no-reshard"])
+def test_the_recording_of_a_rank_has_one_allocation_per_allocation_event(parallel, mode):
+    recording = recorded(parallel, mode)
+    assert sum(1 for _, nbytes in recording.events if nbytes >= 0) == len(recording.allocations)
+    if parallel.kind == "fsdp":
+        # In step 2 FSDP2 gathers every parameter into the storage it resized back from 0 bytes
+        # (rank.resizes_tracked): each an allocation event, and an allocation, of its own; once
+        # in forward, and again in backward but for the tail's (norm, head) kept gathered.
+        _, model = traced(None)
+        count = len(list(model.parameters()))
+        again = count - 2 if parallel.reshard_after_forward else 0
+        gathered = [a for a in recording.allocations if a.kind == "gathered_parameters" and a.step == 2]
+        assert len(gathered) == count + again
+
+
+def test_a_ranks_sharded_states_are_marked_by_their_local_shards():
+    """mark() of a DTensor marks its local shard's storage: the rank's parameters, gradients and
+    optimizer state are the shard sizes, nothing of them left as temporaries."""
+    ranks = 4
+    recording = recorded(Parallel("fsdp", ranks), mode="fp32")
+    _, model = traced(None)
+    shard = shard_bytes(model.parameters(), ranks)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+
+    def total(kind: str, step: int | None = None) -> int:
+        return sum(a.nbytes for a in recording.allocations if a.kind == kind and step in (None, a.step))
+
+    assert total("parameters") == shard + buffers
+    assert total("gradients", 1) == total("gradients", 2) == shard
+    count = len(list(model.parameters()))
+    assert total("optimizer_state") == 2 * shard + count * STEP_BYTES
+
+
+def test_fsdp_regions_name_gathered_layers_and_their_buffers():
+    """Per layer and step: the flat all-gather output (communication buffers) and the parameters'
+    unsharded storages (gathered parameters) in forward and again in backward, and the
+    reduce-scatter input (communication buffers): each of the layer's size."""
+    ranks = 4
+    recording = recorded(Parallel("fsdp", ranks), mode="fp32")
+    _, model = traced(None)
+    layer = gathered_layer_bytes(model, ranks)
+    step_1 = [a for a in recording.allocations if a.step == 1]
+    buffers = collections.Counter((a.phase, a.nbytes) for a in step_1 if a.kind == "communication_buffers")
+    layers = model.config.num_hidden_layers
+    assert buffers[("forward", layer)] == layers  # the all-gather output
+    assert buffers[("backward", layer)] == 2 * layers  # the all-gather output, the reduce-scatter input
+    gathered: dict[str, int] = collections.defaultdict(int)
+    for a in step_1:
+        if a.kind == "gathered_parameters":
+            gathered[a.phase] += a.nbytes
+    full = sum(p.numel() * p.element_size() for p in model.parameters())  # none padded over 4 ranks
+    tail = sum(p.numel() * p.element_size() for p in (*model.model.norm.parameters(), model.lm_head.weight))
+    assert gathered["forward"] == full  # every parameter, once
+    assert gathered["backward"] == full - tail  # again, but for the tail's, kept gathered
+    assert not any(a.kind == "activations" and a.region is not None for a in recording.allocations)
+
+
+def test_ddp_s_buckets_are_communication_buffers_of_the_gradients_size():
+    recording = recorded(Parallel("ddp", 4))
+    _, model = traced(None)
+    full = sum(p.numel() * p.element_size() for p in model.parameters())
+    buckets = [a for a in recording.allocations if a.kind == "communication_buffers"]
+    assert [(a.phase, a.nbytes) for a in buckets] == [("setup", full)]
