@@ -266,7 +266,8 @@ class Worker:
     def _load(self, model: Any, mode: Mode) -> str | None:
         """Put the model on the device; the OOM message if it does not fit in the budget."""
         try:
-            model = self.memory.to_device(model)
+            if self.distributed is None or self.distributed.parallel.kind != FSDP:
+                model = self.memory.to_device(model)  # (FSDP2 has put its shards there: init)
             # a multi-GPU job's wrapper: DDP's buckets are allocated as it is built, with the model
             self.forward = None if self.distributed is None else self.distributed.forward(model)
             self.memory.release()
