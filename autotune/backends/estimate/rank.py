@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.distributed import Distributed
-from autotune.backends.estimate.tracker import _local, allocation_region
 from autotune.workload.parallel import DDP, FSDP
 
 if TYPE_CHECKING:
@@ -72,6 +71,8 @@ def _in_region(name: str, function: Callable[..., Any],
     """``function`` run inside the allocation region ``name``; ``hand_out(args, result)`` says what
     of its work it hands out (tracker.Region.hand_out)."""
     def wrapped(*args: Any, **kwargs: Any) -> Any:
+        from autotune.backends.estimate.tracker import allocation_region  # imports torch: when traced
+
         with allocation_region(name) as region:
             result = function(*args, **kwargs)
             if hand_out is not None:
@@ -85,6 +86,8 @@ def _sharded_gradients(args: tuple[Any, ...], result: Any) -> list[Any]:
     """What ``foreach_reduce(fsdp_params, ...)`` hands out: each parameter's sharded gradient (its
     local tensor, a view of the reduce-scatter output or of its cast)."""
     grads = (fsdp_param.sharded_param.grad for fsdp_param in args[0])
+    from autotune.backends.estimate.tracker import _local
+
     return [_local(grad) for grad in grads if grad is not None]
 
 
