@@ -133,8 +133,8 @@ class TableSpec:
     # PyTorch's caching-allocator settings (alloc_conf.AllocatorConfig.conf_text: "" for its default,
     # left out of the key, as for every run stored before they were modelled).
     alloc_conf: str = ""
-    # A multi-GPU job (workload.parallel.Parallel's fields: kind, gpus, nodes, reshard_after_forward);
-    # None (left out of the key) for one GPU, as for every run stored before jobs had more.
+    # A multi-GPU job (workload.parallel.Parallel's fields: kind, gpus, nodes, reshard_after_forward,
+    # recipe); None (left out of the key) for one GPU, as for every run stored before jobs had more.
     parallel: dict[str, Any] | None = None
 
     @property
