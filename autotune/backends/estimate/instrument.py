@@ -19,7 +19,7 @@ per allocation:
   unsharded parameters, from each all-gather's copy-out until it frees them, also where they stay
   gathered past the forward) and communication buffers (FSDP2's flat all-gather and reduce-scatter
   buffers, DDP's gradient buckets). A sharded parameter, gradient or optimizer state is its local
-  shard's storage (tracker._local), and a storage FSDP2 brings back by resizing it is a new
+  shard's storage (tracker.local_shard), and a storage FSDP2 brings back by resizing it is a new
   allocation (``resized``): ``allocations`` stays one per allocation event.
 
 A ``Variant`` changes the step the way a user would: another optimizer (bitsandbytes' 8-bit
@@ -45,7 +45,7 @@ from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 from autotune.backends.estimate.traced_step import StepHooks
-from autotune.backends.estimate.tracker import StorageTracker, _local, current_region
+from autotune.backends.estimate.tracker import StorageTracker, current_region, local_shard
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import BnbAdamWState, embedding_parameters, make_optimizer
@@ -191,7 +191,7 @@ class RecordingTracker(StorageTracker):
         """Say what ``tensor``'s storage (a DTensor's: its local shard's) is, unless something already did."""
         if not isinstance(tensor, torch.Tensor):
             return
-        index = self._current.get(_local(tensor).untyped_storage()._cdata)
+        index = self._current.get(local_shard(tensor).untyped_storage()._cdata)
         if index is not None and self.allocations[index].kind == TEMPORARY:
             self.allocations[index].kind = kind
             self.allocations[index].param = param

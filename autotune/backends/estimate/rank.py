@@ -86,9 +86,9 @@ def _sharded_gradients(args: tuple[Any, ...], result: Any) -> list[Any]:
     """What ``foreach_reduce(fsdp_params, ...)`` hands out: each parameter's sharded gradient (its
     local tensor, a view of the reduce-scatter output or of its cast)."""
     grads = (fsdp_param.sharded_param.grad for fsdp_param in args[0])
-    from autotune.backends.estimate.tracker import _local
+    from autotune.backends.estimate.tracker import local_shard
 
-    return [_local(grad) for grad in grads if grad is not None]
+    return [local_shard(grad) for grad in grads if grad is not None]
 
 
 @contextlib.contextmanager

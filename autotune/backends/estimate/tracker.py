@@ -151,7 +151,7 @@ class StorageTracker(TorchDispatchMode):
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
         storage first seen in ``outside_allocator()``. A DTensor's is its local shard's."""
-        storage = _local(tensor).untyped_storage()
+        storage = local_shard(tensor).untyped_storage()
         key = storage._cdata
         if key in self._live or key in self._outside:
             return
@@ -261,7 +261,7 @@ class StorageTracker(TorchDispatchMode):
             self.events.append((key, -1))
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor whose storage holds ``tensor``'s memory: a DTensor's local shard, else itself."""
     local = getattr(tensor, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else tensor
@@ -293,7 +293,7 @@ def _accumulable(args: Any, out: Any) -> bool:
     first, second = args
     return (
         isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
-        and isinstance(out, torch.Tensor) and _local(first) is first and _local(out) is out
+        and isinstance(out, torch.Tensor) and local_shard(first) is first and local_shard(out) is out
         and first.shape == out.shape and first.dtype == out.dtype
         and is_non_overlapping_and_dense_or_false(first)
         and first.untyped_storage().nbytes() == first.numel() * first.element_size()

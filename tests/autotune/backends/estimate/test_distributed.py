@@ -13,7 +13,7 @@ import pytest
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.traced_step import StepHooks
-from autotune.backends.estimate.tracker import StorageTracker, _local
+from autotune.backends.estimate.tracker import StorageTracker, local_shard
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.gpus import resolve_gpu
 from autotune.workload import Workload
@@ -41,7 +41,7 @@ class Phases(StepHooks):
         return self.tracker
 
     def loaded(self, tensor: Any) -> None:
-        self.loaded_bytes += _local(tensor).untyped_storage().nbytes()
+        self.loaded_bytes += local_shard(tensor).untyped_storage().nbytes()
 
     def _note(self, seam: str) -> None:
         sizes: dict[int, int] = {}
