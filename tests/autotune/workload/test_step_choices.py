@@ -25,7 +25,7 @@ from autotune.workload.presets import PRESETS
 from autotune.workload.support import refusal, step_warnings
 
 
-def local_shard(tmp_path, **config):
+def _local(tmp_path, **config):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     return resolve_model(str(tmp_path))
@@ -62,15 +62,15 @@ def test_without_architectures_decoders_are_causal_lm_and_encoders_classify(mode
 
 
 def test_a_qwen_config_without_task_is_causal_lm_and_task_still_wins(tmp_path):
-    spec = local_shard(tmp_path, **QWEN2, architectures=["Qwen2ForCausalLM"])
+    spec = _local(tmp_path, **QWEN2, architectures=["Qwen2ForCausalLM"])
     assert task_for(spec, None) == "causal-lm"
     assert task_for(spec, "sequence-classification") == "sequence-classification"
-    spec = local_shard(tmp_path, **QWEN2)  # no architectures: qwen2 is decoder-only
+    spec = _local(tmp_path, **QWEN2)  # no architectures: qwen2 is decoder-only
     assert task_for(spec, None) == "causal-lm"
 
 
 def test_auto_dtype_is_the_configs_and_an_explicit_dtype_overrides_it(tmp_path):
-    with_dtype = local_shard(tmp_path, **QWEN2, torch_dtype="bfloat16")
+    with_dtype = _local(tmp_path, **QWEN2, torch_dtype="bfloat16")
     assert resolve_dtype(with_dtype, "auto") == "bfloat16"
     assert resolve_dtype(with_dtype, "float32") == "float32"
     assert resolve_dtype(with_dtype, "fp16") == "float16"
@@ -104,7 +104,7 @@ def test_the_estimator_builds_the_weights_in_the_resolved_dtype(tmp_path):
 
     from autotune.workload.step import build_model
 
-    spec = local_shard(tmp_path, **QWEN2, torch_dtype="bfloat16")
+    spec = _local(tmp_path, **QWEN2, torch_dtype="bfloat16")
     with FakeTensorMode():
         model, _ = build_model(spec, "causal-lm", None, resolve_dtype(spec, "auto"))
         assert {p.dtype for p in model.parameters()} == {__import__("torch").bfloat16}
@@ -122,7 +122,7 @@ def test_a_mixture_of_experts_outside_bfloat16_is_refused_naming_dtype(tmp_path,
 
     moe = {**QWEN2, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
            "moe_intermediate_size": 16, "head_dim": 8}
-    spec = local_shard(tmp_path, **moe)
+    spec = _local(tmp_path, **moe)
     with FakeTensorMode():
         with pytest.raises(InvalidInput, match=rf"^dtype {dtype}: Qwen3MoeForCausalLM's experts run "
                            r"transformers' grouped_mm, .* use dtype bfloat16$") as raised:
@@ -132,7 +132,7 @@ def test_a_mixture_of_experts_outside_bfloat16_is_refused_naming_dtype(tmp_path,
         assert any(hasattr(module, "_is_expert_parallel") for module in model.modules())
     (tmp_path / "dense").mkdir()
     with FakeTensorMode():  # a dense model in float32 is built as before
-        build_model(local_shard(tmp_path / "dense", **QWEN2), "causal-lm", None, "float32")
+        build_model(_local(tmp_path / "dense", **QWEN2), "causal-lm", None, "float32")
 
 
 @pytest.mark.parametrize(("limit", "rows"), [
@@ -144,12 +144,12 @@ def test_a_mixture_of_experts_outside_bfloat16_is_refused_naming_dtype(tmp_path,
     (32, [32]),  # shorter than every row: its limit
 ])
 def test_default_lengths_follow_the_models_limit(tmp_path, limit, rows):
-    spec = local_shard(tmp_path, **{**QWEN2, "max_position_embeddings": limit})
+    spec = _local(tmp_path, **{**QWEN2, "max_position_embeddings": limit})
     assert default_seq_lens(spec) == rows
 
 
 def test_default_lengths_stay_within_a_servers_limit_too(tmp_path):
-    spec = local_shard(tmp_path, **{**QWEN2, "max_position_embeddings": 131072})
+    spec = _local(tmp_path, **{**QWEN2, "max_position_embeddings": 131072})
     assert default_seq_lens(spec, limit=2048) == [512, 1024, 2048]
     assert default_seq_lens(spec, limit=300) == [300]
 
