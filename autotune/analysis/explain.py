@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends import Backend
+from autotune.backends.estimate.rank import COMMUNICATION_BUFFERS, GATHERED_PARAMETERS
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
@@ -99,9 +100,8 @@ ADAPTER_CATEGORY_LABELS = {
     BASE_8BIT: "8-bit base (int8 weights + row scales)",
     INT8_MATMUL: "8-bit matmul temporaries",  # the input quantized, the int32 product, casts
 }
-# A rank's own categories (instrument.GATHERED_PARAMETERS, COMMUNICATION_BUFFERS), after the optimizer
-# state: FSDP2 has both, DDP only its buckets.
-GATHERED_PARAMETERS, COMMUNICATION_BUFFERS = "gathered_parameters", "communication_buffers"
+# A rank's own categories (estimate/rank.py), after the optimizer state: FSDP2 has both, DDP only
+# its buckets.
 RANK_KEYS = {FSDP: (GATHERED_PARAMETERS, COMMUNICATION_BUFFERS), DDP: (COMMUNICATION_BUFFERS,)}
 RANK_CATEGORY_LABELS = {
     FSDP: {GATHERED_PARAMETERS: "gathered parameters (FSDP2 all-gathers)",

@@ -40,7 +40,7 @@ from torch import nn
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
-from autotune.backends.estimate.rank import ALL_GATHER, DDP_BUCKETS, GATHERED, REDUCE_SCATTER
+from autotune.backends.estimate.rank import REGION_KINDS
 from autotune.backends.estimate.reduce import Multiprocessors
 from autotune.backends.estimate.trace import Trace
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
@@ -59,11 +59,6 @@ SETUP, FORWARD, BACKWARD, OPTIMIZER = "setup", "forward", "backward", "optimizer
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "autocast_copies", "activations",
               "temporaries", "inputs", "workspaces")
 TEMPORARY = "temporaries"
-# What a rank of a multi-GPU job allocates besides (explain lists them for a rank only), and the
-# kind of each of its allocation regions (rank.py).
-GATHERED_PARAMETERS, COMMUNICATION_BUFFERS = "gathered_parameters", "communication_buffers"
-REGION_KINDS = {GATHERED: GATHERED_PARAMETERS, ALL_GATHER: COMMUNICATION_BUFFERS,
-                REDUCE_SCATTER: COMMUNICATION_BUFFERS, DDP_BUCKETS: COMMUNICATION_BUFFERS}
 
 
 @dataclass

@@ -41,6 +41,11 @@ ALL_GATHER = "fsdp all-gather"
 GATHERED = "fsdp gathered parameters"
 REDUCE_SCATTER = "fsdp reduce-scatter"
 DDP_BUCKETS = "ddp buckets"
+# What a rank allocates besides a one-GPU step's categories (explain lists them for a rank only),
+# and the category of each region's allocations (instrument.RecordingTracker).
+GATHERED_PARAMETERS, COMMUNICATION_BUFFERS = "gathered_parameters", "communication_buffers"
+REGION_KINDS = {GATHERED: GATHERED_PARAMETERS, ALL_GATHER: COMMUNICATION_BUFFERS,
+                REDUCE_SCATTER: COMMUNICATION_BUFFERS, DDP_BUCKETS: COMMUNICATION_BUFFERS}
 
 
 @contextlib.contextmanager
