@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from autotune.backends.estimate.trace import PlusFixed
+from autotune.backends.estimate.tracker import kernel_buffer
 from autotune.gpus import CUDNN_DEPRIORITIZED_ENV, flash_attention_supported
 
 FLASH_HEAD_DIM_MAX = 256  # sdp_utils.cpp check_head_dim_size_flash
@@ -68,6 +70,7 @@ CUDNN_HOPPER_HEAD_DIM_MAX = 256
 # the forward's, and what the backward's holds beyond its float32 dQ accumulator and row sums.
 CUDNN_FPROP_WORKSPACE_BYTES = 256
 CUDNN_BPROP_WORKSPACE_EXTRA_BYTES = 256
+
 
 
 @dataclass(frozen=True)
@@ -186,11 +189,11 @@ class _FusedAttention(torch.autograd.Function):
         grads = _grads_like(query, key, value)
         if kind == "cudnn":
             # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
-            workspace = query.new_empty(
-                (4 * batch * heads * seq_q * (head_dim + 1) + CUDNN_BPROP_WORKSPACE_EXTRA_BYTES,),
-                dtype=torch.uint8,
-            )
-            del workspace
+            accumulators = 4 * batch * heads * seq_q * (head_dim + 1)
+            if not kernel_buffer(PlusFixed(CUDNN_BPROP_WORKSPACE_EXTRA_BYTES), accumulators):
+                workspace = query.new_empty((accumulators + CUDNN_BPROP_WORKSPACE_EXTRA_BYTES,),
+                                            dtype=torch.uint8)
+                del workspace
         elif kind == "flash":
             # mha_bwd (flash_api.cpp): softmax_d and dq_accum; dq_accum is freed as it returns,
             # softmax_d (returned, then dropped) right after.

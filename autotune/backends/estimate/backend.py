@@ -39,7 +39,9 @@ from autotune.backends.estimate.liger import swap_in
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
+    PLUS_FIXED,
     Affine,
+    PlusFixed,
     Trace,
     affine,
     aligned_pair,
@@ -163,12 +165,15 @@ def _guess_max(
 
 def workspace_from_json(document: Mapping[str, Any]) -> Any:
     """A trace workspace's ``to_json`` back (trace.Affine.from_json): an embedding backward's buffer
-    (embedding.py), else a reduction's (reduce.py)."""
+    (embedding.py), cuDNN's attention backward workspace (attention.py), else a reduction's
+    (reduce.py)."""
     from autotune.backends.estimate.embedding import KIND, EmbeddingPartials
     from autotune.backends.estimate.reduce import Workspace
 
     if document.get("kind") == KIND:
         return EmbeddingPartials.from_json(document)
+    if document.get("kind") == PLUS_FIXED:
+        return PlusFixed(int(document["fixed"]))
     return Workspace.from_json(document)
 
 

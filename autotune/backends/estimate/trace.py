@@ -31,6 +31,25 @@ class Workspace(Protocol):
 
 
 @dataclass(frozen=True)
+class PlusFixed:
+    """A kernel's buffer whose recorded size is its per-sample part and whose bytes add a fixed
+    part (cuDNN's attention backward workspace: its float32 accumulators, then 256 bytes of the
+    graph's own; attention.py). Kept apart, the recorded size has no fixed term, and a trace of a
+    cell rescales from another length's pair (``rescaled``)."""
+
+    fixed: int
+
+    def nbytes(self, count: int) -> int:
+        return count + self.fixed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": PLUS_FIXED, "fixed": self.fixed}
+
+
+PLUS_FIXED = "plus_fixed"  # marks it among a trace's workspaces (backend.workspace_from_json)
+
+
+@dataclass(frozen=True)
 class Trace:
     """One probe's allocations: ``order`` lists ``i`` to allocate ``sizes[i]``, ``~i`` to free it.
 

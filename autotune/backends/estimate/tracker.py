@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_leaves
 
 from autotune.backends.estimate.embedding import partial_sums
@@ -259,6 +259,18 @@ class StorageTracker(TorchDispatchMode):
             keys.append(key)
         for key in reversed(keys):
             self.events.append((key, -1))
+
+
+def kernel_buffer(workspace: TraceWorkspace, count: int) -> bool:
+    """A buffer an emulated CUDA kernel allocates and frees as it returns (attention.py's cuDNN
+    backward workspace), ``workspace.nbytes(count)`` bytes: recorded by the innermost tracker
+    running, as a reduction's buffers are (``_transients``). False where no tracker runs (the
+    caller allocates it as a tensor)."""
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, StorageTracker):
+            mode._transients([workspace], count)
+            return True
+    return False
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:

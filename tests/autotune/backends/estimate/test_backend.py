@@ -217,7 +217,9 @@ def _backward_events(kernels, dtype, batch, heads, seq, head_dim, mask):
             out.backward(grad)
     sizes: dict[int, int] = {}
     events = []
-    for index, (key, nbytes) in enumerate(tracker.events):
+    # a kernel's own buffers carry a count, turned into bytes by the trace (trace.Trace.events)
+    in_bytes = Trace.from_events(batch, tracker.events, tracker.workspaces).events()
+    for index, (key, nbytes) in enumerate(in_bytes):
         if nbytes >= 0:
             sizes[key] = nbytes
         if index >= forward:

@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
-from autotune.backends.estimate.backend import EstimateBackend
-from autotune.backends.estimate.trace import Trace, aligned_pair, extrapolate, rescale, synthesize
+from autotune.backends.estimate.backend import EstimateBackend, workspace_from_json
+from autotune.backends.estimate.trace import PlusFixed, Trace, aligned_pair, extrapolate, rescale, synthesize
 from autotune.gpus import resolve_gpu
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
@@ -41,18 +41,31 @@ def test_rescale_reads_the_batch_structure_off_another_cell():
     assert rescale(mixed, single, 7) is None
 
 
+def test_a_kernel_buffer_s_fixed_part_is_added_in_bytes_and_leaves_the_form_per_sample():
+    # cuDNN's backward workspace (attention.py): 32 B a sample recorded, 256 B more in bytes.
+    buffer = ((1, PlusFixed(256)),)
+    reference = (Trace(2, (100, 64), (0, 1, ~1), buffer), Trace(3, (100, 96), (0, 1, ~1), buffer))
+    single = Trace(5, (300, 240), (0, 1, ~1), buffer)
+    found = rescale(reference, single, 7)
+    assert found is not None and found.sizes == (300, 336)
+    assert found.events() == [(0, 300), (1, 336 + 256), (1, -1)]
+    assert workspace_from_json(PlusFixed(256).to_json()) == PlusFixed(256)
+
+
 def _traces(backend, workload, mode, seq_len, batches):
     fake = backend._model(workload)
     with backend.cell(workload, mode, seq_len, 10**12):
         return [backend.trace(fake, workload, mode, seq_len, b) for b in batches]
 
 
-@pytest.mark.parametrize(("model", "task", "mode"), [
-    ("tiny-bert", "sequence-classification", "fp32"),
-    ("tiny-gpt2", "causal-lm", "amp+ckpt"),
+@pytest.mark.parametrize(("model", "task", "mode", "gpu"), [
+    ("tiny-bert", "sequence-classification", "fp32", "A100-80GB"),
+    ("tiny-gpt2", "causal-lm", "amp+ckpt", "A100-80GB"),
+    # cuDNN's attention backward: a workspace of per-sample accumulators plus 256 fixed bytes
+    ("tiny-llama", "causal-lm", "bf16", "H100-80GB"),
 ])
-def test_extrapolated_traces_equal_real_runs(model, task, mode):
-    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+def test_extrapolated_traces_equal_real_runs(model, task, mode, gpu):
+    backend = EstimateBackend(resolve_gpu(gpu))
     workload = Workload(resolve_model(model), task, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
