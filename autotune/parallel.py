@@ -56,11 +56,24 @@ _prestarted: list[Child] = []
 Estimators = dict[tuple[GpuSpec, Any], Any]
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity, e.g. a container's cpuset)."""
+    """The CPU cores this process may use now: those it may run on (its affinity, e.g. a container's
+    cpuset), less those other work keeps busy, at least one. A second process on a busy machine
+    only shares a core (measured, issue 39: a 2-core machine with one core busy made the default
+    table in 36-39 s in one process, 39-54 s in two) and pays its own import and model build."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, round(cores - busy_cores())))
+
+
+def busy_cores() -> float:
+    """How many cores the machine's runnable tasks keep busy: the kernel's one-minute load average,
+    the measure GNU make's ``--load-average`` starts jobs by (0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
 
 
 # A model under this many parameters (about: its layers and embeddings) traces in well under the

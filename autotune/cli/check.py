@@ -35,7 +35,6 @@ from autotune.cli.common import (
     add_fields,
     add_request,
     positive,
-    prestart_estimator_workers,
     print_json,
     quiet_transformers,
     report_error,
@@ -48,10 +47,6 @@ from autotune.workload.adapters import check_recipe
 
 EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 1  # errors exit 2 through common.report_error
 SERVER_TIMEOUT_S = 600.0  # the service may have to compute a missing cell first
-# How many lever searches the command starts workers for before it imports torch: a step that does
-# not fit has 3 to 7 (analysis/check.py: lighter modes, checkpointing, 8-bit AdamW, chunked loss,
-# LoRA, QLoRA); more are started once the levers are known, where there are cores for them.
-EARLY_LEVER_JOBS = 3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -186,19 +181,12 @@ def _check_locally(args: argparse.Namespace, request: CheckRequest, cache_dir: s
             answer = found.to_dict()
             answers.write(where, key, answer)
             return {**answer, "cached": True}
-    from autotune import parallel
-
-    # A step that does not fit has its levers searched in worker processes (parallel.py): started
-    # now, they import torch while this process does and searches the cell itself; unused ones
-    # are stopped (a step that fits needs none).
-    prestart_estimator_workers(request.target.backend, request.step.model, request.workers,
-                               jobs=EARLY_LEVER_JOBS)
+    # A step that does not fit has its levers searched in worker processes (parallel.py), started
+    # when the search finds that it does not: a step that fits needs none (issue 39: starting one
+    # at once cost a fitting check 35-40 % of its CPU).
     kept: list[Any] = []
-    try:
-        with quiet_transformers():
-            result = public.run_check(request, remember=kept.append if key is not None else None)
-    finally:
-        parallel.stop_prestarted()
+    with quiet_transformers():
+        result = public.run_check(request, remember=kept.append if key is not None else None)
     answer = result.to_dict()
     if key is not None:
         answers.write(where, key, answer)
