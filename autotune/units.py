@@ -74,6 +74,8 @@ def parse_bytes(text: str | int) -> int:
 
 
 def _parse_text(text: str) -> int:
+    if text.strip().startswith("-") and _SIZE.match(text.strip()[1:]):
+        raise InvalidInput(f"invalid memory size '{text}': must be greater than 0 bytes")
     match = _SIZE.match(text)
     if match is None:
         raise InvalidInput(f"invalid memory size '{text}': {_FORMS}")

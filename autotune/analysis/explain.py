@@ -449,7 +449,7 @@ def parameter_table(model: Any) -> tuple[list[ModuleParams], int]:
         )
         for name, module, own in rows
     ]
-    table.sort(key=lambda row: (-row.param_bytes, row.name))
+    table.sort(key=lambda row: (-row.param_bytes, module_order(row.name)))
     return table, total
 
 
@@ -483,8 +483,14 @@ def activation_table(recording: Recording, vocab: int | None = None, loss: str =
             name="", type=LOSS_LOGITS, output_shape=(recording.batch_size, recording.seq_len, vocab),
             activation_bytes=logits_bytes, share=logits_bytes / total,
         ))
-    rows.sort(key=lambda row: (-row.activation_bytes, row.name, row.type))
+    rows.sort(key=lambda row: (-row.activation_bytes, module_order(row.name), row.type))
     return rows
+
+
+def module_order(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A module name's place among its equals: its numbered parts as numbers (``layer.2`` before
+    ``layer.10``), as the model defines its layers."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in name.split("."))
 
 
 def _is_loss_logits(allocation: Any, recording: Recording, vocab: int, lm: str = "") -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -85,7 +86,7 @@ def run() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_negatives_joined(sys.argv[1:] if argv is None else argv))
     try:
         return COMMANDS[args.command](args)
     except AutotuneError as exc:
@@ -98,3 +99,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: internal error ({type(exc).__name__}: {exc}); please report it with the "
               "traceback above", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _negatives_joined(argv: Sequence[str]) -> list[str]:
+    """``--gpu-memory -5GiB`` as ``--gpu-memory=-5GiB``: argparse takes a word that starts with a dash
+    and is not a plain number for an option (``expected one argument``), where the option's own
+    check says what is wrong with the value."""
+    joined: list[str] = []
+    for word in argv:
+        if (joined and joined[-1].startswith("--") and "=" not in joined[-1]
+                and re.match(r"-\.?\d", word) and joined[-1] != "--"):
+            joined[-1] = f"{joined[-1]}={word}"
+        else:
+            joined.append(word)
+    return joined

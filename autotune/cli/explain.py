@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,8 +225,14 @@ def _which_batch(e: Explanation) -> str:
     return f"batch {e.batch_size} {'fits' if e.fits else 'does not fit'}"
 
 
+LEVER_LABEL_WIDTH = 58
+
+
 def _lever_line(lever: Any, now: int) -> str:
-    label = f"  {lever.label[:58]:58}"
+    """A lever's line; a label too long for its column has a line of its own, never cut."""
+    if len(lever.label) > LEVER_LABEL_WIDTH:
+        return f"  {lever.label}\n" + _lever_line(replace(lever, label=""), now)
+    label = f"  {lever.label:{LEVER_LABEL_WIDTH}}"
     if lever.max_batch_size is None:
         return f"{label} n/a: {lever.error}"
     if lever.name == "accumulation":

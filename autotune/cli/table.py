@@ -187,8 +187,8 @@ def render_table(t: TableResult) -> str:
             lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")
     per_cell = t.total_probes / max(1, len(t.cells))
     seeded = ", seeded by the estimator" if t.environment.get("seeded_by") else ""
-    lines.append(f"{t.total_probes} probes for {len(t.cells)} cells ({per_cell:.2f} per cell, "
-                 f"search {t.search}{seeded}), {t.elapsed_s:.1f} s")
+    lines.append(f"{_count(t.total_probes, 'probe')} for {_count(len(t.cells), 'cell')} "
+                 f"({per_cell:.2f} per cell, search {t.search}{seeded}), {t.elapsed_s:.1f} s")
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)
@@ -197,3 +197,8 @@ def render_table(t: TableResult) -> str:
 
         lines.append(f"note: {paged_note(t.optimizer, t.outside_allocator_bytes)}")
     return "\n".join(lines) + "\n"
+
+
+def _count(count: int, noun: str) -> str:
+    """``1 cell``, ``2 cells``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

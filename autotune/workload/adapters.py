@@ -415,8 +415,11 @@ def prepare(
     except RuntimeError as exc:
         # e.g. a classification head quantized by transformers (get_keys_to_not_convert keeps
         # "classifier.bias", not the module) that PEFT's modules_to_save then makes trainable.
-        raise InvalidInput(f"PEFT cannot build this {adapter.method} setup for a {task} model: "
-                           f"{str(exc).splitlines()[0]}") from exc
+        reason = str(exc).splitlines()[0]
+        if "floating point dtype can require gradients" in reason:
+            reason = (f"transformers quantizes its head to {adapter.base_bits} bits with the rest, and "
+                      f"PEFT's modules_to_save cannot train a quantized module (torch: {reason})")
+        raise InvalidInput(f"PEFT cannot build {adapter.method} for a {task} model: {reason}") from exc
     if adapter.quantized and adapter.recipe == "trl":
         import torch
 

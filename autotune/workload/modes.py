@@ -8,7 +8,8 @@ A mode name is a precision, optionally followed by ``+ckpt``:
     ckpt       fp32 with gradient checkpointing (``model.gradient_checkpointing_enable()``)
     amp+ckpt   amp with gradient checkpointing, likewise bf16+ckpt
 
-``fp32+ckpt`` is accepted and normalised to ``ckpt``.
+``fp32+ckpt`` is accepted and normalised to ``ckpt``, and either order of a precision and
+``ckpt`` (``ckpt+amp``) is read as the precision first (``amp+ckpt``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Mode:
 def parse_mode(text: str) -> Mode:
     """Parse one mode name, e.g. ``amp+ckpt``; raise InvalidInput naming the allowed names."""
     name = text.strip().lower()
+    parts = name.split("+")
+    if len(parts) == 2 and parts[0] == "ckpt" and parts[1] in PRECISIONS:
+        name = parts[1] + CKPT_SUFFIX  # ckpt+amp: the same mode written the other way round
     if name == "ckpt":
         return Mode("fp32", True)
     checkpointing = name.endswith(CKPT_SUFFIX)

@@ -436,3 +436,28 @@ def test_the_fused_cross_entropy_lever_is_offered_only_for_a_causal_lm_with_its_
         levers = what_if(workload, backend, seq_len=32, mode=parse_mode("amp+ckpt"), budget=GIB,
                          base_max=1, shorter_seq_lens=[], max_batch=2, peft=False)
         assert "fused-cross-entropy" not in [lever.name for lever in levers]
+
+
+def test_modules_of_equal_size_are_listed_in_the_model_s_order():
+    from autotune.analysis.explain import module_order
+
+    names = ["m.layer.10.out", "m.layer.2.out", "m.layer.1.out", "m.embeddings", ""]
+    assert sorted(names, key=module_order) == ["", "m.embeddings", "m.layer.1.out", "m.layer.2.out",
+                                               "m.layer.10.out"]
+
+
+def test_a_lever_label_too_long_for_its_column_has_a_line_of_its_own():
+    from autotune.analysis.levers import LeverReport
+    from autotune.cli.explain import LEVER_LABEL_WIDTH, _lever_line
+
+    label = "QLoRA r=16 on PEFT's default modules, 4-bit NF4 base, TRL's SFTTrainer recipe"
+    assert len(label) > LEVER_LABEL_WIDTH
+    broken = LeverReport("qlora", label, None, "bf16", 64, "adamw_torch", "as the table",
+                         error="PEFT cannot build qlora for a sequence-classification model")
+    first, second = _lever_line(broken, 100).split("\n")
+    assert first == f"  {label}" and second.strip() == "n/a: PEFT cannot build qlora for a " \
+        "sequence-classification model"
+    fits = replace(broken, max_batch_size=150, error=None)
+    assert _lever_line(fits, 100).split("\n")[1].split() == ["150", "+50%"]
+    short = replace(fits, label="bf16 (autocast bfloat16)")
+    assert "\n" not in _lever_line(short, 100) and _lever_line(short, 100).split()[-2:] == ["150", "+50%"]

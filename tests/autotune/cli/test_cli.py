@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
+from autotune.errors import AutotuneError
+from autotune.workload.modes import parse_mode
 
 
 def run(capsys, *argv):
@@ -40,6 +43,14 @@ def test_table_text_output(capsys):
                        "--modes", "fp32", "--gpu", "T4", "--backend", "estimate", "--max-batch", "64")
     assert code == 0
     assert "tiny-gpt2 (causal-lm" in out and "seq_len" in out and "64+" in out
+    assert re.search(r"\n\d+ probes for 1 cell \(", out)
+
+
+def test_a_mode_is_read_with_ckpt_on_either_side():
+    assert parse_mode("ckpt+amp") == parse_mode("amp+ckpt") and parse_mode("CKPT+bf16").name == "bf16+ckpt"
+    assert parse_mode("ckpt+fp32").name == "ckpt"
+    with pytest.raises(AutotuneError, match="unknown mode 'ckpt\\+ckpt'"):
+        parse_mode("ckpt+ckpt")
 
 
 @pytest.mark.parametrize(
@@ -73,6 +84,9 @@ def test_table_text_output(capsys):
          "Error: GPU memory 16 GiB is more than the 14.56 GiB of T4: give at most its size, or another GPU"),
         (["table", "tiny-bert", "--gpu-memory", "1GiB", "--multiprocessors", "0"],
          "Error: multiprocessors '0': give the chip's multiprocessor count, e.g. 46"),
+        # a value that starts with a dash is the option's value, not another option
+        (["table", "tiny-bert", "--seq-lens", "32", "--gpu-memory", "-5GiB"],
+         "Error: invalid memory size '-5GiB': must be greater than 0 bytes"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
@@ -86,6 +100,9 @@ def test_bad_input_exits_2_with_a_clear_message(capsys, argv, message):
     [
         (["table", "tiny-bert", "--seq-lens", "abc"], "invalid sequence lengths 'abc'"),
         (["table", "tiny-bert", "--margin", "2"], "invalid margin '2'"),
+        (["table", "tiny-bert", "--margin", "-0.1"], "invalid margin '-0.1'"),
+        (["check", "tiny-bert", "--seq-len", "32", "--batch-size", "-3"],
+         "batch_size must be an integer >= 1"),
     ],
 )
 def test_malformed_arguments_exit_2(capsys, argv, message):
