@@ -37,3 +37,12 @@ def test_an_example_prints_what_the_readme_shows(capsys, command, shown):
     printed = [SECONDS.sub("", line) for line in capsys.readouterr().out.splitlines()]
     for line in shown:
         assert SECONDS.sub("", line) in printed, line
+
+
+def test_the_service_docs_name_every_body_field_of_a_table():
+    from api.schemas import TableCreate
+
+    docs = (README.parent / "docs" / "service.md").read_text()
+    fields = docs[docs.index("Body fields"):docs.index("`modes`\nmay be left out")]
+    missing = [name for name in TableCreate.model_fields if f"`{name}`" not in fields]
+    assert missing == []
