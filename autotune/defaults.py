@@ -7,6 +7,22 @@ from __future__ import annotations
 DEFAULT_SEQ_LENS = (64, 128, 256, 320, 384, 512)  # the rows of the BERT README's table
 DEFAULT_MODE_NAMES = ("fp32", "amp", "ckpt", "amp+ckpt")  # of workload.modes.ALLOWED_MODE_NAMES
 DEFAULT_MODE_NAME = "fp32"  # of one check or explain
+# The modes follow the weights (default_mode_names): bfloat16 weights train under bf16 autocast (what
+# TRL and Axolotl configs of bf16 models set), float16 weights without autocast (GradScaler refuses
+# float16 gradients: workload/support.py), float32 weights as above.
+MODE_NAMES_BY_WEIGHTS = {"float32": DEFAULT_MODE_NAMES, "bfloat16": ("bf16", "bf16+ckpt"),
+                         "float16": ("fp32", "ckpt")}
+DEFAULT_MODES_HELP = "fp32,amp,ckpt,amp+ckpt; bf16,bf16+ckpt for bfloat16 weights; fp32,ckpt for float16"
+
+
+def default_mode_names(weights_dtype: str) -> tuple[str, ...]:
+    """A table's modes when none are given, for weights of ``weights_dtype``."""
+    return MODE_NAMES_BY_WEIGHTS.get(weights_dtype, DEFAULT_MODE_NAMES)
+
+
+def default_mode_name(weights_dtype: str) -> str:
+    """A check's or explanation's mode when none is given: the first of the table's."""
+    return default_mode_names(weights_dtype)[0]
 # The task of an encoder config without architectures (a fine-tuning head; models.infer_task):
 # of workload.models.TASKS.
 DEFAULT_TASK = "sequence-classification"

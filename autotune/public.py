@@ -41,8 +41,6 @@ from autotune.defaults import (
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
-    DEFAULT_MODE_NAME,
-    DEFAULT_MODE_NAMES,
     EXPLAIN_BACKEND,
 )
 from autotune.errors import InvalidInput
@@ -73,7 +71,7 @@ def table(
     model: str,
     *,
     seq_lens: Sequence[int] | str | None = None,
-    modes: Sequence[str] | str = DEFAULT_MODE_NAMES,
+    modes: Sequence[str] | str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
@@ -139,7 +137,7 @@ def check(
     *,
     seq_len: int,
     batch_size: int,
-    mode: str = DEFAULT_MODE_NAME,
+    mode: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
@@ -193,7 +191,7 @@ def explain(
     *,
     seq_len: int | None = None,
     batch_size: int | None = None,
-    mode: str = DEFAULT_MODE_NAME,
+    mode: str | None = None,
     gpu: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
@@ -285,7 +283,7 @@ def max_batch_size(
     *,
     seq_len: int,
     gpu: str | None = None,
-    mode: str = DEFAULT_MODE_NAME,
+    mode: str | None = None,
     gpu_memory: GpuMemory | None = None,
     multiprocessors: str | int | None = None,
     alloc_conf: str | None = None,
@@ -306,7 +304,7 @@ def max_batch_size(
     request = TableRequest(
         _step(model, step),
         Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
-        seq_lens=[seq_len], modes=[mode], max_batch=max_batch)
+        seq_lens=[seq_len], modes=None if mode is None else [mode], max_batch=max_batch)
     resolved = resolve(request)
     budget = budget_bytes(resolved.gpu, resolved.margin, resolved.workload.parallel)
     return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,

@@ -41,10 +41,11 @@ from autotune.defaults import (
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
     DEFAULT_METHOD,
-    DEFAULT_MODE_NAME,
-    DEFAULT_MODE_NAMES,
+    DEFAULT_MODES_HELP,
     DEFAULT_OPTIMIZER,
     EXPLAIN_BACKEND,
+    default_mode_name,
+    default_mode_names,
 )
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.search import METHODS
@@ -418,9 +419,8 @@ class TableRequest:
     seq_lens: Sequence[int] | str | None = option(
         None, "comma-separated sequence lengths (default: 64,128,256,320,384,512 for models of at most "
         "512 positions, else 512,1024,2048,4096,8192; within the model's limit)", parse=seq_len_list)
-    modes: Sequence[str] | str = option(
-        DEFAULT_MODE_NAMES, f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} (default: "
-        f"{','.join(DEFAULT_MODE_NAMES)})")
+    modes: Sequence[str] | str | None = option(
+        None, f"comma-separated modes from {', '.join(ALLOWED_MODE_NAMES)} (default: {DEFAULT_MODES_HELP})")
     search: str = option(DEFAULT_METHOD, "guided: each probe where the peaks measured so far put the "
                          "limit; bisect: 1, 2, 4, ... then binary search (default: guided)",
                          choices=METHODS)
@@ -441,8 +441,8 @@ class CheckRequest:
                           parse=lambda text: positive(text, "seq_len"))
     batch_size: int = option(None, "per-device batch size of the step", metavar="B",
                              parse=lambda text: positive(text, "batch_size"))
-    mode: str = option(DEFAULT_MODE_NAME, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default "
-                       f"{DEFAULT_MODE_NAME})")
+    mode: str | None = option(None, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default: bf16 for "
+                              "bfloat16 weights, else fp32)")
     accumulation_steps: int = option(1, "gradient accumulation steps: the effective batch a suggestion "
                                      "keeps", cli=False)
     workers: int | None = option(None, _WORKERS_HELP, metavar="N", http=False, cli=False)
@@ -459,8 +459,8 @@ class ExplainRequest:
     batch_size: int | None = option(None, "the batch to explain, and the effective batch to reach by "
                                     "accumulation (default: the max batch)", metavar="B",
                                     parse=lambda text: positive(text, "batch_size"))
-    mode: str = option(DEFAULT_MODE_NAME, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default "
-                       f"{DEFAULT_MODE_NAME})")
+    mode: str | None = option(None, f"one of {', '.join(ALLOWED_MODE_NAMES)} (default: bf16 for "
+                              "bfloat16 weights, else fp32)")
     lengths: Sequence[int] | None = option(None, "token lengths of the data: percentiles and dynamic "
                                            "padding", cli=False, http=False)
     levers: bool = option(True, "also the max batch under each lever (slower)", cli=False)
@@ -595,6 +595,8 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     modes = _modes(request, found)
     _counts(request, found)
     workload = resolve_workload(step, spec, seq_lens, found)
+    if modes == () and workload is not None:  # none asked: the weights' (defaults.default_mode_names)
+        modes = _default_modes(request, workload.weights_dtype)
     backend = gpu = None
     if make_target:
         backend, gpu = resolve_target(request.target, found, seeded=seeded)
@@ -752,15 +754,26 @@ def _seq_lens(request: Request, spec: ModelSpec | None, found: Findings) -> list
 
 
 def _modes(request: Request, found: Findings) -> tuple[Mode, ...] | None:
+    """The modes asked for; () where none is (the weights' then, ``_default_modes``); None when
+    they are invalid (found in ``found``)."""
     from autotune.workload.modes import parse_mode, parse_modes
 
     name = "modes" if isinstance(request, TableRequest) else "mode"
     with found.about(name):
         if isinstance(request, TableRequest):
             modes = request.modes
-            return parse_modes(list(modes) if not isinstance(modes, str) else modes)
-        return (parse_mode(request.mode or DEFAULT_MODE_NAME),)
+            return () if modes is None else parse_modes(list(modes) if not isinstance(modes, str) else modes)
+        return () if request.mode is None else (parse_mode(request.mode),)
     return None
+
+
+def _default_modes(request: Request, weights_dtype: str) -> tuple[Mode, ...]:
+    """A table's modes for weights of ``weights_dtype``, or a check's one (its first)."""
+    from autotune.workload.modes import parse_mode, parse_modes
+
+    if isinstance(request, TableRequest):
+        return parse_modes(list(default_mode_names(weights_dtype)))
+    return (parse_mode(default_mode_name(weights_dtype)),)
 
 
 def _counts(request: Request, found: Findings) -> None:

@@ -48,6 +48,7 @@ from autotune.defaults import (
     DEFAULT_METHOD,
     DEFAULT_MODE_NAMES,
     DEFAULT_OPTIMIZER,
+    default_mode_names,
 )
 from autotune.errors import AutotuneError, InvalidInput, ModelPathRefused
 from autotune.gpus import GpuSpec
@@ -350,6 +351,8 @@ class _Normalizing:
             if self.search not in METHODS:
                 raise InvalidInput(f"unknown search {self.search!r}: allowed are {', '.join(METHODS)}")
         with found.about("modes"):
+            # none asked: the weights' (defaults.default_mode_names), once the model says its dtype;
+            # the cells are counted with the most there can be (float32 weights: four)
             self.mode_names = _mode_names(request.modes)
         with found.about("seq_lens"):
             asked = request.seq_lens
@@ -422,6 +425,8 @@ class _Normalizing:
         if found.ok("dtype"):
             with found.about("dtype"):
                 self.weights_dtype = resolve_dtype(model, self.dtype)
+            if self.request.modes is None:
+                self.mode_names = _mode_names(default_mode_names(self.weights_dtype))
         if found.ok("task"):
             with found.about("loss"):
                 self.loss = check_loss(self.request.step.loss or DEFAULT_LOSS, self.task)

@@ -200,7 +200,8 @@ function formBody(form) {
   const body = { model: (data.get("model") || "").trim() };
   const seqLens = String(data.get("seq_lens") || "").split(/[\s,;]+/).filter(Boolean);
   if (seqLens.length) body.seq_lens = seqLens.map(numberOr);  // empty: the model's defaults
-  body.modes = data.getAll("modes");
+  const modes = data.getAll("modes");
+  if (modes.length) body.modes = modes;  // none: the modes of the weights' dtype
   for (const name of ["task", "dtype", "gpu", "gpu_memory", "backend", "attn", "optimizer", "loss", "search"]) {
     const value = String(data.get(name) || "").trim();
     if (value) body[name] = value;

@@ -22,7 +22,7 @@ from autotune.defaults import (
     DEFAULT_GPU_NAME,
     DEFAULT_MARGIN,
     DEFAULT_MAX_BATCH,
-    DEFAULT_MODE_NAMES,
+    DEFAULT_MODES_HELP,
     DEFAULT_OPTIMIZER,
     DEFAULT_SEQ_LENS,
 )
@@ -70,7 +70,7 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep,
     context = {
         "page": "launch", "models": sorted(PRESETS, key=lambda m: (m.startswith("tiny-"), m)),
         "tasks": TASKS, "dtypes": DTYPES, "default_dtype": DEFAULT_DTYPE, "modes": ALLOWED_MODE_NAMES,
-        "default_modes": DEFAULT_MODE_NAMES, "seq_lens": ", ".join(map(str, DEFAULT_SEQ_LENS)),
+        "default_modes_help": DEFAULT_MODES_HELP, "seq_lens": ", ".join(map(str, DEFAULT_SEQ_LENS)),
         "long_seq_lens": ", ".join(map(str, LONG_SEQ_LENS)), "losses": LOSSES,
         "default_optimizer": DEFAULT_OPTIMIZER,
         "gpus": gpus, "default_gpu": runner["gpu"] or DEFAULT_GPU_NAME, "local_gpu": runner["gpu"],

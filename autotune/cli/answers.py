@@ -89,7 +89,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                                   "reshard_after_forward": step.reshard_after_forward,
                                   "fsdp_recipe": step.fsdp_recipe}}
                     if step.gpus is not None or step.parallel is not None else {})},
-        "mode": parse_mode(request.mode).name,
+        # no mode: the weights' default (defaults.default_mode_name), fixed by the model and dtype above
+        "mode": None if request.mode is None else parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,
         "target": {"gpu": target.gpu, "gpu_memory": target.gpu_memory, "backend": backend,
                    "margin": target.margin,

@@ -204,9 +204,11 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
         parse_bytes(target.gpu_memory)  # a malformed size is refused here, as it is locally
     query: dict[str, Any] = {
         "model": step.model, "seq_len": request.seq_len, "batch_size": request.batch_size,
-        "mode": parse_mode(request.mode).name, "margin": target.margin, "dtype": step.dtype,
+        "margin": target.margin, "dtype": step.dtype,
         "optimizer": step.optimizer, "loss": step.loss, "accumulation_steps": request.accumulation_steps,
     }
+    if request.mode is not None:  # else the service's default, the weights' (defaults.default_mode_name)
+        query["mode"] = parse_mode(request.mode).name
     for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe"):
         if getattr(step, name):
             query[name] = getattr(step, name)

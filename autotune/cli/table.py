@@ -93,6 +93,8 @@ def prestart_workers(args: argparse.Namespace) -> int:
     from autotune.workload.modes import parse_modes
 
     try:
+        # without --modes, those of the weights (2 or 4, defaults.default_mode_names): the float32 ones
+        # stand in, the dtype being known once the config is read
         modes = len(parse_modes(args.modes or list(DEFAULT_MODE_NAMES)))
     except AutotuneError:  # the table says what is wrong
         return 0
@@ -164,12 +166,8 @@ def render_table(t: TableResult) -> str:
             row += value.rjust(width)
         lines.append(row)
     lines.append("")
-    if t.weights_dtype != "float32" and t.parallel is not None and t.parallel["kind"] == "fsdp":
-        lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt train them as they are, with no "
-                     "mixed-precision policy; amp and bf16 as above")
-    elif t.weights_dtype != "float32":
-        lines.append(f"weights in {t.weights_dtype}: fp32 and ckpt are the step without autocast "
-                     f"over {weights_label(t.weights_dtype)}; amp and bf16 autocast on top of them")
+    if t.weights_dtype != "float32":
+        lines.append(_columns_over_weights(t, [str(mode) for mode in modes]))
     cudnn = [mode for mode in modes if any("cuDNN" in str(probe.get("attention", ""))
                                            for c in t.cells if c.mode == mode for probe in c.probe_log)]
     if cudnn:
@@ -202,3 +200,23 @@ def render_table(t: TableResult) -> str:
 def _count(count: int, noun: str) -> str:
     """``1 cell``, ``2 cells``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _columns_over_weights(t: TableResult, modes: list[str]) -> str:
+    """What the columns of a table over 16-bit weights are: the modes without autocast train the
+    weights as they are, the others autocast (under FSDP2: its mixed-precision policy) over them."""
+    plain = [mode for mode in modes if mode in ("fp32", "ckpt")]
+    cast = [mode for mode in modes if mode not in plain]
+    sharded = t.parallel is not None and t.parallel["kind"] == "fsdp"
+    parts = []
+    if plain:
+        one = len(plain) == 1
+        how = (f"train{'s' if one else ''} them as they are, with no mixed-precision policy" if sharded else
+               f"{'is' if one else 'are'} the step without autocast over {weights_label(t.weights_dtype)}")
+        parts.append(f"{' and '.join(plain)} {how}")
+    if cast:
+        one = len(cast) == 1
+        how = (f"run{'s' if one else ''} FSDP2's MixedPrecisionPolicy of the mode's dtype (no autocast)"
+               if sharded else f"autocast{'s' if one else ''} on top of them")
+        parts.append(f"{', '.join(cast)} {how}")
+    return f"weights in {t.weights_dtype}: {'; '.join(parts)}"

@@ -34,6 +34,7 @@ from autotune.configs.sharding import (
     wrap_classes,
     zero,
 )
+from autotune.defaults import DEFAULT_MODE_NAME
 from autotune.errors import InvalidInput
 from autotune.request import request_from, values_of
 from autotune.workload.modes import Mode, parse_mode
@@ -242,7 +243,8 @@ def _precision(training: TrainingConfig, launch: TrainingConfig, notes: list[str
     as its default and its own bf16/fp16 over it (training_args.py __post_init__, "Mixed
     Precision"); Axolotl sets the variable from its own bf16/fp16 (utils/trainer.py
     prepare_optim_env)."""
-    mode = parse_mode(training.request.mode)
+    # a file that sets no precision (autotune's own, PEFT's) trains without autocast, as the Trainer does
+    mode = parse_mode(training.request.mode or DEFAULT_MODE_NAME)
     wanted, launch_file = launch.mixed_precision or "no", launch.files[0][0]
     said = f"mixed_precision: {wanted} in {launch_file}"
     if wanted == "no" or _PRECISIONS[wanted] == mode.precision:

@@ -192,3 +192,15 @@ def test_cli_check_against_a_server_that_imported_measurements_at_start(tmp_path
     finally:
         server.stop()
     assert "imported " in (tmp_path / "server.log").read_text()  # serve says what it imported
+
+
+def test_a_request_without_modes_takes_those_of_the_weights(client):
+    # bfloat16 weights: bf16 and bf16+ckpt (defaults.default_mode_names); a check, the first of them
+    query = {"model": "tiny-llama", "dtype": "bfloat16", "seq_len": 64, "batch_size": 2, "gpu_memory": "1GiB"}
+    doc = client.get("/v1/check", params=query).json()
+    assert doc == client.get("/v1/check", params=query | {"mode": "bf16"}).json()
+    assert doc != client.get("/v1/check", params=query | {"mode": "fp32"}).json()
+    created = client.post("/v1/tables", json={"model": "tiny-llama", "dtype": "bfloat16", "seq_lens": [64],
+                                              "gpu_memory": "1GiB", "backend": "estimate"})
+    assert created.status_code in (200, 202), created.text
+    assert client.get(f"/v1/tables/{created.json()['id']}").json()["modes"] == ["bf16", "bf16+ckpt"]

@@ -169,8 +169,10 @@ def test_explain_panel_of_a_cell(idle_client, add_run):
 def test_launch_form_offers_presets_modes_and_gpus(idle_client):
     html = idle_client.get("/new").text
     assert '<option value="bert-base-uncased">' in html and '<option value="tiny-bert">' in html
-    assert re.search(r'name="modes" value="amp\+ckpt" checked', html)
-    assert re.search(r'name="modes" value="bf16" >', html)
+    # none checked: the server's default, the modes of the weights' dtype
+    assert re.search(r'name="modes" value="amp\+ckpt">', html)
+    assert not re.search(r'name="modes" value="[^"]+" checked', html)
+    assert "None checked: those of the weights' dtype (fp32,amp,ckpt,amp+ckpt; bf16,bf16+ckpt for " in html
     assert '<option value="T4">T4 (14.56 GiB)</option>' in html
     assert 'id="token"' not in html  # the server asks for no token
 

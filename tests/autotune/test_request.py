@@ -132,3 +132,20 @@ def test_flat_values_build_the_nested_request_and_unknown_names_are_a_bug():
                                    seq_len=64, batch_size=2)
     with pytest.raises(KeyError, match="lora_rank"):
         request_from(CheckRequest, {"lora_rank": 8})
+
+
+@pytest.mark.parametrize(("model", "dtype", "table", "check"), [
+    ("tiny-llama", "auto", ["fp32", "amp", "ckpt", "amp+ckpt"], "fp32"),  # float32 weights
+    ("tiny-llama", "bfloat16", ["bf16", "bf16+ckpt"], "bf16"),
+    ("tiny-llama", "float16", ["fp32", "ckpt"], "fp32"),  # GradScaler refuses float16 gradients
+    ("meta-llama/Llama-3.2-1B", "auto", ["bf16", "bf16+ckpt"], "bf16"),  # its config says bfloat16
+    ("meta-llama/Llama-3.2-1B", "float32", ["fp32", "amp", "ckpt", "amp+ckpt"], "fp32"),
+])
+def test_the_default_modes_follow_the_weights(model, dtype, table, check):
+    target = Target(gpu_memory="1GiB", backend="estimate")
+    resolved = resolve(TableRequest(Step(model, dtype=dtype), target, seq_lens=[64]))
+    assert [m.name for m in resolved.modes] == table
+    one = resolve(CheckRequest(Step(model, dtype=dtype), target, seq_len=64, batch_size=1))
+    assert [m.name for m in one.modes] == [check]
+    asked = resolve(TableRequest(Step(model, dtype=dtype), target, seq_lens=[64], modes="amp"))
+    assert [m.name for m in asked.modes] == ["amp"]

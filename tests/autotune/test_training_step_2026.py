@@ -116,7 +116,11 @@ def test_the_table_header_says_the_step_and_the_json_carries_it(capsys):
                        "1GiB", "--backend", "estimate", "--dtype", "bfloat16")
     assert out.splitlines()[0] == (
         "tiny-llama (causal-lm, bf16 weights, adamw_torch_fused, attention sdpa) on custom 1 GiB")
-    assert "weights in bfloat16: fp32 and ckpt are the step without autocast over bf16 weights" in out
+    assert "weights in bfloat16: fp32 is the step without autocast over bf16 weights\n" in out
+    code, out, _ = run(capsys, "table", "tiny-llama", "--seq-lens", "64", "--gpu-memory", "1GiB",
+                       "--backend", "estimate", "--dtype", "bfloat16")  # the weights' modes
+    assert " seq_len       bf16  bf16+ckpt" in out
+    assert "weights in bfloat16: bf16, bf16+ckpt autocast on top of them\n" in out
 
 
 def test_flash_attention_2_on_a_t4_is_refused(capsys):

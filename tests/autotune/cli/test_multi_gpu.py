@@ -26,7 +26,8 @@ def test_a_table_says_the_job_and_that_each_cell_is_one_gpus(capsys):
     assert ("GPUs: FSDP2 full shard, 4 GPUs; each cell is one GPU's micro-batch (global batch = it x 4 "
             "GPUs") in out
     assert "traced: FSDP2 fully_shard on a fake process group" in out
-    assert "fp32 and ckpt train them as they are, with no mixed-precision policy" in out
+    assert ("weights in bfloat16: fp32 trains them as they are, with no mixed-precision policy; bf16 runs "
+            "FSDP2's MixedPrecisionPolicy of the mode's dtype (no autocast)") in out
 
 
 def test_a_check_answers_per_gpu_with_the_job_in_its_json(capsys):

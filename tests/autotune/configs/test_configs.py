@@ -43,13 +43,14 @@ def read(tmp_path: Path, data: dict, name: str = "config.json") -> Read:
 
 
 class Read(SimpleNamespace):
-    """A config read, its request's fields flat (``mode`` a Mode): what the assertions compare."""
+    """A config read, its request's fields flat (``mode`` a Mode, None where the file sets none: the
+    weights' default): what the assertions compare."""
 
 
 def view(config: TrainingConfig) -> Read:
     values = values_of(config.request)
     return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
-                **{**values, "mode": parse_mode(values["mode"])})
+                **{**values, "mode": None if values["mode"] is None else parse_mode(values["mode"])})
 
 
 def request(**values) -> CheckRequest:
@@ -570,7 +571,7 @@ def test_a_peft_adapter_directory_is_read(tmp_path):
         assert (plan.format, plan.model, plan.task, plan.seq_len, plan.batch_size) == (
             "peft", "bert-base-uncased", "sequence-classification", None, None)
         # The step's precision and weights are the flags' (the request's defaults here).
-        assert (plan.mode.name, plan.dtype) == (request().mode, "auto")
+        assert (plan.mode, plan.dtype) == (request().mode, "auto")  # none: the weights' default
         # PEFT saves target_modules from a set: in any order.
         assert plan.adapter == Adapter("lora", r=8, alpha=16, dropout=0.1, targets=plan.adapter.targets)
         assert sorted(plan.adapter.targets or ()) == ["query", "value"]
