@@ -6,7 +6,10 @@
     deps.py        route dependencies: settings, the run queue, the token check
     limits.py      the request body's size and arrival time, and the numbers' bounds
     hosts.py       the Host names the server answers to (AUTOTUNE_ALLOWED_HOSTS)
+    framing.py     every answer forbids framing (frame-ancestors 'none', X-Frame-Options)
     admission.py   requests at once, with /v1/health and the heavy reads outside the line
+    server.py      uvicorn for `autotune serve`: a deadline for request heads, caps on connections,
+                   proxy headers only from AUTOTUNE_TRUSTED_PROXIES
     schemas.py     request and response bodies
     store.py       SQLite: runs, cells, migrations, one writer, retries, the claim of the file
     runs/          the run machinery: a request normalised (spec.py), the queue and its reconciler

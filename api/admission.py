@@ -15,8 +15,10 @@ the limiter of their preparation instead (api/runs/analysis.py).
 A place in the line is taken only once the request's body has arrived whole (api.limits.BodyLimits
 runs first, timed), and a write without the server's token is refused before its body is read
 (``TokenGate``): a client that sends a body byte by byte, or many that send no token, hold no
-place. One client (its token where it sends one, else its address) holds at most ``per_client``
-of the places (all but one), so that another client always finds one.
+place. One client (``client_of``: its address, told apart from the same address's anonymous
+requests when it sends the server's token) holds at most ``per_client`` of the places (all but
+one), so that another client always finds one. The analysis pool shares its workers out by the
+same client (api/runs/analysis.py).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ OUTSIDE_THE_LINE = re.compile(r"^/v1/(health|check|explain)$|^/runs/[^/]+/explai
 
 
 class Admission:
-    def __init__(self, app: ASGIApp, limit: int = REQUESTS_AT_ONCE, per_client: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, limit: int = REQUESTS_AT_ONCE, per_client: int | None = None,
+                 token: str | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.token = token  # the server's API token (AUTOTUNE_API_TOKEN), None: none
         self.per_client = per_client if per_client is not None else max(1, limit - 1)
         self._slots: asyncio.Semaphore | None = None  # made on the server's loop, at the first request
         self._clients: dict[str, tuple[asyncio.Semaphore, int]] = {}  # client -> its places, requests
@@ -49,7 +53,7 @@ class Admission:
             return
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)
-        client = client_of(scope)
+        client = client_of(scope, self.token)
         share, waiting = self._clients.get(client, (asyncio.Semaphore(self.per_client), 0))
         self._clients[client] = (share, waiting + 1)
         try:
@@ -63,14 +67,18 @@ class Admission:
                 self._clients[client] = (share, waiting - 1)
 
 
-def client_of(scope: Scope) -> str:
-    """Who sends a request, for its share of the line: its token where it sends one, else its address."""
-    headers = dict(scope.get("headers") or [])
-    authorization = headers.get(b"authorization")
-    if authorization:
-        return "token " + authorization.decode("latin-1")
+def client_of(scope: Scope, token: str | None = None) -> str:
+    """Who sends a request, for its share of the line and of the analysis workers: its address
+    (the client's, as a trusted proxy names it: api/server.py), and apart from that address's
+    anonymous requests when it sends the server's ``token``. Any other Authorization header counts
+    for nothing: a client cannot make itself many clients by sending made-up tokens."""
     address = scope.get("client")
-    return "address " + (str(address[0]) if address else "unknown")
+    who = "address " + (str(address[0]) if address else "unknown")
+    if token is not None:
+        authorization = dict(scope.get("headers") or []).get(b"authorization")
+        if authorization and token_refusal(token, authorization.decode("latin-1")) is None:
+            return who + " with the token"
+    return who
 
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})

@@ -12,12 +12,14 @@ dependency renames them. A request refused by pydantic (its shape) is FastAPI's 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse, Response
 
 from api.runs.analysis import ClientGone
+from api.store import is_unavailable
 from autotune.errors import (
     AutotuneError,
     BackendUnavailable,
@@ -38,8 +40,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"description": "request body too large"},
     422: {"description": "invalid input: the detail says what is allowed"},
     500: {"description": "a probe failed (the detail says why), or an internal error"},
-    503: {"description": "the backend asked for cannot run on this server, or the server has no room "
-                         "for the request now (Retry-After says when to ask again)"},
+    503: {"description": "the backend asked for cannot run on this server, the server has no room for the "
+                         "request now, or its database cannot be written now (a full disk): Retry-After "
+                         "says when to ask again"},
 }
 
 CLIENT_CLOSED_REQUEST = 499  # not in the RFCs: nginx's status for a client that left first
@@ -56,7 +59,7 @@ def status_of(exc: AutotuneError) -> int:
         return status.HTTP_403_FORBIDDEN
     if isinstance(exc, InvalidInput):
         return 422  # HTTP_422_UNPROCESSABLE_CONTENT, named _ENTITY before Starlette 0.48
-    if isinstance(exc, BackendUnavailable | Overloaded):
+    if isinstance(exc, BackendUnavailable | Overloaded) or is_unavailable(exc):
         return status.HTTP_503_SERVICE_UNAVAILABLE
     # ProbeError (a probe or search failed), StoreError: the server could not answer.
     return status.HTTP_500_INTERNAL_SERVER_ERROR
@@ -73,12 +76,17 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(AutotuneError)
     async def autotune_error(request: Request, exc: AutotuneError) -> JSONResponse:
         body: dict[str, Any] = {"detail": str(exc)}
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+        if is_unavailable(exc):  # a full disk, a lock: nothing was stored, and it may clear up
+            retry = max(1, math.ceil(request.app.state.settings.reconcile_s))
+            body["detail"] = (f"{exc}: the database cannot be used now, and nothing of this request was "
+                              f"stored; ask again in {retry} s")
+            headers = {"Retry-After": str(retry)}
         if exc.field is not None:
             renamed = getattr(request.state, "field_names", {})
             body["field"] = renamed.get(exc.field, exc.field)
             body["errors"] = [{"field": renamed.get(e.field, e.field), "detail": str(e)}
                               for e in (exc, *exc.others)]
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
         return JSONResponse(body, status_code=status_of(exc), headers=headers)
 
     @app.exception_handler(ClientGone)

@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 import autotune
 from api import docs, errors
 from api.admission import Admission, TokenGate
+from api.framing import NoFraming
 from api.hosts import LOOPBACK_HOSTS, TrustedHosts
 from api.limits import BodyLimits
 from api.measurements import import_measurements
@@ -89,15 +90,16 @@ def create_app(
     app.state.settings = settings
 
     errors.install(app)
-    # The last added runs first: the Host checked, a write's token, the body read whole (timed),
-    # and only then a place in the line (health skips it), so that a slow client holds none.
-    app.add_middleware(Admission)
+    # The last added runs first: framing forbidden, the Host checked, a write's token, the body read
+    # whole (timed), and only then a place in the line (health skips it), so that a slow client holds none.
+    app.add_middleware(Admission, token=settings.api_token)
     app.add_middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(TokenGate, token=settings.api_token)
     # The loopback names are always answered: no rebinding page can send them (its origin would have
     # to be this machine), and the container's health check and local tools use them.
     allowed = tuple(dict.fromkeys((*LOOPBACK_HOSTS, *settings.allowed_hosts)))
     app.add_middleware(TrustedHosts, allowed=allowed)
+    app.add_middleware(NoFraming)  # outermost: every answer, the ones above included, forbids framing
     app.include_router(api_router, prefix="/v1")
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=PACKAGE / "static"), name="static")

@@ -148,11 +148,23 @@ class ExplainQuery(request_model(  # type: ignore[misc]
     """GET /v1/explain: one training step, and the card it is for."""
 
 
+def mode_of(query: BaseModel, weights_dtype: str) -> Any:
+    """The mode of a check's or an explain's query: as asked, else the weights' default."""
+    from autotune.defaults import default_mode_name
+    from autotune.workload.modes import parse_mode
+
+    mode = query.model_dump()["mode"]
+    return parse_mode(mode if mode is not None else default_mode_name(weights_dtype))
+
+
 def table_body(query: BaseModel, **changes: Any) -> dict[str, Any]:
     """The table request (TableCreate's fields) of a check's or an explain's one cell."""
     values = query.model_dump()
     body = {name: value for name, value in values.items() if name in TABLE_FIELDS}
-    return {**body, "seq_lens": [values["seq_len"]], "modes": [values["mode"]], **changes}
+    # no mode: the table's modes of the weights (defaults.default_mode_names), the first of them the
+    # check's (the route's ``mode_of``)
+    modes = None if values["mode"] is None else [values["mode"]]
+    return {**body, "seq_lens": [values["seq_len"]], "modes": modes, **changes}
 
 
 ADAPTER_DESCRIPTION = (
@@ -334,6 +346,14 @@ class DatabasePublic(BaseModel):
     file: str = Field(description="the name of the SQLite file of the queue and results")
     integrity: str = Field(description="what PRAGMA quick_check said when the server opened it: 'ok', or "
                                        "its first problems")
+    writable: bool = Field(default=True, description="false: the last write failed (a full disk, a lock, an "
+                                                     "I/O error) and none has succeeded since")
+    write_error: str | None = Field(
+        default=None, description="why the last write failed, as SQLite says it (e.g. 'database or disk is "
+                                  "full'); null when writable")
+    backlog: int = Field(
+        default=0, description="results of runs (cells, ends) waiting to be written, kept in memory and "
+                               "retried every AUTOTUNE_RECONCILE_S")
 
 
 class FleetKindPublic(BaseModel):
@@ -370,7 +390,9 @@ class FleetPublic(BaseModel):
 
 
 class HealthPublic(BaseModel):
-    status: Literal["ok", "degraded"] = Field(description="degraded: the database failed its integrity check")
+    status: Literal["ok", "degraded"] = Field(
+        description="degraded: the database failed its integrity check, cannot be written now, or has "
+                    "results waiting to be written (database)")
     backend: str = Field(description="what backend auto means here: cuda or estimate")
     gpu: str | None = Field(description="the GPU kind the cuda backend measures on")
     lanes: dict[str, int] = Field(description="runs at once per backend")
@@ -378,7 +400,8 @@ class HealthPublic(BaseModel):
     queue: dict[str, int] = Field(description="runs per status")
     database: DatabasePublic
     analysis: dict[str, int] = Field(
-        description="heavy reads (check and explain on the estimator): workers, busy now, answers cached")
+        description="heavy reads (check and explain on the estimator): workers, busy now, waiting for one, "
+                    "answers cached")
     fleet: FleetPublic | None = Field(default=None, description="the Ray cluster of a fleet server (GPU "
                                                                 "kinds, nodes, free GPUs); null on one host")
 

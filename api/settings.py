@@ -8,6 +8,7 @@ defaults, whatever the environment holds. ``Settings`` is the same class, the na
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -91,6 +92,29 @@ def _hosts(value: Any) -> Any:
 
 
 Hosts = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_hosts)]  # not JSON: a,b; "" = loopback
+
+
+def _proxies(value: Any) -> Any:
+    """Comma-separated IP addresses or networks (``10.0.0.5``, ``10.0.0.0/24``, ``::1``); blank: none."""
+    if isinstance(value, list | tuple):
+        value = ",".join(map(str, value))
+    if not isinstance(value, str):
+        return value
+    proxies = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        try:
+            proxies.append(str(ipaddress.ip_network(item, strict=False)) if "/" in item
+                           else str(ipaddress.ip_address(item.strip("[]"))))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or network: give the addresses of the "
+                             "reverse proxies in front of this server, comma-separated (e.g. "
+                             "'127.0.0.1,10.0.0.0/24')") from None
+    return tuple(dict.fromkeys(proxies))
+
+
+Proxies = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_proxies)]  # not JSON: a,b/24; "" = none
 RayAddress = Annotated[str | None, BeforeValidator(_ray_address)]  # auto | HOST:PORT | ray://HOST:PORT
 
 
@@ -135,6 +159,20 @@ class ServiceSettings(LibrarySettings):
     # AUTOTUNE_BODY_TIMEOUT_S: seconds a request body may take to arrive whole after its headers
     # before it is answered 408 (this API's bodies are at most AUTOTUNE_MAX_BODY_BYTES of JSON).
     body_timeout_s: PositiveFloat = 10.0
+    # Connections (api/server.py; `autotune serve`, not the app). AUTOTUNE_HEADER_TIMEOUT_S: seconds a
+    # request's line and headers may take to arrive whole, from the connection's start or the end of
+    # its previous response (408 and closed after; a connection that sent nothing is closed).
+    header_timeout_s: PositiveFloat = 10.0
+    # AUTOTUNE_MAX_CONNECTIONS: connections open at once; one more is answered 503 and closed. The
+    # server raises its descriptor limit (ulimit -n) to fit, or lowers this to what the limit leaves.
+    max_connections: PositiveInt = 1000
+    # AUTOTUNE_MAX_CONNECTIONS_PER_CLIENT: connections open at once from one address (a trusted
+    # proxy's count only in the total): one client cannot take every connection.
+    max_connections_per_client: PositiveInt = 100
+    # AUTOTUNE_TRUSTED_PROXIES (comma-separated addresses or networks): the reverse proxies whose
+    # X-Forwarded-For and X-Forwarded-Proto are believed (the client's address, https links).
+    # Empty: believed from no one, loopback clients included.
+    trusted_proxies: Proxies = ()
     # AUTOTUNE_RAY_ADDRESS (`autotune serve --ray`): run on the Ray cluster there (api/fleet/), a
     # fleet of GPU kinds, instead of this host's GPUs and CPUs; auto joins the cluster this
     # machine is part of. Unset: the local runner. Needs the [fleet] extra (Ray).

@@ -20,7 +20,9 @@ I/O, read-only) is tried again a few times with a doubling wait; reads likewise,
 connection. When the tries are spent, or at once for any other SQLite error, the public method
 raises StoreError naming what it was doing: no sqlite3 exception leaves this module.
 ``PRAGMA quick_check`` runs when the store opens; ``Store.integrity`` keeps its answer for
-/v1/health. ``Store.claim`` makes one server per database *file*, whatever path reaches it.
+/v1/health, and ``Store.write_failure`` why the last write failed (None once one succeeds:
+``probe_writable`` tries one that needs a new page). ``Store.claim`` makes one server per
+database *file*, whatever path reaches it.
 
 No FastAPI here: the API (``api/``) and tests use the same store.
 """
@@ -72,6 +74,13 @@ def _primary_code(exc: sqlite3.Error) -> int | None:
 def is_transient(exc: sqlite3.Error) -> bool:
     """Whether trying ``exc``'s statement again may succeed: the one place that decides."""
     return _primary_code(exc) in TRANSIENT
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether a StoreError is a fault that may clear up (a full disk, another process's lock, a
+    failed read or write): the service answers it 503 with Retry-After, not 500."""
+    cause = exc.__cause__
+    return isinstance(exc, StoreError) and isinstance(cause, sqlite3.Error) and is_transient(cause)
 
 MIGRATIONS: tuple[tuple[str, str], ...] = (
     (
@@ -236,6 +245,9 @@ class Store:
         self.retry_delay_s = retry_delay_s
         self._lock = threading.Lock()
         self._claim: IO[bytes] | None = None  # the database file, flocked, while claimed
+        # SQLite's reason the last write failed for a fault that may clear up (``is_unavailable``:
+        # "database or disk is full"), None since a write succeeded: /v1/health's "writable".
+        self.write_failure: str | None = None
         if claim and self.path.exists():  # a new file has no other name nor server to meet
             self._take_claim()
         try:
@@ -435,7 +447,30 @@ class Store:
             return result
 
         with self._lock:  # held through the waits too: writes keep their order
-            return self._retrying(operation, transaction, attempts)
+            try:
+                result = self._retrying(operation, transaction, attempts)
+            except StoreError as exc:
+                if is_unavailable(exc):
+                    self.write_failure = str(exc.__cause__)
+                raise
+            self.write_failure = None
+            return result
+
+    def probe_writable(self) -> bool:
+        """Whether a write that needs a new page succeeds now (one try; nothing is left of it):
+        the reconciler asks while ``write_failure`` is set, so that health sees the disk freed."""
+        def grow(conn: sqlite3.Connection) -> None:
+            # A row larger than a page, deleted in the same transaction: the file must grow to take
+            # it (a full disk refuses that), and the commit writes its pages to the -wal.
+            conn.execute("INSERT INTO _migrations (id, name, applied_at) VALUES (-1, ?, '')",
+                         ("probe " + "x" * 8192,))
+            conn.execute("DELETE FROM _migrations WHERE id = -1")
+
+        try:
+            self._write("check that the database can be written", grow, attempts=1)
+        except StoreError:
+            return False
+        return True
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

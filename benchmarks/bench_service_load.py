@@ -11,7 +11,17 @@ Prints throughput, p50/p95/p99 per kind of read, health latency before, during a
 and every error (an error is any 5xx other than the 503 of a full analysis pool, or a transport
 failure). Goal: health p99 under 100 ms throughout, no error.
 
+``--attack slow-headers`` (issue #37) measures instead the latency of ``/v1/tables`` and of the
+dashboard (``/``) for a few readers before and during a slowloris: ``--connections`` (1,000)
+connections from ``--addresses`` other loopback addresses (127.0.0.2 and up) that each send a request
+line, then a header line every 5 s and never the blank line that ends the head; a connection the
+server closes (408 after AUTOTUNE_HEADER_TIMEOUT_S) or refuses (503 beyond
+AUTOTUNE_MAX_CONNECTIONS_PER_CLIENT or AUTOTUNE_MAX_CONNECTIONS) is opened again at once, or a second
+later when refused. Prints p50/p95/p99 per page and window, and what the attack's connections met.
+Goal: p99 under 100 ms throughout.
+
     python benchmarks/bench_service_load.py [--seconds 60]
+    python benchmarks/bench_service_load.py --attack slow-headers [--seconds 40] [--connections 1000]
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ import argparse
 import collections
 import contextlib
 import os
+import resource
+import selectors
 import signal
 import socket
 import statistics
@@ -34,6 +46,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+SERVER_PIDS: dict[Path, int] = {}  # the server process of each serving() folder
 START_TIMEOUT_S = 90.0  # for the server to answer /v1/health, as tests/liveserver.py waits
 HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&levers=true&mode=bf16&seq_len={seq_len}"
 CHECK = "/v1/check?model=bert-base-uncased&seq_len=128&batch_size=32&mode=amp&gpu=T4"
@@ -72,6 +85,7 @@ def serving(folder: Path) -> Iterator[httpx.Client]:
              "--log-level", "warning"],
             cwd=ROOT, env=os.environ | {"PYTHONPATH": path, "AUTOTUNE_ESTIMATE_WORKERS": "2"}, stdout=log,
             stderr=subprocess.STDOUT)
+        SERVER_PIDS[folder] = proc.pid
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
             while not _healthy(client):
@@ -100,11 +114,150 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+SLOW_LINE_S = 5.0  # a slowloris's header line, every this many seconds
+
+
+class Slowloris:
+    """``connections`` slow-header connections from ``addresses`` loopback addresses, kept up
+    from one thread with a selector (opened again as the server closes or refuses them)."""
+
+    def __init__(self, port: int, connections: int, addresses: int) -> None:
+        self.port, self.connections, self.addresses = port, connections, addresses
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
+
+    def _open(self, selector: selectors.BaseSelector, index: int) -> None:
+        source = f"127.0.0.{2 + index % self.addresses}"
+        try:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=5.0, source_address=(source, 0))
+            sock.sendall(b"GET /v1/tables HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        except OSError:
+            self.counts["connect failed"] += 1
+            return
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, index)
+        self.counts["opened"] += 1
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        later: list[tuple[float, int]] = []  # (when, index): refused, opened again a second later
+        for index in range(self.connections):
+            self._open(selector, index)
+        next_line = time.monotonic() + SLOW_LINE_S
+        while not self.stop.is_set():
+            for key, _ in selector.select(timeout=0.1):
+                sock = key.fileobj
+                try:
+                    data = sock.recv(4096)  # type: ignore[union-attr]
+                except OSError:
+                    data = b""
+                selector.unregister(sock)
+                sock.close()  # type: ignore[union-attr]
+                if data.startswith(b"HTTP/1.1 503"):
+                    self.counts["refused (503)"] += 1
+                    later.append((time.monotonic() + 1.0, key.data))
+                else:
+                    self.counts["closed (408)" if data.startswith(b"HTTP/1.1 408") else "closed"] += 1
+                    self._open(selector, key.data)
+            now = time.monotonic()
+            for when, index in [item for item in later if item[0] <= now]:
+                later.remove((when, index))
+                self._open(selector, index)
+            if now >= next_line:
+                next_line = now + SLOW_LINE_S
+                for key in list(selector.get_map().values()):
+                    with contextlib.suppress(OSError):
+                        key.fileobj.send(b"X-Slow: 1\r\n")  # type: ignore[union-attr]
+        self.counts["open at the end"] = len(selector.get_map())
+        for key in list(selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        selector.close()
+
+
+def slow_headers(args: argparse.Namespace) -> int:
+    """The ``--attack slow-headers`` benchmark (module docstring)."""
+    folder = Path(tempfile.mkdtemp(prefix="autotune-slowloris-"))
+    samples: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    errors: list[str] = []
+    window = ["before"]
+    stop = threading.Event()
+    with serving(folder) as server:
+        base_url = str(server.base_url)
+        port = server.base_url.port
+        assert port is not None
+
+        def reader(index: int) -> None:
+            pages = [("tables", "/v1/tables"), ("dashboard", "/")]
+            with httpx.Client(base_url=base_url, timeout=30.0) as client:
+                i = index
+                while not stop.is_set():
+                    kind, url = pages[i % 2]
+                    i += 1
+                    t0 = time.perf_counter()
+                    try:
+                        status = client.get(url).status_code
+                    except httpx.HTTPError as exc:
+                        errors.append(f"{kind}: {exc!r}")
+                        continue
+                    samples[(window[0], kind)].append(time.perf_counter() - t0)
+                    if status != 200:
+                        errors.append(f"{kind}: {status}")
+                    time.sleep(0.05)
+
+        readers = [threading.Thread(target=reader, args=(i,)) for i in range(args.clients)]
+        for t in readers:
+            t.start()
+        time.sleep(10.0)
+        # The attacker's descriptors, raised once the server started with the shell's (ulimit -n).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < args.connections + 256:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.connections + 256, hard), hard))
+        attack = Slowloris(port, args.connections, args.addresses)
+        window[0] = "during"
+        attack.thread.start()
+        fds = []  # the server's open descriptors, once a second
+        for _ in range(int(args.seconds)):
+            time.sleep(1.0)
+            with contextlib.suppress(OSError):
+                fds.append(len(os.listdir(f"/proc/{SERVER_PIDS[folder]}/fd")))
+        stop.set()
+        for t in readers:
+            t.join()
+        attack.stop.set()
+        attack.thread.join()
+
+    print(f"slowloris: {args.connections} connections from {args.addresses} address(es), a header line "
+          f"every {SLOW_LINE_S:g} s, for {args.seconds:.0f} s; {args.clients} readers from 127.0.0.1")
+    print("attack: " + ", ".join(f"{k} {v}" for k, v in attack.counts.items()))
+    if fds:
+        print(f"server's open descriptors during the attack: median {statistics.median(fds):.0f}, "
+              f"max {max(fds)}")
+    print(f"{'page':<11}{'window':<8}{'n':>6}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for (name, kind), values in sorted(samples.items(), key=lambda kv: (kv[0][1], kv[0][0] != "before")):
+        print(f"{kind:<11}{name:<8}{len(values):>6}{percentile(values, .5) * 1e3:>9.1f}"
+              f"{percentile(values, .95) * 1e3:>9.1f}{percentile(values, .99) * 1e3:>9.1f}"
+              f"{max(values) * 1e3:>9.1f}")
+    print(f"errors: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:20]))
+    return 1 if errors else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients read (default 60)")
-    parser.add_argument("--clients", type=int, default=20, help="concurrent readers (default 20)")
+    parser.add_argument("--clients", type=int, default=None,
+                        help="concurrent readers (default 20; 4 with --attack)")
+    parser.add_argument("--attack", choices=("slow-headers",), default=None,
+                        help="measure the pages during this attack instead (module docstring)")
+    parser.add_argument("--connections", type=int, default=1000,
+                        help="slow-header connections (default 1000)")
+    parser.add_argument("--addresses", type=int, default=1,
+                        help="loopback addresses the slow headers come from, 127.0.0.2 and up (default 1)")
     args = parser.parse_args()
+    if args.attack == "slow-headers":
+        args.clients = 4 if args.clients is None else args.clients
+        return slow_headers(args)
+    args.clients = 20 if args.clients is None else args.clients
 
     folder = Path(tempfile.mkdtemp(prefix="autotune-load-"))
     latencies: dict[str, list[float]] = collections.defaultdict(list)

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from api.admission import client_of
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
 from api.measurements import measured_label, measured_on
 from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import TableSpec, normalize
-from api.schemas import CheckPublic, CheckQuery, table_body
-from autotune.workload.modes import parse_mode
+from api.schemas import CheckPublic, CheckQuery, mode_of, table_body
 
 router = APIRouter(tags=["check"], dependencies=[Depends(query_fields)])
 
@@ -41,7 +41,7 @@ async def check(
     # In the threadpool: resolving a hub id reads the network; a store scan reads the disk.
     preparing = request.app.state.preparing
     spec = await prepare(preparing, normalize, body, settings, queue.runner.environment)
-    seq_len, batch_size, wanted = query.seq_len, query.batch_size, parse_mode(query.mode)
+    seq_len, batch_size, wanted = query.seq_len, query.batch_size, mode_of(query, spec.weights_dtype)
     effective = batch_size * query.accumulation_steps
     stored = await prepare(preparing, _from_store, queue, spec, seq_len, batch_size, wanted, effective)
     if stored is not None:
@@ -53,7 +53,8 @@ async def check(
                              queue.runner.environment)
     order = AnalysisOrder("check", spec.to_json(), {"seq_len": seq_len, "batch_size": batch_size,
                                                     "mode": wanted.name, "effective_batch": effective})
-    return await run_analysis(queue.runner, order, request.is_disconnected)
+    return await run_analysis(queue.runner, order, request.is_disconnected,
+                              client_of(request.scope, settings.api_token))
 
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:

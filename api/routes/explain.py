@@ -9,12 +9,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from api.admission import client_of
 from api.deps import QueueDep, SettingsDep
 from api.errors import ERROR_RESPONSES, query_fields
 from api.runs.analysis import AnalysisOrder, prepare, run_analysis
 from api.runs.spec import normalize
-from api.schemas import ExplainPublic, ExplainQuery, table_body
-from autotune.workload.modes import parse_mode
+from api.schemas import ExplainPublic, ExplainQuery, mode_of, table_body
 
 router = APIRouter(tags=["explain"], dependencies=[Depends(query_fields)])
 
@@ -29,7 +29,9 @@ async def explain(
     full fine-tune)."""
     body = table_body(query, backend="estimate")
     spec = await prepare(request.app.state.preparing, normalize, body, settings, queue.runner.environment)
-    params = {"seq_len": query.seq_len, "batch_size": query.batch_size, "mode": parse_mode(query.mode).name,
+    params = {"seq_len": query.seq_len, "batch_size": query.batch_size,
+              "mode": mode_of(query, spec.weights_dtype).name,
               "levers": query.levers}
     order = AnalysisOrder("explain", spec.to_json(), params)
-    return await run_analysis(queue.runner, order, request.is_disconnected)
+    return await run_analysis(queue.runner, order, request.is_disconnected,
+                              client_of(request.scope, settings.api_token))

@@ -18,8 +18,11 @@ async def health(queue: QueueDep) -> HealthPublic:
     # for a while (a hub lookup), and health must answer at once. Its reads take a millisecond.
     runner = queue.runner.describe()
     store = queue.store
-    database = DatabasePublic(file=store.path.name, integrity=store.integrity)
-    return HealthPublic(status="ok" if store.integrity == "ok" else "degraded", backend=runner["backend"],
+    failure, backlog = store.write_failure, queue.backlog()
+    database = DatabasePublic(file=store.path.name, integrity=store.integrity, writable=failure is None,
+                              write_error=failure, backlog=backlog)
+    sound = store.integrity == "ok" and failure is None and backlog == 0
+    return HealthPublic(status="ok" if sound else "degraded", backend=runner["backend"],
                         gpu=runner["gpu"], lanes=runner["lanes"], versions=runner["versions"],
                         queue=store.counts(), database=database, analysis=runner["analysis"],
                         fleet=runner.get("fleet"))

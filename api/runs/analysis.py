@@ -4,8 +4,15 @@ A GET must not be able to hang the service. So the estimator never runs in the s
 ``AnalysisOrder`` goes to one of a bounded number of worker processes
 (``python -m api.runs.analysis_worker``, protocol there), and:
 
-- at most ``workers`` orders run at once; one more gets ``Overloaded`` (HTTP 503 with
-  Retry-After) at once, never a wait in line;
+- at most ``workers`` orders run at once, and one client (``client``: its address, with the
+  server's token where it sends it; api.admission.client_of) starts at most ``share`` of them, all
+  but one (at least one): another client always finds a worker, or the next one to come free;
+- an order that finds every worker busy waits for one, if its client has no other order waiting
+  and the line is shorter than ``MAX_WAITING``; a worker that comes free goes to the waiting client
+  that holds the fewest workers, the longest waiting first, so that one client asking one order
+  after another takes turns with the others instead of taking every worker as it frees. An order
+  that waited ``timeout_s`` without a worker, or one beyond the client's share or the line, gets
+  ``Overloaded`` (HTTP 503 with Retry-After);
 - an order that runs past ``timeout_s`` has its worker killed and gets ``Overloaded``; the
   key is remembered for ``TIMEOUT_MEMORY_S`` so that asking again does not burn another worker
   on the same hopeless order;
@@ -52,6 +59,8 @@ DISCONNECT_POLL_S = 0.25  # how often a waiting request asks whether its client 
 # stored tables): threads of the server process, so a burst of them would keep the event loop (and
 # /v1/health) waiting for the GIL; the rest wait their turn without using the CPU.
 PREPARING_AT_ONCE = 2
+WAITING_PER_WORKER = 4  # the line for a worker: this many orders per worker (at least MIN_WAITING)
+MIN_WAITING = 8
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,8 @@ class _Job:
     future: concurrent.futures.Future[dict[str, Any]] = field(default_factory=concurrent.futures.Future)
     waiters: int = 1
     abandoned: threading.Event = field(default_factory=threading.Event)
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.monotonic)  # given a worker (or queued, until then)
+    client: str = ""  # who asked first: the one whose share it counts in
 
 
 class Ticket:
@@ -98,6 +108,7 @@ class Ticket:
                 return waiting.result()
             if await is_disconnected():
                 raise ClientGone()
+            self._pool._expire(self._job)  # waited too long for a worker: answered Overloaded
 
     def release(self) -> None:
         if not self._released:
@@ -165,13 +176,21 @@ class AnalysisPool:
         self._cache_entries = cache_entries
         self._too_slow: dict[str, float] = {}  # key -> monotonic time it is refused until
         self._closed = False
+        self.share = max(1, workers - 1)  # workers one client's orders may hold at once
+        self.max_waiting = max(MIN_WAITING, WAITING_PER_WORKER * workers)
+        self._held: collections.Counter[str] = collections.Counter()  # client -> its running orders
+        # Orders waiting for a worker, the oldest first: one per client, by key (identical orders join).
+        self._waiting: collections.OrderedDict[str, _Job] = collections.OrderedDict()
 
     # --- requests ---------------------------------------------------------------------------
 
-    def analyze(self, order: AnalysisOrder) -> Ticket:
-        """A ticket for the order's answer: cached, shared with an identical order, or a new job.
+    def analyze(self, order: AnalysisOrder, client: str = "") -> Ticket:
+        """A ticket for the order's answer: cached, shared with an identical order, or a new job,
+        running or waiting in line for a worker.
 
-        Overloaded when every worker is busy, or when the same order ran past the limit lately.
+        Overloaded when ``client`` holds its share of the workers already, when every worker is
+        busy and the client has an order waiting or the line is full, or when the same order ran
+        past the limit lately.
         """
         if order.kind not in KINDS:
             raise ValueError(f"an analysis is one of {KINDS}, not {order.kind!r}")
@@ -193,26 +212,89 @@ class AnalysisPool:
             until = self._too_slow.get(key)
             if until is not None and until > time.monotonic():
                 raise self._timeout_error(order, retry_after_s=math.ceil(until - time.monotonic()))
-            joined = self._running.get(key)
+            joined = self._running.get(key) or self._waiting.get(key)
             if joined is not None:
                 if joined.abandoned.is_set():  # its worker is being killed: it will not answer
                     raise Overloaded("the same request was just given up by its client and is being "
                                      "stopped: ask again in a second", retry_after_s=1)
                 joined.waiters += 1
                 return Ticket(self, joined)
-            if len(self._running) >= self.workers:
-                raise Overloaded(
-                    f"all {self.workers} analysis workers of this server are busy "
-                    "(AUTOTUNE_ANALYSIS_WORKERS): ask again shortly",
-                    retry_after_s=self._retry_after(),
-                )
-            job = self._running[key] = _Job(order)
-        threading.Thread(target=self._execute, args=(job,), name=f"analysis {key[:8]}", daemon=True).start()
+            self._admit(client)
+            job = _Job(order, client=client)
+            now = len(self._running) < self.workers
+            if now:
+                self._start(job)
+            else:
+                self._waiting[key] = job  # handed a worker by _dispatch, or refused by _expire
+        if now:
+            self._thread(job)
         return Ticket(self, job)
+
+    def _admit(self, client: str) -> None:
+        """Overloaded unless ``client`` may have one more order, now or in line (under the lock)."""
+        held = self._held[client]
+        busy = len(self._running) >= self.workers
+        if held >= self.share:
+            where = (f"all {self.workers} analysis workers of this server are busy" if busy else
+                     f"{held} of the {self.workers} analysis workers of this server are busy")
+            raise Overloaded(
+                f"{where} (AUTOTUNE_ANALYSIS_WORKERS), {held} of them with your requests, the most "
+                f"one client may hold ({self.share}): ask again when one of them is answered",
+                retry_after_s=self._retry_after())
+        if not busy:
+            return
+        if any(job.client == client for job in self._waiting.values()):
+            raise Overloaded(
+                f"all {self.workers} analysis workers of this server are busy "
+                "(AUTOTUNE_ANALYSIS_WORKERS), and another request of yours waits for one: ask again "
+                "when it is answered", retry_after_s=self._retry_after())
+        if len(self._waiting) >= self.max_waiting:
+            raise Overloaded(
+                f"all {self.workers} analysis workers of this server are busy "
+                f"(AUTOTUNE_ANALYSIS_WORKERS) and {len(self._waiting)} requests wait for one: ask "
+                "again shortly", retry_after_s=self._retry_after())
+
+    def _start(self, job: _Job) -> None:
+        """Give ``job`` a worker (under the lock; its thread is started by the caller)."""
+        job.started = time.monotonic()
+        self._running[job.order.key] = job
+        self._held[job.client] += 1
+
+    def _thread(self, job: _Job) -> None:
+        threading.Thread(target=self._execute, args=(job,), name=f"analysis {job.order.key[:8]}",
+                         daemon=True).start()
+
+    def _dispatch(self) -> list[_Job]:
+        """Free workers to waiting orders (under the lock): the client holding the fewest workers
+        first, then the longest waiting. The jobs started, for the caller to start their threads."""
+        started = []
+        while self._waiting and len(self._running) < self.workers and not self._closed:
+            eligible = [job for job in self._waiting.values() if self._held[job.client] < self.share]
+            if not eligible:
+                break
+            job = min(eligible, key=lambda j: self._held[j.client])  # min is stable: the oldest of ties
+            del self._waiting[job.order.key]
+            self._start(job)
+            started.append(job)
+        return started
+
+    def _expire(self, job: _Job) -> None:
+        """Refuse a waiting order that has waited ``timeout_s`` for a worker."""
+        with self._lock:
+            waited = time.monotonic() - job.started
+            if self._waiting.get(job.order.key) is not job or waited < self.timeout_s:
+                return
+            del self._waiting[job.order.key]
+            retry = self._retry_after()
+        job.future.set_exception(Overloaded(
+            f"all {self.workers} analysis workers of this server stayed busy for {waited:.0f} s "
+            "(AUTOTUNE_ANALYSIS_WORKERS, AUTOTUNE_ANALYSIS_TIMEOUT_S): ask again shortly",
+            retry_after_s=retry))
 
     def describe(self) -> dict[str, int]:
         with self._lock:
-            return {"workers": self.workers, "busy": len(self._running), "cached": len(self._cache)}
+            return {"workers": self.workers, "busy": len(self._running), "waiting": len(self._waiting),
+                    "cached": len(self._cache)}
 
     def close(self) -> None:
         with self._lock:
@@ -221,6 +303,10 @@ class AnalysisPool:
             self._idle.clear()
             for job in self._running.values():
                 job.abandoned.set()
+            waiting = list(self._waiting.values())
+            self._waiting.clear()
+        for job in waiting:
+            job.future.set_exception(Overloaded("the server is shutting down", retry_after_s=5))
         for worker in workers:
             worker.end()
 
@@ -245,6 +331,8 @@ class AnalysisPool:
             job.waiters -= 1
             if job.waiters <= 0 and not job.future.done():
                 job.abandoned.set()  # nobody is waiting: its worker is killed
+                if self._waiting.get(job.order.key) is job:  # or, still in line, it leaves it
+                    del self._waiting[job.order.key]
 
     def _worker(self) -> _Worker:
         with self._lock:
@@ -268,6 +356,9 @@ class AnalysisPool:
             kind, value = outcome if outcome is not None else ("error", None)
             with self._lock:  # one step: an identical order finds it running or its answer cached
                 self._running.pop(key, None)
+                self._held[job.client] -= 1
+                if self._held[job.client] <= 0:
+                    del self._held[job.client]
                 if kind == "result":
                     assert isinstance(value, dict)
                     self._remember(key, (value, None))
@@ -281,6 +372,9 @@ class AnalysisPool:
                     if kind in ("result", "refused") and not self._closed and worker.jobs < JOBS_PER_WORKER:
                         self._idle.append(worker)
                         worker = None
+                started = self._dispatch()  # the worker freed goes to an order in line
+            for waiting in started:
+                self._thread(waiting)
             if worker is not None:
                 worker.end()
         if kind == "abandoned":  # nobody waits, unless the pool was closed under them
@@ -350,18 +444,19 @@ async def prepare(limiter: Any, func: Callable[..., T], *args: Any) -> T:
 
 
 class Analyzer(Protocol):
-    def analyze(self, order: AnalysisOrder) -> Ticket: ...
+    def analyze(self, order: AnalysisOrder, client: str = "") -> Ticket: ...
 
 
 async def run_analysis(
-    runner: Analyzer, order: AnalysisOrder, is_disconnected: Callable[[], Awaitable[bool]]
+    runner: Analyzer, order: AnalysisOrder, is_disconnected: Callable[[], Awaitable[bool]], client: str = "",
 ) -> dict[str, Any]:
-    """The order's answer, computed away from the server: what a route awaits.
+    """The order's answer, computed away from the server: what a route awaits. ``client``: who
+    asks (api.admission.client_of), for its share of the workers.
 
     Overloaded (503) when there is no room or it ran past the limit; ClientGone when the client
     left first (its worker is then killed unless another request waits on the same order).
     """
-    ticket = runner.analyze(order)
+    ticket = runner.analyze(order, client)
     try:
         return await ticket.result(is_disconnected)
     finally:

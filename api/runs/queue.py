@@ -42,6 +42,7 @@ class RunQueue:
         self._lock = threading.RLock()
         # run id -> its writes that failed, oldest first: (what, write); retried in order.
         self._backlog: dict[str, list[tuple[str, Callable[[], object]]]] = {}
+        self._pending = 0  # writes in the backlog, all runs together
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,6 +92,9 @@ class RunQueue:
             for run_id in list(self._backlog):
                 if self._flush(run_id):
                     actions.append(f"wrote the backlog of run {run_id}")
+        if self.store.write_failure is not None and self.store.probe_writable():
+            log.info("the database %s can be written again", self.store.path)
+            actions.append("found the database writable again")
         # The runner first: a run leaves it only after its last event was written or put in the
         # backlog, so a run it no longer holds and with no backlog has nothing more coming.
         held = self.runner.held()
@@ -119,10 +123,19 @@ class RunQueue:
         with self._lock:
             return run_id in self._backlog
 
+    def backlog(self, run_id: str | None = None) -> int:
+        """Writes waiting for the database (a full or read-only disk): of one run, or of all.
+        Without the lock, which a write being retried holds for a while: health asks on the event
+        loop (a dict's get, a list's len and an int are read whole)."""
+        if run_id is not None:
+            return len(self._backlog.get(run_id, ()))
+        return self._pending
+
     def _record(self, run_id: str, what: str, write: Callable[[], object]) -> None:
         """Write now, after the run's earlier failed writes; on failure keep it for the reconciler."""
         with self._lock:
             self._backlog.setdefault(run_id, []).append((what, write))
+            self._pending += 1
             self._flush(run_id)
 
     def _flush(self, run_id: str) -> bool:
@@ -138,6 +151,7 @@ class RunQueue:
                                 self.reconcile_s)
                     return False
                 backlog.pop(0)
+                self._pending -= 1
             self._backlog.pop(run_id, None)
             return True
 

@@ -113,8 +113,9 @@ class Runner(Protocol):
         """The run ids queued or running here (the reconciler compares them with the store)."""
         ...
 
-    def analyze(self, order: AnalysisOrder) -> Ticket:
-        """Start (or join, or answer from cache) a check or explain away from the server process.
+    def analyze(self, order: AnalysisOrder, client: str = "") -> Ticket:
+        """Start (or join, or answer from cache) a check or explain away from the server process;
+        ``client`` (api.admission.client_of) holds at most its share of the workers.
 
         Overloaded (HTTP 503, Retry-After) when there is no room for it now."""
         ...
@@ -161,8 +162,8 @@ class RunnerBase:
         self._cond = threading.Condition()
         self._closed = False
 
-    def analyze(self, order: AnalysisOrder) -> Ticket:
-        return self.analyses.analyze(order)
+    def analyze(self, order: AnalysisOrder, client: str = "") -> Ticket:
+        return self.analyses.analyze(order, client)
 
     def close(self) -> None:
         """Stop every worker; running orders are left for the next start to resume (Runner.close)."""

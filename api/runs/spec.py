@@ -15,7 +15,8 @@ it is the key such a run had before adapters were modelled, and identical reques
 the runs stored then.
 
 Model names: a preset or a hub id; a local config only as an absolute path inside one of
-AUTOTUNE_MODEL_DIRS. Anything else that looks like a path is refused (ModelPathRefused) before
+AUTOTUNE_MODEL_DIRS, in one spelling (``local_model_name``: ``/m/./ok/`` and ``/m/ok/config.json``
+are ``/m/ok``). Anything else that looks like a path is refused (ModelPathRefused) before
 the file system is read. Remote code is never enabled (models.py).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -281,6 +283,9 @@ class _Normalizing:
         self.found = Findings()
         self.env = None
         self.alloc_conf = ""  # PyTorch's default allocator, unless the request sets it
+        # One GPU until check_fields says otherwise: its error may name another field (gpus, nodes),
+        # and the budget is still checked with the request refused for it.
+        self.parallel = None
 
     def spec(self) -> TableSpec:
         """The checks in their order: the fields on their own, the target, then what needs the
@@ -635,4 +640,15 @@ def check_model_name(name: str, model_dirs: Sequence[Path]) -> str:
     resolved = Path(name).resolve()
     if not any(resolved.is_relative_to(d) for d in allowed):
         raise ModelPathRefused(f"local model path '{name}' is outside the allowed directories: {dirs}")
-    return name
+    return local_model_name(name)
+
+
+def local_model_name(name: str) -> str:
+    """One spelling of an absolute local model path, so that one model is one run (its name is part
+    of the run's key): ``/m/./ok``, ``//m/ok``, ``/m/ok/`` and ``/m/ok/config.json`` are ``/m/ok``.
+    Lexical (symlinks stay as named, as the run is shown), and a config file named otherwise than
+    config.json stays a file."""
+    path = Path(posixpath.normpath("/" + name.lstrip("/")))  # normpath keeps a leading '//'
+    if path.name == "config.json" and path.is_file() and path.parent != path:
+        path = path.parent  # the directory reads as its config.json (autotune.workload.models)
+    return str(path)

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
+from api.admission import client_of
 from api.chart import Series, line_chart
 from api.deps import QueueDep
 from api.fleet.step import step_of
@@ -103,9 +104,12 @@ def chart_of(run: Run, rows: list[tuple[int, list[CellView]]]) -> Any:
                       chart_id=f"chart-{run.id}")
 
 
-def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
+def _context(run: Run, cells: list[dict[str, Any]], queue: QueueDep) -> dict[str, Any]:
     rows = grid(run, cells)
     return {
+        # A database that cannot be written now (a full disk): why, and this run's results waiting.
+        "write_failure": queue.store.write_failure, "unwritten": queue.backlog(run.id),
+        "reconcile_s": queue.reconcile_s,
         "run": summary(run), "spec": run.spec, "header": run.header or {}, "rows": rows,
         "stored": (stored := TableSpec.from_json(run.spec)), "warnings": run_warnings(stored),
         "weights": weights_label(stored.weights_dtype),
@@ -120,7 +124,7 @@ def _context(run: Run, cells: list[dict[str, Any]]) -> dict[str, Any]:
 def run_page(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
     """A run: table, chart, and per cell its memory and probes; updates itself while it runs."""
     run, cells = read_run(queue, run_id)
-    context = _context(run, cells)
+    context = _context(run, cells, queue)
     # The model's runs of this step on every GPU kind (views/fleet.py).
     context["fleet_url"] = path_for(request, "fleet") + "?" + urlencode(
         {"model": run.model, "step": step_of(run.spec).id})
@@ -131,7 +135,7 @@ def run_page(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
 def run_live(run_id: str, request: Request, queue: QueueDep) -> HTMLResponse:
     """The changing part of the run page, for its script to swap in."""
     run, cells = read_run(queue, run_id)
-    return templates.TemplateResponse(request, "_run_live.html", _context(run, cells))
+    return templates.TemplateResponse(request, "_run_live.html", _context(run, cells, queue))
 
 
 @router.get("/runs/{run_id}/explain", response_class=HTMLResponse, name="run_explain")
@@ -158,7 +162,8 @@ async def run_explain(
     try:
         order = AnalysisOrder("explain", run.spec,
                               {"seq_len": seq_len, "batch_size": at, "mode": mode, "levers": levers})
-        result = await run_analysis(queue.runner, order, request.is_disconnected)
+        client = client_of(request.scope, request.app.state.settings.api_token)
+        result = await run_analysis(queue.runner, order, request.is_disconnected, client)
     except Overloaded:
         raise  # 503 with Retry-After: the panel's script says so
     except AutotuneError as exc:

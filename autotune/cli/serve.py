@@ -159,9 +159,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise InvalidInput(f"port {args.port} is out of range: use 1 to 65535")
 
-    import uvicorn
-
     from api.main import create_app, make_runner
+    from api.server import serve
     from api.store import Store
 
     # Opened here, not at the app's startup, so that a database another server holds, or a bad
@@ -175,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
         store.close()
         raise
     app = create_app(settings, store=store, runner=runner)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=10)
+    # uvicorn, with a deadline for request heads and a cap on connections (api/server.py).
+    serve(app, settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

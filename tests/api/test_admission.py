@@ -138,3 +138,81 @@ def test_a_slow_body_or_a_missing_token_holds_no_place_in_the_line(tmp_path):
         for sock in slow:
             sock.close()
         server.stop()
+
+
+def _greedy_scenario(admission_token, greedy_headers, other):
+    """Six requests of a greedy client (10.0.0.1, with ``greedy_headers(i)``) held in the app, then
+    ``other`` (address, headers): whether the other is served while they are held."""
+    async def scenario() -> bool:
+        release = asyncio.Event()
+
+        async def app(scope, receive, send):
+            if scope["path"] == "/greedy":
+                await release.wait()
+
+        admission = Admission(app, limit=4, token=admission_token)
+
+        async def nothing():
+            return {"type": "http.request"}
+
+        async def ignore(message):
+            pass
+
+        def request(path, address, headers):
+            return {**scope(path), "client": (address, 1234), "headers": headers}
+
+        greedy = [asyncio.create_task(admission(request("/greedy", "10.0.0.1", greedy_headers(i)), nothing,
+                                                ignore)) for i in range(6)]
+        await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(admission(request("/v1/tables", *other), nothing, ignore), timeout=1.0)
+            served = True
+        except TimeoutError:
+            served = False
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*greedy), timeout=1.0)
+        return served
+
+    return asyncio.run(scenario())
+
+
+def test_made_up_tokens_do_not_make_one_client_many():
+    # Issue #37: the share was by the Authorization header as sent, so a client sending a different
+    # made-up token with each request was that many clients and took every place.
+    def made_up(i):
+        return [(b"authorization", f"Bearer guess-{i}".encode())]
+
+    assert _greedy_scenario(None, made_up, ("10.0.0.2", []))
+    assert _greedy_scenario("secret", made_up, ("10.0.0.2", []))
+
+
+def test_the_server_s_token_sets_a_client_apart_from_the_anonymous_requests_of_its_address():
+    # Behind one address (a NAT, an office): the holder of the token keeps a place of its own.
+    token = [(b"authorization", b"Bearer secret")]
+    assert _greedy_scenario("secret", lambda i: [], ("10.0.0.1", token))
+    assert not _greedy_scenario("secret", lambda i: [], ("10.0.0.1", []))  # the same client: it waits
+
+
+def test_client_of_counts_only_the_server_s_token():
+    from api.admission import client_of
+
+    request = {"client": ("10.0.0.1", 5), "headers": [(b"authorization", b"Bearer secret")]}
+    assert client_of(request) == "address 10.0.0.1"
+    assert client_of(request, "secret") == "address 10.0.0.1 with the token"
+    assert client_of(request, "other") == "address 10.0.0.1"
+    assert client_of({"headers": []}) == "address unknown"
+
+
+def test_a_write_without_the_token_is_401_whatever_its_body(make_client):
+    # Issue #37 (7e): an unauthenticated POST was answered 422 (its body's errors) before 401.
+    client = make_client(api_token="secret")
+    for body in ({"content": b"not json"}, {"json": {}}, {"json": {"model": "tiny-bert", "seq_lens": "x"}},
+                 {"content": b"x" * 100_000}):
+        response = client.post("/v1/tables", **body)
+        assert response.status_code == 401, response.text
+        assert response.headers["www-authenticate"] == "Bearer"
+    wrong = client.post("/v1/tables?force=maybe", json={}, headers={"Authorization": "Bearer guess"})
+    assert wrong.status_code == 401 and "invalid API token" in wrong.json()["detail"]
+    assert client.delete("/v1/tables/abc").status_code == 401
+    authorised = client.post("/v1/tables", json={}, headers={"Authorization": "Bearer secret"})
+    assert authorised.status_code == 422  # with the token, the body is read and checked

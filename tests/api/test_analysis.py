@@ -100,7 +100,7 @@ def test_an_order_is_answered_by_a_worker_and_the_same_order_again_from_the_cach
     assert answer(pool, order(tmp_path, "a")) == {"n": 1, "kind": "explain"}  # not asked again: n stays 1
     assert time.monotonic() - started < 0.5
     assert answer(pool, order(tmp_path, "b")) == {"n": 2, "kind": "explain"}  # the same worker, kept warm
-    assert pool.describe() == {"workers": 1, "busy": 0, "cached": 2}
+    assert pool.describe() == {"workers": 1, "busy": 0, "waiting": 0, "cached": 2}
 
 
 def test_one_more_order_than_workers_is_refused_at_once_with_a_retry_after(make_pool, tmp_path):
@@ -236,3 +236,84 @@ def test_a_worker_keeps_the_estimator_of_a_spec_so_the_next_batch_replays_its_tr
         other = {**spec, "margin": (size + 1) / 100}
         analysis_worker._prepare(other)
     assert len(analysis_worker._prepared) == analysis_worker.SPECS_KEPT
+
+
+# --- a client's share of the workers (issue #37: one anonymous client took every heavy read) ---------
+
+
+def test_a_client_holds_at_most_all_workers_but_one_and_another_finds_the_last(make_pool, tmp_path):
+    pool = make_pool(workers=3, timeout_s=20)
+    greedy = [pool.analyze(order(tmp_path, f"g{i}", sleep_s=5), "address 10.0.0.1") for i in range(2)]
+    started = time.monotonic()
+    with pytest.raises(Overloaded, match=r"2 of them with your requests, the most one client may hold \(2\)"):
+        pool.analyze(order(tmp_path, "g2", sleep_s=5), "address 10.0.0.1")
+    assert time.monotonic() - started < 0.5  # refused at once
+    other = pool.analyze(order(tmp_path, "other"), "address 10.0.0.2")
+    assert pool.describe()["busy"] == 3
+    assert asyncio.run(other.result(never_gone)) == {"n": 1, "kind": "explain"}
+    for ticket in [*greedy, other]:
+        ticket.release()
+
+
+def test_one_client_asking_one_order_after_another_takes_turns_with_another_client(make_pool, tmp_path):
+    # The issue's case: one worker; client A asks distinct orders one after another, so a worker
+    # was never free when client B asked, and B got 503 every time. Now B waits for the worker A
+    # frees and gets it before A's next order.
+    pool = make_pool(workers=1, timeout_s=30)
+    finished: list[str] = []
+
+    async def greedy() -> None:
+        for i in range(4):
+            await run_analysis(pool, order(tmp_path, f"a{i}", sleep_s=1.0), never_gone, "address 10.0.0.1")
+            finished.append(f"a{i}")
+
+    async def other() -> dict:
+        while not (tmp_path / "pid-a0").exists():  # A holds the worker
+            await asyncio.sleep(0.02)
+        answer = await run_analysis(pool, order(tmp_path, "b", sleep_s=0.4), never_gone, "address 10.0.0.2")
+        finished.append("b")
+        return answer
+
+    async def both():
+        return await asyncio.gather(greedy(), other())
+
+    _, answer = asyncio.run(both())
+    assert answer["kind"] == "explain"  # served, not 503
+    # Right after A's order that held the worker (or the next, on a machine too loaded to ask in time).
+    assert finished.index("b") <= 2, finished
+    assert pool.describe()["waiting"] == 0
+
+
+def test_an_order_waits_in_line_at_most_the_time_limit_and_one_per_client(make_pool, tmp_path):
+    pool = make_pool(workers=1, timeout_s=1.5)
+    running = pool.analyze(order(tmp_path, "long", sleep_s=60), "address 10.0.0.1")
+    second = pool.analyze(order(tmp_path, "second", sleep_s=60), "address 10.0.0.2")
+    third = pool.analyze(order(tmp_path, "third", sleep_s=60), "address 10.0.0.3")
+    assert pool.describe()["waiting"] == 2
+    with pytest.raises(Overloaded, match="another request of yours waits for one"):
+        pool.analyze(order(tmp_path, "again", sleep_s=60), "address 10.0.0.3")
+    started = time.monotonic()
+    # "long" is killed at its limit and the worker goes to "second", the first in line; "third"
+    # has then waited its limit for a worker: answered 503, not left waiting.
+    with pytest.raises(Overloaded, match=r"stayed busy for \d+ s") as refused:
+        asyncio.run(third.result(never_gone))
+    assert time.monotonic() - started < 10 and refused.value.retry_after_s >= 1
+    assert wait_file(tmp_path / "pid-second")
+    assert pool.describe()["waiting"] == 0
+    for ticket in (running, second, third):
+        ticket.release()
+
+
+def test_an_order_whose_client_left_while_in_line_leaves_the_line(make_pool, tmp_path):
+    pool = make_pool(workers=1)
+    running = pool.analyze(order(tmp_path, "slow", sleep_s=2), "address 10.0.0.1")
+
+    async def gone() -> bool:
+        return True
+
+    with pytest.raises(ClientGone):
+        asyncio.run(run_analysis(pool, order(tmp_path, "left", sleep_s=60), gone, "address 10.0.0.2"))
+    assert pool.describe()["waiting"] == 0
+    assert asyncio.run(running.result(never_gone))["kind"] == "explain"
+    running.release()
+    assert not (tmp_path / "pid-left").exists()  # it never took the worker

@@ -226,3 +226,19 @@ def test_the_kuberay_example_has_a_worker_group_per_gpu_type():
 
     assert _ray_address(env["AUTOTUNE_RAY_ADDRESS"]) == env["AUTOTUNE_RAY_ADDRESS"]
     assert claim["kind"] == "PersistentVolumeClaim"
+
+
+def test_every_serving_container_may_open_the_connections_the_server_holds(compose, fleet_compose):
+    # Issue #37: with 1024 descriptors, 1100 slow connections took the server off the air. The
+    # compose files raise the limit above AUTOTUNE_MAX_CONNECTIONS and the server's own files.
+    from api.server import RESERVED_DESCRIPTORS
+    from api.settings import Settings
+
+    needed = Settings().max_connections + RESERVED_DESCRIPTORS
+    for name, service in [("autotune", compose["services"]["autotune"]),
+                          ("autotune-cpu", compose["services"]["autotune-cpu"]),
+                          ("fleet autotune", fleet_compose["services"]["autotune"])]:
+        nofile = service["ulimits"]["nofile"]
+        assert nofile["soft"] >= needed and nofile["hard"] >= nofile["soft"], name
+        assert "AUTOTUNE_TRUSTED_PROXIES" in service["environment"], name
+    assert "--ulimit nofile=" in DOCKERFILE.read_text()  # the docker run line says it too

@@ -126,7 +126,8 @@ def test_api_docs_tell_the_browser_to_ask_no_other_host(idle_client, path):
     directives = dict(d.split(" ", 1) for d in policy.split("; "))
     assert directives["default-src"] == "'self'" and directives["img-src"].startswith("'self'")
     sources = {source for value in directives.values() for source in value.split()}
-    assert sources <= {"'self'", "'unsafe-inline'", "data:", "blob:"}
+    assert sources <= {"'self'", "'unsafe-inline'", "data:", "blob:", "'none'"}
+    assert directives["frame-ancestors"] == "'none'"  # nor may another site frame them (api/framing.py)
 
 
 def test_swagger_ui_never_asks_the_online_validator(idle_client):

@@ -183,6 +183,21 @@ def test_local_models_are_read_only_inside_model_dirs(make_client, tmp_path):
         f"unknown model '{allowed / 'missing'}'")
 
 
+def test_one_local_model_spelled_several_ways_is_one_run(make_client, tmp_path):
+    # Issue #37 (7b): ./ok, //ok, ok/ and ok/config.json made four runs of one model.
+    allowed = tmp_path / "models"
+    inside = _write_config(allowed / "ok")
+    client = make_client(model_dirs=(allowed,))
+    spellings = [str(inside), f"{allowed}/./ok", f"/{inside}", f"{inside}/", f"{inside}/config.json",
+                 f"{allowed}//ok/./config.json"]
+    answers = [post(client, model=name) for name in spellings]
+    assert [a.status_code for a in answers] == [202] * len(spellings), [a.text for a in answers]
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert [a.json()["created"] for a in answers] == [True] + [False] * (len(spellings) - 1)
+    assert client.get(answers[0].json()["url"]).json()["model"] == str(inside)
+    assert client.get("/v1/tables", params={"model": str(inside)}).json()["count"] == 1
+
+
 def test_a_config_that_needs_remote_code_is_refused(make_client, tmp_path):
     allowed = tmp_path / "models"
     custom = _write_config(allowed / "custom", model_type="my-custom-arch")

@@ -66,3 +66,41 @@ def test_the_same_explain_is_instant_the_second_time(idle_client):
     assert time.monotonic() - started < 0.5
     assert second.json() == first.json()
     assert idle_client.get("/v1/health").json()["analysis"]["cached"] == cached + 1
+
+
+@pytest.mark.slow
+def test_one_client_asking_explain_after_explain_leaves_another_client_a_worker(tmp_path):
+    # Issue #37: one anonymous client asking distinct explains one after another kept the analysis
+    # pool busy, and another client's uncached checks got 503 18 times of 18. Now a client holds at
+    # most its share of the workers and a worker it frees goes to the client waiting for one.
+    import threading
+
+    server = Server(tmp_path / "fair.db", tmp_path / "server.log", AUTOTUNE_ANALYSIS_WORKERS="1",
+                    AUTOTUNE_ANALYSIS_TIMEOUT_S="120")
+    stop = threading.Event()
+    greedy: list[int] = []
+
+    def ask_one_after_another() -> None:  # from another address: another client
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=server.url, transport=transport, timeout=120) as client:
+            seq_len = 16
+            while not stop.is_set():
+                seq_len += 8
+                explain = f"/v1/explain?model=bert-base-uncased&seq_len={seq_len}&mode=fp32&levers=false"
+                greedy.append(client.get(explain).status_code)
+
+    attacker = threading.Thread(target=ask_one_after_another)
+    try:
+        attacker.start()
+        wait_until(lambda: len(greedy) >= 1 and server.client.get("/v1/health").json()["analysis"]["busy"],
+                   timeout_s=120, what="the greedy client holding the worker")
+        answers = []
+        for batch in (4, 8):  # two uncached checks while it goes on
+            check = f"/v1/check?model=tiny-bert&seq_len=32&batch_size={batch}&mode=fp32&gpu=T4"
+            answers.append(server.client.get(check, timeout=240))
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    finally:
+        stop.set()
+        attacker.join(timeout=240)
+        server.stop()
+    assert set(greedy) <= {200, 503}

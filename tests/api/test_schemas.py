@@ -59,8 +59,9 @@ def test_each_field_is_described_by_its_help_but_where_the_service_has_its_own_w
 
 def test_the_query_keeps_the_cells_defaults_and_leaves_the_steps_to_normalize():
     query = CheckQuery(model="tiny-bert", seq_len=64, batch_size=8).model_dump()
-    assert (query["mode"], query["accumulation_steps"], query["load_in_4bit"]) == ("fp32", 1, False)
-    # As in a table's body, None: the default normalize fills in (the server's backend among them).
-    assert all(query[name] is None for name in ("dtype", "optimizer", "loss", "backend", "margin"))
+    assert (query["accumulation_steps"], query["load_in_4bit"]) == (1, False)
+    # As in a table's body, None: the default normalize fills in (the server's backend among them;
+    # the mode: the weights', schemas.mode_of).
+    assert all(query[name] is None for name in ("mode", "dtype", "optimizer", "loss", "backend", "margin"))
     assert ExplainQuery(model="tiny-bert", seq_len=64).model_dump()["levers"] is True
     assert "backend" not in ExplainQuery.model_fields  # explain runs the estimator

@@ -117,3 +117,30 @@ def test_a_misspelt_or_impossible_argument_is_refused():
 def test_a_bad_context_overhead_names_the_variable():
     with pytest.raises(InvalidInput, match="^AUTOTUNE_CONTEXT_OVERHEAD: invalid memory size 'lots'"):
         Settings.from_env({"AUTOTUNE_CONTEXT_OVERHEAD": "lots"})
+
+
+def test_the_connection_limits_and_the_trusted_proxies():
+    defaults = Settings.from_env({})
+    assert (defaults.header_timeout_s, defaults.max_connections, defaults.max_connections_per_client,
+            defaults.trusted_proxies) == (10.0, 1000, 100, ())
+    settings = Settings.from_env({
+        "AUTOTUNE_HEADER_TIMEOUT_S": "2.5", "AUTOTUNE_MAX_CONNECTIONS": "50",
+        "AUTOTUNE_MAX_CONNECTIONS_PER_CLIENT": "5",
+        "AUTOTUNE_TRUSTED_PROXIES": " 10.0.0.5, 10.1.0.0/16,[::1], 10.0.0.5 ,"})
+    assert (settings.header_timeout_s, settings.max_connections, settings.max_connections_per_client) == (
+        2.5, 50, 5)
+    assert settings.trusted_proxies == ("10.0.0.5", "10.1.0.0/16", "::1")
+    assert Settings.from_env({"AUTOTUNE_TRUSTED_PROXIES": ""}).trusted_proxies == ()
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("AUTOTUNE_TRUSTED_PROXIES", "proxy.internal",
+     "AUTOTUNE_TRUSTED_PROXIES='proxy.internal': 'proxy.internal' is not an IP address or network: give "
+     "the addresses of the reverse proxies in front of this server, comma-separated (e.g. "
+     "'127.0.0.1,10.0.0.0/24')"),
+    ("AUTOTUNE_MAX_CONNECTIONS", "0", "AUTOTUNE_MAX_CONNECTIONS='0': use a positive integer"),
+])
+def test_malformed_connection_settings_are_named(name, value, message):
+    with pytest.raises(InvalidInput) as info:
+        Settings.from_env({name: value})
+    assert str(info.value) == message

@@ -6,6 +6,8 @@ file modes make a read-only one, garbage written into pages makes a damaged one.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
@@ -64,6 +66,16 @@ def _fill_the_disk(store: Store) -> None:
     """From now on the database cannot grow by a page: SQLITE_FULL, as on a full disk."""
     pages = store._writer.execute("PRAGMA page_count").fetchone()[0]
     store._writer.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def _fill_the_disk_and_its_free_pages(store: Store) -> None:
+    """``_fill_the_disk``, and the pages the file has free (a row rewritten leaves some) taken by a
+    filler table: a write that needs a page finds none."""
+    store._writer.execute("CREATE TABLE IF NOT EXISTS filler (x BLOB)")
+    _fill_the_disk(store)
+    with contextlib.suppress(sqlite3.OperationalError):  # database or disk is full
+        while True:
+            store._writer.execute("INSERT INTO filler VALUES (zeroblob(3000))")
 
 
 def _free_the_disk(store: Store) -> None:
@@ -211,7 +223,8 @@ def _damaged_database(path: Path) -> None:
 def test_a_sound_database_reports_ok_in_health(idle_client):
     health = idle_client.get("/v1/health").json()
     assert health["status"] == "ok"
-    assert health["database"] == {"file": "idle.db", "integrity": "ok"}
+    assert health["database"] == {"file": "idle.db", "integrity": "ok", "writable": True, "write_error": None,
+                                  "backlog": 0}
 
 
 def test_a_damaged_database_opens_and_health_reports_it_degraded(tmp_path, caplog):
@@ -229,10 +242,73 @@ def test_a_damaged_database_opens_and_health_reports_it_degraded(tmp_path, caplo
         health = client.get("/v1/health").json()
     assert integrity != "ok" and "page" in integrity and "\n" not in integrity
     assert health["status"] == "degraded"
-    assert health["database"] == {"file": "runs.db", "integrity": integrity}
+    assert health["database"] == {"file": "runs.db", "integrity": integrity, "writable": True,
+                                  "write_error": None, "backlog": 0}
     assert health["queue"]["done"] == 1  # what still reads is served
     damaged = f"database {tmp_path / 'runs.db'} is damaged, PRAGMA quick_check says: {integrity}"
     assert damaged in caplog.messages
+
+
+def test_a_full_disk_is_degraded_in_health_shown_on_the_run_page_and_a_refused_post_is_503(make_client,
+                                                                                            tmp_path):
+    # Issue #37 (7a): during a full disk health said "ok", the run page showed nothing, and a POST
+    # the database refused was a 500. Now: 503 with Retry-After, health degraded with the backlog,
+    # the run page says what waits; and once space returns every result is written.
+    # PRAGMA max_page_count refuses a write that needs a new page, where a full disk refuses any: a
+    # classifier of 1000 labels (its config is the run's spec) and a cell of 80 probes need pages.
+    models = tmp_path / "models" / "classifier"
+    models.mkdir(parents=True)
+    labels = {str(i): f"label number {i}" for i in range(1000)}
+    (models / "config.json").write_text(json.dumps({
+        "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 128, "id2label": labels}))
+    client = make_client(reconcile_s=3600, model_dirs=(tmp_path / "models",))  # passes run by the test
+    queue = client.app.state.queue
+    store = queue.store
+    table = {"model": str(models), "backend": "estimate", "seq_lens": [32], "modes": ["fp32"], "gpu": "T4"}
+    accepted = client.post("/v1/tables", json=table)
+    assert accepted.status_code == 202, accepted.text
+    run_id = accepted.json()["id"]
+    assert store.mark_running(run_id, lane="estimate:0", worker_pid=None)
+    oom = ("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 14.56 GiB of "
+           "which 1.02 GiB is free. Of the allocated memory 12.10 GiB is allocated by PyTorch")
+    probes = [{"batch_size": b, "outcome": "oom", "peak_bytes": 10**9 + b, "peak_allocated_bytes": 10**9,
+               "peak_reserved_bytes": 10**9, "step_time_s": None, "error": oom} for b in range(81, 161)]
+    cell = {"mode": "fp32", "seq_len": 32, "max_batch_size": 80, "capped": True, "backend": "estimate",
+            "peak_memory_bytes": 10**6, "peak_allocated_bytes": 10**6, "probes": len(probes),
+            "step_time_s": None, "error": None, "probe_log": probes}
+
+    _fill_the_disk_and_its_free_pages(store)
+    queue.cell(run_id, 0, cell)  # a worker's result: kept, not lost
+    refused = client.post("/v1/tables", json={**table, "seq_lens": [48]})
+    assert refused.status_code == 503, refused.text
+    assert int(refused.headers["Retry-After"]) == 3600
+    assert "database or disk is full" in refused.json()["detail"]
+    assert "nothing of this request was stored" in refused.json()["detail"]
+    health = client.get("/v1/health").json()
+    assert health["status"] == "degraded"
+    assert health["database"] == {"file": store.path.name, "integrity": "ok", "writable": False,
+                                  "write_error": "database or disk is full", "backlog": 1}
+    page = client.get(f"/runs/{run_id}").text
+    assert ("The server cannot write its database now (database or disk is full): 1 result of this run "
+            "waits to be written, kept by the server and tried again every 3600 s.") in page
+
+    _free_the_disk(store)
+    queue.reconcile()
+    assert [c["seq_len"] for c in store.cells(run_id)] == [32]  # written, nothing lost
+    health = client.get("/v1/health").json()
+    assert health["status"] == "ok" and health["database"]["writable"] and health["database"]["backlog"] == 0
+    assert "cannot write its database" not in client.get(f"/runs/{run_id}").text
+    assert sum(client.get("/v1/health").json()["queue"].values()) == 1  # the refused POST stored nothing
+
+    # With nothing waiting, the reconciler finds the database writable again by trying a write.
+    _fill_the_disk_and_its_free_pages(store)
+    assert client.post("/v1/tables", json={**table, "seq_lens": [64]}).status_code == 503
+    assert client.get("/v1/health").json()["database"]["writable"] is False
+    _free_the_disk(store)
+    queue.reconcile()
+    assert client.get("/v1/health").json()["status"] == "ok"
+    assert client.post("/v1/tables", json={**table, "seq_lens": [64]}).status_code == 202
 
 
 def test_a_database_sqlite_cannot_open_is_a_store_error_at_start(tmp_path):
