@@ -17,7 +17,9 @@ tensors and storage tracker, or on the cuda backend's GPU. That is the method of
   embedding,) output head] kept gathered from forward to backward, then on the root, which keeps
   its own leftovers gathered likewise (torch's ``reshard_after_forward=None`` for a root). Its
   sharded parameters are DTensors: the estimator's tracker counts their local shards, and is told
-  of the storages FSDP2 frees and brings back by resizing them (estimate/rank.py).
+  of the storages FSDP2 frees and brings back by resizing them (estimate/rank.py). Axolotl's and
+  LLaMA-Factory v1's own preparations are recipes of their own (``shard_as_axolotl``,
+  ``shard_as_llamafactory``, which also computes v1's SFT loss outside the model).
 - **DDP** (torch/nn/parallel/distributed.py): the Reducer's gradient buckets, allocated as it
   builds them, then a copy of each gradient into its bucket in backward. Three steps of its
   constructor and forward read tensor data, which fake tensors have none of, and are left out:
@@ -141,6 +143,8 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
 
     if parallel.recipe == "axolotl":
         return shard_as_axolotl(model, parallel, mesh, loss, precision)
+    if parallel.recipe == "llamafactory":
+        return shard_as_llamafactory(model, parallel, mesh, loss, precision)
     if precision != "fp32":  # "FSDP2 requires uniform orig_dtype among trainable params in each group"
         for parameter in model.parameters():
             if parameter.requires_grad and parameter.dtype != torch.float32:
@@ -189,6 +193,107 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     root = _loss_module()(model, loss)
     fully_shard(root, **kwargs)
     return root
+
+
+def shard_as_llamafactory(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
+    """LLaMA-Factory v1's step (src/llamafactory/v1, ff6d4d1): FSDP2 as
+    plugins/trainer_plugins/distributed/fsdp2.py ``FSDP2Engine.prepare_model`` applies it, and the SFT
+    loss its trainer computes outside the model (``_llamafactory_loss``); returns that loss's module.
+
+    No float32 upcast (v1 casts a fully trained model to float32 itself, core/model_engine.py
+    ``_init_model``; PEFT its adapters); ``get_mp_policy``: bfloat16 parameters and float32 gradient
+    reduction under bf16, float32 both under fp32 (cast_forward_inputs, no output dtype), and no
+    autocast. Top-down, as it goes: with a LoRA layer in the model, every leaf module holding a
+    trainable parameter on its own (lora_A, lora_B, a modules_to_save copy); every module of the
+    classes ``get_transformer_layer_cls`` finds (the first entry of each ``layers`` or ``blocks``
+    ModuleList, else the model's _no_split_modules); every nn.Embedding where tie_word_embeddings
+    is false; then the model itself, the root, with the same ``reshard_after_forward`` (given
+    explicitly, so the root reshards after forward too). On one GPU v1 has no process group
+    (accelerator/helper.py ``is_distributed``: RANK unset), hence no mesh, and ``prepare_model``
+    returns the model unwrapped."""
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    if loss != "full":
+        raise InvalidInput(f"loss {loss!r}: LLaMA-Factory v1 computes its own loss over the full logits "
+                           "(core/base_trainer.py compute_log_probs)")
+    if precision == "amp":
+        raise InvalidInput("LLaMA-Factory v1 trains in bfloat16 (its bf16 flag) or float32, never float16: "
+                           "give mode bf16 or fp32")
+    if parallel.gpus == 1:
+        return _llamafactory_loss()(model)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
+    kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward, "mp_policy": policy}
+    if any(isinstance(module, _lora_layer_class()) for module in model.modules()):
+        for module in [m for m in model.modules() if not list(m.children())]:
+            if any(parameter.requires_grad for parameter in module.parameters(recurse=False)):
+                fully_shard(module, **kwargs)
+    classes = _llamafactory_layer_classes(model)
+    untied = not getattr(model.config, "tie_word_embeddings", True)
+    for module in list(model.modules()):
+        # its own parameters sharded already: inside a group (v1 would fail there; no LM has one)
+        taken = isinstance(module, FSDPModule) or any(
+            isinstance(parameter, DTensor) for parameter in module.parameters(recurse=False))
+        if (type(module) in classes or untied and isinstance(module, nn.Embedding)) and not taken:
+            fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return _llamafactory_loss()(model)
+
+
+def _llamafactory_layer_classes(model: Any) -> set[type]:
+    """fsdp2.py ``get_transformer_layer_cls``: the class of the first entry of every non-empty
+    ModuleList named ``layers`` or ``blocks``; else the modules named in ``_no_split_modules``."""
+    from torch import nn
+
+    classes = {type(seq[0]) for module in model.modules() for attr in ("layers", "blocks")
+               if isinstance(seq := getattr(module, attr, None), nn.ModuleList) and len(seq) > 0}
+    if classes:
+        return classes
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return {type(module) for module in model.modules() if type(module).__name__ in names}
+
+
+def _llamafactory_loss() -> type:
+    from torch import nn
+
+    class LlamaFactorySFTLoss(nn.Module):
+        """LLaMA-Factory v1's SFT loss around the (sharded) model, ``module(**batch)`` the loss:
+        trainers/sft_trainer.py ``SFTTrainer.compute_loss`` over core/base_trainer.py
+        ``compute_log_probs``. The model is called with every tensor of the batch, the labels
+        among them, so transformers computes its own loss too and it is dropped with the output;
+        the logits are upcast to float32, a shifted copy made contiguous, and cross_entropy taken
+        per token (reduction none), then weighted by the batch's loss_weights (float32, 1 on every
+        position here). The root's reshard and pre-backward fall where they do in v1, with the loss
+        outside the root."""
+
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, **batch: Any) -> Any:
+            import torch
+
+            labels = batch["labels"]
+            loss_weights = torch.ones(labels.shape, dtype=torch.float32, device=labels.device)
+            shift_loss_weights = loss_weights[..., 1:]
+            log_probs = self.log_probs(batch)
+            return (-log_probs * shift_loss_weights).sum() / (shift_loss_weights.sum() + 1e-6)
+
+        def log_probs(self, batch: dict[str, Any]) -> Any:
+            import torch.nn.functional as F
+
+            batch_size, _ = batch["labels"].shape
+            labels = batch["labels"]
+            outputs = self.model(**batch)
+            logits = outputs.logits.float()
+            shift_labels = labels[..., 1:].contiguous().view(-1)
+            shift_logits = logits[..., :-1, :].contiguous().view(shift_labels.size(0), -1)
+            return -F.cross_entropy(shift_logits, shift_labels, reduction="none").view(batch_size, -1)
+
+    return LlamaFactorySFTLoss
 
 
 def _lora_layer_class() -> Any:

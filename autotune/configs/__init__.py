@@ -7,7 +7,9 @@ Seven formats, told apart by their keys (``detect``), each read by its own modul
     llamafactory  a LLaMA-Factory YAML: its model, data and fine-tuning arguments (stage,
                finetuning_type, cutoff_len, template, lora_rank, lora_target, quantization_bit, ...) with
                the Trainer's (per_device_train_batch_size, bf16, ...) (configs/llamafactory.py); read
-               before TRL and the Trainer, whose keys (packing, model_name_or_path) it shares
+               before TRL and the Trainer, whose keys (packing, model_name_or_path) it shares; or
+               LLaMA-Factory v1's (model, train_dataset, peft_config, dist_config, micro_batch_size, ...)
+               (configs/llamafactory_v1.py), told apart by v1's own keys
     trl-sft    a TRL SFTConfig (a TrainingArguments superset): packing, padding_free, model_init_kwargs,
                dataset_text_field, loss_type, ..., and the ``trl sft`` CLI's model keys (use_peft, lora_r)
                (configs/trainer.py)
@@ -49,7 +51,8 @@ from pathlib import Path
 
 from autotune.configs.accelerate import ACCELERATE_MARKERS, combine, read_accelerate
 from autotune.configs.axolotl import AXOLOTL_MARKERS, read_axolotl
-from autotune.configs.llamafactory import LLAMAFACTORY_MARKERS, LLAMAFACTORY_V1_MARKERS, read_llamafactory
+from autotune.configs.llamafactory import LLAMAFACTORY_MARKERS, read_llamafactory
+from autotune.configs.llamafactory_v1 import LLAMAFACTORY_V1_MARKERS, is_v1, read_llamafactory_v1
 from autotune.configs.native import AUTOTUNE_MARKERS, read_native
 from autotune.configs.peft import read_peft
 from autotune.configs.reading import Config, TrainingConfig, load
@@ -107,7 +110,7 @@ def _read(cfg: Config) -> TrainingConfig:
     if fmt == "axolotl":
         return read_axolotl(cfg)
     if fmt == "llamafactory":
-        return read_llamafactory(cfg)
+        return read_llamafactory_v1(cfg) if is_v1(cfg) else read_llamafactory(cfg)
     if fmt == "autotune":
         return read_native(cfg)
     return read_trainer(cfg, fmt)
@@ -128,7 +131,7 @@ def detect(cfg: Config) -> str:
     if keys & ACCELERATE_MARKERS:  # accelerate's use_cpu and num_processes are no training config's
         return "accelerate"
     if keys & LLAMAFACTORY_V1_MARKERS:  # v1's model and micro_batch_size are autotune's and Axolotl's too
-        return "llamafactory"  # which refuses it, naming v1
+        return "llamafactory"  # read by configs/llamafactory_v1.py
     found = {
         "axolotl": keys & AXOLOTL_MARKERS,
         "llamafactory": keys & LLAMAFACTORY_MARKERS,

@@ -46,13 +46,6 @@ LLAMAFACTORY_MARKERS = words(
     "flash_attn disable_gradient_checkpointing use_reentrant_gc upcast_layernorm pure_bf16 "
     "additional_target neat_packing")
 
-# LLaMA-Factory v1's config (src/llamafactory/v1: model, train_dataset, dist_config, ...), a format
-# of its own: named and refused, not mistaken for Axolotl's (micro_batch_size) or autotune's (model).
-_V1_KEYS = ("train_dataset", "dist_config", "model_class", "kernel_config", "sample_backend",
-            "batching_strategy")
-LLAMAFACTORY_V1_MARKERS = frozenset(_V1_KEYS)
-_V1 = ("LLaMA-Factory v1's config (src/llamafactory/v1) is not read yet: autotune reads the YAML of "
-       "hparams/ (model_name_or_path, stage, finetuning_type, cutoff_len, ...)")
 # Megatron's arguments (hparams/megatron_bridge_args.py, and mcore_adapter's): a run launched with
 # USE_MCA=1 or USE_MEGATRON_BRIDGE=1 (train/mca, train/megatron_bridge), where Megatron-Core, not the
 # Hugging Face Trainer, builds the step; LLaMA-Factory's own parser refuses these keys otherwise.
@@ -149,10 +142,10 @@ _LF_PREFIXES = ("vllm_", "sglang_", "export_", "kt_", "galore_", "apollo_", "bad
 
 
 def read_llamafactory(cfg: Config) -> TrainingConfig:
-    for keys, why in ((_V1_KEYS, _V1), (_MEGATRON_KEYS, _MEGATRON)):
-        present = [key for key in keys if key in cfg.data]
-        if present:
-            raise cfg.unmodelled(present[0], cfg.data[present[0]], why)
+    # v1's files never reach here: configs.detect sends them to llamafactory_v1.py
+    present = [key for key in _MEGATRON_KEYS if key in cfg.data]
+    if present:
+        raise cfg.unmodelled(present[0], cfg.data[present[0]], _MEGATRON)
     cfg.refuse(_LF_REFUSED)
     # deepspeed (examples/deepspeed/ds_z*_config.json) and fsdp are TrainingArguments' (hparams/parser.py
     # parses Seq2SeqTrainingArguments); FSDP usually comes from an accelerate config

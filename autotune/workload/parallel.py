@@ -33,8 +33,10 @@ ZERO_STAGES = ("zero1", "zero2", "zero3")
 PARALLEL_CHOICES = (DDP, FSDP, *ZERO_STAGES)
 MODELLED = (DDP, FSDP)  # the kinds a Parallel has (the ZeRO stages are refused before one is made)
 # Who prepares FSDP2: accelerate's fsdp2_prepare_model (the Trainer, TRL, LLaMA-Factory), or
-# Axolotl's own, which replaces it (monkeypatch/accelerate/fsdp2.py): backends/distributed.py shard.
-FSDP_RECIPES = ("accelerate", "axolotl")
+# Axolotl's own, which replaces it (monkeypatch/accelerate/fsdp2.py), or LLaMA-Factory v1's
+# FSDP2Engine with its SFT loss around the root (v1/plugins/trainer_plugins/distributed/fsdp2.py):
+# backends/distributed.py shard.
+FSDP_RECIPES = ("accelerate", "axolotl", "llamafactory")
 MAX_GPUS = 65536  # world sizes beyond any job: a typo, refused
 
 
@@ -61,6 +63,8 @@ class Parallel:
         """In words, for the output: "FSDP2 full shard, 8 GPUs"."""
         if self.kind == DDP:
             return f"DDP over {self.gpus} GPUs (each holds the whole model)"
+        if self.recipe == "llamafactory" and self.gpus == 1:
+            return "LLaMA-Factory v1 on 1 GPU (FSDP2 not applied: no process group)"
         strategy = "full shard" if self.reshard_after_forward else "shard grad op (no reshard after forward)"
         if self.nodes > 1:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
@@ -74,6 +78,17 @@ class Parallel:
             return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
                     "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default) as one "
                     "flat buffer, before DDP's rebuild into 25 MiB buckets of the same bytes")
+        if self.recipe == "llamafactory":
+            return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
+                    "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
+                    + ("on one GPU v1 has no process group and leaves the model unwrapped, computing in "
+                       "the weights' dtype with no autocast" if self.gpus == 1 else
+                       "FSDP2 fully_shard on a fake process group, each LoRA layer's trainable leaves, each "
+                       "decoder layer, an untied embedding and the root, all resharded alike; 16-bit modes "
+                       "are its MixedPrecisionPolicy (bfloat16 parameters, float32 gradient reduction) over "
+                       "shards in the weights' dtype, with no autocast")
+                    + "; the SFT loss outside the model: logits upcast to float32 and a shifted float32 copy "
+                    "for cross_entropy, beside transformers' own loss of the labels passed in")
         if self.recipe == "axolotl":
             return ("traced: FSDP2 fully_shard on a fake process group, wrapped as Axolotl wraps it "
                     "(monkeypatch/accelerate/fsdp2.py, in place of accelerate's: each LoRA adapter, each "
@@ -171,6 +186,8 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
 
     if parallel is None or parallel.kind != FSDP:
         return
+    if parallel.recipe == "llamafactory" and parallel.gpus == 1:
+        return  # LLaMA-Factory v1 shards nothing on one GPU (backends/distributed.py shard_as_llamafactory)
     if base_bits is not None:
         raise _about("parallel", InvalidInput.naming(
             f"a {base_bits}-bit base under {{parallel}} fsdp is not modelled yet: use ddp, or LoRA over "
