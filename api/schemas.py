@@ -462,6 +462,8 @@ class CheckPublic(BaseModel):
     parallel: dict[str, Any] | None = Field(default=None, description="a multi-GPU job: kind (ddp, fsdp), "
                                             "gpus, nodes, reshard_after_forward, shard_size, label; the "
                                             "batch is per GPU. null: one GPU")
+    images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
+                                          "every row; always null here: the service refuses those models")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -579,3 +581,5 @@ class ExplainPublic(BaseModel):
                                             "gpus, nodes, reshard_after_forward, shard_size, label, "
                                             "modelled, nccl_bytes; every figure is one GPU's (rank 0). "
                                             "null: one GPU")
+    images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
+                                          "every row; always null here: the service refuses those models")

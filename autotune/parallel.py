@@ -85,6 +85,8 @@ def approximate_parameters(workload: Workload) -> int | None:
     """12 h^2 per layer and the embeddings (a transformer's weights, roughly); None when the config
     does not say its width and depth."""
     config = workload.model.config
+    if getattr(config, "vision_config", None) is not None:  # a vision-language model: its text model's
+        config = config.get_text_config()
     hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
     if not isinstance(hidden, int) or not isinstance(layers, int):
         return None
@@ -105,6 +107,8 @@ def preset_workers(config: dict[str, Any], jobs: int, workers: int | None) -> in
     # The names transformers' attribute_map gives hidden_size and num_hidden_layers in the presets'
     # families (DistilBERT, GPT-2): tests/autotune/test_parallel.py checks every preset against
     # default_workers of its config.
+    if isinstance(config.get("text_config"), dict):  # a vision-language model's, nested
+        config = config["text_config"]
     hidden = next((config[k] for k in ("hidden_size", "dim", "n_embd") if k in config), None)
     layers = next((config[k] for k in ("num_hidden_layers", "n_layers", "n_layer") if k in config), None)
     size = None

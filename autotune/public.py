@@ -350,6 +350,8 @@ class StepOptions(TypedDict, total=False):
     nodes: int | None
     reshard_after_forward: bool | None
     fsdp_recipe: str | None  # accelerate
+    images_per_sample: int | None  # 1, image-text-to-text only
+    image_size: str | tuple[int, int] | None  # "640x480" (width x height), image-text-to-text only
     peft: str | None
     lora_r: int | None
     lora_alpha: float | None

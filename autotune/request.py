@@ -74,6 +74,7 @@ from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.step import ATTN_CHOICES
+from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
 if TYPE_CHECKING:
     from autotune.backends import Backend
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from autotune.workload import Workload
     from autotune.workload.models import ModelSpec
     from autotune.workload.modes import Mode
+    from autotune.workload.vision import Images
 
 GpuMemory = str | int  # "12GiB", "16GB", "1024B", or an int: bytes ("12" alone is refused)
 
@@ -323,6 +325,20 @@ _QUANT_FIELDS = ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_c
 PEFT_FIELDS = tuple(f.name for f in fields_of(PeftOptions))
 
 
+def _count(value: Any, name: str) -> int:
+    """An integer >= 0 (a bool is refused)."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"invalid {name} {value!r}: use an integer >= 0") from None
+    if isinstance(value, bool) or number < 0:
+        raise InvalidInput(f"{name} must be an integer >= 0, got {value!r}")
+    return number
+
+
+_DEFAULT_IMAGE_SIZE = "x".join(str(n) for n in DEFAULT_IMAGE_SIZE)
+
+
 def _braced(names: Sequence[str]) -> str:
     return ", ".join("{" + name + "}" for name in names)
 
@@ -369,9 +385,20 @@ class Step:
         None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
         "or keep them for the backward (SHARD_GRAD_OP)")
     fsdp_recipe: str | None = option(
-        None, "fsdp: who prepares FSDP2: accelerate (the Trainer's, TRL's, LLaMA-Factory's; the default) or "
-        "axolotl (its own preparation: no float32 upcast, LoRA adapters sharded on their own)",
+        None, "fsdp: who prepares FSDP2: accelerate (the Trainer's, TRL's, LLaMA-Factory's classic trainer; "
+        "the default), axolotl (its own preparation: no float32 upcast, LoRA adapters sharded on their "
+        "own) or llamafactory (LLaMA-Factory v1's: no upcast, no tail group, its own loss; on one GPU "
+        "the model unwrapped)",
         choices=FSDP_RECIPES)
+    images_per_sample: int | None = option(
+        None, "image-text-to-text (a vision-language model): images in every sample, their tokens part of "
+        "seq_len as the processor expands them (default 1; 0: a text-only step of the model)", metavar="N",
+        parse=lambda text: _count(text, "images_per_sample"), http=False)  # the service refuses VLMs
+    image_size: str | None = option(
+        None, "image-text-to-text: each image's size before the processor, WIDTHxHEIGHT in pixels (default "
+        f"{_DEFAULT_IMAGE_SIZE}, COCO's, the images of Axolotl's VLM examples); Qwen2-VL resizes it to "
+        "multiples of 28 (smart_resize), LLaVA and Gemma 3 resize every image to one size", metavar="WxH",
+        http=False)
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -592,6 +619,8 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     step = request.step
     spec = resolve_model(step, found, access)
     seq_lens = _seq_lens(request, spec, found)
+    if isinstance(request, TableRequest) and request.seq_lens is None:
+        seq_lens = _room_for_images(step, spec, seq_lens)
     modes = _modes(request, found)
     _counts(request, found)
     workload = resolve_workload(step, spec, seq_lens, found)
@@ -666,10 +695,57 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                  reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
+    images = resolve_images(step, spec, task, seq_lens, found)
     if found.errors:
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
-                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel)
+                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images)
+
+
+def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,
+                   found: Findings) -> Images | None:
+    """The images of an image-text-to-text step (workload/vision.py), each length checked to hold
+    them; None for other tasks, which take no image fields."""
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, check_row_fits, image_layout, make_images
+
+    given = [name for name in ("images_per_sample", "image_size") if getattr(step, name) is not None]
+    if task != IMAGE_TEXT_TO_TEXT:
+        if given:
+            with found.about(given[0]):
+                raise InvalidInput.naming(
+                    f"{_braced(given)}: images are the inputs of a vision-language model's "
+                    f"{IMAGE_TEXT_TO_TEXT} step, and this step is {task}")
+        return None
+    images = layout = None
+    with found.about("images_per_sample"):
+        images = make_images(step.images_per_sample, step.image_size)
+    if images is not None:
+        with found.about("model"):
+            layout = image_layout(spec.config, images)
+    if layout is not None:
+        with found.about("seq_len"):
+            for seq_len in seq_lens or ():
+                check_row_fits(layout, seq_len)
+    return images
+
+
+def _room_for_images(step: Step, spec: ModelSpec | None, seq_lens: list[int] | None) -> list[int] | None:
+    """A table's default lengths without those too short for the rows' images (an image-text-to-text
+    step's); every length where none is dropped or the images are invalid (resolve_images says so)."""
+    if spec is None or not seq_lens:
+        return seq_lens
+    from autotune.workload.models import infer_task
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, image_layout, make_images, shortest_row
+
+    try:
+        task = step.task.strip().lower().replace("_", "-") if step.task else infer_task(spec.config)[0]
+        if task != IMAGE_TEXT_TO_TEXT:
+            return seq_lens
+        images = make_images(step.images_per_sample, step.image_size)
+        shortest = shortest_row(image_layout(spec.config, images))
+    except AutotuneError:
+        return seq_lens
+    return [n for n in seq_lens if n >= shortest] or seq_lens
 
 
 def resolve_adapter(step: Step, found: Findings) -> Adapter | None:

@@ -50,6 +50,16 @@ def budget_bytes(gpu: GpuSpec, margin: float, parallel: Parallel | None = None) 
     return int(left * (1.0 - margin))
 
 
+def images_json(workload: Workload) -> dict[str, Any] | None:
+    """A vision-language model's image assumption as the output says it (vision.ImageLayout.to_json:
+    per sample, size, processed size, patches, tokens, label); None without one."""
+    if workload.images is None:
+        return None
+    from autotune.workload.vision import image_layout
+
+    return image_layout(workload.model.config, workload.images).to_json()
+
+
 def parallel_json(workload: Workload, gpu: GpuSpec) -> dict[str, Any] | None:
     """A multi-GPU job as the output says it (Parallel.to_json), with its NCCL buffers on ``gpu``;
     None for one GPU."""
@@ -111,6 +121,8 @@ class TableResult:
     # A multi-GPU job (workload.parallel.Parallel.to_json: kind, gpus, ..., label); None: one GPU.
     # Every max batch is then one rank's, the per-device batch.
     parallel: dict[str, Any] | None = None
+    # A vision-language model's images in every row (images_json); None: not image-text-to-text.
+    images: dict[str, Any] | None = None
 
     @property
     def total_probes(self) -> int:
@@ -244,6 +256,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         outside_allocator_bytes=paged_state_bytes(workload),
         adapter=adapter_json(workload),
         parallel=parallel_json(workload, gpu),
+        images=images_json(workload),
     )
 
 

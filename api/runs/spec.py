@@ -97,6 +97,7 @@ from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel, check_sharded, make_parallel
 from autotune.workload.step import MIN_STEPS, check_attn
 from autotune.workload.support import dtype_warnings
+from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
 
 MAX_MODEL_NAME_CHARS = 300  # hub ids are at most 96 characters; paths get some room
 
@@ -427,6 +428,11 @@ class _Normalizing:
         if found.ok("task"):
             with found.about("task"):
                 self.task = task_for(model, self.asked_task)
+                if self.task == IMAGE_TEXT_TO_TEXT:  # its answer depends on images the spec does not carry
+                    raise InvalidInput(
+                        f"{model.name} is a vision-language model (task {IMAGE_TEXT_TO_TEXT}): its step "
+                        "depends on the images of each sample, which the service does not take yet; ask "
+                        "autotune check, table or explain (--images-per-sample, --image-size)")
         if found.ok("dtype"):
             with found.about("dtype"):
                 self.weights_dtype = resolve_dtype(model, self.dtype)

@@ -46,7 +46,7 @@ from autotune.backends.estimate.rank import COMMUNICATION_BUFFERS, GATHERED_PARA
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import adapter_json, budget_bytes, parallel_json, search_cell
+from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_json, search_cell
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import BASE_BITS
@@ -206,6 +206,8 @@ class Explanation:
     # A multi-GPU job (tuner.parallel_json: kind, gpus, shard_size, label, nccl_bytes, ...), whose
     # rank 0 every figure is of; None for one GPU.
     parallel: dict[str, Any] | None = None
+    # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
+    images: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -736,6 +738,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         weight_bytes=None if groups is None else weight_bytes(model, groups),
         attention_kernel=probe.details.get("attention"),
         parallel=parallel_json(workload, gpu),
+        images=images_json(workload),
     )
 
 

@@ -85,6 +85,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                  "dtype": step.dtype, "attn": step.attn, "optimizer": step.optimizer, "loss": step.loss,
                  "accumulation_steps": request.accumulation_steps,
                  "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger)),
+                 **({"images_per_sample": step.images_per_sample, "image_size": step.image_size}
+                    if step.images_per_sample is not None or step.image_size is not None else {}),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
                                   "reshard_after_forward": step.reshard_after_forward,
                                   "fsdp_recipe": step.fsdp_recipe}}

@@ -74,8 +74,6 @@ _AXOLOTL_REFUSED = {
     "relora": RELORA,
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
-    "processor_type": "a processor feeds images or audio to a vision-language model, which autotune does not "
-                      "model (it trains on text)",
     "quantize_moe_experts": QUANT, "llmcompressor": QUANT,
     "cls_model_config": "a classification head (reward models) is not modelled",
     "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
@@ -499,6 +497,82 @@ def _axolotl_sharding(cfg: Config) -> None:
                      f"{str(reshard).lower()}; {AXOLOTL_FSDP2_NOTE}")
 
 
+# Processors of audio models (processor_type names the class): their audio tower and audio tokens
+# are not modelled (gemma3n's and voxtral's examples train on audio: examples/gemma3n, examples/voxtral).
+_AUDIO_PROCESSORS = ("VoxtralProcessor", "Gemma3nProcessor", "Qwen2AudioProcessor", "Qwen2_5OmniProcessor",
+                     "WhisperProcessor", "Phi4MultimodalProcessor", "GraniteSpeechProcessor")
+AUDIO = "audio inputs (an audio tower and the audio tokens of a row) are not modelled: autotune models images"
+MULTIMODAL_NOTE = ("Axolotl trains it as a vision-language model (utils/config/__init__.py normalize_config: "
+                   "is_multimodal; loaders/model.py: AutoModelForImageTextToText): task image-text-to-text, "
+                   "each batch the processor's chat template over the images and text "
+                   "(utils/collators/mm_chat.py MultiModalChatDataCollator), rows padded to the longest and "
+                   "not cut to sequence_len; the check is for rows of sequence_len tokens, the images' "
+                   "tokens among them")
+
+
+def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
+    """The step's task and images where Axolotl trains a vision-language model: processor_type set,
+    or a base_model of a model type in transformers' image-text-to-text mapping (normalize_config's
+    is_multimodal; a preset's config says it here). ``image_size`` as processing_strategies.py
+    applies it (an int: the image padded to that square, ImageOps.pad; a pair: resized to (width,
+    height)); unset, Axolotl takes the processor's size or the vision config's image_size
+    (loaders/processor.py, loaders/utils.py), which the fixed-size processors resize to anyway, and
+    otherwise leaves each image its size: autotune's default size then (workload/vision.py)."""
+    processor = cfg.get("processor_type")
+    if processor is not None and not isinstance(processor, str):
+        raise cfg.bad("processor_type", processor, "a processor class name")
+    if processor in _AUDIO_PROCESSORS:
+        raise cfg.unmodelled("processor_type", processor, AUDIO)
+    multimodal = not unset(processor) or cfg.data.get("is_multimodal") is True \
+        or _vlm_preset(cfg.data.get("base_model"))
+    image_size, algorithm = cfg.get("image_size"), cfg.get("image_resize_algorithm")
+    if not multimodal:
+        for key, value in (("image_size", image_size), ("image_resize_algorithm", algorithm)):
+            if not unset(value):
+                cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
+        return {"task": "causal-lm"}
+    if cfg.flag("sample_packing"):
+        raise InvalidInput(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
+                           "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
+    why = f"processor_type: {processor}" if not unset(processor) else "base_model: a vision-language model"
+    cfg.notes.append(f"{why}: {MULTIMODAL_NOTE}")
+    found: dict[str, Any] = {"task": "image-text-to-text"}
+    if not unset(image_size):
+        if isinstance(image_size, bool) or not isinstance(image_size, int | list | tuple):
+            raise cfg.bad("image_size", image_size, "an integer (a padded square) or [width, height]")
+        if isinstance(image_size, int):
+            found["image_size"] = f"{image_size}x{image_size}"
+            cfg.notes.append(f"image_size: {image_size}: every image padded to a {image_size}x{image_size} "
+                             "square (processing_strategies.py: ImageOps.pad), then given to the processor")
+        else:
+            if len(image_size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                               for v in image_size):
+                raise cfg.bad("image_size", image_size, "an integer or [width, height]")
+            found["image_size"] = f"{image_size[0]}x{image_size[1]}"
+            cfg.notes.append(f"image_size: {list(image_size)}: every image resized to {image_size[0]}x"
+                             f"{image_size[1]} (width x height; processing_strategies.py), then given to "
+                             "the processor")
+    if not unset(algorithm):
+        cfg.notes.append(f"image_resize_algorithm: {algorithm}: the resampling filter: no effect on memory")
+    processor_config = cfg.get("processor_config")
+    if not unset(processor_config) and processor_config != cfg.data.get("base_model"):
+        raise cfg.unmodelled("processor_config", processor_config, "autotune models the processor of "
+                             "base_model's checkpoint (its image sizes and token counts); another processor "
+                             "config may resize images differently")
+    cfg.notes.append("one image per sample: Axolotl's processing strategy takes the first image of a "
+                     "sample's images column (processing_strategies.py: \"Using the first one\"); "
+                     "--images-per-sample for chats with more images in their messages")
+    return found
+
+
+def _vlm_preset(name: Any) -> bool:
+    """Whether ``name`` is a preset of a vision-language model (its config has a vision_config)."""
+    from autotune.workload.presets import PRESETS, preset_name
+
+    preset = preset_name(name) if isinstance(name, str) else None
+    return preset is not None and "vision_config" in PRESETS[preset]
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     cfg.refuse(_AXOLOTL_REFUSED)
     _axolotl_sharding(cfg)
@@ -517,6 +591,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         if not unset(cfg.get(key)):
             raise cfg.unmodelled(key, cfg.data[key], KERNEL)
     liger = _axolotl_liger(cfg)
+    multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
     attn = _axolotl_attention(cfg)
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
@@ -531,6 +606,10 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
+    if multimodal["task"] == "image-text-to-text" and loss == "chunked":
+        raise cfg.unmodelled("cut_cross_entropy" if cce else "liger_fused_linear_cross_entropy", True,
+                             "a fused linear cross-entropy over a vision-language model's rows is not "
+                             "modelled (autotune chunks the loss of causal-lm steps)")
     batch = cfg.positive("micro_batch_size", "batch size")
     accumulation = cfg.positive("gradient_accumulation_steps", "accumulation steps")
     total = cfg.positive("batch_size", "global batch size")
@@ -547,7 +626,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     return cfg.result(
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
-        accumulation_steps=accumulation or 1, task="causal-lm", dtype=dtype, optimizer=optimizer,
+        accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),

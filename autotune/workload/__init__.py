@@ -9,6 +9,7 @@ from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
 from autotune.workload.step import MIN_STEPS
+from autotune.workload.vision import Images
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,6 @@ class Workload:
     liger: tuple[str, ...] = ()
     # A multi-GPU job (workload.parallel): the step is one rank's; None: one GPU.
     parallel: Parallel | None = None
+    # A vision-language model's images (task image-text-to-text, workload/vision.py): how many in
+    # every row, and their size; None for the other tasks.
+    images: Images | None = None

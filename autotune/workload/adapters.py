@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -342,7 +343,9 @@ def lora_config(adapter: Adapter, task: str) -> Any:
     """PEFT's LoraConfig for ``adapter`` on a ``task`` model."""
     from peft import LoraConfig
 
-    task_type = PEFT_TASK_TYPES[task]
+    # A vision-language model's LoRA is a causal LM's: Axolotl's LoraConfig says task_type CAUSAL_LM
+    # for every model (loaders/adapter.py _build_peft_lora_config), VLMs included.
+    task_type = PEFT_TASK_TYPES["causal-lm" if task == "image-text-to-text" else task]
     targets: str | list[str] | None = None
     if adapter.targets == (ALL_LINEAR,):
         targets = ALL_LINEAR  # PEFT reads the shorthand only as a string
@@ -404,7 +407,10 @@ def prepare(
     config = lora_config(adapter, task)
     _register_quantized_layers(config, adapter, parts)
     try:
-        wrapped = get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # PeftModel.__init__ asks transformers 5 by its deprecated name (peft_model.py): not the caller's
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            wrapped = get_peft_model(model, config)
     except ValueError as exc:
         message = str(exc).splitlines()[0].rstrip(".")
         if "target_modules" in message or "not found in the base model" in message:

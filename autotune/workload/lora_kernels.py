@@ -144,13 +144,17 @@ def _detabbed_source(function: Any) -> str:
     return re.sub(r"^" + indent.group(0), "", source, flags=re.MULTILINE) if indent else source
 
 
-def check_model(config: Any, kernels: Sequence[str]) -> None:
-    """InvalidInput where Axolotl's patch of ``config``'s model type fails or is not emulated."""
+def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None = None) -> None:
+    """InvalidInput where Axolotl's patch of ``config``'s model type fails or is not emulated.
+    ``checkpoint_type``: the model type of the checkpoint's config where ``config`` is its text
+    config (a vision-language model's), which get_attention_cls_from_config reads (AutoConfig of
+    base_model)."""
     model_type = config.model_type
     if set(kernels) & {"qkv", "o"}:
-        cls = attention_class(model_type)
+        cls = attention_class(checkpoint_type or model_type)
         if cls is None:
-            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type {model_type}: "
+            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type "
+                               f"{checkpoint_type or model_type}: "
                                "get_attention_cls_from_config finds no attention class; set them to false")
         source = _detabbed_source(cls.forward)
         missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
@@ -193,8 +197,9 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
         raise InvalidInput(f"{NAME} patch causal language models only (apply_lora_kernel_patches takes a "
                            f"PeftModelForCausalLM), not a {type(model).__name__}")
     config: Any = model.config
+    checkpoint_type = config.model_type
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    check_model(config, kernels)
+    check_model(config, kernels, checkpoint_type)
     for layer in _layers(model):
         attn = getattr(layer, "self_attn", None)
         if attn is not None and all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):

@@ -47,6 +47,9 @@ TASKS = (
     "masked-lm",
     "causal-lm",
     "token-classification",
+    # A vision-language model's conditional generation (transformers' pipeline of that name,
+    # AutoModelForImageTextToText): causal-lm on rows holding image tokens (workload/vision.py).
+    "image-text-to-text",
 )
 
 # huggingface_hub's own reading of HF_HUB_OFFLINE (constants._is_true).
@@ -68,9 +71,28 @@ class ModelSpec:
 
 def preset_suggestions(name: str) -> list[str]:
     """The presets closest to a name that is none ("tiny-bret" -> ["tiny-bert"]), best first: the
-    name and its part after the organisation, against every spelling of PRESET_INDEX."""
+    name and its part after the organisation, against every spelling of PRESET_INDEX.
+
+    A name that says nothing of vision (no "vl", "vision", "llava" word) is matched against the
+    vision-language presets by its beginning only: "Qwen2.5-7B-Instruct" is Qwen2.5-7B's, though
+    "Qwen2.5-VL-7B-Instruct" is closer letter for letter; "gemma-3-4b" still finds gemma-3-4b-it."""
     typed = name.strip()
-    return close_matches([typed, typed.rsplit("/", 1)[-1]], PRESET_INDEX.items())
+    words = [typed, typed.rsplit("/", 1)[-1]]
+    found = close_matches(words, PRESET_INDEX.items())
+    if _names_vision(typed) or not any(_is_vlm_preset(match) for match in found):
+        return found
+    text = [(spelling, preset) for spelling, preset in PRESET_INDEX.items() if not _is_vlm_preset(preset)]
+    vision = [(spelling, preset) for spelling, preset in PRESET_INDEX.items() if _is_vlm_preset(preset)]
+    by_prefix = close_matches(words, vision, cutoff=1.0)
+    return (by_prefix + [match for match in close_matches(words, text) if match not in by_prefix])[:3]
+
+
+def _names_vision(text: str) -> bool:
+    return bool(set(re.split(r"[\W_]+", text.lower())) & {"vl", "vlm", "vision", "llava", "visual"})
+
+
+def _is_vlm_preset(name: str) -> bool:
+    return "vision_config" in PRESETS[name]
 
 
 def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:
@@ -281,8 +303,11 @@ PADDING_OFFSET_MODEL_TYPES = frozenset(
 def position_limit(config: PretrainedConfig, name: str = "this model") -> tuple[str, int, int]:
     """(config attribute, its value, usable positions) of a config's position table.
 
-    GPT-2 calls it n_positions; RoBERTa-family models lose padding_idx + 1 positions.
+    GPT-2 calls it n_positions; RoBERTa-family models lose padding_idx + 1 positions. A
+    vision-language model's is its text model's (``get_text_config()``: text_config).
     """
+    if getattr(config, "vision_config", None) is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
     attribute_map = getattr(config, "attribute_map", {}) or {}
     attribute = attribute_map.get("max_position_embeddings", "max_position_embeddings")
     value = getattr(config, attribute, None)
@@ -345,13 +370,19 @@ _ARCHITECTURE_TASKS = (
 def infer_task(config: PretrainedConfig) -> tuple[str, str]:
     """(task, why): the task a config's checkpoint was built for.
 
-    From ``config.architectures`` (``LlamaForCausalLM`` -> causal-lm, ``BertForMaskedLM`` ->
-    masked-lm, ...). Without it, causal-lm for decoder-only model types (those transformers has
-    a causal-LM class for and neither a masked-LM nor a sequence-to-sequence class:
-    ``modeling_auto``'s mappings), else sequence-classification (an encoder's fine-tuning task).
+    A vision-language model (a model type of transformers' image-text-to-text mapping, with a
+    vision_config) -> image-text-to-text. Else from ``config.architectures`` (``LlamaForCausalLM``
+    -> causal-lm, ``BertForMaskedLM`` -> masked-lm, ...). Without it, causal-lm for decoder-only
+    model types (those transformers has a causal-LM class for and neither a masked-LM nor a
+    sequence-to-sequence class: ``modeling_auto``'s mappings), else sequence-classification (an
+    encoder's fine-tuning task).
     """
     from transformers.models.auto import modeling_auto
 
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, is_vlm
+
+    if is_vlm(config):
+        return IMAGE_TEXT_TO_TEXT, f"{config.model_type} is a vision-language model type"
     for architecture in getattr(config, "architectures", None) or []:
         for suffix, task in _ARCHITECTURE_TASKS:
             if str(architecture).endswith(suffix):

@@ -335,6 +335,154 @@ _PHI = {
     "vocab_size": 51200,
 }
 
+# --- vision-language models (task image-text-to-text: workload/vision.py) ----------------------
+# Qwen2-VL and Qwen2.5-VL 7B: config.json as published, in the flat form the hub keeps (the text
+# model's keys at the top, Qwen2VLConfig moves them to text_config). Qwen2-VL-7B-Instruct's values
+# are transformers' Qwen2VLVisionConfig defaults (configuration_qwen2_vl.py, documented as that
+# checkpoint's) for the vision tower; its text shapes, with Qwen2.5-VL's whole config, as copied in
+# public code: Qwen2.5-VL-7B-Instruct's config.json as keyword arguments in a Qwen-Image text encoder
+# (the module tree printed in zhenhua32/Qwen2-VL READ.md and acproject/duorou docs/qwen2.5vl_graph.md
+# gives the same shapes). Their token ids: <|vision_start|> 151652 ... <|video_pad|> 151656.
+_QWEN_VL_TOKENS = {
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "vision_token_id": 151654,
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+}
+_QWEN_VL_7B_TEXT = {
+    **_QWEN_VL_TOKENS,
+    "attention_dropout": 0.0,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_window_layers": 28,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+_VLM_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen2-VL-7B-Instruct": {
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        **_QWEN_VL_7B_TEXT,
+        "max_position_embeddings": 32768,
+        "vision_config": {
+            "depth": 32,
+            "embed_dim": 1280,
+            "hidden_act": "quick_gelu",
+            "hidden_size": 3584,
+            "in_channels": 3,
+            "mlp_ratio": 4,
+            "num_heads": 16,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+    },
+    "Qwen/Qwen2.5-VL-7B-Instruct": {
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        **_QWEN_VL_7B_TEXT,
+        "max_position_embeddings": 128000,
+        "vision_config": {
+            "depth": 32,
+            "fullatt_block_indexes": [7, 15, 23, 31],  # the others attend within 112-pixel windows
+            "hidden_act": "silu",
+            "hidden_size": 1280,
+            "in_channels": 3,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "out_hidden_size": 3584,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "tokens_per_second": 2,
+            "window_size": 112,
+        },
+    },
+    # llava-hf/llava-1.5-7b-hf: CLIP ViT-L/14 at 336 pixels (its vision_config is transformers'
+    # LlavaConfig default, configuration_llava.py, documented as this checkpoint's), a 2-layer GELU
+    # projector, Vicuna-7B v1.5 (Llama-2-7B shapes, LlamaConfig's defaults) with 64 more token rows
+    # (vocab 32064: <image> is 32000, <pad> 32001). Published in float16.
+    "llava-hf/llava-1.5-7b-hf": {
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "ignore_index": -100,
+        "image_token_index": 32000,
+        "pad_token_id": 32001,
+        "projector_hidden_act": "gelu",
+        "text_config": {
+            "architectures": ["LlamaForCausalLM"],
+            "max_position_embeddings": 4096,
+            "model_type": "llama",
+            "rms_norm_eps": 1e-05,
+            "torch_dtype": "float16",
+            "vocab_size": 32064,
+        },
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "vision_config": {
+            "hidden_size": 1024,
+            "image_size": 336,
+            "intermediate_size": 4096,
+            "model_type": "clip_vision_model",
+            "num_attention_heads": 16,
+            "num_hidden_layers": 24,
+            "patch_size": 14,
+            "projection_dim": 768,
+            "vocab_size": 32000,
+        },
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+    },
+    # google/gemma-3-4b-it: Gemma3Config's own defaults are this checkpoint's (configuration_gemma3.py,
+    # documented as google/gemma-3-4b-it: 256 tokens an image, boi 255999, eoi 256000, image 262144);
+    # the config.json sets in text_config 2560 hidden, 10240 intermediate, 34 layers, a 1024-token
+    # window and linear rope scaling by 8 (the rest Gemma3TextConfig's defaults: 8 heads, 4 key/value
+    # heads of 256, vocab 262208), and a SigLIP so400m tower at 896 pixels (27 layers of 1152).
+    "google/gemma-3-4b-it": {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "eos_token_id": [1, 106],
+        "image_token_index": 262144,
+        "initializer_range": 0.02,
+        "mm_tokens_per_image": 256,
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+        "torch_dtype": "bfloat16",
+        "vision_config": {
+            "hidden_size": 1152,
+            "image_size": 896,
+            "intermediate_size": 4304,
+            "model_type": "siglip_vision_model",
+            "num_attention_heads": 16,
+            "num_hidden_layers": 27,
+            "patch_size": 14,
+            "vision_use_head": False,
+        },
+    },
+}
+
 _FULL_PRESETS: dict[str, dict[str, Any]] = {
     "bert-base-uncased": _BERT_BASE,
     "bert-base-cased": {**_BERT_BASE, "vocab_size": 28996},
@@ -861,6 +1009,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 16,
         "num_hidden_layers": 28,
     },
+    **_VLM_PRESETS,
 }
 
 # Tiny models for tests and demos: 2 layers, hidden 32, 2 heads, intermediate 64,
@@ -879,6 +1028,20 @@ _TINY_ROBERTA = {
     "pad_token_id": 1,
     "type_vocab_size": 1,
 }
+_TINY_VLM_TEXT = {
+    **_TINY_BERT,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 1024,
+    "image_token_id": 100,
+    "video_token_id": 101,
+    "vision_start_token_id": 102,
+    "vision_end_token_id": 103,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# A fixed-size tower of 56-pixel images in 14-pixel patches: 16 patches.
+_TINY_VISION = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                "image_size": 56, "patch_size": 14}
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "bert": _TINY_BERT,
     "roberta": _TINY_ROBERTA,
@@ -932,6 +1095,38 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "query_pre_attn_scalar": 16,
         "sliding_window": 64,  # smaller than the context, so the sliding layers differ
         "architectures": ["Gemma2ForCausalLM"],
+    },
+    # Vision-language models: the tiny decoder above (1024 positions, room for the images) and a
+    # 2-block vision tower of width 32; image token ids inside the vocab.
+    "qwen2_vl": {
+        **_TINY_VLM_TEXT,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # head_dim 16: 8 frequencies
+        "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2},
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+    },
+    "qwen2_5_vl": {
+        **_TINY_VLM_TEXT,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+                          "out_hidden_size": 32, "fullatt_block_indexes": [1], "window_size": 112},
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    },
+    "llava": {
+        "text_config": {"model_type": "llama", **_TINY_BERT, "num_key_value_heads": 1,
+                        "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "clip_vision_model", **_TINY_VISION},
+        "image_token_index": 100,
+        "architectures": ["LlavaForConditionalGeneration"],
+    },
+    "gemma3": {
+        "text_config": {"model_type": "gemma3_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "query_pre_attn_scalar": 16, "sliding_window": 64, "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "siglip_vision_model", **_TINY_VISION},
+        "mm_tokens_per_image": 4,  # 16 patches pooled 2 x 2
+        "image_token_index": 100,
+        "boi_token_index": 101,
+        "eoi_token_index": 102,
+        "architectures": ["Gemma3ForConditionalGeneration"],
     },
     "modernbert": {
         **_TINY_BERT,

@@ -29,6 +29,7 @@ from autotune.workload.optimizers import (  # noqa: F401 (re-exported: the step'
     check_optimizer,
     make_optimizer,
 )
+from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, Images, image_batch, image_layout
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,7 @@ TASK_MODEL_CLASSES = {
     "masked-lm": "AutoModelForMaskedLM",
     "causal-lm": "AutoModelForCausalLM",
     "token-classification": "AutoModelForTokenClassification",
+    "image-text-to-text": "AutoModelForImageTextToText",
 }
 
 
@@ -181,9 +183,13 @@ def _check_experts_dtype(model: Any, weights_dtype: str) -> None:
 
 def make_batch(
     config: Any, task: str, batch_size: int, seq_len: int, device: Any = None, *,
-    attn: str | None = None,
+    attn: str | None = None, images: Images | None = None,
 ) -> dict[str, torch.Tensor]:
     """Inputs and labels of one batch, fully padded to ``seq_len``.
+
+    ``image-text-to-text`` (a vision-language model): every row also holds ``images`` (default
+    ``Images()``: one image of vision.DEFAULT_IMAGE_SIZE), their placeholder tokens counted in
+    ``seq_len`` and their pixels as the model's processor gives them (vision.image_batch).
 
     Token ids are zeros: memory does not depend on their values. The last position of every
     sequence is padding (attention mask 0): with an all-ones mask transformers may drop the mask
@@ -205,8 +211,11 @@ def make_batch(
     elif task == "question-answering":
         batch["start_positions"] = torch.zeros(batch_size, dtype=torch.long, device=device)
         batch["end_positions"] = torch.zeros(batch_size, dtype=torch.long, device=device)
-    else:  # masked-lm, causal-lm, token-classification: one label per token
+    else:  # masked-lm, causal-lm, token-classification, image-text-to-text: one label per token
         batch["labels"] = torch.zeros(shape, dtype=torch.long, device=device)
+    if task == IMAGE_TEXT_TO_TEXT:
+        layout = image_layout(config, images or Images())
+        batch = image_batch(config, layout, batch_size, seq_len, device, batch)
     return batch
 
 
@@ -291,13 +300,29 @@ def gradient_checkpointing(
         model.enable_input_require_grads()
     kwargs = dict(checkpoint_kwargs or {})
     context_fn = kwargs.pop("context_fn", None) if kwargs.get("use_reentrant") else None
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or checkpoint_kwargs)
+    # As the Trainer calls it (trainer.py, _inner_training_loop): transformers 5's name where the model
+    # has it (the deprecated gradient_checkpointing_enable warns), else the older one.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or checkpoint_kwargs)
     if context_fn is not None:
         _recompute_under(model, context_fn)
+    # transformers turns the cache off for a checkpointed training forward itself, with a notice
+    # (utils/generic.py, "use_cache=True is incompatible with gradient checkpointing"): off already
+    config: Any = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    if use_cache:
+        config.use_cache = False
     try:
         yield
     finally:
-        model.gradient_checkpointing_disable()
+        if use_cache:
+            config.use_cache = use_cache
+        if hasattr(model, "activation_checkpointing_disable"):
+            model.activation_checkpointing_disable()
+        else:
+            model.gradient_checkpointing_disable()
         # transformers 5 makes the input embeddings' output require grad while checkpointing
         # and removes that hook on disable only for PEFT models; a reused model (the
         # estimator's) must not keep it, or frozen embeddings would save an extra activation.

@@ -204,3 +204,12 @@ def test_a_request_without_modes_takes_those_of_the_weights(client):
                                               "gpu_memory": "1GiB", "backend": "estimate"})
     assert created.status_code in (200, 202), created.text
     assert client.get(f"/v1/tables/{created.json()['id']}").json()["modes"] == ["bf16", "bf16+ckpt"]
+
+
+def test_a_vision_language_model_is_refused_by_name_not_answered_for_images_unsaid(client):
+    # Its step depends on the images of each sample, which a request to the service cannot give yet.
+    for response in (client.post("/v1/tables", json={"model": "tiny-qwen2_vl", "gpu_memory": "1GiB"}),
+                     client.get("/v1/check", params=QUERY | {"model": "tiny-qwen2_vl"})):
+        assert response.status_code == 422, response.text
+        assert "tiny-qwen2_vl is a vision-language model" in response.text
+        assert "autotune check, table or explain (--images-per-sample, --image-size)" in response.text

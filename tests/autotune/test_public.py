@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,20 @@ def test_bad_input_raises_invalid_input_naming_the_field(call, message):
         call()
     assert str(info.value).startswith(message)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.slow
+def test_the_python_api_prints_none_of_the_libraries_notices_about_its_own_calls(tmp_path):
+    # transformers 5's deprecated checkpointing names, its use_cache notice and PEFT's call of a
+    # deprecated name are the tool's own doing: a script calling autotune sees none of them.
+    script = (
+        "import autotune\n"
+        "autotune.table('tiny-llama', seq_lens=[64], modes='fp32,ckpt', gpu_memory='1GiB',"
+        " backend='estimate', workers=1)\n"
+        "autotune.check('tiny-llama', seq_len=64, batch_size=4, mode='ckpt', gpu_memory='1GiB',"
+        " backend='estimate', peft='lora')\n"
+    )
+    done = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0 and done.stderr == "", done.stderr

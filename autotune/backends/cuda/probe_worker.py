@@ -318,7 +318,7 @@ class Worker:
         if workload is None or mode is None:  # handle() probes only after a successful init
             raise ProtocolError("a probe before a successful init")
         batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device,
-                           attn=workload.attn)
+                           attn=workload.attn, images=workload.images)
         optimizer = (make_optimizer(self.model, workload.optimizer, CUDA_PARTS)
                      if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None

@@ -36,6 +36,7 @@ from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel
 from autotune.workload.step import check_attn
+from autotune.workload.vision import make_images
 
 PROTOCOL = 1
 
@@ -91,6 +92,8 @@ class CellSpec:
     liger: list[str] = dataclasses.field(default_factory=list)  # workload.liger's kernels, swapped in
     # A multi-GPU job's rank (workload.parallel.Parallel's fields); None: one GPU's step
     parallel: dict[str, Any] | None = None
+    # A vision-language model's images (workload.vision.Images' fields); None: no image-text-to-text
+    images: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -131,6 +134,7 @@ def cell_spec(
         ckpt_reentrant=workload.ckpt_reentrant,
         liger=list(workload.liger),
         parallel=None if workload.parallel is None else dataclasses.asdict(workload.parallel),
+        images=None if workload.images is None else dataclasses.asdict(workload.images),
     )
 
 
@@ -150,6 +154,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         ckpt_reentrant=spec.ckpt_reentrant is True,
         liger=parse_kernels(spec.liger),
         parallel=None if spec.parallel is None else Parallel(**spec.parallel),
+        images=None if spec.images is None else make_images(spec.images["per_sample"], spec.images["size"]),
     )
     return workload, parse_mode(spec.mode)
 

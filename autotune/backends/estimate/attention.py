@@ -81,6 +81,10 @@ class AttentionKernels:
     bf16: bool  # bfloat16 inputs need sm80+ for both fused kernels
     # The largest head dim cuDNN's SDPA takes where SDPA prefers it over flash; 0 where it does not.
     cudnn_head_dim_max: int = 0
+    # attn_implementation flash_attention_2: the flash-attn package's kernel runs every attention of
+    # 16-bit inputs (no SDPA choice: no cuDNN, no memory-efficient kernel, no mask bias); PyTorch's
+    # own FlashAttention-2 kernel, whose buffers it shares (the flash branch below), stands in.
+    flash_attn_package: bool = False
 
 
 # sdp_utils.cpp check_prefer_cudnn_attention (PyTorch 2.10+): SDPA tries cuDNN first on these
@@ -126,6 +130,8 @@ def choose_kernel(
     head_dim = query.shape[-1]
     value_dim = value.shape[-1]
     half = dtype in (torch.float16, torch.bfloat16)
+    if kernels.flash_attn_package and half:
+        return "flash"
     if (
         kernels.cudnn_head_dim_max and half and key.shape[-2] != 1
         and max(head_dim, value_dim) <= kernels.cudnn_head_dim_max
@@ -294,5 +300,6 @@ def emulated_sdpa(
             query, key, value, attn_mask, dropout_p, is_causal, None,
             scale=scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]),
         )[0]
-    bias = _mem_efficient_bias(attn_mask, query.dtype) if attn_mask is not None else None
+    # flash takes no mask (causal): the flash-attn package's kernel, run whatever mask SDPA was given
+    bias = _mem_efficient_bias(attn_mask, query.dtype) if attn_mask is not None and kind != "flash" else None
     return _FusedAttention.apply(query, key, value, bias, kind)

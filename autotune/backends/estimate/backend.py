@@ -25,10 +25,12 @@ Added outside the trace, because the CPU run never allocates them:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +52,12 @@ from autotune.backends.estimate.trace import (
     synthesized,
 )
 from autotune.backends.estimate.traced_step import StepHooks, UnsteadyStep, trace_step
+from autotune.backends.estimate.vision import route_vision_attention
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
-from autotune.workload.step import build_model, gradient_checkpointing
+from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 
 
 @dataclass
@@ -176,6 +179,9 @@ def workspace_from_json(document: Mapping[str, Any]) -> Any:
         return PlusFixed(int(document["fixed"]))
     return Workspace.from_json(document)
 
+
+# A probe's "estimate" where the step was not run: the weights alone exceed the budget (floor_bytes).
+BOUND = "bound"
 
 # How the probes' details name the SDPA kernels a step ran (attention.choose_kernel's kinds).
 ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math"}
@@ -445,6 +451,8 @@ class EstimateBackend:
         self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
         # Per (workload, mode): whether steps after the first are written from it (steps.py).
         self._steady: dict[tuple[Any, ...], SteadySteps] = {}
+        # Per fake model: the bytes every step holds at least (floor_bytes).
+        self._floors: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -489,6 +497,7 @@ class EstimateBackend:
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
+                route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)
@@ -570,6 +579,11 @@ class EstimateBackend:
 
         started = time.perf_counter()
         found = None if extrapolation is None else (extrapolation[0].at(batch_size), extrapolation[1])
+        floor = self.floor_bytes(fake) if found is None else 0
+        if floor > budget_bytes:  # no batch fits: not traced (issue 39: 13 s a lever for a 70B model)
+            return Probe(batch_size=batch_size, outcome="oom", peak_bytes=floor, details={
+                "demand_bytes": floor, "estimate": BOUND,
+                "estimate_seconds": round(time.perf_counter() - started, 4)})
         if found is None:
             traced = self.trace(fake, workload, mode, seq_len, batch_size)
             method = "traced"
@@ -591,6 +605,23 @@ class EstimateBackend:
                 **attention_detail(self._attention.get((workload, mode.name))),
             },
         )
+
+    def floor_bytes(self, fake: _FakeModel) -> int:
+        """A lower bound of every step's demand on the model: its weights (parameters and buffers,
+        a rank's shards of them) and the cuBLAS workspaces, allocated before the first step and
+        held through it (traced_step.trace_step), each storage once."""
+        from autotune.backends.estimate.traced_step import CUBLAS_HANDLES_PER_STEP
+        from autotune.backends.estimate.tracker import local_shard
+
+        key = fake.model
+        if key not in self._floors:
+            storages = {}
+            for tensor in (*fake.model.parameters(), *fake.model.buffers()):
+                storage = local_shard(tensor).untyped_storage()
+                storages[storage._cdata] = storage.nbytes()
+            workspaces = CUBLAS_HANDLES_PER_STEP * self.gpu.cublas_workspace_bytes
+            self._floors[key] = sum(storages.values()) + workspaces
+        return self._floors[key]
 
     def _note_attention(self, workload: Workload, mode: Mode, emulation: Any) -> None:
         """Keep the SDPA kernels a traced step ran (its CudaEmulation's), for the probes' details."""
@@ -619,6 +650,8 @@ class EstimateBackend:
             dtype = None  # FSDP2's mixed-precision policy casts instead (distributed.py)
         # A card given only by its size (--gpu-memory) is taken to be a current one (kernels_for).
         kernels = kernels_for(self.gpu.compute_capability)
+        if workload.attn == FLASH_ATTENTION_2:
+            kernels = dataclasses.replace(kernels, flash_attn_package=True)
         steady = self._steady.setdefault((workload, mode.name), SteadySteps())
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.rank import around_rank
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
+from autotune.backends.estimate.vision import known_values
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer
@@ -208,7 +209,8 @@ def trace_step(
     import torch
 
     model, distributed = fake.model, fake.distributed
-    with fake.mode_ctx, tracker, hooks.around(model), around_rank(distributed, tracker):
+    with known_values(workload, batch_size), fake.mode_ctx, tracker, hooks.around(model), \
+            around_rank(distributed, tracker):
         def load(tensor: Any) -> None:
             tracker.track(tensor)
             hooks.loaded(tensor)
@@ -218,7 +220,8 @@ def trace_step(
                       for _ in range(CUBLAS_HANDLES_PER_STEP)]
         # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
         forward = None if distributed is None else distributed.forward(model)
-        batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn)
+        batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn,
+                           images=workload.images)
         optimizer = hooks.make_optimizer(model, workload)
         marks = StepMarks()
         writer = StepWriter(tracker) if write_steps else None

@@ -70,6 +70,7 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 _FIRST_MOVED_KEY = 1 << 60
 
 _OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
+_CONSTANT_VIEWS: ContextVar[bool] = ContextVar("constant_views", default=False)
 _REGION: ContextVar[Region | None] = ContextVar("allocation_region", default=None)
 T = TypeVar("T")
 
@@ -117,6 +118,18 @@ def allocation_region(name: str) -> Iterator[Region]:
         yield region
     finally:
         _REGION.reset(token)
+
+
+@contextlib.contextmanager
+def constant_views_alias() -> Iterator[None]:
+    """Inside, a view op's output that carries a constant (FakeTensorMode's constant propagation,
+    backends/estimate/vision.py) is counted as the view it is: FakeTensorMode gives it a storage of
+    its own (a fresh fake tensor of the computed constant), which on CUDA it does not have."""
+    token = _CONSTANT_VIEWS.set(True)
+    try:
+        yield
+    finally:
+        _CONSTANT_VIEWS.reset(token)
 
 
 def current_region() -> Region | None:
@@ -221,8 +234,10 @@ class StorageTracker(TorchDispatchMode):
         if func in _PASSTHROUGH:
             return out
         self._accumulation = None
+        constant_views = _CONSTANT_VIEWS.get() and func.is_view
         for leaf in _allocation_order(func, args, kwargs or {}, tree_leaves(out)):
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and not (constant_views and getattr(leaf, "constant", None)
+                                                        is not None):
                 self.track(leaf)
         if func is _ADD and not kwargs and _accumulable(args, out) and self.events \
                 and self.events[-1][0] == out.untyped_storage()._cdata:

@@ -185,7 +185,7 @@ REFUSED = [
     (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
-    (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "AutoProcessor"),
+    (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
     (AXOLOTL, "quantize_moe_experts", True), (AXOLOTL, "use_eaft", True),
     (AXOLOTL, "fused_attn_kernel", True),
     (TRAINER, "torch_compile", True),

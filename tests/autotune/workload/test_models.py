@@ -75,6 +75,10 @@ LIMITS = {
     "google/gemma-2-9b": 8192, "google/gemma-3-270m": 32768, "google/gemma-3-1b-pt": 32768,
     "HuggingFaceTB/SmolLM2-135M": 8192, "HuggingFaceTB/SmolLM2-360M": 8192,
     "HuggingFaceTB/SmolLM2-1.7B": 8192, "microsoft/phi-1_5": 2048, "microsoft/phi-2": 2048,
+    # vision-language models: their text model's positions
+    "Qwen/Qwen2-VL-7B-Instruct": 32768, "Qwen/Qwen2.5-VL-7B-Instruct": 128000,
+    "llava-hf/llava-1.5-7b-hf": 4096, "google/gemma-3-4b-it": 131072,
+    **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")},
 }
 
 
@@ -228,7 +232,7 @@ def test_a_fine_tune_under_another_org_is_not_taken_for_the_preset() -> None:
 def test_tiny_presets_build_small_models(model_type: str) -> None:
     spec = resolve_model(f"tiny-{model_type}")
     assert spec.config.model_type == model_type
-    assert spec.max_seq_len == 128
+    assert spec.max_seq_len == LIMITS.get(f"tiny-{model_type}", 128)
     assert parameter_count(spec) < 100_000
 
 
@@ -559,7 +563,7 @@ def test_unknown_task_lists_the_tasks() -> None:
         check_task("summarization")
     assert str(info.value) == (
         "unknown task 'summarization': use one of sequence-classification, "
-        "question-answering, masked-lm, causal-lm, token-classification"
+        "question-answering, masked-lm, causal-lm, token-classification, image-text-to-text"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import warnings
 from types import SimpleNamespace
@@ -557,3 +558,50 @@ def test_the_tracker_records_the_embedding_backward_buffers_after_the_gradient()
     # Three buffers after the gradient, freed in the reverse order: no multiprocessor count, so
     # the two-pass kernel's partial sums, and no float32 accumulator.
     assert order[start:start + 7] == [gradient, rows * 8, rows * 64, 0, -0, -rows * 64, -rows * 8]
+
+
+def test_flash_attention_2_runs_the_flash_kernel_whatever_sdpa_would_pick():
+    # attn_implementation flash_attention_2 is the flash-attn package's kernel: on a Hopper card SDPA
+    # would pick cuDNN, with a mask the memory-efficient kernel (and its bias); the package runs neither.
+    from dataclasses import replace
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16)
+        mask = torch.ones(2, 1, 100, 100, dtype=torch.bool)
+        package = replace(HOPPER, flash_attn_package=True)
+        assert choose_kernel(HOPPER, q, q, q, None, True) == "cudnn"
+        assert choose_kernel(replace(SM80, cudnn_head_dim_max=0), q, q, q, mask, False) == "efficient"
+        assert choose_kernel(package, q, q, q, mask, False) == "flash"
+        assert choose_kernel(package, q.float(), q.float(), q.float(), None, True) != "flash"
+    # its buffers are flash's: the mask is no bias (none is made), the backward's temporaries flash's
+    assert _backward_events(package, torch.float16, 2, 4, 100, 64, mask=True)[:7] == \
+        _backward_events(SM80, torch.float16, 2, 4, 100, 64, mask=False)[:7]
+
+
+def test_a_check_with_flash_attention_2_says_the_flash_kernel(capsys):
+    from autotune.cli import main
+
+    for gpu in ("A100-80GB", "H100-80GB"):
+        code = main(["check", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--mode", "bf16",
+                     "--attn", "flash_attention_2", "--gpu", gpu, "--backend", "estimate", "--no-cache",
+                     "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        assert code == 0 and doc["attention_kernel"] == "flash", (gpu, doc["attention_kernel"])
+
+
+def test_a_step_whose_weights_alone_exceed_the_budget_is_not_traced(monkeypatch):
+    # tiny-bert's weights and the two 32 MiB cuBLAS workspaces of a current chip are more than the
+    # ~45 MiB a 560 MiB card leaves: no batch fits, and no step is run to find that out.
+    import autotune
+
+    monkeypatch.setattr(EstimateBackend, "trace", lambda *args: pytest.fail("traced"))
+    table = autotune.table("tiny-bert", seq_lens=[32], modes="fp32", gpu_memory="560MiB", backend="estimate",
+                           workers=1)
+    cell = table.cells[0]
+    assert cell.max_batch_size == 0 and {p["estimate"] for p in cell.probe_log} == {"bound"}
+    assert all(p["peak_bytes"] > table.budget_bytes for p in cell.probe_log)
+    # with room for the weights, the step is traced as before
+    monkeypatch.undo()
+    roomy = autotune.table("tiny-bert", seq_lens=[32], modes="fp32", gpu_memory="600MiB", backend="estimate",
+                           workers=1)
+    assert "traced" in {p["estimate"] for p in roomy.cells[0].probe_log}

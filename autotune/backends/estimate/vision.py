@@ -1,0 +1,163 @@
+"""A vision-language model's step on fake tensors: the values the model reads, kept.
+
+A fake tensor has a shape and no data, and a VLM's forward reads some of its inputs' values to
+decide shapes (transformers 5.24):
+
+- Qwen2-VL's vision tower loops over ``grid_thw.tolist()`` (vision_utils.get_vision_position_ids),
+  splits its attention per image by ``cu_seqlens`` (VisionAttention: ``lengths.tolist()``, SDPA
+  and eager), and splits its output per image (``get_image_features``: ``split_sizes .tolist()``);
+- ``get_placeholder_mask`` checks that the image tokens of input_ids match the features
+  (``torch_compilable_check`` on a tensor: ``bool()`` of its value);
+- ``get_rope_index`` walks input_ids (given ``position_ids``, the model skips it: vision.py
+  computes them from the layout); Qwen2.5-VL's window indices (given precomputed, likewise).
+
+What the values are is known: autotune wrote the batch (workload/vision.py). So, for the trace:
+
+1. FakeTensorMode propagates constants (torch/_subclasses/fake_tensor.py: an op whose fake
+   inputs all carry a ``constant`` is run on the constants too, and its outputs keep theirs while
+   they have at most ``CONSTANT_NUMEL_LIMIT`` elements; ``item()``/``tolist()`` of one answers). The
+   limit, 1 element by default, is raised for the trace to the largest index tensor of the batch
+   (``vision.known_values_numel``), so that ``image_grid_thw`` (made by ``torch.tensor`` inside the
+   mode: a constant) and what the model derives from it (cu_seqlens, split sizes) keep their values.
+   The activations are far larger and stay plain fake tensors: nothing else is computed. A view
+   of a constant is a fresh fake tensor of its own storage; the tracker counts it as the view it
+   is on CUDA (tracker.constant_views_alias).
+2. ``TRANSFORMERS_DISABLE_TORCH_CHECK=1``, transformers' own switch of ``torch_compilable_check``
+   (utils/import_utils.py): the placeholder check is skipped; the tensors it tests are computed
+   before the call all the same, and the layout satisfies it by construction (the tests run the
+   same batch on real tensors with the check on).
+
+Nothing is skipped: the vision tower, the projector and the merge of its features into the text
+run as the model runs them.
+
+One thing runs in another order: Qwen2-VL's vision attention. With SDPA or eager attention its
+``VisionAttention`` loops over the images (Qwen2.5-VL's windowed blocks over every window of every
+image), one attention call each, and concatenates their outputs; with flash_attention_2 it makes one
+varlen call over them all. A loop whose length is the batch's image count makes a trace whose
+allocations differ in number from batch to batch, which the estimator cannot extrapolate
+(trace.py): every probe would trace the model again. Every row's images have one size here, so the
+calls of image i and image j are alike: ``route_vision_attention`` sends the vision blocks through
+the model's own varlen branch (an attention implementation named with "flash", which transformers'
+``is_flash_attention_requested`` takes as one, so that ``cu_seqlens`` comes along) to
+``per_image_attention``, which makes the loop's calls one per window of an image, each over all the
+images at once (batch = images: the same kernels, the same per-call buffers batch-fold), through the
+attention the model was built with, then concatenates their outputs as the loop does (one
+[images, tokens, heads, head_dim] block where the loop has one a window and image, and then the cat).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+TORCH_CHECK_ENV = "TRANSFORMERS_DISABLE_TORCH_CHECK"
+
+
+@contextlib.contextmanager
+def known_values(workload: Any, batch_size: int) -> Iterator[None]:
+    """Around a traced step of ``workload`` at ``batch_size``: the values its model reads are
+    kept (module docstring); nothing for a step without images."""
+    images = getattr(workload, "images", None)
+    if images is None or images.per_sample == 0:
+        yield
+        return
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    from autotune.backends.estimate.tracker import constant_views_alias
+    from autotune.workload.vision import image_layout, known_values_numel
+
+    layout = image_layout(workload.model.config, images)
+    limit = max(fake_tensor.CONSTANT_NUMEL_LIMIT, known_values_numel(layout, batch_size))
+    saved_limit, saved_env = fake_tensor.CONSTANT_NUMEL_LIMIT, os.environ.get(TORCH_CHECK_ENV)
+    fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+    os.environ[TORCH_CHECK_ENV] = "1"
+    try:
+        with constant_views_alias():
+            yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = saved_limit
+        if saved_env is None:
+            os.environ.pop(TORCH_CHECK_ENV, None)
+        else:
+            os.environ[TORCH_CHECK_ENV] = saved_env
+
+
+# An attention implementation whose name holds "flash": Qwen2-VL's vision attention then passes
+# cu_seqlens (its varlen branch, modeling_qwen2_vl.py VisionAttention.forward).
+PER_IMAGE_ATTENTION = "flash_autotune_per_image"
+_ROUTED = "_autotune_vision_attention"  # on the vision config: the implementation the model was built with
+
+
+_VARLEN = "_autotune_vision_varlen"  # on the vision config: flash_attention_2's one varlen call
+
+
+def route_vision_attention(model: Any, attn: str | None) -> None:
+    """Send a Qwen2-VL-family model's vision attention to ``per_image_attention`` (module
+    docstring); other models are left as they are. ``attn``: the workload's attention, whose
+    flash_attention_2 makes one varlen call (no loop, no concatenation where every image is one
+    call's window)."""
+    from transformers import AttentionInterface
+
+    from autotune.workload.step import FLASH_ATTENTION_2
+    from autotune.workload.vision import QWEN_FAMILIES
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "model_type", None) not in QWEN_FAMILIES:
+        return
+    AttentionInterface.register(PER_IMAGE_ATTENTION, per_image_attention)
+    # The vision blocks' attention reads the config the tower was built with (a copy of the model's
+    # vision_config): each such config is routed once.
+    for module in base.modules():
+        routed = type(module).__name__.endswith("VisionAttention")
+        vision = getattr(module, "config", None) if routed else None
+        if vision is not None and getattr(vision, _ROUTED, None) is None:
+            setattr(vision, _ROUTED, vision._attn_implementation or "sdpa")
+            setattr(vision, _VARLEN, attn == FLASH_ATTENTION_2)
+            vision._attn_implementation = PER_IMAGE_ATTENTION
+
+
+def per_image_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *,
+                        cu_seq_lens_q: Any, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs: Any) -> tuple[Any, None]:
+    """Qwen2-VL's per-image (per-window) attention loop over ``query``/``key``/``value`` [1, heads,
+    tokens, head_dim], the images' tokens one after the other as ``cu_seq_lens_q`` bounds them, as
+    one call per window of an image over every image (module docstring). Returns [1, tokens, heads,
+    head_dim], as the loop's ``torch.cat`` does."""
+    import sys
+
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    built = getattr(module.config, _ROUTED, "sdpa")
+    own = sys.modules[type(module).__module__].eager_attention_forward
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(built, own) if built != "eager" else own
+    for name in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
+        kwargs.pop(name, None)
+    lengths = [int(n) for n in (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()]
+    period = _period(lengths)
+    tokens, per_image = sum(lengths), sum(lengths[:period])
+    images = tokens // per_image
+    heads, head_dim = query.shape[1], query.shape[-1]
+    split = [t.unflatten(2, (images, per_image)) for t in (query, key, value)]  # views
+    outputs = []
+    start = 0
+    for length in lengths[:period]:
+        q, k, v = (t[0, :, :, start:start + length].transpose(0, 1) for t in split)  # [images, H, L, D]
+        outputs.append(attention(module, q, k, v, attention_mask=None, scaling=scaling, dropout=dropout,
+                                 is_causal=False, **kwargs)[0])  # [images, L, H, D]
+        start += length
+    # The loop concatenates its outputs (a copy, even of one); the varlen call has them in place.
+    varlen = getattr(module.config, _VARLEN, False)
+    output = outputs[0] if varlen and len(outputs) == 1 else torch.cat(outputs, dim=1)
+    return output.reshape(1, tokens, heads, head_dim), None
+
+
+def _period(lengths: list[int]) -> int:
+    """The number of attention calls of one image: the shortest prefix of ``lengths`` that repeats
+    to make all of them (every image of the layout is cut alike)."""
+    for period in range(1, len(lengths) + 1):
+        if len(lengths) % period == 0 and lengths == lengths[:period] * (len(lengths) // period):
+            return period
+    return len(lengths)

@@ -1,0 +1,362 @@
+"""Vision-language models: the images of a training step, as the model's processor makes them.
+
+A vision-language model (VLM) trains on ``image-text-to-text`` (transformers' pipeline name; the
+model is ``AutoModelForImageTextToText``'s, e.g. ``Qwen2VLForConditionalGeneration``). Its batch is
+what its processor gives for a chat with images: Axolotl's ``MultiModalChatDataCollator``
+(src/axolotl/utils/collators/mm_chat.py) calls ``processor.apply_chat_template(messages,
+tokenize=True, return_dict=True, processor_kwargs={"padding": True})`` and adds ``labels``. So a row
+holds the text *and* the image placeholder tokens the processor expanded in it: the image tokens
+are part of the row's length, the ``seq_len`` of the step (the padded worst case autotune models).
+
+Beside ``input_ids``, ``attention_mask`` and ``labels``, each family's processor gives:
+
+qwen2_vl, qwen2_5_vl (dynamic resolution; processing_qwen2_vl.py, image_processing_qwen2_vl.py)
+    each image resized by ``smart_resize`` to multiples of patch_size x merge_size (28) within
+    [min_pixels, max_pixels], cut into patch_size (14) patches, each repeated over
+    temporal_patch_size (2) frames: ``pixel_values`` [total patches, 3 x 2 x 14 x 14] float32 and
+    ``image_grid_thw`` [images, 3] (1, h/14, w/14); ``<|image_pad|>`` repeated patches / merge_size**2
+    times between ``<|vision_start|>`` and ``<|vision_end|>``; ``mm_token_type_ids`` [B, L].
+llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
+    every image resized and center-cropped to the vision tower's image_size (336): ``pixel_values``
+    [images, 3, 336, 336]; ``<image>`` repeated (336/14)**2 = 576 times (vision_feature_select_strategy
+    "default" drops CLS).
+gemma3 (Gemma3ImageProcessor, processing_gemma3.py; pan-and-scan off, its default)
+    every image resized to image_size (896): ``pixel_values`` [images, 3, 896, 896];
+    ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``; ``token_type_ids``.
+
+The image size only changes the dynamic-resolution families' inputs; the fixed-size processors
+resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
+
+Where a model reads its inputs' values to decide shapes (Qwen2-VL's ``get_rope_index`` and
+``grid_thw.tolist()``), the estimator, which traces on fake tensors, is given the values from the
+known layout: backends/estimate/vision.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import InvalidInput
+
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+DEFAULT_IMAGES_PER_SAMPLE = 1
+# COCO's images are at most 640 pixels a side, mostly 640x480: the images of
+# HuggingFaceH4/llava-instruct-mix-vsft, the dataset of Axolotl's Qwen2-VL, Qwen2.5-VL and LLaVA
+# examples (examples/qwen2-vl/lora-7b.yaml), which leave image_size unset, so that images keep
+# their size (processing_strategies.py resizes only with image_size).
+DEFAULT_IMAGE_SIZE = (640, 480)  # (width, height)
+DEFAULT_IMAGE_SIZE_WHY = "COCO's 640x480, the images of Axolotl's VLM examples"
+MAX_IMAGES_PER_SAMPLE = 64
+
+# Qwen2-VL's and Qwen2.5-VL's published preprocessor_config.json (Qwen/Qwen2-VL-7B-Instruct,
+# Qwen/Qwen2.5-VL-7B-Instruct): min_pixels 3136 (56 x 56), max_pixels 12845056 (16384 x 28 x 28);
+# transformers' Qwen2VLImageProcessor defaults to max_pixels 28 x 28 x 1280 without one.
+QWEN_MIN_PIXELS = 3136
+QWEN_MAX_PIXELS = 12845056
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+FIXED_FAMILIES = ("llava", "gemma3")
+FAMILIES = QWEN_FAMILIES + FIXED_FAMILIES
+
+
+@dataclass(frozen=True)
+class Images:
+    """The image assumption of a VLM's step: ``per_sample`` images of ``size`` (width, height) in
+    every row (None: DEFAULT_IMAGE_SIZE); ``per_sample`` 0 is a text-only step of the VLM."""
+
+    per_sample: int = DEFAULT_IMAGES_PER_SAMPLE
+    size: tuple[int, int] | None = None
+
+    @property
+    def width_height(self) -> tuple[int, int]:
+        return self.size or DEFAULT_IMAGE_SIZE
+
+
+def parse_image_size(value: Any) -> tuple[int, int]:
+    """``"640x480"`` (width x height), ``"448"`` or 448 (a square), or a (width, height) pair."""
+    if isinstance(value, tuple | list) and len(value) == 2:
+        width, height = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        width = height = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d+\s*([xX*]\s*\d+\s*)?", value):
+        parts = re.split(r"[xX*]", value)
+        width, height = int(parts[0]), int(parts[-1])
+    else:
+        raise InvalidInput(f"invalid image_size {value!r}: use WIDTHxHEIGHT in pixels, e.g. 640x480, or one "
+                           "number for a square")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (width, height)):
+        raise InvalidInput(f"invalid image_size {value!r}: width and height must be positive integers")
+    if max(width, height) / min(width, height) > 200:  # smart_resize refuses it
+        raise InvalidInput(f"invalid image_size {value!r}: an aspect ratio above 200 is refused by the "
+                           "processors (smart_resize)")
+    return width, height
+
+
+def make_images(per_sample: int | None, size: Any) -> Images:
+    """The Images of the step options ``images_per_sample`` and ``image_size``."""
+    count = DEFAULT_IMAGES_PER_SAMPLE if per_sample is None else per_sample
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_IMAGES_PER_SAMPLE:
+        error = InvalidInput(f"images_per_sample must be an integer from 0 to {MAX_IMAGES_PER_SAMPLE}, "
+                             f"got {per_sample!r}")
+        error.field = "images_per_sample"
+        raise error
+    try:
+        parsed = None if size is None else parse_image_size(size)
+    except InvalidInput as exc:
+        exc.field = "image_size"
+        raise
+    return Images(count, parsed)
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 14 * 14 * 4 * 1280) -> tuple[int, int]:
+    """(height, width) of an image after Qwen2-VL's resize: transformers'
+    models/qwen2_vl/image_processing_qwen2_vl.py ``smart_resize``, line for line (that module needs
+    torchvision, which autotune does not; tests/autotune/workload/test_vlm.py runs both)."""
+    if max(height, width) / min(height, width) > 200:
+        raise InvalidInput(f"absolute aspect ratio must be smaller than 200, got "
+                           f"{max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """What the processor makes of each image of a row, for one model."""
+
+    family: str  # config.model_type: one of FAMILIES
+    per_sample: int  # images in every row
+    given: tuple[int, int]  # (width, height) of each image before the processor
+    processed: tuple[int, int]  # (width, height) the processor resizes it to
+    tokens: int  # image placeholder tokens per image in input_ids (replaced by its vision features)
+    markers: int  # text tokens around each image: start/end markers (and Gemma 3's blank lines)
+    patches: int  # patches per image the vision tower embeds (Qwen: rows of pixel_values)
+    grid: tuple[int, int, int] | None = None  # Qwen: (t, h, w) in patches, a row of image_grid_thw
+    size_given: bool = False  # the size was asked for (else DEFAULT_IMAGE_SIZE)
+
+    @property
+    def row_tokens(self) -> int:
+        """Tokens of a row the images take, markers included."""
+        return self.per_sample * (self.tokens + self.markers)
+
+    @property
+    def label(self) -> str:
+        """The assumption in words, for tables and checks."""
+        if self.per_sample == 0:
+            return "no images: a text-only step of the vision-language model"
+        count = f"{self.per_sample} image{'s' if self.per_sample > 1 else ''} per sample"
+        width, height = self.given
+        if self.family in QWEN_FAMILIES:
+            why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
+            size = (f"{width}x{height}{why}, resized to {self.processed[0]}x{self.processed[1]}: "
+                    f"{self.patches} patches")
+        else:
+            size = (f"each resized to {self.processed[0]}x{self.processed[1]} by the processor "
+                    f"(any size gives the same inputs): {self.patches} patches")
+        return (f"{count}, {size}, {self.tokens} image tokens (+{self.markers} markers) each: "
+                f"{self.row_tokens} of every row's seq_len tokens")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_sample": self.per_sample, "size": list(self.given), "processed": list(self.processed),
+                "tokens": self.tokens, "markers": self.markers, "patches": self.patches,
+                "size_given": self.size_given, "label": self.label}
+
+
+def vision_family(config: Any) -> str | None:
+    """The family whose processor autotune models (FAMILIES) of a config, or None."""
+    model_type = getattr(config, "model_type", None)
+    return model_type if model_type in FAMILIES else None
+
+
+def is_vlm(config: Any) -> bool:
+    """Whether transformers builds ``config`` as an image-text-to-text model."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", None)
+    return model_type in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and \
+        getattr(config, "vision_config", None) is not None
+
+
+def image_layout(config: Any, images: Images) -> ImageLayout:
+    """What ``config``'s processor makes of the images of ``images``; InvalidInput for a model
+    whose processor autotune does not model."""
+    family = vision_family(config)
+    if family is None:
+        raise InvalidInput(f"the images of model_type {getattr(config, 'model_type', None)!r} are not "
+                           f"modelled: autotune models the processors of {', '.join(FAMILIES)}")
+    vision = config.vision_config
+    width, height = images.width_height
+    if family in QWEN_FAMILIES:
+        patch, merge = int(vision.patch_size), int(vision.spatial_merge_size)
+        resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=QWEN_MIN_PIXELS,
+                                            max_pixels=QWEN_MAX_PIXELS)
+        grid = (1, resized_h // patch, resized_w // patch)  # an image is one temporal patch
+        patches = grid[0] * grid[1] * grid[2]
+        return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
+                           tokens=patches // merge**2, markers=2, patches=patches, grid=grid,
+                           size_given=images.size is not None)
+    side, patch = int(vision.image_size), int(vision.patch_size)
+    patches = (side // patch) ** 2
+    if family == "llava":
+        # processing_llava.py: (336 // 14)**2 + 1 (CLS), less 1 with the "default" strategy.
+        tokens = patches + (0 if config.vision_feature_select_strategy == "default" else 1)
+        markers = 0
+    else:  # gemma3: mm_tokens_per_image after the pooling; "\n\n", boi, eoi, "\n\n" around them
+        tokens, markers = int(config.mm_tokens_per_image), 4
+    return ImageLayout(family, images.per_sample, (width, height), (side, side), tokens=tokens,
+                       markers=markers, patches=patches, size_given=images.size is not None)
+
+
+def check_row_fits(layout: ImageLayout, seq_len: int) -> None:
+    """InvalidInput where a row of ``seq_len`` tokens cannot hold its images' tokens and one more."""
+    if layout.per_sample and layout.row_tokens >= seq_len:
+        error = InvalidInput.naming(
+            f"{{seq_len}} {seq_len} cannot hold the images of a row: {layout.label} (the image tokens are "
+            "part of the row, as the processor expands them into input_ids); give a longer {seq_len}, "
+            "fewer {images_per_sample} or a smaller {image_size}")
+        error.field = "seq_len"
+        raise error
+
+
+def shortest_row(layout: ImageLayout) -> int:
+    """The shortest seq_len a row with these images has: their tokens and one of text."""
+    return layout.row_tokens + 1 if layout.per_sample else 1
+
+
+# --- the batch ---------------------------------------------------------------------------------
+
+_IMAGE_OFFSET = 1  # the images follow the row's first token (the chat template's opening)
+
+
+def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int, device: Any,
+                batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` (input_ids, attention_mask, labels of make_batch) with the images of ``layout`` in
+    every row: their placeholder tokens in input_ids and the processor's image inputs."""
+    import torch
+
+    check_row_fits(layout, seq_len)
+    images = batch_size * layout.per_sample
+    token_id = _image_token_id(config)
+    starts = [_IMAGE_OFFSET + i * (layout.tokens + layout.markers) + layout.markers // 2
+              for i in range(layout.per_sample)]
+    for start in starts:
+        batch["input_ids"][:, start:start + layout.tokens] = token_id
+    if layout.family in QWEN_FAMILIES:
+        # mm_token_type_ids (the processor's, create_mm_token_type_ids): 1 on image tokens.
+        types = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+        for start in starts:
+            types[:, start:start + layout.tokens] = 1
+        batch["mm_token_type_ids"] = types
+        if images:
+            # Without images the model's own positions are a view of one arange (no allocation).
+            batch["position_ids"] = _mrope_positions(config, layout, starts, batch_size, seq_len, device)
+            t, h, w = layout.grid  # type: ignore[misc]
+            vision = config.vision_config
+            width = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+            batch["pixel_values"] = torch.zeros((images * layout.patches, width), dtype=torch.float32,
+                                                device=device)
+            # Read by the model (grid_thw.tolist()): a small tensor whose values the fake trace keeps
+            # (backends/estimate/vision.py).
+            batch["image_grid_thw"] = torch.tensor([[t, h, w]] * images, dtype=torch.long, device=device)
+            batch.update(_vision_indices(config, layout, images, device))
+    elif images:
+        side = layout.processed[0]
+        channels = int(getattr(config.vision_config, "num_channels", 3))
+        batch["pixel_values"] = torch.zeros((images, channels, side, side), dtype=torch.float32,
+                                            device=device)
+    if layout.family == "gemma3":
+        types = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+        for start in starts:
+            types[:, start:start + layout.tokens] = 1
+        batch["token_type_ids"] = types
+    return batch
+
+
+def _image_token_id(config: Any) -> int:
+    value = getattr(config, "image_token_id", None)
+    if value is None:
+        value = getattr(config, "image_token_index", None)
+    if value is None:
+        raise InvalidInput(f"model_type {config.model_type} names no image token id in its config")
+    return int(value)
+
+
+def _mrope_positions(config: Any, layout: ImageLayout, starts: list[int], batch_size: int, seq_len: int,
+                     device: Any) -> Any:
+    """Qwen2-VL's 3D rotary positions [3, B, L] as ``get_rope_index`` computes them for this layout
+    (modeling_qwen2_vl.py): text positions count up on all three axes; an image's tokens take
+    (t, h, w) indices of its merged grid from the position after the text before it, and the text
+    after it goes on from there + max(h, w). Given to the model as ``position_ids``, so that it
+    skips ``get_rope_index``, which reads input values (a [3, B, L] int64 tensor, as the model's)."""
+    import torch
+
+    merge = int(config.vision_config.spatial_merge_size)
+    assert layout.grid is not None
+    grid_h, grid_w = layout.grid[1] // merge, layout.grid[2] // merge
+    rows: list[list[int]] = [[], [], []]
+    position = cursor = 0
+    for start in starts:
+        for axis in rows:
+            axis.extend(range(position, position + start - cursor))
+        position += start - cursor
+        for index in range(layout.tokens):
+            rows[0].append(position)
+            rows[1].append(position + index // grid_w)
+            rows[2].append(position + index % grid_w)
+        position += max(grid_h, grid_w)
+        cursor = start + layout.tokens
+    for axis in rows:
+        axis.extend(range(position, position + seq_len - cursor))
+    row = torch.tensor(rows, dtype=torch.long, device=device)
+    return row.unsqueeze(1).repeat(1, batch_size, 1)
+
+
+def _vision_indices(config: Any, layout: ImageLayout, images: int, device: Any) -> dict[str, Any]:
+    """The vision tower's index tensors of the known grid, computed by transformers' own
+    vision_utils (``get_vision_position_ids``; Qwen2.5-VL's ``get_vision_window_index``) and given
+    to the model under the names its ``accepts_precomputed_kwargs`` takes (``image_position_ids``,
+    ``image_window_index``, ``image_cu_window_seqlens``), which it then pops instead of computing
+    them: computing them reads values (a loop over ``grid_thw.tolist()``, boolean indexing) that a
+    fake trace does not have, and a loop over the images would make a trace whose allocations
+    differ in number with the batch (backends/estimate/vision.py). The model's own are the same
+    small int tensors, made in its forward."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+
+    vision = config.vision_config
+    merge = int(vision.spatial_merge_size)
+    found: dict[str, Any] = {}
+    with _disable_current_modes():  # real CPU tensors, seen by no fake mode and no allocation tracker
+        grid = torch.tensor([list(layout.grid)] * images, dtype=torch.long)  # type: ignore[arg-type]
+        positions = get_vision_position_ids(grid, merge).tolist()
+        if layout.family == "qwen2_5_vl":
+            window_index, cu_window_seqlens = get_vision_window_index(
+                grid, spatial_merge_size=merge, window_size=int(vision.window_size),
+                patch_size=int(vision.patch_size))
+            found = {"image_window_index": (window_index.tolist(), torch.long),
+                     "image_cu_window_seqlens": (cu_window_seqlens.tolist(), torch.int32)}
+    found["image_position_ids"] = (positions, torch.long)
+    return {name: torch.tensor(values, dtype=dtype, device=device) for name, (values, dtype) in found.items()}
+
+
+def known_values_numel(layout: ImageLayout, batch_size: int) -> int:
+    """The most elements of a tensor whose values the model reads in a step of ``layout`` at
+    ``batch_size`` (grid rows, cumulative lengths, window bounds): what a fake trace must keep
+    the values of (backends/estimate/vision.py)."""
+    images = batch_size * layout.per_sample
+    windows = 1
+    if layout.grid is not None:
+        windows = (layout.grid[1] // 2 // 4 + 1) * (layout.grid[2] // 2 // 4 + 1) + 1  # window_size 112
+    return max(3 * images, images * windows) + 8

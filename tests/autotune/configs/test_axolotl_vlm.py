@@ -1,0 +1,117 @@
+"""Axolotl's vision-language configs (configs/axolotl.py ``_axolotl_multimodal``): processor_type and
+the image keys read as Axolotl reads them, into an image-text-to-text check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.configs import read_training_config
+from autotune.errors import InvalidInput, UnmodelledSetting
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+
+# The keys Axolotl's VLM examples set (examples/qwen2-vl/lora-7b.yaml), on a tiny Qwen2-VL.
+VLM = {"base_model": "tiny-qwen2_vl", "processor_type": "AutoProcessor", "skip_prepare_dataset": True,
+       "remove_unused_columns": False, "sample_packing": False, "chat_template": "qwen2_vl",
+       "datasets": [{"path": "HuggingFaceH4/llava-instruct-mix-vsft", "type": "chat_template"}],
+       "sequence_len": 512, "micro_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True,
+       "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05,
+       "lora_target_modules": r"model.language_model.layers.[\d]+.(mlp|self_attn).(up|down|gate|q|v)_proj",
+       "lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False,
+       "gradient_checkpointing": True, "attn_implementation": "flash_attention_2"}
+
+
+def read(tmp_path, data, name="axolotl.yml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return read_training_config(path)
+
+
+def test_processor_type_makes_an_image_text_to_text_step(tmp_path):
+    config = read(tmp_path, VLM)
+    step = config.request.step
+    assert step.task == "image-text-to-text"
+    assert (step.images_per_sample, step.image_size) == (None, None)  # autotune's defaults: 1, 640x480
+    assert any(note.startswith("processor_type: AutoProcessor: Axolotl trains it as a vision-language model")
+               for note in config.notes)
+    assert any("one image per sample" in note for note in config.notes)
+    assert config.ignored == ()  # skip_prepare_dataset, remove_unused_columns: no effect on memory
+
+
+@pytest.mark.parametrize(("value", "size", "said"), [
+    (448, "448x448", "padded to a 448x448 square"),
+    ([640, 360], "640x360", "resized to 640x360 (width x height"),
+])
+def test_image_size_is_read_as_axolotl_applies_it(tmp_path, value, size, said):
+    config = read(tmp_path, {**VLM, "image_size": value, "image_resize_algorithm": "bicubic"})
+    assert config.request.step.image_size == size
+    assert any(said in note for note in config.notes)
+    assert any(note.startswith("image_resize_algorithm: bicubic") for note in config.notes)
+
+
+def test_a_vlm_base_model_is_multimodal_without_processor_type(tmp_path):
+    # normalize_config: is_multimodal from the model type (transformers' image-text-to-text mapping).
+    data = {key: value for key, value in VLM.items() if key != "processor_type"}
+    assert read(tmp_path, {**data, "base_model": "Qwen/Qwen2-VL-7B-Instruct"}).request.step.task == \
+        "image-text-to-text"
+    assert read(tmp_path, {**data, "base_model": "Qwen/Qwen2.5-0.5B"}).request.step.task == "causal-lm"
+
+
+def test_sample_packing_with_images_is_refused_as_axolotl_refuses_it(tmp_path):
+    with pytest.raises(InvalidInput, match="Packing is currently not supported"):
+        read(tmp_path, {**VLM, "sample_packing": True})
+
+
+@pytest.mark.parametrize("processor", ["VoxtralProcessor", "Gemma3nProcessor"])
+def test_audio_processors_are_refused_by_name(tmp_path, processor):
+    with pytest.raises(UnmodelledSetting, match=f"processor_type: '{processor}'.*audio inputs"):
+        read(tmp_path, {**VLM, "processor_type": processor})
+
+
+def test_another_processor_config_is_refused(tmp_path):
+    with pytest.raises(UnmodelledSetting, match="processor_config"):
+        read(tmp_path, {**VLM, "processor_config": "someone/other-processor"})
+
+
+def test_a_fused_cross_entropy_over_a_vlm_is_refused(tmp_path):
+    data = {**VLM, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
+    with pytest.raises(UnmodelledSetting, match="cut_cross_entropy"):
+        read(tmp_path, data)
+
+
+def test_the_example_config_is_read():
+    config = read_training_config(EXAMPLES / "axolotl_qwen2_vl_lora.yml")
+    request = config.request
+    assert (request.step.model, request.step.task, request.step.image_size) == (
+        "Qwen/Qwen2-VL-7B-Instruct", "image-text-to-text", "448x448")
+    assert (request.seq_len, request.batch_size, request.mode) == (4096, 2, "bf16+ckpt")
+    assert request.step.adapter is not None and request.step.adapter.target_pattern is not None
+
+
+def test_check_answers_an_axolotl_vlm_config_and_says_its_images(tmp_path, capsys):
+    path = tmp_path / "qwen2-vl-lora.yml"
+    path.write_text(yaml.safe_dump({**VLM, "image_size": 224}))
+    code = main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--json", "--no-cache"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"] is True
+    assert (doc["task"], doc["seq_len"], doc["batch_size"], doc["attn"]) == (
+        "image-text-to-text", 512, 2, "flash_attention_2")
+    assert doc["images"]["per_sample"] == 1 and doc["images"]["size"] == [224, 224]
+    assert doc["images"]["tokens"] == 64  # (224/14)**2 / 2**2
+    assert "images: 1 image per sample, 224x224" in doc["message"]
+    assert doc["adapter"]["method"] == "lora"
+
+
+def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path, capsys):
+    # check_auto_enable_lora_kernels turns them on; get_attention_cls_from_config then finds no
+    # Qwen2VlAttention (qwen2_vl is in no causal-LM mapping), and Axolotl raises.
+    data = {key: value for key, value in VLM.items() if not key.endswith("_kernel")}
+    path = tmp_path / "kernels.yml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
+    assert "fail on model type qwen2_vl" in capsys.readouterr().err
