@@ -88,7 +88,9 @@ def table(
     """The max batch size of each (sequence length, mode) cell, as ``autotune table`` prints it.
 
     ``seq_lens=None`` is the model's default rows (models.default_seq_lens: the BERT README's up to
-    512 positions, else 512..8192 within its limit). ``hub=True`` looks ``model`` up on the Hugging
+    512 positions, else 512..8192 within its limit); ``modes=None`` the weights' (defaults.
+    default_mode_names: bf16 and bf16+ckpt for bfloat16 weights), as ``mode=None`` is the first of
+    them in ``check``, ``explain`` and ``max_batch_size``. ``hub=True`` looks ``model`` up on the Hugging
     Face hub when it is neither a preset nor a local config; ``None`` follows AUTOTUNE_ALLOW_HUB
     (default off), as in every function here. ``on_cell(cell, done, total)`` is called as
     each cell finishes. A cell that failed has
