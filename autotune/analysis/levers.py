@@ -280,6 +280,17 @@ def _all_together(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) ->
     return LeverSearch("combined", "all of: " + "; ".join(labels), together, lightest, seq_len)
 
 
+def _all_together_over_4bit(together: LeverSearch | None, workload: Workload) -> LeverSearch | None:
+    """``together`` (the step's own levers at once) over the 4-bit base adapter_levers offers (QLoRA
+    for a full fine-tune or a LoRA); None where it offers none or there is nothing to add it to."""
+    quantized = [(label, changed) for name, label, changed in adapter_levers(workload) if name == "qlora"]
+    if together is None or not quantized:
+        return None
+    label, changed = quantized[0]
+    return LeverSearch("combined", f"{together.label}; {label}",
+                       replace(together.workload, adapter=changed.adapter), together.mode, together.seq_len)
+
+
 # -- how a check searches them ----------------------------------------------------------------------
 
 
@@ -316,8 +327,10 @@ def helpful_levers(backend: Backend, workload: Workload, mode: Mode, seq_len: in
 def _last_resort(backend: Backend, workload: Workload, mode: Mode, seq_len: int,
                  search: Callable[[LeverSearch, Backend], int | None]) -> list[Lever]:
     """Where nothing fits and none of the step's own levers alone lets batch 1 fit: all of them at
-    once, else half the length; none where neither does."""
-    tries = [_all_together(workload, mode, seq_len, backend.gpu)]
+    once, else all of them over a 4-bit base (QLoRA with checkpointing: what fits an 8B model on a
+    12 GiB card), else half the length; none where none does."""
+    together = _all_together(workload, mode, seq_len, backend.gpu)
+    tries = [together, _all_together_over_4bit(together, workload)]
     if seq_len > 1:
         tries.append(LeverSearch("seq_len", f"sequences of at most {seq_len // 2} tokens", workload, mode,
                                  seq_len // 2))

@@ -194,6 +194,24 @@ def test_when_only_levers_together_fit_batch_1_the_advice_is_all_of_them():
     assert levers[0].label.startswith("all of: mode bf16+ckpt; optimizer adamw_bnb_8bit")
 
 
+def test_when_only_levers_together_over_a_4bit_base_fit_the_advice_is_all_of_them_with_qlora():
+    # Llama-3.1-8B on 12 GiB: its bf16 weights alone exceed the budget whatever else changes; QLoRA
+    # alone is too much at 2048 tokens without checkpointing; all of them over a 4-bit base fit.
+    from autotune.analysis.levers import helpful_levers
+    from autotune.workload.modes import parse_mode
+
+    def limit(workload, mode, seq_len):
+        quantized = workload.adapter is not None and workload.adapter.base_bits == 4
+        return 2 if quantized and mode.name == "bf16+ckpt" and workload.loss == "chunked" else 0
+
+    levers = helpful_levers(limitbackend.LimitBackend(limit), _causal_workload(), parse_mode("bf16"), 64,
+                            1 << 30, best=0)
+    assert [(lever.name, lever.max_batch_size) for lever in levers] == [("combined", 2)]
+    assert levers[0].label.startswith("all of: mode bf16+ckpt; ")
+    assert levers[0].label.endswith("; QLoRA r=16 on PEFT's default modules, 4-bit NF4 base, TRL's "
+                                    "SFTTrainer recipe")
+
+
 def test_a_shorter_sequence_is_advised_only_when_it_fits():
     from autotune.analysis.levers import helpful_levers
     from autotune.workload.modes import parse_mode
