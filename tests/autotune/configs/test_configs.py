@@ -5,17 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+import configread
 import pytest
-import yaml
+from configread import Read, view
 
-from autotune.configs import TrainingConfig, missing_fields, read_training_config
+from autotune.configs import missing_fields, read_training_config
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
-from autotune.request import CheckRequest, request_from, values_of
+from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
-from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.modes import Mode
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 
@@ -33,24 +33,11 @@ AXOLOTL = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 4096, "micro
 
 
 def write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
-    path = tmp_path / name
-    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
-    return path
+    return configread.write(tmp_path, data, name)
 
 
 def read(tmp_path: Path, data: dict, name: str = "config.json") -> Read:
-    return view(read_training_config(write(tmp_path, data, name)))
-
-
-class Read(SimpleNamespace):
-    """A config read, its request's fields flat (``mode`` a Mode, None where the file sets none: the
-    weights' default): what the assertions compare."""
-
-
-def view(config: TrainingConfig) -> Read:
-    values = values_of(config.request)
-    return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
-                **{**values, "mode": None if values["mode"] is None else parse_mode(values["mode"])})
+    return configread.read(tmp_path, data, name)
 
 
 def request(**values) -> CheckRequest:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+import configread
 import pytest
 import yaml
+from configread import Read
 
 from autotune.cli import main
-from autotune.configs import read_training_config
 from autotune.configs.trainer import _TRAINER_REFUSED, LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
-from autotune.request import CheckRequest, request_from, values_of
+from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
-from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.modes import Mode
 
 # examples/train_lora/qwen3_lora_sft.yaml
 QWEN3_LORA_SFT = {
@@ -50,17 +50,8 @@ MOSSVL = {"model_name_or_path": "OpenMOSS-Team/MOSS-VL-Instruct-0708", "image_ma
 PREFERENCE = {"pref_beta": 0.1, "pref_loss": "sigmoid", "learning_rate": 5.0e-6}
 
 
-class Read(SimpleNamespace):
-    """A config read, its request's fields flat (``mode`` a Mode)."""
-
-
 def read(tmp_path: Path, data: dict, name: str = "llamafactory.yaml") -> Read:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    config = read_training_config(path)
-    values = values_of(config.request)
-    return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
-                **{**values, "mode": parse_mode(values["mode"])})
+    return configread.read(tmp_path, data, name)
 
 
 def request(**values) -> CheckRequest:

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
+import configread
 import pytest
 import yaml
+from configread import Read
 
 from autotune.cli import main
 from autotune.configs import read_training_config
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
-from autotune.request import values_of
 from autotune.workload.adapters import Adapter
-from autotune.workload.modes import parse_mode
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 
@@ -37,17 +36,8 @@ LORA = {**FULL, "model": "Qwen/Qwen3-4B",
 QLORA = {**LORA, "model": "Qwen/Qwen3-0.6B", "quant_config": {"name": "bnb", "quantization_bit": 4}}
 
 
-class Read(SimpleNamespace):
-    """A config read, its request's fields flat (``mode`` a Mode)."""
-
-
 def read(tmp_path: Path, data: dict, name: str = "v1.yaml") -> Read:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    config = read_training_config(path)
-    values = values_of(config.request)
-    return Read(format=config.format, notes=config.notes, ignored=config.ignored, request=config.request,
-                parallel_key=config.parallel_key, **{**values, "mode": parse_mode(values["mode"])})
+    return configread.read(tmp_path, data, name)
 
 
 def noted(plan: Read, start: str) -> str:
