@@ -4,10 +4,11 @@ Routes let the core's errors (autotune.errors) propagate; ``install`` answers ea
 ``{"detail": message}`` with the status of its kind, plus ``"field"`` when the error names the
 request field it is about (a form shows it next to that field), and then ``"errors"``: every
 invalid field of the request, ``[{"field": ..., "detail": ...}, ...]``, the one of ``detail`` first
-(the status is that first error's). Routes that take one cell as query parameters (check,
-explain) name two fields differently from a table request: their router's ``query_fields``
-dependency renames them. A request refused by pydantic (its shape) is FastAPI's 422, whose
-``detail`` already lists every error, with its ``loc``.
+(the status is that first error's), with ``"brief"`` where the message is long: the error in one
+line, which the launch form shows (an unknown model's closest presets, without the list of them all).
+Routes that take one cell as query parameters (check, explain) name two fields differently from a
+table request: their router's ``query_fields`` dependency renames them. A request refused by
+pydantic (its shape) is FastAPI's 422, whose ``detail`` already lists every error, with its ``loc``.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def install(app: FastAPI) -> None:
         if exc.field is not None:
             renamed = getattr(request.state, "field_names", {})
             body["field"] = renamed.get(exc.field, exc.field)
-            body["errors"] = [{"field": renamed.get(e.field, e.field), "detail": str(e)}
-                              for e in (exc, *exc.others)]
+            body["errors"] = [{"field": renamed.get(e.field, e.field), "detail": str(e),
+                               **({"brief": e.brief} if e.brief else {})} for e in (exc, *exc.others)]
         return JSONResponse(body, status_code=status_of(exc), headers=headers)
 
     @app.exception_handler(ClientGone)

@@ -54,6 +54,9 @@ class AutotuneError(Exception):
     # The message with the request fields it names in braces ("{lora_r} needs {peft} lora"); None:
     # the message names none.
     template: str | None = None
+    # The message in one line, where the message is long (an unknown model's lists every preset and
+    # says why the hub could not be asked): what a form shows next to the field. None: the message.
+    brief: str | None = None
 
     @classmethod
     def naming(cls, template: str) -> Self:

@@ -271,8 +271,9 @@ function fieldErrors(status, body) {
     });
   }
   if (Array.isArray(body.errors) && body.errors.length) {
-    // The core's checks list every invalid field, the first also in detail/field.
-    return body.errors.map((item) => ({ field: item.field || null, message: item.detail }));
+    // The core's checks list every invalid field, the first also in detail/field; a long message
+    // (an unknown model's lists every preset) also in one line, its brief, shown instead.
+    return body.errors.map((item) => ({ field: item.field || null, message: item.brief || item.detail }));
   }
   const message = typeof body.detail === "string" ? body.detail : `HTTP ${status}`;
   const field = body.field || (status === 401 ? "token" : (status === 403 ? "model" : null));

@@ -85,6 +85,12 @@ def backend_label(backend: str) -> str:
     return "measured" if backend == "cuda" else "estimated"
 
 
+def badge(run: Run) -> str:
+    """A run's badge: how its numbers were found (measured, estimated), or "failed": a failed run's
+    numbers were not, and the green "measured" beside it would say they were."""
+    return "failed" if run.status == "failed" else backend_label(run.backend)
+
+
 def path_for(request: Request, name: str, /, **params: Any) -> str:
     """The path of a route, under the app's root path: links stay right behind a proxy (no host)."""
     return request.scope.get("root_path", "") + str(request.app.url_path_for(name, **params))
@@ -147,8 +153,9 @@ def summary(run: Run) -> dict[str, Any]:
         "id": run.id, "model": run.model, "task": run.spec["task"], "gpu": run.gpu,
         "gpu_memory": format_bytes(run.spec["gpu"]["total_memory_bytes"]),
         "budget": format_bytes(run.spec["budget_bytes"]), "backend": run.backend,
-        "backend_label": backend_label(run.backend), "status": run.status, "done": run.done,
-        "total": run.total, "percent": round(100 * run.done / run.total) if run.total else 0,
+        "backend_label": backend_label(run.backend), "badge": badge(run), "status": run.status,
+        "done": run.done, "total": run.total,
+        "percent": round(100 * run.done / run.total) if run.total else 0,
         "created_at": run.created_at, "active": run.active, "error": run.error,
         # Where a cuda run's numbers come from: "measured on <GPU> (imported from <file>)".
         "measured_on": measured_on(run), "imported": run.imported,

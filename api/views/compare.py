@@ -62,6 +62,7 @@ class Column:
     adapter_label: str = ""  # and in full (the adapter's label)
     status: str = "done"  # the run's: a column of a run not done says so
     progress: str = ""  # "1/4 cells"
+    error: str = ""  # why the run failed
 
 
 Heading = Callable[[Run], str]
@@ -92,7 +93,7 @@ def _columns(runs: list[Run], cells: dict[str, list[dict[str, Any]]], mode: str,
             values={s: found[s]["max_batch_size"] if s in found else None for s in run.spec["seq_lens"]},
             capped=frozenset(s for s, c in found.items() if c.get("capped")),
             adapter=adapter if adapters else "", adapter_label=adapter_label,
-            status=run.status, progress=f"{run.done}/{run.total} cells",
+            status=run.status, progress=f"{run.done}/{run.total} cells", error=run.error or "",
         ))
     if mode == "fp32" and reference_columns:
         ref = reference()

@@ -175,14 +175,20 @@ _NOT_HUB = "a built-in preset or a local config"
 
 def _unknown(name: str, reason: str | None = None, *, searched: str = _NOT_ANYWHERE,
              suggest: bool = False) -> UnknownModel:
-    """UnknownModel: what ``name`` is not, why, the closest presets (with ``suggest``), them all."""
+    """UnknownModel: what ``name`` is not, why, the closest presets (with ``suggest``), them all.
+
+    Its brief is the first clause alone: the closest presets, else what the name is not. A name looked
+    up as a preset or hub id (``suggest``) leaves out why the hub could not be asked (a DNS error),
+    a local path keeps why its file could not be read."""
     detail = f" ({reason})" if reason else ""
     guess = did_you_mean(preset_suggestions(name)) if suggest else ""
     lead = f"{guess} It is not" if guess else "not"
-    return UnknownModel(
+    error = UnknownModel(
         f"unknown model '{name}': {lead} {searched}{detail}. "
         f"Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
     )
+    error.brief = f"unknown model '{name}': {guess or f'not {searched}' + ('' if suggest else detail)}"
+    return error
 
 
 def _local_config(name: str, path: Path, local_dirs: Sequence[Path] | None) -> PretrainedConfig:
@@ -222,11 +228,12 @@ def _check_model_type(name: str, model_type: object) -> None:
     if not isinstance(model_type, str) or not model_type:
         raise _unknown(name, "its config.json has no model_type")
     if model_type not in CONFIG_MAPPING:
-        raise UnknownModel(
-            f"unknown model '{name}': model_type '{model_type}' is not built into "
-            f"transformers {transformers.__version__}, and autotune does not run remote "
-            f"code (trust_remote_code is off). Presets: {', '.join(sorted(PRESETS, key=str.lower))}"
-        )
+        brief = (f"unknown model '{name}': model_type '{model_type}' is not built into "
+                 f"transformers {transformers.__version__}, and autotune does not run remote "
+                 f"code (trust_remote_code is off)")
+        error = UnknownModel(f"{brief}. Presets: {', '.join(sorted(PRESETS, key=str.lower))}")
+        error.brief = brief
+        raise error
 
 
 def is_offline() -> bool:

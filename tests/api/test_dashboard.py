@@ -99,6 +99,16 @@ def test_home_lists_runs_newest_first_with_progress_and_filters(idle_client, add
     assert "No runs match these filters." in text(idle_client.get("/", params={"model": "gpt2"}))
 
 
+def test_a_failed_run_carries_a_failed_badge_not_how_its_numbers_were_found(idle_client, add_run):
+    failed = add_run(TINY, [cell(32, "fp32", 100)], status="failed", error="worker died")
+    done = add_run({**TINY, "gpu_memory": "2GiB"}, [cell(32, "fp32", 100)])
+    rows = dict(re.findall(r'<tr data-run="([0-9a-f]+)">(.*?)</tr>', idle_client.get("/").text, re.S))
+    assert re.findall(r'class="badge (\w+)">(\w+)<', rows[failed]) == [("failed", "failed")]
+    assert re.findall(r'class="badge (\w+)">(\w+)<', rows[done]) == [("estimated", "estimated")]
+    page = idle_client.get(f"/runs/{failed}").text
+    assert '<span class="badge failed">failed</span>' in page and "badge estimated" not in page
+
+
 def test_home_stops_refreshing_when_no_run_is_active(idle_client, add_run):
     add_run(TINY, [cell(32, "fp32", 100)])
     fragment = idle_client.get("/runs")

@@ -44,6 +44,18 @@ def test_unknown_model_is_404_listing_the_presets(client):
     assert f"Presets: {', '.join(sorted(PRESETS, key=str.lower))}" in text
 
 
+@pytest.mark.parametrize(("model", "brief"), [
+    ("bert-bsae-uncased", "unknown model 'bert-bsae-uncased': did you mean bert-base-uncased?"),
+    # Looked for on the hub (conftest: offline): why the hub was not asked stays in the detail.
+    ("someone/not-a-cached-model", "unknown model 'someone/not-a-cached-model': not a built-in preset, a "
+                                   "local config, or a reachable Hugging Face hub id"),
+])
+def test_unknown_model_has_a_brief_for_the_form_without_the_presets_or_the_hub(client, model, brief):
+    body = post(client, model=model).json()
+    assert body["errors"][0] == {"field": "model", "detail": body["detail"], "brief": brief}
+    assert "Presets: " in body["detail"]  # the API's detail still lists them
+
+
 def test_sequence_beyond_the_model_limit_is_422_naming_the_limit(client):
     assert detail(post(client, seq_lens=[64, 256]), 422) == (
         "sequence length 256 exceeds max_position_embeddings=128 of tiny-bert")

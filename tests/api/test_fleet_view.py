@@ -204,6 +204,15 @@ def test_each_kind_shows_its_newest_run_and_the_view_refreshes_while_one_runs(cl
     assert "running 1/4 cells" in text(fragment.text)
 
 
+def test_a_failed_run_reads_failed_with_its_error_in_its_kinds_column(client, add_run):
+    add_run(*full("L4", (300, 150), (600, 300)))
+    add_run({**TINY, "gpu": "T4"}, [], status="failed")  # worker died, before its first cell
+    header = tables(client.get("/fleet", params={"model": "tiny-bert"}).text)["fp32"][0]
+    assert [h.split(" ")[0] for h in header] == ["seq", "T4", "L4"]
+    assert header[1].endswith("failed 0/4 cells worker died")
+    assert "running" not in header[1] and "failed" not in header[2]
+
+
 def test_fleet_view_without_a_model_or_runs_says_what_to_do(client, add_run):
     add_run(*full("T4", (200, 100), (400, 200)))
     page = client.get("/fleet")
