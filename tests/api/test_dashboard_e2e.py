@@ -5,7 +5,9 @@ sequence length next to its field), watch the table fill in without a reload, op
 explain panel, then compare three runs (one of them LoRA); then the same pages at a phone's width
 (390 px) and a laptop's (1280 px), where every table must fit its box or scroll inside it with a
 cue, every run must have its column in compare, and no two legend entries or axis labels may
-overlap; a LoRA run's page and the launch form's fine-tuning settings at a phone's width. The API docs
+overlap; at a phone's width the runs list keeps a run's status in view and its GPU's name on one line, and
+the fleet view says a failed run failed, and why; a LoRA run's page, and on the launch form an unknown
+model's closest presets in a line and the fine-tuning settings, at a phone's width. The API docs
 (/docs, /redoc) render from the server's own files. On a real Ray cluster of two GPU kinds (tests/fleet.py),
 "all kinds in the fleet" on the form, and the fleet view it opens filling in. No page asks another host
 for anything.
@@ -169,8 +171,10 @@ def browser_page(sync_playwright, base_url: str):
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
 
         def console(msg):
-            # The browser logs every 4xx fetch as an error; the one the test provokes (422) is expected.
-            if msg.type != "error" or "status of 422" in msg.text:
+            # The browser logs every 4xx fetch as an error; those the test provokes are expected: 422, and
+            # 404 from POST /v1/tables (an unknown model).
+            if msg.type != "error" or "status of 422" in msg.text or (
+                    "status of 404" in msg.text and msg.location.get("url", "").endswith("/v1/tables")):
                 return
             if "Content Security Policy" in msg.text and any(url in msg.text for url in REFUSED_BY_CSP):
                 return
@@ -188,7 +192,44 @@ def assert_readable(page, where: str) -> None:
     assert problems == [], f"{where} at {page.viewport_size['width']}px: {problems}"
 
 
-def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots):
+# Where the text of the element ``selector`` that says ``text`` lies: the boxes of its lines and the
+# screen's width. One box: the text is on one line.
+TEXT_BOXES = """([selector, text]) => {
+  const element = document.querySelector(selector);
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode() && !walker.currentNode.textContent.includes(text));
+  const range = document.createRange();
+  const start = walker.currentNode.textContent.indexOf(text);
+  range.setStart(walker.currentNode, start);
+  range.setEnd(walker.currentNode, start + text.length);
+  return [[...range.getClientRects()].map((r) => [r.left, r.right]), document.documentElement.clientWidth];
+}"""
+
+
+def add_failed_run(db: Path, gpu: str, error: str) -> tuple[str, str]:
+    """A run of tiny-bert measured on a fleet's ``gpu`` that failed before its first cell, written to the
+    server's store as a fleet's runner ends one: its id and its step's."""
+    from api.fleet.step import step_of
+    from api.runs.spec import normalize
+    from api.settings import Settings
+    from api.store import Store
+
+    def on_the_fleet(backend: str, gpu: str | None = None) -> dict:  # as RayRunner.environment answers
+        return {"backend": "cuda", "device": gpu, "fleet": "ray"}
+
+    spec = normalize({"model": "tiny-bert", "seq_lens": [32, 64], "modes": ["fp32"], "backend": "cuda",
+                      "gpu": gpu}, Settings(), on_the_fleet)
+    store = Store(db)
+    try:
+        run, _ = store.create_run(key=spec.key(), model=spec.model, gpu=gpu, backend=spec.backend,
+                                  spec=spec.to_json(), total=spec.cells, reuse=())
+        assert store.finish_run(run.id, "failed", error=error)
+    finally:
+        store.close()
+    return run.id, step_of(run.spec).id
+
+
+def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots, tmp_path):
     from playwright.sync_api import expect
 
     # Home, empty.
@@ -311,14 +352,35 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots)
     assert_every_run_has_its_column(page, [run_id, *others])
     assert_readable(page, "compare")
     page.screenshot(path=shots / "08-phone-compare.png", full_page=True)
+    # A failed run on a fleet's TITAN X: in the runs list its status stays in view and its GPU on one
+    # line, its badge says failed (not "measured"); the fleet view says it failed, and why.
+    error = "the Ray task failed: RuntimeError: CUDA error: no kernel image is available"
+    failed, step = add_failed_run(tmp_path / "dash.db", "TITAN-X-12GB", error)
     page.goto("/")
+    row = f'tr[data-run="{failed}"]'
+    expect(page.locator(f"{row} .status")).to_have_text("failed")
+    status = page.locator(f"{row} td.status-cell").bounding_box()
+    assert 0 <= status["x"] and status["x"] + status["width"] <= PHONE["width"], status
+    lines, width = page.evaluate(TEXT_BOXES, [row, "TITAN-X-12GB"])
+    assert len(lines) == 1 and lines[0][1] <= width, f"TITAN-X-12GB at {PHONE['width']}px: {lines}"
+    expect(page.locator(f"{row} .badge")).to_have_text("failed")
     assert_readable(page, "the runs")
     page.screenshot(path=shots / "09-phone-home.png", full_page=True)
+    page.goto(f"/fleet?model=tiny-bert&step={step}")
+    column = page.get_by_role("table", name=re.compile("^Max batch size, fp32")).locator("thead th").nth(1)
+    expect(column).to_contain_text(re.compile(r"TITAN-X-12GB.*failed 0/2 cells"))
+    expect(column).to_contain_text(error)
+    assert_readable(page, "the fleet view of a failed run")
+    page.screenshot(path=shots / "09c-phone-fleet-failed.png", full_page=True)
     page.goto(f"/runs/{others[1]}")  # the LoRA run: its adapter's label among the facts
     expect(page.locator("#run-adapter")).to_contain_text("LoRA r=16 alpha=32 dropout 0.05 on query,value")
     assert_readable(page, "a LoRA run")
     page.screenshot(path=shots / "09a-phone-lora-run.png", full_page=True)
-    page.goto("/new")  # the fine-tuning settings reach the API, which says what is wrong next to them
+    page.goto("/new")  # an unknown model: the closest presets, in a line
+    page.get_by_label("Model").fill("tiny-bret")
+    page.get_by_role("button", name="Make the table").click()
+    expect(page.locator("#model-error")).to_have_text("unknown model 'tiny-bret': did you mean tiny-bert?")
+    # The fine-tuning settings reach the API, which says what is wrong next to them.
     page.get_by_label("Model").fill("tiny-llama")
     page.get_by_label("Method").select_option("lora")
     page.get_by_label("LoRA rank (r)").fill("0")
