@@ -542,6 +542,23 @@ class ExplainLeverPublic(BaseModel):
     adapter: dict[str, Any] | None = Field(description="the PEFT setup of a lever that changes it")
 
 
+class ExplainRiskPublic(BaseModel):
+    """What could make a run of the step need more than its estimate (autotune.analysis.risks.Risk)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="eager-attention, longer-batch, earlier-model, fragmentation or "
+                                  "evaluation-outputs")
+    label: str
+    max_batch_size: int | None = Field(description="the cell's max with it; null for evaluation-outputs "
+                                                   "(see samples) or where it cannot be searched (see error)")
+    breaks: bool = Field(description="batch_size runs out of memory with it")
+    bytes: int | None = Field(description="what it takes: the earlier model, the cached blocks, one "
+                                          "sample's outputs")
+    samples: int | None = Field(description="evaluation-outputs: the samples the memory left holds")
+    error: str | None
+
+
 class ExplainPublic(BaseModel):
     """Where the memory of the step goes, the largest modules, outlier flags, and the levers."""
 
@@ -571,6 +588,8 @@ class ExplainPublic(BaseModel):
     flags: list[FlagPublic]
     does_not_fit: str | None = Field(description="why even batch 1 does not fit, when it does not")
     levers: list[ExplainLeverPublic] = Field(description="empty with levers=false")
+    risks: list[ExplainRiskPublic] = Field(default_factory=list, description="with the levers: what could "
+                                           "make a run need more than the estimate on some runs")
     padding: dict[str, Any] | None = Field(description="dynamic padding over the data's lengths: null "
                                                        "here (the service takes no lengths)")
     adapter: dict[str, Any] | None = Field(description=ADAPTER_DESCRIPTION)

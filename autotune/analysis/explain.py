@@ -27,7 +27,10 @@ the max batch of the cell (found as the table finds it, ``tuner.search_cell``):
   float32 logits of a language model's loss as its largest activation;
 - when even batch 1 does not fit, which part alone exceeds the budget;
 - the levers (levers.py): the max batch under each change a user can make (the 8-bit AdamW
-  levers measured with bitsandbytes on this machine's GPU where it has both).
+  levers measured with bitsandbytes on this machine's GPU where it has both);
+- with the levers, the risks (risks.py): what could make a run of this step need more than the
+  estimate on some runs and not others (eager attention, a longer batch, an earlier model left
+  on the GPU, fragmentation, evaluation outputs kept), each with the max batch it leaves.
 
 Estimate backend only: the breakdown needs the fake-tensor trace (the 8-bit measurement uses a
 cuda backend of its own).
@@ -58,6 +61,7 @@ from autotune.workload.parallel import DDP, FSDP
 if TYPE_CHECKING:
     from autotune.analysis.levers import LeverReport, LeverRunner
     from autotune.analysis.padding import PaddingReport
+    from autotune.analysis.risks import Risk
     from autotune.backends.estimate.backend import EstimateBackend
     from autotune.backends.estimate.instrument import Recording
 
@@ -88,6 +92,9 @@ CATEGORY_LABELS = {
 FROZEN_BASE, BASE_4BIT, ADAPTER_WEIGHTS, DEQUANTIZATION = (
     "frozen_base", "base_4bit", "adapter_weights", "dequantization")
 BASE_8BIT, INT8_MATMUL = "base_8bit", "int8_matmul"
+# What a model and its optimizer hold between steps: an earlier copy of them left on the GPU
+# (risks.py) takes this much.
+HELD_CATEGORIES = ("parameters", FROZEN_BASE, BASE_4BIT, BASE_8BIT, ADAPTER_WEIGHTS, "optimizer_state")
 # Per bits of a quantized base: its storage's category and its matmul temporaries' category.
 BASE_CATEGORIES = {4: (BASE_4BIT, DEQUANTIZATION), 8: (BASE_8BIT, INT8_MATMUL)}
 ADAPTER_CATEGORY_LABELS = {
@@ -194,6 +201,8 @@ class Explanation:
     flags: list[Flag]
     does_not_fit: str | None  # why even batch 1 does not fit, when it does not
     levers: list[LeverReport] = field(default_factory=list)
+    # What could make a run of this step need more than the estimate (risks.py), with levers.
+    risks: list[Risk] = field(default_factory=list)
     padding: PaddingReport | None = None
     # The PEFT adapter (tuner.adapter_json: settings, resolved targets, trainable and total
     # parameters as PEFT counts them, label); None for a full fine-tune.
@@ -686,6 +695,9 @@ def explain(
         explanation.levers = _what_if(workload, backend, gpu, seq_len=seq_len, mode=mode, budget=budget,
                                       best=best, batch_size=batch_size, lengths=lengths, max_batch=max_batch,
                                       measure_8bit=measure_8bit, run_levers=run_levers)
+        if best:
+            explanation.risks = _risks(workload, backend, explanation, mode=mode, budget=budget,
+                                       max_batch=max_batch)
     if lengths:
         from autotune.analysis.padding import dynamic_padding
 
@@ -740,6 +752,20 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
     )
+
+
+def _risks(workload: Workload, backend: EstimateBackend, explanation: Explanation, *, mode: Mode,
+           budget: int, max_batch: int) -> list[Risk]:
+    """What could make a run of the explained step need more than its estimate (risks.py)."""
+    from autotune.analysis.risks import risks
+
+    model = backend._model(workload, mode.precision).model
+    categories = explanation.breakdown.categories
+    return risks(workload, backend, seq_len=explanation.seq_len, mode=mode, budget=budget,
+                 batch_size=explanation.batch_size, best=explanation.max_batch_size,
+                 held=sum(categories.get(key, 0) for key in HELD_CATEGORIES),
+                 cached=explanation.breakdown.cached_bytes, vocab=lm_vocab(model, workload.task),
+                 model=model, max_batch=max_batch)
 
 
 def _what_if(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_len: int, mode: Mode,

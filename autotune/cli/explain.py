@@ -193,6 +193,8 @@ def render(e: Explanation) -> str:
     if e.levers:
         lines += ["", f"what would fit at seq {e.seq_len} on {_gpu(e)} (now: max batch {e.max_batch_size}):"]
         lines += [_lever_line(lever, e.max_batch_size) for lever in e.levers]
+    if e.risks:
+        lines += ["", *_risk_lines(e)]
     if e.padding is not None:
         lines += ["", *_padding_lines(e.padding)]
     return "\n".join(lines) + "\n"
@@ -242,6 +244,25 @@ def _lever_line(lever: Any, now: int) -> str:
     text = f"{label} {lever.max_batch_size:>7}{'+' if lever.capped else ' '} {change:>6}"
     notes = [n for n in (None if lever.estimated == "as the table" else lever.estimated, lever.note) if n]
     return text + (f"  ({'; '.join(notes)})" if notes else "")
+
+
+def _risk_lines(e: Explanation) -> list[str]:
+    """What could make batch N run out of memory on some runs: each risk with the max it leaves,
+    those that break batch N marked; the headroom first."""
+    b = e.breakdown
+    headroom = b.budget_bytes - b.demand_bytes
+    broken = sum(risk.breaks for risk in e.risks)
+    lines = [f"why batch {e.batch_size} could run out of memory on some runs and not others "
+             f"(headroom {format_bytes(max(headroom, 0))}, {max(headroom, 0) / b.budget_bytes:.0%} of the "
+             f"budget; {broken} of these would break it, marked !):"]
+    for risk in e.risks:
+        mark = "!" if risk.breaks else " "
+        if risk.max_batch_size is None:
+            answer = f"n/a: {risk.error}" if risk.error else ""
+        else:
+            answer = f"max {risk.max_batch_size}"
+        lines.append(f"  {mark} {risk.label}" + (f": {answer}" if answer else ""))
+    return lines
 
 
 def _padding_lines(p: PaddingReport) -> list[str]:

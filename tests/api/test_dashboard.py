@@ -169,6 +169,10 @@ def test_explain_panel_of_a_cell(idle_client, add_run):
     assert "Where the memory goes: seq 32, fp32" in words
     assert "Peak memory of the step at batch 2365, by kind" in words  # the table's max (estimated)
     assert "activations saved for backward" in words and "What would fit?" in words
+    query = {"seq_len": 32, "mode": "fp32", "levers": 1}
+    levers = text(idle_client.get(f"/runs/{run_id}/explain", params=query))
+    assert "What would fit at seq 32" in levers
+    assert "could run out of memory on some runs and not others" in levers and "eager attention" in levers
     missing = idle_client.get(f"/runs/{run_id}/explain", params={"seq_len": 48, "mode": "fp32"})
     assert missing.status_code == 404 and "its sequence lengths are [32, 64]" in missing.json()["detail"]
 

@@ -10,11 +10,13 @@ from api.schemas import (
     BreakdownPublic,
     ExplainLeverPublic,
     ExplainPublic,
+    ExplainRiskPublic,
     FlagPublic,
     ModuleActivationsPublic,
     ModuleParamsPublic,
 )
 from autotune.analysis.explain import Breakdown, Explanation, Flag, ModuleActivations, ModuleParams
+from autotune.analysis.risks import Risk
 
 QUERY = {"model": "tiny-bert", "seq_len": 64, "gpu_memory": "1GiB", "batch_size": 16}
 
@@ -48,6 +50,9 @@ def test_the_answer_is_what_the_openapi_document_describes(client):
     assert list(doc["breakdown"]) == list(BreakdownPublic.model_fields)
     assert doc["levers"]
     assert all(list(lever) == list(ExplainLeverPublic.model_fields) for lever in doc["levers"])
+    assert [field.name for field in fields(Risk)] == list(ExplainRiskPublic.model_fields)
+    assert doc["risks"]  # with the levers
+    assert all(list(risk) == list(ExplainRiskPublic.model_fields) for risk in doc["risks"])
     document = client.get("/openapi.json").json()
     response = document["paths"]["/v1/explain"]["get"]["responses"]["200"]["content"]["application/json"]
     assert response["schema"] == {"$ref": "#/components/schemas/ExplainPublic"}
