@@ -258,14 +258,18 @@ class RayRunner(RunnerBase):
         order = {"run_id": run.order.run_id,
                  "spec": {**spec, "seq_lens": [*earlier, cell.seq_len], "modes": [cell.mode]},
                  "completed": [run.done[(cell.mode, s)] for s in earlier]}
-        if spec["backend"] == "cuda":
-            kind = spec["environment"]["device"]
-            selector = self.cluster.snapshot().selector(kind) or {}
-            if cell.avoid and self._other_nodes(kind, cell.avoid):
-                selector["ray.io/node-id"] = f"!in({','.join(cell.avoid)})"
-            ref = measure_cell.options(label_selector=selector).remote(order, self.setup)
-        else:
-            ref = estimate_cell.remote(order, self.setup)
+        try:
+            if spec["backend"] == "cuda":
+                kind = spec["environment"]["device"]
+                selector = self.cluster.snapshot().selector(kind) or {}
+                if cell.avoid and self._other_nodes(kind, cell.avoid):
+                    selector["ray.io/node-id"] = f"!in({','.join(cell.avoid)})"
+                ref = measure_cell.options(label_selector=selector).remote(order, self.setup)
+            else:
+                ref = estimate_cell.remote(order, self.setup)
+        except Exception as exc:  # never left running with no task: it fails, or waits for the cluster
+            self._unsent(run, exc)
+            return
         with self._cond:
             if self._closed or run.order.run_id not in self._runs:  # cancelled or closed meanwhile
                 stale = True
@@ -275,6 +279,17 @@ class RayRunner(RunnerBase):
         if stale:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+
+    def _unsent(self, run: _Run, exc: BaseException) -> None:
+        """A cell could not be sent. With the cluster gone, every run waits for it (``_requeue``);
+        with the cluster there (it refused the task), the run fails saying why: a run left running
+        with no task in flight would read "running 0/N cells" for ever."""
+        self.cluster.lost(exc)  # read the cluster again: gone, or there
+        if not self.cluster.reachable:
+            self._requeue()
+            return
+        log.exception("run %s: a cell could not be sent to the Ray cluster", run.order.run_id)
+        self._end(run, "failed", f"a cell could not be sent to the Ray cluster: {_reason(exc)}")
 
     def _other_nodes(self, kind: str, avoid: tuple[str, ...]) -> bool:
         """Whether the fleet has a node of ``kind`` besides those in ``avoid``."""
