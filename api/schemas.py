@@ -464,6 +464,8 @@ class CheckPublic(BaseModel):
                                             "batch is per GPU. null: one GPU")
     images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
                                           "every row; always null here: the service refuses those models")
+    offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
+                                      "always false here: the service does not take it")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -602,3 +604,6 @@ class ExplainPublic(BaseModel):
                                             "null: one GPU")
     images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
                                           "every row; always null here: the service refuses those models")
+    host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
+                                           "memory its copies held; always null here: the service does "
+                                           "not take it")

@@ -330,6 +330,7 @@ def _step(model: str, step: StepOptions) -> Step:
     if isinstance(given.get("liger"), list | tuple):
         given["liger"] = tuple(given["liger"])
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
+    given["offload_activations"] = bool(given.get("offload_activations")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
 
 
@@ -346,6 +347,7 @@ class StepOptions(TypedDict, total=False):
     optimizer: str  # adamw_torch_fused
     loss: str  # full
     ckpt_reentrant: bool  # False
+    offload_activations: bool  # False: TRL's OffloadActivations around each step (emulated)
     liger: str | Sequence[str] | None
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1

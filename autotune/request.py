@@ -374,6 +374,10 @@ class Step:
         None, "Liger kernels swapped in (emulated from Liger's source), comma-separated: "
         f"{', '.join(LIGER_KERNELS)}; those the model type's Liger patch does not take are left out, as "
         "Liger leaves them out; its fused_linear_cross_entropy is loss chunked", metavar="KERNELS")
+    offload_activations: bool | None = option(
+        None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
+        "activation_offloading run it: saved activations copied to pinned host memory and brought back "
+        "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
@@ -699,7 +703,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     if found.errors:
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
-                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images)
+                    ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
+                    offload_activations=bool(step.offload_activations))
 
 
 def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,

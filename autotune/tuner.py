@@ -123,6 +123,7 @@ class TableResult:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images in every row (images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
+    offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
 
     @property
     def total_probes(self) -> int:
@@ -257,6 +258,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         adapter=adapter_json(workload),
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
+        offload_activations=workload.offload_activations,
     )
 
 

@@ -28,6 +28,7 @@ from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.offload import NAME as OFFLOAD_NAME
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
 
 
@@ -72,6 +73,7 @@ class CheckResult:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
+    offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +138,7 @@ def check_step(
         "chip_assumed": None if chip_is_known(gpu) else size_only_chip()[0],
         "parallel": parallel_json(workload, gpu),
         "images": images_json(workload),
+        "offload_activations": workload.offload_activations,
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -201,6 +204,8 @@ def step_label(result: CheckResult) -> str:
         parts.append("reentrant checkpointing")
     if result.liger:
         parts.append(describe_liger(result.liger))
+    if result.offload_activations:
+        parts.append(OFFLOAD_NAME)
     if result.adapter is not None:
         parts.append(str(result.adapter["label"]))
     if result.parallel is not None:
@@ -287,6 +292,7 @@ def check_from_cells(
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
         parallel=parallel_json(workload, gpu), images=images_json(workload),
+        offload_activations=workload.offload_activations,
     )
     result.message = format_message(result)
     return result

@@ -217,6 +217,9 @@ class Explanation:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
+    # With activation offloading (workload/offload.py): the most pinned host memory its copies of the
+    # saved activations held at batch_size; None without it.
+    host_offload_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -751,6 +754,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         attention_kernel=probe.details.get("attention"),
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
+        host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
     )
 
 

@@ -43,6 +43,7 @@ from autotune.defaults import EXPLAIN_BACKEND
 from autotune.errors import AutotuneError, InvalidInput
 from autotune.request import ExplainRequest
 from autotune.units import format_bytes
+from autotune.workload.offload import NAME as OFFLOAD_NAME
 
 if TYPE_CHECKING:
     from autotune.analysis.explain import Explanation
@@ -151,6 +152,9 @@ def render(e: Explanation) -> str:
         f"{f' ({e.attention_kernel})' if e.attention_kernel else ''}, loss {e.loss}",
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
         *([f"images: {e.images['label']}"] if e.images is not None else []),
+        *([f"{OFFLOAD_NAME}: saved activations in pinned host memory, at most "
+           f"{format_bytes(e.host_offload_bytes)} at batch {e.batch_size}"]
+          if e.host_offload_bytes is not None else []),
         *_job_lines(e),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context{_nccl(e)}) x (1 - margin {e.margin})",

@@ -38,6 +38,7 @@ from autotune.request import TableRequest
 from autotune.units import format_bytes
 from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import parse_mode
+from autotune.workload.offload import NAME as OFFLOAD_NAME
 from autotune.workload.support import weights_label
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ def render_table(t: TableResult) -> str:
         loss += ", reentrant checkpointing"
     if t.liger:
         loss += f", {describe_liger(t.liger)}"
+    if t.offload_activations:
+        loss += f", {OFFLOAD_NAME}"
     lines = [
         f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
         f"{loss}) on {t.gpu_name}"

@@ -61,7 +61,7 @@ _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
     "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
     "torch_compile": COMPILE,
-    "activation_offloading": OFFLOAD, "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
+    "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
     "unfrozen_parameters": "training only some parameters is not modelled: autotune trains them all",
     "rl": "RL trainers (DPO, KTO, GRPO, ...) are not modelled: autotune models supervised fine-tuning",
@@ -651,7 +651,7 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
     if bf16 is not None and not isinstance(bf16, bool) and bf16 != "full":
         raise cfg.bad("bf16", bf16, "true, false, 'auto' or 'full'")
     bfloat16, float16 = cfg.flag("bfloat16"), cfg.flag("float16")
-    ckpt = _axolotl_checkpointing(cfg)
+    ckpt = _axolotl_checkpointing(cfg, adapter)
     # resolve_dtype: cfg.torch_dtype is bfloat16 if bf16 or bfloat16, else float16 if fp16 or float16,
     # else float32; from_pretrained loads the weights in it (loaders/model.py). The Trainer gets
     # bf16 = bf16 or bfloat16 (except bf16: full, which only evaluates in bf16), fp16 = fp16 and not bf16.
@@ -685,6 +685,41 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
 
 
+def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
+    """``activation_offloading: true``: TRL's OffloadActivations around each training step, with
+    streams (core/trainers/mixins/activation_checkpointing.py ActivationOffloadingMixin; emulated,
+    workload/offload.py). The Trainer's gradient checkpointing is turned off (core/builders/base.py
+    _configure_gradient_checkpointing), but the layers are checkpointed all the same: a LoRA/QLoRA
+    model by the loader itself (loaders/model.py: ``gradient_checkpointing_enable`` with
+    gradient_checkpointing_kwargs, ``{use_reentrant: True}`` when unset by normalize_config), a full
+    fine-tune's decoder layers in torch's non-reentrant checkpoint_wrapper (loaders/model.py
+    _apply_activation_checkpointing, ac_wrap_hf_model), the same torch.utils.checkpoint call per
+    layer as transformers' non-reentrant checkpointing. Whether the modes checkpoint: always."""
+    if offload is not True:
+        why = {"legacy": "the synchronous offloading of each checkpointed layer's input (monkeypatch/"
+                         "gradient_checkpointing.py) is not modelled",
+               "disk": "activations written to files on disk are not modelled",
+               "hidden_states": "offloading the checkpointed hidden states alone is not modelled"}
+        if offload in why:
+            raise cfg.unmodelled("activation_offloading", offload, why[offload] + "; true is")
+        raise cfg.bad("activation_offloading", offload, "true, false, 'legacy', 'disk' or 'hidden_states'")
+    if not ckpt:  # schemas/validation.py check_activation_offloading_wo_gc
+        raise InvalidInput(f"activation_offloading: true without gradient_checkpointing in {cfg.file!r}: "
+                           "Axolotl refuses it (\"activation_offloading requires gradient_checkpointing\")")
+    cfg.offload_activations = True
+    if adapter:
+        cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step (the saved "
+                         "activations, the checkpointed layers' inputs among them, to the host), and the "
+                         "layers checkpointed by Axolotl's loader (gradient_checkpointing_enable)")
+        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset={"use_reentrant": True})
+        return True
+    cfg.get("gradient_checkpointing_kwargs")  # the Trainer's checkpointing is off: unused
+    cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step, and every "
+                     "decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model): the "
+                     "layers' inputs go to the host")
+    return True
+
+
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:
     """bf16 and fp16 as Axolotl's resolve_dtype (utils/config/__init__.py) leaves them: ``bf16: auto``
     is true on a card with bfloat16 (is_torch_bf16_gpu_available: Ampere and newer), else false with
@@ -708,12 +743,22 @@ def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:
     return False, fp16
 
 
-def _axolotl_checkpointing(cfg: Config) -> bool:
+def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
+    """Whether the modes checkpoint; with ``activation_offloading: true`` (or ``gradient_checkpointing:
+    offload``) TRL's OffloadActivations runs around each step, as Axolotl sets it up (``_offloading``)."""
     ckpt = cfg.get("gradient_checkpointing")
-    if ckpt in ("offload", "offload_disk"):
-        raise cfg.unmodelled("gradient_checkpointing", ckpt, OFFLOAD)
+    offload = cfg.get("activation_offloading")
+    if ckpt == "offload":  # schemas/validation.py check_gradient_checkpointing_w_offload
+        cfg.notes.append("gradient_checkpointing: offload: Axolotl reads it as gradient_checkpointing: true "
+                         "with activation_offloading: true (check_gradient_checkpointing_w_offload)")
+        ckpt, offload = True, True
+    elif ckpt == "offload_disk":
+        raise cfg.unmodelled("gradient_checkpointing", ckpt, "Axolotl reads it as activation_offloading: "
+                             "disk, whose activations go to files on disk: not modelled")
     if ckpt is not None and not isinstance(ckpt, bool):
         raise cfg.bad("gradient_checkpointing", ckpt, "true, false, 'offload' or 'offload_disk'")
+    if offload not in (None, False):
+        return _offloading(cfg, offload, bool(ckpt), adapter)
     if ckpt:
         # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset
         # (unless unfrozen_parameters or rl, which are refused).

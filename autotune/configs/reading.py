@@ -115,6 +115,7 @@ class Config:
         self.notes: list[str] = []
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
         self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
+        self.offload_activations = False  # TRL's OffloadActivations around each step (workload/offload.py)
         self.launch: dict[str, Any] = {}  # request fields of LAUNCH_FIELDS (configs/sharding.py)
         self.parallel_key: str | None = None
         self.wrap_classes: tuple[str, ...] = ()
@@ -186,7 +187,8 @@ class Config:
         """The request the file describes, from the request fields it sets (None: not set, the
         request's default), with the notes gathered while reading."""
         values = {**fields, **self.launch, "mode": None if mode is None else mode.name, "adapter": adapter,
-                  "ckpt_reentrant": True if self.ckpt_reentrant else None}
+                  "ckpt_reentrant": True if self.ckpt_reentrant else None,
+                  "offload_activations": True if self.offload_activations else None}
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, files=((self.file, format),))

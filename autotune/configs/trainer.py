@@ -119,9 +119,7 @@ _SFT_FIELDS = words(
     "use_liger dataset_train_split dataset_test_split dataset_streaming dataset_config ignore_bias_buffers "
     "datasets use_peft bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage")
 SFT_MARKERS = _SFT_FIELDS - words("max_length max_seq_length datasets")
-_SFT_REFUSED = {
-    "activation_offloading": OFFLOAD,
-}
+_SFT_REFUSED: dict[str, str] = {}
 # The ``trl sft`` CLI's ModelConfig keys of an adapter (trl/trainer/model_config.py), and peft_config.
 _TRL_PEFT_KEYS = words(
     "use_peft peft_config lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters "
@@ -163,6 +161,10 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
         loss = _sft_loss(cfg)
         _packing(cfg, attn)
         seq_len = _pad_to_multiple(cfg, seq_len)
+        if cfg.flag("activation_offloading"):  # sft_trainer.py: training_step under the offloader
+            cfg.offload_activations = True
+            cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step "
+                             "(get_act_offloading_ctx_manager): saved activations to the host")
     liger, fused = _trainer_liger(cfg)
     loss = "chunked" if fused else loss
     batch = cfg.positive("per_device_train_batch_size", "batch size")

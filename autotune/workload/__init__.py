@@ -35,3 +35,6 @@ class Workload:
     # A vision-language model's images (task image-text-to-text, workload/vision.py): how many in
     # every row, and their size; None for the other tasks.
     images: Images | None = None
+    # TRL's OffloadActivations around each step's forward and backward (workload/offload.py): what
+    # TRL's activation_offloading and Axolotl's activation_offloading: true run.
+    offload_activations: bool = False

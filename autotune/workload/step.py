@@ -243,6 +243,7 @@ def run_steps(
     after_step: Callable[[int], bool | None] | None = None,
     loss: str = "full",
     forward: Callable[..., Any] | None = None,
+    around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> None:
     """Run ``steps`` full training steps; the one loop every backend uses.
 
@@ -254,15 +255,19 @@ def run_steps(
 
     ``forward(**batch)``: the loss where a wrapper computes it (a multi-GPU job's DDP or FSDP2
     root around the model and its loss); default ``step_loss``.
+
+    ``around()``: entered around each step's forward and backward, as a trainer's ``training_step``
+    override enters its context (TRL's activation offloading: workload/offload.py).
     """
     if steps < MIN_STEPS:
         raise InvalidInput(f"a probe runs at least {MIN_STEPS} steps, got {steps}")
     scaler = scaler or NoScaler()
     for index in range(steps):
-        with autocast():
-            value = forward(**batch) if forward is not None else step_loss(model, batch, loss)
-        scaler.scale(value).backward()
-        del value
+        with around():
+            with autocast():
+                value = forward(**batch) if forward is not None else step_loss(model, batch, loss)
+            scaler.scale(value).backward()
+            del value
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)

@@ -175,6 +175,7 @@ class Worker:
         self.bnb_optimizer: str | None = None  # bnb.BNB_OPTIMIZERS, instead of the workload's
         self.distributed: Distributed | None = None  # a multi-GPU job's rank (backends/distributed.py)
         self.forward: Callable[..., Any] | None = None  # its wrapper's call: the step's loss
+        self.offload: Any = None  # TRL's OffloadActivations, entered around each step (trl_offloading)
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "init" and self.model is None:
@@ -286,6 +287,9 @@ class Worker:
         reentrant = self.workload is not None and self.workload.ckpt_reentrant
         self._stack.enter_context(gradient_checkpointing(
             model, mode.checkpointing, {"use_reentrant": True} if reentrant else None, input_grads=quantized))
+        self.offload = None
+        if self.workload is not None and self.workload.offload_activations:
+            self.offload = trl_offloading(model)
         self.model = model
         self.memory.release()
         return None
@@ -342,6 +346,7 @@ class Worker:
             after_step=mark,
             loss=workload.loss,
             forward=self.forward,
+            around=contextlib.nullcontext if self.offload is None else lambda: self.offload,
         )
         step_time_s = marks[-1] - marks[-2]
         samples_per_s = batch_size / step_time_s if step_time_s > 0 else None
@@ -367,6 +372,19 @@ class Worker:
 
     def close(self) -> None:
         self._stack.close()
+
+
+def trl_offloading(model: Any) -> Any:
+    """TRL's own activation offloading of ``model``, as SFTTrainer makes it once (sft_trainer.py:
+    ``get_act_offloading_ctx_manager(model=self.model)``): measured, never the estimator's port."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        raise BackendUnavailable("activation offloading on the cuda backend is TRL's OffloadActivations: "
+                                 "pip install trl (the estimate backend emulates it)")
+    from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+    return get_act_offloading_ctx_manager(model=model)
 
 
 def _first_line(exc: BaseException) -> str:

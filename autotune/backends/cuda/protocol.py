@@ -94,6 +94,7 @@ class CellSpec:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images (workload.vision.Images' fields); None: no image-text-to-text
     images: dict[str, Any] | None = None
+    offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,6 +136,7 @@ def cell_spec(
         liger=list(workload.liger),
         parallel=None if workload.parallel is None else dataclasses.asdict(workload.parallel),
         images=None if workload.images is None else dataclasses.asdict(workload.images),
+        offload_activations=workload.offload_activations,
     )
 
 
@@ -155,6 +157,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         liger=parse_kernels(spec.liger),
         parallel=None if spec.parallel is None else Parallel(**spec.parallel),
         images=None if spec.images is None else make_images(spec.images["per_sample"], spec.images["size"]),
+        offload_activations=spec.offload_activations is True,
     )
     return workload, parse_mode(spec.mode)
 

@@ -99,6 +99,8 @@ class Recording:
     # whose events record an element count
     # (tracker.StorageTracker, reduce.py); a Trace made with them gives bytes.
     workspaces: dict[int, TraceWorkspace] = field(default_factory=dict)
+    # With activation offloading (workload/offload.py): the most host memory its copies held.
+    host_offload_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -323,6 +325,9 @@ class Recorder(StepHooks):
 
     def loaded(self, tensor: Any) -> None:
         self.tracker.mark(tensor, "parameters", self.names.get(id(tensor)))
+
+    def host_offloaded(self, peak_bytes: int) -> None:
+        self.recording.host_offload_bytes = peak_bytes
 
     def make_optimizer(self, model: nn.Module, workload: Workload) -> Any:
         return make_variant_optimizer(model, workload, self.variant)

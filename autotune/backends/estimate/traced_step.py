@@ -149,6 +149,26 @@ class StepHooks:
     def after_step(self, index: int) -> None:
         """Training step ``index`` (0-based) is over: its ``zero_grad`` has run."""
 
+    def host_offloaded(self, peak_bytes: int) -> None:
+        """The steps are over; activation offloading's host copies held at most ``peak_bytes``."""
+
+
+def offloading(model: Any) -> Any:
+    """TRL's OffloadActivations as ported (workload/offload.py), its host copies outside the caching
+    allocator (pinned host memory: the tracker does not count them)."""
+    import torch
+
+    from autotune.backends.estimate.tracker import outside_allocator
+    from autotune.workload.offload import Offloader
+
+    def host_copy(tensor: Any) -> Any:
+        with outside_allocator():
+            host = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            host.copy_(tensor)
+        return host
+
+    return Offloader(model, host_copy)
+
 
 class UnsteadyStep(Exception):
     """The first step, its optimizer step written, turned out not to be steady (steps.py)."""
@@ -228,13 +248,18 @@ def trace_step(
         marked = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
                                tracker, marks, steady, writer, hooks)
         hooks.before_steps(workspaces, batch, optimizer)
+        offloader = offloading(model) if workload.offload_activations else None
         with emulation:
             marks.starts.append(len(tracker.events))
             run_steps(
                 model, batch, optimizer, steps=workload.steps, after_step=marked.after_step,
                 autocast=functools.partial(hooks.forward_region, emulation), scaler=marked,
                 loss=workload.loss, forward=forward,
+                around=contextlib.nullcontext if offloader is None else lambda: offloader,
             )
+        if offloader is not None:
+            offloader.close()
+            hooks.host_offloaded(offloader.host_peak_bytes)
         written = marked.first is not None
         if marked.first is not None:  # steps 2.. from step 1 (steps.py)
             assert writer is not None
