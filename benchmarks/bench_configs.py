@@ -85,6 +85,12 @@ FAMILIES: dict[str, dict[str, float]] = {
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
+    # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
+    # its own, never another's stand-in.
+    "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
+    "qwen2_5_vl": {"Qwen/Qwen2.5-VL-7B-Instruct": 7},
+    "llava": {"llava-hf/llava-1.5-7b-hf": 7},
+    "gemma3_vl": {"google/gemma-3-4b-it": 4},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -98,6 +104,11 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
+    # The vision-language models with a preset, before the rule that drops the others.
+    (r"qwen2-vl-", "qwen2_vl"),
+    (r"qwen2\.5-vl-", "qwen2_5_vl"),
+    (r"llava-1\.5-", "llava"),
+    (r"gemma-3-4b", "gemma3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration), 3n another architecture.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-3-(4|12|27)b|gemma-4|mamba|jamba|falcon-h1", None),
@@ -124,6 +135,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
 PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
+    "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
+    "gemma3_vl": "tiny-gemma3",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
