@@ -377,8 +377,9 @@ class Step:
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
-                                  "whole model), fsdp (FSDP2 fully_shard per layer); zero1/2/3 are not "
-                                  "modelled yet (default ddp when gpus > 1)", choices=PARALLEL_CHOICES)
+                                  "whole model), fsdp (FSDP2 fully_shard per layer), zero1/2/3 (DeepSpeed "
+                                  "ZeRO's engine, traced; needs deepspeed) (default ddp when gpus > 1)",
+                                  choices=PARALLEL_CHOICES)
     nodes: int | None = option(None, "fsdp: nodes the GPUs are on; more than 1 is hybrid sharding (shard "
                                "within a node, replicate across nodes)", metavar="N", parse=positive)
     reshard_after_forward: bool | None = option(

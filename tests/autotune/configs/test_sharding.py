@@ -289,8 +289,8 @@ def test_a_config_that_spreads_the_job_needs_the_gpu_count(tmp_path, capsys):
     zero = write(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 2}}}, "zero.json")
     code, _, err = check(capsys, "--from-config", str(zero), "--gpu", "A100-80GB")
     assert code == 2 and "give --gpus N" in err
-    code, _, err = check(capsys, "--from-config", str(zero), "--gpus", "8", "--gpu", "A100-80GB")
-    assert code == 2 and "Error: --parallel zero2: DeepSpeed ZeRO is not modelled yet" in err
+    code, out, err = check(capsys, "--from-config", str(zero), "--gpus", "8", "--gpu", "A100-80GB")
+    assert code == 0 and "DeepSpeed ZeRO-2, 8 GPUs" in out, err
 
 
 def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, capsys):
