@@ -198,3 +198,33 @@ def test_zero_defaults_are_the_stage_and_the_auto_keys():
                                    "stage3_prefetch_bucket_size": "auto",
                                    "stage3_param_persistence_threshold": "auto"}
     assert "ZeRO-3, 8 GPUs" in parallel.label and parallel.modelled.startswith("traced: DeepSpeed")
+
+
+def test_a_trainer_config_s_deepspeed_json_with_auto_values_is_read_into_zero_config(tmp_path):
+    from autotune.configs import read_training_config
+
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                              "stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": 1e8,
+                              "gather_16bit_weights_on_model_save": True},
+        "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "bf16": True,
+                                                      "deepspeed": "ds.json"}))
+    config = read_training_config(tmp_path / "train.json")
+    step = config.request.step
+    assert step.parallel == "zero3"
+    assert json.loads(step.zero_config) == {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                                            "stage3_prefetch_bucket_size": "auto",
+                                            "stage3_max_live_parameters": 1e8}
+    assert any("how the model is saved" in note for note in config.notes)
+    parallel = make_parallel(4, step.parallel, zero_config=step.zero_config)
+    assert parallel is not None and resolved(parallel.zero, 64)["reduce_bucket_size"] == 64 * 64
+
+
+def test_a_trainer_config_s_deepspeed_offload_is_refused_by_name(tmp_path):
+    from autotune.configs import read_training_config
+
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "deepspeed": {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}))
+    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
+        read_training_config(tmp_path / "train.json")
