@@ -381,8 +381,9 @@ class Step:
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
-                                  "whole model), fsdp (FSDP2 fully_shard per layer); zero1/2/3 are not "
-                                  "modelled yet (default ddp when gpus > 1)", choices=PARALLEL_CHOICES)
+                                  "whole model), fsdp (FSDP2 fully_shard per layer), zero1/2/3 (DeepSpeed "
+                                  "ZeRO's engine, traced; needs deepspeed) (default ddp when gpus > 1)",
+                                  choices=PARALLEL_CHOICES)
     nodes: int | None = option(None, "fsdp: nodes the GPUs are on; more than 1 is hybrid sharding (shard "
                                "within a node, replicate across nodes)", metavar="N", parse=positive)
     reshard_after_forward: bool | None = option(
@@ -394,6 +395,11 @@ class Step:
         "own) or llamafactory (LLaMA-Factory v1's: no upcast, no tail group, its own loss; on one GPU "
         "the model unwrapped)",
         choices=FSDP_RECIPES)
+    zero_config: str | None = option(
+        None, "zero1/2/3: the zero_optimization mapping of the job's DeepSpeed config, as JSON (default: the "
+        "stage with reduce_bucket_size and the stage-3 sizes \"auto\", resolved from hidden_size as the "
+        "Hugging Face integration does); check --from-config reads it from the config's deepspeed",
+        metavar="JSON")
     images_per_sample: int | None = option(
         None, "image-text-to-text (a vision-language model): images in every sample, their tokens part of "
         "seq_len as the processor expands them (default 1; 0: a text-only step of the model)", metavar="N",
@@ -697,7 +703,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
-                                 reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe)
+                                 reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe,
+                                 zero_config=step.zero_config)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     images = resolve_images(step, spec, task, seq_lens, found)
     if found.errors:

@@ -370,7 +370,7 @@ class _Normalizing:
         with found.about("parallel"):
             self.parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                           reshard_after_forward=step.reshard_after_forward,
-                                          recipe=step.fsdp_recipe)
+                                          recipe=step.fsdp_recipe, zero_config=step.zero_config)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

@@ -397,14 +397,23 @@ class Distributed:
     @property
     def autocasts(self) -> bool:
         """Whether a mode's 16-bit precision is torch.autocast (DDP, as on one GPU), or FSDP2's
-        MixedPrecisionPolicy with no autocast (module docstring)."""
-        return self.parallel.kind != FSDP
+        MixedPrecisionPolicy or DeepSpeed's 16-bit engine with no autocast (module docstring)."""
+        return self.parallel.kind == DDP
 
     def prepare(self, model: Any, precision: str) -> None:
         """At build (inside the model's FakeTensorMode): FSDP2 shards the parameters once, for
         modes of ``precision``."""
         if self.parallel.kind == FSDP:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
+
+    def engine(self, model: Any, optimizer: Any, precision: str) -> Any:
+        """DeepSpeed ZeRO (backends/deepspeed.py): its engine over ``model`` and its loss with the
+        Trainer's ``optimizer``, built in each trace as the Trainer builds it on the loaded model
+        (call inside deepspeed.fake_ready and the tracker); an EngineStep."""
+        from autotune.backends.deepspeed import build_engine
+
+        return build_engine(_loss_module()(model, self.loss), optimizer, self.parallel, self.mesh,
+                            precision, model)
 
     def forward(self, model: Any) -> Callable[..., Any]:
         """After the weights are loaded (in each trace of the estimator's): the step's forward

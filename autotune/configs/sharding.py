@@ -327,19 +327,62 @@ def read_deepspeed(cfg: Config, key: str = "deepspeed") -> None:
     value = cfg.get(key)
     if value is None or value in ("", {}):
         return
+    config: dict[str, Any] | None = None
     if isinstance(value, dict):
-        stage, source = deepspeed_stage(cfg, key, value), "the mapping"
+        config, source = value, "the mapping"
+        stage = deepspeed_stage(cfg, key, value)
     elif isinstance(value, str):
         shipped = next((stage for path, stage in SHIPPED_DEEPSPEED.items()
                         if value.replace("\\", "/").lstrip("./").endswith(path)), None)
         local = [p for p in (Path(value).expanduser(), Path(cfg.file).parent / value) if p.is_file()]
         if local or shipped is None:
-            stage, source = deepspeed_stage(cfg, key, load_json(cfg, key, value, "DeepSpeed config")), value
+            config, source = load_json(cfg, key, value, "DeepSpeed config"), value
+            stage = deepspeed_stage(cfg, key, config)
         else:
             stage, source = shipped, f"{value}, the tool's shipped file"
+            config = SHIPPED_ZERO.get(value.replace("\\", "/").lstrip("./").rsplit("/", 1)[-1])
     else:
         raise cfg.bad(key, value, "the path of a DeepSpeed JSON config, or its mapping")
     zero(cfg, key, value, stage, source)
+    if config is not None:
+        read_zero_config(cfg, key, config, source)
+
+
+# The zero_optimization of Axolotl's shipped files (deepspeed_configs/, Axolotl 067b021), described
+# from their source, not copied: zero1 with overlap_comm; zero2 with the optimizer offloaded to the
+# CPU; zero3 with "auto" sizes, overlap_comm, contiguous gradients, sub_group_size 0 and
+# max_live_parameters / max_reuse_distance 0.
+SHIPPED_ZERO: dict[str, dict[str, Any]] = {
+    "zero1.json": {"zero_optimization": {"stage": 1, "overlap_comm": True}},
+    "zero2.json": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                         "contiguous_gradients": True, "overlap_comm": True}},
+    "zero3.json": {"zero_optimization": {
+        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 0,
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "max_live_parameters": 0, "max_reuse_distance": 0}},
+}
+
+
+def read_zero_config(cfg: Config, key: str, config: dict[str, Any], source: str) -> None:
+    """A DeepSpeed config's zero_optimization into the request's ``zero_config`` (workload/zero.py
+    checks each key: modelled, no effect, or refused by name); its top-level keys that change memory
+    and are not modelled refused by name."""
+    from autotune.workload.zero import read_settings, settings_text
+
+    if config.get("fp16", {}).get("auto_cast") is True or config.get("torch_autocast", {}).get("enabled"):
+        raise cfg.unmodelled(f"{key}: fp16.auto_cast", True, "DeepSpeed's autocast of the forward is not "
+                             "modelled (the engine casts the model to 16 bits instead)")
+    for name in ("activation_checkpointing", "compression_training", "sequence_parallel_size",
+                 "tensor_parallel", "data_efficiency", "flops_profiler"):
+        if config.get(name):
+            raise cfg.unmodelled(f"{key}: {name}", config[name], f"DeepSpeed's {name} is not modelled")
+    zero_optimization = config.get("zero_optimization") or {}
+    try:
+        settings = read_settings(zero_optimization, f"{key} ({source})", cfg.notes)
+    except InvalidInput as exc:
+        exc.field = "zero_config"
+        raise
+    cfg.launch["zero_config"] = settings_text(settings)
 
 
 def deepspeed_stage(cfg: Config, key: str, config: dict[str, Any]) -> int:

@@ -14,11 +14,14 @@ the job's global batch is that times the GPUs times the accumulation steps.
             (SHARD_GRAD_OP); ``nodes`` > 1 shards within a node and replicates across nodes
             (HYBRID_SHARD)
     zero1, zero2, zero3
-            DeepSpeed ZeRO stages: optimizer state / and gradients / and parameters partitioned
-            (named here; not modelled yet, refused by name)
+            DeepSpeed ZeRO stages as the Trainer's DeepSpeed integration runs them: the optimizer
+            state (and float32 master weights) / and the gradients / and the 16-bit parameters
+            partitioned 1/N per rank, with DeepSpeed's own buckets; ``zero`` holds the
+            zero_optimization keys of the job's DeepSpeed config (workload/zero.py)
 
-The estimator runs the real ``torch.distributed`` code for one rank of a fake process group
-(backends/distributed.py); collectives move nothing, each rank's memory is its own.
+The estimator runs the real ``torch.distributed`` code (and DeepSpeed's engine,
+backends/deepspeed.py) for one rank of a fake process group (backends/distributed.py);
+collectives move nothing, each rank's memory is its own.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput
+from autotune.workload.zero import Settings, default_settings, parse_settings, settings_text, stage_of
 
 DDP, FSDP = "ddp", "fsdp"
 ZERO_STAGES = ("zero1", "zero2", "zero3")
 PARALLEL_CHOICES = (DDP, FSDP, *ZERO_STAGES)
-MODELLED = (DDP, FSDP)  # the kinds a Parallel has (the ZeRO stages are refused before one is made)
+MODELLED = PARALLEL_CHOICES  # the kinds a Parallel has
 # Who prepares FSDP2: accelerate's fsdp2_prepare_model (the Trainer, TRL, LLaMA-Factory), or
 # Axolotl's own, which replaces it (monkeypatch/accelerate/fsdp2.py), or LLaMA-Factory v1's
 # FSDP2Engine with its SFT loss around the root (v1/plugins/trainer_plugins/distributed/fsdp2.py):
@@ -49,6 +53,11 @@ class Parallel:
     nodes: int = 1  # fsdp: hybrid sharding over nodes when > 1
     reshard_after_forward: bool = True  # fsdp: False keeps a layer gathered until its backward
     recipe: str = "accelerate"  # fsdp: one of FSDP_RECIPES
+    zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.kind in ZERO_STAGES
 
     @property
     def shard_size(self) -> int:
@@ -63,6 +72,12 @@ class Parallel:
         """In words, for the output: "FSDP2 full shard, 8 GPUs"."""
         if self.kind == DDP:
             return f"DDP over {self.gpus} GPUs (each holds the whole model)"
+        if self.is_zero:
+            held = {"zero1": "1/N of the optimizer state and float32 master weights",
+                    "zero2": "1/N of the optimizer state, float32 master weights and gradients",
+                    "zero3": "1/N of the optimizer state, float32 master weights, gradients and "
+                             "16-bit parameters, each layer gathered while it runs"}[self.kind]
+            return f"DeepSpeed ZeRO-{self.kind[-1]}, {self.gpus} GPUs (each holds {held})"
         if self.recipe == "llamafactory" and self.gpus == 1:
             return "LLaMA-Factory v1 on 1 GPU (FSDP2 not applied: no process group)"
         strategy = "full shard" if self.reshard_after_forward else "shard grad op (no reshard after forward)"
@@ -78,6 +93,14 @@ class Parallel:
             return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
                     "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default) as one "
                     "flat buffer, before DDP's rebuild into 25 MiB buckets of the same bytes")
+        if self.is_zero:
+            return ("traced: DeepSpeed's own DeepSpeedEngine for rank 0 on a fake process group, as the "
+                    "Trainer's DeepSpeed integration builds it (a client torch optimizer, bf16/fp16 from the "
+                    "mode, no autocast) with zero_optimization " + settings_text(self.zero)
+                    + " (\"auto\" resolved from hidden_size as transformers' trainer_config_finalize does): "
+                    "its flat 16-bit and float32 partitions, gradient buckets and gathered parameters are "
+                    "allocated by DeepSpeed itself; the overflow check and the gradient-norm check, which "
+                    "read a scalar, are taken to find no overflow")
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -103,7 +126,8 @@ class Parallel:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
                 "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
-                "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled}
+                "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled,
+                "zero_config": settings_text(self.zero) if self.is_zero else None}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -138,10 +162,13 @@ def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | 
 
 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
-                  reshard_after_forward: bool | None = None, recipe: str | None = None) -> Parallel | None:
+                  reshard_after_forward: bool | None = None, recipe: str | None = None,
+                  zero_config: str | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
-    names the field to change (``field``)."""
+    names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
+    JSON (default: the stage's "auto" keys, workload/zero.py); its stage, if given, must be the
+    kind's."""
     if kind is not None and kind not in PARALLEL_CHOICES:
         raise _about("parallel", InvalidInput.naming(
             f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}"))
@@ -152,10 +179,20 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS:
         raise _about("gpus", InvalidInput.naming(
             f"{{gpus}} must be a whole number from 1 to {MAX_GPUS}, got {gpus!r}"))
+    zero: Settings = ()
+    if zero_config is not None and kind not in ZERO_STAGES:
+        raise _about("zero_config", InvalidInput.naming(
+            f"{{zero_config}} is a DeepSpeed setting (parallel zero1, zero2 or zero3), not {kind or DDP}'s"))
     if kind in ZERO_STAGES:
-        raise _about("parallel", UnmodelledSetting.naming(
-            f"{{parallel}} {kind}: DeepSpeed ZeRO is not modelled yet; ddp and fsdp are (FSDP2's full "
-            "shard splits what ZeRO-3 does: parameters, gradients and optimizer state)"))
+        stage = int(kind[-1])
+        try:
+            zero = default_settings(stage) if zero_config is None else parse_settings(zero_config)
+        except InvalidInput as exc:
+            raise _about("zero_config", exc) from None
+        if "stage" in dict(zero) and stage_of(zero) != stage:
+            raise _about("zero_config", InvalidInput.naming(
+                f"{{zero_config}} has stage {stage_of(zero)}, {{parallel}} is {kind}"))
+        zero = tuple(sorted({**dict(zero), "stage": stage}.items()))
     kind = kind or DDP
     nodes = 1 if nodes is None else nodes
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or gpus % nodes:
@@ -175,7 +212,7 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
-                    recipe or "accelerate")
+                    recipe or "accelerate", zero)
 
 
 def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:
@@ -184,6 +221,13 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
     and bitsandbytes' optimizers over sharded DTensor parameters."""
     from autotune.workload.optimizers import uses_bitsandbytes
 
+    if parallel is not None and parallel.is_zero:
+        if base_bits is not None or uses_bitsandbytes(optimizer):
+            what = f"a {base_bits}-bit base" if base_bits is not None else f"{{optimizer}} {optimizer}"
+            raise _about("parallel" if base_bits is not None else "optimizer", InvalidInput.naming(
+                f"{what} under DeepSpeed ZeRO is not modelled yet: use LoRA over a 16-bit base, and a torch "
+                "optimizer"))
+        return
     if parallel is None or parallel.kind != FSDP:
         return
     if parallel.recipe == "llamafactory" and parallel.gpus == 1:

@@ -38,7 +38,7 @@ from autotune.backends.cuda.liger import patch_before_build, require_liger
 from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
 from autotune.backends.distributed import Distributed
-from autotune.errors import BackendUnavailable, ProtocolError
+from autotune.errors import BackendUnavailable, ProtocolError, UnmodelledSetting
 from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
@@ -220,6 +220,9 @@ class Worker:
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)
                 model = prepare_adapter(model, workload.adapter, workload.task, CUDA_PARTS,
                                         supports_bf16=supports_bf16)
+            if workload.parallel is not None and workload.parallel.is_zero:
+                raise UnmodelledSetting(f"parallel {workload.parallel.kind}: the cuda backend does not run "
+                                        "DeepSpeed yet; the estimate backend traces it")
             if workload.parallel is not None:  # one rank of the job on a fake process group
                 self.distributed = Distributed(workload.parallel, workload.loss,
                                                str(self.memory.device).partition(":")[0])

@@ -297,21 +297,6 @@ def _settable_fake_parameters() -> Iterator[None]:
         torch.utils.swap_tensors = original
 
 
-@contextlib.contextmanager
-def _shared_fake_mode() -> Iterator[None]:
-    """``copy.deepcopy`` of fake tensors that stay in their FakeTensorMode, as PEFT deep-copies a
-    module for ``modules_to_save`` (ModulesToSaveWrapper: a classification head). A FakeTensor
-    keeps its mode in ``__dict__``, which deepcopy copies too: the copy would live in a mode of its
-    own and the step would mix modes. Within this context a mode is never copied."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
-
-
 class _EstimateCell:
     """One cell's probes (search.Cell), with the search's hooks: cheap, exact evaluations by
     allocator replays of the cell's extrapolated traces."""
@@ -513,7 +498,9 @@ class EstimateBackend:
         adapter = workload.adapter
         assert adapter is not None
         custom = self.gpu.compute_capability is None  # a card given by its size: a current one
-        with _settable_fake_parameters(), _shared_fake_mode(), warnings.catch_warnings():
+        from autotune.backends.estimate.tracker import shared_fake_mode
+
+        with _settable_fake_parameters(), shared_fake_mode(), warnings.catch_warnings():
             # PEFT deep-copies the modules it trains in full (modules_to_save: a classifier head),
             # and torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor; the
             # copy is a fake tensor of the same size, as it should be, so the warning says nothing.

@@ -229,24 +229,42 @@ def trace_step(
     import torch
 
     model, distributed = fake.model, fake.distributed
+    zero = distributed is not None and distributed.parallel.is_zero
+    ready: AbstractContextManager[Any] = contextlib.nullcontext()
+    if zero:  # DeepSpeed changes the model it wraps: an engine per trace, on a copy (deepspeed.py)
+        from autotune.backends import deepspeed
+
+        with fake.mode_ctx:
+            model = deepspeed.fresh_model(model, mode.precision)
+        ready = deepspeed.fake_ready()
     with known_values(workload, batch_size), fake.mode_ctx, tracker, hooks.around(model), \
-            around_rank(distributed, tracker):
+            around_rank(distributed, tracker), ready:
         def load(tensor: Any) -> None:
             tracker.track(tensor)
             hooks.loaded(tensor)
 
-        load_weights(model, load)
+        if zero:
+            assert distributed is not None
+            deepspeed.load(model, distributed.parallel, load, load_weights)
+        else:
+            load_weights(model, load)
         workspaces = [torch.empty(cublas_workspace_bytes, dtype=torch.uint8)
                       for _ in range(CUBLAS_HANDLES_PER_STEP)]
-        # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
-        forward = None if distributed is None else distributed.forward(model)
+        scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler()
+        if zero:  # the Trainer's optimizer, then the engine around it and the model
+            assert distributed is not None
+            engine = distributed.engine(model, hooks.make_optimizer(model, workload), mode.precision)
+            forward, scaler, optimizer = engine.forward, engine, engine.optimizer
+        else:
+            # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
+            forward = None if distributed is None else distributed.forward(model)
         batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn,
                            images=workload.images)
-        optimizer = hooks.make_optimizer(model, workload)
+        if not zero:
+            optimizer = hooks.make_optimizer(model, workload)
         marks = StepMarks()
-        writer = StepWriter(tracker) if write_steps else None
-        marked = _MarkedScaler(MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler(),
-                               tracker, marks, steady, writer, hooks)
+        writer = StepWriter(tracker) if write_steps and not zero else None
+        marked = _MarkedScaler(scaler, tracker, marks, steady, writer, hooks)
         hooks.before_steps(workspaces, batch, optimizer)
         offloader = offloading(model) if workload.offload_activations else None
         with emulation:
@@ -266,9 +284,11 @@ def trace_step(
             steady.write(writer, marked.first, workload.steps)
             if marked.state is not None:  # what ``del optimizer`` frees of the real state
                 steady.free_state(writer, marked.state)
-        del optimizer, batch, marked, workspaces, forward
+        del optimizer, batch, marked, workspaces, forward, scaler
+        if zero:
+            del engine
         model.zero_grad(set_to_none=True)
     tracker.close()
-    if write_steps and steady.verified is None and not written:
+    if write_steps and not zero and steady.verified is None and not written:
         steady.learn(tracker.events, marks, workload.steps, tracker.workspaces)
     return tracker.events

@@ -76,6 +76,21 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
+def shared_fake_mode() -> Iterator[None]:
+    """``copy.deepcopy`` of fake tensors that stay in their FakeTensorMode, as PEFT deep-copies a
+    module for ``modules_to_save`` (ModulesToSaveWrapper: a classification head). A FakeTensor
+    keeps its mode in ``__dict__``, which deepcopy copies too: the copy would live in a mode of its
+    own and the step would mix modes. Within this context a mode is never copied."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode.__deepcopy__ = lambda self, memo: self  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del FakeTensorMode.__deepcopy__  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
 def outside_allocator() -> Iterator[None]:
     """Storages first seen inside are memory the caching allocator does not hold: untracked."""
     token = _OUTSIDE_ALLOCATOR.set(True)

@@ -131,15 +131,18 @@ def test_fsdp_keys_without_effect_and_ddp_keys_are_noted(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# DeepSpeed: the ZeRO stage into parallel, refused by the request by name
+# DeepSpeed: the ZeRO stage into parallel, its zero_optimization into zero_config
 
 
 def test_deepspeed_stage_is_read_from_a_mapping_a_file_or_a_shipped_name(tmp_path):
     assert launch(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 3}}})[0] == "zero3"
     write(tmp_path, {"zero_optimization": {"stage": 1}, "bf16": {"enabled": "auto"}}, "ds.json")
     assert launch(tmp_path, {**TRAINER, "deepspeed": "ds.json"})[0] == "zero1"
-    axolotl = {**AXOLOTL, "deepspeed": "deepspeed_configs/zero2.json"}  # Axolotl's shipped file
-    assert launch(tmp_path, axolotl, "axolotl.yml")[0] == "zero2"
+    axolotl = {**AXOLOTL, "deepspeed": "deepspeed_configs/zero1.json"}  # Axolotl's shipped file
+    assert launch(tmp_path, axolotl, "axolotl.yml")[0] == "zero1"
+    # Axolotl's shipped zero2.json offloads the optimizer to the CPU: refused by name
+    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
+        launch(tmp_path, {**AXOLOTL, "deepspeed": "deepspeed_configs/zero2.json"}, "axolotl.yml")
     lf = {**LLAMAFACTORY, "deepspeed": "examples/deepspeed/ds_z2_config.json"}  # LLaMA-Factory's
     assert launch(tmp_path, lf, "lf.yaml")[0] == "zero2"
 
@@ -289,8 +292,8 @@ def test_a_config_that_spreads_the_job_needs_the_gpu_count(tmp_path, capsys):
     zero = write(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 2}}}, "zero.json")
     code, _, err = check(capsys, "--from-config", str(zero), "--gpu", "A100-80GB")
     assert code == 2 and "give --gpus N" in err
-    code, _, err = check(capsys, "--from-config", str(zero), "--gpus", "8", "--gpu", "A100-80GB")
-    assert code == 2 and "Error: --parallel zero2: DeepSpeed ZeRO is not modelled yet" in err
+    code, out, err = check(capsys, "--from-config", str(zero), "--gpus", "8", "--gpu", "A100-80GB")
+    assert code == 0 and "DeepSpeed ZeRO-2, 8 GPUs" in out, err
 
 
 def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, capsys):

@@ -1,0 +1,316 @@
+"""One rank of a DeepSpeed ZeRO job: DeepSpeed's own ``DeepSpeedEngine`` on the fake process group.
+
+The Trainer's DeepSpeed integration (accelerate 1.15 accelerator.py ``_prepare_deepspeed``) builds
+the engine over the loaded model and the Trainer's torch optimizer (``zero_allow_untested_optimizer``
+set for it), with the config's "auto" values filled from the TrainingArguments and the model
+(workload/zero.py). The estimator builds the same engine (deepspeed 0.19) for rank 0 of the job's
+ranks, a group of the fake world (backends/distributed.py), on a fresh copy of the fake model per
+trace (the engine flattens or partitions the model's parameters in place), and runs the step as the
+Trainer does: ``engine(**batch)``, ``engine.backward(loss)``, ``engine.step()``. Every tensor of the
+ZeRO stages is DeepSpeed's own: stage 1/2's flat 16-bit buffer and float32 partition, its gradient
+buckets (``reduce_bucket_size``, ``contiguous_gradients``, ``overlap_comm``) and partitioned
+gradients; stage 3's 16-bit partitions, the parameters it gathers per module (prefetch,
+``stage3_max_live_parameters``, persistence) and its reduce-scatter buckets.
+
+Where DeepSpeed's code meets fake tensors (``fake_ready``):
+
+- the data-parallel group is the job's group, given through an ``mpu`` (DeepSpeed's own seam for a
+  process group other than the world), the model-parallel group rank 0 alone;
+- the three checks that read a scalar from the GPU answer "no overflow, a finite norm": stage
+  1/2's and 3's ``has_overflow`` and ``runtime/utils.py is_invalid_grad_norm`` run their tensors
+  (the same allocations) and the final ``.item()`` / ``bool()`` answers 0;
+  ``runtime/zero/utils.py get_lst_from_rank0`` returns rank 0's own list, what its broadcast gives
+  rank 0;
+- the shared-memory collective op of DeepSpeed's CPU backend (comm/torch.py ``build_shm_op``, a
+  C++ extension compiled on first use) is not built: the fake group moves nothing anyway;
+- stage 1/2 flatten the 16-bit parameters on the host when the GPU has no room for a second copy,
+  else on the GPU (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``, ``flatten_on_accelerator``);
+  the estimator takes the host path (``available_memory`` 0, and ``Tensor.cpu`` a copy outside the
+  allocator): the GPU holds the model, then its flat buffer, never both.
+
+The weights reach the GPU as the integration loads them: for stage 1/2 the whole model, cast to
+the mode's 16-bit dtype (engine.py ``_cast_module_mixed_precision``: parameters only, buffers kept)
+and moved by the engine (``module.to(device)``); for stage 3 the partitions alone (transformers
+loads under ``deepspeed.zero.Init`` when ZeRO-3 is on: modeling_utils.py
+``is_deepspeed_zero3_enabled``), and the buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from autotune.errors import InvalidInput
+from autotune.workload.parallel import Parallel
+from autotune.workload.zero import resolved, stage_of
+
+# TrainingArguments' max_grad_norm default, which the integration fills into "gradient_clipping"
+# (transformers integrations/deepspeed.py trainer_config_process); DeepSpeed then computes the norm.
+MAX_GRAD_NORM = 1.0
+
+
+def _answered(function: Callable[..., Any], value: int) -> Callable[..., Any]:
+    """``function`` run whole, the scalars it reads off the GPU (``.item()``, ``bool()``) answered
+    ``value`` (module docstring)."""
+    import torch
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        saved = torch.Tensor.item, torch.Tensor.__bool__
+        torch.Tensor.item = lambda self: value  # type: ignore[method-assign,assignment,misc]
+        torch.Tensor.__bool__ = lambda self: bool(value)  # type: ignore[method-assign,assignment,misc]
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.Tensor.item, torch.Tensor.__bool__ = saved  # type: ignore[method-assign]
+
+    return wrapper
+
+
+def _rank0_list(lst: list[int]) -> list[int]:
+    """runtime/zero/utils.py ``get_lst_from_rank0`` on rank 0: its tensor, and its own list back."""
+    import torch
+
+    torch.tensor(lst, dtype=torch.int64)
+    return list(lst)
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(target, name)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        setattr(target, name, saved)
+
+
+@contextlib.contextmanager
+def fake_ready() -> Iterator[None]:
+    """DeepSpeed's code made to run on fake tensors and the fake group (module docstring), for
+    the engine's construction and its steps. DeepSpeed's accelerator is its CPU one, the device of
+    the estimator's fake tensors, whatever GPU the machine has (DS_ACCELERATOR, read once)."""
+    import torch
+
+    if "deepspeed.accelerator" not in sys.modules:
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        raise InvalidInput("DeepSpeed was imported in this process on a GPU accelerator; the estimator runs "
+                           "its engine on fake CPU tensors: run autotune in a process of its own")
+    from deepspeed.runtime import bf16_optimizer, utils
+    from deepspeed.runtime.zero import stage3, stage_1_and_2
+    from deepspeed.runtime.zero import utils as zero_utils
+
+    # deepspeed.comm's attribute ``torch`` is torch itself: the module is taken by its name
+    comm_torch = importlib.import_module("deepspeed.comm.torch")
+    invalid = _answered(utils.is_invalid_grad_norm, 0)
+    with contextlib.ExitStack() as stack:
+        # zero.Init's mem_efficient_linear replaces torch.nn.functional.linear "until manually
+        # reset" (partition_parameters.py _enable_mem_efficient_linear): the job runs it, and the
+        # process's later traces (another workload's) must not
+        stack.enter_context(_patched(torch.nn.functional, "linear", torch.nn.functional.linear))
+        stack.enter_context(_patched(comm_torch, "build_shm_op", lambda: None))
+        for cls in (stage_1_and_2.DeepSpeedZeroOptimizer, stage3.DeepSpeedZeroOptimizer_Stage3):
+            stack.enter_context(_patched(cls, "has_overflow", _answered(cls.has_overflow, 0)))
+        for module in (stage_1_and_2, stage3, bf16_optimizer, utils):
+            stack.enter_context(_patched(module, "is_invalid_grad_norm", invalid))
+        stack.enter_context(_patched(zero_utils, "get_lst_from_rank0", _rank0_list))
+        for name in ("LOCAL_RANK", "RANK"):
+            saved = os.environ.get(name)
+            os.environ[name] = "0"
+            stack.callback(_restore_env, name, saved)
+        yield
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _flattened_on_host() -> Iterator[None]:
+    """Stage 1/2's host path for the flat buffer (module docstring): no room on the GPU, and a
+    parameter's ``.cpu()`` a copy the caching allocator does not hold."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from autotune.backends.estimate.tracker import outside_allocator
+
+    def to_host(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with outside_allocator():
+            return self.clone()
+
+    with _patched(type(get_accelerator()), "available_memory", lambda self, *args: 0), \
+            _patched(torch.Tensor, "cpu", to_host):
+        yield
+
+
+class _Mpu:
+    """DeepSpeed's model-parallel unit (utils/groups.py reads it): the job's ranks as the
+    data-parallel group, rank 0 alone as the model-parallel one."""
+
+    def __init__(self, group: Any, size: int) -> None:
+        import torch.distributed as dist
+
+        self.group, self.size = group, size
+        self.alone = _alone_group(dist.get_world_size())
+
+    def get_data_parallel_group(self) -> Any:
+        return self.group
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.size
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return list(range(self.size))
+
+    def get_model_parallel_group(self) -> Any:
+        return self.alone
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+@functools.cache
+def _alone_group(world: int) -> Any:
+    import torch.distributed as dist
+
+    return dist.new_group([0])
+
+
+def _quiet() -> None:
+    """DeepSpeed logs every engine it builds at INFO; keep its warnings."""
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+
+def ds_config(parallel: Parallel, precision: str, hidden_size: int | None) -> dict[str, Any]:
+    """The DeepSpeed config the integration hands the engine for a mode of ``precision``: bf16 or
+    fp16 as the mode (the "auto" of ``bf16.enabled``/``fp16.enabled`` is TrainingArguments' bf16/fp16),
+    gradient clipping at max_grad_norm, the zero_optimization keys with "auto" resolved. The batch
+    keys only set DeepSpeed's bookkeeping: the batch is the probe's."""
+    return {
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+        "gradient_clipping": MAX_GRAD_NORM, "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": precision == "amp"},
+        "zero_optimization": resolved(parallel.zero, hidden_size),
+        "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
+    }
+
+
+def hidden_size(model: Any) -> int | None:
+    """The hidden size the integration resolves "auto" from (trainer_config_finalize: hidden_size, the
+    largest of hidden_sizes, or the text config's)."""
+    config = getattr(model, "config", None)
+    for source in (config, getattr(config, "text_config", None)):
+        if source is None:
+            continue
+        if getattr(source, "hidden_size", None):
+            return int(source.hidden_size)
+        if getattr(source, "hidden_sizes", None):
+            return int(max(source.hidden_sizes))
+    return None
+
+
+def fresh_model(template: Any, precision: str) -> Any:
+    """A copy of the built fake model for one engine (call in its FakeTensorMode, outside the
+    tracker: host memory), its parameters cast to the mode's 16-bit dtype as the engine casts them
+    (engine.py ``_cast_module_mixed_precision``: parameters only), so that the engine's own cast
+    allocates nothing."""
+    import torch
+
+    from autotune.backends.estimate.tracker import shared_fake_mode
+
+    with shared_fake_mode(), warnings.catch_warnings():
+        # torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor (backend.py _adapt)
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor",
+                                category=UserWarning)
+        model = copy.deepcopy(template)
+    dtype = {"bf16": torch.bfloat16, "amp": torch.float16}.get(precision)
+    if dtype is not None:
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.dtype != dtype:
+                parameter.data = parameter.data.to(dtype)
+    return model
+
+
+def load(model: Any, parallel: Parallel, track: Callable[[Any], None],
+         load_weights: Callable[..., None]) -> None:
+    """The weights as they reach the GPU (module docstring): the whole model for stage 1/2, the
+    buffers alone for stage 3 (its partitions are made by the engine)."""
+    if stage_of(parallel.zero) < 3:
+        load_weights(model, track)
+        return
+    for buffer in model.buffers():
+        track(buffer)
+
+
+class EngineStep:
+    """The Trainer's step through the engine, in run_steps' seams: ``forward`` (the engine),
+    ``scaler`` (``scale(loss).backward()`` is ``engine.backward(loss)``, ``step`` is
+    ``engine.step()``, which steps the ZeRO optimizer and zeroes its gradients) and ``optimizer``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.optimizer = engine.optimizer
+
+    def forward(self, **batch: Any) -> Any:
+        return self.engine(**batch)
+
+    def scale(self, loss: Any) -> Any:
+        return _Backward(self.engine, loss)
+
+    def step(self, optimizer: Any) -> None:
+        self.engine.step()
+
+    def update(self) -> None:
+        pass
+
+
+class _Backward:
+    def __init__(self, engine: Any, loss: Any) -> None:
+        self.engine, self.loss = engine, loss
+
+    def backward(self) -> None:
+        self.engine.backward(self.loss)
+        self.loss = None
+
+
+def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, precision: str,
+                 model: Any) -> EngineStep:
+    """DeepSpeed's engine over ``module`` (the model and its loss, distributed.py TrainingLoss) and
+    the Trainer's ``optimizer``, for rank 0 of ``mesh``'s group; call inside ``fake_ready`` and the
+    tracker (its buffers are allocated here)."""
+    from deepspeed import comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    _quiet()
+    comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
+    mpu = _Mpu(mesh.get_group(), parallel.gpus)
+    config = ds_config(parallel, precision, hidden_size(model))
+    try:
+        with _flattened_on_host():
+            engine = DeepSpeedEngine(args=None, model=module, optimizer=optimizer, config=config,
+                                     config_class=DeepSpeedConfig(config, mpu), mpu=mpu,
+                                     dont_change_device=True)
+    except (AssertionError, ValueError) as exc:  # DeepSpeed's refusals of the config or the model
+        raise InvalidInput(f"DeepSpeed refuses the job: {exc}") from exc
+    return EngineStep(engine)

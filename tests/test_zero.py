@@ -1,0 +1,238 @@
+"""DeepSpeed ZeRO's rank, traced through DeepSpeed's own engine on a fake process group
+(backends/deepspeed.py): the rank's parameter, gradient and optimizer bytes are the partitions the
+parameter list gives, and the zero_optimization keys are read, resolved and refused by name."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+from typing import Any
+
+import pytest
+
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.steps import SteadySteps
+from autotune.backends.estimate.traced_step import StepHooks
+from autotune.backends.estimate.tracker import StorageTracker
+from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
+from autotune.gpus import resolve_gpu
+from autotune.workload import Workload
+from autotune.workload.models import resolve_model
+from autotune.workload.modes import parse_mode
+from autotune.workload.parallel import Parallel, make_parallel
+from autotune.workload.step import build_model
+from autotune.workload.zero import read_settings, resolved
+
+deepspeed = pytest.importorskip("deepspeed")
+
+# DeepSpeed pads each flat group to a multiple of 2 x ranks elements (stage_1_and_2.py
+# ``nccl_start_alignment_factor`` 2, times the world size: ``flatten_dense_tensors_aligned``).
+ALIGNMENT = 2
+FLOAT32 = 4
+
+
+class Phases(StepHooks):
+    """The live bytes of the trace at the step's seams (every step run)."""
+
+    every_step = True
+
+    def __init__(self) -> None:
+        self.live: dict[str, list[int]] = collections.defaultdict(list)
+
+    def make_tracker(self, device: Any) -> StorageTracker:
+        self.tracker = super().make_tracker(device)
+        return self.tracker
+
+    def _note(self, seam: str) -> None:
+        sizes: dict[int, int] = {}
+        for key, nbytes in self.tracker.events:
+            if nbytes >= 0:
+                sizes[key] = nbytes
+            else:
+                del sizes[key]
+        self.live[seam].append(sum(sizes.values()))
+
+    def before_steps(self, workspaces: list[Any], batch: dict[str, Any], optimizer: Any) -> None:
+        self._note("before steps")
+
+    def before_optimizer(self, optimizer: Any) -> None:
+        self._note("backward done")
+
+    def after_optimizer(self, optimizer: Any) -> None:
+        self._note("optimizer done")
+
+
+def traced(parallel: Parallel, mode: str = "bf16") -> tuple[Phases, Any]:
+    """tiny-llama's step (bf16 weights) at batch 2 x 32 on rank 0, every step run; its phases and a
+    meta copy of the model as built."""
+    import torch
+
+    spec = resolve_model("tiny-llama")
+    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    backend._steady[(workload, mode)] = SteadySteps(verified=False)
+    phases = Phases()
+    backend.trace_with(phases, backend._model(workload, parse_mode(mode).precision), workload,
+                       parse_mode(mode), 32, 2)
+    with torch.device("meta"):
+        model, _ = build_model(spec, "causal-lm", None, "bfloat16")
+    return phases, model
+
+
+def partition(model: Any, ranks: int) -> int:
+    """A rank's elements of the flat parameter group: all of them padded to 2 x ranks, over ranks."""
+    total = sum(p.numel() for p in model.parameters())
+    return math.ceil(total / (ALIGNMENT * ranks)) * ALIGNMENT
+
+
+def before(phases: Phases) -> int:
+    return phases.live["before steps"][0]
+
+
+
+@pytest.mark.parametrize("kind", ["zero1", "zero2"])
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_a_zero1_or_zero2_rank_holds_its_partition_of_master_weights_and_adam_state(kind, ranks):
+    two, model = traced(make_parallel(2, kind))
+    many, _ = traced(make_parallel(ranks, kind))
+    fewer = partition(model, 2) - partition(model, ranks)  # elements rank 0 holds less of
+    # the float32 master partition (stage_1_and_2.py single_partition_of_fp32_groups), made at init
+    assert before(two) - before(many) == fewer * FLOAT32
+    # AdamW's exp_avg and exp_avg_sq over it, made at the first step
+    first_step = [p.live["optimizer done"][0] - before(p) for p in (two, many)]
+    assert first_step[0] - first_step[1] == fewer * 2 * FLOAT32
+
+
+@pytest.mark.parametrize("ranks", [2, 8])
+def test_a_zero1_rank_holds_the_whole_16_bit_model_once_as_its_flat_buffer(ranks):
+    alone, model = traced(None)
+    phases, _ = traced(make_parallel(ranks, "zero1"))
+    flat = ALIGNMENT * ranks * partition(model, ranks) - sum(p.numel() for p in model.parameters())
+    # the bf16 weights (moved into one flat buffer, padded) and the float32 master partition
+    assert before(phases) - before(alone) == flat * 2 + partition(model, ranks) * FLOAT32
+
+
+def test_zero1_and_zero2_hold_the_same_without_gradient_accumulation():
+    # DeepSpeed 0.19 reduces and partitions the gradients during backward at an accumulation boundary
+    # under stage 1 too (stage_1_and_2.py reduce_gradients: partition_gradients or
+    # is_gradient_accumulation_boundary()); with one micro-batch per step every step is one
+    one, _ = traced(make_parallel(4, "zero1"))
+    two, _ = traced(make_parallel(4, "zero2"))
+    assert one.live == two.live
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_a_zero3_rank_holds_its_partition_of_parameters_gradients_master_weights_and_adam(ranks):
+    two, model = traced(make_parallel(2, "zero3"))
+    many, _ = traced(make_parallel(ranks, "zero3"))
+
+    def own(n: int) -> int:  # stage 3 partitions each parameter on its own (partition_parameters.py)
+        return sum(math.ceil(p.numel() / n) for p in model.parameters())
+
+    fewer = own(2) - own(ranks)
+    # bf16 parameter partitions (ds_tensor), the bf16 gradient partitions' flat buffer and the
+    # float32 master partition: 2 + 2 + 4 bytes per element the rank owns
+    assert before(two) - before(many) == fewer * (2 + 2 + FLOAT32)
+    first_step = [p.live["optimizer done"][0] - before(p) for p in (two, many)]
+    assert first_step[0] - first_step[1] == fewer * 2 * FLOAT32
+
+
+def test_a_zero3_trace_leaves_torch_s_linear_as_it_found_it():
+    import torch
+
+    linear = torch.nn.functional.linear
+    traced(make_parallel(2, "zero3"))  # zero.Init's mem_efficient_linear replaces it for the job
+    assert torch.nn.functional.linear is linear
+
+
+def test_a_zero3_rank_holds_less_than_a_zero2_rank_by_the_parameters_it_does_not_own():
+    two, model = traced(make_parallel(8, "zero2"))
+    three, _ = traced(make_parallel(8, "zero3"))
+    full = sum(p.numel() for p in model.parameters())
+    assert before(two) - before(three) >= (full - 2 * partition(model, 8)) * 2 - (1 << 12)
+
+
+def test_auto_values_resolve_from_the_hidden_size_as_the_integration_does():
+    settings = read_settings({"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                              "stage3_param_persistence_threshold": "auto", "overlap_comm": True}, "ds.json")
+    assert resolved(settings, 4096) == {"stage": 3, "overlap_comm": True, "reduce_bucket_size": 4096 * 4096,
+                                        "stage3_prefetch_bucket_size": int(0.9 * 4096 * 4096),
+                                        "stage3_param_persistence_threshold": 40960}
+    two = read_settings({"stage": 2, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"},
+                        "x")
+    assert resolved(two, 64) == {"stage": 2, "reduce_bucket_size": 4096}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("offload_optimizer", {"device": "cpu"}), ("offload_param", {"device": "nvme"}), ("cpu_offload", True),
+    ("zero_hpz_partition_size", 8), ("zero_quantized_weights", True), ("zero_quantized_gradients", True),
+    ("mics_shard_size", 8), ("zenflow", {"topk_ratio": 0.1}), ("legacy_stage1", True),
+])
+def test_a_zero_key_that_changes_memory_unmodelled_is_refused_by_name(key, value):
+    with pytest.raises(UnmodelledSetting, match=f"zero_optimization.{key}"):
+        read_settings({"stage": 2, key: value}, "ds.json")
+    with pytest.raises(UnmodelledSetting, match=f"zero_optimization.{key}"):
+        make_parallel(4, "zero2", zero_config=json.dumps({key: value}))
+
+
+def test_an_offload_to_none_and_keys_with_no_effect_are_not_refused():
+    notes: list[str] = []
+    settings = read_settings({"stage": 2, "offload_optimizer": {"device": "none"},
+                              "gather_16bit_weights_on_model_save": True}, "ds.json", notes)
+    assert dict(settings) == {"stage": 2}
+    assert notes and "how the model is saved" in notes[0]
+
+
+def test_an_unknown_zero_key_is_refused_with_the_closest_names():
+    with pytest.raises(UnknownSetting, match="reduce_bucket_size"):
+        read_settings({"stage": 2, "reduce_bucket_sise": 10}, "ds.json")
+
+
+@pytest.mark.parametrize("given, text", [
+    ({"kind": "zero2", "zero_config": json.dumps({"stage": 3})}, "has stage 3, parallel is zero2"),
+    ({"kind": "fsdp", "zero_config": "{}"}, "zero_config is a DeepSpeed setting"),
+    ({"kind": "zero2", "zero_config": "{"}, "not JSON"),
+])
+def test_a_zero_config_that_does_not_match_the_stage_is_refused(given, text):
+    with pytest.raises(InvalidInput, match=text):
+        make_parallel(4, given.pop("kind"), **given)
+
+
+def test_zero_defaults_are_the_stage_and_the_auto_keys():
+    parallel = make_parallel(8, "zero3")
+    assert parallel is not None and parallel.is_zero
+    assert dict(parallel.zero) == {"stage": 3, "reduce_bucket_size": "auto",
+                                   "stage3_prefetch_bucket_size": "auto",
+                                   "stage3_param_persistence_threshold": "auto"}
+    assert "ZeRO-3, 8 GPUs" in parallel.label and parallel.modelled.startswith("traced: DeepSpeed")
+
+
+def test_a_trainer_config_s_deepspeed_json_with_auto_values_is_read_into_zero_config(tmp_path):
+    from autotune.configs import read_training_config
+
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                              "stage3_prefetch_bucket_size": "auto", "stage3_max_live_parameters": 1e8,
+                              "gather_16bit_weights_on_model_save": True},
+        "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto"}))
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "bf16": True,
+                                                      "deepspeed": "ds.json"}))
+    config = read_training_config(tmp_path / "train.json")
+    step = config.request.step
+    assert step.parallel == "zero3"
+    assert json.loads(step.zero_config) == {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
+                                            "stage3_prefetch_bucket_size": "auto",
+                                            "stage3_max_live_parameters": 1e8}
+    assert any("how the model is saved" in note for note in config.notes)
+    parallel = make_parallel(4, step.parallel, zero_config=step.zero_config)
+    assert parallel is not None and resolved(parallel.zero, 64)["reduce_bucket_size"] == 64 * 64
+
+
+def test_a_trainer_config_s_deepspeed_offload_is_refused_by_name(tmp_path):
+    from autotune.configs import read_training_config
+
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "deepspeed": {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}))
+    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
+        read_training_config(tmp_path / "train.json")
