@@ -46,7 +46,7 @@ from autotune.backends.estimate.rank import COMMUNICATION_BUFFERS, GATHERED_PARA
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_json, search_cell
+from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_json, search_cell, trainer_json
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import BASE_BITS
@@ -208,6 +208,9 @@ class Explanation:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
+    # A preference trainer's step (tuner.trainer_json: the reference model, the rows per sample);
+    # None: supervised fine-tuning.
+    trainer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -739,6 +742,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         attention_kernel=probe.details.get("attention"),
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
+        trainer=trainer_json(workload),
     )
 
 

@@ -151,6 +151,7 @@ def render(e: Explanation) -> str:
         f"{f' ({e.attention_kernel})' if e.attention_kernel else ''}, loss {e.loss}",
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
         *([f"images: {e.images['label']}"] if e.images is not None else []),
+        *([f"trainer: {e.trainer['label']}"] if e.trainer is not None else []),
         *_job_lines(e),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context{_nccl(e)}) x (1 - margin {e.margin})",

@@ -8,6 +8,7 @@ from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
+from autotune.workload.preference import Trainer
 from autotune.workload.step import MIN_STEPS
 from autotune.workload.vision import Images
 
@@ -35,3 +36,6 @@ class Workload:
     # A vision-language model's images (task image-text-to-text, workload/vision.py): how many in
     # every row, and their size; None for the other tasks.
     images: Images | None = None
+    # A preference trainer's step (workload.preference: DPO, ORPO, SimPO, a reward model); None:
+    # supervised fine-tuning, the model's own loss over ``batch`` rows.
+    trainer: Trainer | None = None

@@ -23,13 +23,15 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
+from autotune.backends.estimate.preference import EMULATED_LOG_PROBS
 from autotune.backends.estimate.rank import around_rank
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.vision import known_values
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer
-from autotune.workload.step import NoScaler, make_batch, run_steps
+from autotune.workload.preference import preference_forward, step_batch
+from autotune.workload.step import NoScaler, run_steps
 
 if TYPE_CHECKING:
     import torch
@@ -216,12 +218,17 @@ def trace_step(
             hooks.loaded(tensor)
 
         load_weights(model, load)
+        if fake.reference is not None:  # DPO's frozen reference, loaded after the policy (preference.py)
+            load_weights(fake.reference, load)
         workspaces = [torch.empty(cublas_workspace_bytes, dtype=torch.uint8)
                       for _ in range(CUBLAS_HANDLES_PER_STEP)]
         # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
         forward = None if distributed is None else distributed.forward(model)
-        batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn,
-                           images=workload.images)
+        if workload.trainer is not None:  # the preference trainer's loss (workload/preference.py)
+            forward = preference_forward(model, fake.reference, workload.trainer, seq_len=seq_len,
+                                         attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
+                                         log_probs=EMULATED_LOG_PROBS)
+        batch = step_batch(model.config, workload, batch_size, seq_len)
         optimizer = hooks.make_optimizer(model, workload)
         marks = StepMarks()
         writer = StepWriter(tracker) if write_steps else None
