@@ -73,8 +73,8 @@ from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
-from autotune.workload.preference import TRAINERS
 from autotune.workload.step import ATTN_CHOICES
+from autotune.workload.trainers import TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
 if TYPE_CHECKING:
@@ -677,8 +677,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     from autotune.workload.loss import check_loss
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
     from autotune.workload.optimizers import check_optimizer
-    from autotune.workload.preference import REWARD, REWARD_TASK, check_step, check_trainer, reward_config
     from autotune.workload.step import check_attn
+    from autotune.workload.trainers import REWARD, REWARD_TASK, check_step, check_trainer, reward_config
 
     if spec is not None and seq_lens is not None:
         with found.about("seq_lens" if len(seq_lens) > 1 else "seq_len"):

@@ -8,8 +8,8 @@ from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
-from autotune.workload.preference import Trainer
 from autotune.workload.step import MIN_STEPS
+from autotune.workload.trainers import Trainer
 from autotune.workload.vision import Images
 
 

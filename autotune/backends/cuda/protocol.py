@@ -36,6 +36,7 @@ from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel
 from autotune.workload.step import check_attn
+from autotune.workload.trainers import Trainer
 from autotune.workload.vision import make_images
 
 PROTOCOL = 1
@@ -94,6 +95,8 @@ class CellSpec:
     parallel: dict[str, Any] | None = None
     # A vision-language model's images (workload.vision.Images' fields); None: no image-text-to-text
     images: dict[str, Any] | None = None
+    # A preference trainer's step (workload.preference.Trainer's fields); None: supervised fine-tuning
+    trainer: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,6 +138,7 @@ def cell_spec(
         liger=list(workload.liger),
         parallel=None if workload.parallel is None else dataclasses.asdict(workload.parallel),
         images=None if workload.images is None else dataclasses.asdict(workload.images),
+        trainer=None if workload.trainer is None else dataclasses.asdict(workload.trainer),
     )
 
 
@@ -155,6 +159,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         liger=parse_kernels(spec.liger),
         parallel=None if spec.parallel is None else Parallel(**spec.parallel),
         images=None if spec.images is None else make_images(spec.images["per_sample"], spec.images["size"]),
+        trainer=None if spec.trainer is None else Trainer(**spec.trainer),
     )
     return workload, parse_mode(spec.mode)
 
