@@ -1,0 +1,230 @@
+"""Preference training (issue 36): TRL's DPO, ORPO, SimPO and reward steps, traced on tiny models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from autotune.backends.estimate import traced_step
+from autotune.backends.estimate.backend import EstimateBackend
+from autotune.backends.estimate.traced_step import StepHooks
+from autotune.cli import main
+from autotune.errors import InvalidInput
+from autotune.gpus import custom_gpu
+from autotune.request import CheckRequest, Step, Target, resolve
+from autotune.units import GIB
+from autotune.workload import Workload
+from autotune.workload.adapters import make_adapter
+from autotune.workload.models import ModelSpec, resolve_model, tiny_config
+from autotune.workload.modes import parse_mode
+from autotune.workload.preference import TRL_LOG_PROBS
+from autotune.workload.trainers import Trainer, check_trainer
+
+SEQ = 64
+
+
+def tiny_llama(trainer: Trainer | None, *, lora: bool = False) -> Workload:
+    adapter = make_adapter("lora", r=8, alpha=16, dropout=0.0, targets=None) if lora else None
+    return Workload(resolve_model("tiny-llama"), "causal-lm", None, trainer=trainer, adapter=adapter)
+
+
+def vocab_heavy(trainer: Trainer | None) -> Workload:
+    """A tiny Llama whose logits dominate its activations, as a real vocabulary's do."""
+    config = tiny_config("llama", vocab_size=4096, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    return Workload(ModelSpec("tiny-llama-vocab", "local", config, 128), "causal-lm", None, trainer=trainer)
+
+
+class DecoderEnd(StepHooks):
+    """Live bytes at the end of each forward of the policy's decoder stack (before its head): the
+    weights, the batch and the activations the forward saved. Watches only."""
+
+    every_step = True
+
+    def __init__(self) -> None:
+        self.live: list[int] = []
+
+    def make_tracker(self, device: Any) -> Any:
+        self.tracker = super().make_tracker(device)
+        return self.tracker
+
+    def around(self, model: Any) -> Any:
+        import contextlib
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        handle = base.model.register_forward_hook(lambda *_: self.live.append(_live(self.tracker.events)))
+        stack = contextlib.ExitStack()
+        stack.callback(handle.remove)
+        return stack
+
+
+def _live(events: list[tuple[int, int]]) -> int:
+    sizes: dict[int, int] = {}
+    for key, nbytes in events:
+        if nbytes < 0:
+            sizes.pop(key, None)
+        else:
+            sizes[key] = nbytes
+    return sum(sizes.values())
+
+
+def decoder_end_bytes(workload: Workload, batch: int, mode: str = "fp32") -> list[int]:
+    backend = EstimateBackend(custom_gpu(4 * GIB))
+    hooks = DecoderEnd()
+    with backend.cell(workload, parse_mode(mode), SEQ, 4 * GIB):
+        backend.trace_with(hooks, backend._model(workload), workload, parse_mode(mode), SEQ, batch)
+    return hooks.live
+
+
+def peak(workload: Workload, batch: int, mode: str = "fp32") -> int:
+    backend = EstimateBackend(custom_gpu(4 * GIB))
+    with backend.cell(workload, parse_mode(mode), SEQ, 4 * GIB) as cell:
+        return int(cell.fits(batch).details["peak_allocated_bytes"])
+
+
+def floor(workload: Workload) -> int:
+    backend = EstimateBackend(custom_gpu(4 * GIB))
+    return backend.floor_bytes(backend._model(workload))
+
+
+def weight_bytes(workload: Workload) -> int:
+    model = EstimateBackend(custom_gpu(GIB))._model(tiny_llama(None)).model
+    return sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
+
+
+# --- the step -------------------------------------------------------------------------------
+
+
+def test_dpo_runs_the_policy_forward_on_two_rows_per_pair():
+    # At the end of the policy's decoder, a precomputed-reference DPO step at 3 pairs holds what an
+    # SFT step at 6 rows holds (its completion_mask is SFT's labels' size), plus the two [3] float32
+    # reference log-probs the batch carries.
+    dpo = decoder_end_bytes(tiny_llama(Trainer("dpo", precompute_ref_log_probs=True)), 3)
+    sft = decoder_end_bytes(tiny_llama(None), 6)
+    assert dpo[0] == sft[0] + 2 * 3 * 4
+    assert decoder_end_bytes(tiny_llama(None), 3)[0] < sft[0]
+
+
+def test_a_full_fine_tune_s_dpo_reference_is_a_frozen_copy_whose_forward_saves_nothing():
+    weights = weight_bytes(tiny_llama(None))
+    assert floor(tiny_llama(Trainer("dpo"))) == floor(tiny_llama(None)) + weights
+    assert floor(tiny_llama(Trainer("dpo", precompute_ref_log_probs=True))) == floor(tiny_llama(None))
+    policy, reference = decoder_end_bytes(tiny_llama(Trainer("dpo")), 3)[:2]
+    precomputed = decoder_end_bytes(tiny_llama(Trainer("dpo", precompute_ref_log_probs=True)), 3)[0]
+    assert policy == precomputed + weights - 2 * 3 * 4  # the copy's weights; no logps in the batch
+    activations = policy - decoder_end_bytes(tiny_llama(Trainer("dpo")), 1)[0]
+    # the reference's forward adds its last hidden states, never its layers' saved activations
+    assert 0 < reference - policy < activations / 4
+
+
+def test_dpo_under_lora_has_no_second_model_and_disables_the_adapter_for_the_reference():
+    lora_dpo, lora_sft = tiny_llama(Trainer("dpo"), lora=True), tiny_llama(None, lora=True)
+    assert floor(lora_dpo) == floor(lora_sft)
+    live = decoder_end_bytes(lora_dpo, 3)
+    assert len(live) == 2 * 2  # the policy's and the reference's forward through one decoder, each step
+    assert live[1] - live[0] < (live[0] - decoder_end_bytes(lora_dpo, 1)[0]) / 4
+
+
+@pytest.mark.parametrize("name", ["orpo", "simpo", "reward"])
+def test_orpo_simpo_and_reward_models_have_no_reference(name):
+    trainer = check_trainer(name)
+    assert trainer is not None and trainer.reference(peft=False) is None and trainer.rows_per_sample == 2
+    workload = tiny_llama(trainer)
+    assert floor(workload) == floor(tiny_llama(None))
+    assert len(decoder_end_bytes(workload, 2)) == 2  # one forward a step
+
+
+@pytest.mark.parametrize(("trainer", "mode"), [(Trainer("dpo"), "fp32"), (Trainer("dpo"), "bf16"),
+                                               (Trainer("orpo"), "bf16"), (Trainer("dpo"), "ckpt")])
+def test_the_estimator_s_row_loops_peak_where_trl_s_own_loops_do(monkeypatch, trainer, mode):
+    workload = vocab_heavy(trainer)
+    emulated = peak(workload, 3, mode)
+    monkeypatch.setattr(traced_step, "EMULATED_LOG_PROBS", TRL_LOG_PROBS)  # TRL's loops, traced as written
+    trl = peak(workload, 3, mode)
+    assert abs(emulated - trl) <= 1024, (emulated, trl)
+
+
+def test_a_dpo_step_s_trace_extrapolates_in_the_batch():
+    backend = EstimateBackend(custom_gpu(GIB))
+    workload = tiny_llama(Trainer("dpo"))
+    with backend.cell(workload, parse_mode("bf16"), SEQ, GIB) as cell:
+        details = [cell.fits(batch).details["estimate"] for batch in (2, 3, 6)]
+    assert details[:2] == ["traced", "traced"] and details[2].startswith("extrapolated")
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+def check(**step: Any) -> Any:
+    target = Target(gpu_memory="1GiB", backend="estimate")
+    return resolve(CheckRequest(Step(model="tiny-llama", **step), target, seq_len=SEQ, batch_size=1))
+
+
+@pytest.mark.parametrize(("step", "field", "words"), [
+    ({"trainer": "grpo"}, "trainer", "GRPO is not modelled yet"),
+    ({"trainer": "kto"}, "trainer", "KTO is not modelled yet"),
+    ({"trainer": "ppo"}, "trainer", "unknown trainer 'ppo': allowed are sft, dpo, orpo, simpo, kto, reward, "
+                                    "grpo"),
+    ({"trainer": "orpo", "precompute_ref_log_probs": True}, "precompute_ref_log_probs", "is DPO's"),
+    ({"trainer": "dpo", "chosen_nll": False}, "chosen_nll", "is SimPO's"),
+    ({"trainer": "reward", "task": "causal-lm"}, "task", "trains a sequence-classification model"),
+    ({"trainer": "dpo", "loss": "chunked"}, "loss", "use_liger_kernel"),
+    ({"trainer": "dpo", "gpus": 2}, "gpus", "more than one GPU is not modelled yet"),
+])
+def test_each_unmodelled_preference_step_is_refused_by_name(step, field, words):
+    with pytest.raises(InvalidInput, match=words) as caught:
+        check(**step)
+    assert caught.value.field == field
+
+
+def test_the_cli_refuses_grpo_as_an_error(capsys):
+    assert main(["check", "tiny-llama", "--trainer", "grpo", "--seq-len", "64", "--batch-size", "1",
+                 "--gpu-memory", "1GiB", "--backend", "estimate", "--no-cache"]) == 2
+    assert "GRPO is not modelled yet" in capsys.readouterr().err
+
+
+# --- what the outputs say --------------------------------------------------------------------
+
+
+def test_the_table_says_the_trainer_and_what_a_row_is(capsys):
+    args = ["table", "tiny-llama", "--trainer", "dpo", "--peft", "lora", "--seq-lens", "64", "--modes",
+            "bf16", "--gpu-memory", "1GiB", "--backend", "estimate", "--max-batch", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("trainer: dpo (DPOTrainer); batch = pairs: chosen+rejected, 2 rows each; reference: the same "
+            "model with its adapter disabled, forward under no_grad") in out
+    assert main([*args, "--json"]) == 0
+    trainer = json.loads(capsys.readouterr().out)["trainer"]
+    assert trainer["name"] == "dpo" and trainer["rows_per_sample"] == 2
+    assert trainer["reference"] == "adapter disabled"
+
+
+def test_check_json_says_the_frozen_reference(capsys):
+    assert main(["check", "tiny-llama", "--trainer", "dpo", "--seq-len", "64", "--batch-size", "2",
+                 "--gpu-memory", "1GiB", "--backend", "estimate", "--json", "--no-cache"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["trainer"]["reference"] == "frozen copy" and doc["fits"] is True
+
+
+def test_sft_answers_are_unchanged_by_the_trainer_field():
+    assert check().workload.trainer is None and check(trainer="sft").workload == check().workload
+
+
+# --- the cuda worker runs the same step (on the CPU here) --------------------------------------
+
+
+def test_the_cuda_worker_runs_trl_s_dpo_step_with_its_reference():
+    from cpumemory import CpuMemory
+
+    from autotune.backends.cuda.probe_worker import Worker
+    from autotune.backends.cuda.protocol import PROTOCOL, cell_spec
+
+    worker = Worker(CpuMemory())
+    spec = cell_spec(tiny_llama(Trainer("dpo")), parse_mode("fp32"), 16, GIB)
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    assert worker.reference is not None and not any(p.requires_grad for p in worker.reference.parameters())
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits", reply
