@@ -51,6 +51,9 @@ SAMPLES = {
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
+    "trainer": ({}, {"trainer": "dpo"}),  # refused: the service answers sft only (issue 36)
+    "precompute_ref_log_probs": ({}, {"precompute_ref_log_probs": True}),  # refused
+    "chosen_nll": ({}, {"chosen_nll": False}),  # refused
 }
 
 
