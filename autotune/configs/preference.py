@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.configs.reading import Config, words
 from autotune.errors import InvalidInput
-from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, REWARD, SFT, SIMPO
+from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, NOT_YET, REWARD, SFT, SIMPO
 
 _DPO_ONLY = words(
     "ld_alpha f_divergence_type f_alpha_divergence_coef use_weighting discopop_tau loss_weights rpo_alpha "
@@ -76,6 +76,8 @@ def trainer_of(cfg: Config, hint: str | None) -> str:
                 "told from its keys, and its step is not SFT's; give --trainer dpo, orpo or simpo")
         return hint
     name, which = told
+    if name in NOT_YET:
+        raise cfg.unmodelled(which[0], cfg.data[which[0]], f"a {name} config: {NOT_YET[name]}")
     if hint is not None and hint != name:
         raise InvalidInput(f"{cfg.file!r} is a {name} config ({', '.join(which[:3])}), and trainer {hint} "
                            "was asked for: give the trainer of the file, or leave --trainer out")
