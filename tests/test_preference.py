@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from autotune.backends.estimate import traced_step
+from autotune.backends.estimate import preference as estimate_preference
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.traced_step import StepHooks
 from autotune.cli import main
@@ -141,7 +141,7 @@ def test_orpo_simpo_and_reward_models_have_no_reference(name):
 def test_the_estimator_s_row_loops_peak_where_trl_s_own_loops_do(monkeypatch, trainer, mode):
     workload = vocab_heavy(trainer)
     emulated = peak(workload, 3, mode)
-    monkeypatch.setattr(traced_step, "EMULATED_LOG_PROBS", TRL_LOG_PROBS)  # TRL's loops, traced as written
+    monkeypatch.setattr(estimate_preference, "EMULATED_LOG_PROBS", TRL_LOG_PROBS)  # TRL's loops as written
     trl = peak(workload, 3, mode)
     assert abs(emulated - trl) <= 1024, (emulated, trl)
 

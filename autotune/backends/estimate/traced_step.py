@@ -23,7 +23,6 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
-from autotune.backends.estimate.preference import EMULATED_LOG_PROBS
 from autotune.backends.estimate.rank import around_rank
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.vision import known_values
@@ -225,6 +224,8 @@ def trace_step(
         # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
         forward = None if distributed is None else distributed.forward(model)
         if workload.trainer is not None:  # the preference trainer's loss (workload/preference.py)
+            from autotune.backends.estimate.preference import EMULATED_LOG_PROBS  # torch, at first use
+
             forward = preference_forward(model, fake.reference, workload.trainer, seq_len=seq_len,
                                          attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
                                          log_probs=EMULATED_LOG_PROBS)
