@@ -464,6 +464,9 @@ class CheckPublic(BaseModel):
                                             "batch is per GPU. null: one GPU")
     images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
                                           "every row; always null here: the service refuses those models")
+    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
+                                           "trl_class, rows_per_sample, reference, label); always null here: "
+                                           "the service refuses any trainer but sft")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -583,3 +586,6 @@ class ExplainPublic(BaseModel):
                                             "null: one GPU")
     images: dict[str, Any] | None = Field(default=None, description="a vision-language model's images in "
                                           "every row; always null here: the service refuses those models")
+    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
+                                           "trl_class, rows_per_sample, reference, label); always null here: "
+                                           "the service refuses any trainer but sft")
