@@ -140,10 +140,17 @@ def test_orpo_simpo_and_reward_models_have_no_reference(name):
                                                (Trainer("orpo"), "bf16"), (Trainer("dpo"), "ckpt")])
 def test_the_estimator_s_row_loops_peak_where_trl_s_own_loops_do(monkeypatch, trainer, mode):
     workload = vocab_heavy(trainer)
-    emulated = peak(workload, 3, mode)
+    emulated, emulated_allocations = peak(workload, 3, mode), allocations(workload, 3, mode)
     monkeypatch.setattr(estimate_preference, "EMULATED_LOG_PROBS", TRL_LOG_PROBS)  # TRL's loops as written
     trl = peak(workload, 3, mode)
+    assert allocations(workload, 3, mode) > emulated_allocations  # a few per row: TRL's loops ran
     assert abs(emulated - trl) <= 1024, (emulated, trl)
+
+
+def allocations(workload: Workload, batch: int, mode: str) -> int:
+    backend = EstimateBackend(custom_gpu(4 * GIB))
+    with backend.cell(workload, parse_mode(mode), SEQ, 4 * GIB):
+        return len(backend.trace(backend._model(workload), workload, parse_mode(mode), SEQ, batch).sizes)
 
 
 def test_a_dpo_step_s_trace_extrapolates_in_the_batch():
@@ -321,3 +328,13 @@ def test_check_from_the_example_dpo_config_answers_a_dpo_step(capsys):
                  "--gpu-memory", "1GiB", "--backend", "estimate", "--json", "--no-cache"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["trainer"]["name"] == "dpo" and doc["trainer"]["reference"] == "adapter disabled"
+
+
+def test_the_python_api_takes_the_trainer():
+    from autotune import public
+
+    dpo = public.check("tiny-llama", seq_len=SEQ, batch_size=2, gpu_memory="1GiB", backend="estimate",
+                       trainer="dpo", precompute_ref_log_probs=True)
+    sft = public.check("tiny-llama", seq_len=SEQ, batch_size=2, gpu_memory="1GiB", backend="estimate")
+    assert dpo.trainer is not None and dpo.trainer["reference"] == "precomputed" and sft.trainer is None
+    assert dpo.max_batch_size < sft.max_batch_size  # 2 rows a pair
