@@ -350,8 +350,9 @@ class _Normalizing:
             self.dtype = check_dtype(step.dtype or DEFAULT_DTYPE)
         given = [name for name in ("precompute_ref_log_probs", "chosen_nll")
                  if getattr(step, name) is not None]
-        if (step.trainer or "sft") != "sft" or given:
-            with found.about("trainer" if step.trainer else given[0]):
+        preference = (step.trainer or "sft") != "sft"
+        if preference or given:
+            with found.about("trainer" if preference else given[0]):
                 # the stored runs' spec has no trainer: a preference step would be answered as SFT
                 raise InvalidInput(
                     f"trainer {step.trainer or 'sft'}: the service answers supervised fine-tuning (trainer "
