@@ -14,7 +14,7 @@ from autotune.cli import main
 from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu
 from autotune.request import CheckRequest, Step, Target, resolve
-from autotune.units import GIB
+from autotune.units import GIB, format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import make_adapter
 from autotune.workload.models import ModelSpec, resolve_model, tiny_config
@@ -338,3 +338,20 @@ def test_the_python_api_takes_the_trainer():
     sft = public.check("tiny-llama", seq_len=SEQ, batch_size=2, gpu_memory="1GiB", backend="estimate")
     assert dpo.trainer is not None and dpo.trainer["reference"] == "precomputed" and sft.trainer is None
     assert dpo.max_batch_size < sft.max_batch_size  # 2 rows a pair
+
+
+def test_explain_names_the_reference_model_and_offers_precomputing_it(capsys):
+    args = ["explain", "tiny-llama", "--trainer", "dpo", "--seq-len", "64", "--gpu-memory", "600MiB"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    weights = weight_bytes(tiny_llama(None))
+    assert f"  the reference model's frozen weights: {format_bytes(weights)} of the parameters" in out
+    assert "precomputed reference log-probs (no reference model nor forward)" in out
+    assert "fused linear cross-entropy" not in out  # TRL's DPO step takes no chunked loss
+
+
+def test_a_dpo_check_never_advises_a_chunked_loss():
+    from autotune.analysis.levers import candidate_levers
+
+    options = candidate_levers(tiny_llama(Trainer("dpo")), parse_mode("fp32"), custom_gpu(GIB))
+    assert [name for name, *_ in options] == ["mode", "checkpointing", "mode", "optimizer", "reference"]

@@ -742,8 +742,18 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         attention_kernel=probe.details.get("attention"),
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
-        trainer=trainer_json(workload),
+        trainer=_trainer_json(workload, backend._model(workload, mode.precision).reference),
     )
+
+
+def _trainer_json(workload: Workload, reference: Any) -> dict[str, Any] | None:
+    """tuner.trainer_json, with the bytes of a DPO reference model's weights (a frozen copy, counted
+    in the parameters and buffers) where there is one."""
+    found = trainer_json(workload)
+    if found is not None and reference is not None:
+        tensors = [*reference.parameters(), *reference.buffers()]
+        found["reference_weight_bytes"] = sum(t.untyped_storage().nbytes() for t in tensors)
+    return found
 
 
 def _what_if(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_len: int, mode: Mode,
