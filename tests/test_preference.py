@@ -355,3 +355,21 @@ def test_a_dpo_check_never_advises_a_chunked_loss():
 
     options = candidate_levers(tiny_llama(Trainer("dpo")), parse_mode("fp32"), custom_gpu(GIB))
     assert [name for name, *_ in options] == ["mode", "checkpointing", "mode", "optimizer", "reference"]
+
+
+def test_simpo_without_the_chosen_nll_peaks_lower_and_orpo_always_adds_it():
+    with_nll, without = (peak(vocab_heavy(Trainer("simpo", chosen_nll=nll)), 3, "bf16")
+                         for nll in (True, False))
+    assert without < with_nll  # the chosen rows' contiguous logits copy and cross-entropy
+    assert peak(vocab_heavy(Trainer("orpo", chosen_nll=False)), 3, "bf16") == with_nll
+
+
+def test_a_reward_model_scores_two_rows_per_pair_with_one_label():
+    backend = EstimateBackend(custom_gpu(GIB))
+    workload = check(trainer="reward").workload
+    assert workload.task == "sequence-classification" and workload.model.config.num_labels == 1
+    head = backend._model(workload).model.score
+    assert head.out_features == 1
+    # 3 pairs hold what a classifier's SFT step holds at 6 rows, less its [6] int64 labels
+    sft = decoder_end_bytes(Workload(workload.model, workload.task, None), 6)[0]
+    assert decoder_end_bytes(workload, 3)[0] == sft - 6 * 8
