@@ -466,6 +466,9 @@ class CheckPublic(BaseModel):
                                           "every row; always null here: the service refuses those models")
     offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
                                       "always false here: the service does not take it")
+    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
+                                           "trl_class, rows_per_sample, reference, label); always null here: "
+                                           "the service refuses any trainer but sft")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -607,3 +610,6 @@ class ExplainPublic(BaseModel):
     host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
                                            "memory its copies held; always null here: the service does "
                                            "not take it")
+    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
+                                           "trl_class, rows_per_sample, reference, label); always null here: "
+                                           "the service refuses any trainer but sft")

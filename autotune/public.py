@@ -337,7 +337,8 @@ def _step(model: str, step: StepOptions) -> Step:
 class StepOptions(TypedDict, total=False):
     """The step every function models, as keywords named as the CLI's flags (autotune/request.py
     Step and PeftOptions declare them, with their defaults): the head, the weights, the optimizer,
-    attention, loss, checkpointing, Liger kernels, the GPUs of a multi-GPU job, and LoRA/QLoRA
+    attention, loss, checkpointing, Liger kernels, the GPUs of a multi-GPU job, the trainer (``trainer``
+    dpo, orpo, simpo or reward: TRL's preference step), and LoRA/QLoRA
     (``peft`` and the ``lora_*`` and ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an
     ``adapter`` built already)."""
 
@@ -354,8 +355,12 @@ class StepOptions(TypedDict, total=False):
     nodes: int | None
     reshard_after_forward: bool | None
     fsdp_recipe: str | None  # accelerate
+    zero_config: str | None  # zero1/2/3: the zero_optimization mapping as JSON (default: the "auto" keys)
     images_per_sample: int | None  # 1, image-text-to-text only
     image_size: str | tuple[int, int] | None  # "640x480" (width x height), image-text-to-text only
+    trainer: str | None  # sft; dpo, orpo, simpo, reward: TRL's step, the batch in pairs
+    precompute_ref_log_probs: bool | None  # dpo: no reference model nor forward
+    chosen_nll: bool | None  # simpo: CPOConfig cpo_alpha != 0 (default True)
     peft: str | None
     lora_r: int | None
     lora_alpha: float | None

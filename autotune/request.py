@@ -74,6 +74,7 @@ from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.step import ATTN_CHOICES
+from autotune.workload.trainers import TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
 if TYPE_CHECKING:
@@ -409,6 +410,18 @@ class Step:
         f"{_DEFAULT_IMAGE_SIZE}, COCO's, the images of Axolotl's VLM examples); Qwen2-VL resizes it to "
         "multiples of 28 (smart_resize), LLaVA and Gemma 3 resize every image to one size", metavar="WxH",
         http=False)
+    trainer: str | None = option(
+        None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
+        "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
+        "model for a full fine-tune, the model with its adapter disabled under LoRA); orpo, simpo (pairs, "
+        "no reference); reward (a one-score sequence classifier on pairs); kto and grpo are not modelled "
+        "yet. For the paired trainers the batch is pairs, 2 rows each", choices=TRAINERS)
+    precompute_ref_log_probs: bool | None = option(
+        None, "dpo: the reference's log-probs computed before training (DPOConfig.precompute_ref_log_probs): "
+        "no reference model nor forward in the step")
+    chosen_nll: bool | None = option(
+        None, "simpo: the NLL of the chosen rows added to the loss (CPOConfig cpo_alpha != 0, TRL's default "
+        "1.0); --no-chosen-nll: pure SimPO (cpo_alpha 0)")
     peft_options: PeftOptions = _part(PeftOptions, default_factory=PeftOptions)
     # An adapter built already (a training config's, or the Python API's ``adapter``): instead of
     # the PEFT fields.
@@ -675,6 +688,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
     from autotune.workload.optimizers import check_optimizer
     from autotune.workload.step import check_attn
+    from autotune.workload.trainers import REWARD, REWARD_TASK, check_step, check_trainer, reward_config
 
     if spec is not None and seq_lens is not None:
         with found.about("seq_lens" if len(seq_lens) > 1 else "seq_len"):
@@ -689,8 +703,15 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     with found.about("optimizer"):
         optimizer = check_optimizer(step.optimizer or DEFAULT_OPTIMIZER)
     adapter = resolve_adapter(step, found)
-    if spec is None or not found.ok("task", "dtype"):
+    trainer = None
+    with found.about("trainer"):
+        trainer = check_trainer(step.trainer, precompute_ref_log_probs=step.precompute_ref_log_probs,
+                                chosen_nll=step.chosen_nll)
+    if spec is None or not found.ok("task", "dtype", "trainer", "precompute_ref_log_probs"):
         return None
+    if trainer is not None and trainer.name == REWARD:
+        task = task or REWARD_TASK  # RewardTrainer's AutoModelForSequenceClassification, num_labels=1
+        spec = replace(spec, config=reward_config(spec.config))
     with found.about("task"):
         task = task_for(spec, task)
     with found.about("dtype"):
@@ -707,11 +728,14 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  zero_config=step.zero_config)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     images = resolve_images(step, spec, task, seq_lens, found)
+    if trainer is not None and found.ok("loss", "liger", "parallel"):
+        with found.about("trainer"):
+            check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
     if found.errors:
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
-                    offload_activations=bool(step.offload_activations))
+                    offload_activations=bool(step.offload_activations), trainer=trainer)
 
 
 def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,

@@ -124,6 +124,9 @@ class TableResult:
     # A vision-language model's images in every row (images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    # A preference trainer's step (trainer_json); None: supervised fine-tuning. Its cells' batches
+    # are samples as the trainer counts them (pairs for dpo, orpo, simpo, reward).
+    trainer: dict[str, Any] | None = None
 
     @property
     def total_probes(self) -> int:
@@ -137,6 +140,13 @@ class TableResult:
         data["probes_total"] = self.total_probes
         data["probes_per_cell"] = round(self.total_probes / len(self.cells), 2) if self.cells else 0
         return data
+
+
+def trainer_json(workload: Workload) -> dict[str, Any] | None:
+    """What results say of a preference trainer's step (preference.Trainer.to_json: its name, TRL's
+    class, rows per sample, the reference, label); None for supervised fine-tuning."""
+    trainer = workload.trainer
+    return None if trainer is None else trainer.to_json(peft=workload.adapter is not None)
 
 
 def adapter_json(workload: Workload) -> dict[str, Any] | None:
@@ -259,6 +269,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         offload_activations=workload.offload_activations,
+        trainer=trainer_json(workload),
     )
 
 

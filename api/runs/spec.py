@@ -348,6 +348,16 @@ class _Normalizing:
             self.asked_task = check_task(step.task) if step.task else None
         with found.about("dtype"):
             self.dtype = check_dtype(step.dtype or DEFAULT_DTYPE)
+        given = [name for name in ("precompute_ref_log_probs", "chosen_nll")
+                 if getattr(step, name) is not None]
+        preference = (step.trainer or "sft") != "sft"
+        if preference or given:
+            with found.about("trainer" if preference else given[0]):
+                # the stored runs' spec has no trainer: a preference step would be answered as SFT
+                raise InvalidInput(
+                    f"trainer {step.trainer or 'sft'}: the service answers supervised fine-tuning (trainer "
+                    "sft) only for now; ask autotune check, table or explain --trainer (dpo, orpo, simpo, "
+                    "reward)")
         with found.about("attn"):
             self.attn = check_attn(step.attn)
         with found.about("optimizer"):

@@ -23,7 +23,15 @@ from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec, chip_is_known, size_only_chip
 from autotune.search import Probe
-from autotune.tuner import adapter_json, budget_bytes, images_json, memory_model, parallel_json, search_cell
+from autotune.tuner import (
+    adapter_json,
+    budget_bytes,
+    images_json,
+    memory_model,
+    parallel_json,
+    search_cell,
+    trainer_json,
+)
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.liger import describe as describe_liger
@@ -74,6 +82,8 @@ class CheckResult:
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    # A preference trainer's step (tuner.trainer_json); None: supervised fine-tuning.
+    trainer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +149,7 @@ def check_step(
         "parallel": parallel_json(workload, gpu),
         "images": images_json(workload),
         "offload_activations": workload.offload_activations,
+        "trainer": trainer_json(workload),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -212,6 +223,8 @@ def step_label(result: CheckResult) -> str:
         parts.append(f"per GPU of {result.parallel['label']}")
     if result.images is not None:
         parts.append(f"images: {result.images['label']}")
+    if result.trainer is not None:
+        parts.append(f"trainer {result.trainer['label']}")
     return " (" + ", ".join(parts) + ")"
 
 
@@ -291,7 +304,7 @@ def check_from_cells(
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
-        parallel=parallel_json(workload, gpu), images=images_json(workload),
+        parallel=parallel_json(workload, gpu), images=images_json(workload), trainer=trainer_json(workload),
         offload_activations=workload.offload_activations,
     )
     result.message = format_message(result)

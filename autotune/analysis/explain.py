@@ -49,7 +49,7 @@ from autotune.backends.estimate.rank import COMMUNICATION_BUFFERS, GATHERED_PARA
 from autotune.defaults import DEFAULT_MAX_BATCH
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
-from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_json, search_cell
+from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_json, search_cell, trainer_json
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import BASE_BITS
@@ -220,6 +220,9 @@ class Explanation:
     # With activation offloading (workload/offload.py): the most pinned host memory its copies of the
     # saved activations held at batch_size; None without it.
     host_offload_bytes: int | None = None
+    # A preference trainer's step (tuner.trainer_json: the reference model, the rows per sample);
+    # None: supervised fine-tuning.
+    trainer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -755,6 +758,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
+        trainer=_trainer_json(workload, backend._model(workload, mode.precision).reference),
     )
 
 
@@ -770,6 +774,16 @@ def _risks(workload: Workload, backend: EstimateBackend, explanation: Explanatio
                  held=sum(categories.get(key, 0) for key in HELD_CATEGORIES),
                  cached=explanation.breakdown.cached_bytes, vocab=lm_vocab(model, workload.task),
                  model=model, max_batch=max_batch)
+
+
+def _trainer_json(workload: Workload, reference: Any) -> dict[str, Any] | None:
+    """tuner.trainer_json, with the bytes of a DPO reference model's weights (a frozen copy, counted
+    in the parameters and buffers) where there is one."""
+    found = trainer_json(workload)
+    if found is not None and reference is not None:
+        tensors = [*reference.parameters(), *reference.buffers()]
+        found["reference_weight_bytes"] = sum(t.untyped_storage().nbytes() for t in tensors)
+    return found
 
 
 def _what_if(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_len: int, mode: Mode,

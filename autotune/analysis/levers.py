@@ -63,6 +63,7 @@ from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes, uses_torchao
 from autotune.workload.parallel import DDP, FSDP, MAX_GPUS, Parallel, check_sharded
+from autotune.workload.trainers import check_step
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -187,6 +188,13 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
     if workload.task == "causal-lm" and workload.loss == "full":
         options.append(("loss", "a chunked linear cross-entropy (Liger's fused loss: no full "
                         "logits)", replace(workload, loss="chunked"), mode))
+    trainer = workload.trainer
+    if trainer is not None and trainer.reference(workload.adapter is not None) not in (None, "precomputed"):
+        options.append(("reference", "precomputed reference log-probs (DPOConfig precompute_ref_log_probs: "
+                        "no reference model nor forward in the step)",
+                        replace(workload, trainer=replace(trainer, precompute_ref_log_probs=True)), mode))
+        # a preference step takes no chunked loss (trainers.check_step): not offered, alone or together
+        options = [option for option in options if _modelled(option[2])]
     return options
 
 
@@ -257,10 +265,14 @@ def gpu_levers(workload: Workload) -> list[tuple[str, Workload]]:
 
 
 def _modelled(workload: Workload) -> bool:
-    """Whether a lever's step is one the estimator models (a multi-GPU job's: check_sharded)."""
+    """Whether a lever's step is one the estimator models (a multi-GPU job's: check_sharded; a
+    preference trainer's: trainers.check_step, which refuses a chunked loss and more GPUs)."""
     try:
         check_sharded(workload.parallel, None if workload.adapter is None else workload.adapter.base_bits,
                       workload.optimizer)
+        if workload.trainer is not None:
+            check_step(workload.trainer, workload.task, loss=workload.loss, liger=workload.liger,
+                       parallel=workload.parallel, images=workload.images)
     except InvalidInput:
         return False
     return True
@@ -275,7 +287,8 @@ def _all_together(workload: Workload, mode: Mode, seq_len: int, gpu: GpuSpec) ->
     lightest = options[0][3]
     changes = {name: changed for name, _, changed, _ in options if changed != workload}
     together = replace(workload, optimizer=changes.get("optimizer", workload).optimizer,
-                       loss=changes.get("loss", workload).loss)
+                       loss=changes.get("loss", workload).loss,
+                       trainer=changes.get("reference", workload).trainer)
     labels = [f"mode {lightest.name}"] + [label for _, label, changed, _ in options if changed != workload]
     return LeverSearch("combined", "all of: " + "; ".join(labels), together, lightest, seq_len)
 
@@ -418,6 +431,13 @@ def _step_levers(workload: Workload, mode: Mode, seq_len: int, backend: Backend)
             "fused-cross-entropy", "fused linear cross-entropy (chunked logits, as Liger Kernel)",
             replace(workload, loss="chunked"), mode, seq_len,
             note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
+        ))
+    trainer = workload.trainer
+    if trainer is not None and trainer.reference(workload.adapter is not None) not in (None, "precomputed"):
+        found.append(LeverSearch(
+            "precompute-ref", "precomputed reference log-probs (no reference model nor forward)",
+            replace(workload, trainer=replace(trainer, precompute_ref_log_probs=True)), mode, seq_len,
+            note="DPOConfig(precompute_ref_log_probs=True): one no_grad pass over the data before training",
         ))
     return found
 

@@ -87,6 +87,10 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                  "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger)),
                  **({"images_per_sample": step.images_per_sample, "image_size": step.image_size}
                     if step.images_per_sample is not None or step.image_size is not None else {}),
+                 **({"trainer": {"trainer": step.trainer, "chosen_nll": step.chosen_nll,
+                                 "precompute_ref_log_probs": step.precompute_ref_log_probs}}
+                    if step.trainer not in (None, "sft") or step.precompute_ref_log_probs is not None
+                    or step.chosen_nll is not None else {}),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
                                   "reshard_after_forward": step.reshard_after_forward,
                                   "fsdp_recipe": step.fsdp_recipe}}

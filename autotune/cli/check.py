@@ -99,7 +99,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         return Plan(flags)
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
-    config = read_training_configs(args.from_config, card)
+    config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
     given = {f.name: getattr(args, f.name) for f in fields_of(CheckRequest)
              if getattr(args, f.name, None) is not None}
     adapter = _adapter(flags.step.peft_options, config.request.step.adapter)
@@ -209,12 +209,13 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
     }
     if request.mode is not None:  # else the service's default, the weights' (defaults.default_mode_name)
         query["mode"] = parse_mode(request.mode).name
-    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe"):
+    # the trainer too: the service refuses a preference trainer by name, never answers it as SFT
+    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "trainer"):
         if getattr(step, name):
             query[name] = getattr(step, name)
     if step.liger:  # the service reads the kernels comma-separated, as the flag does
         query["liger"] = step.liger if isinstance(step.liger, str) else ",".join(step.liger)
-    for name in ("ckpt_reentrant", "reshard_after_forward"):
+    for name in ("ckpt_reentrant", "reshard_after_forward", "precompute_ref_log_probs", "chosen_nll"):
         if getattr(step, name) is not None:
             query[name] = "true" if getattr(step, name) else "false"
     for name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf"):

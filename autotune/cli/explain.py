@@ -155,6 +155,10 @@ def render(e: Explanation) -> str:
         *([f"{OFFLOAD_NAME}: saved activations in pinned host memory, at most "
            f"{format_bytes(e.host_offload_bytes)} at batch {e.batch_size}"]
           if e.host_offload_bytes is not None else []),
+        *([f"trainer: {e.trainer['label']}"] if e.trainer is not None else []),
+        *([f"  the reference model's frozen weights: {format_bytes(e.trainer['reference_weight_bytes'])} "
+           "of the parameters and buffers below"]
+          if e.trainer is not None and "reference_weight_bytes" in e.trainer else []),
         *_job_lines(e),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
         f"CUDA context{_nccl(e)}) x (1 - margin {e.margin})",

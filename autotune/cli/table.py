@@ -146,6 +146,7 @@ def render_table(t: TableResult) -> str:
            else f" {format_bytes(t.gpu_memory_bytes)}"),
         *([f"adapter: {t.adapter['label']}"] if t.adapter else []),
         *([f"images: {t.images['label']}"] if t.images else []),
+        *([f"trainer: {t.trainer['label']}"] if t.trainer else []),
         *([f"GPUs: {t.parallel['label']}; each cell is one GPU's micro-batch (global batch = it x "
            f"{t.parallel['gpus']} GPUs x accumulation steps)", f"  {t.parallel['modelled']}"]
           if t.parallel else []),

@@ -1,6 +1,6 @@
 """A training config, read whole into the ``CheckRequest`` it describes.
 
-Seven formats, told apart by their keys (``detect``), each read by its own module:
+Seven kinds of format, told apart by their keys (``detect``), each read by its own module:
 
     axolotl    an Axolotl YAML: base_model, sequence_len, micro_batch_size, sample_packing, adapter, ...
                (configs/axolotl.py)
@@ -10,6 +10,9 @@ Seven formats, told apart by their keys (``detect``), each read by its own modul
                before TRL and the Trainer, whose keys (packing, model_name_or_path) it shares; or
                LLaMA-Factory v1's (model, train_dataset, peft_config, dist_config, micro_batch_size, ...)
                (configs/llamafactory_v1.py), told apart by v1's own keys
+    trl-dpo, trl-orpo, trl-simpo, trl-reward
+               a TRL DPOConfig, ORPOConfig, CPOConfig (SimPO) or RewardConfig: SFTConfig's reading with
+               the trainer's keys (configs/preference.py, which tells the trainer or asks for --trainer)
     trl-sft    a TRL SFTConfig (a TrainingArguments superset): packing, padding_free, model_init_kwargs,
                dataset_text_field, loss_type, ..., and the ``trl sft`` CLI's model keys (use_peft, lora_r)
                (configs/trainer.py)
@@ -55,38 +58,43 @@ from autotune.configs.llamafactory import LLAMAFACTORY_MARKERS, read_llamafactor
 from autotune.configs.llamafactory_v1 import LLAMAFACTORY_V1_MARKERS, is_v1, read_llamafactory_v1
 from autotune.configs.native import AUTOTUNE_MARKERS, read_native
 from autotune.configs.peft import read_peft
+from autotune.configs.preference import PREFERENCE_MARKERS
 from autotune.configs.reading import Config, TrainingConfig, load
 from autotune.configs.sharding import check_launch
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER_FIELDS, read_trainer
 from autotune.errors import InvalidInput
 from autotune.gpus import GpuSpec
 
-FORMATS = ("trainer", "trl-sft", "axolotl", "llamafactory", "autotune", "peft", "accelerate")
+FORMATS = ("trainer", "trl-sft", "trl-dpo", "trl-orpo", "trl-simpo", "trl-reward", "axolotl", "llamafactory",
+           "autotune", "peft", "accelerate")
 
 __all__ = ["FORMATS", "TrainingConfig", "check_launch", "missing_fields", "read_training_config",
            "read_training_configs"]
 
 
-def read_training_config(path: str | Path, card: GpuSpec | None = None) -> TrainingConfig:
+def read_training_config(path: str | Path, card: GpuSpec | None = None, *,
+                         trainer: str | None = None) -> TrainingConfig:
     """The check a config file (or a PEFT adapter directory) describes; a memory-relevant key it
     cannot model raises. ``card``: the GPU the check is for, where a tool resolves a key on the
-    card it runs on (Axolotl's ``bf16: auto``); None: such a key is refused."""
-    return _read(_config(path, card))
+    card it runs on (Axolotl's ``bf16: auto``); None: such a key is refused. ``trainer``: the one
+    asked for (--trainer), for a TRL preference config whose keys do not tell (configs/preference.py)."""
+    return _read(_config(path, card), trainer)
 
 
-def read_training_configs(paths: Sequence[str | Path], card: GpuSpec | None = None) -> TrainingConfig:
+def read_training_configs(paths: Sequence[str | Path], card: GpuSpec | None = None, *,
+                          trainer: str | None = None) -> TrainingConfig:
     """The check of one training config, or of a training config and the accelerate config it is
     launched with (either order): the step from the one, the GPUs from the other
     (accelerate.combine)."""
     if len(paths) == 1:
-        return read_training_config(paths[0], card)
+        return read_training_config(paths[0], card, trainer=trainer)
     configs = [_config(path, card) for path in paths]
     launches = [cfg for cfg in configs if detect(cfg) == "accelerate"]
     if len(configs) != 2 or len(launches) != 1:
         files = ", ".join(cfg.file for cfg in configs)
         raise InvalidInput(f"{len(configs)} configs given ({files}): give one training config, and at most "
                            "one accelerate config beside it (accelerate launch --config_file)")
-    training = _read(next(cfg for cfg in configs if cfg is not launches[0]))
+    training = _read(next(cfg for cfg in configs if cfg is not launches[0]), trainer)
     sharded = training.request.step.parallel == "fsdp"
     return combine(training, read_accelerate(launches[0], trainer_fsdp=sharded))
 
@@ -101,7 +109,7 @@ def _config(path: str | Path, card: GpuSpec | None) -> Config:
     return Config(load(file), str(file), card)
 
 
-def _read(cfg: Config) -> TrainingConfig:
+def _read(cfg: Config, trainer: str | None = None) -> TrainingConfig:
     fmt = detect(cfg)
     if fmt == "accelerate":
         return read_accelerate(cfg)
@@ -113,7 +121,7 @@ def _read(cfg: Config) -> TrainingConfig:
         return read_llamafactory_v1(cfg) if is_v1(cfg) else read_llamafactory(cfg)
     if fmt == "autotune":
         return read_native(cfg)
-    return read_trainer(cfg, fmt)
+    return read_trainer(cfg, fmt, trainer)
 
 
 def missing_fields(config: TrainingConfig) -> list[str]:
@@ -140,7 +148,11 @@ def detect(cfg: Config) -> str:
         "autotune": keys & AUTOTUNE_MARKERS,
     }
     # LLaMA-Factory's files hold TRL's packing and the Trainer's keys too: its own keys decide first.
-    fmt = next((f for f in ("axolotl", "llamafactory", "trl-sft", "trainer") if found[f]), "autotune")
+    # A TRL preference config shares SFTConfig's loss_type, padding_free, ...: its own keys decide
+    # before SFT's (configs/preference.py tells which trainer).
+    found["trl-preference"] = keys & PREFERENCE_MARKERS
+    fmt = next((f for f in ("axolotl", "llamafactory", "trl-preference", "trl-sft", "trainer") if found[f]),
+               "autotune")
     mixed = found["autotune"] - {"batch_size"} if fmt == "axolotl" else found["autotune"]  # Axolotl's global
     if fmt != "autotune" and mixed:
         raise InvalidInput(

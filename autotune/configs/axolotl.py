@@ -52,6 +52,7 @@ from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_co
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
+from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, NOT_YET, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
@@ -64,8 +65,7 @@ _AXOLOTL_REFUSED = {
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
     "unfrozen_parameters": "training only some parameters is not modelled: autotune trains them all",
-    "rl": "RL trainers (DPO, KTO, GRPO, ...) are not modelled: autotune models supervised fine-tuning",
-    "reward_model": "reward model training is not modelled", "process_reward_model": "not modelled",
+    "process_reward_model": "not modelled",
     "xformers_attention": KERNEL, "flex_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL, "flash_attn_fuse_mlp": KERNEL,
     "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
@@ -198,8 +198,8 @@ def _axolotl_method(cfg: Config) -> str | None:
 def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     """The fused LoRA kernels Axolotl patches in: the lora_*_kernel keys set true, or, where none is
     set, those schemas/config.py check_auto_enable_lora_kernels turns on: all four for lora and qlora
-    but with trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (rl and FSDP1, which it also
-    skips, are refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
+    but with rl, trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (FSDP1, which it also
+    skips, is refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
     The embedding kernel alone patches nothing (patch_manager.py _apply_lora_kernel_patch) and is
     dropped where embed_tokens carries no LoRA."""
     values = {name: cfg.get(key) for name, key in CONFIG_KEYS.items()}
@@ -218,8 +218,9 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
             return ()
     remote = cfg.get("trust_remote_code")
     if all(value is None for value in values.values()):
-        skip = "trust_remote_code" if remote else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") \
-            else None
+        # check_auto_enable_lora_kernels returns first for rl ("RL trainers not tested")
+        skip = "rl" if not unset(cfg.data.get("rl")) else "trust_remote_code" if remote \
+            else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") else None
         if skip is not None:
             cfg.notes.append(f"lora_*_kernel: not set, and with {skip} Axolotl leaves its fused LoRA kernels "
                              "off (check_auto_enable_lora_kernels)")
@@ -610,6 +611,9 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         raise cfg.unmodelled("cut_cross_entropy" if cce else "liger_fused_linear_cross_entropy", True,
                              "a fused linear cross-entropy over a vision-language model's rows is not "
                              "modelled (autotune chunks the loss of causal-lm steps)")
+    trainer = _axolotl_trainer(cfg, adapter)
+    if trainer.get("trainer") == REWARD:
+        multimodal = {**multimodal, "task": REWARD_TASK}
     batch = cfg.positive("micro_batch_size", "batch size")
     accumulation = cfg.positive("gradient_accumulation_steps", "accumulation steps")
     total = cfg.positive("batch_size", "global batch size")
@@ -627,7 +631,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, **trainer,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
@@ -760,8 +764,89 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
     if offload not in (None, False):
         return _offloading(cfg, offload, bool(ckpt), adapter)
     if ckpt:
-        # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset
-        # (unless unfrozen_parameters or rl, which are refused).
-        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset={"use_reentrant": True})
+        # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset,
+        # unless unfrozen_parameters (refused) or rl (utils/config/__init__.py): then transformers'
+        # default, use_reentrant=False.
+        rl = not unset(cfg.data.get("rl"))
+        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset=None if rl else {"use_reentrant": True})
     return bool(ckpt)
 
+
+
+# Axolotl's rl trainers (utils/schemas/enums.py RLType; core/builders/rl.py _get_trainer_cls): ipo is
+# DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer.
+_RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO}
+_RL_NOT_YET = {"kto": NOT_YET["kto"], "grpo": NOT_YET["grpo"], "gdpo": NOT_YET["grpo"],
+               "ebft": "EBFT is not modelled (its step generates completions before training)"}
+# Keys of the rl trainers (utils/schemas/config.py), and those with no effect on memory.
+_RL_KEYS = words("rl_beta dpo_use_weighting dpo_label_smoothing precompute_ref_log_probs "
+                 "dpo_use_liger_kernel dpo_padding_free dpo_loss_type dpo_loss_weights orpo_alpha "
+                 "simpo_gamma cpo_alpha rpo_alpha max_prompt_len trl")
+_RL_NO_EFFECT = words("rl_beta dpo_label_smoothing dpo_loss_weights orpo_alpha simpo_gamma max_prompt_len")
+
+
+def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
+    """The request's trainer fields of ``rl`` / ``reward_model`` (none for supervised fine-tuning), the
+    rl keys that change memory and are not modelled refused by name."""
+    rl, reward = cfg.get("rl"), cfg.flag("reward_model")
+    set_keys = sorted(key for key in _RL_KEYS if cfg.data.get(key) is not None)
+    cfg.read.update(("rl", "reward_model", "num_labels", "center_rewards_coefficient", *_RL_KEYS))
+    if reward:
+        if not unset(rl):
+            raise InvalidInput(f"rl and reward_model in {cfg.file!r}: Axolotl trains one of them; give one")
+        if cfg.get("num_labels") not in (None, 1):
+            raise cfg.unmodelled("num_labels", cfg.data["num_labels"], "a reward model has one score "
+                                 "(num_labels 1, TRL's RewardTrainer)")
+        cfg.notes.append("reward_model: true: TRL's RewardTrainer (AxolotlRewardTrainer), a sequence "
+                         "classifier with num_labels 1 on chosen and rejected rows: the batch is pairs")
+        return {"trainer": REWARD}
+    if unset(rl):
+        if set_keys:
+            raise cfg.unmodelled(set_keys[0], cfg.data[set_keys[0]], "an rl trainer's key without rl")
+        return {}
+    name = str(rl).strip().lower()
+    if name in _RL_NOT_YET:
+        raise cfg.unmodelled("rl", rl, _RL_NOT_YET[name])
+    if name not in _RL_TRAINERS:
+        raise cfg.unmodelled("rl", rl, f"autotune models rl {', '.join(_RL_TRAINERS)}")
+    trainer = _RL_TRAINERS[name]
+    if trainer == SIMPO and adapter is None:
+        raise cfg.unmodelled("rl", rl, "a full fine-tune under rl simpo: Axolotl loads a reference model "
+                             "(train.py setup_reference_model, every rl but orpo) that CPOTrainer never uses")
+    refused = {"dpo_use_weighting": (True, "WPO's weights over the logits"),
+               "dpo_use_liger_kernel": (True, "Liger's fused DPO loss"),
+               "rpo_alpha": (None, "RPO's NLL over the chosen logits")}
+    for key, (value, why) in refused.items():
+        given = cfg.data.get(key)
+        if given is not None and (value is None or given == value):
+            raise cfg.unmodelled(key, given, why)
+    trl = cfg.get("trl")
+    if isinstance(trl, dict) and set(trl) - {"beta"}:
+        key = sorted(set(trl) - {"beta"})[0]
+        raise cfg.unmodelled(f"trl.{key}", trl[key], f"rl {name}: autotune reads trl.beta only")
+    losses = cfg.get("dpo_loss_type") or []
+    for loss in losses if isinstance(losses, list) else [losses]:
+        if loss not in DPO_LOSS_TYPES:
+            raise cfg.unmodelled("dpo_loss_type", loss, f"the losses on [batch] vectors are modelled "
+                                 f"({', '.join(DPO_LOSS_TYPES)})")
+    fields: dict[str, Any] = {"trainer": trainer}
+    if cfg.flag("precompute_ref_log_probs"):
+        if trainer != DPO:
+            raise cfg.unmodelled("precompute_ref_log_probs", True, f"rl {name} has no reference model")
+        fields["precompute_ref_log_probs"] = True
+    alpha = cfg.get("cpo_alpha")
+    if trainer == SIMPO and isinstance(alpha, int | float) and alpha == 0:
+        fields["chosen_nll"] = False
+    what = {DPO: "DPOTrainer" + (" (loss_type ipo)" if name == "ipo" else ""), ORPO: "ORPOTrainer",
+            SIMPO: "CPOTrainer (loss_type simpo)"}[trainer]
+    reference = ("" if trainer != DPO else "; reference: the base with the adapter disabled "
+                 "(setup_reference_model: none with an adapter)" if adapter is not None
+                 else "; reference: the model loaded again, frozen (setup_reference_model)")
+    cfg.notes.append(f"rl: {name}: TRL's {what}, sequence_len its max_length; the batch is pairs{reference}")
+    if cfg.flag("dpo_padding_free"):
+        cfg.notes.append("dpo_padding_free: DPOTrainer falls back to padding ('padding_free=True is "
+                         "temporarily unavailable'): rows padded to sequence_len")
+    quiet = sorted(key for key in _RL_NO_EFFECT if cfg.data.get(key) is not None)
+    if quiet:
+        cfg.notes.append(f"{', '.join(quiet)}: the trainer's, no effect on memory")
+    return fields

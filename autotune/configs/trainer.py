@@ -16,6 +16,7 @@ from autotune.configs.lora import (
     lora_targets,
     note_adapter,
 )
+from autotune.configs.preference import PREFERENCE_FIELDS, read_preference, trainer_of
 from autotune.configs.reading import (
     CHUNKED_NOTE,
     COMPILE,
@@ -41,6 +42,7 @@ from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
 from autotune.workload.modes import Mode
+from autotune.workload.trainers import DPO, ORPO, SIMPO
 
 # Every field of transformers.TrainingArguments (5.x), by what it does to a training step's memory.
 # The test checks that these cover the installed transformers' dataclass fields.
@@ -138,8 +140,15 @@ _INIT_REFUSED = {"load_in_4bit": "transformers 5's from_pretrained has no load_i
 _SFT_LOSSES = {"chunked_nll": "chunked", "nll": None}
 
 
-def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
+def read_trainer(cfg: Config, fmt: str, trainer: str | None = None) -> TrainingConfig:
+    """A TrainingArguments file, TRL's SFTConfig, or (``fmt`` trl-preference) one of TRL's preference
+    configs (configs/preference.py: ``trainer`` is --trainer, where the file cannot tell)."""
     sft = fmt == "trl-sft"
+    preference: dict[str, Any] = {}
+    if fmt == "trl-preference":
+        preference = read_preference(cfg, trainer_of(cfg, trainer))
+        fmt = f"trl-{preference['trainer']}"
+    trl = sft or bool(preference)  # TRL's _BaseConfig: bf16 and gradient checkpointing on by default
     cfg.refuse(_TRAINER_REFUSED | _LEGACY_REFUSED | _SCRIPT_REFUSED | _SFT_REFUSED)
     read_trainer_sharding(cfg)
     if cfg.get("half_precision_backend") == "apex" or cfg.get("fp16_backend") == "apex":
@@ -147,15 +156,15 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
                              "autotune models torch.autocast")
     fp16 = cfg.flag("fp16")
     # TRL's _BaseConfig: bf16 defaults to true when fp16 is not set, checkpointing to true.
-    bf16 = cfg.flag("bf16", default=sft and not fp16)
+    bf16 = cfg.flag("bf16", default=trl and not fp16)
     if fp16 and bf16:
         raise InvalidInput(f"fp16 and bf16 in {cfg.file!r} are both true: choose one")
-    if sft and cfg.data.get("bf16") is None and bf16:
+    if trl and cfg.data.get("bf16") is None and bf16:
         cfg.notes.append("bf16: not set, TRL's default true (fp16 not set)")
-    ckpt = _trainer_checkpointing(cfg, default=sft)
-    dtype, attn, init_quant = _model_init(cfg, sft)
+    ckpt = _trainer_checkpointing(cfg, default=trl)
+    dtype, attn, init_quant = _model_init(cfg, trl)
     adapter = _trainer_adapter(cfg, dtype, init_quant)
-    seq_len = _trainer_seq_len(cfg, sft)
+    seq_len = _trainer_seq_len(cfg, trl)
     loss = None
     if sft:
         loss = _sft_loss(cfg)
@@ -179,15 +188,17 @@ def read_trainer(cfg: Config, fmt: str) -> TrainingConfig:
                          "error; autotune checks the batch as written")
     note_neftune(cfg, "neftune_noise_alpha")
     model = cfg.text("model_name_or_path")
-    task = "causal-lm" if sft else _glue_task(cfg)
+    task = "causal-lm" if sft or preference.get("trainer") in (DPO, ORPO, SIMPO) else _glue_task(cfg)
     return cfg.result(
         fmt, model=model, seq_len=seq_len, batch_size=batch,
         mode=Mode("bf16" if bf16 else "amp" if fp16 else "fp32", ckpt),
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
         task=task, dtype=dtype, optimizer=optimizer, attn=attn, loss=loss, adapter=adapter, liger=liger,
+        **preference,
         # lora_* keys are TRL's only with use_peft; with an adapter, one TRL does not know is listed.
         ignored=cfg.ignored(
-            TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS | _TRL_PEFT_KEYS,
+            TRAINER_FIELDS | LEGACY_TRAINER_FIELDS | _SCRIPT_KEYS | _SFT_FIELDS | _TRL_PEFT_KEYS
+            | (PREFERENCE_FIELDS if preference else frozenset()),
             ("eval_", "hub_", "logging_", "save_", "generation_") + (() if adapter else ("lora_",))),
     )
 
@@ -460,7 +471,7 @@ def _model_init(cfg: Config, sft: bool) -> tuple[str | None, str | None, dict[st
     cfg.read.update(("dtype", "torch_dtype", "attn_implementation"))
     if sft and dtype is None:
         dtype = "float32"  # trl/trainer/utils.py create_model_from_path: kwargs.get("dtype", "float32")
-        cfg.notes.append("dtype: not set, SFTTrainer loads the model in float32 (TRL's default)")
+        cfg.notes.append("dtype: not set, TRL's trainers load the model in float32 (TRL's default)")
     return dtype, attn, quant
 
 

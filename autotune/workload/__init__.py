@@ -9,6 +9,7 @@ from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
 from autotune.workload.step import MIN_STEPS
+from autotune.workload.trainers import Trainer
 from autotune.workload.vision import Images
 
 
@@ -38,3 +39,6 @@ class Workload:
     # TRL's OffloadActivations around each step's forward and backward (workload/offload.py): what
     # TRL's activation_offloading and Axolotl's activation_offloading: true run.
     offload_activations: bool = False
+    # A preference trainer's step (workload.preference: DPO, ORPO, SimPO, a reward model); None:
+    # supervised fine-tuning, the model's own loss over ``batch`` rows.
+    trainer: Trainer | None = None

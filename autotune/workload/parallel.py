@@ -55,6 +55,11 @@ class Parallel:
     recipe: str = "accelerate"  # fsdp: one of FSDP_RECIPES
     zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
 
+    def __post_init__(self) -> None:
+        # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
+        # of [key, value] lists: tuples again, so that the Parallel (and its Workload) is hashable.
+        object.__setattr__(self, "zero", tuple(tuple(item) for item in self.zero))
+
     @property
     def is_zero(self) -> bool:
         return self.kind in ZERO_STAGES

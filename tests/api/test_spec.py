@@ -51,6 +51,11 @@ SAMPLES = {
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
+    "zero_config": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "zero2"},
+                    {"zero_config": '{"stage": 2, "reduce_bucket_size": 100000000}'}),
+    "trainer": ({}, {"trainer": "dpo"}),  # refused: the service answers sft only (issue 36)
+    "precompute_ref_log_probs": ({}, {"precompute_ref_log_probs": True}),  # refused
+    "chosen_nll": ({}, {"chosen_nll": False}),  # refused
 }
 
 

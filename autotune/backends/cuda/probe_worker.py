@@ -46,10 +46,10 @@ from autotune.workload.adapters import prepare as prepare_adapter
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.parallel import FSDP
+from autotune.workload.preference import preference_forward, prepare_models, step_batch
 from autotune.workload.step import (
     build_model,
     gradient_checkpointing,
-    make_batch,
     run_steps,
 )
 
@@ -176,6 +176,7 @@ class Worker:
         self.distributed: Distributed | None = None  # a multi-GPU job's rank (backends/distributed.py)
         self.forward: Callable[..., Any] | None = None  # its wrapper's call: the step's loss
         self.offload: Any = None  # TRL's OffloadActivations, entered around each step (trl_offloading)
+        self.reference: Any = None  # a full fine-tune's DPO reference model (workload/preference.py)
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "init" and self.model is None:
@@ -228,6 +229,8 @@ class Worker:
                                                str(self.memory.device).partition(":")[0])
                 # FSDP2 shards the model built on the CPU, moving each rank's shard to the device
                 self.distributed.prepare(model, mode.precision)
+            # a preference trainer's: dropout off, DPO's frozen reference built beside the model
+            self.reference = prepare_models(model, workload, lambda: self._build(workload, on_device=True)[0])
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)
@@ -274,6 +277,8 @@ class Worker:
                 model = self.memory.to_device(model)  # (FSDP2 has put its shards there: init)
             # a multi-GPU job's wrapper: DDP's buckets are allocated as it is built, with the model
             self.forward = None if self.distributed is None else self.distributed.forward(model)
+            if self.reference is not None:  # loaded after the policy, as DPOTrainer's __init__ does
+                self.reference = self.memory.to_device(self.reference)
             self.memory.release()
             self.model_bytes = self.memory.allocated_bytes()
             # cuBLAS handles (one per thread: forward, and autograd's backward thread) get
@@ -324,8 +329,11 @@ class Worker:
         workload, mode = self.workload, self.mode
         if workload is None or mode is None:  # handle() probes only after a successful init
             raise ProtocolError("a probe before a successful init")
-        batch = make_batch(self.model.config, workload.task, batch_size, self.seq_len, self.memory.device,
-                           attn=workload.attn, images=workload.images)
+        batch = step_batch(self.model.config, workload, batch_size, self.seq_len, self.memory.device)
+        forward = self.forward
+        if workload.trainer is not None:  # TRL's own loops (preference.TRL_LOG_PROBS)
+            forward = preference_forward(self.model, self.reference, workload.trainer, seq_len=self.seq_len,
+                                         attn=workload.attn, autocasts=mode.autocast_dtype_name is not None)
         optimizer = (make_optimizer(self.model, workload.optimizer, CUDA_PARTS)
                      if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None
@@ -348,7 +356,7 @@ class Worker:
             scaler=scaler,
             after_step=mark,
             loss=workload.loss,
-            forward=self.forward,
+            forward=forward,
             around=contextlib.nullcontext if self.offload is None else lambda: self.offload,
         )
         step_time_s = marks[-1] - marks[-2]

@@ -36,6 +36,7 @@ from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel
 from autotune.workload.step import check_attn
+from autotune.workload.trainers import Trainer
 from autotune.workload.vision import make_images
 
 PROTOCOL = 1
@@ -95,6 +96,8 @@ class CellSpec:
     # A vision-language model's images (workload.vision.Images' fields); None: no image-text-to-text
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    # A preference trainer's step (workload.preference.Trainer's fields); None: supervised fine-tuning
+    trainer: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -137,6 +140,7 @@ def cell_spec(
         parallel=None if workload.parallel is None else dataclasses.asdict(workload.parallel),
         images=None if workload.images is None else dataclasses.asdict(workload.images),
         offload_activations=workload.offload_activations,
+        trainer=None if workload.trainer is None else dataclasses.asdict(workload.trainer),
     )
 
 
@@ -158,6 +162,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         parallel=None if spec.parallel is None else Parallel(**spec.parallel),
         images=None if spec.images is None else make_images(spec.images["per_sample"], spec.images["size"]),
         offload_activations=spec.offload_activations is True,
+        trainer=None if spec.trainer is None else Trainer(**spec.trainer),
     )
     return workload, parse_mode(spec.mode)
 

@@ -57,6 +57,7 @@ from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
+from autotune.workload.preference import prepare_models
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 
 
@@ -66,6 +67,8 @@ class _FakeModel:
     mode_ctx: Any  # the FakeTensorMode the model lives in
     attn: str
     distributed: Distributed | None = None  # a multi-GPU job's rank (distributed.py)
+    # A full fine-tune's DPO reference model, frozen (workload.preference.prepare_models)
+    reference: Any = None
 
 
 def _extrapolation(traces: list[Trace], reference: tuple[Trace, Trace] | None = None,
@@ -470,7 +473,8 @@ class EstimateBackend:
         sharded = workload.parallel is not None and workload.parallel.kind == "fsdp"
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
-               workload.loss if workload.parallel is not None else None, precision if sharded else None)
+               workload.loss if workload.parallel is not None else None, precision if sharded else None,
+               workload.trainer)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -483,12 +487,15 @@ class EstimateBackend:
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
+                reference = prepare_models(model, workload, lambda: build_model(
+                    workload.model, workload.task, workload.attn, workload.weights_dtype,
+                    flash_as_sdpa=True)[0])
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)
                 with fake_mode:
                     distributed.prepare(model, precision)
-            cached = self._models[key] = _FakeModel(model, fake_mode, attn, distributed)
+            cached = self._models[key] = _FakeModel(model, fake_mode, attn, distributed, reference)
         return cached
 
     def _adapt(self, model: Any, workload: Workload) -> Any:
@@ -595,15 +602,17 @@ class EstimateBackend:
 
     def floor_bytes(self, fake: _FakeModel) -> int:
         """A lower bound of every step's demand on the model: its weights (parameters and buffers,
-        a rank's shards of them) and the cuBLAS workspaces, allocated before the first step and
-        held through it (traced_step.trace_step), each storage once."""
+        a rank's shards of them; a DPO reference model's too) and the cuBLAS workspaces, allocated
+        before the first step and held through it (traced_step.trace_step), each storage once."""
         from autotune.backends.estimate.traced_step import CUBLAS_HANDLES_PER_STEP
         from autotune.backends.estimate.tracker import local_shard
 
         key = fake.model
         if key not in self._floors:
             storages = {}
-            for tensor in (*fake.model.parameters(), *fake.model.buffers()):
+            models = (fake.model,) if fake.reference is None else (fake.model, fake.reference)
+            tensors = [t for m in models for t in (*m.parameters(), *m.buffers())]
+            for tensor in tensors:
                 storage = local_shard(tensor).untyped_storage()
                 storages[storage._cdata] = storage.nbytes()
             workspaces = CUBLAS_HANDLES_PER_STEP * self.gpu.cublas_workspace_bytes

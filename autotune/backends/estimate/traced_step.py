@@ -29,7 +29,8 @@ from autotune.backends.estimate.vision import known_values
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer
-from autotune.workload.step import NoScaler, make_batch, run_steps
+from autotune.workload.preference import preference_forward, step_batch
+from autotune.workload.step import NoScaler, run_steps
 
 if TYPE_CHECKING:
     import torch
@@ -248,6 +249,8 @@ def trace_step(
             deepspeed.load(model, distributed.parallel, load, load_weights)
         else:
             load_weights(model, load)
+        if fake.reference is not None:  # DPO's frozen reference, loaded after the policy (preference.py)
+            load_weights(fake.reference, load)
         workspaces = [torch.empty(cublas_workspace_bytes, dtype=torch.uint8)
                       for _ in range(CUBLAS_HANDLES_PER_STEP)]
         scaler = MemoryEquivalentScaler() if mode.uses_grad_scaler else NoScaler()
@@ -258,8 +261,13 @@ def trace_step(
         else:
             # a multi-GPU job's wrapper (distributed.py): DDP's buckets are allocated as it is built
             forward = None if distributed is None else distributed.forward(model)
-        batch = make_batch(model.config, workload.task, batch_size, seq_len, attn=workload.attn,
-                           images=workload.images)
+        if workload.trainer is not None:  # the preference trainer's loss (workload/preference.py)
+            from autotune.backends.estimate.preference import EMULATED_LOG_PROBS  # torch, at first use
+
+            forward = preference_forward(model, fake.reference, workload.trainer, seq_len=seq_len,
+                                         attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
+                                         log_probs=EMULATED_LOG_PROBS)
+        batch = step_batch(model.config, workload, batch_size, seq_len)
         if not zero:
             optimizer = hooks.make_optimizer(model, workload)
         marks = StepMarks()

@@ -25,6 +25,9 @@ TRAINER = {"model_name_or_path": "tiny-bert", "max_seq_length": 64, "per_device_
 SFT = {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "max_length": 2048, "per_device_train_batch_size": 2,
        "packing": True, "bf16": True, "dataset_text_field": "text",
        "model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "flash_attention_2"}}
+# A TRL DPOConfig: precompute_ref_log_probs is DPOConfig's (and KTOConfig's) alone.
+DPO_CONFIG = {"model_name_or_path": "meta-llama/Llama-3.2-1B", "per_device_train_batch_size": 4,
+              "max_length": 1024, "beta": 0.1, "precompute_ref_log_probs": False}
 AXOLOTL = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 4096, "micro_batch_size": 2,
            "gradient_accumulation_steps": 8, "bf16": True, "attn_implementation": "flash_attention_2",
            "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
@@ -166,7 +169,11 @@ REFUSED = [
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
     (AXOLOTL, "activation_offloading", "legacy"), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
-    (AXOLOTL, "rl", "dpo"), (AXOLOTL, "liger_use_token_scaling", True),
+    (AXOLOTL, "rl", "kto"), (AXOLOTL, "rl", "grpo"), (AXOLOTL, "liger_use_token_scaling", True),
+    ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
+    (AXOLOTL, "precompute_ref_log_probs", True),  # an rl key without rl
+    ({**AXOLOTL, "rl": "simpo"}, "rl", "simpo"),  # a full fine-tune: Axolotl's unused reference model
+    ({**AXOLOTL, "reward_model": True}, "num_labels", 2),
     (AXOLOTL, "unsloth_cross_entropy_loss", True),
     (AXOLOTL, "tensor_parallel_size", 2), (AXOLOTL, "gradient_checkpointing", "offload_disk"),
     (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
@@ -185,6 +192,11 @@ REFUSED = [
     (SFT, "model_init_kwargs.quantization_config", {"quant_method": "gptq", "bits": 4}),
     (SFT, "model_init_kwargs.load_in_8bit", True),
     (SFT, "gradient_checkpointing_kwargs.every_n_layers", 2),
+    # TRL's preference configs (configs/preference.py)
+    (DPO_CONFIG, "use_weighting", True), (DPO_CONFIG, "ld_alpha", 0.5), (DPO_CONFIG, "rpo_alpha", 1.0),
+    (DPO_CONFIG, "sync_ref_model", True), (DPO_CONFIG, "disable_dropout", False),
+    (DPO_CONFIG, "use_logits_to_keep", True), (DPO_CONFIG, "loss_type", "sft"),
+    ({**DPO_CONFIG, "cpo_alpha": 1.0}, "loss_type", "sigmoid"),  # CPO's own loss, not SimPO
 ]
 
 

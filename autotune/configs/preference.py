@@ -1,0 +1,146 @@
+"""TRL's preference configs (DPOConfig, ORPOConfig, CPOConfig for SimPO, RewardConfig), and which
+trainer a file is for.
+
+Each is a TrainingArguments superset (trl/trainer/base_config.py ``_BaseConfig``: bf16 and gradient
+checkpointing on by default), read by configs/trainer.py as TRL's SFTConfig is; this module adds
+the keys of the preference trainers (trl/trainer/dpo_config.py, reward_config.py, kto_config.py,
+grpo_config.py; trl/experimental/orpo/orpo_config.py, cpo/cpo_config.py; and keys of TRL 0.x
+DPOConfig that published configs still carry: max_prompt_length, rpo_alpha, ...).
+
+Which trainer reads a file is told by the keys only one trainer has (``precompute_ref_log_probs``
+is DPO's and KTO's; ``cpo_alpha`` CPO's; ``center_rewards_coefficient`` the reward trainer's). A
+file with only keys several trainers share (``beta``, ``max_prompt_length``: DPO, ORPO, CPO and
+KTO all have them) is refused unless ``--trainer`` says which: never answered as SFT.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.configs.reading import Config, words
+from autotune.errors import InvalidInput
+from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, NOT_YET, REWARD, SFT, SIMPO
+
+_DPO_ONLY = words(
+    "ld_alpha f_divergence_type f_alpha_divergence_coef use_weighting discopop_tau loss_weights rpo_alpha "
+    "reference_free force_use_ref_model ref_model_init_kwargs model_adapter_name ref_adapter_name "
+    "use_logits_to_keep")
+_DPO_KTO = words("precompute_ref_log_probs precompute_ref_batch_size sync_ref_model ref_model_mixup_alpha "
+                 "ref_model_sync_steps")
+_CPO_ONLY = words("cpo_alpha simpo_gamma")
+_KTO_ONLY = words("desirable_weight undesirable_weight")
+_REWARD_ONLY = words("center_rewards_coefficient")
+_GRPO_ONLY = words(
+    "num_generations use_vllm vllm_mode vllm_gpu_memory_utilization vllm_server_host vllm_server_port "
+    "reward_funcs reward_weights num_iterations scale_rewards generation_batch_size steps_per_generation "
+    "top_k top_p temperature repetition_penalty mask_truncated_completions")
+# Keys several preference trainers share, none of SFTConfig's.
+_SHARED = words("beta label_smoothing max_prompt_length max_completion_length disable_dropout padding_value "
+                "label_pad_token_id generate_during_eval is_encoder_decoder")
+PREFERENCE_MARKERS = _DPO_ONLY | _DPO_KTO | _CPO_ONLY | _KTO_ONLY | _REWARD_ONLY | _GRPO_ONLY | _SHARED
+PREFERENCE_FIELDS = PREFERENCE_MARKERS | words("loss_type alpha")
+# Keys of these configs with no effect on a training step's memory: scalars of the loss on [batch]
+# vectors, evaluation, and the prompt's own limits (the row is at most max_length tokens either way).
+_NO_EFFECT = words("beta label_smoothing f_divergence_type f_alpha_divergence_coef discopop_tau loss_weights "
+                   "padding_value label_pad_token_id generate_during_eval is_encoder_decoder "
+                   "center_rewards_coefficient simpo_gamma alpha ref_model_mixup_alpha ref_model_sync_steps "
+                   "max_prompt_length max_completion_length model_adapter_name ref_adapter_name "
+                   "precompute_ref_batch_size")
+# Keys that change the step in ways not modelled, when set to what changes it.
+_REFUSED = {
+    "use_weighting": (True, "WPO's weights (logsumexp over the logits and twice the logits, per token)"),
+    "ld_alpha": (None, "LD-DPO's masks and split log-probs"),
+    "rpo_alpha": (None, "RPO's NLL over the chosen logits beside the DPO loss"),
+    "use_logits_to_keep": (True, "logits for the completion only"),
+    "sync_ref_model": (True, "TR-DPO's reference synchronized with the policy between steps"),
+    "reference_free": (True, "a reference-free loss of TRL 0.x"),
+    "force_use_ref_model": (True, "a separate reference model beside an adapter"),
+    "ref_model_init_kwargs": (None, "a reference model loaded otherwise than the policy"),
+    "disable_dropout": (False, "dropout left on (TRL's default disable_dropout: true is modelled)"),
+}
+
+
+def trainer_of(cfg: Config, hint: str | None) -> str:
+    """The trainer a TRL preference config is for (module docstring); ``hint`` is --trainer."""
+    keys = {key for key in cfg.data if cfg.data[key] is not None}
+    found: list[tuple[str, set[str]]] = [
+        (GRPO, keys & _GRPO_ONLY), (KTO, keys & _KTO_ONLY), (SIMPO, keys & _CPO_ONLY),
+        (REWARD, keys & _REWARD_ONLY), (DPO, keys & (_DPO_ONLY | _DPO_KTO))]
+    told = next(((name, sorted(which)) for name, which in found if which), None)
+    if told is None:
+        shared = sorted(keys & PREFERENCE_MARKERS)
+        if hint in (None, SFT):
+            raise InvalidInput(
+                f"{cfg.file!r} has keys of a TRL preference trainer ({', '.join(shared)}), which "
+                "DPOConfig, ORPOConfig, CPOConfig and KTOConfig all have: which trainer reads it cannot be "
+                "told from its keys, and its step is not SFT's; give --trainer dpo, orpo or simpo")
+        return hint
+    name, which = told
+    if name in NOT_YET:
+        raise cfg.unmodelled(which[0], cfg.data[which[0]], f"a {name} config: {NOT_YET[name]}")
+    if hint is not None and hint != name:
+        raise InvalidInput(f"{cfg.file!r} is a {name} config ({', '.join(which[:3])}), and trainer {hint} "
+                           "was asked for: give the trainer of the file, or leave --trainer out")
+    return name
+
+
+# SFTConfig's own keys (trl/trainer/sft_config.py), none of a preference config's: TRL refuses them.
+_SFT_ONLY = words("dataset_text_field dataset_kwargs shuffle_dataset packing packing_strategy eval_packing "
+                  "completion_only_loss assistant_only_loss dataset_batch_size num_of_sequences "
+                  "chars_per_token max_seq_length")
+
+
+def read_preference(cfg: Config, trainer: str) -> dict[str, Any]:
+    """The request fields of a preference config for ``trainer`` (trainer, precompute_ref_log_probs,
+    chosen_nll); its keys that change memory but are not modelled refused by name, the others
+    noted."""
+    sft_keys = sorted(key for key in _SFT_ONLY if cfg.data.get(key) is not None)
+    if sft_keys:
+        raise InvalidInput(f"{', '.join(sft_keys)} in {cfg.file!r}: SFTConfig's, and the file is a {trainer} "
+                           "config (its trainer's keys): write one trainer's config")
+    for key, (value, why) in _REFUSED.items():
+        given = cfg.data.get(key)
+        if given is not None and (value is None or given == value):
+            raise cfg.unmodelled(key, given, why)
+    cfg.read.update(PREFERENCE_FIELDS)
+    fields: dict[str, Any] = {"trainer": trainer}
+    if trainer == DPO:
+        _dpo_loss_type(cfg)
+        if cfg.flag("precompute_ref_log_probs"):
+            fields["precompute_ref_log_probs"] = True
+        if cfg.flag("padding_free"):
+            cfg.notes.append("padding_free: DPOTrainer falls back to padding (dpo_trainer.py __init__: "
+                             "'padding_free=True is temporarily unavailable'): rows padded to max_length")
+    elif trainer == SIMPO:
+        loss_type = cfg.text("loss_type")
+        if loss_type not in (None, "simpo", "alphapo"):  # CPOConfig: alphapo is simpo with cpo_alpha 0
+            raise cfg.unmodelled("loss_type", loss_type, "CPOTrainer's SimPO (loss_type simpo) is modelled")
+        alpha = cfg.get("cpo_alpha")
+        if loss_type == "alphapo" or (isinstance(alpha, int | float) and alpha == 0):
+            fields["chosen_nll"] = False
+        nll = "chosen_nll" not in fields
+        cfg.notes.append("cpo_alpha: " + ("CPOConfig's default 1.0 or as set: the NLL of the chosen rows"
+                                          if nll else "0: no NLL on the chosen rows (pure SimPO)"))
+    elif cfg.get("loss_type") is not None:
+        raise cfg.unmodelled("loss_type", cfg.data["loss_type"], f"trainer {trainer} has no loss_type")
+    if cfg.data.get("max_prompt_length") is not None or cfg.data.get("max_completion_length") is not None:
+        cfg.notes.append("max_prompt_length, max_completion_length: a row is prompt + completion, at most "
+                         "max_length tokens: the longest row is modelled")
+    ignored = sorted(key for key in _NO_EFFECT if cfg.data.get(key) is not None)
+    if ignored:
+        cfg.notes.append(f"{', '.join(ignored)}: the trainer's, no effect on memory")
+    return fields
+
+
+def _dpo_loss_type(cfg: Config) -> None:
+    value = cfg.get("loss_type")
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else None
+    if value is None:
+        return
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise cfg.bad("loss_type", value, "a loss name or a list of them")
+    for name in names:
+        if name not in DPO_LOSS_TYPES:
+            raise cfg.unmodelled("loss_type", name, "DPOTrainer's losses on [batch] vectors are modelled ("
+                                 f"{', '.join(DPO_LOSS_TYPES)}); sft adds a cross-entropy over the logits")
+    cfg.notes.append(f"loss_type: {', '.join(names)}: computed on [batch] vectors, the memory of sigmoid's")
