@@ -208,10 +208,24 @@ class _FusedAttention(torch.autograd.Function):
             dq_accum = query.new_empty(
                 (batch, seq_rounded, heads, _round_up(head_dim, FLASH_HEAD_ROUND)), dtype=torch.float32
             )
+            if key.shape[1] != heads:  # grouped keys and values (the flash-attn package's only)
+                _grouped_gradients(grads, heads)
             del dq_accum, softmax_d
         else:
             _efficient_temporaries(query, out)
         return grads
+
+
+def _grouped_gradients(grads: tuple[torch.Tensor, ...], heads: int) -> None:
+    """mha_bwd's grouped-query gradients (flash_api.cpp, MQA / GQA): dK and dV expanded to every
+    query head, [B, Sk, H, D], which the kernel writes, then summed over each group into dk and dv
+    (``at::sum_out``) before they are freed as it returns."""
+    _, dk, dv = grads
+    batch, groups, seq_k, head_dim = dk.shape
+    expanded = [dk.new_empty((batch, seq_k, heads, head_dim)), dv.new_empty((batch, seq_k, heads, head_dim))]
+    for grad, full in zip((dk, dv), expanded, strict=True):
+        torch.sum(full.view(batch, seq_k, groups, heads // groups, head_dim), dim=3, out=grad.transpose(1, 2))
+    del expanded
 
 
 def _efficient_temporaries(query: torch.Tensor, out: torch.Tensor) -> None:
@@ -287,8 +301,11 @@ def emulated_sdpa(
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with CUDA's kernel choice and buffers; ``on_kernel`` is
     told the kernel chosen ("cudnn", "flash", "efficient" or "math")."""
-    if enable_gqa and key.shape[1] != query.shape[1]:
-        # Grouped-query attention: the CUDA kernels see keys/values repeated per query head.
+    native_groups = kernels.flash_attn_package and query.dtype in (torch.float16, torch.bfloat16)
+    if enable_gqa and key.shape[1] != query.shape[1] and not native_groups:
+        # Grouped-query attention: SDPA's CUDA kernels see keys/values repeated per query head. The
+        # flash-attn package takes them as they are (flash_api.cpp mha_fwd: num_heads_k divides
+        # num_heads), and expands only the gradients in its backward (_kernel_backward).
         repeat = query.shape[1] // key.shape[1]
         key = key.repeat_interleave(repeat, dim=1)
         value = value.repeat_interleave(repeat, dim=1)

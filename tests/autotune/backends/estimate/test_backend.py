@@ -578,6 +578,34 @@ def test_flash_attention_2_runs_the_flash_kernel_whatever_sdpa_would_pick():
         _backward_events(SM80, torch.float16, 2, 4, 100, 64, mask=False)[:7]
 
 
+def test_flash_attention_2_takes_grouped_keys_and_values_as_they_are():
+    # flash_api.cpp: mha_fwd takes num_heads_k dividing num_heads (no repeat, unlike SDPA's kernels);
+    # mha_bwd writes dK and dV expanded to every query head and sums each group into dk and dv.
+    from dataclasses import replace
+
+    def sizes(kernels):
+        with FakeTensorMode():
+            q = torch.empty(2, 8, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.empty(2, 2, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.empty(2, 2, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+            with StorageTracker(reductions=True) as tracker:
+                out = emulated_sdpa(kernels, q, k, v, is_causal=True, enable_gqa=True)
+                forward = len(tracker.events)
+                out.sum().backward()
+        events = Trace.from_events(1, tracker.events, tracker.workspaces).events()
+        return [n for _, n in events[:forward] if n > 0], [n for _, n in events[forward:] if n > 0]
+
+    whole, grouped = 2 * 128 * 8 * 64 * 2, 2 * 128 * 2 * 64 * 2  # bf16 [B, S, H, D] and [B, S, Hk, D]
+    lse = 2 * 8 * 128 * 4
+    sdpa_forward, _ = sizes(HOPPER)
+    assert sdpa_forward.count(whole) == 3  # the output, and the keys and values repeated per head
+    package_forward, package_backward = sizes(replace(HOPPER, flash_attn_package=True))
+    assert package_forward == [whole, lse, *package_forward[2:]] and whole not in package_forward[2:]
+    dq = package_backward.index(whole)  # the gradients come first, dq as the query
+    assert package_backward[dq + 1:dq + 3] == [grouped, grouped]  # dk, dv as the keys and values
+    assert package_backward.count(whole) >= 3  # dq, and dK and dV expanded to the 8 query heads
+
+
 def test_a_check_with_flash_attention_2_says_the_flash_kernel(capsys):
     from autotune.cli import main
 
