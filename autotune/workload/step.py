@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 # the estimator runs in its place; it needs an sm80+ card and 16-bit inputs (flash-attn's README).
 ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
 FLASH_ATTENTION_2 = "flash_attention_2"
+# The estimator's stand-in for flash_attention_2 (``_register_flash_stand_in``), registered with
+# transformers' AttentionInterface and AttentionMaskInterface under a name without "flash" in it
+# (transformers would import the flash-attn package for such a name).
+FLASH_STAND_IN = "autotune_fa2_emulated"
 MIN_STEPS = 2  # the optimizer state appears in step 1; step 2 sees it together with new activations
 
 # transformers Auto classes per task (transformers.models.auto.modeling_auto).
@@ -75,9 +79,10 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
 
     ``attn=None`` picks what transformers picks on a CUDA GPU: SDPA where the model supports it,
     eager attention otherwise. ``flash_as_sdpa`` (the estimator, where the flash-attn package
-    cannot run) builds a ``flash_attention_2`` model with SDPA, whose emulated flash kernel has
-    the same buffers, after checking the model supports flash_attention_2. The caller decides
-    the device (a FakeTensorMode, or ``.to("cuda")``).
+    cannot run) builds a ``flash_attention_2`` model with the flash stand-in (``FLASH_STAND_IN``:
+    flash's masks, none for a causal batch without padding, and the keys and values as the layer
+    makes them, grouped), whose attention runs SDPA's emulated flash kernel, after checking the model
+    supports flash_attention_2. The caller decides the device (a FakeTensorMode, or ``.to("cuda")``).
     """
     import torch
     import transformers
@@ -95,11 +100,11 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
     auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
     dtype = getattr(torch, weights_dtype)
     if attn == FLASH_ATTENTION_2 and flash_as_sdpa:
+        _register_flash_stand_in()
         try:
-            model = _from_config(auto_class, config, "sdpa", spec, task, dtype)
+            model = _from_config(auto_class, config, FLASH_STAND_IN, spec, task, dtype)
         except (ValueError, ImportError) as exc:
-            raise _unsupported(exc, attn, "its flash_attention_2 is modelled by SDPA's flash kernel, and "
-                               "the model has no SDPA implementation") from exc
+            raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
         if not getattr(model, "_supports_flash_attn", False):
             raise InvalidInput(f"{type(model).__name__} does not support flash_attention_2 in "
                                f"transformers {transformers.__version__}: use sdpa or eager")
@@ -115,6 +120,46 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
     except (ValueError, ImportError):
         # transformers raises ValueError when a model has no SDPA implementation.
         return _from_config(auto_class, config, "eager", spec, task, dtype), "eager"
+
+
+def _register_flash_stand_in() -> None:
+    """transformers' flash_attention_2, as the estimator runs it (``FLASH_STAND_IN``): the masks of
+    masking_utils.py ``flash_attention_mask`` (None for a causal batch without padding: no mask
+    tensor, where SDPA's would be made), and integrations/flash_attention.py
+    ``flash_attention_forward``'s call on the layer's query, key and value as they are (no
+    ``repeat_kv``: the kernel takes grouped keys and values), its output [batch, seq, heads, dim].
+    The kernel is SDPA's call with ``enable_gqa``, which the estimator's CUDA emulation runs as the
+    flash-attn package's (attention.py: flash_attn_package); softcap and sliding windows are inside
+    the kernel, with no memory of their own."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if FLASH_STAND_IN in AttentionInterface._global_mapping:
+        return
+    AttentionInterface.register(FLASH_STAND_IN, _flash_stand_in)
+    AttentionMaskInterface.register(FLASH_STAND_IN, _flash_stand_in_mask)
+
+
+def _flash_stand_in_mask(batch_size: int, q_length: int, kv_length: int, *args: Any,
+                         attention_mask: Any = None, **kwargs: Any) -> Any:
+    """masking_utils.py ``flash_attention_mask`` for a flash_attention_2 batch (make_batch: every row
+    filled, no padding): its 2D mask is all ones, for which that function returns None and the
+    kernel runs causal (it reads the values, ``attention_mask.all()``, which fake tensors do not
+    have)."""
+    if attention_mask is not None and attention_mask.shape[-1] >= kv_length:
+        return None
+    return attention_mask
+
+
+def _flash_stand_in(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                    **kwargs: Any) -> tuple[Any, None]:
+    import torch.nn.functional as F
+
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=causal,
+                                         scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2), None  # [batch, seq, heads, dim], as flash writes it
 
 
 def _unsupported(exc: Exception, attn: str, why: str) -> InvalidInput:

@@ -287,15 +287,25 @@ def test_serve_and_import_end_as_python_does(monkeypatch, tmp_path):
     assert ended.value.code == 2
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
-def test_an_attention_the_model_cannot_run_is_an_error_not_a_verdict(capsys, attn):
-    # Gemma 2 has no SDPA implementation in transformers 5; the estimator models flash_attention_2
-    # through SDPA's flash kernel: both are refused by name (exit 2), never "does not fit" (exit 1).
-    argv = ["check", "tiny-gemma2", "--seq-len", "32", "--batch-size", "1", "--attn", attn,
+def test_an_attention_the_model_cannot_run_is_an_error_not_a_verdict(capsys):
+    # Gemma 2 has no SDPA implementation in transformers 5: refused by name (exit 2), never "does not
+    # fit" (exit 1)
+    argv = ["check", "tiny-gemma2", "--seq-len", "32", "--batch-size", "1", "--attn", "sdpa",
             "--mode", "bf16", "--gpu", "H100-80GB", "--backend", "estimate", "--no-cache", "--workers", "1"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"Error: attn {attn} cannot be modelled for this model") and "Traceback" not in err
+    assert err.startswith("Error: attn sdpa cannot be modelled for this model") and "Traceback" not in err
+
+
+def test_flash_attention_2_is_modelled_where_the_model_has_no_sdpa(capsys):
+    # Gemma 2 runs flash_attention_2 (its softcap inside the kernel): the estimator's flash stand-in
+    # needs no SDPA implementation of the model (step.py _register_flash_stand_in)
+    argv = ["check", "tiny-gemma2", "--seq-len", "32", "--batch-size", "1", "--attn", "flash_attention_2",
+            "--mode", "bf16", "--gpu", "H100-80GB", "--backend", "estimate", "--no-cache", "--workers", "1",
+            "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fits"] and doc["attn"] == "flash_attention_2" and doc["attention_kernel"] == "flash"
 
 
 def test_an_unexpected_failure_inside_a_command_exits_2_with_the_traceback(capsys, monkeypatch):

@@ -606,6 +606,26 @@ def test_flash_attention_2_takes_grouped_keys_and_values_as_they_are():
     assert package_backward.count(whole) >= 3  # dq, and dK and dV expanded to the 8 query heads
 
 
+def test_a_flash_attention_2_step_makes_no_mask_and_repeats_no_keys(monkeypatch):
+    # integrations/flash_attention.py: the layer's grouped keys and values go to the kernel as they are
+    # (no repeat_kv), and masking_utils' flash_attention_mask is None for a batch without padding
+    from autotune.backends.estimate import emulation
+
+    calls = []
+    sdpa = emulation.emulated_sdpa
+
+    def seen(kernels, query, key, value, attn_mask=None, *args, **kwargs):
+        calls.append((query.shape[1], key.shape[1], attn_mask is None, kernels.flash_attn_package))
+        return sdpa(kernels, query, key, value, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(emulation, "emulated_sdpa", seen)
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", "flash_attention_2")  # 2 heads, 1 kv head
+    backend = EstimateBackend(resolve_gpu("H100-80GB"))
+    mode = parse_mode("bf16")
+    backend.trace(backend._model(workload, mode.precision), workload, mode, 32, 2)
+    assert calls and set(calls) == {(2, 1, True, True)}
+
+
 def test_a_check_with_flash_attention_2_says_the_flash_kernel(capsys):
     from autotune.cli import main
 
