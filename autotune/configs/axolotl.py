@@ -575,6 +575,7 @@ def _vlm_preset(name: Any) -> bool:
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:
+    _axolotl_unfrozen_under_an_adapter(cfg)
     cfg.refuse(_AXOLOTL_REFUSED)
     _axolotl_sharding(cfg)
     for key in _AXOLOTL_PARALLEL:
@@ -722,6 +723,35 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
                      "decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model): the "
                      "layers' inputs go to the host")
     return True
+
+
+def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
+    """``unfrozen_parameters`` with an adapter whose patterns match none of the PEFT model's names: a
+    refusal that says why. train.py calls ``freeze_layers_except`` on the model the loader returns, the
+    PEFT model, whose parameter names begin ``base_model.model.``; it freezes every parameter and
+    unfreezes those a pattern matches from the name's start (utils/freeze.py ``LayerNamePattern.match``:
+    ``re.match``, periods literal). A pattern whose literal beginning is not a beginning of
+    ``base_model.model.`` matches nothing: with all of them so, the adapters are frozen too and the job
+    trains nothing. (A pattern that may match stays refused as unmodelled.)"""
+    import re
+
+    patterns = cfg.data.get("unfrozen_parameters")
+    if not patterns or unset(cfg.data.get("adapter")):
+        return
+    names = [patterns] if isinstance(patterns, str) else list(patterns)
+    prefix = "base_model.model."
+    for pattern in names:
+        literal = re.match(r"\^?([A-Za-z0-9_.]*)(.?)", str(pattern))
+        start, after = (literal.group(1), literal.group(2)) if literal else ("", "")
+        if after in ("*", "?", "{", "+"):  # a quantifier makes the last character optional
+            start = start[:-1]
+        if not start or start.startswith(prefix) or prefix.startswith(start):
+            return
+    raise InvalidInput(f"unfrozen_parameters {patterns!r} in {cfg.file!r} match no parameter: with an "
+                       "adapter Axolotl unfreezes what they match in the PEFT model's names, which all begin "
+                       "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
+                       "every parameter is frozen, the adapters too, and the job trains nothing; begin the "
+                       "patterns with base_model.model., or remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:

@@ -637,3 +637,23 @@ def test_a_string_of_target_modules_is_a_pattern_peft_matches(tmp_path):
     assert trl.adapter.target_pattern == "q_proj|v_proj"
     with pytest.raises(InvalidInput, match="into the string 'q_proj'.* plain name matches none"):
         read(tmp_path, {**SFT_PEFT, "lora_target_modules": ["q_proj"]})
+
+
+@pytest.mark.parametrize("patterns", [["^model.language_model.*", "^lm_head.*"], "lm_head"])
+def test_axolotl_s_unfrozen_parameters_that_match_no_peft_name_freeze_everything_and_are_refused(
+        tmp_path, patterns):
+    # train.py calls freeze_layers_except on the PEFT model, whose names begin base_model.model.
+    data = {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True,
+            "unfrozen_parameters": patterns}
+    with pytest.raises(InvalidInput, match=r"match no parameter: .* the adapters too, and the job trains "
+                                           "nothing") as error:
+        read(tmp_path, data)
+    assert not isinstance(error.value, UnmodelledSetting)
+
+
+@pytest.mark.parametrize("patterns", [["^base_model.model.lm_head.*"], [".+lm_head"], [".*lm_head"]])
+def test_axolotl_s_unfrozen_parameters_that_may_match_stay_unmodelled(tmp_path, patterns):
+    data = {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True,
+            "unfrozen_parameters": patterns}
+    with pytest.raises(UnmodelledSetting, match="^unfrozen_parameters: .* not modelled: training only some"):
+        read(tmp_path, data)
