@@ -89,6 +89,7 @@ class Offloader:
         self.first_forward_call = self.first_backward_call = True
         self.bwd_stash.clear()
         self.fwd_stash.clear()
+        self.host_bytes = 0  # the host copies went with the tracker
         return self._hooks.__enter__()
 
     def __exit__(self, *args: Any) -> None:
@@ -163,11 +164,11 @@ class Offloader:
                 self.node = node
                 previous = list(self.bwd_stash)
             uses = 0
+            self.host_bytes -= tensor.untyped_storage().nbytes()  # the host copy goes with its entry
             if tensor_id in self.fwd_stash:
                 gpu = self.fwd_stash[tensor_id]
                 brought_back = False
             else:
-                self.host_bytes -= tensor.untyped_storage().nbytes()
                 # ``.to(device)``: a new GPU allocation, in the original layout (a broadcast's storage)
                 gpu = torch.as_strided(tensor.clone(), *layout)
                 self.bwd_stash[tensor_id] = gpu

@@ -162,3 +162,16 @@ def test_trl_s_activation_offloading_is_read(tmp_path):
            "dataset_text_field": "text", "activation_offloading": True}
     found = read(tmp_path, sft, "sft_config.json")
     assert found.format == "trl-sft" and found.offload_activations is True
+
+
+def test_the_host_memory_is_one_step_s_however_many_steps_run():
+    model, x = Head(), torch.randn(16, 32)
+    offloader = Offloader(model, host_copy)
+    peaks = []
+    for _ in range(3):
+        with offloader:
+            model(x).sum().backward()
+        peaks.append(offloader.host_peak_bytes)
+        assert offloader.host_bytes == 0  # every host copy was brought back or dropped
+    offloader.close()
+    assert peaks == [9 * 16 * 32 * 4] * 3
