@@ -236,3 +236,15 @@ def test_a_trainer_config_s_deepspeed_offload_is_refused_by_name(tmp_path):
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}))
     with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
         read_training_config(tmp_path / "train.json")
+
+
+def test_a_checkpointed_zero3_step_checkpoints_the_engine_s_copy_of_the_model():
+    # Each trace's engine wraps a copy of the built model (deepspeed.fresh_model); the cell has set
+    # the checkpoint function on its layers, which the copy shares (it was a deep copy of the
+    # estimator with it, and failed): checkpointing then holds less, as on one GPU
+    import autotune
+
+    table = autotune.table("tiny-llama", gpus=4, parallel="zero3", modes=["bf16", "bf16+ckpt"],
+                           seq_lens=[128], gpu_memory="1664MiB", workers=1)
+    plain, checkpointed = (cell.max_batch_size for cell in table.cells)
+    assert 0 < plain < checkpointed

@@ -242,7 +242,11 @@ def fresh_model(template: Any, precision: str) -> Any:
         # torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor (backend.py _adapt)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor",
                                 category=UserWarning)
-        model = copy.deepcopy(template)
+        # A checkpointed model's layers hold the checkpoint function the cell set (step.py
+        # gradient_checkpointing: a partial over the estimator's own contexts), shared, not copied
+        shared = {id(function): function for module in template.modules()
+                  if (function := getattr(module, "_gradient_checkpointing_func", None)) is not None}
+        model = copy.deepcopy(template, shared)
     dtype = {"bf16": torch.bfloat16, "amp": torch.float16}.get(precision)
     if dtype is not None:
         for parameter in model.parameters():
