@@ -4,24 +4,16 @@ parameter list gives, and the zero_optimization keys are read, resolved and refu
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 from typing import Any
 
 import pytest
+import ranktrace
+from ranktrace import Phases
 
-from autotune.backends.estimate.backend import EstimateBackend
-from autotune.backends.estimate.steps import SteadySteps
-from autotune.backends.estimate.traced_step import StepHooks
-from autotune.backends.estimate.tracker import StorageTracker
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
-from autotune.gpus import resolve_gpu
-from autotune.workload import Workload
-from autotune.workload.models import resolve_model
-from autotune.workload.modes import parse_mode
 from autotune.workload.parallel import Parallel, make_parallel
-from autotune.workload.step import build_model
 from autotune.workload.zero import read_settings, resolved
 
 deepspeed = pytest.importorskip("deepspeed")
@@ -32,52 +24,9 @@ ALIGNMENT = 2
 FLOAT32 = 4
 
 
-class Phases(StepHooks):
-    """The live bytes of the trace at the step's seams (every step run)."""
-
-    every_step = True
-
-    def __init__(self) -> None:
-        self.live: dict[str, list[int]] = collections.defaultdict(list)
-
-    def make_tracker(self, device: Any) -> StorageTracker:
-        self.tracker = super().make_tracker(device)
-        return self.tracker
-
-    def _note(self, seam: str) -> None:
-        sizes: dict[int, int] = {}
-        for key, nbytes in self.tracker.events:
-            if nbytes >= 0:
-                sizes[key] = nbytes
-            else:
-                del sizes[key]
-        self.live[seam].append(sum(sizes.values()))
-
-    def before_steps(self, workspaces: list[Any], batch: dict[str, Any], optimizer: Any) -> None:
-        self._note("before steps")
-
-    def before_optimizer(self, optimizer: Any) -> None:
-        self._note("backward done")
-
-    def after_optimizer(self, optimizer: Any) -> None:
-        self._note("optimizer done")
-
-
 def traced(parallel: Parallel, mode: str = "bf16") -> tuple[Phases, Any]:
-    """tiny-llama's step (bf16 weights) at batch 2 x 32 on rank 0, every step run; its phases and a
-    meta copy of the model as built."""
-    import torch
-
-    spec = resolve_model("tiny-llama")
-    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
-    backend = EstimateBackend(resolve_gpu("A100-80GB"))
-    backend._steady[(workload, mode)] = SteadySteps(verified=False)
-    phases = Phases()
-    backend.trace_with(phases, backend._model(workload, parse_mode(mode).precision), workload,
-                       parse_mode(mode), 32, 2)
-    with torch.device("meta"):
-        model, _ = build_model(spec, "causal-lm", None, "bfloat16")
-    return phases, model
+    """ranktrace.traced in bf16: the mixed-precision step ZeRO's engine runs."""
+    return ranktrace.traced(parallel, mode)
 
 
 def partition(model: Any, ranks: int) -> int:

@@ -9,78 +9,19 @@ import math
 from typing import Any
 
 import pytest
+from ranktrace import traced
 
 from autotune.backends.estimate.backend import EstimateBackend
-from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.traced_step import StepHooks
-from autotune.backends.estimate.tracker import StorageTracker, local_shard
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.gpus import resolve_gpu
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
 from autotune.workload.parallel import Parallel, make_parallel
-from autotune.workload.step import build_model
 
 # torch.optim.AdamW(fused=True) keeps each parameter's step count as a float32 tensor on its device.
 STEP_BYTES = 4
-
-
-class Phases(StepHooks):
-    """The live bytes of the trace at the step's seams, and what the weights' loading allocated."""
-
-    every_step = True
-
-    def __init__(self) -> None:
-        self.loaded_bytes = 0
-        self.steps_start = 0  # events before the steps
-        self.live: dict[str, list[int]] = collections.defaultdict(list)
-
-    def make_tracker(self, device: Any) -> StorageTracker:
-        self.tracker = super().make_tracker(device)
-        return self.tracker
-
-    def loaded(self, tensor: Any) -> None:
-        self.loaded_bytes += local_shard(tensor).untyped_storage().nbytes()
-
-    def _note(self, seam: str) -> None:
-        sizes: dict[int, int] = {}
-        for key, nbytes in self.tracker.events:
-            if nbytes >= 0:
-                sizes[key] = nbytes
-            else:
-                del sizes[key]
-        self.live[seam].append(sum(sizes.values()))
-
-    def before_steps(self, workspaces: list[Any], batch: dict[str, Any], optimizer: Any) -> None:
-        self.steps_start = len(self.tracker.events)
-        self._note("before steps")
-
-    def before_optimizer(self, optimizer: Any) -> None:
-        self._note("backward done")
-
-    def after_optimizer(self, optimizer: Any) -> None:
-        self._note("optimizer done")
-
-    def allocated_after_start(self) -> collections.Counter[int]:
-        return collections.Counter(n for _, n in self.tracker.events[self.steps_start:] if n > 0)
-
-
-def traced(parallel: Parallel | None, mode: str = "fp32") -> tuple[Phases, Any]:
-    """tiny-llama's step over bf16 weights (fp32: no autocast, no mixed-precision policy), batch
-    2 x 32, every step run; its phases and a meta copy of the model as built."""
-    import torch
-
-    spec = resolve_model("tiny-llama")
-    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
-    backend = EstimateBackend(resolve_gpu("A100-80GB"))
-    backend._steady[(workload, mode)] = SteadySteps(verified=False)
-    phases = Phases()
-    backend.trace_with(phases, backend._model(workload, parse_mode(mode).precision), workload,
-                       parse_mode(mode), 32, 2)
-    with torch.device("meta"):
-        model, _ = build_model(spec, "causal-lm", None, "bfloat16")
-    return phases, model
 
 
 def shard_bytes(parameters: Any, ranks: int) -> int:
