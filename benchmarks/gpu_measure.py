@@ -96,6 +96,13 @@ JOBS["llama-3.2-1b-fsdp2-24GiB"] = _variant("llama-3.2-1b-fsdp8-24GiB", gpus=2, 
                                             seq_lens="1024,4096")
 JOBS["llama-3.2-1b-fsdp4-24GiB"] = _variant("llama-3.2-1b-fsdp8-24GiB", gpus=4, modes="bf16+ckpt",
                                             seq_lens="1024,4096")
+# Preference training (issue "Preference and RL training"): TRL's DPO step, chosen and rejected rows
+# together (the batch in pairs); a full fine-tune keeps a frozen reference model beside the policy, a
+# LoRA job's reference is its base with the adapter off (TRL: ``ref_model`` None with PEFT).
+JOBS["llama-3.2-1b-dpo-24GiB"] = _variant("llama-3.2-1b-24GiB", trainer="dpo", modes="bf16+ckpt",
+                                          seq_lens="1024,2048")
+JOBS["llama-3.2-1b-lora-dpo-24GiB"] = _variant("llama-3.2-1b-lora-24GiB", trainer="dpo", modes="bf16+ckpt",
+                                               seq_lens="1024,2048,4096")
 # Parts of a table (``table``): the size-only answers' distance to the chip's (issue "Measured truth,
 # second card"), the cells earlier leases did not reach, mixed precision and checkpointing first.
 _PARTS = (
@@ -266,6 +273,18 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["llama-3.2-1b-fsdp2-24GiB", "llama-3.2-1b-fsdp4-24GiB"],
             ["llama-3.2-1b-lora-fsdp8-24GiB", "bert-base-uncased-ddp8-12GiB"],
             ["llama-3.1-8b-fsdp8-40GiB"],
+        ],
+    ],
+    # The H200's fourth lease (one call of at most 8 minutes, about 130 GiB of budgets side by side):
+    # a rank of FSDP2 and DDP jobs, DPO full and LoRA, then what "next" left.
+    "h200-fourth": [
+        [
+            ["llama-3.2-1b-fsdp8-24GiB", "llama-3.2-1b-fsdp2-24GiB", "llama-3.2-1b-fsdp4-24GiB"],
+            ["llama-3.2-1b-lora-fsdp8-24GiB", "bert-base-uncased-ddp8-12GiB"],
+            ["llama-3.1-8b-fsdp8-40GiB"],
+            ["llama-3.2-1b-lora-dpo-24GiB", "llama-3.2-1b-dpo-24GiB"],
+            ["record:llama-1b-lora-bf16ckpt-512x24-24GiB", "record:llama-1b-lora-bf16ckpt-512x23-24GiB",
+             "record:llama-1b-lora-bf16ckpt-512x22-24GiB", "llama-3.2-1b-24GiB-512"],
         ],
     ],
     "third": [
