@@ -109,7 +109,7 @@ def target_gpu(table: dict[str, Any]) -> Any:
     chip = tuple(found) if found else multiprocessors(GPU_PRESETS[preset])
     spec = GpuSpec(table["gpu_name"], table["gpu_memory_bytes"], table["context_overhead_bytes"],
                    compute_capability, chip)
-    budget = budget_bytes(spec, table["margin"])
+    budget = budget_bytes(spec, table["margin"], table_parallel(table))  # a multi-GPU job's NCCL buffers off
     if budget != table["budget_bytes"]:
         raise SystemExit(f"{table['model']} on {table['gpu_name']}: the budget comes out as {budget} bytes, "
                          f"the table says {table['budget_bytes']}")
@@ -121,6 +121,18 @@ def table_allocator(table: dict[str, Any]) -> Any:
     from autotune.backends.estimate.alloc_conf import parse_alloc_conf
 
     return parse_alloc_conf(table["environment"].get("alloc_conf"))
+
+
+def table_parallel(table: dict[str, Any]) -> Any:
+    """The Parallel of a multi-GPU table's ``parallel`` (Parallel.to_json's fields; a rank of that job
+    measured on one GPU under a fake process group), None for a one-GPU table."""
+    from autotune.workload.parallel import Parallel
+
+    data = table.get("parallel")
+    if data is None:
+        return None
+    return Parallel(data["kind"], data["gpus"], nodes=data["nodes"],
+                    reshard_after_forward=data["reshard_after_forward"], recipe=data["recipe"])
 
 
 def table_adapter(data: dict[str, Any] | None) -> Any:
@@ -141,8 +153,16 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
     adapter = table_adapter(table.get("adapter"))
 
     def build(attn: str | None) -> Any:
+        parallel, trainer = table.get("parallel"), table.get("trainer")
+        fsdp = parallel if parallel and parallel["kind"] == "fsdp" else None
         step = Step(table["model"], table["task"], table["weights_dtype"], table["optimizer"], attn,
-                    table["loss"], adapter=adapter)
+                    table["loss"], ckpt_reentrant=table.get("ckpt_reentrant") or None,
+                    gpus=parallel and parallel["gpus"], parallel=parallel and parallel["kind"],
+                    nodes=fsdp and fsdp["nodes"],
+                    reshard_after_forward=fsdp and fsdp["reshard_after_forward"],
+                    fsdp_recipe=fsdp and fsdp["recipe"], trainer=trainer and trainer["name"],
+                    precompute_ref_log_probs=trainer and trainer["precompute_ref_log_probs"],
+                    adapter=adapter)
         request = TableRequest(step, seq_lens=table["seq_lens"])
         return resolve(request, make_target=False, access=ModelAccess(allow_hub=False)).workload
 

@@ -144,7 +144,11 @@ def test_the_estimator_s_row_loops_peak_where_trl_s_own_loops_do(monkeypatch, tr
     monkeypatch.setattr(estimate_preference, "EMULATED_LOG_PROBS", TRL_LOG_PROBS)  # TRL's loops as written
     trl = peak(workload, 3, mode)
     assert allocations(workload, 3, mode) > emulated_allocations  # a few per row: TRL's loops ran
-    assert abs(emulated - trl) <= 1024, (emulated, trl)
+    # the same logits-sized blocks (6 rows x 64 x 4096 values: MiBs); at most the rows' [seq]
+    # vectors apart, which TRL's loop allocates one per row (a 512-byte block each), the emulation
+    # as one block
+    rows = 2 * 3
+    assert abs(emulated - trl) <= rows * 512, (emulated, trl)
 
 
 def allocations(workload: Workload, batch: int, mode: str) -> int:

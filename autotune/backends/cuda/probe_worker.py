@@ -259,7 +259,13 @@ class Worker:
             from transformers.initialization import no_init_weights
 
             with no_init_weights():
-                return build()
+                built: tuple[Any, str] = build()
+            model, attn = built
+            # no_init_weights skips the tying too (a tied head got a weight of its own: 1.5B
+            # parameters for Llama-3.2-1B's 1.24B, the lease of 2026-11-27); tied again as
+            # modeling_utils.py _from_config and from_pretrained do after their init contexts
+            model.tie_weights()
+            return model, attn
         if on_device:
             try:
                 with torch.device(self.memory.device):

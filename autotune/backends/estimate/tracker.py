@@ -23,6 +23,14 @@ allocates ``old_var + var``. The tracker undoes that difference: an ``add`` run 
 engine whose first operand's storage dies as it returns was that in-place accumulation on CUDA,
 so its output takes over the operand's allocation instead of making one of its own.
 
+Two backward formulas do the same for composite compliance (aten/src/ATen/native/
+TensorAdvancedIndexing.cpp): ``gather_backward`` makes ``grad.new_zeros(...)`` and scatters into it
+with ``scatter_add_`` on CUDA, but with the out-of-place ``scatter_add`` when the index or the
+gradient is a tensor subclass; ``index_select_backward_symint`` likewise with ``index_add_`` and
+``index_add``. Their out-of-place op, run in that backward node, on zeros alone in their storage
+that die as the formula returns, takes over the zeros' allocation the same way
+(``_IN_PLACE_ON_CUDA``): one logits-sized block less in TRL's ``selective_log_softmax`` backward.
+
 An op's outputs are counted in the order its CUDA kernel allocates them, which is their order in
 the result except where ``_allocation_order`` says otherwise (dropout: mask first).
 
@@ -63,6 +71,10 @@ from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 # Ops that return no new storage and are called thousands of times per step.
 _PASSTHROUGH = frozenset({torch.ops.prim.device.default})
 _ADD = torch.ops.aten.add.Tensor
+# The out-of-place ops a backward formula runs only on tensor subclasses, in place on CUDA (module
+# docstring): the op -> the autograd node whose formula runs it.
+_IN_PLACE_ON_CUDA = {torch.ops.aten.scatter_add.default: "GatherBackward0",
+                     torch.ops.aten.index_add.default: "IndexSelectBackward0"}
 _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
 _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 # Keys of allocations whose storage changed hands (an in-place accumulation): above any storage
@@ -257,6 +269,9 @@ class StorageTracker(TorchDispatchMode):
         if func is _ADD and not kwargs and _accumulable(args, out) and self.events \
                 and self.events[-1][0] == out.untyped_storage()._cdata:
             self._accumulation = (self.events[-1][0], args[0].untyped_storage()._cdata, len(self.events))
+        elif func in _IN_PLACE_ON_CUDA and _in_place_on_cuda(func, args, out) and self.events \
+                and self.events[-1][0] == out.untyped_storage()._cdata:
+            self._accumulation = (self.events[-1][0], args[0].untyped_storage()._cdata, len(self.events))
         if self._reductions:
             found = reduction_of(func, args, kwargs or {})
             if found is not None:
@@ -336,6 +351,23 @@ def _accumulable(args: Any, out: Any) -> bool:
     return (
         isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)
         and isinstance(out, torch.Tensor) and local_shard(first) is first and local_shard(out) is out
+        and first.shape == out.shape and first.dtype == out.dtype
+        and is_non_overlapping_and_dense_or_false(first)
+        and first.untyped_storage().nbytes() == first.numel() * first.element_size()
+    )
+
+
+def _in_place_on_cuda(func: Any, args: Any, out: Any) -> bool:
+    """Whether ``func(*args)`` -> ``out`` is the out-of-place twin of an in-place op that its
+    backward formula runs on CUDA (``_IN_PLACE_ON_CUDA``): run in that node with grad mode off, on a
+    dense first operand of the output's shape and dtype, alone in its storage. That the formula
+    dropped the operand shows when its storage dies as the op returns (StorageTracker._on_free)."""
+    node = torch._C._current_autograd_node()
+    if torch.is_grad_enabled() or node is None or type(node).__name__ != _IN_PLACE_ON_CUDA[func] or not args:
+        return False
+    first = args[0]
+    return (
+        isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor)
         and first.shape == out.shape and first.dtype == out.dtype
         and is_non_overlapping_and_dense_or_false(first)
         and first.untyped_storage().nbytes() == first.numel() * first.element_size()

@@ -243,6 +243,21 @@ def test_worker_runs_one_rank_of_a_multi_gpu_job(kind: str) -> None:
     assert reply["outcome"] == "fits", reply
 
 
+def test_an_fsdp_rank_keeps_a_tied_head_tied() -> None:
+    """The rank's model is built without the random init (no_init_weights, which skips the tying
+    too); the Trainer's from_pretrained ties the head to the embedding, and so does the worker."""
+    from autotune.workload.models import tiny_config
+    from autotune.workload.parallel import Parallel
+
+    tied = ModelSpec("tiny-llama-tied", "local", tiny_config("llama", tie_word_embeddings=True), 64)
+    workload = Workload(model=tied, task="causal-lm", attn=None, parallel=Parallel("fsdp", 2))
+    worker = Worker(CpuMemory())
+    spec = cell_spec(workload, parse_mode("fp32"), 16, GIB)
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    assert worker.model.lm_head.weight is worker.model.model.embed_tokens.weight
+
+
 def test_worker_reports_out_of_memory_as_oom_and_keeps_going() -> None:
     memory = CpuMemory()
     worker, _ = started_worker(memory=memory)

@@ -279,6 +279,23 @@ def test_autograd_accumulates_a_gradient_in_place_as_on_cuda():
     assert backward.count(4096) == 2  # the two incoming gradients; their sum took the first's place
 
 
+@pytest.mark.parametrize("op", ["gather", "index_select"])
+def test_gather_and_index_select_scatter_their_gradient_into_zeros_in_place_as_on_cuda(op):
+    # TensorAdvancedIndexing.cpp gather_backward / index_select_backward_symint: new_zeros, then
+    # scatter_add_ / index_add_ into them on CUDA; the out-of-place twin on a fake tensor would
+    # allocate a second block of x's size (TRL's selective_log_softmax: a logits-sized one).
+    with FakeTensorMode():
+        x = torch.empty(64, 256, requires_grad=True)
+        index = torch.zeros(64, 1, dtype=torch.long)
+        with StorageTracker() as tracker:
+            y = torch.gather(x, 1, index) if op == "gather" else torch.index_select(x, 0, index[:8, 0])
+            forward = len(tracker.events)
+            y.sum().backward()
+        backward = [n for _, n in tracker.events[forward:] if n > 0]
+        assert x.grad is not None and _live_bytes(tracker) >= 64 * 256 * 4
+    assert backward.count(64 * 256 * 4) == 1  # the zeros, which became x.grad
+
+
 def test_autocast_casts_a_weight_once_per_forward_and_runs_norms_in_float32():
     with FakeTensorMode():
         linear = torch.nn.Linear(32, 64, bias=False)  # weight 64x32 fp32 = 8,192 B
