@@ -52,7 +52,8 @@ traced step, in TRL's order (``phase`` marks where each begins).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InvalidInput
@@ -61,7 +62,7 @@ from autotune.workload.trainers import Trainer
 if TYPE_CHECKING:
     import torch
 
-    from autotune.workload.preference import LogProbs
+LogProbs = Any  # workload.preference.LogProbs (which imports this module): TRL's log-prob helpers
 
 GENERATION, TRAINING = "generation", "training step"
 
@@ -207,8 +208,6 @@ def _generate_and_score(model: Any, reference: Any, trainer: Trainer, autocasts:
     """``_generate_and_score_completions`` (module docstring): the scored generation batch."""
     import torch
 
-    from autotune.workload.preference import _reference_forward
-
     generation_rows_, prompt = prompt_ids.shape
     completion = trainer.max_completion_length
     with torch.no_grad():
@@ -230,7 +229,7 @@ def _generate_and_score(model: Any, reference: Any, trainer: Trainer, autocasts:
                                                             attention_mask, completion, rows)[0]
             found["importance_sampling_ratio"] = torch.exp(found["old_per_token_logps"])
         if trainer.beta != 0.0:
-            with _reference_forward(model, reference) as ref_model:
+            with _reference_forward(model, reference) as ref_model:  # already under no_grad
                 found["ref_per_token_logps"] = _per_token_logps(ref_model, autocasts, log_probs, input_ids,
                                                                 attention_mask, completion, rows)[0]
         del input_ids, attention_mask
@@ -246,8 +245,6 @@ def _per_token_logps(model: Any, autocasts: bool, log_probs: LogProbs, input_ids
     last ``logits_to_keep + 1`` logits, the completion's log-probs and (no_grad) entropies, then
     ``torch.cat`` of the chunks. Temperature 1.0 (GRPOConfig's default) divides in place."""
     import torch
-
-    from autotune.workload.preference import _upcast
 
     keep = {"logits_to_keep": logits_to_keep + 1} if _supports_logits_to_keep(model) else {}
     all_logps, all_entropies = [], []
@@ -296,3 +293,20 @@ def _compute_loss(model: Any, trainer: Trainer, autocasts: bool, log_probs: LogP
         per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
         per_token_loss = per_token_loss + trainer.beta * per_token_kl
     return (per_token_loss * completion_mask).sum() / completion_mask.sum().clamp(min=1.0)
+
+
+def _upcast(logits: torch.Tensor, autocasts: bool) -> torch.Tensor:
+    """accelerate's ``convert_outputs_to_fp32`` of a 16-bit output under mixed precision."""
+    import torch
+
+    return logits.float() if autocasts and logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+@contextlib.contextmanager
+def _reference_forward(model: Any, reference: Any) -> Iterator[Any]:
+    """The reference's log-probs: a frozen copy, or ``use_adapter(model, None)`` (the adapter disabled)."""
+    if reference is not None:
+        yield reference
+    else:
+        with model.disable_adapter():
+            yield model
