@@ -308,7 +308,8 @@ def max_batch_size(
         Target(gpu, gpu_memory, backend, margin, multiprocessors, alloc_conf),
         seq_lens=[seq_len], modes=None if mode is None else [mode], max_batch=max_batch)
     resolved = resolve(request)
-    budget = budget_bytes(resolved.gpu, resolved.margin, resolved.workload.parallel)
+    budget = budget_bytes(resolved.gpu, resolved.margin, resolved.workload.parallel,
+                          resolved.workload.trainer)
     return search_cell(resolved.backend, resolved.workload, resolved.modes[0], seq_len, budget,
                        max_batch=max_batch).max_batch_size
 
@@ -338,7 +339,7 @@ class StepOptions(TypedDict, total=False):
     """The step every function models, as keywords named as the CLI's flags (autotune/request.py
     Step and PeftOptions declare them, with their defaults): the head, the weights, the optimizer,
     attention, loss, checkpointing, Liger kernels, the GPUs of a multi-GPU job, the trainer (``trainer``
-    dpo, orpo, simpo or reward: TRL's preference step), and LoRA/QLoRA
+    dpo, orpo, simpo or reward: TRL's preference step; grpo and its GRPOConfig settings), and LoRA/QLoRA
     (``peft`` and the ``lora_*`` and ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an
     ``adapter`` built already)."""
 
@@ -361,6 +362,14 @@ class StepOptions(TypedDict, total=False):
     trainer: str | None  # sft; dpo, orpo, simpo, reward: TRL's step, the batch in pairs
     precompute_ref_log_probs: bool | None  # dpo: no reference model nor forward
     chosen_nll: bool | None  # simpo: CPOConfig cpo_alpha != 0 (default True)
+    num_generations: int | None  # grpo: 8 (GRPOConfig)
+    max_completion_length: int | None  # grpo: 512 tokens of each row
+    max_prompt_length: int | None  # grpo: a row's prompt tokens (seq_len = prompt + completion)
+    beta: float | None  # grpo: 0.0, no reference model
+    steps_per_generation: int | None  # grpo: 1
+    use_vllm: bool | None  # grpo: False, model.generate
+    vllm_mode: str | None  # grpo with use_vllm: colocate (or server)
+    vllm_gpu_memory_utilization: float | None  # grpo, colocate: 0.3 of the GPU, off the budget
     peft: str | None
     lora_r: int | None
     lora_alpha: float | None

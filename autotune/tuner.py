@@ -28,18 +28,28 @@ from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
 from autotune.workload.parallel import Parallel, nccl_bytes
 from autotune.workload.support import check_supported, paged_state_bytes, step_warnings
+from autotune.workload.trainers import Trainer
 
 
-def budget_bytes(gpu: GpuSpec, margin: float, parallel: Parallel | None = None) -> int:
+def budget_bytes(gpu: GpuSpec, margin: float, parallel: Parallel | None = None,
+                 trainer: Trainer | None = None) -> int:
     """What PyTorch's caching allocator may use on ``gpu``, keeping ``margin`` of it free.
 
     The CUDA context lives outside the allocator, so it comes off the card's memory first, and so
-    do a multi-GPU job's NCCL buffers (workload.parallel.nccl_bytes).
+    do a multi-GPU job's NCCL buffers (workload.parallel.nccl_bytes) and a GRPO job's colocated vLLM
+    engine (``trainer``: Trainer.vllm_bytes, vllm_gpu_memory_utilization of the card).
     """
     if not 0.0 <= margin < 1.0:
         raise InvalidInput(f"margin {margin} is out of range: use a fraction in [0, 1), e.g. 0.05")
     nccl = nccl_bytes(parallel, gpu.compute_capability)
-    left = gpu.total_memory_bytes - gpu.context_overhead_bytes - nccl
+    vllm = 0 if trainer is None else trainer.vllm_bytes(gpu.total_memory_bytes)
+    left = gpu.total_memory_bytes - gpu.context_overhead_bytes - nccl - vllm
+    if left <= 0 and vllm:
+        error = InvalidInput.naming(f"{gpu.name} ({format_bytes(gpu.total_memory_bytes)}) leaves training "
+                                    f"nothing beside the colocated vLLM engine ({format_bytes(vllm)}): lower "
+                                    "{vllm_gpu_memory_utilization}, or use vllm_mode server")
+        error.field = "vllm_gpu_memory_utilization"
+        raise error
     if left <= 0:
         error = InvalidInput(f"{gpu.name} ({format_bytes(gpu.total_memory_bytes)}) leaves PyTorch nothing "
                              f"after the CUDA context ({format_bytes(gpu.context_overhead_bytes)})"
@@ -142,11 +152,17 @@ class TableResult:
         return data
 
 
-def trainer_json(workload: Workload) -> dict[str, Any] | None:
+def trainer_json(workload: Workload, gpu: GpuSpec | None = None) -> dict[str, Any] | None:
     """What results say of a preference trainer's step (preference.Trainer.to_json: its name, TRL's
-    class, rows per sample, the reference, label); None for supervised fine-tuning."""
+    class, what a row is, the reference); for GRPO on ``gpu``, a colocated vLLM engine's bytes
+    (``vllm_bytes``: off the budget)."""
     trainer = workload.trainer
-    return None if trainer is None else trainer.to_json(peft=workload.adapter is not None)
+    if trainer is None:
+        return None
+    found = trainer.to_json(peft=workload.adapter is not None)
+    if "grpo" in found and gpu is not None:
+        found["grpo"]["vllm_bytes"] = trainer.vllm_bytes(gpu.total_memory_bytes)
+    return found
 
 
 def adapter_json(workload: Workload) -> dict[str, Any] | None:
@@ -219,7 +235,7 @@ def tune_table(
         check_seq_len(workload.model, seq_len)
     if max_batch < 1:
         raise InvalidInput(f"max batch {max_batch} must be at least 1")
-    budget = budget_bytes(gpu, margin, workload.parallel)
+    budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)
     ordered = sorted(set(seq_lens))
     table = _empty_table(workload, backend, gpu, seq_lens=ordered, modes=modes, margin=margin, budget=budget,
                          method=method, max_batch=max_batch)
@@ -269,7 +285,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         offload_activations=workload.offload_activations,
-        trainer=trainer_json(workload),
+        trainer=trainer_json(workload, gpu),
     )
 
 

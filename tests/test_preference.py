@@ -174,7 +174,6 @@ def check(**step: Any) -> Any:
 
 
 @pytest.mark.parametrize(("step", "field", "words"), [
-    ({"trainer": "grpo"}, "trainer", "GRPO is not modelled yet"),
     ({"trainer": "kto"}, "trainer", "KTO is not modelled yet"),
     ({"trainer": "ppo"}, "trainer", "unknown trainer 'ppo': allowed are sft, dpo, orpo, simpo, kto, reward, "
                                     "grpo"),
@@ -190,10 +189,10 @@ def test_each_unmodelled_preference_step_is_refused_by_name(step, field, words):
     assert caught.value.field == field
 
 
-def test_the_cli_refuses_grpo_as_an_error(capsys):
-    assert main(["check", "tiny-llama", "--trainer", "grpo", "--seq-len", "64", "--batch-size", "1",
+def test_the_cli_refuses_kto_as_an_error(capsys):
+    assert main(["check", "tiny-llama", "--trainer", "kto", "--seq-len", "64", "--batch-size", "1",
                  "--gpu-memory", "1GiB", "--backend", "estimate", "--no-cache"]) == 2
-    assert "GRPO is not modelled yet" in capsys.readouterr().err
+    assert "KTO is not modelled yet" in capsys.readouterr().err
 
 
 # --- what the outputs say --------------------------------------------------------------------
@@ -293,9 +292,8 @@ def test_each_trl_preference_config_is_told_by_its_own_keys(tmp_path, keys, trai
 
 @pytest.mark.parametrize(("keys", "words"), [
     ({"desirable_weight": 1.0}, "KTO is not modelled yet"),
-    ({"num_generations": 8, "use_vllm": True}, "GRPO is not modelled yet"),
 ])
-def test_kto_and_grpo_configs_are_refused_by_name(tmp_path, keys, words):
+def test_kto_configs_are_refused_by_name(tmp_path, keys, words):
     from configread import write
 
     from autotune.configs import read_training_config

@@ -110,7 +110,7 @@ def check_step(
     """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
-    budget = budget_bytes(gpu, margin, workload.parallel)
+    budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
     probes: tuple[Probe, ...] = ()
 
@@ -149,7 +149,7 @@ def check_step(
         "parallel": parallel_json(workload, gpu),
         "images": images_json(workload),
         "offload_activations": workload.offload_activations,
-        "trainer": trainer_json(workload),
+        "trainer": trainer_json(workload, gpu),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -247,7 +247,17 @@ def format_message(result: CheckResult) -> str:
                      "(--gpu CARD with --gpu-memory, or --multiprocessors N, names it)")
     if result.outside_allocator_bytes:
         notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
+    vllm = (result.trainer or {}).get("grpo", {}).get("vllm_bytes")
+    if vllm:
+        notes.append(f"note: {vllm_note(vllm)}")
     return "\n".join([line, *notes])
+
+
+def vllm_note(nbytes: int) -> str:
+    """A colocated vLLM engine's share, in words: off the budget, and the lever."""
+    return (f"the colocated vLLM engine holds {format_bytes(nbytes)} of the GPU "
+            "(vllm_gpu_memory_utilization) outside PyTorch's allocator: taken off the budget; "
+            "vllm_mode server runs it on other GPUs")
 
 
 def paged_note(optimizer: str, nbytes: int) -> str:
@@ -304,7 +314,8 @@ def check_from_cells(
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
-        parallel=parallel_json(workload, gpu), images=images_json(workload), trainer=trainer_json(workload),
+        parallel=parallel_json(workload, gpu), images=images_json(workload),
+        trainer=trainer_json(workload, gpu),
         offload_activations=workload.offload_activations,
     )
     result.message = format_message(result)

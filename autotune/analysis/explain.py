@@ -693,7 +693,7 @@ def explain(
     check_seq_len(workload.model, seq_len)
     if batch_size is not None and batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
-    budget = budget_bytes(gpu, margin, workload.parallel)  # NCCL's buffers off a rank's card
+    budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)  # NCCL's, vLLM's off it
     best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
     explanation = _explanation(workload, backend, gpu, seq_len=seq_len, mode=mode, margin=margin,
                                budget=budget, best=best, capped=best >= max_batch, batch_size=batch_size)
@@ -758,7 +758,8 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
-        trainer=_trainer_json(workload, backend._model(workload, mode.precision).reference),
+        trainer=_grpo_phases(_trainer_json(workload, backend._model(workload, mode.precision).reference, gpu),
+                             workload, backend, mode, seq_len, at),
     )
 
 
@@ -776,10 +777,33 @@ def _risks(workload: Workload, backend: EstimateBackend, explanation: Explanatio
                  model=model, max_batch=max_batch)
 
 
-def _trainer_json(workload: Workload, reference: Any) -> dict[str, Any] | None:
+def _grpo_phases(found: dict[str, Any] | None, workload: Workload, backend: EstimateBackend, mode: Mode,
+                 seq_len: int, batch_size: int) -> dict[str, Any] | None:
+    """A GRPO step's two phases at ``batch_size`` (backends/estimate/phases.py): the generation's
+    and the training step's peak allocated bytes, and the generation's KV cache (every row of the
+    generation batch at prompt + completion - 1 tokens)."""
+    if found is None or "grpo" not in found or batch_size < 1:
+        return found
+    from autotune.backends.estimate.phases import phase_peaks
+    from autotune.workload.grpo import GENERATION, TRAINING, cache_bytes, generation_rows
+
+    trainer = workload.trainer
+    assert trainer is not None
+    peaks = phase_peaks(backend, workload, mode, seq_len, batch_size)
+    dtype_bytes = 4 if mode.autocast_dtype_name is None and workload.weights_dtype == "float32" else 2
+    found["grpo"].update({
+        "generation_peak_allocated_bytes": peaks.peaks.get(GENERATION),
+        "training_peak_allocated_bytes": peaks.peaks.get(TRAINING),
+        "generation_cache_bytes": 0 if trainer.vllm_mode is not None else cache_bytes(
+            workload.model.config, generation_rows(trainer, batch_size), seq_len - 1, dtype_bytes),
+        "generation_rows": generation_rows(trainer, batch_size)})
+    return found
+
+
+def _trainer_json(workload: Workload, reference: Any, gpu: GpuSpec) -> dict[str, Any] | None:
     """tuner.trainer_json, with the bytes of a DPO reference model's weights (a frozen copy, counted
     in the parameters and buffers) where there is one."""
-    found = trainer_json(workload)
+    found = trainer_json(workload, gpu)
     if found is not None and reference is not None:
         tensors = [*reference.parameters(), *reference.buffers()]
         found["reference_weight_bytes"] = sum(t.untyped_storage().nbytes() for t in tensors)
@@ -797,6 +821,8 @@ def _what_if(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, seq_
     shorter = [seq_len // 2]
     if lengths:
         shorter.append(padded_length(length_stats(lengths, seq_len).p99, seq_len))
+    if workload.trainer is not None:  # a GRPO row holds a prompt beside max_completion_length tokens
+        shorter = [n for n in shorter if n > workload.trainer.max_completion_length]
     return what_if(
         workload, backend, seq_len=seq_len, mode=mode, budget=budget, base_max=best,
         effective_batch=batch_size, shorter_seq_lens=shorter, max_batch=max_batch,

@@ -345,8 +345,9 @@ def _last_resort(backend: Backend, workload: Workload, mode: Mode, seq_len: int,
     together = _all_together(workload, mode, seq_len, backend.gpu)
     tries = [together, _all_together_over_4bit(together, workload)]
     if seq_len > 1:
-        tries.append(LeverSearch("seq_len", f"sequences of at most {seq_len // 2} tokens", workload, mode,
-                                 seq_len // 2))
+        if _holds_a_row(workload, seq_len // 2):
+            tries.append(LeverSearch("seq_len", f"sequences of at most {seq_len // 2} tokens", workload, mode,
+                                     seq_len // 2))
     for last in tries:
         if last is not None and (value := search(last, backend)) is not None and value > 0:
             return [Lever(last.name, last.label, value)]
@@ -457,7 +458,7 @@ def explained_levers(workload: Workload, backend: Backend, *, seq_len: int, mode
              and not (sharded and lever.variant is not None and lever.variant.optimizer is not None)]
     found += [LeverSearch(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter)
               for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True)
-              if 1 <= shorter < seq_len]
+              if 1 <= shorter < seq_len and _holds_a_row(workload, shorter)]
     return found
 
 
@@ -594,3 +595,11 @@ def real_8bit(target: GpuSpec) -> Real8bit | None:
     from autotune.backends.cuda.device import local_gpu
 
     return Real8bit(lambda name: CudaBackend(target, bnb_optimizer=name), local_gpu())
+
+
+def _holds_a_row(workload: Workload, seq_len: int) -> bool:
+    """Whether a shorter length still holds the step's row: a GRPO row's prompt beside its
+    max_completion_length tokens (trainers.check_grpo_rows)."""
+    trainer = workload.trainer
+    return trainer is None or trainer.name != "grpo" or seq_len > trainer.max_completion_length
+

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.gpus import CUDNN_DEPRIORITIZED_ENV
 
 if TYPE_CHECKING:
-    from autotune.request import CheckRequest
+    pass
+from autotune.request import CheckRequest
 
 FORMAT = 1  # of a stored answer: a new format misses every old one
 MAX_ENTRIES = 512
@@ -66,6 +67,7 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
     from autotune.workload.liger import parse_kernels
     from autotune.workload.modes import parse_mode
     from autotune.workload.presets import preset_name
+    from autotune.workload.trainers import GRPO_FIELDS
 
     step, target = request.step, request.target
     backend = target.backend
@@ -88,7 +90,9 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                  **({"images_per_sample": step.images_per_sample, "image_size": step.image_size}
                     if step.images_per_sample is not None or step.image_size is not None else {}),
                  **({"trainer": {"trainer": step.trainer, "chosen_nll": step.chosen_nll,
-                                 "precompute_ref_log_probs": step.precompute_ref_log_probs}}
+                                 "precompute_ref_log_probs": step.precompute_ref_log_probs,
+                                 **{name: getattr(step, name) for name in (*GRPO_FIELDS,
+                                                                           "max_prompt_length")}}}
                     if step.trainer not in (None, "sft") or step.precompute_ref_log_probs is not None
                     or step.chosen_nll is not None else {}),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,

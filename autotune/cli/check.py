@@ -96,7 +96,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
-        return Plan(flags)
+        return Plan(_grpo_row(flags))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -107,14 +107,29 @@ def _plan(args: argparse.Namespace) -> Plan:
         given = {name: value for name, value in given.items() if name not in PEFT_FIELDS}
     request = request_from(CheckRequest, {**values_of(config.request), **given, "adapter": adapter})
     _missing(request, " or ".join(repr(path) for path in args.from_config))
+    request = _grpo_row(request)
     check_launch(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     return Plan(request, (*read, *config.notes), config.ignored)
 
 
+def _grpo_row(request: CheckRequest) -> CheckRequest:
+    """A GRPO check's seq_len, where only max_prompt_length is given: prompt + completion tokens."""
+    from autotune.workload.trainers import GRPO_MAX_COMPLETION_LENGTH
+
+    step = request.step
+    if request.seq_len is not None or step.max_prompt_length is None:
+        return request
+    rows = step.max_prompt_length + (step.max_completion_length or GRPO_MAX_COMPLETION_LENGTH)
+    return replace(request, seq_len=rows)
+
+
 def _missing(request: Any, config: str | None) -> None:
+    # a GRPO row's length can come from max_prompt_length (request.py _grpo_rows)
+    rows = request.step.max_prompt_length is not None
     missing = [name for name in ("model", "seq_len", "batch_size")
-               if (request.step.model if name == "model" else getattr(request, name)) is None]
+               if (request.step.model if name == "model" else getattr(request, name)) is None
+               and not (name == "seq_len" and rows)]
     if missing:
         where = f" in {config} or" if config else ""
         raise InvalidInput.naming(f"missing {', '.join(missing)}: give{where} "

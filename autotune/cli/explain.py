@@ -159,9 +159,10 @@ def render(e: Explanation) -> str:
         *([f"  the reference model's frozen weights: {format_bytes(e.trainer['reference_weight_bytes'])} "
            "of the parameters and buffers below"]
           if e.trainer is not None and "reference_weight_bytes" in e.trainer else []),
+        *_grpo_lines(e.trainer),
         *_job_lines(e),
         f"budget {format_bytes(e.budget_bytes)} for PyTorch = (card - {format_bytes(b.context_bytes)} "
-        f"CUDA context{_nccl(e)}) x (1 - margin {e.margin})",
+        f"CUDA context{_nccl(e)}{_vllm(e.trainer)}) x (1 - margin {e.margin})",
         f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
     ]
     if e.does_not_fit:
@@ -292,3 +293,29 @@ def _steps(steps: int | None) -> str:
     if steps is None:
         return "does not fit"
     return f"{steps:,} step{'s' if steps != 1 else ''} per epoch"
+
+
+def _grpo_lines(trainer: dict[str, Any] | None) -> list[str]:
+    """A GRPO step's phases, its generation cache, a colocated vLLM engine's share, and the levers."""
+    grpo = None if trainer is None else trainer.get("grpo")
+    if not grpo or grpo.get("training_peak_allocated_bytes") is None:
+        return []
+    lines = [f"  generation of {grpo['generation_rows']} completions: peak "
+             f"{format_bytes(grpo['generation_peak_allocated_bytes'] or 0)} allocated; training step: peak "
+             f"{format_bytes(grpo['training_peak_allocated_bytes'])} (the job's peak is the larger)"]
+    if grpo.get("generation_cache_bytes"):
+        cache = format_bytes(grpo["generation_cache_bytes"])
+        lines.append(f"  generation cache (KV, emulated decode): {cache}, all completions at full length")
+    if grpo.get("vllm_bytes"):
+        share = format_bytes(grpo["vllm_bytes"])
+        lines.append(f"  colocated vLLM engine: {share} of the GPU, off the budget")
+    lines.append("  levers: fewer generations per prompt (num_generations) or steps_per_generation, shorter "
+                 "completions (max_completion_length), vLLM server mode on another GPU")
+    return lines
+
+
+def _vllm(trainer: dict[str, Any] | None) -> str:
+    """The budget's colocated vLLM engine (GRPO), where there is one."""
+    share = ((trainer or {}).get("grpo") or {}).get("vllm_bytes")
+    return f" - {format_bytes(share)} colocated vLLM" if share else ""
+

@@ -52,7 +52,7 @@ from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_co
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
-from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, NOT_YET, ORPO, REWARD, REWARD_TASK, SIMPO
+from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, NOT_YET, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
@@ -806,8 +806,24 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
 # Axolotl's rl trainers (utils/schemas/enums.py RLType; core/builders/rl.py _get_trainer_cls): ipo is
 # DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer.
 _RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO}
-_RL_NOT_YET = {"kto": NOT_YET["kto"], "grpo": NOT_YET["grpo"], "gdpo": NOT_YET["grpo"],
+_RL_NOT_YET = {"kto": NOT_YET["kto"],
+               "gdpo": "GDPO is not modelled (Axolotl's own trainer over GRPO's generation)",
                "ebft": "EBFT is not modelled (its step generates completions before training)"}
+# rl: grpo's trl: keys (utils/schemas/trl.py TRLConfig; core/trainers/grpo/__init__.py
+# set_training_args_kwargs passes them to TRL's GRPOConfig) read as the request's, those refused.
+_GRPO_TRL_READ = ("beta", "max_completion_length", "num_generations", "use_vllm", "vllm_mode",
+                  "generation_batch_size")
+_GRPO_TRL_REFUSED = {
+    "num_iterations": (lambda v: v not in (None, 1), "several iterations per generation"),
+    "use_liger_loss": (lambda v: v is True, "Liger's fused GRPO loss"),
+    "vllm_enable_sleep_mode": (lambda v: v is True, "vLLM's sleep mode"),
+    "use_data_producer": (lambda v: v is True, "Axolotl's asynchronous GRPO (AxolotlAsyncGRPOTrainer)"),
+    "async_prefetch": (lambda v: v is True, "Axolotl's asynchronous GRPO (AxolotlAsyncGRPOTrainer)"),
+    "sync_ref_model": (lambda v: v is True, "a reference synchronized with the policy"),
+    "vllm_importance_sampling_correction": (lambda v: v is False, "vLLM's completions without the old "
+                                            "log-probs (TRL's default true is modelled)"),
+    "generation_kwargs": (lambda v: bool(v), "generation settings other than GRPOConfig's"),
+}
 # Keys of the rl trainers (utils/schemas/config.py), and those with no effect on memory.
 _RL_KEYS = words("rl_beta dpo_use_weighting dpo_label_smoothing precompute_ref_log_probs "
                  "dpo_use_liger_kernel dpo_padding_free dpo_loss_type dpo_loss_weights orpo_alpha "
@@ -837,6 +853,8 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     name = str(rl).strip().lower()
     if name in _RL_NOT_YET:
         raise cfg.unmodelled("rl", rl, _RL_NOT_YET[name])
+    if name == GRPO:
+        return _axolotl_grpo(cfg)
     if name not in _RL_TRAINERS:
         raise cfg.unmodelled("rl", rl, f"autotune models rl {', '.join(_RL_TRAINERS)}")
     trainer = _RL_TRAINERS[name]
@@ -879,4 +897,48 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     quiet = sorted(key for key in _RL_NO_EFFECT if cfg.data.get(key) is not None)
     if quiet:
         cfg.notes.append(f"{', '.join(quiet)}: the trainer's, no effect on memory")
+    return fields
+
+
+def _axolotl_grpo(cfg: Config) -> dict[str, Any]:
+    """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
+    ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
+    vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9);
+    ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step."""
+    trl = cfg.get("trl") or {}
+    if not isinstance(trl, dict):
+        raise cfg.bad("trl", trl, "a mapping of GRPOConfig keys")
+    for key, (changes, why) in _GRPO_TRL_REFUSED.items():
+        if changes(trl.get(key)):
+            raise cfg.unmodelled(f"trl.{key}", trl[key], why)
+    fields: dict[str, Any] = {"trainer": GRPO}
+    for key in ("num_generations", "max_completion_length"):
+        if trl.get(key) is not None:
+            fields[key] = trl[key]
+    beta = trl.get("beta") if trl.get("beta") is not None else cfg.get("rl_beta")
+    if beta is not None:
+        fields["beta"] = beta
+    if trl.get("use_vllm"):
+        fields["use_vllm"] = True
+        fields["vllm_mode"] = trl.get("vllm_mode") or "colocate"
+        if fields["vllm_mode"] == "colocate":
+            vllm = cfg.get("vllm") or {}
+            share = vllm.get("gpu_memory_utilization") if isinstance(vllm, dict) else None
+            fields["vllm_gpu_memory_utilization"] = 0.9 if share is None else share
+            if (vllm.get("tensor_parallel_size") or 1) != 1 if isinstance(vllm, dict) else False:
+                raise cfg.unmodelled("vllm.tensor_parallel_size", vllm["tensor_parallel_size"],
+                                     "a vLLM engine sharded over GPUs")
+    generation = trl.get("generation_batch_size")
+    batch = cfg.positive("micro_batch_size") or 1
+    if generation is not None:
+        if not isinstance(generation, int) or generation % batch:
+            raise cfg.bad("trl.generation_batch_size", generation, f"a multiple of micro_batch_size {batch}")
+        fields["steps_per_generation"] = generation // batch
+    elif (cfg.positive("gradient_accumulation_steps") or 1) > 1:
+        fields["steps_per_generation"] = cfg.positive("gradient_accumulation_steps")
+    cfg.read.update(("trl", "vllm", "rl_beta"))
+    generation_words = ("model.generate (KV cache, emulated decode loop)" if "vllm_mode" not in fields
+                        else f"vLLM {fields['vllm_mode']}")
+    cfg.notes.append(f"rl: grpo: TRL's GRPOTrainer; micro_batch_size counts completions, sequence_len is a "
+                     f"row (prompt + trl.max_completion_length); generation: {generation_words}")
     return fields

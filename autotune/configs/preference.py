@@ -34,11 +34,39 @@ _GRPO_ONLY = words(
     "num_generations use_vllm vllm_mode vllm_gpu_memory_utilization vllm_server_host vllm_server_port "
     "reward_funcs reward_weights num_iterations scale_rewards generation_batch_size steps_per_generation "
     "top_k top_p temperature repetition_penalty mask_truncated_completions")
+# GRPOConfig's keys that change memory and are not modelled (grpo_config.py), when set to that.
+_GRPO_REFUSED = {
+    "num_iterations": (lambda v: v not in (None, 1), "several iterations per generation: the old "
+                       "log-probs of every completion computed beside the reference's"),
+    "cache_implementation": (lambda v: v is not None, "a generation cache other than DynamicCache"),
+    "use_transformers_continuous_batching": (lambda v: v is True, "transformers' paged generation"),
+    "use_transformers_paged": (lambda v: v is True, "transformers' paged generation"),
+    "vllm_enable_sleep_mode": (lambda v: v is True, "vLLM's weights and cache moved off the GPU between "
+                               "generations"),
+    "vllm_importance_sampling_correction": (lambda v: v is False, "vLLM's completions without the old "
+                                            "log-probs (TRL's default true is modelled)"),
+    "entropy_coef": (lambda v: v not in (None, 0, 0.0), "an entropy bonus (entropies kept with their graph)"),
+    "use_adaptive_entropy": (lambda v: v is True, "an entropy bonus (entropies kept with their graph)"),
+    "cast_lm_head_to_fp32": (lambda v: v is True, "a float32 output head"),
+    "vllm_tensor_parallel_size": (lambda v: v not in (None, 1), "a vLLM engine sharded over GPUs"),
+    "generation_kwargs": (lambda v: bool(v), "generation settings other than GRPOConfig's"),
+}
+_GRPO_NO_EFFECT = words(
+    "reward_funcs reward_weights scale_rewards top_k top_p min_p temperature repetition_penalty "
+    "mask_truncated_completions vllm_server_host vllm_server_port vllm_server_base_url vllm_server_timeout "
+    "vllm_group_port vllm_model_impl epsilon epsilon_high delta importance_sampling_level "
+    "multi_objective_aggregation loss_type top_entropy_quantile log_completions num_completions_to_print "
+    "use_bias_correction_kl off_policy_mask_threshold vllm_importance_sampling_mode "
+    "vllm_importance_sampling_clip_min vllm_importance_sampling_clip_max num_generations_eval "
+    "vllm_max_model_length ds3_gather_for_generation shuffle_dataset")
+GRPO_KEYS = _GRPO_NO_EFFECT | frozenset(_GRPO_REFUSED) | words(
+    "num_generations max_completion_length max_prompt_length beta use_vllm vllm_mode "
+    "vllm_gpu_memory_utilization steps_per_generation generation_batch_size disable_dropout")
 # Keys several preference trainers share, none of SFTConfig's.
 _SHARED = words("beta label_smoothing max_prompt_length max_completion_length disable_dropout padding_value "
                 "label_pad_token_id generate_during_eval is_encoder_decoder")
 PREFERENCE_MARKERS = _DPO_ONLY | _DPO_KTO | _CPO_ONLY | _KTO_ONLY | _REWARD_ONLY | _GRPO_ONLY | _SHARED
-PREFERENCE_FIELDS = PREFERENCE_MARKERS | words("loss_type alpha")
+PREFERENCE_FIELDS = PREFERENCE_MARKERS | words("loss_type alpha") | GRPO_KEYS
 # Keys of these configs with no effect on a training step's memory: scalars of the loss on [batch]
 # vectors, evaluation, and the prompt's own limits (the row is at most max_length tokens either way).
 _NO_EFFECT = words("beta label_smoothing f_divergence_type f_alpha_divergence_coef discopop_tau loss_weights "
@@ -99,11 +127,15 @@ def read_preference(cfg: Config, trainer: str) -> dict[str, Any]:
         raise InvalidInput(f"{', '.join(sft_keys)} in {cfg.file!r}: SFTConfig's, and the file is a {trainer} "
                            "config (its trainer's keys): write one trainer's config")
     for key, (value, why) in _REFUSED.items():
+        if trainer == GRPO and key == "disable_dropout":  # GRPOConfig's default false: dropout kept
+            continue
         given = cfg.data.get(key)
         if given is not None and (value is None or given == value):
             raise cfg.unmodelled(key, given, why)
     cfg.read.update(PREFERENCE_FIELDS)
     fields: dict[str, Any] = {"trainer": trainer}
+    if trainer == GRPO:
+        return {**fields, **read_grpo(cfg)}
     if trainer == DPO:
         _dpo_loss_type(cfg)
         if cfg.flag("precompute_ref_log_probs"):
@@ -144,3 +176,50 @@ def _dpo_loss_type(cfg: Config) -> None:
             raise cfg.unmodelled("loss_type", name, "DPOTrainer's losses on [batch] vectors are modelled ("
                                  f"{', '.join(DPO_LOSS_TYPES)}); sft adds a cross-entropy over the logits")
     cfg.notes.append(f"loss_type: {', '.join(names)}: computed on [batch] vectors, the memory of sigmoid's")
+
+
+def read_grpo(cfg: Config) -> dict[str, Any]:
+    """GRPOConfig's memory keys as the request's fields (trl/trainer/grpo_config.py; its
+    __post_init__ for generation_batch_size), those not modelled refused by name, the rest noted."""
+    for key, (changes, why) in _GRPO_REFUSED.items():
+        if changes(cfg.data.get(key)):
+            raise cfg.unmodelled(key, cfg.data[key], why)
+    fields: dict[str, Any] = {}
+    for key in ("num_generations", "max_completion_length", "max_prompt_length", "steps_per_generation"):
+        if cfg.data.get(key) is not None:
+            fields[key] = cfg.positive(key)
+    for key in ("beta", "vllm_gpu_memory_utilization"):
+        value = cfg.get(key)
+        if value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise cfg.bad(key, value, "a number")
+            fields[key] = float(value)
+    if cfg.flag("use_vllm"):
+        fields["use_vllm"] = True
+        fields["vllm_mode"] = cfg.text("vllm_mode") or "colocate"  # GRPOConfig's default
+        if fields["vllm_mode"] != "colocate":
+            fields.pop("vllm_gpu_memory_utilization", None)
+            cfg.notes.append(f"vllm_mode: {fields['vllm_mode']}: the vLLM engine on other GPUs, nothing here")
+    else:
+        fields.pop("vllm_gpu_memory_utilization", None)
+    generation = cfg.get("generation_batch_size")
+    if generation is not None:
+        if cfg.get("steps_per_generation") is not None:
+            raise InvalidInput(f"generation_batch_size and steps_per_generation in {cfg.file!r}: GRPOConfig "
+                               "takes one of them")
+        batch = cfg.positive("per_device_train_batch_size") or 8
+        if not isinstance(generation, int) or generation % batch:
+            raise cfg.bad("generation_batch_size", generation, f"a multiple of per_device_train_batch_size "
+                          f"{batch} (GRPOConfig)")
+        fields["steps_per_generation"] = generation // batch
+    elif cfg.get("steps_per_generation") is None and (cfg.positive("gradient_accumulation_steps") or 1) > 1:
+        fields["steps_per_generation"] = cfg.positive("gradient_accumulation_steps")
+        cfg.notes.append("steps_per_generation: not set, gradient_accumulation_steps (GRPOConfig): one "
+                         "generation samples the completions of every accumulated step")
+    if cfg.data.get("max_prompt_length") is not None:
+        cfg.notes.append("max_prompt_length: GRPOConfig no longer has it (prompts are not truncated): read "
+                         "as the longest prompt, a row is max_prompt_length + max_completion_length tokens")
+    ignored = sorted(key for key in _GRPO_NO_EFFECT if cfg.data.get(key) is not None)
+    if ignored:
+        cfg.notes.append(f"{', '.join(ignored)}: GRPO's, no effect on memory")
+    return fields

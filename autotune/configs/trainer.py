@@ -42,7 +42,7 @@ from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
 from autotune.workload.modes import Mode
-from autotune.workload.trainers import DPO, ORPO, SIMPO
+from autotune.workload.trainers import DPO, GRPO, ORPO, SIMPO
 
 # Every field of transformers.TrainingArguments (5.x), by what it does to a training step's memory.
 # The test checks that these cover the installed transformers' dataclass fields.
@@ -164,7 +164,8 @@ def read_trainer(cfg: Config, fmt: str, trainer: str | None = None) -> TrainingC
     ckpt = _trainer_checkpointing(cfg, default=trl)
     dtype, attn, init_quant = _model_init(cfg, trl)
     adapter = _trainer_adapter(cfg, dtype, init_quant)
-    seq_len = _trainer_seq_len(cfg, trl)
+    # GRPOConfig has no max_length: a row is max_prompt_length + max_completion_length (request.py)
+    seq_len = None if preference.get("trainer") == GRPO else _trainer_seq_len(cfg, trl)
     loss = None
     if sft:
         loss = _sft_loss(cfg)
@@ -188,7 +189,7 @@ def read_trainer(cfg: Config, fmt: str, trainer: str | None = None) -> TrainingC
                          "error; autotune checks the batch as written")
     note_neftune(cfg, "neftune_noise_alpha")
     model = cfg.text("model_name_or_path")
-    task = "causal-lm" if sft or preference.get("trainer") in (DPO, ORPO, SIMPO) else _glue_task(cfg)
+    task = "causal-lm" if sft or preference.get("trainer") in (DPO, ORPO, SIMPO, GRPO) else _glue_task(cfg)
     return cfg.result(
         fmt, model=model, seq_len=seq_len, batch_size=batch,
         mode=Mode("bf16" if bf16 else "amp" if fp16 else "fp32", ckpt),

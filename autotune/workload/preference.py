@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.workload import Workload
-from autotune.workload.trainers import DPO, ORPO, REWARD, SIMPO, Trainer
+from autotune.workload.trainers import DPO, GRPO, ORPO, REWARD, SIMPO, Trainer
 
 ENTROPY_CHUNK_ROWS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128)
 
@@ -286,10 +286,20 @@ def reward_loss(model: Any, **batch: torch.Tensor) -> torch.Tensor:
     return (-F.logsigmoid(chosen - rejected)).mean()
 
 
+def _no_phase(name: str) -> None:
+    pass
+
+
 def preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocasts: bool, seq_len: int,
-                       attn: str | None, log_probs: LogProbs = TRL_LOG_PROBS) -> Callable[..., torch.Tensor]:
+                       attn: str | None, log_probs: LogProbs = TRL_LOG_PROBS,
+                       phase: Callable[[str], None] = _no_phase) -> Callable[..., torch.Tensor]:
     """The step's ``forward(**batch)`` for run_steps: the trainer's loss of a preference batch.
-    ``autocasts``: the step runs under autocast (accelerate's mixed precision, ``_upcast``)."""
+    ``autocasts``: the step runs under autocast (accelerate's mixed precision, ``_upcast``).
+    ``phase(name)``: called where GRPO's generation and training step begin (workload/grpo.py)."""
+    if trainer.name == GRPO:
+        from autotune.workload.grpo import grpo_forward
+
+        return grpo_forward(model, reference, trainer, autocasts=autocasts, log_probs=log_probs, phase=phase)
     if trainer.name == DPO:
         count = completion_tokens(seq_len, attn)
         return functools.partial(dpo_loss, model, reference, trainer, autocasts, count, log_probs)
@@ -308,17 +318,23 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
     if workload.trainer is None:
         return make_batch(config, workload.task, batch_size, seq_len, device, attn=workload.attn,
                           images=workload.images)
+    if workload.trainer.name == GRPO:
+        from autotune.workload.grpo import make_grpo_batch
+
+        return make_grpo_batch(workload.trainer, batch_size, seq_len, device, attn=workload.attn)
     return make_preference_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
 
 
 def prepare_models(model: Any, workload: Workload, build: Callable[[], Any]) -> Any:
     """A preference trainer's models, as its ``__init__`` leaves them: dropout disabled in the
-    policy ``model``; the reference it returns (a frozen copy built by ``build`` for a full
-    fine-tune's DPO, else None)."""
+    policy ``model`` (GRPOConfig's disable_dropout is False: GRPO's policy keeps it); the reference it
+    returns (a frozen copy built by ``build`` for a full fine-tune's DPO, or GRPO's with beta != 0;
+    else None)."""
     trainer = workload.trainer
     if trainer is None:
         return None
-    disable_dropout(model)
+    if trainer.name != GRPO:
+        disable_dropout(model)
     if trainer.reference(peft=workload.adapter is not None) == "frozen copy":
         return frozen_copy(build)
     return None

@@ -1,8 +1,9 @@
 """The trainers whose step autotune models, and their settings: part of a Workload's identity.
 
 ``sft`` is supervised fine-tuning (workload/step.py: the model's own loss); the preference trainers
-(``dpo``, ``orpo``, ``simpo``, ``reward``) are TRL's, their step in workload/preference.py. ``kto``
-and ``grpo`` are known names, refused until their steps are modelled.
+(``dpo``, ``orpo``, ``simpo``, ``reward``) are TRL's, their step in workload/preference.py; ``grpo``
+is TRL's GRPOTrainer, its generation and training step in workload/grpo.py. ``kto`` is a known name,
+refused until its step is modelled.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from autotune.errors import InvalidInput
 
 SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO = "sft", "dpo", "orpo", "simpo", "kto", "reward", "grpo"
 TRAINERS = (SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO)
-MODELLED = (SFT, DPO, ORPO, SIMPO, REWARD)
+MODELLED = (SFT, DPO, ORPO, SIMPO, REWARD, GRPO)
 PAIRED = (DPO, ORPO, SIMPO, REWARD)  # a sample is a pair: chosen and rejected rows in one forward
 # TRL's trainer class of each (what the output names).
 TRL_CLASSES = {SFT: "SFTTrainer", DPO: "DPOTrainer", ORPO: "ORPOTrainer",
@@ -24,9 +25,15 @@ REWARD_TASK = "sequence-classification"
 NOT_YET = {
     KTO: "KTO is not modelled yet (its step adds a KL batch of mismatched completions and a reference "
          "forward over both)",
-    GRPO: "GRPO is not modelled yet (its step generates num_generations completions per prompt, with a "
-          "KV cache or a vLLM engine, before the training step)",
 }
+# GRPO's generation: transformers' model.generate on the training GPU (None), or TRL's vLLM engine
+# (GRPOConfig use_vllm, vllm_mode): "colocate" in the training process on the same GPU, holding
+# vllm_gpu_memory_utilization of it; "server" on other GPUs (trl vllm-serve).
+VLLM_MODES = ("colocate", "server")
+# trl/trainer/grpo_config.py GRPOConfig defaults (TRL main of 2026).
+GRPO_NUM_GENERATIONS = 8
+GRPO_MAX_COMPLETION_LENGTH = 512  # tokens
+GRPO_VLLM_GPU_MEMORY_UTILIZATION = 0.3  # of the GPU's total memory
 # TRL's DPOConfig loss_type values whose loss is computed on [batch] vectors only
 # (DPOTrainer._compute_loss): the same memory as sigmoid. "sft" adds a cross-entropy over the chosen
 # logits and is not modelled.
@@ -45,6 +52,16 @@ class Trainer:
     # SimPO (CPOTrainer): the NLL on the chosen rows is computed where cpo_alpha != 0 (CPOConfig's
     # default 1.0); ORPO always computes it.
     chosen_nll: bool = True
+    # GRPO (GRPOConfig): completions sampled per prompt; each row's completion tokens (the row is the
+    # prompt, seq_len - max_completion_length tokens, then the completion); the KL coefficient (0: no
+    # reference model); the vLLM engine (VLLM_MODES, None: model.generate) and its share of the GPU;
+    # steps_per_generation (generation_batch_size = batch x steps_per_generation completions).
+    num_generations: int = GRPO_NUM_GENERATIONS
+    max_completion_length: int = GRPO_MAX_COMPLETION_LENGTH
+    beta: float = 0.0
+    vllm_mode: str | None = None
+    vllm_gpu_memory_utilization: float = GRPO_VLLM_GPU_MEMORY_UTILIZATION
+    steps_per_generation: int = 1
 
     @property
     def paired(self) -> bool:
@@ -57,22 +74,43 @@ class Trainer:
     def reference(self, peft: bool) -> str | None:
         """What gives the reference log-probs: "frozen copy", "adapter disabled", "precomputed"; None
         where the trainer has no reference."""
+        if self.name == GRPO:  # grpo_trainer.py __init__: ref_model None where beta == 0.0
+            return None if self.beta == 0.0 else "adapter disabled" if peft else "frozen copy"
         if self.name != DPO:
             return None
         if self.precompute_ref_log_probs:
             return "precomputed"
         return "adapter disabled" if peft else "frozen copy"
 
+    @property
+    def colocated_vllm(self) -> bool:
+        return self.name == GRPO and self.vllm_mode == "colocate"
+
+    def vllm_bytes(self, total_memory_bytes: int) -> int:
+        """A colocated vLLM engine's share of the GPU (GRPOConfig vllm_gpu_memory_utilization: vLLM sizes
+        its weights, activations and KV-cache blocks to that fraction of the card's total memory), held
+        outside the training step's caching allocator for the whole job; 0 otherwise."""
+        return int(total_memory_bytes * self.vllm_gpu_memory_utilization) if self.colocated_vllm else 0
+
     def to_json(self, peft: bool) -> dict[str, Any]:
-        return {"name": self.name, "trl_class": TRL_CLASSES[self.name],
-                "rows_per_sample": self.rows_per_sample,
-                "precompute_ref_log_probs": self.precompute_ref_log_probs,
-                "reference": self.reference(peft), "chosen_nll": self.chosen_nll if self.name == SIMPO else
-                self.name == ORPO, "label": self.label(peft)}
+        found = {"name": self.name, "trl_class": TRL_CLASSES[self.name],
+                 "rows_per_sample": self.rows_per_sample,
+                 "precompute_ref_log_probs": self.precompute_ref_log_probs,
+                 "reference": self.reference(peft), "chosen_nll": self.chosen_nll if self.name == SIMPO else
+                 self.name == ORPO, "label": self.label(peft)}
+        if self.name == GRPO:
+            found["grpo"] = {"num_generations": self.num_generations,
+                             "max_completion_length": self.max_completion_length, "beta": self.beta,
+                             "vllm_mode": self.vllm_mode, "steps_per_generation": self.steps_per_generation,
+                             "vllm_gpu_memory_utilization":
+                                 self.vllm_gpu_memory_utilization if self.colocated_vllm else None}
+        return found
 
     def label(self, peft: bool) -> str:
         """One line: the trainer, what a sample is, and the reference."""
         words = f"{self.name} ({TRL_CLASSES[self.name]})"
+        if self.name == GRPO:
+            return words + "; " + self._grpo_words(peft)
         if self.paired:
             words += "; batch = pairs: chosen+rejected, 2 rows each"
         reference = self.reference(peft)
@@ -87,10 +125,30 @@ class Trainer:
             words += "; no reference model" + ("; NLL on the chosen rows" if nll else "")
         return words
 
+    def _grpo_words(self, peft: bool) -> str:
+        generation = {None: "model.generate with a KV cache (emulated decode loop)",
+                      "colocate": f"vLLM colocated ({self.vllm_gpu_memory_utilization:g} of the GPU, "
+                                  "outside the allocator)",
+                      "server": "vLLM server on other GPUs (nothing here)"}[self.vllm_mode]
+        reference = self.reference(peft)
+        ref = ("no reference model (beta 0)" if reference is None else
+               f"reference (beta {self.beta:g}): " + ("a frozen copy, forward under no_grad"
+                                                      if reference == "frozen copy"
+                                                      else "the adapter disabled, forward under no_grad"))
+        return (f"batch = completions (rows of prompt + {self.max_completion_length} completion tokens), "
+                f"{self.num_generations} per prompt; generation batch = batch x {self.steps_per_generation} "
+                f"step(s) per generation, a multiple of num_generations; generation: {generation}; {ref}")
+
+
+# GRPO's settings as check_trainer takes them (the request's fields of the same names, GRPOConfig's).
+GRPO_FIELDS = ("num_generations", "max_completion_length", "beta", "use_vllm", "vllm_mode",
+               "vllm_gpu_memory_utilization", "steps_per_generation")
+
 
 def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = None,
-                  chosen_nll: bool | None = None) -> Trainer | None:
-    """The Trainer asked for; None for sft (the supervised step). InvalidInput naming the field."""
+                  chosen_nll: bool | None = None, grpo: dict[str, Any] | None = None) -> Trainer | None:
+    """The Trainer asked for; None for sft (the supervised step). InvalidInput naming the field.
+    ``grpo``: GRPO_FIELDS given (None values left out)."""
     trainer = (name or SFT).strip().lower()
     if trainer not in TRAINERS:
         raise InvalidInput(f"unknown trainer {name!r}: allowed are {', '.join(TRAINERS)}")
@@ -106,9 +164,59 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
                                     + ("always adds it" if trainer == ORPO else "has none"))
         error.field = "chosen_nll"
         raise error
+    given = {key: value for key, value in (grpo or {}).items() if value is not None}
+    if given and trainer != GRPO:
+        key = next(iter(given))
+        raise _field(key, f"{{{key}}} is GRPO's (GRPOConfig); trainer {trainer} has none")
     if trainer == SFT:
         return None
-    return Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll)
+    found = Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll)
+    return _grpo(found, given) if trainer == GRPO else found
+
+
+def _grpo(trainer: Trainer, given: dict[str, Any]) -> Trainer:
+    """GRPO's settings checked as GRPOConfig.__post_init__ and GRPOTrainer check them."""
+    from dataclasses import replace
+
+    num_generations = int(given.get("num_generations", GRPO_NUM_GENERATIONS))
+    if num_generations < 2:  # GRPOConfig: "GRPO requires at least 2 generations per prompt"
+        raise _field("num_generations", f"{{num_generations}} {num_generations}: GRPO needs at least 2 "
+                     "generations per prompt to compute the advantages (GRPOConfig)")
+    completion = int(given.get("max_completion_length", GRPO_MAX_COMPLETION_LENGTH))
+    if completion < 1:
+        raise _field("max_completion_length", f"{{max_completion_length}} {completion}: at least 1 token")
+    beta = float(given.get("beta", 0.0))
+    if beta < 0:
+        raise _field("beta", f"{{beta}} {beta:g}: the KL coefficient is 0 (no reference model) or more")
+    steps = int(given.get("steps_per_generation", 1))
+    if steps < 1:
+        raise _field("steps_per_generation", f"{{steps_per_generation}} {steps}: at least 1")
+    use_vllm, mode = given.get("use_vllm"), given.get("vllm_mode")
+    if mode is not None and mode not in VLLM_MODES:
+        raise _field("vllm_mode", f"unknown {{vllm_mode}} {mode!r}: allowed are {', '.join(VLLM_MODES)}")
+    if mode is not None and use_vllm is False:
+        raise _field("vllm_mode", "{vllm_mode} is vLLM's, and {use_vllm} is off: give use_vllm, or leave "
+                     "vllm_mode out (model.generate)")
+    vllm_mode = (mode or "colocate") if (use_vllm or mode is not None) else None
+    share = float(given.get("vllm_gpu_memory_utilization", GRPO_VLLM_GPU_MEMORY_UTILIZATION))
+    if "vllm_gpu_memory_utilization" in given and vllm_mode != "colocate":
+        raise _field("vllm_gpu_memory_utilization", "{vllm_gpu_memory_utilization} is a colocated vLLM "
+                     "engine's share of the GPU (use_vllm with vllm_mode colocate); a vLLM server's is set "
+                     "where it is launched (trl vllm-serve)")
+    if not 0.0 < share < 1.0:
+        raise _field("vllm_gpu_memory_utilization", f"{{vllm_gpu_memory_utilization}} {share:g}: a fraction "
+                     "of the GPU's memory, in (0, 1)")
+    return replace(trainer, num_generations=num_generations, max_completion_length=completion, beta=beta,
+                   vllm_mode=vllm_mode, vllm_gpu_memory_utilization=share, steps_per_generation=steps)
+
+
+def check_grpo_rows(trainer: Trainer, seq_len: int) -> None:
+    """A GRPO row is the prompt then the completion: ``seq_len`` must hold a prompt token beside the
+    max_completion_length tokens."""
+    if trainer.name == GRPO and seq_len <= trainer.max_completion_length:
+        raise _field("max_completion_length", f"sequence length {seq_len} leaves no prompt beside "
+                     f"{{max_completion_length}} {trainer.max_completion_length}: a GRPO row is prompt + "
+                     "completion tokens; give a longer seq_len or a shorter completion")
 
 
 def check_step(trainer: Trainer, task: str, *, loss: str, liger: tuple[str, ...], parallel: Any,

@@ -332,14 +332,19 @@ class Worker:
 
     def _run(self, batch_size: int) -> dict[str, Any]:
         """Run the training steps at one batch size; the timing of the last step."""
+        import torch
+
         workload, mode = self.workload, self.mode
         if workload is None or mode is None:  # handle() probes only after a successful init
             raise ProtocolError("a probe before a successful init")
         batch = step_batch(self.model.config, workload, batch_size, self.seq_len, self.memory.device)
         forward = self.forward
         if workload.trainer is not None:  # TRL's own loops (preference.TRL_LOG_PROBS)
+            # GRPO's phases: each of TRL's model calls is an autocast region of its own (accelerate's
+            # prepared forward), so the generation's cached casts (under no_grad) are not the loss's
             forward = preference_forward(self.model, self.reference, workload.trainer, seq_len=self.seq_len,
-                                         attn=workload.attn, autocasts=mode.autocast_dtype_name is not None)
+                                         attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
+                                         phase=lambda _name: torch.clear_autocast_cache())
         optimizer = (make_optimizer(self.model, workload.optimizer, CUDA_PARTS)
                      if self.bnb_optimizer is None else make_bnb_optimizer(self.model, self.bnb_optimizer))
         scaler = self.memory.grad_scaler() if mode.uses_grad_scaler else None

@@ -153,6 +153,10 @@ class StepHooks:
     def host_offloaded(self, peak_bytes: int) -> None:
         """The steps are over; activation offloading's host copies held at most ``peak_bytes``."""
 
+    def phase(self, name: str, event: int) -> None:
+        """A phase of the step begins at the tracker's ``event``-th event (GRPO's generation and
+        training step: workload/grpo.py)."""
+
 
 def offloading(model: Any) -> Any:
     """TRL's OffloadActivations as ported (workload/offload.py), its host copies outside the caching
@@ -218,6 +222,14 @@ class _MarkedScaler:
         self.scaler.update()
 
 
+def _phase(hooks: StepHooks, tracker: StorageTracker, emulation: CudaEmulation, name: str) -> None:
+    """GRPO's generation or training step begins (workload/grpo.py): each of TRL's model calls is an
+    autocast region of its own (accelerate wraps the prepared model's forward in autocast), so the
+    casts cached in one (the generation's, under no_grad) are not the next one's."""
+    emulation.begin_forward()
+    hooks.phase(name, len(tracker.events))
+
+
 def trace_step(
     fake: Any, workload: Workload, mode: Mode, seq_len: int, batch_size: int, *,
     tracker: StorageTracker, emulation: CudaEmulation, cublas_workspace_bytes: int,
@@ -266,7 +278,8 @@ def trace_step(
 
             forward = preference_forward(model, fake.reference, workload.trainer, seq_len=seq_len,
                                          attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
-                                         log_probs=EMULATED_LOG_PROBS)
+                                         log_probs=EMULATED_LOG_PROBS,
+                                         phase=functools.partial(_phase, hooks, tracker, emulation))
         batch = step_batch(model.config, workload, batch_size, seq_len)
         if not zero:
             optimizer = hooks.make_optimizer(model, workload)
