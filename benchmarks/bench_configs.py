@@ -81,6 +81,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "mistral_small": {"mistralai/Devstral-Small-2507": 24},
     "mixtral": {"mistralai/Mixtral-8x7B-v0.1": 46.7, "mistralai/Mixtral-8x22B-v0.1": 141},
     "apertus": {"swiss-ai/Apertus-8B-Instruct-2509": 8},
+    "seed_oss": {"ByteDance-Seed/Seed-OSS-36B-Instruct": 36},
     "gpt_oss": {"openai/gpt-oss-20b": 21},
     "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16},
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
@@ -117,6 +118,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
     (r"apertus-8b", "apertus"),
+    (r"seed-oss-36b", "seed_oss"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
     (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
     (r"mistral-7b|ministral-8b", "mistral"),

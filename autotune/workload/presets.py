@@ -933,6 +933,35 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 131072,
     },
+    # ByteDance-Seed/Seed-OSS-36B-Instruct: the model card (ByteDance-Seed/seed-oss README.md, "Model
+    # Summary": 64 layers, 80 / 8 / 8 query/key/value heads of 128 on a 5120 width, 155K vocabulary,
+    # 512K context, rope base 1e7) and its config.json as copied in a Seed-OSS loader's tests (an MLX
+    # port's SEED_OSS_36B_CONFIG, "mirrors the real checkpoint's config.json"): intermediate 27648,
+    # vocab 155136, 524288 positions, q/k/v biases but none on o. Its dropouts (attention and
+    # residual, 0.1: masks kept for the backward) are SeedOssConfig's defaults, documented as this
+    # checkpoint's (transformers' configuration_seed_oss.py); bfloat16, the card's serving dtype.
+    "ByteDance-Seed/Seed-OSS-36B-Instruct": {
+        "model_type": "seed_oss",
+        "architectures": ["SeedOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.1,
+        "attention_out_bias": False,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "max_position_embeddings": 524288,
+        "mlp_bias": False,
+        "num_attention_heads": 80,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "residual_dropout": 0.1,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 155136,
+    },
     "google/gemma-2-2b": {
         **_GEMMA_2,
         "hidden_size": 2304,

@@ -81,7 +81,7 @@ LIMITS = {
     "google/gemma-3-12b-it": 131072, "google/gemma-3-27b-it": 131072,
     "Qwen/Qwen2.5-72B": 131072, "meta-llama/Meta-Llama-3-70B": 8192,
     "mistralai/Mixtral-8x7B-v0.1": 32768, "mistralai/Mixtral-8x22B-v0.1": 65536,
-    "swiss-ai/Apertus-8B-Instruct-2509": 65536,
+    "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")},
 }
 

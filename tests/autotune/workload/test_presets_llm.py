@@ -48,6 +48,7 @@ DECODERS = [
     "mistralai/Mixtral-8x7B-v0.1",
     "mistralai/Mixtral-8x22B-v0.1",
     "swiss-ai/Apertus-8B-Instruct-2509",
+    "ByteDance-Seed/Seed-OSS-36B-Instruct",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]
@@ -144,6 +145,8 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         ("mistralai/Mixtral-8x22B-v0.1", 140_620_634_112),
         # Apertus model card: 8B.
         ("swiss-ai/Apertus-8B-Instruct-2509", 8_053_338_176),
+        # Seed-OSS model card ("Parameters: 36B").
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", 36_151_104_512),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -201,6 +204,7 @@ def published(count: int, figure: str) -> bool:
         ("mistralai/Mixtral-8x7B-v0.1", "46.7B", None),
         ("mistralai/Mixtral-8x22B-v0.1", "141B", None),
         ("swiss-ai/Apertus-8B-Instruct-2509", "8B", None),
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", "36B", None),
     ],
 )
 def test_model_cards_figures_are_the_counts_at_their_precision(
@@ -358,6 +362,10 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
                                           "num_attention_heads": 48, "vocab_size": 32000}),
         ("swiss-ai/Apertus-8B-Instruct-2509", {"hidden_act": "xielu", "qk_norm": True,
                                                "num_key_value_heads": 8, "vocab_size": 131072}),
+        # 80 query heads of 128 on a 5120 width; biases on q, k and v, not o; dropout in training.
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", {"head_dim": 128, "num_attention_heads": 80,
+                                                  "attention_bias": True, "attention_out_bias": False,
+                                                  "attention_dropout": 0.1, "residual_dropout": 0.1}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
