@@ -68,16 +68,20 @@ MULTI_GPU_GPUS = 8
 # The offline presets of decoder LLMs by family, with their nominal size in billions of parameters
 # (as their names or model cards say): a config's model runs as the one of its family nearest in size.
 FAMILIES: dict[str, dict[str, float]] = {
-    "llama": {"meta-llama/Llama-3.2-1B": 1, "meta-llama/Llama-3.2-3B": 3, "meta-llama/Llama-3.1-8B": 8},
+    "llama": {"meta-llama/Llama-3.2-1B": 1, "meta-llama/Llama-3.2-3B": 3, "meta-llama/Llama-3.1-8B": 8,
+              "meta-llama/Meta-Llama-3-70B": 70},
     "smollm2": {"HuggingFaceTB/SmolLM2-135M": 0.135, "HuggingFaceTB/SmolLM2-360M": 0.36,
                 "HuggingFaceTB/SmolLM2-1.7B": 1.7},
     "mistral": {"mistralai/Mistral-7B-v0.3": 7},
     "qwen": {"Qwen/Qwen2.5-0.5B": 0.5, "Qwen/Qwen2.5-1.5B": 1.5, "Qwen/Qwen2.5-3B": 3, "Qwen/Qwen2.5-7B": 7,
-             "Qwen/Qwen2.5-14B": 14},
+             "Qwen/Qwen2.5-14B": 14, "Qwen/Qwen2.5-72B": 72},
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
     "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
     "mistral_small": {"mistralai/Devstral-Small-2507": 24},
+    "mixtral": {"mistralai/Mixtral-8x7B-v0.1": 46.7, "mistralai/Mixtral-8x22B-v0.1": 141},
+    "apertus": {"swiss-ai/Apertus-8B-Instruct-2509": 8},
+    "seed_oss": {"ByteDance-Seed/Seed-OSS-36B-Instruct": 36},
     "gpt_oss": {"openai/gpt-oss-20b": 21},
     "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16},
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
@@ -90,7 +94,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
     "qwen2_5_vl": {"Qwen/Qwen2.5-VL-7B-Instruct": 7},
     "llava": {"llava-hf/llava-1.5-7b-hf": 7},
-    "gemma3_vl": {"google/gemma-3-4b-it": 4},
+    "gemma3_vl": {"google/gemma-3-4b-it": 4, "google/gemma-3-12b-it": 12, "google/gemma-3-27b-it": 27},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -103,15 +107,18 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
+    (r"mixtral-8x(7|22)b", "mixtral"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
     (r"qwen2\.5-vl-", "qwen2_5_vl"),
     (r"llava-1\.5-", "llava"),
-    (r"gemma-3-4b", "gemma3_vl"),
+    (r"gemma-3-(4|12|27)b", "gemma3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
-    # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration), 3n another architecture.
-    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-3-(4|12|27)b|gemma-4|mamba|jamba|falcon-h1", None),
+    # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
+    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
+    (r"apertus-8b", "apertus"),
+    (r"seed-oss-36b", "seed_oss"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
     (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
     (r"mistral-7b|ministral-8b", "mistral"),
@@ -136,13 +143,15 @@ PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
-    "gemma3_vl": "tiny-gemma3",
+    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
+KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"  # workload/lora_kernels.py
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
-               "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16}
+               "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
+               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}
@@ -383,6 +392,8 @@ def reason(message: str) -> str:
     or numbers."""
     if message.startswith("missing "):
         return message.split(":")[0]
+    if message.startswith(KERNELS_NOT_EMULATED):
+        return "Axolotl's fused LoRA kernels on a model type they are not emulated on"
     if message.startswith("training config FILE mixes"):
         return re.sub(r" \([^)]*\)", "", message.split(":")[0]).replace("training config FILE ", "")
     verbs = "is not modelled|must be|lists|is empty|needs|names"
@@ -416,9 +427,10 @@ def reason(message: str) -> str:
 
 
 # A refusal that says how to write the job autotune models, as lines to write instead.
+KERNELS_OFF = "".join(f"lora_{name}_kernel: false\n" for name in ("mlp", "qkv", "o", "embedding"))
 FIXES = {
-    "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)":
-        "".join(f"lora_{name}_kernel: false\n" for name in ("mlp", "qkv", "o", "embedding")),
+    "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)": KERNELS_OFF,
+    "Axolotl's fused LoRA kernels on a model type they are not emulated on": KERNELS_OFF,
     "gradient_checkpointing without gradient_checkpointing_kwargs (use_reentrant=True)":
         "gradient_checkpointing_kwargs:\n  use_reentrant: false\n",
     "adapter without LoRA targets": "lora_target_linear: true\n",

@@ -58,6 +58,7 @@ from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, NOT_YET, ORPO,
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
                         "sample_packing adapter dataset_prepared_path val_set_size lr_scheduler")
 
+CONFIG_OVERRIDES = "overrides of the model's config are not modelled: autotune builds it as published"
 _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
     "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
@@ -76,6 +77,9 @@ _AXOLOTL_REFUSED = {
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
     "quantize_moe_experts": QUANT, "llmcompressor": QUANT,
     "cls_model_config": "a classification head (reward models) is not modelled",
+    # schemas/deprecated.py RemappedParameters: set on the model's config before it is built
+    # (loaders/utils.py load_model_config), as Mixtral's examples turn on output_router_logits.
+    "overrides_of_model_config": CONFIG_OVERRIDES, "model_config": CONFIG_OVERRIDES,
     "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
     "fused_attn_kernel": KERNEL,
 }

@@ -242,6 +242,24 @@ _GEMMA_2 = {
     "torch_dtype": "float32",
     "vocab_size": 256000,
 }
+_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "num_experts_per_tok": 2,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
 # Qwen3 dense (Qwen/Qwen3-0.6B ... 32B, config.json as published; the 0.6B and 1.7B copied in
 # mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py, the 4B to 32B in citsjtu2020/LLM-Prof
 # sglang/Model_Config.md, the shapes also in pytorch/torchtune torchtune/models/qwen3/_model_builders.py).
@@ -372,6 +390,29 @@ _QWEN_VL_7B_TEXT = {
     "use_sliding_window": False,
     "vocab_size": 152064,
 }
+# Gemma 3 from 4B up (Gemma3ForConditionalGeneration): the keys of the -it config.json outside
+# text_config, the same at every size (below).
+_GEMMA_3_IT = {
+    "model_type": "gemma3",
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "initializer_range": 0.02,
+    "mm_tokens_per_image": 256,
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
 _VLM_PRESETS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2-VL-7B-Instruct": {
         "model_type": "qwen2_vl",
@@ -453,14 +494,7 @@ _VLM_PRESETS: dict[str, dict[str, Any]] = {
     # window and linear rope scaling by 8 (the rest Gemma3TextConfig's defaults: 8 heads, 4 key/value
     # heads of 256, vocab 262208), and a SigLIP so400m tower at 896 pixels (27 layers of 1152).
     "google/gemma-3-4b-it": {
-        "model_type": "gemma3",
-        "architectures": ["Gemma3ForConditionalGeneration"],
-        "boi_token_index": 255999,
-        "eoi_token_index": 256000,
-        "eos_token_id": [1, 106],
-        "image_token_index": 262144,
-        "initializer_range": 0.02,
-        "mm_tokens_per_image": 256,
+        **_GEMMA_3_IT,
         "text_config": {
             "hidden_size": 2560,
             "intermediate_size": 10240,
@@ -469,16 +503,44 @@ _VLM_PRESETS: dict[str, dict[str, Any]] = {
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
             "sliding_window": 1024,
         },
-        "torch_dtype": "bfloat16",
-        "vision_config": {
-            "hidden_size": 1152,
-            "image_size": 896,
-            "intermediate_size": 4304,
-            "model_type": "siglip_vision_model",
+    },
+    # google/gemma-3-12b-it and -27b-it: the 4B's release (Gemma3Config's defaults above, the same
+    # SigLIP tower at 896 pixels, 256 tokens an image), larger text models. Their text_config as
+    # Lightning-AI/litgpt litgpt/config.py gives it ("Gemma-3-12b-it", "Gemma-3-27b-it", from their
+    # config.json: n_embd -> hidden_size, n_layer -> num_hidden_layers, n_head ->
+    # num_attention_heads, n_query_groups -> num_key_value_heads, head_size -> head_dim,
+    # attention_scores_scalar -> query_pre_attn_scalar, sliding_window_size -> sliding_window,
+    # rope_adjustments factor -> linear rope scaling). The 27B's config.json is also in
+    # NVIDIA/TensorRT-LLM tests/unittest/_torch/modeling/test_modeling_gemma3vl.py (GEMMA3_27B_MINI_CONFIG,
+    # its layers and window cut for the test, the rest as above); the 12B's, as transformers 4.57
+    # writes it, in an LTX-2 text encoder (Gemma3ForConditionalGeneration subclass LTX2TextEncoder:
+    # head_dim 256, query_pre_attn_scalar 256, text vocabulary 262208, Gemma3TextConfig's defaults).
+    "google/gemma-3-12b-it": {
+        **_GEMMA_3_IT,
+        "text_config": {
+            "hidden_size": 3840,
+            "intermediate_size": 15360,
+            "model_type": "gemma3_text",
             "num_attention_heads": 16,
-            "num_hidden_layers": 27,
-            "patch_size": 14,
-            "vision_use_head": False,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 8,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+    },
+    "google/gemma-3-27b-it": {
+        **_GEMMA_3_IT,
+        "text_config": {
+            "head_dim": 128,
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "model_type": "gemma3_text",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 62,
+            "num_key_value_heads": 16,
+            "query_pre_attn_scalar": 168,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
         },
     },
 }
@@ -566,6 +628,20 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "rope_scaling": {"factor": 8.0, **_LLAMA_3_ROPE},
         "tie_word_embeddings": False,
     },
+    # meta-llama/Meta-Llama-3-70B's config.json in scaleapi/llm-engine
+    # model-engine/tests/unit/domain/test_llm_use_cases.py (the "llama-3-70b" case): Llama 3's 8192
+    # positions without rope scaling (3.1 added it); shapes also in Lightning-AI/litgpt
+    # litgpt/config.py ("Llama-3-70B{}").
+    "meta-llama/Meta-Llama-3-70B": {
+        **_LLAMA_3,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "max_position_embeddings": 8192,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 80,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+    },
     "Qwen/Qwen2.5-0.5B": {
         **_QWEN_2_5,
         "hidden_size": 896,
@@ -623,6 +699,25 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "max_window_layers": 48,
         "num_attention_heads": 40,
         "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": 131072,
+        "tie_word_embeddings": False,
+        "vocab_size": 152064,
+    },
+    # Qwen2.5-72B: shapes from Lightning-AI/litgpt litgpt/config.py ("Qwen2.5-72B{}", from its
+    # config.json: n_layer 80, n_embd 8192, n_head 64, n_query_groups 8, intermediate_size 29568,
+    # padded_vocab_size 152064, block_size 131072, norm_eps 1e-5, rope_base 1e6, q/k/v biases); the
+    # rest as Qwen2-72B's config.json, which has these shapes, in Girafboy/pytorchKQI
+    # example/evaluate.py ("Qwen2_72B": max_window_layers 80, sliding_window 131072, eos 151643).
+    "Qwen/Qwen2.5-72B": {
+        **_QWEN_2_5,
+        "hidden_size": 8192,
+        "intermediate_size": 29568,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 80,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 80,
         "num_key_value_heads": 8,
         "rms_norm_eps": 1e-05,
         "sliding_window": 131072,
@@ -784,6 +879,88 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
         "vocab_size": 131072,
+    },
+    # Mixtral (Mistral 7B's blocks, each MLP 8 experts of which 2 are routed per token): the
+    # config.json of mistralai/Mixtral-8x7B-v0.1 and of Mixtral-8x22B-v0.1 (its base vocabulary of
+    # 32000; the -Instruct's is 32768) in scaleapi/llm-engine
+    # model-engine/tests/unit/domain/test_llm_use_cases.py (the "mixtral-8x7b" and "mixtral-8x22b"
+    # cases); the 8x7B's also in NVIDIA/TensorRT-LLM tests/unittest/_torch/modeling/test_modeling_mixtral.py
+    # and mlc-ai/mlc-llm python/mlc_llm/model/model_preset.py. transformers 5 runs the experts with
+    # grouped_mm, as Qwen3's above.
+    "mistralai/Mixtral-8x7B-v0.1": {
+        **_MIXTRAL,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+    },
+    "mistralai/Mixtral-8x22B-v0.1": {
+        **_MIXTRAL,
+        "hidden_size": 6144,
+        "intermediate_size": 16384,
+        "max_position_embeddings": 65536,
+        "num_attention_heads": 48,
+        "num_hidden_layers": 56,
+        "router_aux_loss_coef": 0.001,
+        "router_jitter_noise": 0.0,
+    },
+    # swiss-ai/Apertus-8B-Instruct-2509 (same shapes as its base, Apertus-8B-2509): the config.json in
+    # ollama/ollama's MLX runner tests (x/mlxrunner/model/apertus, TestParseConfigApertus8B). Llama
+    # blocks with a norm on each head's query and key and an ungated MLP (up and down projections
+    # around the xIELU activation); llama3 rope scaling from 8192 to 65536 positions. Its token ids
+    # are not confirmed here and stay at ApertusConfig's defaults.
+    "swiss-ai/Apertus-8B-Instruct-2509": {
+        "model_type": "apertus",
+        "architectures": ["ApertusForCausalLM"],
+        "attention_bias": False,
+        "hidden_act": "xielu",
+        "hidden_size": 4096,
+        "intermediate_size": 21504,
+        "max_position_embeddings": 65536,
+        "mlp_bias": False,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "post_norm": False,
+        "qk_norm": True,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, **_LLAMA_3_ROPE},
+        "rope_theta": 12000000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 131072,
+    },
+    # ByteDance-Seed/Seed-OSS-36B-Instruct: the model card (ByteDance-Seed/seed-oss README.md, "Model
+    # Summary": 64 layers, 80 / 8 / 8 query/key/value heads of 128 on a 5120 width, 155K vocabulary,
+    # 512K context, rope base 1e7) and its config.json as copied in a Seed-OSS loader's tests (an MLX
+    # port's SEED_OSS_36B_CONFIG, "mirrors the real checkpoint's config.json"): intermediate 27648,
+    # vocab 155136, 524288 positions, q/k/v biases but none on o. Its dropouts (attention and
+    # residual, 0.1: masks kept for the backward) are SeedOssConfig's defaults, documented as this
+    # checkpoint's (transformers' configuration_seed_oss.py); bfloat16, the card's serving dtype.
+    "ByteDance-Seed/Seed-OSS-36B-Instruct": {
+        "model_type": "seed_oss",
+        "architectures": ["SeedOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.1,
+        "attention_out_bias": False,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "max_position_embeddings": 524288,
+        "mlp_bias": False,
+        "num_attention_heads": 80,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "residual_dropout": 0.1,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 155136,
     },
     "google/gemma-2-2b": {
         **_GEMMA_2,
@@ -1088,6 +1265,14 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         "architectures": ["MistralForCausalLM"],
     },
+    # Mixtral: 4 experts of the tiny MLP's width, 2 routed per token (the real models' 8 and 2).
+    "mixtral": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "architectures": ["MixtralForCausalLM"],
+    },
     "gemma2": {
         **_TINY_BERT,
         "num_key_value_heads": 1,
@@ -1163,6 +1348,8 @@ HUB_ALIASES: dict[str, str] = {
     "openai-community/gpt2": "gpt2",
     "openai-community/gpt2-medium": "gpt2-medium",
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
+    # The 8x22B base was first published (from Mistral's torrent) under mistral-community.
+    "mistral-community/Mixtral-8x22B-v0.1": "mistralai/Mixtral-8x22B-v0.1",
 }
 
 

@@ -182,6 +182,8 @@ REFUSED = [
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
     (AXOLOTL, "quantize_moe_experts", True), (AXOLOTL, "use_eaft", True),
     (AXOLOTL, "fused_attn_kernel", True),
+    (AXOLOTL, "model_config", {"output_router_logits": True}),  # Mixtral's examples
+    (AXOLOTL, "overrides_of_model_config", {"output_router_logits": True}),
     (TRAINER, "torch_compile", True),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),

@@ -78,6 +78,10 @@ LIMITS = {
     # vision-language models: their text model's positions
     "Qwen/Qwen2-VL-7B-Instruct": 32768, "Qwen/Qwen2.5-VL-7B-Instruct": 128000,
     "llava-hf/llava-1.5-7b-hf": 4096, "google/gemma-3-4b-it": 131072,
+    "google/gemma-3-12b-it": 131072, "google/gemma-3-27b-it": 131072,
+    "Qwen/Qwen2.5-72B": 131072, "meta-llama/Meta-Llama-3-70B": 8192,
+    "mistralai/Mixtral-8x7B-v0.1": 32768, "mistralai/Mixtral-8x22B-v0.1": 65536,
+    "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")},
 }
 
@@ -422,7 +426,8 @@ def test_with_the_hub_off_a_hint_says_how_to_ask_for_it(monkeypatch: pytest.Monk
         ("TINY-BRET", "tiny-bert"),
         ("bert base uncased", "bert-base-uncased"),
         ("llama-3.2-1b-instruct", "meta-llama/Llama-3.2-1B"),
-        ("Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+        # Letter for letter the 72B is as close (0.67 against the 7B's 0.69), so both are named.
+        ("Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B or Qwen/Qwen2.5-72B"),
         ("meta-llama/Llama-3.2-1B-Instruct",
          "meta-llama/Llama-3.2-1B, meta-llama/Llama-3.2-3B or meta-llama/Llama-3.1-8B"),
         ("bert-large", "bert-large-uncased or bert-large-cased"),  # a family: each of its presets

@@ -43,9 +43,15 @@ DECODERS = [
     "mistralai/Devstral-Small-2507",
     "openai/gpt-oss-20b",
     "deepseek-ai/DeepSeek-V2-Lite",
+    "Qwen/Qwen2.5-72B",
+    "meta-llama/Meta-Llama-3-70B",
+    "mistralai/Mixtral-8x7B-v0.1",
+    "mistralai/Mixtral-8x22B-v0.1",
+    "swiss-ai/Apertus-8B-Instruct-2509",
+    "ByteDance-Seed/Seed-OSS-36B-Instruct",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
-TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2"]
+TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -129,6 +135,18 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         ("openai/gpt-oss-20b", 20_914_757_184),
         # DeepSeek-V2 paper and model card: DeepSeek-V2-Lite, 15.7B in total, 2.4B activated.
         ("deepseek-ai/DeepSeek-V2-Lite", 15_706_484_224),
+        # Qwen2.5-72B model card: 72.7B.
+        ("Qwen/Qwen2.5-72B", 72_706_203_648),
+        # Meta-Llama-3-70B: 70.6B on the hub's safetensors summary (the model card's "70B").
+        ("meta-llama/Meta-Llama-3-70B", 70_553_706_496),
+        # Mistral AI's announcements: Mixtral 8x7B "46.7B total parameters" (12.9B per token),
+        # Mixtral 8x22B "141B parameters" (39B active).
+        ("mistralai/Mixtral-8x7B-v0.1", 46_702_792_704),
+        ("mistralai/Mixtral-8x22B-v0.1", 140_620_634_112),
+        # Apertus model card: 8B.
+        ("swiss-ai/Apertus-8B-Instruct-2509", 8_053_338_176),
+        # Seed-OSS model card ("Parameters: 36B").
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", 36_151_104_512),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -180,6 +198,13 @@ def published(count: int, figure: str) -> bool:
         ("mistralai/Devstral-Small-2507", "24B", None),
         ("openai/gpt-oss-20b", "21B", None),
         ("deepseek-ai/DeepSeek-V2-Lite", "15.7B", None),
+        # The 72B card's non-embedding 70.0B is not its config's either: 80 layers of 877.7M are 70.2B.
+        ("Qwen/Qwen2.5-72B", "72.7B", None),
+        ("meta-llama/Meta-Llama-3-70B", "70.6B", None),
+        ("mistralai/Mixtral-8x7B-v0.1", "46.7B", None),
+        ("mistralai/Mixtral-8x22B-v0.1", "141B", None),
+        ("swiss-ai/Apertus-8B-Instruct-2509", "8B", None),
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", "36B", None),
     ],
 )
 def test_model_cards_figures_are_the_counts_at_their_precision(
@@ -270,6 +295,8 @@ def test_decoder_presets_keep_their_architectures_and_dtype(name: str) -> None:
         # dequantized experts' dtype.
         ("openai/gpt-oss-20b", torch.bfloat16),
         ("deepseek-ai/DeepSeek-V2-Lite", torch.bfloat16),
+        ("mistralai/Mixtral-8x7B-v0.1", torch.bfloat16),
+        ("meta-llama/Meta-Llama-3-70B", torch.bfloat16),
     ],
 )
 def test_presets_carry_the_published_dtype(name: str, dtype: torch.dtype) -> None:
@@ -324,6 +351,21 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
         ("deepseek-ai/DeepSeek-V2-Lite", {"q_lora_rank": None, "kv_lora_rank": 512, "n_routed_experts": 64,
                                           "n_shared_experts": 2, "num_experts_per_tok": 6,
                                           "first_k_dense_replace": 1}),
+        ("Qwen/Qwen2.5-72B", {"num_key_value_heads": 8, "vocab_size": 152064, "rms_norm_eps": 1e-05,
+                              "tie_word_embeddings": False}),
+        # Llama 3 (not 3.1): 8192 positions, no rope scaling.
+        ("meta-llama/Meta-Llama-3-70B", {"num_key_value_heads": 8, "max_position_embeddings": 8192,
+                                         "vocab_size": 128256, "tie_word_embeddings": False}),
+        ("mistralai/Mixtral-8x7B-v0.1", {"num_local_experts": 8, "num_experts_per_tok": 2,
+                                         "sliding_window": None, "vocab_size": 32000}),
+        ("mistralai/Mixtral-8x22B-v0.1", {"num_local_experts": 8, "num_experts_per_tok": 2,
+                                          "num_attention_heads": 48, "vocab_size": 32000}),
+        ("swiss-ai/Apertus-8B-Instruct-2509", {"hidden_act": "xielu", "qk_norm": True,
+                                               "num_key_value_heads": 8, "vocab_size": 131072}),
+        # 80 query heads of 128 on a 5120 width; biases on q, k and v, not o; dropout in training.
+        ("ByteDance-Seed/Seed-OSS-36B-Instruct", {"head_dim": 128, "num_attention_heads": 80,
+                                                  "attention_bias": True, "attention_out_bias": False,
+                                                  "attention_dropout": 0.1, "residual_dropout": 0.1}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
@@ -369,6 +411,8 @@ def test_deepseek_v2_lite_has_no_query_compression() -> None:
         # Rotary on part of each head: 32 of phi-2's 80 dimensions, 32 of phi-1.5's 64.
         ("microsoft/phi-2", {"rope_type": "default", "partial_rotary_factor": 0.4}),
         ("microsoft/phi-1_5", {"rope_type": "default", "partial_rotary_factor": 0.5}),
+        ("meta-llama/Meta-Llama-3-70B", {"rope_type": "default", "rope_theta": 500000.0}),
+        ("swiss-ai/Apertus-8B-Instruct-2509", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 12000000}),
     ],
 )
 def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict[str, Any]) -> None:
@@ -393,6 +437,9 @@ def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict
         ("devstral-small-2507", "mistralai/Devstral-Small-2507"),
         ("DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite"),
         ("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B"),
+        ("mistral-community/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-v0.1"),
+        ("Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B"),
+        ("apertus-8b-instruct-2509", "swiss-ai/Apertus-8B-Instruct-2509"),
     ],
 )
 def test_llm_presets_resolve_without_their_org_and_under_old_names(typed: str, preset: str) -> None:
@@ -425,3 +472,16 @@ def test_every_tiny_config_still_builds(model_type: str) -> None:
     with torch.device("meta"):
         model = AutoModel.from_config(resolve_model(f"tiny-{model_type}").config)
     assert parameter_count(model) < 100_000
+
+
+@pytest.mark.parametrize("name", ["mistralai/Mixtral-8x7B-v0.1", "tiny-mixtral"])
+def test_mixtral_s_experts_run_grouped_mm_as_qwen3_moe_s(name: str) -> None:
+    # The estimator traces transformers' default experts (grouped_mm, one call for the routed
+    # tokens of every expert), as for Qwen3-30B-A3B: one fused gate/up and one down weight a layer.
+    model = fake_causal_lm(name)
+    config = resolve_model(name).config
+    experts = model.model.layers[0].mlp.experts
+    assert model.config._experts_implementation == "grouped_mm"
+    assert experts.gate_up_proj.shape == (config.num_local_experts, 2 * config.intermediate_size,
+                                          config.hidden_size)
+    assert experts.down_proj.shape == (config.num_local_experts, config.hidden_size, config.intermediate_size)

@@ -117,9 +117,10 @@ def test_vlm_presets_train_image_text_to_text_with_their_text_models_positions(n
 
 
 @pytest.mark.parametrize(("name", "params"), [
-    # the totals the hub shows for the checkpoints' safetensors: 8.29B, 8.29B, 7.06B, 4.3B
+    # the totals the hub shows for the checkpoints' safetensors: 8.29B, 8.29B, 7.06B, 4.3B, 12.2B, 27.4B
     ("Qwen/Qwen2-VL-7B-Instruct", 8.29e9), ("Qwen/Qwen2.5-VL-7B-Instruct", 8.29e9),
     ("llava-hf/llava-1.5-7b-hf", 7.06e9), ("google/gemma-3-4b-it", 4.30e9),
+    ("google/gemma-3-12b-it", 12.2e9), ("google/gemma-3-27b-it", 27.4e9),
 ])
 def test_vlm_preset_parameter_counts_match_the_published_totals(name, params):
     from transformers import AutoModelForImageTextToText
