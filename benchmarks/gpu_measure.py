@@ -103,6 +103,12 @@ JOBS["llama-3.2-1b-dpo-24GiB"] = _variant("llama-3.2-1b-24GiB", trainer="dpo", m
                                           seq_lens="1024,2048")
 JOBS["llama-3.2-1b-lora-dpo-24GiB"] = _variant("llama-3.2-1b-lora-24GiB", trainer="dpo", modes="bf16+ckpt",
                                                seq_lens="1024,2048,4096")
+# GRPO (TRL's GRPOTrainer as the cuda backend runs it: model.generate with a KV cache, then the
+# loss step): rows of 256 prompt + 768 completion tokens, 8 generations a prompt, beta 0.04 (the
+# adapter disabled for the reference).
+JOBS["llama-3.2-1b-lora-grpo-24GiB"] = _variant("llama-3.2-1b-lora-24GiB", trainer="grpo", modes="bf16+ckpt",
+                                                seq_lens="1024", num_generations=8, max_completion_length=768,
+                                                beta=0.04)
 # Parts of a table (``table``): the size-only answers' distance to the chip's (issue "Measured truth,
 # second card"), the cells earlier leases did not reach, mixed precision and checkpointing first.
 _PARTS = (
@@ -285,6 +291,17 @@ PLANS: dict[str, list[list[list[str]]]] = {
             ["llama-3.2-1b-lora-dpo-24GiB", "llama-3.2-1b-dpo-24GiB"],
             ["record:llama-1b-lora-bf16ckpt-512x24-24GiB", "record:llama-1b-lora-bf16ckpt-512x23-24GiB",
              "record:llama-1b-lora-bf16ckpt-512x22-24GiB", "llama-3.2-1b-24GiB-512"],
+        ],
+    ],
+    # The next lease: the Llama-3.2-1B FSDP2 ranks again with the head tied (the fourth lease's
+    # worker untied it: h200/README.md), GRPO, and the 8B rank's neighbours (about 130 GiB).
+    "sixth": [
+        [
+            ["llama-3.2-1b-fsdp8-24GiB"],
+            ["llama-3.2-1b-fsdp2-24GiB", "llama-3.2-1b-fsdp4-24GiB"],
+            ["llama-3.2-1b-lora-fsdp8-24GiB", "llama-3.2-1b-lora-grpo-24GiB"],
+            ["bert-large-uncased-16GiB-rest", "bert-large-uncased-12GiB-rest"],
+            ["bert-base-uncased-16GiB-fp32", "bert-base-uncased-16GiB-expandable"],
         ],
     ],
     "third": [
