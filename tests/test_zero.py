@@ -258,3 +258,23 @@ def test_a_checkpointed_zero3_step_checkpoints_the_engine_s_copy_of_the_model():
                            seq_lens=[128], gpu_memory="1664MiB", workers=1)
     plain, checkpointed = (cell.max_batch_size for cell in table.cells)
     assert 0 < plain < checkpointed
+
+
+def test_a_deepspeed_json_given_as_the_second_config_is_the_training_config_s_deepspeed(tmp_path):
+    # deepspeed --num_gpus 8 train.py --deepspeed ds.json: the step from the one, ZeRO from the other
+    from autotune.configs import read_training_configs
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": "auto"},
+        "bf16": {"enabled": "auto"}}))
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "bf16": True}))
+    train, ds = tmp_path / "train.json", tmp_path / "ds.json"
+    for paths in ([train, ds], [ds, train]):
+        step = read_training_configs(paths).request.step
+        assert step.parallel == "zero3"
+        assert json.loads(step.zero_config) == {"stage": 3, "reduce_bucket_size": "auto",
+                                                "offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    (tmp_path / "both.json").write_text(json.dumps({"model_name_or_path": "tiny-llama",
+                                                    "deepspeed": "ds.json"}))
+    with pytest.raises(InvalidInput, match="give one of them"):
+        read_training_configs([tmp_path / "both.json", tmp_path / "ds.json"])
