@@ -114,7 +114,8 @@ def test_auto_values_resolve_from_the_hidden_size_as_the_integration_does():
 
 
 @pytest.mark.parametrize("key, value", [
-    ("offload_optimizer", {"device": "cpu"}), ("offload_param", {"device": "nvme"}), ("cpu_offload", True),
+    ("offload_optimizer", {"device": "nvme"}), ("offload_param", {"device": "nvme"}), ("cpu_offload", True),
+    ("offload_optimizer", {"device": "cpu", "ratio": 0.3}), ("cpu_offload_param", True),
     ("zero_hpz_partition_size", 8), ("zero_quantized_weights", True), ("zero_quantized_gradients", True),
     ("mics_shard_size", 8), ("zenflow", {"topk_ratio": 0.1}), ("legacy_stage1", True),
 ])
@@ -178,13 +179,73 @@ def test_a_trainer_config_s_deepspeed_json_with_auto_values_is_read_into_zero_co
     assert parallel is not None and resolved(parallel.zero, 64)["reduce_bucket_size"] == 64 * 64
 
 
-def test_a_trainer_config_s_deepspeed_offload_is_refused_by_name(tmp_path):
+def test_a_trainer_config_s_deepspeed_nvme_offload_is_refused_by_name(tmp_path):
     from autotune.configs import read_training_config
 
     (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "deepspeed": {
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}))
-    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}}}))
+    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_param.device"):
         read_training_config(tmp_path / "train.json")
+
+
+def test_a_trainer_config_s_deepspeed_cpu_offload_is_read(tmp_path):
+    from autotune.configs import read_training_config
+
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "deepspeed": {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True,
+                                                                  "buffer_count": 4}}}}))
+    config = read_training_config(tmp_path / "train.json")
+    assert json.loads(config.request.step.zero_config)["offload_optimizer"] == {"device": "cpu",
+                                                                                  "pin_memory": True}
+    parallel = make_parallel(4, "zero2", zero_config=config.request.step.zero_config)
+    assert parallel is not None and "offloaded to the CPU" in parallel.label
+    again = Parallel(**{**parallel.__dict__, "zero": json.loads(json.dumps(parallel.zero))})
+    assert again == parallel and hash(again) == hash(parallel)
+    assert any("read by NVMe offload only" in note for note in config.notes)
+
+
+def test_offload_param_below_stage_3_is_refused():
+    with pytest.raises(InvalidInput, match="offload_param is ZeRO-3's"):
+        read_settings({"stage": 2, "offload_param": {"device": "cpu"}}, "ds.json")
+
+
+def offloaded(kind: str, **offload: Any) -> tuple[Phases, Phases]:
+    """The rank's trace at 4 ranks without offload and with ``offload`` (zero_optimization keys)."""
+    settings = {"stage": int(kind[-1]), "reduce_bucket_size": "auto"}
+    plain, _ = traced(make_parallel(4, kind, zero_config=json.dumps(settings)))
+    moved, _ = traced(make_parallel(4, kind, zero_config=json.dumps({**settings, **offload})))
+    return plain, moved
+
+
+def test_zero2_offload_moves_master_weights_their_gradients_and_adam_to_the_host():
+    plain, moved = offloaded("zero2", offload_optimizer={"device": "cpu"})
+    _, model = traced(None)
+    own = partition(model, 4)
+    largest = max(p.numel() for p in model.parameters())
+    # the GPU: no float32 master partition; DeepSpeed's own staging buffer of the largest parameter
+    # in 16 bits (stage_1_and_2.py temp_grad_buffer_for_gpu_offload)
+    assert before(plain) - before(moved) == own * FLOAT32 - largest * 2
+    assert plain.tracker.host_peak_bytes == 0
+    # the host: the master partition, its 16-bit copy (param_buffer_of_bit16_for_cpu_offload_groups),
+    # the largest parameter's gradient in 16 bits (temp_grad_buffer_for_cpu_offload), the float32
+    # gradient partition and CPU Adam's exp_avg and exp_avg_sq (cpu_adam.py step)
+    assert moved.tracker.host_peak_bytes == own * (FLOAT32 + 2 + FLOAT32 + 2 * FLOAT32) + largest * 2
+    # Adam's state never reaches the GPU
+    assert moved.live["optimizer done"][0] - before(moved) < plain.live["optimizer done"][0] - before(plain)
+
+
+def test_zero3_offload_moves_master_weights_gradient_partitions_and_adam_then_parameters_to_the_host():
+    plain, moved = offloaded("zero3", offload_optimizer={"device": "cpu"})
+    _, model = traced(None)
+    own = sum(math.ceil(p.numel() / 4) for p in model.parameters())
+    # the float32 master partition and the 16-bit gradient partitions' flat buffer
+    # (stage3.py _create_fp32_partitions, grad_partitions_flat_buffer pinned)
+    assert before(plain) - before(moved) == own * (FLOAT32 + 2)
+    # ... and on the host: those, the float32 gradient of each sub-group, CPU Adam's two states
+    assert moved.tracker.host_peak_bytes == own * (FLOAT32 + 2 + FLOAT32 + 2 * FLOAT32)
+    _, both = offloaded("zero3", offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
+    # offload_param: the 16-bit partitions (ds_tensor) leave the GPU too
+    assert before(moved) - before(both) == own * 2
 
 
 def test_a_checkpointed_zero3_step_checkpoints_the_engine_s_copy_of_the_model():
@@ -197,3 +258,23 @@ def test_a_checkpointed_zero3_step_checkpoints_the_engine_s_copy_of_the_model():
                            seq_lens=[128], gpu_memory="1664MiB", workers=1)
     plain, checkpointed = (cell.max_batch_size for cell in table.cells)
     assert 0 < plain < checkpointed
+
+
+def test_a_deepspeed_json_given_as_the_second_config_is_the_training_config_s_deepspeed(tmp_path):
+    # deepspeed --num_gpus 8 train.py --deepspeed ds.json: the step from the one, ZeRO from the other
+    from autotune.configs import read_training_configs
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": "auto"},
+        "bf16": {"enabled": "auto"}}))
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "bf16": True}))
+    train, ds = tmp_path / "train.json", tmp_path / "ds.json"
+    for paths in ([train, ds], [ds, train]):
+        step = read_training_configs(paths).request.step
+        assert step.parallel == "zero3"
+        assert json.loads(step.zero_config) == {"stage": 3, "reduce_bucket_size": "auto",
+                                                "offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    (tmp_path / "both.json").write_text(json.dumps({"model_name_or_path": "tiny-llama",
+                                                    "deepspeed": "ds.json"}))
+    with pytest.raises(InvalidInput, match="give one of them"):
+        read_training_configs([tmp_path / "both.json", tmp_path / "ds.json"])

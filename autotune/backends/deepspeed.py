@@ -23,10 +23,29 @@ Where DeepSpeed's code meets fake tensors (``fake_ready``):
   rank 0;
 - the shared-memory collective op of DeepSpeed's CPU backend (comm/torch.py ``build_shm_op``, a
   C++ extension compiled on first use) is not built: the fake group moves nothing anyway;
+- the CPU accelerator's ``device_count`` (accelerator/cpu_accelerator.py: the host's NUMA nodes, read
+  by running ``numactl --hardware`` each time) is read once per process: stage 3 asks it at every
+  gradient bucket it reduces (stage3.py ``__avg_scatter_grads``, 518 times in a Llama-3.1-8B step,
+  about a second of a trace's CPU), for a node count that only ZeRO++'s refused quantized
+  gradients use; the answer is the same each time;
 - stage 1/2 flatten the 16-bit parameters on the host when the GPU has no room for a second copy,
   else on the GPU (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``, ``flatten_on_accelerator``);
   the estimator takes the host path (``available_memory`` 0, and ``Tensor.cpu`` a copy outside the
   allocator): the GPU holds the model, then its flat buffer, never both.
+
+ZeRO-Offload (``offload_optimizer``, and ``offload_param`` for stage 3, to the CPU) runs DeepSpeed's
+own offload code. Its host buffers are told from the GPU's by DeepSpeed's own pinning: the engine is
+handed ``pin_memory`` true, and each buffer it pins (``get_accelerator().pin_memory``: the float32
+master partition, its gradient, the 16-bit staging copies, stage 3's offloaded partitions) goes onto
+the tracker's host ledger as it is made (tracker.py ``to_host``), not the GPU's; pinned or pageable,
+a host buffer takes the same bytes; stage 3's float32 master partitions, which it does not pin, are
+put there as they are made (``_create_fp32_partitions``). The optimizer DeepSpeed steps on the host is its
+``DeepSpeedCPUAdam`` (the integration's choice under offload, engine.py ``_configure_basic_optimizer``),
+a compiled op that cannot run on fake tensors: modelled from its source (ops/adam/cpu_adam.py
+``step``): per parameter, ``exp_avg`` and ``exp_avg_sq`` made as ``zeros_like`` in float32 on the host
+at the first step, then updated in place by the op (no allocation). Two more scalar reads answer "no
+overflow" (stage_1_and_2.py ``update_offload_overflow_tracker``, and stage 1/2's and 3's
+``complete_grad_norm_calculation_for_cpu_offload``). The rank's host memory is the ledger's peak.
 
 The weights reach the GPU as the integration loads them: for stage 1/2 the whole model, cast to
 the mode's 16-bit dtype (engine.py ``_cast_module_mixed_precision``: parameters only, buffers kept)
@@ -50,7 +69,7 @@ from typing import Any
 
 from autotune.errors import InvalidInput
 from autotune.workload.parallel import Parallel
-from autotune.workload.zero import resolved, stage_of
+from autotune.workload.zero import OFFLOAD_KEYS, offloads_optimizer, resolved, stage_of
 
 # TrainingArguments' max_grad_norm default, which the integration fills into "gradient_clipping"
 # (transformers integrations/deepspeed.py trainer_config_process); DeepSpeed then computes the norm.
@@ -58,19 +77,20 @@ MAX_GRAD_NORM = 1.0
 
 
 def _answered(function: Callable[..., Any], value: int) -> Callable[..., Any]:
-    """``function`` run whole, the scalars it reads off the GPU (``.item()``, ``bool()``) answered
-    ``value`` (module docstring)."""
+    """``function`` run whole, the scalars it reads off the GPU (``.item()``, ``bool()``,
+    ``float()``) answered ``value`` (module docstring)."""
     import torch
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        saved = torch.Tensor.item, torch.Tensor.__bool__
+        saved = torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__float__
         torch.Tensor.item = lambda self: value  # type: ignore[method-assign,assignment,misc]
         torch.Tensor.__bool__ = lambda self: bool(value)  # type: ignore[method-assign,assignment,misc]
+        torch.Tensor.__float__ = lambda self: float(value)  # type: ignore[method-assign,assignment,misc]
         try:
             return function(*args, **kwargs)
         finally:
-            torch.Tensor.item, torch.Tensor.__bool__ = saved  # type: ignore[method-assign]
+            torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__float__ = saved  # type: ignore[method-assign]
 
     return wrapper
 
@@ -96,8 +116,9 @@ def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def fake_ready() -> Iterator[None]:
     """DeepSpeed's code made to run on fake tensors and the fake group (module docstring), for
-    the engine's construction and its steps. DeepSpeed's accelerator is its CPU one, the device of
-    the estimator's fake tensors, whatever GPU the machine has (DS_ACCELERATOR, read once)."""
+    the engine's construction and its steps; what it pins is host memory (tracker.to_host).
+    DeepSpeed's accelerator is its CPU one, the device of the estimator's fake tensors, whatever
+    GPU the machine has (DS_ACCELERATOR, read once)."""
     import torch
 
     if "deepspeed.accelerator" not in sys.modules:
@@ -125,11 +146,45 @@ def fake_ready() -> Iterator[None]:
         for module in (stage_1_and_2, stage3, bf16_optimizer, utils):
             stack.enter_context(_patched(module, "is_invalid_grad_norm", invalid))
         stack.enter_context(_patched(zero_utils, "get_lst_from_rank0", _rank0_list))
+        norm = "complete_grad_norm_calculation_for_cpu_offload"
+        two, three = stage_1_and_2.DeepSpeedZeroOptimizer, stage3.DeepSpeedZeroOptimizer_Stage3
+        for cls, name in ((two, "update_offload_overflow_tracker"), (two, norm), (three, norm)):
+            stack.enter_context(_patched(cls, name, _answered(getattr(cls, name), 0)))
+        accelerator = get_accelerator()
+        count = _device_count(accelerator)
+        stack.enter_context(_patched(type(accelerator), "device_count", lambda self: count))
+        stack.enter_context(_patched(type(accelerator), "pin_memory", _pinned))
+        fp32 = stage3.DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions
+        stack.enter_context(_patched(stage3.DeepSpeedZeroOptimizer_Stage3, "_create_fp32_partitions",
+                                     functools.partialmethod(_fp32_partitions, fp32)))
         for name in ("LOCAL_RANK", "RANK"):
             saved = os.environ.get(name)
             os.environ[name] = "0"
             stack.callback(_restore_env, name, saved)
         yield
+
+
+def _pinned(self: Any, tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    """The CPU accelerator's ``pin_memory``: ``tensor`` is a host buffer (module docstring)."""
+    from autotune.backends.estimate.tracker import to_host
+
+    return to_host(tensor)
+
+
+def _fp32_partitions(self: Any, create: Callable[[Any], None]) -> None:
+    """Stage 3's float32 master partitions: made on the host without pinning under
+    ``offload_optimizer`` (stage3.py ``_create_fp32_partitions``: ``.to(subgroup_to_device 'cpu',
+    float32).clone()``), so on the host ledger."""
+    from autotune.backends.estimate.tracker import on_host
+
+    with on_host() if self.offload_optimizer else contextlib.nullcontext():
+        create(self)
+
+
+@functools.cache
+def _device_count(accelerator: Any) -> int:
+    """The CPU accelerator's ``device_count``, read once (module docstring)."""
+    return int(type(accelerator).device_count(accelerator))
 
 
 def _restore_env(name: str, value: str | None) -> None:
@@ -206,11 +261,17 @@ def ds_config(parallel: Parallel, precision: str, hidden_size: int | None) -> di
     fp16 as the mode (the "auto" of ``bf16.enabled``/``fp16.enabled`` is TrainingArguments' bf16/fp16),
     gradient clipping at max_grad_norm, the zero_optimization keys with "auto" resolved. The batch
     keys only set DeepSpeed's bookkeeping: the batch is the probe's."""
+    zero = resolved(parallel.zero, hidden_size)
+    for key in OFFLOAD_KEYS:
+        if key in zero:  # pinned, so that its host buffers are told apart (module docstring)
+            zero[key] = {**zero[key], "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
         "gradient_clipping": MAX_GRAD_NORM, "zero_allow_untested_optimizer": True,
+        # DeepSpeedCPUAdam is modelled over the Trainer's optimizer (cpu_adam, module docstring)
+        "zero_force_ds_cpu_optimizer": False,
         "bf16": {"enabled": precision == "bf16"}, "fp16": {"enabled": precision == "amp"},
-        "zero_optimization": resolved(parallel.zero, hidden_size),
+        "zero_optimization": zero,
         "steps_per_print": 1 << 30, "wall_clock_breakdown": False,
     }
 
@@ -266,6 +327,33 @@ def load(model: Any, parallel: Parallel, track: Callable[[Any], None],
         track(buffer)
 
 
+def cpu_adam(optimizer: Any) -> Any:
+    """The Trainer's optimizer stepped as DeepSpeedCPUAdam allocates (module docstring): at a
+    parameter's first step, ``exp_avg`` and ``exp_avg_sq`` in float32 on the host (deepspeed 0.19
+    ops/adam/cpu_adam.py ``step``: ``zeros_like(p.data, dtype=torch.float, device='cpu')``,
+    fp32_optimizer_states true by default), then the compiled ``adam_update`` in place, which
+    allocates nothing. Its ``step`` is replaced on the instance (DeepSpeed keeps the object)."""
+    import torch
+
+    from autotune.backends.estimate.tracker import on_host
+
+    def step(closure: Any = None) -> None:
+        with on_host():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = optimizer.state[p]
+                    if not state:
+                        state["step"] = 0
+                        state["exp_avg"] = torch.zeros_like(p.data, dtype=torch.float)
+                        state["exp_avg_sq"] = torch.zeros_like(p.data, dtype=torch.float)
+                    state["step"] += 1
+
+    optimizer.step = step
+    return optimizer
+
+
 class EngineStep:
     """The Trainer's step through the engine, in run_steps' seams: ``forward`` (the engine),
     ``scaler`` (``scale(loss).backward()`` is ``engine.backward(loss)``, ``step`` is
@@ -310,6 +398,8 @@ def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, pre
     comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
     mpu = _Mpu(mesh.get_group(), parallel.gpus)
     config = ds_config(parallel, precision, hidden_size(model))
+    if offloads_optimizer(parallel.zero):
+        optimizer = cpu_adam(optimizer)
     try:
         with _flattened_on_host():
             engine = DeepSpeedEngine(args=None, model=module, optimizer=optimizer, config=config,

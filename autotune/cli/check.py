@@ -8,9 +8,10 @@
     autotune check --from-config train.yaml --from-config accelerate.yaml --gpu H100-80GB
 
 A training config is read whole (autotune/configs/): a setting that changes memory
-and that autotune does not model (CPU offload, FSDP1, DeepSpeed's ZeRO, DoRA, ...) is an error
-naming the key, never a verdict for another job. FSDP2 and DDP are read into the request; the
-GPU count is the launcher's, --gpus or an accelerate config given as a second --from-config.
+and that autotune does not model (NVMe offload, FSDP1, ZeRO++, DoRA, ...) is an error
+naming the key, never a verdict for another job. FSDP2, DDP and ZeRO are read into the request; the
+GPU count is the launcher's, --gpus or an accelerate config given as a second --from-config (a
+DeepSpeed JSON may be the second instead: the training config's deepspeed).
 LoRA and QLoRA settings (Axolotl's adapter, TRL's use_peft and lora_*, a PEFT adapter directory)
 are modelled; PEFT flags given here win over them.
 

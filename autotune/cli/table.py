@@ -192,6 +192,10 @@ def render_table(t: TableResult) -> str:
     seeded = ", seeded by the estimator" if t.environment.get("seeded_by") else ""
     lines.append(f"{_count(t.total_probes, 'probe')} for {_count(len(t.cells), 'cell')} "
                  f"({per_cell:.2f} per cell, search {t.search}{seeded}), {t.elapsed_s:.1f} s")
+    host = max((int(probe.get("host_bytes") or 0) for c in t.cells for probe in c.probe_log), default=0)
+    if host:
+        lines.append(f"host memory per GPU's rank (ZeRO-Offload's buffers and CPU Adam state): "
+                     f"{format_bytes(host)} of pinned RAM; a node needs it once per GPU")
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)

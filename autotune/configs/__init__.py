@@ -83,20 +83,38 @@ def read_training_config(path: str | Path, card: GpuSpec | None = None, *,
 
 def read_training_configs(paths: Sequence[str | Path], card: GpuSpec | None = None, *,
                           trainer: str | None = None) -> TrainingConfig:
-    """The check of one training config, or of a training config and the accelerate config it is
-    launched with (either order): the step from the one, the GPUs from the other
-    (accelerate.combine)."""
+    """The check of one training config, or of a training config and the launcher's config beside
+    it (either order): an accelerate config (the step from the one, the GPUs from the other,
+    accelerate.combine), or a DeepSpeed JSON, read as the training config's ``deepspeed`` (the
+    Trainer's ``--deepspeed ds.json``, Axolotl's and LLaMA-Factory's ``deepspeed:``)."""
     if len(paths) == 1:
         return read_training_config(paths[0], card, trainer=trainer)
     configs = [_config(path, card) for path in paths]
-    launches = [cfg for cfg in configs if detect(cfg) == "accelerate"]
+    speeds = [cfg for cfg in configs if is_deepspeed_json(cfg)]
+    launches = [cfg for cfg in configs if detect(cfg) == "accelerate"] + speeds
     if len(configs) != 2 or len(launches) != 1:
         files = ", ".join(cfg.file for cfg in configs)
         raise InvalidInput(f"{len(configs)} configs given ({files}): give one training config, and at most "
-                           "one accelerate config beside it (accelerate launch --config_file)")
-    training = _read(next(cfg for cfg in configs if cfg is not launches[0]), trainer)
+                           "one launcher's config beside it: an accelerate config (accelerate launch "
+                           "--config_file) or a DeepSpeed JSON")
+    training_cfg = next(cfg for cfg in configs if cfg is not launches[0])
+    if speeds:
+        if training_cfg.data.get("deepspeed") not in (None, ""):
+            given = training_cfg.data["deepspeed"]
+            raise InvalidInput(f"{training_cfg.file!r} sets deepspeed ({given!r}) and {speeds[0].file!r} is "
+                               "a DeepSpeed config too: give one of them")
+        training_cfg.data["deepspeed"] = str(Path(speeds[0].file).resolve())
+        return _read(training_cfg, trainer)
+    training = _read(training_cfg, trainer)
     sharded = training.request.step.parallel == "fsdp"
     return combine(training, read_accelerate(launches[0], trainer_fsdp=sharded))
+
+
+def is_deepspeed_json(cfg: Config) -> bool:
+    """A DeepSpeed config (its ``zero_optimization``, no model): what ``deepspeed`` points to."""
+    keys = set(cfg.data)
+    return "zero_optimization" in keys and not keys & {"model", "model_name_or_path", "base_model",
+                                                        "model_name"}
 
 
 def _config(path: str | Path, card: GpuSpec | None) -> Config:

@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InvalidInput
-from autotune.workload.zero import Settings, default_settings, parse_settings, settings_text, stage_of
+from autotune.workload.zero import (
+    Settings,
+    default_settings,
+    hashable,
+    offloads,
+    parse_settings,
+    settings_text,
+    stage_of,
+)
 
 DDP, FSDP = "ddp", "fsdp"
 ZERO_STAGES = ("zero1", "zero2", "zero3")
@@ -58,7 +66,7 @@ class Parallel:
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
         # of [key, value] lists: tuples again, so that the Parallel (and its Workload) is hashable.
-        object.__setattr__(self, "zero", tuple(tuple(item) for item in self.zero))
+        object.__setattr__(self, "zero", hashable(self.zero))
 
     @property
     def is_zero(self) -> bool:
@@ -82,7 +90,12 @@ class Parallel:
                     "zero2": "1/N of the optimizer state, float32 master weights and gradients",
                     "zero3": "1/N of the optimizer state, float32 master weights, gradients and "
                              "16-bit parameters, each layer gathered while it runs"}[self.kind]
-            return f"DeepSpeed ZeRO-{self.kind[-1]}, {self.gpus} GPUs (each holds {held})"
+            offloaded = {(): "", ("optimizer",): "; the optimizer state, float32 master weights and their "
+                         "gradients offloaded to the CPU",
+                         ("optimizer", "param"): "; the optimizer state, float32 master weights, their "
+                         "gradients and the 16-bit parameters offloaded to the CPU",
+                         ("param",): "; the 16-bit parameters offloaded to the CPU"}[offloads(self.zero)]
+            return f"DeepSpeed ZeRO-{self.kind[-1]}, {self.gpus} GPUs (each holds {held}{offloaded})"
         if self.recipe == "llamafactory" and self.gpus == 1:
             return "LLaMA-Factory v1 on 1 GPU (FSDP2 not applied: no process group)"
         strategy = "full shard" if self.reshard_after_forward else "shard grad op (no reshard after forward)"
@@ -105,7 +118,11 @@ class Parallel:
                     + " (\"auto\" resolved from hidden_size as transformers' trainer_config_finalize does): "
                     "its flat 16-bit and float32 partitions, gradient buckets and gathered parameters are "
                     "allocated by DeepSpeed itself; the overflow check and the gradient-norm check, which "
-                    "read a scalar, are taken to find no overflow")
+                    "read a scalar, are taken to find no overflow"
+                    + ("; ZeRO-Offload run by DeepSpeed's own offload code, each buffer it pins counted as "
+                       "host memory, not the GPU's; DeepSpeedCPUAdam's state modelled from source "
+                       "(ops/adam/cpu_adam.py step: exp_avg and exp_avg_sq in float32 on the host; its "
+                       "compiled op cannot run on fake tensors)" if offloads(self.zero) else ""))
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "

@@ -10,6 +10,11 @@ trainer_config_finalize``, the same in accelerate 1.15 accelerator.py ``_prepare
     stage3_prefetch_bucket_size         int(0.9 * hidden_size * hidden_size)   (stage 3)
     stage3_param_persistence_threshold  10 * hidden_size                      (stage 3)
 
+``offload_optimizer`` (stages 1-3) and ``offload_param`` (stage 3) to the CPU are run by the engine
+too (ZeRO-Offload, backends/deepspeed.py: its host buffers on the host ledger, DeepSpeedCPUAdam
+modelled from source); kept as their ``device`` and ``pin_memory``, the keys of NVMe offload noted
+as without effect on the CPU, NVMe itself and a partial offload (``ratio``) refused by name.
+
 A key left out takes DeepSpeed's default (deepspeed 0.19 runtime/zero/config.py
 ``DeepSpeedZeroConfig``: buckets of 5e8 elements, prefetch 5e7, persistence 1e5, 1e9 live
 parameters; ``overlap_comm`` true for stage 3 only). ``--parallel zeroN`` without a config is a
@@ -49,15 +54,16 @@ NO_EFFECT = {
     "pipeline_loading_checkpoint": "how a checkpoint is loaded",
     "save_muon_momentum_buffer_in_memory": "read only by the Muon optimizer",
 }
-OFFLOAD = ("CPU/NVMe offload (ZeRO-Offload: {what} held on the host, the step run there with DeepSpeed's "
-           "compiled CPU Adam) is not modelled yet")
+OFFLOAD_KEYS = ("offload_optimizer", "offload_param")
+# offload_optimizer / offload_param's own keys (runtime/zero/offload_config.py): those NVMe offload
+# alone reads, without effect when the device is the CPU.
+NVME_ONLY = frozenset({"nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read",
+                       "pipeline_write", "fast_init"})
+LEGACY = ("a deprecated spelling of ZeRO-Offload that autotune does not read: write "
+          "offload_optimizer / offload_param {\"device\": \"cpu\"}")
 # Keys that change memory in ways not modelled, and why; refused where set to other than the default.
 UNMODELLED = {
-    "offload_optimizer": OFFLOAD.format(what="the optimizer state and float32 master weights"),
-    "offload_param": OFFLOAD.format(what="the parameters"),
-    "cpu_offload": OFFLOAD.format(what="the optimizer state"),
-    "cpu_offload_param": OFFLOAD.format(what="the parameters"),
-    "cpu_offload_use_pin_memory": OFFLOAD.format(what="pinned host buffers"),
+    "cpu_offload": LEGACY, "cpu_offload_param": LEGACY, "cpu_offload_use_pin_memory": LEGACY,
     "zenflow": "ZenFlow's asynchronous CPU optimizer is not modelled",
     "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning (a secondary copy of the parameters per "
                                "node) is not modelled",
@@ -95,7 +101,11 @@ def read_settings(zero_optimization: Any, where: str, notes: list[str] | None = 
         raise InvalidInput(f"{where}: zero_optimization must be a mapping, got {zero_optimization!r}")
     kept: dict[str, Any] = {}
     for key, value in zero_optimization.items():
-        if key in MODELLED_KEYS:
+        if key in OFFLOAD_KEYS:
+            offload = _offload(key, value, where, notes)
+            if offload is not None:
+                kept[key] = offload
+        elif key in MODELLED_KEYS:
             if isinstance(value, str) and value != AUTO:
                 raise InvalidInput(f"{where}: zero_optimization.{key} must be a number, a boolean or "
                                    f"\"auto\", got {value!r}")
@@ -116,7 +126,57 @@ def read_settings(zero_optimization: Any, where: str, notes: list[str] | None = 
     stage = kept.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise InvalidInput(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    if "offload_param" in kept and stage != 3:
+        raise InvalidInput(f"{where}: zero_optimization.offload_param is ZeRO-3's (stage {stage} never "
+                           "reads it): remove it, or use stage 3")
     return tuple(sorted(kept.items()))
+
+
+def _offload(key: str, value: Any, where: str, notes: list[str] | None) -> tuple[tuple[str, Any], ...] | None:
+    """``offload_optimizer`` / ``offload_param`` (runtime/zero/offload_config.py
+    ``DeepSpeedZeroOffloadOptimizerConfig``/``ParamConfig``): None where the device is none, else its
+    device ("cpu") and pin_memory (default false), hashable; NVMe and a partial offload refused."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where}: zero_optimization.{key} must be a mapping such as "
+                           f"{{\"device\": \"cpu\"}}, got {value!r}")
+    device = str(value.get("device", "none")).lower()
+    if device == "none":
+        return None
+    if device != "cpu":
+        raise UnmodelledSetting(f"{where}: zero_optimization.{key}.device: {value.get('device')!r}: NVMe "
+                                "offload (ZeRO-Infinity: the state swapped through files by DeepSpeed's "
+                                "compiled async I/O op) is not modelled; device \"cpu\" is")
+    for name, option in value.items():
+        if name in ("device", "pin_memory"):
+            continue
+        if name == "ratio" and option in (1, 1.0):
+            continue
+        if name == "ratio":
+            raise UnmodelledSetting(f"{where}: zero_optimization.{key}.ratio: {option!r}: a partial offload "
+                                    "(part of the optimizer step kept on the GPU) is not modelled")
+        if name in NVME_ONLY:
+            if notes is not None:
+                notes.append(f"{where}: zero_optimization.{key}.{name}: {option!r}: no effect on GPU memory: "
+                             "read by NVMe offload only")
+            continue
+        raise UnknownSetting(f"unknown key {where}: zero_optimization.{key}.{name}: autotune cannot tell "
+                             "whether it changes memory; correct the key, or remove it")
+    pin = value.get("pin_memory", False)
+    if not isinstance(pin, bool):
+        raise InvalidInput(f"{where}: zero_optimization.{key}.pin_memory must be true or false, got {pin!r}")
+    return (("device", "cpu"), ("pin_memory", pin))
+
+
+def offloads_optimizer(settings: Settings) -> bool:
+    return "offload_optimizer" in dict(settings)
+
+
+def offloads(settings: Settings) -> tuple[str, ...]:
+    """What the settings offload to the CPU: "optimizer", "param"."""
+    found = dict(settings)
+    return tuple(key.removeprefix("offload_") for key in OFFLOAD_KEYS if key in found)
 
 
 def _is_set(key: str, value: Any) -> bool:
@@ -141,7 +201,21 @@ def parse_settings(text: str, where: str = "zero_config") -> Settings:
 
 
 def settings_text(settings: Settings) -> str:
-    return json.dumps(dict(settings), sort_keys=True)
+    """The settings as a zero_optimization mapping's JSON (an offload as its mapping)."""
+    return json.dumps({key: dict(value) if key in OFFLOAD_KEYS else value for key, value in settings},
+                      sort_keys=True)
+
+
+def hashable(items: Any) -> Settings:
+    """Settings made again from JSON's lists ([key, value] pairs, an offload's pairs or mapping):
+    tuples, so that a Parallel is hashable."""
+    def value_of(key: str, value: Any) -> Any:
+        if key in OFFLOAD_KEYS:
+            pairs = value.items() if isinstance(value, dict) else value
+            return tuple(sorted((str(name), option) for name, option in pairs))
+        return value
+
+    return tuple((str(key), value_of(str(key), value)) for key, value in items)
 
 
 def stage_of(settings: Settings) -> int:
@@ -152,7 +226,7 @@ def resolved(settings: Settings, hidden_size: int | None) -> dict[str, Any]:
     """The zero_optimization mapping the engine gets: "auto" values resolved from the model's hidden
     size as the Hugging Face integration does (module docstring; the stage-3 keys only for stage 3,
     else dropped as there, where DeepSpeed ignores them)."""
-    config = dict(settings)
+    config = {key: dict(value) if key in OFFLOAD_KEYS else value for key, value in settings}
     stage = stage_of(settings)
     values = {} if hidden_size is None else {
         "reduce_bucket_size": hidden_size * hidden_size,

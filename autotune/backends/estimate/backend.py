@@ -439,6 +439,9 @@ class EstimateBackend:
         self._maxima: dict[tuple[Any, ...], dict[int, int]] = {}
         # Per (workload, mode): whether steps after the first are written from it (steps.py).
         self._steady: dict[tuple[Any, ...], SteadySteps] = {}
+        # Per (workload, mode): the most host memory a traced step's ZeRO-Offload held (tracker.py's
+        # host ledger; the same at every batch: DeepSpeed's offloaded buffers are the model's).
+        self._host_bytes: dict[tuple[Any, ...], int] = {}
         # Per fake model: the bytes every step holds at least (floor_bytes).
         self._floors: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
@@ -597,6 +600,7 @@ class EstimateBackend:
                 "estimate": method,
                 "estimate_seconds": round(time.perf_counter() - started, 4),
                 **attention_detail(self._attention.get((workload, mode.name))),
+                **({"host_bytes": host} if (host := self._host_bytes.get((workload, mode.name))) else {}),
             },
         )
 
@@ -672,6 +676,8 @@ class EstimateBackend:
                 finally:
                     self._emulation = None
                 self._note_attention(workload, mode, emulation)
+                if tracker.host_peak_bytes:
+                    self._host_bytes[(workload, mode.name)] = tracker.host_peak_bytes
                 return Trace.from_events(batch_size, events, tracker.workspaces)
             raise AssertionError("a trace that writes no step cannot be unsteady")
         finally:

@@ -43,6 +43,11 @@ Storages made inside ``outside_allocator()`` are not the caching allocator's (bi
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
 
+Host memory (DeepSpeed's ZeRO-Offload, backends/deepspeed.py) is kept on a ledger of its own: a
+storage made inside ``on_host()``, or moved there by ``to_host`` as it is made (a pinned buffer),
+is no allocation of the GPU's; its bytes count towards ``host_bytes`` while it lives, and the most
+held at once is ``host_peak_bytes``.
+
 Code of the step may name a part of itself, ``with allocation_region(name) as region:``, and hand
 back what the part returns (``region.hand_out(result)``): a tracker that records where each
 allocation was made (instrument.RecordingTracker) notes the region of each allocation made inside
@@ -82,6 +87,7 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 _FIRST_MOVED_KEY = 1 << 60
 
 _OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
+_ON_HOST: ContextVar[bool] = ContextVar("on_host", default=False)
 _CONSTANT_VIEWS: ContextVar[bool] = ContextVar("constant_views", default=False)
 _REGION: ContextVar[Region | None] = ContextVar("allocation_region", default=None)
 T = TypeVar("T")
@@ -110,6 +116,26 @@ def outside_allocator() -> Iterator[None]:
         yield
     finally:
         _OUTSIDE_ALLOCATOR.reset(token)
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """Storages first seen inside are host memory: on the tracker's host ledger (module docstring)."""
+    token = _ON_HOST.set(True)
+    try:
+        yield
+    finally:
+        _ON_HOST.reset(token)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s storage, just made, is host memory (module docstring): the innermost tracker
+    running takes its allocation back and puts it on its host ledger. Returns ``tensor``."""
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, StorageTracker):
+            mode.move_to_host(tensor)
+            break
+    return tensor
 
 
 class Region:
@@ -187,6 +213,38 @@ class StorageTracker(TorchDispatchMode):
         self._moved: dict[int, int] = {}
         self._accumulation: tuple[int, int, int] | None = None
         self._next_moved_key = _FIRST_MOVED_KEY
+        self.host_bytes = 0  # the host ledger (module docstring)
+        self.host_peak_bytes = 0
+
+    def _on_host(self, storage: Any) -> None:
+        nbytes = storage.nbytes()
+        self.host_bytes += nbytes
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        weakref.finalize(storage, self._host_freed, nbytes).atexit = False
+
+    def _host_freed(self, nbytes: int) -> None:
+        if not self._closed:
+            self.host_bytes -= nbytes
+
+    def move_to_host(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage is host memory (``to_host``): its allocation, made just before
+        (DeepSpeed pins a host buffer as it makes it), is taken out of the events and onto the host
+        ledger."""
+        storage = local_shard(tensor).untyped_storage()
+        key = storage._cdata
+        index = self._allocated_at.get(key)
+        if key in self._emptied or key in self._moved or index is None:
+            return
+        del self.events[index]
+        del self._allocated_at[key]
+        self._accumulation = None
+        for other, at in self._allocated_at.items():
+            if at > index:
+                self._allocated_at[other] = at - 1
+        self._live.pop(key).detach()
+        self._outside.add(key)
+        weakref.finalize(storage, self._outside.discard, key).atexit = False
+        self._on_host(storage)
 
     def track(self, tensor: torch.Tensor) -> None:
         """Count ``tensor``'s storage as allocated now (once), and freed when it dies; never a
@@ -195,9 +253,11 @@ class StorageTracker(TorchDispatchMode):
         key = storage._cdata
         if key in self._live or key in self._outside:
             return
-        if _OUTSIDE_ALLOCATOR.get():
+        if _OUTSIDE_ALLOCATOR.get() or _ON_HOST.get():
             self._outside.add(key)
             weakref.finalize(storage, self._outside.discard, key).atexit = False
+            if _ON_HOST.get():
+                self._on_host(storage)
             return
         self._allocated_at[key] = len(self.events)
         self.events.append((key, storage.nbytes()))
