@@ -74,7 +74,7 @@ from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.step import ATTN_CHOICES
-from autotune.workload.trainers import TRAINERS
+from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
 if TYPE_CHECKING:
@@ -414,16 +414,21 @@ class Step:
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
         "model for a full fine-tune, the model with its adapter disabled under LoRA); orpo, simpo (pairs, "
-        "no reference); reward (a one-score sequence classifier on pairs); grpo (GRPOTrainer: generation, "
+        "no reference); kto (KTOTrainer: the batch is examples, a prompt + completion labelled desirable "
+        "or undesirable, 1 row each, with a KL batch of mismatched completions under no_grad and DPO's "
+        "reference); reward (a one-score sequence classifier on pairs); grpo (GRPOTrainer: generation, "
         "then the policy's step; the batch is completions, a row the prompt then max_completion_length "
-        "tokens, seq_len in all); kto is not modelled yet. For the paired trainers the batch is pairs, 2 "
-        "rows each", choices=TRAINERS)
+        "tokens, seq_len in all). For the paired trainers the batch is pairs, 2 rows each",
+        choices=TRAINERS)
     precompute_ref_log_probs: bool | None = option(
-        None, "dpo: the reference's log-probs computed before training (DPOConfig.precompute_ref_log_probs): "
-        "no reference model nor forward in the step")
+        None, "dpo, kto: the reference's log-probs computed before training (DPOConfig, KTOConfig "
+        "precompute_ref_log_probs): no reference model nor forward in the step")
     chosen_nll: bool | None = option(
         None, "simpo: the NLL of the chosen rows added to the loss (CPOConfig cpo_alpha != 0, TRL's default "
         "1.0); --no-chosen-nll: pure SimPO (cpo_alpha 0)")
+    kto_loss_type: str | None = option(
+        None, "kto: KTOConfig loss_type: kto (the default: the KL batch runs) or apo_zero_unpaired (no KL "
+        "batch)", choices=KTO_LOSS_TYPES)
     # GRPO (GRPOConfig's names): the service refuses trainers other than sft, so these are not its fields
     num_generations: int | None = option(
         None, "grpo: completions sampled per prompt (GRPOConfig num_generations, default 8, at least 2); the "
@@ -747,9 +752,10 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     trainer = None
     with found.about("trainer"):
         trainer = check_trainer(step.trainer, precompute_ref_log_probs=step.precompute_ref_log_probs,
-                                chosen_nll=step.chosen_nll,
+                                chosen_nll=step.chosen_nll, kto_loss_type=step.kto_loss_type,
                                 grpo={name: getattr(step, name) for name in GRPO_FIELDS})
-    if spec is None or not found.ok("task", "dtype", "trainer", "precompute_ref_log_probs", *GRPO_FIELDS):
+    if spec is None or not found.ok("task", "dtype", "trainer", "precompute_ref_log_probs", "kto_loss_type",
+                                    *GRPO_FIELDS):
         return None
     if trainer is not None and seq_lens is not None:
         with found.about("max_completion_length"):
