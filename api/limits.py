@@ -24,6 +24,9 @@ MAX_OFFSET = 2**63 - 1
 # micro-batch of a million sequences.
 MAX_BATCH_SIZE = 2**20
 MAX_ACCUMULATION_STEPS = 2**20  # the same bound for gradient accumulation steps
+# GRPO's num_generations and steps_per_generation: a generation batch is batch x steps_per_generation
+# rows, traced on fake tensors; TRL's recipes use 2 to 64 generations and a few steps per generation.
+MAX_GENERATIONS = 1024
 # The largest target card (gpu_memory). Today's largest hold 288 GB (B300, MI355X); 4 TiB leaves
 # room for generations of them and keeps every byte count well inside SQLite's integers.
 MAX_GPU_MEMORY_BYTES = 4 * 1024**4

@@ -289,6 +289,12 @@ class ImportedPublic(BaseModel):
                                                  "(not measured, not failed)")
 
 
+TRAINER_DESCRIPTION = ("a preference or RL trainer's step (name, trl_class, rows_per_sample, reference, "
+                       "label; grpo: its generation settings and a colocated vLLM engine's vllm_bytes; kto: "
+                       "loss_type, kl_batch, min_batch); null: supervised fine-tuning. Each max batch counts "
+                       "what the trainer's batch counts (pairs, examples, completions)")
+
+
 class TableSummary(BaseModel):
     id: str
     url: str
@@ -327,6 +333,9 @@ class TablePublic(TableSummary):
     parallel: dict[str, Any] | None = Field(default=None, description="a multi-GPU job: kind (ddp, fsdp), "
                                             "gpus, nodes, reshard_after_forward, shard_size, label, "
                                             "modelled; every max batch is one GPU's. null: one GPU")
+    trainer: dict[str, Any] | None = Field(default=None, description=(
+        "the preference or RL trainer whose step the table is for: settings (as stored in the run's spec: "
+        "name and the settings that apply to it), and " + TRAINER_DESCRIPTION))
     warnings: list[str] = Field(description="what the target card does not support of this step")
     environment: dict[str, Any]
     started_at: str | None
@@ -466,9 +475,7 @@ class CheckPublic(BaseModel):
                                           "every row; always null here: the service refuses those models")
     offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
                                       "always false here: the service does not take it")
-    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
-                                           "trl_class, rows_per_sample, reference, label); always null here: "
-                                           "the service refuses any trainer but sft")
+    trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -610,6 +617,4 @@ class ExplainPublic(BaseModel):
     host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
                                            "memory its copies held; always null here: the service does "
                                            "not take it")
-    trainer: dict[str, Any] | None = Field(default=None, description="a preference trainer's step (name, "
-                                           "trl_class, rows_per_sample, reference, label); always null here: "
-                                           "the service refuses any trainer but sft")
+    trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)

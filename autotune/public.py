@@ -339,7 +339,7 @@ class StepOptions(TypedDict, total=False):
     """The step every function models, as keywords named as the CLI's flags (autotune/request.py
     Step and PeftOptions declare them, with their defaults): the head, the weights, the optimizer,
     attention, loss, checkpointing, Liger kernels, the GPUs of a multi-GPU job, the trainer (``trainer``
-    dpo, orpo, simpo or reward: TRL's preference step; grpo and its GRPOConfig settings), and LoRA/QLoRA
+    dpo, orpo, simpo, kto or reward: TRL's preference step; grpo and its GRPOConfig settings), and LoRA/QLoRA
     (``peft`` and the ``lora_*`` and ``bnb_4bit_*`` settings, or a PEFT ``peft_config``, or an
     ``adapter`` built already)."""
 
@@ -360,8 +360,9 @@ class StepOptions(TypedDict, total=False):
     images_per_sample: int | None  # 1, image-text-to-text only
     image_size: str | tuple[int, int] | None  # "640x480" (width x height), image-text-to-text only
     trainer: str | None  # sft; dpo, orpo, simpo, reward: TRL's step, the batch in pairs
-    precompute_ref_log_probs: bool | None  # dpo: no reference model nor forward
+    precompute_ref_log_probs: bool | None  # dpo, kto: no reference model nor forward
     chosen_nll: bool | None  # simpo: CPOConfig cpo_alpha != 0 (default True)
+    kto_loss_type: str | None  # kto: KTOConfig loss_type, kto (a KL batch) or apo_zero_unpaired (none)
     num_generations: int | None  # grpo: 8 (GRPOConfig)
     max_completion_length: int | None  # grpo: 512 tokens of each row
     max_prompt_length: int | None  # grpo: a row's prompt tokens (seq_len = prompt + completion)

@@ -156,10 +156,14 @@ def trainer_json(workload: Workload, gpu: GpuSpec | None = None) -> dict[str, An
     """What results say of a preference trainer's step (preference.Trainer.to_json: its name, TRL's
     class, what a row is, the reference); for GRPO on ``gpu``, a colocated vLLM engine's bytes
     (``vllm_bytes``: off the budget)."""
-    trainer = workload.trainer
-    if trainer is None:
+    if workload.trainer is None:
         return None
-    found = trainer.to_json(peft=workload.adapter is not None)
+    return trainer_summary(workload.trainer, peft=workload.adapter is not None, gpu=gpu)
+
+
+def trainer_summary(trainer: Trainer, *, peft: bool, gpu: GpuSpec | None = None) -> dict[str, Any]:
+    """trainer_json of a trainer on its own (the service's stored runs: no workload built)."""
+    found = trainer.to_json(peft=peft)
     if "grpo" in found and gpu is not None:
         found["grpo"]["vllm_bytes"] = trainer.vllm_bytes(gpu.total_memory_bytes)
     return found

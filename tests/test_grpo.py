@@ -100,7 +100,7 @@ def test_check_says_the_vllm_share_and_that_a_row_is_a_completion(capsys):
     ({"trainer": "grpo", "vllm_gpu_memory_utilization": 0.5}, "vllm_gpu_memory_utilization",
      "colocated vLLM engine"),
     ({"trainer": "dpo", "num_generations": 4}, "num_generations", "is GRPO's"),
-    ({"trainer": "kto"}, "trainer", "KTO is not modelled yet"),
+    ({"trainer": "kto", "beta": 0.1}, "beta", "is GRPO's"),
 ])
 def test_each_refusal_names_its_field(settings, field, words):
     with pytest.raises(InvalidInput, match=words) as caught:

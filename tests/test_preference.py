@@ -174,10 +174,9 @@ def check(**step: Any) -> Any:
 
 
 @pytest.mark.parametrize(("step", "field", "words"), [
-    ({"trainer": "kto"}, "trainer", "KTO is not modelled yet"),
     ({"trainer": "ppo"}, "trainer", "unknown trainer 'ppo': allowed are sft, dpo, orpo, simpo, kto, reward, "
                                     "grpo"),
-    ({"trainer": "orpo", "precompute_ref_log_probs": True}, "precompute_ref_log_probs", "is DPO's"),
+    ({"trainer": "orpo", "precompute_ref_log_probs": True}, "precompute_ref_log_probs", "is DPO's and KTO's"),
     ({"trainer": "dpo", "chosen_nll": False}, "chosen_nll", "is SimPO's"),
     ({"trainer": "reward", "task": "causal-lm"}, "task", "trains a sequence-classification model"),
     ({"trainer": "dpo", "loss": "chunked"}, "loss", "use_liger_kernel"),
@@ -187,12 +186,6 @@ def test_each_unmodelled_preference_step_is_refused_by_name(step, field, words):
     with pytest.raises(InvalidInput, match=words) as caught:
         check(**step)
     assert caught.value.field == field
-
-
-def test_the_cli_refuses_kto_as_an_error(capsys):
-    assert main(["check", "tiny-llama", "--trainer", "kto", "--seq-len", "64", "--batch-size", "1",
-                 "--gpu-memory", "1GiB", "--backend", "estimate", "--no-cache"]) == 2
-    assert "KTO is not modelled yet" in capsys.readouterr().err
 
 
 # --- what the outputs say --------------------------------------------------------------------
@@ -288,18 +281,6 @@ def test_each_trl_preference_config_is_told_by_its_own_keys(tmp_path, keys, trai
                  "config.yaml")
     assert (found.format, found.trainer) == (f"trl-{trainer}", trainer)
     assert {name: getattr(found, name) for name in fields} == fields
-
-
-@pytest.mark.parametrize(("keys", "words"), [
-    ({"desirable_weight": 1.0}, "KTO is not modelled yet"),
-])
-def test_kto_configs_are_refused_by_name(tmp_path, keys, words):
-    from configread import write
-
-    from autotune.configs import read_training_config
-
-    with pytest.raises(InvalidInput, match=words):
-        read_training_config(write(tmp_path, {"model_name_or_path": "tiny-llama", **keys}, "config.yaml"))
 
 
 def test_the_example_axolotl_dpo_config_is_read_as_dpo_without_lora_kernels():

@@ -23,6 +23,7 @@ from api.runs.spec import TableSpec
 from autotune.workload.adapters import Adapter
 from autotune.workload.parallel import Parallel
 from autotune.workload.support import weights_label
+from autotune.workload.trainers import Trainer
 
 ID_HEX = 12  # of sha256: enough to tell a model's steps apart, short enough for a URL
 
@@ -42,12 +43,17 @@ class Step:
     # A multi-GPU job (TableSpec.parallel) as canonical JSON; "" for one GPU, left out of the id as
     # in the ids of the runs stored before jobs had more
     parallel: str = ""
+    # A preference or RL trainer (TableSpec.trainer) as canonical JSON; "" for supervised fine-tuning,
+    # left out of the id as in the ids of the runs stored before trainers were
+    trainer: str = ""
 
     @property
     def id(self) -> str:
         fields = asdict(self)
         if not fields["parallel"]:
             del fields["parallel"]
+        if not fields["trainer"]:
+            del fields["trainer"]
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:ID_HEX]
 
@@ -66,6 +72,8 @@ class Step:
             ("Step", step),
             ("PEFT", adapter),
             *([("GPUs", Parallel(**json.loads(self.parallel)).label)] if self.parallel else []),
+            *([("Trainer", Trainer(**json.loads(self.trainer)).label(peft=bool(self.adapter)))]
+              if self.trainer else []),
             ("Margin", f"{self.margin:g} of each card kept free"),
         ]
 
@@ -83,4 +91,6 @@ def step_of(spec: Mapping[str, Any]) -> Step:
                 optimizer=stored.optimizer, attn=stored.attn, loss=stored.loss, adapter=adapter,
                 margin=float(stored.margin),
                 parallel="" if stored.parallel is None else json.dumps(stored.parallel, sort_keys=True,
-                                                                       separators=(",", ":")))
+                                                                       separators=(",", ":")),
+                trainer="" if stored.trainer is None else json.dumps(stored.trainer, sort_keys=True,
+                                                                     separators=(",", ":")))

@@ -59,7 +59,7 @@ async def check(
 
 def _covers(run_spec: dict[str, Any], spec: TableSpec, seq_len: int) -> bool:
     same = ("task", "attn", "optimizer", "margin", "budget_bytes", "model_type", "model_config",
-            "weights_dtype", "loss", "alloc_conf", "parallel")
+            "weights_dtype", "loss", "alloc_conf", "parallel", "trainer")
     stored = TableSpec.from_json(run_spec)  # a run stored before weights_dtype: its dtype filled in
     return (
         all(getattr(stored, key) == getattr(spec, key) for key in same)

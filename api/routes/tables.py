@@ -10,7 +10,7 @@ from api.deps import QueueDep, SettingsDep, WriteAccess
 from api.errors import ERROR_RESPONSES
 from api.limits import MAX_OFFSET
 from api.measurements import measured_on
-from api.runs.spec import TableSpec, normalize, run_adapter, run_warnings
+from api.runs.spec import TableSpec, normalize, run_adapter, run_trainer, run_warnings
 from api.schemas import (
     AdapterPublic,
     CellPublic,
@@ -63,6 +63,7 @@ def _public(run: Run, cells: list[dict[str, Any]], request: Request) -> TablePub
         search=spec["search"], attn=spec["attn"], attn_used=header.get("attn"), optimizer=spec["optimizer"],
         dtype=spec.get("dtype", "auto"), weights_dtype=stored.weights_dtype, loss=stored.loss,
         parallel=None if (parallel := stored.workload_parallel()) is None else parallel.to_json(),
+        trainer=run_trainer(stored),
         warnings=run_warnings(stored),
         environment={**spec["environment"], **header.get("environment", {})},
         started_at=run.started_at, elapsed_s=run.elapsed_s, attempts=run.attempts,

@@ -14,6 +14,13 @@ fine-tune table of one model are different runs. A full fine-tune's key leaves `
 it is the key such a run had before adapters were modelled, and identical requests still meet
 the runs stored then.
 
+A preference or RL trainer (``trainer``: dpo, orpo, simpo, kto, reward, grpo, and its settings as
+asked: workload.trainers.Trainer.settings()) is part of the spec too, None for supervised
+fine-tuning: a DPO table and an SFT table of one model are different runs. An SFT run's key leaves
+``trainer`` out, the key such a run had before trainers were stored. The spec is stored as JSON
+(the runs table's ``spec`` column): the field needs no migration, and a run stored before it reads
+as SFT, which every stored run was.
+
 Model names: a preset or a hub id; a local config only as an absolute path inside one of
 AUTOTUNE_MODEL_DIRS, in one spelling (``local_model_name``: ``/m/./ok/`` and ``/m/ok/config.json``
 are ``/m/ok``). Anything else that looks like a path is refused (ModelPathRefused) before
@@ -33,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from api.limits import (
+    MAX_GENERATIONS,
     MAX_GPU_MEMORY_BYTES,
     MAX_LORA_R,
     MAX_LORA_TARGET_CHARS,
@@ -97,6 +105,16 @@ from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel, check_sharded, make_parallel
 from autotune.workload.step import MIN_STEPS, check_attn
 from autotune.workload.support import dtype_warnings
+from autotune.workload.trainers import (
+    GRPO_FIELDS,
+    REWARD,
+    REWARD_TASK,
+    Trainer,
+    check_grpo_rows,
+    check_step,
+    check_trainer,
+    reward_config,
+)
 from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
 
 MAX_MODEL_NAME_CHARS = 300  # hub ids are at most 96 characters; paths get some room
@@ -140,6 +158,10 @@ class TableSpec:
     # A multi-GPU job (workload.parallel.Parallel's fields: kind, gpus, nodes, reshard_after_forward,
     # recipe); None (left out of the key) for one GPU, as for every run stored before jobs had more.
     parallel: dict[str, Any] | None = None
+    # A preference or RL trainer's step (workload.trainers.Trainer.settings(): name and the settings
+    # that apply to it); None (left out of the key) for supervised fine-tuning, as every run stored
+    # before trainers were.
+    trainer: dict[str, Any] | None = None
 
     @property
     def cells(self) -> int:
@@ -171,7 +193,11 @@ class TableSpec:
         return Workload(model, self.task, self.attn, self.optimizer, self.steps,
                         weights_dtype=self.weights_dtype, loss=self.loss, adapter=self.peft(),
                         ckpt_reentrant=self.ckpt_reentrant, liger=tuple(self.liger),
-                        parallel=self.workload_parallel())
+                        parallel=self.workload_parallel(), trainer=self.workload_trainer())
+
+    def workload_trainer(self) -> Trainer | None:
+        """The trainer whose step is tabled (None: supervised fine-tuning), without building the model."""
+        return None if self.trainer is None else Trainer(**self.trainer)
 
     def workload_parallel(self) -> Parallel | None:
         """The job's GPUs (None: one), without building the model."""
@@ -187,7 +213,8 @@ class TableSpec:
         """sha256 of the whole spec: identical requests on an identical environment. A full
         fine-tune's leaves ``adapter`` out, and one without reentrant checkpointing
         ``ckpt_reentrant``, and one without Liger kernels ``liger``: the keys their runs had before
-        those were modelled (and so ``alloc_conf`` and ``parallel`` at their defaults)."""
+        those were modelled (and so ``alloc_conf``, ``parallel`` and an SFT run's ``trainer`` at their
+        defaults)."""
         data = self.to_json()
         if data["adapter"] is None:
             del data["adapter"]
@@ -199,6 +226,8 @@ class TableSpec:
             del data["alloc_conf"]
         if data["parallel"] is None:
             del data["parallel"]
+        if data["trainer"] is None:
+            del data["trainer"]
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -216,6 +245,19 @@ def run_adapter(spec: Mapping[str, Any], header: Mapping[str, Any] | None) -> di
         return dict(reported)
     return {**adapter.to_json(), "targets_default": adapter.targets is None, "parameters": None,
             "label": adapter.label()}
+
+
+def run_trainer(spec: TableSpec) -> dict[str, Any] | None:
+    """What a run says of its trainer: its stored ``settings`` and tuner.trainer_summary's words (TRL's
+    class, what a row is, the reference, a colocated vLLM engine's bytes on the target); None for
+    supervised fine-tuning."""
+    from autotune.tuner import trainer_summary
+
+    trainer = spec.workload_trainer()
+    if trainer is None:
+        return None
+    return {"settings": trainer.settings(),
+            **trainer_summary(trainer, peft=spec.adapter is not None, gpu=spec.target_gpu())}
 
 
 def run_warnings(spec: TableSpec) -> list[str]:
@@ -278,6 +320,7 @@ class _Normalizing:
     liger: tuple[str, ...]
     adapter: Adapter | None
     parallel: Parallel | None
+    trainer: Trainer | None
 
     def __init__(self, request: TableRequest, settings: Settings, environment: EnvironmentFn) -> None:
         self.request, self.settings, self.environment = request, settings, environment
@@ -287,6 +330,7 @@ class _Normalizing:
         # One GPU until check_fields says otherwise: its error may name another field (gpus, nodes),
         # and the budget is still checked with the request refused for it.
         self.parallel = None
+        self.trainer = None
 
     def spec(self) -> TableSpec:
         """The checks in their order: the fields on their own, the target, then what needs the
@@ -300,6 +344,10 @@ class _Normalizing:
             with self.found.about("parallel"):
                 check_sharded(self.parallel, None if self.adapter is None else self.adapter.base_bits,
                               self.optimizer)
+        if self.trainer is not None and self.found.ok("model", "task", "loss", "liger", "parallel"):
+            with self.found.about("trainer"):
+                check_step(self.trainer, self.task, loss=self.loss, liger=self.liger, parallel=self.parallel,
+                           images=None)
         self.found.raise_first()  # none found: every check above ran, and every value is set
         assert self.env is not None
         return TableSpec(
@@ -337,6 +385,7 @@ class _Normalizing:
             liger=list(self.liger),
             alloc_conf=self.alloc_conf,
             parallel=None if self.parallel is None else asdict(self.parallel),
+            trainer=None if self.trainer is None else self.trainer.settings(),
         )
 
     def check_fields(self) -> None:
@@ -348,16 +397,13 @@ class _Normalizing:
             self.asked_task = check_task(step.task) if step.task else None
         with found.about("dtype"):
             self.dtype = check_dtype(step.dtype or DEFAULT_DTYPE)
-        given = [name for name in ("precompute_ref_log_probs", "chosen_nll")
-                 if getattr(step, name) is not None]
-        preference = (step.trainer or "sft") != "sft"
-        if preference or given:
-            with found.about("trainer" if preference else given[0]):
-                # the stored runs' spec has no trainer: a preference step would be answered as SFT
-                raise InvalidInput(
-                    f"trainer {step.trainer or 'sft'}: the service answers supervised fine-tuning (trainer "
-                    "sft) only for now; ask autotune check, table or explain --trainer (dpo, orpo, simpo, "
-                    "reward)")
+        _check_trainer_values(step, found)
+        if found.ok(*_TRAINER_VALUES):
+            with found.about("trainer"):
+                self.trainer = check_trainer(
+                    step.trainer, precompute_ref_log_probs=step.precompute_ref_log_probs,
+                    chosen_nll=step.chosen_nll, kto_loss_type=step.kto_loss_type,
+                    grpo={name: getattr(step, name) for name in GRPO_FIELDS})
         with found.about("attn"):
             self.attn = check_attn(step.attn)
         with found.about("optimizer"):
@@ -412,7 +458,8 @@ class _Normalizing:
             with found.about("margin"):
                 # checks the margin; a multi-GPU job's NCCL buffers come off the card too
                 self.budget = budget_bytes(self.gpu, self.margin,
-                                           self.parallel if found.ok("parallel") else None)
+                                           self.parallel if found.ok("parallel") else None,
+                                           self.trainer if found.ok("trainer") else None)
 
     def on_the_model(self) -> None:
         """The model, resolved as this server may (AUTOTUNE_MODEL_DIRS, AUTOTUNE_ALLOW_HUB), and
@@ -424,6 +471,10 @@ class _Normalizing:
         model = resolve_model(replace(self.request.step, model=self.name), found, access)
         if model is None:
             return
+        if self.trainer is not None and self.trainer.name == REWARD:
+            # RewardTrainer's AutoModelForSequenceClassification, num_labels=1 (stored in model_config)
+            self.asked_task = self.asked_task or REWARD_TASK
+            model = replace(model, config=reward_config(model.config))
         self.model = model
         if found.ok("seq_lens"):
             with found.about("seq_lens"):
@@ -435,6 +486,10 @@ class _Normalizing:
                         _check_cells(self.seq_lens, self.mode_names, settings)
                 for seq_len in self.seq_lens:
                     check_seq_len(model, seq_len)
+            if self.trainer is not None and found.ok("seq_lens"):
+                with found.about("max_completion_length"):
+                    for seq_len in self.seq_lens:
+                        check_grpo_rows(self.trainer, seq_len)
         if found.ok("task"):
             with found.about("task"):
                 self.task = task_for(model, self.asked_task)
@@ -454,6 +509,32 @@ class _Normalizing:
         if found.ok("task", "loss"):
             with found.about("liger"):
                 self.liger = check_kernels(self.request.step.liger, model.config, self.task, self.loss)
+
+
+# The trainer's settings a body carries as numbers, and what each may be (check_trainer checks the
+# rest: the trainer they belong to, GRPOConfig's own rules).
+_TRAINER_VALUES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "beta": ("a finite number of 0 or more", lambda x: x >= 0),
+    "vllm_gpu_memory_utilization": ("a fraction of the GPU's memory, above 0 and below 1",
+                                    lambda x: 0 < x < 1),
+    "num_generations": (f"an integer from 2 to {MAX_GENERATIONS}", lambda x: 2 <= x <= MAX_GENERATIONS),
+    "steps_per_generation": (f"an integer from 1 to {MAX_GENERATIONS}", lambda x: 1 <= x <= MAX_GENERATIONS),
+    "max_completion_length": ("an integer of 1 or more", lambda x: x >= 1),
+}
+
+
+_FRACTIONS = ("beta", "vllm_gpu_memory_utilization")
+
+
+def _check_trainer_values(step: Step, found: Findings) -> None:
+    """The trainer's numbers, each on its own against the service's bounds (a JSON body may carry NaN
+    and Infinity, and the generations are traced rows: api/limits.py)."""
+    for name, (allowed, ok) in _TRAINER_VALUES.items():
+        with found.about(name):
+            value = getattr(step, name)
+            _check_number(value, name, allowed, ok)
+            if name not in _FRACTIONS and value is not None and not isinstance(value, int):
+                raise InvalidInput(f"{name} must be {allowed}, got {value!r}")
 
 
 # --- LoRA / QLoRA -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from api.chart import Series, line_chart
 from api.deps import QueueDep
 from api.fleet.step import step_of
 from api.routes.tables import read_run
-from api.runs.spec import TableSpec, run_warnings
+from api.runs.spec import TableSpec, run_trainer, run_warnings
 from api.store import Run
 from api.views.common import band, path_for, summary, templates
 from autotune.errors import AutotuneError, Overloaded
@@ -114,6 +114,7 @@ def _context(run: Run, cells: list[dict[str, Any]], queue: QueueDep) -> dict[str
         "stored": (stored := TableSpec.from_json(run.spec)), "warnings": run_warnings(stored),
         "weights": weights_label(stored.weights_dtype),
         "gpus": None if (parallel := stored.workload_parallel()) is None else parallel.label,
+        "trainer": None if (trainer := run_trainer(stored)) is None else trainer["label"],
         "modes": run.spec["modes"], "chart": chart_of(run, rows), "elapsed_s": run.elapsed_s,
         "started_at": run.started_at, "finished_at": run.finished_at, "attempts": run.attempts,
         "interval_ms": LIVE_INTERVAL_MS,

@@ -110,6 +110,13 @@ def check_step(
     """
     if batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
+    if workload.trainer is not None and batch_size < workload.trainer.min_batch:
+        error = InvalidInput.naming(
+            f"{{batch_size}} {batch_size}: KTOTrainer refuses a per-device batch of 1 with the KL term "
+            "(kto_trainer.py __init__: 'Actual (not effective) batch size must be > 1'); give 2 or more, or "
+            "kto_loss_type apo_zero_unpaired")
+        error.field = "batch_size"
+        raise error
     budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
     probes: tuple[Probe, ...] = ()

@@ -91,10 +91,11 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                     if step.images_per_sample is not None or step.image_size is not None else {}),
                  **({"trainer": {"trainer": step.trainer, "chosen_nll": step.chosen_nll,
                                  "precompute_ref_log_probs": step.precompute_ref_log_probs,
+                                 "kto_loss_type": step.kto_loss_type,
                                  **{name: getattr(step, name) for name in (*GRPO_FIELDS,
                                                                            "max_prompt_length")}}}
                     if step.trainer not in (None, "sft") or step.precompute_ref_log_probs is not None
-                    or step.chosen_nll is not None else {}),
+                    or step.chosen_nll is not None or step.kto_loss_type is not None else {}),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
                                   "reshard_after_forward": step.reshard_after_forward,
                                   "fsdp_recipe": step.fsdp_recipe}}

@@ -225,13 +225,16 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
     }
     if request.mode is not None:  # else the service's default, the weights' (defaults.default_mode_name)
         query["mode"] = parse_mode(request.mode).name
-    # the trainer too: the service refuses a preference trainer by name, never answers it as SFT
-    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "trainer"):
-        if getattr(step, name):
+    # the trainer and its settings too: the service answers that trainer's step, never SFT in its place
+    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "trainer", "kto_loss_type",
+                 "num_generations", "max_completion_length", "beta", "steps_per_generation", "vllm_mode",
+                 "vllm_gpu_memory_utilization"):
+        if getattr(step, name) is not None and getattr(step, name) != "":
             query[name] = getattr(step, name)
     if step.liger:  # the service reads the kernels comma-separated, as the flag does
         query["liger"] = step.liger if isinstance(step.liger, str) else ",".join(step.liger)
-    for name in ("ckpt_reentrant", "reshard_after_forward", "precompute_ref_log_probs", "chosen_nll"):
+    for name in ("ckpt_reentrant", "reshard_after_forward", "precompute_ref_log_probs", "chosen_nll",
+                 "use_vllm"):
         if getattr(step, name) is not None:
             query[name] = "true" if getattr(step, name) else "false"
     for name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf"):

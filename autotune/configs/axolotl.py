@@ -52,7 +52,7 @@ from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_co
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
-from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, NOT_YET, ORPO, REWARD, REWARD_TASK, SIMPO
+from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
@@ -808,10 +808,10 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
 
 
 # Axolotl's rl trainers (utils/schemas/enums.py RLType; core/builders/rl.py _get_trainer_cls): ipo is
-# DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer.
-_RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO}
-_RL_NOT_YET = {"kto": NOT_YET["kto"],
-               "gdpo": "GDPO is not modelled (Axolotl's own trainer over GRPO's generation)",
+# DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer, kto TRL's
+# KTOTrainer (core/trainers/trl.py AxolotlKTOTrainer).
+_RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO, "kto": KTO}
+_RL_NOT_YET = {"gdpo": "GDPO is not modelled (Axolotl's own trainer over GRPO's generation)",
                "ebft": "EBFT is not modelled (its step generates completions before training)"}
 # rl: grpo's trl: keys (utils/schemas/trl.py TRLConfig; core/trainers/grpo/__init__.py
 # set_training_args_kwargs passes them to TRL's GRPOConfig) read as the request's, those refused.
@@ -831,8 +831,10 @@ _GRPO_TRL_REFUSED = {
 # Keys of the rl trainers (utils/schemas/config.py), and those with no effect on memory.
 _RL_KEYS = words("rl_beta dpo_use_weighting dpo_label_smoothing precompute_ref_log_probs "
                  "dpo_use_liger_kernel dpo_padding_free dpo_loss_type dpo_loss_weights orpo_alpha "
-                 "simpo_gamma cpo_alpha rpo_alpha max_prompt_len trl")
-_RL_NO_EFFECT = words("rl_beta dpo_label_smoothing dpo_loss_weights orpo_alpha simpo_gamma max_prompt_len")
+                 "simpo_gamma cpo_alpha rpo_alpha max_prompt_len trl kto_desirable_weight "
+                 "kto_undesirable_weight")
+_RL_NO_EFFECT = words("rl_beta dpo_label_smoothing dpo_loss_weights orpo_alpha simpo_gamma max_prompt_len "
+                      "kto_desirable_weight kto_undesirable_weight")
 
 
 def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
@@ -882,7 +884,11 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
             raise cfg.unmodelled("dpo_loss_type", loss, f"the losses on [batch] vectors are modelled "
                                  f"({', '.join(DPO_LOSS_TYPES)})")
     fields: dict[str, Any] = {"trainer": trainer}
-    if cfg.flag("precompute_ref_log_probs"):
+    if cfg.flag("precompute_ref_log_probs") and trainer == KTO:
+        # core/builders/rl.py passes it to DPOConfig alone (DPOStrategy.set_training_args_kwargs)
+        cfg.notes.append("precompute_ref_log_probs: Axolotl passes it to DPO alone (DPOStrategy); KTOTrainer "
+                         "runs its reference forward in every step")
+    elif cfg.flag("precompute_ref_log_probs"):
         if trainer != DPO:
             raise cfg.unmodelled("precompute_ref_log_probs", True, f"rl {name} has no reference model")
         fields["precompute_ref_log_probs"] = True
@@ -890,11 +896,12 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     if trainer == SIMPO and isinstance(alpha, int | float) and alpha == 0:
         fields["chosen_nll"] = False
     what = {DPO: "DPOTrainer" + (" (loss_type ipo)" if name == "ipo" else ""), ORPO: "ORPOTrainer",
-            SIMPO: "CPOTrainer (loss_type simpo)"}[trainer]
+            SIMPO: "CPOTrainer (loss_type simpo)", KTO: "KTOTrainer"}[trainer]
     reference = ("" if trainer != DPO else "; reference: the base with the adapter disabled "
                  "(setup_reference_model: none with an adapter)" if adapter is not None
                  else "; reference: the model loaded again, frozen (setup_reference_model)")
-    cfg.notes.append(f"rl: {name}: TRL's {what}, sequence_len its max_length; the batch is pairs{reference}")
+    cfg.notes.append(_axolotl_kto_words(adapter is not None) if trainer == KTO else
+                     f"rl: {name}: TRL's {what}, sequence_len its max_length; the batch is pairs{reference}")
     if cfg.flag("dpo_padding_free"):
         cfg.notes.append("dpo_padding_free: DPOTrainer falls back to padding ('padding_free=True is "
                          "temporarily unavailable'): rows padded to sequence_len")
@@ -902,6 +909,18 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     if quiet:
         cfg.notes.append(f"{', '.join(quiet)}: the trainer's, no effect on memory")
     return fields
+
+
+def _axolotl_kto_words(adapter: bool) -> str:
+    """What ``rl: kto`` runs (core/builders/rl.py: AxolotlKTOTrainer given the model alone, KTOConfig with
+    max_length = sequence_len and TRL's default loss_type kto; loaders/model.py _load_adapters hands
+    KTO the LoRA config, not a PEFT model)."""
+    reference = ("the base with the adapter disabled (KTOTrainer applies the peft_config Axolotl passes)"
+                 if adapter else "a frozen copy KTOTrainer loads itself (create_model_from_path: Axolotl's "
+                 "setup_reference_model copy is not passed to KTO, and is freed once the trainer is built)")
+    return ("rl: kto: TRL's KTOTrainer, sequence_len its max_length; the batch is examples (a prompt + "
+            "completion, desirable or undesirable), 1 row each, with a KL batch of mismatched completions "
+            f"(loss_type kto) under no_grad; reference: {reference}")
 
 
 def _axolotl_grpo(cfg: Config) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""TRL's preference configs (DPOConfig, ORPOConfig, CPOConfig for SimPO, RewardConfig), and which
-trainer a file is for.
+"""TRL's preference configs (DPOConfig, ORPOConfig, CPOConfig for SimPO, KTOConfig, RewardConfig,
+GRPOConfig), and which trainer a file is for.
 
 Each is a TrainingArguments superset (trl/trainer/base_config.py ``_BaseConfig``: bf16 and gradient
 checkpointing on by default), read by configs/trainer.py as TRL's SFTConfig is; this module adds
@@ -8,7 +8,8 @@ grpo_config.py; trl/experimental/orpo/orpo_config.py, cpo/cpo_config.py; and key
 DPOConfig that published configs still carry: max_prompt_length, rpo_alpha, ...).
 
 Which trainer reads a file is told by the keys only one trainer has (``precompute_ref_log_probs``
-is DPO's and KTO's; ``cpo_alpha`` CPO's; ``center_rewards_coefficient`` the reward trainer's). A
+is DPO's and KTO's; ``desirable_weight`` KTO's; ``cpo_alpha`` CPO's; ``center_rewards_coefficient``
+the reward trainer's). A
 file with only keys several trainers share (``beta``, ``max_prompt_length``: DPO, ORPO, CPO and
 KTO all have them) is refused unless ``--trainer`` says which: never answered as SFT.
 """
@@ -19,7 +20,17 @@ from typing import Any
 
 from autotune.configs.reading import Config, words
 from autotune.errors import InvalidInput
-from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, NOT_YET, REWARD, SFT, SIMPO
+from autotune.workload.trainers import (
+    DPO,
+    DPO_LOSS_TYPES,
+    GRPO,
+    KTO,
+    KTO_LOSS_TYPES,
+    NOT_YET,
+    REWARD,
+    SFT,
+    SIMPO,
+)
 
 _DPO_ONLY = words(
     "ld_alpha f_divergence_type f_alpha_divergence_coef use_weighting discopop_tau loss_weights rpo_alpha "
@@ -73,7 +84,7 @@ _NO_EFFECT = words("beta label_smoothing f_divergence_type f_alpha_divergence_co
                    "padding_value label_pad_token_id generate_during_eval is_encoder_decoder "
                    "center_rewards_coefficient simpo_gamma alpha ref_model_mixup_alpha ref_model_sync_steps "
                    "max_prompt_length max_completion_length model_adapter_name ref_adapter_name "
-                   "precompute_ref_batch_size")
+                   "precompute_ref_batch_size desirable_weight undesirable_weight")
 # Keys that change the step in ways not modelled, when set to what changes it.
 _REFUSED = {
     "use_weighting": (True, "WPO's weights (logsumexp over the logits and twice the logits, per token)"),
@@ -106,6 +117,8 @@ def trainer_of(cfg: Config, hint: str | None) -> str:
     name, which = told
     if name in NOT_YET:
         raise cfg.unmodelled(which[0], cfg.data[which[0]], f"a {name} config: {NOT_YET[name]}")
+    if name == DPO and hint == KTO and not keys & _DPO_ONLY:  # precompute_ref_log_probs: KTOConfig's too
+        return KTO
     if hint is not None and hint != name:
         raise InvalidInput(f"{cfg.file!r} is a {name} config ({', '.join(which[:3])}), and trainer {hint} "
                            "was asked for: give the trainer of the file, or leave --trainer out")
@@ -153,6 +166,8 @@ def read_preference(cfg: Config, trainer: str) -> dict[str, Any]:
         nll = "chosen_nll" not in fields
         cfg.notes.append("cpo_alpha: " + ("CPOConfig's default 1.0 or as set: the NLL of the chosen rows"
                                           if nll else "0: no NLL on the chosen rows (pure SimPO)"))
+    elif trainer == KTO:
+        fields.update(_kto(cfg))
     elif cfg.get("loss_type") is not None:
         raise cfg.unmodelled("loss_type", cfg.data["loss_type"], f"trainer {trainer} has no loss_type")
     if cfg.data.get("max_prompt_length") is not None or cfg.data.get("max_completion_length") is not None:
@@ -161,6 +176,29 @@ def read_preference(cfg: Config, trainer: str) -> dict[str, Any]:
     ignored = sorted(key for key in _NO_EFFECT if cfg.data.get(key) is not None)
     if ignored:
         cfg.notes.append(f"{', '.join(ignored)}: the trainer's, no effect on memory")
+    return fields
+
+
+def _kto(cfg: Config) -> dict[str, Any]:
+    """KTOConfig's memory keys (trl/trainer/kto_config.py): loss_type (the KL batch but for
+    apo_zero_unpaired: kto_trainer.py ``calculate_KL``) and precompute_ref_log_probs; TRL's refusals
+    of a KL step's sampler and batch noted where the file sets them."""
+    fields: dict[str, Any] = {}
+    loss_type = cfg.text("loss_type")
+    if loss_type is not None:
+        if loss_type not in KTO_LOSS_TYPES:
+            raise cfg.bad("loss_type", loss_type, f"one of KTOConfig's: {', '.join(KTO_LOSS_TYPES)}")
+        fields["kto_loss_type"] = loss_type
+    kl = loss_type != "apo_zero_unpaired"
+    if cfg.flag("precompute_ref_log_probs"):
+        fields["precompute_ref_log_probs"] = True
+    cfg.read.add("train_sampling_strategy")
+    sampling = cfg.get("train_sampling_strategy")
+    if kl and sampling not in (None, "sequential"):  # KTOTrainer __init__ raises ValueError
+        raise cfg.bad("train_sampling_strategy", sampling, "sequential (KTOTrainer's KL term needs it)")
+    cfg.notes.append("KTO: the batch is examples (a prompt + completion, desirable or undesirable), 1 row "
+                     "each" + ("; its KL batch of mismatched completions, batch rows more, runs under "
+                               "no_grad through the policy and the reference" if kl else "; no KL batch"))
     return fields
 
 

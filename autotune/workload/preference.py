@@ -1,11 +1,12 @@
-"""Preference training: the step of TRL's DPO, ORPO, SimPO and reward trainers, as TRL runs it.
+"""Preference training: the step of TRL's DPO, ORPO, SimPO, KTO and reward trainers, as TRL runs it.
 
 A supervised step (``sft``) is one forward and backward over ``batch`` rows with the model's own
 loss (step.run_steps). A preference trainer's batch is ``batch`` pairs (a prompt with a chosen
 and a rejected completion: TRL's ``per_device_train_batch_size`` counts pairs), run as ``2 x
 batch`` rows in one forward, chosen rows first, and its loss is computed outside the model from
 the logits. Read from TRL's source (huggingface/trl, main of 2026: trl/trainer/dpo_trainer.py,
-reward_trainer.py, utils.py; trl/experimental/orpo/orpo_trainer.py, cpo/cpo_trainer.py):
+reward_trainer.py, kto_trainer.py, utils.py; trl/experimental/orpo/orpo_trainer.py,
+cpo/cpo_trainer.py):
 
 - ``dpo``: ``DPOTrainer._compute_loss``. The policy's forward on the 2 x batch rows
   (``DataCollatorForPreference`` pads chosen and rejected completions to one length and
@@ -22,6 +23,25 @@ reward_trainer.py, utils.py; trl/experimental/orpo/orpo_trainer.py, cpo/cpo_trai
   the chosen rows over ``logits[..., :-1, :].contiguous()`` (a copy) and ``get_batch_logps``.
 - ``simpo``: ``CPOTrainer`` with ``loss_type="simpo"`` (TRL's SimPO): ORPO's forward with the
   NLL on the chosen rows weighted by ``cpo_alpha`` (default 1.0; 0 leaves it out).
+- ``kto``: ``KTOTrainer._compute_loss`` (kto_loss below). Its batch is ``batch`` *examples*, not
+  pairs: a row is a prompt and one completion labelled desirable or undesirable
+  (``DataCollatorForUnpairedPreference``: ``input_ids``, ``attention_mask``, ``completion_mask``,
+  ``label``). With the KTO loss (``calculate_KL``: every ``loss_type`` but ``apo_zero_unpaired``)
+  the collator adds the KL batch: the same prompts with the completions rotated by one row within
+  the batch (``_prepare_dataset`` ``add_kl_completion_ids``), ``batch`` more rows padded alike
+  (``KL_input_ids``, ``KL_attention_mask``, ``KL_completion_mask``). The step: the KL rows through
+  the policy under ``torch.no_grad()`` (``_compute_kl_logps``), the policy's forward with grad,
+  then under no_grad the reference's forward over the KL rows and over the batch (a frozen copy for
+  a full fine-tune, ``create_model_from_path`` in ``__init__``; the adapter disabled under PEFT,
+  ``use_adapter(model, None)``; neither with ``precompute_ref_log_probs``: the batch carries
+  ``ref_logps`` and ``ref_KL_logps``), each row's log-probs by ``selective_log_softmax``, the
+  losses on [batch] vectors, and the metrics: the entropy and the chosen and rejected rows' logits
+  copied by ``index_select``, their completion positions selected by boolean indexing. The
+  reference's logits (``ref_outputs``) are held to the end of ``_compute_loss``. The labels decide
+  the split: a paired dataset unpaired by TRL (data_utils.py ``unpair_preference_dataset``: each
+  mapped batch of 1000 pairs gives its chosen rows, then its rejected rows) under KTOConfig's
+  sequential sampler gives batches of one label, the most the metrics copy at once: modelled so
+  (every row desirable).
 - ``reward``: ``RewardTrainer.compute_loss``: ``AutoModelForSequenceClassification`` with
   ``num_labels=1`` on chosen then rejected rows (``DataCollatorForPreference`` of
   reward_trainer.py), ``-logsigmoid(chosen - rejected).mean()``.
@@ -50,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.workload import Workload
-from autotune.workload.trainers import DPO, GRPO, ORPO, REWARD, SIMPO, Trainer
+from autotune.workload.trainers import DPO, GRPO, KTO, ORPO, REWARD, SIMPO, Trainer
 
 ENTROPY_CHUNK_ROWS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128)
 
@@ -88,6 +108,31 @@ def make_preference_batch(config: Any, trainer: Trainer, batch_size: int, seq_le
     if trainer.reference(peft=False) == "precomputed":
         for key in ("ref_chosen_logps", "ref_rejected_logps"):
             batch[key] = torch.zeros(batch_size, dtype=torch.float32, device=device)
+    return batch
+
+
+def make_kto_batch(config: Any, trainer: Trainer, batch_size: int, seq_len: int, device: Any = None,
+                   *, attn: str | None = None) -> dict[str, torch.Tensor]:
+    """The batch DataCollatorForUnpairedPreference hands KTOTrainer (module docstring): ``batch_size``
+    rows of prompt + completion, every ``label`` True; the KL rows beside them with the KL loss; the
+    precomputed reference log-probs (float32 [batch]: ``torch.tensor`` of Python floats) when asked."""
+    import torch
+
+    from autotune.workload.step import make_batch
+
+    batch = make_batch(config, "causal-lm", batch_size, seq_len, device, attn=attn)
+    del batch["labels"]
+    completion = batch["attention_mask"].clone()
+    completion[:, 0] = 0  # the prompt: one token, the most completion a row holds
+    batch["completion_mask"] = completion
+    if trainer.kl_batch:  # a neighbour's completion after each prompt: rows of the same length
+        for key in ("input_ids", "attention_mask", "completion_mask"):
+            batch[f"KL_{key}"] = batch[key].clone()
+    if trainer.precompute_ref_log_probs:
+        batch["ref_logps"] = torch.zeros(batch_size, dtype=torch.float32, device=device)
+        if trainer.kl_batch:
+            batch["ref_KL_logps"] = torch.zeros(batch_size, dtype=torch.float32, device=device)
+    batch["label"] = torch.ones(batch_size, dtype=torch.bool, device=device)
     return batch
 
 
@@ -276,6 +321,95 @@ def odds_ratio_loss(model: Any, trainer: Trainer, autocasts: bool, log_probs: Lo
     return loss
 
 
+def _kl_logps(model: Any, log_probs: LogProbs, autocasts: bool,
+              batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """KTOTrainer._compute_kl_logps: the KL rows' forward under no_grad, their completion log-probs
+    (the logits held until it returns). Checkpointing is left on for the policy's (under no_grad it
+    saves nothing either way)."""
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
+        kl_logits = _upcast(model(input_ids=batch["KL_input_ids"], attention_mask=batch["KL_attention_mask"],
+                                  use_cache=False).logits, autocasts)
+    per_token = log_probs.selective_log_softmax(kl_logits[:, :-1, :], batch["KL_input_ids"][:, 1:])
+    per_token.masked_fill_(batch["KL_completion_mask"][:, 1:] == 0, 0.0)
+    return per_token.sum(-1)
+
+
+KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"  # KTO's autocast regions (kto_loss's phase)
+
+
+def kto_loss(model: Any, reference: Any, trainer: Trainer, autocasts: bool, count: int, log_probs: LogProbs,
+             phase: Callable[[str], None], **batch: torch.Tensor) -> torch.Tensor:
+    """KTOTrainer._compute_loss (module docstring): ``count`` completion tokens per row, every row
+    desirable (``chosen_idx`` all rows, ``rejected_idx`` none: TRL's ``nonzero`` of the labels, whose
+    count a fake tensor has no values to give). ``phase`` begins the policy's KL forward and its
+    forward with grad: each model call is an autocast region of its own (accelerate wraps the prepared
+    model's forward), so the weights the KL forward cast under no_grad are not the next one's."""
+    import torch
+    import torch.nn.functional as F
+
+    input_ids, completion_mask = batch["input_ids"], batch["completion_mask"]
+    rows = input_ids.shape[0]
+    kl_logps = None
+    if trainer.kl_batch:
+        phase(KTO_KL_BATCH)
+        kl_logps = _kl_logps(model, log_probs, autocasts, batch)
+        phase(KTO_POLICY)
+    model_kwargs = {"input_ids": input_ids, "attention_mask": batch["attention_mask"], "use_cache": False}
+    shift_logits = _upcast(model(**model_kwargs).logits, autocasts)[:, :-1, :]
+    shift_labels, shift_mask = input_ids[:, 1:], completion_mask[:, 1:]
+    per_token_logps = log_probs.selective_log_softmax(shift_logits, shift_labels)
+    per_token_logps.masked_fill_(shift_mask == 0, 0.0)  # TRL: per_token_logps[mask == 0] = 0.0
+    completion_logps = per_token_logps.sum(-1)
+    del per_token_logps
+    chosen_idx = torch.arange(rows, device=input_ids.device)
+    rejected_idx = torch.zeros(0, dtype=torch.long, device=input_ids.device)
+    chosen_logps = completion_logps.index_select(0, chosen_idx)
+    rejected_logps = completion_logps.index_select(0, rejected_idx)
+    ref_logits = None
+    if trainer.precompute_ref_log_probs:
+        ref_completion_logps, ref_kl_logps = batch["ref_logps"], batch.get("ref_KL_logps")
+    else:
+        with _reference_forward(model, reference) as ref_model:
+            ref_kl_logps = _kl_logps(ref_model, log_probs, autocasts, batch) if trainer.kl_batch else None
+            ref_logits = _upcast(ref_model(**model_kwargs).logits, autocasts)  # ref_outputs: held to the end
+        ref_per_token = log_probs.selective_log_softmax(ref_logits[:, :-1, :], shift_labels)
+        ref_per_token.masked_fill_(shift_mask == 0, 0.0)
+        ref_completion_logps = ref_per_token.sum(-1)
+        del ref_per_token
+    ref_chosen = ref_completion_logps.index_select(0, chosen_idx)
+    ref_rejected = ref_completion_logps.index_select(0, rejected_idx)
+    if kl_logps is not None and ref_kl_logps is not None:
+        kl = (kl_logps - ref_kl_logps).mean().detach().clamp(min=0)
+    else:
+        kl = torch.zeros(1, device=input_ids.device)
+    chosen_losses = 1 - F.sigmoid(chosen_logps - ref_chosen - kl)  # beta scales [batch] vectors
+    rejected_losses = 1 - F.sigmoid(kl - (rejected_logps - ref_rejected))
+    losses = torch.cat((chosen_losses, rejected_losses), 0)
+    _kto_metrics(shift_logits, shift_mask, chosen_idx, rejected_idx, count, log_probs)
+    loss = losses.nanmean()
+    del ref_logits  # TRL's ref_outputs goes when _compute_loss returns, before the backward
+    return loss
+
+
+def _kto_metrics(shift_logits: torch.Tensor, mask: torch.Tensor, chosen_idx: torch.Tensor,
+                 rejected_idx: torch.Tensor, count: int, log_probs: LogProbs) -> None:
+    """The logged metrics of KTOTrainer._compute_loss that allocate more than a [batch] vector: the
+    entropy, the chosen and rejected rows' logits (``index_select`` copies, held together) and their
+    completion positions (boolean indexing: copies)."""
+    detached = shift_logits.detach()
+    entropy = log_probs.entropy_from_logits(detached)
+    (entropy * mask).sum()
+    del entropy
+    chosen_logits = detached.index_select(0, chosen_idx)
+    rejected_logits = detached.index_select(0, rejected_idx)
+    masked_rows(chosen_logits, chosen_idx.shape[0] * count).mean(-1).sum()
+    masked_rows(rejected_logits, rejected_idx.shape[0] * count).mean(-1).sum()
+    del chosen_logits, rejected_logits
+
+
 def reward_loss(model: Any, **batch: torch.Tensor) -> torch.Tensor:
     """RewardTrainer.compute_loss: one score per row, chosen rows first."""
     import torch
@@ -295,7 +429,8 @@ def preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocast
                        phase: Callable[[str], None] = _no_phase) -> Callable[..., torch.Tensor]:
     """The step's ``forward(**batch)`` for run_steps: the trainer's loss of a preference batch.
     ``autocasts``: the step runs under autocast (accelerate's mixed precision, ``_upcast``).
-    ``phase(name)``: called where GRPO's generation and training step begin (workload/grpo.py)."""
+    ``phase(name)``: called where GRPO's generation and training step begin (workload/grpo.py), and
+    KTO's KL forward and policy forward (kto_loss): each begins an autocast region of its own."""
     if trainer.name == GRPO:
         from autotune.workload.grpo import grpo_forward
 
@@ -303,6 +438,9 @@ def preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocast
     if trainer.name == DPO:
         count = completion_tokens(seq_len, attn)
         return functools.partial(dpo_loss, model, reference, trainer, autocasts, count, log_probs)
+    if trainer.name == KTO:
+        count = completion_tokens(seq_len, attn)
+        return functools.partial(kto_loss, model, reference, trainer, autocasts, count, log_probs, phase)
     if trainer.name in (ORPO, SIMPO):
         return functools.partial(odds_ratio_loss, model, trainer, autocasts, log_probs)
     if trainer.name == REWARD:
@@ -322,14 +460,16 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
         from autotune.workload.grpo import make_grpo_batch
 
         return make_grpo_batch(workload.trainer, batch_size, seq_len, device, attn=workload.attn)
+    if workload.trainer.name == KTO:
+        return make_kto_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
     return make_preference_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
 
 
 def prepare_models(model: Any, workload: Workload, build: Callable[[], Any]) -> Any:
     """A preference trainer's models, as its ``__init__`` leaves them: dropout disabled in the
     policy ``model`` (GRPOConfig's disable_dropout is False: GRPO's policy keeps it); the reference it
-    returns (a frozen copy built by ``build`` for a full fine-tune's DPO, or GRPO's with beta != 0;
-    else None)."""
+    returns (a frozen copy built by ``build`` for a full fine-tune's DPO or KTO, or GRPO's with beta !=
+    0; else None)."""
     trainer = workload.trainer
     if trainer is None:
         return None

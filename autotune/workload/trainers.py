@@ -1,9 +1,8 @@
 """The trainers whose step autotune models, and their settings: part of a Workload's identity.
 
 ``sft`` is supervised fine-tuning (workload/step.py: the model's own loss); the preference trainers
-(``dpo``, ``orpo``, ``simpo``, ``reward``) are TRL's, their step in workload/preference.py; ``grpo``
-is TRL's GRPOTrainer, its generation and training step in workload/grpo.py. ``kto`` is a known name,
-refused until its step is modelled.
+(``dpo``, ``orpo``, ``simpo``, ``kto``, ``reward``) are TRL's, their step in workload/preference.py;
+``grpo`` is TRL's GRPOTrainer, its generation and training step in workload/grpo.py.
 """
 
 from __future__ import annotations
@@ -15,17 +14,21 @@ from autotune.errors import InvalidInput
 
 SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO = "sft", "dpo", "orpo", "simpo", "kto", "reward", "grpo"
 TRAINERS = (SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO)
-MODELLED = (SFT, DPO, ORPO, SIMPO, REWARD, GRPO)
+MODELLED = TRAINERS
 PAIRED = (DPO, ORPO, SIMPO, REWARD)  # a sample is a pair: chosen and rejected rows in one forward
 # TRL's trainer class of each (what the output names).
 TRL_CLASSES = {SFT: "SFTTrainer", DPO: "DPOTrainer", ORPO: "ORPOTrainer",
                SIMPO: "CPOTrainer (loss_type simpo)", KTO: "KTOTrainer", REWARD: "RewardTrainer",
                GRPO: "GRPOTrainer"}
 REWARD_TASK = "sequence-classification"
-NOT_YET = {
-    KTO: "KTO is not modelled yet (its step adds a KL batch of mismatched completions and a reference "
-         "forward over both)",
-}
+# Trainers known by name whose step is not modelled yet, and why (none today: KTO was the last).
+NOT_YET: dict[str, str] = {}
+# TRL's KTOConfig loss_type values (kto_config.py). kto_trainer.py __init__: ``calculate_KL =
+# args.loss_type not in ["apo_zero_unpaired"]``: the KTO loss runs a KL batch, APO-zero does not.
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+# The trainers with a reference model whose log-probs may be precomputed (DPOConfig, KTOConfig
+# precompute_ref_log_probs).
+REFERENCED = (DPO, KTO)
 # GRPO's generation: transformers' model.generate on the training GPU (None), or TRL's vLLM engine
 # (GRPOConfig use_vllm, vllm_mode): "colocate" in the training process on the same GPU, holding
 # vllm_gpu_memory_utilization of it; "server" on other GPUs (trl vllm-serve).
@@ -46,8 +49,8 @@ class Trainer:
     """The trainer whose step is modelled (``name``, one of MODELLED), and its memory settings."""
 
     name: str = SFT
-    # DPO: the reference's log-probs computed before training (DPOConfig.precompute_ref_log_probs):
-    # no reference forward, nor model, in the step.
+    # DPO, KTO: the reference's log-probs computed before training (DPOConfig, KTOConfig
+    # precompute_ref_log_probs): no reference forward, nor model, in the step.
     precompute_ref_log_probs: bool = False
     # SimPO (CPOTrainer): the NLL on the chosen rows is computed where cpo_alpha != 0 (CPOConfig's
     # default 1.0); ORPO always computes it.
@@ -62,6 +65,8 @@ class Trainer:
     vllm_mode: str | None = None
     vllm_gpu_memory_utilization: float = GRPO_VLLM_GPU_MEMORY_UTILIZATION
     steps_per_generation: int = 1
+    # KTO (KTOConfig loss_type, KTO_LOSS_TYPES): "kto" runs the KL batch, "apo_zero_unpaired" not.
+    kto_loss_type: str = "kto"
 
     @property
     def paired(self) -> bool:
@@ -71,12 +76,24 @@ class Trainer:
     def rows_per_sample(self) -> int:
         return 2 if self.paired else 1
 
+    @property
+    def kl_batch(self) -> bool:
+        """KTO's KL batch: the batch's prompts with mismatched completions, run under no_grad through
+        the policy and the reference (kto_trainer.py ``calculate_KL``, ``_compute_kl_logps``)."""
+        return self.name == KTO and self.kto_loss_type != "apo_zero_unpaired"
+
+    @property
+    def min_batch(self) -> int:
+        """The smallest batch the trainer runs: KTOTrainer refuses ``per_device_train_batch_size <= 1``
+        with the KL term (kto_trainer.py __init__: "Actual (not effective) batch size must be > 1")."""
+        return 2 if self.kl_batch else 1
+
     def reference(self, peft: bool) -> str | None:
         """What gives the reference log-probs: "frozen copy", "adapter disabled", "precomputed"; None
         where the trainer has no reference."""
         if self.name == GRPO:  # grpo_trainer.py __init__: ref_model None where beta == 0.0
             return None if self.beta == 0.0 else "adapter disabled" if peft else "frozen copy"
-        if self.name != DPO:
+        if self.name not in REFERENCED:
             return None
         if self.precompute_ref_log_probs:
             return "precomputed"
@@ -104,6 +121,26 @@ class Trainer:
                              "vllm_mode": self.vllm_mode, "steps_per_generation": self.steps_per_generation,
                              "vllm_gpu_memory_utilization":
                                  self.vllm_gpu_memory_utilization if self.colocated_vllm else None}
+        if self.name == KTO:
+            found["kto"] = {"loss_type": self.kto_loss_type, "kl_batch": self.kl_batch,
+                            "min_batch": self.min_batch}
+        return found
+
+    def settings(self) -> dict[str, Any]:
+        """The trainer's name and the settings that apply to it, as asked (what a stored run keeps:
+        api/runs/spec.py); ``Trainer(**settings)`` is the trainer again."""
+        found: dict[str, Any] = {"name": self.name}
+        if self.name in REFERENCED:
+            found["precompute_ref_log_probs"] = self.precompute_ref_log_probs
+        if self.name == SIMPO:
+            found["chosen_nll"] = self.chosen_nll
+        if self.name == KTO:
+            found["kto_loss_type"] = self.kto_loss_type
+        if self.name == GRPO:
+            found.update(num_generations=self.num_generations,
+                         max_completion_length=self.max_completion_length, beta=self.beta,
+                         vllm_mode=self.vllm_mode, steps_per_generation=self.steps_per_generation,
+                         vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization)
         return found
 
     def label(self, peft: bool) -> str:
@@ -111,6 +148,12 @@ class Trainer:
         words = f"{self.name} ({TRL_CLASSES[self.name]})"
         if self.name == GRPO:
             return words + "; " + self._grpo_words(peft)
+        if self.name == KTO:
+            words += ("; batch = examples: a prompt + completion labelled desirable or undesirable, 1 row "
+                      "each (modelled all of one label, as a paired dataset unpaired runs)")
+            words += ("; KL batch: the prompts with mismatched completions, batch rows under no_grad "
+                      "through the policy and the reference (batch > 1)" if self.kl_batch else
+                      f"; no KL batch (loss_type {self.kto_loss_type})")
         if self.paired:
             words += "; batch = pairs: chosen+rejected, 2 rows each"
         reference = self.reference(peft)
@@ -146,7 +189,8 @@ GRPO_FIELDS = ("num_generations", "max_completion_length", "beta", "use_vllm", "
 
 
 def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = None,
-                  chosen_nll: bool | None = None, grpo: dict[str, Any] | None = None) -> Trainer | None:
+                  chosen_nll: bool | None = None, grpo: dict[str, Any] | None = None,
+                  kto_loss_type: str | None = None) -> Trainer | None:
     """The Trainer asked for; None for sft (the supervised step). InvalidInput naming the field.
     ``grpo``: GRPO_FIELDS given (None values left out)."""
     trainer = (name or SFT).strip().lower()
@@ -154,9 +198,9 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
         raise InvalidInput(f"unknown trainer {name!r}: allowed are {', '.join(TRAINERS)}")
     if trainer in NOT_YET:
         raise InvalidInput(NOT_YET[trainer])
-    if precompute_ref_log_probs and trainer != DPO:
-        error = InvalidInput.naming(f"{{precompute_ref_log_probs}} is DPO's (a reference model's log-probs); "
-                                    f"trainer {trainer} has none")
+    if precompute_ref_log_probs and trainer not in REFERENCED:
+        error = InvalidInput.naming(f"{{precompute_ref_log_probs}} is DPO's and KTO's (a reference model's "
+                                    f"log-probs); trainer {trainer} has none")
         error.field = "precompute_ref_log_probs"
         raise error
     if chosen_nll is not None and trainer != SIMPO:
@@ -168,9 +212,17 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
     if given and trainer != GRPO:
         key = next(iter(given))
         raise _field(key, f"{{{key}}} is GRPO's (GRPOConfig); trainer {trainer} has none")
+    if kto_loss_type is not None:
+        if trainer != KTO:
+            raise _field("kto_loss_type", "{kto_loss_type} is KTO's (KTOConfig loss_type); trainer "
+                         f"{trainer} has none")
+        if kto_loss_type not in KTO_LOSS_TYPES:
+            raise _field("kto_loss_type", f"unknown {{kto_loss_type}} {kto_loss_type!r}: allowed are "
+                         f"{', '.join(KTO_LOSS_TYPES)}")
     if trainer == SFT:
         return None
-    found = Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll)
+    found = Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll,
+                    kto_loss_type=kto_loss_type or "kto")
     return _grpo(found, given) if trainer == GRPO else found
 
 

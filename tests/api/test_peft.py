@@ -18,6 +18,8 @@ from html import unescape
 from importlib.metadata import version
 
 import pytest
+from storedruns import store_done_run as _store_done_run
+from storedruns import text
 
 from api.routes.check import _covers
 from api.runs.spec import TableSpec, normalize
@@ -49,29 +51,6 @@ def _reported_header(spec: TableSpec) -> dict:
         run_table({"spec": spec.to_json()}, sent.append, lambda: True)
     [header] = [m["header"] for m in sent if m["op"] == "header"]
     return header
-
-
-def _store_done_run(client, spec: TableSpec, header: dict, max_batch: int = 6) -> str:
-    """A finished run of ``spec`` with one fp32 cell at seq 32, as the queue records it."""
-    store = client.app.state.queue.store
-    run, _ = store.create_run(key=spec.key(), spec=spec.to_json(), model=spec.model, gpu=spec.gpu["name"],
-                              backend=spec.backend, total=spec.cells, reuse=())
-    store.mark_running(run.id, lane="estimate:0", worker_pid=None)
-    store.set_header(run.id, header)
-    probes = [{"batch_size": b, "outcome": "fits" if b <= max_batch else "oom", "peak_bytes": 1000 * b,
-               "peak_allocated_bytes": 900 * b, "peak_reserved_bytes": 1000 * b}
-              for b in (2, max_batch, max_batch + 1)]
-    store.add_cell(run.id, 0, {
-        "seq_len": 32, "mode": "fp32", "max_batch_size": max_batch, "peak_memory_bytes": 1000 * max_batch,
-        "peak_allocated_bytes": 900 * max_batch, "probes": 3, "capped": False, "backend": spec.backend,
-        "step_time_s": None, "error": None, "probe_log": probes})
-    store.finish_run(run.id, "done")
-    return run.id
-
-
-def text(response) -> str:
-    """The page's text as a reader sees it (a <wbr> is a place to wrap, not a space)."""
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", response.text.replace("<wbr>", ""))))
 
 
 # --- POST /v1/tables and the store ------------------------------------------------------------
@@ -121,7 +100,7 @@ def test_a_lora_table_is_its_own_run_and_identical_lora_requests_share_one(clien
 def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupes(client):
     spec = _spec(client, LLAMA)
     old = {k: v for k, v in spec.to_json().items()  # then
-           if k not in ("adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel")}
+           if k not in ("adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel", "trainer")}
     old_key = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     store = client.app.state.queue.store
     run, _ = store.create_run(key=old_key, spec=old, model=spec.model, gpu=spec.gpu["name"],

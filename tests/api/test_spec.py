@@ -14,6 +14,7 @@ from autotune.request import TableRequest, fields_of
 BASE = {"model": "tiny-llama", "seq_lens": [32], "modes": ["fp32"], "gpu_memory": "1GiB",
         "backend": "estimate"}
 LORA, QLORA = {"peft": "lora"}, {"peft": "qlora"}
+GRPO = {"trainer": "grpo", "max_completion_length": 16}  # a row of 32 tokens: 16 of prompt
 # For each field: (what it needs besides, a value other than its default). Refused: the field's
 # own error names it.
 SAMPLES = {
@@ -53,9 +54,17 @@ SAMPLES = {
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
     "zero_config": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "zero2"},
                     {"zero_config": '{"stage": 2, "reduce_bucket_size": 100000000}'}),
-    "trainer": ({}, {"trainer": "dpo"}),  # refused: the service answers sft only (issue 36)
-    "precompute_ref_log_probs": ({}, {"precompute_ref_log_probs": True}),  # refused
-    "chosen_nll": ({}, {"chosen_nll": False}),  # refused
+    "trainer": ({}, {"trainer": "dpo"}),
+    "precompute_ref_log_probs": ({"trainer": "dpo"}, {"precompute_ref_log_probs": True}),
+    "chosen_nll": ({"trainer": "simpo"}, {"chosen_nll": False}),
+    "kto_loss_type": ({"trainer": "kto"}, {"kto_loss_type": "apo_zero_unpaired"}),
+    "num_generations": (GRPO, {"num_generations": 4}),
+    "max_completion_length": (GRPO, {"max_completion_length": 8}),
+    "beta": (GRPO, {"beta": 0.04}),
+    "steps_per_generation": (GRPO, {"steps_per_generation": 2}),
+    "use_vllm": (GRPO, {"use_vllm": True}),
+    "vllm_mode": ({**GRPO, "use_vllm": True}, {"vllm_mode": "server"}),
+    "vllm_gpu_memory_utilization": ({**GRPO, "use_vllm": True}, {"vllm_gpu_memory_utilization": 0.5}),
 }
 
 

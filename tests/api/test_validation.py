@@ -323,12 +323,13 @@ def test_the_openapi_document_declares_the_bearer_scheme_of_writes(client):
 # --- preference trainers (issue 36) ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("changes", [{"trainer": "dpo"}, {"precompute_ref_log_probs": True}])
-def test_a_preference_trainer_is_refused_naming_it_never_answered_as_sft(client, changes):
+@pytest.mark.parametrize("changes", [{"precompute_ref_log_probs": True}, {"kto_loss_type": "kto"},
+                                     {"num_generations": 4}])
+def test_a_trainer_s_setting_without_its_trainer_is_refused_naming_it_never_answered_as_sft(client, changes):
     response = post(client, **changes)
     assert response.status_code == 422, response.text
     assert response.json()["field"] == next(iter(changes))
-    assert "answers supervised fine-tuning (trainer sft) only for now" in response.json()["detail"]
+    assert "trainer sft has none" in response.json()["detail"]
     response = client.get("/v1/check", params=CELL | changes)
     assert response.status_code == 422 and response.json()["field"] == next(iter(changes))
     assert post(client, trainer="sft").status_code == 202

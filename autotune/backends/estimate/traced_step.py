@@ -223,7 +223,8 @@ class _MarkedScaler:
 
 
 def _phase(hooks: StepHooks, tracker: StorageTracker, emulation: CudaEmulation, name: str) -> None:
-    """GRPO's generation or training step begins (workload/grpo.py): each of TRL's model calls is an
+    """GRPO's generation or training step begins (workload/grpo.py), or KTO's KL or policy forward
+    (workload/preference.py kto_loss): each of TRL's model calls is an
     autocast region of its own (accelerate wraps the prepared model's forward in autocast), so the
     casts cached in one (the generation's, under no_grad) are not the next one's."""
     emulation.begin_forward()

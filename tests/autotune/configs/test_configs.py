@@ -169,7 +169,7 @@ REFUSED = [
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "fsdp_config", {"fsdp_offload_params": True}), (AXOLOTL, "torch_compile", True),
     (AXOLOTL, "activation_offloading", "legacy"), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
-    (AXOLOTL, "rl", "kto"), (AXOLOTL, "rl", "gdpo"), (AXOLOTL, "liger_use_token_scaling", True),
+    (AXOLOTL, "rl", "gdpo"), (AXOLOTL, "liger_use_token_scaling", True),
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
     (AXOLOTL, "precompute_ref_log_probs", True),  # an rl key without rl
     ({**AXOLOTL, "rl": "simpo"}, "rl", "simpo"),  # a full fine-tune: Axolotl's unused reference model

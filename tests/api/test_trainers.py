@@ -1,0 +1,117 @@
+"""Preference and RL trainers in the service (issue 36): POST /v1/tables and GET /v1/check take the
+trainer and its plain settings, the store keeps them in the run's spec and its key (an SFT run's key
+as before trainers were stored), the run's JSON and page say the trainer, a stored table answers a
+check only for the same trainer, and the run's worker tables the trainer's step.
+
+Runs stay queued (the idle runner) or are written straight into the real SQLite store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from storedruns import store_done_run, text
+
+from api.routes.check import _covers
+from api.runs.spec import TableSpec, normalize
+from autotune.workload.trainers import Trainer
+
+LLAMA = {"model": "tiny-llama", "seq_lens": [32], "modes": ["fp32"], "gpu_memory": "1GiB",
+         "backend": "estimate"}
+KTO = {"trainer": "kto"}
+GRPO = {"trainer": "grpo", "max_completion_length": 16, "num_generations": 4, "beta": 0.04}
+
+
+@pytest.fixture
+def client(idle_client):
+    return idle_client
+
+
+def _spec(client, body) -> TableSpec:
+    queue = client.app.state.queue
+    return normalize(body, client.app.state.settings, queue.runner.environment)
+
+
+def test_a_trainer_s_table_is_its_own_run_and_identical_requests_share_one(client):
+    sft = client.post("/v1/tables", json=LLAMA).json()
+    kto = client.post("/v1/tables", json=LLAMA | KTO)
+    assert kto.status_code == 202 and kto.json()["created"] and kto.json()["id"] != sft["id"]
+    again = client.post("/v1/tables", json=LLAMA | KTO | {"kto_loss_type": "kto"})  # the default spelled out
+    assert again.json()["id"] == kto.json()["id"] and again.json()["created"] is False
+    others = [client.post("/v1/tables", json=LLAMA | body).json() for body in (
+        {"trainer": "kto", "kto_loss_type": "apo_zero_unpaired"},
+        {"trainer": "kto", "precompute_ref_log_probs": True}, {"trainer": "dpo"}, GRPO)]
+    assert len({sft["id"], kto.json()["id"], *(o["id"] for o in others)}) == 6
+    assert client.post("/v1/tables", json=LLAMA | {"trainer": "sft"}).json()["id"] == sft["id"]
+
+    table = client.get(kto.json()["url"]).json()
+    assert table["trainer"]["settings"] == {"name": "kto", "precompute_ref_log_probs": False,
+                                            "kto_loss_type": "kto"}
+    assert (table["trainer"]["trl_class"], table["trainer"]["reference"], table["trainer"]["kto"]) == (
+        "KTOTrainer", "frozen copy", {"loss_type": "kto", "kl_batch": True, "min_batch": 2})
+    assert client.get(sft["url"]).json()["trainer"] is None
+    grpo = client.get(others[3]["url"]).json()["trainer"]
+    assert grpo["settings"] == {"name": "grpo", "num_generations": 4, "max_completion_length": 16,
+                                "beta": 0.04, "vllm_mode": None, "steps_per_generation": 1,
+                                "vllm_gpu_memory_utilization": 0.3}
+    # the real SQLite store keeps the trainer in the run's spec, and its worker tables that step
+    run = client.app.state.queue.store.get_run(kto.json()["id"])
+    assert run.spec["trainer"] == table["trainer"]["settings"]
+    assert TableSpec.from_json(run.spec).workload().trainer == Trainer("kto")
+
+
+def test_an_sft_run_keeps_the_key_of_the_runs_stored_before_trainers(client):
+    spec = _spec(client, LLAMA)
+    old = {k: v for k, v in spec.to_json().items() if k != "trainer"}  # a run stored before trainers
+    old_key = hashlib.sha256(json.dumps({k: v for k, v in old.items() if k not in (
+        "adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel")}, sort_keys=True,
+        separators=(",", ":")).encode()).hexdigest()
+    assert spec.key() == old_key and spec.trainer is None
+    store = client.app.state.queue.store
+    run, _ = store.create_run(key=old_key, spec=old, model=spec.model, gpu=spec.gpu["name"],
+                              backend=spec.backend, total=1)
+    assert TableSpec.from_json(store.get_run(run.id).spec).workload().trainer is None
+    assert client.get(f"/v1/tables/{run.id}").json()["trainer"] is None
+    assert client.post("/v1/tables", json=LLAMA).json()["id"] == run.id  # still dedupes
+
+
+def test_a_stored_table_answers_a_check_only_for_its_own_trainer(client):
+    sft, dpo = _spec(client, LLAMA), _spec(client, LLAMA | {"trainer": "dpo"})
+    assert _covers(sft.to_json(), sft, 32) and _covers(dpo.to_json(), dpo, 32)
+    assert not _covers(sft.to_json(), dpo, 32) and not _covers(dpo.to_json(), sft, 32)
+    run_id = store_done_run(client, dpo, {"attn": "sdpa"})
+    cell = {"model": "tiny-llama", "seq_len": 32, "batch_size": 4, "gpu_memory": "1GiB", "mode": "fp32"}
+    answer = client.get("/v1/check", params=cell | {"trainer": "dpo"}).json()
+    assert answer["table_id"] == run_id and answer["trainer"]["name"] == "dpo"
+
+
+def test_the_run_page_says_the_trainer(client):
+    kto = client.post("/v1/tables", json=LLAMA | KTO | {"peft": "lora"}).json()
+    sft = client.post("/v1/tables", json=LLAMA).json()
+    page = text(client.get(f"/runs/{kto['id']}"))
+    assert "Trainer kto (KTOTrainer); batch = examples" in page
+    assert "reference: the same model with its adapter disabled" in page
+    assert "Trainer sft (supervised fine-tuning)" in text(client.get(f"/runs/{sft['id']}"))
+
+
+@pytest.mark.parametrize(("changes", "field", "words"), [
+    ({"trainer": "dpo", "num_generations": 4}, "num_generations", "is GRPO's"),
+    ({"trainer": "orpo", "precompute_ref_log_probs": True}, "precompute_ref_log_probs", "is DPO's and KTO's"),
+    ({"trainer": "kto", "kto_loss_type": "sigmoid"}, "kto_loss_type", "apo_zero_unpaired"),
+    ({**GRPO, "beta": -1}, "beta", "a finite number of 0 or more"),
+    ({**GRPO, "num_generations": 5000}, "num_generations", "an integer from 2 to 1024"),
+    ({"trainer": "grpo"}, "max_completion_length", "leaves no prompt"),  # 32 tokens, 512 of completion
+    ({"trainer": "reward", "task": "causal-lm"}, "task", "trains a sequence-classification model"),
+    ({"trainer": "ppo"}, "trainer", "unknown trainer 'ppo'"),
+])
+def test_each_refusal_names_its_field(client, changes, field, words):
+    response = client.post("/v1/tables", json=LLAMA | changes)
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field and words in response.json()["detail"]
+
+
+def test_a_reward_model_s_run_stores_its_one_score_head(client):
+    spec = _spec(client, LLAMA | {"trainer": "reward"})
+    assert (spec.task, spec.workload().model.config.num_labels, spec.trainer) == (
+        "sequence-classification", 1, {"name": "reward"})
