@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.responses import JSONResponse, Response
 
 from api.runs.analysis import ClientGone
+from api.runs.runner import ClusterUnreachable
 from api.store import is_unavailable
 from autotune.errors import (
     AutotuneError,
@@ -77,7 +78,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(AutotuneError)
     async def autotune_error(request: Request, exc: AutotuneError) -> JSONResponse:
         body: dict[str, Any] = {"detail": str(exc)}
-        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+        retry_after = exc.retry_after_s if isinstance(exc, Overloaded | ClusterUnreachable) else None
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         if is_unavailable(exc):  # a full disk, a lock: nothing was stored, and it may clear up
             retry = max(1, math.ceil(request.app.state.settings.reconcile_s))
             body["detail"] = (f"{exc}: the database cannot be used now, and nothing of this request was "

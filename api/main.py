@@ -44,7 +44,7 @@ def make_runner(settings: Settings) -> Runner:
         from api.fleet.runner import RayRunner
 
         return RayRunner(settings.ray_address, analysis_workers=settings.analysis_workers,
-                         analysis_timeout_s=settings.analysis_timeout_s)
+                         analysis_timeout_s=settings.analysis_timeout_s, watchdog_s=settings.watchdog_s)
     return LocalRunner(estimate_workers=settings.estimate_workers, watchdog_s=settings.watchdog_s,
                        analysis_workers=settings.analysis_workers,
                        analysis_timeout_s=settings.analysis_timeout_s)

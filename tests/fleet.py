@@ -150,8 +150,45 @@ class FleetCluster:
                       temp_dir=self.dir)
         self.start_s = time.monotonic() - started
 
+    def kill_gcs(self) -> int:
+        """SIGKILL the head's GCS (``gcs_server``): the head lost, as in issue #37.3. Its pid."""
+        [pid] = [p for p in self.namespace.pids() if "gcs_server" in command_of(p)]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def restart_head(self, keep: int) -> None:
+        """End what is left of the cluster (every process in the namespace but ``keep``'s tree: the
+        server and its driver) and start a head on the same port: the head back, a new cluster."""
+        for pid in self.namespace.pids():
+            if keep not in ancestors(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: all(keep in ancestors(p) for p in self.namespace.pids()), "the old cluster to end",
+                   timeout_s=30)
+        port = self.address.rpartition(":")[2]
+        ray_start(("--head", "--port", port, "--include-dashboard=false", "--num-gpus", "0",
+                   "--temp-dir", str(self.dir)), temp_dir=self.dir)
+
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def command_of(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return ""
+
+
+def ancestors(pid: int) -> set[int]:
+    """``pid`` and the processes above it."""
+    found = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 def tasks(records: Path) -> list[dict[str, Any]]:
@@ -214,7 +251,8 @@ from api.main import create_app
 from api.fleet.runner import RayRunner
 from api.settings import Settings
 
-runner = RayRunner({address!r}, setup=CpuProbes(Path({records!r}), Path({hold!r})), analysis_workers=1)
+runner = RayRunner({address!r}, setup=CpuProbes(Path({records!r}), Path({hold!r})), analysis_workers=1,
+                   watchdog_s={watchdog_s!r})
 app = create_app(Settings(db=Path({db!r}), reconcile_s=1.0), runner=runner)
 uvicorn.run(app, host="127.0.0.1", port={port}, log_level="warning")
 """
@@ -226,7 +264,8 @@ class FleetServer:
     browser's). ``connected``: wait until it has joined the cluster too."""
 
     def __init__(self, db: Path, log: Path, address: str, records: Path, hold: Path, *,
-                 connected: bool = True) -> None:
+                 connected: bool = True, watchdog_s: float = 900.0,
+                 env: dict[str, str] | None = None) -> None:
         import httpx
         from liveserver import free_port
 
@@ -234,9 +273,10 @@ class FleetServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log.open("ab")
         script = SERVER.format(root=str(ROOT), tests=str(TESTS), address=address, records=str(records),
-                               hold=str(hold), db=str(db), port=self.port)
-        self.proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=os.environ | ENV,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                               hold=str(hold), db=str(db), port=self.port, watchdog_s=watchdog_s)
+        self.proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                                     env=os.environ | ENV | (env or {}), stdout=self.log,
+                                     stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, timeout=10.0)
 
         def answers() -> bool:

@@ -6,15 +6,23 @@ Without that label, Ray's own ``ray.io/accelerator-type`` (what Ray detected: T4
 is used when it names one preset; an A100 or an H100 comes in several sizes and needs the label.
 Tasks of a kind are sent with a label selector on the label that named it, so Ray places them.
 
-``Cluster`` joins in the background and keeps a snapshot of the nodes, refreshed every
-``refresh_s``: the health check reads the snapshot and never waits on the cluster, and the service
-keeps serving while the cluster is unreachable (``Cluster.reachable`` says so, with why).
+``Cluster`` joins through a Ray driver of its own process (api/fleet/driver.py: Ray ends a driver that
+lost its GCS, and the service must outlive that), started and watched in the background. The driver says
+what the nodes are every ``refresh_s``; the health check reads the last snapshot and never waits on the
+cluster, and the service keeps serving while the cluster is unreachable (``Cluster.reachable`` says so,
+with why) and joins it again by itself when it is back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import pickle
+import queue
+import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -25,6 +33,7 @@ from typing import Any
 from api.fleet import INSTALL_HINT
 from autotune.errors import BackendUnavailable, InvalidInput
 from autotune.gpus import resolve_gpu
+from autotune.processes import SOURCE_ROOT, Child, child_env, exit_reason
 
 log = logging.getLogger("autotune.api")
 
@@ -32,7 +41,12 @@ KIND_LABEL = "autotune/gpu"  # a node's GPU kind, a preset name (autotune gpus)
 ACCELERATOR_LABEL = "ray.io/accelerator-type"  # Ray's default label: the card it detected
 NAMESPACE = "autotune"  # the Ray namespace of the service's driver
 REFRESH_S = 2.0  # the node snapshot's age at most, while connected
-RECONNECT_S = 10.0  # between attempts to join an unreachable cluster
+RECONNECT_S = 10.0  # between attempts to join a cluster whose head answers but a driver could not join
+PROBE_S = 1.0  # between probes of the head's port (two refused in a row: the cluster is unreachable)
+PROBE_TIMEOUT_S = 2.0  # for the head's port to take a connection
+STALE_S = 30.0  # a driver that says nothing of the nodes this long has lost its GCS (one that stopped)
+JOIN_TIMEOUT_S = 120.0  # for a new driver to join: ray.init on a loaded machine takes seconds
+DRIVER_COMMAND = (sys.executable, "-m", "api.fleet.driver")
 
 
 def import_ray() -> ModuleType:
@@ -143,20 +157,38 @@ def init_options(address: str) -> dict[str, Any]:
 
 
 class Cluster:
-    """The connection to the Ray cluster at ``address``, kept up by a thread of its own."""
+    """The service's side of the cluster at ``address``: its Ray driver, a process of its own
+    (api/fleet/driver.py), started, watched and replaced by a thread of this one.
 
-    def __init__(self, address: str, *, refresh_s: float = REFRESH_S,
-                 reconnect_s: float = RECONNECT_S) -> None:
-        self.ray = import_ray()
+    The cluster is reachable while a driver has joined it and keeps saying what its nodes are. It is
+    unreachable, with why, from the moment the driver exits (Ray ends a driver that lost the GCS), goes
+    quiet for ``stale_s``, or the head's port refuses two probes in a row (every ``probe_s``: a killed
+    GCS is seen in seconds, not after Ray's own minute); that driver is then killed, its tasks with it.
+    A new one is started once the head's port answers again (after ``reconnect_s`` when a driver
+    could not join), and each that joins begins a new ``epoch``: tasks of an earlier one are gone.
+    """
+
+    def __init__(self, address: str, *, setup: Any = None, refresh_s: float = REFRESH_S,
+                 reconnect_s: float = RECONNECT_S, probe_s: float = PROBE_S, stale_s: float = STALE_S,
+                 join_timeout_s: float = JOIN_TIMEOUT_S, command: tuple[str, ...] = DRIVER_COMMAND) -> None:
+        import_ray()  # here, to say at once how to install it; this process never joins the cluster
         self.address = address
-        self.refresh_s = refresh_s
-        self.reconnect_s = reconnect_s
+        self.refresh_s, self.reconnect_s, self.probe_s = refresh_s, reconnect_s, probe_s
+        self.stale_s, self.join_timeout_s, self.command = stale_s, join_timeout_s, command
+        self._setup = pickle.dumps(setup).hex() if setup is not None else None
         self._lock = threading.Lock()
         self._connected = threading.Event()
         self._stop = threading.Event()
         self._snapshot = Snapshot()
         self._error: str | None = None
         self._since = time.time()  # epoch s: of the current state
+        self._driver: Child | None = None
+        self._started_at = 0.0  # monotonic s: the driver's start
+        self._heard_at = 0.0  # monotonic s: its last word of the nodes
+        self._refused: str | None = None  # why the driver could not join, as it said
+        self._gcs: str | None = None  # the GCS's HOST:PORT, as a driver said (``auto`` names none)
+        self._epoch = 0
+        self._messages: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="ray cluster", daemon=True)
         self._thread.start()
 
@@ -165,6 +197,12 @@ class Cluster:
     @property
     def reachable(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def epoch(self) -> int | None:
+        """The number of the driver that has joined (1, 2, ...), None while unreachable."""
+        with self._lock:
+            return self._epoch if self.reachable else None
 
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
@@ -179,12 +217,6 @@ class Cluster:
             why = self._error or "still joining it"
         return f"the Ray cluster at {self.address} is unreachable ({why})"
 
-    def lost(self, exc: BaseException) -> None:
-        """A call to the cluster failed as if it were gone: read it again (and rejoin if it is)."""
-        log.warning("Ray cluster at %s: %s", self.address, exc)
-        with contextlib.suppress(Exception):
-            self._refresh()
-
     def describe(self) -> dict[str, Any]:
         with self._lock:
             snapshot, error, since = self._snapshot, self._error, self._since
@@ -192,40 +224,136 @@ class Cluster:
         return {"address": self.address, "status": state, "error": None if self.reachable else error,
                 "since": since, **snapshot.describe()}
 
-    # --- the connection's thread -----------------------------------------------------------
+    # --- the tasks, through the driver -------------------------------------------------------
+
+    def send(self, task_id: int, backend: str, order: dict[str, Any], selector: dict[str, str]) -> bool:
+        """Hand a cell to the driver (api/fleet/driver.py); False when there is none to take it."""
+        return self._tell({"op": "send", "id": task_id, "backend": backend, "order": order,
+                           "selector": selector})
+
+    def cancel(self, task_id: int) -> None:
+        self._tell({"op": "cancel", "id": task_id})
+
+    def messages(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+        """What the drivers said of their tasks since the last call, each with the driver's epoch;
+        waits up to ``timeout_s`` for the first."""
+        try:
+            found = [self._messages.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                found.append(self._messages.get_nowait())
+        return found
+
+    def _tell(self, message: dict[str, Any]) -> bool:
+        with self._lock:
+            driver = self._driver if self.reachable else None
+        if driver is None:
+            return False
+        if not driver.send(json.dumps(message) + "\n"):
+            self._set(False, "the Ray driver process is gone")
+            return False
+        return True
+
+    # --- the driver's thread -----------------------------------------------------------------
 
     def _loop(self) -> None:
+        failed_probes, next_try = 0, 0.0
         while not self._stop.is_set():
-            if not self.reachable:
-                self._join()
+            with self._lock:
+                driver, gcs = self._driver, self._gcs
+            # A driver's GCS, as it said; else the address given (``auto``: none to probe, a driver tries).
+            refused = probe(gcs if driver is not None and gcs else self.address)
+            failed_probes = failed_probes + 1 if refused else 0
+            now = time.monotonic()
+            if driver is None:
+                if refused:
+                    self._set(False, refused)
+                elif now >= next_try:
+                    self._start()
             else:
-                with contextlib.suppress(Exception):  # _refresh records what went wrong
-                    self._refresh()
-            self._stop.wait(self.refresh_s if self.reachable else self.reconnect_s)
+                why = self._trouble(driver, now, refused if failed_probes >= 2 else None)
+                if why is not None:
+                    self._drop(driver, why)
+                    next_try = now + (self.probe_s if self._joined_once() else self.reconnect_s)
+            self._stop.wait(self.probe_s)
 
-    def _join(self) -> None:
-        ray = self.ray
-        try:
-            if ray.is_initialized():
-                ray.shutdown()
-            ray.init(**init_options(self.address))
-            self._refresh()
-        except Exception as exc:  # ConnectionError, a timeout, a version mismatch: said as it is
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            self._set(False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}")
-            return
-        log.info("joined the Ray cluster at %s: %s", self.address, self.snapshot().describe()["kinds"])
-
-    def _refresh(self) -> None:
-        try:
-            nodes = read_nodes(self.ray)
-        except Exception as exc:
-            self._set(False, f"{type(exc).__name__}: {exc}")
-            raise
+    def _trouble(self, driver: Child, now: float, refused: str | None) -> str | None:
+        """Why ``driver`` must go, or None while it does its work."""
         with self._lock:
-            self._snapshot = Snapshot(tuple(nodes))
-        self._set(True, None)
+            heard, refused_join = self._heard_at, self._refused
+        if driver.poll() is not None:
+            if refused_join is not None:
+                return refused_join
+            lines = [line.strip() for line in driver.stderr_tail() if line.strip()]
+            said = f"; its stderr ends with: {lines[-1][:300]}" if lines else ""
+            return f"the Ray driver process {exit_reason(driver.poll())}{said}"
+        if refused is not None:
+            return refused
+        if heard == 0.0 and now - self._started_at > self.join_timeout_s:
+            return f"could not join it within {self.join_timeout_s:g} s"
+        if heard and now - heard > self.stale_s:
+            return f"its GCS has not answered for {now - heard:.0f} s"
+        return None
+
+    def _joined_once(self) -> bool:
+        with self._lock:
+            return self._heard_at != 0.0
+
+    def _start(self) -> None:
+        # The driver imports what this process can: the tasks' setup is unpickled there (the tests').
+        path = os.pathsep.join([str(SOURCE_ROOT), *(p for p in sys.path if p)])
+        driver = Child(self.command, env=child_env({"PYTHONPATH": path}), own_group=True)
+        with self._lock:
+            self._driver, self._started_at, self._heard_at = driver, time.monotonic(), 0.0
+            self._refused = None
+        driver.send(json.dumps({"op": "join", "address": self.address, "setup": self._setup,
+                                "refresh_s": self.refresh_s}) + "\n")
+        threading.Thread(target=self._read, args=(driver,), name="ray driver", daemon=True).start()
+
+    def _read(self, driver: Child) -> None:
+        """The driver's lines: its nodes here, its tasks' news to ``messages``."""
+        epoch = 0
+        for line in driver.replies():
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if message.get("op") == "nodes":
+                nodes = tuple(Node(**n) for n in message["nodes"])
+                with self._lock:
+                    if self._driver is not driver:
+                        return
+                    joined, self._heard_at = self._heard_at == 0.0, time.monotonic()
+                    self._snapshot = Snapshot(nodes)
+                    self._gcs = message.get("gcs") or self._gcs
+                    if joined:
+                        self._epoch += 1
+                        epoch = self._epoch
+                if joined:
+                    kinds = Snapshot(nodes).describe()["kinds"]
+                    log.info("joined the Ray cluster at %s: %s", self.address, kinds)
+                self._set(True, None)
+            elif message.get("op") == "failed":
+                with self._lock:
+                    self._refused = str(message.get("error"))
+                self._set(False, self._refused)
+            else:  # of its tasks, sent once it joined: tagged with its own epoch
+                self._messages.put((epoch, message))
+        with self._lock:
+            gone = self._driver is driver
+        if gone and self.reachable:  # it exited: Ray ends a driver that lost the GCS
+            self._set(False, "the Ray driver process exited")
+
+    def _drop(self, driver: Child, why: str) -> None:
+        log.warning("Ray cluster at %s: %s", self.address, why)
+        self._set(False, why)
+        with self._lock:
+            self._driver, self._snapshot = None, Snapshot()
+        driver.kill()
+        driver.wait(5.0)
+        driver.close()
 
     def _set(self, connected: bool, error: str | None) -> None:
         with self._lock:
@@ -238,8 +366,24 @@ class Cluster:
                 self._connected.clear()
 
     def close(self) -> None:
+        """Stop watching, and end the driver: its stdin closed, it exits, and Ray its tasks."""
         self._stop.set()
-        self._thread.join(timeout=5.0)
-        if not self._thread.is_alive() and self.ray.is_initialized():
-            with contextlib.suppress(Exception):
-                self.ray.shutdown()
+        self._thread.join(timeout=10.0)
+        with self._lock:
+            driver, self._driver = self._driver, None
+        self._connected.clear()
+        if driver is not None:
+            driver.stop(grace_s=5.0)
+
+
+def probe(address: str) -> str | None:
+    """Why the head at ``address`` refuses a connection, or None when it takes one (or the address
+    names no port to try: ``auto``)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"its head at {host}:{port} refuses connections: {type(exc).__name__}: {exc.strerror or exc}"

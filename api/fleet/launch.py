@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.fleet import INSTALL_HINT
-from api.runs.runner import Runner
+from api.runs.runner import ClusterUnreachable, Runner
 from api.runs.spec import TableSpec, normalize
 from api.settings import Settings
 from autotune.errors import BackendUnavailable, InvalidInput
@@ -32,6 +32,7 @@ class Fleet:
     address: str
     kinds: tuple[str, ...]  # GPU kinds (preset names) with at least one node, in name order
     unavailable: str | None  # why no run can go to every kind now; None: they can
+    reachable: bool = True  # False: the cluster is away now (503 with Retry-After)
 
     @property
     def label(self) -> str:
@@ -53,7 +54,8 @@ def fleet_of(runner: Runner) -> Fleet | None:
     elif not kinds:
         unavailable = (f"the Ray cluster at {address} has no GPU node of a known kind: start each GPU node "
                        "with its kind as a label (ray start --labels autotune/gpu=T4)")
-    return Fleet(address=address, kinds=kinds, unavailable=unavailable)
+    return Fleet(address=address, kinds=kinds, unavailable=unavailable,
+                 reachable=described["status"] == "connected")
 
 
 def _refused(message: str, field: str) -> InvalidInput:
@@ -69,7 +71,7 @@ def all_kinds_specs(body: Mapping[str, Any], settings: Settings, runner: Runner)
     if fleet is None:
         raise _refused(NO_FLEET, "gpu")
     if fleet.unavailable is not None:
-        raise BackendUnavailable(fleet.unavailable)
+        raise (BackendUnavailable if fleet.reachable else ClusterUnreachable)(fleet.unavailable)
     for field, what in (("gpu", "a GPU preset"), ("gpu_memory", "a card size"),
                         ("multiprocessors", "a chip")):
         if body.get(field) is not None:

@@ -14,13 +14,17 @@ truth (runs, cells, dedupe and resume work as on one host) and Ray only executes
 - a cell whose worker or node died (Ray's WorkerCrashedError, NodeDiedError, OutOfMemoryError) is
   sent again once, away from the node it died on when the kind has another; if that dies too,
   the cell is recorded failed with both reasons and the run goes on;
+- a cell whose task says nothing for ``watchdog_s`` (AUTOTUNE_WATCHDOG_S) once it started (a task says
+  it is alive while its probes end, api/fleet/task.py) fails its run with the reason, and its task is
+  killed, as the local runner's watchdog does (a worker stopped with SIGSTOP would hold it for ever);
 - cancel stops a run's tasks with ``ray.cancel(force=True)``;
 - close (a server stopping) cancels every task and leaves the runs running in the store: the next
   start requeues them, and this runner sends their unfinished cells again, keeping the finished
   ones. A driver that died without closing takes its tasks with it (Ray ends the tasks of a gone
   owner), so there is nothing to re-attach to: the unfinished cells are sent again;
-- while the cluster is unreachable the service keeps serving: new runs are refused (503, the
-  reason said), and runs handed over meanwhile wait here until it is back.
+- the Ray driver is a process of its own (api/fleet/cluster.py, driver.py): while the cluster is
+  unreachable the service keeps serving, new runs are refused (503 with Retry-After, the reason said),
+  and every run here waits until it is back (a new driver), then sends its unfinished cells again.
 
 Heavy reads (check and explain) stay on this host, in the analysis pool as with LocalRunner.
 """
@@ -28,6 +32,7 @@ Heavy reads (check and explain) stay on this host, in the analysis pool as with 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -38,13 +43,13 @@ from typing import Any
 from api.fleet.cluster import Cluster
 from api.runs.analysis import ANALYSIS_COMMAND, AnalysisPool
 from api.runs.runner import ClusterUnreachable, RunEvents, RunnerBase, RunOrder, check_backend
-from api.settings import ANALYSIS_TIMEOUT_S
+from api.settings import ANALYSIS_TIMEOUT_S, WATCHDOG_S
 from autotune.errors import BackendUnavailable, InvalidInput, UnknownGpu
 from autotune.gpus import resolve_gpu
 
 log = logging.getLogger("autotune.api")
 
-WAIT_S = 0.2  # the dispatcher's longest wait for a task to finish before it looks at new work
+WAIT_S = 0.2  # the dispatcher's longest wait for a task's news before it looks at new work
 # Ray's errors of a task whose process or node went away, not of the cell itself: sent again once.
 DIED = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "ObjectLostError",
         "LocalRayletDiedError", "ActorDiedError")
@@ -61,6 +66,9 @@ class _Cell:
     attempt: int = 1
     died: str | None = None  # why the first attempt's worker died
     avoid: tuple[str, ...] = ()  # node ids not to run on (the one a first attempt died on)
+    epoch: int | None = None  # the driver's (Cluster.epoch) it was sent through
+    pid: int | None = None  # its worker's, once it started
+    last_progress: float | None = None  # monotonic s of its last word; None: not started (queued in Ray)
 
 
 @dataclass
@@ -101,14 +109,16 @@ class RayRunner(RunnerBase):
         analyses: AnalysisPool | None = None,  # shared by the tests' apps: left open on close
         setup: Callable[[dict[str, Any]], None] | None = None,  # setup(order) first in each task (tests)
         cluster: Cluster | None = None,
+        watchdog_s: float = WATCHDOG_S,
     ) -> None:
         super().__init__(analysis_workers=analysis_workers, analysis_timeout_s=analysis_timeout_s,
                          analysis_command=analysis_command, analyses=analyses)
-        self.cluster = cluster if cluster is not None else Cluster(address)
-        self.setup = setup
+        self.cluster = cluster if cluster is not None else Cluster(address, setup=setup)
+        self.watchdog_s = watchdog_s
         self._runs: dict[str, _Run] = {}
         self._waiting: list[str] = []  # run ids handed over, not yet started (cluster unreachable)
-        self._tasks: dict[Any, _Cell] = {}  # ObjectRef -> its cell
+        self._tasks: dict[int, _Cell] = {}  # task id -> its cell
+        self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._dispatch_loop, name="ray dispatcher", daemon=True)
         self._thread.start()
 
@@ -164,19 +174,19 @@ class RayRunner(RunnerBase):
             self._runs.pop(run_id, None)
             with contextlib.suppress(ValueError):
                 self._waiting.remove(run_id)
-            refs = [ref for ref, cell in self._tasks.items() if cell.run_id == run_id]
-            for ref in refs:
-                del self._tasks[ref]
-        self._kill(refs)
+            ids = [task_id for task_id, cell in self._tasks.items() if cell.run_id == run_id]
+            for task_id in ids:
+                del self._tasks[task_id]
+        self._kill(ids)
 
     def held(self) -> set[str]:
         with self._cond:
             return set(self._runs)
 
     def _take_running(self) -> list[Any]:
-        refs = list(self._tasks)
+        ids = list(self._tasks)
         self._tasks.clear()
-        return refs
+        return ids
 
     def _stop(self, running: list[Any]) -> None:
         self._kill(running)  # their runs stay running in the store: the next start resumes them
@@ -193,32 +203,33 @@ class RayRunner(RunnerBase):
                 found.setdefault(cell.run_id, []).append((cell.mode, cell.seq_len, cell.attempt))
             return found
 
-    def _kill(self, refs: list[Any]) -> None:
-        for ref in refs:
-            with contextlib.suppress(Exception):  # finished meanwhile, or the cluster is gone
-                self.cluster.ray.cancel(ref, force=True)
+    def _kill(self, task_ids: list[int]) -> None:
+        for task_id in task_ids:  # the driver's ray.cancel(force=True); gone with the cluster if it is
+            self.cluster.cancel(task_id)
 
     def _dispatch_loop(self) -> None:
-        ray = self.cluster.ray
         while True:
             with self._cond:
                 if self._closed:
                     return
-                if not self._tasks and not (self._waiting and self.cluster.reachable):
-                    self._cond.wait(timeout=WAIT_S)
-                    continue
-                refs = list(self._tasks)
             try:
+                self._check_epoch()
                 self._start_waiting()
-                ready = ray.wait(refs, num_returns=1, timeout=WAIT_S)[0] if refs else []
-                for ref in ready:
-                    self._finish(ref)
-            except Exception as exc:  # a bug or a lost cluster must not end the dispatcher
+                for epoch, message in self.cluster.messages(timeout_s=WAIT_S):
+                    self._heard(epoch, message)
+                self._watchdog()
+            except Exception:  # a bug must not end the dispatcher
                 log.exception("ray dispatcher")
-                self.cluster.lost(exc)
-                if not self.cluster.reachable:
-                    self._requeue()
                 time.sleep(WAIT_S)
+
+    def _check_epoch(self) -> None:
+        """Tasks sent through a driver that is gone went with it: their runs wait for the next one."""
+        epoch = self.cluster.epoch
+        with self._cond:
+            gone = any(cell.epoch != epoch for cell in self._tasks.values())
+        if gone:
+            log.warning("the Ray cluster's driver changed: the runs here send their unfinished cells again")
+            self._requeue()
 
     def _requeue(self) -> None:
         """The cluster went away: its tasks with it. Every run waits here for it to be back, and
@@ -250,66 +261,49 @@ class RayRunner(RunnerBase):
                     self._send(run, _Cell(run.order.run_id, mode, seq_len, run.position(mode, seq_len)))
 
     def _send(self, run: _Run, cell: _Cell) -> None:
-        from api.fleet.task import estimate_cell, measure_cell
-
-        ray = self.cluster.ray
         spec = run.order.spec
         earlier = [s for s in run.seq_lens if s < cell.seq_len]
         order = {"run_id": run.order.run_id,
                  "spec": {**spec, "seq_lens": [*earlier, cell.seq_len], "modes": [cell.mode]},
                  "completed": [run.done[(cell.mode, s)] for s in earlier]}
-        try:
-            if spec["backend"] == "cuda":
-                kind = spec["environment"]["device"]
-                selector = self.cluster.snapshot().selector(kind) or {}
-                if cell.avoid and self._other_nodes(kind, cell.avoid):
-                    selector["ray.io/node-id"] = f"!in({','.join(cell.avoid)})"
-                ref = measure_cell.options(label_selector=selector).remote(order, self.setup)
-            else:
-                ref = estimate_cell.remote(order, self.setup)
-        except Exception as exc:  # never left running with no task: it fails, or waits for the cluster
-            self._unsent(run, exc)
-            return
+        selector: dict[str, str] = {}
+        if spec["backend"] == "cuda":
+            kind = spec["environment"]["device"]
+            selector = self.cluster.snapshot().selector(kind) or {}
+            if cell.avoid and self._other_nodes(kind, cell.avoid):
+                selector["ray.io/node-id"] = f"!in({','.join(cell.avoid)})"
+        task_id, cell.epoch = next(self._ids), self.cluster.epoch
         with self._cond:
             if self._closed or run.order.run_id not in self._runs:  # cancelled or closed meanwhile
-                stale = True
-            else:
-                stale = False
-                self._tasks[ref] = cell
-        if stale:
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
-
-    def _unsent(self, run: _Run, exc: BaseException) -> None:
-        """A cell could not be sent. With the cluster gone, every run waits for it (``_requeue``);
-        with the cluster there (it refused the task), the run fails saying why: a run left running
-        with no task in flight would read "running 0/N cells" for ever."""
-        self.cluster.lost(exc)  # read the cluster again: gone, or there
-        if not self.cluster.reachable:
-            self._requeue()
-            return
-        log.exception("run %s: a cell could not be sent to the Ray cluster", run.order.run_id)
-        self._end(run, "failed", f"a cell could not be sent to the Ray cluster: {_reason(exc)}")
+                return
+            self._tasks[task_id] = cell
+        if not self.cluster.send(task_id, spec["backend"], order, selector):
+            self._requeue()  # no driver to take it: the cluster is away, every run waits for it
 
     def _other_nodes(self, kind: str, avoid: tuple[str, ...]) -> bool:
         """Whether the fleet has a node of ``kind`` besides those in ``avoid``."""
         return any(n.node_id not in avoid for n in self.cluster.snapshot().kinds().get(kind, []))
 
-    def _finish(self, ref: Any) -> None:
-        """A task ended: record its cell and send the mode's next one, or retry it, or end the run."""
-        ray = self.cluster.ray
+    def _heard(self, epoch: int, message: dict[str, Any]) -> None:
+        """A task's news from the driver (api/fleet/driver.py): it started, is alive, or ended."""
+        task_id, op = int(message.get("id", 0)), message.get("op")
+        ended = op in ("result", "error")
         with self._cond:
-            cell = self._tasks.pop(ref, None)
-            run = self._runs.get(cell.run_id) if cell is not None else None
-        if cell is None or run is None:  # cancelled meanwhile
+            cell = self._tasks.get(task_id)
+            if cell is None or cell.epoch != epoch:  # cancelled meanwhile, or of a driver gone
+                return
+            if ended:
+                del self._tasks[task_id]
+            run = self._runs.get(cell.run_id)
+            cell.last_progress = time.monotonic()
+            if op == "started":
+                cell.pid = message.get("pid")
+        if run is None or not ended:
             return
-        try:
-            result = ray.get(ref)
-        except ray.exceptions.TaskCancelledError:
+        if op == "error":
+            self._failed_task(run, cell, message)
             return
-        except ray.exceptions.RayError as exc:
-            self._failed_task(run, cell, exc)
-            return
+        result = message["result"]
         if "error" in result:
             self._end(run, "failed", str(result["error"]))
             return
@@ -320,13 +314,20 @@ class RayRunner(RunnerBase):
             if (new["mode"], int(new["seq_len"])) == (cell.mode, cell.seq_len):
                 self._record(run, cell, new)
 
-    def _failed_task(self, run: _Run, cell: _Cell, exc: BaseException) -> None:
-        why = _reason(exc)
-        if type(exc).__name__ not in DIED:  # Ray could not run the task at all: the cell fails
+    def _failed_task(self, run: _Run, cell: _Cell, message: dict[str, Any]) -> None:
+        name, text = str(message.get("type")), str(message.get("error"))
+        why = _reason(name, text)
+        if not message.get("sent", True):  # Ray refused it: a run left with no task would never end
+            log.error("run %s: a cell could not be sent to the Ray cluster: %s", run.order.run_id, why)
+            self._end(run, "failed", f"a cell could not be sent to the Ray cluster: {why}")
+            return
+        if name == "TaskCancelledError":
+            return
+        if name not in DIED:  # Ray could not run the task at all: the cell fails
             self._record(run, cell, _failed_cell(run, cell, f"the Ray task failed: {why}"))
             return
         if cell.attempt == 1:
-            node = _node_of(str(exc))
+            node = _node_of(text)
             log.warning("run %s, cell %s seq %d: %s; sent again", cell.run_id, cell.mode, cell.seq_len, why)
             retry = _Cell(cell.run_id, cell.mode, cell.seq_len, cell.position, attempt=2, died=why,
                           avoid=(node,) if node else ())
@@ -334,6 +335,20 @@ class RayRunner(RunnerBase):
             return
         error = f"its Ray worker died twice: {cell.died}; then, sent again: {why}"
         self._record(run, cell, _failed_cell(run, cell, error))
+
+    def _watchdog(self) -> None:
+        """Fail the run of a task that said nothing for watchdog_s once it started (its worker is killed)."""
+        now = time.monotonic()
+        with self._cond:
+            stalled = [(cell, self._runs.get(cell.run_id)) for cell in self._tasks.values()
+                       if cell.last_progress is not None and now - cell.last_progress > self.watchdog_s]
+        for cell, run in stalled:
+            if run is None:
+                continue
+            why = (f"the worker process (pid {cell.pid}, a Ray task) made no progress for "
+                   f"{self.watchdog_s:g} s (AUTOTUNE_WATCHDOG_S) and was killed")
+            log.warning("run %s, cell %s seq %d: %s", cell.run_id, cell.mode, cell.seq_len, why)
+            self._end(run, "failed", why)
 
     def _record(self, run: _Run, cell: _Cell, result: dict[str, Any]) -> None:
         run.done[(cell.mode, cell.seq_len)] = result
@@ -349,10 +364,10 @@ class RayRunner(RunnerBase):
         with self._cond:
             if self._runs.pop(run.order.run_id, None) is None:
                 return
-            refs = [ref for ref, cell in self._tasks.items() if cell.run_id == run.order.run_id]
-            for ref in refs:
-                del self._tasks[ref]
-        self._kill(refs)  # a failed run's other modes
+            ids = [task_id for task_id, cell in self._tasks.items() if cell.run_id == run.order.run_id]
+            for task_id in ids:
+                del self._tasks[task_id]
+        self._kill(ids)  # a failed run's other modes
         run.events.finished(run.order.run_id, status, error, round(time.monotonic() - run.started, 3))
 
 
@@ -364,10 +379,10 @@ def _kind(gpu: str) -> str | None:
         return None
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(name: str, text: str) -> str:
     """Ray's error in a line: its type and the first line of what it says."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else 'no details'}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{name}: {lines[0] if lines else 'no details'}"
 
 
 def _node_of(text: str) -> str | None:

@@ -55,7 +55,9 @@ WATCHDOG_POLL_S = 1.0
 
 class ClusterUnreachable(BackendUnavailable):
     """The cluster a runner executes on (a fleet's Ray cluster, api/fleet/) cannot be reached now: new
-    runs are refused (503), queued ones wait (queue.py) until it is back."""
+    runs are refused (503 with Retry-After), queued ones wait (queue.py) until it is back."""
+
+    retry_after_s = 10  # the runner joins the cluster again by itself within seconds of its head answering
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,19 @@
 """RayRunner's dispatcher when a cell cannot be sent (issue 40.6: a failed fleet run read "running
-0/2 cells"). A fake cluster stands in for Ray here: what is tested is the runner's bookkeeping, not
-Ray (tests/api/test_fleet.py runs a real cluster).
+0/2 cells") and when a task goes quiet (issue 37.5). A fake cluster stands in for Ray and its driver
+here: what is tested is the runner's bookkeeping, not Ray (tests/api/test_fleet*.py run a real cluster).
 
-A task Ray refuses while the cluster is there (``.remote`` raising) used to propagate into the
-dispatcher's loop, which logged it and went on: the run stayed "running" with no task in flight,
-for ever. It now fails saying why; with the cluster gone it waits for it instead.
+A task Ray refuses while the cluster is there used to leave its run "running" with no task in flight,
+for ever. It now fails saying why; with the cluster gone it waits for it instead. A task that started
+and then says nothing for watchdog_s fails its run, as the local runner's watchdog does.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from types import SimpleNamespace
 from typing import Any
-
-import pytest
 
 from api.fleet import runner as fleet_runner
 from api.fleet.runner import RayRunner
@@ -43,30 +42,45 @@ class Events:
 
 
 class Cluster:
-    """What RayRunner asks of api.fleet.cluster.Cluster; ``reachable`` as the test sets it."""
+    """What RayRunner asks of api.fleet.cluster.Cluster; ``reachable`` as the test sets it, and a
+    driver that answers each task as ``answer(task_id)`` says (a list of messages, or None: gone)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer) -> None:
         self.reachable = True
-        self.lost_with: list[BaseException] = []
-        self.ray = SimpleNamespace(wait=lambda refs, **kw: ([], refs), get=None, cancel=lambda *a, **kw: None)
+        self.answer = answer
+        self.said: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+        self.sent: list[int] = []
+        self.cancelled: list[int] = []
 
-    def lost(self, exc: BaseException) -> None:
-        self.lost_with.append(exc)
+    @property
+    def epoch(self) -> int | None:
+        return 1 if self.reachable else None
+
+    def send(self, task_id: int, backend: str, order: dict[str, Any], selector: dict[str, str]) -> bool:
+        messages = self.answer(task_id)
+        if messages is None:  # no driver to take it, as Cluster.send says when it lost it
+            self.reachable = False
+            return False
+        self.sent.append(task_id)
+        for message in messages:
+            self.said.put((1, {**message, "id": task_id}))
+        return True
+
+    def cancel(self, task_id: int) -> None:
+        self.cancelled.append(task_id)
+
+    def messages(self, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+        try:
+            return [self.said.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
 
     def snapshot(self) -> Any:
         return SimpleNamespace(kinds=lambda: {}, selector=lambda kind: None)
 
 
-class Refused:
-    def remote(self, *args: Any) -> Any:
-        raise ValueError("the task's arguments could not be serialized\nmore lines")
-
-
-@pytest.fixture
-def refused(monkeypatch):
-    from api.fleet import task
-
-    monkeypatch.setattr(task, "estimate_cell", Refused())
+REFUSED = [{"op": "error", "type": "ValueError", "sent": False,
+            "error": "the task's arguments could not be serialized\nmore"}]
 
 
 def order() -> RunOrder:
@@ -74,8 +88,9 @@ def order() -> RunOrder:
                               "seq_lens": [32, 64], "modes": ["fp32", "amp"]})
 
 
-def runner(cluster: Cluster) -> RayRunner:
-    return RayRunner("127.0.0.1:1", cluster=cluster, analyses=SimpleNamespace())  # type: ignore[arg-type]
+def runner(cluster: Cluster, watchdog_s: float = 900.0) -> RayRunner:
+    return RayRunner("127.0.0.1:1", cluster=cluster, analyses=SimpleNamespace(),  # type: ignore[arg-type]
+                     watchdog_s=watchdog_s)
 
 
 def close(ray_runner: RayRunner) -> None:
@@ -85,8 +100,8 @@ def close(ray_runner: RayRunner) -> None:
     ray_runner._thread.join(timeout=DEADLINE_S)
 
 
-def test_a_cell_the_cluster_refuses_fails_its_run_saying_why(refused):
-    cluster = Cluster()
+def test_a_cell_the_cluster_refuses_fails_its_run_saying_why():
+    cluster = Cluster(lambda task_id: REFUSED)
     ray_runner, events = runner(cluster), Events()
     try:
         ray_runner.submit(order(), events)
@@ -99,9 +114,8 @@ def test_a_cell_the_cluster_refuses_fails_its_run_saying_why(refused):
         close(ray_runner)
 
 
-def test_with_the_cluster_gone_a_run_waits_for_it_instead(refused, monkeypatch):
-    cluster = Cluster()
-    monkeypatch.setattr(cluster, "lost", lambda exc: setattr(cluster, "reachable", False))
+def test_with_the_cluster_gone_a_run_waits_for_it_instead():
+    cluster = Cluster(lambda task_id: None)
     ray_runner, events = runner(cluster), Events()
     try:
         ray_runner.submit(order(), events)
@@ -109,12 +123,33 @@ def test_with_the_cluster_gone_a_run_waits_for_it_instead(refused, monkeypatch):
         while cluster.reachable and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not cluster.reachable
+        time.sleep(0.5)  # a few turns of the dispatcher
         with ray_runner._cond:
-            assert ray_runner._waiting == ["run-1"] and "run-1" in ray_runner._runs
+            assert ray_runner._waiting == ["run-1"] and "run-1" in ray_runner._runs and not ray_runner._tasks
         assert not events.ended.is_set()
     finally:
         close(ray_runner)
 
 
+def test_a_task_that_started_and_then_says_nothing_fails_its_run_by_the_watchdog():
+    # The first task starts and goes quiet (a worker stopped with SIGSTOP); the other is still queued
+    # in Ray (no word yet), which the watchdog leaves alone.
+    quiet = [{"op": "started", "node": "n" * 56, "pid": 4242}]
+    cluster = Cluster(lambda task_id: quiet if task_id == 1 else [])
+    ray_runner, events = runner(cluster, watchdog_s=1.0), Events()
+    try:
+        started = time.monotonic()
+        ray_runner.submit(order(), events)
+        assert events.ended.wait(DEADLINE_S)
+        assert time.monotonic() - started >= 1.0
+        assert events.finished_with == (
+            "failed", "the worker process (pid 4242, a Ray task) made no progress for 1 s "
+            "(AUTOTUNE_WATCHDOG_S) and was killed")
+        assert sorted(cluster.cancelled) == cluster.sent == [1, 2]  # its task killed, and the other mode's
+        assert ray_runner._runs == {} and ray_runner._tasks == {}
+    finally:
+        close(ray_runner)
+
+
 def test_the_dispatcher_s_reason_is_its_first_line():
-    assert fleet_runner._reason(ValueError("a\nb")) == "ValueError: a"
+    assert fleet_runner._reason("ValueError", "a\nb") == "ValueError: a"

@@ -282,6 +282,9 @@ def test_launch_form_shows_all_kinds_disabled_with_the_reason(serve, cluster, re
     refused = client.post("/v1/fleet/tables", json=body)
     assert refused.json()["detail"].startswith(reason)
     assert refused.status_code == (422 if cluster is None else 503)
+    # Away: ask again soon (the runner joins it again by itself); no GPU node: nothing will change by itself.
+    unreachable = cluster is not None and not cluster.reachable
+    assert refused.headers.get("Retry-After") == ("10" if unreachable else None)
     assert client.get("/v1/tables").json()["count"] == 0
 
 
