@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from autotune.backends import Backend
@@ -343,6 +343,11 @@ def _tune_cell(
         return CellResult(seq_len, mode.name, None, None, None, 0, False, backend.name,
                           error=str(exc)), None
     best = next((p for p in result.probes if p.batch_size == result.max_batch_size), None)
+    smallest = workload.trainer.min_batch if workload.trainer is not None else 1
+    if result.max_batch_size is not None and 0 < result.max_batch_size < smallest:
+        # fits, but the trainer refuses a batch that small (KTO with its KL term: trainers.py
+        # min_batch): no batch it runs fits
+        result, best = replace(result, max_batch_size=0), None
     cell = CellResult(
         seq_len=seq_len, mode=mode.name, max_batch_size=result.max_batch_size,
         peak_memory_bytes=best.peak_bytes if best else None,

@@ -22,6 +22,9 @@ class LimitBackend:
     def attn_used(self, workload: Any) -> str:
         return "sdpa"
 
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "gpu_name": self.gpu.name}
+
     def cell(self, workload: Any, mode: Any, seq_len: int, budget_bytes: int
              ) -> AbstractContextManager[ProbeOnlyCell]:
         limit = self.limit(workload, mode, seq_len)

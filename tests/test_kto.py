@@ -97,6 +97,22 @@ def test_a_batch_of_one_is_refused_with_the_kl_term_as_ktotrainer_refuses_it():
     assert caught.value.field == "batch_size"
 
 
+@pytest.mark.parametrize(("trainer", "fits", "answer"), [
+    (KTO, 1, 0),  # batch 1 fits, but KTOTrainer refuses it with the KL term: nothing it runs fits
+    (KTO, 3, 3),
+    (Trainer("kto", kto_loss_type="apo_zero_unpaired"), 1, 1),  # no KL batch: a batch of one runs
+])
+def test_a_table_s_answer_is_a_batch_the_trainer_runs(trainer, fits, answer):
+    from limitbackend import LimitBackend
+
+    from autotune.tuner import tune_table
+    from autotune.workload.modes import parse_mode
+
+    backend = LimitBackend(lambda *_: fits)
+    table = tune_table(tiny_llama(trainer), backend, backend.gpu, seq_lens=[64], modes=[parse_mode("fp32")])
+    assert [cell.max_batch_size for cell in table.cells] == [answer]
+
+
 # --- configs ---------------------------------------------------------------------------------
 
 
