@@ -343,11 +343,13 @@ def _tune_cell(
         return CellResult(seq_len, mode.name, None, None, None, 0, False, backend.name,
                           error=str(exc)), None
     best = next((p for p in result.probes if p.batch_size == result.max_batch_size), None)
-    smallest = workload.trainer.min_batch if workload.trainer is not None else 1
-    if result.max_batch_size is not None and 0 < result.max_batch_size < smallest:
-        # fits, but the trainer refuses a batch that small (KTO with its KL term: trainers.py
-        # min_batch): no batch it runs fits
-        result, best = replace(result, max_batch_size=0), None
+    if workload.trainer is not None and result.max_batch_size:
+        # the largest batch the trainer runs (KTO's KL term refuses 1; GRPO's generation batch holds
+        # whole prompt groups: trainers.py largest_batch), with the peaks of its probe where it ran
+        runs = workload.trainer.largest_batch(result.max_batch_size)
+        if runs != result.max_batch_size:
+            result = replace(result, max_batch_size=runs)
+            best = next((p for p in result.probes if p.batch_size == runs and p.outcome == "fits"), None)
     cell = CellResult(
         seq_len=seq_len, mode=mode.name, max_batch_size=result.max_batch_size,
         peak_memory_bytes=best.peak_bytes if best else None,

@@ -84,7 +84,8 @@ def test_a_colocated_vllm_engine_comes_off_the_budget():
 
 def test_check_says_the_vllm_share_and_that_a_row_is_a_completion(capsys):
     args = ["check", "tiny-llama", "--trainer", "grpo", "--max-prompt-length", "16",
-            "--max-completion-length", "32", "--batch-size", "4", "--gpu-memory", "2GiB", "--use-vllm",
+            "--max-completion-length", "32", "--num-generations", "4", "--batch-size", "4",
+            "--gpu-memory", "2GiB", "--use-vllm",
             "--vllm-gpu-memory-utilization", "0.25", "--backend", "estimate", "--no-cache", "--json"]
     assert main(args) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -153,3 +154,27 @@ def test_axolotl_async_grpo_is_refused_by_name(tmp_path):
                             "rl": "grpo", "trl": {"use_data_producer": True}}, "axolotl.yml")
     with pytest.raises(InvalidInput, match="trl.use_data_producer"):
         read_training_config(path)
+
+
+@pytest.mark.parametrize(("settings", "fits", "answer"), [
+    ({"num_generations": 8}, 46, 40),  # a generation batch of 46 completions splits no prompt group of 8
+    ({"num_generations": 8}, 7, 0),
+    ({"num_generations": 8, "steps_per_generation": 4}, 46, 46),  # 46 x 4 = 23 groups of 8
+    ({"num_generations": 8, "steps_per_generation": 4}, 45, 44),
+    ({"num_generations": 4}, 46, 44),
+])
+def test_a_table_s_answer_holds_whole_prompt_groups(settings, fits, answer):
+    from limitbackend import LimitBackend
+
+    from autotune.tuner import tune_table
+
+    backend = LimitBackend(lambda *_: fits)
+    table = tune_table(grpo(**settings), backend, backend.gpu, seq_lens=[64], modes=[parse_mode("bf16")])
+    assert [cell.max_batch_size for cell in table.cells] == [answer]
+
+
+def test_check_refuses_a_batch_that_splits_a_prompt_group():
+    with pytest.raises(InvalidInput, match="must hold whole groups of num_generations 8") as caught:
+        check("tiny-llama", seq_len=64, batch_size=3, gpu_memory="1GiB", backend="estimate", trainer="grpo",
+              max_completion_length=32)
+    assert caught.value.field == "batch_size"

@@ -117,6 +117,15 @@ def check_step(
             "kto_loss_type apo_zero_unpaired")
         error.field = "batch_size"
         raise error
+    if workload.trainer is not None and batch_size % workload.trainer.batch_multiple:
+        trainer = workload.trainer
+        error = InvalidInput.naming(
+            f"{{batch_size}} {batch_size}: GRPO's generation batch (batch x steps_per_generation "
+            f"{trainer.steps_per_generation}) must hold whole groups of num_generations "
+            f"{trainer.num_generations} completions (grpo_config.py __post_init__); give a multiple of "
+            f"{trainer.batch_multiple}")
+        error.field = "batch_size"
+        raise error
     budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
     probes: tuple[Probe, ...] = ()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,20 @@ class Trainer:
         """The smallest batch the trainer runs: KTOTrainer refuses ``per_device_train_batch_size <= 1``
         with the KL term (kto_trainer.py __init__: "Actual (not effective) batch size must be > 1")."""
         return 2 if self.kl_batch else 1
+
+    @property
+    def batch_multiple(self) -> int:
+        """What every batch the trainer runs is a multiple of: GRPO's generation batch (batch x
+        steps_per_generation) holds whole groups of num_generations completions (grpo_config.py
+        ``__post_init__``: "generation_batch_size ... must be divisible by num_generations"); 1 else."""
+        if self.name != GRPO:
+            return 1
+        return self.num_generations // math.gcd(self.num_generations, self.steps_per_generation)
+
+    def largest_batch(self, fits: int) -> int:
+        """The largest batch up to ``fits`` that the trainer runs (min_batch, batch_multiple); 0: none."""
+        largest = fits - fits % self.batch_multiple
+        return largest if largest >= self.min_batch else 0
 
     def reference(self, peft: bool) -> str | None:
         """What gives the reference log-probs: "frozen copy", "adapter disabled", "precomputed"; None
