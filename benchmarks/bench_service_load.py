@@ -20,8 +20,13 @@ AUTOTUNE_MAX_CONNECTIONS_PER_CLIENT or AUTOTUNE_MAX_CONNECTIONS) is opened again
 later when refused. Prints p50/p95/p99 per page and window, and what the attack's connections met.
 Goal: p99 under 100 ms throughout.
 
+``--attack slow-bodies`` does the same with ``--connections`` (40) POSTs of /v1/tables that send
+their head whole, then one byte of a 10 kB body (under the server's 16 kB limit) every 5 s: each
+is answered 408 after AUTOTUNE_BODY_TIMEOUT_S and opened again at once, so the attack never lets go.
+
     python benchmarks/bench_service_load.py [--seconds 60]
     python benchmarks/bench_service_load.py --attack slow-headers [--seconds 40] [--connections 1000]
+    python benchmarks/bench_service_load.py --attack slow-bodies [--seconds 40] [--connections 40]
 """
 
 from __future__ import annotations
@@ -114,15 +119,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-SLOW_LINE_S = 5.0  # a slowloris's header line, every this many seconds
+SLOW_LINE_S = 5.0  # a slowloris's header line (or a slow body's byte), every this many seconds
+# A slow body: a POST's whole head, then the body's first byte; one more byte every SLOW_LINE_S.
+SLOW_BODY_HEAD = (b"POST /v1/tables HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 10000\r\n\r\n{")
 
 
 class Slowloris:
-    """``connections`` slow-header connections from ``addresses`` loopback addresses, kept up
-    from one thread with a selector (opened again as the server closes or refuses them)."""
+    """``connections`` slow-header (or, with ``bodies``, slow-body) connections from ``addresses``
+    loopback addresses, kept up from one thread with a selector (opened again as the server closes
+    or refuses them)."""
 
-    def __init__(self, port: int, connections: int, addresses: int) -> None:
-        self.port, self.connections, self.addresses = port, connections, addresses
+    def __init__(self, port: int, connections: int, addresses: int, bodies: bool = False) -> None:
+        self.port, self.connections, self.addresses, self.bodies = port, connections, addresses, bodies
         self.counts: collections.Counter[str] = collections.Counter()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
@@ -131,7 +140,7 @@ class Slowloris:
         source = f"127.0.0.{2 + index % self.addresses}"
         try:
             sock = socket.create_connection(("127.0.0.1", self.port), timeout=5.0, source_address=(source, 0))
-            sock.sendall(b"GET /v1/tables HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            sock.sendall(SLOW_BODY_HEAD if self.bodies else b"GET /v1/tables HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         except OSError:
             self.counts["connect failed"] += 1
             return
@@ -158,7 +167,8 @@ class Slowloris:
                     self.counts["refused (503)"] += 1
                     later.append((time.monotonic() + 1.0, key.data))
                 else:
-                    self.counts["closed (408)" if data.startswith(b"HTTP/1.1 408") else "closed"] += 1
+                    status = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1 ") else ""
+                    self.counts[f"closed ({status})" if status else "closed"] += 1
                     self._open(selector, key.data)
             now = time.monotonic()
             for when, index in [item for item in later if item[0] <= now]:
@@ -168,15 +178,15 @@ class Slowloris:
                 next_line = now + SLOW_LINE_S
                 for key in list(selector.get_map().values()):
                     with contextlib.suppress(OSError):
-                        key.fileobj.send(b"X-Slow: 1\r\n")  # type: ignore[union-attr]
+                        key.fileobj.send(b" " if self.bodies else b"X-Slow: 1\r\n")  # type: ignore[union-attr]
         self.counts["open at the end"] = len(selector.get_map())
         for key in list(selector.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         selector.close()
 
 
-def slow_headers(args: argparse.Namespace) -> int:
-    """The ``--attack slow-headers`` benchmark (module docstring)."""
+def under_attack(args: argparse.Namespace) -> int:
+    """The ``--attack slow-headers`` and ``slow-bodies`` benchmarks (module docstring)."""
     folder = Path(tempfile.mkdtemp(prefix="autotune-slowloris-"))
     samples: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     errors: list[str] = []
@@ -213,7 +223,7 @@ def slow_headers(args: argparse.Namespace) -> int:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < args.connections + 256:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.connections + 256, hard), hard))
-        attack = Slowloris(port, args.connections, args.addresses)
+        attack = Slowloris(port, args.connections, args.addresses, bodies=args.attack == "slow-bodies")
         window[0] = "during"
         attack.thread.start()
         fds = []  # the server's open descriptors, once a second
@@ -227,8 +237,10 @@ def slow_headers(args: argparse.Namespace) -> int:
         attack.stop.set()
         attack.thread.join()
 
-    print(f"slowloris: {args.connections} connections from {args.addresses} address(es), a header line "
-          f"every {SLOW_LINE_S:g} s, for {args.seconds:.0f} s; {args.clients} readers from 127.0.0.1")
+    what = "a body byte" if attack.bodies else "a header line"
+    print(f"{args.attack}: {args.connections} connections from {args.addresses} address(es), {what} "
+          f"every {SLOW_LINE_S:g} s, for {args.seconds:.0f} s; {args.clients} readers from 127.0.0.1; "
+          f"load average {os.getloadavg()[0]:.1f}")
     print("attack: " + ", ".join(f"{k} {v}" for k, v in attack.counts.items()))
     if fds:
         print(f"server's open descriptors during the attack: median {statistics.median(fds):.0f}, "
@@ -247,16 +259,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long the clients read (default 60)")
     parser.add_argument("--clients", type=int, default=None,
                         help="concurrent readers (default 20; 4 with --attack)")
-    parser.add_argument("--attack", choices=("slow-headers",), default=None,
+    parser.add_argument("--attack", choices=("slow-headers", "slow-bodies"), default=None,
                         help="measure the pages during this attack instead (module docstring)")
-    parser.add_argument("--connections", type=int, default=1000,
-                        help="slow-header connections (default 1000)")
+    parser.add_argument("--connections", type=int, default=None,
+                        help="the attack's connections (default 1000 slow headers, 40 slow bodies)")
     parser.add_argument("--addresses", type=int, default=1,
                         help="loopback addresses the slow headers come from, 127.0.0.2 and up (default 1)")
     args = parser.parse_args()
-    if args.attack == "slow-headers":
+    if args.attack is not None:
         args.clients = 4 if args.clients is None else args.clients
-        return slow_headers(args)
+        if args.connections is None:
+            args.connections = 1000 if args.attack == "slow-headers" else 40
+        return under_attack(args)
     args.clients = 20 if args.clients is None else args.clients
 
     folder = Path(tempfile.mkdtemp(prefix="autotune-load-"))
