@@ -108,7 +108,7 @@ ADAPTER_CATEGORY_LABELS = {
     INT8_MATMUL: "8-bit matmul temporaries",  # the input quantized, the int32 product, casts
 }
 # A rank's own categories (estimate/rank.py), after the optimizer state: FSDP2 has both, DDP only
-# its buckets.
+# its buckets; ZeRO's are not regions yet (none: the CLI says so).
 RANK_KEYS = {FSDP: (GATHERED_PARAMETERS, COMMUNICATION_BUFFERS), DDP: (COMMUNICATION_BUFFERS,)}
 RANK_CATEGORY_LABELS = {
     FSDP: {GATHERED_PARAMETERS: "gathered parameters (FSDP2 all-gathers)",
@@ -242,7 +242,7 @@ def category_keys(adapter: bool, bits: int | None = None, parallel: str | None =
         else:
             keys.append(kind)
         if kind == "optimizer_state" and parallel is not None:
-            keys += RANK_KEYS[parallel]
+            keys += RANK_KEYS.get(parallel, ())
         if kind == "activations" and adapter and matmul:
             keys.append(matmul)
     return tuple(keys)
@@ -257,7 +257,7 @@ def category_labels(adapter: dict[str, Any] | None, parallel: dict[str, Any] | N
     bits = None if adapter is None else BASE_BITS.get(str(adapter.get("method")))
     quant = "NF4" if adapter is None else str(adapter.get("quant_type") or "nf4").upper()
     labels = {**CATEGORY_LABELS, **(ADAPTER_CATEGORY_LABELS if adapter else {}),
-              **(RANK_CATEGORY_LABELS[kind] if kind else {})}
+              **(RANK_CATEGORY_LABELS.get(kind, {}) if kind else {})}
     named = {key: labels[key].format(quant=quant) for key in category_keys(adapter is not None, bits, kind)}
     if kind == FSDP:
         assert parallel is not None

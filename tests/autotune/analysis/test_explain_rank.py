@@ -162,3 +162,17 @@ def test_fsdp_is_offered_no_lever_the_estimator_refuses_under_it(four_gib):
     refused = {"adamw-8bit", "adamw-8bit-trainer", "qlora"}
     assert refused <= ddp and not refused & fsdp
     assert {"sgd", "lora", "frozen-embeddings"} <= fsdp
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_a_zero_rank_is_explained_and_says_its_buffers_are_not_told_apart(stage, capsys):
+    # (explain raised KeyError 'zero2': a rank's categories knew ddp and fsdp only)
+    from autotune.cli import main
+
+    pytest.importorskip("deepspeed")
+    args = ["explain", "tiny-llama", "--gpus", str(RANKS), "--parallel", stage, "--seq-len", "64",
+            "--batch-size", "2", "--gpu-memory", "4GiB", "--no-levers", "--backend", "estimate"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "job: DeepSpeed ZeRO-" in out and "ZeRO's own buffers" in out and "not told apart yet" in out
+    assert "= peak allocated" in out
