@@ -100,7 +100,7 @@ def default_workers(workload: Workload, modes: Sequence[Mode]) -> int:
 
 def preset_workers(config: dict[str, Any], jobs: int, workers: int | None) -> int:
     """The processes ``jobs`` jobs on the estimator run in (a table's modes: default_workers; a
-    check's levers: lever_processes) for a preset (its config as data, workload/presets.py: nothing
+    check's levers: lever_processes) for a preset (its config as data, workload/presets/: nothing
     imported), ``workers`` as the caller gave it."""
     if workers is not None:
         return min(workers, jobs)

@@ -8,7 +8,7 @@ torch (BERT-base on a T4: under half a second instead of 5 to 8 s, most of it to
 
 An answer is kept only where that key is the whole input:
 
-- the model is a preset (its config is data, workload/presets.py; a local config or a hub id can
+- the model is a preset (its config is data, workload/presets/; a local config or a hub id can
   change under the same name);
 - the answer came from the estimator (a measured answer is the GPU's, at that moment), so it is
   looked up for ``--backend estimate``, and for ``auto`` only on a machine without an NVIDIA device

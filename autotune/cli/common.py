@@ -163,7 +163,7 @@ def prestart_estimator_workers(backend: str, model: str | None, workers: int | N
     lever searches; parallel.py) will take, before this process imports torch, so that their
     imports overlap with its own: where that is known without importing it, the estimator
     (``auto`` on a machine without an NVIDIA device node) and a preset model (its size is data,
-    workload/presets.py). Returns how many were started; parallel.stop_prestarted ends those no
+    workload/presets/). Returns how many were started; parallel.stop_prestarted ends those no
     run took."""
     import os
 

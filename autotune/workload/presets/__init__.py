@@ -1,0 +1,103 @@
+"""The offline model presets: the published hyperparameters of common checkpoints, as data.
+
+Hyperparameters from each checkpoint's config.json on the Hugging Face hub. Keys that do not
+change the model's size or memory (id2label, use_cache, dropout defaults equal to transformers'
+own) are left out; everything that shapes a tensor is copied exactly, and so is ``torch_dtype``,
+the dtype ``from_pretrained`` loads the weights in. ``architectures`` is kept for the decoder
+presets because it decides the default task (a ``*ForCausalLM`` -> causal-lm); the encoder
+presets (BERT-era and ModernBERT) stay without it, so that their default task is
+sequence-classification, the fine-tuning task of the stories. The decoder LLMs and ModernBERT
+are as their config.json is published (transformers 5 maps torch_dtype to dtype and
+rope_scaling/rope_theta to rope_parameters). The tests check the parameter counts against
+published totals. Resolution (a name to a config) is ``workload/models.py``.
+
+One module per family, each checkpoint's source cited beside it:
+
+    encoders.py   the BERT-era encoders and ModernBERT
+    llama.py      Llama 3, Apertus, SmolLM2
+    qwen.py       Qwen2.5, Qwen3 (dense)
+    gemma.py      Gemma 2, Gemma 3's text-only checkpoints
+    phi.py        Phi-3.5-mini, Phi-1.5, Phi-2
+    decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
+    moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
+    vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
+    tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
+
+Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.workload.presets import decoders, encoders, gemma, llama, moe, phi, qwen, vision
+from autotune.workload.presets.tiny import TINY_CONFIGS
+
+__all__ = ["HUB_ALIASES", "PRESETS", "PRESET_INDEX", "TINY_CONFIGS", "preset_name"]
+
+# The order in which the presets were added, which listings keep.
+_FULL_PRESETS: dict[str, dict[str, Any]] = {
+    **encoders.BERT_ERA_PRESETS,
+    **decoders.GPT2_PRESETS,
+    **llama.LLAMA_3_PRESETS,
+    **qwen.QWEN_2_5_PRESETS,
+    **qwen.QWEN_3_PRESETS,
+    **moe.QWEN_3_MOE_PRESETS,
+    **decoders.MISTRAL_PRESETS,
+    **moe.MIXTRAL_PRESETS,
+    **llama.APERTUS_PRESETS,
+    **decoders.SEED_OSS_PRESETS,
+    **gemma.GEMMA_PRESETS,
+    **phi.PHI_3_5_PRESETS,
+    **llama.SMOLLM2_PRESETS,
+    **phi.PHI_PRESETS,
+    **moe.GPT_OSS_DEEPSEEK_PRESETS,
+    **encoders.MODERNBERT_PRESETS,
+    **vision.VLM_PRESETS,
+}
+
+PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
+    f"tiny-{model_type}": {"model_type": model_type, **kwargs} for model_type, kwargs in TINY_CONFIGS.items()
+}
+
+# Hub ids under which the same checkpoints are published (the hub moved the legacy
+# un-namespaced models into organisations in 2024).
+HUB_ALIASES: dict[str, str] = {
+    "google-bert/bert-base-uncased": "bert-base-uncased",
+    "google-bert/bert-base-cased": "bert-base-cased",
+    "google-bert/bert-large-uncased": "bert-large-uncased",
+    "google-bert/bert-large-cased": "bert-large-cased",
+    "google-bert/bert-base-chinese": "bert-base-chinese",
+    "google-bert/bert-base-multilingual-cased": "bert-base-multilingual-cased",
+    "tohoku-nlp/bert-base-japanese": "cl-tohoku/bert-base-japanese",
+    "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
+    "FacebookAI/roberta-base": "roberta-base",
+    "FacebookAI/roberta-large": "roberta-large",
+    "FacebookAI/xlm-roberta-base": "xlm-roberta-base",
+    "FacebookAI/xlm-roberta-large": "xlm-roberta-large",
+    "albert/albert-base-v2": "albert-base-v2",
+    "openai-community/gpt2": "gpt2",
+    "openai-community/gpt2-medium": "gpt2-medium",
+    "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
+    # The 8x22B base was first published (from Mistral's torrent) under mistral-community.
+    "mistral-community/Mixtral-8x22B-v0.1": "mistralai/Mixtral-8x22B-v0.1",
+}
+
+
+def _preset_index() -> dict[str, str]:
+    """Lower-case name -> preset: the name, the name without its org, the hub aliases."""
+    index: dict[str, str] = {}
+    for name in PRESETS:
+        index[name.lower()] = name
+        index.setdefault(name.rsplit("/", 1)[-1].lower(), name)
+    index.update({alias.lower(): name for alias, name in HUB_ALIASES.items()})
+    return index
+
+
+PRESET_INDEX = _preset_index()
+
+
+def preset_name(name: str) -> str | None:
+    """The preset `name` stands for (case-insensitive, org optional), or None. Here, not in
+    models.py, so that a name can be told a preset without importing transformers (cli/answers.py)."""
+    return PRESET_INDEX.get(name.strip().lower())

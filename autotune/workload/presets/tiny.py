@@ -1,0 +1,142 @@
+"""Tiny configs for tests and demos, one per model_type: the ``tiny-<model_type>`` presets (the
+package's PRESETS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Tiny models for tests and demos: 2 layers, hidden 32, 2 heads, intermediate 64,
+# vocab 128, 128 usable positions. Same code paths as the full models, in milliseconds.
+_TINY_BERT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 128,
+    "max_position_embeddings": 128,
+}
+_TINY_ROBERTA = {
+    **_TINY_BERT,
+    "max_position_embeddings": 130,
+    "pad_token_id": 1,
+    "type_vocab_size": 1,
+}
+_TINY_VLM_TEXT = {
+    **_TINY_BERT,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 1024,
+    "image_token_id": 100,
+    "video_token_id": 101,
+    "vision_start_token_id": 102,
+    "vision_end_token_id": 103,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# A fixed-size tower of 56-pixel images in 14-pixel patches: 16 patches.
+_TINY_VISION = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                "image_size": 56, "patch_size": 14}
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "bert": _TINY_BERT,
+    "roberta": _TINY_ROBERTA,
+    "xlm-roberta": _TINY_ROBERTA,
+    "electra": {**_TINY_BERT, "embedding_size": 32},
+    "albert": {**_TINY_BERT, "embedding_size": 16},
+    "deberta-v2": {
+        **_TINY_BERT,
+        "relative_attention": True,
+        "position_buckets": 256,
+        "norm_rel_ebd": "layer_norm",
+        "share_att_key": True,
+        "pos_att_type": "p2c|c2p",
+        "max_relative_positions": -1,
+        "position_biased_input": False,
+        "type_vocab_size": 0,
+    },
+    "distilbert": {
+        "dim": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "hidden_dim": 64,
+        "vocab_size": 128,
+        "max_position_embeddings": 128,
+    },
+    "gpt2": {
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 2,
+        "n_inner": 64,
+        "vocab_size": 128,
+        "n_positions": 128,
+        # GPT-2's bos/eos is its last token id (50256 of 50257); keep it inside the vocab.
+        "bos_token_id": 127,
+        "eos_token_id": 127,
+    },
+    # Decoders: grouped-query attention with 1 key/value head (head_dim 16), architectures so
+    # that the default task is causal-lm; no torch_dtype, so the tiny models stay float32.
+    "llama": {**_TINY_BERT, "num_key_value_heads": 1, "architectures": ["LlamaForCausalLM"]},
+    "qwen2": {**_TINY_BERT, "num_key_value_heads": 1, "architectures": ["Qwen2ForCausalLM"]},
+    "mistral": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "sliding_window": None,
+        "architectures": ["MistralForCausalLM"],
+    },
+    # Mixtral: 4 experts of the tiny MLP's width, 2 routed per token (the real models' 8 and 2).
+    "mixtral": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "architectures": ["MixtralForCausalLM"],
+    },
+    "gemma2": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "head_dim": 16,  # Gemma 2's default is 256
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 64,  # smaller than the context, so the sliding layers differ
+        "architectures": ["Gemma2ForCausalLM"],
+    },
+    # Vision-language models: the tiny decoder above (1024 positions, room for the images) and a
+    # 2-block vision tower of width 32; image token ids inside the vocab.
+    "qwen2_vl": {
+        **_TINY_VLM_TEXT,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # head_dim 16: 8 frequencies
+        "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2},
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+    },
+    "qwen2_5_vl": {
+        **_TINY_VLM_TEXT,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
+                          "out_hidden_size": 32, "fullatt_block_indexes": [1], "window_size": 112},
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    },
+    "llava": {
+        "text_config": {"model_type": "llama", **_TINY_BERT, "num_key_value_heads": 1,
+                        "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "clip_vision_model", **_TINY_VISION},
+        "image_token_index": 100,
+        "architectures": ["LlavaForConditionalGeneration"],
+    },
+    "gemma3": {
+        "text_config": {"model_type": "gemma3_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "query_pre_attn_scalar": 16, "sliding_window": 64, "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "siglip_vision_model", **_TINY_VISION},
+        "mm_tokens_per_image": 4,  # 16 patches pooled 2 x 2
+        "image_token_index": 100,
+        "boi_token_index": 101,
+        "eoi_token_index": 102,
+        "architectures": ["Gemma3ForConditionalGeneration"],
+    },
+    "modernbert": {
+        **_TINY_BERT,
+        "local_attention": 64,
+        # ModernBERT's special tokens are ids 50281-50283; keep them inside the vocab.
+        "bos_token_id": 1,
+        "cls_token_id": 1,
+        "eos_token_id": 2,
+        "sep_token_id": 2,
+        "pad_token_id": 0,
+    },
+}
