@@ -64,8 +64,11 @@ PATCHING = ("mlp", "qkv", "o")  # patch_manager.py _apply_lora_kernel_patch: one
 NAME = "Axolotl's fused LoRA kernels (emulated)"
 # The model types whose decoder layers were checked against Axolotl's patch (self_attn with
 # q/k/v/o_proj and a source patch_self_attn_lora rewrites, mlp with gate/up/down_proj, or a sparse
-# MoE block it leaves alone).
-EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text")
+# MoE block it leaves alone; Apertus's xIELU MLP has no gate_proj, so find_mlp_in_layer yields
+# nothing and it is left to PEFT, its activation never checked; Seed-OSS's q/k/v carry biases, as
+# Qwen2's, which the base layers add).
+EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
+            "seed_oss")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
