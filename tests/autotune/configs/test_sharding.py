@@ -140,9 +140,14 @@ def test_deepspeed_stage_is_read_from_a_mapping_a_file_or_a_shipped_name(tmp_pat
     assert launch(tmp_path, {**TRAINER, "deepspeed": "ds.json"})[0] == "zero1"
     axolotl = {**AXOLOTL, "deepspeed": "deepspeed_configs/zero1.json"}  # Axolotl's shipped file
     assert launch(tmp_path, axolotl, "axolotl.yml")[0] == "zero1"
-    # Axolotl's shipped zero2.json offloads the optimizer to the CPU: refused by name
-    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer"):
-        launch(tmp_path, {**AXOLOTL, "deepspeed": "deepspeed_configs/zero2.json"}, "axolotl.yml")
+    # Axolotl's shipped zero2.json offloads the optimizer to the CPU, which DeepSpeed's own offload
+    # code runs (workload/zero.py); an NVMe offload is refused by name
+    shipped = read_training_config(write(tmp_path, {**AXOLOTL, "deepspeed": "deepspeed_configs/zero2.json"},
+                                         "axolotl.yml")).request.step
+    assert shipped.parallel == "zero2" and "offload_optimizer" in str(shipped.zero_config)
+    nvme = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}}
+    with pytest.raises(UnmodelledSetting, match="zero_optimization.offload_optimizer.device: 'nvme'"):
+        launch(tmp_path, {**TRAINER, "deepspeed": nvme})
     lf = {**LLAMAFACTORY, "deepspeed": "examples/deepspeed/ds_z2_config.json"}  # LLaMA-Factory's
     assert launch(tmp_path, lf, "lf.yaml")[0] == "zero2"
 
@@ -269,7 +274,7 @@ def test_a_training_config_and_its_accelerate_config_that_disagree_are_refused(t
     zero = write(tmp_path, {**TRAINER, "deepspeed": {"zero_optimization": {"stage": 2}}}, "zero.json")
     with pytest.raises(InvalidInput, match="deepspeed in .* runs zero2 and distributed_type in .* runs fsdp"):
         read_training_configs([zero, acc])
-    with pytest.raises(InvalidInput, match="give one training config, and at most one accelerate config"):
+    with pytest.raises(InvalidInput, match="give one training config, and at most one launcher's config"):
         read_training_configs([zero, fp16])
 
 

@@ -120,8 +120,8 @@ def test_gradient_checkpointing_runs_under_fsdp():
 
 
 @pytest.mark.parametrize(("given", "error", "text"), [
-    ({"gpus": 8, "kind": "zero2", "zero_config": '{"offload_optimizer": {"device": "cpu"}}'},
-     UnmodelledSetting, "zero_optimization.offload_optimizer"),
+    ({"gpus": 8, "kind": "zero2", "zero_config": '{"offload_optimizer": {"device": "nvme"}}'},
+     UnmodelledSetting, "zero_optimization.offload_optimizer.device: 'nvme'"),
     ({"gpus": 8, "kind": "fsdp3"}, InvalidInput, "allowed are ddp, fsdp, zero1, zero2, zero3"),
     ({"gpus": 0, "kind": None}, InvalidInput, "gpus must be a whole number from 1"),
     ({"gpus": None, "kind": "fsdp"}, InvalidInput, "parallel fsdp needs gpus"),
