@@ -343,3 +343,14 @@ def test_the_sharding_examples_are_read():
     assert (acc.request.step.parallel, acc.request.step.gpus, acc.request.step.nodes, acc.ignored) == (
         "fsdp", 16, None, ())
     assert read_training_config(EXAMPLES / "trainer_args_zero2.json").request.step.parallel == "zero2"
+
+
+def test_the_readme_s_zero3_offload_example_reads_both_configs():
+    # the README shows its answer (an 8B check, 47 s: not rerun there); its reading is checked here
+    root = Path(__file__).resolve().parents[3] / "examples"
+    config = read_training_configs([str(root / "trainer_args_plain.json"),
+                                    str(root / "deepspeed_zero3_offload.json")])
+    step = config.request.step
+    assert (step.model, step.parallel) == ("meta-llama/Llama-3.1-8B", "zero3")
+    zero = json.loads(step.zero_config)
+    assert zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
