@@ -208,6 +208,27 @@ def wait_until(predicate, what: str, timeout_s: float = 60.0, step_s: float = 0.
         time.sleep(step_s)
 
 
+def records_of(fleet: FleetCluster, run_id: str) -> list[dict[str, Any]]:
+    """What the tasks of one run recorded, in order."""
+    return [r for r in tasks(fleet.records) if r["run_id"] == run_id]
+
+
+def finished(client: Any, run_id: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The run once it is done, failed or cancelled. Ample: each cell is a Ray task in a fresh process
+    importing torch, slow on a loaded 2-core machine (CI ran three of these past a 90 s limit while
+    another job held the cores)."""
+    return wait_until(lambda: (t := client.get(f"/v1/tables/{run_id}").json())["status"] in
+                      ("done", "failed", "cancelled") and t, f"run {run_id} to finish", timeout_s)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 PROBE_WORKER = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
                 "import cpumemory, autotune.backends.cuda.probe_worker as w; "
                 "sys.exit(w.main(cpumemory.CpuMemory))")

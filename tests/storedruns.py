@@ -7,7 +7,13 @@ import re
 from html import unescape
 from typing import Any
 
-from api.runs.spec import TableSpec
+from api.runs.spec import TableSpec, normalize
+
+
+def spec_of(client: Any, body: dict[str, Any]) -> TableSpec:
+    """The spec the server makes of a POST /v1/tables ``body`` (its settings, its runner's environment)."""
+    queue = client.app.state.queue
+    return normalize(body, client.app.state.settings, queue.runner.environment)
 
 
 def store_done_run(client: Any, spec: TableSpec, header: dict, max_batch: int = 6) -> str:

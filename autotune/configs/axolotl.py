@@ -29,6 +29,7 @@ from autotune.configs.reading import (
     TrainingConfig,
     checkpoint_kwargs,
     note_neftune,
+    note_set_keys,
     read_attention,
     read_optimizer,
     unset,
@@ -905,9 +906,7 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     if cfg.flag("dpo_padding_free"):
         cfg.notes.append("dpo_padding_free: DPOTrainer falls back to padding ('padding_free=True is "
                          "temporarily unavailable'): rows padded to sequence_len")
-    quiet = sorted(key for key in _RL_NO_EFFECT if cfg.data.get(key) is not None)
-    if quiet:
-        cfg.notes.append(f"{', '.join(quiet)}: the trainer's, no effect on memory")
+    note_set_keys(cfg, _RL_NO_EFFECT, "the trainer's")
     return fields
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.configs.reading import Config, words
+from autotune.configs.reading import Config, note_set_keys, words
 from autotune.errors import InvalidInput
 from autotune.workload.trainers import (
     DPO,
@@ -173,9 +173,7 @@ def read_preference(cfg: Config, trainer: str) -> dict[str, Any]:
     if cfg.data.get("max_prompt_length") is not None or cfg.data.get("max_completion_length") is not None:
         cfg.notes.append("max_prompt_length, max_completion_length: a row is prompt + completion, at most "
                          "max_length tokens: the longest row is modelled")
-    ignored = sorted(key for key in _NO_EFFECT if cfg.data.get(key) is not None)
-    if ignored:
-        cfg.notes.append(f"{', '.join(ignored)}: the trainer's, no effect on memory")
+    note_set_keys(cfg, _NO_EFFECT, "the trainer's")
     return fields
 
 
@@ -257,7 +255,5 @@ def read_grpo(cfg: Config) -> dict[str, Any]:
     if cfg.data.get("max_prompt_length") is not None:
         cfg.notes.append("max_prompt_length: GRPOConfig no longer has it (prompts are not truncated): read "
                          "as the longest prompt, a row is max_prompt_length + max_completion_length tokens")
-    ignored = sorted(key for key in _GRPO_NO_EFFECT if cfg.data.get(key) is not None)
-    if ignored:
-        cfg.notes.append(f"{', '.join(ignored)}: GRPO's, no effect on memory")
+    note_set_keys(cfg, _GRPO_NO_EFFECT, "GRPO's")
     return fields

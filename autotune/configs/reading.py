@@ -267,6 +267,14 @@ def checkpoint_kwargs(cfg: Config, key: str, unset: dict[str, Any] | None = None
     return reentrant
 
 
+def note_set_keys(cfg: Config, keys: Iterable[str], whose: str) -> None:
+    """One note for those of ``keys`` the file sets, which do not change memory: "a, b: {whose}, no
+    effect on memory"."""
+    found = sorted(key for key in keys if cfg.data.get(key) is not None)
+    if found:
+        cfg.notes.append(f"{', '.join(found)}: {whose}, no effect on memory")
+
+
 def note_neftune(cfg: Config, key: str) -> None:
     # NEFTune adds uniform noise to the embedding output in the forward (transformers
     # trainer_utils.neftune_post_forward_hook): one transient [batch, seq, hidden] tensor, freed

@@ -14,7 +14,17 @@ import time
 
 import pytest
 from conftest import LOCAL
-from fleet import CpuProbes, FleetCluster, FleetServer, namespace_or_skip, ray_or_skip, tasks, wait_until
+from fleet import (
+    CpuProbes,
+    FleetCluster,
+    FleetServer,
+    alive,
+    finished,
+    namespace_or_skip,
+    ray_or_skip,
+    records_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 # Two probes a cell at most, none of the estimator's (a guided cuda search starts from its answer).
@@ -51,31 +61,12 @@ def client(fleet, analyses, tmp_path_factory):
         yield test_client
 
 
-# Ample: each cell is a Ray task in a fresh process importing torch, slow on a loaded 2-core machine
-# (CI ran three of these past a 90 s limit while another job held the cores).
-def finished(client, run_id: str, timeout_s: float = 300.0) -> dict:
-    return wait_until(lambda: (t := client.get(f"/v1/tables/{run_id}").json())["status"] in
-                      ("done", "failed", "cancelled") and t, f"run {run_id} to finish", timeout_s)
-
-
 def held(fleet, seq_len: int):
     (fleet.dir / "hold" / str(seq_len)).touch()
 
 
 def release(fleet, seq_len: int):
     (fleet.dir / "hold" / str(seq_len)).unlink(missing_ok=True)
-
-
-def records_of(fleet, run_id: str) -> list[dict]:
-    return [r for r in tasks(fleet.records) if r["run_id"] == run_id]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_health_lists_the_kinds_nodes_and_free_gpus_of_the_fleet(client, fleet):

@@ -13,7 +13,16 @@ import signal
 import time
 
 import pytest
-from fleet import FleetCluster, FleetServer, namespace_or_skip, ray_or_skip, tasks, wait_until
+from fleet import (
+    FleetCluster,
+    FleetServer,
+    alive,
+    finished,
+    namespace_or_skip,
+    ray_or_skip,
+    records_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 TINY = {"model": "tiny-bert", "modes": ["fp32"], "max_batch": 2, "gpu": "T4", "backend": "estimate"}
@@ -37,23 +46,6 @@ def head():
     yield cluster
     namespace.close()
     cluster.close()
-
-
-def records_of(head, run_id: str) -> list[dict]:
-    return [r for r in tasks(head.records) if r["run_id"] == run_id]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def finished(client, run_id: str, timeout_s: float = 300.0) -> dict:
-    return wait_until(lambda: (t := client.get(f"/v1/tables/{run_id}").json())["status"] in
-                      ("done", "failed", "cancelled") and t, f"run {run_id} to finish", timeout_s)
 
 
 def test_a_stopped_ray_worker_s_run_fails_by_the_watchdog(head, tmp_path):

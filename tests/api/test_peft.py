@@ -18,11 +18,11 @@ from html import unescape
 from importlib.metadata import version
 
 import pytest
+from storedruns import spec_of, text
 from storedruns import store_done_run as _store_done_run
-from storedruns import text
 
 from api.routes.check import _covers
-from api.runs.spec import TableSpec, normalize
+from api.runs.spec import TableSpec
 from api.runs.worker import run_table
 from autotune.workload.adapters import Adapter
 
@@ -36,11 +36,6 @@ LORA_LABEL = "LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj: 3.58k of 30.37k 
 @pytest.fixture
 def client(idle_client):
     return idle_client
-
-
-def _spec(client, body) -> TableSpec:
-    queue = client.app.state.queue
-    return normalize(body, client.app.state.settings, queue.runner.environment)
 
 
 def _reported_header(spec: TableSpec) -> dict:
@@ -98,7 +93,7 @@ def test_a_lora_table_is_its_own_run_and_identical_lora_requests_share_one(clien
 
 
 def test_a_run_stored_before_adapters_reads_as_a_full_fine_tune_and_still_dedupes(client):
-    spec = _spec(client, LLAMA)
+    spec = spec_of(client, LLAMA)
     old = {k: v for k, v in spec.to_json().items()  # then
            if k not in ("adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel", "trainer")}
     old_key = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -177,7 +172,7 @@ def test_every_invalid_peft_field_is_reported_with_the_others(client):
 
 
 def test_a_stored_lora_table_answers_a_lora_check_only(client):
-    lora = _spec(client, LLAMA | LORA)
+    lora = spec_of(client, LLAMA | LORA)
     header = _reported_header(lora)
     assert header["adapter"]["parameters"] == {"trainable": 3584, "total": 30368}
     assert header["adapter"]["label"] == LORA_LABEL
@@ -193,7 +188,7 @@ def test_a_stored_lora_table_answers_a_lora_check_only(client):
                                      f"adamw_torch_fused, attention sdpa, {LORA_LABEL}) on 1 GiB")
 
     # Which stored runs cover which request: the adapter must be the same.
-    full, qlora = _spec(client, LLAMA), _spec(client, LLAMA | {"peft": "qlora"})
+    full, qlora = spec_of(client, LLAMA), spec_of(client, LLAMA | {"peft": "qlora"})
     assert _covers(lora.to_json(), lora, 32)
     assert not _covers(lora.to_json(), full, 32) and not _covers(lora.to_json(), qlora, 32)
     assert not _covers(full.to_json(), lora, 32)
@@ -260,9 +255,9 @@ def test_the_openapi_document_describes_the_peft_fields(client):
 
 
 def test_the_dashboard_says_each_runs_adapter(client):
-    lora = _spec(client, LLAMA | LORA)
+    lora = spec_of(client, LLAMA | LORA)
     lora_id = _store_done_run(client, lora, _reported_header(lora))
-    full_id = _store_done_run(client, _spec(client, LLAMA), {"attn": "sdpa"})
+    full_id = _store_done_run(client, spec_of(client, LLAMA), {"attn": "sdpa"})
     queued = client.post("/v1/tables", json=LLAMA | {"peft": "qlora", "lora_r": 8}).json()["id"]
 
     assert f"PEFT {LORA_LABEL}" in text(client.get(f"/runs/{lora_id}"))

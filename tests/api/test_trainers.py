@@ -11,10 +11,10 @@ import hashlib
 import json
 
 import pytest
-from storedruns import store_done_run, text
+from storedruns import spec_of, store_done_run, text
 
 from api.routes.check import _covers
-from api.runs.spec import TableSpec, normalize
+from api.runs.spec import TableSpec
 from autotune.workload.trainers import Trainer
 
 LLAMA = {"model": "tiny-llama", "seq_lens": [32], "modes": ["fp32"], "gpu_memory": "1GiB",
@@ -26,11 +26,6 @@ GRPO = {"trainer": "grpo", "max_completion_length": 16, "num_generations": 4, "b
 @pytest.fixture
 def client(idle_client):
     return idle_client
-
-
-def _spec(client, body) -> TableSpec:
-    queue = client.app.state.queue
-    return normalize(body, client.app.state.settings, queue.runner.environment)
 
 
 def test_a_trainer_s_table_is_its_own_run_and_identical_requests_share_one(client):
@@ -62,7 +57,7 @@ def test_a_trainer_s_table_is_its_own_run_and_identical_requests_share_one(clien
 
 
 def test_an_sft_run_keeps_the_key_of_the_runs_stored_before_trainers(client):
-    spec = _spec(client, LLAMA)
+    spec = spec_of(client, LLAMA)
     old = {k: v for k, v in spec.to_json().items() if k != "trainer"}  # a run stored before trainers
     old_key = hashlib.sha256(json.dumps({k: v for k, v in old.items() if k not in (
         "adapter", "ckpt_reentrant", "liger", "alloc_conf", "parallel")}, sort_keys=True,
@@ -77,7 +72,7 @@ def test_an_sft_run_keeps_the_key_of_the_runs_stored_before_trainers(client):
 
 
 def test_a_stored_table_answers_a_check_only_for_its_own_trainer(client):
-    sft, dpo = _spec(client, LLAMA), _spec(client, LLAMA | {"trainer": "dpo"})
+    sft, dpo = spec_of(client, LLAMA), spec_of(client, LLAMA | {"trainer": "dpo"})
     assert _covers(sft.to_json(), sft, 32) and _covers(dpo.to_json(), dpo, 32)
     assert not _covers(sft.to_json(), dpo, 32) and not _covers(dpo.to_json(), sft, 32)
     run_id = store_done_run(client, dpo, {"attn": "sdpa"})
@@ -112,6 +107,6 @@ def test_each_refusal_names_its_field(client, changes, field, words):
 
 
 def test_a_reward_model_s_run_stores_its_one_score_head(client):
-    spec = _spec(client, LLAMA | {"trainer": "reward"})
+    spec = spec_of(client, LLAMA | {"trainer": "reward"})
     assert (spec.task, spec.workload().model.config.num_labels, spec.trainer) == (
         "sequence-classification", 1, {"name": "reward"})
