@@ -476,6 +476,8 @@ class CheckPublic(BaseModel):
     offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
                                       "always false here: the service does not take it")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
+    host_memory_bytes: int = Field(default=0, description="pinned host memory a GPU's rank holds "
+                                   "(ZeRO-Offload's buffers, CPU Adam state); 0: none")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")

@@ -278,3 +278,19 @@ def test_a_deepspeed_json_given_as_the_second_config_is_the_training_config_s_de
                                                     "deepspeed": "ds.json"}))
     with pytest.raises(InvalidInput, match="give one of them"):
         read_training_configs([tmp_path / "both.json", tmp_path / "ds.json"])
+
+
+def test_a_check_of_an_offloaded_zero_rank_says_the_host_memory_it_holds():
+    # The table prints the rank's pinned host memory; a check of the same step says it too, from the
+    # same host ledger (tracker.host_peak_bytes), in its message and its JSON
+    import autotune
+
+    zero = json.dumps({"stage": 2, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": "auto"})
+    result = autotune.check("tiny-llama", seq_len=128, batch_size=2, mode="bf16", gpus=4, parallel="zero2",
+                            zero_config=zero, gpu_memory="1664MiB", workers=1)
+    moved, _ = traced(make_parallel(4, "zero2", zero_config=zero))
+    assert result.host_memory_bytes == moved.tracker.host_peak_bytes > 0
+    assert "host memory per GPU's rank" in result.message
+    plain = autotune.check("tiny-llama", seq_len=128, batch_size=2, mode="bf16", gpus=4, parallel="zero2",
+                           gpu_memory="1664MiB", workers=1)
+    assert plain.host_memory_bytes == 0 and "host memory" not in plain.message

@@ -38,6 +38,7 @@ from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.offload import NAME as OFFLOAD_NAME
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
+from autotune.workload.zero import host_note
 
 
 @dataclass
@@ -84,6 +85,9 @@ class CheckResult:
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
     # A preference trainer's step (tuner.trainer_json); None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
+    # Pinned host memory a GPU's rank holds through the step: ZeRO-Offload's buffers and
+    # DeepSpeedCPUAdam's state (the tracker's host ledger); 0: none
+    host_memory_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,6 +170,7 @@ def check_step(
         "images": images_json(workload),
         "offload_activations": workload.offload_activations,
         "trainer": trainer_json(workload, gpu),
+        "host_memory_bytes": int(at_request.details.get("host_bytes") or 0),
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -263,6 +268,8 @@ def format_message(result: CheckResult) -> str:
                      "(--gpu CARD with --gpu-memory, or --multiprocessors N, names it)")
     if result.outside_allocator_bytes:
         notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
+    if result.host_memory_bytes:
+        notes.append(f"note: {host_note(result.host_memory_bytes)}")
     vllm = (result.trainer or {}).get("grpo", {}).get("vllm_bytes")
     if vllm:
         notes.append(f"note: {vllm_note(vllm)}")
@@ -333,6 +340,7 @@ def check_from_cells(
         parallel=parallel_json(workload, gpu), images=images_json(workload),
         trainer=trainer_json(workload, gpu),
         offload_activations=workload.offload_activations,
+        host_memory_bytes=max((int(p.get("host_bytes") or 0) for p in cell.get("probe_log", [])), default=0),
     )
     result.message = format_message(result)
     return result

@@ -40,6 +40,7 @@ from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import parse_mode
 from autotune.workload.offload import NAME as OFFLOAD_NAME
 from autotune.workload.support import weights_label
+from autotune.workload.zero import host_note
 
 if TYPE_CHECKING:
     from autotune.tuner import CellResult, TableResult
@@ -194,8 +195,7 @@ def render_table(t: TableResult) -> str:
                  f"({per_cell:.2f} per cell, search {t.search}{seeded}), {t.elapsed_s:.1f} s")
     host = max((int(probe.get("host_bytes") or 0) for c in t.cells for probe in c.probe_log), default=0)
     if host:
-        lines.append(f"host memory per GPU's rank (ZeRO-Offload's buffers and CPU Adam state): "
-                     f"{format_bytes(host)} of pinned RAM; a node needs it once per GPU")
+        lines.append(host_note(host))
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)

@@ -28,6 +28,7 @@ from typing import Any
 
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.spelling import close_matches, did_you_mean
+from autotune.units import format_bytes
 
 AUTO = "auto"
 # Keys DeepSpeed reads that the traced engine runs as written (deepspeed 0.19 runtime/zero/config.py);
@@ -245,3 +246,9 @@ def resolved(settings: Settings, hidden_size: int | None) -> dict[str, Any]:
                                "integration for reduce_bucket_size, stage3_prefetch_bucket_size and "
                                "stage3_param_persistence_threshold only (from the model's hidden_size)")
     return config
+
+
+def host_note(nbytes: int) -> str:
+    """What a rank keeps in host memory, in words: the line a table and a check print."""
+    return (f"host memory per GPU's rank (ZeRO-Offload's buffers and CPU Adam state): {format_bytes(nbytes)} "
+            "of pinned RAM; a node needs it once per GPU")
