@@ -44,6 +44,10 @@ class CellView:
     used: float | None = None  # peak_bytes / budget
     oom_batch: int | None = None  # the smallest batch above the max that ran out of memory
     oom_peak_bytes: int | None = None
+    # The largest batch that fitted where the trainer does not run it (a GRPO cell rounded down to
+    # whole prompt groups, a KTO cell where only batch 1 fits), and why; None: the max is what fitted
+    fitted_batch: int | None = None
+    not_run_because: str | None = None
     step_time_s: float | None = None
     error: str | None = None
     probes: list[dict[str, Any]] = field(default_factory=list)
@@ -54,7 +58,10 @@ def cell_key(seq_len: int, mode: str) -> str:
     return f"{seq_len}-{mode.replace('+', '_')}"
 
 
-def cell_view(seq_len: int, mode: str, cell: dict[str, Any] | None, state: str, budget: int) -> CellView:
+def cell_view(seq_len: int, mode: str, cell: dict[str, Any] | None, state: str, budget: int,
+              not_run_because: str | None = None) -> CellView:
+    """A cell of the run page; ``not_run_because``: why the run's trainer does not run every batch
+    that fits (Trainer.why_not_run), None where it runs them all."""
     view = CellView(seq_len, mode, cell_key(seq_len, mode), state)
     if cell is None:
         return view
@@ -71,6 +78,9 @@ def cell_view(seq_len: int, mode: str, cell: dict[str, Any] | None, state: str, 
     if above:
         first = min(above, key=lambda p: p["batch_size"])
         view.oom_batch, view.oom_peak_bytes = first["batch_size"], first.get("peak_bytes")
+    fitted = max((p["batch_size"] for p in view.probes if p["outcome"] == "fits"), default=None)
+    if best is not None and fitted is not None and fitted > best and not_run_because:
+        view.fitted_batch, view.not_run_because = fitted, not_run_because
     return view
 
 
@@ -84,12 +94,14 @@ def grid(run: Run, cells: list[dict[str, Any]]) -> list[tuple[int, list[CellView
     pending = [k for k in order if k not in found]
     measuring = pending[0] if pending and run.status == "running" else None
     missing = "queued" if run.active else "not measured"
+    trainer = TableSpec.from_json(spec).workload_trainer()
+    why = trainer.why_not_run() if trainer is not None else None
     rows = []
     for seq_len in spec["seq_lens"]:
         row = []
         for mode in spec["modes"]:
             state = "measuring" if (seq_len, mode) == measuring else missing
-            row.append(cell_view(seq_len, mode, found.get((seq_len, mode)), state, spec["budget_bytes"]))
+            row.append(cell_view(seq_len, mode, found.get((seq_len, mode)), state, spec["budget_bytes"], why))
         rows.append((seq_len, row))
     return rows
 

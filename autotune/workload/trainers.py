@@ -103,6 +103,16 @@ class Trainer:
         largest = fits - fits % self.batch_multiple
         return largest if largest >= self.min_batch else 0
 
+    def why_not_run(self) -> str | None:
+        """Why a batch that fits may not be one the trainer runs (largest_batch), in words; None
+        where the trainer runs every batch."""
+        if self.name == GRPO and self.batch_multiple > 1:
+            return (f"GRPO runs whole groups of num_generations {self.num_generations} completions: a batch "
+                    f"that is a multiple of {self.batch_multiple} (grpo_config.py __post_init__)")
+        if self.min_batch > 1:
+            return ("KTOTrainer refuses a per-device batch of 1 with its KL term (kto_trainer.py __init__)")
+        return None
+
     def reference(self, peft: bool) -> str | None:
         """What gives the reference log-probs: "frozen copy", "adapter disabled", "precomputed"; None
         where the trainer has no reference."""

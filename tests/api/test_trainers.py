@@ -110,3 +110,35 @@ def test_a_reward_model_s_run_stores_its_one_score_head(client):
     spec = spec_of(client, LLAMA | {"trainer": "reward"})
     assert (spec.task, spec.workload().model.config.num_labels, spec.trainer) == (
         "sequence-classification", 1, {"name": "reward"})
+
+
+def _rounded_run(client, body, fitted, best):
+    """A finished run of ``body`` whose one cell fitted batch ``fitted`` and answers ``best``, as the
+    tuner stores a cell its trainer rounds down (tuner._tune_cell through Trainer.largest_batch)."""
+    spec = spec_of(client, body)
+    store = client.app.state.queue.store
+    run, _ = store.create_run(key=spec.key(), spec=spec.to_json(), model=spec.model, gpu=spec.gpu["name"],
+                              backend=spec.backend, total=spec.cells, reuse=())
+    store.mark_running(run.id, lane="estimate:0", worker_pid=None)
+    probes = [{"batch_size": b, "outcome": outcome, "peak_bytes": 1000 * b, "peak_allocated_bytes": 900 * b,
+               "peak_reserved_bytes": 1000 * b} for b, outcome in ((fitted, "fits"), (fitted + 1, "oom"))]
+    store.add_cell(run.id, 0, {
+        "seq_len": 32, "mode": "fp32", "max_batch_size": best, "peak_memory_bytes": None,
+        "peak_allocated_bytes": None, "probes": 2, "capped": False, "backend": spec.backend,
+        "step_time_s": None, "error": None, "probe_log": probes})
+    store.finish_run(run.id, "done")
+    return text(client.get(f"/runs/{run.id}"))
+
+
+def test_the_run_page_says_why_a_batch_that_fits_is_not_the_answer(client):
+    # KTO with its KL term: batch 1 fits, KTOTrainer refuses it, the cell answers 0
+    page = _rounded_run(client, LLAMA | KTO, fitted=1, best=0)
+    assert "Batch 1 fits in 486.4 MiB, but the trainer runs no batch up to it: KTOTrainer refuses" in page
+    assert "Batch 1 does not fit" not in page
+    # GRPO's whole groups of 4 completions: 7 fit, the answer is 4, whose peak was never probed
+    page = _rounded_run(client, LLAMA | GRPO, fitted=7, best=4)
+    assert "Batch 4 was not probed itself: a larger batch fitted." in page
+    assert ("Batch 7 fits too, but the trainer does not run it: GRPO runs whole groups of num_generations 4 "
+            "completions: a batch that is a multiple of 4") in page
+    # a supervised run's 0 is what it was
+    assert "Batch 1 does not fit in 486.4 MiB." in _rounded_run(client, LLAMA, fitted=1, best=0)
