@@ -95,6 +95,11 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen2_5_vl": {"Qwen/Qwen2.5-VL-7B-Instruct": 7},
     "llava": {"llava-hf/llava-1.5-7b-hf": 7},
     "gemma3_vl": {"google/gemma-3-4b-it": 4, "google/gemma-3-12b-it": 12, "google/gemma-3-27b-it": 27},
+    "olmo3": {"allenai/Olmo-3-7B-Instruct-SFT": 7.3},
+    "cohere2": {"CohereForAI/c4ai-command-r7b-12-2024": 8},
+    "nemotron": {"nvidia/Nemotron-Mini-4B-Instruct": 4.2},
+    "lfm2": {"LiquidAI/LFM2-350M": 0.35},
+    "lfm2_moe": {"LiquidAI/LFM2-8B-A1B": 8.3},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -108,6 +113,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
     (r"mixtral-8x(7|22)b", "mixtral"),
+    (r"lfm2-8b-a1b", "lfm2_moe"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -119,6 +125,10 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
+    (r"olmo-3-7b", "olmo3"),  # OLMo 3 7B (Instruct, Think, their SFT/DPO stages: one shape)
+    (r"command-r7b", "cohere2"),
+    (r"nemotron-mini-4b", "nemotron"),
+    (r"lfm2-350m", "lfm2"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
     (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
     (r"mistral-7b|ministral-8b", "mistral"),
@@ -151,7 +161,7 @@ KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
-               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141}
+               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

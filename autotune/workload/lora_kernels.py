@@ -66,9 +66,11 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # q/k/v/o_proj and a source patch_self_attn_lora rewrites, mlp with gate/up/down_proj, or a sparse
 # MoE block it leaves alone; Apertus's xIELU MLP has no gate_proj, so find_mlp_in_layer yields
 # nothing and it is left to PEFT, its activation never checked; Seed-OSS's q/k/v carry biases, as
-# Qwen2's, which the base layers add).
+# Qwen2's, which the base layers add; Cohere2's layer runs attention and MLP side by side from one
+# norm, both read as Llama's; Nemotron's squared-ReLU MLP has no gate_proj either, passed by as
+# Apertus's. OLMo 3 and LFM2 norm q and k before the view, which patch_self_attn_lora cannot find).
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss")
+            "seed_oss", "cohere2", "nemotron")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),

@@ -20,6 +20,7 @@ One module per family, each checkpoint's source cited beside it:
     phi.py        Phi-3.5-mini, Phi-1.5, Phi-2
     decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
+    more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.workload.presets import decoders, encoders, gemma, llama, moe, phi, qwen, vision
+from autotune.workload.presets import decoders, encoders, gemma, llama, moe, more_decoders, phi, qwen, vision
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
 __all__ = ["HUB_ALIASES", "PRESETS", "PRESET_INDEX", "TINY_CONFIGS", "preset_name"]
@@ -54,6 +55,10 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **moe.GPT_OSS_DEEPSEEK_PRESETS,
     **encoders.MODERNBERT_PRESETS,
     **vision.VLM_PRESETS,
+    **more_decoders.OLMO_3_PRESETS,
+    **more_decoders.COHERE_2_PRESETS,
+    **more_decoders.NEMOTRON_PRESETS,
+    **more_decoders.LFM2_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
@@ -81,6 +86,8 @@ HUB_ALIASES: dict[str, str] = {
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
     # The 8x22B base was first published (from Mistral's torrent) under mistral-community.
     "mistral-community/Mixtral-8x22B-v0.1": "mistralai/Mixtral-8x22B-v0.1",
+    # CohereForAI became CohereLabs on the hub in 2025.
+    "CohereLabs/c4ai-command-r7b-12-2024": "CohereForAI/c4ai-command-r7b-12-2024",
 }
 
 

@@ -34,7 +34,10 @@ EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
          "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                        "decoder_sparse_step": 2},
          # its 0.1 attention and residual dropouts off: the two runs compared draw different masks
-         "seed_oss": {"attention_dropout": 0.0, "residual_dropout": 0.0}}
+         "seed_oss": {"attention_dropout": 0.0, "residual_dropout": 0.0},
+         "cohere2": {"sliding_window": 64},
+         "olmo3": {"sliding_window": 64},
+         "lfm2": {"full_attn_idxs": [1]}}
 ALL = ("mlp", "qkv", "o")
 T, HIDDEN, OUT, INNER, R = 16, 32, 48, 64, 4  # a [2, 8] batch's tokens; LoRA rank
 
@@ -113,8 +116,8 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
         assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
     # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
     # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP;
-    # Apertus's MLP has no gate_proj: find_mlp_in_layer passes it by)
-    mlps = 0 if model_type in ("qwen3_moe", "apertus") else 2
+    # Apertus's and Nemotron's MLPs have no gate_proj: find_mlp_in_layer passes them by)
+    mlps = 0 if model_type in ("qwen3_moe", "apertus", "nemotron") else 2
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
 
 
@@ -238,6 +241,9 @@ def test_the_kernels_are_read_in_axolotl_s_order():
     # patch_self_attn_lora asserts on an attention forward it cannot rewrite (a fused qkv_proj)
     ("phi3", {}, ALL, "fail on Phi3Attention: patch_self_attn_lora asserts \"Original QKV code not found\""),
     ("gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 2}, ("o",), "fail on GPT2Attention"),
+    # OLMo 3 and LFM2 norm q and k before the view: "Original QKV code not found"
+    ("olmo3", {}, ALL, "fail on Olmo3Attention: patch_self_attn_lora asserts \"Original QKV code"),
+    ("lfm2", {}, ("qkv",), "fail on Lfm2Attention: patch_self_attn_lora asserts"),
     ("granite", {}, ALL, "emulated on llama, mistral, .*, not on model type granite"),
     ("phi3", {}, ("mlp",), "not on model type phi3"),
     ("llama", {"hidden_act": "relu"}, ALL, "lora_mlp_kernel refuses activation 'relu'"),

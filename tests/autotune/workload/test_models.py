@@ -82,6 +82,8 @@ LIMITS = {
     "Qwen/Qwen2.5-72B": 131072, "meta-llama/Meta-Llama-3-70B": 8192,
     "mistralai/Mixtral-8x7B-v0.1": 32768, "mistralai/Mixtral-8x22B-v0.1": 65536,
     "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
+    "allenai/Olmo-3-7B-Instruct-SFT": 65536, "CohereForAI/c4ai-command-r7b-12-2024": 132096,
+    "nvidia/Nemotron-Mini-4B-Instruct": 4096, "LiquidAI/LFM2-350M": 128000, "LiquidAI/LFM2-8B-A1B": 128000,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")},
 }
 

@@ -49,6 +49,11 @@ DECODERS = [
     "mistralai/Mixtral-8x22B-v0.1",
     "swiss-ai/Apertus-8B-Instruct-2509",
     "ByteDance-Seed/Seed-OSS-36B-Instruct",
+    "allenai/Olmo-3-7B-Instruct-SFT",
+    "CohereForAI/c4ai-command-r7b-12-2024",
+    "nvidia/Nemotron-Mini-4B-Instruct",
+    "LiquidAI/LFM2-350M",
+    "LiquidAI/LFM2-8B-A1B",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]
@@ -147,6 +152,8 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         ("swiss-ai/Apertus-8B-Instruct-2509", 8_053_338_176),
         # Seed-OSS model card ("Parameters: 36B").
         ("ByteDance-Seed/Seed-OSS-36B-Instruct", 36_151_104_512),
+        # LFM2 model card's table: LFM2-350M, 354,483,968 parameters (exact).
+        ("LiquidAI/LFM2-350M", 354_483_968),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -205,6 +212,12 @@ def published(count: int, figure: str) -> bool:
         ("mistralai/Mixtral-8x22B-v0.1", "141B", None),
         ("swiss-ai/Apertus-8B-Instruct-2509", "8B", None),
         ("ByteDance-Seed/Seed-OSS-36B-Instruct", "36B", None),
+        # The hub's safetensors summaries: Olmo-3-7B 7.3B, Command R7B 8.03B (the card's "7B" leaves out
+        # its 1.05B tied vocabulary matrix), Nemotron-Mini-4B 4.19B; LFM2-8B-A1B model card: "8.3B total".
+        ("allenai/Olmo-3-7B-Instruct-SFT", "7.3B", None),
+        ("CohereForAI/c4ai-command-r7b-12-2024", "8.03B", "6.98B"),
+        ("nvidia/Nemotron-Mini-4B-Instruct", "4.19B", None),
+        ("LiquidAI/LFM2-8B-A1B", "8.3B", None),
     ],
 )
 def test_model_cards_figures_are_the_counts_at_their_precision(
@@ -366,6 +379,23 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
         ("ByteDance-Seed/Seed-OSS-36B-Instruct", {"head_dim": 128, "num_attention_heads": 80,
                                                   "attention_bias": True, "attention_out_bias": False,
                                                   "attention_dropout": 0.1, "residual_dropout": 0.1}),
+        # OLMo 3: 32 key/value heads (no grouping), a 4096-token window on three layers of four.
+        ("allenai/Olmo-3-7B-Instruct-SFT", {"num_key_value_heads": 32, "sliding_window": 4096,
+                                            "vocab_size": 100278, "tie_word_embeddings": False}),
+        ("CohereForAI/c4ai-command-r7b-12-2024", {"head_dim": 128, "num_key_value_heads": 8,
+                                                  "logit_scale": 0.25, "sliding_window": 4096,
+                                                  "tie_word_embeddings": True}),
+        # Nemotron: a squared-ReLU MLP without gate, half of each head rotated (transformers 5 moves
+        # partial_rotary_factor into rope_parameters).
+        ("nvidia/Nemotron-Mini-4B-Instruct", {
+            "hidden_act": "relu2", "head_dim": 128, "num_key_value_heads": 8, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                "partial_rotary_factor": 0.5}}),
+        # LFM2: block_ff_dim 6656 read as intermediate_size, adjusted to 4608 by the MLP.
+        ("LiquidAI/LFM2-350M", {"intermediate_size": 6656, "block_auto_adjust_ff_dim": True,
+                                "conv_L_cache": 3, "tie_word_embeddings": True}),
+        ("LiquidAI/LFM2-8B-A1B", {"num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 1792,
+                                  "num_dense_layers": 2, "use_expert_bias": True}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
@@ -485,3 +515,28 @@ def test_mixtral_s_experts_run_grouped_mm_as_qwen3_moe_s(name: str) -> None:
     assert experts.gate_up_proj.shape == (config.num_local_experts, 2 * config.intermediate_size,
                                           config.hidden_size)
     assert experts.down_proj.shape == (config.num_local_experts, config.hidden_size, config.intermediate_size)
+
+
+def test_command_r7b_and_olmo_3_attend_globally_every_fourth_layer() -> None:
+    for name in ("CohereForAI/c4ai-command-r7b-12-2024", "allenai/Olmo-3-7B-Instruct-SFT"):
+        layer_types = resolve_model(name).config.layer_types
+        assert [i for i, kind in enumerate(layer_types) if kind == "full_attention"] == list(range(3, 32, 4))
+    # OLMo 3's YaRN stretches the full-attention layers only, 8192 positions to 65536.
+    rope = resolve_model("allenai/Olmo-3-7B-Instruct-SFT").config.rope_parameters
+    assert rope["full_attention"]["rope_type"] == "yarn" and rope["full_attention"]["factor"] == 8.0
+    assert rope["sliding_attention"]["rope_type"] == "default"
+
+
+@pytest.mark.parametrize(("name", "attention"), [
+    ("LiquidAI/LFM2-350M", [2, 5, 8, 10, 12, 14]),
+    ("LiquidAI/LFM2-8B-A1B", [2, 6, 10, 14, 18, 21]),
+])
+def test_lfm2_puts_attention_in_six_layers_and_short_convolutions_in_the_others(
+    name: str, attention: list[int]
+) -> None:
+    model = fake_causal_lm(name)
+    layers = model.model.layers
+    assert [i for i, layer in enumerate(layers) if layer.is_attention_layer] == attention
+    assert all(layers[i].conv.conv.kernel_size == (3,) for i in range(len(layers)) if i not in attention)
+    if name == "LiquidAI/LFM2-350M":  # 2/3 of block_ff_dim 6656, rounded up to a multiple of 256
+        assert layers[0].feed_forward.w1.out_features == 4608
