@@ -79,8 +79,9 @@ def known_values(workload: Any, batch_size: int) -> Iterator[None]:
 
     layout = image_layout(workload.model.config, images)
     if layout.family in UNTRACED_FAMILIES:
-        raise InvalidInput(f"images of a {layout.family} model are not estimated yet: {UNTRACED_FAMILIES[layout.family]}; "
-                           "--images-per-sample 0 estimates its text-only step, --backend cuda runs it")
+        raise InvalidInput(f"images of a {layout.family} model are not estimated yet: "
+                           f"{UNTRACED_FAMILIES[layout.family]}; --images-per-sample 0 estimates its "
+                           "text-only step, --backend cuda runs it")
     limit = max(fake_tensor.CONSTANT_NUMEL_LIMIT, known_values_numel(layout, batch_size))
     saved_limit, saved_env = fake_tensor.CONSTANT_NUMEL_LIMIT, os.environ.get(TORCH_CHECK_ENV)
     fake_tensor.CONSTANT_NUMEL_LIMIT = limit

@@ -135,8 +135,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "gemma4": {
         "text_config": {"model_type": "gemma4_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
                         "global_head_dim": 32, "sliding_window": 64, "max_position_embeddings": 1024,
-                        "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8,
-                        "vocab_size_per_layer_input": 128},
+                        "layer_types": ["sliding_attention", "full_attention"],
+                        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128},
         "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32, "num_hidden_layers": 2,
                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
                           "intermediate_size": 64, "position_embedding_size": 64},
