@@ -100,6 +100,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "nemotron": {"nvidia/Nemotron-Mini-4B-Instruct": 4.2},
     "lfm2": {"LiquidAI/LFM2-350M": 0.35},
     "lfm2_moe": {"LiquidAI/LFM2-8B-A1B": 8.3},
+    # Gemma 4 (Gemma4ForConditionalGeneration): E2B by its effective size, the MoE by its total.
+    "gemma4": {"google/gemma-4-E2B-it": 2, "google/gemma-4-26B-A4B": 26, "google/gemma-4-31B": 31},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -114,6 +116,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"deepseek-v2-lite", "deepseek_v2"),
     (r"mixtral-8x(7|22)b", "mixtral"),
     (r"lfm2-8b-a1b", "lfm2_moe"),
+    # Gemma 4 with a preset (the 26B-A4B, a mixture of experts, too); the 12B is gemma4_unified.
+    (r"gemma-4-(e2b|26b-a4b|31b)", "gemma4"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -153,7 +157,7 @@ PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
-    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral",
+    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -161,7 +165,7 @@ KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
-               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8}
+               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

@@ -516,6 +516,12 @@ MULTIMODAL_NOTE = ("Axolotl trains it as a vision-language model (utils/config/_
                    "tokens among them")
 
 
+TEXT_ONLY_NOTE = ("Axolotl loads it whole (loaders/model.py: AutoModelForImageTextToText, its vision "
+                  "tower among the weights) and, with no processor_type, batches the text alone with its "
+                  "text collators (core/builders/causal.py: MultiModalChatDataCollator only with "
+                  "processor_type): a text-only step of the vision-language model, no images in its rows")
+
+
 def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     """The step's task and images where Axolotl trains a vision-language model: processor_type set,
     or a base_model of a model type in transformers' image-text-to-text mapping (normalize_config's
@@ -537,11 +543,19 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
             if not unset(value):
                 cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
         return {"task": "causal-lm"}
+    if unset(processor):
+        # core/builders/causal.py build_collator: MultiModalChatDataCollator only where processor_type
+        # is set; else the text collators over the tokenized chats (packed or padded), the model still
+        # AutoModelForImageTextToText's with its towers (loaders/model.py _set_auto_model_loader).
+        for key in ("image_size", "image_resize_algorithm"):
+            if not unset(cfg.get(key)):
+                cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
+        cfg.notes.append(f"base_model: a vision-language model without processor_type: {TEXT_ONLY_NOTE}")
+        return {"task": "image-text-to-text", "images_per_sample": 0}
     if cfg.flag("sample_packing"):
         raise InvalidInput(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
                            "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
-    why = f"processor_type: {processor}" if not unset(processor) else "base_model: a vision-language model"
-    cfg.notes.append(f"{why}: {MULTIMODAL_NOTE}")
+    cfg.notes.append(f"processor_type: {processor}: {MULTIMODAL_NOTE}")
     found: dict[str, Any] = {"task": "image-text-to-text"}
     if not unset(image_size):
         if isinstance(image_size, bool) or not isinstance(image_size, int | list | tuple):

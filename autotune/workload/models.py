@@ -78,13 +78,27 @@ def preset_suggestions(name: str) -> list[str]:
     "Qwen2.5-VL-7B-Instruct" is closer letter for letter; "gemma-3-4b" still finds gemma-3-4b-it."""
     typed = name.strip()
     words = [typed, typed.rsplit("/", 1)[-1]]
-    found = close_matches(words, PRESET_INDEX.items())
+    # A checkpoint's variant words say nothing of its shapes: "llama-3.2-1b-instruct" reads as
+    # Llama-3.2-1B's, not as Olmo-3-7B-Instruct-SFT's (letter for letter within 0.05 of it)
+    words.append(_without_variant(words[-1]))
+    forms = [*PRESET_INDEX.items(),
+             *((_without_variant(spelling), preset) for spelling, preset in PRESET_INDEX.items())]
+    found = close_matches(words, forms)
     if _names_vision(typed) or not any(_is_vlm_preset(match) for match in found):
         return found
-    text = [(spelling, preset) for spelling, preset in PRESET_INDEX.items() if not _is_vlm_preset(preset)]
-    vision = [(spelling, preset) for spelling, preset in PRESET_INDEX.items() if _is_vlm_preset(preset)]
+    text = [(spelling, preset) for spelling, preset in forms if not _is_vlm_preset(preset)]
+    vision = [(spelling, preset) for spelling, preset in forms if _is_vlm_preset(preset)]
     by_prefix = close_matches(words, vision, cutoff=1.0)
     return (by_prefix + [match for match in close_matches(words, text) if match not in by_prefix])[:3]
+
+
+# The words a checkpoint's id adds to its base model's (instruction, chat, SFT and RL tunes, the
+# hub conversions), dropped from both sides of a comparison by preset_suggestions.
+_VARIANT = re.compile(r"[-_](instruct|it|chat|base|sft|rl|hf|preview)(?=[-_]|$)", re.IGNORECASE)
+
+
+def _without_variant(text: str) -> str:
+    return _VARIANT.sub("", text)
 
 
 def _names_vision(text: str) -> bool:

@@ -23,6 +23,13 @@ llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
 gemma3 (Gemma3ImageProcessor, processing_gemma3.py; pan-and-scan off, its default)
     every image resized to image_size (896): ``pixel_values`` [images, 3, 896, 896];
     ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``; ``token_type_ids``.
+gemma4 (Gemma4ImageProcessor, image_processing_gemma4.py; processing_gemma4.py)
+    each image resized, its aspect ratio kept (``get_aspect_ratio_preserving_size``), to the largest
+    multiples of pooling_kernel_size x patch_size (3 x 16 = 48) with at most max_soft_tokens (280) x
+    3**2 = 2520 patches of 16, cut into those patches: ``pixel_values`` [images, 2520, 16 x 16 x 3]
+    float32 and ``image_position_ids`` [images, 2520, 2] (x, y of each patch), both padded to 2520
+    (positions -1); ``<|image|>`` repeated patches / 3**2 times between boi and eoi;
+    ``mm_token_type_ids`` [B, L] (1 on image tokens).
 
 The image size only changes the dynamic-resolution families' inputs; the fixed-size processors
 resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
@@ -58,7 +65,15 @@ QWEN_MIN_PIXELS = 3136
 QWEN_MAX_PIXELS = 12845056
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 FIXED_FAMILIES = ("llava", "gemma3")
-FAMILIES = QWEN_FAMILIES + FIXED_FAMILIES
+# The families whose processor keeps each image's aspect ratio within a patch budget.
+ASPECT_FAMILIES = ("gemma4",)
+DYNAMIC_FAMILIES = QWEN_FAMILIES + ASPECT_FAMILIES  # the image size changes the inputs
+FAMILIES = QWEN_FAMILIES + FIXED_FAMILIES + ASPECT_FAMILIES
+# Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
+# image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
+# converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
+# which a config without it leaves at this default.
+GEMMA4_MAX_SOFT_TOKENS = 280
 
 
 @dataclass(frozen=True)
@@ -131,6 +146,34 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
+def aspect_ratio_preserving_size(height: int, width: int, patch_size: int, max_patches: int,
+                                 pooling_kernel_size: int) -> tuple[int, int]:
+    """(height, width) of an image after Gemma 4's resize: transformers'
+    models/gemma4/image_processing_gemma4.py ``get_aspect_ratio_preserving_size``, line for line (that
+    module needs torchvision; tests/autotune/workload/test_vlm.py runs both)."""
+    total_px = height * width
+    target_px = max_patches * (patch_size**2)
+    factor = math.sqrt(target_px / total_px)
+    ideal_height, ideal_width = factor * height, factor * width
+    side_mult = pooling_kernel_size * patch_size
+    target_height = int(math.floor(ideal_height / side_mult)) * side_mult
+    target_width = int(math.floor(ideal_width / side_mult)) * side_mult
+    if target_height == 0 and target_width == 0:
+        raise InvalidInput("Gemma 4's processor refuses an image resized to 0 x 0 (its sides must be "
+                           f"multiples of {side_mult})")
+    max_side_length = (max_patches // pooling_kernel_size**2) * side_mult
+    if target_height == 0:
+        target_height = side_mult
+        target_width = min(int(math.floor(width / height)) * side_mult, max_side_length)
+    elif target_width == 0:
+        target_width = side_mult
+        target_height = min(int(math.floor(height / width)) * side_mult, max_side_length)
+    if target_height * target_width > target_px:
+        raise InvalidInput(f"Gemma 4's processor refuses resizing [{height}x{width}] to [{target_height}x"
+                           f"{target_width}]: more than {max_patches} patches of {patch_size}")
+    return target_height, target_width
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What the processor makes of each image of a row, for one model."""
@@ -143,6 +186,7 @@ class ImageLayout:
     markers: int  # text tokens around each image: start/end markers (and Gemma 3's blank lines)
     patches: int  # patches per image the vision tower embeds (Qwen: rows of pixel_values)
     grid: tuple[int, int, int] | None = None  # Qwen: (t, h, w) in patches, a row of image_grid_thw
+    padded_patches: int | None = None  # Gemma 4: rows of each image's pixel_values, padding included
     size_given: bool = False  # the size was asked for (else DEFAULT_IMAGE_SIZE)
 
     @property
@@ -157,7 +201,7 @@ class ImageLayout:
             return "no images: a text-only step of the vision-language model"
         count = f"{self.per_sample} image{'s' if self.per_sample > 1 else ''} per sample"
         width, height = self.given
-        if self.family in QWEN_FAMILIES:
+        if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
             size = (f"{width}x{height}{why}, resized to {self.processed[0]}x{self.processed[1]}: "
                     f"{self.patches} patches")
@@ -197,6 +241,15 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            f"modelled: autotune models the processors of {', '.join(FAMILIES)}")
     vision = config.vision_config
     width, height = images.width_height
+    if family == "gemma4":
+        patch, pool = int(vision.patch_size), int(vision.pooling_kernel_size)
+        soft_tokens = int(getattr(config, "vision_soft_tokens_per_image", None) or GEMMA4_MAX_SOFT_TOKENS)
+        max_patches = soft_tokens * pool**2
+        resized_h, resized_w = aspect_ratio_preserving_size(height, width, patch, max_patches, pool)
+        patches = (resized_h // patch) * (resized_w // patch)
+        return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
+                           tokens=patches // pool**2, markers=2, patches=patches, padded_patches=max_patches,
+                           size_given=images.size is not None)
     if family in QWEN_FAMILIES:
         patch, merge = int(vision.patch_size), int(vision.spatial_merge_size)
         resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=QWEN_MIN_PIXELS,
@@ -270,6 +323,8 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
             # (backends/estimate/vision.py).
             batch["image_grid_thw"] = torch.tensor([[t, h, w]] * images, dtype=torch.long, device=device)
             batch.update(_vision_indices(config, layout, images, device))
+    elif layout.family == "gemma4":
+        batch.update(_gemma4_images(config, layout, starts, batch_size, seq_len, device))
     elif images:
         side = layout.processed[0]
         channels = int(getattr(config.vision_config, "num_channels", 3))
@@ -281,6 +336,33 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
             types[:, start:start + layout.tokens] = 1
         batch["token_type_ids"] = types
     return batch
+
+
+def _gemma4_images(config: Any, layout: ImageLayout, starts: list[int], batch_size: int, seq_len: int,
+                   device: Any) -> dict[str, Any]:
+    """Gemma 4's image inputs (image_processing_gemma4.py ``_preprocess``): every image's patches,
+    padded to max_patches, and their (x, y) positions, -1 on the padding (``pad_along_first_dim``);
+    ``mm_token_type_ids`` 1 on image tokens (processing_utils.py create_mm_token_type_ids), which the
+    26B and 31B read to let an image's tokens see each other (use_bidirectional_attention "vision")."""
+    import torch
+
+    types = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+    for start in starts:
+        types[:, start:start + layout.tokens] = 1
+    found: dict[str, Any] = {"mm_token_type_ids": types}
+    images = batch_size * layout.per_sample
+    if images:
+        patch = int(config.vision_config.patch_size)
+        padded = layout.padded_patches or layout.patches
+        found["pixel_values"] = torch.zeros((images, padded, 3 * patch * patch), dtype=torch.float32,
+                                            device=device)
+        # Read by the model (split sizes of non-padding patches .tolist()): a tensor whose values the
+        # fake trace keeps (backends/estimate/vision.py); the meshgrid of image_processing_gemma4.py.
+        columns, rows = layout.processed[0] // patch, layout.processed[1] // patch
+        real = [[x, y] for y in range(rows) for x in range(columns)]
+        one = real + [[-1, -1]] * (padded - len(real))
+        found["image_position_ids"] = torch.tensor([one] * images, dtype=torch.long, device=device)
+    return found
 
 
 def _image_token_id(config: Any) -> int:
@@ -356,6 +438,8 @@ def known_values_numel(layout: ImageLayout, batch_size: int) -> int:
     ``batch_size`` (grid rows, cumulative lengths, window bounds): what a fake trace must keep
     the values of (backends/estimate/vision.py)."""
     images = batch_size * layout.per_sample
+    if layout.padded_patches is not None:  # Gemma 4's image_position_ids
+        return images * layout.padded_patches * 2 + 8
     windows = 1
     if layout.grid is not None:
         windows = (layout.grid[1] // 2 // 4 + 1) * (layout.grid[2] // 2 // 4 + 1) + 1  # window_size 112

@@ -22,6 +22,7 @@ One module per family, each checkpoint's source cited beside it:
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
+    gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -31,7 +32,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.workload.presets import decoders, encoders, gemma, llama, moe, more_decoders, phi, qwen, vision
+from autotune.workload.presets import (
+    decoders,
+    encoders,
+    gemma,
+    gemma4,
+    llama,
+    moe,
+    more_decoders,
+    phi,
+    qwen,
+    vision,
+)
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
 __all__ = ["HUB_ALIASES", "PRESETS", "PRESET_INDEX", "TINY_CONFIGS", "preset_name"]
@@ -59,6 +71,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **more_decoders.COHERE_2_PRESETS,
     **more_decoders.NEMOTRON_PRESETS,
     **more_decoders.LFM2_PRESETS,
+    **gemma4.GEMMA_4_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -129,6 +129,27 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "eoi_token_index": 102,
         "architectures": ["Gemma3ForConditionalGeneration"],
     },
+    # Gemma 4: 2 layers (sliding, then global with 32-wide heads), per-layer embeddings of 8, and a
+    # 2-block vision tower; 70 soft tokens an image (Gemma4ImageProcessor's smallest budget: 630
+    # patches of 16 pixels, pooled 3 x 3).
+    "gemma4": {
+        "text_config": {"model_type": "gemma4_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "global_head_dim": 32, "sliding_window": 64, "max_position_embeddings": 1024,
+                        "layer_types": ["sliding_attention", "full_attention"],
+                        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128},
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                          "intermediate_size": 64, "position_embedding_size": 64},
+        "vision_soft_tokens_per_image": 70,
+        "image_token_id": 100,
+        "boi_token_id": 101,
+        "eoi_token_id": 102,
+        "video_token_id": 103,
+        "audio_token_id": 104,
+        "boa_token_id": 105,
+        "eoa_token_index": 106,
+        "architectures": ["Gemma4ForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,

@@ -21,6 +21,7 @@ from autotune.workload.vision import (
     DEFAULT_IMAGE_SIZE,
     IMAGE_TEXT_TO_TEXT,
     Images,
+    aspect_ratio_preserving_size,
     image_layout,
     make_images,
     parse_image_size,
@@ -28,7 +29,9 @@ from autotune.workload.vision import (
 )
 
 VLM = IMAGE_TEXT_TO_TEXT
-TINY_VLMS = ("tiny-qwen2_vl", "tiny-qwen2_5_vl", "tiny-llava", "tiny-gemma3")
+TINY_VLMS = ("tiny-qwen2_vl", "tiny-qwen2_5_vl", "tiny-llava", "tiny-gemma3", "tiny-gemma4")
+# Gemma 4's images are refused by the estimator (backends/estimate/vision.py UNTRACED_FAMILIES).
+ESTIMATED_VLMS = tuple(name for name in TINY_VLMS if name != "tiny-gemma4")
 VLM_PRESETS = [name for name in PRESETS if "vision_config" in PRESETS[name]]
 
 
@@ -90,6 +93,52 @@ def test_fixed_size_processors_take_any_image_to_one_size():
     assert "any size gives the same inputs" in gemma.label
 
 
+def transformers_aspect_ratio_preserving_size():
+    """transformers' own ``get_aspect_ratio_preserving_size`` (models/gemma4/processing_gemma4.py, the
+    same as image_processing_gemma4.py's, which imports torchvision), its source run as it is."""
+    import transformers.models.gemma4.processing_gemma4 as processing
+
+    return processing.get_aspect_ratio_preserving_size
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES + [(48, 4000), (4000, 48)])
+def test_gemma4_image_tokens_and_patches_are_the_processors(width, height):
+    # Gemma4ImageProcessor: resized within 280 x 3**2 patches of 16 to multiples of 48, patchified,
+    # padded to 2520 rows of 16 x 16 x 3 (positions -1); Gemma4Processor: patches // 9 <|image|>
+    # tokens between boi and eoi.
+    config = resolve_model("google/gemma-4-E2B-it").config
+    layout = image_layout(config, Images(1, (width, height)))
+    resized_h, resized_w = transformers_aspect_ratio_preserving_size()(height, width, 16, 2520, 3)
+    assert aspect_ratio_preserving_size(height, width, 16, 2520, 3) == (resized_h, resized_w)
+    assert layout.processed == (resized_w, resized_h) and layout.markers == 2
+    assert layout.patches == (resized_h // 16) * (resized_w // 16) and layout.tokens == layout.patches // 9
+    assert layout.tokens <= 280
+    batch = make_batch(config, VLM, 2, layout.row_tokens + 16, device="meta",
+                       images=Images(1, (width, height)))
+    assert tuple(batch["pixel_values"].shape) == (2, 2520, 768)
+    assert tuple(batch["image_position_ids"].shape) == (2, 2520, 2)
+    assert tuple(batch["mm_token_type_ids"].shape) == (2, layout.row_tokens + 16)
+
+
+def test_gemma4_positions_are_the_processors_meshgrid():
+    # image_processing_gemma4.py _preprocess: meshgrid(arange(w), arange(h), indexing="xy") stacked and
+    # reshaped to (x, y) per patch, padded with -1.
+    config = resolve_model("tiny-gemma4").config
+    layout = image_layout(config, Images(1, (84, 56)))
+    batch = make_batch(config, VLM, 1, 200, images=Images(1, (84, 56)))
+    columns, rows = layout.processed[0] // 16, layout.processed[1] // 16
+    grid = torch.meshgrid(torch.arange(columns), torch.arange(rows), indexing="xy")
+    real = torch.stack(grid, dim=-1).reshape(layout.patches, 2)
+    assert torch.equal(batch["image_position_ids"][0, :layout.patches], real)
+    assert (batch["image_position_ids"][0, layout.patches:] == -1).all()
+
+
+def test_gemma4_images_are_refused_by_name_by_the_estimator():
+    with pytest.raises(InvalidInput, match="Gemma 4's vision pooler"):
+        autotune.check("tiny-gemma4", seq_len=512, batch_size=1, gpu_memory="1GiB", backend="estimate",
+                       workers=1, images_per_sample=1)
+
+
 @pytest.mark.parametrize("value", ["640x480", "640X480", (640, 480), [640, 480]])
 def test_image_sizes_are_width_by_height(value):
     assert parse_image_size(value) == (640, 480)
@@ -128,6 +177,24 @@ def test_vlm_preset_parameter_counts_match_the_published_totals(name, params):
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(resolve_model(name).config)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=0.002)
+
+
+@pytest.mark.parametrize(("name", "total", "language_model"), [
+    # The Gemma 4 model card: E2B 5.1B with its per-layer embeddings (2.3B effective); 26B A4B 25.2B
+    # and 31B 30.7B, the language model's (the vision encoder apart).
+    ("google/gemma-4-E2B-it", 5.1e9, None), ("google/gemma-4-26B-A4B", None, 25.2e9),
+    ("google/gemma-4-31B", None, 30.7e9),
+])
+def test_gemma4_parameter_counts_match_the_published_totals(name, total, language_model):
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(resolve_model(name).config)
+    if total is not None:
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(total, rel=0.002)
+    if language_model is not None:
+        counted = sum(p.numel() for p in model.model.language_model.parameters())
+        assert counted == pytest.approx(language_model, rel=0.002)
 
 
 # --- the batch, on the real model -------------------------------------------------------------
@@ -210,7 +277,7 @@ def test_a_text_only_step_of_a_vlm():
     assert "text-only" in result.message
 
 
-@pytest.mark.parametrize("name", TINY_VLMS)
+@pytest.mark.parametrize("name", ESTIMATED_VLMS)
 def test_every_tiny_vlm_is_estimated_and_extrapolated(name):
     # The vision tower's per-image loops are out of the trace (backends/estimate/vision.py): two
     # traced runs give the cell's other batch sizes.
