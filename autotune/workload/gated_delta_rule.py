@@ -78,9 +78,12 @@ def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_cum: torch.Ten
     t, nt = q.shape[1], -(-q.shape[1] // CHUNK)
     qc, kc, vc = _chunks(q, nt), _chunks(k, nt), _chunks(v, nt)
     gc, bc = _chunks(g_cum, nt), _chunks(beta, nt)  # [B, H, NT, BT]
-    decay = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).exp()  # exp(g_i - g_j)
     rows = torch.arange(CHUNK, device=q.device)
     lower = rows.unsqueeze(1) > rows.unsqueeze(0)
+    # exp(g_i - g_j) for j <= i only, as the kernels compute it: above the diagonal the exponent is
+    # positive and may overflow, and inf masked to 0 has a NaN gradient.
+    diff = gc.unsqueeze(-1) - gc.unsqueeze(-2)
+    decay = torch.where(rows.unsqueeze(1) >= rows.unsqueeze(0), diff, float("-inf")).exp()
     A = torch.where(lower, (kc @ kc.transpose(-1, -2)) * decay * bc.unsqueeze(-1), 0.0)
     eye = torch.eye(CHUNK, device=q.device).expand_as(A)
     Ai = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
