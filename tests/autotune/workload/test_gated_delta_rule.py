@@ -141,4 +141,5 @@ def test_the_patched_model_gives_the_fallbacks_loss_and_gradients() -> None:
     for loss in losses:
         loss.backward()
     for (name, want), have in zip(reference.named_parameters(), patched.parameters(), strict=True):
-        torch.testing.assert_close(have.grad, want.grad, atol=1e-5, rtol=1e-4, msg=lambda text, name=name: f"{name}: {text}")
+        torch.testing.assert_close(have.grad, want.grad, atol=1e-5, rtol=1e-4,
+                                   msg=lambda text, name=name: f"{name}: {text}")
