@@ -78,6 +78,10 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
     "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
+    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5's text models, Qwen3-Next.
+    "qwen3_5": {"Qwen/Qwen3.5-27B": 27},
+    "qwen3_5_moe": {"Qwen/Qwen3.5-35B-A3B": 35},
+    "qwen3_next": {"Qwen/Qwen3-Next-80B-A3B-Instruct": 80},
     "mistral_small": {"mistralai/Devstral-Small-2507": 24},
     "mixtral": {"mistralai/Mixtral-8x7B-v0.1": 46.7, "mistralai/Mixtral-8x22B-v0.1": 141},
     "apertus": {"swiss-ai/Apertus-8B-Instruct-2509": 8},
@@ -112,6 +116,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # The mixtures of experts with a preset (the Qwen3 ones' -2507 too), before the rule that drops
     # the others; gpt-oss-safeguard-20b is a gpt-oss-20b fine-tune.
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
+    (r"qwen3[.-]?5-35b-a3b", "qwen3_5_moe"),
+    (r"qwen3-next-80b-a3b", "qwen3_next"),
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
     (r"mixtral-8x(7|22)b", "mixtral"),
@@ -126,6 +132,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"gemma-3-(4|12|27)b", "gemma3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
+    (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
@@ -158,6 +165,8 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
+    "qwen3_5": "tiny-qwen3_5_text",
+    "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -97,7 +97,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
-        return Plan(_grpo_row(flags))
+        return Plan(_grpo_row(flags), _kernel_notes(flags.step.model))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -111,7 +111,17 @@ def _plan(args: argparse.Namespace) -> Plan:
     request = _grpo_row(request)
     check_launch(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
-    return Plan(request, (*read, *config.notes), config.ignored)
+    return Plan(request, (*read, *config.notes, *_kernel_notes(request.step.model)), config.ignored)
+
+
+def _kernel_notes(model: str | None) -> tuple[str, ...]:
+    """What the step runs in a kernel emulated whatever the config says: flash-linear-attention's
+    in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py)."""
+    from autotune.workload.gated_delta_rule import NOTE, hybrid
+    from autotune.workload.presets import PRESETS, preset_name
+
+    name = preset_name(model or "")
+    return (NOTE,) if name is not None and hybrid(PRESETS[name].get("model_type")) else ()
 
 
 def _grpo_row(request: CheckRequest) -> CheckRequest:

@@ -37,7 +37,7 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.liger import swap_in
+from autotune.backends.estimate.liger import swap_in, swap_in_linear_attention
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
@@ -487,6 +487,7 @@ class EstimateBackend:
                 model, attn = build_model(workload.model, workload.task, workload.attn,
                                           workload.weights_dtype, flash_as_sdpa=True)
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
+                swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

@@ -28,3 +28,12 @@ def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec) -> N
     count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
     apply_kernels(model, kernels, sm_count=count,
                   registers=outside_allocator)
+
+
+def swap_in_linear_attention(model: torch.nn.Module) -> None:
+    """flash-linear-attention's chunk_gated_delta_rule, emulated (workload/gated_delta_rule.py), in
+    every Gated DeltaNet layer of ``model`` (Qwen3.5, Qwen3-Next): what their GPU users run."""
+    from autotune.backends.estimate.tracker import outside_allocator
+    from autotune.workload.gated_delta_rule import apply
+
+    apply(model, outside_allocator)

@@ -19,6 +19,7 @@ One module per family, each checkpoint's source cited beside it:
     gemma.py      Gemma 2, Gemma 3's text-only checkpoints
     phi.py        Phi-3.5-mini, Phi-1.5, Phi-2
     decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
+    qwen_hybrid.py Qwen3.5 (dense and MoE) and Qwen3-Next: Gated DeltaNet linear attention
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
@@ -42,6 +43,7 @@ from autotune.workload.presets import (
     more_decoders,
     phi,
     qwen,
+    qwen_hybrid,
     vision,
 )
 from autotune.workload.presets.tiny import TINY_CONFIGS
@@ -72,6 +74,8 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **more_decoders.NEMOTRON_PRESETS,
     **more_decoders.LFM2_PRESETS,
     **gemma4.GEMMA_4_PRESETS,
+    **qwen_hybrid.QWEN_3_5_PRESETS,
+    **qwen_hybrid.QWEN_3_NEXT_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

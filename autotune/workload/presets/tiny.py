@@ -97,6 +97,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "sliding_window": 64,  # smaller than the context, so the sliding layers differ
         "architectures": ["Gemma2ForCausalLM"],
     },
+    # Hybrid linear attention (Qwen3.5, Qwen3-Next): 4 layers, the last full attention; 2 key and
+    # 4 value heads of 16 in the Gated DeltaNet layers (as the real models, more value heads than key
+    # heads); 70 rows past one 64-token chunk in the tests. Mixtures of 4 experts, 2 routed.
+    "qwen3_5_text": {**_TINY_BERT, "num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 16,
+                     "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                     "linear_value_head_dim": 16, "architectures": ["Qwen3_5ForCausalLM"]},
+    "qwen3_5_moe_text": {**_TINY_BERT, "num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 16,
+                         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                         "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                         "architectures": ["Qwen3_5MoeForCausalLM"]},
+    "qwen3_next": {**_TINY_BERT, "num_hidden_layers": 4, "num_key_value_heads": 1, "head_dim": 16,
+                   "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                   "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+                   "architectures": ["Qwen3NextForCausalLM"]},
     # Vision-language models: the tiny decoder above (1024 positions, room for the images) and a
     # 2-block vision tower of width 32; image token ids inside the vocab.
     "qwen2_vl": {

@@ -1,0 +1,125 @@
+"""Qwen's hybrid linear-attention presets: Qwen3.5 (dense and MoE, vision-language checkpoints) and
+Qwen3-Next. Three of every four layers are Gated DeltaNet linear attention (``layer_types``, from
+``full_attention_interval`` 4 when absent: configuration_qwen3_5.py), the fourth gated full
+attention with a partial rotary embedding (a quarter of head_dim 256). Their linear-attention
+kernel is emulated where a GPU user runs flash-linear-attention's: workload/gated_delta_rule.py.
+
+Qwen3.5's checkpoints are vision-language models (``Qwen3_5ForConditionalGeneration``,
+``Qwen3_5MoeForConditionalGeneration``: the text model under ``text_config``, a 27-block vision
+tower under ``vision_config``). Axolotl loads them as such (utils/config normalize_config:
+is_multimodal, as qwen3_5 is in transformers' image-text-to-text mapping); here they are the text
+model that ``AutoModelForCausalLM`` builds from the same config.json (``Qwen3_5ForCausalLM``,
+modeling_auto "VLM compatibility"), the vision tower left out: its 0.46B parameters are named in
+the tests (test_presets_qwen_hybrid.py) and the answer's notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The Qwen3.5 tokens (configuration_qwen3_5.py Qwen3_5Config defaults, the 27B's as published).
+_QWEN_3_5_TEXT = {
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attn_output_gate": True,
+    "eos_token_id": 248044,
+    "full_attention_interval": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                        "partial_rotary_factor": 0.25, "rope_theta": 10000000, "rope_type": "default"},
+    "tie_word_embeddings": False,
+    "vocab_size": 248320,
+}
+
+# Qwen3.5-27B: its config.json's text_config, as keyword arguments of Qwen3_5Config in a public
+# Qwen-Image benchmark wrapper (QwenImageBenchQwen35ForConditionalGeneration: 64 layers, hidden 5120,
+# intermediate 17408, 24 heads of 256 over 4 key/value heads, 16 key and 48 value heads of 128 in
+# the linear attention, vocab 248320, untied); the same shapes in THUDM/slime
+# scripts/models/qwen3.5-27B.sh (num-layers 64, hidden-size 5120, ffn-hidden-size 17408,
+# num-attention-heads 24, num-query-groups 4, kv-channels 256, vocab-size 248320, rotary-base 1e7).
+# Qwen3.5-35B-A3B: THUDM/slime scripts/models/qwen3.5-35B-A3B.sh (40 layers, hidden 2048, 16 heads
+# over 2 key/value groups of 256, 256 experts of 512, top 8, a shared expert of 512, linear
+# attention 16 key / 32 value heads of 128, conv 4, vocab 248320), which are also transformers'
+# Qwen3_5MoeTextConfig defaults (configuration_qwen3_5_moe.py, documented as that checkpoint).
+QWEN_3_5_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3.5-27B": {
+        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        **_QWEN_3_5_TEXT,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "linear_num_value_heads": 48,
+        "num_attention_heads": 24,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 4,
+        "torch_dtype": "bfloat16",
+    },
+    "Qwen/Qwen3.5-35B-A3B": {
+        "model_type": "qwen3_5_moe_text",
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        **_QWEN_3_5_TEXT,
+        "hidden_size": 2048,
+        "linear_num_value_heads": 32,
+        "moe_intermediate_size": 512,
+        "num_attention_heads": 16,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 2,
+        "shared_expert_intermediate_size": 512,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+# Qwen3-Next-80B-A3B: THUDM/slime scripts/models/qwen3-next-80B-A3B.sh (48 layers, hidden 2048,
+# ffn-hidden-size 5120, 16 heads over 2 key/value groups of 256, 512 experts of 512, top 10, a gated
+# shared expert of 512, vocab 151936, rotary-base 1e7, untied); the linear attention (16 key and 32
+# value heads of 128, conv 4), decoder_sparse_step 1, mlp_only_layers [] and norm_topk_prob as the
+# config.json of the same shapes parsed in public inference tests (Qwen3-Coder-Next's: "hidden_size":
+# 2048, "intermediate_size": 5120, "linear_num_value_heads": 32, "num_experts": 512 ...), which are
+# also transformers' Qwen3NextConfig defaults (configuration_qwen3_next.py).
+QWEN_3_NEXT_PRESETS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": {
+        "model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "full_attention_interval": 4,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 5120,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 512,
+        "norm_topk_prob": True,
+        "num_attention_heads": 16,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000000,
+        "shared_expert_intermediate_size": 512,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
+    },
+}
