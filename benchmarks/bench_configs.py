@@ -89,6 +89,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
+    # Falcon-H1 (Mamba-2 beside attention in each layer): the Base and Instruct share a config.
+    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-34B-Base": 34},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
     # its own, never another's stand-in.
     "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
@@ -116,7 +118,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"gemma-3-(4|12|27)b", "gemma3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
-    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
+    (r"falcon-h1-", "falcon_h1"),
+    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
@@ -143,7 +146,7 @@ PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
-    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral",
+    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "falcon_h1": "tiny-falcon_h1",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -54,3 +54,29 @@ def test_tiny_falcon_h1_is_a_small_float32_causal_lm() -> None:
     assert config.dtype is None and infer_task(config)[0] == "causal-lm"
     assert config.mamba_chunk_size == 16  # 8 chunks in the 128 positions: the chunked scan's path
     assert parameter_count(fake_causal_lm("tiny-falcon_h1")) < 100_000
+
+
+@pytest.mark.parametrize(("recipe", "out_proj", "lm_head"), [
+    # Axolotl's llm_int8_skip_modules ["out_proj"] for falcon_h1 replaces transformers' default
+    # skips: the mixers' out_proj stay 16-bit, lm_head is quantized (adapters.AXOLOTL_SKIPPED).
+    ("axolotl", False, True),
+    # transformers' defaults (get_keys_to_not_convert): every linear but the output embeddings.
+    ("peft", True, False),
+])
+def test_axolotl_keeps_falcon_h1_s_mixer_out_proj_unquantized(recipe: str, out_proj: bool,
+                                                               lm_head: bool) -> None:
+    import torch
+
+    from autotune.backends.estimate.nf4 import EmulatedLinear4bit
+    from autotune.backends.estimate.parts import ESTIMATE_PARTS
+    from autotune.workload.adapters import make_adapter, prepare
+    from autotune.workload.step import build_model
+
+    with torch.device("meta"):
+        model, _ = build_model(resolve_model("tiny-falcon_h1"), "causal-lm", "eager", "bfloat16")
+        wrapped = prepare(model, make_adapter("qlora", recipe=recipe, targets="q_proj"), "causal-lm",
+                          ESTIMATE_PARTS)
+    base = wrapped.get_base_model()
+    assert isinstance(base.model.layers[0].mamba.out_proj, EmulatedLinear4bit) is out_proj
+    assert isinstance(base.lm_head, EmulatedLinear4bit) is lm_head
+    assert isinstance(base.model.layers[0].mamba.in_proj, EmulatedLinear4bit)
