@@ -93,6 +93,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
+    # Falcon-H1 (Mamba-2 beside attention in each layer): the Base and Instruct share a config.
+    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-34B-Base": 34},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
     # its own, never another's stand-in.
     "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
@@ -133,7 +135,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
-    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
+    (r"falcon-h1-", "falcon_h1"),
+    (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
     (r"olmo-3-7b", "olmo3"),  # OLMo 3 7B (Instruct, Think, their SFT/DPO stages: one shape)
@@ -167,6 +170,7 @@ PEEL_READERS: dict[str | None, str] = {
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5_text",
     "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
+    "falcon_h1": "tiny-falcon_h1",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -70,6 +70,11 @@ METHODS: tuple[Method, ...] = ("lora", "qlora", "lora_8bit")
 # The request's peft: an 8-bit base is asked for with load_in_8bit beside peft lora, as in
 # transformers' BitsAndBytesConfig and the trainers' configs.
 PEFT_CHOICES = ("none", "lora", "qlora")
+# The llm_int8_skip_modules Axolotl's 4-bit and 8-bit bases set per model type (loaders/model.py
+# _set_quantization_config): Falcon-H1's "output projection cannot be quantized" (its Mamba-2 mixer's
+# out_proj, whose weight mamba_ssm's fused mamba_split_conv1d_scan_combined reads). Given, they replace
+# transformers' default skips, so Falcon-H1's lm_head is quantized (_quantize_linears).
+AXOLOTL_SKIPPED: dict[str, tuple[str, ...]] = {"falcon_h1": ("out_proj",)}
 # How many bits the base is stored in, per method that quantizes it.
 BASE_BITS: dict[str, int] = {"qlora": 4, "lora_8bit": 8}
 ALL_LINEAR = "all-linear"  # peft.utils.constants.INCLUDE_LINEAR_LAYERS_SHORTHAND
@@ -393,7 +398,9 @@ def prepare(
         else:
             quantize = parts.quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
                                        compute_dtype=compute_dtype(adapter, supports_bf16))
-        _quantize_linears(model, quantize)
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        skip = AXOLOTL_SKIPPED.get(model_type) if adapter.recipe == "axolotl" and model_type else None
+        _quantize_linears(model, quantize, skip)
         # transformers' Bnb4BitHfQuantizer (Bnb8BitHfQuantizer) sets it after loading; the recipes
         # (PEFT's prepare_model_for_kbit_training, TRL's cast) read either
         setattr(model, f"is_loaded_in_{adapter.base_bits}bit", True)
@@ -459,17 +466,22 @@ def _axolotl_back_to_model_dtype(model: torch.nn.Module, loaded: dict[str, torch
                     param.data = param.data.to(dtype)
 
 
-def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any]) -> None:
+def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any],
+                      skip: tuple[str, ...] | None = None) -> None:
     """Replace the linear layers transformers' bitsandbytes integration quantizes
     (integrations/bitsandbytes.py ``replace_with_bnb_linear``: every ``nn.Linear`` and GPT-2
-    ``Conv1D`` but those of quantizers/base.py ``get_keys_to_not_convert``: tied weights, the last
-    module, the output embeddings)."""
+    ``Conv1D`` but those of quantizers/base.py ``get_modules_to_not_convert``: without
+    ``llm_int8_skip_modules`` (``skip``) ``get_keys_to_not_convert``'s tied weights, last module and
+    output embeddings; with it, those modules instead, and the model's ``_keep_in_fp32_modules``)."""
     from torch import nn
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    keep = get_keys_to_not_convert(model)
+    if skip is None:
+        keep = get_keys_to_not_convert(model)
+    else:
+        keep = [*skip, *(getattr(model, "_keep_in_fp32_modules", None) or [])]
     names = [name for name, module in model.named_modules()
              if (type(module) is nn.Linear or isinstance(module, Conv1D))
              and should_convert_module(name, keep)]

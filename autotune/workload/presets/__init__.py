@@ -22,6 +22,7 @@ One module per family, each checkpoint's source cited beside it:
     qwen_hybrid.py Qwen3.5 (dense and MoE) and Qwen3-Next: Gated DeltaNet linear attention
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
+    falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
@@ -36,6 +37,7 @@ from typing import Any
 from autotune.workload.presets import (
     decoders,
     encoders,
+    falcon_h1,
     gemma,
     gemma4,
     llama,
@@ -76,6 +78,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **gemma4.GEMMA_4_PRESETS,
     **qwen_hybrid.QWEN_3_5_PRESETS,
     **qwen_hybrid.QWEN_3_NEXT_PRESETS,
+    **falcon_h1.FALCON_H1_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

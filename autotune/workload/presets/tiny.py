@@ -89,6 +89,21 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "architectures": ["MixtralForCausalLM"],
     },
+    # Falcon-H1: a Mamba-2 mixer beside the attention in each layer, 2 heads of 16 each, a state of 8,
+    # chunks of 16 positions (8 in the 128 positions); the gated RMSNorm on, as the 34B's.
+    "falcon_h1": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "mamba_d_ssm": 32,
+        "mamba_n_heads": 2,
+        "mamba_d_head": 16,
+        "mamba_d_state": 8,
+        "mamba_n_groups": 1,
+        "mamba_chunk_size": 16,
+        "mamba_rms_norm": True,
+        "architectures": ["FalconH1ForCausalLM"],
+    },
     "gemma2": {
         **_TINY_BERT,
         "num_key_value_heads": 1,
