@@ -396,6 +396,10 @@ class Step:
         "own) or llamafactory (LLaMA-Factory v1's: no upcast, no tail group, its own loss; on one GPU "
         "the model unwrapped)",
         choices=FSDP_RECIPES)
+    fsdp_activation_checkpointing: bool | None = option(
+        None, "fsdp: FSDP's own activation checkpointing (fsdp_config activation_checkpointing): each "
+        "layer in torch's checkpoint_wrapper as the fsdp recipe applies it, in place of a ckpt mode (the "
+        "Trainer refuses both)")
     zero_config: str | None = option(
         None, "zero1/2/3: the zero_optimization mapping of the job's DeepSpeed config, as JSON (default: the "
         "stage with reduce_bucket_size and the stage-3 sizes \"auto\", resolved from hidden_size as the "
@@ -777,7 +781,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                  reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe,
-                                 zero_config=step.zero_config)
+                                 zero_config=step.zero_config,
+                                 activation_checkpointing=step.fsdp_activation_checkpointing)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     images = resolve_images(step, spec, task, seq_lens, found)
     if trainer is not None and found.ok("loss", "liger", "parallel"):

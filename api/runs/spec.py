@@ -426,7 +426,8 @@ class _Normalizing:
         with found.about("parallel"):
             self.parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                           reshard_after_forward=step.reshard_after_forward,
-                                          recipe=step.fsdp_recipe, zero_config=step.zero_config)
+                                          recipe=step.fsdp_recipe, zero_config=step.zero_config,
+                                          activation_checkpointing=step.fsdp_activation_checkpointing)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

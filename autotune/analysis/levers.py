@@ -159,6 +159,11 @@ def runs_on(lever: LeverSearch, backend: Backend) -> Backend:
 # -- which levers a check weighs --------------------------------------------------------------------
 
 
+def _fsdp_checkpointed(workload: Workload) -> bool:
+    """Whether FSDP's own activation checkpointing wraps the layers (no ckpt mode beside it)."""
+    return workload.parallel is not None and workload.parallel.activation_checkpointing
+
+
 def _lacks_bf16(gpu: GpuSpec) -> bool:
     """A card known to have no bfloat16 tensor cores (one of unknown compute capability may)."""
     return gpu.compute_capability is not None and not gpu.supports_bf16
@@ -172,10 +177,11 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
     # The 16-bit autocast to suggest: bf16 where the card has it (no loss scaling), else amp.
     precision = mode.precision if mode.precision != "fp32" else "amp" if _lacks_bf16(gpu) else "bf16"
     options: list[tuple[str, str, Workload, Mode]] = []
-    lighter = Mode(precision, True)  # type: ignore[arg-type]
+    # FSDP's own activation checkpointing excludes a ckpt mode (the Trainer refuses both)
+    lighter = Mode(precision, not _fsdp_checkpointed(workload))  # type: ignore[arg-type]
     if lighter != mode:
         options.append(("mode", f"mode {lighter.name}", workload, lighter))
-    if not mode.checkpointing and Mode(mode.precision, True) != lighter:
+    if not mode.checkpointing and not _fsdp_checkpointed(workload) and Mode(mode.precision, True) != lighter:
         options.append(("checkpointing", f"mode {Mode(mode.precision, True).name} (gradient "
                         "checkpointing)", workload, Mode(mode.precision, True)))
     if mode.precision == "fp32" and Mode(precision, mode.checkpointing) != lighter:  # type: ignore[arg-type]
@@ -390,7 +396,7 @@ def _mode_levers(workload: Workload, mode: Mode, seq_len: int, backend: Backend)
             found.append(LeverSearch(precision if not mode.checkpointing else f"{precision}+ckpt",
                                      label, workload, Mode(precision, mode.checkpointing),  # type: ignore[arg-type]
                                      seq_len, note=_bf16_note(backend) if precision == "bf16" else None))
-    if not mode.checkpointing:
+    if not mode.checkpointing and not _fsdp_checkpointed(workload):
         found.append(LeverSearch("ckpt" if mode.precision == "fp32" else f"{mode.precision}+ckpt",
                                  "gradient checkpointing", workload, Mode(mode.precision, True), seq_len))
         if mode.precision == "fp32":

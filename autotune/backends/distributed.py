@@ -145,6 +145,8 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
         return shard_as_axolotl(model, parallel, mesh, loss, precision)
     if parallel.recipe == "llamafactory":
         return shard_as_llamafactory(model, parallel, mesh, loss, precision)
+    if parallel.activation_checkpointing:
+        checkpoint_layers(model)
     if precision != "fp32":  # "FSDP2 requires uniform orig_dtype among trainable params in each group"
         for parameter in model.parameters():
             if parameter.requires_grad and parameter.dtype != torch.float32:
@@ -153,7 +155,10 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
               "mp_policy": mixed_precision(precision)}
     classes = layer_classes(model)
     for module in _bottom_up(model)[:-1]:
-        if type(module).__name__ in classes and not isinstance(module, FSDPModule):
+        # accelerate 1.15's policy looks through a CheckpointWrapper: the wrapper is sharded too,
+        # after the layer inside it, a group with no parameters left of its own
+        inner = getattr(module, "_checkpoint_wrapped_module", module)
+        if type(inner).__name__ in classes and not isinstance(module, FSDPModule):
             fully_shard(module, **kwargs)
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -175,8 +180,12 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     Axolotl loads them, and so does the Adam state); bottom-up, each LoRA layer's lora_A and lora_B
     (and magnitude vector) on their own (``_process_lora_module_for_fsdp``), then each decoder layer;
     then the root, with the same ``reshard_after_forward`` as every group: no embedding or tail
-    groups, and the root's leftovers resharded after forward unless all are kept."""
+    groups, and the root's leftovers resharded after forward unless all are kept. With FSDP's
+    activation checkpointing, the wrappers ``checkpoint_as_axolotl`` puts in first."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if parallel.activation_checkpointing:
+        checkpoint_as_axolotl(model)
 
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
               "mp_policy": mixed_precision(precision)}
@@ -241,6 +250,64 @@ def shard_as_llamafactory(model: Any, parallel: Parallel, mesh: Any, loss: str, 
             fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return _llamafactory_loss()(model)
+
+
+def checkpoint_layers(model: Any) -> None:
+    """FSDP's activation checkpointing as accelerate 1.15 applies it before sharding
+    (accelerator.py ``_prepare_fsdp2`` calls utils/fsdp_utils.py ``fsdp2_apply_ac``): each module the
+    transformer-based policy picks (a class of the model's _no_split_modules), bottom-up, replaced
+    by torch's ``checkpoint_wrapper(layer, preserve_rng_state=False)`` (CheckpointImpl.NO_REENTRANT,
+    its default); its forward runs in ``torch.utils.checkpoint``, which keeps the layer's inputs
+    and recomputes the rest in backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    _without_cache(model)
+    classes = layer_classes(model)
+    for name, module in _bottom_up_named(model)[:-1]:
+        if type(module).__name__ in classes:
+            model.set_submodule(name, checkpoint_wrapper(module, preserve_rng_state=False))
+
+
+def _without_cache(model: Any) -> None:
+    """The model's KV cache off, as the Trainer leaves it for training (trainer.py: ``config.use_cache
+    = args.use_cache``, False by default; Axolotl's loaders/utils.py turns it off at load): a layer
+    recomputed in backward would otherwise append its keys and values to the forward's cache again.
+    transformers turns it off itself only under its own gradient checkpointing."""
+    config = getattr(model, "config", None)
+    for part in (config, getattr(config, "get_text_config", lambda: None)()):
+        if getattr(part, "use_cache", None):
+            part.use_cache = False
+
+
+def checkpoint_as_axolotl(model: Any) -> None:
+    """FSDP's activation checkpointing as an Axolotl job gets it (Axolotl 067b021 pins accelerate
+    1.13.0, pyproject.toml): accelerate 1.13's ``_prepare_fsdp2`` first runs its ``fsdp2_apply_ac``,
+    which wraps each child of a module the policy picks (its test is on the parent: a decoder
+    layer's attention, MLP and norms, each in ``checkpoint_wrapper(child,
+    preserve_rng_state=False)``); then Axolotl's ``fsdp2_prepare_model``, which replaces
+    accelerate's (monkeypatch/accelerate/fsdp2.py), calls torch's ``apply_activation_checkpointing``
+    with ``checkpoint_wrapper`` of CheckpointImpl.NO_REENTRANT and the plugin's
+    ``transformer_auto_wrap_policy``: each decoder layer wrapped once more, around the wrapped
+    children. Both are traced: nested non-reentrant checkpoints."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    _without_cache(model)
+    classes = layer_classes(model)
+    for name, module in _bottom_up_named(model)[:-1]:
+        parent_name, _, child_name = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if type(parent).__name__ in classes:
+            parent.register_module(child_name, checkpoint_wrapper(module, preserve_rng_state=False))
+    layers = {type(module) for module in model.modules() if type(module).__name__ in classes}
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
+                                                       checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layers))
 
 
 def _llamafactory_layer_classes(model: Any) -> set[type]:
@@ -320,6 +387,16 @@ def _bottom_up(model: Any) -> list[Any]:
         module = stack.pop()
         stack.extend(module.children())
         ordered.append(module)
+    return ordered[::-1]
+
+
+def _bottom_up_named(model: Any) -> list[tuple[str, Any]]:
+    """``_bottom_up`` with each module's qualified name (``return_fqns=True``), the model's ""."""
+    stack, ordered = [("", model)], []
+    while stack:
+        name, module = stack.pop()
+        stack.extend((f"{name}.{child}" if name else child, sub) for child, sub in module.named_children())
+        ordered.append((name, module))
     return ordered[::-1]
 
 

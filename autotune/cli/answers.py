@@ -98,7 +98,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                     or step.chosen_nll is not None or step.kto_loss_type is not None else {}),
                  **({"parallel": {"gpus": step.gpus, "parallel": step.parallel, "nodes": step.nodes,
                                   "reshard_after_forward": step.reshard_after_forward,
-                                  "fsdp_recipe": step.fsdp_recipe}}
+                                  "fsdp_recipe": step.fsdp_recipe,
+                                  "fsdp_activation_checkpointing": step.fsdp_activation_checkpointing}}
                     if step.gpus is not None or step.parallel is not None else {})},
         # no mode: the weights' default (defaults.default_mode_name), fixed by the model and dtype above
         "mode": None if request.mode is None else parse_mode(request.mode).name,

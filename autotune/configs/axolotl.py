@@ -38,7 +38,7 @@ from autotune.configs.reading import (
 from autotune.configs.sharding import (
     CPU_OFFLOAD,
     FSDP1,
-    FSDP_CHECKPOINTING,
+    TRAINER_BOTH_CHECKPOINTS,
     WRAP,
     fsdp_options,
     legacy_fsdp,
@@ -483,8 +483,7 @@ def _axolotl_sharding(cfg: Config) -> None:
     if options.get("cpu_offload"):
         where = "fsdp_config.cpu_offload" if "cpu_offload" in (config or {}) else "fsdp"
         raise cfg.unmodelled(where, options["cpu_offload"] if where != "fsdp" else fsdp, CPU_OFFLOAD)
-    if options.get("activation_checkpointing"):
-        raise cfg.unmodelled("fsdp_config.activation_checkpointing", True, FSDP_CHECKPOINTING)
+    checkpointing = _axolotl_fsdp_checkpointing(cfg, options.get("activation_checkpointing"))
     policy = options.get("auto_wrap_policy")
     if policy not in (None, "TRANSFORMER_BASED_WRAP"):
         raise cfg.unmodelled("fsdp_config.auto_wrap_policy", policy, WRAP)
@@ -501,6 +500,37 @@ def _axolotl_sharding(cfg: Config) -> None:
     cfg.launch["fsdp_recipe"] = "axolotl"
     cfg.notes.append(f"fsdp_version: 2: FSDP2 over the job's GPUs, reshard_after_forward "
                      f"{str(reshard).lower()}; {AXOLOTL_FSDP2_NOTE}")
+    if checkpointing:
+        cfg.launch["fsdp_activation_checkpointing"] = True
+        cfg.notes.append(f"fsdp_config.activation_checkpointing: true: {AXOLOTL_FSDP_CHECKPOINTING}")
+
+
+AXOLOTL_FSDP_CHECKPOINTING = (
+    "FSDP's activation checkpointing, as an Axolotl job applies it (utils/trainer.py setup_fsdp_envs: "
+    "FSDP_ACTIVATION_CHECKPOINTING): accelerate 1.13's fsdp2_apply_ac (Axolotl's pin) wraps the "
+    "attention, MLP and norms of each decoder layer in checkpoint_wrapper, then Axolotl's "
+    "fsdp2_prepare_model wraps each decoder layer again (apply_activation_checkpointing, non-reentrant); "
+    "traced so, nested")
+
+
+def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
+    """fsdp_config.activation_checkpointing: FSDP's own checkpointing, which transformers' Trainer
+    refuses beside gradient checkpointing (trainer.py ``create_accelerator_and_postprocess``: "can't
+    both be set to True"; Axolotl passes gradient_checkpointing on to TrainingArguments,
+    core/builders/base.py ``_configure_gradient_checkpointing``, and calls that method through
+    AxolotlTrainer's own)."""
+    if value is None or value is False:
+        return False
+    if value is not True:
+        raise cfg.bad("fsdp_config.activation_checkpointing", value, "true or false")
+    if not unset(cfg.data.get("activation_offloading")):
+        raise cfg.unmodelled("fsdp_config.activation_checkpointing", True, "FSDP's activation checkpointing "
+                             "with activation_offloading is not modelled")
+    if cfg.data.get("gradient_checkpointing") is True:
+        raise InvalidInput(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
+                           f"{cfg.file!r}: {TRAINER_BOTH_CHECKPOINTS}, and Axolotl passes "
+                           "gradient_checkpointing on to it: set gradient_checkpointing: false")
+    return True
 
 
 # Processors of audio models (processor_type names the class): their audio tower and audio tokens

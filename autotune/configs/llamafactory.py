@@ -331,6 +331,10 @@ def _lf_checkpointing(cfg: Config) -> bool:
     disable_gradient_checkpointing, with use_reentrant=use_reentrant_gc (default true); the
     Trainer's gradient_checkpointing enables it again with its own arguments."""
     on = not cfg.flag("disable_gradient_checkpointing")
+    if cfg.launch.get("fsdp_activation_checkpointing"):
+        raise cfg.unmodelled("fsdp_config.activation_checkpointing", True, "FSDP's activation checkpointing "
+                             "beside LLaMA-Factory's own (prepare_model_for_training checkpoints every layer "
+                             "unless disable_gradient_checkpointing) is not modelled")
     new = cfg.get("activation_checkpointing")
     key = "activation_checkpointing" if new is not None else "gradient_checkpointing"
     if cfg.flag(key):

@@ -32,9 +32,16 @@ FSDP1 = ("FSDP1 (FullyShardedDataParallel's flat parameters) is not modelled: au
          "(fully_shard), fsdp_version 2")
 CPU_OFFLOAD = ("CPU offload (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on the "
                "CPU, the optimizer step run there) is not modelled yet")
-FSDP_CHECKPOINTING = ("FSDP's own activation checkpointing (accelerate's fsdp2_apply_ac, a checkpoint "
-                      "wrapper around each layer) is not modelled yet: turn it off and use "
-                      "gradient_checkpointing, which autotune models")
+FSDP_CHECKPOINTING = ("FSDP's own activation checkpointing from accelerate's launcher config is not "
+                      "modelled yet: set it in the training config's fsdp_config (activation_checkpointing: "
+                      "true), which autotune models")
+FSDP_CHECKPOINTING_NOTE = (
+    "FSDP's own activation checkpointing, as accelerate 1.15 applies it before sharding (accelerator.py "
+    "_prepare_fsdp2, utils/fsdp_utils.py fsdp2_apply_ac): each decoder layer in torch's checkpoint_wrapper "
+    "(non-reentrant, preserve_rng_state false), traced; the Trainer refuses it beside gradient checkpointing")
+TRAINER_BOTH_CHECKPOINTS = ("transformers' Trainer refuses the two together (trainer.py "
+                            "create_accelerator_and_postprocess: \"can't both be set to True. Use FSDP's "
+                            "activation checkpointing when using FSDP\")")
 WRAP = ("FSDP2 groups other than one per decoder layer (accelerate's transformer-based auto wrap on the "
         "model's _no_split_modules) are not modelled")
 DEEPSPEED_STAGE0 = ("DeepSpeed's engine without ZeRO (stage 0) is not torch DDP: its own gradient buckets "
@@ -166,10 +173,11 @@ def read_trainer_fsdp(cfg: Config) -> None:
         raise cfg.unmodelled("fsdp_config.auto_wrap_policy", policy, WRAP)
     wrap_classes(cfg, "fsdp_config.transformer_layer_cls_to_wrap",
                  options.get("transformer_layer_cls_to_wrap"))
-    if "activation_checkpointing" in options and _truth(
-            cfg, "fsdp_config.activation_checkpointing", options["activation_checkpointing"]):
-        raise cfg.unmodelled("fsdp_config.activation_checkpointing", options["activation_checkpointing"],
-                             FSDP_CHECKPOINTING)
+    checkpointing = "activation_checkpointing" in options and _truth(
+        cfg, "fsdp_config.activation_checkpointing", options["activation_checkpointing"])
+    if checkpointing:
+        cfg.launch["fsdp_activation_checkpointing"] = True
+        cfg.notes.append(f"fsdp_config.activation_checkpointing: true: {FSDP_CHECKPOINTING_NOTE}")
     reshard = _truth(cfg, "fsdp_config.reshard_after_forward", options.get("reshard_after_forward", True))
     handled = {"version", "xla", "cpu_offload", "offload_params", "auto_wrap_policy",
                "transformer_layer_cls_to_wrap", "activation_checkpointing", "reshard_after_forward"}

@@ -37,7 +37,7 @@ from autotune.configs.reading import (
     unset,
     words,
 )
-from autotune.configs.sharding import read_ddp, read_deepspeed, read_trainer_fsdp
+from autotune.configs.sharding import TRAINER_BOTH_CHECKPOINTS, read_ddp, read_deepspeed, read_trainer_fsdp
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
@@ -418,6 +418,10 @@ def _trainer_checkpointing(cfg: Config, default: bool) -> bool:
     ckpt = cfg.flag(key, default=default)
     if default and new is None and old is None:
         cfg.notes.append("gradient_checkpointing: not set, TRL's default true")
+    if ckpt and cfg.launch.get("fsdp_activation_checkpointing"):
+        shown = f"{key}: true" if new is not None or old is not None else f"{key} not set, TRL's default true"
+        raise InvalidInput(f"fsdp_config.activation_checkpointing: true with {shown} in {cfg.file!r}: "
+                           f"{TRAINER_BOTH_CHECKPOINTS}: set {key}: false")
     if ckpt:
         kwargs_key = ("activation_checkpointing_kwargs" if cfg.get("activation_checkpointing_kwargs")
                       is not None else "gradient_checkpointing_kwargs")

@@ -61,6 +61,10 @@ class Parallel:
     nodes: int = 1  # fsdp: hybrid sharding over nodes when > 1
     reshard_after_forward: bool = True  # fsdp: False keeps a layer gathered until its backward
     recipe: str = "accelerate"  # fsdp: one of FSDP_RECIPES
+    # fsdp: FSDP's own activation checkpointing (fsdp_config.activation_checkpointing), a
+    # checkpoint_wrapper around each layer as the recipe applies it (backends/distributed.py
+    # checkpoint_layers), in place of transformers' gradient checkpointing
+    activation_checkpointing: bool = False
     zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
 
     def __post_init__(self) -> None:
@@ -102,7 +106,8 @@ class Parallel:
         if self.nodes > 1:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
-        return f"FSDP2 {strategy}, {self.gpus} GPUs"
+        checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
+        return f"FSDP2 {strategy}{checkpointed}, {self.gpus} GPUs"
 
     @property
     def modelled(self) -> str:
@@ -139,15 +144,30 @@ class Parallel:
                     "(monkeypatch/accelerate/fsdp2.py, in place of accelerate's: each LoRA adapter, each "
                     "decoder layer, the root, all resharded alike); 16-bit modes are its "
                     "MixedPrecisionPolicy of that dtype over shards in the weights' dtype (no float32 "
-                    "upcast), with no autocast")
+                    "upcast), with no autocast" + self.checkpointed)
         return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
                 "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
                 "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "
-                "over float32 shards of the trainable parameters, with no autocast")
+                "over float32 shards of the trainable parameters, with no autocast" + self.checkpointed)
+
+    @property
+    def checkpointed(self) -> str:
+        """What FSDP's activation checkpointing wraps, in a clause; empty without it."""
+        if not self.activation_checkpointing:
+            return ""
+        if self.recipe == "axolotl":
+            return ("; FSDP's activation checkpointing as Axolotl gets it: accelerate 1.13's fsdp2_apply_ac "
+                    "wraps each child of a decoder layer (attention, MLP, norms) in checkpoint_wrapper "
+                    "(preserve_rng_state False), then Axolotl's fsdp2_prepare_model wraps each decoder layer "
+                    "again (apply_activation_checkpointing, non-reentrant): nested checkpoints, traced")
+        return ("; FSDP's activation checkpointing as accelerate 1.15 applies it (fsdp2_apply_ac): each "
+                "decoder layer in torch's checkpoint_wrapper (non-reentrant, preserve_rng_state False), "
+                "traced")
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
                 "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
+                "activation_checkpointing": self.activation_checkpointing,
                 "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled,
                 "zero_config": settings_text(self.zero) if self.is_zero else None}
 
@@ -185,7 +205,8 @@ def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | 
 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
                   reshard_after_forward: bool | None = None, recipe: str | None = None,
-                  zero_config: str | None = None) -> Parallel | None:
+                  zero_config: str | None = None,
+                  activation_checkpointing: bool | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -231,10 +252,17 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         raise _about("fsdp_recipe", InvalidInput.naming(
             f"{{fsdp_recipe}} {recipe!r}: " + (f"allowed are {', '.join(FSDP_RECIPES)}" if kind == FSDP
                                                else f"an fsdp setting, not {kind}'s")))
+    if activation_checkpointing and kind != FSDP:
+        raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
+            f"{{fsdp_activation_checkpointing}} is an fsdp setting, not {kind}'s: use a ckpt mode"))
+    if activation_checkpointing and recipe == "llamafactory":
+        raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
+            "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
+            "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
-                    recipe or "accelerate", zero)
+                    recipe or "accelerate", bool(activation_checkpointing), zero)
 
 
 def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:

@@ -533,6 +533,12 @@ class EstimateBackend:
         The first probes of a cell run the model; once two of its traces line up, later probes
         are extrapolated from them exactly (trace.py), and say so in their details.
         """
+        parallel = workload.parallel
+        if mode.checkpointing and parallel is not None and parallel.activation_checkpointing:
+            from autotune.errors import InvalidInput
+
+            raise InvalidInput(f"mode {mode.name} with FSDP's activation checkpointing: transformers' "
+                               "Trainer refuses gradient checkpointing beside it; give a mode without ckpt")
         fake = self._model(workload, mode.precision)
         structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})

@@ -89,8 +89,6 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
     ({"fsdp": True, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
     ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_config.version", "FSDP1"),
     ({"fsdp": "hybrid_shard", "fsdp_config": {"fsdp_version": 1}}, "fsdp_config.version", "FSDP1"),
-    ({"fsdp": True, "fsdp_config": {"activation_checkpointing": True}},
-     "fsdp_config.activation_checkpointing", "use gradient_checkpointing"),
     ({"fsdp": True, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
     ({"fsdp": True, "fsdp_config": {"xla": True}}, "fsdp_config.xla", "XLA"),
@@ -184,8 +182,6 @@ def test_axolotl_fsdp2_is_read(tmp_path):
     ({"fsdp_version": None}, "fsdp_config", "FSDP1"),  # validation.py pins an unversioned config to 1
     ({"fsdp_version": 1}, "fsdp_version", "FSDP1"),
     ({"fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
-    ({"fsdp_config": {"activation_checkpointing": True}}, "fsdp_config.activation_checkpointing",
-     "use gradient_checkpointing"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
     ({"fsdp": ["full_shard", "offload"]}, "fsdp", "CPU offload"),
@@ -194,6 +190,30 @@ def test_axolotl_fsdp2_is_read(tmp_path):
 def test_axolotl_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
     with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
         launch(tmp_path, {**AXOLOTL_FSDP2, **changes}, "a.yml")
+
+
+def test_axolotl_fsdp_activation_checkpointing_is_read_and_refused_beside_gradient_checkpointing(tmp_path):
+    ac = {**AXOLOTL_FSDP2,
+          "fsdp_config": {**AXOLOTL_FSDP2["fsdp_config"], "fsdp_activation_checkpointing": True}}
+    config = read_training_config(write(tmp_path, ac, "a.yml"))
+    step = config.request.step
+    assert (step.parallel, step.fsdp_recipe, step.fsdp_activation_checkpointing) == ("fsdp", "axolotl", True)
+    assert "ckpt" not in config.request.mode
+    assert any("accelerate 1.13's fsdp2_apply_ac" in note for note in config.notes)
+    assert read_training_config(write(tmp_path, AXOLOTL_FSDP2, "b.yml")).request.step \
+        .fsdp_activation_checkpointing is None
+    with pytest.raises(InvalidInput, match="gradient_checkpointing: true in .* Trainer refuses the two"):
+        read_training_config(write(tmp_path, {**ac, "gradient_checkpointing": True}, "c.yml"))
+
+
+def test_training_arguments_fsdp_activation_checkpointing_is_read(tmp_path):
+    ac = {**TRAINER, "fsdp": "full_shard auto_wrap", "fsdp_config": {"activation_checkpointing": True}}
+    config = read_training_config(write(tmp_path, ac, "t.json"))
+    assert config.request.step.fsdp_activation_checkpointing is True
+    assert any("accelerate 1.15 applies it" in note for note in config.notes)
+    for both in ({"gradient_checkpointing": True}, {"activation_checkpointing": True}):
+        with pytest.raises(InvalidInput, match="Trainer refuses the two together"):
+            read_training_config(write(tmp_path, {**ac, **both}, "u.json"))
 
 
 def test_axolotl_refuses_deepspeed_beside_fsdp(tmp_path):
@@ -241,7 +261,7 @@ def test_accelerate_machines_and_hybrid_sharding(tmp_path):
     ({"fsdp_version": 2}, "fsdp_config.fsdp_auto_wrap_policy", "one per decoder layer"),
     ({"fsdp_version": 2, "fsdp_offload_params": True}, "fsdp_config.fsdp_offload_params", "CPU offload"),
     ({"fsdp_version": 2, "fsdp_activation_checkpointing": True}, "fsdp_config.fsdp_activation_checkpointing",
-     "use gradient_checkpointing"),
+     "set it in the training config's fsdp_config"),
 ])
 def test_accelerate_fsdp_not_modelled_is_refused_by_name(tmp_path, fsdp_config, key, why):
     with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):
@@ -313,8 +333,9 @@ def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, cap
 @pytest.mark.parametrize("configs", [
     ({**TRAINER, "fsdp": "full_shard auto_wrap", "bf16": True}, None),
     (AXOLOTL_FSDP2, None),
+    ({**AXOLOTL_FSDP2, "fsdp_config": {"fsdp_version": 2, "activation_checkpointing": True}}, None),
     ({**LLAMAFACTORY, "finetuning_type": "full"}, ACCELERATE),
-], ids=["trainer", "axolotl", "llamafactory+accelerate"])
+], ids=["trainer", "axolotl", "axolotl-fsdp-checkpointing", "llamafactory+accelerate"])
 def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs):
     training, accelerate = configs
     name = "train.json" if "output_dir" in training and "stage" not in training else "train.yaml"
@@ -327,6 +348,8 @@ def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs)
     doc = json.loads(out)
     assert code == 0 and doc["fits"] is True
     assert "4 GPUs" in doc["message"] and "FSDP2 full shard" in doc["message"]
+    checkpointed = training.get("fsdp_config", {}).get("activation_checkpointing", False)
+    assert ("FSDP activation checkpointing" in doc["message"]) == checkpointed
     fmt = "llamafactory" if accelerate else "axolotl" if "base_model" in training else "trainer"
     assert [note for note in doc["config_notes"] if note.startswith("read ")] == [
         f"read {argv[1]} as {fmt}", *([f"read {argv[3]} as accelerate"] if accelerate else [])]
