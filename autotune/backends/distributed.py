@@ -157,8 +157,9 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
     for module in _bottom_up(model)[:-1]:
         # accelerate 1.15's policy looks through a CheckpointWrapper: the wrapper is sharded too,
         # after the layer inside it, a group with no parameters left of its own
-        inner = getattr(module, "_checkpoint_wrapped_module", module)
-        if type(inner).__name__ in classes and not isinstance(module, FSDPModule):
+        # (isinstance, as accelerate's policy: the layer inside is an FSDP subclass by then)
+        inner = type(getattr(module, "_checkpoint_wrapped_module", module))
+        if any(kind.__name__ in classes for kind in inner.__mro__) and not isinstance(module, FSDPModule):
             fully_shard(module, **kwargs)
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -275,7 +276,7 @@ def _without_cache(model: Any) -> None:
     transformers turns it off itself only under its own gradient checkpointing."""
     config = getattr(model, "config", None)
     for part in (config, getattr(config, "get_text_config", lambda: None)()):
-        if getattr(part, "use_cache", None):
+        if part is not None and getattr(part, "use_cache", None):
             part.use_cache = False
 
 

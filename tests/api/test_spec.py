@@ -52,6 +52,8 @@ SAMPLES = {
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
+    "fsdp_activation_checkpointing": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp", "modes": ["amp"]},
+                                      {"fsdp_activation_checkpointing": True}),
     "zero_config": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "zero2"},
                     {"zero_config": '{"stage": 2, "reduce_bucket_size": 100000000}'}),
     "trainer": ({}, {"trainer": "dpo"}),

@@ -84,6 +84,8 @@ LIMITS = {
     "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
     "allenai/Olmo-3-7B-Instruct-SFT": 65536, "CohereForAI/c4ai-command-r7b-12-2024": 132096,
     "nvidia/Nemotron-Mini-4B-Instruct": 4096, "LiquidAI/LFM2-350M": 128000, "LiquidAI/LFM2-8B-A1B": 128000,
+    "Qwen/Qwen3.5-27B": 262144, "Qwen/Qwen3.5-35B-A3B": 262144, "Qwen/Qwen3-Next-80B-A3B-Instruct": 262144,
+    "tiiuae/Falcon-H1-0.5B-Base": 16384, "tiiuae/Falcon-H1-34B-Base": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "gemma4")},
 }

@@ -222,7 +222,9 @@ CAUSAL_LM_PRESETS = {
     "mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x22B-v0.1", "swiss-ai/Apertus-8B-Instruct-2509",
     "ByteDance-Seed/Seed-OSS-36B-Instruct", "allenai/Olmo-3-7B-Instruct-SFT",
     "CohereForAI/c4ai-command-r7b-12-2024", "nvidia/Nemotron-Mini-4B-Instruct", "LiquidAI/LFM2-350M",
-    "LiquidAI/LFM2-8B-A1B",
+    "LiquidAI/LFM2-8B-A1B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "tiny-qwen3_5_text", "tiny-qwen3_5_moe_text", "tiny-qwen3_next", "tiiuae/Falcon-H1-0.5B-Base",
+    "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
 }
 
 

@@ -79,12 +79,13 @@ def test_accelerate_shards_each_wrapped_layer_in_a_group_of_its_own():
 def test_axolotl_nests_accelerate_1_13s_wrapped_children_in_its_own_wrapped_layers():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, CheckpointWrapper
     from torch.distributed.fsdp import FSDPModule
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     model = rank_model(Parallel("fsdp", 4, recipe="axolotl", activation_checkpointing=True))
     for outer in model.model.layers:
         assert isinstance(outer, CheckpointWrapper) and outer.checkpoint_impl is CheckpointImpl.NO_REENTRANT
         layer = outer._checkpoint_wrapped_module
-        assert type(layer).__name__ == "LlamaDecoderLayer" and isinstance(layer, FSDPModule)
+        assert isinstance(layer, LlamaDecoderLayer) and isinstance(layer, FSDPModule)
         assert not isinstance(outer, FSDPModule)  # accelerate 1.13's policy does not look through
         children = dict(layer.named_children())
         assert set(children) == {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
