@@ -95,6 +95,10 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen2_5_vl": {"Qwen/Qwen2.5-VL-7B-Instruct": 7},
     "llava": {"llava-hf/llava-1.5-7b-hf": 7},
     "gemma3_vl": {"google/gemma-3-4b-it": 4, "google/gemma-3-12b-it": 12, "google/gemma-3-27b-it": 27},
+    # Mistral 3 (Pixtral tower, 2x2 merge) by text model: Ministral 3's, Mistral Small 3.1's.
+    "ministral3": {"mistralai/Ministral-3-3B-Reasoning-2512": 3},
+    "mistral3": {"mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24, "mistralai/Magistral-Small-2509": 24},
+    "pixtral": {"mistral-community/pixtral-12b": 12},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -114,6 +118,9 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen2\.5-vl-", "qwen2_5_vl"),
     (r"llava-1\.5-", "llava"),
     (r"gemma-3-(4|12|27)b", "gemma3_vl"),
+    (r"ministral-3-3b-", "ministral3"),
+    (r"mistral-small-3\.[12]-24b|magistral-small-2509", "mistral3"),
+    (r"(^|/)pixtral-12b", "pixtral"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
@@ -143,7 +150,8 @@ PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
-    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral",
+    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "ministral3": "tiny-mistral3",
+    "mistral3": "tiny-mistral3", "pixtral": "tiny-pixtral",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -516,6 +516,12 @@ MULTIMODAL_NOTE = ("Axolotl trains it as a vision-language model (utils/config/_
                    "tokens among them")
 
 
+TEXT_ONLY_NOTE = ("Axolotl loads the whole checkpoint (loaders/model.py: AutoModelForImageTextToText, "
+                  "its vision tower too) and trains it on text rows, without images (common/datasets.py "
+                  "loads no processor, core/builders/causal.py collates text): a text-only step of the "
+                  "vision-language model")
+
+
 def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     """The step's task and images where Axolotl trains a vision-language model: processor_type set,
     or a base_model of a model type in transformers' image-text-to-text mapping (normalize_config's
@@ -537,11 +543,20 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
             if not unset(value):
                 cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
         return {"task": "causal-lm"}
+    if unset(processor):
+        # No processor_type: Axolotl loads the whole model (AutoModelForImageTextToText) but prepares
+        # the dataset without a processor (common/datasets.py: load_processor only "if
+        # cfg.processor_type") and collates text (core/builders/causal.py: MultiModalChatDataCollator
+        # only with processor_type; packing allowed): a text-only step of the vision-language model.
+        for key, value in (("image_size", image_size), ("image_resize_algorithm", algorithm)):
+            if not unset(value):
+                cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
+        cfg.notes.append(f"base_model: a vision-language model without processor_type: {TEXT_ONLY_NOTE}")
+        return {"task": "image-text-to-text", "images_per_sample": 0}
     if cfg.flag("sample_packing"):
         raise InvalidInput(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
                            "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
-    why = f"processor_type: {processor}" if not unset(processor) else "base_model: a vision-language model"
-    cfg.notes.append(f"{why}: {MULTIMODAL_NOTE}")
+    cfg.notes.append(f"processor_type: {processor}: {MULTIMODAL_NOTE}")
     found: dict[str, Any] = {"task": "image-text-to-text"}
     if not unset(image_size):
         if isinstance(image_size, bool) or not isinstance(image_size, int | list | tuple):
@@ -613,10 +628,6 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
-    if multimodal["task"] == "image-text-to-text" and loss == "chunked":
-        raise cfg.unmodelled("cut_cross_entropy" if cce else "liger_fused_linear_cross_entropy", True,
-                             "a fused linear cross-entropy over a vision-language model's rows is not "
-                             "modelled (autotune chunks the loss of causal-lm steps)")
     trainer = _axolotl_trainer(cfg, adapter)
     if trainer.get("trainer") == REWARD:
         multimodal = {**multimodal, "task": REWARD_TASK}

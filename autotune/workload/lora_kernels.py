@@ -67,8 +67,12 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # MoE block it leaves alone; Apertus's xIELU MLP has no gate_proj, so find_mlp_in_layer yields
 # nothing and it is left to PEFT, its activation never checked; Seed-OSS's q/k/v carry biases, as
 # Qwen2's, which the base layers add).
+# Ministral 3 (ministral3, the text model of a mistral3 checkpoint): get_attention_cls_from_config
+# gives MistralAttention for mistral3, so patch_self_attn_lora rewrites that class's forward, not
+# Ministral3Attention's (a class of its own): its layers get apply_qkv / apply_o, which its forward
+# never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss")
+            "seed_oss", "ministral3")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
@@ -203,9 +207,12 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
     checkpoint_type = config.model_type
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     check_model(config, kernels, checkpoint_type)
+    rewritten = attention_class(checkpoint_type) if set(kernels) & {"qkv", "o"} else None
     for layer in _layers(model):
         attn = getattr(layer, "self_attn", None)
-        if attn is not None and all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        # Only the class patch_self_attn_lora rewrote calls apply_qkv / apply_o (EMULATED's note).
+        if attn is not None and isinstance(attn, rewritten or object) and all(
+                hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             if "qkv" in kernels:
                 _QKV(attn, hooks).install()
             if "o" in kernels and hasattr(attn.o_proj, "lora_A"):

@@ -22,10 +22,23 @@ llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
     "default" drops CLS).
 gemma3 (Gemma3ImageProcessor, processing_gemma3.py; pan-and-scan off, its default)
     every image resized to image_size (896): ``pixel_values`` [images, 3, 896, 896];
-    ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``; ``token_type_ids``.
+    ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``;
+    ``token_type_ids``.
+pixtral (LLaVA with a Pixtral tower: mistral-community/pixtral-12b), mistral3 (Mistral Small 3.1,
+Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, processing_pixtral.py)
+    each image scaled down (never up) to fit a longest edge (``get_resize_output_image_size``: the
+    preprocessor_config.json's size.longest_edge, the vision tower's image_size) and its sides rounded
+    up to multiples of the processor's patch, patch_size x spatial_merge_size (16 x 1; Mistral 3:
+    14 x 2): ``pixel_values`` [images, 3, H, W] (every image of a batch padded to the largest,
+    ``_pad_for_batching``; here all alike) and ``image_sizes`` [images, 2] (H, W);
+    ``PixtralProcessor.replace_image_token``: per row of H/patch, W/patch ``[IMG]`` and one
+    ``[IMG_BREAK]``, the last one ``[IMG_END]``. The tower embeds (H/14)(W/14) patches (Pixtral:
+    (H/16)(W/16)); Mistral 3's ``Mistral3PatchMerger`` merges each 2x2 into one ``[IMG]`` feature.
+    Here the ``[IMG]`` tokens of an image are contiguous and its H/patch markers around them: the
+    same counts, the model reading only where ``[IMG]`` is.
 
-The image size only changes the dynamic-resolution families' inputs; the fixed-size processors
-resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
+The image size only changes the dynamic-resolution families' inputs (Qwen's, Pixtral's); the
+fixed-size processors resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
 
 Where a model reads its inputs' values to decide shapes (Qwen2-VL's ``get_rope_index`` and
 ``grid_thw.tolist()``), the estimator, which traces on fake tensors, is given the values from the
@@ -57,8 +70,12 @@ MAX_IMAGES_PER_SAMPLE = 64
 QWEN_MIN_PIXELS = 3136
 QWEN_MAX_PIXELS = 12845056
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
+# tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
+PIXTRAL_FAMILIES = ("pixtral", "mistral3")
+DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES
 FIXED_FAMILIES = ("llava", "gemma3")
-FAMILIES = QWEN_FAMILIES + FIXED_FAMILIES
+FAMILIES = DYNAMIC_FAMILIES + FIXED_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,18 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
+def pixtral_resize(height: int, width: int, longest_edge: int, patch: int) -> tuple[int, int]:
+    """(height, width) of an image after Pixtral's resize: transformers'
+    models/pixtral/image_processing_pixtral.py ``get_resize_output_image_size`` with its
+    ``_num_image_tokens``, line for line: scaled down to fit ``longest_edge`` (floored, never scaled
+    up), then each side rounded up to a multiple of ``patch``."""
+    ratio = max(height / longest_edge, width / longest_edge)
+    if ratio > 1:
+        height = int(math.floor(height / ratio))
+        width = int(math.floor(width / ratio))
+    return ((height - 1) // patch + 1) * patch, ((width - 1) // patch + 1) * patch
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What the processor makes of each image of a row, for one model."""
@@ -157,7 +186,7 @@ class ImageLayout:
             return "no images: a text-only step of the vision-language model"
         count = f"{self.per_sample} image{'s' if self.per_sample > 1 else ''} per sample"
         width, height = self.given
-        if self.family in QWEN_FAMILIES:
+        if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
             size = (f"{width}x{height}{why}, resized to {self.processed[0]}x{self.processed[1]}: "
                     f"{self.patches} patches")
@@ -174,8 +203,12 @@ class ImageLayout:
 
 
 def vision_family(config: Any) -> str | None:
-    """The family whose processor autotune models (FAMILIES) of a config, or None."""
+    """The family whose processor autotune models (FAMILIES) of a config, or None: its model_type,
+    "pixtral" for LLaVA with a Pixtral tower (its processor is PixtralProcessor, not CLIP's)."""
     model_type = getattr(config, "model_type", None)
+    tower = getattr(getattr(config, "vision_config", None), "model_type", None)
+    if model_type == "llava" and tower == "pixtral":
+        return "pixtral"
     return model_type if model_type in FAMILIES else None
 
 
@@ -205,6 +238,18 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
         patches = grid[0] * grid[1] * grid[2]
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
                            tokens=patches // merge**2, markers=2, patches=patches, grid=grid,
+                           size_given=images.size is not None)
+    if family in PIXTRAL_FAMILIES:
+        # The processor's patch is the tower's times the merge (processing_pixtral.py
+        # _process_images); its longest edge, size.longest_edge of preprocessor_config.json, is the
+        # tower's image_size in the published checkpoints (1024 for Pixtral-12B, 1540 for Mistral 3).
+        patch = int(vision.patch_size)
+        merge = int(getattr(config, "spatial_merge_size", 1)) if family == "mistral3" else 1
+        resized_h, resized_w = pixtral_resize(height, width, int(vision.image_size), patch * merge)
+        rows, columns = resized_h // (patch * merge), resized_w // (patch * merge)
+        return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
+                           tokens=rows * columns, markers=rows,
+                           patches=(resized_h // patch) * (resized_w // patch),
                            size_given=images.size is not None)
     side, patch = int(vision.image_size), int(vision.patch_size)
     patches = (side // patch) ** 2
@@ -270,6 +315,14 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
             # (backends/estimate/vision.py).
             batch["image_grid_thw"] = torch.tensor([[t, h, w]] * images, dtype=torch.long, device=device)
             batch.update(_vision_indices(config, layout, images, device))
+    elif layout.family in PIXTRAL_FAMILIES and images:
+        width, height = layout.processed
+        channels = int(getattr(config.vision_config, "num_channels", 3))
+        batch["pixel_values"] = torch.zeros((images, channels, height, width), dtype=torch.float32,
+                                            device=device)
+        # Read by the model (each image's patches cut by its size): a small tensor whose values the
+        # fake trace keeps (backends/estimate/vision.py).
+        batch["image_sizes"] = torch.tensor([[height, width]] * images, dtype=torch.long, device=device)
     elif images:
         side = layout.processed[0]
         channels = int(getattr(config.vision_config, "num_channels", 3))

@@ -21,6 +21,8 @@ One module per family, each checkpoint's source cited beside it:
     decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
+    mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
+                  Pixtral-12B)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.workload.presets import decoders, encoders, gemma, llama, moe, phi, qwen, vision
+from autotune.workload.presets import decoders, encoders, gemma, llama, mistral3, moe, phi, qwen, vision
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
 __all__ = ["HUB_ALIASES", "PRESETS", "PRESET_INDEX", "TINY_CONFIGS", "preset_name"]
@@ -54,6 +56,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **moe.GPT_OSS_DEEPSEEK_PRESETS,
     **encoders.MODERNBERT_PRESETS,
     **vision.VLM_PRESETS,
+    **mistral3.MISTRAL3_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
