@@ -211,7 +211,8 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
     for layer in _layers(model):
         attn = getattr(layer, "self_attn", None)
         # Only the class patch_self_attn_lora rewrote calls apply_qkv / apply_o (EMULATED's note).
-        if attn is not None and isinstance(attn, rewritten or object) and all(
+        called = rewritten is None or isinstance(attn, rewritten)
+        if attn is not None and called and all(
                 hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             if "qkv" in kernels:
                 _QKV(attn, hooks).install()
