@@ -108,6 +108,10 @@ FAMILIES: dict[str, dict[str, float]] = {
     "lfm2_moe": {"LiquidAI/LFM2-8B-A1B": 8.3},
     # Gemma 4 (Gemma4ForConditionalGeneration): E2B by its effective size, the MoE by its total.
     "gemma4": {"google/gemma-4-E2B-it": 2, "google/gemma-4-26B-A4B": 26, "google/gemma-4-31B": 31},
+    # Mistral 3 (Pixtral tower, 2x2 merge) by text model: Ministral 3's, Mistral Small 3.1's.
+    "ministral3": {"mistralai/Ministral-3-3B-Reasoning-2512": 3},
+    "mistral3": {"mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24, "mistralai/Magistral-Small-2509": 24},
+    "pixtral": {"mistral-community/pixtral-12b": 12},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -132,6 +136,9 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen2\.5-vl-", "qwen2_5_vl"),
     (r"llava-1\.5-", "llava"),
     (r"gemma-3-(4|12|27)b", "gemma3_vl"),
+    (r"ministral-3-3b-", "ministral3"),
+    (r"mistral-small-3\.[12]-24b|magistral-small-2509", "mistral3"),
+    (r"(^|/)pixtral-12b", "pixtral"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
@@ -170,7 +177,8 @@ PEEL_READERS: dict[str | None, str] = {
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5_text",
     "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
-    "falcon_h1": "tiny-falcon_h1",
+    "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
+    "pixtral": "tiny-pixtral",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -113,7 +113,7 @@ _AXOLOTL_NO_EFFECT = words(
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
     "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
-    "use_otel_metrics")
+    "use_otel_metrics revision_of_model")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
@@ -657,10 +657,6 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
-    if multimodal["task"] == "image-text-to-text" and loss == "chunked":
-        raise cfg.unmodelled("cut_cross_entropy" if cce else "liger_fused_linear_cross_entropy", True,
-                             "a fused linear cross-entropy over a vision-language model's rows is not "
-                             "modelled (autotune chunks the loss of causal-lm steps)")
     trainer = _axolotl_trainer(cfg, adapter)
     if trainer.get("trainer") == REWARD:
         multimodal = {**multimodal, "task": REWARD_TASK}

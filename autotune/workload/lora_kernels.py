@@ -69,8 +69,12 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # Qwen2's, which the base layers add; Cohere2's layer runs attention and MLP side by side from one
 # norm, both read as Llama's; Nemotron's squared-ReLU MLP has no gate_proj either, passed by as
 # Apertus's. OLMo 3 and LFM2 norm q and k before the view, which patch_self_attn_lora cannot find).
+# Ministral 3 (ministral3, the text model of a mistral3 checkpoint): get_attention_cls_from_config
+# gives MistralAttention for mistral3, so patch_self_attn_lora rewrites that class's forward, not
+# Ministral3Attention's (a class of its own): its layers get apply_qkv / apply_o, which its forward
+# never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss", "cohere2", "nemotron")
+            "seed_oss", "cohere2", "nemotron", "ministral3")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
@@ -205,9 +209,13 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
     checkpoint_type = config.model_type
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     check_model(config, kernels, checkpoint_type)
+    rewritten = attention_class(checkpoint_type) if set(kernels) & {"qkv", "o"} else None
     for layer in _layers(model):
         attn = getattr(layer, "self_attn", None)
-        if attn is not None and all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        # Only the class patch_self_attn_lora rewrote calls apply_qkv / apply_o (EMULATED's note).
+        called = rewritten is None or isinstance(attn, rewritten)
+        if attn is not None and called and all(
+                hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             if "qkv" in kernels:
                 _QKV(attn, hooks).install()
             if "o" in kernels and hasattr(attn.o_proj, "lora_A"):

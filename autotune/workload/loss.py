@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     import torch
 
 LOSSES = ("full", "chunked")
-CHUNKED_TASKS = ("causal-lm",)  # tasks with a per-token LM head whose input is the base model's output
+# Tasks with a per-token LM head whose input is the base model's output (a vision-language model's
+# base model takes the images too and returns the text's last hidden states, as its forward uses them).
+CHUNKED_TASKS = ("causal-lm", "image-text-to-text")
 IGNORE_INDEX = -100  # labels the loss skips (transformers' ForCausalLMLoss, Liger's default)
 # Config attributes that change the logits between the head and the loss; the chunked loss
 # applies the head's plain linear map only, so models using them are refused.

@@ -115,7 +115,8 @@ def tiny_config(model_type: str, **overrides: Any) -> PretrainedConfig:
         raise InvalidInput(
             f"no tiny config for model_type '{model_type}': use one of {', '.join(TINY_CONFIGS)}"
         )
-    return _build_config(model_type, {**TINY_CONFIGS[model_type], **overrides})
+    kwargs = {**TINY_CONFIGS[model_type], **overrides}
+    return _build_config(kwargs.pop("model_type", model_type), kwargs)  # tiny-pixtral is a llava
 
 
 def _build_config(model_type: str, kwargs: dict[str, Any]) -> PretrainedConfig:

@@ -22,7 +22,8 @@ llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
     "default" drops CLS).
 gemma3 (Gemma3ImageProcessor, processing_gemma3.py; pan-and-scan off, its default)
     every image resized to image_size (896): ``pixel_values`` [images, 3, 896, 896];
-    ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``; ``token_type_ids``.
+    ``"\\n\\n<start_of_image>" + 256 x <image_soft_token> + "<end_of_image>\\n\\n"``;
+    ``token_type_ids``.
 gemma4 (Gemma4ImageProcessor, image_processing_gemma4.py; processing_gemma4.py)
     each image resized, its aspect ratio kept (``get_aspect_ratio_preserving_size``), to the largest
     multiples of pooling_kernel_size x patch_size (3 x 16 = 48) with at most max_soft_tokens (280) x
@@ -30,9 +31,21 @@ gemma4 (Gemma4ImageProcessor, image_processing_gemma4.py; processing_gemma4.py)
     float32 and ``image_position_ids`` [images, 2520, 2] (x, y of each patch), both padded to 2520
     (positions -1); ``<|image|>`` repeated patches / 3**2 times between boi and eoi;
     ``mm_token_type_ids`` [B, L] (1 on image tokens).
+pixtral (LLaVA with a Pixtral tower: mistral-community/pixtral-12b), mistral3 (Mistral Small 3.1,
+Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, processing_pixtral.py)
+    each image scaled down (never up) to fit a longest edge (``get_resize_output_image_size``: the
+    preprocessor_config.json's size.longest_edge, the vision tower's image_size) and its sides rounded
+    up to multiples of the processor's patch, patch_size x spatial_merge_size (16 x 1; Mistral 3:
+    14 x 2): ``pixel_values`` [images, 3, H, W] (every image of a batch padded to the largest,
+    ``_pad_for_batching``; here all alike) and ``image_sizes`` [images, 2] (H, W);
+    ``PixtralProcessor.replace_image_token``: per row of H/patch, W/patch ``[IMG]`` and one
+    ``[IMG_BREAK]``, the last one ``[IMG_END]``. The tower embeds (H/14)(W/14) patches (Pixtral:
+    (H/16)(W/16)); Mistral 3's ``Mistral3PatchMerger`` merges each 2x2 into one ``[IMG]`` feature.
+    Here the ``[IMG]`` tokens of an image are contiguous and its H/patch markers around them: the
+    same counts, the model reading only where ``[IMG]`` is.
 
-The image size only changes the dynamic-resolution families' inputs; the fixed-size processors
-resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
+The image size only changes the dynamic-resolution families' inputs (Qwen's, Pixtral's, Gemma 4's); the
+fixed-size processors resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
 
 Where a model reads its inputs' values to decide shapes (Qwen2-VL's ``get_rope_index`` and
 ``grid_thw.tolist()``), the estimator, which traces on fake tensors, is given the values from the
@@ -64,16 +77,20 @@ MAX_IMAGES_PER_SAMPLE = 64
 QWEN_MIN_PIXELS = 3136
 QWEN_MAX_PIXELS = 12845056
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
+# tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
+PIXTRAL_FAMILIES = ("pixtral", "mistral3")
 FIXED_FAMILIES = ("llava", "gemma3")
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
-DYNAMIC_FAMILIES = QWEN_FAMILIES + ASPECT_FAMILIES  # the image size changes the inputs
-FAMILIES = QWEN_FAMILIES + FIXED_FAMILIES + ASPECT_FAMILIES
+# the image size changes the inputs
+DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
 # which a config without it leaves at this default.
 GEMMA4_MAX_SOFT_TOKENS = 280
+FAMILIES = DYNAMIC_FAMILIES + FIXED_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -174,6 +191,18 @@ def aspect_ratio_preserving_size(height: int, width: int, patch_size: int, max_p
     return target_height, target_width
 
 
+def pixtral_resize(height: int, width: int, longest_edge: int, patch: int) -> tuple[int, int]:
+    """(height, width) of an image after Pixtral's resize: transformers'
+    models/pixtral/image_processing_pixtral.py ``get_resize_output_image_size`` with its
+    ``_num_image_tokens``, line for line: scaled down to fit ``longest_edge`` (floored, never scaled
+    up), then each side rounded up to a multiple of ``patch``."""
+    ratio = max(height / longest_edge, width / longest_edge)
+    if ratio > 1:
+        height = int(math.floor(height / ratio))
+        width = int(math.floor(width / ratio))
+    return ((height - 1) // patch + 1) * patch, ((width - 1) // patch + 1) * patch
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What the processor makes of each image of a row, for one model."""
@@ -218,8 +247,12 @@ class ImageLayout:
 
 
 def vision_family(config: Any) -> str | None:
-    """The family whose processor autotune models (FAMILIES) of a config, or None."""
+    """The family whose processor autotune models (FAMILIES) of a config, or None: its model_type,
+    "pixtral" for LLaVA with a Pixtral tower (its processor is PixtralProcessor, not CLIP's)."""
     model_type = getattr(config, "model_type", None)
+    tower = getattr(getattr(config, "vision_config", None), "model_type", None)
+    if model_type == "llava" and tower == "pixtral":
+        return "pixtral"
     return model_type if model_type in FAMILIES else None
 
 
@@ -258,6 +291,18 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
         patches = grid[0] * grid[1] * grid[2]
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
                            tokens=patches // merge**2, markers=2, patches=patches, grid=grid,
+                           size_given=images.size is not None)
+    if family in PIXTRAL_FAMILIES:
+        # The processor's patch is the tower's times the merge (processing_pixtral.py
+        # _process_images); its longest edge, size.longest_edge of preprocessor_config.json, is the
+        # tower's image_size in the published checkpoints (1024 for Pixtral-12B, 1540 for Mistral 3).
+        patch = int(vision.patch_size)
+        merge = int(getattr(config, "spatial_merge_size", 1)) if family == "mistral3" else 1
+        resized_h, resized_w = pixtral_resize(height, width, int(vision.image_size), patch * merge)
+        rows, columns = resized_h // (patch * merge), resized_w // (patch * merge)
+        return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
+                           tokens=rows * columns, markers=rows,
+                           patches=(resized_h // patch) * (resized_w // patch),
                            size_given=images.size is not None)
     side, patch = int(vision.image_size), int(vision.patch_size)
     patches = (side // patch) ** 2
@@ -325,6 +370,14 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
             batch.update(_vision_indices(config, layout, images, device))
     elif layout.family == "gemma4":
         batch.update(_gemma4_images(config, layout, starts, batch_size, seq_len, device))
+    elif layout.family in PIXTRAL_FAMILIES and images:
+        width, height = layout.processed
+        channels = int(getattr(config.vision_config, "num_channels", 3))
+        batch["pixel_values"] = torch.zeros((images, channels, height, width), dtype=torch.float32,
+                                            device=device)
+        # Read by the model (each image's patches cut by its size): a small tensor whose values the
+        # fake trace keeps (backends/estimate/vision.py).
+        batch["image_sizes"] = torch.tensor([[height, width]] * images, dtype=torch.long, device=device)
     elif images:
         side = layout.processed[0]
         channels = int(getattr(config.vision_config, "num_channels", 3))

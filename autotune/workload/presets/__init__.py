@@ -25,6 +25,8 @@ One module per family, each checkpoint's source cited beside it:
     falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
+    mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
+                  Pixtral-12B)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -41,6 +43,7 @@ from autotune.workload.presets import (
     gemma,
     gemma4,
     llama,
+    mistral3,
     moe,
     more_decoders,
     phi,
@@ -79,6 +82,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **qwen_hybrid.QWEN_3_5_PRESETS,
     **qwen_hybrid.QWEN_3_NEXT_PRESETS,
     **falcon_h1.FALCON_H1_PRESETS,
+    **mistral3.MISTRAL3_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

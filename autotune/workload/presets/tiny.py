@@ -181,6 +181,31 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "eoa_token_index": 106,
         "architectures": ["Gemma4ForConditionalGeneration"],
     },
+    # Mistral 3: a Pixtral tower (14-pixel patches, images up to 112 pixels a side) merging 2x2
+    # patches, a ministral3 decoder (Ministral 3's, and the Mistral Small ones' mistral blocks alike).
+    "mistral3": {
+        "text_config": {"model_type": "ministral3", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "max_position_embeddings": 1024,
+                        # Ministral 3's YaRN by 16, from 64 positions here (16384 there)
+                        "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                                            "original_max_position_embeddings": 64,
+                                            "llama_4_scaling_beta": 0.1}},
+        "vision_config": {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 112},
+        "image_token_index": 100,
+        "architectures": ["Mistral3ForConditionalGeneration"],
+    },
+    # Pixtral-12B's layout: LLaVA (model_type llava, so not a key of its own type) with a Pixtral tower
+    # of 16-pixel patches, no merge, up to 128 pixels a side; a mistral decoder.
+    "pixtral": {
+        "model_type": "llava",
+        "text_config": {"model_type": "mistral", **_TINY_BERT, "num_key_value_heads": 1,
+                        "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 128,
+                          "patch_size": 16},
+        "image_token_index": 100,
+        "vision_feature_select_strategy": "full",
+        "architectures": ["LlavaForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,

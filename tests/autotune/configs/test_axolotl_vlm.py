@@ -54,11 +54,14 @@ def test_image_size_is_read_as_axolotl_applies_it(tmp_path, value, size, said):
     assert any(note.startswith("image_resize_algorithm: bicubic") for note in config.notes)
 
 
-def test_a_vlm_base_model_is_multimodal_without_processor_type(tmp_path):
-    # normalize_config: is_multimodal from the model type (transformers' image-text-to-text mapping).
+def test_a_vlm_base_model_without_processor_type_trains_text_only(tmp_path):
+    # normalize_config: is_multimodal from the model type (transformers' image-text-to-text mapping),
+    # so the whole checkpoint is loaded; without processor_type no processor prepares the data and
+    # the collator is a text one (packing allowed): a text-only step of the VLM.
     data = {key: value for key, value in VLM.items() if key != "processor_type"}
-    assert read(tmp_path, {**data, "base_model": "Qwen/Qwen2-VL-7B-Instruct"}).request.step.task == \
-        "image-text-to-text"
+    config = read(tmp_path, {**data, "base_model": "Qwen/Qwen2-VL-7B-Instruct", "sample_packing": True})
+    assert (config.request.step.task, config.request.step.images_per_sample) == ("image-text-to-text", 0)
+    assert any("without processor_type" in note and "text-only step" in note for note in config.notes)
     assert read(tmp_path, {**data, "base_model": "Qwen/Qwen2.5-0.5B"}).request.step.task == "causal-lm"
 
 
@@ -78,10 +81,12 @@ def test_another_processor_config_is_refused(tmp_path):
         read(tmp_path, {**VLM, "processor_config": "someone/other-processor"})
 
 
-def test_a_fused_cross_entropy_over_a_vlm_is_refused(tmp_path):
+def test_a_fused_cross_entropy_over_a_vlm_is_the_chunked_loss(tmp_path):
+    # CutCrossEntropy patches the VLMs' forward (its README lists llava, mistral3, qwen2_vl...): the
+    # base model's hidden states through the head a chunk at a time, as on a causal LM.
     data = {**VLM, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
-    with pytest.raises(UnmodelledSetting, match="cut_cross_entropy"):
-        read(tmp_path, data)
+    config = read(tmp_path, data)
+    assert (config.request.step.task, config.request.step.loss) == ("image-text-to-text", "chunked")
 
 
 def test_the_example_config_is_read():

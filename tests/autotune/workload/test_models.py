@@ -87,7 +87,10 @@ LIMITS = {
     "Qwen/Qwen3.5-27B": 262144, "Qwen/Qwen3.5-35B-A3B": 262144, "Qwen/Qwen3-Next-80B-A3B-Instruct": 262144,
     "tiiuae/Falcon-H1-0.5B-Base": 16384, "tiiuae/Falcon-H1-34B-Base": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
-    **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "gemma4")},
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 131072, "mistralai/Magistral-Small-2509": 131072,
+    "mistralai/Ministral-3-3B-Reasoning-2512": 262144, "mistral-community/pixtral-12b": 1024000,
+    **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "gemma4",
+                                                      "mistral3", "pixtral")},
 }
 
 
@@ -240,7 +243,8 @@ def test_a_fine_tune_under_another_org_is_not_taken_for_the_preset() -> None:
 @pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
 def test_tiny_presets_build_small_models(model_type: str) -> None:
     spec = resolve_model(f"tiny-{model_type}")
-    assert spec.config.model_type == model_type
+    assert spec.config.model_type == TINY_CONFIGS[model_type].get("model_type", model_type)  # pixtral: llava
+    assert tiny_config(model_type).model_type == spec.config.model_type
     assert spec.max_seq_len == LIMITS.get(f"tiny-{model_type}", 128)
     assert parameter_count(spec) < 100_000
 
