@@ -95,6 +95,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen2_5_vl": {"Qwen/Qwen2.5-VL-7B-Instruct": 7},
     "llava": {"llava-hf/llava-1.5-7b-hf": 7},
     "gemma3_vl": {"google/gemma-3-4b-it": 4, "google/gemma-3-12b-it": 12, "google/gemma-3-27b-it": 27},
+    "qwen3_vl": {"Qwen/Qwen3-VL-4B-Instruct": 4},
+    "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -104,6 +106,7 @@ MAX_SIZE_RATIO = 1.5
 FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # The mixtures of experts with a preset (the Qwen3 ones' -2507 too), before the rule that drops
     # the others; gpt-oss-safeguard-20b is a gpt-oss-20b fine-tune.
+    (r"qwen3-vl-30b-a3b", "qwen3_vl_moe"),
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
@@ -114,6 +117,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen2\.5-vl-", "qwen2_5_vl"),
     (r"llava-1\.5-", "llava"),
     (r"gemma-3-(4|12|27)b", "gemma3_vl"),
+    (r"qwen3-vl-\d+b", "qwen3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba|falcon-h1", None),
@@ -143,7 +147,8 @@ PEEL_READERS: dict[str | None, str] = {
     "llama": "tiny-llama", "smollm2": "tiny-llama", "mistral": "tiny-mistral", "qwen": "tiny-qwen2",
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
-    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral",
+    "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "qwen3_vl": "tiny-qwen3_vl",
+    "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
