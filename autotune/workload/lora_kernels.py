@@ -66,9 +66,10 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # q/k/v/o_proj and a source patch_self_attn_lora rewrites, mlp with gate/up/down_proj, or a sparse
 # MoE block it leaves alone; Apertus's xIELU MLP has no gate_proj, so find_mlp_in_layer yields
 # nothing and it is left to PEFT, its activation never checked; Seed-OSS's q/k/v carry biases, as
-# Qwen2's, which the base layers add).
+# Qwen2's, which the base layers add; Qwen3-VL's text model, whose Qwen3VLTextAttention
+# get_attention_cls_from_config names for qwen3_vl, has Qwen3's q/k norms and a SwiGLU MLP).
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss")
+            "seed_oss", "qwen3_vl_text")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),

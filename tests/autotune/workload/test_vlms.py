@@ -118,3 +118,41 @@ def test_a_tiny_check_answers_and_more_images_raise_the_peak(name):
     one, three = check(1), check(3)
     assert one.fits and one.images["tokens"] == 64  # 224 -> 256 (the 65536-pixel floor): 16 x 16 / 4
     assert three.peak_memory_bytes > one.peak_memory_bytes
+
+
+def test_axolotl_s_lora_kernels_on_qwen3_vl_give_peft_s_loss_and_gradients():
+    # get_attention_cls_from_config names Qwen3VLTextAttention for qwen3_vl, whose forward
+    # patch_self_attn_lora rewrites; get_layers takes the language model's layers.
+    import contextlib
+
+    from autotune.workload.adapters import make_adapter, prepare
+    from autotune.workload.lora_kernel_functions import KernelHooks
+    from autotune.workload.lora_kernels import apply_kernels
+    from autotune.workload.step import gradient_checkpointing
+
+    plain = KernelHooks(dequantize=lambda layer: layer.weight, registers=contextlib.nullcontext,
+                        autocast=lambda: (None, contextlib.nullcontext))
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-qwen3_vl"), VLM, None)
+    targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # the tower's are named otherwise
+    reference = prepare(model, make_adapter("lora", r=4, alpha=8, dropout=0.0, targets=targets), VLM)
+    for name, parameter in reference.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.2)  # PEFT starts B at 0: make the LoRA path count
+    patched = copy.deepcopy(reference)
+    apply_kernels(patched, ("mlp", "qkv", "o"), plain)
+    batch = make_batch(model.config, VLM, 2, 120, images=Images(1, (64, 64)))
+
+    def loss_and_grads(m):
+        with gradient_checkpointing(m, True):
+            m.train()
+            loss = m(**batch).loss
+            loss.backward()
+        return loss, {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    (loss, grads), (expected, expected_grads) = loss_and_grads(patched), loss_and_grads(reference)
+    assert torch.allclose(loss, expected, rtol=1e-5) and grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+    replaced = sorted(n.rsplit(".", 1)[-1] for n, m in patched.named_modules() if "forward" in vars(m))
+    assert replaced == sorted(["k_proj", "o_proj", "q_proj", "v_proj", "mlp"] * 2)
