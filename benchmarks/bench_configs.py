@@ -112,6 +112,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "ministral3": {"mistralai/Ministral-3-3B-Reasoning-2512": 3},
     "mistral3": {"mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24, "mistralai/Magistral-Small-2509": 24},
     "pixtral": {"mistral-community/pixtral-12b": 12},
+    "qwen3_vl": {"Qwen/Qwen3-VL-4B-Instruct": 4},
+    "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -121,6 +123,7 @@ MAX_SIZE_RATIO = 1.5
 FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # The mixtures of experts with a preset (the Qwen3 ones' -2507 too), before the rule that drops
     # the others; gpt-oss-safeguard-20b is a gpt-oss-20b fine-tune.
+    (r"qwen3-vl-30b-a3b", "qwen3_vl_moe"),
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
     (r"qwen3[.-]?5-35b-a3b", "qwen3_5_moe"),
     (r"qwen3-next-80b-a3b", "qwen3_next"),
@@ -139,6 +142,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"ministral-3-3b-", "ministral3"),
     (r"mistral-small-3\.[12]-24b|magistral-small-2509", "mistral3"),
     (r"(^|/)pixtral-12b", "pixtral"),
+    (r"qwen3-vl-\d+b", "qwen3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
@@ -178,7 +182,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3_5": "tiny-qwen3_5_text",
     "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
-    "pixtral": "tiny-pixtral",
+    "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

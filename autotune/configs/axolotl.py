@@ -33,6 +33,7 @@ from autotune.configs.reading import (
     read_attention,
     read_optimizer,
     unset,
+    vlm_preset,
     words,
 )
 from autotune.configs.sharding import (
@@ -566,7 +567,7 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     if processor in _AUDIO_PROCESSORS:
         raise cfg.unmodelled("processor_type", processor, AUDIO)
     multimodal = not unset(processor) or cfg.data.get("is_multimodal") is True \
-        or _vlm_preset(cfg.data.get("base_model"))
+        or vlm_preset(cfg.data.get("base_model"))
     image_size, algorithm = cfg.get("image_size"), cfg.get("image_resize_algorithm")
     if not multimodal:
         for key, value in (("image_size", image_size), ("image_resize_algorithm", algorithm)):
@@ -613,14 +614,6 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
                      "sample's images column (processing_strategies.py: \"Using the first one\"); "
                      "--images-per-sample for chats with more images in their messages")
     return found
-
-
-def _vlm_preset(name: Any) -> bool:
-    """Whether ``name`` is a preset of a vision-language model (its config has a vision_config)."""
-    from autotune.workload.presets import PRESETS, preset_name
-
-    preset = preset_name(name) if isinstance(name, str) else None
-    return preset is not None and "vision_config" in PRESETS[preset]
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:

@@ -32,6 +32,7 @@ from autotune.configs.reading import (
     note_neftune,
     read_optimizer,
     unset,
+    vlm_preset,
     words,
 )
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read_trainer_sharding
@@ -100,6 +101,14 @@ _LF_REFUSED = {
     "fp8": _FP8, "fp8_enable_fsdp_float8_all_gather": _FP8,
     "freeze_language_model": "a frozen language model (a vision model's towers trained) is not modelled",
 }
+# LLaMA-Factory trains a vision-language model its own way (model/loader.py: AutoModelForImageTextToText),
+# which autotune does not model yet: freeze_vision_tower and freeze_multi_modal_projector, true by
+# default (hparams/finetuning_args.py), leave the tower and projector untrained, and out of lora_target
+# all (model_utils/misc.py find_all_linear_modules); data/mm_plugin.py resizes each image to at most
+# image_max_pixels (768 x 768 by default) before the processor.
+_LF_MULTIMODAL = ("a vision-language model: LLaMA-Factory's multimodal training (a frozen vision tower and "
+                  "projector by default, freeze_vision_tower; images resized to image_max_pixels) is not "
+                  "modelled")
 _STAGES = ("sft", "pt")  # supervised steps: the model's causal-LM loss (train/sft, train/pt)
 _PREFERENCE = "preference/RL training is not modelled yet: autotune models supervised fine-tuning (sft, pt)"
 _PREFERENCE_STAGES = ("rm", "ppo", "dpo", "kto")
@@ -157,6 +166,8 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         raise cfg.unmodelled("model_name_or_path", model, f"a checkpoint saved quantized ({found.group(1)}, "
                              "as its name says), which LLaMA-Factory loads as its quantization_config says "
                              f"(model_utils/quantization.py configure_quantization): {QUANT}")
+    if vlm_preset(model):
+        raise cfg.unmodelled("model_name_or_path", model, _LF_MULTIMODAL)
     full = _lf_finetuning_type(cfg) == "full"
     bits = _lf_quantization(cfg, full)
     mode, dtype, compute = _lf_precision(cfg, full)

@@ -284,3 +284,10 @@ def note_neftune(cfg: Config, key: str) -> None:
         cfg.notes.append(f"{key}: noise added to the embedding output: one transient "
                          "[batch, seq, hidden] tensor in the forward, far below the step's peak")
 
+
+def vlm_preset(name: Any) -> bool:
+    """Whether ``name`` is a preset of a vision-language model (its config has a vision_config)."""
+    from autotune.workload.presets import PRESETS, preset_name
+
+    preset = preset_name(name) if isinstance(name, str) else None
+    return preset is not None and "vision_config" in PRESETS[preset]

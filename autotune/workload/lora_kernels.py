@@ -73,8 +73,10 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # gives MistralAttention for mistral3, so patch_self_attn_lora rewrites that class's forward, not
 # Ministral3Attention's (a class of its own): its layers get apply_qkv / apply_o, which its forward
 # never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
+# Qwen3-VL's text model, whose Qwen3VLTextAttention get_attention_cls_from_config names for qwen3_vl,
+# has Qwen3's q/k norms and a SwiGLU MLP.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss", "cohere2", "nemotron", "ministral3")
+            "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text")
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),

@@ -16,6 +16,11 @@ qwen2_vl, qwen2_5_vl (dynamic resolution; processing_qwen2_vl.py, image_processi
     temporal_patch_size (2) frames: ``pixel_values`` [total patches, 3 x 2 x 14 x 14] float32 and
     ``image_grid_thw`` [images, 3] (1, h/14, w/14); ``<|image_pad|>`` repeated patches / merge_size**2
     times between ``<|vision_start|>`` and ``<|vision_end|>``; ``mm_token_type_ids`` [B, L].
+qwen3_vl, qwen3_vl_moe (Qwen3VLProcessor, processing_qwen3_vl.py; its image processor is
+    Qwen2VLImageProcessor's): the same, with the checkpoints' patch 16 (smart_resize to multiples
+    of 32 within [65536, 16777216] pixels: ``pixel_values`` [patches, 3 x 2 x 16 x 16]) and the
+    same tokens; its vision model also reads the resampling of its position table
+    (``interp_indices``/``interp_weights``).
 llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
     every image resized and center-cropped to the vision tower's image_size (336): ``pixel_values``
     [images, 3, 336, 336]; ``<image>`` repeated (336/14)**2 = 576 times (vision_feature_select_strategy
@@ -76,7 +81,15 @@ MAX_IMAGES_PER_SAMPLE = 64
 # transformers' Qwen2VLImageProcessor defaults to max_pixels 28 x 28 x 1280 without one.
 QWEN_MIN_PIXELS = 3136
 QWEN_MAX_PIXELS = 12845056
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+# Qwen3-VL's (one processor for the release, dense and MoE): size {"shortest_edge": 65536,
+# "longest_edge": 16777216} (256 x 256 to 4096 x 4096 pixels), as Qwen3-VL-8B-Instruct's
+# preprocessor_config.json is quoted in QwenLM/Qwen3-VL issue #1836; its processor is transformers'
+# Qwen2VLImageProcessor (auto/image_processing_auto.py maps qwen3_vl to it), the same smart_resize,
+# with the checkpoint's patch_size 16 (merge 2: factor 32).
+QWEN3_MIN_PIXELS = 65536
+QWEN3_MAX_PIXELS = 16777216
+QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
 # Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
 PIXTRAL_FAMILIES = ("pixtral", "mistral3")
@@ -285,8 +298,10 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            size_given=images.size is not None)
     if family in QWEN_FAMILIES:
         patch, merge = int(vision.patch_size), int(vision.spatial_merge_size)
-        resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=QWEN_MIN_PIXELS,
-                                            max_pixels=QWEN_MAX_PIXELS)
+        low, high = ((QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS) if family in QWEN3_FAMILIES
+                     else (QWEN_MIN_PIXELS, QWEN_MAX_PIXELS))
+        resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=low,
+                                            max_pixels=high)
         grid = (1, resized_h // patch, resized_w // patch)  # an image is one temporal patch
         patches = grid[0] * grid[1] * grid[2]
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
@@ -482,8 +497,26 @@ def _vision_indices(config: Any, layout: ImageLayout, images: int, device: Any) 
                 patch_size=int(vision.patch_size))
             found = {"image_window_index": (window_index.tolist(), torch.long),
                      "image_cu_window_seqlens": (cu_window_seqlens.tolist(), torch.int32)}
+        if layout.family in QWEN3_FAMILIES:
+            found.update(_interpolation_indices(vision, grid))
     found["image_position_ids"] = (positions, torch.long)
     return {name: torch.tensor(values, dtype=dtype, device=device) for name, (values, dtype) in found.items()}
+
+
+def _interpolation_indices(vision: Any, grid: Any) -> dict[str, tuple[list[Any], Any]]:
+    """Qwen3-VL's resampling of its learned position table to each image's grid, as its vision
+    model computes it (modeling_qwen3_vl.py Qwen3VLVisionModel.forward: vision_utils
+    ``get_vision_interpolation_indices_and_weights``, bilinear, align_corners, in merge-block
+    order), under the names it pops (``interp_indices`` [patches, 4] long, ``interp_weights``
+    [patches, 4] float32): computed, they would take ``repeat_interleave`` over grid values."""
+    import torch
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    indices, weights = get_vision_interpolation_indices_and_weights(
+        grid, num_grid_per_side=int(int(vision.num_position_embeddings) ** 0.5), mode="bilinear",
+        align_corners=True, spatial_merge_size=int(vision.spatial_merge_size))
+    return {"image_interp_indices": (indices.tolist(), torch.long),
+            "image_interp_weights": (weights.tolist(), torch.float32)}
 
 
 def known_values_numel(layout: ImageLayout, batch_size: int) -> int:

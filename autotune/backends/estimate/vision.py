@@ -27,6 +27,14 @@ What the values are is known: autotune wrote the batch (workload/vision.py). So,
    before the call all the same, and the layout satisfies it by construction (the tests run the
    same batch on real tensors with the check on).
 
+One more value read: Qwen3-VL's DeepStack adds vision features to the hidden states of the first
+text layers at the image tokens, selected by a boolean mask (modeling_qwen3_vl.py
+``Qwen3VLTextModel._deepstack_process``: ``hidden_states[visual_pos_masks, :]``, read and written),
+whose selection has as many rows as the mask has true values: a shape a fake tensor does not know.
+The count is known (the features' rows, one per image token), so ``route_deepstack`` gives the
+same two selections that count (``torch.nonzero_static``: the [tokens, 2] int64 indices CUDA's
+boolean indexing makes with ``nonzero``, then the same gather and index_put).
+
 Nothing is skipped: the vision tower, the projector and the merge of its features into the text
 run as the model runs them.
 
@@ -174,3 +182,36 @@ def _period(lengths: list[int]) -> int:
         if len(lengths) % period == 0 and lengths == lengths[:period] * (len(lengths) // period):
             return period
     return len(lengths)
+
+
+def route_deepstack(model: Any) -> None:
+    """Qwen3-VL's DeepStack through ``deepstack_process`` (module docstring); other models are
+    left as they are."""
+    import types
+
+    from autotune.workload.vision import QWEN3_FAMILIES
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "model_type", None) not in QWEN3_FAMILIES:
+        return
+    for module in base.modules():
+        if hasattr(module, "_deepstack_process"):
+            module._deepstack_process = types.MethodType(deepstack_process, module)
+
+
+def deepstack_process(self: Any, hidden_states: Any, visual_pos_masks: Any, visual_embeds: Any) -> Any:
+    """``Qwen3VLTextModel._deepstack_process`` (transformers 5.24), its boolean selections made
+    with the known count of image tokens: the same values, the same tensors."""
+    import torch
+
+    visual_pos_masks = visual_pos_masks.to(hidden_states.device)
+    visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+    hidden_states = hidden_states.clone()
+    count = visual_embeds.shape[0]
+
+    def selected() -> tuple[Any, ...]:  # what indexing by the mask does first: nonzero, one per use
+        return tuple(torch.nonzero_static(visual_pos_masks, size=count).unbind(1))
+
+    local_this = hidden_states[selected()] + visual_embeds
+    hidden_states[selected()] = local_this
+    return hidden_states

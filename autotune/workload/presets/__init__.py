@@ -27,6 +27,7 @@ One module per family, each checkpoint's source cited beside it:
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
                   Pixtral-12B)
+    vlms.py       more vision-language models (Qwen3-VL)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -50,6 +51,7 @@ from autotune.workload.presets import (
     qwen,
     qwen_hybrid,
     vision,
+    vlms,
 )
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
@@ -83,6 +85,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **qwen_hybrid.QWEN_3_NEXT_PRESETS,
     **falcon_h1.FALCON_H1_PRESETS,
     **mistral3.MISTRAL3_PRESETS,
+    **vlms.VLMS_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

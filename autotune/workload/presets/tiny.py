@@ -32,6 +32,11 @@ _TINY_VLM_TEXT = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+_TINY_VISION_TOKENS = {key: _TINY_VLM_TEXT[key] for key in
+                       ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+_TINY_QWEN3_VISION = {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                      "num_heads": 2, "out_hidden_size": 32, "num_position_embeddings": 16,
+                      "deepstack_visual_indexes": [0, 1]}
 # A fixed-size tower of 56-pixel images in 14-pixel patches: 16 patches.
 _TINY_VISION = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                 "image_size": 56, "patch_size": 14}
@@ -142,6 +147,26 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2,
                           "out_hidden_size": 32, "fullatt_block_indexes": [1], "window_size": 112},
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    },
+    # Qwen3-VL: the tiny decoder as its text_config (head_dim 16: interleaved mrope sections of 8
+    # frequencies), a 2-block tower of 16-pixel patches with a 4 x 4 learned position table and
+    # deepstack features after both blocks; the MoE one with 4 experts, 2 routed per token.
+    "qwen3_vl": {
+        "text_config": {"model_type": "qwen3_vl_text", **_TINY_VLM_TEXT, "head_dim": 16,
+                        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                         "mrope_interleaved": True}},
+        "vision_config": _TINY_QWEN3_VISION,
+        **_TINY_VISION_TOKENS,
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+    },
+    "qwen3_vl_moe": {
+        "text_config": {"model_type": "qwen3_vl_moe_text", **_TINY_VLM_TEXT, "head_dim": 16,
+                        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                         "mrope_interleaved": True},
+                        "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+        "vision_config": {**_TINY_QWEN3_VISION, "model_type": "qwen3_vl_moe"},
+        **_TINY_VISION_TOKENS,
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
     },
     "llava": {
         "text_config": {"model_type": "llama", **_TINY_BERT, "num_key_value_heads": 1,

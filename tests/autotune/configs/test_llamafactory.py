@@ -111,9 +111,6 @@ def test_the_lora_sft_example_is_read_whole(tmp_path):
     ("qwen3_preprocess", {"tokenized_path": "saves/qwen3-4b/dataset/sft", "per_device_train_batch_size": None,
                           "bf16": None}, 2048, 8,
      "per_device_train_batch_size: not set, the Trainer's default 8"),
-    # examples/train_lora/qwen3vl_lora_sft.yaml: a vision model's keys change nothing read here.
-    ("qwen3vl_lora_sft", {"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "image_max_pixels": 262144,
-                          "video_max_pixels": 16384, "template": "qwen3_vl_nothink"}, 2048, 1, None),
     # examples/train_lora/mossvl_lora_sft.yaml
     ("mossvl_lora_sft", {**{k: MOSSVL[k] for k in ("model_name_or_path", "image_max_pixels", "video_fps",
                                                    "video_maxlen", "template", "cutoff_len", "packing")},
@@ -317,6 +314,10 @@ REFUSED = [
     ({"optim": "lomo"}, "optim", "autotune models the optimizers"),
     ({"model_name_or_path": "unsloth/llama-3-8b-bnb-4bit"}, "model_name_or_path",
      "a checkpoint saved quantized"),
+    # examples/train_lora/qwen3vl_lora_sft.yaml: a vision-language preset, LLaMA-Factory's multimodal path
+    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "image_max_pixels": 262144,
+      "video_max_pixels": 16384, "template": "qwen3_vl_nothink"}, "model_name_or_path",
+     "a vision-language model: LLaMA-Factory's multimodal training .* freeze_vision_tower"),
 ]
 
 

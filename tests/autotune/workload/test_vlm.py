@@ -3,13 +3,12 @@ the processor makes them, the batch the real model takes, and the estimator's tr
 
 from __future__ import annotations
 
-import ast
 import copy
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from processors import SIZES, transformers_smart_resize
 
 import autotune
 from autotune.errors import InvalidInput
@@ -33,23 +32,6 @@ TINY_VLMS = ("tiny-qwen2_vl", "tiny-qwen2_5_vl", "tiny-llava", "tiny-gemma3", "t
 # Gemma 4's images are refused by the estimator (backends/estimate/vision.py UNTRACED_FAMILIES).
 ESTIMATED_VLMS = tuple(name for name in TINY_VLMS if name != "tiny-gemma4")
 VLM_PRESETS = [name for name in PRESETS if "vision_config" in PRESETS[name]]
-
-
-def transformers_smart_resize():
-    """transformers' own ``smart_resize`` (models/qwen2_vl/image_processing_qwen2_vl.py), its source
-    run as it is: the module imports torchvision, which this environment has not."""
-    import transformers
-
-    path = Path(transformers.__file__).parent / "models" / "qwen2_vl" / "image_processing_qwen2_vl.py"
-    tree = ast.parse(path.read_text())
-    found = next(node for node in tree.body
-                 if isinstance(node, ast.FunctionDef) and node.name == "smart_resize")
-    namespace: dict = {"math": math}
-    exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
-    return namespace["smart_resize"]
-
-
-SIZES = [(640, 480), (448, 448), (1280, 720), (224, 224), (100, 57), (3000, 2000), (28, 28), (5000, 4000)]
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES)

@@ -1,0 +1,33 @@
+"""The image processors' own sizing code, run as transformers writes it where its module cannot be
+imported here (it needs torchvision): shared by the vision-language tests."""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Image sizes (width, height) that take every branch of the resizers: within bounds, below the
+# smallest, above the largest, and either way round.
+SIZES = [(640, 480), (448, 448), (1280, 720), (224, 224), (100, 57), (3000, 2000), (28, 28), (5000, 4000)]
+
+
+def transformers_function(model: str, module: str, name: str,
+                          namespace: dict[str, Any] | None = None) -> Callable:
+    """``name`` of transformers' models/<model>/<module>.py, its source run as it is, alone (in
+    ``namespace``: the names it reads)."""
+    import transformers
+
+    path = Path(transformers.__file__).parent / "models" / model / f"{module}.py"
+    tree = ast.parse(path.read_text())
+    found = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name)
+    scope: dict[str, Any] = {"math": math, **(namespace or {})}
+    exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), scope)  # noqa: S102
+    return scope[name]
+
+
+def transformers_smart_resize() -> Callable:
+    """transformers' own ``smart_resize`` (models/qwen2_vl/image_processing_qwen2_vl.py)."""
+    return transformers_function("qwen2_vl", "image_processing_qwen2_vl", "smart_resize")
