@@ -20,6 +20,7 @@ One module per family, each checkpoint's source cited beside it:
     phi.py        Phi-3.5-mini, Phi-1.5, Phi-2
     decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
+    glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.workload.presets import decoders, encoders, gemma, llama, moe, phi, qwen, vision
+from autotune.workload.presets import decoders, encoders, gemma, glm, llama, moe, phi, qwen, vision
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
 __all__ = ["HUB_ALIASES", "PRESETS", "PRESET_INDEX", "TINY_CONFIGS", "preset_name"]
@@ -54,6 +55,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **moe.GPT_OSS_DEEPSEEK_PRESETS,
     **encoders.MODERNBERT_PRESETS,
     **vision.VLM_PRESETS,
+    **glm.GLM_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
