@@ -180,8 +180,11 @@ class EmulatedBnb8bitParametrization(nn.Module):
     def forward(self, quantized: torch.Tensor) -> torch.Tensor:
         shape = quantized.shape
         with allocation_region(DEQUANT_REGION):
-            rows = quantized.reshape(-1, shape[-1])
-            return (rows * self.row_stats.view(-1, 1) * INT8_RECIPROCAL).reshape(shape)
+            # ``A * stats.view(-1, 1)``: one CUDA kernel into a float32 [rows, in] (on fake tensors
+            # int8 * float32 would add type-promotion copies of both operands), then ``* (1/127)``
+            scaled = torch.empty((quantized.numel() // shape[-1], shape[-1]), dtype=torch.float32,
+                                 device=quantized.device)
+            return (scaled * INT8_RECIPROCAL).reshape(shape)
 
 
 def make_expert_quantizer(*, bits: int, quant_type: str, double_quant: bool) -> Callable[[nn.Module], int]:
