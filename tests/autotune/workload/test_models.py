@@ -82,6 +82,7 @@ LIMITS = {
     "Qwen/Qwen2.5-72B": 131072, "meta-llama/Meta-Llama-3-70B": 8192,
     "mistralai/Mixtral-8x7B-v0.1": 32768, "mistralai/Mixtral-8x22B-v0.1": 65536,
     "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
+    "zai-org/GLM-4.5-Air": 131072, "zai-org/GLM-4.7-Flash": 202752,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3")},
 }
 

@@ -221,6 +221,7 @@ CAUSAL_LM_PRESETS = {
     "openai/gpt-oss-20b", "tiny-mixtral", "Qwen/Qwen2.5-72B", "meta-llama/Meta-Llama-3-70B",
     "mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x22B-v0.1", "swiss-ai/Apertus-8B-Instruct-2509",
     "ByteDance-Seed/Seed-OSS-36B-Instruct",
+    "zai-org/GLM-4.5-Air", "zai-org/GLM-4.7-Flash", "tiny-glm4_moe", "tiny-glm4_moe_lite",
 }
 
 
