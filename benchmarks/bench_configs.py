@@ -88,6 +88,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "seed_oss": {"ByteDance-Seed/Seed-OSS-36B-Instruct": 36},
     "gpt_oss": {"openai/gpt-oss-20b": 21},
     "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16},
+    "glm4_moe": {"zai-org/GLM-4.5-Air": 106},
+    "glm4_moe_lite": {"zai-org/GLM-4.7-Flash": 30},
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
     "gemma3": {"google/gemma-3-270m": 0.27, "google/gemma-3-1b-pt": 1},
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
@@ -133,6 +135,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"lfm2-8b-a1b", "lfm2_moe"),
     # Gemma 4 with a preset (the 26B-A4B, a mixture of experts, too); the 12B is gemma4_unified.
     (r"gemma-4-(e2b|26b-a4b|31b)", "gemma4"),
+    (r"glm-4\.5-air", "glm4_moe"),
+    (r"glm-4\.7-flash", "glm4_moe_lite"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -183,6 +187,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
+    "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -190,7 +195,8 @@ KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
-               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2}
+               "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
+               "glm-4.5-air": 106, "glm-4.7-flash": 30}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

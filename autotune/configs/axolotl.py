@@ -77,7 +77,7 @@ _AXOLOTL_REFUSED = {
     "relora": RELORA,
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
-    "quantize_moe_experts": QUANT, "llmcompressor": QUANT,
+    "llmcompressor": QUANT,
     "cls_model_config": "a classification head (reward models) is not modelled",
     # schemas/deprecated.py RemappedParameters: set on the model's config before it is built
     # (loaders/utils.py load_model_config), as Mixtral's examples turn on output_router_logits.
@@ -320,6 +320,26 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
         cfg.notes.append("loraplus_lr_ratio: LoRA+ learning rates per parameter group, the same optimizer "
                          "states: no effect on memory")
     return adapter
+
+
+def _axolotl_quantized_experts(cfg: Config, adapter: Adapter | None) -> Adapter:
+    """quantize_moe_experts: the experts' 3D weights quantized on load in the base's bits
+    (monkeypatch/moe_quant.py, backends/estimate/moe_quant.py), under schemas/config.py
+    check_quantize_moe_experts's conditions."""
+    if cfg.flag("lora_target_linear"):
+        raise InvalidInput(f"quantize_moe_experts with lora_target_linear in {cfg.file!r}: Axolotl refuses "
+                           "it (schemas/config.py check_quantize_moe_experts: \"lora_target_linear is not "
+                           "compatible with quantize_moe_experts\"); name lora_target_modules instead")
+    if adapter is None or not adapter.quantized:
+        raise InvalidInput(f"quantize_moe_experts in {cfg.file!r} without a 4- or 8-bit base: Axolotl "
+                           "requires adapter: lora or qlora with load_in_4bit or load_in_8bit "
+                           "(schemas/config.py check_quantize_moe_experts)")
+    into = "the weights' dtype" if adapter.base_bits == 4 else "float32"
+    bits = adapter.base_bits
+    cfg.notes.append(f"quantize_moe_experts: the experts' 3D weights quantized on load to {bits} "
+                     f"bits (bitsandbytes, as Axolotl's monkeypatch/moe_quant.py), dequantized to {into} "
+                     "once per forward of the experts (emulated)")
+    return replace(adapter, quantize_experts=True)
 
 
 def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
@@ -641,6 +661,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
+    if cfg.flag("quantize_moe_experts"):
+        adapter = _axolotl_quantized_experts(cfg, adapter)
     loss = None
     if cce:
         loss = "chunked"

@@ -78,6 +78,7 @@ AXOLOTL_SKIPPED: dict[str, tuple[str, ...]] = {"falcon_h1": ("out_proj",)}
 # How many bits the base is stored in, per method that quantizes it.
 BASE_BITS: dict[str, int] = {"qlora": 4, "lora_8bit": 8}
 ALL_LINEAR = "all-linear"  # peft.utils.constants.INCLUDE_LINEAR_LAYERS_SHORTHAND
+PARAMETRIZATIONS = r".*\.parametrizations\..*"  # torch parametrize's module names (quantize_experts)
 
 DEFAULT_R = 16
 DEFAULT_ALPHA = 32
@@ -141,6 +142,9 @@ class Adapter:
     # Axolotl's fused LoRA kernels patched in after get_peft_model (workload/lora_kernels.py
     # KERNELS: mlp, qkv, o, embedding; Axolotl's lora_*_kernel), through the backend's parts.
     kernels: tuple[str, ...] = ()
+    # Axolotl's quantize_moe_experts: the experts' 3D weights quantized on load too, in the base's
+    # bits (backends/estimate/moe_quant.py), through the backend's parts; a quantized base only.
+    quantize_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -167,6 +171,8 @@ class Adapter:
             name = f"QLoRA ({self.quant_type}{double}, {recipe} recipe)"
         elif self.method == "lora_8bit":
             name = f"LoRA over an LLM.int8 base (bitsandbytes Linear8bitLt, {recipe} recipe)"
+        if self.quantize_experts:
+            name = f"{name[:-1]}, experts quantized on load)"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         if self.target_pattern is not None:
             targets = f"the modules matching {self.target_pattern}"
@@ -184,6 +190,7 @@ class Adapter:
             # only when set: the stored keys of adapters before it stay as they were
             **({"target_pattern": self.target_pattern} if self.target_pattern is not None else {}),
             **({"kernels": list(self.kernels)} if self.kernels else {}),
+            **({"quantize_experts": True} if self.quantize_experts else {}),
         }
 
     @classmethod
@@ -198,6 +205,7 @@ class Adapter:
             recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
             # (an 8-bit base was never stored without its recipe)
             target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
+            quantize_experts=bool(data.get("quantize_experts", False)),
         )
 
 
@@ -224,7 +232,7 @@ def make_adapter(
     targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
-    kernels: str | Iterable[str] = (),
+    kernels: str | Iterable[str] = (), quantize_experts: bool = False,
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
@@ -248,9 +256,13 @@ def make_adapter(
                            "base has none; use qlora, or leave the recipe out")
     if target_pattern is not None:
         _check_pattern(target_pattern, targets)
+    if quantize_experts and name not in BASE_BITS:
+        raise InvalidInput("quantizing the experts on load (Axolotl's quantize_moe_experts) needs a 4- or "
+                           "8-bit base: qlora, or lora with load_in_8bit")
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
-                   target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)))
+                   target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
+                   bool(quantize_experts))
 
 
 def _check_pattern(pattern: Any, targets: Any) -> None:
@@ -401,6 +413,9 @@ def prepare(
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         skip = AXOLOTL_SKIPPED.get(model_type) if adapter.recipe == "axolotl" and model_type else None
         _quantize_linears(model, quantize, skip)
+        if adapter.quantize_experts:
+            parts.expert_quantizer(bits=adapter.base_bits or 4, quant_type=adapter.quant_type,
+                                   double_quant=adapter.double_quant)(model)
         # transformers' Bnb4BitHfQuantizer (Bnb8BitHfQuantizer) sets it after loading; the recipes
         # (PEFT's prepare_model_for_kbit_training, TRL's cast) read either
         setattr(model, f"is_loaded_in_{adapter.base_bits}bit", True)
@@ -412,11 +427,17 @@ def prepare(
             if adapter.recipe == "axolotl":
                 _axolotl_back_to_model_dtype(model, loaded)
     config = lora_config(adapter, task)
+    if adapter.quantize_experts:
+        # Axolotl's patch_peft_target_parameters_matching: PEFT skips the parametrizations' lists
+        # ("...experts.parametrizations.down_proj"), which a module name would otherwise match.
+        config.exclude_modules = PARAMETRIZATIONS
     _register_quantized_layers(config, adapter, parts)
     try:
         with warnings.catch_warnings():
             # PeftModel.__init__ asks transformers 5 by its deprecated name (peft_model.py): not the caller's
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            # PEFT warns when exclude_modules excluded nothing: the parametrizations' need not match
+            warnings.filterwarnings("ignore", "You have passed exclude_modules")
             wrapped = get_peft_model(model, config)
     except ValueError as exc:
         message = str(exc).splitlines()[0].rstrip(".")

@@ -51,6 +51,13 @@ class StepParts(Protocol):
         frozen, outlier threshold 6.0)."""
         ...
 
+    def expert_quantizer(self, *, bits: int, quant_type: str,
+                         double_quant: bool) -> Callable[[torch.nn.Module], int]:
+        """``quantize_experts(model) -> count``: the experts' 3D weights of ``model`` stored in
+        ``bits`` (4 or 8) and dequantized on access, as Axolotl's ``quantize_moe_experts`` quantizes
+        them on load (backends/estimate/moe_quant.py); the count of weights quantized."""
+        ...
+
     def lora_modules(self) -> Mapping[type, type]:
         """PEFT's LoRA layer class per 4- or 8-bit layer class that PEFT does not dispatch itself
         (``LoraConfig._register_custom_module``); empty where PEFT knows the layer."""

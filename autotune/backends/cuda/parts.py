@@ -10,7 +10,7 @@ first used, in the worker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from autotune.backends.cuda.bnb import (
     make_trainer_bnb_optimizer,
 )
 from autotune.backends.cuda.torchao import make_trainer_torchao_optimizer
+from autotune.errors import BackendUnavailable
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +42,14 @@ class CudaParts:
 
     def int8_quantizer(self) -> Quantize:
         return make_linear8bit_quantizer()
+
+    def expert_quantizer(self, *, bits: int, quant_type: str,
+                         double_quant: bool) -> Callable[[torch.nn.Module], int]:
+        # Axolotl quantizes the experts inside transformers' loading, on tensors already on the GPU;
+        # this backend builds the model on the host and moves it (bnb.py), which would leave
+        # bitsandbytes' QuantState behind.
+        raise BackendUnavailable("quantizing the experts on load (Axolotl's quantize_moe_experts) is "
+                                 "emulated by the estimate backend only, not run on the cuda backend")
 
     def lora_modules(self) -> Mapping[type, type]:
         return {}  # PEFT dispatches bitsandbytes' Linear4bit and Linear8bitLt itself

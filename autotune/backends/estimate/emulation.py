@@ -16,6 +16,8 @@ does, so the tensors autograd saves for backward are the ones CUDA would save.
 3. Scaled dot-product attention: CUDA picks the flash or memory-efficient kernel
    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); neither keeps a seq x seq matrix.
    The CPU falls back to the math path when dropout is on, which does. See ``attention.py``.
+4. Grouped products (a mixture's experts) off bfloat16: CUDA's fallback loop, which torch's meta
+   function refuses (grouped_mm.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
+from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -133,6 +136,8 @@ class CudaEmulation(TorchFunctionMode):
             return _fused_dropout(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             return emulated_sdpa(self.kernels, *args, on_kernel=self.attention_kernels.add, **kwargs)
+        if func is torch._grouped_mm and is_fallback(*args[:2]):
+            return fallback_grouped_mm(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _apply_policy(self, func: Any, policy: Policy, args: Any, kwargs: Any) -> tuple[Any, Any]:

@@ -72,6 +72,27 @@ def nf4_storage_bytes(in_features: int, out_features: int, *, double_quant: bool
     return parts
 
 
+def quantize_4bit_allocations(layer: Any, track: Callable[[torch.Tensor], None]) -> None:
+    """What ``functional.quantize_4bit`` allocates for ``layer``'s packed ``weight`` and its state
+    (the buffers of EmulatedLinear4bit's, by the same names), the 16-bit source already on the
+    device: the float32 absmax, the packed weight and the code table; with double quantization
+    the offset, ``_absmax - offset``, the nested absmax, the 8-bit absmax and the nested code's
+    copy, then ``_absmax - offset`` and the float32 absmax freed (``EmulatedLinear4bit.load``)."""
+    device = layer.weight.device
+    absmax32 = (torch.empty(layer.absmax.shape, dtype=torch.float32, device=device)
+                if layer.double_quant else layer.absmax)
+    track(absmax32)
+    track(layer.weight)
+    track(layer.code)
+    if layer.double_quant:
+        track(layer.offset)
+        shifted = torch.empty(layer.absmax.shape, dtype=torch.float32, device=device)
+        track(layer.state2_absmax)
+        track(layer.absmax)
+        track(layer.state2_code)
+        del shifted, absmax32
+
+
 class EmulatedLinear4bit(nn.Linear):
     """A linear layer stored in 4 bits as bitsandbytes stores it; computes as its CUDA kernels
     allocate (module docstring). An ``nn.Linear`` so that PEFT's ``all-linear`` finds it, as it
@@ -131,20 +152,9 @@ class EmulatedLinear4bit(nn.Linear):
         reserved from that layout while a layout without the transients runs out of memory.
         Left out: get_4bit_type's 64- and 4-byte temporaries and the dynamic map bitsandbytes caches
         once per process (1 KiB)."""
-        device = self.weight.device
-        weight16 = torch.empty((self.out_features, self.in_features), dtype=self.quant_dtype, device=device)
-        absmax32 = (torch.empty(self.absmax.shape, dtype=torch.float32, device=device)
-                    if self.double_quant else self.absmax)
-        track(absmax32)
-        track(self.weight)
-        track(self.code)
-        if self.double_quant:
-            track(self.offset)
-            shifted = torch.empty(self.absmax.shape, dtype=torch.float32, device=device)
-            track(self.state2_absmax)
-            track(self.absmax)
-            track(self.state2_code)
-            del shifted, absmax32
+        weight16 = torch.empty((self.out_features, self.in_features), dtype=self.quant_dtype,
+                               device=self.weight.device)
+        quantize_4bit_allocations(self, track)
         del weight16
 
     def set_compute_type(self, x: torch.Tensor) -> None:

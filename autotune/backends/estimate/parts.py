@@ -11,7 +11,7 @@ running a step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,12 @@ class EstimateParts:
         from autotune.backends.estimate.int8 import make_quantizer
 
         return make_quantizer()
+
+    def expert_quantizer(self, *, bits: int, quant_type: str,
+                         double_quant: bool) -> Callable[[torch.nn.Module], int]:
+        from autotune.backends.estimate.moe_quant import make_expert_quantizer
+
+        return make_expert_quantizer(bits=bits, quant_type=quant_type, double_quant=double_quant)
 
     def lora_modules(self) -> Mapping[type, type]:
         from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, LoraLinear8bitLt

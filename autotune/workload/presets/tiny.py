@@ -109,6 +109,37 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "mamba_rms_norm": True,
         "architectures": ["FalconH1ForCausalLM"],
     },
+    # GLM's mixtures of experts (glm.py): a dense first layer, then 4 experts of width 16 (2 routed
+    # per token) and a shared one; GLM-4.5-Air's grouped-query attention with biases and half-rotary
+    # heads, GLM-4.7-Flash's latent attention (DeepSeek-V3's) with small ranks.
+    "glm4_moe": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "attention_bias": True,
+        "partial_rotary_factor": 0.5,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "architectures": ["Glm4MoeForCausalLM"],
+    },
+    "glm4_moe_lite": {
+        **_TINY_BERT,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+    },
     "gemma2": {
         **_TINY_BERT,
         "num_key_value_heads": 1,

@@ -186,7 +186,7 @@ REFUSED = [
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
-    (AXOLOTL, "quantize_moe_experts", True), (AXOLOTL, "use_eaft", True),
+    (AXOLOTL, "use_eaft", True),
     (AXOLOTL, "fused_attn_kernel", True),
     (AXOLOTL, "model_config", {"output_router_logits": True}),  # Mixtral's examples
     (AXOLOTL, "overrides_of_model_config", {"output_router_logits": True}),
