@@ -115,13 +115,17 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 
 def _kernel_notes(model: str | None) -> tuple[str, ...]:
-    """What the step runs in a kernel emulated whatever the config says: flash-linear-attention's
-    in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py)."""
-    from autotune.workload.gated_delta_rule import NOTE, hybrid
+    """What the step runs in a kernel emulated, or traced in place of one, whatever the config says:
+    flash-linear-attention's in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py);
+    transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py)."""
+    from autotune.workload import gated_delta_rule, mamba_mixer
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
-    return (NOTE,) if name is not None and hybrid(PRESETS[name].get("model_type")) else ()
+    model_type = PRESETS[name].get("model_type") if name is not None else None
+    return tuple(module.NOTE for module, applies in ((gated_delta_rule, gated_delta_rule.hybrid),
+                                                      (mamba_mixer, mamba_mixer.torch_path))
+                 if name is not None and applies(model_type))
 
 
 def _grpo_row(request: CheckRequest) -> CheckRequest:
