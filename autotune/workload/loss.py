@@ -52,7 +52,7 @@ def check_loss(loss: str, task: str) -> str:
         raise InvalidInput(f"unknown loss {loss!r}: allowed are {', '.join(LOSSES)}")
     if loss == "chunked" and task not in CHUNKED_TASKS:
         raise InvalidInput(f"loss 'chunked' needs a per-token language-model head: task "
-                           f"{', '.join(CHUNKED_TASKS)}, not {task!r}")
+                           f"{' or '.join(CHUNKED_TASKS)}, not {task!r}")
     return loss
 
 

@@ -100,7 +100,7 @@ def test_check_loss_names_the_allowed_values():
     with pytest.raises(InvalidInput, match=r"^unknown loss 'fused': allowed are full, chunked$"):
         check_loss("fused", "causal-lm")
     with pytest.raises(InvalidInput, match=r"^loss 'chunked' needs a per-token language-model head: "
-                                           r"task causal-lm, not 'masked-lm'$"):
+                                           r"task causal-lm or image-text-to-text, not 'masked-lm'$"):
         check_loss("chunked", "masked-lm")
 
 

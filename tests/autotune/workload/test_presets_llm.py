@@ -501,7 +501,8 @@ def test_every_tiny_config_still_builds(model_type: str) -> None:
 
     with torch.device("meta"):
         model = AutoModel.from_config(resolve_model(f"tiny-{model_type}").config)
-    assert parameter_count(model) < 100_000
+    # Qwen3-VL's deepstack mergers (a patch merger per fed layer, 4 x 4 hidden wide) take it to 165k
+    assert parameter_count(model) < 200_000
 
 
 @pytest.mark.parametrize("name", ["mistralai/Mixtral-8x7B-v0.1", "tiny-mixtral"])
