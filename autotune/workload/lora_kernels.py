@@ -36,11 +36,17 @@ backend's ``KernelHooks`` dequantize a 4-bit base and hold the Triton kernels' r
 Emulated for the model types of ``EMULATED`` (autotune's presets among them); others are refused
 by name, as are tasks other than causal-lm (``apply_lora_kernel_patches`` takes a
 ``PeftModelForCausalLM`` only). Not emulated: Axolotl's ``LoRA_QK`` (Gemma 4's k_eq_v attention),
-``LoRA_FusedProj`` (Qwen 3.5's linear attention), Llama 4's experts, DoRA. Where Axolotl's run
-would fail, so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot
-rewrite, an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's
-addmm_ of two dtypes), the embedding kernel under autocast (its backward's index_add_ of a 16-bit
-gradient into a float32 one).
+Llama 4's experts, DoRA, and Qwen 3.5's linear-attention projections: ``find_linear_attn_in_layer``
+takes a ``linear_attn`` with in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and out_proj, and where
+one in-projection carries LoRA (qkv kernel) its ``apply_in_proj_fused`` is ``LoRA_FusedProj`` over
+the four, where out_proj does (o kernel) its ``apply_out_proj`` is ``LoRA_O``; the GatedDeltaNet
+forward that calls them is Axolotl's packing patch's (monkeypatch/models/qwen3_5/modeling.py
+``_la_in_proj_fwd``, ``_la_proj_fwd``), so such an adapter is refused by name (also without
+sample_packing, where transformers' forward leaves them uncalled). Where Axolotl's run would fail,
+so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot rewrite,
+an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's addmm_
+of two dtypes), the embedding kernel under autocast (its backward's index_add_ of a 16-bit gradient
+into a float32 one).
 """
 
 from __future__ import annotations
@@ -65,10 +71,14 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # The model types whose decoder layers were checked against Axolotl's patch (self_attn with
 # q/k/v/o_proj and a source patch_self_attn_lora rewrites, mlp with gate/up/down_proj, or a sparse
 # MoE block it leaves alone; Apertus's xIELU MLP has no gate_proj, so find_mlp_in_layer yields
-# nothing and it is left to PEFT, its activation never checked; Seed-OSS's q/k/v carry biases, as
-# Qwen2's, which the base layers add; Cohere2's layer runs attention and MLP side by side from one
-# norm, both read as Llama's; Nemotron's squared-ReLU MLP has no gate_proj either, passed by as
-# Apertus's. OLMo 3 and LFM2 norm q and k before the view, which patch_self_attn_lora cannot find).
+# nothing and it is left to PEFT, its activation never checked; Qwen 3.5's and Qwen3-Next's full
+# attention layers (one in four) gate their queries, the third of QKV_PATCHES, and their Gated
+# DeltaNet layers have no self_attn; their sparse MoE blocks have no gate_proj and their shared
+# experts are not find_mlp_in_layer's (it reads layer.mlp and Llama 4's feedforward only); Seed-OSS's
+# q/k/v carry biases, as Qwen2's, which the base layers add; Cohere2's layer runs attention and MLP
+# side by side from one norm, both read as Llama's; Nemotron's squared-ReLU MLP has no gate_proj
+# either, passed by as Apertus's. OLMo 3 and LFM2 norm q and k before the view, which
+# patch_self_attn_lora cannot find).
 # Ministral 3 (ministral3, the text model of a mistral3 checkpoint): get_attention_cls_from_config
 # gives MistralAttention for mistral3, so patch_self_attn_lora rewrites that class's forward, not
 # Ministral3Attention's (a class of its own): its layers get apply_qkv / apply_o, which its forward
@@ -76,7 +86,16 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # Qwen3-VL's text model, whose Qwen3VLTextAttention get_attention_cls_from_config names for qwen3_vl,
 # has Qwen3's q/k norms and a SwiGLU MLP.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
-            "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text")
+            "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
+            "qwen3_5_moe_text", "qwen3_next")
+# The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
+# get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
+# ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
+# whose text models autotune builds (presets/qwen_hybrid.py).
+_CHECKPOINT = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+# find_linear_attn_in_layer's projections (LINEAR_ATTN_IN_PROJS, LINEAR_ATTN_OUT_PROJ)
+_LINEAR_IN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+_LINEAR_OUT = "out_proj"
 # get_attention_cls_from_config's special cases (transformers module, class); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
 _ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
@@ -208,11 +227,13 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
         raise InvalidInput(f"{NAME} patch causal language models only (apply_lora_kernel_patches takes a "
                            f"PeftModelForCausalLM), not a {type(model).__name__}")
     config: Any = model.config
-    checkpoint_type = config.model_type
+    checkpoint_type = _CHECKPOINT.get(config.model_type, config.model_type)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     check_model(config, kernels, checkpoint_type)
+    layers = _layers(model)
+    _check_linear_attention(layers, kernels)
     rewritten = attention_class(checkpoint_type) if set(kernels) & {"qkv", "o"} else None
-    for layer in _layers(model):
+    for layer in layers:
         attn = getattr(layer, "self_attn", None)
         # Only the class patch_self_attn_lora rewrote calls apply_qkv / apply_o (EMULATED's note).
         called = rewritten is None or isinstance(attn, rewritten)
@@ -230,6 +251,23 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
                 mlp.forward = _mlp_forward(mlp, glu, hooks)
     if "embedding" in kernels:
         _patch_embedding(model, hooks)
+
+
+def _check_linear_attention(layers: Any, kernels: Sequence[str]) -> None:
+    """InvalidInput where Axolotl's patch would route a Gated DeltaNet layer's LoRA projections
+    through its fused kernels (module docstring), which are not emulated."""
+    for layer in layers:
+        linear = getattr(layer, "linear_attn", None)
+        if linear is None or not all(hasattr(linear, p) for p in (*_LINEAR_IN, _LINEAR_OUT)):
+            continue
+        fused = [p for p in _LINEAR_IN if "qkv" in kernels and hasattr(getattr(linear, p), "lora_A")]
+        fused += [_LINEAR_OUT] if "o" in kernels and hasattr(linear.out_proj, "lora_A") else []
+        if fused:
+            raise InvalidInput(
+                f"Axolotl's fused LoRA kernels of the linear-attention projections ({', '.join(fused)}: "
+                "LoRA_FusedProj and LoRA_O, called by its sample-packing patch of Qwen 3.5's "
+                "GatedDeltaNet forward) are not emulated: set lora_qkv_kernel: false and "
+                "lora_o_kernel: false, or leave linear_attn's projections out of lora_target_modules")
 
 
 def _layers(model: Any) -> Any:

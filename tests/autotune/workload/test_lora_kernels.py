@@ -38,6 +38,17 @@ EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
          "cohere2": {"sliding_window": 64},
          "olmo3": {"sliding_window": 64},
          "lfm2": {"full_attn_idxs": [1]}}
+# Qwen 3.5 and Qwen3-Next: 4 layers, the second and fourth full attention, Gated DeltaNet in the others
+# (2 key and 4 value heads of 16, as tiny-qwen3_5_text); mixtures of 4 experts, 2 routed.
+HYBRID = {"num_hidden_layers": 4, "full_attention_interval": 2, "linear_num_key_heads": 2,
+          "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+HYBRID_MOE = {**HYBRID, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 32}
+EXTRA.update({"qwen3_5_text": HYBRID, "qwen3_5_moe_text": HYBRID_MOE, "qwen3_next": HYBRID_MOE})
+# all-linear takes the linear attention's projections too, whose kernels are refused (their own test)
+ATTENTION_AND_MLP = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+TARGETS = {"qwen3_5_text": ATTENTION_AND_MLP, "qwen3_5_moe_text": ATTENTION_AND_MLP,
+           "qwen3_next": ATTENTION_AND_MLP}
 ALL = ("mlp", "qkv", "o")
 T, HIDDEN, OUT, INNER, R = 16, 32, 48, 64, 4  # a [2, 8] batch's tokens; LoRA rank
 
@@ -97,14 +108,14 @@ def patched(model: nn.Module) -> list[str]:
 # --- the kernels give PEFT's values and gradients ---------------------------------------------------
 
 
-# PEFT refuses dropout on Qwen3-MoE's all-linear ("lora.ParamWrapper does not work with lora_dropout").
-# Qwen3-VL's text model has no causal-LM head of its own: tests/autotune/workload/test_vlms.py patches
-# the vision-language model.
+# PEFT refuses dropout on Qwen3-MoE's all-linear, and on Qwen3-Next's down_proj, a name of its experts'
+# parameters too ("lora.ParamWrapper does not work with lora_dropout"). Qwen3-VL's text model has no
+# causal-LM head of its own: tests/autotune/workload/test_vlms.py patches the vision-language model.
 @pytest.mark.parametrize(("model_type", "dropout"), [
     (model_type, dropout) for model_type in EMULATED for dropout in (False, True)
-    if not (dropout and model_type == "qwen3_moe") and model_type != "qwen3_vl_text"])
+    if not (dropout and model_type in ("qwen3_moe", "qwen3_next")) and model_type != "qwen3_vl_text"])
 def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropout):
-    reference, config = lora_model(model_type, dropout=dropout)
+    reference, config = lora_model(model_type, TARGETS.get(model_type, "all-linear"), dropout=dropout)
     model = copy.deepcopy(reference)
     apply_kernels(model, ALL, PLAIN)
     batch = make_batch(config, "causal-lm", 2, 16)
@@ -118,8 +129,11 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
         assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
     # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
     # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP;
-    # Apertus's and Nemotron's MLPs have no gate_proj: find_mlp_in_layer passes them by)
-    mlps = 0 if model_type in ("qwen3_moe", "apertus", "nemotron") else 2
+    # Apertus's and Nemotron's MLPs have no gate_proj: find_mlp_in_layer passes them by; Qwen 3.5's
+    # and Qwen3-Next's shared experts carry LoRA, left to PEFT, and only their full attention layers
+    # have a self_attn)
+    mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
+            "qwen3_5_text": 4}.get(model_type, 2)
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
 
 
@@ -249,12 +263,30 @@ def test_the_kernels_are_read_in_axolotl_s_order():
     ("granite", {}, ALL, "emulated on llama, mistral, .*, not on model type granite"),
     ("phi3", {}, ("mlp",), "not on model type phi3"),
     ("llama", {"hidden_act": "relu"}, ALL, "lora_mlp_kernel refuses activation 'relu'"),
+    # Qwen 3.5's Gated DeltaNet projections with LoRA: Axolotl's LoRA_FusedProj (qkv) and LoRA_O (o)
+    ("qwen3_5_text", {}, ALL, r"linear-attention projections \(in_proj_qkv, in_proj_z, in_proj_b, "
+     r"in_proj_a, out_proj: LoRA_FusedProj and LoRA_O, called by its sample-packing"),
+    ("qwen3_5_moe_text", {}, ("o",), r"linear-attention projections \(out_proj: .* set lora_qkv_kernel: "
+     "false and lora_o_kernel: false, or leave linear_attn's projections"),
 ])
 def test_what_axolotl_s_patch_would_not_do_is_refused_by_name(model_type, overrides, kernels, message):
     model, _ = small_model(model_type, **overrides)
     wrapped = prepare(model, make_adapter("lora", targets="all-linear"), "causal-lm")
     with pytest.raises(InvalidInput, match=message):
         apply_kernels(wrapped, kernels, PLAIN)
+
+
+def test_qwen3_5_s_linear_attention_is_left_to_peft_by_the_mlp_kernel_and_by_qwen3_next():
+    # find_linear_attn_in_layer is read for the qkv and o kernels alone, and Qwen3-Next fuses its
+    # in-projections (in_proj_qkvz, in_proj_ba) under names it does not take
+    for model_type, kernels in (("qwen3_5_text", ("mlp",)), ("qwen3_next", ALL)):
+        model, _ = small_model(model_type)
+        wrapped = prepare(model, make_adapter("lora", dropout=0.0, targets="all-linear"), "causal-lm")
+        apply_kernels(wrapped, kernels, PLAIN)
+        assert not [name for name in patched(wrapped) if name.startswith(("in_proj", "out_proj"))]
+        assert any(name.endswith("linear_attn.in_proj_qkvz" if model_type == "qwen3_next" else
+                                 "linear_attn.in_proj_qkv") and hasattr(module, "lora_A")
+                   for name, module in wrapped.named_modules())
 
 
 def test_only_a_causal_lm_is_patched():

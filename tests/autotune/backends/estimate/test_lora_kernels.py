@@ -5,6 +5,7 @@ their output, and the backward runs under the forward's autocast again (``custom
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -171,3 +172,33 @@ def test_the_backward_runs_under_the_forward_s_autocast_again():
             from torch.overrides import _get_current_function_mode_stack
 
             assert sum(mode is emulation for mode in _get_current_function_mode_stack()) == 1
+
+
+# Axolotl's Qwen 3.5 QLoRA example's adapter (examples/qwen3.5/27b-qlora.yaml) on the tiny model: the
+# full attention's q/k/v/o and the MLPs; all-linear would take the Gated DeltaNet projections as well.
+# Without checkpointing every layer's saved activations are held at the peak: the kernels' show (with
+# it the peak is a linear-attention layer's recomputed backward, the same either way).
+QWEN_3_5 = {"base_model": "tiny-qwen3_5_text", "sequence_len": 128, "adapter": "qlora", "load_in_4bit": True,
+            "lora_r": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                   "gate_proj", "up_proj", "down_proj"],
+            "bf16": True, "gradient_checkpointing": False, "sample_packing": True,
+            "attn_implementation": "flash_attention_2"}
+OFF = {"lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False}
+
+
+def test_qwen3_5_s_attention_and_mlps_take_the_kernels_under_the_estimator(capsys, tmp_path):
+    from autotune.cli import main
+
+    def check(**changes) -> tuple[int, dict]:
+        path = tmp_path / "axolotl.yml"
+        path.write_text(json.dumps({**QWEN_3_5, **changes}))
+        code = main(["check", "tiny-qwen3_5_text", "--from-config", str(path), "--gpu", "A100-40GB", "--json",
+                     "--no-cache"])
+        return code, json.loads(capsys.readouterr().out)
+
+    (code, on), (_, off) = check(micro_batch_size=256), check(micro_batch_size=256, **OFF)
+    assert code == 0 and on["fits"] and off["fits"]
+    assert "with Axolotl's fused LoRA kernels (emulated): mlp, qkv, o" in on["adapter"]["label"]
+    assert on["peak_memory_bytes"] < off["peak_memory_bytes"]
+    code, refused = check(micro_batch_size=4, lora_target_modules=None, lora_target_linear=True)
+    assert code == 2 and "linear-attention projections (in_proj_qkv" in refused["error"]
