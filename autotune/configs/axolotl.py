@@ -652,11 +652,21 @@ FUSED_ATTENTION_NOTE = (
     "transformers' attention, a step Axolotl does not run")
 
 
-def check_patched_model(model_type: str | None, model: str, file: str) -> None:
+def check_patched_model(config: TrainingConfig, model: str | None) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
-    ``file`` says (FUSED_ATTENTION_TYPES)."""
+    the Axolotl ``config`` says (FUSED_ATTENTION_TYPES); nothing for other formats."""
+    if config.format != "axolotl" or model is None:
+        return
+    from autotune.workload.models import resolve_model
+
+    try:
+        spec = resolve_model(model)
+    except InvalidInput:  # an unknown model is refused later, by the check
+        return
+    model_type = getattr(spec.config, "model_type", None)
     if model_type in FUSED_ATTENTION_TYPES:
-        raise InvalidInput(f"{model} (model type {model_type}) with the Axolotl config {file!r}: "
+        path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+        raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
                            f"{FUSED_ATTENTION_NOTE}")
 
 

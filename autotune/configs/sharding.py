@@ -260,18 +260,8 @@ def note_no_effect(cfg: Config, where: str, options: dict[str, Any], handled: se
 
 def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
     """What a config's launch needs once the flags are merged in (``request``): the GPU count of a
-    job it spreads over GPUs, FSDP's wrapped classes checked against the model's layers, and the
-    model's architecture against what Axolotl patches whatever its config says
-    (axolotl.check_patched_model)."""
+    job it spreads over GPUs, and FSDP's wrapped classes checked against the model's layers."""
     step = request.step
-    if config.format == "axolotl" and step.model is not None:
-        from autotune.configs.axolotl import check_patched_model
-        from autotune.request import Findings, resolve_model
-
-        spec = resolve_model(step, Findings())  # an unknown model is refused later, by the check
-        if spec is not None:
-            path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
-            check_patched_model(getattr(spec.config, "model_type", None), spec.name, path)
     if step.parallel is not None and step.gpus is None:
         where = " and ".join(repr(path) for path, _ in config.files)
         raise _about_gpus(InvalidInput.naming(
