@@ -92,6 +92,7 @@ class Plan:
 def _plan(args: argparse.Namespace) -> Plan:
     """The flags' request, --from-config filling what they leave out; every missing field named."""
     from autotune.configs import check_launch, read_training_configs
+    from autotune.configs.axolotl import check_patched_model
     from autotune.gpus import resolve_gpu
 
     flags = request_of(CheckRequest, args, model=args.model)
@@ -110,6 +111,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     _missing(request, " or ".join(repr(path) for path in args.from_config))
     request = _grpo_row(request)
     check_launch(config, request)
+    check_patched_model(config, request.step.model)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     return Plan(request, (*read, *config.notes, *_kernel_notes(request.step.model)), config.ignored)
 

@@ -636,6 +636,40 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     return found
 
 
+# Model types whose attention forward Axolotl replaces on every GPU run, whatever the config says:
+# loaders/patch_manager.py _apply_model_specific_patches calls patch_gemma4_fused_attn (or
+# patch_gemma4_unified_fused_attn) for these model_config_types under torch.cuda.is_available(),
+# with no key to turn it off. monkeypatch/models/gemma4/fused_attn.py swaps Gemma4TextAttention.forward
+# for one that norms and rotates q and k, and norms v, in Triton kernels (kernels/gemma4_fused_rope.py
+# fused_rms_norm_rope, fused_rms_norm_noscale: their own outputs, float32 row statistics, copies of
+# the batch-broadcast cos/sin, per-program weight-gradient partials), which autotune does not emulate.
+FUSED_ATTENTION_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+FUSED_ATTENTION_NOTE = (
+    "Axolotl replaces Gemma 4's attention forward on every GPU run, whatever the config says "
+    "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
+    "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
+    "kernels/gemma4_fused_rope.py), whose memory autotune does not emulate: an answer would be for "
+    "transformers' attention, a step Axolotl does not run")
+
+
+def check_patched_model(config: TrainingConfig, model: str | None) -> None:
+    """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
+    the Axolotl ``config`` says (FUSED_ATTENTION_TYPES); nothing for other formats."""
+    if config.format != "axolotl" or model is None:
+        return
+    from autotune.workload.models import resolve_model
+
+    try:
+        spec = resolve_model(model)
+    except InvalidInput:  # an unknown model is refused later, by the check
+        return
+    model_type = getattr(spec.config, "model_type", None)
+    if model_type in FUSED_ATTENTION_TYPES:
+        path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+        raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
+                           f"{FUSED_ATTENTION_NOTE}")
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     _axolotl_unfrozen_under_an_adapter(cfg)
     cfg.refuse(_AXOLOTL_REFUSED)

@@ -35,6 +35,14 @@ The count is known (the features' rows, one per image token), so ``route_deepsta
 same two selections that count (``torch.nonzero_static``: the [tokens, 2] int64 indices CUDA's
 boolean indexing makes with ``nonzero``, then the same gather and index_put).
 
+Gemma 4's vision tower strips the padding of its pooled features the same way
+(modeling_gemma4.py ``Gemma4VisionModel.forward``: ``hidden_states[pooler_mask]``, the mask made from
+the one-hot pooling weights, far larger than any constant kept). The count is known: an image's
+real patches (its ``pixel_position_ids`` other than -1, a constant) over the pooling kernel's k x k,
+as the layout's tokens per image (every pooling window of a resized image is whole:
+image_processing_gemma4.py ``get_aspect_ratio_preserving_size`` rounds to patch * k), so
+``route_gemma4_pooler`` selects the rows with ``torch.nonzero_static`` of that count, as for DeepStack.
+
 Nothing is skipped: the vision tower, the projector and the merge of its features into the text
 run as the model runs them.
 
@@ -63,11 +71,12 @@ from typing import Any
 from autotune.errors import InvalidInput
 
 TORCH_CHECK_ENV = "TRANSFORMERS_DISABLE_TORCH_CHECK"
-# Vision towers whose trace on fake tensors needs values no constant carries, by family.
+# Vision towers whose trace on fake tensors needs values no constant carries, by family. Gemma 4's
+# pooler mask is routed with its known count (``route_gemma4_pooler``); what is left is the merge.
 UNTRACED_FAMILIES = {
-    "gemma4": "Gemma 4's vision pooler strips the padding patches by a mask made from image_position_ids "
-              "through F.one_hot (modeling_gemma4.py Gemma4VisionPooler._avg_pool_by_positions, then "
-              "Gemma4VisionModel.forward hidden_states[pooler_mask]), a shape that depends on values the "
+    "gemma4": "Gemma 4's merge of its image features selects them by a boolean mask before it checks "
+              "their count (modeling_gemma4.py Gemma4Model.forward: inputs_embeds[image_mask].numel(), "
+              "computed before torch_compilable_check is called), a shape that depends on values the "
               "fake trace does not keep",
 }
 
@@ -215,3 +224,46 @@ def deepstack_process(self: Any, hidden_states: Any, visual_pos_masks: Any, visu
     local_this = hidden_states[selected()] + visual_embeds
     hidden_states[selected()] = local_this
     return hidden_states
+
+
+def route_gemma4_pooler(model: Any) -> None:
+    """Gemma 4's vision tower through ``gemma4_vision_forward`` (module docstring); other models are
+    left as they are."""
+    import types
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for module in base.modules():
+        if type(module).__name__ == "Gemma4VisionModel":
+            module.forward = types.MethodType(gemma4_vision_forward, module)
+
+
+def gemma4_vision_forward(self: Any, pixel_values: Any, pixel_position_ids: Any, **kwargs: Any) -> Any:
+    """``Gemma4VisionModel.forward`` (transformers 5.24), its padding stripped with the known count of
+    soft tokens: each image's real patches over the pooling kernel's k x k (module docstring); the
+    same values, the same tensors."""
+    import torch
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    pooling_kernel_size = self.config.pooling_kernel_size
+    output_length = pixel_values.shape[-2] // (pooling_kernel_size * pooling_kernel_size)
+
+    padding_positions = (pixel_position_ids == -1).all(dim=-1)
+    inputs_embeds = self.patch_embedder(pixel_values, pixel_position_ids, padding_positions)
+    output = self.encoder(inputs_embeds=inputs_embeds, attention_mask=~padding_positions,
+                          pixel_position_ids=pixel_position_ids, **kwargs)
+    hidden_states, pooler_mask = self.pooler(hidden_states=output.last_hidden_state,
+                                             pixel_position_ids=pixel_position_ids,
+                                             padding_positions=padding_positions, output_length=output_length)
+    # hidden_states[pooler_mask]: nonzero of the mask (its true count: the real patches, a constant of
+    # the batch, over k x k), then the gather. Without pooling (k = 1) the pooler hands back
+    # padding_positions as the mask, itself a constant of the batch.
+    if pixel_values.shape[-2] != output_length:
+        count = int((~padding_positions).sum().item()) // (pooling_kernel_size * pooling_kernel_size)
+    else:
+        count = int(pooler_mask.sum().item())
+    hidden_states = hidden_states[tuple(torch.nonzero_static(pooler_mask, size=count).unbind(1))]
+
+    if self.config.standardize:
+        hidden_states = (hidden_states - self.std_bias.float()) * self.std_scale.float()
+    hidden_states = hidden_states.to(inputs_embeds.dtype)
+    return BaseModelOutputWithPooling(last_hidden_state=hidden_states)

@@ -120,3 +120,24 @@ def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path
     path.write_text(yaml.safe_dump(data))
     assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
     assert "fail on model type qwen2_vl" in capsys.readouterr().err
+
+
+def test_gemma4_under_axolotl_is_refused_for_its_fused_attention(tmp_path, capsys):
+    # patch_manager.py patches Gemma4TextAttention.forward with Triton kernels on every GPU run,
+    # whatever the config says: autotune does not emulate it, so it answers for no Gemma 4 step.
+    data = {**VLM, "base_model": "tiny-gemma4", "lora_target_modules": ["q_proj", "v_proj"]}
+    path = tmp_path / "gemma4.yml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "tiny-gemma4 (model type gemma4) with the Axolotl config" in err
+    assert "patch_gemma4_fused_attn" in err and "does not emulate" in err
+
+
+def test_gemma4_without_axolotl_is_not_refused_for_axolotls_patch(tmp_path, capsys):
+    path = tmp_path / "gemma4.json"
+    path.write_text(json.dumps({"output_dir": "out", "per_device_train_batch_size": 1, "bf16": True}))
+    code = main(["check", "tiny-gemma4", "--from-config", str(path), "--seq-len", "128",
+                 "--images-per-sample", "0", "--gpu-memory", "4GiB", "--no-cache"])
+    assert "patch_gemma4_fused_attn" not in capsys.readouterr().err
+    assert code in (0, 1)

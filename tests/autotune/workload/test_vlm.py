@@ -115,8 +115,29 @@ def test_gemma4_positions_are_the_processors_meshgrid():
     assert (batch["image_position_ids"][0, layout.patches:] == -1).all()
 
 
+def test_gemma4_pooler_route_computes_the_vision_towers_own():
+    # The padding stripped by nonzero_static of the known count: the tower's own features, on real
+    # tensors, for images whose resized size leaves padding patches.
+    from autotune.backends.estimate.vision import route_gemma4_pooler
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-gemma4"), VLM, "sdpa")
+    model.eval()
+    routed = copy.deepcopy(model)
+    route_gemma4_pooler(routed)
+    images = Images(1, (84, 56))
+    layout = image_layout(model.config, images)
+    assert layout.padded_patches > layout.patches  # padding to strip
+    batch = make_batch(model.config, VLM, 2, 200, images=images)
+    with torch.no_grad():
+        own = model.model.vision_tower(batch["pixel_values"], batch["image_position_ids"]).last_hidden_state
+        out = routed.model.vision_tower(batch["pixel_values"], batch["image_position_ids"]).last_hidden_state
+    assert own.shape[0] == 2 * layout.tokens
+    assert torch.equal(out, own)
+
+
 def test_gemma4_images_are_refused_by_name_by_the_estimator():
-    with pytest.raises(InvalidInput, match="Gemma 4's vision pooler"):
+    with pytest.raises(InvalidInput, match="Gemma 4's merge of its image features"):
         autotune.check("tiny-gemma4", seq_len=512, batch_size=1, gpu_memory="1GiB", backend="estimate",
                        workers=1, images_per_sample=1)
 
