@@ -66,6 +66,12 @@ class Parallel:
     # checkpoint_layers), in place of transformers' gradient checkpointing
     activation_checkpointing: bool = False
     zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
+    # fsdp: 1 is FSDP1, FullyShardedDataParallel as accelerate prepares it (backends/fsdp1.py),
+    # with its own settings below (the Trainer's defaults); 2 is FSDP2 (fully_shard)
+    fsdp_version: int = 2
+    use_orig_params: bool = True  # fsdp 1: the original parameters as views of the FlatParameter
+    forward_prefetch: bool = False  # fsdp 1: the next unit's all-gather issued before this forward
+    backward_prefetch: str | None = None  # fsdp 1: BACKWARD_PRE or BACKWARD_POST; None: NO_PREFETCH
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
@@ -107,7 +113,7 @@ class Parallel:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
-        return f"FSDP2 {strategy}{checkpointed}, {self.gpus} GPUs"
+        return f"FSDP{self.fsdp_version} {strategy}{checkpointed}, {self.gpus} GPUs"
 
     @property
     def modelled(self) -> str:
@@ -128,6 +134,14 @@ class Parallel:
                        "host memory, not the GPU's; DeepSpeedCPUAdam's state modelled from source "
                        "(ops/adam/cpu_adam.py step: exp_avg and exp_avg_sq in float32 on the host; its "
                        "compiled op cannot run on fake tensors)" if offloads(self.zero) else ""))
+        if self.fsdp_version == 1:
+            prefetch = self.backward_prefetch or "NO_PREFETCH"
+            return ("traced: FSDP1 FullyShardedDataParallel on a fake process group, wrapped as accelerate "
+                    "1.15's prepare_model wraps it (one FlatParameter per decoder layer, the root's for the "
+                    f"rest; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
+                    f"{str(self.forward_prefetch).lower()}, backward_prefetch {prefetch}, limit_all_gathers "
+                    "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
+                    "(accelerate upcasts each FlatParameter) under accelerate's autocast")
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -169,7 +183,10 @@ class Parallel:
                 "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
                 "activation_checkpointing": self.activation_checkpointing,
                 "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled,
-                "zero_config": settings_text(self.zero) if self.is_zero else None}
+                "zero_config": settings_text(self.zero) if self.is_zero else None,
+                "fsdp_version": self.fsdp_version if self.kind == FSDP else None,
+                "use_orig_params": self.use_orig_params, "forward_prefetch": self.forward_prefetch,
+                "backward_prefetch": self.backward_prefetch}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
