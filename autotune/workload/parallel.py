@@ -223,7 +223,8 @@ def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
                   reshard_after_forward: bool | None = None, recipe: str | None = None,
                   zero_config: str | None = None,
-                  activation_checkpointing: bool | None = None) -> Parallel | None:
+                  activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
+                  fsdp1_config: str | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -276,10 +277,59 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
+    fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
-                    recipe or "accelerate", bool(activation_checkpointing), zero)
+                    recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1)
+
+
+# FSDP1's settings a request may give (fsdp1_config), with the Trainer's defaults (transformers 5.24
+# training_args.py _process_fsdp_args: use_orig_params "true", forward_prefetch "false",
+# backward_prefetch "NO_PREFETCH"; limit_all_gathers is accelerate's default True, the only value
+# modelled: configs/sharding.py refuses false).
+FSDP1_SETTINGS = {"use_orig_params": True, "forward_prefetch": False, "backward_prefetch": None}
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
+
+
+def _fsdp1_settings(kind: str, recipe: str | None, activation_checkpointing: bool | None,
+                    fsdp_version: int | None, fsdp1_config: str | None) -> dict[str, Any]:
+    """The Parallel fields of ``fsdp_version`` and ``fsdp1_config`` (FSDP1_SETTINGS), checked."""
+    import json
+
+    if fsdp_version is not None and (kind != FSDP or fsdp_version not in (1, 2)):
+        raise _about("fsdp_version", InvalidInput.naming(
+            f"{{fsdp_version}} {fsdp_version!r}: "
+            + ("1 or 2" if kind == FSDP else f"an fsdp setting, not {kind}'s")))
+    if fsdp1_config is not None and fsdp_version != 1:
+        raise _about("fsdp1_config", InvalidInput.naming(
+            "{fsdp1_config} is FSDP1's: give {fsdp_version} 1"))
+    if fsdp_version != 1:
+        return {}
+    if recipe not in (None, "accelerate"):
+        raise _about("fsdp_recipe", InvalidInput.naming(
+            f"{{fsdp_recipe}} {recipe} with {{fsdp_version}} 1: FSDP1 is modelled as accelerate prepares it "
+            "(Accelerator.prepare_model)"))
+    if activation_checkpointing:
+        raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
+            "{fsdp_activation_checkpointing} with {fsdp_version} 1: FSDP1's activation checkpointing "
+            "(apply_activation_checkpointing after wrapping) is not modelled yet: use a ckpt mode"))
+    try:
+        given = {} if fsdp1_config is None else json.loads(fsdp1_config)
+    except json.JSONDecodeError as exc:
+        raise _about("fsdp1_config", InvalidInput.naming(f"{{fsdp1_config}} is not JSON: {exc}")) from None
+    if not isinstance(given, dict) or set(given) - set(FSDP1_SETTINGS):
+        raise _about("fsdp1_config", InvalidInput.naming(
+            f"{{fsdp1_config}} must be a JSON mapping of {', '.join(FSDP1_SETTINGS)}, got {fsdp1_config!r}"))
+    settings = {**FSDP1_SETTINGS, **given, "fsdp_version": 1}
+    for name in ("use_orig_params", "forward_prefetch"):
+        if not isinstance(settings[name], bool):
+            raise _about("fsdp1_config", InvalidInput.naming(
+                f"{{fsdp1_config}} {name} must be true or false"))
+    if settings["backward_prefetch"] not in (None, *BACKWARD_PREFETCH):
+        raise _about("fsdp1_config", InvalidInput.naming(
+            f"{{fsdp1_config}} backward_prefetch must be {', '.join(BACKWARD_PREFETCH)} or null"))
+    return settings
 
 
 def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:

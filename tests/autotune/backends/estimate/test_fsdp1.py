@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from ranktrace import traced
 
-from autotune.workload.parallel import Parallel
+from autotune.errors import InvalidInput
+from autotune.workload.parallel import Parallel, make_parallel
 
 STEP_BYTES = 4  # AdamW(fused=True)'s float32 step count per parameter
 
@@ -106,3 +107,41 @@ def test_fsdp1_backward_prefetch_gathers_the_next_layer_early():
     prefetched, model = traced(fsdp1(ranks, backward_prefetch="BACKWARD_PRE"))
     plain, _ = traced(fsdp1(ranks))
     assert max(prefetched.live["backward done"]) >= max(plain.live["backward done"])
+
+
+def test_make_parallel_reads_fsdp1_settings_with_the_trainers_defaults():
+    parallel = make_parallel(4, "fsdp", fsdp_version=1)
+    assert parallel == Parallel("fsdp", 4, fsdp_version=1, use_orig_params=True, forward_prefetch=False,
+                                backward_prefetch=None)
+    given = make_parallel(4, "fsdp", fsdp_version=1,
+                          fsdp1_config='{"use_orig_params": false, "backward_prefetch": "BACKWARD_PRE"}')
+    assert (given.use_orig_params, given.backward_prefetch) == (False, "BACKWARD_PRE")
+    assert make_parallel(4, "fsdp").fsdp_version == 2
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"fsdp_version": 3}, "fsdp_version"),
+    ({"fsdp1_config": "{}"}, "fsdp1_config"),
+    ({"fsdp_version": 1, "fsdp1_config": '{"limit_all_gathers": false}'}, "fsdp1_config"),
+    ({"fsdp_version": 1, "fsdp1_config": '{"backward_prefetch": "BACKWARD_SOON"}'}, "fsdp1_config"),
+    ({"fsdp_version": 1, "recipe": "axolotl"}, "fsdp_recipe"),
+    ({"fsdp_version": 1, "activation_checkpointing": True}, "fsdp_activation_checkpointing"),
+])
+def test_make_parallel_refuses_what_fsdp1_does_not_model(kwargs, field):
+    with pytest.raises(InvalidInput) as raised:
+        make_parallel(4, "fsdp", **kwargs)
+    assert raised.value.field == field
+
+
+def test_use_orig_params_false_holds_the_same_shards():
+    ranks = 4
+    flat, model = traced(fsdp1(ranks, use_orig_params=False))
+    # no 16-byte alignment between parameters without use_orig_params
+    layers = list(model.model.layers)
+    inside = {id(p) for layer in layers for p in layer.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in inside]
+    units = [[*layer.parameters()] for layer in layers] + [rest]
+    shard = 2 * sum(math.ceil(sum(p.numel() for p in unit) / ranks) for unit in units)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert flat.loaded_bytes == shard + buffers
+    assert flat.live["backward done"][0] - flat.live["before steps"][0] == shard
