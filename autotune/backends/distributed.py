@@ -484,7 +484,8 @@ class Distributed:
         if self.parallel.kind == FSDP and self.parallel.fsdp_version == 1:
             from autotune.backends import fsdp1
 
-            self._sharded = fsdp1.wrap(model, self.parallel, self.mesh, self.loss, precision)
+            self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layer_classes(model),
+                                       self.parallel, self.mesh, precision)
         elif self.parallel.kind == FSDP:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
 

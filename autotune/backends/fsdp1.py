@@ -34,28 +34,21 @@ from typing import Any
 
 from autotune.errors import InvalidInput
 
-# FSDP1's BackwardPrefetch by name (torch/distributed/fsdp/api.py), None: NO_PREFETCH.
-BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 
-
-def _layer_classes(model: Any) -> set[type]:
-    """The classes of the model's ``_no_split_modules``, as accelerate's ``set_auto_wrap_policy``
-    resolves them (utils/dataclasses.py: ``get_module_class_from_name`` for each)."""
-    from autotune.backends.distributed import layer_classes
-
-    names = layer_classes(model)
+def _layer_classes(model: Any, names: set[str]) -> set[type]:
+    """The classes of the model's ``_no_split_modules`` (``names``), as accelerate's
+    ``set_auto_wrap_policy`` resolves them (utils/dataclasses.py: ``get_module_class_from_name``)."""
     return {type(module) for module in model.modules() if type(module).__name__ in names}
 
 
-def wrap(model: Any, parallel: Any, mesh: Any, loss: str, precision: str) -> Any:
-    """FSDP1 over ``model`` and its loss (module docstring), in the model's FakeTensorMode; returns
+def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, precision: str) -> Any:
+    """FSDP1 over ``trained`` (``model`` and its loss, distributed.TrainingLoss; the decoder layer
+    classes named ``layers``) as the module docstring says, in the model's FakeTensorMode; returns
     the root FullyShardedDataParallel, whose call is the step's loss."""
     import torch
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-
-    from autotune.backends.distributed import _loss_module
 
     if parallel.activation_checkpointing:
         raise InvalidInput("FSDP's own activation checkpointing with FSDP1 is not modelled: use a ckpt mode "
@@ -73,9 +66,9 @@ def wrap(model: Any, parallel: Any, mesh: Any, loss: str, precision: str) -> Any
         where = {"process_group": mesh.get_group()}
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
     root = FSDP(
-        _loss_module()(model, loss), sharding_strategy=strategy,
+        trained, sharding_strategy=strategy,
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                           transformer_layer_cls=_layer_classes(model)),
+                                           transformer_layer_cls=_layer_classes(model, layers)),
         mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
         use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
         device_id=torch.device("cpu"), **where)
