@@ -5,8 +5,10 @@ config: it comes from ``--gpus`` or an accelerate config, configs/accelerate.py)
 autotune models FSDP2 as accelerate >= 1.14 prepares it for the Trainer (``fully_shard`` on each
 decoder layer and on the root) and DDP (workload/parallel.py); DeepSpeed's ZeRO stages are read
 into ``parallel`` zero1/zero2/zero3, which the request refuses by name until they are modelled.
-Every other setting that changes memory (CPU offload, FSDP1, FSDP's own activation checkpointing,
-another wrap policy) is refused by its key; settings with no effect on a step's memory are noted
+FSDP1 is read from a TrainingArguments fsdp_config with version 1 (and Axolotl's unversioned one) as
+the Trainer hands it to accelerate (``read_trainer_fsdp1``). Every other setting that changes memory
+(CPU offload, FSDP1 in an accelerate launcher config, FSDP's own activation checkpointing, another
+wrap policy) is refused by its key; settings with no effect on a step's memory are noted
 with the reason.
 
 Sources: transformers 5.24 ``training_args.py`` (``TrainingArguments._process_fsdp_args`` and
