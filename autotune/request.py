@@ -400,6 +400,13 @@ class Step:
         None, "fsdp: FSDP's own activation checkpointing (fsdp_config activation_checkpointing): each "
         "layer in torch's checkpoint_wrapper as the fsdp recipe applies it, in place of a ckpt mode (the "
         "Trainer refuses both)")
+    fsdp_version: int | None = option(
+        None, "fsdp: 2 (FSDP2 fully_shard, the default) or 1 (FSDP1 FullyShardedDataParallel as accelerate "
+        "prepares it: one FlatParameter per decoder layer and the root's)", metavar="1|2", parse=positive)
+    fsdp1_config: str | None = option(
+        None, "fsdp_version 1: FSDP1's settings as JSON, any of use_orig_params (default true, the "
+        "Trainer's), forward_prefetch (false), backward_prefetch (BACKWARD_PRE, BACKWARD_POST or null, the "
+        "Trainer's NO_PREFETCH)", metavar="JSON")
     zero_config: str | None = option(
         None, "zero1/2/3: the zero_optimization mapping of the job's DeepSpeed config, as JSON (default: the "
         "stage with reduce_bucket_size and the stage-3 sizes \"auto\", resolved from hidden_size as the "
@@ -782,7 +789,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                  reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe,
                                  zero_config=step.zero_config,
-                                 activation_checkpointing=step.fsdp_activation_checkpointing)
+                                 activation_checkpointing=step.fsdp_activation_checkpointing,
+                                 fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     images = resolve_images(step, spec, task, seq_lens, found)
     if trainer is not None and found.ok("loss", "liger", "parallel"):

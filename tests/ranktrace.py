@@ -25,6 +25,7 @@ class Phases(StepHooks):
 
     def __init__(self) -> None:
         self.loaded_bytes = 0
+        self._loaded: set[int] = set()  # storages counted (FSDP1's parameters are views of one)
         self.steps_start = 0  # events before the steps
         self.live: dict[str, list[int]] = collections.defaultdict(list)
 
@@ -33,7 +34,10 @@ class Phases(StepHooks):
         return self.tracker
 
     def loaded(self, tensor: Any) -> None:
-        self.loaded_bytes += local_shard(tensor).untyped_storage().nbytes()
+        storage = local_shard(tensor).untyped_storage()
+        if storage._cdata not in self._loaded:
+            self._loaded.add(storage._cdata)
+            self.loaded_bytes += storage.nbytes()
 
     def _note(self, seam: str) -> None:
         sizes: dict[int, int] = {}

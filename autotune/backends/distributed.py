@@ -475,14 +475,29 @@ class Distributed:
     @property
     def autocasts(self) -> bool:
         """Whether a mode's 16-bit precision is torch.autocast (DDP, as on one GPU), or FSDP2's
-        MixedPrecisionPolicy or DeepSpeed's 16-bit engine with no autocast (module docstring)."""
-        return self.parallel.kind == DDP
+        MixedPrecisionPolicy or DeepSpeed's 16-bit engine with no autocast (module docstring). FSDP1
+        has both: accelerate's autocast and its MixedPrecision (backends/fsdp1.py)."""
+        return self.parallel.kind == DDP or self.parallel.kind == FSDP and self.parallel.fsdp_version == 1
 
     def prepare(self, model: Any, precision: str) -> None:
         """At build (inside the model's FakeTensorMode): FSDP2 shards the parameters once, for
         modes of ``precision``."""
-        if self.parallel.kind == FSDP:
+        if self.parallel.kind == FSDP and self.parallel.fsdp_version == 1:
+            from autotune.backends import fsdp1
+
+            self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layer_classes(model),
+                                       self.parallel, self.mesh, precision)
+        elif self.parallel.kind == FSDP:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
+
+    def flat_parameters(self) -> list[Any]:
+        """FSDP1's FlatParameters, each unit's shard (backends/fsdp1.py); none for another kind: their
+        parameters are the model's own."""
+        if self.parallel.kind == FSDP and self.parallel.fsdp_version == 1:
+            from autotune.backends import fsdp1
+
+            return fsdp1.flat_parameters(self._sharded)
+        return []
 
     def engine(self, model: Any, optimizer: Any, precision: str) -> Any:
         """DeepSpeed ZeRO (backends/deepspeed.py): its engine over ``model`` and its loss with the

@@ -242,7 +242,8 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
     if request.mode is not None:  # else the service's default, the weights' (defaults.default_mode_name)
         query["mode"] = parse_mode(request.mode).name
     # the trainer and its settings too: the service answers that trainer's step, never SFT in its place
-    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "trainer", "kto_loss_type",
+    for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "fsdp_version", "fsdp1_config",
+                 "trainer", "kto_loss_type",
                  "num_generations", "max_completion_length", "beta", "steps_per_generation", "vllm_mode",
                  "vllm_gpu_memory_utilization"):
         if getattr(step, name) is not None and getattr(step, name) != "":

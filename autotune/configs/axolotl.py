@@ -46,6 +46,7 @@ from autotune.configs.sharding import (
     note_no_effect,
     read_ddp,
     read_deepspeed,
+    read_trainer_fsdp1,
     set_parallel,
     wrap_classes,
 )
@@ -487,13 +488,25 @@ def _axolotl_sharding(cfg: Config) -> None:
     inner = options.pop("fsdp_version", None)
     inner = options.pop("version", None) if inner is None else inner
     version = version or inner
-    if version is None:
-        pinned = "fsdp_config without fsdp_version is FSDP1 in Axolotl (validation.py " \
-                 "check_fsdp_version_in_fsdp_config)" if key == "fsdp_config" else \
-                 "the deprecated fsdp list without fsdp_version: 2 does not take Axolotl's FSDP2 path"
-        raise cfg.unmodelled(key, cfg.data[key], f"{pinned}; {FSDP1}: write fsdp_version: 2")
+    if version is None and key == "fsdp":
+        raise cfg.unmodelled(key, cfg.data[key], "the deprecated fsdp list without fsdp_config or "
+                             f"fsdp_version: 2 does not take Axolotl's FSDP paths; {FSDP1}: write "
+                             "fsdp_version: 2")
+    if version is None or str(version) == "1":
+        # validation.py check_fsdp_version_in_fsdp_config: an unversioned fsdp_config is FSDP1, which
+        # Axolotl leaves to the Trainer (core/builders/base.py passes fsdp_config on) and accelerate
+        if not unset(fsdp):
+            if not isinstance(fsdp, list) or not all(isinstance(item, str) for item in fsdp):
+                raise cfg.bad("fsdp", fsdp, "a list of FSDP options (full_shard, shard_grad_op, offload, "
+                              "auto_wrap)")
+            legacy_fsdp(cfg, fsdp, options, 1)
+        read_trainer_fsdp1(cfg, "fsdp_config", options, key)
+        if version is None:
+            cfg.notes.append("fsdp_config without fsdp_version: FSDP1 in Axolotl (validation.py "
+                             "check_fsdp_version_in_fsdp_config)")
+        return
     if str(version) != "2":
-        raise cfg.unmodelled("fsdp_version", version, FSDP1)
+        raise cfg.bad("fsdp_version", version, "1 or 2")
     if not unset(fsdp):
         if not isinstance(fsdp, list) or not all(isinstance(item, str) for item in fsdp):
             raise cfg.bad("fsdp", fsdp, "a list of FSDP options (full_shard, shard_grad_op, offload, "

@@ -5,8 +5,10 @@ config: it comes from ``--gpus`` or an accelerate config, configs/accelerate.py)
 autotune models FSDP2 as accelerate >= 1.14 prepares it for the Trainer (``fully_shard`` on each
 decoder layer and on the root) and DDP (workload/parallel.py); DeepSpeed's ZeRO stages are read
 into ``parallel`` zero1/zero2/zero3, which the request refuses by name until they are modelled.
-Every other setting that changes memory (CPU offload, FSDP1, FSDP's own activation checkpointing,
-another wrap policy) is refused by its key; settings with no effect on a step's memory are noted
+FSDP1 is read from a TrainingArguments fsdp_config with version 1 (and Axolotl's unversioned one) as
+the Trainer hands it to accelerate (``read_trainer_fsdp1``). Every other setting that changes memory
+(CPU offload, FSDP1 in an accelerate launcher config, FSDP's own activation checkpointing, another
+wrap policy) is refused by its key; settings with no effect on a step's memory are noted
 with the reason.
 
 Sources: transformers 5.24 ``training_args.py`` (``TrainingArguments._process_fsdp_args`` and
@@ -156,8 +158,12 @@ def read_trainer_fsdp(cfg: Config) -> None:
     version = int(version)
     if not isinstance(fsdp, bool):
         legacy_fsdp(cfg, fsdp, options, version)
-    if version != 2:
-        raise cfg.unmodelled("fsdp_config.version", version, FSDP1)
+    if options.get("xla"):
+        raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
+    if version == 1:
+        read_trainer_fsdp1(cfg, "fsdp_config", options)
+        cfg.notes.append(f"fsdp: {fsdp!r}: fsdp_config version 1 (transformers' _process_fsdp_args)")
+        return
     if options.get("xla"):
         raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
     if options.get("cpu_offload"):
@@ -189,6 +195,89 @@ def read_trainer_fsdp(cfg: Config) -> None:
                      "unless fsdp_config says 1)")
 
 
+# FSDP1 as the Trainer hands it to accelerate (transformers 5.24 _process_fsdp_args, version 1: its
+# reshard_after_forward a strategy's name, forward_prefetch, backward_prefetch, use_orig_params,
+# sync_module_states and limit_all_gathers; no sharding_strategy), and accelerate 1.15's plugin
+# (FullyShardedDataParallelPlugin.__post_init__): sharding_strategy from FSDP_SHARDING_STRATEGY, else
+# FULL_SHARD, which prepare_model passes ahead of reshard_after_forward ("sharding_strategy or
+# reshard_after_forward"), so a Trainer's FSDP1 job is FULL_SHARD whatever reshard_after_forward says.
+FSDP1_NOTE = ("FSDP1 (FullyShardedDataParallel, one FlatParameter per decoder layer and the root's), as "
+              "accelerate 1.15's prepare_model wraps it for the Trainer: FULL_SHARD (the plugin's "
+              "sharding_strategy default, which prepare_model passes ahead of reshard_after_forward)")
+FSDP1_NO_EFFECT = {
+    "sync_module_states": "rank 0's weights broadcast once before training",
+    "limit_all_gathers": None,  # true (accelerate's default) modelled; false refused
+}
+
+
+def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: str = "fsdp") -> None:
+    """An FSDP1 ``fsdp_config`` (its ``fsdp_`` prefixes dropped) as the Trainer hands it to
+    accelerate (FSDP1_NOTE), into the request's fsdp_version 1 and fsdp1_config; what it cannot
+    model refused by its key."""
+    if options.get("cpu_offload") or "offload_params" in options and _truth(
+            cfg, f"{where}.offload_params", options["offload_params"]):
+        key = "cpu_offload" if options.get("cpu_offload") else "offload_params"
+        raise cfg.unmodelled(f"{where}.{key}", options[key], "FSDP1's CPUOffload (parameters and gradients "
+                             "on the CPU, the optimizer step run there) is not modelled")
+    if "activation_checkpointing" in options and _truth(cfg, f"{where}.activation_checkpointing",
+                                                        options["activation_checkpointing"]):
+        raise cfg.unmodelled(f"{where}.activation_checkpointing", options["activation_checkpointing"],
+                             "FSDP1's activation checkpointing (accelerate's apply_activation_checkpointing "
+                             "after wrapping) is not modelled: use gradient_checkpointing")
+    policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
+    if policy != "TRANSFORMER_BASED_WRAP":
+        raise cfg.unmodelled(f"{where}.auto_wrap_policy", policy, "FSDP1 units other than one per decoder "
+                             "layer (the transformer-based auto wrap on _no_split_modules) are not modelled")
+    wrap_classes(cfg, f"{where}.transformer_layer_cls_to_wrap", options.get("transformer_layer_cls_to_wrap"))
+    strategy = str(options.get("sharding_strategy", "FULL_SHARD")).upper()
+    if strategy not in _STRATEGIES:
+        raise cfg.bad(f"{where}.sharding_strategy", options["sharding_strategy"], ", ".join(_STRATEGIES))
+    if strategy != "FULL_SHARD":
+        raise cfg.unmodelled(f"{where}.sharding_strategy", options["sharding_strategy"],
+                             "transformers does not pass it to accelerate, whose FSDP1 plugin takes "
+                             "FSDP_SHARDING_STRATEGY from the launcher, else FULL_SHARD: only FULL_SHARD is "
+                             "modelled from a training config")
+    reshard = options.get("reshard_after_forward")
+    if reshard is not None and str(reshard).upper() not in _STRATEGIES:  # ShardingStrategy[...] raises
+        raise cfg.bad(f"{where}.reshard_after_forward", reshard, "with FSDP1 a sharding strategy, one of "
+                      f"{', '.join(_STRATEGIES)} (accelerate's FullyShardedDataParallelPlugin refuses "
+                      "others)")
+    if reshard is not None and str(reshard).upper() != "FULL_SHARD":
+        cfg.notes.append(f"{where}.reshard_after_forward: {reshard!r}: no effect with FSDP1 under the "
+                         "Trainer: accelerate's plugin sets sharding_strategy FULL_SHARD, which "
+                         "prepare_model passes ahead of it")
+    if "limit_all_gathers" in options and not _truth(cfg, f"{where}.limit_all_gathers",
+                                                     options["limit_all_gathers"]):
+        raise cfg.unmodelled(f"{where}.limit_all_gathers", options["limit_all_gathers"],
+                             "FSDP1 without its rate limiter lets the CPU issue all-gathers ahead of the "
+                             "GPU's frees; only limit_all_gathers true (accelerate's default) is modelled")
+    prefetch = str(options.get("backward_prefetch", "NO_PREFETCH")).upper()
+    if prefetch not in ("NO_PREFETCH", "BACKWARD_PRE", "BACKWARD_POST"):
+        raise cfg.bad(f"{where}.backward_prefetch", options["backward_prefetch"],
+                      "BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH")
+    settings = {"use_orig_params": _truth(cfg, f"{where}.use_orig_params",
+                                          options.get("use_orig_params", True)),
+                "forward_prefetch": _truth(cfg, f"{where}.forward_prefetch",
+                                           options.get("forward_prefetch", False)),
+                "backward_prefetch": None if prefetch == "NO_PREFETCH" else prefetch}
+    for name in ("sync_module_states",):
+        if name in options:
+            cfg.notes.append(f"{where}.{name}: {options[name]!r}: no effect on GPU memory: "
+                             f"{FSDP1_NO_EFFECT[name]}")
+    handled = {"version", "fsdp_version", "xla", "cpu_offload", "offload_params", "activation_checkpointing",
+               "auto_wrap_policy", "transformer_layer_cls_to_wrap", "sharding_strategy",
+               "reshard_after_forward", "limit_all_gathers", "backward_prefetch", "forward_prefetch",
+               "use_orig_params",
+               "sync_module_states"}
+    note_no_effect(cfg, where, options, handled)
+    set_parallel(cfg, key, "fsdp", True)
+    cfg.launch["fsdp_version"] = 1
+    cfg.launch["fsdp1_config"] = json.dumps(settings)
+    cfg.notes.append(f"{where}: {FSDP1_NOTE}; use_orig_params {str(settings['use_orig_params']).lower()}, "
+                     f"forward_prefetch {str(settings['forward_prefetch']).lower()}, backward_prefetch "
+                     f"{prefetch}")
+
+
 def fsdp_options(cfg: Config, config: Any, key: str, keep: tuple[str, ...] = ()) -> dict[str, Any]:
     """An ``fsdp_config``: a mapping, or (TrainingArguments) the path of a JSON one; its keys without
     their ``fsdp_`` prefix (but those in ``keep``)."""
@@ -218,6 +307,8 @@ def legacy_fsdp(cfg: Config, fsdp: str | list[str], options: dict[str, Any], ver
                     raise InvalidInput(f"fsdp: {item!r} in {cfg.file!r} is only available with FSDP1 "
                                        "(transformers' _apply_legacy_fsdp_to_config raises with FSDP2, the "
                                        "default): write full_shard or shard_grad_op")
+            else:  # FSDP1: the strategy's name, lower-cased as given
+                options.setdefault("reshard_after_forward", item)
         elif item == "offload":
             options.setdefault("cpu_offload", True)
         elif item != "auto_wrap":

@@ -66,6 +66,12 @@ class Parallel:
     # checkpoint_layers), in place of transformers' gradient checkpointing
     activation_checkpointing: bool = False
     zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
+    # fsdp: 1 is FSDP1, FullyShardedDataParallel as accelerate prepares it (backends/fsdp1.py),
+    # with its own settings below (the Trainer's defaults); 2 is FSDP2 (fully_shard)
+    fsdp_version: int = 2
+    use_orig_params: bool = True  # fsdp 1: the original parameters as views of the FlatParameter
+    forward_prefetch: bool = False  # fsdp 1: the next unit's all-gather issued before this forward
+    backward_prefetch: str | None = None  # fsdp 1: BACKWARD_PRE or BACKWARD_POST; None: NO_PREFETCH
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
@@ -107,7 +113,7 @@ class Parallel:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
-        return f"FSDP2 {strategy}{checkpointed}, {self.gpus} GPUs"
+        return f"FSDP{self.fsdp_version} {strategy}{checkpointed}, {self.gpus} GPUs"
 
     @property
     def modelled(self) -> str:
@@ -128,6 +134,14 @@ class Parallel:
                        "host memory, not the GPU's; DeepSpeedCPUAdam's state modelled from source "
                        "(ops/adam/cpu_adam.py step: exp_avg and exp_avg_sq in float32 on the host; its "
                        "compiled op cannot run on fake tensors)" if offloads(self.zero) else ""))
+        if self.fsdp_version == 1:
+            prefetch = self.backward_prefetch or "NO_PREFETCH"
+            return ("traced: FSDP1 FullyShardedDataParallel on a fake process group, wrapped as accelerate "
+                    "1.15's prepare_model wraps it (one FlatParameter per decoder layer, the root's for the "
+                    f"rest; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
+                    f"{str(self.forward_prefetch).lower()}, backward_prefetch {prefetch}, limit_all_gathers "
+                    "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
+                    "(accelerate upcasts each FlatParameter) under accelerate's autocast")
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -169,7 +183,10 @@ class Parallel:
                 "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
                 "activation_checkpointing": self.activation_checkpointing,
                 "shard_size": self.shard_size, "label": self.label, "modelled": self.modelled,
-                "zero_config": settings_text(self.zero) if self.is_zero else None}
+                "zero_config": settings_text(self.zero) if self.is_zero else None,
+                "fsdp_version": self.fsdp_version if self.kind == FSDP else None,
+                "use_orig_params": self.use_orig_params, "forward_prefetch": self.forward_prefetch,
+                "backward_prefetch": self.backward_prefetch}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -206,7 +223,8 @@ def nccl_bytes(parallel: Parallel | None, compute_capability: tuple[int, int] | 
 def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = None,
                   reshard_after_forward: bool | None = None, recipe: str | None = None,
                   zero_config: str | None = None,
-                  activation_checkpointing: bool | None = None) -> Parallel | None:
+                  activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
+                  fsdp1_config: str | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -259,10 +277,59 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
+    fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
-                    recipe or "accelerate", bool(activation_checkpointing), zero)
+                    recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1)
+
+
+# FSDP1's settings a request may give (fsdp1_config), with the Trainer's defaults (transformers 5.24
+# training_args.py _process_fsdp_args: use_orig_params "true", forward_prefetch "false",
+# backward_prefetch "NO_PREFETCH"; limit_all_gathers is accelerate's default True, the only value
+# modelled: configs/sharding.py refuses false).
+FSDP1_SETTINGS = {"use_orig_params": True, "forward_prefetch": False, "backward_prefetch": None}
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
+
+
+def _fsdp1_settings(kind: str, recipe: str | None, activation_checkpointing: bool | None,
+                    fsdp_version: int | None, fsdp1_config: str | None) -> dict[str, Any]:
+    """The Parallel fields of ``fsdp_version`` and ``fsdp1_config`` (FSDP1_SETTINGS), checked."""
+    import json
+
+    if fsdp_version is not None and (kind != FSDP or fsdp_version not in (1, 2)):
+        raise _about("fsdp_version", InvalidInput.naming(
+            f"{{fsdp_version}} {fsdp_version!r}: "
+            + ("1 or 2" if kind == FSDP else f"an fsdp setting, not {kind}'s")))
+    if fsdp1_config is not None and fsdp_version != 1:
+        raise _about("fsdp1_config", InvalidInput.naming(
+            "{fsdp1_config} is FSDP1's: give {fsdp_version} 1"))
+    if fsdp_version != 1:
+        return {}
+    if recipe not in (None, "accelerate"):
+        raise _about("fsdp_recipe", InvalidInput.naming(
+            f"{{fsdp_recipe}} {recipe} with {{fsdp_version}} 1: FSDP1 is modelled as accelerate prepares it "
+            "(Accelerator.prepare_model)"))
+    if activation_checkpointing:
+        raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
+            "{fsdp_activation_checkpointing} with {fsdp_version} 1: FSDP1's activation checkpointing "
+            "(apply_activation_checkpointing after wrapping) is not modelled yet: use a ckpt mode"))
+    try:
+        given = {} if fsdp1_config is None else json.loads(fsdp1_config)
+    except json.JSONDecodeError as exc:
+        raise _about("fsdp1_config", InvalidInput.naming(f"{{fsdp1_config}} is not JSON: {exc}")) from None
+    if not isinstance(given, dict) or set(given) - set(FSDP1_SETTINGS):
+        raise _about("fsdp1_config", InvalidInput.naming(
+            f"{{fsdp1_config}} must be a JSON mapping of {', '.join(FSDP1_SETTINGS)}, got {fsdp1_config!r}"))
+    settings = {**FSDP1_SETTINGS, **given, "fsdp_version": 1}
+    for name in ("use_orig_params", "forward_prefetch"):
+        if not isinstance(settings[name], bool):
+            raise _about("fsdp1_config", InvalidInput.naming(
+                f"{{fsdp1_config}} {name} must be true or false"))
+    if settings["backward_prefetch"] not in (None, *BACKWARD_PREFETCH):
+        raise _about("fsdp1_config", InvalidInput.naming(
+            f"{{fsdp1_config}} backward_prefetch must be {', '.join(BACKWARD_PREFETCH)} or null"))
+    return settings
 
 
 def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:

@@ -128,7 +128,13 @@ def ddp_regions() -> Iterator[None]:
 def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Iterator[None]:
     """What a trace of ``distributed``'s rank enters around its step (None: one GPU's, nothing)."""
     with contextlib.ExitStack() as stack:
-        if distributed is not None and distributed.parallel.kind == FSDP:
+        if distributed is not None and distributed.parallel.kind == FSDP \
+                and distributed.parallel.fsdp_version == 1:
+            from autotune.backends import fsdp1
+
+            stack.enter_context(fsdp1.resizes_tracked(tracker.track, tracker.resized))
+            stack.enter_context(fsdp1.real_storage_checks())
+        elif distributed is not None and distributed.parallel.kind == FSDP:
             stack.enter_context(resizes_tracked(tracker))
             stack.enter_context(fsdp_regions())
         elif distributed is not None and distributed.parallel.kind == DDP:

@@ -261,6 +261,10 @@ def trace_step(
             assert distributed is not None
             deepspeed.load(model, distributed.parallel, load, load_weights)
         else:
+            # FSDP1's shards first: its FlatParameters are no module's parameters with
+            # use_orig_params, and the root's sits on the wrapper (backends/fsdp1.py)
+            for flat in [] if distributed is None else distributed.flat_parameters():
+                load(flat)
             load_weights(model, load)
         if fake.reference is not None:  # DPO's frozen reference, loaded after the policy (preference.py)
             load_weights(fake.reference, load)

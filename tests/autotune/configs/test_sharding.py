@@ -87,8 +87,12 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
     ({"fsdp": "full_shard offload"}, "fsdp_config.cpu_offload", "CPU offload"),
     ({"fsdp": True, "fsdp_config": {"cpu_offload": True}}, "fsdp_config.cpu_offload", "CPU offload"),
     ({"fsdp": True, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
-    ({"fsdp": True, "fsdp_config": {"version": 1}}, "fsdp_config.version", "FSDP1"),
-    ({"fsdp": "hybrid_shard", "fsdp_config": {"fsdp_version": 1}}, "fsdp_config.version", "FSDP1"),
+    ({"fsdp": True, "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
+     "CPUOffload"),
+    ({"fsdp": True, "fsdp_config": {"version": 1, "limit_all_gathers": False}},
+     "fsdp_config.limit_all_gathers", "rate limiter"),
+    ({"fsdp": True, "fsdp_config": {"version": 1, "activation_checkpointing": True}},
+     "fsdp_config.activation_checkpointing", "FSDP1's activation checkpointing"),
     ({"fsdp": True, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
     ({"fsdp": True, "fsdp_config": {"xla": True}}, "fsdp_config.xla", "XLA"),
@@ -178,9 +182,43 @@ def test_axolotl_fsdp2_is_read(tmp_path):
     assert launch(tmp_path, listed, "c.yml")[:2] == ("fsdp", False)
 
 
+def test_an_unversioned_axolotl_fsdp_config_is_fsdp1_as_the_trainer_hands_it_to_accelerate(tmp_path):
+    fsdp1 = {**AXOLOTL, "fsdp_config": {
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "fsdp_use_orig_params": False, "fsdp_limit_all_gathers": True, "fsdp_sync_module_states": True,
+        "fsdp_sharding_strategy": "FULL_SHARD", "fsdp_backward_prefetch": "BACKWARD_PRE",
+        "fsdp_state_dict_type": "FULL_STATE_DICT"}}
+    config = read_training_config(write(tmp_path, fsdp1, "a.yml"))
+    step = config.request.step
+    assert (step.parallel, step.fsdp_version, step.fsdp_recipe) == ("fsdp", 1, None)
+    assert json.loads(step.fsdp1_config) == {"use_orig_params": False, "forward_prefetch": False,
+                                             "backward_prefetch": "BACKWARD_PRE"}
+    assert any("check_fsdp_version_in_fsdp_config" in note for note in config.notes)
+    versioned = {**fsdp1, "fsdp_version": 1}
+    assert read_training_config(write(tmp_path, versioned, "b.yml")).request.step.fsdp_version == 1
+    assert main(["check", "--from-config", str(tmp_path / "a.yml"), "--gpus", "4", "--gpu", "H100-80GB",
+                 "--workers", "1", "--no-cache"]) == 0
+
+
+def test_training_arguments_fsdp_config_version_1_is_fsdp1_full_shard(tmp_path):
+    data = {**TRAINER, "fsdp": "shard_grad_op auto_wrap", "fsdp_config": {"version": 1}}
+    config = read_training_config(write(tmp_path, data, "t.json"))
+    step = config.request.step
+    assert (step.parallel, step.reshard_after_forward, step.fsdp_version) == ("fsdp", True, 1)
+    # the Trainer's defaults (_process_fsdp_args): use_orig_params true, no prefetch
+    assert json.loads(step.fsdp1_config) == {"use_orig_params": True, "forward_prefetch": False,
+                                             "backward_prefetch": None}
+    # accelerate's plugin sets sharding_strategy FULL_SHARD, which prepare_model passes first
+    assert any("reshard_after_forward: 'shard_grad_op': no effect" in note for note in config.notes)
+    with pytest.raises(InvalidInput, match="reshard_after_forward"):
+        launch(tmp_path, {**TRAINER, "fsdp": True,
+                          "fsdp_config": {"version": 1, "reshard_after_forward": True}})
+
+
 @pytest.mark.parametrize(("changes", "key", "why"), [
-    ({"fsdp_version": None}, "fsdp_config", "FSDP1"),  # validation.py pins an unversioned config to 1
-    ({"fsdp_version": 1}, "fsdp_version", "FSDP1"),
+    ({"fsdp_version": 1, "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}},
+     "fsdp_config.sharding_strategy", "only FULL_SHARD"),
     ({"fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),

@@ -1,0 +1,147 @@
+"""One rank of FSDP1 (FullyShardedDataParallel, backends/fsdp1.py) traced on a fake process group: the
+rank holds its shard of each unit's FlatParameter, computed here from the parameter list as FSDP1
+flattens and pads it, and each decoder layer's gathered FlatParameter appears where FSDP1 gathers it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from ranktrace import traced
+
+from autotune.errors import InvalidInput
+from autotune.workload.parallel import Parallel, make_parallel
+
+STEP_BYTES = 4  # AdamW(fused=True)'s float32 step count per parameter
+
+
+def unit_numel(parameters: Any) -> int:
+    """A unit's FlatParameter: its parameters flattened in order, each starting 16-byte aligned
+    with use_orig_params (_flat_param.py ``_init_flat_param_and_metadata``: ``aligned_numel``)."""
+    numel = 0
+    for parameter in parameters:
+        numel += -numel % (16 // parameter.element_size())
+        numel += parameter.numel()
+    return numel
+
+
+def shards(model: Any, ranks: int) -> list[int]:
+    """Rank 0's shard of each unit, in elements: the FlatParameter padded to a multiple of the ranks
+    and split evenly (``FlatParamHandle._get_shard``): each decoder layer's, then the root's rest."""
+    layers = list(model.model.layers)
+    inside = {id(p) for layer in layers for p in layer.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in inside]
+    return [math.ceil(unit_numel(unit) / ranks) for unit in [*(layer.parameters() for layer in layers), rest]]
+
+
+def fsdp1(ranks: int, **settings: Any) -> Parallel:
+    return Parallel("fsdp", ranks, fsdp_version=1, **settings)
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_an_fsdp1_rank_holds_its_flat_parameter_shards_gradients_and_optimizer_state(ranks):
+    phases, model = traced(fsdp1(ranks))
+    shard = 2 * sum(shards(model, ranks))  # bfloat16 weights, no upcast without mixed precision
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert phases.loaded_bytes == shard + buffers
+    before = phases.live["before steps"][0]
+    assert phases.live["backward done"][0] - before == shard  # the reduce-scattered flat gradients
+    units = len(shards(model, ranks))  # AdamW over the FlatParameters' original-parameter views
+    after = phases.live["optimizer done"][0] - before
+    assert after >= shard + 2 * shard + units * STEP_BYTES
+
+
+def test_a_16_bit_mode_under_fsdp1_upcasts_the_flat_parameters_as_accelerate_does():
+    ranks = 4
+    phases, model = traced(fsdp1(ranks), mode="bf16")
+    shard = sum(shards(model, ranks))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert phases.loaded_bytes == 4 * shard + buffers  # float32 shards
+    layer = shards(model, ranks)[0]
+    # each gather casts the shard to bfloat16 first (_mp_shard), then gathers it whole in bfloat16
+    assert phases.allocated_after_start()[2 * layer] >= 2 * model.config.num_hidden_layers
+    assert phases.allocated_after_start()[2 * ranks * layer] >= 2 * model.config.num_hidden_layers
+
+
+def test_fsdp1_gathers_each_layer_in_forward_and_again_in_backward():
+    ranks = 4
+    phases, model = traced(fsdp1(ranks))
+    layers, steps = model.config.num_hidden_layers, 2
+    gathered = 2 * ranks * shards(model, ranks)[0]  # a layer's padded FlatParameter in bfloat16
+    # per step and layer: its all-gather in forward, again in backward (FULL_SHARD) and its unsharded
+    # gradient; plus, once, the _full_param_padded its lazy init allocates and frees
+    # (FlatParamHandle.init_flat_param_attributes)
+    assert phases.allocated_after_start()[gathered] == 3 * layers * steps + layers
+
+
+def test_fsdp1_shard_grad_op_keeps_layers_gathered_for_backward():
+    ranks = 4
+    kept, model = traced(fsdp1(ranks, reshard_after_forward=False))
+    layers, steps = model.config.num_hidden_layers, 2
+    gathered = 2 * ranks * shards(model, ranks)[0]
+    assert kept.allocated_after_start()[gathered] == 2 * layers * steps + layers  # no gather in backward
+
+
+def test_fsdp1_gathered_unit_is_live_while_its_layer_runs():
+    """The gathered layer is live between its all-gather and its free: the peak of the step holds
+    at least one whole layer beside the shards."""
+    ranks = 4
+    phases, model = traced(fsdp1(ranks))
+    gathered = 2 * ranks * shards(model, ranks)[0]
+    live, peak = 0, 0
+    sizes: dict[int, int] = {}
+    for key, nbytes in phases.tracker.events[phases.steps_start:]:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        else:
+            sizes.pop(key, None)
+        live = sum(1 for n in sizes.values() if n == gathered)
+        peak = max(peak, live)
+    assert peak >= 1
+    assert live == 0  # every gathered layer freed by the step's end
+
+
+def test_fsdp1_backward_prefetch_gathers_the_next_layer_early():
+    ranks = 4
+    prefetched, model = traced(fsdp1(ranks, backward_prefetch="BACKWARD_PRE"))
+    plain, _ = traced(fsdp1(ranks))
+    assert max(prefetched.live["backward done"]) >= max(plain.live["backward done"])
+
+
+def test_make_parallel_reads_fsdp1_settings_with_the_trainers_defaults():
+    parallel = make_parallel(4, "fsdp", fsdp_version=1)
+    assert parallel == Parallel("fsdp", 4, fsdp_version=1, use_orig_params=True, forward_prefetch=False,
+                                backward_prefetch=None)
+    given = make_parallel(4, "fsdp", fsdp_version=1,
+                          fsdp1_config='{"use_orig_params": false, "backward_prefetch": "BACKWARD_PRE"}')
+    assert (given.use_orig_params, given.backward_prefetch) == (False, "BACKWARD_PRE")
+    assert make_parallel(4, "fsdp").fsdp_version == 2
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"fsdp_version": 3}, "fsdp_version"),
+    ({"fsdp1_config": "{}"}, "fsdp1_config"),
+    ({"fsdp_version": 1, "fsdp1_config": '{"limit_all_gathers": false}'}, "fsdp1_config"),
+    ({"fsdp_version": 1, "fsdp1_config": '{"backward_prefetch": "BACKWARD_SOON"}'}, "fsdp1_config"),
+    ({"fsdp_version": 1, "recipe": "axolotl"}, "fsdp_recipe"),
+    ({"fsdp_version": 1, "activation_checkpointing": True}, "fsdp_activation_checkpointing"),
+])
+def test_make_parallel_refuses_what_fsdp1_does_not_model(kwargs, field):
+    with pytest.raises(InvalidInput) as raised:
+        make_parallel(4, "fsdp", **kwargs)
+    assert raised.value.field == field
+
+
+def test_use_orig_params_false_holds_the_same_shards():
+    ranks = 4
+    flat, model = traced(fsdp1(ranks, use_orig_params=False))
+    # no 16-byte alignment between parameters without use_orig_params
+    layers = list(model.model.layers)
+    inside = {id(p) for layer in layers for p in layer.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in inside]
+    units = [[*layer.parameters()] for layer in layers] + [rest]
+    shard = 2 * sum(math.ceil(sum(p.numel() for p in unit) / ranks) for unit in units)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert flat.loaded_bytes == shard + buffers
+    assert flat.live["backward done"][0] - flat.live["before steps"][0] == shard
