@@ -328,8 +328,9 @@ def _step(model: str, step: StepOptions) -> Step:
         peft["peft_config"] = str(peft["peft_config"])
     for name in ("load_in_4bit", "load_in_8bit"):
         peft[name] = bool(peft.get(name, False))
-    if isinstance(given.get("liger"), list | tuple):
-        given["liger"] = tuple(given["liger"])
+    for name in ("liger", "frozen_modules"):
+        if isinstance(given.get(name), list | tuple):
+            given[name] = tuple(given[name])
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
     given["offload_activations"] = bool(given.get("offload_activations")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
@@ -350,6 +351,7 @@ class StepOptions(TypedDict, total=False):
     loss: str  # full
     ckpt_reentrant: bool  # False
     offload_activations: bool  # False: TRL's OffloadActivations around each step (emulated)
+    frozen_modules: str | Sequence[str] | None  # a full fine-tune's untrained modules (workload.frozen)
     liger: str | Sequence[str] | None
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1

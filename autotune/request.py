@@ -421,6 +421,10 @@ class Step:
         f"{_DEFAULT_IMAGE_SIZE}, COCO's, the images of Axolotl's VLM examples); Qwen2-VL resizes it to "
         "multiples of 28 (smart_resize), LLaVA and Gemma 3 resize every image to one size", metavar="WxH",
         http=False)
+    frozen_modules: str | tuple[str, ...] | None = option(
+        None, "a full fine-tune's untrained modules, comma-separated: every parameter whose name contains "
+        "one is left without gradient and optimizer state (LLaMA-Factory's freeze_vision_tower: a vision "
+        "model's tower and projector)", metavar="NAMES", http=False)
     trainer: str | None = option(
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
@@ -732,6 +736,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
     None when a field was invalid (found in ``found``)."""
     from autotune.workload import Workload
+    from autotune.workload.frozen import parse_frozen
     from autotune.workload.liger import check_kernels
     from autotune.workload.loss import check_loss
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
@@ -793,6 +798,12 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     images = resolve_images(step, spec, task, seq_lens, found)
+    frozen: tuple[str, ...] = ()
+    with found.about("frozen_modules"):
+        frozen = parse_frozen(step.frozen_modules)
+        if frozen and (adapter is not None or step.peft_options.peft):
+            raise InvalidInput.naming("{frozen_modules} is for a full fine-tune: under {peft} every base "
+                                      "weight is frozen already")
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
@@ -800,7 +811,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
-                    offload_activations=bool(step.offload_activations), trainer=trainer)
+                    offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen)
 
 
 def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,

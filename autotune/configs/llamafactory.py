@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.llamafactory_vision import read_lf_multimodal
 from autotune.configs.lora import build_adapter, lora_number, note_adapter, target_names
 from autotune.configs.reading import (
     COMPILE,
@@ -32,7 +33,6 @@ from autotune.configs.reading import (
     note_neftune,
     read_optimizer,
     unset,
-    vlm_preset,
     words,
 )
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read_trainer_sharding
@@ -99,16 +99,7 @@ _LF_REFUSED = {
     "use_dora": DORA,
     "use_mca": PARALLEL, "use_megatron_bridge": PARALLEL, "use_hyper_parallel": SHARDING,
     "fp8": _FP8, "fp8_enable_fsdp_float8_all_gather": _FP8,
-    "freeze_language_model": "a frozen language model (a vision model's towers trained) is not modelled",
 }
-# LLaMA-Factory trains a vision-language model its own way (model/loader.py: AutoModelForImageTextToText),
-# which autotune does not model yet: freeze_vision_tower and freeze_multi_modal_projector, true by
-# default (hparams/finetuning_args.py), leave the tower and projector untrained, and out of lora_target
-# all (model_utils/misc.py find_all_linear_modules); data/mm_plugin.py resizes each image to at most
-# image_max_pixels (768 x 768 by default) before the processor.
-_LF_MULTIMODAL = ("a vision-language model: LLaMA-Factory's multimodal training (a frozen vision tower and "
-                  "projector by default, freeze_vision_tower; images resized to image_max_pixels) is not "
-                  "modelled")
 _STAGES = ("sft", "pt")  # supervised steps: the model's causal-LM loss (train/sft, train/pt)
 _PREFERENCE = "preference/RL training is not modelled yet: autotune models supervised fine-tuning (sft, pt)"
 _PREFERENCE_STAGES = ("rm", "ppo", "dpo", "kto")
@@ -125,9 +116,7 @@ _LF_NO_EFFECT = words(
     "model_name_or_path adapter_folder cache_dir use_fast_tokenizer split_special_tokens "
     "init_special_tokens model_revision low_cpu_mem_usage moe_aux_loss_coef infer_backend offload_folder "
     "use_kv_cache infer_dtype hf_hub_token ms_hub_token om_hub_token print_param_status trust_remote_code "
-    "quantization_method quantization_type double_quantization image_max_pixels image_min_pixels "
-    "image_do_pan_and_scan crop_to_patches video_max_pixels video_min_pixels video_fps video_maxlen "
-    "use_audio_in_video audio_sampling_rate kt_config "
+    "quantization_method quantization_type double_quantization audio_sampling_rate kt_config "
     # data_args.py
     "template dataset eval_dataset dataset_dir media_dir train_on_prompt mask_history streaming buffer_size "
     "mix_strategy interleave_probs overwrite_cache preprocessing_batch_size preprocessing_num_workers "
@@ -137,7 +126,7 @@ _LF_NO_EFFECT = words(
     "pref_beta pref_ftx pref_bco_weight pref_loss dpo_label_smoothing kto_chosen_weight kto_rejected_weight "
     "simpo_gamma ref_model ref_model_adapters ref_model_quantization_bit reward_model reward_model_adapters "
     "reward_model_quantization_bit reward_model_type ld_alpha module_dropout asft_alpha eaft_alpha "
-    "freeze_vision_tower freeze_multi_modal_projector compute_accuracy disable_shuffling "
+    "compute_accuracy disable_shuffling "
     "early_stopping_steps plot_loss include_effective_tokens_per_second hyper_parallel_args pissa_iter "
     "pissa_convert loraplus_lr_embedding create_new_adapter "
     # training_args.py, generating_args.py
@@ -166,13 +155,15 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         raise cfg.unmodelled("model_name_or_path", model, f"a checkpoint saved quantized ({found.group(1)}, "
                              "as its name says), which LLaMA-Factory loads as its quantization_config says "
                              f"(model_utils/quantization.py configure_quantization): {QUANT}")
-    if vlm_preset(model):
-        raise cfg.unmodelled("model_name_or_path", model, _LF_MULTIMODAL)
     full = _lf_finetuning_type(cfg) == "full"
     bits = _lf_quantization(cfg, full)
+    multimodal, exclude = read_lf_multimodal(cfg, model, full=full, quantized=bits is not None)
     mode, dtype, compute = _lf_precision(cfg, full)
     attn = _lf_attention(cfg)
     adapter = None if full else _lf_adapter(cfg, bits, compute)
+    if adapter is not None and exclude and (unset(cfg.data.get("adapter_name_or_path"))
+                                            or cfg.data.get("create_new_adapter") is True):
+        adapter = replace(adapter, exclude=exclude)  # a new adapter's targets (a saved one's are its own)
     batch = cfg.positive("per_device_train_batch_size", "batch size")
     if batch is None:
         batch = 8  # transformers TrainingArguments' default per_device_train_batch_size
@@ -201,8 +192,8 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
     return cfg.result(
         "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode,
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
-        task="causal-lm", dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
-        loss="chunked" if liger else None,
+        dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
+        loss="chunked" if liger else None, **multimodal,
         ignored=cfg.ignored(_LF_NO_EFFECT | TRAINER_FIELDS | LEGACY_TRAINER_FIELDS,
                             _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
                             modelled=_LF_SOMETIMES_READ),

@@ -42,3 +42,6 @@ class Workload:
     # A preference trainer's step (workload.preference: DPO, ORPO, SimPO, a reward model); None:
     # supervised fine-tuning, the model's own loss over ``batch`` rows.
     trainer: Trainer | None = None
+    # A full fine-tune's untrained modules (workload.frozen): every parameter whose name contains
+    # one of these, without gradient or optimizer state (LLaMA-Factory's frozen vision tower).
+    frozen: tuple[str, ...] = ()

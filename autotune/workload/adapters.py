@@ -145,6 +145,10 @@ class Adapter:
     # Axolotl's quantize_moe_experts: the experts' 3D weights quantized on load too, in the base's
     # bits (backends/estimate/moe_quant.py), through the backend's parts; a quantized base only.
     quantize_experts: bool = False
+    # Modules left without LoRA: those whose names contain one of these (LLaMA-Factory's
+    # model_utils/visual.py patch_target_modules: a vision model's frozen tower and projector),
+    # given to PEFT as exclude_modules (``excluded_pattern``).
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -177,8 +181,17 @@ class Adapter:
         if self.target_pattern is not None:
             targets = f"the modules matching {self.target_pattern}"
         kernels = f" with {describe(self.kernels)}" if self.kernels else ""
+        if self.exclude:
+            targets += f" outside {','.join(self.exclude)}"
         return (f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
                 f"{kernels}")
+
+    def excluded_pattern(self) -> str | None:
+        """PEFT's exclude_modules for ``exclude``: a regular expression it matches against whole module
+        names (re.fullmatch, tuners_utils.py _check_for_modules_to_exclude): a name containing one."""
+        if not self.exclude:
+            return None
+        return ".*(?:" + "|".join(re.escape(name) for name in self.exclude) + ").*"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,6 +204,7 @@ class Adapter:
             **({"target_pattern": self.target_pattern} if self.target_pattern is not None else {}),
             **({"kernels": list(self.kernels)} if self.kernels else {}),
             **({"quantize_experts": True} if self.quantize_experts else {}),
+            **({"exclude": list(self.exclude)} if self.exclude else {}),
         }
 
     @classmethod
@@ -205,7 +219,7 @@ class Adapter:
             recipe=data.get("recipe") or (STORED_QLORA_RECIPE if data["method"] == "qlora" else None),
             # (an 8-bit base was never stored without its recipe)
             target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
-            quantize_experts=bool(data.get("quantize_experts", False)),
+            quantize_experts=bool(data.get("quantize_experts", False)), exclude=data.get("exclude") or (),
         )
 
 
@@ -232,7 +246,7 @@ def make_adapter(
     targets: str | Iterable[str] | None = None, quant_type: str = DEFAULT_QUANT_TYPE,
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
-    kernels: str | Iterable[str] = (), quantize_experts: bool = False,
+    kernels: str | Iterable[str] = (), quantize_experts: bool = False, exclude: Iterable[str] = (),
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
@@ -262,7 +276,14 @@ def make_adapter(
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
                    target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
-                   bool(quantize_experts))
+                   bool(quantize_experts), _check_exclude(exclude))
+
+
+def _check_exclude(names: Iterable[str]) -> tuple[str, ...]:
+    found = tuple(names)
+    if not all(isinstance(name, str) and name for name in found):
+        raise InvalidInput(f"modules left without LoRA must be named, got {list(found)!r}")
+    return found
 
 
 def _check_pattern(pattern: Any, targets: Any) -> None:
@@ -377,6 +398,7 @@ def lora_config(adapter: Adapter, task: str) -> Any:
         target_modules=targets,
         bias=adapter.bias,  # type: ignore[arg-type]  # checked by make_adapter
         modules_to_save=list(adapter.modules_to_save) or None,
+        exclude_modules=adapter.excluded_pattern(),
         task_type=task_type,
     )
 
@@ -431,6 +453,8 @@ def prepare(
         # Axolotl's patch_peft_target_parameters_matching: PEFT skips the parametrizations' lists
         # ("...experts.parametrizations.down_proj"), which a module name would otherwise match.
         config.exclude_modules = PARAMETRIZATIONS
+        if adapter.exclude:
+            config.exclude_modules = f"(?:{PARAMETRIZATIONS})|(?:{adapter.excluded_pattern()})"
     _register_quantized_layers(config, adapter, parts)
     try:
         with warnings.catch_warnings():

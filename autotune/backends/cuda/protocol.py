@@ -29,6 +29,7 @@ from typing import Any
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
 from autotune.workload.adapters import Adapter
+from autotune.workload.frozen import parse_frozen
 from autotune.workload.liger import parse_kernels
 from autotune.workload.loss import check_loss
 from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
@@ -98,6 +99,7 @@ class CellSpec:
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
     # A preference trainer's step (workload.preference.Trainer's fields); None: supervised fine-tuning
     trainer: dict[str, Any] | None = None
+    frozen: list[str] = dataclasses.field(default_factory=list)  # workload.frozen: untrained modules
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,6 +143,7 @@ def cell_spec(
         images=None if workload.images is None else dataclasses.asdict(workload.images),
         offload_activations=workload.offload_activations,
         trainer=None if workload.trainer is None else dataclasses.asdict(workload.trainer),
+        frozen=list(workload.frozen),
     )
 
 
@@ -163,6 +166,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         images=None if spec.images is None else make_images(spec.images["per_sample"], spec.images["size"]),
         offload_activations=spec.offload_activations is True,
         trainer=None if spec.trainer is None else Trainer(**spec.trainer),
+        frozen=parse_frozen(spec.frozen),
     )
     return workload, parse_mode(spec.mode)
 

@@ -56,6 +56,7 @@ from autotune.backends.estimate.vision import route_deepstack, route_gemma4_pool
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
+from autotune.workload.frozen import freeze
 from autotune.workload.modes import Mode
 from autotune.workload.preference import prepare_models
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
@@ -477,7 +478,7 @@ class EstimateBackend:
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer)
+               workload.trainer, workload.frozen)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -488,6 +489,7 @@ class EstimateBackend:
                                           workload.weights_dtype, flash_as_sdpa=True)
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
+                freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

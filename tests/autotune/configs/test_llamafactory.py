@@ -315,10 +315,15 @@ REFUSED = [
     ({"optim": "lomo"}, "optim", "autotune models the optimizers"),
     ({"model_name_or_path": "unsloth/llama-3-8b-bnb-4bit"}, "model_name_or_path",
      "a checkpoint saved quantized"),
-    # examples/train_lora/qwen3vl_lora_sft.yaml: a vision-language preset, LLaMA-Factory's multimodal path
-    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "image_max_pixels": 262144,
-      "video_max_pixels": 16384, "template": "qwen3_vl_nothink"}, "model_name_or_path",
-     "a vision-language model: LLaMA-Factory's multimodal training .* freeze_vision_tower"),
+    # a vision-language model: what LLaMA-Factory's multimodal path does that autotune does not model
+    ({"model_name_or_path": "google/gemma-3-4b-it", "image_do_pan_and_scan": True}, "image_do_pan_and_scan",
+     "pan-and-scan"),
+    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "quantization_bit": 4}, "quantization_bit",
+     "a vision-language model quantized"),
+    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "freeze_multi_modal_projector": False},
+     "freeze_multi_modal_projector", "patch_target_modules"),
+    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "dataset": "mllm_video_demo"}, "dataset",
+     "videos or audio"),
 ]
 
 
@@ -445,3 +450,65 @@ def test_check_answers_a_llamafactory_qlora_config(tmp_path, capsys):
         "qlora", 8, 16, "axolotl")
     assert doc["config_notes"][0] == f"read {path} as llamafactory"
     assert doc["ignored_keys"] == []
+
+
+# examples/train_lora/qwen3vl_lora_sft.yaml, the keys beyond qwen3_lora_sft's
+QWEN3VL_LORA_SFT = {**QWEN3_LORA_SFT, "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct",
+                    "image_max_pixels": 262144, "video_max_pixels": 16384, "template": "qwen3_vl_nothink",
+                    "dataset": "mllm_demo,identity,alpaca_en_demo"}
+# LF model_utils/visual.py: qwen3_vl's vision_model_keys, projector_keys, lora_conflict_keys
+QWEN3VL_TOWER = ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list")
+
+
+def test_a_vision_model_s_lora_leaves_its_tower_and_projector_without_adapters(tmp_path):
+    plan = read(tmp_path, QWEN3VL_LORA_SFT)
+    assert (plan.task, plan.images_per_sample, plan.image_size) == ("image-text-to-text", 2, "591x443")
+    # patch_target_modules: freeze_vision_tower and freeze_multi_modal_projector default true
+    assert plan.adapter.exclude == (*QWEN3VL_TOWER, "visual.merger", "patch_embed")
+    assert plan.adapter.targets == ("all-linear",) and plan.frozen_modules is None
+    # mm_plugin.py _preprocess_image: 640x480 scaled by sqrt(262144 / 307200), each side int()
+    assert any("resized to 591x443 before the processor" in note for note in plan.notes)
+    trained_tower = read(tmp_path, {**QWEN3VL_LORA_SFT, "freeze_vision_tower": False})
+    assert trained_tower.adapter.exclude == ("visual.merger", "patch_embed")
+    # image_max_pixels at its default 768 x 768 keeps a 640x480 image; one image a row without mllm_demo
+    plain = read(tmp_path, {**QWEN3VL_LORA_SFT, "image_max_pixels": None, "dataset": "my_images"})
+    assert (plain.image_size, plain.images_per_sample) == (None, None)
+
+
+def test_a_vision_model_s_full_fine_tune_freezes_its_tower(tmp_path):
+    # examples/train_full/qwen3vl_full_sft.yaml (its deepspeed left out)
+    data = {**QWEN3VL_LORA_SFT, "finetuning_type": "full", "freeze_vision_tower": True,
+            "freeze_multi_modal_projector": True, "freeze_language_model": False, "lora_rank": None,
+            "lora_target": None}
+    plan = read(tmp_path, data)
+    assert plan.frozen_modules == (*QWEN3VL_TOWER, "visual.merger") and plan.adapter is None
+    assert plan.task == "image-text-to-text" and plan.dtype == "float32"
+    projector = read(tmp_path, {**data, "freeze_multi_modal_projector": False})
+    assert projector.frozen_modules == QWEN3VL_TOWER
+    assert read(tmp_path, {**data, "freeze_vision_tower": False,
+                           "freeze_multi_modal_projector": False}).frozen_modules is None
+    # a text model: the vision keys have no effect
+    text = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "image_max_pixels": 1024,
+                           "freeze_vision_tower": False})
+    assert (text.task, text.frozen_modules, text.ignored) == ("causal-lm", None, ())
+
+
+def test_the_frozen_tower_has_no_gradient_nor_optimizer_state():
+    from autotune.backends.estimate.parts import ESTIMATE_PARTS
+    from autotune.workload.frozen import freeze
+    from autotune.workload.models import resolve_model
+    from autotune.workload.optimizers import make_optimizer
+    from autotune.workload.step import build_model
+
+    model, _ = build_model(resolve_model("tiny-qwen3_vl"), "image-text-to-text", "eager", "float32")
+    frozen = freeze(model, (*QWEN3VL_TOWER, "visual.merger"))
+    tower = {name for name, _ in model.named_parameters() if ".visual." in name}
+    assert frozen == len(tower) > 0
+    sum(param.sum() for param in model.parameters()).backward()  # a loss over every parameter
+    optimizer = make_optimizer(model, "adamw_torch", ESTIMATE_PARTS)
+    optimizer.step()
+    for name, param in model.named_parameters():
+        assert (param.grad is None) == (name in tower), name
+        assert (param in optimizer.state) == (name not in tower), name
+    with pytest.raises(InvalidInput, match="match no parameter"):
+        freeze(model, ("vision_tower",))
