@@ -176,3 +176,21 @@ def test_a_flash_attention_step_with_images_is_extrapolated(name):
     assert [p.details["estimate"] for p in probes][:2] == ["traced", "traced"]
     assert {p.details["estimate"] for p in probes[2:]} != {"traced"}
     assert probes[-1].peak_bytes > probes[0].peak_bytes
+
+
+def test_mistral_small_4_counts_119b_and_6_5b_active():
+    # The model card's 119B (Axolotl's examples/mistral4/README.md: "119B parameter (6.5B active)"):
+    # 4 of the 128 routed experts a token, the embedding table not counted as active.
+    from transformers import AutoModelForImageTextToText
+
+    spec = resolve_model("mistralai/Mistral-Small-4-119B-2603")
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    total = sum(p.numel() for p in model.parameters())
+    text = spec.config.text_config
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    idle = experts * (text.n_routed_experts - text.num_experts_per_tok) // text.n_routed_experts
+    embedding = model.get_input_embeddings().weight.numel()
+    assert total == 119_401_298_944 and round(total / 1e9) == 119
+    assert round((total - idle - embedding) / 1e9, 1) == 6.5
