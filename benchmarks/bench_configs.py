@@ -114,6 +114,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "ministral3": {"mistralai/Ministral-3-3B-Reasoning-2512": 3},
     "mistral3": {"mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24, "mistralai/Magistral-Small-2509": 24},
     "pixtral": {"mistral-community/pixtral-12b": 12},
+    # Mistral Small 4: Mistral 3's layout over a mistral4 MoE text model, by its total.
+    "mistral4": {"mistralai/Mistral-Small-4-119B-2603": 119},
     "qwen3_vl": {"Qwen/Qwen3-VL-4B-Instruct": 4},
     "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
 }
@@ -146,6 +148,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"ministral-3-3b-", "ministral3"),
     (r"mistral-small-3\.[12]-24b|magistral-small-2509", "mistral3"),
     (r"(^|/)pixtral-12b", "pixtral"),
+    (r"mistral-small-4-119b-2603", "mistral4"),
     (r"qwen3-vl-\d+b", "qwen3_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
@@ -186,6 +189,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3_5": "tiny-qwen3_5_text",
     "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
+    "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own

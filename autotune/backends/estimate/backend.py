@@ -39,6 +39,7 @@ from autotune.backends.distributed import Distributed
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.liger import swap_in, swap_in_linear_attention
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
+from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
     PLUS_FIXED,
@@ -495,6 +496,7 @@ class EstimateBackend:
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)
+                route_pixtral(model, workload.attn)  # Pixtral's and Mistral 3's per-image loops (pixtral.py)
                 reference = prepare_models(model, workload, lambda: build_model(
                     workload.model, workload.task, workload.attn, workload.weights_dtype,
                     flash_as_sdpa=True)[0])

@@ -128,24 +128,32 @@ def route_vision_attention(model: Any, attn: str | None) -> None:
     docstring); other models are left as they are. ``attn``: the workload's attention, whose
     flash_attention_2 makes one varlen call (no loop, no concatenation where every image is one
     call's window)."""
-    from transformers import AttentionInterface
-
     from autotune.workload.step import FLASH_ATTENTION_2
     from autotune.workload.vision import QWEN_FAMILIES
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base.config, "model_type", None) not in QWEN_FAMILIES:
         return
-    AttentionInterface.register(PER_IMAGE_ATTENTION, per_image_attention)
     # The vision blocks' attention reads the config the tower was built with (a copy of the model's
     # vision_config): each such config is routed once.
     for module in base.modules():
         routed = type(module).__name__.endswith("VisionAttention")
         vision = getattr(module, "config", None) if routed else None
-        if vision is not None and getattr(vision, _ROUTED, None) is None:
-            setattr(vision, _ROUTED, vision._attn_implementation or "sdpa")
-            setattr(vision, _VARLEN, attn == FLASH_ATTENTION_2)
-            vision._attn_implementation = PER_IMAGE_ATTENTION
+        if vision is not None:
+            route_to_per_image(vision, varlen=attn == FLASH_ATTENTION_2)
+
+
+def route_to_per_image(vision: Any, *, varlen: bool) -> None:
+    """Send the attention of the tower built from config ``vision`` to ``per_image_attention``, once;
+    ``varlen``: as flash_attention_2's one varlen call (pixtral.py routes Pixtral's tower here)."""
+    from transformers import AttentionInterface
+
+    if getattr(vision, _ROUTED, None) is not None:
+        return
+    AttentionInterface.register(PER_IMAGE_ATTENTION, per_image_attention)
+    setattr(vision, _ROUTED, vision._attn_implementation or "sdpa")
+    setattr(vision, _VARLEN, varlen)
+    vision._attn_implementation = PER_IMAGE_ATTENTION
 
 
 def per_image_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *,

@@ -107,6 +107,20 @@ MISTRAL3_PRESETS: dict[str, dict[str, Any]] = {
             "vocab_size": 131072,
         },
     },
+    # Mistral Small 4 (2603): Mistral 3's layout (the same Pixtral tower and 2x2 merger) over a mistral4
+    # text model, an MLA mixture of experts. Its text_config is transformers' Mistral4Config defaults
+    # (models/mistral4/configuration_mistral4.py, ``@auto_docstring(checkpoint=
+    # "mistralai/Mistral-Small-4-119B-2603")``): 36 layers of 4096, 32 heads, MLA (q rank 1024, kv rank
+    # 256, 64 + 64 query/key dims, 128 value dims), 128 routed experts of 2048 (4 a token) and one
+    # shared, no dense first layer, 131072 tokens, 1M positions by YaRN 128 from 8192
+    # (__post_init__), lm_head apart. The model card: 119B parameters, 6.5B active (Axolotl's
+    # examples/mistral4/README.md); this builds 119,401,298,944, 6.5B a token
+    # besides the embedding table (7.06B with it).
+    "mistralai/Mistral-Small-4-119B-2603": {
+        **_MISTRAL3,
+        "tie_word_embeddings": False,
+        "text_config": {"model_type": "mistral4", "tie_word_embeddings": False},
+    },
     # mistral-community/pixtral-12b: LLaVA with a Pixtral tower (PixtralVisionConfig's defaults,
     # documented as mistral-labs/pixtral-12b: 24 layers of 1024, 16-pixel patches, images up to 1024
     # pixels) and Mistral NeMo 12B's text model (40 layers of 5120, 32 heads and 8 key/value heads of

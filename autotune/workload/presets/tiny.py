@@ -250,6 +250,24 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "image_token_index": 100,
         "architectures": ["Mistral3ForConditionalGeneration"],
     },
+    # Mistral Small 4's layout: Mistral 3 (model_type mistral3, so not a key of its own type) over a
+    # mistral4 decoder (MLA, 4 routed experts of which 2 a token, one shared).
+    "mistral4": {
+        "model_type": "mistral3",
+        "text_config": {"model_type": "mistral4", "vocab_size": 128, "hidden_size": 32,
+                        "intermediate_size": 64, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+                        "num_attention_heads": 2, "num_key_value_heads": 2, "n_routed_experts": 4,
+                        "num_experts_per_tok": 2, "kv_lora_rank": 16, "q_lora_rank": 16,
+                        "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+                        "max_position_embeddings": 1024, "pad_token_id": 0,
+                        # Mistral Small 4's YaRN by 128, from 8 positions here (8192 there)
+                        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+                                            "original_max_position_embeddings": 8,
+                                            "llama_4_scaling_beta": 0.1}},
+        "vision_config": {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 112},
+        "image_token_index": 100,
+        "architectures": ["Mistral3ForConditionalGeneration"],
+    },
     # Pixtral-12B's layout: LLaVA (model_type llava, so not a key of its own type) with a Pixtral tower
     # of 16-pixel patches, no merge, up to 128 pixels a side; a mistral decoder.
     "pixtral": {

@@ -89,9 +89,11 @@ LIMITS = {
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
     "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 131072, "mistralai/Magistral-Small-2509": 131072,
     "mistralai/Ministral-3-3B-Reasoning-2512": 262144, "mistral-community/pixtral-12b": 1024000,
+    "mistralai/Mistral-Small-4-119B-2603": 1048576,
     "Qwen/Qwen3-VL-4B-Instruct": 262144, "Qwen/Qwen3-VL-30B-A3B-Instruct": 262144,
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "gemma4",
-                                                      "mistral3", "pixtral", "qwen3_vl", "qwen3_vl_moe")},
+                                                      "mistral3", "mistral4", "pixtral", "qwen3_vl",
+                                                      "qwen3_vl_moe")},
     "zai-org/GLM-4.5-Air": 131072, "zai-org/GLM-4.7-Flash": 202752,
 }
 

@@ -119,3 +119,78 @@ def test_preset_parameter_counts_match_the_published_totals(name, params, langua
         assert round(total / 1e9, 1) == 12.7
         assert sum(p.numel() for n, p in model.named_parameters()
                    if "language_model" in n or "lm_head" in n) == language
+
+
+# --- the estimator: the tower's and the merger's per-image loops batched (backends/estimate/pixtral.py) ---
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral3", "tiny-pixtral"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flash_attention_2"])
+def test_the_batched_tower_and_merger_give_the_models_own_features(name, attn):
+    # Real tensors: the routed model's image features are the model's own (SDPA's block mask is
+    # the reference of flash_attention_2's varlen call), images alike (batched) or not (the model's
+    # own loop).
+    from autotune.backends.estimate.pixtral import route_pixtral
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model(name), VLM, "sdpa")
+    model.eval()
+    routed, _ = build_model(resolve_model(name), VLM, attn, flash_as_sdpa=True)
+    routed.load_state_dict(model.state_dict())
+    routed.eval()
+    route_pixtral(routed, attn)
+    assert type(routed.model.vision_tower).forward is not routed.model.vision_tower.forward
+    patch = model.config.vision_config.patch_size * getattr(model.config, "spatial_merge_size", 1)
+    pixels = torch.randn(3, 3, 8 * patch, 8 * patch)
+    layers = {"vision_feature_layer": model.config.vision_feature_layer}
+    if hasattr(model.config, "vision_feature_select_strategy"):  # LLaVA's
+        layers["vision_feature_select_strategy"] = model.config.vision_feature_select_strategy
+    for sizes in ([[8 * patch, 8 * patch]] * 3, [[8 * patch, 4 * patch]] * 3,
+                  [[8 * patch, 8 * patch], [2 * patch, 6 * patch], [8 * patch, 4 * patch]]):
+        with torch.no_grad():
+            ours, theirs = (m.model.get_image_features(pixel_values=pixels, image_sizes=torch.tensor(sizes),
+                                                       **layers) for m in (routed, model))
+        assert [t.shape for t in ours.pooler_output] == [t.shape for t in theirs.pooler_output]
+        for a, b in zip(ours.pooler_output, theirs.pooler_output, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+    if attn != "flash_attention_2":  # the text model's flash stand-in runs without the mask
+        batch = make_batch(model.config, VLM, 2, 200, images=Images(2, (84, 56)))
+        with torch.no_grad():
+            assert torch.allclose(routed(**batch).logits, model(**batch).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-mistral3", "tiny-pixtral"])
+def test_a_flash_attention_step_with_images_is_extrapolated(name):
+    # The per-image loops batched and the varlen attention without the [patches, patches] mask:
+    # two traced runs give the cell's other batch sizes.
+    from autotune.request import Step, TableRequest, Target, resolve
+    from autotune.tuner import budget_bytes
+
+    resolved = resolve(TableRequest(Step(model=name, image_size="112x112", images_per_sample=2,
+                                         attn="flash_attention_2", dtype="bfloat16"),
+                                    Target(gpu_memory="1GiB", backend="estimate"), seq_lens=[256],
+                                    modes="bf16"))
+    budget = budget_bytes(resolved.gpu, resolved.margin)
+    with resolved.backend.cell(resolved.workload, resolved.modes[0], 256, budget) as cell:
+        probes = [cell.fits(batch) for batch in (2, 3, 4, 5)]
+    assert [p.details["estimate"] for p in probes][:2] == ["traced", "traced"]
+    assert {p.details["estimate"] for p in probes[2:]} != {"traced"}
+    assert probes[-1].peak_bytes > probes[0].peak_bytes
+
+
+def test_mistral_small_4_counts_119b_and_6_5b_active():
+    # The model card's 119B (Axolotl's examples/mistral4/README.md: "119B parameter (6.5B active)"):
+    # 4 of the 128 routed experts a token, the embedding table not counted as active.
+    from transformers import AutoModelForImageTextToText
+
+    spec = resolve_model("mistralai/Mistral-Small-4-119B-2603")
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    total = sum(p.numel() for p in model.parameters())
+    text = spec.config.text_config
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    idle = experts * (text.n_routed_experts - text.num_experts_per_tok) // text.n_routed_experts
+    embedding = model.get_input_embeddings().weight.numel()
+    assert total == 119_401_298_944 and round(total / 1e9) == 119
+    assert round((total - idle - embedding) / 1e9, 1) == 6.5
