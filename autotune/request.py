@@ -784,6 +784,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  zero_config=step.zero_config,
                                  activation_checkpointing=step.fsdp_activation_checkpointing)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
+    if adapter is not None and adapter.kernels:
+        from autotune.workload.lora_kernels import check_checkpoint
+
+        with found.about("adapter"):  # Axolotl's patch fails as the model loads, before any batch
+            check_checkpoint(spec.config, adapter.kernels)
     images = resolve_images(step, spec, task, seq_lens, found)
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):

@@ -36,6 +36,13 @@ gemma4 (Gemma4ImageProcessor, image_processing_gemma4.py; processing_gemma4.py)
     float32 and ``image_position_ids`` [images, 2520, 2] (x, y of each patch), both padded to 2520
     (positions -1); ``<|image|>`` repeated patches / 3**2 times between boi and eoi;
     ``mm_token_type_ids`` [B, L] (1 on image tokens).
+internvl (InternVL 3.5; InternVLProcessor, processing_internvl.py, with GotOcr2ImageProcessor,
+    image_processing_got_ocr2.py, crop_to_patches on: at most 12 tiles)
+    each image cut into the grid of 448-pixel tiles (``get_optimal_tiled_canvas``: the arrangement of
+    1 to 12 tiles nearest its aspect ratio) plus a 448-pixel thumbnail of the whole where the grid
+    has more than one tile: ``pixel_values`` [tiles, 3, 448, 448]; ``<img>`` + image_seq_length
+    (256) x tiles ``<IMG_CONTEXT>`` + ``</img>``. The tower embeds (448/14)**2 = 1024 patches a tile,
+    shuffled 2x2 into 256 features.
 pixtral (LLaVA with a Pixtral tower: mistral-community/pixtral-12b), mistral3 (Mistral Small 3.1,
 Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, processing_pixtral.py)
     each image scaled down (never up) to fit a longest edge (``get_resize_output_image_size``: the
@@ -94,10 +101,20 @@ QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
 PIXTRAL_FAMILIES = ("pixtral", "mistral3")
 FIXED_FAMILIES = ("llava", "gemma3")
+# The families whose processor cuts each image into fixed-size tiles by its aspect ratio.
+TILED_FAMILIES = ("internvl",)
+# InternVL 3.5's processor: GotOcr2ImageProcessor with crop_to_patches on, min_patches 1, max_patches
+# 12 and a thumbnail (as InternVL's own dynamic_preprocess, max_num 12, use_thumbnail), as
+# LLaMA-Factory's InternVLPlugin passes them (src/llamafactory/data/mm_plugin.py:
+# {"crop_to_patches": True, "max_patches": 12, "min_patches": 1}) and the -HF checkpoints' processor
+# gives them by default (one image: pixel_values [9, 3, 448, 448] in a public check of
+# InternVL3_5-8B-HF, transformers 4.55); transformers' own default is crop_to_patches off.
+INTERNVL_MIN_TILES = 1
+INTERNVL_MAX_TILES = 12
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
 # the image size changes the inputs
-DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES
+DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
@@ -216,6 +233,24 @@ def pixtral_resize(height: int, width: int, longest_edge: int, patch: int) -> tu
     return ((height - 1) // patch + 1) * patch, ((width - 1) // patch + 1) * patch
 
 
+def tiled_canvas(height: int, width: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """(columns, rows) of the tiles an image is cut into: transformers'
+    models/got_ocr2/image_processing_got_ocr2.py ``get_optimal_tiled_canvas`` with
+    ``get_all_supported_aspect_ratios``, line for line (that module needs torchvision;
+    tests/autotune/workload/test_vlms2.py runs both)."""
+    arrangements = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
+                           if min_tiles <= w * h <= max_tiles), key=lambda grid: grid[0] * grid[1])
+    aspect_ratio, area = width / height, width * height
+    best_ratio_diff, best_grid = float("inf"), (1, 1)
+    for grid in arrangements:
+        ratio_diff = abs(aspect_ratio - grid[0] / grid[1])
+        if ratio_diff < best_ratio_diff:
+            best_ratio_diff, best_grid = ratio_diff, grid
+        elif ratio_diff == best_ratio_diff and area > 0.5 * tile * tile * grid[0] * grid[1]:
+            best_grid = grid  # a tie: more tiles, while they cover under twice the image
+    return best_grid
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What the processor makes of each image of a row, for one model."""
@@ -229,6 +264,7 @@ class ImageLayout:
     patches: int  # patches per image the vision tower embeds (Qwen: rows of pixel_values)
     grid: tuple[int, int, int] | None = None  # Qwen: (t, h, w) in patches, a row of image_grid_thw
     padded_patches: int | None = None  # Gemma 4: rows of each image's pixel_values, padding included
+    tiles: int = 1  # InternVL: images of pixel_values per image (its grid of tiles and a thumbnail)
     size_given: bool = False  # the size was asked for (else DEFAULT_IMAGE_SIZE)
 
     @property
@@ -245,8 +281,9 @@ class ImageLayout:
         width, height = self.given
         if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
-            size = (f"{width}x{height}{why}, resized to {self.processed[0]}x{self.processed[1]}: "
-                    f"{self.patches} patches")
+            cut = (f"cut into {self.tiles} tiles (a {self.processed[0]}x{self.processed[1]} grid and a "
+                   "thumbnail)" if self.tiles > 1 else f"resized to {self.processed[0]}x{self.processed[1]}")
+            size = f"{width}x{height}{why}, {cut}: {self.patches} patches"
         else:
             size = (f"each resized to {self.processed[0]}x{self.processed[1]} by the processor "
                     f"(any size gives the same inputs): {self.patches} patches")
@@ -307,6 +344,14 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
                            tokens=patches // merge**2, markers=2, patches=patches, grid=grid,
                            size_given=images.size is not None)
+    if family in TILED_FAMILIES:
+        side = int(vision.image_size[0])
+        columns, rows = tiled_canvas(height, width, side, INTERNVL_MIN_TILES, INTERNVL_MAX_TILES)
+        tiles = columns * rows + (1 if columns * rows > 1 else 0)  # the thumbnail beside a grid
+        per_tile = (side // int(vision.patch_size[0])) ** 2
+        return ImageLayout(family, images.per_sample, (width, height), (columns * side, rows * side),
+                           tokens=int(config.image_seq_length) * tiles, markers=2, patches=per_tile * tiles,
+                           tiles=tiles, size_given=images.size is not None)
     if family in PIXTRAL_FAMILIES:
         # The processor's patch is the tower's times the merge (processing_pixtral.py
         # _process_images); its longest edge, size.longest_edge of preprocessor_config.json, is the
@@ -393,6 +438,10 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
         # Read by the model (each image's patches cut by its size): a small tensor whose values the
         # fake trace keeps (backends/estimate/vision.py).
         batch["image_sizes"] = torch.tensor([[height, width]] * images, dtype=torch.long, device=device)
+    elif layout.family in TILED_FAMILIES and images:
+        side = int(config.vision_config.image_size[0])
+        batch["pixel_values"] = torch.zeros((images * layout.tiles, 3, side, side), dtype=torch.float32,
+                                            device=device)
     elif images:
         side = layout.processed[0]
         channels = int(getattr(config.vision_config, "num_channels", 3))

@@ -262,6 +262,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_feature_select_strategy": "full",
         "architectures": ["LlavaForConditionalGeneration"],
     },
+    # InternVL 3.5: a Qwen3 decoder and a 2-layer InternViT of 56-pixel tiles in 14-pixel patches:
+    # 16 patches a tile, 4 features after the 2 x 2 pixel shuffle (image_seq_length).
+    "internvl": {
+        "text_config": {"model_type": "qwen3", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "internvl_vision", **_TINY_VISION, "attention_bias": True},
+        "image_token_id": 100,
+        "image_seq_length": 4,
+        "architectures": ["InternVLForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,

@@ -93,6 +93,7 @@ LIMITS = {
     **{f"tiny-{model_type}": 1024 for model_type in ("qwen2_vl", "qwen2_5_vl", "llava", "gemma3", "gemma4",
                                                       "mistral3", "pixtral", "qwen3_vl", "qwen3_vl_moe")},
     "zai-org/GLM-4.5-Air": 131072, "zai-org/GLM-4.7-Flash": 202752,
+    "OpenGVLab/InternVL3_5-8B-HF": 40960, "tiny-internvl": 1024,
 }
 
 
