@@ -52,7 +52,7 @@ from autotune.backends.estimate.trace import (
     synthesized,
 )
 from autotune.backends.estimate.traced_step import StepHooks, UnsteadyStep, trace_step
-from autotune.backends.estimate.vision import route_deepstack, route_vision_attention
+from autotune.backends.estimate.vision import route_deepstack, route_token_selection, route_vision_attention
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
@@ -492,6 +492,7 @@ class EstimateBackend:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)
+                route_token_selection(model)  # LFM2-VL's, likewise
                 reference = prepare_models(model, workload, lambda: build_model(
                     workload.model, workload.task, workload.attn, workload.weights_dtype,
                     flash_as_sdpa=True)[0])

@@ -1,10 +1,11 @@
 """Vision-language presets of Axolotl's later examples (task image-text-to-text:
-autotune/workload/vision.py): InternVL 3.5."""
+autotune/workload/vision.py): InternVL 3.5, LFM2-VL."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from autotune.workload.presets.more_decoders import LFM2_PRESETS
 from autotune.workload.presets.qwen import QWEN_3_PRESETS
 
 # OpenGVLab/InternVL3_5-8B-HF (InternVLForConditionalGeneration, transformers' conversion of
@@ -49,4 +50,41 @@ VLMS2_PRESETS: dict[str, dict[str, Any]] = {
         "vision_feature_layer": -1,
         "vision_feature_select_strategy": "default",
     },
+}
+
+# LiquidAI/LFM2-VL-450M: its config.json as a public copy of the checkpoint's files shows it
+# (transformers 4.55, written for the hub's own code: "model_type": "lfm2-vl"; transformers' native
+# lfm2_vl reads the same keys): LFM2-350M's text model (its config.json, presets/more_decoders.py, as
+# text_config, "_name_or_path": "LiquidAI/LFM2-350M"), a SigLIP2 NaFlex base tower (12 layers of 768,
+# 12 heads, MLP 3072, patches of 16, a 16 x 16 position table, no head), a 2 x 2 pixel unshuffle
+# into a projector of 2560 with biases and GELU, <image> 396; the hub code's projector always has its
+# LayerNorm (Lfm2VlConfig's projector_use_layernorm, default true).
+_LFM2_350M = {key: value for key, value in LFM2_PRESETS["LiquidAI/LFM2-350M"].items()
+              if key not in ("architectures", "torch_dtype")}
+VLMS2_PRESETS["LiquidAI/LFM2-VL-450M"] = {
+    "model_type": "lfm2_vl",
+    "architectures": ["Lfm2VlForConditionalGeneration"],
+    "downsample_factor": 2,
+    "image_token_id": 396,
+    "projector_bias": True,
+    "projector_hidden_act": "gelu",
+    "projector_hidden_size": 2560,
+    "projector_use_layernorm": True,
+    "text_config": {**_LFM2_350M, "dtype": "bfloat16"},
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "model_type": "siglip2_vision_model",
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "layer_norm_eps": 1e-06,
+        "num_attention_heads": 12,
+        "num_channels": 3,
+        "num_hidden_layers": 12,
+        "num_patches": 256,
+        "patch_size": 16,
+        "vision_use_head": False,
+    },
+    "vision_feature_layer": -1,
 }
