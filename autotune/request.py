@@ -797,6 +797,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
+    if adapter is not None and adapter.kernels:
+        from autotune.workload.lora_kernels import check_checkpoint
+
+        with found.about("adapter"):  # Axolotl's patch fails as the model loads, before any batch
+            check_checkpoint(spec.config, adapter.kernels)
     images = resolve_images(step, spec, task, seq_lens, found)
     frozen: tuple[str, ...] = ()
     with found.about("frozen_modules"):

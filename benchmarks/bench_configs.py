@@ -118,6 +118,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "mistral4": {"mistralai/Mistral-Small-4-119B-2603": 119},
     "qwen3_vl": {"Qwen/Qwen3-VL-4B-Instruct": 4},
     "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
+    "internvl": {"OpenGVLab/InternVL3_5-8B-HF": 8.5},
+    "lfm2_vl": {"LiquidAI/LFM2-VL-450M": 0.45},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -150,6 +152,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"(^|/)pixtral-12b", "pixtral"),
     (r"mistral-small-4-119b-2603", "mistral4"),
     (r"qwen3-vl-\d+b", "qwen3_vl"),
+    (r"internvl3_5-8b-hf", "internvl"),
+    (r"lfm2-vl-450m", "lfm2_vl"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
@@ -191,7 +195,8 @@ PEEL_READERS: dict[str | None, str] = {
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
-    "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite",
+    "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
+    "lfm2_vl": "tiny-lfm2_vl",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

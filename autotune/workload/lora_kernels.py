@@ -185,7 +185,9 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
         if cls is None:
             raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type "
                                f"{checkpoint_type or model_type}: "
-                               "get_attention_cls_from_config finds no attention class; set them to false")
+                               "get_attention_cls_from_config raises \"Axolotl could not import attention "
+                               f"class for model_type: {checkpoint_type or model_type}\" (monkeypatch/"
+                               "lora_kernels.py); set them to false")
         source = _detabbed_source(cls.forward)
         missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
                                             ("O", _O_CODE in source)) if not found]
@@ -195,6 +197,15 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
                                "its forward; set lora_qkv_kernel: false and lora_o_kernel: false")
     if model_type not in EMULATED:
         raise InvalidInput(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type {model_type}")
+
+
+def check_checkpoint(config: Any, kernels: Sequence[str]) -> None:
+    """check_model of a checkpoint's ``config`` (a vision-language model's text config, read with its
+    model type), where the kernels patch: what Axolotl checks as it loads the model, before any
+    batch is made (loaders/patch_manager.py ``_apply_lora_kernel_patch``)."""
+    if set(kernels) & set(PATCHING):
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        check_model(text, kernels, config.model_type)
 
 
 def glu_of(config: Any) -> str:

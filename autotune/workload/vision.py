@@ -36,6 +36,23 @@ gemma4 (Gemma4ImageProcessor, image_processing_gemma4.py; processing_gemma4.py)
     float32 and ``image_position_ids`` [images, 2520, 2] (x, y of each patch), both padded to 2520
     (positions -1); ``<|image|>`` repeated patches / 3**2 times between boi and eoi;
     ``mm_token_type_ids`` [B, L] (1 on image tokens).
+internvl (InternVL 3.5; InternVLProcessor, processing_internvl.py, with GotOcr2ImageProcessor,
+    image_processing_got_ocr2.py, crop_to_patches on: at most 12 tiles)
+    each image cut into the grid of 448-pixel tiles (``get_optimal_tiled_canvas``: the arrangement of
+    1 to 12 tiles nearest its aspect ratio) plus a 448-pixel thumbnail of the whole where the grid
+    has more than one tile: ``pixel_values`` [tiles, 3, 448, 448]; ``<img>`` + image_seq_length
+    (256) x tiles ``<IMG_CONTEXT>`` + ``</img>``. The tower embeds (448/14)**2 = 1024 patches a tile,
+    shuffled 2x2 into 256 features.
+lfm2_vl (LFM2-VL; Lfm2VlImageProcessor, image_processing_lfm2_vl.py; Lfm2VlProcessor,
+    processing_lfm2_vl.py; LFM2-VL-450M's processor_config.json: tiles of 512 from 2 to 10, no
+    thumbnail, 64 to 256 tokens an image, patches of 16 merged 2 x 2)
+    an image of at most 256 x 2.0 tokens (``_is_image_too_large``) is resized by its own
+    ``smart_resize`` to multiples of 32 within [64, 256] x 32**2 pixels, one tile; a larger one cut into
+    the grid of 512-pixel tiles nearest its aspect ratio (``find_closest_aspect_ratio``). Every tile's
+    patches of 16 x 16 x 3, padded to max_num_patches (1024): ``pixel_values`` [tiles, 1024, 768]
+    float32, ``pixel_attention_mask`` [tiles, 1024] (1 on its patches) and ``spatial_shapes`` [tiles, 2]
+    (rows, columns of patches); ``<|image_start|>``, per tile of a grid ``<|img_row_R_col_C|>``, the
+    tile's ``<image>`` tokens (a quarter of its patches), ``<|image_end|>``.
 pixtral (LLaVA with a Pixtral tower: mistral-community/pixtral-12b), mistral3 (Mistral Small 3.1,
 Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, processing_pixtral.py)
     each image scaled down (never up) to fit a longest edge (``get_resize_output_image_size``: the
@@ -94,10 +111,28 @@ QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
 PIXTRAL_FAMILIES = ("pixtral", "mistral3")
 FIXED_FAMILIES = ("llava", "gemma3")
+# The families whose processor cuts each image into fixed-size tiles by its aspect ratio.
+TILED_FAMILIES = ("internvl", "lfm2_vl")
+# LFM2-VL-450M's processor_config.json (a public copy of the checkpoint's files, transformers 4.55):
+# do_image_splitting, min_tiles 2, max_tiles 10, tile_size 512, use_thumbnail false, min_image_tokens
+# 64, max_image_tokens 256, encoder_patch_size 16, downsample_factor 2, max_pixels_tolerance 2.0,
+# max_num_patches 1024, use_image_special_tokens (Lfm2VlImageProcessor's defaults but the thumbnail).
+LFM2_VL_TILES = (2, 10)
+LFM2_VL_TILE = 512
+LFM2_VL_IMAGE_TOKENS = (64, 256)
+LFM2_VL_TOLERANCE = 2.0
+# InternVL 3.5's processor: GotOcr2ImageProcessor with crop_to_patches on, min_patches 1, max_patches
+# 12 and a thumbnail (as InternVL's own dynamic_preprocess, max_num 12, use_thumbnail), as
+# LLaMA-Factory's InternVLPlugin passes them (src/llamafactory/data/mm_plugin.py:
+# {"crop_to_patches": True, "max_patches": 12, "min_patches": 1}) and the -HF checkpoints' processor
+# gives them by default (one image: pixel_values [9, 3, 448, 448] in a public check of
+# InternVL3_5-8B-HF, transformers 4.55); transformers' own default is crop_to_patches off.
+INTERNVL_MIN_TILES = 1
+INTERNVL_MAX_TILES = 12
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
 # the image size changes the inputs
-DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES
+DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
@@ -216,6 +251,57 @@ def pixtral_resize(height: int, width: int, longest_edge: int, patch: int) -> tu
     return ((height - 1) // patch + 1) * patch, ((width - 1) // patch + 1) * patch
 
 
+def tiled_canvas(height: int, width: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
+    """(columns, rows) of the tiles an image is cut into: transformers'
+    models/got_ocr2/image_processing_got_ocr2.py ``get_optimal_tiled_canvas`` with
+    ``get_all_supported_aspect_ratios``, line for line (that module needs torchvision;
+    tests/autotune/workload/test_vlms2.py runs both)."""
+    arrangements = sorted(((w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
+                           if min_tiles <= w * h <= max_tiles), key=lambda grid: grid[0] * grid[1])
+    aspect_ratio, area = width / height, width * height
+    best_ratio_diff, best_grid = float("inf"), (1, 1)
+    for grid in arrangements:
+        ratio_diff = abs(aspect_ratio - grid[0] / grid[1])
+        if ratio_diff < best_ratio_diff:
+            best_ratio_diff, best_grid = ratio_diff, grid
+        elif ratio_diff == best_ratio_diff and area > 0.5 * tile * tile * grid[0] * grid[1]:
+            best_grid = grid  # a tie: more tiles, while they cover under twice the image
+    return best_grid
+
+
+def lfm2_vl_resize(height: int, width: int, patch: int, factor: int) -> tuple[int, int, int, int]:
+    """(rows, columns, height, width) of an image after LFM2-VL's processor: a grid of tiles where
+    ``_is_image_too_large`` (rows x columns of LFM2_VL_TILE pixels, ``find_closest_aspect_ratio``), else
+    one image of its ``smart_resize`` (rows = columns = 1): transformers'
+    models/lfm2_vl/image_processing_lfm2_vl.py ``resize_and_split``, line for line (that module needs
+    torchvision; tests/autotune/workload/test_vlms2.py runs both)."""
+    total = patch * factor
+    low, high = (tokens * patch**2 * factor**2 for tokens in LFM2_VL_IMAGE_TOKENS)
+    large = (max(patch, round(height / total) * total) * max(patch, round(width / total) * total)
+             > high * LFM2_VL_TOLERANCE)
+    h_bar, w_bar = max(total, round(height / total) * total), max(total, round(width / total) * total)
+    if h_bar * w_bar > high:
+        beta = math.sqrt((height * width) / high)
+        h_bar = max(total, math.floor(height / beta / total) * total)
+        w_bar = max(total, math.floor(width / beta / total) * total)
+    elif h_bar * w_bar < low:
+        beta = math.sqrt(low / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / total) * total, math.ceil(width * beta / total) * total
+    if not large:
+        return 1, 1, h_bar, w_bar
+    least, most = LFM2_VL_TILES
+    ratios = sorted({(w, h) for n in range(least, most + 1) for w in range(1, n + 1) for h in range(1, n + 1)
+                     if least <= w * h <= most}, key=lambda ratio: ratio[0] * ratio[1])
+    best_diff, best = float("inf"), (1, 1)
+    for ratio in ratios:  # find_closest_aspect_ratio
+        diff = abs(width / height - ratio[0] / ratio[1])
+        if diff < best_diff:
+            best_diff, best = diff, ratio
+        elif diff == best_diff and width * height > 0.5 * LFM2_VL_TILE**2 * ratio[0] * ratio[1]:
+            best = ratio
+    return best[1], best[0], best[1] * LFM2_VL_TILE, best[0] * LFM2_VL_TILE
+
+
 @dataclass(frozen=True)
 class ImageLayout:
     """What the processor makes of each image of a row, for one model."""
@@ -229,6 +315,7 @@ class ImageLayout:
     patches: int  # patches per image the vision tower embeds (Qwen: rows of pixel_values)
     grid: tuple[int, int, int] | None = None  # Qwen: (t, h, w) in patches, a row of image_grid_thw
     padded_patches: int | None = None  # Gemma 4: rows of each image's pixel_values, padding included
+    tiles: int = 1  # InternVL: images of pixel_values per image (its grid of tiles and a thumbnail)
     size_given: bool = False  # the size was asked for (else DEFAULT_IMAGE_SIZE)
 
     @property
@@ -245,8 +332,10 @@ class ImageLayout:
         width, height = self.given
         if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
-            size = (f"{width}x{height}{why}, resized to {self.processed[0]}x{self.processed[1]}: "
-                    f"{self.patches} patches")
+            thumbnail = " and a thumbnail" if self.family == "internvl" else ""  # LFM2-VL-450M's has none
+            cut = (f"cut into {self.tiles} tiles (a {self.processed[0]}x{self.processed[1]} grid{thumbnail})"
+                   if self.tiles > 1 else f"resized to {self.processed[0]}x{self.processed[1]}")
+            size = f"{width}x{height}{why}, {cut}: {self.patches} patches"
         else:
             size = (f"each resized to {self.processed[0]}x{self.processed[1]} by the processor "
                     f"(any size gives the same inputs): {self.patches} patches")
@@ -307,6 +396,26 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
                            tokens=patches // merge**2, markers=2, patches=patches, grid=grid,
                            size_given=images.size is not None)
+    if family == "lfm2_vl":
+        patch, factor = int(vision.patch_size), int(config.downsample_factor)
+        rows, columns, resized_h, resized_w = lfm2_vl_resize(height, width, patch, factor)
+        tiles = rows * columns
+        per_tile = (resized_h // rows // patch) * (resized_w // columns // patch)
+        # Every tile padded to max_num_patches: the most a single image or a tile has (its __init__).
+        padded = max(LFM2_VL_IMAGE_TOKENS[1] * factor**2, (LFM2_VL_TILE // patch) ** 2)
+        # <|image_start|>, <|image_end|> and, in a grid, each tile's <|img_row_R_col_C|>
+        return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
+                           tokens=tiles * per_tile // factor**2, markers=2 + (tiles if tiles > 1 else 0),
+                           patches=tiles * per_tile, tiles=tiles, padded_patches=padded,
+                           size_given=images.size is not None)
+    if family in TILED_FAMILIES:
+        side = int(vision.image_size[0])
+        columns, rows = tiled_canvas(height, width, side, INTERNVL_MIN_TILES, INTERNVL_MAX_TILES)
+        tiles = columns * rows + (1 if columns * rows > 1 else 0)  # the thumbnail beside a grid
+        per_tile = (side // int(vision.patch_size[0])) ** 2
+        return ImageLayout(family, images.per_sample, (width, height), (columns * side, rows * side),
+                           tokens=int(config.image_seq_length) * tiles, markers=2, patches=per_tile * tiles,
+                           tiles=tiles, size_given=images.size is not None)
     if family in PIXTRAL_FAMILIES:
         # The processor's patch is the tower's times the merge (processing_pixtral.py
         # _process_images); its longest edge, size.longest_edge of preprocessor_config.json, is the
@@ -393,6 +502,12 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
         # Read by the model (each image's patches cut by its size): a small tensor whose values the
         # fake trace keeps (backends/estimate/vision.py).
         batch["image_sizes"] = torch.tensor([[height, width]] * images, dtype=torch.long, device=device)
+    elif layout.family == "lfm2_vl" and images:
+        batch.update(_lfm2_vl_images(config, layout, images, device))
+    elif layout.family in TILED_FAMILIES and images:
+        side = int(config.vision_config.image_size[0])
+        batch["pixel_values"] = torch.zeros((images * layout.tiles, 3, side, side), dtype=torch.float32,
+                                            device=device)
     elif images:
         side = layout.processed[0]
         channels = int(getattr(config.vision_config, "num_channels", 3))
@@ -431,6 +546,28 @@ def _gemma4_images(config: Any, layout: ImageLayout, starts: list[int], batch_si
         one = real + [[-1, -1]] * (padded - len(real))
         found["image_position_ids"] = torch.tensor([one] * images, dtype=torch.long, device=device)
     return found
+
+
+def _lfm2_vl_images(config: Any, layout: ImageLayout, images: int, device: Any) -> dict[str, Any]:
+    """LFM2-VL's image inputs (image_processing_lfm2_vl.py ``_preprocess``): every tile's patches padded
+    to max_num_patches (``pad_along_first_dim``: zeros, and a mask of int32 ones on its patches) and its
+    (rows, columns) of patches."""
+    import torch
+
+    patch, tiles, padded = int(config.vision_config.patch_size), images * layout.tiles, layout.padded_patches
+    assert padded is not None
+    if layout.tiles > 1:  # tiles of LFM2_VL_TILE pixels
+        rows = columns = LFM2_VL_TILE // patch
+    else:
+        rows, columns = layout.processed[1] // patch, layout.processed[0] // patch
+    mask = [1] * (rows * columns) + [0] * (padded - rows * columns)
+    channels = int(getattr(config.vision_config, "num_channels", 3))
+    # Read by the model (split sizes .tolist(), a selection of each image's tokens): tensors whose values
+    # the fake trace keeps (backends/estimate/vision.py).
+    return {"pixel_values": torch.zeros((tiles, padded, channels * patch * patch), dtype=torch.float32,
+                                        device=device),
+            "pixel_attention_mask": torch.tensor([mask] * tiles, dtype=torch.int32, device=device),
+            "spatial_shapes": torch.tensor([[rows, columns]] * tiles, dtype=torch.long, device=device)}
 
 
 def _image_token_id(config: Any) -> int:
@@ -524,6 +661,8 @@ def known_values_numel(layout: ImageLayout, batch_size: int) -> int:
     ``batch_size`` (grid rows, cumulative lengths, window bounds): what a fake trace must keep
     the values of (backends/estimate/vision.py)."""
     images = batch_size * layout.per_sample
+    if layout.family == "lfm2_vl":  # pixel_attention_mask, the tokens' gather indices and selection
+        return images * layout.tiles * (layout.padded_patches or 0) * 2 + 8
     if layout.padded_patches is not None:  # Gemma 4's image_position_ids
         return images * layout.padded_patches * 2 + 8
     windows = 1

@@ -53,7 +53,12 @@ from autotune.backends.estimate.trace import (
     synthesized,
 )
 from autotune.backends.estimate.traced_step import StepHooks, UnsteadyStep, trace_step
-from autotune.backends.estimate.vision import route_deepstack, route_gemma4_pooler, route_vision_attention
+from autotune.backends.estimate.vision import (
+    route_deepstack,
+    route_gemma4_pooler,
+    route_token_selection,
+    route_vision_attention,
+)
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
@@ -497,6 +502,7 @@ class EstimateBackend:
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)
                 route_pixtral(model, workload.attn)  # Pixtral's and Mistral 3's per-image loops (pixtral.py)
+                route_token_selection(model)  # LFM2-VL's image tokens, of a known count (vision.py)
                 reference = prepare_models(model, workload, lambda: build_model(
                     workload.model, workload.task, workload.attn, workload.weights_dtype,
                     flash_as_sdpa=True)[0])

@@ -43,6 +43,10 @@ as the layout's tokens per image (every pooling window of a resized image is who
 image_processing_gemma4.py ``get_aspect_ratio_preserving_size`` rounds to patch * k), so
 ``route_gemma4_pooler`` selects the rows with ``torch.nonzero_static`` of that count, as for DeepStack.
 
+LFM2-VL selects its image tokens likewise, by a boolean mask from ``arange`` values (the padding slots
+of each tile dropped after the projector): ``route_token_selection`` gives that indexing the known
+count (``SelectedTokens``).
+
 Nothing is skipped: the vision tower, the projector and the merge of its features into the text
 run as the model runs them.
 
@@ -67,6 +71,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.errors import InvalidInput
 
@@ -275,3 +281,52 @@ def gemma4_vision_forward(self: Any, pixel_values: Any, pixel_position_ids: Any,
         hidden_states = (hidden_states - self.std_bias.float()) * self.std_scale.float()
     hidden_states = hidden_states.to(inputs_embeds.dtype)
     return BaseModelOutputWithPooling(last_hidden_state=hidden_states)
+
+
+def route_token_selection(model: Any) -> None:
+    """LFM2-VL's selection of its image tokens through ``selected_tokens`` (module docstring); other
+    models are left as they are."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "model_type", None) != "lfm2_vl":
+        return
+    for module in base.modules():
+        if type(module).__name__ == "Lfm2VlModel":
+            module.get_image_features = _selecting(module, module.get_image_features)
+
+
+def _selecting(module: Any, get_image_features: Any) -> Any:
+    def selecting(pixel_values: Any, spatial_shapes: Any, pixel_attention_mask: Any, **kwargs: Any) -> Any:
+        # One token per factor x factor patches of each tile: spatial_shapes' values are kept.
+        factor = int(module.config.downsample_factor)
+        count = int((spatial_shapes // factor).prod(-1).sum())
+        with SelectedTokens(count):
+            return get_image_features(pixel_values, spatial_shapes, pixel_attention_mask, **kwargs)
+    return selecting
+
+
+class SelectedTokens(TorchDispatchMode):
+    """``Lfm2VlModel.get_image_features`` (transformers 5.24) drops the padding slots of its projected
+    features by a boolean mask (``image_features[is_token.flatten()]``) made from ``arange`` values
+    the fake trace does not keep; the count of true values is known (the image tokens of the batch),
+    so indexing by a boolean mask takes ``torch.nonzero_static`` of that count: the [tokens, 1] int64
+    indices CUDA's boolean indexing makes with ``nonzero``, then the same gather."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch
+
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.index.Tensor:
+            source, indices = args
+            if any(index is not None and index.dtype == torch.bool for index in indices):
+                expanded: list[Any] = []
+                for index in indices:
+                    if index is not None and index.dtype == torch.bool:
+                        expanded.extend(torch.nonzero_static(index, size=self.count).unbind(1))
+                    else:
+                        expanded.append(index)
+                return func(source, expanded, **kwargs)
+        return func(*args, **kwargs)

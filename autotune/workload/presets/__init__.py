@@ -29,6 +29,7 @@ One module per family, each checkpoint's source cited beside it:
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
                   Pixtral-12B)
     vlms.py       more vision-language models (Qwen3-VL)
+    vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -54,6 +55,7 @@ from autotune.workload.presets import (
     qwen_hybrid,
     vision,
     vlms,
+    vlms2,
 )
 from autotune.workload.presets.tiny import TINY_CONFIGS
 
@@ -89,6 +91,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **mistral3.MISTRAL3_PRESETS,
     **vlms.VLMS_PRESETS,
     **glm.GLM_PRESETS,
+    **vlms2.VLMS2_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -280,6 +280,28 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_feature_select_strategy": "full",
         "architectures": ["LlavaForConditionalGeneration"],
     },
+    # InternVL 3.5: a Qwen3 decoder and a 2-layer InternViT of 56-pixel tiles in 14-pixel patches:
+    # 16 patches a tile, 4 features after the 2 x 2 pixel shuffle (image_seq_length).
+    "internvl": {
+        "text_config": {"model_type": "qwen3", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "max_position_embeddings": 1024},
+        "vision_config": {"model_type": "internvl_vision", **_TINY_VISION, "attention_bias": True},
+        "image_token_id": 100,
+        "image_seq_length": 4,
+        "architectures": ["InternVLForConditionalGeneration"],
+    },
+    # LFM2-VL: the tiny LFM2 (a conv layer, then attention) and a 2-layer SigLIP2 NaFlex tower of
+    # 16-pixel patches with a 4 x 4 position table, merged 2 x 2.
+    "lfm2_vl": {
+        "text_config": {"model_type": "lfm2", **_TINY_BERT, "num_key_value_heads": 1,
+                        "max_position_embeddings": 1024, "layer_types": ["conv", "full_attention"]},
+        "vision_config": {"model_type": "siglip2_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+                          "num_attention_heads": 2, "intermediate_size": 64, "patch_size": 16,
+                          "num_patches": 16},
+        "image_token_id": 100,
+        "projector_hidden_size": 32,
+        "architectures": ["Lfm2VlForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,
