@@ -21,10 +21,16 @@ def cells(table):
     return [(c.mode, c.seq_len, c.max_batch_size, c.probes, c.peak_memory_bytes) for c in table.cells]
 
 
+@pytest.fixture(scope="module")
+def one():
+    """TABLE in this process alone (workers=1 starts no process): what each table of two workers must
+    equal. Traced once for the module, the tests that compare with it trace only their own table."""
+    return autotune.table("tiny-bert", workers=1, **TABLE)
+
+
 @pytest.mark.slow
-def test_two_workers_make_the_table_of_one_process():
+def test_two_workers_make_the_table_of_one_process(one):
     progress = []
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE,
                          on_cell=lambda cell, done, total: progress.append((done, total)))
     assert cells(two) == cells(one)
@@ -75,8 +81,7 @@ def started(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_callers_process_takes_modes_too(started):
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
+def test_the_callers_process_takes_modes_too(started, one):
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1  # two processes: this one and one worker
     assert cells(two) == cells(one)
@@ -97,10 +102,9 @@ def test_the_callers_process_takes_the_costliest_mode_first(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_table_takes_the_workers_started_before_it(started):
+def test_a_table_takes_the_workers_started_before_it(started, one):
     parallel.prestart(1)
     early = list(parallel._prestarted)
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1 and parallel._prestarted == []  # the table took the early worker
     assert early[0].wait(timeout_s=30) == 0  # and ended it, its modes done
