@@ -29,10 +29,11 @@ def one():
 
 
 @pytest.mark.slow
-def test_two_workers_make_the_table_of_one_process(one):
+def test_two_workers_make_the_table_of_one_process(one, started):
     progress = []
     two = autotune.table("tiny-bert", workers=2, **TABLE,
                          on_cell=lambda cell, done, total: progress.append((done, total)))
+    assert len(started) == 1  # the caller's process takes modes too: this one and one worker
     assert cells(two) == cells(one)
     for field in ("modes", "warnings", "backend", "attn", "budget_bytes", "environment"):
         assert getattr(two, field) == getattr(one, field), field
@@ -78,13 +79,6 @@ def started(monkeypatch):
 
     monkeypatch.setattr(processes.subprocess, "Popen", count)
     return calls
-
-
-@pytest.mark.slow
-def test_the_callers_process_takes_modes_too(started, one):
-    two = autotune.table("tiny-bert", workers=2, **TABLE)
-    assert len(started) == 1  # two processes: this one and one worker
-    assert cells(two) == cells(one)
 
 
 @pytest.mark.slow
