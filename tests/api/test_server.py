@@ -60,7 +60,9 @@ def test_post_poll_table_over_http(servers):
 
 
 def test_a_server_killed_mid_run_resumes_it_keeping_finished_cells(servers, tmp_path):
-    body = dict(TINY, seq_lens=[16, 32, 48, 64, 80, 96], modes=["fp32", "amp"])
+    # Six cells, one after another: the kill comes at the first poll (every 20 ms) that sees one done,
+    # long before the sixth; the second server sends the rest.
+    body = dict(TINY, seq_lens=[16, 32, 48], modes=["fp32", "amp"])
     first = servers(AUTOTUNE_API_TOKEN="t0ken")
     auth = {"Authorization": "Bearer t0ken"}
     accepted = first.client.post("/v1/tables", json=body, headers=auth).json()
@@ -71,7 +73,7 @@ def test_a_server_killed_mid_run_resumes_it_keeping_finished_cells(servers, tmp_
     run = store.get_run(accepted["id"])
     kept = store.cells(run.id)
     store.close()
-    assert run.status == "running" and 1 <= len(kept) < 12
+    assert run.status == "running" and 1 <= len(kept) < 6
     # Its worker saw the server go (stdin closed) and took its process group down with it.
     deadline = time.monotonic() + 30
     while not process_gone(run.worker_pid):
@@ -82,7 +84,7 @@ def test_a_server_killed_mid_run_resumes_it_keeping_finished_cells(servers, tmp_
     url = f"{second.url}/v1/tables/{accepted['id']}"
     table = second.wait_for(url, finished)
     assert table["status"] == "done" and table["error"] is None
-    assert table["progress"] == {"done": 12, "total": 12} and table["attempts"] == 2
+    assert table["progress"] == {"done": 6, "total": 6} and table["attempts"] == 2
     assert table["cells"][:len(kept)] == kept  # exactly as they were, probes and all
     assert [(c["mode"], c["seq_len"]) for c in table["cells"]] == [
         (mode, seq) for mode in ("fp32", "amp") for seq in body["seq_lens"]]

@@ -21,12 +21,29 @@ def cells(table):
     return [(c.mode, c.seq_len, c.max_batch_size, c.probes, c.peak_memory_bytes) for c in table.cells]
 
 
+@pytest.fixture(scope="module")
+def one():
+    """TABLE in this process alone (workers=1 starts no process): what each table of two workers must
+    equal. Traced once for the module, the tests that compare with it trace only their own table."""
+    return autotune.table("tiny-bert", workers=1, **TABLE)
+
+
 @pytest.mark.slow
-def test_two_workers_make_the_table_of_one_process():
-    progress = []
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
+def test_two_workers_make_the_table_of_one_process(one, started, monkeypatch):
+    """... and the caller's process is one of the two, taking the costliest mode first (one table of
+    two workers for the three: each starts a process that imports torch)."""
+    progress, ran_here = [], []
+    tune_mode = parallel._tune_mode
+
+    def record(**arguments):  # the modes this process tunes, in order
+        ran_here.append(arguments["mode_name"])
+        return tune_mode(**arguments)
+
+    monkeypatch.setattr(parallel, "_tune_mode", record)
     two = autotune.table("tiny-bert", workers=2, **TABLE,
                          on_cell=lambda cell, done, total: progress.append((done, total)))
+    assert len(started) == 1  # this process and one worker
+    assert ran_here[0] == "amp+ckpt"  # checkpointing and autocast: the costliest of the two
     assert cells(two) == cells(one)
     for field in ("modes", "warnings", "backend", "attn", "budget_bytes", "environment"):
         assert getattr(two, field) == getattr(one, field), field
@@ -75,32 +92,9 @@ def started(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_callers_process_takes_modes_too(started):
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
-    two = autotune.table("tiny-bert", workers=2, **TABLE)
-    assert len(started) == 1  # two processes: this one and one worker
-    assert cells(two) == cells(one)
-
-
-@pytest.mark.slow
-def test_the_callers_process_takes_the_costliest_mode_first(monkeypatch):
-    ran_here = []
-    tune_mode = parallel._tune_mode
-
-    def record(**arguments):
-        ran_here.append(arguments["mode_name"])
-        return tune_mode(**arguments)
-
-    monkeypatch.setattr(parallel, "_tune_mode", record)
-    autotune.table("tiny-bert", workers=2, **TABLE)
-    assert ran_here[0] == "amp+ckpt"  # checkpointing and autocast: the costliest of the two
-
-
-@pytest.mark.slow
-def test_a_table_takes_the_workers_started_before_it(started):
+def test_a_table_takes_the_workers_started_before_it(started, one):
     parallel.prestart(1)
     early = list(parallel._prestarted)
-    one = autotune.table("tiny-bert", workers=1, **TABLE)
     two = autotune.table("tiny-bert", workers=2, **TABLE)
     assert len(started) == 1 and parallel._prestarted == []  # the table took the early worker
     assert early[0].wait(timeout_s=30) == 0  # and ended it, its modes done

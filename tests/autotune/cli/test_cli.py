@@ -234,7 +234,8 @@ def test_table_check_and_explain_say_where_sdpa_ran_cudnn(capsys, monkeypatch):
                            "--json", "--no-cache")
         kernels[mode] = json.loads(out)["attention_kernel"]
     assert kernels == {"fp32": "memory-efficient", "amp": "cuDNN"}  # cuDNN takes 16-bit inputs only
-    code, out, _ = run(capsys, "explain", *cell[:3], "--seq-len", "32", "--batch-size", "2", "--mode", "amp")
+    code, out, _ = run(capsys, "explain", *cell[:3], "--seq-len", "32", "--batch-size", "2", "--mode", "amp",
+                       "--no-levers")  # the header is the base step's: no what-if search needed
     assert "attention sdpa (cuDNN), loss full" in out
     monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")  # the job's own switch, read here too
     code, out, _ = run(capsys, "check", *cell, "--seq-len", "32", "--batch-size", "2", "--mode", "amp",
