@@ -27,6 +27,26 @@ def require_axolotl() -> None:
                                  "(pip install axolotl); the estimate backend emulates them")
 
 
+def require_axolotl_patches() -> None:
+    """BackendUnavailable where axolotl is not installed: a gemma4 Axolotl job runs Axolotl's fused
+    attention forward (workload/gemma4_fused_attn.py), which only Axolotl's own patch runs on a GPU."""
+    if importlib.util.find_spec("axolotl") is None:
+        raise BackendUnavailable("Axolotl's fused Gemma 4 attention on the cuda backend needs the axolotl "
+                                 "package (pip install axolotl); the estimate backend emulates it")
+
+
+def patch_gemma4_attention() -> None:
+    """monkeypatch/models/gemma4/fused_attn.py ``patch_gemma4_fused_attn`` without the shared-KV side
+    channel, as loaders/patch_manager.py calls it where no activation checkpointing is on (the case
+    configs/axolotl.py check_patched_model answers for). It replaces Gemma4TextAttention.forward: one
+    worker serves one cell (probe_worker.py), so it lasts as long as the cell."""
+    from axolotl.monkeypatch.models.gemma4.fused_attn import (  # type: ignore[import-not-found]
+        patch_gemma4_fused_attn,
+    )
+
+    patch_gemma4_fused_attn(install_shared_kv_workaround=False)
+
+
 def patch(model: Any, kernels: Sequence[str]) -> None:
     """Axolotl's patch of the PEFT-wrapped ``model`` for ``kernels`` (module docstring)."""
     if not set(kernels) & set(PATCHING):

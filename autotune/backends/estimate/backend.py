@@ -37,7 +37,7 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.liger import swap_in, swap_in_linear_attention
+from autotune.backends.estimate.liger import swap_in, swap_in_fused_attention, swap_in_linear_attention
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
@@ -479,7 +479,7 @@ class EstimateBackend:
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer, workload.frozen)
+               workload.trainer, workload.frozen, workload.fused_attention)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -490,6 +490,8 @@ class EstimateBackend:
                                           workload.weights_dtype, flash_as_sdpa=True)
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
+                if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
+                    swap_in_fused_attention(model, self.gpu)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)

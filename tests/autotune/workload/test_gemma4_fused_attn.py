@@ -13,7 +13,7 @@ import torch
 from autotune.workload import gemma4_fused_attn
 from autotune.workload.models import resolve_model
 from autotune.workload.step import build_model
-from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
+from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, make_images
 
 REGISTERS = contextlib.nullcontext
 
@@ -133,3 +133,30 @@ def test_partial_rotary_passes_the_rest_through():
     torch.testing.assert_close(y, own)
     torch.testing.assert_close(fg, g)
     torch.testing.assert_close(fgw, gw)
+
+
+def test_the_estimator_traces_the_fused_forward_for_an_axolotl_job():
+    # The workload's fused_attention swaps the emulation into the fake model (backends/estimate/liger.py),
+    # which changes what the step holds: the kernels' own saved rows in place of transformers'.
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.gpus import custom_gpu
+    from autotune.units import GIB
+    from autotune.workload import Workload
+    from autotune.workload.modes import parse_mode
+
+    spec = resolve_model("tiny-gemma4")
+    backend = EstimateBackend(custom_gpu(4 * GIB))
+    text = make_images(0, None)  # text rows: Gemma 4's image merge is refused by the estimator
+    plain = Workload(spec, IMAGE_TEXT_TO_TEXT, "sdpa", images=text)
+    fused = Workload(spec, IMAGE_TEXT_TO_TEXT, "sdpa", images=text, fused_attention=True)
+    forwards = [getattr(m.forward, "__name__", "") for m in backend._model(fused).model.modules()
+                if type(m).__name__ == "Gemma4TextAttention"]
+    assert forwards == ["fused_forward", "fused_forward"]
+    assert not any(getattr(m.forward, "__name__", "") == "fused_forward"
+                   for m in backend._model(plain).model.modules())
+
+    def peak(workload):
+        with backend.cell(workload, parse_mode("fp32"), 256, 4 * GIB) as cell:
+            return int(cell.fits(8).details["peak_allocated_bytes"])
+
+    assert peak(fused) != peak(plain)
