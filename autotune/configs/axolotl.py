@@ -663,22 +663,11 @@ FUSED_ATTENTION_NOTE = (
     "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
     "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
     "kernels/gemma4_fused_rope.py)")
-# patch_manager.py passes install_shared_kv_workaround=True where gradient_checkpointing,
-# activation_offloading or fsdp_config.activation_checkpointing is on: _patch_decoder_layer_call then
-# routes each forward's shared_kv_states through a module-level dict that keeps the last forward's
-# stored keys and values alive past the step, into the next, which autotune does not model.
-SHARED_KV_NOTE = (
-    "with activation checkpointing or offloading on, Axolotl also routes the layers' shared keys and values "
-    "through a module-level store (fused_attn.py _patch_decoder_layer_call, PR #3611) that keeps the "
-    "last forward's alive past the step, which autotune does not model")
-
-
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
-    the Axolotl ``config`` says: gemma4_unified's fused attention, and gemma4's with the shared-KV
-    side channel (SHARED_KV_NOTE); nothing for other formats. gemma4's fused attention itself is
-    emulated (workload/gemma4_fused_attn.py, swapped in by the request's ``axolotl``). ``request``: the
-    config's with the flags given over it."""
+    the Axolotl ``config`` says: gemma4_unified's fused attention; nothing for other formats. gemma4's
+    fused attention and its shared-KV side channel are emulated (workload/gemma4_fused_attn.py,
+    swapped in by the request's ``axolotl``). ``request``: the config's with the flags given over it."""
     model = request.step.model
     if config.format != "axolotl" or model is None:
         return
@@ -696,14 +685,6 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     if not patched(model_type):
         raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
                            f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
-    side_channel = [name for name, on in (
-        ("gradient_checkpointing", request.mode is not None and "ckpt" in request.mode),
-        ("activation_offloading", bool(request.step.offload_activations)),
-        ("fsdp_config.activation_checkpointing", bool(request.step.fsdp_activation_checkpointing))) if on]
-    if side_channel:
-        raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r} "
-                           f"({', '.join(side_channel)}): {FUSED_ATTENTION_NOTE}, emulated; but "
-                           f"{SHARED_KV_NOTE}")
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:

@@ -21,9 +21,10 @@ multiprocessor): the target card's, as Liger's RMSNorm (backends/estimate/liger.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from types import MethodType
 from typing import TYPE_CHECKING, Any
@@ -40,8 +41,9 @@ NAME = "Axolotl's fused Gemma 4 attention forward (emulated)"
 MODEL_TYPES = ("gemma4", "gemma4_text")
 BWD_BLOCKS_PER_SM = 8  # kernels/gemma4_fused_rope.py _BWD_BLOCKS_PER_SM
 NOTE = (f"{NAME}: Axolotl swaps it in on every GPU run (loaders/patch_manager.py: patch_gemma4_fused_attn); "
-        "q/k RMSNorm + RoPE and v's RMSNorm buffers from kernels/gemma4_fused_rope.py, "
-        "their arithmetic outside the allocator")
+        "q/k RMSNorm + RoPE and v's RMSNorm buffers from kernels/gemma4_fused_rope.py, their arithmetic "
+        "outside the allocator; under activation checkpointing or offloading, its shared-KV store "
+        "(_patch_decoder_layer_call) keeps the last forward's shared keys and values past the step")
 
 
 def _rotate_half(x: torch.Tensor, n_rot: int, sign: float) -> torch.Tensor:
@@ -206,7 +208,7 @@ def fused_rms_norm_noscale(x: torch.Tensor, eps: float, registers: Registers) ->
     return functions().RmsNormNoScale.apply(x_flat, eps, registers).view(x.shape)
 
 
-def _fused_forward(sm_count: int, registers: Registers) -> Callable[..., Any]:
+def _fused_forward(sm_count: int, registers: Registers, store: dict[str, Any]) -> Callable[..., Any]:
     """monkeypatch/models/gemma4/fused_attn.py ``fused_forward``, line for line, on the installed
     transformers' Gemma4TextAttention (its ``cache`` argument, shared K/V keyed by layer_type:
     ``_shared_kv_read_key`` / ``_shared_kv_store_key`` where the attention has no
@@ -218,6 +220,8 @@ def _fused_forward(sm_count: int, registers: Registers) -> Callable[..., Any]:
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.gemma4.modeling_gemma4 import eager_attention_forward
 
+        if store["store"] is not None:  # _get_shared_kv_states(): the side channel's, where installed
+            shared_kv_states = store["store"]
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         eps = self.config.rms_norm_eps
@@ -263,14 +267,60 @@ def _fused_forward(sm_count: int, registers: Registers) -> Callable[..., Any]:
 
 def apply(model: Any, sm_count: int, registers: Registers) -> int:
     """Every Gemma4TextAttention of ``model`` runs Axolotl's fused forward, emulated (an instance's
-    forward, as patch_gemma4_fused_attn sets the class's); the number of attentions patched."""
-    forward = _fused_forward(sm_count, registers)
+    forward, as patch_gemma4_fused_attn sets the class's), and every Gemma4TextDecoderLayer takes
+    ``_patch_decoder_layer_call``'s side channel, off until ``side_channel`` turns it on; the number
+    of attentions patched. The store is the model's (``_GEMMA4_SHARED_KV_STORE`` is Axolotl's module's:
+    one model a process)."""
+    store: dict[str, Any] = {"store": None, "on": False}
+    forward = _fused_forward(sm_count, registers, store)
     patched = 0
     for module in model.modules():
-        if type(module).__name__ == "Gemma4TextAttention":
+        name = type(module).__name__
+        if name == "Gemma4TextAttention":
             module.forward = MethodType(forward, module)
             patched += 1
+        elif name == "Gemma4TextDecoderLayer":
+            module._axolotl_shared_kv = store
+            module.__class__ = _side_channel_class(type(module))
     return patched
+
+
+_SIDE_CHANNEL_CLASSES: dict[type, type] = {}
+
+
+def _side_channel_class(cls: type) -> type:
+    """``cls`` with fused_attn.py ``_patch_decoder_layer_call``'s ``patched_call``, where its
+    decoder layer's store is on: ``shared_kv_states`` popped from the kwargs (the checkpoint's partial
+    never holds it) and set as the store, unconditionally (None too), which keeps the last forward's
+    dict, and the keys and values stored in it, until the next call of a layer: past the step. Named
+    as ``cls`` (FSDP's and PEFT's class names)."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        store = self._axolotl_shared_kv
+        if store["on"]:
+            store["store"] = kwargs.pop("shared_kv_states", None)
+        return cls.__call__(self, *args, **kwargs)
+
+    if cls not in _SIDE_CHANNEL_CLASSES:
+        _SIDE_CHANNEL_CLASSES[cls] = type(cls.__name__, (cls,), {
+            "__call__": __call__, "__qualname__": cls.__qualname__, "__module__": cls.__module__})
+    return _SIDE_CHANNEL_CLASSES[cls]
+
+
+@contextlib.contextmanager
+def side_channel(model: Any, on: bool) -> Iterator[None]:
+    """The shared-KV side channel of ``model``'s decoder layers on (or off) for a block, and its store
+    emptied after: patch_manager.py installs it (``install_shared_kv_workaround``) where
+    gradient_checkpointing, activation_offloading or fsdp_config.activation_checkpointing is on."""
+    stores = {id(m._axolotl_shared_kv): m._axolotl_shared_kv for m in model.modules()
+              if hasattr(m, "_axolotl_shared_kv")}
+    for store in stores.values():
+        store["on"], store["store"] = on, None
+    try:
+        yield
+    finally:
+        for store in stores.values():
+            store["on"], store["store"] = False, None
 
 
 def patched(model_type: str | None) -> bool:

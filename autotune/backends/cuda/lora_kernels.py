@@ -35,16 +35,16 @@ def require_axolotl_patches() -> None:
                                  "package (pip install axolotl); the estimate backend emulates it")
 
 
-def patch_gemma4_attention() -> None:
-    """monkeypatch/models/gemma4/fused_attn.py ``patch_gemma4_fused_attn`` without the shared-KV side
-    channel, as loaders/patch_manager.py calls it where no activation checkpointing is on (the case
-    configs/axolotl.py check_patched_model answers for). It replaces Gemma4TextAttention.forward: one
-    worker serves one cell (probe_worker.py), so it lasts as long as the cell."""
+def patch_gemma4_attention(shared_kv_workaround: bool) -> None:
+    """monkeypatch/models/gemma4/fused_attn.py ``patch_gemma4_fused_attn``, as loaders/patch_manager.py
+    calls it: with the shared-KV side channel where activation checkpointing or offloading is on. It
+    replaces Gemma4TextAttention.forward (and Gemma4TextDecoderLayer.__call__): one worker serves one
+    cell (probe_worker.py), so it lasts as long as the cell."""
     from axolotl.monkeypatch.models.gemma4.fused_attn import (  # type: ignore[import-not-found]
         patch_gemma4_fused_attn,
     )
 
-    patch_gemma4_fused_attn(install_shared_kv_workaround=False)
+    patch_gemma4_fused_attn(install_shared_kv_workaround=shared_kv_workaround)
 
 
 def patch(model: Any, kernels: Sequence[str]) -> None:

@@ -220,7 +220,8 @@ class Worker:
             )
             patch_before_build(workload)  # Liger's kernels, as Axolotl swaps them in (liger.py)
             if workload.fused_attention:  # Axolotl's own, as its patch_manager.py swaps it in
-                patch_gemma4_attention()
+                patch_gemma4_attention(mode.checkpointing or workload.offload_activations or (
+                    workload.parallel is not None and workload.parallel.activation_checkpointing))
             sharded = workload.parallel is not None and workload.parallel.kind == FSDP
             model, attn = self._build(workload, on_device=not quantized and not sharded)
             freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)

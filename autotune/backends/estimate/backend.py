@@ -58,6 +58,7 @@ from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.frozen import freeze
+from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
 from autotune.workload.preference import prepare_models
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
@@ -561,8 +562,13 @@ class EstimateBackend:
         # allocation; use_reentrant=False is transformers' default.
         checkpoint_kwargs = {"use_reentrant": workload.ckpt_reentrant,
                              "context_fn": self._checkpoint_contexts}
+        # Axolotl's shared-KV side channel beside its fused Gemma 4 attention, where patch_manager.py
+        # installs it: under activation checkpointing or offloading (workload/gemma4_fused_attn.py).
+        shared_kv = workload.fused_attention and (mode.checkpointing or workload.offload_activations or (
+            parallel is not None and parallel.activation_checkpointing))
+        quantized = workload.adapter is not None and workload.adapter.quantized
         with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs,
-                                    input_grads=workload.adapter is not None and workload.adapter.quantized):
+                                    input_grads=quantized), side_channel(fake.model, shared_kv):
             yield cell
         pair = aligned_pair(cell.traces)
         if pair is None and cell.traces and cell.reference is not None:

@@ -122,21 +122,29 @@ def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path
     assert "fail on model type qwen2_vl" in capsys.readouterr().err
 
 
-def test_gemma4_under_axolotl_with_checkpointing_is_refused_for_the_shared_kv_store(tmp_path, capsys):
-    # patch_manager.py installs fused_attn.py's _patch_decoder_layer_call under gradient checkpointing:
-    # its module-level store keeps the last forward's shared keys and values past the step.
-    data = {**VLM, "base_model": "tiny-gemma4", "lora_target_modules": ["q_proj", "v_proj"]}
-    path = tmp_path / "gemma4.yml"
-    path.write_text(yaml.safe_dump(data))
-    assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
-    err = capsys.readouterr().err
-    assert "tiny-gemma4 (model type gemma4) with the Axolotl config" in err
-    assert "(gradient_checkpointing)" in err and "_patch_decoder_layer_call" in err
+def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):
+    # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: not emulated.
+    import copy
+    import dataclasses
+    from unittest import mock
+
+    from autotune.configs.axolotl import check_patched_model
+    from autotune.workload.models import resolve_model
+
+    config = read(tmp_path, {**VLM, "base_model": "tiny-gemma4"})
+    spec = resolve_model("tiny-gemma4")
+    spec = dataclasses.replace(spec, config=copy.deepcopy(spec.config))
+    spec.config.model_type = "gemma4_unified"
+    with mock.patch("autotune.workload.models.resolve_model", return_value=spec), \
+            pytest.raises(InvalidInput, match="does not emulate for gemma4_unified"):
+        check_patched_model(config, config.request)
 
 
-def test_gemma4_under_axolotl_runs_its_fused_attention_emulated(tmp_path, capsys):
-    # Without checkpointing, Axolotl's fused attention forward alone: emulated, and said so.
-    data = {**VLM, "base_model": "tiny-gemma4", "gradient_checkpointing": False,
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gemma4_under_axolotl_runs_its_fused_attention_emulated(tmp_path, capsys, checkpointing):
+    # Axolotl's fused attention forward (and its shared-KV side channel under checkpointing): emulated,
+    # and said so.
+    data = {**VLM, "base_model": "tiny-gemma4", "gradient_checkpointing": checkpointing,
             "attn_implementation": "sdpa"}
     path = tmp_path / "gemma4.yml"
     path.write_text(yaml.safe_dump(data))

@@ -160,3 +160,27 @@ def test_the_estimator_traces_the_fused_forward_for_an_axolotl_job():
             return int(cell.fits(8).details["peak_allocated_bytes"])
 
     assert peak(fused) != peak(plain)
+
+
+def test_the_shared_kv_side_channel_keeps_the_last_forwards_keys_and_values_past_the_step():
+    # fused_attn.py _patch_decoder_layer_call, under gradient checkpointing: the same outputs and
+    # gradients, and the store holds the step's dict (its stored keys and values) after backward.
+    model, patched = _models()
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+    patched.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train(), patched.train()
+    input_ids = torch.randint(3, model.config.text_config.vocab_size, (2, 24))
+    logits, grads = _step(model, input_ids)
+    with gemma4_fused_attn.side_channel(patched, True):
+        fused_logits, fused_grads = _step(patched, input_ids)
+        store = patched.model.language_model.layers[0]._axolotl_shared_kv
+        kept = store["store"]
+        assert kept is not None and set(kept) == {"sliding_attention", "full_attention"}
+        key, value = kept["full_attention"]
+        assert tuple(key.shape) == (2, 1, 24, 32)  # [batch, kv heads, seq, the full layers' head_dim]
+    assert store["store"] is None  # emptied after the block
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    _step(patched, input_ids)  # off: nothing kept
+    assert store["store"] is None
