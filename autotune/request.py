@@ -379,6 +379,10 @@ class Step:
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
         "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
+    axolotl: bool | None = option(
+        None, "the step as Axolotl runs it on a GPU, with the model patches no key turns off (Gemma 4's "
+        "fused attention forward, emulated: workload/gemma4_fused_attn.py); set by an Axolotl config",
+        http=False, cli=False)
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
@@ -814,9 +818,14 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
     if found.errors:
         return None
+    from autotune.workload import gemma4_fused_attn
+
+    model_type = getattr(spec.config, "model_type", None)
+    fused_attention = bool(step.axolotl) and gemma4_fused_attn.patched(model_type)
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
-                    offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen)
+                    offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
+                    fused_attention=fused_attention)
 
 
 def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,

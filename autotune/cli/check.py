@@ -111,22 +111,26 @@ def _plan(args: argparse.Namespace) -> Plan:
     _missing(request, " or ".join(repr(path) for path in args.from_config))
     request = _grpo_row(request)
     check_launch(config, request)
-    check_patched_model(config, request.step.model)
+    check_patched_model(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
-    return Plan(request, (*read, *config.notes, *_kernel_notes(request.step.model)), config.ignored)
+    notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl))
+    return Plan(request, (*read, *config.notes, *notes), config.ignored)
 
 
-def _kernel_notes(model: str | None) -> tuple[str, ...]:
+def _kernel_notes(model: str | None, axolotl: bool = False) -> tuple[str, ...]:
     """What the step runs in a kernel emulated, or traced in place of one, whatever the config says:
     flash-linear-attention's in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py);
-    transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py)."""
-    from autotune.workload import gated_delta_rule, mamba_mixer
+    transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py); Axolotl's fused
+    Gemma 4 attention in an Axolotl job of a gemma4 preset (workload/gemma4_fused_attn.py)."""
+    from autotune.workload import gated_delta_rule, gemma4_fused_attn, mamba_mixer
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
     model_type = PRESETS[name].get("model_type") if name is not None else None
     return tuple(module.NOTE for module, applies in ((gated_delta_rule, gated_delta_rule.hybrid),
-                                                      (mamba_mixer, mamba_mixer.torch_path))
+                                                      (mamba_mixer, mamba_mixer.torch_path),
+                                                      (gemma4_fused_attn, lambda t: axolotl and
+                                                       gemma4_fused_attn.patched(t)))
                  if name is not None and applies(model_type))
 
 

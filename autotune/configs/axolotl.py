@@ -51,6 +51,7 @@ from autotune.configs.sharding import (
     wrap_classes,
 )
 from autotune.errors import InvalidInput
+from autotune.request import CheckRequest
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
@@ -649,27 +650,28 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     return found
 
 
-# Model types whose attention forward Axolotl replaces on every GPU run, whatever the config says:
+# Model types whose attention Axolotl replaces on every GPU run, whatever the config says:
 # loaders/patch_manager.py _apply_model_specific_patches calls patch_gemma4_fused_attn (or
 # patch_gemma4_unified_fused_attn) for these model_config_types under torch.cuda.is_available(),
 # with no key to turn it off. monkeypatch/models/gemma4/fused_attn.py swaps Gemma4TextAttention.forward
-# for one that norms and rotates q and k, and norms v, in Triton kernels (kernels/gemma4_fused_rope.py
-# fused_rms_norm_rope, fused_rms_norm_noscale: their own outputs, float32 row statistics, copies of
-# the batch-broadcast cos/sin, per-program weight-gradient partials), which autotune does not emulate.
+# for one that norms and rotates q and k, and norms v, in Triton kernels (kernels/gemma4_fused_rope.py),
+# emulated for gemma4 and gemma4_text (workload/gemma4_fused_attn.py); gemma4_unified's
+# (monkeypatch/models/gemma4_unified/fused_attn.py) is not.
 FUSED_ATTENTION_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 FUSED_ATTENTION_NOTE = (
     "Axolotl replaces Gemma 4's attention forward on every GPU run, whatever the config says "
     "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
     "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
-    "kernels/gemma4_fused_rope.py), whose memory autotune does not emulate: an answer would be for "
-    "transformers' attention, a step Axolotl does not run")
-
-
-def check_patched_model(config: TrainingConfig, model: str | None) -> None:
+    "kernels/gemma4_fused_rope.py)")
+def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
-    the Axolotl ``config`` says (FUSED_ATTENTION_TYPES); nothing for other formats."""
+    the Axolotl ``config`` says: gemma4_unified's fused attention; nothing for other formats. gemma4's
+    fused attention and its shared-KV side channel are emulated (workload/gemma4_fused_attn.py,
+    swapped in by the request's ``axolotl``). ``request``: the config's with the flags given over it."""
+    model = request.step.model
     if config.format != "axolotl" or model is None:
         return
+    from autotune.workload.gemma4_fused_attn import patched
     from autotune.workload.models import resolve_model
 
     try:
@@ -677,10 +679,12 @@ def check_patched_model(config: TrainingConfig, model: str | None) -> None:
     except InvalidInput:  # an unknown model is refused later, by the check
         return
     model_type = getattr(spec.config, "model_type", None)
-    if model_type in FUSED_ATTENTION_TYPES:
-        path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+    if model_type not in FUSED_ATTENTION_TYPES:
+        return
+    path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+    if not patched(model_type):
         raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
-                           f"{FUSED_ATTENTION_NOTE}")
+                           f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
 
 
 def read_axolotl(cfg: Config) -> TrainingConfig:
@@ -739,7 +743,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger, **trainer,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, **trainer,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )

@@ -27,6 +27,26 @@ def require_axolotl() -> None:
                                  "(pip install axolotl); the estimate backend emulates them")
 
 
+def require_axolotl_patches() -> None:
+    """BackendUnavailable where axolotl is not installed: a gemma4 Axolotl job runs Axolotl's fused
+    attention forward (workload/gemma4_fused_attn.py), which only Axolotl's own patch runs on a GPU."""
+    if importlib.util.find_spec("axolotl") is None:
+        raise BackendUnavailable("Axolotl's fused Gemma 4 attention on the cuda backend needs the axolotl "
+                                 "package (pip install axolotl); the estimate backend emulates it")
+
+
+def patch_gemma4_attention(shared_kv_workaround: bool) -> None:
+    """monkeypatch/models/gemma4/fused_attn.py ``patch_gemma4_fused_attn``, as loaders/patch_manager.py
+    calls it: with the shared-KV side channel where activation checkpointing or offloading is on. It
+    replaces Gemma4TextAttention.forward (and Gemma4TextDecoderLayer.__call__): one worker serves one
+    cell (probe_worker.py), so it lasts as long as the cell."""
+    from axolotl.monkeypatch.models.gemma4.fused_attn import (  # type: ignore[import-not-found]
+        patch_gemma4_fused_attn,
+    )
+
+    patch_gemma4_fused_attn(install_shared_kv_workaround=shared_kv_workaround)
+
+
 def patch(model: Any, kernels: Sequence[str]) -> None:
     """Axolotl's patch of the PEFT-wrapped ``model`` for ``kernels`` (module docstring)."""
     if not set(kernels) & set(PATCHING):

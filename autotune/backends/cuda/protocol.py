@@ -100,6 +100,7 @@ class CellSpec:
     # A preference trainer's step (workload.preference.Trainer's fields); None: supervised fine-tuning
     trainer: dict[str, Any] | None = None
     frozen: list[str] = dataclasses.field(default_factory=list)  # workload.frozen: untrained modules
+    fused_attention: bool = False  # workload.fused_attention: Axolotl's Gemma 4 attention forward
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,6 +145,7 @@ def cell_spec(
         offload_activations=workload.offload_activations,
         trainer=None if workload.trainer is None else dataclasses.asdict(workload.trainer),
         frozen=list(workload.frozen),
+        fused_attention=workload.fused_attention,
     )
 
 
@@ -167,6 +169,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         offload_activations=spec.offload_activations is True,
         trainer=None if spec.trainer is None else Trainer(**spec.trainer),
         frozen=parse_frozen(spec.frozen),
+        fused_attention=spec.fused_attention is True,
     )
     return workload, parse_mode(spec.mode)
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.liger import swap_in, swap_in_linear_attention
+from autotune.backends.estimate.liger import swap_in, swap_in_fused_attention, swap_in_linear_attention
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
@@ -63,6 +63,7 @@ from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.frozen import freeze
+from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
 from autotune.workload.preference import prepare_models
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
@@ -484,7 +485,7 @@ class EstimateBackend:
         key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer, workload.frozen)
+               workload.trainer, workload.frozen, workload.fused_attention)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -495,6 +496,8 @@ class EstimateBackend:
                                           workload.weights_dtype, flash_as_sdpa=True)
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
+                if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
+                    swap_in_fused_attention(model, self.gpu)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
@@ -565,8 +568,13 @@ class EstimateBackend:
         # allocation; use_reentrant=False is transformers' default.
         checkpoint_kwargs = {"use_reentrant": workload.ckpt_reentrant,
                              "context_fn": self._checkpoint_contexts}
+        # Axolotl's shared-KV side channel beside its fused Gemma 4 attention, where patch_manager.py
+        # installs it: under activation checkpointing or offloading (workload/gemma4_fused_attn.py).
+        shared_kv = workload.fused_attention and (mode.checkpointing or workload.offload_activations or (
+            parallel is not None and parallel.activation_checkpointing))
+        quantized = workload.adapter is not None and workload.adapter.quantized
         with gradient_checkpointing(fake.model, mode.checkpointing, checkpoint_kwargs,
-                                    input_grads=workload.adapter is not None and workload.adapter.quantized):
+                                    input_grads=quantized), side_channel(fake.model, shared_kv):
             yield cell
         pair = aligned_pair(cell.traces)
         if pair is None and cell.traces and cell.reference is not None:

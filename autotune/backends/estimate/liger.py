@@ -37,3 +37,14 @@ def swap_in_linear_attention(model: torch.nn.Module) -> None:
     from autotune.workload.gated_delta_rule import apply
 
     apply(model, outside_allocator)
+
+
+def swap_in_fused_attention(model: torch.nn.Module, gpu: GpuSpec) -> None:
+    """Axolotl's fused Gemma 4 attention forward, emulated (workload/gemma4_fused_attn.py), in every
+    Gemma4TextAttention of ``model``: its backward's weight-gradient partials sized by the target
+    card's multiprocessors, as Liger's RMSNorm's."""
+    from autotune.backends.estimate.tracker import outside_allocator
+    from autotune.workload.gemma4_fused_attn import apply
+
+    count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
+    apply(model, count, outside_allocator)

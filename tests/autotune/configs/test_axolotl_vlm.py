@@ -122,16 +122,51 @@ def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path
     assert "fail on model type qwen2_vl" in capsys.readouterr().err
 
 
-def test_gemma4_under_axolotl_is_refused_for_its_fused_attention(tmp_path, capsys):
-    # patch_manager.py patches Gemma4TextAttention.forward with Triton kernels on every GPU run,
-    # whatever the config says: autotune does not emulate it, so it answers for no Gemma 4 step.
-    data = {**VLM, "base_model": "tiny-gemma4", "lora_target_modules": ["q_proj", "v_proj"]}
+def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):
+    # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: not emulated.
+    import copy
+    import dataclasses
+    from unittest import mock
+
+    from autotune.configs.axolotl import check_patched_model
+    from autotune.workload.models import resolve_model
+
+    config = read(tmp_path, {**VLM, "base_model": "tiny-gemma4"})
+    spec = resolve_model("tiny-gemma4")
+    spec = dataclasses.replace(spec, config=copy.deepcopy(spec.config))
+    spec.config.model_type = "gemma4_unified"
+    with mock.patch("autotune.workload.models.resolve_model", return_value=spec), \
+            pytest.raises(InvalidInput, match="does not emulate for gemma4_unified"):
+        check_patched_model(config, config.request)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gemma4_under_axolotl_runs_its_fused_attention_emulated(tmp_path, capsys, checkpointing):
+    # Axolotl's fused attention forward (and its shared-KV side channel under checkpointing): emulated,
+    # and said so.
+    data = {**VLM, "base_model": "tiny-gemma4", "gradient_checkpointing": checkpointing,
+            "attn_implementation": "sdpa"}
     path = tmp_path / "gemma4.yml"
     path.write_text(yaml.safe_dump(data))
-    assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
-    err = capsys.readouterr().err
-    assert "tiny-gemma4 (model type gemma4) with the Axolotl config" in err
-    assert "patch_gemma4_fused_attn" in err and "does not emulate" in err
+    code = main(["check", "--from-config", str(path), "--images-per-sample", "0", "--gpu-memory", "4GiB",
+                 "--no-cache", "--workers", "1"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    assert "Axolotl's fused Gemma 4 attention forward (emulated)" in out.out + out.err
+
+
+def test_an_axolotl_job_of_gemma4_swaps_in_the_fused_attention(tmp_path):
+    from autotune.configs.axolotl import check_patched_model
+    from autotune.request import resolve
+
+    data = {**VLM, "base_model": "tiny-gemma4", "gradient_checkpointing": False,
+            "attn_implementation": "sdpa"}
+    config = read(tmp_path, data)
+    assert config.request.step.axolotl is True
+    check_patched_model(config, config.request)  # not refused
+    assert resolve(config.request, make_target=False).workload.fused_attention
+    qwen = read(tmp_path, {**VLM, "gradient_checkpointing": False})
+    assert not resolve(qwen.request, make_target=False).workload.fused_attention
 
 
 def test_gemma4_without_axolotl_is_not_refused_for_axolotls_patch(tmp_path, capsys):
