@@ -200,8 +200,9 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     if parallel.activation_checkpointing:
         checkpoint_as_axolotl(model)
 
+    # its fsdp2_kwargs pass the plugin's cpu_offload as accelerate's do (``offload_policy``)
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
-              "mp_policy": mixed_precision(precision)}
+              "mp_policy": mixed_precision(precision), "offload_policy": offload_policy(parallel)}
     classes = layer_classes(model)
     lora = _lora_layer_class() if hasattr(model, "get_base_model") else None
     for module in _bottom_up(model)[:-1]:
