@@ -28,6 +28,7 @@ class Phases(StepHooks):
         self._loaded: set[int] = set()  # storages counted (FSDP1's parameters are views of one)
         self.steps_start = 0  # events before the steps
         self.live: dict[str, list[int]] = collections.defaultdict(list)
+        self.backward_ends: list[int] = []  # events before each step's optimizer
 
     def make_tracker(self, device: Any) -> StorageTracker:
         self.tracker = super().make_tracker(device)
@@ -53,6 +54,7 @@ class Phases(StepHooks):
         self._note("before steps")
 
     def before_optimizer(self, optimizer: Any) -> None:
+        self.backward_ends.append(len(self.tracker.events))
         self._note("backward done")
 
     def after_optimizer(self, optimizer: Any) -> None:
@@ -60,6 +62,10 @@ class Phases(StepHooks):
 
     def allocated_after_start(self) -> collections.Counter[int]:
         return collections.Counter(n for _, n in self.tracker.events[self.steps_start:] if n > 0)
+
+    def allocated_in_first_forward_and_backward(self) -> collections.Counter[int]:
+        return collections.Counter(n for _, n in self.tracker.events[self.steps_start:self.backward_ends[0]]
+                                   if n > 0)
 
 
 def traced(parallel: Parallel | None, mode: str = "fp32") -> tuple[Phases, Any]:

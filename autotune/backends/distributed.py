@@ -134,6 +134,17 @@ def mixed_precision(precision: str) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
 
 
+def offload_policy(parallel: Parallel) -> Any:
+    """accelerate's FSDP2 offload policy, ``fsdp2_prepare_model``'s ``offload_policy`` (utils/fsdp_utils.py):
+    the plugin's ``cpu_offload``, which ``set_cpu_offload`` (utils/dataclasses.py) makes
+    ``CPUOffloadPolicy()`` (pinned host memory) when true, else ``OffloadPolicy()``, nothing offloaded.
+    Traced unpinned: fake tensors cannot be pinned (aten._pin_memory has no fake kernel), and pinned or
+    pageable the host holds the same bytes and the GPU the same copies."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    return CPUOffloadPolicy(pin_memory=False) if parallel.offload_params else OffloadPolicy()
+
+
 def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
     """FSDP2 over ``model`` (built, adapted, in its FakeTensorMode; call inside that mode) on
     ``mesh``, as ``fsdp2_prepare_model`` shards it for a mode of ``precision`` (module docstring), or
@@ -152,7 +163,7 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
             if parameter.requires_grad and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.to(torch.float32)
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
-              "mp_policy": mixed_precision(precision)}
+              "mp_policy": mixed_precision(precision), "offload_policy": offload_policy(parallel)}
     classes = layer_classes(model)
     for module in _bottom_up(model)[:-1]:
         # accelerate 1.15's policy looks through a CheckpointWrapper: the wrapper is sharded too,
@@ -171,7 +182,8 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
     if tail:
         fully_shard(tail, **{**kwargs, "reshard_after_forward": False})
     root = _loss_module()(model, loss)
-    fully_shard(root, mesh=mesh, mp_policy=kwargs["mp_policy"])  # a root's None: kept gathered
+    fully_shard(root, mesh=mesh, mp_policy=kwargs["mp_policy"],  # a root's None: kept gathered
+                offload_policy=kwargs["offload_policy"])
     return root
 
 
@@ -188,8 +200,9 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     if parallel.activation_checkpointing:
         checkpoint_as_axolotl(model)
 
+    # its fsdp2_kwargs pass the plugin's cpu_offload as accelerate's do (``offload_policy``)
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
-              "mp_policy": mixed_precision(precision)}
+              "mp_policy": mixed_precision(precision), "offload_policy": offload_policy(parallel)}
     classes = layer_classes(model)
     lora = _lora_layer_class() if hasattr(model, "get_base_model") else None
     for module in _bottom_up(model)[:-1]:

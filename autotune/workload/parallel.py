@@ -72,6 +72,9 @@ class Parallel:
     use_orig_params: bool = True  # fsdp 1: the original parameters as views of the FlatParameter
     forward_prefetch: bool = False  # fsdp 1: the next unit's all-gather issued before this forward
     backward_prefetch: str | None = None  # fsdp 1: BACKWARD_PRE or BACKWARD_POST; None: NO_PREFETCH
+    # fsdp 2: CPU offload (accelerate's cpu_offload, fsdp_config.offload_params): fully_shard's
+    # CPUOffloadPolicy, the shards, their gradients and the optimizer state in host memory
+    offload_params: bool = False
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists

@@ -20,6 +20,22 @@ into a category); other trackers ignore regions, and no event changes:
 
 The FSDP2 functions are imported by name into _fsdp_param_group.py, where they are replaced for
 the trace and restored after it.
+
+FSDP2's CPU offload (``CPUOffloadPolicy``, backends/distributed.py ``offload_policy``) keeps each
+sharded parameter, its gradient and the optimizer state in host memory. The estimator's fake
+tensors are CPU tensors standing for the GPU's, so FSDP2's copies between the two (a ``.to`` of the
+device it is already on) copy nothing; ``host_offload`` makes them what they are on a GPU, onto the
+tracker's host ledger (tracker.py ``on_host``):
+
+- the shards are host memory as the weights are loaded (``on_host_when``);
+- each shard's copy to the GPU for its all-gather (_fsdp_param.py ``FSDPParam.all_gather_inputs``:
+  ``sharded_param_data.to(self.device, non_blocking=True)``) is a copy on the GPU, emulated by a
+  clone; then its cast to the gathered dtype, as there;
+- each sharded gradient's copy to the host in ``foreach_reduce`` (_fsdp_collectives.py:
+  ``new_sharded_grad.to(torch.device("cpu"), ...)``, the only device move there) is a copy on the
+  host ledger, and the reduce-scatter output it was a view of is the GPU's to free;
+- the optimizer's step runs on the host parameters and gradients (torch.optim on CPU tensors): what
+  it allocates, its state among it, is host memory (``host_step``).
 """
 
 from __future__ import annotations
@@ -124,6 +140,92 @@ def ddp_regions() -> Iterator[None]:
         DistributedDataParallel._ddp_init_helper = saved  # type: ignore[method-assign]
 
 
+def offloads(distributed: Distributed | None) -> bool:
+    """Whether ``distributed`` is FSDP2 with its parameters offloaded to the host (module docstring)."""
+    return distributed is not None and distributed.parallel.kind == FSDP \
+        and distributed.parallel.fsdp_version == 2 and distributed.parallel.offload_params
+
+
+def on_host_when(distributed: Distributed | None,
+                 tensor: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+    """Around the loading of ``tensor``: on the host ledger if it is an offloaded FSDP2 shard (a
+    DTensor; the buffers FSDP2 moves to the GPU, module docstring)."""
+    from torch.distributed.tensor import DTensor
+
+    from autotune.backends.estimate.tracker import on_host
+
+    return on_host() if offloads(distributed) and isinstance(tensor, DTensor) else contextlib.nullcontext()
+
+
+def host_step(distributed: Distributed | None, optimizer: Any) -> Any:
+    """``optimizer``, its step on the host where ``distributed`` offloads (module docstring)."""
+    if not offloads(distributed):
+        return optimizer
+    from autotune.backends.estimate.tracker import on_host
+
+    step = optimizer.step
+
+    def on_the_host(*args: Any, **kwargs: Any) -> Any:
+        with on_host():
+            return step(*args, **kwargs)
+
+    optimizer.step = on_the_host
+    return optimizer
+
+
+def _gathered_from_host(original: property) -> property:
+    """``FSDPParam.all_gather_inputs`` with an offloaded shard's copy to the GPU a clone (module
+    docstring); else torch's own."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _to_dtype_if_needed
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+    def all_gather_inputs(self: Any) -> list[torch.Tensor]:
+        if not self.offload_to_cpu or self.sharded_state != ShardedState.SHARDED \
+                or hasattr(self._sharded_local_tensor, "fsdp_pre_all_gather"):
+            return original.fget(self)  # type: ignore[misc,no-any-return]
+        return [_to_dtype_if_needed(self._sharded_param_data.clone(), self.param_dtype)]
+
+    return property(all_gather_inputs)
+
+
+def _reduced_to_host(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``foreach_reduce`` with its sharded gradients' ``.to(cpu)`` a copy on the host ledger."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from autotune.backends.estimate.tracker import on_host
+
+    class ToHost(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            moves = any(isinstance(a, torch.device) for a in (*args, *kwargs.values()))
+            if func is torch.Tensor.to and moves:
+                with on_host():
+                    return args[0].clone()
+            return func(*args, **kwargs)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with ToHost():
+            return function(*args, **kwargs)
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def host_offload() -> Iterator[None]:
+    """FSDP2's copies between host and GPU made copies for the trace (module docstring)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    saved = FSDPParam.__dict__["all_gather_inputs"], group.foreach_reduce
+    FSDPParam.all_gather_inputs = _gathered_from_host(saved[0])  # type: ignore[method-assign,assignment]
+    group.foreach_reduce = _reduced_to_host(saved[1])
+    try:
+        yield
+    finally:
+        FSDPParam.all_gather_inputs, group.foreach_reduce = saved  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Iterator[None]:
     """What a trace of ``distributed``'s rank enters around its step (None: one GPU's, nothing)."""
@@ -137,6 +239,8 @@ def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Ite
         elif distributed is not None and distributed.parallel.kind == FSDP:
             stack.enter_context(resizes_tracked(tracker))
             stack.enter_context(fsdp_regions())
+            if offloads(distributed):  # around the regions: foreach_reduce within its region
+                stack.enter_context(host_offload())
         elif distributed is not None and distributed.parallel.kind == DDP:
             stack.enter_context(ddp_regions())
         yield

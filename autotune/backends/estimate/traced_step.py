@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
-from autotune.backends.estimate.rank import around_rank
+from autotune.backends.estimate.rank import around_rank, host_step, on_host_when
 from autotune.backends.estimate.steps import Canonical, SteadySteps, StepMarks, StepWriter
 from autotune.backends.estimate.vision import known_values
 from autotune.workload import Workload
@@ -254,7 +254,8 @@ def trace_step(
     with known_values(workload, batch_size), fake.mode_ctx, tracker, hooks.around(model), \
             around_rank(distributed, tracker), ready:
         def load(tensor: Any) -> None:
-            tracker.track(tensor)
+            with on_host_when(distributed, tensor):  # FSDP2's offloaded shards (rank.py)
+                tracker.track(tensor)
             hooks.loaded(tensor)
 
         if zero:
@@ -287,7 +288,7 @@ def trace_step(
                                          phase=functools.partial(_phase, hooks, tracker, emulation))
         batch = step_batch(model.config, workload, batch_size, seq_len)
         if not zero:
-            optimizer = hooks.make_optimizer(model, workload)
+            optimizer = host_step(distributed, hooks.make_optimizer(model, workload))
         marks = StepMarks()
         writer = StepWriter(tracker) if write_steps and not zero else None
         marked = _MarkedScaler(scaler, tracker, marks, steady, writer, hooks)

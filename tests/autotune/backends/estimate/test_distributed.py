@@ -245,3 +245,36 @@ def test_ddp_s_buckets_are_communication_buffers_of_the_gradients_size():
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     buckets = [a for a in recording.allocations if a.kind == "communication_buffers"]
     assert [(a.phase, a.nbytes) for a in buckets] == [("setup", full)]
+
+
+# FSDP2's CPU offload (CPUOffloadPolicy, backends/distributed.py ``offload_policy``; estimate/rank.py
+# ``host_offload``): the rank's shards, their gradients and the Adam state on the host ledger.
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_offloaded_shards_gradients_and_adam_state_are_host_memory(mode):
+    ranks = 4
+    on_gpu, model = traced(Parallel("fsdp", ranks), mode)
+    offloaded, _ = traced(Parallel("fsdp", ranks, offload_params=True), mode)
+    # a 16-bit mode upcasts the trainable parameters to float32 before sharding (distributed.shard)
+    scale = 2 if mode == "bf16" else 1
+    shard = scale * shard_bytes(model.parameters(), ranks)
+    count = len(list(model.parameters()))
+    before = offloaded.live["before steps"][0]
+    assert on_gpu.live["before steps"][0] - before == shard  # the shards went to the host
+    assert offloaded.live["backward done"] == [before, before]  # their gradients too
+    assert offloaded.live["optimizer done"] == [before, before]  # and the Adam state
+    # the host's peak: shards, gradients, exp_avg and exp_avg_sq, AdamW's step counts
+    assert offloaded.tracker.host_peak_bytes == 4 * shard + count * STEP_BYTES
+
+
+def test_each_offloaded_shard_is_copied_to_the_gpu_for_each_all_gather():
+    ranks = 4
+    offloaded, model = traced(Parallel("fsdp", ranks, offload_params=True))
+    on_gpu, _ = traced(Parallel("fsdp", ranks))
+    copies = offloaded.allocated_in_first_forward_and_backward()
+    copies.subtract(on_gpu.allocated_in_first_forward_and_backward())
+    # gathered in forward and again in backward, but the tail (final norm, head) kept from one to the other
+    tail = {id(model.model.norm.weight), id(model.lm_head.weight)}
+    expected = collections.Counter()
+    for parameter in model.parameters():
+        expected[shard_bytes([parameter], ranks)] += 1 if id(parameter) in tail else 2
+    assert +copies == expected
