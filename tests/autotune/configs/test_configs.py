@@ -108,7 +108,8 @@ def test_axolotl_config_is_read_whole(tmp_path):
     plan = read(tmp_path, {**AXOLOTL}, "axolotl.yml")
     assert plan.request == request(
         model="meta-llama/Llama-3.2-1B", seq_len=4096, batch_size=2, mode="bf16+ckpt", accumulation_steps=8,
-        task="causal-lm", dtype="bfloat16", optimizer="paged_adamw_8bit", attn="flash_attention_2")
+        task="causal-lm", dtype="bfloat16", optimizer="paged_adamw_8bit", attn="flash_attention_2",
+        axolotl=True)  # Axolotl's own patches apply (gemma4_fused_attn.py)
     assert (plan.format, plan.ignored) == ("axolotl", ())
     assert plan.notes == (
         "bf16: true: Axolotl loads the weights in bfloat16 and trains under bf16 autocast",
