@@ -205,7 +205,7 @@ def check_checkpoint(config: Any, kernels: Sequence[str]) -> None:
     batch is made (loaders/patch_manager.py ``_apply_lora_kernel_patch``)."""
     if set(kernels) & set(PATCHING):
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        check_model(text, kernels, config.model_type)
+        check_model(text, kernels, _CHECKPOINT.get(config.model_type, config.model_type))
 
 
 def glu_of(config: Any) -> str:

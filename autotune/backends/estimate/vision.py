@@ -45,7 +45,7 @@ image_processing_gemma4.py ``get_aspect_ratio_preserving_size`` rounds to patch 
 
 LFM2-VL selects its image tokens likewise, by a boolean mask from ``arange`` values (the padding slots
 of each tile dropped after the projector): ``route_token_selection`` gives that indexing the known
-count (``SelectedTokens``).
+count (``selected_tokens``).
 
 Nothing is skipped: the vision tower, the projector and the merge of its features into the text
 run as the model runs them.
@@ -71,8 +71,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
-
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.errors import InvalidInput
 
@@ -299,34 +297,34 @@ def _selecting(module: Any, get_image_features: Any) -> Any:
         # One token per factor x factor patches of each tile: spatial_shapes' values are kept.
         factor = int(module.config.downsample_factor)
         count = int((spatial_shapes // factor).prod(-1).sum())
-        with SelectedTokens(count):
+        with selected_tokens(count):
             return get_image_features(pixel_values, spatial_shapes, pixel_attention_mask, **kwargs)
     return selecting
 
 
-class SelectedTokens(TorchDispatchMode):
-    """``Lfm2VlModel.get_image_features`` (transformers 5.24) drops the padding slots of its projected
-    features by a boolean mask (``image_features[is_token.flatten()]``) made from ``arange`` values
-    the fake trace does not keep; the count of true values is known (the image tokens of the batch),
-    so indexing by a boolean mask takes ``torch.nonzero_static`` of that count: the [tokens, 1] int64
-    indices CUDA's boolean indexing makes with ``nonzero``, then the same gather."""
+def selected_tokens(count: int) -> Any:
+    """A dispatch mode for ``Lfm2VlModel.get_image_features`` (transformers 5.24), which drops the
+    padding slots of its projected features by a boolean mask (``image_features[is_token.flatten()]``)
+    made from ``arange`` values the fake trace does not keep; the count of true values is known (the
+    image tokens of the batch), so indexing by a boolean mask takes ``torch.nonzero_static`` of that
+    count: the [tokens, 1] int64 indices CUDA's boolean indexing makes with ``nonzero``, then the same
+    gather. (torch is imported here, at first use: a check answered from a kept memo imports none.)"""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, count: int) -> None:
-        super().__init__()
-        self.count = count
+    class SelectedTokens(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.index.Tensor:
+                source, indices = args
+                if any(index is not None and index.dtype == torch.bool for index in indices):
+                    expanded: list[Any] = []
+                    for index in indices:
+                        if index is not None and index.dtype == torch.bool:
+                            expanded.extend(torch.nonzero_static(index, size=count).unbind(1))
+                        else:
+                            expanded.append(index)
+                    return func(source, expanded, **kwargs)
+            return func(*args, **kwargs)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        import torch
-
-        kwargs = kwargs or {}
-        if func is torch.ops.aten.index.Tensor:
-            source, indices = args
-            if any(index is not None and index.dtype == torch.bool for index in indices):
-                expanded: list[Any] = []
-                for index in indices:
-                    if index is not None and index.dtype == torch.bool:
-                        expanded.extend(torch.nonzero_static(index, size=self.count).unbind(1))
-                    else:
-                        expanded.append(index)
-                return func(source, expanded, **kwargs)
-        return func(*args, **kwargs)
+    return SelectedTokens()
