@@ -198,7 +198,9 @@ def tasks(records: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
 
 
-def wait_until(predicate, what: str, timeout_s: float = 60.0, step_s: float = 0.05):
+# A limit, not a wait (polled every step_s): ample, as a Ray task importing torch on a 2-core machine
+# whose cores are both taken (the fresh-clone CI beside a corpus run: load 6-10) took over a minute.
+def wait_until(predicate, what: str, timeout_s: float = 180.0, step_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
