@@ -1,5 +1,6 @@
 """The image processors' own sizing code, run as transformers writes it where its module cannot be
-imported here (it needs torchvision): shared by the vision-language tests."""
+imported here (it needs torchvision), and a real step of a tiny vision-language model with
+autotune's batch: shared by the vision-language tests."""
 
 from __future__ import annotations
 
@@ -31,3 +32,25 @@ def transformers_function(model: str, module: str, name: str,
 def transformers_smart_resize() -> Callable:
     """transformers' own ``smart_resize`` (models/qwen2_vl/image_processing_qwen2_vl.py)."""
     return transformers_function("qwen2_vl", "image_processing_qwen2_vl", "smart_resize")
+
+
+def real_model_takes(name: str, count: int, seq_len: int) -> Any:
+    """A training step of preset ``name`` on real tensors with ``count`` images of 84 x 56 a row in
+    autotune's batch, transformers' checks on (its image tokens must match the features the tower
+    makes); asserts each row holds the layout's image tokens, and returns that layout."""
+    import torch
+
+    from autotune.workload.models import resolve_model
+    from autotune.workload.step import build_model, make_batch
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, Images, image_layout
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model(name), IMAGE_TEXT_TO_TEXT, None)
+    batch = make_batch(model.config, IMAGE_TEXT_TO_TEXT, 2, seq_len, images=Images(count, (84, 56)))
+    loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    layout = image_layout(model.config, Images(count, (84, 56)))
+    tokens = (batch["input_ids"] == model.config.image_token_id).sum(dim=1)
+    assert tokens.tolist() == [count * layout.tokens] * 2
+    return layout

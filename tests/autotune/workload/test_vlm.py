@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from processors import SIZES, transformers_smart_resize
+from processors import SIZES, real_model_takes, transformers_smart_resize
 
 import autotune
 from autotune.errors import InvalidInput
@@ -206,18 +206,8 @@ def test_gemma4_parameter_counts_match_the_published_totals(name, total, languag
 @pytest.mark.parametrize("name", TINY_VLMS)
 @pytest.mark.parametrize("count", [0, 1, 3])
 def test_the_batch_is_what_the_real_model_takes(name, count):
-    # Real tensors, transformers' checks on (the image tokens must match the features): the layout
-    # is the processor's.
-    torch.manual_seed(0)
-    spec = resolve_model(name)
-    model, _ = build_model(spec, VLM, None)
-    batch = make_batch(model.config, VLM, 2, 200, images=Images(count, (84, 56)))
-    loss = model(**batch).loss
-    loss.backward()
-    assert torch.isfinite(loss)
-    layout = image_layout(model.config, Images(count, (84, 56)))
-    tokens = (batch["input_ids"] == model.config.image_token_id).sum(dim=1)
-    assert tokens.tolist() == [count * layout.tokens] * 2
+    # Real tensors, transformers' checks on: the layout is the processor's.
+    real_model_takes(name, count, 200)
 
 
 def test_mrope_positions_are_get_rope_index_s():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processors import real_model_takes
 
 from autotune.workload.models import infer_task, resolve_model
 from autotune.workload.step import build_model, make_batch
@@ -85,15 +86,7 @@ def test_cocos_640x480_in_mistral3_and_pixtral_12b():
 @pytest.mark.parametrize("count", [0, 1, 3])
 def test_the_batch_is_what_the_real_model_takes(name, count):
     # Real tensors, transformers' checks on (the [IMG] tokens must match the merged features).
-    torch.manual_seed(0)
-    model, _ = build_model(resolve_model(name), VLM, None)
-    batch = make_batch(model.config, VLM, 2, 200, images=Images(count, (84, 56)))
-    loss = model(**batch).loss
-    loss.backward()
-    assert torch.isfinite(loss)
-    layout = image_layout(model.config, Images(count, (84, 56)))
-    tokens = (batch["input_ids"] == model.config.image_token_id).sum(dim=1)
-    assert tokens.tolist() == [count * layout.tokens] * 2
+    real_model_takes(name, count, 200)
 
 
 @pytest.mark.parametrize(("name", "params", "language"), [

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from processors import SIZES, transformers_smart_resize
+from processors import SIZES, real_model_takes, transformers_smart_resize
 
 import autotune
 from autotune.workload.models import infer_task, resolve_model
@@ -63,15 +63,7 @@ def test_qwen3_vl_s_default_image_is_640x480_in_300_tokens():
 @pytest.mark.parametrize("count", [0, 1, 3])
 def test_the_batch_is_what_the_real_model_takes(name, count):
     # Real tensors, transformers' checks on (the image tokens must match the features).
-    torch.manual_seed(0)
-    model, _ = build_model(resolve_model(name), VLM, None)
-    batch = make_batch(model.config, VLM, 2, 300, images=Images(count, (84, 56)))
-    loss = model(**batch).loss
-    loss.backward()
-    assert torch.isfinite(loss)
-    layout = image_layout(model.config, Images(count, (84, 56)))
-    tokens = (batch["input_ids"] == model.config.image_token_id).sum(dim=1)
-    assert tokens.tolist() == [count * layout.tokens] * 2
+    real_model_takes(name, count, 300)
 
 
 def test_the_given_positions_and_indices_are_the_models_own():
