@@ -84,8 +84,9 @@ def cell_view(seq_len: int, mode: str, cell: dict[str, Any] | None, state: str, 
     return view
 
 
-def grid(run: Run, cells: list[dict[str, Any]]) -> list[tuple[int, list[CellView]]]:
-    """Rows of the table: one per sequence length, a cell per mode, finished or not."""
+def grid(run: Run, cells: list[dict[str, Any]], stored: TableSpec) -> list[tuple[int, list[CellView]]]:
+    """Rows of the table: one per sequence length, a cell per mode, finished or not (``stored``: the
+    run's spec, read once by the page)."""
     spec = run.spec
     found = {(c["seq_len"], c["mode"]): c for c in cells}
     # The tuner goes mode by mode, each from the shortest length: the first cell missing in that
@@ -94,7 +95,7 @@ def grid(run: Run, cells: list[dict[str, Any]]) -> list[tuple[int, list[CellView
     pending = [k for k in order if k not in found]
     measuring = pending[0] if pending and run.status == "running" else None
     missing = "queued" if run.active else "not measured"
-    trainer = TableSpec.from_json(spec).workload_trainer()
+    trainer = stored.workload_trainer()
     why = trainer.why_not_run() if trainer is not None else None
     rows = []
     for seq_len in spec["seq_lens"]:
@@ -117,13 +118,14 @@ def chart_of(run: Run, rows: list[tuple[int, list[CellView]]]) -> Any:
 
 
 def _context(run: Run, cells: list[dict[str, Any]], queue: QueueDep) -> dict[str, Any]:
-    rows = grid(run, cells)
+    stored = TableSpec.from_json(run.spec)
+    rows = grid(run, cells, stored)
     return {
         # A database that cannot be written now (a full disk): why, and this run's results waiting.
         "write_failure": queue.store.write_failure, "unwritten": queue.backlog(run.id),
         "reconcile_s": queue.reconcile_s,
         "run": summary(run), "spec": run.spec, "header": run.header or {}, "rows": rows,
-        "stored": (stored := TableSpec.from_json(run.spec)), "warnings": run_warnings(stored),
+        "stored": stored, "warnings": run_warnings(stored),
         "weights": weights_label(stored.weights_dtype),
         "gpus": None if (parallel := stored.workload_parallel()) is None else parallel.label,
         "trainer": None if (trainer := run_trainer(stored)) is None else trainer["label"],
