@@ -54,3 +54,17 @@ def real_model_takes(name: str, count: int, seq_len: int) -> Any:
     tokens = (batch["input_ids"] == model.config.image_token_id).sum(dim=1)
     assert tokens.tolist() == [count * layout.tokens] * 2
     return layout
+
+
+def image_cell_probes(name: str, mode: str, **step: Any) -> list[Any]:
+    """The estimator's probes at batches 2, 3, 4, 5 of preset ``name``'s cell at 256 tokens with two
+    112 x 112 images a row, on a 1 GiB card (``step``: more of the Step's fields)."""
+    from autotune.request import Step, TableRequest, Target, resolve
+    from autotune.tuner import budget_bytes
+
+    resolved = resolve(TableRequest(Step(model=name, image_size="112x112", images_per_sample=2, **step),
+                                    Target(gpu_memory="1GiB", backend="estimate"), seq_lens=[256],
+                                    modes=mode))
+    budget = budget_bytes(resolved.gpu, resolved.margin)
+    with resolved.backend.cell(resolved.workload, resolved.modes[0], 256, budget) as cell:
+        return [cell.fits(batch) for batch in (2, 3, 4, 5)]

@@ -40,6 +40,8 @@ _TINY_QWEN3_VISION = {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "
 # A fixed-size tower of 56-pixel images in 14-pixel patches: 16 patches.
 _TINY_VISION = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
                 "image_size": 56, "patch_size": 14}
+# Mistral 3's Pixtral tower (Mistral Small 3.1's and 4's alike): 14-pixel patches, up to 112 a side.
+_TINY_PIXTRAL_VISION = {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 112}
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "bert": _TINY_BERT,
     "roberta": _TINY_ROBERTA,
@@ -246,7 +248,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                         "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                             "original_max_position_embeddings": 64,
                                             "llama_4_scaling_beta": 0.1}},
-        "vision_config": {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 112},
+        "vision_config": _TINY_PIXTRAL_VISION,
         "image_token_index": 100,
         "architectures": ["Mistral3ForConditionalGeneration"],
     },
@@ -264,7 +266,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
                                             "original_max_position_embeddings": 8,
                                             "llama_4_scaling_beta": 0.1}},
-        "vision_config": {"model_type": "pixtral", **_TINY_VISION, "head_dim": 16, "image_size": 112},
+        "vision_config": _TINY_PIXTRAL_VISION,
         "image_token_index": 100,
         "architectures": ["Mistral3ForConditionalGeneration"],
     },

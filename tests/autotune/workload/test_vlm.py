@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
-from processors import SIZES, real_model_takes, transformers_smart_resize
+from processors import SIZES, image_cell_probes, real_model_takes, transformers_smart_resize
 
 import autotune
 from autotune.errors import InvalidInput
-from autotune.request import CheckRequest, Step, TableRequest, Target, resolve
+from autotune.request import CheckRequest, Step, TableRequest, resolve
 from autotune.workload.models import infer_task, resolve_model
 from autotune.workload.presets import PRESETS
 from autotune.workload.step import build_model, make_batch
@@ -274,14 +274,7 @@ def test_a_text_only_step_of_a_vlm():
 def test_every_tiny_vlm_is_estimated_and_extrapolated(name):
     # The vision tower's per-image loops are out of the trace (backends/estimate/vision.py): two
     # traced runs give the cell's other batch sizes.
-    from autotune.tuner import budget_bytes
-
-    resolved = resolve(TableRequest(Step(model=name, image_size="112x112", images_per_sample=2),
-                                    Target(gpu_memory="1GiB", backend="estimate"), seq_lens=[256],
-                                    modes="fp32"))
-    budget = budget_bytes(resolved.gpu, resolved.margin)
-    with resolved.backend.cell(resolved.workload, resolved.modes[0], 256, budget) as cell:
-        probes = [cell.fits(batch) for batch in (2, 3, 4, 5)]
+    probes = image_cell_probes(name, "fp32")
     assert [p.details["estimate"] for p in probes][:2] == ["traced", "traced"]
     assert {p.details["estimate"] for p in probes[2:]} != {"traced"}
     assert probes[-1].peak_bytes > probes[0].peak_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from processors import real_model_takes
+from processors import image_cell_probes, real_model_takes
 
 from autotune.workload.models import infer_task, resolve_model
 from autotune.workload.step import build_model, make_batch
@@ -156,16 +156,7 @@ def test_the_batched_tower_and_merger_give_the_models_own_features(name, attn):
 def test_a_flash_attention_step_with_images_is_extrapolated(name):
     # The per-image loops batched and the varlen attention without the [patches, patches] mask:
     # two traced runs give the cell's other batch sizes.
-    from autotune.request import Step, TableRequest, Target, resolve
-    from autotune.tuner import budget_bytes
-
-    resolved = resolve(TableRequest(Step(model=name, image_size="112x112", images_per_sample=2,
-                                         attn="flash_attention_2", dtype="bfloat16"),
-                                    Target(gpu_memory="1GiB", backend="estimate"), seq_lens=[256],
-                                    modes="bf16"))
-    budget = budget_bytes(resolved.gpu, resolved.margin)
-    with resolved.backend.cell(resolved.workload, resolved.modes[0], 256, budget) as cell:
-        probes = [cell.fits(batch) for batch in (2, 3, 4, 5)]
+    probes = image_cell_probes(name, "bf16", attn="flash_attention_2", dtype="bfloat16")
     assert [p.details["estimate"] for p in probes][:2] == ["traced", "traced"]
     assert {p.details["estimate"] for p in probes[2:]} != {"traced"}
     assert probes[-1].peak_bytes > probes[0].peak_bytes
