@@ -722,7 +722,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
 
     at = 1 if best == 0 else batch_size or best
     model = backend._model(workload, mode.precision).model  # FSDP2's is sharded per precision
-    instrumented = InstrumentedBackend(backend)
+    instrumented = InstrumentedBackend(backend, trace_bound=True)  # batch 1 of a model too big: traced
     bits = workload.adapter.base_bits if workload.adapter is not None else None
     with instrumented.cell(workload, mode, seq_len, budget) as cell:
         probe = cell.fits(at)

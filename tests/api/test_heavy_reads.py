@@ -11,7 +11,7 @@ import httpx
 import pytest
 from liveserver import Server
 
-HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&levers=true&mode=bf16&seq_len={seq_len}"
+HEAVY = "/v1/explain?model=meta-llama/Llama-3.1-8B&gpu=H100-80GB&levers=true&mode=bf16&seq_len={seq_len}"
 
 
 def wait_until(predicate, timeout_s=30.0, what="condition"):

@@ -373,14 +373,21 @@ class InstrumentedBackend(EstimateBackend):
     """The estimate backend with a recording trace and, optionally, a variant of the step.
 
     Shares the fake model of ``base`` (one model per workload); keeps its own cells' traces.
-    ``last`` is the recording of the latest traced (not extrapolated) probe.
+    ``last`` is the recording of the latest traced (not extrapolated) probe. ``trace_bound``: a
+    probe whose weights alone exceed the budget is traced too (explain's step needs its recording;
+    a lever's search takes the bound, EstimateBackend.probe).
     """
 
-    def __init__(self, base: EstimateBackend, variant: Variant | None = None) -> None:
+    def __init__(self, base: EstimateBackend, variant: Variant | None = None, *,
+                 trace_bound: bool = False) -> None:
         super().__init__(base.gpu)
         self._base = base
         self.variant = variant or Variant()
+        self.trace_bound = trace_bound
         self.last: Recording | None = None
+
+    def floor_bytes(self, fake: Any) -> int:
+        return 0 if self.trace_bound else super().floor_bytes(fake)
 
     def _model(self, workload: Workload, precision: str = "fp32") -> Any:
         return self._base._model(workload, precision)

@@ -128,6 +128,18 @@ def test_even_batch_1_names_the_embedding_that_alone_exceeds_the_budget():
     assert foreach.breakdown.peak_phase == "optimizer step"
 
 
+def test_weights_alone_over_the_budget_are_still_explained_at_batch_1():
+    # 600 MiB card: budget (600 - 512) x 0.95 = 83.6 MiB, under the 105.96 MiB of the embedding's
+    # weights. The search takes that bound without a trace; explain traces batch 1 all the same
+    # (it was an internal error: no recording).
+    gpu = custom_gpu(600 * MIB)
+    result = explain(huge_vocab(), EstimateBackend(gpu), gpu, seq_len=64, mode=FP32, margin=0.05,
+                     with_levers=False)
+    assert result.max_batch_size == 0 and result.batch_size == 1 and not result.fits
+    assert result.breakdown.categories["parameters"] >= 4 * VOCAB * HIDDEN > result.budget_bytes
+    assert result.does_not_fit is not None and "bert.embeddings.word_embeddings" in result.does_not_fit
+
+
 def test_8bit_adamw_state_is_two_bytes_a_parameter_plus_block_scales():
     big, small = nn.Parameter(torch.zeros(10_000)), nn.Parameter(torch.zeros(100))
     optimizer = AdamW8bitState([big, small])
