@@ -328,7 +328,7 @@ def _step(model: str, step: StepOptions) -> Step:
         peft["peft_config"] = str(peft["peft_config"])
     for name in ("load_in_4bit", "load_in_8bit"):
         peft[name] = bool(peft.get(name, False))
-    for name in ("liger", "frozen_modules"):
+    for name in ("liger", "frozen_modules", "unfrozen_parameters"):
         if isinstance(given.get(name), list | tuple):
             given[name] = tuple(given[name])
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
@@ -353,6 +353,8 @@ class StepOptions(TypedDict, total=False):
     ckpt_reentrant: bool  # False
     offload_activations: bool  # False: TRL's OffloadActivations around each step (emulated)
     frozen_modules: str | Sequence[str] | None  # a full fine-tune's untrained modules (workload.frozen)
+    unfrozen_parameters: str | Sequence[str] | None  # Axolotl's trained-parameter regexes (workload.frozen)
+    config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)
     liger: str | Sequence[str] | None
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
     gpus: int | None  # 1: the answer is per GPU

@@ -26,6 +26,7 @@ and only the CLI words them as its flags (``AutotuneError.worded``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -429,6 +430,15 @@ class Step:
         None, "a full fine-tune's untrained modules, comma-separated: every parameter whose name contains "
         "one is left without gradient and optimizer state (LLaMA-Factory's freeze_vision_tower: a vision "
         "model's tower and projector)", metavar="NAMES", http=False)
+    unfrozen_parameters: str | tuple[str, ...] | None = option(
+        None, "a full fine-tune's trained parameters, as Axolotl's unfrozen_parameters: a regex, or a JSON "
+        "list of them, matched from each parameter name's start with periods literal (utils/freeze.py "
+        "freeze_layers_except); every other parameter is left without gradient and optimizer state",
+        metavar="REGEX|JSON", http=False)
+    config_overrides: str | None = option(
+        None, "attributes set on the model's config before it is built, as JSON (Axolotl's model_config: "
+        "{\"output_router_logits\": true}); those read by the model's code only (workload/overrides.py)",
+        metavar="JSON", http=False)
     trainer: str | None = option(
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
@@ -698,6 +708,11 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     found = Findings()
     step = request.step
     spec = resolve_model(step, found, access)
+    if spec is not None and step.config_overrides is not None:
+        from autotune.workload.overrides import apply_overrides, parse_overrides
+
+        with found.about("config_overrides"):
+            spec = apply_overrides(spec, parse_overrides(step.config_overrides))
     seq_lens = _seq_lens(request, spec, found)
     if isinstance(request, TableRequest) and request.seq_lens is None:
         seq_lens = _room_for_images(step, spec, seq_lens)
@@ -740,7 +755,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
     None when a field was invalid (found in ``found``)."""
     from autotune.workload import Workload
-    from autotune.workload.frozen import parse_frozen
+    from autotune.workload.frozen import parse_frozen, parse_unfrozen
     from autotune.workload.liger import check_kernels
     from autotune.workload.loss import check_loss
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
@@ -813,6 +828,14 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         if frozen and (adapter is not None or step.peft_options.peft):
             raise InvalidInput.naming("{frozen_modules} is for a full fine-tune: under {peft} every base "
                                       "weight is frozen already")
+    unfrozen: tuple[str, ...] = ()
+    with found.about("unfrozen_parameters"):
+        unfrozen = parse_unfrozen(unfrozen_patterns(step.unfrozen_parameters))
+        if unfrozen and (adapter is not None or step.peft_options.peft):
+            raise InvalidInput.naming("{unfrozen_parameters} is modelled for a full fine-tune: under {peft} "
+                                      "Axolotl matches the PEFT model's names (base_model.model. first)")
+        if unfrozen and frozen:
+            raise InvalidInput.naming("{unfrozen_parameters} and {frozen_modules}: give one")
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
@@ -825,7 +848,18 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
-                    fused_attention=fused_attention)
+                    unfrozen=unfrozen, fused_attention=fused_attention)
+
+
+def unfrozen_patterns(value: str | tuple[str, ...] | None) -> str | list[str] | None:
+    """unfrozen_parameters as given: a JSON list of regexes (the CLI's), else as it is."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            listed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"unfrozen_parameters {value!r} is not a JSON list of regexes") from exc
+        return listed if isinstance(listed, list) else value
+    return None if value is None else value if isinstance(value, str) else list(value)
 
 
 def resolve_images(step: Step, spec: ModelSpec, task: str, seq_lens: Sequence[int] | None,

@@ -114,7 +114,26 @@ def _plan(args: argparse.Namespace) -> Plan:
     check_patched_model(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl))
-    return Plan(request, (*read, *config.notes, *notes), config.ignored)
+    return Plan(request, (*read, *config.notes, *notes, *_unfrozen_notes(request)), config.ignored)
+
+
+def _unfrozen_notes(request: CheckRequest) -> tuple[str, ...]:
+    """What unfrozen_parameters train of the model (workload/frozen.py), where given and valid."""
+    from autotune.request import Findings, resolve_model, unfrozen_patterns
+    from autotune.workload.frozen import parse_unfrozen, unfrozen_note
+
+    step = request.step
+    if not step.unfrozen_parameters or step.model is None:
+        return ()
+    found = Findings()
+    spec = resolve_model(step, found)
+    if spec is None:  # refused by the check itself, with the rest
+        return ()
+    try:
+        patterns = parse_unfrozen(unfrozen_patterns(step.unfrozen_parameters))
+    except InvalidInput:  # refused by the check itself, with the rest
+        return ()
+    return (unfrozen_note(spec, step.task, patterns),)
 
 
 def _kernel_notes(model: str | None, axolotl: bool = False) -> tuple[str, ...]:

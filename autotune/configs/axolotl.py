@@ -62,14 +62,12 @@ from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REW
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
                         "sample_packing adapter dataset_prepared_path val_set_size lr_scheduler")
 
-CONFIG_OVERRIDES = "overrides of the model's config are not modelled: autotune builds it as published"
 _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
     "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
     "torch_compile": COMPILE,
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
-    "unfrozen_parameters": "training only some parameters is not modelled: autotune trains them all",
     "process_reward_model": "not modelled",
     "xformers_attention": KERNEL, "flex_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL, "flash_attn_fuse_mlp": KERNEL,
@@ -81,9 +79,6 @@ _AXOLOTL_REFUSED = {
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
     "llmcompressor": QUANT,
     "cls_model_config": "a classification head (reward models) is not modelled",
-    # schemas/deprecated.py RemappedParameters: set on the model's config before it is built
-    # (loaders/utils.py load_model_config), as Mixtral's examples turn on output_router_logits.
-    "overrides_of_model_config": CONFIG_OVERRIDES, "model_config": CONFIG_OVERRIDES,
     "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
     "fused_attn_kernel": KERNEL,
 }
@@ -687,8 +682,58 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                            f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
 
 
+def _axolotl_config_overrides(cfg: Config) -> dict[str, Any]:
+    """``model_config`` (alias of ``overrides_of_model_config``, schemas/deprecated.py), set on the
+    model's config before the model is built (loaders/utils.py load_model_config: setattr on the
+    config); checked against the model's config class once the model is known (workload/overrides.py)."""
+    import json
+
+    given = [key for key in ("model_config", "overrides_of_model_config") if not unset(cfg.get(key))]
+    if not given:
+        return {}
+    if len(given) > 1:
+        raise InvalidInput(f"model_config and overrides_of_model_config in {cfg.file!r}: one is the other's "
+                           "alias (schemas/deprecated.py); give one")
+    overrides = cfg.data[given[0]]
+    if not isinstance(overrides, dict) or not all(isinstance(key, str) for key in overrides):
+        raise cfg.bad(given[0], overrides, "a mapping of config attributes to values")
+    from autotune.workload.overrides import describe
+
+    cfg.notes.append(f"{given[0]}: {describe(overrides)} set on the model's config before it is built "
+                     "(loaders/utils.py load_model_config), the model built and traced with it")
+    return {"config_overrides": json.dumps(overrides)}
+
+
+def _axolotl_unfrozen(cfg: Config, adapter: bool) -> dict[str, Any]:
+    """``unfrozen_parameters`` of a full fine-tune: the parameters trained (workload/frozen.py
+    freeze_except, as train.py's freeze_layers_except). Under an adapter, patterns that cannot match
+    the PEFT model's names are refused with why; others there stay unmodelled."""
+    patterns = cfg.get("unfrozen_parameters")
+    if unset(patterns):
+        return {}
+    if adapter:
+        _axolotl_unfrozen_under_an_adapter(cfg)
+        raise cfg.unmodelled("unfrozen_parameters", patterns, "with an adapter it unfreezes base weights of "
+                             "the PEFT model beside the adapters, which is not modelled")
+    from autotune.workload.frozen import embeddings_require_grad, parse_unfrozen
+
+    listed = parse_unfrozen(patterns)
+    ranged = [pattern for pattern in listed if pattern.endswith("]") and "[" in pattern]
+    cfg.notes.append(f"unfrozen_parameters: only the parameters these patterns match from the name's start "
+                     f"train, every other one frozen, without gradient or optimizer state (train.py "
+                     f"freeze_layers_except: re.match, periods literal): {', '.join(listed)}"
+                     + ("; the embeddings' output requires grad (enable_input_require_grads)"
+                        if embeddings_require_grad(listed) else ""))
+    if ranged:
+        cfg.notes.append(f"unfrozen_parameters {', '.join(ranged)}: an index range trains the whole "
+                         "parameter, a gradient hook zeroing the rest in place "
+                         "(_create_freeze_parameters_hook)")
+    return {"unfrozen_parameters": listed}
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
-    _axolotl_unfrozen_under_an_adapter(cfg)
+    unfrozen = _axolotl_unfrozen(cfg, adapter=not unset(cfg.data.get("adapter")))
+    overrides = _axolotl_config_overrides(cfg)
     cfg.refuse(_AXOLOTL_REFUSED)
     _axolotl_sharding(cfg)
     for key in _AXOLOTL_PARALLEL:
@@ -743,7 +788,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, **trainer,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, **trainer, **unfrozen, **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
@@ -906,10 +951,18 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
         return _offloading(cfg, offload, bool(ckpt), adapter)
     if ckpt:
         # normalize_config sets gradient_checkpointing_kwargs to {use_reentrant: True} when unset,
-        # unless unfrozen_parameters (refused) or rl (utils/config/__init__.py): then transformers'
-        # default, use_reentrant=False.
+        # unless unfrozen_parameters or rl (utils/config/__init__.py): then transformers' default,
+        # use_reentrant=False; schemas/validation.py check_use_reentrant_mismatch refuses
+        # use_reentrant true with unfrozen_parameters.
         rl = not unset(cfg.data.get("rl"))
-        checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset=None if rl else {"use_reentrant": True})
+        unfrozen = not unset(cfg.data.get("unfrozen_parameters"))
+        reentrant = checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs",
+                                      unset=None if rl or unfrozen else {"use_reentrant": True})
+        kwargs = cfg.data.get("gradient_checkpointing_kwargs")
+        if reentrant and unfrozen and isinstance(kwargs, dict) and kwargs.get("use_reentrant") is True:
+            raise InvalidInput(f"gradient_checkpointing_kwargs use_reentrant: true with unfrozen_parameters "
+                               f"in {cfg.file!r}: Axolotl refuses it (check_use_reentrant_mismatch: "
+                               "\"`use_reentrant` must be false when used with partially frozen model.\")")
     return bool(ckpt)
 
 

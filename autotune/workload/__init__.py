@@ -45,6 +45,9 @@ class Workload:
     # A full fine-tune's untrained modules (workload.frozen): every parameter whose name contains
     # one of these, without gradient or optimizer state (LLaMA-Factory's frozen vision tower).
     frozen: tuple[str, ...] = ()
+    # Axolotl's unfrozen_parameters (workload.frozen.freeze_except): regexes of the parameters
+    # trained, every other one without gradient or optimizer state; (): all train.
+    unfrozen: tuple[str, ...] = ()
     # Axolotl's fused Gemma 4 attention forward swapped in (workload/gemma4_fused_attn.py): what an
     # Axolotl job of a gemma4 model runs on a GPU, whatever its config says.
     fused_attention: bool = False

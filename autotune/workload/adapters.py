@@ -606,7 +606,7 @@ def summarize(workload: Any, parts: StepParts) -> AdapterSummary | None:
     adapter = workload.adapter
     if adapter is None:
         return None
-    key = (workload.model.name, workload.task, workload.weights_dtype, adapter, parts)
+    key = (workload.model, workload.task, workload.weights_dtype, adapter, parts)
     found = _SUMMARIES.get(key)
     if found is None:
         import torch

@@ -67,6 +67,9 @@ class ModelSpec:
     # and hash: a config is mutable and unhashable.
     config: PretrainedConfig = field(compare=False)
     max_seq_len: int  # usable positions (see position_limit)
+    # Attributes set on ``config`` over the published values (workload.overrides: Axolotl's
+    # model_config), as (name, repr(value)): compared, so a model built with them is another model.
+    overrides: tuple[tuple[str, str], ...] = ()
 
 
 def preset_suggestions(name: str) -> list[str]:

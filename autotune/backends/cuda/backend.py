@@ -113,7 +113,7 @@ class CudaBackend:
         self.timeout_s = timeout_s
         self.worker_command = tuple(worker_command)  # injectable: tests run fake workers
         self.workers_started = 0
-        self._attn: dict[tuple[str, str, str | None, str], str] = {}
+        self._attn: dict[tuple[Any, str, str | None, str], str] = {}
         # PyTorch's allocator settings for the workers (both variables: PYTORCH_ALLOC_CONF is read
         # first); None: this process's environment, whatever it holds
         self.alloc_conf = alloc_conf
@@ -146,7 +146,7 @@ class CudaBackend:
         """The attention the worker uses: the one asked for, else transformers' choice."""
         if workload.attn is not None:
             return workload.attn
-        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
+        key = (workload.model, workload.task, workload.attn, workload.weights_dtype)
         if key not in self._attn:
             import torch
 
@@ -176,7 +176,7 @@ class CudaBackend:
         finally:
             session.close()
         if session.attn is not None:
-            key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype)
+            key = (workload.model, workload.task, workload.attn, workload.weights_dtype)
             self._attn.setdefault(key, session.attn)
 
 

@@ -44,7 +44,7 @@ from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
 from autotune.workload.adapters import prepare as prepare_adapter
-from autotune.workload.frozen import freeze
+from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.parallel import FSDP
@@ -225,6 +225,7 @@ class Worker:
             sharded = workload.parallel is not None and workload.parallel.kind == FSDP
             model, attn = self._build(workload, on_device=not quantized and not sharded)
             freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
+            freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)
                 model = prepare_adapter(model, workload.adapter, workload.task, CUDA_PARTS,

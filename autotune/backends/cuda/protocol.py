@@ -29,7 +29,7 @@ from typing import Any
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
 from autotune.workload.adapters import Adapter
-from autotune.workload.frozen import parse_frozen
+from autotune.workload.frozen import parse_frozen, parse_unfrozen
 from autotune.workload.liger import parse_kernels
 from autotune.workload.loss import check_loss
 from autotune.workload.models import check_dtype, check_task, config_to_json, model_from_json
@@ -100,6 +100,7 @@ class CellSpec:
     # A preference trainer's step (workload.preference.Trainer's fields); None: supervised fine-tuning
     trainer: dict[str, Any] | None = None
     frozen: list[str] = dataclasses.field(default_factory=list)  # workload.frozen: untrained modules
+    unfrozen: list[str] = dataclasses.field(default_factory=list)  # workload.unfrozen: Axolotl's regexes
     fused_attention: bool = False  # workload.fused_attention: Axolotl's Gemma 4 attention forward
 
     def to_json(self) -> dict[str, Any]:
@@ -145,6 +146,7 @@ def cell_spec(
         offload_activations=workload.offload_activations,
         trainer=None if workload.trainer is None else dataclasses.asdict(workload.trainer),
         frozen=list(workload.frozen),
+        unfrozen=list(workload.unfrozen),
         fused_attention=workload.fused_attention,
     )
 
@@ -169,6 +171,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         offload_activations=spec.offload_activations is True,
         trainer=None if spec.trainer is None else Trainer(**spec.trainer),
         frozen=parse_frozen(spec.frozen),
+        unfrozen=parse_unfrozen(spec.unfrozen),
         fused_attention=spec.fused_attention is True,
     )
     return workload, parse_mode(spec.mode)

@@ -62,7 +62,7 @@ from autotune.backends.estimate.vision import (
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
-from autotune.workload.frozen import freeze
+from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
 from autotune.workload.preference import prepare_models
@@ -482,10 +482,10 @@ class EstimateBackend:
         (distributed.py), whose loss is in its wrapper; FSDP2's is sharded for the modes of one
         ``precision`` (the mixed-precision policy and the float32 upcast are part of it)."""
         sharded = workload.parallel is not None and workload.parallel.kind == "fsdp"
-        key = (workload.model.name, workload.task, workload.attn, workload.weights_dtype,
+        key = (workload.model, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer, workload.frozen, workload.fused_attention)
+               workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -499,6 +499,7 @@ class EstimateBackend:
                 if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
                     swap_in_fused_attention(model, self.gpu)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
+                freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

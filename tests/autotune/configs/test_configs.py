@@ -175,7 +175,7 @@ REFUSED = [
     (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "relora", True),
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "fsdp_config.offload_params", True), (AXOLOTL, "torch_compile", True),
-    (AXOLOTL, "activation_offloading", "legacy"), (AXOLOTL, "unfrozen_parameters", ["^lm_head"]),
+    (AXOLOTL, "activation_offloading", "legacy"),
     (AXOLOTL, "rl", "gdpo"), (AXOLOTL, "liger_use_token_scaling", True),
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
     (AXOLOTL, "precompute_ref_log_probs", True),  # an rl key without rl
@@ -189,8 +189,6 @@ REFUSED = [
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
     (AXOLOTL, "use_eaft", True),
     (AXOLOTL, "fused_attn_kernel", True),
-    (AXOLOTL, "model_config", {"output_router_logits": True}),  # Mixtral's examples
-    (AXOLOTL, "overrides_of_model_config", {"output_router_logits": True}),
     (TRAINER, "torch_compile", True),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
@@ -664,5 +662,33 @@ def test_axolotl_s_unfrozen_parameters_that_match_no_peft_name_freeze_everything
 def test_axolotl_s_unfrozen_parameters_that_may_match_stay_unmodelled(tmp_path, patterns):
     data = {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True,
             "unfrozen_parameters": patterns}
-    with pytest.raises(UnmodelledSetting, match="^unfrozen_parameters: .* not modelled: training only some"):
+    with pytest.raises(UnmodelledSetting, match="^unfrozen_parameters: .* not modelled: with an adapter"):
         read(tmp_path, data)
+
+
+def test_axolotl_s_unfrozen_parameters_of_a_full_fine_tune_are_read_with_transformers_checkpointing(
+        tmp_path):
+    # normalize_config leaves gradient_checkpointing_kwargs unset with unfrozen_parameters: use_reentrant
+    # False (transformers'), not Axolotl's usual True
+    patterns = ["^lm_head.weight$", "model.layers.4[4-9]+.block_sparse_moe.gate"]
+    data = {**AXOLOTL, "gradient_checkpointing_kwargs": None, "unfrozen_parameters": patterns}
+    full = read(tmp_path, data, "a.yml")
+    assert (full.unfrozen_parameters, full.ckpt_reentrant) == (tuple(patterns), None)
+    assert any(note.startswith("unfrozen_parameters: only the parameters these patterns match from the "
+                               "name's start train") and "enable_input_require_grads" in note
+               for note in full.notes)
+    assert read(tmp_path, {**AXOLOTL}, "b.yml").unfrozen_parameters is None
+    with pytest.raises(InvalidInput, match="use_reentrant: true with unfrozen_parameters .* Axolotl refuses"):
+        read(tmp_path, {**data, "gradient_checkpointing_kwargs": {"use_reentrant": True}}, "c.yml")
+    with pytest.raises(InvalidInput, match="pattern '\\(' is not a regular expression"):
+        read(tmp_path, {**data, "unfrozen_parameters": ["("]}, "d.yml")
+
+
+@pytest.mark.parametrize("key", ["model_config", "overrides_of_model_config"])
+def test_axolotl_s_model_config_is_read_as_config_overrides(tmp_path, key):
+    read_config = read(tmp_path, {**AXOLOTL, key: {"output_router_logits": True}}, "a.yml")
+    assert json.loads(read_config.config_overrides) == {"output_router_logits": True}
+    assert f"{key}: output_router_logits=true set on the model's config before it is built" in \
+        " ".join(read_config.notes)
+    with pytest.raises(InvalidInput, match="must be a mapping of config attributes"):
+        read(tmp_path, {**AXOLOTL, key: ["output_router_logits"]}, "b.yml")
