@@ -142,8 +142,6 @@ def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
 
 
 @pytest.mark.parametrize(("example", "changes", "key"), [
-    ("qwen3_lora_dpo", {"stage": "dpo", **PREFERENCE}, "stage: 'dpo'"),
-    ("qwen3_lora_kto", {"stage": "kto", **PREFERENCE}, "stage: 'kto'"),
     ("qwen3_lora_reward", {"stage": "rm"}, "stage: 'rm'"),
     ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
      "stage: 'dpo'"),
@@ -288,7 +286,8 @@ def test_a_saved_adapter_trains_on(tmp_path):
 REFUSED = [
     ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
-    ({"stage": "ppo", "reward_model": "r"}, "stage", "preference/RL training is not modelled yet"),
+    ({"stage": "ppo", "reward_model": "r"}, "stage", "PPO .* is not modelled"),
+    ({"stage": "rm"}, "stage", "AutoModelForCausalLMWithValueHead"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
     ({"fsdp": "full_shard", "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
      "CPUOffload"),
