@@ -24,9 +24,9 @@ REFUSED_STAGES = {
     "rm": "LLaMA-Factory's rm stage trains AutoModelForCausalLMWithValueHead (train/rm/workflow.py: "
           "load_model(add_valuehead=True); PairwiseTrainer.compute_loss scores each row's last token): the "
           "causal LM's logits over the whole vocabulary, cast to float32 (TRL 0.24 modeling_value_head.py "
-          "forward), then dropped, beside a float32 value head (dropout, Linear(hidden, 1)) on every position's hidden "
-          "state; autotune's reward trainer is TRL's RewardTrainer, a num_labels=1 sequence classifier "
-          "without the LM logits: LLaMA-Factory's is not modelled",
+          "forward), then dropped, beside a float32 value head (dropout, Linear(hidden, 1)) on every "
+          "position's hidden state; autotune's reward trainer is TRL's RewardTrainer, a num_labels=1 "
+          "sequence classifier without the LM logits: LLaMA-Factory's is not modelled",
     "ppo": "PPO (train/ppo: generation, a value head, a reward model) is not modelled",
 }
 # Keys of the loss on [batch] vectors: no effect on memory.
