@@ -234,7 +234,7 @@ def _lf_stage(cfg: Config) -> str:
     if stage in REFUSED_STAGES:
         raise cfg.unmodelled("stage", stage, REFUSED_STAGES[stage])
     if stage not in _STAGES:
-        raise cfg.bad("stage", stage, f"one of {', '.join((*_STAGES, *REFUSED_STAGES))}")
+        raise cfg.bad("stage", stage, "one of sft, pt, rm, ppo, dpo, kto")  # finetuning_args.py stage
     do_train = cfg.get("do_train")
     if do_train is False:
         raise cfg.unmodelled("do_train", False, "LLaMA-Factory trains only with do_train: true (train/sft/"
