@@ -554,7 +554,8 @@ def test_a_kto_reference_from_another_checkpoint_is_refused_and_orpo_has_none_to
     with pytest.raises(UnmodelledSetting, match="^ref_model: "):
         read(tmp_path, {**QWEN3_LORA_KTO, "ref_model": "other/model"})
     # use_ref_model false: run_dpo builds no reference, ref_model is not read
-    assert read(tmp_path, {**QWEN3_LORA_DPO, "pref_loss": "orpo", "ref_model": "x"}).request.step.trainer == "orpo"
+    orpo = read(tmp_path, {**QWEN3_LORA_DPO, "pref_loss": "orpo", "ref_model": "x"})
+    assert orpo.request.step.trainer == "orpo"
 
 
 @pytest.mark.parametrize(("changes", "message"), [

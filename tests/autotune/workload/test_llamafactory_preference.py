@@ -60,8 +60,9 @@ def test_the_dpo_stage_runs_the_reference_through_the_model_with_its_adapter_dis
     assert len(decoder_end_bytes(tiny_llama(lf("orpo"), lora=True), 2)) == 2 * 1
     assert len(decoder_end_bytes(tiny_llama(lf("simpo"), lora=True), 2)) == 2 * 1
     assert len(decoder_end_bytes(tiny_llama(lf("dpo")), 2)) == 2 * 1
-    assert (lf("dpo").reference(peft=True), lf("dpo").reference(peft=False), lf("orpo").reference(peft=False)) \
-        == ("adapter disabled", "frozen copy", None)
+    dpo, orpo = lf("dpo"), lf("orpo")
+    assert (dpo.reference(peft=True), dpo.reference(peft=False), orpo.reference(peft=False)) == (
+        "adapter disabled", "frozen copy", None)
 
 
 def test_the_kto_stage_runs_its_kl_batch_and_the_reference_s_two_forwards():
