@@ -41,7 +41,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from autotune.workload.trainers import KTO, ORPO, SIMPO, Trainer
+from autotune.workload.trainers import KTO, KTO_KL_BATCH, KTO_POLICY, ORPO, SIMPO, Trainer
 
 if TYPE_CHECKING:
     import torch
@@ -181,8 +181,6 @@ def _kto_concatenated(model: Any, autocasts: bool, batch: dict[str, torch.Tensor
     """``CustomKTOTrainer.concatenated_forward``: the target forward, the KL forward under no_grad,
     the chosen and rejected rows (every tag true: none rejected)."""
     import torch
-
-    from autotune.workload.preference import KTO_KL_BATCH, KTO_POLICY
 
     phase(KTO_POLICY)
     target_logits, target_logps, target_logps_avg = _kto_forward(model, autocasts, batch)

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.workload import Workload
-from autotune.workload.trainers import DPO, GRPO, KTO, ORPO, REWARD, SIMPO, Trainer
+from autotune.workload.trainers import DPO, GRPO, KTO, KTO_KL_BATCH, KTO_POLICY, ORPO, REWARD, SIMPO, Trainer
 
 ENTROPY_CHUNK_ROWS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128)
 
@@ -337,7 +337,6 @@ def _kl_logps(model: Any, log_probs: LogProbs, autocasts: bool,
     return per_token.sum(-1)
 
 
-KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"  # KTO's autocast regions (kto_loss's phase)
 
 
 def kto_loss(model: Any, reference: Any, trainer: Trainer, autocasts: bool, count: int, log_probs: LogProbs,

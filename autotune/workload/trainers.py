@@ -24,6 +24,8 @@ TRL_CLASSES = {SFT: "SFTTrainer", DPO: "DPOTrainer", ORPO: "ORPOTrainer",
                SIMPO: "CPOTrainer (loss_type simpo)", KTO: "KTOTrainer", REWARD: "RewardTrainer",
                GRPO: "GRPOTrainer"}
 REWARD_TASK = "sequence-classification"
+# KTO's autocast regions, the ``phase`` its step calls (preference.py kto_loss, llamafactory_preference.py)
+KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"
 # Whose trainer runs the step: TRL's (workload/preference.py), or LLaMA-Factory's subclasses of TRL
 # 0.24's DPOTrainer and KTOTrainer (src/llamafactory/train/dpo/trainer.py CustomDPOTrainer,
 # train/kto/trainer.py CustomKTOTrainer: workload/llamafactory_preference.py).
