@@ -334,6 +334,7 @@ def _step(model: str, step: StepOptions) -> Step:
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
     given["offload_activations"] = bool(given.get("offload_activations")) or None
     given["axolotl"] = bool(given.get("axolotl")) or None
+    given["llamafactory"] = bool(given.get("llamafactory")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
 
 
@@ -357,6 +358,7 @@ class StepOptions(TypedDict, total=False):
     config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)
     liger: str | Sequence[str] | None
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
+    llamafactory: bool  # False: the preference step as LLaMA-Factory's trainers run it (not TRL's)
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1
     nodes: int | None

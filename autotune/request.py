@@ -384,6 +384,11 @@ class Step:
         None, "the step as Axolotl runs it on a GPU, with the model patches no key turns off (Gemma 4's "
         "fused attention forward, emulated: workload/gemma4_fused_attn.py); set by an Axolotl config",
         http=False, cli=False)
+    llamafactory: bool | None = option(
+        None, "the preference step as LLaMA-Factory's own trainers run it (CustomDPOTrainer, "
+        "CustomKTOTrainer: workload/llamafactory_preference.py), not TRL's; set by a LLaMA-Factory config "
+        "with stage dpo or kto",
+        http=False, cli=False)
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
@@ -788,7 +793,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     with found.about("trainer"):
         trainer = check_trainer(step.trainer, precompute_ref_log_probs=step.precompute_ref_log_probs,
                                 chosen_nll=step.chosen_nll, kto_loss_type=step.kto_loss_type,
-                                grpo={name: getattr(step, name) for name in GRPO_FIELDS})
+                                grpo={name: getattr(step, name) for name in GRPO_FIELDS},
+                                llamafactory=bool(step.llamafactory))
     if spec is None or not found.ok("task", "dtype", "trainer", "precompute_ref_log_probs", "kto_loss_type",
                                     *GRPO_FIELDS):
         return None

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.llamafactory_preference import PREFERENCE_STAGES, REFUSED_STAGES, read_lf_preference
 from autotune.configs.llamafactory_vision import read_lf_multimodal
 from autotune.configs.lora import build_adapter, lora_number, note_adapter, target_names
 from autotune.configs.reading import (
@@ -100,9 +101,9 @@ _LF_REFUSED = {
     "use_mca": PARALLEL, "use_megatron_bridge": PARALLEL, "use_hyper_parallel": SHARDING,
     "fp8": _FP8, "fp8_enable_fsdp_float8_all_gather": _FP8,
 }
-_STAGES = ("sft", "pt")  # supervised steps: the model's causal-LM loss (train/sft, train/pt)
-_PREFERENCE = "preference/RL training is not modelled yet: autotune models supervised fine-tuning (sft, pt)"
-_PREFERENCE_STAGES = ("rm", "ppo", "dpo", "kto")
+# supervised steps, the model's causal-LM loss (train/sft, train/pt); and the preference stages
+# (configs/llamafactory_preference.py)
+_STAGES = ("sft", "pt", *PREFERENCE_STAGES)
 # A checkpoint saved quantized: configure_quantization loads it as its config's quantization_config
 # says (FP8 and MXFP4 are dequantized to 16 bits there, and are read as a 16-bit checkpoint).
 _SAVED_QUANTIZED = re.compile(r"(?<![a-z0-9])(gptq|awq|aqlm|exl2|bnb-4bit|bnb-8bit)(?![a-z])")
@@ -169,6 +170,11 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         batch = 8  # transformers TrainingArguments' default per_device_train_batch_size
         cfg.notes.append("per_device_train_batch_size: not set, the Trainer's default 8")
     seq_len = _lf_seq_len(cfg, stage, attn, batch)
+    if stage in PREFERENCE_STAGES and multimodal["task"] != "causal-lm":
+        raise cfg.unmodelled("stage", stage, f"stage {stage} over a vision-language model ({model}: the "
+                             "chosen and rejected rows' images through its tower) is not modelled: autotune "
+                             "models the preference step of a text model")
+    trainer = read_lf_preference(cfg, stage, full) if stage in PREFERENCE_STAGES else {}
     liger = _lf_liger(cfg)
     optimizer = read_optimizer(cfg, "optim")
     if optimizer is None and cfg.flag("adafactor"):  # transformers 4.x's flag for optim adafactor
@@ -193,7 +199,7 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode,
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
         dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
-        loss="chunked" if liger else None, **multimodal,
+        loss="chunked" if liger else None, **multimodal, **trainer,
         ignored=cfg.ignored(_LF_NO_EFFECT | TRAINER_FIELDS | LEGACY_TRAINER_FIELDS,
                             _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
                             modelled=_LF_SOMETIMES_READ),
@@ -219,16 +225,16 @@ def _lf_liger(cfg: Config) -> tuple[str, ...] | None:
 
 
 def _lf_stage(cfg: Config) -> str:
-    """sft (finetuning_args.py's default stage) or pt; preference and RL stages are refused; and
+    """sft (finetuning_args.py's default stage), pt, dpo or kto; rm and ppo are refused; and
     LLaMA-Factory's own refusals of a run that does not train."""
     stage = cfg.get("stage")
     if stage is None:
         stage = "sft"
         cfg.notes.append("stage: not set, LLaMA-Factory's default sft")
-    if stage in _PREFERENCE_STAGES:
-        raise cfg.unmodelled("stage", stage, _PREFERENCE)
+    if stage in REFUSED_STAGES:
+        raise cfg.unmodelled("stage", stage, REFUSED_STAGES[stage])
     if stage not in _STAGES:
-        raise cfg.bad("stage", stage, f"one of {', '.join(_STAGES + _PREFERENCE_STAGES)}")
+        raise cfg.bad("stage", stage, "one of sft, pt, rm, ppo, dpo, kto")  # finetuning_args.py stage
     do_train = cfg.get("do_train")
     if do_train is False:
         raise cfg.unmodelled("do_train", False, "LLaMA-Factory trains only with do_train: true (train/sft/"
@@ -542,13 +548,13 @@ def _lf_seq_len(cfg: Config, stage: str, attn: str | None, batch: int) -> int:
                              f"(data/processor/pretrain.py): {PACKED_NOTE}")
             return cutoff - 1
         return cutoff
-    if packing:
+    if packing and stage == "sft":
         # data/processor/supervised.py: packed rows padded to cutoff_len (+1 after __post_init__'s -1).
         cfg.notes.append(f"packing: true: rows packed to cutoff_len tokens (data/processor/supervised.py): "
                          f"{PACKED_NOTE}")
-    padded = -(-cutoff // 8) * 8  # train/sft/workflow.py: the collator's pad_to_multiple_of=8
+    padded = -(-cutoff // 8) * 8  # train/{stage}/workflow.py: the collator's pad_to_multiple_of=8
     if padded != cutoff:
-        cfg.notes.append(f"cutoff_len: {cutoff}: rows padded to a multiple of 8 (train/sft/workflow.py "
+        cfg.notes.append(f"cutoff_len: {cutoff}: rows padded to a multiple of 8 (train/{stage}/workflow.py "
                          f"pad_to_multiple_of=8): {padded} tokens")
     return padded
 

@@ -10,7 +10,7 @@ with a ``name`` (arg_utils.py ``get_plugin_config``), each parsed strictly by it
 The trainer is the command, not the file: ``llamafactory-cli sft`` (or ``train``) runs
 trainers/sft_trainer.py, ``dpo`` and ``rm`` their own trainers (launcher.py). A file is read as
 ``sft``; one that only a preference trainer could run (its keys, a reward model's class, pair data)
-is refused as the classic reader refuses a preference stage.
+is refused: v1's preference trainers are not modelled.
 
 How v1 builds the step, and what autotune models of it:
 
@@ -36,7 +36,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.configs.llamafactory import _PREFERENCE
 from autotune.configs.lora import build_adapter, lora_number, note_adapter, target_names
 from autotune.configs.reading import (
     DORA,
@@ -90,6 +89,8 @@ _V1_NO_EFFECT = words(
     "resume_from_checkpoint save_steps save_epochs save_total_limit logging_steps sample_backend "
     "max_new_tokens cp_mode")
 # Read only by trainers/dpo_trainer.py (DPOTrainer.__init__: the preference loss and its reference).
+_PREFERENCE = ("v1's preference trainers (llamafactory-cli dpo, rm: trainers/dpo_trainer.py, rm_trainer.py) "
+               "are not modelled: autotune models v1's sft")
 _PREFERENCE_KEYS = ("pref_loss", "pref_beta", "pref_ftx", "simpo_gamma", "dpo_label_smoothing", "ld_alpha")
 # The classic YAML's own keys (configs/llamafactory.py): v1's parser refuses them.
 _CLASSIC_KEYS = words(

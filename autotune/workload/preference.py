@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.workload import Workload
-from autotune.workload.trainers import DPO, GRPO, KTO, ORPO, REWARD, SIMPO, Trainer
+from autotune.workload.trainers import DPO, GRPO, KTO, KTO_KL_BATCH, KTO_POLICY, ORPO, REWARD, SIMPO, Trainer
 
 ENTROPY_CHUNK_ROWS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128)
 
@@ -337,7 +337,6 @@ def _kl_logps(model: Any, log_probs: LogProbs, autocasts: bool,
     return per_token.sum(-1)
 
 
-KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"  # KTO's autocast regions (kto_loss's phase)
 
 
 def kto_loss(model: Any, reference: Any, trainer: Trainer, autocasts: bool, count: int, log_probs: LogProbs,
@@ -431,6 +430,10 @@ def preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocast
     ``autocasts``: the step runs under autocast (accelerate's mixed precision, ``_upcast``).
     ``phase(name)``: called where GRPO's generation and training step begin (workload/grpo.py), and
     KTO's KL forward and policy forward (kto_loss): each begins an autocast region of its own."""
+    if trainer.llamafactory:  # LLaMA-Factory's CustomDPOTrainer / CustomKTOTrainer
+        from autotune.workload.llamafactory_preference import lf_preference_forward
+
+        return lf_preference_forward(model, reference, trainer, autocasts=autocasts, phase=phase)
     if trainer.name == GRPO:
         from autotune.workload.grpo import grpo_forward
 
@@ -456,6 +459,10 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
     if workload.trainer is None:
         return make_batch(config, workload.task, batch_size, seq_len, device, attn=workload.attn,
                           images=workload.images)
+    if workload.trainer.llamafactory:
+        from autotune.workload.llamafactory_preference import make_lf_batch
+
+        return make_lf_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
     if workload.trainer.name == GRPO:
         from autotune.workload.grpo import make_grpo_batch
 
@@ -465,16 +472,24 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
     return make_preference_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
 
 
-def prepare_models(model: Any, workload: Workload, build: Callable[[], Any]) -> Any:
+def prepare_models(model: Any, workload: Workload, build: Callable[[str], Any]) -> Any:
     """A preference trainer's models, as its ``__init__`` leaves them: dropout disabled in the
     policy ``model`` (GRPOConfig's disable_dropout is False: GRPO's policy keeps it); the reference it
-    returns (a frozen copy built by ``build`` for a full fine-tune's DPO or KTO, or GRPO's with beta !=
-    0; else None)."""
+    returns (a frozen copy built by ``build(weights_dtype)`` for a full fine-tune's DPO or KTO, or
+    GRPO's with beta != 0; else None): in the policy's weights' dtype (TRL's ``create_model_from_path``
+    with the policy's ``model_init_kwargs``), or the checkpoint's for LLaMA-Factory's
+    (trainer_utils.py ``create_ref_model``: ``load_model(is_trainable=False)`` loads ``torch_dtype="auto"``
+    and casts nothing to float32)."""
     trainer = workload.trainer
     if trainer is None:
         return None
     if trainer.name != GRPO:
         disable_dropout(model)
     if trainer.reference(peft=workload.adapter is not None) == "frozen copy":
-        return frozen_copy(build)
+        dtype = workload.weights_dtype
+        if trainer.llamafactory:
+            from autotune.workload.models import resolve_dtype
+
+            dtype = resolve_dtype(workload.model, "auto")
+        return frozen_copy(functools.partial(build, dtype))
     return None

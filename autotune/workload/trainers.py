@@ -3,6 +3,8 @@
 ``sft`` is supervised fine-tuning (workload/step.py: the model's own loss); the preference trainers
 (``dpo``, ``orpo``, ``simpo``, ``kto``, ``reward``) are TRL's, their step in workload/preference.py;
 ``grpo`` is TRL's GRPOTrainer, its generation and training step in workload/grpo.py.
+LLaMA-Factory's own trainers (``recipe`` LLAMAFACTORY: CustomDPOTrainer for dpo, orpo and simpo,
+CustomKTOTrainer for kto) run their step otherwise: workload/llamafactory_preference.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ TRL_CLASSES = {SFT: "SFTTrainer", DPO: "DPOTrainer", ORPO: "ORPOTrainer",
                SIMPO: "CPOTrainer (loss_type simpo)", KTO: "KTOTrainer", REWARD: "RewardTrainer",
                GRPO: "GRPOTrainer"}
 REWARD_TASK = "sequence-classification"
+# KTO's autocast regions, the ``phase`` its step calls (preference.py kto_loss, llamafactory_preference.py)
+KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"
+# Whose trainer runs the step: TRL's (workload/preference.py), or LLaMA-Factory's subclasses of TRL
+# 0.24's DPOTrainer and KTOTrainer (src/llamafactory/train/dpo/trainer.py CustomDPOTrainer,
+# train/kto/trainer.py CustomKTOTrainer: workload/llamafactory_preference.py).
+TRL, LLAMAFACTORY = "trl", "llamafactory"
+LF_CLASSES = {DPO: "CustomDPOTrainer", ORPO: "CustomDPOTrainer (pref_loss orpo)",
+              SIMPO: "CustomDPOTrainer (pref_loss simpo)", KTO: "CustomKTOTrainer"}
 # Trainers known by name whose step is not modelled yet, and why (none today: KTO was the last).
 NOT_YET: dict[str, str] = {}
 # TRL's KTOConfig loss_type values (kto_config.py). kto_trainer.py __init__: ``calculate_KL =
@@ -68,6 +78,12 @@ class Trainer:
     steps_per_generation: int = 1
     # KTO (KTOConfig loss_type, KTO_LOSS_TYPES): "kto" runs the KL batch, "apo_zero_unpaired" not.
     kto_loss_type: str = "kto"
+    # TRL or LLAMAFACTORY (LF_CLASSES): whose trainer runs the step.
+    recipe: str = TRL
+
+    @property
+    def llamafactory(self) -> bool:
+        return self.recipe == LLAMAFACTORY
 
     @property
     def paired(self) -> bool:
@@ -86,8 +102,9 @@ class Trainer:
     @property
     def min_batch(self) -> int:
         """The smallest batch the trainer runs: KTOTrainer refuses ``per_device_train_batch_size <= 1``
-        with the KL term (kto_trainer.py __init__: "Actual (not effective) batch size must be > 1")."""
-        return 2 if self.kl_batch else 1
+        with the KL term (kto_trainer.py __init__: "Actual (not effective) batch size must be > 1");
+        LLaMA-Factory's CustomKTOTrainer skips KTOTrainer.__init__ (Trainer.__init__ only) and runs any."""
+        return 2 if self.kl_batch and not self.llamafactory else 1
 
     @property
     def batch_multiple(self) -> int:
@@ -125,6 +142,13 @@ class Trainer:
         return "adapter disabled" if peft else "frozen copy"
 
     @property
+    def class_name(self) -> str:
+        """The trainer class that runs the step, as the output names it."""
+        if self.llamafactory:
+            return f"LLaMA-Factory's {LF_CLASSES[self.name]}"
+        return TRL_CLASSES[self.name]
+
+    @property
     def colocated_vllm(self) -> bool:
         return self.name == GRPO and self.vllm_mode == "colocate"
 
@@ -135,11 +159,11 @@ class Trainer:
         return int(total_memory_bytes * self.vllm_gpu_memory_utilization) if self.colocated_vllm else 0
 
     def to_json(self, peft: bool) -> dict[str, Any]:
-        found = {"name": self.name, "trl_class": TRL_CLASSES[self.name],
+        found = {"name": self.name, "trl_class": TRL_CLASSES[self.name], "recipe": self.recipe,
                  "rows_per_sample": self.rows_per_sample,
                  "precompute_ref_log_probs": self.precompute_ref_log_probs,
-                 "reference": self.reference(peft), "chosen_nll": self.chosen_nll if self.name == SIMPO else
-                 self.name == ORPO, "label": self.label(peft)}
+                 "reference": self.reference(peft), "chosen_nll": False if self.llamafactory else
+                 self.chosen_nll if self.name == SIMPO else self.name == ORPO, "label": self.label(peft)}
         if self.name == GRPO:
             found["grpo"] = {"num_generations": self.num_generations,
                              "max_completion_length": self.max_completion_length, "beta": self.beta,
@@ -161,6 +185,8 @@ class Trainer:
             found["chosen_nll"] = self.chosen_nll
         if self.name == KTO:
             found["kto_loss_type"] = self.kto_loss_type
+        if self.llamafactory:
+            found["recipe"] = self.recipe
         if self.name == GRPO:
             found.update(num_generations=self.num_generations,
                          max_completion_length=self.max_completion_length, beta=self.beta,
@@ -170,9 +196,11 @@ class Trainer:
 
     def label(self, peft: bool) -> str:
         """One line: the trainer, what a sample is, and the reference."""
-        words = f"{self.name} ({TRL_CLASSES[self.name]})"
+        words = f"{self.name} ({self.class_name})"
         if self.name == GRPO:
             return words + "; " + self._grpo_words(peft)
+        if self.llamafactory:
+            return words + "; " + self._llamafactory_words(peft)
         if self.name == KTO:
             words += ("; batch = examples: a prompt + completion labelled desirable or undesirable, 1 row "
                       "each (modelled all of one label, as a paired dataset unpaired runs)")
@@ -192,6 +220,23 @@ class Trainer:
             nll = self.name == ORPO or self.chosen_nll
             words += "; no reference model" + ("; NLL on the chosen rows" if nll else "")
         return words
+
+    def _llamafactory_words(self, peft: bool) -> str:
+        """What LLaMA-Factory's step holds (workload/llamafactory_preference.py)."""
+        logps = ("float32 logits and their whole log_softmax (get_batch_logps) held for the backward")
+        if self.name == KTO:
+            words = ("batch = examples: a prompt + completion labelled desirable or undesirable, 1 row each "
+                     "(KTODataCollatorWithPadding), and its KL batch of mismatched completions, batch rows "
+                     f"more under no_grad; {logps}, the chosen and rejected rows' logits copied (kto_tags)")
+        else:
+            words = f"batch = pairs: chosen+rejected, 2 rows each (PairwiseDataCollatorWithPadding); {logps}"
+        reference = self.reference(peft)
+        if reference == "frozen copy":
+            return words + ("; reference: a frozen copy of the model in the checkpoint's dtype "
+                            "(create_ref_model), forward under no_grad")
+        if reference == "adapter disabled":
+            return words + "; reference: the same model with its adapter disabled, forward under no_grad"
+        return words + "; no reference model (use_ref_model false)"
 
     def _grpo_words(self, peft: bool) -> str:
         generation = {None: "model.generate with a KV cache (emulated decode loop)",
@@ -215,9 +260,10 @@ GRPO_FIELDS = ("num_generations", "max_completion_length", "beta", "use_vllm", "
 
 def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = None,
                   chosen_nll: bool | None = None, grpo: dict[str, Any] | None = None,
-                  kto_loss_type: str | None = None) -> Trainer | None:
+                  kto_loss_type: str | None = None, llamafactory: bool = False) -> Trainer | None:
     """The Trainer asked for; None for sft (the supervised step). InvalidInput naming the field.
-    ``grpo``: GRPO_FIELDS given (None values left out)."""
+    ``grpo``: GRPO_FIELDS given (None values left out); ``llamafactory``: LLaMA-Factory's trainer
+    (LF_CLASSES) runs the step."""
     trainer = (name or SFT).strip().lower()
     if trainer not in TRAINERS:
         raise InvalidInput(f"unknown trainer {name!r}: allowed are {', '.join(TRAINERS)}")
@@ -246,8 +292,12 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
                          f"{', '.join(KTO_LOSS_TYPES)}")
     if trainer == SFT:
         return None
+    if llamafactory and (trainer not in LF_CLASSES or precompute_ref_log_probs or kto_loss_type
+                         or chosen_nll is False):
+        raise _field("trainer", f"LLaMA-Factory's trainers run {', '.join(LF_CLASSES)} with their own "
+                     f"settings (finetuning_args.py), not {trainer} with TRL's settings")
     found = Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll,
-                    kto_loss_type=kto_loss_type or "kto")
+                    kto_loss_type=kto_loss_type or "kto", recipe=LLAMAFACTORY if llamafactory else TRL)
     return _grpo(found, given) if trainer == GRPO else found
 
 

@@ -26,6 +26,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from autotune.backends.cuda.bnb import (
@@ -239,7 +240,8 @@ class Worker:
                 # FSDP2 shards the model built on the CPU, moving each rank's shard to the device
                 self.distributed.prepare(model, mode.precision)
             # a preference trainer's: dropout off, DPO's frozen reference built beside the model
-            self.reference = prepare_models(model, workload, lambda: self._build(workload, on_device=True)[0])
+            self.reference = prepare_models(model, workload, lambda dtype: self._build(
+                replace(workload, weights_dtype=dtype), on_device=True)[0])
             self.workload, self.mode, self.seq_len = workload, mode, spec.seq_len
             self.bnb_optimizer = spec.bnb_optimizer
             model_oom = self._load(model, mode)

@@ -507,9 +507,8 @@ class EstimateBackend:
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)
                 route_pixtral(model, workload.attn)  # Pixtral's and Mistral 3's per-image loops (pixtral.py)
                 route_token_selection(model)  # LFM2-VL's image tokens, of a known count (vision.py)
-                reference = prepare_models(model, workload, lambda: build_model(
-                    workload.model, workload.task, workload.attn, workload.weights_dtype,
-                    flash_as_sdpa=True)[0])
+                reference = prepare_models(model, workload, lambda dtype: build_model(
+                    workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True)[0])
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)

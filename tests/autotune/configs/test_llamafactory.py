@@ -142,8 +142,6 @@ def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
 
 
 @pytest.mark.parametrize(("example", "changes", "key"), [
-    ("qwen3_lora_dpo", {"stage": "dpo", **PREFERENCE}, "stage: 'dpo'"),
-    ("qwen3_lora_kto", {"stage": "kto", **PREFERENCE}, "stage: 'kto'"),
     ("qwen3_lora_reward", {"stage": "rm"}, "stage: 'rm'"),
     ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
      "stage: 'dpo'"),
@@ -288,7 +286,8 @@ def test_a_saved_adapter_trains_on(tmp_path):
 REFUSED = [
     ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
-    ({"stage": "ppo", "reward_model": "r"}, "stage", "preference/RL training is not modelled yet"),
+    ({"stage": "ppo", "reward_model": "r"}, "stage", "PPO .* is not modelled"),
+    ({"stage": "rm"}, "stage", "AutoModelForCausalLMWithValueHead"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
     ({"fsdp": "full_shard", "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
      "CPUOffload"),
@@ -512,3 +511,71 @@ def test_the_frozen_tower_has_no_gradient_nor_optimizer_state():
         assert (param in optimizer.state) == (name not in tower), name
     with pytest.raises(InvalidInput, match="match no parameter"):
         freeze(model, ("vision_tower",))
+
+
+# --- the preference stages: LLaMA-Factory's own trainers (configs/llamafactory_preference.py) -----
+# examples/train_lora/qwen3_lora_dpo.yaml, qwen3_lora_kto.yaml: the keys beyond qwen3_lora_sft's
+QWEN3_LORA_DPO = {**QWEN3_LORA_SFT, "stage": "dpo", **PREFERENCE, "dataset": "dpo_en_demo"}
+QWEN3_LORA_KTO = {**QWEN3_LORA_SFT, "stage": "kto", "pref_beta": 0.1, "dataset": "kto_en_demo"}
+
+
+@pytest.mark.parametrize(("data", "trainer", "reference"), [
+    (QWEN3_LORA_DPO, "dpo", "the model with its LoRA adapter disabled"),
+    ({**QWEN3_LORA_DPO, "pref_loss": "orpo"}, "orpo", "none (use_ref_model false"),
+    ({**QWEN3_LORA_DPO, "pref_loss": "simpo", "simpo_gamma": 0.5}, "simpo", "none (use_ref_model false"),
+    ({**QWEN3_LORA_DPO, "pref_loss": "ipo"}, "dpo", "the model with its LoRA adapter disabled"),
+    ({**QWEN3_LORA_DPO, "finetuning_type": "full"}, "dpo", "a frozen copy loaded again in the checkpoint's"),
+    (QWEN3_LORA_KTO, "kto", "the model with its LoRA adapter disabled"),
+    ({**QWEN3_LORA_KTO, "finetuning_type": "full"}, "kto", "a frozen copy loaded again"),
+])
+def test_the_preference_stages_are_llamafactory_s_trainers(tmp_path, data, trainer, reference):
+    plan = read(tmp_path, data)
+    assert (plan.request.step.trainer, plan.request.step.llamafactory) == (trainer, True)
+    assert (plan.seq_len, plan.batch_size, plan.ignored) == (2048, 1, ())
+    stage = next(n for n in plan.notes if n.startswith("stage: "))
+    assert ("CustomKTOTrainer" if trainer == "kto" else "CustomDPOTrainer") in stage
+    assert ("KL batch" in stage) == (trainer == "kto") and ("2 x batch rows" in stage) == (trainer != "kto")
+    assert f"reference: {reference}" in stage
+
+
+@pytest.mark.parametrize(("changes", "key", "why"), [
+    ({"stage": "rm"}, "stage", "AutoModelForCausalLMWithValueHead .* num_labels=1 sequence classifier"),
+    ({"ref_model": "other/model"}, "ref_model", "a reference loaded from another checkpoint"),
+    ({"ld_alpha": 0.5}, "ld_alpha", "LD-DPO"),
+    ({"enable_liger_kernel": True}, "enable_liger_kernel", "preference stage"),
+    ({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct"}, "stage", "over a vision-language model"),
+])
+def test_what_a_preference_stage_does_not_model_is_refused_by_name(tmp_path, changes, key, why):
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: .* {why}"):
+        read(tmp_path, {**QWEN3_LORA_DPO, **changes})
+
+
+def test_a_kto_reference_from_another_checkpoint_is_refused_and_orpo_has_none_to_refuse(tmp_path):
+    with pytest.raises(UnmodelledSetting, match="^ref_model: "):
+        read(tmp_path, {**QWEN3_LORA_KTO, "ref_model": "other/model"})
+    # use_ref_model false: run_dpo builds no reference, ref_model is not read
+    orpo = read(tmp_path, {**QWEN3_LORA_DPO, "pref_loss": "orpo", "ref_model": "x"})
+    assert orpo.request.step.trainer == "orpo"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"pref_loss": "orpo", "dpo_label_smoothing": 0.1}, "for the sigmoid loss only"),
+    ({"pissa_init": True}, "refuses PiSSA beside a reference model"),
+    ({"pref_loss": "cpo"}, "pref_loss"),
+])
+def test_what_llamafactory_refuses_in_a_preference_stage_is_refused(tmp_path, changes, message):
+    with pytest.raises(InvalidInput, match=message):
+        read(tmp_path, {**QWEN3_LORA_DPO, **changes})
+
+
+def test_check_answers_a_llamafactory_dpo_config_with_its_trainer(tmp_path, capsys):
+    path = tmp_path / "qwen3_lora_dpo.yaml"
+    path.write_text(yaml.safe_dump({**QWEN3_LORA_DPO, "model_name_or_path": "tiny-llama", "cutoff_len": 64}))
+    code = main(["check", "tiny-llama", "--from-config", str(path), "--gpu-memory", "4GiB", "--json",
+                 "--no-cache"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"] is True
+    trainer = doc["trainer"]
+    assert (trainer["name"], trainer["recipe"], trainer["rows_per_sample"], trainer["reference"]) == (
+        "dpo", "llamafactory", 2, "adapter disabled")
+    assert trainer["label"].startswith("dpo (LLaMA-Factory's CustomDPOTrainer)")

@@ -220,8 +220,8 @@ def test_what_spreads_the_job_unmodelled_is_refused(tmp_path, changes, error, ma
 # Preference training, and the rest refused by name
 
 
-def test_preference_training_is_refused_as_the_classic_reader_refuses_it(tmp_path):
-    preference = "preference/RL training is not modelled yet: autotune models supervised fine-tuning"
+def test_preference_training_is_refused_by_name(tmp_path):
+    preference = "v1's preference trainers .* are not modelled: autotune models v1's sft"
     # examples/v1/train_lora/train_lora_dpo.yaml: LLaMA-Factory's shipped pair data
     with pytest.raises(UnmodelledSetting, match=f"^train_dataset: 'data/v1_dpo_demo.yaml' .* {preference}"):
         read(tmp_path, {**LORA, "train_dataset": "data/v1_dpo_demo.yaml"})
