@@ -417,6 +417,11 @@ class Step:
         None, "fsdp_version 1: FSDP1's settings as JSON, any of use_orig_params (default true, the "
         "Trainer's), forward_prefetch (false), backward_prefetch (BACKWARD_PRE, BACKWARD_POST or null, the "
         "Trainer's NO_PREFETCH)", metavar="JSON")
+    offload_params: bool | None = option(
+        None, "fsdp (FSDP2): CPU offload, fully_shard's CPUOffloadPolicy as accelerate applies its "
+        "cpu_offload (fsdp_offload_params, Axolotl's and LLaMA-Factory v1's offload_params): the shards, "
+        "their gradients and the optimizer state in host memory, the optimizer step run there, each shard "
+        "copied to the GPU for its all-gather (check gives the host memory)")
     zero_config: str | None = option(
         None, "zero1/2/3: the zero_optimization mapping of the job's DeepSpeed config, as JSON (default: the "
         "stage with reduce_bucket_size and the stage-3 sizes \"auto\", resolved from hidden_size as the "
@@ -820,7 +825,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe,
                                  zero_config=step.zero_config,
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
-                                 fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config)
+                                 fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
+                                 offload_params=step.offload_params)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import check_checkpoint

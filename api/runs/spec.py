@@ -428,7 +428,8 @@ class _Normalizing:
                                           reshard_after_forward=step.reshard_after_forward,
                                           recipe=step.fsdp_recipe, zero_config=step.zero_config,
                                           activation_checkpointing=step.fsdp_activation_checkpointing,
-                                          fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config)
+                                          fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
+                                          offload_params=step.offload_params)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

@@ -85,8 +85,9 @@ class CheckResult:
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
     # A preference trainer's step (tuner.trainer_json); None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
-    # Pinned host memory a GPU's rank holds through the step: ZeRO-Offload's buffers and
-    # DeepSpeedCPUAdam's state (the tracker's host ledger); 0: none
+    # Pinned host memory a GPU's rank holds through the step: FSDP2's offloaded shards, gradients and
+    # optimizer state, or ZeRO-Offload's buffers and DeepSpeedCPUAdam's state (the tracker's host
+    # ledger); 0: none
     host_memory_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,7 +270,7 @@ def format_message(result: CheckResult) -> str:
     if result.outside_allocator_bytes:
         notes.append(f"note: {paged_note(str(result.optimizer), result.outside_allocator_bytes)}")
     if result.host_memory_bytes:
-        notes.append(f"note: {host_note(result.host_memory_bytes)}")
+        notes.append(f"note: {host_note(result.host_memory_bytes, result.parallel)}")
     vllm = (result.trainer or {}).get("grpo", {}).get("vllm_bytes")
     if vllm:
         notes.append(f"note: {vllm_note(vllm)}")

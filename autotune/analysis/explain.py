@@ -220,6 +220,9 @@ class Explanation:
     # With activation offloading (workload/offload.py): the most pinned host memory its copies of the
     # saved activations held at batch_size; None without it.
     host_offload_bytes: int | None = None
+    # With an offload of the job's (FSDP2's CPU offload, ZeRO-Offload): the most host memory the rank
+    # held (tracker.py's host ledger) at batch_size; None without one.
+    host_memory_bytes: int | None = None
     # A preference trainer's step (tuner.trainer_json: the reference model, the rows per sample);
     # None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
@@ -758,6 +761,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
+        host_memory_bytes=probe.details.get("host_bytes"),
         trainer=_grpo_phases(_trainer_json(workload, backend._model(workload, mode.precision).reference, gpu),
                              workload, backend, mode, seq_len, at),
     )

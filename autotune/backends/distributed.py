@@ -249,7 +249,9 @@ def shard_as_llamafactory(model: Any, parallel: Parallel, mesh: Any, loss: str, 
         return _llamafactory_loss()(model)
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=True)
-    kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward, "mp_policy": policy}
+    # every fully_shard call passes CPUOffloadPolicy(pin_memory=...) with offload_params, else None (none)
+    kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward, "mp_policy": policy,
+              "offload_policy": offload_policy(parallel)}
     if any(isinstance(module, _lora_layer_class()) for module in model.modules()):
         for module in [m for m in model.modules() if not list(m.children())]:
             if any(parameter.requires_grad for parameter in module.parameters(recurse=False)):

@@ -100,7 +100,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                                   "reshard_after_forward": step.reshard_after_forward,
                                   "fsdp_recipe": step.fsdp_recipe,
                                   "fsdp_activation_checkpointing": step.fsdp_activation_checkpointing,
-                                  "fsdp_version": step.fsdp_version, "fsdp1_config": step.fsdp1_config}}
+                                  "fsdp_version": step.fsdp_version, "fsdp1_config": step.fsdp1_config,
+                                  "offload_params": step.offload_params}}
                     if step.gpus is not None or step.parallel is not None else {})},
         # no mode: the weights' default (defaults.default_mode_name), fixed by the model and dtype above
         "mode": None if request.mode is None else parse_mode(request.mode).name,

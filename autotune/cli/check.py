@@ -274,7 +274,7 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
     if step.liger:  # the service reads the kernels comma-separated, as the flag does
         query["liger"] = step.liger if isinstance(step.liger, str) else ",".join(step.liger)
     for name in ("ckpt_reentrant", "reshard_after_forward", "precompute_ref_log_probs", "chosen_nll",
-                 "use_vllm", "fsdp_activation_checkpointing"):
+                 "use_vllm", "fsdp_activation_checkpointing", "offload_params"):
         if getattr(step, name) is not None:
             query[name] = "true" if getattr(step, name) else "false"
     for name in ("gpu", "gpu_memory", "multiprocessors", "alloc_conf"):

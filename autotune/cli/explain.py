@@ -44,6 +44,7 @@ from autotune.errors import AutotuneError, InvalidInput
 from autotune.request import ExplainRequest
 from autotune.units import format_bytes
 from autotune.workload.offload import NAME as OFFLOAD_NAME
+from autotune.workload.zero import host_note
 
 if TYPE_CHECKING:
     from autotune.analysis.explain import Explanation
@@ -220,6 +221,8 @@ def _job_lines(e: Explanation) -> list[str]:
                      "stage 3's gathers) are not told apart yet: they are counted under the categories "
                      "below as the tracker meets them (parameters, temporaries); the total is the traced "
                      "engine's")
+    if e.host_memory_bytes:
+        lines.append(f"{host_note(e.host_memory_bytes, e.parallel)}; not in the GPU's figures below")
     return lines
 
 
@@ -232,7 +235,8 @@ def _shards(e: Explanation) -> str:
     """Under fsdp the table's sizes are whole modules, of which each GPU holds a shard."""
     if e.parallel is None or e.parallel["kind"] != "fsdp":
         return ""
-    return f"; whole modules: FSDP2 keeps 1/{e.parallel['shard_size']} of each on a GPU"
+    where = "in host memory (CPU offload)" if e.parallel.get("offload_params") else "on a GPU"
+    return f"; whole modules: FSDP2 keeps 1/{e.parallel['shard_size']} of each {where}"
 
 
 def _which_batch(e: Explanation) -> str:

@@ -195,7 +195,7 @@ def render_table(t: TableResult) -> str:
                  f"({per_cell:.2f} per cell, search {t.search}{seeded}), {t.elapsed_s:.1f} s")
     host = max((int(probe.get("host_bytes") or 0) for c in t.cells for probe in c.probe_log), default=0)
     if host:
-        lines.append(host_note(host))
+        lines.append(host_note(host, t.parallel))
     if t.backend == "estimate":
         lines.append("estimated on the CPU: what the training step would allocate on CUDA")
     lines.extend(f"warning: {warning}" for warning in t.warnings)

@@ -21,7 +21,6 @@ from typing import Any
 
 from autotune.configs.reading import COMPILE, PARALLEL, Config, TrainingConfig, words
 from autotune.configs.sharding import (
-    CPU_OFFLOAD,
     FSDP1,
     FSDP2_NOTE,
     FSDP_CHECKPOINTING,
@@ -30,14 +29,17 @@ from autotune.configs.sharding import (
     fsdp_options,
     load_json,
     note_no_effect,
+    offload,
+    pin_memory,
     set_parallel,
     wrap_classes,
     zero,
 )
 from autotune.defaults import DEFAULT_MODE_NAME
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.request import request_from, values_of
 from autotune.workload.modes import Mode, parse_mode
+from autotune.workload.parallel import FSDP1_OFFLOAD
 
 # Keys only an accelerate config has (commands/config/config_args.py BaseConfig).
 ACCELERATE_MARKERS = words("compute_environment distributed_type")
@@ -49,7 +51,8 @@ _NO_EFFECT = words(
     "deepspeed_multinode_launcher")
 _PRECISIONS = {"bf16": "bf16", "fp16": "amp"}  # accelerate's mixed_precision -> autotune's mode
 _HANDLED = {"version", "reshard_after_forward", "offload_params", "sharding_strategy", "auto_wrap_policy",
-            "transformer_layer_cls_to_wrap", "activation_checkpointing", "forward_prefetch"}
+            "transformer_layer_cls_to_wrap", "activation_checkpointing", "forward_prefetch",
+            "cpu_offload_pin_memory"}
 
 
 def read_accelerate(cfg: Config, trainer_fsdp: bool = False) -> TrainingConfig:
@@ -123,12 +126,16 @@ def _fsdp(cfg: Config, trainer_fsdp: bool) -> None:
     if str(version) not in ("1", "2"):
         raise cfg.bad("fsdp_config.fsdp_version", version, "1 or 2")
     if str(options.get("offload_params", False)).lower() == "true":
-        raise cfg.unmodelled("fsdp_config.fsdp_offload_params", options["offload_params"], CPU_OFFLOAD)
+        # commands/launch.py exports it as FSDP_OFFLOAD_PARAMS, which the plugin reads for a cpu_offload
+        # left None (utils/dataclasses.py __post_init__): the Trainer's plugin too (it sets cpu_offload
+        # only when its own fsdp_config's is true), whatever version it builds (combine refuses FSDP1)
+        offload(cfg, "fsdp_config.fsdp_offload_params", options["offload_params"], options)
     if str(options.get("activation_checkpointing", False)).lower() == "true":
         raise cfg.unmodelled("fsdp_config.fsdp_activation_checkpointing", options["activation_checkpointing"],
                              FSDP_CHECKPOINTING)
     wrap_classes(cfg, "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
                  options.get("transformer_layer_cls_to_wrap"))
+    pin_memory(cfg, "fsdp_config", options)
     note_no_effect(cfg, "fsdp_config", options, _HANDLED)
     if trainer_fsdp:
         cfg.notes.append("fsdp_config: the training config's fsdp settings decide the FSDP version, the wrap "
@@ -229,6 +236,12 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
         raise InvalidInput(f"{training.parallel_key} in {train_file!r} runs {step.parallel} and "
                            f"{launch.parallel_key} in {launch_file!r} runs {spread.parallel}: give one")
     values["gpus"], values["nodes"] = spread.gpus, spread.nodes
+    if spread.offload_params:  # the launcher's FSDP_OFFLOAD_PARAMS, read by the Trainer's plugin too
+        if step.fsdp_version == 1:
+            raise UnmodelledSetting(f"fsdp_config.fsdp_offload_params: true in {launch_file!r} with "
+                                    f"{training.parallel_key} in {train_file!r} at FSDP1 is not modelled: "
+                                    f"{FSDP1_OFFLOAD}")
+        values["offload_params"] = True
     values["mode"] = _precision(training, launch, notes)
     return TrainingConfig(
         training.format, request_from(type(training.request), values), tuple(notes),

@@ -37,13 +37,14 @@ from autotune.configs.reading import (
     words,
 )
 from autotune.configs.sharding import (
-    CPU_OFFLOAD,
     FSDP1,
     TRAINER_BOTH_CHECKPOINTS,
     WRAP,
     fsdp_options,
     legacy_fsdp,
     note_no_effect,
+    offload,
+    pin_memory,
     read_ddp,
     read_deepspeed,
     read_trainer_fsdp1,
@@ -503,16 +504,21 @@ def _axolotl_sharding(cfg: Config) -> None:
         return
     if str(version) != "2":
         raise cfg.bad("fsdp_version", version, "1 or 2")
+    offload_key = "fsdp_config.cpu_offload"
     if not unset(fsdp):
         if not isinstance(fsdp, list) or not all(isinstance(item, str) for item in fsdp):
             raise cfg.bad("fsdp", fsdp, "a list of FSDP options (full_shard, shard_grad_op, offload, "
                           "auto_wrap)")
+        offload_key = "fsdp_config.cpu_offload" if "cpu_offload" in options else "fsdp"  # before the legacy's
         legacy_fsdp(cfg, fsdp, options, 2)  # TrainingArguments(fsdp=the list): transformers reads it
-    if options.get("offload_params"):
-        raise cfg.unmodelled("fsdp_config.offload_params", options["offload_params"], CPU_OFFLOAD)
-    if options.get("cpu_offload"):
-        where = "fsdp_config.cpu_offload" if "cpu_offload" in (config or {}) else "fsdp"
-        raise cfg.unmodelled(where, options["cpu_offload"] if where != "fsdp" else fsdp, CPU_OFFLOAD)
+    offloaded = options.get("offload_params")
+    if offloaded not in (None, True, False):  # utils/schemas/fsdp.py: bool | None
+        raise cfg.bad("fsdp_config.offload_params", offloaded, "true or false")
+    if offloaded:  # utils/trainer.py setup_fsdp_envs: FSDP_OFFLOAD_PARAMS, the plugin's cpu_offload
+        offload(cfg, "fsdp_config.offload_params", offloaded, options)
+    elif options.get("cpu_offload"):  # the builder's TrainingArguments: _process_fsdp_args's cpu_offload
+        where = "fsdp" if offload_key == "fsdp" and not unset(fsdp) else "fsdp_config.cpu_offload"
+        offload(cfg, where, options["cpu_offload"] if where != "fsdp" else fsdp, options)
     checkpointing = _axolotl_fsdp_checkpointing(cfg, options.get("activation_checkpointing"))
     policy = options.get("auto_wrap_policy")
     if policy not in (None, "TRANSFORMER_BASED_WRAP"):
@@ -523,9 +529,10 @@ def _axolotl_sharding(cfg: Config) -> None:
     if reshard is not None and not isinstance(reshard, bool):
         raise cfg.bad("fsdp_config.reshard_after_forward", reshard, "true or false")
     reshard = True if reshard is None else reshard  # TrainingArguments' default
+    pin_memory(cfg, "fsdp_config", options)
     note_no_effect(cfg, "fsdp_config", options, {"offload_params", "cpu_offload", "activation_checkpointing",
                                                  "auto_wrap_policy", "transformer_layer_cls_to_wrap",
-                                                 "reshard_after_forward"})
+                                                 "reshard_after_forward", "cpu_offload_pin_memory"})
     set_parallel(cfg, key, "fsdp", reshard)
     cfg.launch["fsdp_recipe"] = "axolotl"
     cfg.notes.append(f"fsdp_version: 2: FSDP2 over the job's GPUs, reshard_after_forward "

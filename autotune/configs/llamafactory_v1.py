@@ -47,10 +47,11 @@ from autotune.configs.reading import (
     words,
 )
 from autotune.configs.sharding import (
-    CPU_OFFLOAD,
+    PIN_NOTE,
     SHIPPED_DEEPSPEED,
     deepspeed_stage,
     load_json,
+    offload,
     set_parallel,
     zero,
 )
@@ -582,8 +583,11 @@ def _v1_dist(cfg: Config) -> None:
     name = _name(cfg, "dist_config", dist)
     if name == "fsdp2":
         _check_keys(cfg, "dist_config", dist, _FSDP2_KEYS, "FSDP2Params")
-        if dist.get("offload_params"):  # fsdp2.py FSDP2Engine: CPUOffloadPolicy
-            raise cfg.unmodelled("dist_config.offload_params", dist["offload_params"], CPU_OFFLOAD)
+        offloaded = dist.get("offload_params", False)  # interface.py FSDP2Params
+        if not isinstance(offloaded, bool):
+            raise cfg.bad("dist_config.offload_params", offloaded, "true or false")
+        if offloaded:  # fsdp2.py FSDP2Engine.prepare_model: CPUOffloadPolicy(pin_memory) on every group
+            offload(cfg, "dist_config.offload_params", offloaded, dist)
         reshard = dist.get("reshard_after_forward", True)  # distributed/interface.py FSDP2Params
         if not isinstance(reshard, bool):
             raise cfg.bad("dist_config.reshard_after_forward", reshard, "true or false")
@@ -595,7 +599,7 @@ def _v1_dist(cfg: Config) -> None:
                          "untied embedding, the root) with v1's SFT loss around it: fsdp_recipe "
                          "llamafactory; on one GPU v1 has no process group and leaves the model unwrapped")
         for key, why in (("dcp_path", "where the weights are loaded from (init_on_meta)"),
-                         ("pin_memory", "read only with offload_params")):
+                         ("pin_memory", PIN_NOTE if offloaded else "read only with offload_params")):
             if not unset(dist.get(key)):
                 cfg.notes.append(f"dist_config.{key}: {dist[key]!r}: no effect on GPU memory: {why}")
     elif name == "deepspeed":

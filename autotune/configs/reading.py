@@ -31,7 +31,7 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
 SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
 # The request fields a config may set for a job on more than one GPU (read by configs/sharding.py).
 LAUNCH_FIELDS = ("gpus", "parallel", "nodes", "reshard_after_forward", "fsdp_recipe", "zero_config",
-                 "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config")
+                 "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config", "offload_params")
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")

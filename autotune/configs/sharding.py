@@ -7,8 +7,8 @@ decoder layer and on the root) and DDP (workload/parallel.py); DeepSpeed's ZeRO 
 into ``parallel`` zero1/zero2/zero3, which the request refuses by name until they are modelled.
 FSDP1 is read from a TrainingArguments fsdp_config with version 1 (and Axolotl's unversioned one) as
 the Trainer hands it to accelerate (``read_trainer_fsdp1``). Every other setting that changes memory
-(CPU offload, FSDP1 in an accelerate launcher config, FSDP's own activation checkpointing, another
-wrap policy) is refused by its key; settings with no effect on a step's memory are noted
+(FSDP1's CPU offload, FSDP1 in an accelerate launcher config, another wrap policy) is refused by its
+key; FSDP2's CPU offload is read into ``offload_params``; settings with no effect on a step's memory are noted
 with the reason.
 
 Sources: transformers 5.24 ``training_args.py`` (``TrainingArguments._process_fsdp_args`` and
@@ -26,14 +26,18 @@ from typing import TYPE_CHECKING, Any
 from autotune.configs.reading import Config, TrainingConfig
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.spelling import close_matches, did_you_mean
+from autotune.workload.parallel import FSDP1_OFFLOAD
 
 if TYPE_CHECKING:
     from autotune.request import CheckRequest
 
 FSDP1 = ("FSDP1 (FullyShardedDataParallel's flat parameters) is not modelled: autotune models FSDP2 "
          "(fully_shard), fsdp_version 2")
-CPU_OFFLOAD = ("CPU offload (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on the "
-               "CPU, the optimizer step run there) is not modelled yet")
+CPU_OFFLOAD_NOTE = ("FSDP2's CPU offload (accelerate's plugin makes cpu_offload fully_shard's "
+                    "CPUOffloadPolicy: utils/dataclasses.py set_cpu_offload): each rank's shards, their "
+                    "gradients and the optimizer state in host memory, the optimizer step run there; traced "
+                    "(check gives the host memory)")
+PIN_NOTE = "pinned or pageable, the host holds the same offloaded bytes and the GPU the same copies"
 FSDP_CHECKPOINTING = ("FSDP's own activation checkpointing from accelerate's launcher config is not "
                       "modelled yet: set it in the training config's fsdp_config (activation_checkpointing: "
                       "true), which autotune models")
@@ -156,6 +160,7 @@ def read_trainer_fsdp(cfg: Config) -> None:
     if version not in (1, 2, "1", "2"):
         raise cfg.bad("fsdp_config.version", version, "1 or 2")
     version = int(version)
+    offload_key = "fsdp_config.cpu_offload" if "cpu_offload" in options else "fsdp"  # before the legacy's
     if not isinstance(fsdp, bool):
         legacy_fsdp(cfg, fsdp, options, version)
     if options.get("xla"):
@@ -166,12 +171,12 @@ def read_trainer_fsdp(cfg: Config) -> None:
         return
     if options.get("xla"):
         raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
-    if options.get("cpu_offload"):
-        raise cfg.unmodelled("fsdp_config.cpu_offload", options["cpu_offload"], CPU_OFFLOAD)
+    if options.get("cpu_offload"):  # _process_fsdp_args: fsdp_plugin_args["cpu_offload"] = True
+        offload(cfg, offload_key, options["cpu_offload"] if offload_key != "fsdp" else fsdp, options)
     if "offload_params" in options and _truth(cfg, "fsdp_config.offload_params", options["offload_params"]):
-        raise cfg.unmodelled("fsdp_config.offload_params", options["offload_params"],
-                             f"{CPU_OFFLOAD} (transformers reads cpu_offload here; offload_params only "
-                             "reaches accelerate through the launcher's FSDP_OFFLOAD_PARAMS)")
+        cfg.notes.append(f"fsdp_config.offload_params: {options['offload_params']!r}: not read by "
+                         "transformers (_process_fsdp_args reads cpu_offload): nothing offloaded unless "
+                         "cpu_offload is set or the launcher's fsdp_offload_params (FSDP_OFFLOAD_PARAMS) is")
     policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
     if policy not in _WRAP_POLICIES:
         raise cfg.bad("fsdp_config.auto_wrap_policy", policy, f"one of {', '.join(_WRAP_POLICIES)}")
@@ -186,7 +191,9 @@ def read_trainer_fsdp(cfg: Config) -> None:
         cfg.notes.append(f"fsdp_config.activation_checkpointing: true: {FSDP_CHECKPOINTING_NOTE}")
     reshard = _truth(cfg, "fsdp_config.reshard_after_forward", options.get("reshard_after_forward", True))
     handled = {"version", "xla", "cpu_offload", "offload_params", "auto_wrap_policy",
-               "transformer_layer_cls_to_wrap", "activation_checkpointing", "reshard_after_forward"}
+               "transformer_layer_cls_to_wrap", "activation_checkpointing", "reshard_after_forward",
+               "cpu_offload_pin_memory"}
+    pin_memory(cfg, "fsdp_config", options)
     note_no_effect(cfg, "fsdp_config", options, handled)
     set_parallel(cfg, "fsdp", "fsdp", reshard)
     how = "reshard_after_forward true (full shard)" if reshard else \
@@ -217,8 +224,7 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
     if options.get("cpu_offload") or "offload_params" in options and _truth(
             cfg, f"{where}.offload_params", options["offload_params"]):
         key = "cpu_offload" if options.get("cpu_offload") else "offload_params"
-        raise cfg.unmodelled(f"{where}.{key}", options[key], "FSDP1's CPUOffload (parameters and gradients "
-                             "on the CPU, the optimizer step run there) is not modelled")
+        raise cfg.unmodelled(f"{where}.{key}", options[key], FSDP1_OFFLOAD)
     if "activation_checkpointing" in options and _truth(cfg, f"{where}.activation_checkpointing",
                                                         options["activation_checkpointing"]):
         raise cfg.unmodelled(f"{where}.activation_checkpointing", options["activation_checkpointing"],
@@ -276,6 +282,21 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
     cfg.notes.append(f"{where}: {FSDP1_NOTE}; use_orig_params {str(settings['use_orig_params']).lower()}, "
                      f"forward_prefetch {str(settings['forward_prefetch']).lower()}, backward_prefetch "
                      f"{prefetch}")
+
+
+def offload(cfg: Config, key: str, value: Any, options: dict[str, Any]) -> None:
+    """FSDP2's CPU offload, set by ``key``: the request's offload_params, noted."""
+    cfg.launch["offload_params"] = True
+    cfg.notes.append(f"{key}: {value!r}: {CPU_OFFLOAD_NOTE}")
+
+
+def pin_memory(cfg: Config, where: str, options: dict[str, Any]) -> None:
+    """cpu_offload_pin_memory (Axolotl's FSDP_CPU_OFFLOAD_PIN_MEMORY: CPUOffloadPolicy.pin_memory),
+    noted as FSDP_NO_EFFECT says without offload, else as PIN_NOTE."""
+    if "cpu_offload_pin_memory" in options:
+        why = PIN_NOTE if cfg.launch.get("offload_params") else FSDP_NO_EFFECT["cpu_offload_pin_memory"]
+        cfg.notes.append(f"{where}.cpu_offload_pin_memory: {options['cpu_offload_pin_memory']!r}: no effect "
+                         f"on GPU memory: {why}")
 
 
 def fsdp_options(cfg: Config, config: Any, key: str, keep: tuple[str, ...] = ()) -> dict[str, Any]:

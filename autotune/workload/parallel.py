@@ -12,7 +12,8 @@ the job's global batch is that times the GPUs times the accumulation steps.
             whole while it runs.
             ``reshard_after_forward`` False keeps them gathered from forward to backward
             (SHARD_GRAD_OP); ``nodes`` > 1 shards within a node and replicates across nodes
-            (HYBRID_SHARD)
+            (HYBRID_SHARD); ``offload_params`` is FSDP2's CPU offload (CPUOffloadPolicy): the
+            shards, their gradients and the optimizer state in host memory, the step run there
     zero1, zero2, zero3
             DeepSpeed ZeRO stages as the Trainer's DeepSpeed integration runs them: the optimizer
             state (and float32 master weights) / and the gradients / and the 16-bit parameters
@@ -116,7 +117,9 @@ class Parallel:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
-        return f"FSDP{self.fsdp_version} {strategy}{checkpointed}, {self.gpus} GPUs"
+        offloaded = (", parameters, gradients and optimizer state offloaded to the CPU" if self.offload_params
+                     else "")
+        return f"FSDP{self.fsdp_version} {strategy}{checkpointed}{offloaded}, {self.gpus} GPUs"
 
     @property
     def modelled(self) -> str:
@@ -155,17 +158,19 @@ class Parallel:
                        "are its MixedPrecisionPolicy (bfloat16 parameters, float32 gradient reduction) over "
                        "shards in the weights' dtype, with no autocast")
                     + "; the SFT loss outside the model: logits upcast to float32 and a shifted float32 copy "
-                    "for cross_entropy, beside transformers' own loss of the labels passed in")
+                    "for cross_entropy, beside transformers' own loss of the labels passed in"
+                    + self.offloaded)
         if self.recipe == "axolotl":
             return ("traced: FSDP2 fully_shard on a fake process group, wrapped as Axolotl wraps it "
                     "(monkeypatch/accelerate/fsdp2.py, in place of accelerate's: each LoRA adapter, each "
                     "decoder layer, the root, all resharded alike); 16-bit modes are its "
                     "MixedPrecisionPolicy of that dtype over shards in the weights' dtype (no float32 "
-                    "upcast), with no autocast" + self.checkpointed)
+                    "upcast), with no autocast" + self.checkpointed + self.offloaded)
         return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
                 "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
                 "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "
-                "over float32 shards of the trainable parameters, with no autocast" + self.checkpointed)
+                "over float32 shards of the trainable parameters, with no autocast" + self.checkpointed
+                + self.offloaded)
 
     @property
     def checkpointed(self) -> str:
@@ -181,6 +186,16 @@ class Parallel:
                 "decoder layer in torch's checkpoint_wrapper (non-reentrant, preserve_rng_state False), "
                 "traced")
 
+    @property
+    def offloaded(self) -> str:
+        """What FSDP2's CPU offload moves to the host, in a clause; empty without it."""
+        if not self.offload_params:
+            return ""
+        return ("; CPU offload, traced: fully_shard's CPUOffloadPolicy keeps each shard and its gradient "
+                "in host memory (pinned or not, the same bytes), copies each shard to the GPU for its "
+                "all-gather and each sharded gradient back in reduce-scatter; the optimizer's step and its "
+                "state are on the host (estimate/rank.py)")
+
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "gpus": self.gpus, "nodes": self.nodes,
                 "reshard_after_forward": self.reshard_after_forward, "recipe": self.recipe,
@@ -189,7 +204,8 @@ class Parallel:
                 "zero_config": settings_text(self.zero) if self.is_zero else None,
                 "fsdp_version": self.fsdp_version if self.kind == FSDP else None,
                 "use_orig_params": self.use_orig_params, "forward_prefetch": self.forward_prefetch,
-                "backward_prefetch": self.backward_prefetch}
+                "backward_prefetch": self.backward_prefetch,
+                "offload_params": self.offload_params if self.kind == FSDP else None}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -227,12 +243,12 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                   reshard_after_forward: bool | None = None, recipe: str | None = None,
                   zero_config: str | None = None,
                   activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
-                  fsdp1_config: str | None = None) -> Parallel | None:
+                  fsdp1_config: str | None = None, offload_params: bool | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
     JSON (default: the stage's "auto" keys, workload/zero.py); its stage, if given, must be the
-    kind's."""
+    kind's. ``offload_params``: FSDP2's CPU offload (fsdp, version 2 only)."""
     if kind is not None and kind not in PARALLEL_CHOICES:
         raise _about("parallel", InvalidInput.naming(
             f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}"))
@@ -281,10 +297,38 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
+    offload = _offload(kind, fsdp_version, offload_params)
+    if recipe == "llamafactory" and gpus == 1:
+        offload = False  # v1 wraps nothing without a process group (FSDP2Engine.prepare_model returns first)
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
-                    recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1)
+                    recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1,
+                    offload_params=offload)
+
+
+# FSDP1's CPUOffload(offload_params=True) is not traced: FlatParamHandle.init_flat_param_attributes pins
+# the local shard and a _cpu_grad (Tensor.pin_memory, which has no fake kernel), and its copies to the
+# compute device (pre_unshard's flat_param_to, _use_low_precision_shard) and back (the post-backward's
+# _cpu_grad.copy_) are between devices the fake trace does not tell apart: each would need the host
+# ledger FSDP2's offload has (backends/estimate/rank.py host_offload).
+FSDP1_OFFLOAD = ("FSDP1's CPUOffload(offload_params=True) (FlatParameter shards and gradients on the CPU, "
+                 "the optimizer step run there) is not modelled: FSDP2's CPU offload (fsdp_version 2) is")
+
+
+def _offload(kind: str, fsdp_version: int | None, offload_params: bool | None) -> bool:
+    """``offload_params``, checked: FSDP2's alone (DeepSpeed's offload is zero_config's)."""
+    if not offload_params:
+        return False
+    if kind != FSDP:
+        where = ("DeepSpeed's is {zero_config}'s offload_optimizer and offload_param" if kind in ZERO_STAGES
+                 else "use {parallel} fsdp")
+        raise _about("offload_params", InvalidInput.naming(
+            f"{{offload_params}} is FSDP2's CPU offload, not {kind}'s: {where}"))
+    if fsdp_version == 1:
+        raise _about("offload_params", InvalidInput.naming(
+            f"{{offload_params}} with {{fsdp_version}} 1: {FSDP1_OFFLOAD}"))
+    return True
 
 
 # FSDP1's settings a request may give (fsdp1_config), with the Trainer's defaults (transformers 5.24

@@ -24,6 +24,7 @@ config of the stage and the three "auto" keys, as the Hugging Face docs' example
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
@@ -248,7 +249,11 @@ def resolved(settings: Settings, hidden_size: int | None) -> dict[str, Any]:
     return config
 
 
-def host_note(nbytes: int) -> str:
-    """What a rank keeps in host memory, in words: the line a table and a check print."""
-    return (f"host memory per GPU's rank (ZeRO-Offload's buffers and CPU Adam state): {format_bytes(nbytes)} "
-            "of pinned RAM; a node needs it once per GPU")
+def host_note(nbytes: int, parallel: Mapping[str, Any] | None = None) -> str:
+    """What a rank keeps in host memory, in words: the line a table and a check print; ``parallel``
+    the job's (Parallel.to_json), which says whose offload it is."""
+    what = ("FSDP2's CPU offload: its shards, their gradients and the optimizer state"
+            if parallel is not None and parallel.get("kind") == "fsdp" else
+            "ZeRO-Offload's buffers and CPU Adam state")
+    return (f"host memory per GPU's rank ({what}): {format_bytes(nbytes)} of pinned RAM; a node needs it "
+            "once per GPU")

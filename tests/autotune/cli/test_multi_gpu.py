@@ -42,6 +42,56 @@ def test_a_check_answers_per_gpu_with_the_job_in_its_json(capsys):
     assert "per GPU of FSDP2 shard grad op (no reshard after forward), 8 GPUs" in doc["message"]
 
 
+# a small llama whose float32 shards (5.6M parameters, 1/4 a rank) outgrow the allocator's 2 MiB blocks
+OFFLOADED_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                   "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "vocab_size": 8192, "max_position_embeddings": 512,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def test_offloading_the_parameters_lowers_each_ranks_peak_and_takes_host_memory(capsys, tmp_path):
+    """FSDP2's CPU offload (--offload-params, CPUOffloadPolicy): the shards, their gradients and the
+    Adam state leave the GPU for the host, which check reports."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    (tmp_path / "config.json").write_text(json.dumps(OFFLOADED_LLAMA))
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in LlamaForCausalLM(LlamaConfig(**OFFLOADED_LLAMA)).parameters())
+    shard = parameters * 4 // 4  # upcast to float32 (accelerate's recipe), 1/4 on each rank
+    argv = ("check", str(tmp_path / "config.json"), "--gpu-memory", "4GiB", "--backend", "estimate",
+            "--seq-len", "64", "--batch-size", "2", "--mode", "bf16", "--gpus", "4", "--parallel", "fsdp",
+            "--no-cache", "--json")
+    docs = []
+    for extra in ((), ("--offload-params",)):
+        code, out, _ = run(capsys, *argv, *extra)
+        assert code == 0, out
+        docs.append(json.loads(out))
+    on_gpu, offloaded = docs
+    assert offloaded["parallel"]["offload_params"] is True and on_gpu["parallel"]["offload_params"] is False
+    assert "parameters, gradients and optimizer state offloaded to the CPU, 4 GPUs" in offloaded["message"]
+    assert "CPUOffloadPolicy" in offloaded["parallel"]["modelled"]
+    # the host holds the shards, their gradients and AdamW's two moments; the GPU at least the shards
+    # and the moments fewer at its peak (the gradients are partly freed there)
+    assert offloaded["host_memory_bytes"] >= 4 * shard and on_gpu["host_memory_bytes"] == 0
+    assert on_gpu["peak_memory_bytes"] - offloaded["peak_memory_bytes"] >= 3 * shard - 2 * 2**20
+    code, out, _ = run(capsys, *argv[:-1], "--offload-params")
+    assert code == 0 and "note: host memory per GPU's rank (FSDP2's CPU offload: its shards" in out
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--parallel", "ddp"), "Error: --offload-params is FSDP2's CPU offload, not ddp's: use --parallel fsdp"),
+    (("--parallel", "zero3"), "Error: --offload-params is FSDP2's CPU offload, not zero3's: DeepSpeed's is "
+                              "--zero-config's offload_optimizer"),
+    (("--parallel", "fsdp", "--fsdp-version", "1"),
+     "Error: --offload-params with --fsdp-version 1: FSDP1's CPUOffload(offload_params=True)"),
+])
+def test_offload_params_outside_fsdp2_is_refused_by_name(capsys, extra, message):
+    code, _, err = run(capsys, "check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4",
+                       "--offload-params", *extra)
+    assert code == 2 and err.startswith(message), err
+
+
 def test_nccl_buffers_come_off_the_card_before_the_budget():
     """NCCL's own memory (workload.parallel.nccl_bytes, from its source): channel metadata and 24
     ring channels of 12 MiB, NVLS on an sm90 node of 4 or more, network buffers over nodes."""

@@ -186,7 +186,16 @@ def test_dist_config(tmp_path):
     kept = read(tmp_path, {**FULL, "dist_config": {"name": "fsdp2", "reshard_after_forward": False,
                                                    "pin_memory": True}})
     assert (kept.parallel, kept.reshard_after_forward, kept.fsdp_recipe) == ("fsdp", False, "llamafactory")
-    noted(kept, "dist_config.pin_memory: True: no effect on GPU memory")
+    noted(kept, "dist_config.pin_memory: True: no effect on GPU memory: read only with offload_params")
+    # FSDP2Engine.prepare_model: CPUOffloadPolicy(pin_memory) on every group it shards
+    offloaded = read_training_config(configread.write(tmp_path, {
+        **FULL, "dist_config": {"name": "fsdp2", "offload_params": True, "pin_memory": True}}, "off.yaml"))
+    step = offloaded.request.step
+    assert (step.parallel, step.fsdp_recipe, step.offload_params) == ("fsdp", "llamafactory", True)
+    assert any(note.startswith("dist_config.offload_params: True: FSDP2's CPU offload")
+               for note in offloaded.notes)
+    assert any(note.startswith("dist_config.pin_memory: True: no effect on GPU memory: pinned or pageable")
+               for note in offloaded.notes)
     # DeepSpeed: the ZeRO stage read (LLaMA-Factory's shipped file, or a local one), refused by the request
     zero3 = read(tmp_path, {**FULL, "dist_config": {"name": "deepspeed",
                                                     "config_file": "examples/deepspeed/ds_z3_config.json"}})
@@ -199,8 +208,8 @@ def test_dist_config(tmp_path):
 @pytest.mark.parametrize(("changes", "error", "match"), [
     ({"dist_config": None}, UnmodelledSetting,
      "^dist_config: None .* set dist_config: {name: fsdp2} and give --gpus 1"),
-    ({"dist_config": {"name": "fsdp2", "offload_params": True}}, UnmodelledSetting,
-     "^dist_config.offload_params: True .* CPU offload"),
+    ({"dist_config": {"name": "fsdp2", "offload_params": "yes"}}, InvalidInput,
+     "dist_config.offload_params in .* must be true or false, got 'yes'"),
     ({"dist_config": {"name": "fsdp2", "reshard_after_foward": False}}, UnknownSetting,
      "unknown key dist_config.reshard_after_foward.*did you mean reshard_after_forward"),
     ({"dist_config": {"name": "fsdpturbo", "ep_size": 16}}, UnmodelledSetting,

@@ -84,11 +84,10 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "key", "why"), [
-    ({"fsdp": "full_shard offload"}, "fsdp_config.cpu_offload", "CPU offload"),
-    ({"fsdp": True, "fsdp_config": {"cpu_offload": True}}, "fsdp_config.cpu_offload", "CPU offload"),
-    ({"fsdp": True, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
     ({"fsdp": True, "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
-     "CPUOffload"),
+     "FSDP1's CPUOffload"),
+    ({"fsdp": "full_shard offload", "fsdp_config": {"version": 1}}, "fsdp_config.cpu_offload",
+     "FSDP1's CPUOffload"),
     ({"fsdp": True, "fsdp_config": {"version": 1, "limit_all_gathers": False}},
      "fsdp_config.limit_all_gathers", "rate limiter"),
     ({"fsdp": True, "fsdp_config": {"version": 1, "activation_checkpointing": True}},
@@ -219,10 +218,10 @@ def test_training_arguments_fsdp_config_version_1_is_fsdp1_full_shard(tmp_path):
 @pytest.mark.parametrize(("changes", "key", "why"), [
     ({"fsdp_version": 1, "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}},
      "fsdp_config.sharding_strategy", "only FULL_SHARD"),
-    ({"fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params", "CPU offload"),
+    ({"fsdp_version": 1, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params",
+     "FSDP1's CPUOffload"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
-    ({"fsdp": ["full_shard", "offload"]}, "fsdp", "CPU offload"),
     ({"dp_shard_size": 4}, "dp_shard_size", "tensor/context parallelism"),
 ])
 def test_axolotl_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
@@ -297,7 +296,7 @@ def test_accelerate_machines_and_hybrid_sharding(tmp_path):
     ({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}, "fsdp_config.fsdp_version", "FSDP1"),
     ({"fsdp_version": 1, "fsdp_sharding_strategy": "FULL_SHARD"}, "fsdp_config.fsdp_version", "FSDP1"),
     ({"fsdp_version": 2}, "fsdp_config.fsdp_auto_wrap_policy", "one per decoder layer"),
-    ({"fsdp_version": 2, "fsdp_offload_params": True}, "fsdp_config.fsdp_offload_params", "CPU offload"),
+    ({"fsdp_version": 1, "fsdp_offload_params": True}, "fsdp_config.fsdp_version", "FSDP1"),
     ({"fsdp_version": 2, "fsdp_activation_checkpointing": True}, "fsdp_config.fsdp_activation_checkpointing",
      "set it in the training config's fsdp_config"),
 ])
@@ -415,3 +414,59 @@ def test_the_readme_s_zero3_offload_example_reads_both_configs():
     assert (step.model, step.parallel) == ("meta-llama/Llama-3.1-8B", "zero3")
     zero = json.loads(step.zero_config)
     assert zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2's CPU offload (CPUOffloadPolicy) from each format's key, into the request's offload_params
+
+
+def offloaded(config) -> tuple:
+    step = config.request.step
+    return step.parallel, step.fsdp_version, step.offload_params
+
+
+@pytest.mark.parametrize(("data", "name", "key"), [
+    ({**AXOLOTL_FSDP2, "fsdp_config": {**AXOLOTL_FSDP2["fsdp_config"], "offload_params": True,
+                                       "cpu_offload_pin_memory": False}}, "a.yml",
+     "fsdp_config.offload_params"),
+    ({**AXOLOTL_FSDP2, "fsdp": ["full_shard", "offload"]}, "b.yml", "fsdp"),  # TrainingArguments' reads it
+    ({**TRAINER, "fsdp": "full_shard offload"}, "t.json", "fsdp"),
+    ({**TRAINER, "fsdp": True, "fsdp_config": {"fsdp_cpu_offload": True}}, "u.json",
+     "fsdp_config.cpu_offload"),
+    ({**ACCELERATE, "fsdp_config": {**ACCELERATE["fsdp_config"], "fsdp_offload_params": True}}, "acc.yaml",
+     "fsdp_config.fsdp_offload_params"),
+])
+def test_fsdp2_cpu_offload_is_read_from_each_format(tmp_path, data, name, key):
+    config = read_training_config(write(tmp_path, data, name))
+    assert offloaded(config) == ("fsdp", None, True)
+    assert any(note.startswith(f"{key}: ") and "CPUOffloadPolicy" in note for note in config.notes)
+    if "cpu_offload_pin_memory" in str(data):
+        assert any("cpu_offload_pin_memory: False: no effect on GPU memory: pinned or pageable" in note
+                   for note in config.notes)
+    base = {"a.yml": AXOLOTL_FSDP2, "b.yml": AXOLOTL_FSDP2, "t.json": {**TRAINER, "fsdp": "full_shard"},
+            "u.json": {**TRAINER, "fsdp": True}, "acc.yaml": ACCELERATE}[name]
+    assert offloaded(read_training_config(write(tmp_path, base, "off-" + name))) == ("fsdp", None, None)
+
+
+def test_training_arguments_offload_params_is_not_read_by_transformers(tmp_path):
+    # _process_fsdp_args reads cpu_offload; offload_params reaches accelerate only from the launcher
+    config = read_training_config(write(tmp_path, {**TRAINER, "fsdp": True,
+                                                   "fsdp_config": {"offload_params": True}}, "t.json"))
+    assert offloaded(config) == ("fsdp", None, None)
+    assert any(note.startswith("fsdp_config.offload_params: True: not read by transformers")
+               for note in config.notes)
+
+
+def test_the_launchers_offload_reaches_the_trainers_fsdp_plugin(tmp_path):
+    """accelerate launch exports FSDP_OFFLOAD_PARAMS, which the Trainer's plugin reads for the cpu_offload
+    it leaves None: FSDP2 offloaded; under the training config's FSDP1, refused by name."""
+    acc = write(tmp_path, {**ACCELERATE, "fsdp_config": {**ACCELERATE["fsdp_config"],
+                                                         "fsdp_offload_params": True}}, "acc.yaml")
+    train = write(tmp_path, {**TRAINER, "fsdp": "full_shard", "bf16": True}, "train.json")
+    assert offloaded(read_training_configs([str(train), str(acc)])) == ("fsdp", None, True)
+    fsdp1 = write(tmp_path, {**TRAINER, "fsdp": "full_shard", "fsdp_config": {"version": 1}, "bf16": True},
+                  "fsdp1.json")
+    with pytest.raises(UnmodelledSetting,
+                       match="^fsdp_config.fsdp_offload_params: true in .* FSDP1's CPUOffload"):
+        read_training_configs([str(fsdp1), str(acc)])
+
