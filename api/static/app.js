@@ -2,7 +2,7 @@
 //  - [data-live] regions refetch themselves from their URL until the server stops marking them live;
 //  - the run page's cells select their details; the explain panel loads on request;
 //  - the launch form posts to POST /v1/tables (or, for all kinds in the fleet, POST /v1/fleet/tables)
-//    and puts the API's errors next to their fields;
+//    and puts the API's errors next to their fields; it shows each trainer's settings with it only;
 //  - a table wider than its .scroll box marks the box, for the stylesheet's "scroll" cue.
 "use strict";
 
@@ -183,7 +183,9 @@ function errorText(text, status) {
 
 const FIELDS = ["model", "task", "dtype", "seq_lens", "modes", "gpu", "gpu_memory", "backend", "attn",
   "optimizer", "loss", "margin", "max_batch", "search", "peft", "lora_r", "lora_alpha", "lora_dropout",
-  "lora_targets", "qlora_recipe", "gpus", "parallel", "nodes", "reshard_after_forward", "token"];
+  "lora_targets", "qlora_recipe", "gpus", "parallel", "nodes", "reshard_after_forward", "trainer",
+  "precompute_ref_log_probs", "chosen_nll", "kto_loss_type", "num_generations", "max_completion_length",
+  "beta", "steps_per_generation", "vllm_mode", "vllm_gpu_memory_utilization", "token"];
 
 function decimalOr(text) {
   const trimmed = text.trim();
@@ -235,7 +237,46 @@ function formBody(form) {
   const parallel = String(data.get("parallel") || "").trim();
   if (parallel) body.parallel = parallel;
   if (data.get("keep_gathered")) body.reshard_after_forward = false;
+  trainerBody(form, data, body);
   return body;
+}
+
+// The trainer: sft sends none of it (the request of a table before trainers were modelled); each
+// other sends the settings shown for it (showTrainerFields), empty ones left to the service.
+function trainerBody(form, data, body) {
+  const trainer = String(data.get("trainer") || "sft");
+  if (trainer !== "sft") body.trainer = trainer;
+  const shown = (name) => !form.elements[name].closest("[data-trainers]").hidden;
+  if (shown("precompute_ref_log_probs") && data.get("precompute_ref_log_probs")) {
+    body.precompute_ref_log_probs = true;
+  }
+  if (shown("chosen_nll") && data.get("pure_simpo")) body.chosen_nll = false;  // CPOConfig cpo_alpha 0
+  if (shown("kto_loss_type")) body.kto_loss_type = String(data.get("kto_loss_type"));
+  for (const name of ["num_generations", "max_completion_length", "steps_per_generation"]) {
+    const value = String(data.get(name) || "").trim();
+    if (shown(name) && value) body[name] = numberOr(value);
+  }
+  for (const name of ["beta", "vllm_gpu_memory_utilization"]) {
+    const value = String(data.get(name) || "").trim();
+    if (shown(name) && value) body[name] = decimalOr(value);
+  }
+  const generation = String(data.get("vllm_mode") || "");
+  if (shown("vllm_mode") && generation) {  // vLLM's engine, as GRPOConfig asks for it: use_vllm + vllm_mode
+    body.use_vllm = true;
+    body.vllm_mode = generation;
+  }
+}
+
+// Each trainer's settings are shown with it only (data-trainers: the trainers they belong to), the
+// vLLM engine's share only for a colocated engine (data-vllm-mode).
+function showTrainerFields(form) {
+  const trainer = form.elements.trainer.value;
+  const generation = form.elements.vllm_mode.value;
+  for (const element of form.querySelectorAll("[data-trainers]")) {
+    const mode = element.dataset.vllmMode;  // shown with this generation only
+    const applies = element.dataset.trainers.split(" ").includes(trainer);
+    element.hidden = !applies || Boolean(mode && mode !== generation);
+  }
 }
 
 function clearErrors(form) {
@@ -363,6 +404,10 @@ document.addEventListener("DOMContentLoaded", () => {
   const form = document.getElementById("launch-form");
   if (form) {
     form.addEventListener("submit", submitLaunch);
+    showTrainerFields(form);  // the browser may have restored a trainer chosen before
+    for (const name of ["trainer", "vllm_mode"]) {
+      form.elements[name].addEventListener("change", () => showTrainerFields(form));
+    }
     const token = sessionStorage.getItem("autotune-token");
     if (token && form.elements.token) form.elements.token.value = token;
   }

@@ -4,7 +4,10 @@ the API's validation errors next to their fields; on success it opens the new ru
 On a fleet server the GPU choice offers "all kinds in the fleet": the script posts the form to
 ``POST /v1/fleet/tables`` instead (one run per kind) and opens the fleet view of the model. Without a
 fleet, or while it cannot take runs, the choice is shown disabled with the reason. ``?model=`` and
-``?gpu=`` fill in the form (the fleet view's "measure it on all kinds" link)."""
+``?gpu=`` fill in the form (the fleet view's "measure it on all kinds" link).
+
+The trainer (sft, or a preference or RL trainer the service takes) shows its own memory settings
+only: those POST /v1/tables takes for it (workload.trainers.check_trainer's)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from fastapi.responses import HTMLResponse
 
 from api.deps import QueueDep, SettingsDep
 from api.fleet.launch import ALL_KINDS, NO_FLEET, fleet_of
+from api.limits import MAX_GENERATIONS
 from api.views.common import templates
 from autotune.defaults import (
     BACKENDS,
@@ -36,6 +40,22 @@ from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZERS
 from autotune.workload.parallel import DDP, FSDP
 from autotune.workload.step import ATTN_CHOICES
+from autotune.workload.trainers import (
+    DPO,
+    GRPO,
+    KTO,
+    KTO_LOSS_TYPES,
+    NOT_YET,
+    ORPO,
+    REFERENCED,
+    REWARD,
+    SFT,
+    SIMPO,
+    TRAINERS,
+    TRL_CLASSES,
+    VLLM_MODES,
+    Trainer,
+)
 
 router = APIRouter()
 
@@ -57,6 +77,28 @@ QLORA_RECIPE_LABELS = (
     ("axolotl", "Axolotl: norms and embeddings in the model's dtype, adapters fp32"),
     ("peft", "prepare_model_for_kbit_training: every unquantized weight fp32"),
 )
+
+# The trainers of the form (POST /v1/tables' trainer), those the service takes: value, label.
+_TRAINER_WORDS = {
+    SFT: "supervised fine-tuning", DPO: "pairs, with a reference model", ORPO: "pairs, no reference",
+    SIMPO: "pairs, no reference", KTO: "labelled examples, with a reference model",
+    REWARD: "a one-score classifier on pairs", GRPO: "generation, then the policy's step",
+}
+TRAINER_LABELS = tuple((name, f"{name}: {_TRAINER_WORDS[name]} ({TRL_CLASSES[name]})")
+                       for name in TRAINERS if name not in NOT_YET)
+# KTOConfig loss_type (POST /v1/tables' kto_loss_type), the default first: value, label.
+_KTO_LOSS_WORDS = {"kto": "the KL batch runs (KTOConfig's default)", "apo_zero_unpaired": "no KL batch"}
+KTO_LOSS_LABELS = tuple((name, f"{name}: {_KTO_LOSS_WORDS[name]}") for name in KTO_LOSS_TYPES)
+# GRPO's generation (POST /v1/tables' use_vllm and vllm_mode: app.js): value, label; "" is
+# transformers' model.generate (use_vllm off).
+_VLLM_WORDS = {"colocate": "vLLM colocated on this GPU", "server": "vLLM server on other GPUs"}
+GENERATION_LABELS = (("", "model.generate on this GPU"),
+                     *((mode, _VLLM_WORDS[mode]) for mode in VLLM_MODES))
+# GRPO's settings left empty: the service's defaults (Trainer's: GRPOConfig's, but steps_per_generation
+# 1 where GRPOConfig's follows gradient_accumulation_steps).
+GRPO_DEFAULTS = {name: getattr(Trainer(GRPO), name) for name in (
+    "num_generations", "max_completion_length", "beta", "steps_per_generation",
+    "vllm_gpu_memory_utilization")}
 
 
 @router.get("/new", response_class=HTMLResponse, name="launch")
@@ -80,6 +122,8 @@ def launch(request: Request, queue: QueueDep, settings: SettingsDep,
         "needs_token": settings.api_token is not None,
         "peft_methods": PEFT_METHODS, "qlora_recipes": QLORA_RECIPE_LABELS, "parallels": PARALLEL_LABELS,
         "lora_defaults": {"r": DEFAULT_R, "alpha": DEFAULT_ALPHA, "dropout": DEFAULT_DROPOUT},
+        "trainers": TRAINER_LABELS, "referenced": " ".join(REFERENCED), "kto_loss_types": KTO_LOSS_LABELS,
+        "generations": GENERATION_LABELS, "grpo_defaults": GRPO_DEFAULTS, "max_generations": MAX_GENERATIONS,
         "fleet": fleet, "all_kinds": ALL_KINDS,
         "all_kinds_unavailable": NO_FLEET if fleet is None else fleet.unavailable,
         "asked": {"model": (model or "").strip(), "gpu": (gpu or "").strip()},

@@ -7,10 +7,11 @@ explain panel, then compare three runs (one of them LoRA); then the same pages a
 cue, every run must have its column in compare, and no two legend entries or axis labels may
 overlap; at a phone's width the runs list keeps a run's status in view and its GPU's name on one line, and
 the fleet view says a failed run failed, and why; a LoRA run's page, and on the launch form an unknown
-model's closest presets in a line and the fine-tuning settings, at a phone's width. The API docs
-(/docs, /redoc) render from the server's own files. On a real Ray cluster of two GPU kinds (tests/fleet.py),
-"all kinds in the fleet" on the form, and the fleet view it opens filling in. No page asks another host
-for anything.
+model's closest presets in a line and the fine-tuning settings, at a phone's width; the trainer's
+settings shown with their trainer only, GRPO's refused next to them, and a DPO run launched, its page
+saying so. The API docs (/docs, /redoc) render from the server's own files. On a real Ray cluster of
+two GPU kinds (tests/fleet.py), "all kinds in the fleet" on the form, and the fleet view it opens
+filling in. No page asks another host for anything.
 Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it and prints the folder) or the test's
 temporary folder.
 
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import pytest
 from liveserver import Server
+
+from autotune.workload.trainers import GRPO_FIELDS
 
 CHROMIUM = os.environ.get("AUTOTUNE_CHROMIUM", "/usr/bin/chromium")
 # Chromium as root in a container, on a machine whose network is closed: no sandbox, no GPU,
@@ -405,6 +408,41 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots,
     assert "nodes" not in body
     assert_readable(page, "the launch form")
     page.screenshot(path=shots / "09b-phone-launch.png", full_page=True)
+    # A trainer: each one's settings shown with it only; the API turns down GRPO's 512 completion tokens
+    # in a row of 32 next to them; then a DPO run, whose page says its trainer.
+    started = time.monotonic()
+    page.goto("/new")
+    page.get_by_label("Model").fill("tiny-llama")
+    page.get_by_label("Sequence lengths").fill("32")
+    page.get_by_label("fp32", exact=True).check()
+    page.get_by_label("or its memory").fill("1GiB")
+    completion, share = page.get_by_label("Completion tokens"), page.get_by_label("vLLM's share of the GPU")
+    expect(completion).to_be_hidden()
+    page.get_by_label("TRL trainer").select_option("grpo")
+    expect(completion).to_be_visible()
+    expect(share).to_be_hidden()
+    page.get_by_label("Generation", exact=True).select_option("colocate")  # a colocated engine's share
+    expect(share).to_be_visible()
+    page.get_by_label("Generation", exact=True).select_option("")
+    expect(share).to_be_hidden()
+    page.get_by_role("button", name="Make the table").click()
+    expect(page.locator("#max_completion_length-error")).to_contain_text(
+        "sequence length 32 leaves no prompt beside max_completion_length 512")
+    expect(completion).to_have_attribute("aria-invalid", "true")
+    assert_readable(page, "the launch form's GRPO settings")
+    page.screenshot(path=shots / "09d-phone-launch-grpo.png", full_page=True)
+    page.get_by_label("TRL trainer").select_option("dpo")
+    expect(completion).to_be_hidden()
+    expect(page.get_by_label("Reference log-probs computed before training")).to_be_visible()
+    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/tables")) as posted:
+        page.get_by_role("button", name="Make the table").click()
+    body = posted.value.post_data_json
+    assert body["trainer"] == "dpo" and not set(body) & {  # GRPO's settings hidden, none sent
+        "precompute_ref_log_probs", "chosen_nll", "kto_loss_type", "use_vllm", *GRPO_FIELDS}, body
+    expect(page).to_have_url(re.compile(r"/runs/[0-9a-f]{32}$"))
+    expect(page.locator("#run-trainer")).to_contain_text("dpo (DPOTrainer)")
+    page.screenshot(path=shots / "09e-phone-dpo-run.png", full_page=True)
+    print(f"the trainer's part of the flow: {time.monotonic() - started:.1f} s")
     print(f"dashboard screenshots: {shots}")
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 from storedruns import spec_of, store_done_run, text
 
 from api.routes.check import _covers
 from api.runs.spec import TableSpec
-from autotune.workload.trainers import Trainer
+from autotune.workload.trainers import GRPO_FIELDS, TRAINERS, Trainer
 
 LLAMA = {"model": "tiny-llama", "seq_lens": [32], "modes": ["fp32"], "gpu_memory": "1GiB",
          "backend": "estimate"}
@@ -142,3 +143,49 @@ def test_the_run_page_says_why_a_batch_that_fits_is_not_the_answer(client):
             "completions: a batch that is a multiple of 4") in page
     # a supervised run's 0 is what it was
     assert "Batch 1 does not fit in 486.4 MiB." in _rounded_run(client, LLAMA, fitted=1, best=0)
+
+
+def test_the_launch_form_asks_for_the_trainer_and_only_its_own_settings(client):
+    page = client.get("/new").text
+    form = re.search(r'<fieldset class="field target trainer" aria-describedby="trainer-help">\s*'
+                     r'<legend>Trainer</legend>(.*?)</fieldset>', page, re.S)
+    assert form, "no Trainer fieldset with its legend"
+    form = form.group(1)
+    assert re.search(r'<label for="trainer">TRL trainer</label>\s*'
+                     r'<select id="trainer" name="trainer"[^>]*>\s*'
+                     r'<option value="sft" selected>sft: supervised fine-tuning \(SFTTrainer\)</option>',
+                     form)
+    assert re.findall(r'<option value="(\w+)"', form.split('id="kto_loss_type"')[0]) == list(TRAINERS)
+    assert re.search(r'<option value="simpo"\s*>simpo: pairs, no reference '
+                     r'\(CPOTrainer \(loss_type simpo\)\)</option>', form)
+    # each setting, a label, an error slot, and the trainers it is shown for (hidden while sft is chosen)
+    shown_for = {"precompute_ref_log_probs": "dpo kto", "chosen_nll": "simpo", "kto_loss_type": "kto",
+                 **{name: "grpo" for name in GRPO_FIELDS if name != "use_vllm"}}
+    for name, trainers in shown_for.items():
+        field = re.search(rf'<div class="field[ \w]*" data-trainers="([\w ]+)"[^>]*hidden>\s*'
+                          rf'<label(?: for="{name}">|><input type="checkbox" id="{name}")', form)
+        assert field and field.group(1) == trainers, name
+        assert f'<p class="error" id="{name}-error" hidden></p>' in form
+    assert 'data-trainers="grpo" data-vllm-mode="colocate" hidden>' in form  # the engine's share
+    assert re.search(r'<option value="server"\s*>vLLM server on other GPUs</option>', form)
+    assert 'placeholder="512"' in form and 'placeholder="0.3"' in form  # GRPOConfig's defaults
+    help_text = re.sub(r"\s+", " ", re.search(r'<p class="help" id="trainer-help">(.*?)</p>', form).group(1))
+    assert help_text.startswith("The step of the table, as TRL runs it. For the paired trainers (dpo, orpo, "
+                                "simpo, reward) the batch is pairs")
+    assert "a sequence length is both together" in form  # GRPO's rows: prompt + completion
+
+
+@pytest.mark.parametrize("settings", [
+    {"trainer": "dpo", "precompute_ref_log_probs": True}, {"trainer": "simpo", "chosen_nll": False},
+    {"trainer": "kto", "kto_loss_type": "apo_zero_unpaired"},
+    GRPO | {"steps_per_generation": 2, "use_vllm": True, "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.25},
+    GRPO | {"use_vllm": True, "vllm_mode": "server"},
+])
+def test_the_bodies_the_launch_form_sends_for_each_trainer_are_taken(client, settings):
+    # as app.js's trainerBody builds them: the vLLM engine as use_vllm + vllm_mode
+    response = client.post("/v1/tables", json=LLAMA | settings)
+    assert response.status_code == 202, response.text
+    stored = client.get(response.json()["url"]).json()["trainer"]["settings"]
+    assert stored["name"] == settings["trainer"]
+    assert all(stored[key] == value for key, value in settings.items() if key not in ("trainer", "use_vllm"))
