@@ -169,8 +169,6 @@ def qat_config(qat: Qat, *, embedding: bool = False) -> Any:
     """The ``QATConfig`` Axolotl builds (``get_quantization_config`` then ``_make_qat_config``); for the
     embeddings (``embedding``) without activation quantization, as ``prepare_model_for_qat`` asks."""
     import torch
-
-    _quiet_torchao()
     from torchao.quantization.qat import QATConfig
     from torchao.quantization.qat.fake_quantize_config import (
         Float8FakeQuantizeConfig,
@@ -209,14 +207,6 @@ def qat_config(qat: Qat, *, embedding: bool = False) -> Any:
     return QATConfig(NVFP4WeightOnlyConfig())
 
 
-def _quiet_torchao() -> None:
-    """torchao logs a warning per CUDA extension of its wheel it cannot load (torchao/__init__.py): on a
-    CPU none loads, and QAT's fake quantizers use none."""
-    import logging
-
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-
-
 def _group(qat: Qat) -> int | None:
     """The elements each weight row is cut into groups of, by torchao's quantizers (a view that needs
     the row to be whole groups)."""
@@ -243,7 +233,6 @@ def prepare_qat(model: torch.nn.Module, qat: Qat | None) -> int:
                 raise InvalidInput(f"qat {qat.weight_dtype} in groups of {group}: {name}'s rows of "
                                    f"{module.in_features} are not whole groups (torchao's fake quantizer "
                                    "views each row as groups and fails at the first forward)")
-    _quiet_torchao()
     from torchao.quantization import quantize_
 
     before = {name for name, module in model.named_modules() if _fake_quantized(module)}
