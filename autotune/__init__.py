@@ -9,7 +9,14 @@
 tree: bad input raises ``InvalidInput`` (a ``ValueError``) naming what is allowed.
 """
 
-from autotune.errors import (
+import logging
+
+# torchao (the qat extra) logs a warning for each CUDA extension of its wheel it cannot load, when it
+# is imported (torchao/__init__.py), which transformers does whenever it is installed
+# (quantizers/quantizer_torchao.py): on a CPU none loads, and nothing autotune runs uses them.
+logging.getLogger("torchao").setLevel(logging.ERROR)
+
+from autotune.errors import (  # noqa: E402 (after the logger's level, before anything imports torchao)
     AutotuneError,
     BackendUnavailable,
     InvalidInput,
@@ -18,7 +25,7 @@ from autotune.errors import (
     UnknownGpu,
     UnknownModel,
 )
-from autotune.public import check, explain, max_batch_size, table
+from autotune.public import check, explain, max_batch_size, table  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -32,7 +32,8 @@ the service build the same requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -331,6 +332,8 @@ def _step(model: str, step: StepOptions) -> Step:
     for name in ("liger", "frozen_modules", "unfrozen_parameters"):
         if isinstance(given.get(name), list | tuple):
             given[name] = tuple(given[name])
+    if isinstance(given.get("qat"), Mapping):
+        given["qat"] = json.dumps(dict(given["qat"]))
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
     given["offload_activations"] = bool(given.get("offload_activations")) or None
     given["axolotl"] = bool(given.get("axolotl")) or None
@@ -356,6 +359,7 @@ class StepOptions(TypedDict, total=False):
     frozen_modules: str | Sequence[str] | None  # a full fine-tune's untrained modules (workload.frozen)
     unfrozen_parameters: str | Sequence[str] | None  # Axolotl's trained-parameter regexes (workload.frozen)
     config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)
+    qat: str | Mapping[str, Any] | None  # Axolotl's qat: mapping (workload.qat): {"weight_dtype": "int4"}
     liger: str | Sequence[str] | None
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
     llamafactory: bool  # False: the preference step as LLaMA-Factory's trainers run it (not TRL's)

@@ -74,6 +74,7 @@ from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
+from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.step import ATTN_CHOICES
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
@@ -449,6 +450,11 @@ class Step:
         None, "attributes set on the model's config before it is built, as JSON (Axolotl's model_config: "
         "{\"output_router_logits\": true}); those read by the model's code only (workload/overrides.py)",
         metavar="JSON", http=False)
+    qat: str | None = option(
+        None, "quantization-aware training as Axolotl's qat: runs it (torchao's fake-quantized linears, "
+        "traced; needs torchao): a JSON mapping of weight_dtype (int4, int8, float8_e4m3fn, mxfp4, nvfp4; "
+        "default int8), activation_dtype, group_size (default 32), quantize_embedding", metavar="JSON",
+        http=False)
     trainer: str | None = option(
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
@@ -848,6 +854,14 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                       "Axolotl matches the PEFT model's names (base_model.model. first)")
         if unfrozen and frozen:
             raise InvalidInput.naming("{unfrozen_parameters} and {frozen_modules}: give one")
+    qat = None
+    with found.about("qat"):
+        qat = parse_qat(step.qat)
+        if qat is not None and (adapter is not None or step.peft_options.peft):
+            raise InvalidInput.naming("{qat} trains the full model: Axolotl refuses QAT beside {peft} "
+                                      "(QAT and PEFT cannot be used together)")
+        if qat is not None:
+            check_accepted(qat)  # torchao installed, and taking the config Axolotl builds
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
@@ -860,7 +874,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
-                    unfrozen=unfrozen, fused_attention=fused_attention)
+                    unfrozen=unfrozen, fused_attention=fused_attention, qat=qat)
 
 
 def unfrozen_patterns(value: str | tuple[str, ...] | None) -> str | list[str] | None:

@@ -57,6 +57,7 @@ from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_co
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
+from autotune.workload.qat import parse_qat, to_json
 from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
@@ -65,7 +66,7 @@ AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_s
 
 _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
-    "qat": "quantization-aware training is not modelled", "fp8": "fp8 training is not modelled",
+    "fp8": "fp8 training is not modelled",
     "torch_compile": COMPILE,
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
@@ -98,8 +99,8 @@ _AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.Liger
 _EXPERTS_DEFAULT = "grouped_mm"
 _AXOLOTL_NO_EFFECT = words(
     "datasets test_datasets pretraining_dataset dataset_prepared_path val_set_size output_dir chat_template "
-    "num_epochs max_steps learning_rate lr_scheduler cosine_min_lr_ratio weight_decay max_grad_norm "
-    "adam_beta1 adam_beta2 adam_epsilon tf32 eval_batch_size evals_per_epoch "
+    "num_epochs max_steps learning_rate lr_scheduler cosine_min_lr_ratio cosine_constant_lr_ratio "
+    "weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon tf32 eval_batch_size evals_per_epoch "
     "saves_per_epoch logging_steps resume_from_checkpoint auto_resume_from_checkpoints "
     "local_rank seed strict train_on_inputs group_by_length special_tokens tokens added_tokens_overrides "
     "tokenizer_type model_type trust_remote_code shuffle_merged_datasets debug pad_to_sequence_len "
@@ -789,16 +790,54 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         cfg.notes.append("optimizer: not set, Axolotl's default adamw_torch_fused")
     note_neftune(cfg, "neftune_noise_alpha")
     note_neftune(cfg, "noisy_embedding_alpha")
+    qat = _axolotl_qat(cfg, adapter)
     prefixes = _AXOLOTL_PREFIXES if adapter is None else tuple(
         p for p in _AXOLOTL_PREFIXES if p not in ("lora_", "peft_"))
     return cfg.result(
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, **trainer, **unfrozen, **overrides,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, **trainer, **unfrozen,
+        **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
+
+
+def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
+    """``qat:`` as the request's JSON (workload/qat.py: Axolotl's prepare_model_for_qat, traced through
+    torchao), with Axolotl's refusals (schemas/config.py check_qat_config) and its defaults
+    (schemas/quantization.py QATConfig); None where unset. An empty mapping is falsy: loaders/model.py
+    ``_configure_qat`` runs only ``if self.cfg.qat``."""
+    value = cfg.get("qat")
+    if unset(value):
+        return None
+    if not isinstance(value, dict):
+        raise cfg.bad("qat", value, "a mapping")
+    for key in ("load_in_8bit", "load_in_4bit"):
+        if cfg.flag(key):
+            raise InvalidInput(f"qat with {key}: true in {cfg.file!r}: Axolotl refuses it "
+                               f"(\"QAT and {key} cannot be used together\")")
+    if adapter is not None:
+        raise InvalidInput(f"qat with adapter: {adapter.method} in {cfg.file!r}: Axolotl refuses it "
+                           "(\"QAT and PEFT cannot be used together\")")
+    fields = {key: item for key, item in value.items() if key != "fake_quant_after_n_steps"}
+    try:
+        qat = parse_qat(fields)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc} (in {cfg.file!r})") from exc
+    assert qat is not None
+    cfg.notes.append(f"qat: {qat.describe()}: every linear (the output head too) fake-quantized by "
+                     "torchao's own modules, traced; their quantize-dequantize temporaries and saved "
+                     "tensors are in the step")
+    after = value.get("fake_quant_after_n_steps")
+    if after is not None:
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise cfg.bad("qat.fake_quant_after_n_steps", after, "a non-negative integer")
+        cfg.notes.append(f"qat.fake_quant_after_n_steps: {after}: fake quantization off before step {after} "
+                         "(Axolotl's QATCallback), on from it: the step modelled is the one with it on, "
+                         "the larger")
+    return to_json(qat)
 
 
 def _axolotl_attention(cfg: Config) -> str | None:

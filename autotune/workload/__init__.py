@@ -8,6 +8,7 @@ from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
+from autotune.workload.qat import Qat
 from autotune.workload.step import MIN_STEPS
 from autotune.workload.trainers import Trainer
 from autotune.workload.vision import Images
@@ -51,3 +52,6 @@ class Workload:
     # Axolotl's fused Gemma 4 attention forward swapped in (workload/gemma4_fused_attn.py): what an
     # Axolotl job of a gemma4 model runs on a GPU, whatever its config says.
     fused_attention: bool = False
+    # Quantization-aware training (workload/qat.py): torchao's fake-quantized linears swapped in as
+    # Axolotl's qat: does; None: plain linears.
+    qat: Qat | None = None

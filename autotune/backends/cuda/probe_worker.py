@@ -50,6 +50,7 @@ from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.parallel import FSDP
 from autotune.workload.preference import preference_forward, prepare_models, step_batch
+from autotune.workload.qat import prepare_qat
 from autotune.workload.step import (
     build_model,
     gradient_checkpointing,
@@ -225,6 +226,7 @@ class Worker:
                     workload.parallel is not None and workload.parallel.activation_checkpointing))
             sharded = workload.parallel is not None and workload.parallel.kind == FSDP
             model, attn = self._build(workload, on_device=not quantized and not sharded)
+            prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
             freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
             freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it

@@ -36,6 +36,7 @@ from autotune.workload.models import check_dtype, check_task, config_to_json, mo
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.optimizers import check_optimizer
 from autotune.workload.parallel import Parallel
+from autotune.workload.qat import parse_qat
 from autotune.workload.step import check_attn
 from autotune.workload.trainers import Trainer
 from autotune.workload.vision import make_images
@@ -102,6 +103,7 @@ class CellSpec:
     frozen: list[str] = dataclasses.field(default_factory=list)  # workload.frozen: untrained modules
     unfrozen: list[str] = dataclasses.field(default_factory=list)  # workload.unfrozen: Axolotl's regexes
     fused_attention: bool = False  # workload.fused_attention: Axolotl's Gemma 4 attention forward
+    qat: dict[str, Any] | None = None  # workload.qat.Qat's fields; None: no quantization-aware training
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,6 +150,7 @@ def cell_spec(
         frozen=list(workload.frozen),
         unfrozen=list(workload.unfrozen),
         fused_attention=workload.fused_attention,
+        qat=None if workload.qat is None else dataclasses.asdict(workload.qat),
     )
 
 
@@ -173,6 +176,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         frozen=parse_frozen(spec.frozen),
         unfrozen=parse_unfrozen(spec.unfrozen),
         fused_attention=spec.fused_attention is True,
+        qat=None if spec.qat is None else parse_qat(spec.qat),
     )
     return workload, parse_mode(spec.mode)
 

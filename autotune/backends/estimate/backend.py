@@ -66,6 +66,7 @@ from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
 from autotune.workload.preference import prepare_models
+from autotune.workload.qat import prepare_qat
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 
 
@@ -485,7 +486,7 @@ class EstimateBackend:
         key = (workload.model, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention)
+               workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -498,6 +499,7 @@ class EstimateBackend:
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
                 if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
                     swap_in_fused_attention(model, self.gpu)
+                prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
                 if workload.adapter is not None:
