@@ -78,7 +78,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
     "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
-    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5's text models, Qwen3-Next.
+    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5 (the 35B-A3B as its VLM), Qwen3-Next.
     "qwen3_5": {"Qwen/Qwen3.5-27B": 27},
     "qwen3_5_moe": {"Qwen/Qwen3.5-35B-A3B": 35},
     "qwen3_next": {"Qwen/Qwen3-Next-80B-A3B-Instruct": 80},
@@ -191,7 +191,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5_text",
-    "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
+    "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",

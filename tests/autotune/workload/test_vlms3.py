@@ -1,0 +1,89 @@
+"""Qwen3.5-35B-A3B as the vision-language model it is (presets/qwen_hybrid.py; workload/vision.py
+QWEN3_FAMILIES): its processor's layout against the processor's own source, the batch the real model
+takes, the estimator's trace of it, and the preset's parameter count."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from processors import SIZES, real_model_takes, transformers_smart_resize
+
+import autotune
+from autotune.workload.models import infer_task, resolve_model
+from autotune.workload.step import build_model, make_batch
+from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, Images, image_layout
+
+VLM = IMAGE_TEXT_TO_TEXT
+
+
+def test_qwen3_5_35b_a3b_is_its_vlm_of_35b():
+    # Model card: 35B in total; the text model's 34.66B (test_presets_qwen_hybrid.py) and the tower's.
+    from transformers import AutoModelForImageTextToText
+
+    spec = resolve_model("Qwen/Qwen3.5-35B-A3B")
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    assert type(model).__name__ == "Qwen3_5MoeForConditionalGeneration"
+    assert sum(p.numel() for p in model.model.visual.parameters()) == 446_571_248
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9) == 35
+
+
+def test_qwen3_5_s_processor_is_qwen3_vl_s():
+    # transformers maps qwen3_5_moe to Qwen3VLProcessor and Qwen2VLImageProcessor.
+    from transformers.models.auto import image_processing_auto, processing_auto
+
+    assert processing_auto.PROCESSOR_MAPPING_NAMES["qwen3_5_moe"] == "Qwen3VLProcessor"
+    assert image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5_moe"]["torchvision"] == \
+        "Qwen2VLImageProcessor"
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_qwen3_5_images_are_qwen2_vl_s_processor_at_patch_16(width, height):
+    # smart_resize to multiples of 32 within [65536, 16777216] pixels (its preprocessor_config.json),
+    # grid (1, h/16, w/16), pixel_values [t*h*w, 3*2*16*16], grid.prod() // 4 <|image_pad|> tokens.
+    config = resolve_model("Qwen/Qwen3.5-35B-A3B").config
+    layout = image_layout(config, Images(1, (width, height)))
+    resized_h, resized_w = transformers_smart_resize()(height, width, 32, 65536, 16777216)
+    grid = (1, resized_h // 16, resized_w // 16)
+    assert layout.grid == grid and layout.processed == (resized_w, resized_h)
+    assert layout.patches == math.prod(grid) and layout.tokens == math.prod(grid) // 4
+    batch = make_batch(config, VLM, 2, layout.row_tokens + 16, device="meta",
+                       images=Images(1, (width, height)))
+    assert tuple(batch["pixel_values"].shape) == (2 * math.prod(grid), 3 * 2 * 16 * 16)
+    assert tuple(batch["image_interp_indices"].shape) == (2 * math.prod(grid), 4)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_qwen3_5_batch_is_what_the_real_model_takes(count):
+    real_model_takes("tiny-qwen3_5_moe", count, 300)
+
+
+def test_the_given_qwen3_5_positions_are_the_models_own():
+    # position_ids (get_rope_index) and the tower's indices, given, make the model's own logits.
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-qwen3_5_moe"), VLM, None)
+    model.eval()
+    batch = make_batch(model.config, VLM, 2, 300, images=Images(2, (84, 56)))
+    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
+    own["image_grid_thw"] = batch["image_grid_thw"]
+    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                           image_grid_thw=batch["image_grid_thw"],
+                                           attention_mask=batch["attention_mask"])
+    kept = batch["attention_mask"].bool()
+    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+
+
+def test_a_tiny_qwen3_5_check_answers_and_more_images_raise_the_peak():
+    def check(count):
+        return autotune.check("tiny-qwen3_5_moe", seq_len=512, batch_size=2, gpu_memory="1GiB",
+                              backend="estimate", workers=1, image_size="224x224", images_per_sample=count,
+                              dtype="bfloat16")
+
+    one, three = check(1), check(3)
+    assert one.fits and one.images["tokens"] == 64  # 224 -> 256 (the 65536-pixel floor): 16 x 16 / 4
+    assert three.peak_memory_bytes > one.peak_memory_bytes
