@@ -7,10 +7,11 @@ kernel is emulated where a GPU user runs flash-linear-attention's: workload/gate
 Qwen3.5's checkpoints are vision-language models (``Qwen3_5ForConditionalGeneration``,
 ``Qwen3_5MoeForConditionalGeneration``: the text model under ``text_config``, a 27-block vision
 tower under ``vision_config``). Axolotl loads them as such (utils/config normalize_config:
-is_multimodal, as qwen3_5 is in transformers' image-text-to-text mapping); here they are the text
-model that ``AutoModelForCausalLM`` builds from the same config.json (``Qwen3_5ForCausalLM``,
+is_multimodal, as qwen3_5 is in transformers' image-text-to-text mapping). The 35B-A3B is here as
+that vision-language model (its images Qwen3-VL's processor's: workload/vision.py); the 27B is the
+text model that ``AutoModelForCausalLM`` builds from the same config.json (``Qwen3_5ForCausalLM``,
 modeling_auto "VLM compatibility"), the vision tower left out: its 0.46B parameters are named in
-the tests (test_presets_qwen_hybrid.py) and the answer's notes."""
+the tests (test_presets_qwen_hybrid.py)."""
 
 from __future__ import annotations
 

@@ -87,3 +87,74 @@ def test_a_tiny_qwen3_5_check_answers_and_more_images_raise_the_peak():
     one, three = check(1), check(3)
     assert one.fits and one.images["tokens"] == 64  # 224 -> 256 (the 65536-pixel floor): 16 x 16 / 4
     assert three.peak_memory_bytes > one.peak_memory_bytes
+
+
+# --- Llama 3.2 Vision (mllama) ---------------------------------------------------------------------
+
+MLLAMA = "alpindale/Llama-3.2-11B-Vision-Instruct"
+
+
+def test_llama_3_2_11b_vision_has_its_10_6b_parameters():
+    from transformers import AutoModelForImageTextToText
+
+    spec = resolve_model(MLLAMA)
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(10.6e9, rel=0.01)
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_mllama_tiles_are_its_processors(width, height):
+    # transformers' own get_optimal_tiled_canvas (image_processing_mllama.py, run alone: its module needs
+    # torchvision) against autotune's; the batch's shapes as MllamaProcessor makes them.
+    from functools import lru_cache
+
+    import numpy as np
+    from processors import transformers_function
+
+    from autotune.workload.mllama_images import supported_aspect_ratios, tiled_canvas
+
+    ratios = transformers_function("mllama", "image_processing_mllama", "get_all_supported_aspect_ratios",
+                                   {"lru_cache": lru_cache})
+    assert ratios(4) == supported_aspect_ratios(4)
+    canvas = transformers_function("mllama", "image_processing_mllama", "get_optimal_tiled_canvas",
+                                   {"np": np, "lru_cache": lru_cache,
+                                    "get_all_supported_aspect_ratios": ratios})
+    theirs = tuple(int(v) for v in canvas(height, width, 4, 560))
+    assert tiled_canvas(height, width, 4, 560) == theirs
+    config = resolve_model(MLLAMA).config
+    layout = image_layout(config, Images(2, (width, height)))
+    assert layout.processed == (theirs[1], theirs[0]) and layout.tiles == theirs[0] * theirs[1] // 560**2
+    assert (layout.tokens, layout.markers, layout.patches) == (1, 0, 4 * 1608)  # 1601 padded to 8s
+    batch = make_batch(config, VLM, 2, 64, device="meta", images=Images(2, (width, height)))
+    assert tuple(batch["pixel_values"].shape) == (2, 2, 4, 3, 560, 560)
+    assert tuple(batch["aspect_ratio_ids"].shape) == tuple(batch["aspect_ratio_mask"].shape)[:2] == (2, 2)
+    assert tuple(batch["cross_attention_mask"].shape) == (2, 64, 2, 4)
+
+
+def test_the_mllama_masks_are_the_processors():
+    # Two consecutive <|image|> tokens both see every token after them (get_cross_attention_token_mask),
+    # on their tiles only; the aspect ratio id of a 1 x 2 grid is 2 (convert_aspect_ratios_to_ids).
+    config = resolve_model("tiny-mllama").config
+    batch = make_batch(config, VLM, 1, 10, images=Images(2, (84, 56)))
+    assert batch["input_ids"][0, 1:3].tolist() == [127, 127]
+    cross = batch["cross_attention_mask"][0]
+    assert cross[:1].sum() == 0 and cross[1, 0].tolist() == [1, 1, 0, 0] and cross[2:].sum() == 8 * 2 * 2
+    assert batch["aspect_ratio_ids"].tolist() == [[2, 2]]
+    assert batch["aspect_ratio_mask"].tolist() == [[[1, 1, 0, 0], [1, 1, 0, 0]]]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_mllama_batch_is_what_the_real_model_takes(count):
+    real_model_takes("tiny-mllama", count, 300)
+
+
+def test_a_tiny_mllama_check_answers_and_more_images_raise_the_peak():
+    def check(count):
+        return autotune.check("tiny-mllama", seq_len=512, batch_size=2, gpu_memory="1GiB",
+                              backend="estimate", workers=1, image_size="224x224", images_per_sample=count)
+
+    one, three = check(1), check(3)
+    assert one.fits and one.images["tokens"] == 1
+    assert three.peak_memory_bytes > one.peak_memory_bytes
