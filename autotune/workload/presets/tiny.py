@@ -217,13 +217,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         **_TINY_VISION_TOKENS,
         "architectures": ["Qwen3_5MoeForConditionalGeneration"],
     },
-    # Llama 3.2 Vision: the tiny decoder with a cross-attention layer (its second), a 2 + 1-layer tower
+    # Llama 3.2 Vision: the tiny decoder of 3 layers, two of them cross-attention layers (the second and
+    # third: the vision features feed more than one, as in the 11B's eight), a 2 + 1-layer tower
     # of 56-pixel tiles in 14-pixel patches (16 + CLS, padded to 24), up to 4 tiles an image, feeding the
     # projector the output of its layers 0 and 1 (vision_output_dim: 32 x (1 + 2)).
     "mllama": {
         "text_config": {"model_type": "mllama_text_model", **_TINY_BERT, "num_key_value_heads": 1,
-                        "max_position_embeddings": 1024, "cross_attention_layers": [1], "bos_token_id": 1,
-                        "eos_token_id": 2, "pad_token_id": 0},
+                        "num_hidden_layers": 3, "cross_attention_layers": [1, 2],
+                        "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2,
+                        "pad_token_id": 0},
         "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
                           "num_global_layers": 1, "attention_heads": 2, "intermediate_size": 64,
                           "image_size": 56, "patch_size": 14, "max_num_tiles": 4,

@@ -158,3 +158,61 @@ def test_a_tiny_mllama_check_answers_and_more_images_raise_the_peak():
     one, three = check(1), check(3)
     assert one.fits and one.images["tokens"] == 1
     assert three.peak_memory_bytes > one.peak_memory_bytes
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_reentrant_checkpointing_of_mllama_fails_as_the_real_step_does(reentrant):
+    # The vision features reach every checkpointed decoder layer as the keyword cross_attention_states,
+    # outside a reentrant checkpoint's inputs: the real model's backward runs through the projector's
+    # graph once per cross-attention layer (tiny-mllama has two), and PyTorch fails the second;
+    # gradient_checkpointing says so by name. use_reentrant=False takes the same step.
+    from autotune.errors import InvalidInput
+    from autotune.workload.step import gradient_checkpointing
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-mllama"), VLM, None)
+    model.train()
+    batch = make_batch(model.config, VLM, 2, 64, images=Images(1, (84, 56)))
+    if not reentrant:
+        with gradient_checkpointing(model, True, {"use_reentrant": False}):
+            model(**batch).loss.backward()
+        return
+    with pytest.raises(InvalidInput, match="cross_attention_states is passed to 3 checkpointed") as raised:
+        with gradient_checkpointing(model, True, {"use_reentrant": True}):
+            model(**batch).loss.backward()
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert "backward through the graph a second time" in str(raised.value.__cause__)
+
+
+
+# examples/llama-3-vision/lora-11b.yaml's keys (Axolotl), on tiny-mllama at 512 tokens, its LoRA kernels off.
+MLLAMA_LORA = {"base_model": "tiny-mllama", "processor_type": "AutoProcessor", "skip_prepare_dataset": True,
+               "remove_unused_columns": False, "sample_packing": False, "chat_template": "llama3_2_vision",
+               "datasets": [{"path": "HuggingFaceH4/llava-instruct-mix-vsft", "type": "chat_template"}],
+               "sequence_len": 512, "adapter": "lora", "lora_r": 32, "lora_alpha": 16, "lora_dropout": 0.05,
+               "lora_target_modules": r"model.language_model.layers.[\d]+.(mlp|cross_attn|self_attn)."
+                                      r"(up|down|gate|q|k|v|o)_proj",
+               "gradient_accumulation_steps": 4, "micro_batch_size": 1, "optimizer": "adamw_bnb_8bit",
+               "bf16": True, "tf32": True, "gradient_checkpointing": True, "attn_implementation": "sdpa",
+               "lora_qkv_kernel": False, "lora_o_kernel": False}
+
+
+@pytest.mark.parametrize("kwargs", [None, {"use_reentrant": False}])
+def test_axolotls_mllama_config_with_reentrant_checkpointing_is_refused_by_its_cause(tmp_path, capsys,
+                                                                                    kwargs):
+    # No gradient_checkpointing_kwargs is use_reentrant=True under Axolotl (normalize_config), which
+    # fails on mllama as above: exit 2 naming the cause, not an internal error. use_reentrant: false fits.
+    import yaml
+
+    from autotune.cli import main
+
+    path = tmp_path / "lora-11b.yaml"
+    extra = {"gradient_checkpointing_kwargs": kwargs} if kwargs else {}
+    path.write_text(yaml.safe_dump({**MLLAMA_LORA, **extra}))
+    code = main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache", "--workers", "1"])
+    out = capsys.readouterr()
+    if kwargs is None:
+        assert code == 2
+        assert "use_reentrant=True fails on MllamaForConditionalGeneration: cross_attention_states" in out.err
+    else:
+        assert code == 0 and out.out.startswith("fits: tiny-mllama seq 512 bf16+ckpt")
