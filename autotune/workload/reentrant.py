@@ -20,6 +20,10 @@ from typing import Any
 
 from autotune.errors import InvalidInput
 
+# PyTorch's error for saved tensors a backward has freed (torch/csrc/autograd/saved_variable.cpp,
+# ERR_BACKWARD_TWICE)
+SECOND_BACKWARD = "Trying to backward through the graph a second time"
+
 
 @dataclass
 class SharedKeyword:
@@ -48,10 +52,11 @@ class KeywordGraphs:
         return [known for known in self.seen.values() if len(known.layers) > 1]
 
     def failure(self, exc: BaseException, model_name: str) -> InvalidInput | None:
-        """The step's failure ``exc`` (a RuntimeError of backward) said by its cause, where a
-        keyword tensor reached more than one checkpointed layer; None otherwise."""
+        """The step's failure ``exc`` said by its cause where it is PyTorch's second backward through
+        a graph (by type, then message) and a keyword tensor reached more than one checkpointed
+        layer; None otherwise (the error stands as it is)."""
         shared = self.shared()
-        if not isinstance(exc, RuntimeError) or not shared:
+        if not isinstance(exc, RuntimeError) or not shared or SECOND_BACKWARD not in str(exc):
             return None
         first = shared[0]
         layers = sorted(set(first.layers))

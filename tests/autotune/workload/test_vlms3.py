@@ -216,3 +216,17 @@ def test_axolotls_mllama_config_with_reentrant_checkpointing_is_refused_by_its_c
         assert "use_reentrant=True fails on MllamaForConditionalGeneration: cross_attention_states" in out.err
     else:
         assert code == 0 and out.out.startswith("fits: tiny-mllama seq 512 bf16+ckpt")
+
+
+def test_only_the_second_backward_of_a_shared_keyword_is_said_as_reentrant_checkpointings():
+    # Another error of the step, or none shared, stands as it is.
+    from autotune.workload.reentrant import SECOND_BACKWARD, KeywordGraphs
+
+    graphs = KeywordGraphs()
+    features = torch.ones(2, requires_grad=True) * 2
+    graphs.record("cross_attention_states", "MllamaCrossAttentionDecoderLayer", features)
+    assert graphs.failure(RuntimeError(SECOND_BACKWARD), "M") is None  # one layer took it
+    graphs.record("cross_attention_states", "MllamaCrossAttentionDecoderLayer", features)
+    assert graphs.failure(RuntimeError("shape mismatch"), "M") is None
+    assert graphs.failure(ValueError(SECOND_BACKWARD), "M") is None
+    assert "cross_attention_states is passed to 2" in str(graphs.failure(RuntimeError(SECOND_BACKWARD), "M"))
