@@ -78,7 +78,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
     "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
-    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5's text models, Qwen3-Next.
+    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5 (the 35B-A3B as its VLM), Qwen3-Next.
     "qwen3_5": {"Qwen/Qwen3.5-27B": 27},
     "qwen3_5_moe": {"Qwen/Qwen3.5-35B-A3B": 35},
     "qwen3_next": {"Qwen/Qwen3-Next-80B-A3B-Instruct": 80},
@@ -120,6 +120,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
     "internvl": {"OpenGVLab/InternVL3_5-8B-HF": 8.5},
     "lfm2_vl": {"LiquidAI/LFM2-VL-450M": 0.45},
+    "mllama": {"alpindale/Llama-3.2-11B-Vision-Instruct": 11},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -154,6 +155,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen3-vl-\d+b", "qwen3_vl"),
     (r"internvl3_5-8b-hf", "internvl"),
     (r"lfm2-vl-450m", "lfm2_vl"),
+    (r"llama-3\.2-11b-vision", "mllama"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
@@ -191,12 +193,12 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5_text",
-    "qwen3_5_moe": "tiny-qwen3_5_moe_text", "qwen3_next": "tiny-qwen3_next",
+    "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
-    "lfm2_vl": "tiny-lfm2_vl",
+    "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -29,6 +29,7 @@ from autotune.workload.optimizers import (  # noqa: F401 (re-exported: the step'
     check_optimizer,
     make_optimizer,
 )
+from autotune.workload.reentrant import watch_keywords
 from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, Images, image_batch, image_layout
 
 if TYPE_CHECKING:
@@ -358,6 +359,7 @@ def gradient_checkpointing(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or checkpoint_kwargs)
     if context_fn is not None:
         _recompute_under(model, context_fn)
+    graphs = watch_keywords(model) if kwargs.get("use_reentrant") else None
     # transformers turns the cache off for a checkpointed training forward itself, with a notice
     # (utils/generic.py, "use_cache=True is incompatible with gradient checkpointing"): off already
     config: Any = getattr(model, "config", None)
@@ -366,6 +368,11 @@ def gradient_checkpointing(
         config.use_cache = False
     try:
         yield
+    except RuntimeError as exc:  # backward through a keyword's graph twice (workload/reentrant.py)
+        failure = None if graphs is None else graphs.failure(exc, _model_name(model))
+        if failure is None:
+            raise
+        raise failure from exc
     finally:
         if use_cache:
             config.use_cache = use_cache

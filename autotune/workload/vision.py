@@ -105,7 +105,7 @@ QWEN_MAX_PIXELS = 12845056
 # with the checkpoint's patch_size 16 (merge 2: factor 32).
 QWEN3_MIN_PIXELS = 65536
 QWEN3_MAX_PIXELS = 16777216
-QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe")
+QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe")
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
 # Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
@@ -113,6 +113,9 @@ PIXTRAL_FAMILIES = ("pixtral", "mistral3")
 FIXED_FAMILIES = ("llava", "gemma3")
 # The families whose processor cuts each image into fixed-size tiles by its aspect ratio.
 TILED_FAMILIES = ("internvl", "lfm2_vl")
+# Llama 3.2 Vision: tiles of its tower's size, every image padded to max_num_tiles, its features read by
+# cross-attention layers (workload/mllama_images.py).
+CROSS_ATTENTION_FAMILIES = ("mllama",)
 # LFM2-VL-450M's processor_config.json (a public copy of the checkpoint's files, transformers 4.55):
 # do_image_splitting, min_tiles 2, max_tiles 10, tile_size 512, use_thumbnail false, min_image_tokens
 # 64, max_image_tokens 256, encoder_patch_size 16, downsample_factor 2, max_pixels_tolerance 2.0,
@@ -132,7 +135,8 @@ INTERNVL_MAX_TILES = 12
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
 # the image size changes the inputs
-DYNAMIC_FAMILIES = QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
+DYNAMIC_FAMILIES = (QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
+                    + CROSS_ATTENTION_FAMILIES)
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
@@ -408,6 +412,15 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            tokens=tiles * per_tile // factor**2, markers=2 + (tiles if tiles > 1 else 0),
                            patches=tiles * per_tile, tiles=tiles, padded_patches=padded,
                            size_given=images.size is not None)
+    if family in CROSS_ATTENTION_FAMILIES:
+        from autotune.workload.mllama_images import tiles_of, tower_patches
+
+        rows, columns = tiles_of(height, width, vision)
+        side = int(vision.image_size)
+        # One <|image|> token an image, no markers; the tower embeds all max_num_tiles tiles, padding too.
+        return ImageLayout(family, images.per_sample, (width, height), (columns * side, rows * side),
+                           tokens=1, markers=0, patches=int(vision.max_num_tiles) * tower_patches(vision),
+                           tiles=rows * columns, size_given=images.size is not None)
     if family in TILED_FAMILIES:
         side = int(vision.image_size[0])
         columns, rows = tiled_canvas(height, width, side, INTERNVL_MIN_TILES, INTERNVL_MAX_TILES)
@@ -504,6 +517,12 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
         batch["image_sizes"] = torch.tensor([[height, width]] * images, dtype=torch.long, device=device)
     elif layout.family == "lfm2_vl" and images:
         batch.update(_lfm2_vl_images(config, layout, images, device))
+    elif layout.family in CROSS_ATTENTION_FAMILIES and images:
+        from autotune.workload.mllama_images import mllama_inputs
+
+        side = int(config.vision_config.image_size)
+        tiles_hw = (layout.processed[1] // side, layout.processed[0] // side)
+        batch.update(mllama_inputs(config, tiles_hw, layout.per_sample, batch_size, seq_len, starts, device))
     elif layout.family in TILED_FAMILIES and images:
         side = int(config.vision_config.image_size[0])
         batch["pixel_values"] = torch.zeros((images * layout.tiles, 3, side, side), dtype=torch.float32,

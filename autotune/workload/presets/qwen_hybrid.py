@@ -7,10 +7,11 @@ kernel is emulated where a GPU user runs flash-linear-attention's: workload/gate
 Qwen3.5's checkpoints are vision-language models (``Qwen3_5ForConditionalGeneration``,
 ``Qwen3_5MoeForConditionalGeneration``: the text model under ``text_config``, a 27-block vision
 tower under ``vision_config``). Axolotl loads them as such (utils/config normalize_config:
-is_multimodal, as qwen3_5 is in transformers' image-text-to-text mapping); here they are the text
-model that ``AutoModelForCausalLM`` builds from the same config.json (``Qwen3_5ForCausalLM``,
+is_multimodal, as qwen3_5 is in transformers' image-text-to-text mapping). The 35B-A3B is here as
+that vision-language model (its images Qwen3-VL's processor's: workload/vision.py); the 27B is the
+text model that ``AutoModelForCausalLM`` builds from the same config.json (``Qwen3_5ForCausalLM``,
 modeling_auto "VLM compatibility"), the vision tower left out: its 0.46B parameters are named in
-the tests (test_presets_qwen_hybrid.py) and the answer's notes."""
+the tests (test_presets_qwen_hybrid.py)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,47 @@ QWEN_3_5_PRESETS: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 512,
         "torch_dtype": "bfloat16",
     },
+}
+
+# Qwen3.5-35B-A3B, the vision-language model it is published as (Qwen3_5MoeForConditionalGeneration):
+# its text model above as text_config, and a 27-block tower of 1152 (16 heads, MLP 4304, gelu_pytorch_tanh,
+# 16-pixel patches over 2 frames, a 48 x 48 learned position table, 2 x 2 merge) projecting into the
+# text model's 2048, no DeepStack; image tokens 248053-248057. These are transformers'
+# Qwen3_5MoeVisionConfig defaults (configuration_qwen3_5_moe.py, documented as this checkpoint) but
+# out_hidden_size (the text model's hidden size, 2048, not the default 3584), and the config.json of
+# Qwen/Qwen3.6-35B-A3B (the same architecture, its text model as this one) as a public validator pins
+# it byte for byte: "deepstack_visual_indexes": [], "depth": 27, "hidden_size": 1152,
+# "intermediate_size": 4304, "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 2048,
+# "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "image_token_id": 248056,
+# "video_token_id": 248057, "vision_start_token_id": 248053, "vision_end_token_id": 248054, untied;
+# beside it its preprocessor_config.json: Qwen3VLProcessor, size {"shortest_edge": 65536,
+# "longest_edge": 16777216}, patch 16, merge 2 (Qwen3-VL's: workload/vision.py QWEN3_FAMILIES).
+_QWEN_3_5_35B_A3B_TEXT = {key: value for key, value in QWEN_3_5_PRESETS["Qwen/Qwen3.5-35B-A3B"].items()
+                          if key not in ("architectures", "torch_dtype")}
+QWEN_3_5_PRESETS["Qwen/Qwen3.5-35B-A3B"] = {
+    "model_type": "qwen3_5_moe",
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "image_token_id": 248056,
+    "text_config": {**_QWEN_3_5_35B_A3B_TEXT, "dtype": "bfloat16"},
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "video_token_id": 248057,
+    "vision_config": {
+        "model_type": "qwen3_5_moe_vision",
+        "depth": 27,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "in_channels": 3,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "vision_end_token_id": 248054,
+    "vision_start_token_id": 248053,
 }
 
 # Qwen3-Next-80B-A3B: THUDM/slime scripts/models/qwen3-next-80B-A3B.sh (48 layers, hidden 2048,

@@ -201,6 +201,38 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         **_TINY_VISION_TOKENS,
         "architectures": ["Qwen3VLMoeForConditionalGeneration"],
     },
+    # Qwen3.5's MoE checkpoint as the vision-language model it is: the tiny hybrid MoE decoder above as
+    # its text_config (interleaved mrope over the 2 frequencies of a quarter of head_dim 16 rotated) and
+    # Qwen3-VL's tiny tower without DeepStack (Qwen3.5's has none).
+    "qwen3_5_moe": {
+        "text_config": {"model_type": "qwen3_5_moe_text", **_TINY_VLM_TEXT, "num_hidden_layers": 4,
+                        "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                        "shared_expert_intermediate_size": 32,
+                        "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 0],
+                                            "mrope_interleaved": True, "partial_rotary_factor": 0.25}},
+        "vision_config": {key: value for key, value in _TINY_QWEN3_VISION.items()
+                          if key not in ("model_type", "deepstack_visual_indexes")},
+        **_TINY_VISION_TOKENS,
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    },
+    # Llama 3.2 Vision: the tiny decoder of 3 layers, two of them cross-attention layers (the second and
+    # third: the vision features feed more than one, as in the 11B's eight), a 2 + 1-layer tower
+    # of 56-pixel tiles in 14-pixel patches (16 + CLS, padded to 24), up to 4 tiles an image, feeding the
+    # projector the output of its layers 0 and 1 (vision_output_dim: 32 x (1 + 2)).
+    "mllama": {
+        "text_config": {"model_type": "mllama_text_model", **_TINY_BERT, "num_key_value_heads": 1,
+                        "num_hidden_layers": 3, "cross_attention_layers": [1, 2],
+                        "max_position_embeddings": 1024, "bos_token_id": 1, "eos_token_id": 2,
+                        "pad_token_id": 0},
+        "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+                          "num_global_layers": 1, "attention_heads": 2, "intermediate_size": 64,
+                          "image_size": 56, "patch_size": 14, "max_num_tiles": 4,
+                          "intermediate_layers_indices": [0, 1], "vision_output_dim": 96},
+        "image_token_index": 127,
+        "architectures": ["MllamaForConditionalGeneration"],
+    },
     "llava": {
         "text_config": {"model_type": "llama", **_TINY_BERT, "num_key_value_heads": 1,
                         "max_position_embeddings": 1024},

@@ -88,3 +88,61 @@ VLMS2_PRESETS["LiquidAI/LFM2-VL-450M"] = {
     },
     "vision_feature_layer": -1,
 }
+
+# Llama 3.2 11B Vision (alpindale/Llama-3.2-11B-Vision-Instruct, the ungated copy of
+# meta-llama/Llama-3.2-11B-Vision-Instruct that Axolotl's examples/llama-3-vision/lora-11b.yaml loads):
+# its config.json's vision_config as a public llama.cpp study copies it ("attention_heads": 16,
+# "hidden_act": "gelu", "hidden_size": 1280, "image_size": 560, "intermediate_size": 5120,
+# "max_num_tiles": 4, "num_channels": 3, "num_global_layers": 8, "num_hidden_layers": 32, "patch_size": 14,
+# the 8 supported aspect ratios, "vision_output_dim": 7680; preprocessor_config.json: MllamaImageProcessor,
+# max_image_tiles 4, size 560 x 560), the intermediate layers [3, 7, 15, 23, 30] as public mllama config
+# parsers' tests copy them; its text_config as public loaders' tests copy it (40 layers of 4096, 32 heads
+# over 8 key/value heads, MLP 14336, cross-attention layers [3, 8, ..., 38], vocab 128256, 131072
+# positions, rope_theta 5e5) with Llama 3.1's llama3 rope scaling (factor 8, 1/4, 8192) and tokens
+# (bos 128000, eos 128001/128008/128009, pad 128004) as a published copy of the 11B-shaped config.json
+# shows them; <|image|> 128256. These are transformers' MllamaConfig defaults (configuration_mllama.py,
+# documented as meta-llama/Llama-3.2-11B-Vision). Model card: 10.6B parameters.
+VLMS2_PRESETS["alpindale/Llama-3.2-11B-Vision-Instruct"] = {
+    "model_type": "mllama",
+    "architectures": ["MllamaForConditionalGeneration"],
+    "image_token_index": 128256,
+    "text_config": {
+        "model_type": "mllama_text_model",
+        "bos_token_id": 128000,
+        "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38],
+        "eos_token_id": [128001, 128008, 128009],
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 8,
+        "pad_token_id": 128004,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "vocab_size": 128256,
+        "dtype": "bfloat16",
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "model_type": "mllama_vision_model",
+        "attention_heads": 16,
+        "hidden_act": "gelu",
+        "hidden_size": 1280,
+        "image_size": 560,
+        "intermediate_layers_indices": [3, 7, 15, 23, 30],
+        "intermediate_size": 5120,
+        "max_num_tiles": 4,
+        "norm_eps": 1e-05,
+        "num_channels": 3,
+        "num_global_layers": 8,
+        "num_hidden_layers": 32,
+        "patch_size": 14,
+        "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
+        "vision_output_dim": 7680,
+    },
+}

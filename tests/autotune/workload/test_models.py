@@ -97,6 +97,7 @@ LIMITS = {
     "zai-org/GLM-4.5-Air": 131072, "zai-org/GLM-4.7-Flash": 202752,
     "OpenGVLab/InternVL3_5-8B-HF": 40960, "tiny-internvl": 1024,
     "LiquidAI/LFM2-VL-450M": 128000, "tiny-lfm2_vl": 1024,
+    "tiny-qwen3_5_moe": 1024, "tiny-mllama": 1024, "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
 }
 
 

@@ -12,9 +12,10 @@ from autotune.workload.models import infer_task, resolve_model
 @pytest.mark.parametrize(
     ("name", "params", "published"),
     [
-        # Qwen3.5 model cards: 27B and 35B in total (3B activated); the text model, without the
-        # 27-block vision tower (Qwen3_5VisionConfig: depth 27, hidden 1152, about 0.46B) that the
-        # checkpoints also hold, and without the multi-token-prediction layer.
+        # Qwen3.5 model cards: 27B and 35B in total (3B activated); the text model that
+        # AutoModelForCausalLM builds, without the 27-block vision tower (depth 27, hidden 1152, about
+        # 0.45B) that the checkpoints also hold (the 35B-A3B's preset is its VLM: test_vlms3.py), and
+        # without the multi-token-prediction layer.
         ("Qwen/Qwen3.5-27B", 26_895_998_464, 27),
         ("Qwen/Qwen3.5-35B-A3B", 34_660_610_688, 35),
         # Qwen3-Next model card: 80B in total, 3B activated (the MTP layer not built by transformers).
@@ -30,5 +31,6 @@ def test_parameter_counts_round_to_the_published_totals(name: str, params: int, 
     count = sum(p.numel() for p in model.parameters())
     assert count == params
     assert round(count / 1e9) == published
-    assert infer_task(spec.config)[0] == "causal-lm"
-    assert spec.config.layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
+    vlm = name == "Qwen/Qwen3.5-35B-A3B"
+    assert infer_task(spec.config)[0] == ("image-text-to-text" if vlm else "causal-lm")
+    assert spec.config.get_text_config().layer_types[:4] == ["linear_attention"] * 3 + ["full_attention"]
