@@ -11,12 +11,23 @@ tree: bad input raises ``InvalidInput`` (a ``ValueError``) naming what is allowe
 
 import logging
 
-# torchao (the qat extra) logs a warning for each CUDA extension of its wheel it cannot load, when it
-# is imported (torchao/__init__.py), which transformers does whenever it is installed
-# (quantizers/quantizer_torchao.py): on a CPU none loads, and nothing autotune runs uses them.
-logging.getLogger("torchao").setLevel(logging.ERROR)
 
-from autotune.errors import (  # noqa: E402 (after the logger's level, before anything imports torchao)
+class _Unheeded(logging.Filter):
+    """Drops the notices torchao's import logs, whoever imports it (transformers does whenever it is
+    installed: quantizers/quantizer_torchao.py): "Failed to load" for each CUDA extension of its wheel
+    (torchao/__init__.py: none loads on a CPU, and nothing autotune runs uses them), and torch's
+    deprecation of the Enum constants it registers (torch/utils/_pytree.py register_constant)."""
+
+    NOTICES = ("Failed to load ", "is an Enum subclass and is now natively supported")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(notice in str(record.msg) for notice in self.NOTICES)
+
+
+for _name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_name).addFilter(_Unheeded())
+
+from autotune.errors import (  # noqa: E402 (after the filters, before anything imports torchao)
     AutotuneError,
     BackendUnavailable,
     InvalidInput,
