@@ -426,12 +426,32 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise cfg.bad("plugins", plugins, "a list of plugin class paths")
     for plugin in plugins:
+        if plugin == KERNELS_PLUGIN:
+            raise cfg.unmodelled("plugins", plugin, _kernels_plugin_reason(cfg))
         if plugin not in _AXOLOTL_PLUGINS_READ:
             name = plugin.removeprefix(_PLUGIN_PREFIX)
             raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
                                  "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
                                  "logging plugins)")
     return plugins
+
+
+KERNELS_PLUGIN = "axolotl.integrations.kernels.KernelsPlugin"
+
+
+def _kernels_plugin_reason(cfg: Config) -> str:
+    """Why KernelsPlugin is refused: what it swaps in (integrations/kernels/plugin.py pre_model_load,
+    args.py check_experts_implementation), by the backend its keys choose."""
+    backend = str(cfg.data.get("expert_backend") or "").lower()
+    if cfg.data.get("use_sonicmoe") or backend == "sonicmoe":
+        return ("KernelsPlugin's SonicMoE experts (use_sonicmoe: libs/sonicmoe, CuTe kernels on Hopper "
+                "and Blackwell) are not modelled")
+    if cfg.data.get("use_scattermoe") or backend == "scattermoe":
+        return ("KernelsPlugin's ScatterMoE experts (use_scattermoe: Axolotl's own Triton kernels, "
+                "libs/scattermoe_lora, run in place of transformers' grouped_mm) are not modelled in a "
+                "check yet")
+    return ("KernelsPlugin without an expert backend pins experts_implementation: eager (args.py "
+            "check_experts_implementation), transformers' per-expert loop, which is not modelled")
 
 
 def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
