@@ -38,7 +38,6 @@ from autotune.configs.reading import (
 )
 from autotune.configs.sharding import (
     FSDP1,
-    TRAINER_BOTH_CHECKPOINTS,
     WRAP,
     fsdp_options,
     legacy_fsdp,
@@ -428,12 +427,32 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise cfg.bad("plugins", plugins, "a list of plugin class paths")
     for plugin in plugins:
+        if plugin == KERNELS_PLUGIN:
+            raise cfg.unmodelled("plugins", plugin, _kernels_plugin_reason(cfg))
         if plugin not in _AXOLOTL_PLUGINS_READ:
             name = plugin.removeprefix(_PLUGIN_PREFIX)
             raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
                                  "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
                                  "logging plugins)")
     return plugins
+
+
+KERNELS_PLUGIN = "axolotl.integrations.kernels.KernelsPlugin"
+
+
+def _kernels_plugin_reason(cfg: Config) -> str:
+    """Why KernelsPlugin is refused: what it swaps in (integrations/kernels/plugin.py pre_model_load,
+    args.py check_experts_implementation), by the backend its keys choose."""
+    backend = str(cfg.data.get("expert_backend") or "").lower()
+    if cfg.data.get("use_sonicmoe") or backend == "sonicmoe":
+        return ("KernelsPlugin's SonicMoE experts (use_sonicmoe: libs/sonicmoe, CuTe kernels on Hopper "
+                "and Blackwell) are not modelled")
+    if cfg.data.get("use_scattermoe") or backend == "scattermoe":
+        return ("KernelsPlugin's ScatterMoE experts (use_scattermoe: Axolotl's own Triton kernels, "
+                "libs/scattermoe_lora, run in place of transformers' grouped_mm) are not modelled in a "
+                "check yet")
+    return ("KernelsPlugin without an expert backend pins experts_implementation: eager (args.py "
+            "check_experts_implementation), transformers' per-expert loop, which is not modelled")
 
 
 def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
@@ -553,10 +572,13 @@ AXOLOTL_FSDP_CHECKPOINTING = (
 
 def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
     """fsdp_config.activation_checkpointing: FSDP's own checkpointing, which transformers' Trainer
-    refuses beside gradient checkpointing (trainer.py ``create_accelerator_and_postprocess``: "can't
-    both be set to True"; Axolotl passes gradient_checkpointing on to TrainingArguments,
-    core/builders/base.py ``_configure_gradient_checkpointing``, and calls that method through
-    AxolotlTrainer's own)."""
+    refuses beside gradient checkpointing. Axolotl does not choose between them: its validation lets
+    both through, it passes fsdp_config to TrainingArguments (core/builders/base.py, whose
+    _process_fsdp_args gives accelerate's plugin activation_checkpointing) and gradient_checkpointing
+    too (``_configure_gradient_checkpointing``), and AxolotlTrainer's create_accelerator_and_postprocess
+    calls transformers': 5.14.1's (Axolotl's pin, pyproject.toml) raises "The activation_checkpointing
+    in FSDP config and the gradient_checkpointing in training arg can't be set to True simultaneously"
+    as the trainer is built, after the model has loaded."""
     if value is None or value is False:
         return False
     if value is not True:
@@ -566,8 +588,12 @@ def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
                              "with activation_offloading is not modelled")
     if cfg.data.get("gradient_checkpointing") is True:
         raise InvalidInput(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
-                           f"{cfg.file!r}: {TRAINER_BOTH_CHECKPOINTS}, and Axolotl passes "
-                           "gradient_checkpointing on to it: set gradient_checkpointing: false")
+                           f"{cfg.file!r}: Axolotl runs neither alone, it passes both to transformers' "
+                           "Trainer, whose create_accelerator_and_postprocess (transformers 5.14.1, "
+                           "Axolotl's pin) raises \"The activation_checkpointing in FSDP config and the "
+                           "gradient_checkpointing in training arg can't be set to True simultaneously\" "
+                           "once the model has loaded: set gradient_checkpointing: false (FSDP's "
+                           "checkpointing, modelled) or drop fsdp_config.activation_checkpointing")
     return True
 
 

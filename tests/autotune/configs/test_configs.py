@@ -330,10 +330,24 @@ def test_axolotl_s_cut_cross_entropy_plugin_turns_it_on_by_default(tmp_path):
 
 
 @pytest.mark.parametrize("plugin", ["axolotl.integrations.expert_parallel.ExpertParallelPlugin",
-                                    "axolotl.integrations.kernels.KernelsPlugin", "my.own.Plugin"])
+                                    "my.own.Plugin"])
 def test_a_plugin_not_read_is_refused_by_name(tmp_path, plugin):
     with pytest.raises(UnmodelledSetting, match=rf"^plugins: '{plugin}' in .* is not modelled: the plugin "):
         read(tmp_path, {**AXOLOTL, "plugins": [plugin]}, "a.yml")
+
+
+@pytest.mark.parametrize(("keys", "why"), [
+    ({"use_scattermoe": True}, "ScatterMoE experts .*libs/scattermoe_lora"),
+    ({"expert_backend": "sonicmoe"}, "SonicMoE experts"),
+    ({}, "pins experts_implementation: eager"),
+])
+def test_the_kernels_plugin_is_refused_naming_its_expert_backend(tmp_path, keys, why):
+    plugin = "axolotl.integrations.kernels.KernelsPlugin"
+    start = "KernelsPlugin's" if keys else "KernelsPlugin without"
+    with pytest.raises(UnmodelledSetting, match=rf"^plugins: '{plugin}' in .* is not modelled: {start}"):
+        read(tmp_path, {**AXOLOTL, "plugins": [plugin], **keys}, "a.yml")
+    with pytest.raises(UnmodelledSetting, match=why):
+        read(tmp_path, {**AXOLOTL, "plugins": [plugin], **keys}, "b.yml")
 
 
 def test_axolotl_lora_over_an_8bit_base_is_read(tmp_path):

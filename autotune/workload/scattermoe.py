@@ -1,0 +1,207 @@
+"""Axolotl's ScatterMoE experts, emulated: their outputs and gradients, their memory.
+
+Axolotl's KernelsPlugin with ``use_scattermoe: true`` (integrations/kernels/plugin.py
+``pre_model_load``) registers ``scattermoe_experts_forward`` in transformers' ExpertsInterface and
+sets ``experts_implementation: scattermoe``, so every experts module of a mixture (Qwen3MoeExperts,
+Qwen3_5MoeExperts, Qwen3NextExperts: ``self.experts(hidden_states, top_k_index, top_k_weights)``)
+runs Axolotl's vendored ScatterMoE Triton kernels (integrations/kernels/libs/scattermoe_lora/)
+instead of transformers' grouped_mm. Emulated here from that source as liger_kernels.py emulates
+Liger: what the Python wrappers allocate with torch, and what ``ParallelLinear`` saves for backward,
+made with the same calls, shapes and dtypes, in its order (each cited beside it); what the Triton
+kernels compute in registers is done by torch temporaries inside ``registers()`` (the estimator's:
+outside the caching allocator) and written into those buffers.
+
+Emulated: experts in the model's weights (``_prepare_weights_and_lora``: the parameters transposed,
+no copy) and bitsandbytes 4-bit experts (``quantize_moe_experts``) on the default ``moe_bnb_fast``
+path (runtime.py: ``bnb_fast`` True unless set), whose ``selective_expert_weights`` dequantizes the
+routed experts' blocks to a new tensor per projection (selective_dequant.py ``_selective_dequant_bnb4``:
+the nested absmax in float32, then ``selective_dequant_nf4_triton``'s output). Which experts a batch
+routes to is data: every expert is taken as routed (``get_active_experts``), the bound a batch of
+more routings than experts reaches in practice. LoRA on the experts (``parallel_linear_lora``) and
+the chunked bitsandbytes path are not emulated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import MethodType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+Registers = Callable[[], AbstractContextManager[Any]]
+NAME = "Axolotl's ScatterMoE experts (KernelsPlugin use_scattermoe, emulated)"
+# The experts classes whose layout scattermoe_experts_forward takes (experts.py
+# scattermoe_supports_layout: gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases).
+EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts")
+NOTE = (f"{NAME}: every experts module runs Axolotl's scatter2scatter kernels (libs/scattermoe_lora/"
+        "parallel_experts.py ParallelLinear): its buffers and saved tensors from that source, its "
+        "arithmetic outside the allocator; every expert taken as routed")
+
+
+def _expand(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """[T, D] -> [T*k, D] (k = top_k.shape[1]), row t*k+j the token t for its j-th expert."""
+    return x.repeat_interleave(top_k.shape[1], dim=0)
+
+
+def _per_expert(rows: torch.Tensor, flat_index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows [L, in] through each row's expert of ``weight`` [E, in, out] (what the kernel does)."""
+    return (rows.unsqueeze(1) @ weight[flat_index]).squeeze(1)
+
+
+@functools.cache
+def function() -> type:
+    """``ParallelLinear`` (parallel_experts.py): forward and backward buffers as its source makes them
+    (kernels/ops.py ``scatter2scatter``, ``group``, ``group_bwd_W``), the products inside ``registers``.
+    Rows are kept in token order here (the kernel's scattered order): same shapes, same bytes."""
+    import torch
+
+    class ParallelLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, k: int, flat_index: torch.Tensor,
+                    sorted_expert_idxs: torch.Tensor, sorted_scattered_idxs: torch.Tensor,
+                    expert_offsets: torch.Tensor, gates: torch.Tensor | None, grouped_in: bool,
+                    registers: Registers) -> torch.Tensor:
+            if weight.dtype != x.dtype:
+                weight = weight.to(x.dtype)
+            rows = sorted_expert_idxs.shape[0]
+            output = torch.empty((rows, weight.shape[-1]), device=x.device, dtype=x.dtype)  # scatter2scatter
+            with registers():
+                xs = x if grouped_in else _expand(x, flat_index.view(-1, k))
+                output.copy_(_per_expert(xs.float(), flat_index, weight.float()))
+            output_expanded = None
+            if gates is not None:
+                output_expanded = output.view(gates.shape[0], gates.shape[1], output.shape[-1])
+                output = (gates.unsqueeze(1) @ output_expanded).squeeze(1)
+            ctx.save_for_backward(x, weight, flat_index, sorted_expert_idxs, sorted_scattered_idxs,
+                                  expert_offsets, gates, output_expanded)
+            ctx.k, ctx.grouped_in, ctx.registers = k, grouped_in, registers
+            return output
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            x, weight, flat_index, sorted_expert_idxs, _, _, gates, output_expanded = ctx.saved_tensors
+            k, grouped_in, registers = ctx.k, ctx.grouped_in, ctx.registers
+            d_gates = None
+            if gates is not None:
+                if grad_out.dtype != output_expanded.dtype:
+                    grad_out = grad_out.to(output_expanded.dtype)
+                d_gates = (output_expanded @ grad_out.unsqueeze(-1)).squeeze(-1)
+                grouped_grad_out = output_expanded.flatten(0, 1)  # group(..., out=): the buffer reused
+                with registers():  # group(grad_out, fan_out=gates.size(1), coeff=gates.flatten())
+                    grouped_grad_out.copy_(_expand(grad_out, gates) * gates.reshape(-1, 1))
+            else:
+                grouped_grad_out = grad_out  # grouped_out: the gate_up projection's
+            if grouped_in:
+                grouped_x = x
+                out = None
+            else:  # kernels.ops.group(x, ..., fan_out=k): torch.empty((N, K))
+                grouped_x = torch.empty((sorted_expert_idxs.shape[0], x.shape[-1]), dtype=x.dtype,
+                                        device=x.device)
+                with registers():
+                    grouped_x.copy_(_expand(x, flat_index.view(-1, k)))
+                out = grouped_x
+            # group_bwd_W: DWt = torch.zeros((E, DY.size(-1), X.size(-1))), returned permuted; made
+            # whether or not the weight takes a gradient (no needs_input_grad check)
+            d_weight_t = torch.zeros((weight.shape[0], grouped_grad_out.shape[-1], grouped_x.shape[-1]),
+                                     device=grad_out.device, dtype=grouped_grad_out.dtype)
+            with registers():
+                for expert in range(weight.shape[0]):
+                    mask = (flat_index == expert).unsqueeze(-1)
+                    d_weight_t[expert].copy_((grouped_grad_out.float() * mask).T @ grouped_x.float())
+            d_weight = d_weight_t.permute(0, 2, 1)
+            # scatter2scatter(X=grouped_grad_out, W=weight.permute(0, 2, 1), k=1, out=d_expanded_input)
+            if out is None:
+                out = torch.empty((sorted_expert_idxs.shape[0], weight.shape[1]), device=grad_out.device,
+                                  dtype=grouped_grad_out.dtype)
+            with registers():
+                out.copy_(_per_expert(grouped_grad_out.float(), flat_index, weight.float().transpose(1, 2)))
+            d_input = out if k == 1 else out.view(x.shape[0], k, out.shape[-1]).sum(-2)
+            return d_input, d_weight, None, None, None, None, None, d_gates, None, None
+
+    return ParallelLinear
+
+
+def _routing(top_k_index: torch.Tensor, num_experts: int, registers: Registers) -> tuple[torch.Tensor, ...]:
+    """experts.py ``flatten_sort_count`` (parallel_experts.py, under no_grad): torch.sort of the
+    flattened indices (values and positions, int64), the counts (its bincount's fake: torch.empty
+    (num_experts, long)) and their cumsum."""
+    import torch
+
+    with torch.no_grad():
+        flat = top_k_index.flatten()
+        sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat)
+        counts = torch.empty(num_experts, dtype=torch.long, device=flat.device)
+        with registers():
+            counts.copy_(torch.nn.functional.one_hot(flat, num_experts).sum(0))
+        return flat, sorted_expert_idxs, sorted_scattered_idxs, counts.cumsum(-1)
+
+
+def _bnb_experts(module: Any) -> bool:
+    """experts.py's ``_bnb_experts``: both projections under a bitsandbytes parametrization."""
+    names = getattr(module, "parametrizations", {})
+    return "gate_up_proj" in names and "down_proj" in names
+
+
+def _selective_bnb4(module: Any, name: str, registers: Registers) -> torch.Tensor:
+    """selective_dequant.py ``selective_expert_weights`` of a 4-bit parametrization, every expert
+    routed: ``_selective_dequant_bnb4``'s nested absmax (``dequantize_blockwise``, float32, the
+    offset added in place) then ``selective_dequant_nf4_triton``'s output [E, d1, d2] in the
+    weights' dtype. The values are the parametrization's own dequantization."""
+    import torch
+
+    parametrization = module.parametrizations[name][0]
+    packed = module.parametrizations[name].original
+    absmax = None
+    if getattr(parametrization, "double_quant", False):
+        absmax = torch.empty(parametrization.absmax.shape, dtype=torch.float32, device=packed.device)
+        absmax += parametrization.offset
+    out = torch.empty(parametrization.shape, dtype=parametrization.dtype, device=packed.device)
+    with registers(), torch.no_grad():
+        out.copy_(getattr(module, name))
+    del absmax
+    return out
+
+
+def experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor, registers: Registers = contextlib.nullcontext
+                    ) -> torch.Tensor:
+    """experts.py ``scattermoe_experts_forward`` without LoRA on the experts: the gate_up projection
+    grouped out, the activation in torch, the down projection grouped in and weighted by the gates."""
+    import torch
+
+    k = top_k_index.shape[1]
+    routing_weights = top_k_weights.to(hidden_states.dtype)
+    flat, sorted_expert_idxs, sorted_scattered_idxs, expert_offsets = _routing(
+        top_k_index, self.num_experts, registers)
+    if _bnb_experts(self):  # bnb_fast: get_active_experts, remap_expert_indices, selective dequant
+        with torch.no_grad():
+            sorted_expert_idxs, expert_offsets = torch.empty_like(sorted_expert_idxs), \
+                torch.empty_like(expert_offsets)
+        gate_up = _selective_bnb4(self, "gate_up_proj", registers).transpose(2, 1)
+        down = _selective_bnb4(self, "down_proj", registers).transpose(2, 1)
+    else:  # _prepare_weights_and_lora: the parameters transposed, no copy
+        gate_up, down = self.gate_up_proj.transpose(2, 1), self.down_proj.transpose(2, 1)
+    linear: Any = function()
+    gates_h = linear.apply(hidden_states, gate_up, k, flat, sorted_expert_idxs, sorted_scattered_idxs,
+                           expert_offsets, None, False, registers)
+    gates, h = gates_h.chunk(2, dim=-1)
+    h = self.act_fn(gates) * h
+    return linear.apply(h, down, 1, flat, sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
+                        routing_weights, True, registers)
+
+
+def apply(model: Any, registers: Registers) -> int:
+    """Every experts module of ``model`` of a class in EXPERTS runs the emulation (what Axolotl's
+    registration makes transformers dispatch to); the number patched."""
+    stand_in = functools.partial(experts_forward, registers=registers)
+    patched = 0
+    for module in model.modules():
+        if type(module).__name__ in EXPERTS:
+            module.forward = MethodType(stand_in, module)
+            patched += 1
+    return patched

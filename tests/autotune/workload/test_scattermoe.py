@@ -1,0 +1,117 @@
+"""Axolotl's ScatterMoE experts, emulated (workload/scattermoe.py): on a CPU the emulation gives
+transformers' eager experts' outputs and gradients, allocates ParallelLinear's buffers (sizes cited
+from Axolotl's libs/scattermoe_lora source), and is what every experts module of a mixture calls."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+from autotune.workload import scattermoe
+
+T, H, M, E, K = 12, 16, 8, 4, 2  # tokens, hidden, expert intermediate, experts, experts per token
+
+
+def experts(dtype: torch.dtype = torch.float32) -> Qwen3MoeExperts:
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=M, num_experts=E, num_experts_per_tok=K)
+    module = Qwen3MoeExperts(config).to(dtype)
+    with torch.no_grad():
+        module.gate_up_proj.normal_()
+        module.down_proj.normal_()
+    return module
+
+
+def routing(dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    x = torch.randn(T, H, dtype=dtype, requires_grad=True)
+    index = torch.stack([torch.randperm(E)[:K] for _ in range(T)])
+    weights = torch.rand(T, K, dtype=dtype).requires_grad_()
+    return x, index, weights
+
+
+def test_outputs_and_gradients_are_the_eager_experts() -> None:
+    module = experts()
+    x, index, weights = routing()
+    want = module(x, index, weights)  # Qwen3MoeExperts.forward: transformers' eager loop
+    want_grads = torch.autograd.grad(want.square().sum(), [x, weights, module.gate_up_proj, module.down_proj])
+    got = scattermoe.experts_forward(module, x, index, weights)
+    grads = torch.autograd.grad(got.square().sum(), [x, weights, module.gate_up_proj, module.down_proj])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)
+
+
+class Allocations(TorchDispatchMode):
+    """The (shape, dtype) of every tensor the calls inside create, outside the ``registers`` context."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.inside = 0
+
+    @contextlib.contextmanager
+    def registers(self) -> Iterator[None]:
+        self.inside += 1
+        try:
+            yield
+        finally:
+            self.inside -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self.inside and func.overloadpacket.__name__ in ("empty", "empty_like", "zeros", "bmm",
+                                                                 "cumsum", "sort", "sum"):
+            for tensor in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    self.made.append((tuple(tensor.shape), tensor.dtype))
+        return out
+
+
+def test_allocations_are_parallel_linears_buffers() -> None:
+    bf16, long = torch.bfloat16, torch.long
+    module = experts(bf16)
+    module.requires_grad_(False)  # the base frozen, as under an adapter on the attention
+    x, index, weights = routing(bf16)
+    mode = Allocations()
+    with mode:
+        out = scattermoe.experts_forward(module, x, index, weights, registers=mode.registers)
+        forward = list(mode.made)
+        mode.made.clear()
+        out.backward(torch.ones_like(out))
+    L = T * K
+    assert forward == [
+        ((L,), long), ((L,), long),  # flatten_sort_count: torch.sort's values and positions
+        ((E,), long), ((E,), long),  # bincount's fake torch.empty(minlength, long), cumsum
+        ((L, 2 * M), bf16),  # ParallelLinear(gate_up): scatter2scatter's torch.empty((L, y_dim))
+        ((L, H), bf16),  # ParallelLinear(down): scatter2scatter's output, saved as output_expanded
+        ((T, 1, H), bf16),  # (gates.unsqueeze(1) @ output_expanded)
+    ]
+    assert mode.made == [
+        ((T, K, 1), bf16),  # down's backward: d_gates = output_expanded @ grad_out.unsqueeze(-1)
+        ((E, H, M), bf16),  # group_bwd_W: DWt = torch.zeros((E, DY.size(-1), X.size(-1)))
+        ((L, M), bf16),  # scatter2scatter(X=grouped_grad_out, W=W.permute(0, 2, 1), k=1)
+        ((L, H), bf16),  # gate_up's backward: group(x, fan_out=k)'s torch.empty((N, K))
+        ((E, 2 * M, H), bf16),  # group_bwd_W's DWt
+        ((T, H), bf16),  # d_expanded_input.view(T, k, H).sum(-2)
+    ]
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3_5_moe_text"])
+def test_every_experts_module_of_a_mixture_calls_the_emulation(preset: str) -> None:
+    from autotune.workload.models import resolve_model
+
+    spec = resolve_model(preset)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(spec.config)
+    assert scattermoe.apply(model, contextlib.nullcontext) == spec.config.num_hidden_layers
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    model(input_ids=ids, labels=ids).loss.backward()
