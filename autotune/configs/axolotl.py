@@ -56,6 +56,7 @@ from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_co
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
+from autotune.workload.step import FLASH_ATTENTIONS
 from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
@@ -790,10 +791,11 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         cfg.notes.append("float16: true: weights in float16, no autocast")
     else:
         dtype, precision = "float32", "fp32"
-    if dtype != "float32" and attn not in ("flash_attention_2",) and not cce and not adapter:
+    if dtype != "float32" and attn not in FLASH_ATTENTIONS and not cce and not adapter:
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
-        # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast),
-        # or with an adapter (needs_fa2_dtype).
+        # float32 and cast back to the weights dtype only for an attention other than eager and sdpa
+        # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST), or with an adapter
+        # (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
