@@ -218,7 +218,7 @@ CAUSAL_LM_PRESETS = {
     "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-32B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "google/gemma-2-9b",
     "google/gemma-3-1b-pt", "google/gemma-3-270m", "microsoft/phi-1_5", "microsoft/phi-2",
     "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V2-Lite", "mistralai/Devstral-Small-2507",
-    "openai/gpt-oss-20b", "tiny-mixtral", "Qwen/Qwen2.5-72B", "meta-llama/Meta-Llama-3-70B",
+    "openai/gpt-oss-20b", "tiny-mixtral", "tiny-gpt_oss", "Qwen/Qwen2.5-72B", "meta-llama/Meta-Llama-3-70B",
     "mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x22B-v0.1", "swiss-ai/Apertus-8B-Instruct-2509",
     "ByteDance-Seed/Seed-OSS-36B-Instruct", "allenai/Olmo-3-7B-Instruct-SFT",
     "CohereForAI/c4ai-command-r7b-12-2024", "nvidia/Nemotron-Mini-4B-Instruct", "LiquidAI/LFM2-350M",
