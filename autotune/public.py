@@ -334,6 +334,7 @@ def _step(model: str, step: StepOptions) -> Step:
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
     given["offload_activations"] = bool(given.get("offload_activations")) or None
     given["axolotl"] = bool(given.get("axolotl")) or None
+    given["fused_attn_kernel"] = bool(given.get("fused_attn_kernel")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
 
 
@@ -355,6 +356,7 @@ class StepOptions(TypedDict, total=False):
     frozen_modules: str | Sequence[str] | None  # a full fine-tune's untrained modules (workload.frozen)
     liger: str | Sequence[str] | None
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
+    fused_attn_kernel: bool  # False: with axolotl, Qwen3's fused q/k RMSNorm + RoPE (emulated)
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1
     nodes: int | None

@@ -104,6 +104,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 4, "truncate": False},
         "architectures": ["GptOssForCausalLM"],
     },
+    "qwen3": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "architectures": ["Qwen3ForCausalLM"]},
     "mixtral": {
         **_TINY_BERT,
         "num_key_value_heads": 1,
