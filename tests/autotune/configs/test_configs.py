@@ -188,7 +188,6 @@ REFUSED = [
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
     (AXOLOTL, "use_eaft", True),
-    (AXOLOTL, "fused_attn_kernel", True),
     (AXOLOTL, "model_config", {"output_router_logits": True}),  # Mixtral's examples
     (AXOLOTL, "overrides_of_model_config", {"output_router_logits": True}),
     (TRAINER, "torch_compile", True),

@@ -78,6 +78,10 @@ def test_a_qwen3_check_runs_the_fused_forward_and_other_patched_types_are_refuse
     code, out = _check(tmp_path, capsys, "tiny-qwen3", ["--json"])
     assert code == 0 and applied == [2], out.err
     assert any(qwen3_fused_attn.NAME in note for note in json.loads(out.out)["config_notes"])
+    # Llama: not a type Axolotl patches, "a silent no-op" (patch_manager.py _warn_if_fused_attn_unsupported)
+    code, out = _check(tmp_path, capsys, "tiny-llama", ["--json"])
+    assert code == 0 and applied == [2], out.err  # nothing swapped in
+    assert not any(qwen3_fused_attn.NAME in note for note in json.loads(out.out)["config_notes"])
     code, out = _check(tmp_path, capsys, "tiny-qwen3_5_text")
     assert code == 2 and "fused_attn_kernel: true" in out.err and "qwen3_5_text" in out.err
 
