@@ -390,6 +390,9 @@ class Step:
         "CustomKTOTrainer: workload/llamafactory_preference.py), not TRL's; set by a LLaMA-Factory config "
         "with stage dpo or kto",
         http=False, cli=False)
+    fused_attn_kernel: bool | None = option(
+        None, "with axolotl: Axolotl's fused_attn_kernel, Qwen3's q/k RMSNorm + RoPE in one Triton kernel "
+        "(emulated: workload/qwen3_fused_attn.py); set by an Axolotl config", http=False, cli=False)
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
@@ -867,10 +870,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
     if found.errors:
         return None
-    from autotune.workload import gemma4_fused_attn
+    from autotune.workload import gemma4_fused_attn, qwen3_fused_attn
 
     model_type = getattr(spec.config, "model_type", None)
-    fused_attention = bool(step.axolotl) and gemma4_fused_attn.patched(model_type)
+    fused_attention = bool(step.axolotl) and (gemma4_fused_attn.patched(model_type) or (
+        bool(step.fused_attn_kernel) and qwen3_fused_attn.patched(model_type)))
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,

@@ -192,7 +192,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
-    "qwen3_5": "tiny-qwen3_5_text",
+    "qwen3_5": "tiny-qwen3_5_text", "gpt_oss": "tiny-gpt_oss",
     "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",

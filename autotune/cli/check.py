@@ -113,7 +113,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     check_launch(config, request)
     check_patched_model(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
-    notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl))
+    notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
+                          fused_attn_kernel=bool(request.step.fused_attn_kernel))
     return Plan(request, (*read, *config.notes, *notes, *_unfrozen_notes(request)), config.ignored)
 
 
@@ -136,12 +137,14 @@ def _unfrozen_notes(request: CheckRequest) -> tuple[str, ...]:
     return (unfrozen_note(spec, step.task, patterns),)
 
 
-def _kernel_notes(model: str | None, axolotl: bool = False) -> tuple[str, ...]:
+def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: bool = False
+                  ) -> tuple[str, ...]:
     """What the step runs in a kernel emulated, or traced in place of one, whatever the config says:
     flash-linear-attention's in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py);
     transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py); Axolotl's fused
-    Gemma 4 attention in an Axolotl job of a gemma4 preset (workload/gemma4_fused_attn.py)."""
-    from autotune.workload import gated_delta_rule, gemma4_fused_attn, mamba_mixer
+    Gemma 4 attention in an Axolotl job of a gemma4 preset (workload/gemma4_fused_attn.py), its
+    fused_attn_kernel in one of a qwen3 preset (workload/qwen3_fused_attn.py)."""
+    from autotune.workload import gated_delta_rule, gemma4_fused_attn, mamba_mixer, qwen3_fused_attn
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
@@ -149,7 +152,9 @@ def _kernel_notes(model: str | None, axolotl: bool = False) -> tuple[str, ...]:
     return tuple(module.NOTE for module, applies in ((gated_delta_rule, gated_delta_rule.hybrid),
                                                       (mamba_mixer, mamba_mixer.torch_path),
                                                       (gemma4_fused_attn, lambda t: axolotl and
-                                                       gemma4_fused_attn.patched(t)))
+                                                       gemma4_fused_attn.patched(t)),
+                                                      (qwen3_fused_attn, lambda t: axolotl
+                                                       and fused_attn_kernel and qwen3_fused_attn.patched(t)))
                  if name is not None and applies(model_type))
 
 

@@ -50,13 +50,14 @@ from autotune.configs.sharding import (
     set_parallel,
     wrap_classes,
 )
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.request import CheckRequest
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.qat import parse_qat, to_json
+from autotune.workload.step import FLASH_ATTENTIONS
 from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REWARD, REWARD_TASK, SIMPO
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
@@ -81,7 +82,6 @@ _AXOLOTL_REFUSED = {
     "llmcompressor": QUANT,
     "cls_model_config": "a classification head (reward models) is not modelled",
     "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
-    "fused_attn_kernel": KERNEL,
 }
 # Parallel degrees: 1 (or null) is one GPU holding the model.
 _AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
@@ -692,14 +692,27 @@ FUSED_ATTENTION_NOTE = (
     "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
     "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
     "kernels/gemma4_fused_rope.py)")
+def _fused_attn_kernel(cfg: Config) -> bool | None:
+    """``fused_attn_kernel: true``: True (what it swaps in depends on the model type: check_patched_model,
+    workload/qwen3_fused_attn.py); None where unset or false."""
+    if not cfg.flag("fused_attn_kernel"):
+        return None
+    cfg.notes.append("fused_attn_kernel: true: Axolotl fuses q/k RMSNorm + RoPE into one Triton kernel for "
+                     "the model types it patches (loaders/patch_manager.py), emulated for qwen3 and gemma4")
+    return True
+
+
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
-    the Axolotl ``config`` says: gemma4_unified's fused attention; nothing for other formats. gemma4's
-    fused attention and its shared-KV side channel are emulated (workload/gemma4_fused_attn.py,
-    swapped in by the request's ``axolotl``). ``request``: the config's with the flags given over it."""
+    the Axolotl ``config`` says: gemma4_unified's fused attention; with fused_attn_kernel, the model
+    types whose fused forward is not emulated (workload/qwen3_fused_attn.py AXOLOTL_TYPES); nothing for
+    other formats. gemma4's fused attention and its shared-KV side channel are emulated
+    (workload/gemma4_fused_attn.py, swapped in by the request's ``axolotl``), qwen3's fused_attn_kernel
+    too (qwen3_fused_attn.py). ``request``: the config's with the flags given over it."""
     model = request.step.model
     if config.format != "axolotl" or model is None:
         return
+    from autotune.workload import qwen3_fused_attn
     from autotune.workload.gemma4_fused_attn import patched
     from autotune.workload.models import resolve_model
 
@@ -708,6 +721,12 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     except InvalidInput:  # an unknown model is refused later, by the check
         return
     model_type = getattr(spec.config, "model_type", None)
+    if request.step.fused_attn_kernel and model_type in qwen3_fused_attn.AXOLOTL_TYPES:
+        path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+        raise UnmodelledSetting(f"fused_attn_kernel: true in {path!r} is not modelled for {spec.name} (model "
+                                f"type {model_type}): Axolotl swaps its attention forward for one with a "
+                                "fused q/k RMSNorm + RoPE Triton kernel (loaders/patch_manager.py), emulated "
+                                "for qwen3 and gemma4 only")
     if model_type not in FUSED_ATTENTION_TYPES:
         return
     path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
@@ -823,8 +842,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, **trainer, **unfrozen,
-        **overrides,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat,
+        fused_attn_kernel=_fused_attn_kernel(cfg), **trainer, **unfrozen, **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
@@ -907,10 +926,11 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         cfg.notes.append("float16: true: weights in float16, no autocast")
     else:
         dtype, precision = "float32", "fp32"
-    if dtype != "float32" and attn not in ("flash_attention_2",) and not cce and not adapter:
+    if dtype != "float32" and attn not in FLASH_ATTENTIONS and not cce and not adapter:
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
-        # float32 and cast back to the weights dtype only for flash attention (attn_needs_dtype_cast),
-        # or with an adapter (needs_fa2_dtype).
+        # float32 and cast back to the weights dtype only for an attention other than eager and sdpa
+        # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST), or with an adapter
+        # (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "

@@ -25,6 +25,8 @@ from autotune.workload.step import ATTN_CHOICES
 
 # The same flash-attn 2 kernel, fetched from the Hub by transformers' kernels integration.
 _ATTN_ALIASES = {"kernels-community/flash-attn2": "flash_attention_2"}
+# The Hub kernels autotune models: flash-attn2 as flash_attention_2, vllm-flash-attn3 emulated.
+_HUB_KERNELS = (*_ATTN_ALIASES, *(name for name in ATTN_CHOICES if "/" in name))
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
                   "half": "float16"}
 
@@ -216,9 +218,13 @@ def read_attention(cfg: Config, key: str, value: Any) -> str | None:
     if not isinstance(value, str):
         raise cfg.bad(key, value, "a string")
     attn = _ATTN_ALIASES.get(value, value)
-    if attn not in ATTN_CHOICES:
-        raise cfg.unmodelled(key, value, f"autotune models the attentions {', '.join(ATTN_CHOICES)}")
-    return attn
+    if attn in ATTN_CHOICES:
+        return attn
+    if "/" in attn:  # transformers loads an "org/repo" name from the Hub (integrations/hub_kernels.py)
+        raise cfg.unmodelled(key, value, f"a Hub attention kernel whose memory autotune does not model; "
+                             f"it models the Hub's {', '.join(_HUB_KERNELS)} and "
+                             f"{', '.join(name for name in ATTN_CHOICES if '/' not in name)}")
+    raise cfg.unmodelled(key, value, f"autotune models the attentions {', '.join(ATTN_CHOICES)}")
 
 
 def read_dtype(cfg: Config, key: str, value: Any) -> str | None:

@@ -93,11 +93,11 @@ def make_grpo_batch(trainer: Trainer, batch_size: int, seq_len: int, device: Any
     for a padded batch; none under flash_attention_2, whose rows are filled)."""
     import torch
 
-    from autotune.workload.step import FLASH_ATTENTION_2
+    from autotune.workload.step import FLASH_ATTENTIONS
 
     shape = (generation_rows(trainer, batch_size), prompt_tokens(trainer, seq_len))
     mask = torch.ones(shape, dtype=torch.long, device=device)
-    if shape[1] > 1 and attn != FLASH_ATTENTION_2:
+    if shape[1] > 1 and attn not in FLASH_ATTENTIONS:
         mask[:, 0] = 0
     return {"prompt_ids": torch.zeros(shape, dtype=torch.long, device=device), "prompt_mask": mask}
 

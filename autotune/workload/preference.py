@@ -81,9 +81,9 @@ def completion_tokens(seq_len: int, attn: str | None) -> int:
     """The completion tokens of one row of the batch, shifted as the loss reads them: every
     position after a one-token prompt (the most a row of ``seq_len`` holds), less the padded last
     position the batch keeps unless flash attention packs the row (step.make_batch)."""
-    from autotune.workload.step import FLASH_ATTENTION_2
+    from autotune.workload.step import FLASH_ATTENTIONS
 
-    padded = 1 if seq_len > 1 and attn != FLASH_ATTENTION_2 else 0
+    padded = 1 if seq_len > 1 and attn not in FLASH_ATTENTIONS else 0
     return max(seq_len - 1 - padded, 0)
 
 

@@ -38,12 +38,20 @@ if TYPE_CHECKING:
 # transformers' attn_implementation names. flash_attention_2 is the flash-attn package's kernel:
 # its buffers are those of PyTorch's own FlashAttention-2 kernel behind SDPA (attention.py), which
 # the estimator runs in its place; it needs an sm80+ card and 16-bit inputs (flash-attn's README).
-ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
+# kernels-community/vllm-flash-attn3 is a Hub kernel transformers loads for that attn_implementation
+# (integrations/hub_kernels.py): FlashAttention-3 as vLLM forks it, with gpt-oss' attention sinks,
+# emulated (flash_attn3.py).
 FLASH_ATTENTION_2 = "flash_attention_2"
+VLLM_FLASH_ATTN3 = "kernels-community/vllm-flash-attn3"
+ATTN_CHOICES = ("sdpa", "eager", FLASH_ATTENTION_2, VLLM_FLASH_ATTN3)
+# The attentions that run a flash kernel through transformers' flash path: no mask for a batch
+# without padding, whose rows make_batch fills.
+FLASH_ATTENTIONS = (FLASH_ATTENTION_2, VLLM_FLASH_ATTN3)
 # The estimator's stand-in for flash_attention_2 (``_register_flash_stand_in``), registered with
 # transformers' AttentionInterface and AttentionMaskInterface under a name without "flash" in it
 # (transformers would import the flash-attn package for such a name).
 FLASH_STAND_IN = "autotune_fa2_emulated"
+FA3_STAND_IN = "autotune_vllm_fa3_emulated"  # flash_attn3.attention_forward, under the same rule
 MIN_STEPS = 2  # the optimizer state appears in step 1; step 2 sees it together with new activations
 
 # transformers Auto classes per task (transformers.models.auto.modeling_auto).
@@ -110,6 +118,22 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
             raise InvalidInput(f"{type(model).__name__} does not support flash_attention_2 in "
                                f"transformers {transformers.__version__}: use sdpa or eager")
         return model, attn
+    if attn == VLLM_FLASH_ATTN3:
+        # The Hub kernel cannot be fetched here (offline) nor run on a CPU: its emulation, built only
+        # where the estimator runs it (flash_as_sdpa).
+        if not flash_as_sdpa:
+            raise InvalidInput(f"attn {attn} is modelled by the estimate backend only (emulated)")
+        if task == IMAGE_TEXT_TO_TEXT:
+            raise InvalidInput(f"attn {attn} is not modelled for vision-language models")
+        _register_flash_stand_in()
+        try:
+            model = _from_config(auto_class, config, FA3_STAND_IN, spec, task, dtype)
+        except (ValueError, ImportError) as exc:
+            raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
+        if not getattr(model, "_supports_flash_attn", False):
+            raise InvalidInput(f"{type(model).__name__} does not support flash attention in "
+                               f"transformers {transformers.__version__}, so not {attn}: use sdpa or eager")
+        return model, attn
     if attn is not None:
         try:
             model = _from_config(auto_class, config, attn, spec, task, dtype)
@@ -135,10 +159,14 @@ def _register_flash_stand_in() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from autotune.workload.flash_attn3 import attention_forward
+
     if FLASH_STAND_IN in AttentionInterface._global_mapping:
         return
     AttentionInterface.register(FLASH_STAND_IN, _flash_stand_in)
     AttentionMaskInterface.register(FLASH_STAND_IN, _flash_stand_in_mask)
+    AttentionInterface.register(FA3_STAND_IN, attention_forward)
+    AttentionMaskInterface.register(FA3_STAND_IN, _flash_stand_in_mask)
 
 
 def _flash_stand_in_mask(batch_size: int, q_length: int, kv_length: int, *args: Any,
@@ -239,8 +267,8 @@ def make_batch(
 
     Token ids are zeros: memory does not depend on their values. The last position of every
     sequence is padding (attention mask 0): with an all-ones mask transformers may drop the mask
-    and let SDPA use a mask-free kernel, which a real padded batch never gets. With ``attn``
-    flash_attention_2 every position is kept: rows filled to ``seq_len`` (packed), which is what
+    and let SDPA use a mask-free kernel, which a real padded batch never gets. With a flash ``attn``
+    (FLASH_ATTENTIONS) every position is kept: rows filled to ``seq_len`` (packed), which is what
     flash-attn runs without unpadding copies.
     """
     import torch
@@ -250,7 +278,7 @@ def make_batch(
         "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
         "attention_mask": torch.ones(shape, dtype=torch.long, device=device),
     }
-    if seq_len > 1 and attn != FLASH_ATTENTION_2:
+    if seq_len > 1 and attn not in FLASH_ATTENTIONS:
         batch["attention_mask"][:, -1] = 0
     if task == "sequence-classification":
         batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)

@@ -10,7 +10,10 @@ that would crash):
   LoRA trains whole (modules_to_save, a classification head) is still a float16 copy;
 - ``flash_attention_2`` needs an sm80+ card (flash-attn 2 supports Ampere and newer) and 16-bit
   inputs: float32 weights without autocast are refused by flash-attn ("FlashAttention only
-  supports fp16 and bf16 data type").
+  supports fp16 and bf16 data type");
+- ``kernels-community/vllm-flash-attn3`` likewise (flash_api.cpp mha_fwd: sm80+, 16-bit inputs), and
+  for a model with attention sinks (gpt-oss) a Hopper card and bfloat16 ("S aux is currently only
+  supported for Hopper GPUs", "We only support bf16 dtype for S aux").
 
 A step that runs but not as the user may think gets a warning: bfloat16 (autocast or weights) on
 a card without native bfloat16 (compute capability below 8.0: P100, V100, T4, TITAN-X), where the
@@ -27,7 +30,7 @@ from autotune.gpus import GpuSpec
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import outside_allocator_bytes
-from autotune.workload.step import FLASH_ATTENTION_2, build_model
+from autotune.workload.step import FLASH_ATTENTION_2, VLLM_FLASH_ATTN3, build_model
 
 
 def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
@@ -46,6 +49,30 @@ def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
         if mode.autocast_dtype_name is None and workload.weights_dtype == "float32":
             return (f"flash_attention_2 runs on float16/bfloat16 inputs only; mode {mode.name} over "
                     "float32 weights has none: use a bf16 or amp mode, 16-bit weights, or sdpa")
+    if workload.attn == VLLM_FLASH_ATTN3:
+        return _flash_attn3_refusal(workload, mode, gpu)
+    return None
+
+
+def _flash_attn3_refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
+    from autotune.workload import flash_attn3
+
+    name, cc = flash_attn3.NAME, gpu.compute_capability
+    if cc is not None and cc < (8, 0):
+        return f"{name} needs compute capability 8.0 or newer; {gpu.name} has {cc[0]}.{cc[1]}"
+    if mode.autocast_dtype_name is None and workload.weights_dtype == "float32":
+        return (f"{name} runs on float16/bfloat16 inputs only; mode {mode.name} over float32 weights has "
+                "none: use a bf16 mode or bfloat16 weights")
+    model_type = getattr(workload.model.config, "model_type", None)
+    if model_type not in flash_attn3.SINK_MODEL_TYPES:
+        return None
+    if cc is not None and cc != flash_attn3.SINK_ARCH:
+        return (f"{name} takes {model_type}'s attention sinks on Hopper (compute capability 9.0) only "
+                f"(flash_api.cpp mha_fwd); {gpu.name} has {cc[0]}.{cc[1]}: use eager")
+    half = mode.autocast_dtype_name or workload.weights_dtype
+    if half == "float16":
+        return (f"{name} takes {model_type}'s attention sinks in bfloat16 only (flash_api.cpp mha_fwd; "
+                f"transformers casts them to the query's dtype), not float16: use a bf16 mode")
     return None
 
 

@@ -35,6 +35,19 @@ def require_axolotl_patches() -> None:
                                  "package (pip install axolotl); the estimate backend emulates it")
 
 
+def patch_fused_attention(model_type: str | None, shared_kv_workaround: bool) -> None:
+    """Axolotl's fused attention patch for ``model_type``, as loaders/patch_manager.py applies it: Qwen3's
+    (fused_attn_kernel, monkeypatch/models/qwen3/fused_attn.py ``patch_qwen3_fused_attn``), else Gemma 4's."""
+    if model_type == "qwen3":
+        from axolotl.monkeypatch.models.qwen3.fused_attn import (  # type: ignore[import-not-found]
+            patch_qwen3_fused_attn,
+        )
+
+        patch_qwen3_fused_attn()
+        return
+    patch_gemma4_attention(shared_kv_workaround)
+
+
 def patch_gemma4_attention(shared_kv_workaround: bool) -> None:
     """monkeypatch/models/gemma4/fused_attn.py ``patch_gemma4_fused_attn``, as loaders/patch_manager.py
     calls it: with the shared-KV side channel where activation checkpointing or offloading is on. It

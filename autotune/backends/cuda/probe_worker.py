@@ -36,7 +36,7 @@ from autotune.backends.cuda.bnb import (
     require_bitsandbytes,
 )
 from autotune.backends.cuda.liger import patch_before_build, require_liger
-from autotune.backends.cuda.lora_kernels import patch_gemma4_attention, require_axolotl_patches
+from autotune.backends.cuda.lora_kernels import patch_fused_attention, require_axolotl_patches
 from autotune.backends.cuda.parts import CUDA_PARTS
 from autotune.backends.cuda.protocol import PROTOCOL, CellSpec, decode, encode, failed_reply, rebuild_workload
 from autotune.backends.distributed import Distributed
@@ -222,8 +222,10 @@ class Worker:
             )
             patch_before_build(workload)  # Liger's kernels, as Axolotl swaps them in (liger.py)
             if workload.fused_attention:  # Axolotl's own, as its patch_manager.py swaps it in
-                patch_gemma4_attention(mode.checkpointing or workload.offload_activations or (
-                    workload.parallel is not None and workload.parallel.activation_checkpointing))
+                patch_fused_attention(getattr(workload.model.config, "model_type", None),
+                                      mode.checkpointing or workload.offload_activations or (
+                                          workload.parallel is not None
+                                          and workload.parallel.activation_checkpointing))
             sharded = workload.parallel is not None and workload.parallel.kind == FSDP
             model, attn = self._build(workload, on_device=not quantized and not sharded)
             prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)

@@ -85,6 +85,9 @@ class AttentionKernels:
     # 16-bit inputs (no SDPA choice: no cuDNN, no memory-efficient kernel, no mask bias); PyTorch's
     # own FlashAttention-2 kernel, whose buffers it shares (the flash branch below), stands in.
     flash_attn_package: bool = False
+    # The card's (major, minor); None: given only by its size. Hub flash kernels' block sizes follow
+    # it (workload/flash_attn3.py).
+    compute_capability: tuple[int, int] | None = None
 
 
 # sdp_utils.cpp check_prefer_cudnn_attention (PyTorch 2.10+): SDPA tries cuDNN first on these
@@ -105,7 +108,8 @@ def kernels_for(compute_capability: tuple[int, int] | None) -> AttentionKernels:
         if cc is None or cc in CUDNN_PREFERRED_ARCHS:
             cudnn_max = CUDNN_HOPPER_HEAD_DIM_MAX if cc in (None, (9, 0)) else CUDNN_HEAD_DIM_MAX
     return AttentionKernels(
-        flash=cc is None or flash_attention_supported(cc), bf16=current, cudnn_head_dim_max=cudnn_max
+        flash=cc is None or flash_attention_supported(cc), bf16=current, cudnn_head_dim_max=cudnn_max,
+        compute_capability=cc,
     )
 
 

@@ -196,7 +196,9 @@ def workspace_from_json(document: Mapping[str, Any]) -> Any:
 BOUND = "bound"
 
 # How the probes' details name the SDPA kernels a step ran (attention.choose_kernel's kinds).
-ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math"}
+# A Hub kernel (workload/flash_attn3.py) is named by its repository, emulated.
+ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math",
+                          "vllm-flash-attn3": "kernels-community/vllm-flash-attn3 (emulated)"}
 
 
 def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:

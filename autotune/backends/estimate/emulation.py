@@ -34,6 +34,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
+from autotune.backends.estimate.tracker import outside_allocator
+from autotune.workload import flash_attn3
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -136,6 +138,10 @@ class CudaEmulation(TorchFunctionMode):
             return _fused_dropout(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             return emulated_sdpa(self.kernels, *args, on_kernel=self.attention_kernels.add, **kwargs)
+        if func is flash_attn3.flash_attn_func:  # the Hub kernel, emulated for the target card
+            self.attention_kernels.add(flash_attn3.KIND)
+            arch = self.kernels.compute_capability or flash_attn3.DEFAULT_ARCH
+            return func(*args, **{**kwargs, "arch": arch, "registers": outside_allocator})
         if func is torch._grouped_mm and is_fallback(*args[:2]):
             return fallback_grouped_mm(*args, **kwargs)
         return func(*args, **kwargs)

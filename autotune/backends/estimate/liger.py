@@ -41,10 +41,12 @@ def swap_in_linear_attention(model: torch.nn.Module) -> None:
 
 def swap_in_fused_attention(model: torch.nn.Module, gpu: GpuSpec) -> None:
     """Axolotl's fused Gemma 4 attention forward, emulated (workload/gemma4_fused_attn.py), in every
-    Gemma4TextAttention of ``model``: its backward's weight-gradient partials sized by the target
+    Gemma4TextAttention of ``model``, and its fused_attn_kernel Qwen3 forward (qwen3_fused_attn.py) in
+    every Qwen3Attention: its backward's weight-gradient partials sized by the target
     card's multiprocessors, as Liger's RMSNorm's."""
     from autotune.backends.estimate.tracker import outside_allocator
-    from autotune.workload.gemma4_fused_attn import apply
+    from autotune.workload import gemma4_fused_attn, qwen3_fused_attn
 
     count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
-    apply(model, count, outside_allocator)
+    gemma4_fused_attn.apply(model, count, outside_allocator)
+    qwen3_fused_attn.apply(model, count, outside_allocator)  # fused_attn_kernel (request.py: Qwen3's only)

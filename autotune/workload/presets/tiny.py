@@ -89,6 +89,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "architectures": ["MistralForCausalLM"],
     },
     # Mixtral: 4 experts of the tiny MLP's width, 2 routed per token (the real models' 8 and 2).
+    # gpt-oss' attention (sinks, a sliding window on alternate layers, grouped keys) and experts, tiny.
+    "gpt_oss": {
+        **_TINY_BERT,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+        # gpt-oss-20b's YaRN, over 4 original positions: 128 / 4 = its factor 32
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 4, "truncate": False},
+        "architectures": ["GptOssForCausalLM"],
+    },
+    "qwen3": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "architectures": ["Qwen3ForCausalLM"]},
     "mixtral": {
         **_TINY_BERT,
         "num_key_value_heads": 1,
