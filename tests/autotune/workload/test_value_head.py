@@ -159,3 +159,20 @@ def test_llamafactory_s_reward_model_takes_no_trl_settings(kwargs):
 
     with pytest.raises(InvalidInput):
         check_trainer("reward", llamafactory=True, **kwargs)
+
+
+def test_the_cuda_worker_builds_and_runs_the_value_head_model():
+    # the cuda backend's worker (on the CPU here) wraps the LoRA model as the estimator does
+    from cpumemory import CpuMemory
+
+    from autotune.backends.cuda.probe_worker import Worker
+    from autotune.backends.cuda.protocol import PROTOCOL, cell_spec
+
+    worker = Worker(CpuMemory())
+    spec = cell_spec(tiny_llama(lf_reward(), lora=True), parse_mode("fp32"), 16, GIB)
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    assert isinstance(worker.model, ValueHeadModel) and worker.reference is None
+    assert worker.model.v_head.summary.weight.requires_grad and worker.model.v_head.dropout.p == 0.1
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits", reply
