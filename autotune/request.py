@@ -816,7 +816,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         with found.about("max_completion_length"):
             for seq_len in seq_lens:
                 check_grpo_rows(trainer, seq_len)
-    if trainer is not None and trainer.name == REWARD:
+    if trainer is not None and trainer.name == REWARD and not trainer.value_head:
         task = task or REWARD_TASK  # RewardTrainer's AutoModelForSequenceClassification, num_labels=1
         spec = replace(spec, config=reward_config(spec.config))
     with found.about("task"):

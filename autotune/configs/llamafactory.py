@@ -225,7 +225,7 @@ def _lf_liger(cfg: Config) -> tuple[str, ...] | None:
 
 
 def _lf_stage(cfg: Config) -> str:
-    """sft (finetuning_args.py's default stage), pt, dpo or kto; rm and ppo are refused; and
+    """sft (finetuning_args.py's default stage), pt, dpo, kto or rm; ppo is refused; and
     LLaMA-Factory's own refusals of a run that does not train."""
     stage = cfg.get("stage")
     if stage is None:

@@ -1,10 +1,11 @@
-"""LLaMA-Factory's preference stages (``stage: dpo``, ``stage: kto``) as the trainer autotune models,
-run as LLaMA-Factory's own trainers run it (workload/llamafactory_preference.py); ``rm`` and ``ppo``
-refused by name.
+"""LLaMA-Factory's preference stages (``stage: dpo``, ``stage: kto``) and its reward model (``stage: rm``)
+as the trainer autotune models, run as LLaMA-Factory's own trainers run it
+(workload/llamafactory_preference.py, workload/value_head.py); ``ppo`` refused by name.
 
 Paths are LLaMA-Factory's (src/llamafactory/): hparams/finetuning_args.py ``RLHFArguments`` and
 ``FinetuningArguments.__post_init__`` (``use_ref_model``), train/dpo/workflow.py ``run_dpo``,
-train/kto/workflow.py ``run_kto``, train/trainer_utils.py ``create_ref_model``.
+train/kto/workflow.py ``run_kto``, train/rm/workflow.py ``run_rm``, train/trainer_utils.py
+``create_ref_model``.
 """
 
 from __future__ import annotations
@@ -13,20 +14,14 @@ from typing import Any
 
 from autotune.configs.reading import Config, note_set_keys, unset, words
 from autotune.errors import InvalidInput
-from autotune.workload.trainers import DPO, KTO, ORPO, SIMPO
+from autotune.workload.trainers import DPO, KTO, ORPO, REWARD, SIMPO
 
-PREFERENCE_STAGES = ("dpo", "kto")
+PREFERENCE_STAGES = ("dpo", "kto", "rm")
 # finetuning_args.py RLHFArguments.pref_loss; CustomDPOTrainer calls TRL 0.24's dpo_loss without its
 # loss_type argument (dpo_trainer.py: default "sigmoid"), so sigmoid, hinge, ipo and kto_pair all
 # compute the sigmoid loss (ipo averaging the log-probs first): [batch] vectors either way.
 _PREF_LOSSES = {"sigmoid": DPO, "hinge": DPO, "ipo": DPO, "kto_pair": DPO, "orpo": ORPO, "simpo": SIMPO}
 REFUSED_STAGES = {
-    "rm": "LLaMA-Factory's rm stage trains AutoModelForCausalLMWithValueHead (train/rm/workflow.py: "
-          "load_model(add_valuehead=True); PairwiseTrainer.compute_loss scores each row's last token): the "
-          "causal LM's logits over the whole vocabulary, cast to float32 (TRL 0.24 modeling_value_head.py "
-          "forward), then dropped, beside a float32 value head (dropout, Linear(hidden, 1)) on every "
-          "position's hidden state; autotune's reward trainer is TRL's RewardTrainer, a num_labels=1 "
-          "sequence classifier without the LM logits: LLaMA-Factory's is not modelled",
     "ppo": "PPO (train/ppo: generation, a value head, a reward model) is not modelled",
 }
 # Keys of the loss on [batch] vectors: no effect on memory.
@@ -37,12 +32,14 @@ _LIGER = ("Liger's kernels under a preference stage (apply_liger_kernel with req
 
 
 def read_lf_preference(cfg: Config, stage: str, full: bool) -> dict[str, Any]:
-    """The request's trainer fields of ``stage`` (dpo or kto), its keys that change memory and are not
-    modelled refused by name, the others noted."""
+    """The request's trainer fields of ``stage`` (dpo, kto or rm), its keys that change memory and are
+    not modelled refused by name, the others noted."""
     cfg.read.update(_VECTOR_KEYS | {"pref_loss", "ref_model", "ld_alpha"})
     for key in ("enable_liger_kernel", "use_liger_kernel"):
         if cfg.flag(key):
             raise cfg.unmodelled(key, True, _LIGER)
+    if stage == "rm":
+        return _reward(cfg)
     trainer = KTO if stage == KTO else _dpo_trainer(cfg)
     reference = trainer in (DPO, KTO)  # use_ref_model for dpo; run_kto always creates one
     ref_model = cfg.get("ref_model")
@@ -73,6 +70,25 @@ def read_lf_preference(cfg: Config, stage: str, full: bool) -> dict[str, Any]:
                      f"reference: {ref}")
     note_set_keys(cfg, _VECTOR_KEYS, "the preference loss's")
     return {"trainer": trainer, "llamafactory": True}
+
+
+def _reward(cfg: Config) -> dict[str, Any]:
+    """stage rm: train/rm/workflow.py ``run_rm`` (workload/value_head.py); the preference keys are
+    DPO's and KTO's, which run_rm does not read."""
+    if cfg.get("packing"):
+        cfg.notes.append("packing: true: stage rm's rows are not packed (data/loader.py _get_preprocessor "
+                         "packs for pt and sft): no effect")
+    cfg.notes.append("stage: rm: LLaMA-Factory's PairwiseTrainer (train/rm/trainer.py) over TRL 0.24's "
+                     "AutoModelForCausalLMWithValueHead (loader.py load_model(add_valuehead=True), after the "
+                     "adapter), cutoff_len its longest row; the batch is pairs: chosen then rejected rows, "
+                     "2 x batch rows in one forward (PairwiseDataCollatorWithPadding), their labels reaching "
+                     "the LM: the logits over every position, their float32 copy and the LM's loss computed "
+                     "and dropped; a float32 value head (dropout 0.1, Linear(hidden, 1)) on the last hidden "
+                     "state, trained; the pairwise loss on each row's last token's value; dropout kept "
+                     "(transformers' Trainer); no reference model")
+    note_set_keys(cfg, _VECTOR_KEYS | {"pref_loss", "ref_model", "ld_alpha"},
+                  "DPO's and KTO's, which run_rm does not read")
+    return {"trainer": REWARD, "llamafactory": True}
 
 
 _LOSS_WORDS = {ORPO: ", pref_loss orpo: ORPO's odds ratio on the averaged log-probs",

@@ -31,6 +31,7 @@ src/llamafactory/train/dpo/trainer.py ``CustomDPOTrainer``, train/kto/trainer.py
   copies under no_grad. No batch-size limit (``Trainer.__init__`` only, not KTOTrainer's).
 
 Every trainer disables dropout (``disable_dropout_in_model``) in the policy and the reference.
+Stage rm (PairwiseTrainer over a value head) runs workload/value_head.py's step on the same batch.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ IGNORE_INDEX = -100  # src/llamafactory/extras/constants.py
 
 def make_lf_batch(config: Any, trainer: Trainer, batch_size: int, seq_len: int, device: Any = None,
                   *, attn: str | None = None) -> dict[str, torch.Tensor]:
-    """The batch of LLaMA-Factory's collator for ``trainer`` (module docstring): for dpo, orpo and
-    simpo 2 x batch_size rows (chosen, then rejected); for kto batch_size rows, the KL rows and
-    ``kto_tags``. ``labels`` are the row's tokens but the one-token prompt (IGNORE_INDEX)."""
+    """The batch of LLaMA-Factory's collator for ``trainer`` (module docstring): for dpo, orpo,
+    simpo and reward (stage rm) 2 x batch_size rows (chosen, then rejected); for kto batch_size rows,
+    the KL rows and ``kto_tags``. ``labels`` are the row's tokens but the one-token prompt (IGNORE_INDEX)."""
     import torch
 
     from autotune.workload.step import make_batch
@@ -228,6 +229,10 @@ def lf_kto_loss(model: Any, reference: Any, trainer: Trainer, autocasts: bool, p
 def lf_preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocasts: bool,
                           phase: Callable[[str], None] = _no_phase) -> Callable[..., torch.Tensor]:
     """The step's ``forward(**batch)``: LLaMA-Factory's loss of its collator's batch."""
+    if trainer.value_head:  # PairwiseTrainer (stage rm): ``model`` is the value-head model
+        from autotune.workload.value_head import pairwise_loss
+
+        return functools.partial(pairwise_loss, model, autocasts)
     if trainer.name == KTO:
         return functools.partial(lf_kto_loss, model, reference, trainer, autocasts, phase)
     return functools.partial(lf_dpo_loss, model, reference, trainer, autocasts)

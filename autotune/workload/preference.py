@@ -472,9 +472,20 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
     return make_preference_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
 
 
+def trained_model(model: Any, workload: Workload) -> Any:
+    """The module the trainer trains, built from the model (its adapter added): LLaMA-Factory's
+    reward model wraps it in TRL 0.24's value head (workload/value_head.py); else the model."""
+    if workload.trainer is None or not workload.trainer.value_head:
+        return model
+    from autotune.workload.value_head import add_value_head
+
+    return add_value_head(model)
+
+
 def prepare_models(model: Any, workload: Workload, build: Callable[[str], Any]) -> Any:
     """A preference trainer's models, as its ``__init__`` leaves them: dropout disabled in the
-    policy ``model`` (GRPOConfig's disable_dropout is False: GRPO's policy keeps it); the reference it
+    policy ``model`` (GRPOConfig's disable_dropout is False: GRPO's policy keeps it, and LLaMA-Factory's
+    PairwiseTrainer disables none); the reference it
     returns (a frozen copy built by ``build(weights_dtype)`` for a full fine-tune's DPO or KTO, or
     GRPO's with beta != 0; else None): in the policy's weights' dtype (TRL's ``create_model_from_path``
     with the policy's ``model_init_kwargs``), or the checkpoint's for LLaMA-Factory's
@@ -483,7 +494,9 @@ def prepare_models(model: Any, workload: Workload, build: Callable[[str], Any]) 
     trainer = workload.trainer
     if trainer is None:
         return None
-    if trainer.name != GRPO:
+    # GRPO keeps dropout; so does LLaMA-Factory's PairwiseTrainer (transformers' Trainer) in the LM and
+    # in its value head
+    if trainer.name != GRPO and not trainer.value_head:
         disable_dropout(model)
     if trainer.reference(peft=workload.adapter is not None) == "frozen copy":
         dtype = workload.weights_dtype

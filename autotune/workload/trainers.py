@@ -4,7 +4,8 @@
 (``dpo``, ``orpo``, ``simpo``, ``kto``, ``reward``) are TRL's, their step in workload/preference.py;
 ``grpo`` is TRL's GRPOTrainer, its generation and training step in workload/grpo.py.
 LLaMA-Factory's own trainers (``recipe`` LLAMAFACTORY: CustomDPOTrainer for dpo, orpo and simpo,
-CustomKTOTrainer for kto) run their step otherwise: workload/llamafactory_preference.py.
+CustomKTOTrainer for kto) run their step otherwise: workload/llamafactory_preference.py; its reward
+model (PairwiseTrainer, stage rm) is the causal LM with a value head: workload/value_head.py.
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ REWARD_TASK = "sequence-classification"
 KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"
 # Whose trainer runs the step: TRL's (workload/preference.py), or LLaMA-Factory's subclasses of TRL
 # 0.24's DPOTrainer and KTOTrainer (src/llamafactory/train/dpo/trainer.py CustomDPOTrainer,
-# train/kto/trainer.py CustomKTOTrainer: workload/llamafactory_preference.py).
+# train/kto/trainer.py CustomKTOTrainer: workload/llamafactory_preference.py), and its reward model:
+# transformers' Trainer subclassed (train/rm/trainer.py PairwiseTrainer) over TRL 0.24's
+# AutoModelForCausalLMWithValueHead (workload/value_head.py).
 TRL, LLAMAFACTORY = "trl", "llamafactory"
 LF_CLASSES = {DPO: "CustomDPOTrainer", ORPO: "CustomDPOTrainer (pref_loss orpo)",
-              SIMPO: "CustomDPOTrainer (pref_loss simpo)", KTO: "CustomKTOTrainer"}
+              SIMPO: "CustomDPOTrainer (pref_loss simpo)", KTO: "CustomKTOTrainer",
+              REWARD: "PairwiseTrainer, value head"}
+LF_VALUE_HEAD_CLASS = "AutoModelForCausalLMWithValueHead (TRL 0.24)"
 # Trainers known by name whose step is not modelled yet, and why (none today: KTO was the last).
 NOT_YET: dict[str, str] = {}
 # TRL's KTOConfig loss_type values (kto_config.py). kto_trainer.py __init__: ``calculate_KL =
@@ -84,6 +89,11 @@ class Trainer:
     @property
     def llamafactory(self) -> bool:
         return self.recipe == LLAMAFACTORY
+
+    @property
+    def value_head(self) -> bool:
+        """LLaMA-Factory's reward model: the causal LM with TRL 0.24's value head (value_head.py)."""
+        return self.llamafactory and self.name == REWARD
 
     @property
     def paired(self) -> bool:
@@ -159,7 +169,8 @@ class Trainer:
         return int(total_memory_bytes * self.vllm_gpu_memory_utilization) if self.colocated_vllm else 0
 
     def to_json(self, peft: bool) -> dict[str, Any]:
-        found = {"name": self.name, "trl_class": TRL_CLASSES[self.name], "recipe": self.recipe,
+        trl_class = LF_VALUE_HEAD_CLASS if self.value_head else TRL_CLASSES[self.name]
+        found = {"name": self.name, "trl_class": trl_class, "recipe": self.recipe,
                  "rows_per_sample": self.rows_per_sample,
                  "precompute_ref_log_probs": self.precompute_ref_log_probs,
                  "reference": self.reference(peft), "chosen_nll": False if self.llamafactory else
@@ -223,6 +234,11 @@ class Trainer:
 
     def _llamafactory_words(self, peft: bool) -> str:
         """What LLaMA-Factory's step holds (workload/llamafactory_preference.py)."""
+        if self.value_head:
+            return ("batch = pairs: chosen+rejected, 2 rows each (PairwiseDataCollatorWithPadding); the LM's "
+                    "logits over every position, their float32 copy and the LM loss of the rows' labels "
+                    "computed and dropped; a float32 value head (dropout 0.1, Linear(hidden, 1)) on the last "
+                    "hidden state, trained; the loss on each row's last token's value; no reference model")
         logps = ("float32 logits and their whole log_softmax (get_batch_logps) held for the backward")
         if self.name == KTO:
             words = ("batch = examples: a prompt + completion labelled desirable or undesirable, 1 row each "
@@ -349,7 +365,8 @@ def check_grpo_rows(trainer: Trainer, seq_len: int) -> None:
 def check_step(trainer: Trainer, task: str, *, loss: str, liger: tuple[str, ...], parallel: Any,
                images: Any) -> None:
     """Refuse, naming the field, what a preference step is not modelled with."""
-    needed = REWARD_TASK if trainer.name == REWARD else "causal-lm"
+    # TRL's RewardTrainer: a sequence classifier; LLaMA-Factory's: the causal LM with a value head
+    needed = REWARD_TASK if trainer.name == REWARD and not trainer.value_head else "causal-lm"
     if task != needed:
         raise _field("task", f"trainer {trainer.name} trains a {needed} model, not {task}")
     if loss != "full" or liger:

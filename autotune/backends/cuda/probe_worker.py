@@ -49,7 +49,7 @@ from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
 from autotune.workload.parallel import FSDP
-from autotune.workload.preference import preference_forward, prepare_models, step_batch
+from autotune.workload.preference import preference_forward, prepare_models, step_batch, trained_model
 from autotune.workload.qat import prepare_qat
 from autotune.workload.step import (
     build_model,
@@ -243,6 +243,7 @@ class Worker:
                                                str(self.memory.device).partition(":")[0])
                 # FSDP2 shards the model built on the CPU, moving each rank's shard to the device
                 self.distributed.prepare(model, mode.precision)
+            model = trained_model(model, workload)  # LLaMA-Factory's value head (workload/value_head.py)
             # a preference trainer's: dropout off, DPO's frozen reference built beside the model
             self.reference = prepare_models(model, workload, lambda dtype: self._build(
                 replace(workload, weights_dtype=dtype), on_device=True)[0])

@@ -65,7 +65,7 @@ from autotune.workload import Workload
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
-from autotune.workload.preference import prepare_models
+from autotune.workload.preference import prepare_models, trained_model
 from autotune.workload.qat import prepare_qat
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 
@@ -511,6 +511,7 @@ class EstimateBackend:
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)
                 route_pixtral(model, workload.attn)  # Pixtral's and Mistral 3's per-image loops (pixtral.py)
                 route_token_selection(model)  # LFM2-VL's image tokens, of a known count (vision.py)
+                model = trained_model(model, workload)  # LLaMA-Factory's value head (value_head.py)
                 reference = prepare_models(model, workload, lambda dtype: build_model(
                     workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True)[0])
             distributed = None

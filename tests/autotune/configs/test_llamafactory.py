@@ -142,7 +142,6 @@ def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
 
 
 @pytest.mark.parametrize(("example", "changes", "key"), [
-    ("qwen3_lora_reward", {"stage": "rm"}, "stage: 'rm'"),
     ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
      "stage: 'dpo'"),
     ("qwen3_lora_sft_ds3", {"deepspeed": "examples/deepspeed/ds_z0_config.json"}, "deepspeed: "),
@@ -287,7 +286,6 @@ REFUSED = [
     ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
     ({"stage": "ppo", "reward_model": "r"}, "stage", "PPO .* is not modelled"),
-    ({"stage": "rm"}, "stage", "AutoModelForCausalLMWithValueHead"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
     ({"fsdp": "full_shard", "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
      "CPUOffload"),
@@ -517,6 +515,8 @@ def test_the_frozen_tower_has_no_gradient_nor_optimizer_state():
 # examples/train_lora/qwen3_lora_dpo.yaml, qwen3_lora_kto.yaml: the keys beyond qwen3_lora_sft's
 QWEN3_LORA_DPO = {**QWEN3_LORA_SFT, "stage": "dpo", **PREFERENCE, "dataset": "dpo_en_demo"}
 QWEN3_LORA_KTO = {**QWEN3_LORA_SFT, "stage": "kto", "pref_beta": 0.1, "dataset": "kto_en_demo"}
+# examples/train_lora/qwen3_lora_reward.yaml
+QWEN3_LORA_REWARD = {**QWEN3_LORA_SFT, "stage": "rm", "dataset": "dpo_en_demo", "learning_rate": 1.0e-4}
 
 
 @pytest.mark.parametrize(("data", "trainer", "reference"), [
@@ -538,8 +538,25 @@ def test_the_preference_stages_are_llamafactory_s_trainers(tmp_path, data, train
     assert f"reference: {reference}" in stage
 
 
+@pytest.mark.parametrize("changes", [{}, {"finetuning_type": "full"}])
+def test_the_rm_stage_is_llamafactory_s_pairwise_trainer_over_a_value_head(tmp_path, changes):
+    # train/rm/workflow.py run_rm: load_model(add_valuehead=True), PairwiseTrainer; DPO's keys unread
+    plan = read(tmp_path, {**QWEN3_LORA_REWARD, **changes, "pref_beta": 0.1, "ref_model": "x"})
+    assert (plan.request.step.trainer, plan.request.step.llamafactory, plan.request.step.task) == (
+        "reward", True, "causal-lm")
+    assert (plan.seq_len, plan.batch_size, plan.ignored) == (2048, 1, ())
+    stage = next(n for n in plan.notes if n.startswith("stage: rm"))
+    assert "PairwiseTrainer" in stage and "AutoModelForCausalLMWithValueHead" in stage
+    assert "2 x batch rows" in stage and "no reference model" in stage
+    unread = "pref_beta, ref_model: DPO's and KTO's, which run_rm does not read, no effect on memory"
+    assert unread in plan.notes
+    with pytest.raises(UnmodelledSetting, match="^enable_liger_kernel: "):
+        read(tmp_path, {**QWEN3_LORA_REWARD, "enable_liger_kernel": True})
+    with pytest.raises(UnmodelledSetting, match="^stage: .* over a vision-language model"):
+        read(tmp_path, {**QWEN3_LORA_REWARD, "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct"})
+
+
 @pytest.mark.parametrize(("changes", "key", "why"), [
-    ({"stage": "rm"}, "stage", "AutoModelForCausalLMWithValueHead .* num_labels=1 sequence classifier"),
     ({"ref_model": "other/model"}, "ref_model", "a reference loaded from another checkpoint"),
     ({"ld_alpha": 0.5}, "ld_alpha", "LD-DPO"),
     ({"enable_liger_kernel": True}, "enable_liger_kernel", "preference stage"),

@@ -98,9 +98,8 @@ def test_the_label_says_llamafactory_s_trainer():
     assert Trainer(**{**lf("kto").__dict__}) == lf("kto")  # the cuda worker's protocol rebuilds it
 
 
-@pytest.mark.parametrize("name", ["reward", "grpo"])
-def test_llamafactory_s_trainers_are_dpo_orpo_simpo_and_kto(name):
+def test_llamafactory_s_trainers_are_dpo_orpo_simpo_kto_and_reward():
     from autotune.errors import InvalidInput
 
-    with pytest.raises(InvalidInput, match="LLaMA-Factory's trainers run dpo, orpo, simpo, kto"):
-        check_trainer(name, llamafactory=True)
+    with pytest.raises(InvalidInput, match="LLaMA-Factory's trainers run dpo, orpo, simpo, kto, reward"):
+        check_trainer("grpo", llamafactory=True)
