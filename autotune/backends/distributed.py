@@ -284,6 +284,22 @@ def checkpoint_layers(model: Any) -> None:
             model.set_submodule(name, checkpoint_wrapper(module, preserve_rng_state=False))
 
 
+def recompute_under(model: Any, context_fn: Callable[[], tuple[Any, Any]]) -> None:
+    """Each ``checkpoint_wrapper`` of ``model`` (FSDP's activation checkpointing, put in by
+    ``checkpoint_layers`` or ``checkpoint_as_axolotl``) recomputes its module inside ``context_fn``'s
+    second context: torch.utils.checkpoint's documented ``context_fn`` hook, which its NO_REENTRANT
+    kind takes. The estimator passes its CUDA emulation, whose function mode is not active inside
+    backward (the same hook step.gradient_checkpointing gives transformers' checkpointing): without
+    it a recompute ran CPU ops, dropout's mask in its input's dtype where the forward had saved
+    ``native_dropout``'s bool mask, which torch.utils.checkpoint refuses (CheckpointError), and
+    SDPA's math path and no autocast where the forward had CUDA's (issue #39)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    for module in model.modules():
+        if isinstance(module, CheckpointWrapper):
+            module.checkpoint_fn = functools.partial(module.checkpoint_fn, context_fn=context_fn)
+
+
 def _without_cache(model: Any) -> None:
     """The model's KV cache off, as the Trainer leaves it for training (trainer.py: ``config.use_cache
     = args.use_cache``, False by default; Axolotl's loaders/utils.py turns it off at load): a layer

@@ -143,6 +143,17 @@ def _l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, registers
     return dx.view(y.shape)
 
 
+def holds_values(x: torch.Tensor) -> bool:
+    """Whether ``x`` holds numbers for the kernels' arithmetic: not a fake tensor (the estimator's) or
+    a meta one. On those the arithmetic computes nothing, and made inside ``registers`` (outside the
+    caching allocator) it leaves no allocation either, so it is skipped: the chunked form is one op
+    per chunk and step, thousands of fake dispatches a layer at 2048 tokens (issue #34), the same
+    buffers allocated either way (tests/autotune/workload/test_gated_delta_rule.py)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not is_fake(x) and x.device.type != "meta"
+
+
 @functools.cache
 def function() -> type:
     """``ChunkGatedDeltaRuleFunction`` (fla v0.4.1 chunk.py) with use_qk_l2norm_in_kernel, no
@@ -167,11 +178,12 @@ def function() -> type:
             v_new = torch.empty_like(u)
             o = torch.empty_like(v)  # chunk_fwd_o
             with registers():
-                g_cum.copy_(_local_cumsum(g, reverse=False))
-                parts = _chunked(q, k, v, g_cum, beta, scale)
-                for buffer, name in ((A, "A"), (Ai, "Ai"), (w, "w"), (u, "u"), (h, "h"), (v_new, "v_new"),
-                                     (o, "o")):
-                    buffer.copy_(parts[name])
+                if holds_values(k):
+                    g_cum.copy_(_local_cumsum(g, reverse=False))
+                    parts = _chunked(q, k, v, g_cum, beta, scale)
+                    for buffer, name in ((A, "A"), (Ai, "Ai"), (w, "w"), (u, "u"), (h, "h"),
+                                         (v_new, "v_new"), (o, "o")):
+                        buffer.copy_(parts[name])
             ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cum, beta, Ai)
             ctx.scale, ctx.registers, ctx.g_dtype = scale, registers, g.dtype
             return o  # o.to(q.dtype): o is v's dtype, q's
@@ -192,23 +204,27 @@ def function() -> type:
             dq, dk = torch.empty_like(q), torch.empty_like(k)  # chunk_bwd_dqkwg
             dg = torch.empty(nk, *g_cum.shape, dtype=torch.float32, device=g_cum.device)
             held += (torch.empty_like(w),)  # dw
+            values = holds_values(k)
             with registers(), torch.enable_grad():
-                leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g_cum, beta)]
-                parts = _chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], ctx.scale)
-                for buffer, name in ((w, "w"), (u, "u"), (h, "h"), (v_new, "v_new")):
-                    buffer.copy_(parts[name])
-                grads = torch.autograd.grad(parts["o"], leaves, do.float())
-                dq.copy_(grads[0])
-                dk.copy_(grads[1])
-                dg.zero_()[0].copy_(grads[3])
+                dg.zero_()
+                if values:
+                    leaves = [x.detach().float().requires_grad_() for x in (q, k, v, g_cum, beta)]
+                    parts = _chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], ctx.scale)
+                    for buffer, name in ((w, "w"), (u, "u"), (h, "h"), (v_new, "v_new")):
+                        buffer.copy_(parts[name])
+                    grads = torch.autograd.grad(parts["o"], leaves, do.float())
+                    dq.copy_(grads[0])
+                    dk.copy_(grads[1])
+                    dg[0].copy_(grads[3])
             dg = dg.sum(0)  # chunk_bwd_dqkwg, in torch
             dk2, dv3 = torch.empty_like(k), torch.empty_like(v)  # prepare_wy_repr_bwd
             dg2, db = torch.empty_like(g_cum), torch.empty_like(beta)
             with registers():  # the whole gradients are in dq, dk, dg; dk2 and dg2 add nothing
                 dk2.zero_()
                 dg2.zero_()
-                dv3.copy_(grads[2])
-                db.copy_(grads[4])
+                if values:
+                    dv3.copy_(grads[2])
+                    db.copy_(grads[4])
             dk.add_(dk2)
             dg.add_(dg2)
             del held, dk2, dg2

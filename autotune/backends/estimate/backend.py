@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.backends.distributed import Distributed
+from autotune.backends.distributed import Distributed, recompute_under
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.liger import swap_in, swap_in_fused_attention, swap_in_linear_attention
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
@@ -519,6 +519,7 @@ class EstimateBackend:
                 distributed = Distributed(workload.parallel, workload.loss)
                 with fake_mode:
                     distributed.prepare(model, precision)
+                recompute_under(model, self._checkpoint_contexts)  # FSDP's activation checkpointing
             cached = self._models[key] = _FakeModel(model, fake_mode, attn, distributed, reference)
         return cached
 

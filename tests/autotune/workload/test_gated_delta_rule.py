@@ -53,6 +53,7 @@ class Allocations(TorchDispatchMode):
         super().__init__()
         self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
         self.inside = 0
+        self.computed = 0  # ops dispatched inside ``registers``
 
     @contextlib.contextmanager
     def registers(self) -> Iterator[None]:
@@ -64,6 +65,7 @@ class Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        self.computed += bool(self.inside)
         name = func.overloadpacket.__name__
         if not self.inside and name in ("empty", "empty_like", "zeros_like", "new_empty", "empty_strided",
                                         "sum", "repeat_interleave", "clone"):
@@ -73,12 +75,17 @@ class Allocations(TorchDispatchMode):
         return out
 
 
-def test_allocations_are_fla_0_4_1s_buffers() -> None:
+@pytest.mark.parametrize("fake", [False, True])
+def test_allocations_are_fla_0_4_1s_buffers(fake: bool) -> None:
+    """The same buffers on real and on fake tensors (the estimator's), where the kernels' arithmetic
+    is skipped: it has no numbers to compute and allocates nothing the caching allocator holds."""
     bf16, f32 = torch.bfloat16, torch.float32
-    xs = inputs(bf16)
-    xs[3] = xs[3].detach().float().requires_grad_()  # g in float32, as transformers computes it
+    values = FakeTensorMode() if fake else contextlib.nullcontext()
+    with values:
+        xs = inputs(bf16)
+        xs[3] = xs[3].detach().float().requires_grad_()  # g in float32, as transformers computes it
     mode = Allocations()
-    with mode:
+    with values, mode:
         o, _ = chunk_gated_delta_rule(*xs[:3], g=xs[3], beta=xs[4], use_qk_l2norm_in_kernel=True,
                                       registers=mode.registers)
         forward = list(mode.made)
@@ -111,6 +118,22 @@ def test_allocations_are_fla_0_4_1s_buffers() -> None:
         ((rows, K), bf16), ((rows, K), bf16),  # l2norm_bwd: dx = torch.empty_like(y), for q and k
         ((B, T, HK, 1, K), bf16), ((B, T, HK, 1, K), bf16),  # repeat_interleave's backward: a sum
     ]
+
+
+def test_on_fake_tensors_the_arithmetic_does_not_grow_with_the_chunks() -> None:
+    """The chunked form's ops, one per chunk and step, run on numbers only (issue #34: 18,000 fake
+    dispatches a layer at 2048 tokens); on fake tensors the L2 norms' and cumsums' few ops remain."""
+    def computed(length: int) -> int:
+        mode = Allocations()
+        with FakeTensorMode():
+            xs = [torch.randn(B, length, *x.shape[2:]).requires_grad_() for x in inputs()]
+            with mode:
+                o, _ = chunk_gated_delta_rule(*xs[:3], g=xs[3], beta=xs[4], use_qk_l2norm_in_kernel=True,
+                                              registers=mode.registers)
+                o.backward(torch.ones_like(o))
+        return mode.computed
+
+    assert computed(32 * gated_delta_rule.CHUNK) == computed(T) > 0
 
 
 def test_every_gated_deltanet_layer_of_a_preset_calls_the_emulation() -> None:

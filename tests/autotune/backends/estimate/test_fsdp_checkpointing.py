@@ -110,3 +110,19 @@ def test_fsdp_checkpointing_is_refused_beside_a_ckpt_mode_and_outside_fsdp():
         make_parallel(4, "ddp", activation_checkpointing=True)
     assert make_parallel(4, "fsdp", activation_checkpointing=True).activation_checkpointing
     assert "FSDP activation checkpointing" in Parallel("fsdp", 4, activation_checkpointing=True).label
+
+
+@pytest.mark.parametrize("recipe", ["accelerate", "axolotl"])
+def test_a_recompute_runs_under_the_cuda_emulation_as_the_forward_did(recipe):
+    """Issue #39: LoRA's dropout saves native_dropout's bool mask in the forward (the emulation's fused
+    dropout); the recompute, inside backward where the emulation's mode is not active, saved a mask of
+    the input's dtype, and torch.utils.checkpoint refused the step (CheckpointError). The wrappers
+    recompute under the emulation (distributed.recompute_under), as transformers' checkpointing does."""
+    from autotune.workload.adapters import make_adapter
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=make_adapter("lora", r=4, dropout=0.05),
+                        parallel=Parallel("fsdp", 4, recipe=recipe, activation_checkpointing=True))
+    with EstimateBackend(resolve_gpu("A100-80GB")).cell(workload, parse_mode("bf16"), 32, 10**12) as cell:
+        probe = cell.fits(2)
+    assert probe.outcome == "fits", probe.error
