@@ -836,7 +836,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
                                  offload_params=step.offload_params)
-        check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer)
+        check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
+                      None if adapter is None else adapter.recipe)
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import check_checkpoint
 

@@ -343,7 +343,7 @@ class _Normalizing:
         if self.found.ok("parallel", "optimizer"):
             with self.found.about("parallel"):
                 check_sharded(self.parallel, None if self.adapter is None else self.adapter.base_bits,
-                              self.optimizer)
+                              self.optimizer, None if self.adapter is None else self.adapter.recipe)
         if self.trainer is not None and self.found.ok("model", "task", "loss", "liger", "parallel"):
             with self.found.about("trainer"):
                 check_step(self.trainer, self.task, loss=self.loss, liger=self.liger, parallel=self.parallel,

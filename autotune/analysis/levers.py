@@ -275,7 +275,7 @@ def _modelled(workload: Workload) -> bool:
     preference trainer's: trainers.check_step, which refuses a chunked loss and more GPUs)."""
     try:
         check_sharded(workload.parallel, None if workload.adapter is None else workload.adapter.base_bits,
-                      workload.optimizer)
+                      workload.optimizer, None if workload.adapter is None else workload.adapter.recipe)
         if workload.trainer is not None:
             check_step(workload.trainer, workload.task, loss=workload.loss, liger=workload.liger,
                        parallel=workload.parallel, images=workload.images)

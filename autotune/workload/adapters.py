@@ -412,12 +412,13 @@ def compute_dtype(adapter: Adapter, supports_bf16: bool) -> str:
 
 def prepare(
     model: torch.nn.Module, adapter: Adapter, task: str, parts: StepParts | None = None, *,
-    supports_bf16: bool = True,
+    supports_bf16: bool = True, fsdp: bool = False,
 ) -> torch.nn.Module:
     """``model`` as PEFT wraps it for ``adapter``: for qlora, its linear layers stored in 4 bits
     by the backend's ``parts`` first (those transformers' bitsandbytes integration quantizes,
     computing in ``compute_dtype(adapter, supports_bf16)``: the card's) and the base prepared by
-    the adapter's recipe (module docstring); then ``get_peft_model``.
+    the adapter's recipe (module docstring); then ``get_peft_model``. ``fsdp``: the model is
+    sharded by FSDP after (FSDP-QLoRA, ``quant_storage``).
 
     Gradient checkpointing is left to the step (step.gradient_checkpointing), which turns it on
     per mode as ``prepare_model_for_kbit_training(use_gradient_checkpointing=True)`` would.
@@ -431,7 +432,8 @@ def prepare(
             quantize = parts.int8_quantizer()
         else:
             quantize = parts.quantizer(quant_type=adapter.quant_type, double_quant=adapter.double_quant,
-                                       compute_dtype=compute_dtype(adapter, supports_bf16))
+                                       compute_dtype=compute_dtype(adapter, supports_bf16),
+                                       quant_storage=quant_storage(adapter, fsdp))
         model_type = getattr(getattr(model, "config", None), "model_type", None)
         skip = AXOLOTL_SKIPPED.get(model_type) if adapter.recipe == "axolotl" and model_type else None
         _quantize_linears(model, quantize, skip)
@@ -441,7 +443,10 @@ def prepare(
         # transformers' Bnb4BitHfQuantizer (Bnb8BitHfQuantizer) sets it after loading; the recipes
         # (PEFT's prepare_model_for_kbit_training, TRL's cast) read either
         setattr(model, f"is_loaded_in_{adapter.base_bits}bit", True)
-        if adapter.recipe in ("axolotl", "peft"):
+        # Axolotl skips it under FSDP ("Make sure everything is in the same dtype": loaders/model.py
+        # ``_prepare_model_for_quantization``, is_qlora_and_fsdp_enabled), and every later cast
+        # (``_configure_embedding_dtypes``): the weights stay in the dtype they were loaded in.
+        if adapter.recipe == "peft" or adapter.recipe == "axolotl" and not fsdp:
             loaded = {name: param.dtype for name, param in model.named_parameters()}
             # PEFT's own function: freezes every parameter and casts those in float16/bfloat16 (all
             # but the 4-bit weights: norms, embeddings, the head) to float32.
@@ -494,6 +499,15 @@ def prepare(
             raise InvalidInput("Axolotl's fused LoRA kernels need a backend that can patch them in")
         parts.lora_kernels(wrapped, adapter.kernels)
     return wrapped
+
+
+def quant_storage(adapter: Adapter, fsdp: bool) -> str:
+    """The dtype a 4-bit base's packed bytes are stored in (``bnb_4bit_quant_storage``): bfloat16 as
+    Axolotl loads a QLoRA base (loaders/model.py ``_set_quantization_config``: its BitsAndBytesConfig
+    sets ``bnb_4bit_quant_storage=torch.bfloat16``), the storage FSDP shards as a 16-bit parameter
+    (FSDP-QLoRA); else BitsAndBytesConfig's default uint8. Without FSDP Axolotl's bfloat16 holds the
+    same bytes as uint8 (``(n + 1) // 4`` two-byte elements), and is left uint8 there."""
+    return "bfloat16" if fsdp and adapter.recipe == "axolotl" else "uint8"
 
 
 def _axolotl_back_to_model_dtype(model: torch.nn.Module, loaded: dict[str, torch.dtype]) -> None:

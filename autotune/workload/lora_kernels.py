@@ -295,10 +295,19 @@ class _Lora:
     """get_lora_parameters(proj): the base layer, A [r, in], B [out, r], scaling, dropout."""
 
     def __init__(self, proj: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
         active = proj.active_adapters[0]
         self.base = proj.base_layer
-        self.A = proj.lora_A[active].weight
-        self.B = proj.lora_B[active].weight
+        lora_A, lora_B = proj.lora_A[active], proj.lora_B[active]
+        if isinstance(lora_A.weight, DTensor):
+            # Axolotl's FSDP2 shards each adapter on its own (backends/distributed.py shard_as_axolotl),
+            # and the kernels bypass its forward: get_lora_parameters gathers them by hand
+            # (``linear_A.unshard()``), "we don't apply resharding later"
+            lora_A.unshard()
+            lora_B.unshard()
+        self.A = lora_A.weight
+        self.B = lora_B.weight
         self.s = proj.scaling[active]
         self.dropout = proj.lora_dropout[active] if active in proj.lora_dropout else None
 

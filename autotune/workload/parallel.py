@@ -379,10 +379,15 @@ def _fsdp1_settings(kind: str, recipe: str | None, activation_checkpointing: boo
     return settings
 
 
-def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str) -> None:
-    """Refuse what FSDP2 shards and the estimator has not been shown to trace faithfully: a 4- or
-    8-bit base (bitsandbytes' packed weights, which FSDP-QLoRA stores in a 16-bit quant_storage)
-    and bitsandbytes' optimizers over sharded DTensor parameters."""
+def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: str,
+                  qlora_recipe: str | None = None) -> None:
+    """Refuse what FSDP shards and the estimator has not been shown to trace faithfully:
+    bitsandbytes' optimizers over sharded DTensor parameters, an 8-bit base, and a 4-bit base but
+    Axolotl's FSDP-QLoRA (``qlora_recipe`` axolotl under FSDP2's axolotl recipe: the packed weights
+    in a bfloat16 quant_storage, sharded as any 16-bit parameter, adapters.quant_storage). accelerate's
+    own FSDP2 keeps a uint8 quant_storage, BitsAndBytesConfig's default, whole on every rank
+    (utils/fsdp_utils.py ``fsdp2_prepare_model``: ``ignored_params``) and shards a 16-bit one: which
+    of the two a config gives is not read yet."""
     from autotune.workload.optimizers import uses_bitsandbytes
 
     if parallel is not None and parallel.is_zero:
@@ -396,7 +401,20 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
         return
     if parallel.recipe == "llamafactory" and parallel.gpus == 1:
         return  # LLaMA-Factory v1 shards nothing on one GPU (backends/distributed.py shard_as_llamafactory)
-    if base_bits is not None:
+    if base_bits == 4 and parallel.fsdp_version == 2 and parallel.recipe == "axolotl" \
+            and qlora_recipe == "axolotl":
+        pass  # Axolotl's FSDP-QLoRA (docstring)
+    elif base_bits == 4 and parallel.fsdp_version == 1:
+        raise _about("fsdp_version", InvalidInput.naming(
+            "a 4-bit base under {fsdp_version} 1 (FSDP-QLoRA on FSDP1) is not modelled yet: use "
+            "{fsdp_version} 2 (Axolotl's FSDP-QLoRA), ddp, or LoRA over a 16-bit base"))
+    elif base_bits == 4:
+        raise _about("parallel", InvalidInput.naming(
+            "a 4-bit base under {parallel} fsdp is modelled as Axolotl shards it (FSDP-QLoRA, a bfloat16 "
+            "quant_storage): give {fsdp_recipe} axolotl and {qlora_recipe} axolotl; accelerate's, which "
+            "shards the packed weights or keeps them whole by their bnb_4bit_quant_storage, is not "
+            "modelled yet"))
+    elif base_bits is not None:
         raise _about("parallel", InvalidInput.naming(
             f"a {base_bits}-bit base under {{parallel}} fsdp is not modelled yet: use ddp, or LoRA over "
             "a 16-bit base"))

@@ -39,10 +39,12 @@ class StepParts(Protocol):
         ``_default_to_fused_or_foreach``); None lets PyTorch choose, as the Trainer does."""
         ...
 
-    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str,
+                  quant_storage: str = "uint8") -> Quantize:
         """``quantize(linear, module_name)``: a linear layer stored in 4 bits as transformers'
-        bitsandbytes integration stores it (``bnb_4bit_quant_type``, ``bnb_4bit_use_double_quant``),
-        computing in ``compute_dtype`` (adapters.compute_dtype)."""
+        bitsandbytes integration stores it (``bnb_4bit_quant_type``, ``bnb_4bit_use_double_quant``,
+        the packed bytes in ``bnb_4bit_quant_storage``), computing in ``compute_dtype``
+        (adapters.compute_dtype)."""
         ...
 
     def int8_quantizer(self) -> Quantize:

@@ -100,19 +100,21 @@ def make_trainer_bnb_optimizer(model: Any, *, optim_bits: int, is_paged: bool) -
     return optimizer
 
 
-def make_linear4bit_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str) -> Any:
+def make_linear4bit_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str,
+                              quant_storage: str = "uint8") -> Any:
     """``quantize(linear, name)`` for adapters.prepare (parts.py): bitsandbytes' ``Linear4bit`` as
     transformers' bitsandbytes integration builds it (integrations/bitsandbytes.py
     ``replace_with_bnb_linear``: ``bnb.nn.Linear4bit(in, out, bias, bnb_4bit_compute_dtype,
     compress_statistics=bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type,
-    quant_storage=uint8)``, frozen), holding the layer's weight as a ``Params4bit``: moving the
-    model to the GPU quantizes it, as loading a checkpoint does. ``compute_dtype`` is
+    quant_storage=bnb_4bit_quant_storage)``, frozen), holding the layer's weight as a ``Params4bit``:
+    moving the model to the GPU quantizes it, as loading a checkpoint does. ``compute_dtype`` is
     adapters.compute_dtype's for the card."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
     bnb = import_bitsandbytes()
     dtype = getattr(torch, compute_dtype)
+    storage = getattr(torch, quant_storage)
 
     def quantize(linear: Any, name: str) -> Any:
         weight = linear.weight.data
@@ -121,9 +123,9 @@ def make_linear4bit_quantizer(*, quant_type: str, double_quant: bool, compute_dt
         out_features, in_features = weight.shape
         layer = bnb.nn.Linear4bit(in_features, out_features, linear.bias is not None, dtype,
                                   compress_statistics=double_quant, quant_type=quant_type,
-                                  quant_storage=torch.uint8)
+                                  quant_storage=storage)
         layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, compress_statistics=double_quant,
-                                         quant_type=quant_type, quant_storage=torch.uint8, module=layer)
+                                         quant_type=quant_type, quant_storage=storage, module=layer)
         if linear.bias is not None:
             layer.bias = linear.bias
         layer.requires_grad_(False)

@@ -36,9 +36,10 @@ class CudaParts:
     def foreach(self) -> None:
         return None  # PyTorch chooses, as the Trainer lets it
 
-    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str,
+                  quant_storage: str = "uint8") -> Quantize:
         return make_linear4bit_quantizer(quant_type=quant_type, double_quant=double_quant,
-                                         compute_dtype=compute_dtype)
+                                         compute_dtype=compute_dtype, quant_storage=quant_storage)
 
     def int8_quantizer(self) -> Quantize:
         return make_linear8bit_quantizer()

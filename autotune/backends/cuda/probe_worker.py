@@ -231,6 +231,9 @@ class Worker:
             prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
             freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
             freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
+            if sharded and workload.adapter is not None and workload.adapter.base_bits == 4:
+                raise UnmodelledSetting("a 4-bit base under parallel fsdp (FSDP-QLoRA): the cuda backend "
+                                        "does not run it yet; the estimate backend traces it")
             if workload.adapter is not None:  # PEFT's wrapping; a 4-bit base as bitsandbytes stores it
                 supports_bf16 = cc is None or tuple(cc) >= (8, 0)
                 model = prepare_adapter(model, workload.adapter, workload.task, CUDA_PARTS,

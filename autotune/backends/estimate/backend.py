@@ -65,6 +65,7 @@ from autotune.workload import Workload
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.modes import Mode
+from autotune.workload.parallel import FSDP
 from autotune.workload.preference import prepare_models, trained_model
 from autotune.workload.qat import prepare_qat
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
@@ -539,7 +540,8 @@ class EstimateBackend:
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor",
                                     category=UserWarning)
             return prepare(model, adapter, workload.task, ESTIMATE_PARTS,
-                           supports_bf16=custom or self.gpu.supports_bf16)
+                           supports_bf16=custom or self.gpu.supports_bf16,
+                           fsdp=workload.parallel is not None and workload.parallel.kind == FSDP)
 
     def parameter_counts(self, workload: Workload) -> Any:
         """Trainable and total parameters of the workload's model, as PEFT counts them."""

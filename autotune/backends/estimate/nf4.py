@@ -5,7 +5,9 @@ allocate inside the kernel call, where a CPU run sees nothing. ``EmulatedLinear4
 computes as bitsandbytes 0.50 does on CUDA, every size from its source:
 
 Storage (``functional.quantize_4bit``; the fake kernel ``_ops.py`` "bitsandbytes::quantize_4bit"):
-    weight      ``(n + 1) // 2`` bytes, shape ``[(n+1)//2, 1]`` of uint8 (quant_storage), n = in x out
+    weight      ``(n + 1) // 2`` bytes, n = in x out: shape ``[(n+1) // (2 * s), 1]`` of the
+                ``quant_storage`` dtype of s bytes (uint8 by default; FSDP-QLoRA's bfloat16, which
+                FSDP shards as any 16-bit parameter: backends/distributed.py)
     code        the 16-value NF4/FP4 table, float32, one per layer (``get_4bit_type(device=...)``)
     without double quantization:
         absmax  ``ceil(n / 64)`` float32 (blocksize 64, ``quantize_4bit``'s default)
@@ -99,6 +101,7 @@ class EmulatedLinear4bit(nn.Linear):
     finds ``bnb.nn.Linear4bit``."""
 
     emulates_quantized_load = True  # the estimator allocates it through ``load`` (traced_step.load_weights)
+    stores_params4bit = True  # its weight stands for a bitsandbytes Params4bit (backends/distributed.py)
 
     # The quantization state's buffers (registered in __init__).
     code: torch.Tensor
@@ -108,7 +111,7 @@ class EmulatedLinear4bit(nn.Linear):
     state2_code: torch.Tensor
 
     def __init__(self, linear: Any, *, quant_type: str, double_quant: bool, compute_dtype: str,
-                 transposed: bool = False) -> None:
+                 transposed: bool = False, quant_storage: torch.dtype = torch.uint8) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a full weight
         weight: torch.Tensor = linear.weight
         out_features, in_features = weight.shape[::-1] if transposed else weight.shape  # Conv1D: [in, out]
@@ -120,7 +123,9 @@ class EmulatedLinear4bit(nn.Linear):
         n = self.in_features * self.out_features
         blocks = math.ceil(n / BLOCKSIZE)
         device = weight.device
-        self.weight = nn.Parameter(torch.empty(((n + 1) // 2, 1), dtype=torch.uint8, device=device),
+        # the fake kernel's ``((n + 1) // (quant_storage.itemsize * 2), 1)`` of quant_storage
+        rows = (n + 1) // (quant_storage.itemsize * 2)
+        self.weight = nn.Parameter(torch.empty((rows, 1), dtype=quant_storage, device=device),
                                    requires_grad=False)
         self.bias = linear.bias
         if self.bias is not None:
@@ -219,13 +224,18 @@ class _MatMul4Bit(torch.autograd.Function):
         return grad, None, None
 
 
-def make_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str) -> Any:
-    """``quantize(linear, name)`` for adapters.prepare: the emulated 4-bit layer."""
+def make_quantizer(*, quant_type: str, double_quant: bool, compute_dtype: str,
+                   quant_storage: str = "uint8") -> Any:
+    """``quantize(linear, name)`` for adapters.prepare: the emulated 4-bit layer, its packed weight
+    in ``quant_storage`` (BitsAndBytesConfig's ``bnb_4bit_quant_storage``)."""
     from transformers.pytorch_utils import Conv1D
+
+    storage = getattr(torch, quant_storage)
 
     def quantize(linear: nn.Module, name: str) -> nn.Module:
         return EmulatedLinear4bit(linear, quant_type=quant_type, double_quant=double_quant,
-                                  compute_dtype=compute_dtype, transposed=isinstance(linear, Conv1D))
+                                  compute_dtype=compute_dtype, transposed=isinstance(linear, Conv1D),
+                                  quant_storage=storage)
 
     return quantize
 

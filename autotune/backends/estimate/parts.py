@@ -31,10 +31,12 @@ class EstimateParts:
     def foreach(self) -> bool:
         return True  # PyTorch's choice for CUDA tensors, which it cannot see on fake CPU ones
 
-    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str) -> Quantize:
+    def quantizer(self, *, quant_type: str, double_quant: bool, compute_dtype: str,
+                  quant_storage: str = "uint8") -> Quantize:
         from autotune.backends.estimate.nf4 import make_quantizer
 
-        return make_quantizer(quant_type=quant_type, double_quant=double_quant, compute_dtype=compute_dtype)
+        return make_quantizer(quant_type=quant_type, double_quant=double_quant, compute_dtype=compute_dtype,
+                              quant_storage=quant_storage)
 
     def int8_quantizer(self) -> Quantize:
         from autotune.backends.estimate.int8 import make_quantizer
@@ -54,11 +56,13 @@ class EstimateParts:
         return {EmulatedLinear4bit: LoraLinear4bit, EmulatedLinear8bitLt: LoraLinear8bitLt}
 
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
-        """The emulated 4-bit weight is a plain uint8 parameter, which PEFT counts once: the
-        second weight of each byte."""
+        """The emulated 4-bit weight is a plain parameter of its quant_storage dtype, which PEFT
+        counts once an element; a Params4bit it counts ``2 * element_size`` times (peft_model.py
+        ``get_nb_trainable_parameters``): two weights a byte."""
         from autotune.backends.estimate.nf4 import EmulatedLinear4bit
 
-        return sum(m.weight.numel() for m in model.modules() if isinstance(m, EmulatedLinear4bit))
+        return sum(m.weight.numel() * (2 * m.weight.element_size() - 1)
+                   for m in model.modules() if isinstance(m, EmulatedLinear4bit))
 
     def lora_kernels(self, model: torch.nn.Module, kernels: tuple[str, ...]) -> None:
         from autotune.backends.estimate.lora_kernels import patch

@@ -130,7 +130,7 @@ def test_gpus_alone_is_ddp():
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--nodes", "2"),
      "Error: --nodes 2 is for --parallel fsdp's hybrid sharding"),
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--parallel", "fsdp",
-      "--peft", "qlora"), "Error: a 4-bit base under --parallel fsdp is not modelled yet"),
+      "--peft", "qlora"), "Error: a 4-bit base under --parallel fsdp is modelled as Axolotl shards it"),
 ])
 def test_what_is_not_modelled_is_refused_by_name(capsys, argv, message):
     code, out, err = run(capsys, *argv)

@@ -373,7 +373,9 @@ def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, cap
     (AXOLOTL_FSDP2, None),
     ({**AXOLOTL_FSDP2, "fsdp_config": {"fsdp_version": 2, "activation_checkpointing": True}}, None),
     ({**LLAMAFACTORY, "finetuning_type": "full"}, ACCELERATE),
-], ids=["trainer", "axolotl", "axolotl-fsdp-checkpointing", "llamafactory+accelerate"])
+    ({**AXOLOTL_FSDP2, "adapter": "qlora", "load_in_4bit": True, "lora_r": 8, "lora_alpha": 16,
+      "lora_target_linear": True}, None),  # FSDP-QLoRA (backends/distributed.py, adapters.quant_storage)
+], ids=["trainer", "axolotl", "axolotl-fsdp-checkpointing", "llamafactory+accelerate", "axolotl-qlora"])
 def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs):
     training, accelerate = configs
     name = "train.json" if "output_dir" in training and "stage" not in training else "train.yaml"
@@ -388,6 +390,7 @@ def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs)
     assert "4 GPUs" in doc["message"] and "FSDP2 full shard" in doc["message"]
     checkpointed = training.get("fsdp_config", {}).get("activation_checkpointing", False)
     assert ("FSDP activation checkpointing" in doc["message"]) == checkpointed
+    assert ("QLoRA" in doc["message"]) == ("adapter" in training)
     fmt = "llamafactory" if accelerate else "axolotl" if "base_model" in training else "trainer"
     assert [note for note in doc["config_notes"] if note.startswith("read ")] == [
         f"read {argv[1]} as {fmt}", *([f"read {argv[3]} as accelerate"] if accelerate else [])]
