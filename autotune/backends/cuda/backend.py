@@ -9,7 +9,8 @@ GPU's memory: a CUDA context here would take memory from the worker.
 A probe is "oom" only when the worker saw an out-of-memory error (``is_out_of_memory``).
 Everything else is "error", never "does not fit": an exception in the step, a worker that
 died (segfault, killed, a CUDA error that ends the process), or one that did not answer within
-``timeout_s`` (it is killed). After an error, or a reset that did not bring the allocated
+``timeout_s`` (it is killed; its first answer, the model built on the GPU, within ``init_timeout_s``,
+``timeout_s`` unless given). After an error, or a reset that did not bring the allocated
 memory back to its baseline, the next probe runs in a fresh worker, and the probe says so in
 its details.
 
@@ -100,6 +101,7 @@ class CudaBackend:
         device_index: int = 0,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        init_timeout_s: float | None = None,
         worker_command: Sequence[str] = WORKER_COMMAND,
         bnb_optimizer: str | None = None,
         alloc_conf: str | None = None,
@@ -111,6 +113,7 @@ class CudaBackend:
         self.gpu = gpu
         self.device_index = device_index
         self.timeout_s = timeout_s
+        self.init_timeout_s = timeout_s if init_timeout_s is None else init_timeout_s
         self.worker_command = tuple(worker_command)  # injectable: tests run fake workers
         self.workers_started = 0
         self._attn: dict[tuple[Any, str, str | None, str], str] = {}
@@ -204,7 +207,7 @@ class _CellSession:
         backend.workers_started += 1
         try:
             reply = worker.request(
-                {"op": "init", "protocol": PROTOCOL, "cell": self.spec.to_json()}, backend.timeout_s
+                {"op": "init", "protocol": PROTOCOL, "cell": self.spec.to_json()}, backend.init_timeout_s
             )
             if "free_bytes" in reply:
                 self._check_memory(reply)

@@ -384,8 +384,10 @@ FAKE_WORKER = textwrap.dedent(
 
 
 def fake_backend(tmp_path: Path, plan: dict[str, Any], timeout_s: float = 30) -> CudaBackend:
+    # A fake worker starts in well under a second idle; at load 15-20 its start took over one: the
+    # init is given minutes whatever the probes' limit.
     command = [sys.executable, "-c", FAKE_WORKER, json.dumps(plan), str(tmp_path / "starts")]
-    return CudaBackend(H100, timeout_s=timeout_s, worker_command=command)
+    return CudaBackend(H100, timeout_s=timeout_s, init_timeout_s=max(timeout_s, 180), worker_command=command)
 
 
 def run_cell(backend: CudaBackend, batches: list[int], budget_bytes: int = 14 * GIB) -> list[Any]:
