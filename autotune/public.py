@@ -362,6 +362,7 @@ class StepOptions(TypedDict, total=False):
     config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)
     qat: str | Mapping[str, Any] | None  # Axolotl's qat: mapping (workload.qat): {"weight_dtype": "int4"}
     liger: str | Sequence[str] | None
+    experts_kernel: str | None  # "scattermoe": Axolotl's ScatterMoE experts, emulated (workload.scattermoe)
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
     llamafactory: bool  # False: the preference step as LLaMA-Factory's trainers run it (not TRL's)
     fused_attn_kernel: bool  # False: with axolotl, Qwen3's fused q/k RMSNorm + RoPE (emulated)

@@ -75,6 +75,7 @@ from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.qat import check_accepted, parse_qat
+from autotune.workload.scattermoe import EXPERTS_KERNELS
 from autotune.workload.step import ATTN_CHOICES
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
@@ -377,6 +378,11 @@ class Step:
         None, "Liger kernels swapped in (emulated from Liger's source), comma-separated: "
         f"{', '.join(LIGER_KERNELS)}; those the model type's Liger patch does not take are left out, as "
         "Liger leaves them out; its fused_linear_cross_entropy is loss chunked", metavar="KERNELS")
+    experts_kernel: str | None = option(
+        None, "the kernel a mixture's experts run in place of transformers' grouped_mm: scattermoe "
+        "(Axolotl's KernelsPlugin use_scattermoe: its Triton kernels, emulated from its source, every "
+        "expert taken as routed; Qwen3-MoE, Qwen3.5-MoE and Qwen3-Next experts)", choices=EXPERTS_KERNELS,
+        http=False)
     offload_activations: bool | None = option(
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
@@ -866,6 +872,9 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                       "(QAT and PEFT cannot be used together)")
         if qat is not None:
             check_accepted(qat)  # torchao installed, and taking the config Axolotl builds
+    experts_kernel = None
+    with found.about("experts_kernel"):
+        experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
@@ -879,7 +888,24 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
-                    unfrozen=unfrozen, fused_attention=fused_attention, qat=qat)
+                    unfrozen=unfrozen, fused_attention=fused_attention, qat=qat,
+                    experts_kernel=experts_kernel)
+
+
+def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:
+    """The experts kernel asked for (workload/scattermoe.py), checked against the model and the
+    experts' quantization; None for transformers' own experts."""
+    if value is None:
+        return None
+    name = value.strip().lower()
+    if name not in EXPERTS_KERNELS:
+        raise InvalidInput(f"unknown experts_kernel {value!r}: allowed are {', '.join(EXPERTS_KERNELS)}")
+    from autotune.workload.scattermoe import check_model
+
+    quantized = adapter is not None and adapter.quantize_experts
+    check_model(getattr(spec.config, "model_type", None),
+                experts_bits=(adapter.base_bits or 4) if quantized and adapter is not None else None)
+    return name
 
 
 def unfrozen_patterns(value: str | tuple[str, ...] | None) -> str | list[str] | None:

@@ -87,6 +87,7 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                  "dtype": step.dtype, "attn": step.attn, "optimizer": step.optimizer, "loss": step.loss,
                  "accumulation_steps": request.accumulation_steps,
                  "ckpt_reentrant": bool(step.ckpt_reentrant), "liger": list(parse_kernels(step.liger)),
+                 **({"experts_kernel": step.experts_kernel} if step.experts_kernel is not None else {}),
                  **({"images_per_sample": step.images_per_sample, "image_size": step.image_size}
                     if step.images_per_sample is not None or step.image_size is not None else {}),
                  **({"trainer": {"trainer": step.trainer, "chosen_nll": step.chosen_nll,

@@ -427,9 +427,9 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
     if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
         raise cfg.bad("plugins", plugins, "a list of plugin class paths")
     for plugin in plugins:
-        if plugin == KERNELS_PLUGIN:
+        if plugin == KERNELS_PLUGIN and not _scattermoe(cfg):
             raise cfg.unmodelled("plugins", plugin, _kernels_plugin_reason(cfg))
-        if plugin not in _AXOLOTL_PLUGINS_READ:
+        if plugin not in _AXOLOTL_PLUGINS_READ and plugin != KERNELS_PLUGIN:
             name = plugin.removeprefix(_PLUGIN_PREFIX)
             raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
                                  "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
@@ -440,6 +440,68 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
 KERNELS_PLUGIN = "axolotl.integrations.kernels.KernelsPlugin"
 
 
+def _scattermoe(cfg: Config) -> bool:
+    """Whether KernelsPlugin's keys choose ScatterMoE: use_scattermoe, or expert_backend scattermoe
+    (args.py _canonicalize_expert_backend: it sets use_scattermoe)."""
+    backend = str(cfg.data.get("expert_backend") or "").lower()
+    return (cfg.data.get("use_scattermoe") is True or backend == "scattermoe") and not (
+        cfg.data.get("use_sonicmoe") or backend == "sonicmoe")
+
+
+# KernelsPlugin's keys (integrations/kernels/args.py KernelsArgs) beside use_scattermoe that change
+# the step in ways not emulated: other models' kernels, fp4/fp8 experts and non-experts, the chunked
+# bitsandbytes path (moe_bnb_fast: false, chunked_bnb.py), NVFP4 merge-aware LoRA (SonicMoE's).
+_KERNELS_REFUSED = {
+    "use_dsv4_kernels": "DeepSeek-V4's fused kernels (libs/dsv4) are not modelled",
+    "use_glm_dsa_kernels": "GLM-5's DSA attention kernels (libs/glm_dsa) are not modelled",
+    "dsv4_fp4_grouped_mode": "the grouped fp4 experts path (dsv4_fp4_grouped_mode) is not modelled",
+    "moe_grouped_backend": "the grouped fp4 experts' GEMM backends are not modelled",
+    "nonexpert_quantization": "non-expert linears quantized by KernelsPlugin's adapters are not modelled",
+    "gemma4_fp8_nonexpert": "fp8 non-expert linears are not modelled",
+    "gemma4_nf4_nonexpert": "nf4 non-expert linears are not modelled",
+    "dsv4_fp8_nonexpert_mode": "DeepSeek-V4's fp8 non-experts are not modelled",
+    "dsv4_fp8_lora_kernel": "DeepSeek-V4's fp8 LoRA kernel is not modelled",
+    "dsv4_shared_mlp_lora_kernel": "DeepSeek-V4's shared-expert LoRA kernel is not modelled",
+    "dsv4_bf16_all": "DeepSeek-V4's kernels are not modelled",
+    "nvfp4_merge_aware": "merge-aware NVFP4 LoRA (SonicMoE's) is not modelled",
+    "nvfp4_merge_aware_start_step": "merge-aware NVFP4 LoRA (SonicMoE's) is not modelled",
+}
+
+
+def _axolotl_experts_kernel(cfg: Config, plugins: list[str]) -> str | None:
+    """KernelsPlugin with ScatterMoE (plugin.py pre_model_load: register_scattermoe_experts and
+    experts_implementation: scattermoe, whatever experts_implementation the config gives): the
+    experts kernel of the request (workload/scattermoe.py); None without the plugin. The plugin with
+    another expert backend is refused by _axolotl_plugins."""
+    if KERNELS_PLUGIN not in plugins:
+        return None
+    for key in ("use_scattermoe", "expert_backend", "use_sonicmoe"):
+        cfg.get(key)  # read by _scattermoe
+    cfg.refuse(_KERNELS_REFUSED)
+    if cfg.get("moe_bnb_fast") is False:
+        raise cfg.unmodelled("moe_bnb_fast", False, "ScatterMoE's chunked bitsandbytes path (chunked_bnb.py "
+                             "chunked_bnb_moe) is not emulated; its default moe_bnb_fast path is")
+    if not unset(cfg.get("moe_dequant_chunk_size")):
+        cfg.notes.append("moe_dequant_chunk_size: read by ScatterMoE's chunked bitsandbytes path only, not "
+                         "by its default moe_bnb_fast one: no effect here")
+    use_kernels = cfg.get("use_kernels")
+    cfg.notes.append(f"use_kernels: {use_kernels!r}: KernelsPlugin sets it true (args.py check_use_kernels): "
+                     "transformers' kernelize swaps hub kernels in for the layers its mapping names "
+                     "(checked against the model's)")
+    if not unset(cfg.get("lora_target_parameters")):
+        raise cfg.unmodelled("lora_target_parameters", cfg.data["lora_target_parameters"],
+                             "LoRA on the experts under ScatterMoE (parallel_linear_lora, ScatterMoELoRA) is "
+                             "not emulated; ScatterMoE's experts without LoRA are")
+    experts = cfg.get("experts_implementation")
+    if experts is not None:
+        cfg.notes.append(f"experts_implementation: {experts}: KernelsPlugin sets scattermoe over it "
+                         "(plugin.py pre_model_load)")
+    from autotune.workload.scattermoe import NOTE, SCATTERMOE
+
+    cfg.notes.append(f"use_scattermoe: {NOTE}")
+    return SCATTERMOE
+
+
 def _kernels_plugin_reason(cfg: Config) -> str:
     """Why KernelsPlugin is refused: what it swaps in (integrations/kernels/plugin.py pre_model_load,
     args.py check_experts_implementation), by the backend its keys choose."""
@@ -447,10 +509,6 @@ def _kernels_plugin_reason(cfg: Config) -> str:
     if cfg.data.get("use_sonicmoe") or backend == "sonicmoe":
         return ("KernelsPlugin's SonicMoE experts (use_sonicmoe: libs/sonicmoe, CuTe kernels on Hopper "
                 "and Blackwell) are not modelled")
-    if cfg.data.get("use_scattermoe") or backend == "scattermoe":
-        return ("KernelsPlugin's ScatterMoE experts (use_scattermoe: Axolotl's own Triton kernels, "
-                "libs/scattermoe_lora, run in place of transformers' grouped_mm) are not modelled in a "
-                "check yet")
     return ("KernelsPlugin without an expert backend pins experts_implementation: eager (args.py "
             "check_experts_implementation), transformers' per-expert loop, which is not modelled")
 
@@ -702,6 +760,37 @@ def _fused_attn_kernel(cfg: Config) -> bool | None:
     return True
 
 
+# transformers' kernelize under use_kernels (KernelsPlugin forces it): the layers of the model types
+# ScatterMoE is emulated for that its CUDA training mapping swaps (integrations/hub_kernels.py
+# _build_kernel_mapping, Mode.TRAINING; the classes decorated use_kernel_forward_from_hub in
+# modeling_qwen3_moe.py, modeling_qwen3_5_moe.py, modeling_qwen3_next.py), with the Liger kernel whose
+# class replaces the layer before the model is built (then nothing is left to swap). Rotary embeddings
+# are mapped for inference only on CUDA; RMSNormZeroCentered and SoftmaxTopKRouter are not mapped.
+KERNELIZED = {
+    "qwen3_moe": ("Qwen3MoeRMSNorm", "RMSNorm: kernels-community/liger-kernels LigerRMSNorm", "rms_norm"),
+    "qwen3_5_moe": ("Qwen3_5MoeRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated", None),
+    "qwen3_5_moe_text": ("Qwen3_5MoeRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated",
+                         None),
+    "qwen3_next": ("Qwen3NextRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated", None),
+}
+
+
+def _check_kernelized(spec: Any, request: CheckRequest, path: str) -> None:
+    """InvalidInput where KernelsPlugin's use_kernels makes transformers swap a hub kernel, not
+    emulated, into the model (KERNELIZED), unless a Liger kernel emulated replaces that layer first."""
+    model_type = getattr(spec.config, "model_type", None)
+    layer = KERNELIZED.get(str(model_type))
+    if layer is None:  # ScatterMoE itself refuses the model (workload/scattermoe.py check_model)
+        return
+    cls, kernel, liger = layer
+    if liger is not None and liger in parse_liger_kernels(request.step.liger):
+        return
+    raise UnmodelledSetting(f"use_kernels: true in {path!r} (KernelsPlugin sets it: args.py "
+                            f"check_use_kernels) is not modelled for {spec.name}: transformers' kernelize "
+                            f"swaps {cls} for the hub's {kernel} in training (integrations/hub_kernels.py), "
+                            "not emulated")
+
+
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
     the Axolotl ``config`` says: gemma4_unified's fused attention; with fused_attn_kernel, the model
@@ -727,9 +816,13 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                                 f"type {model_type}): Axolotl swaps its attention forward for one with a "
                                 "fused q/k RMSNorm + RoPE Triton kernel (loaders/patch_manager.py), emulated "
                                 "for qwen3 and gemma4 only")
+
+
+    path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+    if request.step.experts_kernel is not None:
+        _check_kernelized(spec, request, path)
     if model_type not in FUSED_ATTENTION_TYPES:
         return
-    path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
     if not patched(model_type):
         raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
                            f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
@@ -794,7 +887,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         if value is not None and value != 1:
             raise cfg.unmodelled(key, value, PARALLEL)
     plugins = _axolotl_plugins(cfg)
-    experts = cfg.get("experts_implementation")
+    experts_kernel = _axolotl_experts_kernel(cfg, plugins)
+    experts = None if experts_kernel else cfg.get("experts_implementation")
     if experts is not None and experts != _EXPERTS_DEFAULT:
         raise cfg.unmodelled("experts_implementation", experts, f"autotune traces transformers' default "
                              f"{_EXPERTS_DEFAULT} experts")
@@ -844,6 +938,10 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat,
         fused_attn_kernel=_fused_attn_kernel(cfg), **trainer, **unfrozen, **overrides,
+
+
+        experts_kernel=experts_kernel, **trainer, **unfrozen,
+        **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )

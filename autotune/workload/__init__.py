@@ -55,3 +55,6 @@ class Workload:
     # Quantization-aware training (workload/qat.py): torchao's fake-quantized linears swapped in as
     # Axolotl's qat: does; None: plain linears.
     qat: Qat | None = None
+    # The experts kernel a mixture's experts run instead of transformers' grouped_mm: "scattermoe"
+    # (Axolotl's KernelsPlugin use_scattermoe, emulated: workload/scattermoe.py); None: transformers'.
+    experts_kernel: str | None = None

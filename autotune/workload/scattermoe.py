@@ -35,12 +35,19 @@ if TYPE_CHECKING:
 
 Registers = Callable[[], AbstractContextManager[Any]]
 NAME = "Axolotl's ScatterMoE experts (KernelsPlugin use_scattermoe, emulated)"
+SCATTERMOE = "scattermoe"  # transformers' experts_implementation name Axolotl registers
+EXPERTS_KERNELS = (SCATTERMOE,)  # the values of Workload.experts_kernel
 # The experts classes whose layout scattermoe_experts_forward takes (experts.py
-# scattermoe_supports_layout: gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases).
+# scattermoe_supports_layout: gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases), and the
+# model types whose experts they are (transformers' modeling_qwen3_moe, modeling_qwen3_5_moe,
+# modeling_qwen3_next).
 EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts")
-NOTE = (f"{NAME}: every experts module runs Axolotl's scatter2scatter kernels (libs/scattermoe_lora/"
-        "parallel_experts.py ParallelLinear): its buffers and saved tensors from that source, its "
-        "arithmetic outside the allocator; every expert taken as routed")
+MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+NOTE = ("ScatterMoE experts (Axolotl's KernelsPlugin), emulated; every expert assumed routed: every "
+        "experts module runs Axolotl's scatter2scatter kernels (libs/scattermoe_lora/parallel_experts.py "
+        "ParallelLinear), its buffers and saved tensors from that source, its arithmetic outside the "
+        "allocator; which experts a batch routes to depends on the data, and with enough tokens every "
+        "expert is (get_active_experts), the case taken")
 
 
 def _expand(x: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -195,13 +202,50 @@ def experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.T
                         routing_weights, True, registers)
 
 
+def check_model(model_type: str | None, *, experts_bits: int | None = None) -> None:
+    """InvalidInput where the emulation does not cover the step: a model whose experts are not of
+    EXPERTS' classes (another layout, or no experts at all: Axolotl then warns that the kernel is not
+    applied, loaders/model.py _configure_experts_implementation), or 8-bit experts (quantize_moe_experts
+    over an 8-bit base: selective_dequant.py's non-bnb4 path, not emulated). ``experts_bits``: the
+    bits quantize_moe_experts stores the experts in, None where it is off."""
+    from autotune.errors import InvalidInput
+
+    if model_type not in MODEL_TYPES:
+        raise InvalidInput(f"ScatterMoE experts (Axolotl's KernelsPlugin use_scattermoe) are emulated for "
+                           f"the experts of {', '.join(MODEL_TYPES)} ({', '.join(EXPERTS)}), not for model "
+                           f"type {model_type}'s")
+    if experts_bits is not None and experts_bits != 4:
+        raise InvalidInput(f"ScatterMoE over {experts_bits}-bit experts (quantize_moe_experts with "
+                           f"load_in_{experts_bits}bit) is not emulated: its selective dequantization "
+                           "is emulated for bitsandbytes 4-bit experts only (selective_dequant.py)")
+
+
+def _class_name(module: Any) -> str:
+    """The module's class name, that of the class a parametrization derived from it
+    (torch.nn.utils.parametrize makes ``Parametrized<Class>`` of a quantized experts module)."""
+    cls = type(module)
+    if getattr(cls, "__name__", "").startswith("Parametrized") and len(cls.__bases__) == 1:
+        cls = cls.__bases__[0]
+    return cls.__name__
+
+
 def apply(model: Any, registers: Registers) -> int:
     """Every experts module of ``model`` of a class in EXPERTS runs the emulation (what Axolotl's
-    registration makes transformers dispatch to); the number patched."""
+    registration makes transformers dispatch to); the number patched. The stand-in reads the
+    experts' bitsandbytes parametrizations when called, so it takes 4-bit experts whether they are
+    quantized before or after it is set. InvalidInput for an experts module transformers dispatches
+    by experts_implementation (``use_experts_implementation`` sets ``is_concatenated``) of another
+    class: its layout is not emulated."""
+    from autotune.errors import InvalidInput
+
     stand_in = functools.partial(experts_forward, registers=registers)
     patched = 0
     for module in model.modules():
-        if type(module).__name__ in EXPERTS:
+        name = _class_name(module)
+        if name in EXPERTS:
             module.forward = MethodType(stand_in, module)
             patched += 1
+        elif hasattr(module, "is_concatenated") and hasattr(module, "has_gate"):
+            raise InvalidInput(f"ScatterMoE experts (Axolotl's KernelsPlugin) are emulated for "
+                               f"{', '.join(EXPERTS)}, not for {name}")
     return patched

@@ -171,6 +171,11 @@ class CudaBackend:
         """
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
             raise InvalidInput(f"budget_bytes must be an integer > 0, got {budget_bytes!r}")
+        if workload.experts_kernel is not None:
+            # Axolotl's kernels (integrations/kernels/libs/scattermoe_lora) come with Axolotl only,
+            # registered by its KernelsPlugin as the model loads; the estimate backend emulates them.
+            raise BackendUnavailable(f"the experts kernel {workload.experts_kernel} (Axolotl's ScatterMoE) "
+                                     "is emulated by the estimate backend only, not run on the cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:

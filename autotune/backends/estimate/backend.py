@@ -37,7 +37,12 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed, recompute_under
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.liger import swap_in, swap_in_fused_attention, swap_in_linear_attention
+from autotune.backends.estimate.liger import (
+    swap_in,
+    swap_in_fused_attention,
+    swap_in_linear_attention,
+    swap_in_scattermoe,
+)
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
@@ -489,7 +494,8 @@ class EstimateBackend:
         key = (workload.model, workload.task, workload.attn, workload.weights_dtype,
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
-               workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat)
+               workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
+               workload.experts_kernel)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -505,6 +511,8 @@ class EstimateBackend:
                 prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
+                if workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated (scattermoe.py)
+                    swap_in_scattermoe(model)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

@@ -182,6 +182,11 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                    "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
                    "architectures": ["Qwen3NextForCausalLM"]},
+    # Qwen3-MoE (Qwen3-30B-A3B's family): every layer a mixture of 4 experts, 2 routed, no shared
+    # expert; Axolotl's ScatterMoE experts are emulated for it (workload/scattermoe.py).
+    "qwen3_moe": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "architectures": ["Qwen3MoeForCausalLM"]},
     # Vision-language models: the tiny decoder above (1024 positions, room for the images) and a
     # 2-block vision tower of width 32; image token ids inside the vocab.
     "qwen2_vl": {

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import configread
 import pytest
+import yaml
 from configread import Read, view
 
 from autotune.configs import missing_fields, read_training_config
@@ -336,8 +337,9 @@ def test_a_plugin_not_read_is_refused_by_name(tmp_path, plugin):
 
 
 @pytest.mark.parametrize(("keys", "why"), [
-    ({"use_scattermoe": True}, "ScatterMoE experts .*libs/scattermoe_lora"),
+    ({"use_sonicmoe": True}, "SonicMoE experts .*CuTe kernels"),
     ({"expert_backend": "sonicmoe"}, "SonicMoE experts"),
+    ({"use_scattermoe": True, "use_sonicmoe": True}, "SonicMoE experts"),
     ({}, "pins experts_implementation: eager"),
 ])
 def test_the_kernels_plugin_is_refused_naming_its_expert_backend(tmp_path, keys, why):
@@ -705,3 +707,42 @@ def test_axolotl_s_model_config_is_read_as_config_overrides(tmp_path, key):
         " ".join(read_config.notes)
     with pytest.raises(InvalidInput, match="must be a mapping of config attributes"):
         read(tmp_path, {**AXOLOTL, key: ["output_router_logits"]}, "b.yml")
+
+
+KERNELS = {**AXOLOTL, "base_model": "tiny-qwen3_moe",
+           "plugins": ["axolotl.integrations.kernels.KernelsPlugin"], "use_kernels": True,
+           "use_scattermoe": True, "optimizer": "adamw_torch"}
+
+
+@pytest.mark.parametrize("keys", [{}, {"use_scattermoe": None, "expert_backend": "scattermoe"},
+                                  {"experts_implementation": "scattermoe"}])
+def test_the_kernels_plugin_with_scattermoe_runs_the_emulated_experts(tmp_path, keys):
+    config = read(tmp_path, {**KERNELS, **keys}, "a.yml")
+    assert config.request.step.experts_kernel == "scattermoe"
+    assert any(n.startswith("use_scattermoe: ScatterMoE experts (Axolotl's KernelsPlugin), emulated; every "
+                            "expert assumed routed") for n in config.notes)
+    assert any(n.startswith("use_kernels: True: KernelsPlugin sets it true") for n in config.notes)
+
+
+@pytest.mark.parametrize(("keys", "key"), [
+    ({"adapter": "lora", "lora_target_parameters": ["mlp.experts.gate_up_proj"],
+      "lora_target_modules": ["q_proj"]}, "lora_target_parameters"),
+    ({"moe_bnb_fast": False}, "moe_bnb_fast"),
+    ({"use_dsv4_kernels": True}, "use_dsv4_kernels"),
+    ({"dsv4_fp4_grouped_mode": "nvfp4"}, "dsv4_fp4_grouped_mode"),
+])
+def test_scattermoe_beside_what_it_does_not_emulate_is_refused_by_name(tmp_path, keys, key):
+    with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled"):
+        read(tmp_path, {**KERNELS, **keys}, "a.yml")
+
+
+def test_use_kernels_hub_kernels_on_the_model_are_refused_by_name(tmp_path):
+    from autotune.configs import read_training_config
+    from autotune.configs.axolotl import check_patched_model
+
+    path = tmp_path / "a.yml"
+    path.write_text(yaml.safe_dump(KERNELS))
+    config = read_training_config(path)
+    with pytest.raises(UnmodelledSetting, match=r"^use_kernels: true .* kernelize swaps Qwen3MoeRMSNorm for "
+                       r"the hub's RMSNorm: kernels-community/liger-kernels LigerRMSNorm"):
+        check_patched_model(config, config.request)

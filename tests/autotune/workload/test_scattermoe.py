@@ -5,6 +5,7 @@ from Axolotl's libs/scattermoe_lora source), and is what every experts module of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,3 +116,50 @@ def test_every_experts_module_of_a_mixture_calls_the_emulation(preset: str) -> N
     assert scattermoe.apply(model, contextlib.nullcontext) == spec.config.num_hidden_layers
     ids = torch.zeros(1, 8, dtype=torch.long)
     model(input_ids=ids, labels=ids).loss.backward()
+
+
+def test_a_check_of_a_qwen3_moe_with_it_differs_from_transformers_grouped_mm() -> None:
+    import autotune
+
+    peaks = {kernel: autotune.check("tiny-qwen3_moe", seq_len=128, batch_size=256, mode="bf16",
+                                    dtype="bfloat16", gpu="H100-80GB", backend="estimate", workers=1,
+                                    experts_kernel=kernel).peak_memory_bytes
+             for kernel in (None, "scattermoe")}
+    # ParallelLinear keeps other tensors than grouped_mm's experts (test_allocations_are_parallel_linears_
+    # buffers): sort's indices, scatter2scatter's outputs, output_expanded
+    assert peaks[None] is not None and peaks["scattermoe"] is not None
+    assert peaks["scattermoe"] != peaks[None]
+
+
+@pytest.mark.parametrize(("model", "why"), [
+    ("tiny-mixtral", "not for model type mixtral's"),
+    ("tiny-llama", "not for model type llama's"),
+])
+def test_a_model_whose_experts_it_does_not_emulate_is_refused_by_name(model: str, why: str) -> None:
+    import autotune
+    from autotune.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=rf"ScatterMoE experts .* are emulated for .*, {why}"):
+        autotune.check(model, seq_len=64, batch_size=1, gpu="H100-80GB", backend="estimate",
+                       experts_kernel="scattermoe")
+
+
+def test_8bit_experts_and_the_cuda_backend_are_refused_by_name() -> None:
+    from autotune.backends.cuda.backend import CudaBackend
+    from autotune.errors import BackendUnavailable, InvalidInput
+    from autotune.request import check_experts_kernel
+    from autotune.workload import Workload
+    from autotune.workload.adapters import make_adapter
+    from autotune.workload.models import resolve_model
+
+    spec = resolve_model("tiny-qwen3_moe")
+    eight = dataclasses.replace(make_adapter("lora_8bit", targets=("q_proj",)), quantize_experts=True)
+    with pytest.raises(InvalidInput, match="ScatterMoE over 8-bit experts .* is not emulated"):
+        check_experts_kernel("scattermoe", spec, eight)
+    with pytest.raises(InvalidInput, match="unknown experts_kernel 'sonicmoe': allowed are scattermoe"):
+        check_experts_kernel("sonicmoe", spec, None)
+    workload = Workload(spec, "causal-lm", None, experts_kernel="scattermoe")
+    backend = CudaBackend.__new__(CudaBackend)  # no GPU here: the refusal comes before any worker
+    with pytest.raises(BackendUnavailable, match="experts kernel scattermoe .* estimate backend only"):
+        with backend.cell(workload, None, 64, 1 << 30):  # type: ignore[arg-type]
+            pass

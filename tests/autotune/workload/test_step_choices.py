@@ -224,8 +224,8 @@ CAUSAL_LM_PRESETS = {
     "ByteDance-Seed/Seed-OSS-36B-Instruct", "allenai/Olmo-3-7B-Instruct-SFT",
     "CohereForAI/c4ai-command-r7b-12-2024", "nvidia/Nemotron-Mini-4B-Instruct", "LiquidAI/LFM2-350M",
     "LiquidAI/LFM2-8B-A1B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-Next-80B-A3B-Instruct",
-    "tiny-qwen3_5_text", "tiny-qwen3_5_moe_text", "tiny-qwen3_next", "tiiuae/Falcon-H1-0.5B-Base",
-    "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
+    "tiny-qwen3_5_text", "tiny-qwen3_5_moe_text", "tiny-qwen3_next", "tiny-qwen3_moe",
+    "tiiuae/Falcon-H1-0.5B-Base", "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
     "zai-org/GLM-4.5-Air", "zai-org/GLM-4.7-Flash", "tiny-glm4_moe", "tiny-glm4_moe_lite",
 }
 
