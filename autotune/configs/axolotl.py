@@ -937,10 +937,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat,
-        fused_attn_kernel=_fused_attn_kernel(cfg), **trainer, **unfrozen, **overrides,
-
-
-        experts_kernel=experts_kernel, **trainer, **unfrozen,
+        fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, **trainer, **unfrozen,
         **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
