@@ -103,7 +103,8 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                                   "fsdp_activation_checkpointing": step.fsdp_activation_checkpointing,
                                   "fsdp_version": step.fsdp_version, "fsdp1_config": step.fsdp1_config,
                                   "offload_params": step.offload_params}}
-                    if step.gpus is not None or step.parallel is not None else {})},
+                    if step.gpus is not None or step.parallel is not None else {}),
+                 **_other_fields(step)},
         # no mode: the weights' default (defaults.default_mode_name), fixed by the model and dtype above
         "mode": None if request.mode is None else parse_mode(request.mode).name,
         "adapter": asdict(adapter) if adapter is not None else None,
@@ -116,6 +117,30 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
         # PyTorch's own switch of the SDPA kernel, which the estimate follows (estimate/attention.py).
         "sdpa": os.environ.get(CUDNN_DEPRIORITIZED_ENV),
     }
+
+
+# The Step fields key_of names itself above (some only where set), or that the key has otherwise: the
+# model by its preset, the adapter as resolved; hub is refused for a preset's answer (preset_name).
+KEYED_FIELDS = frozenset({
+    "model", "task", "dtype", "attn", "optimizer", "loss", "ckpt_reentrant", "liger", "experts_kernel",
+    "images_per_sample", "image_size", "trainer", "chosen_nll", "precompute_ref_log_probs", "kto_loss_type",
+    "num_generations", "max_completion_length", "max_prompt_length", "beta", "steps_per_generation",
+    "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "gpus", "parallel", "nodes",
+    "reshard_after_forward", "fsdp_recipe", "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config",
+    "offload_params", "peft_options", "adapter", "hub",
+})
+
+
+def _other_fields(step: Any) -> dict[str, Any]:
+    """Every other field of the step that is set (not None, False or empty): each changes the step
+    (axolotl, llamafactory, qat, unfrozen_parameters, zero_config, ...), so a new one is in the key
+    without being named here; unset ones leave the keys of answers stored before they existed."""
+    import dataclasses
+
+    values = {field.name: getattr(step, field.name) for field in dataclasses.fields(step)
+              if field.name not in KEYED_FIELDS}
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in sorted(values.items()) if value not in (None, False, (), "")}
 
 
 def read(where: Path, key: dict[str, Any]) -> dict[str, Any] | None:

@@ -78,6 +78,25 @@ def test_no_cache_neither_reads_nor_writes(capsys, counted):
     assert check(capsys, "--no-cache")[1]["cached"] is False and len(counted) == 3
 
 
+@pytest.mark.parametrize("change", [
+    {"axolotl": True}, {"llamafactory": True}, {"fused_attn_kernel": True}, {"offload_activations": True},
+    {"qat": '{"weight_dtype": "int4"}'}, {"unfrozen_parameters": ("lm_head",)},
+    {"frozen_modules": ("embed",)},
+    {"config_overrides": '{"output_router_logits": true}'}, {"zero_config": '{"stage": 3}'},
+])
+def test_every_field_of_the_step_is_in_the_key(change):
+    # A field the key left out answered another job from the cache (axolotl, qat, ... were).
+    def key(**fields) -> dict:
+        request = CheckRequest(Step("tiny-bert", **fields), Target(gpu_memory="1GiB", backend="estimate"),
+                               seq_len=64, batch_size=8)
+        found = answers.key_of(request)
+        assert found is not None
+        return found
+
+    assert key(**change) != key()
+    assert set(answers._other_fields(Step("tiny-bert", **change))) == set(change)
+
+
 def test_only_an_estimate_of_a_preset_is_kept(tmp_path, monkeypatch):
     def request(backend: str, model: str = "tiny-bert") -> CheckRequest:
         return CheckRequest(Step(model), Target(gpu_memory="1GiB", backend=backend), seq_len=64, batch_size=8)
