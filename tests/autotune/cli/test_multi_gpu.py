@@ -80,13 +80,11 @@ def test_offloading_the_parameters_lowers_each_ranks_peak_and_takes_host_memory(
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (("--parallel", "ddp"), "Error: --offload-params is FSDP2's CPU offload, not ddp's: use --parallel fsdp"),
-    (("--parallel", "zero3"), "Error: --offload-params is FSDP2's CPU offload, not zero3's: DeepSpeed's is "
+    (("--parallel", "ddp"), "Error: --offload-params is FSDP's CPU offload, not ddp's: use --parallel fsdp"),
+    (("--parallel", "zero3"), "Error: --offload-params is FSDP's CPU offload, not zero3's: DeepSpeed's is "
                               "--zero-config's offload_optimizer"),
-    (("--parallel", "fsdp", "--fsdp-version", "1"),
-     "Error: --offload-params with --fsdp-version 1: FSDP1's CPUOffload(offload_params=True)"),
 ])
-def test_offload_params_outside_fsdp2_is_refused_by_name(capsys, extra, message):
+def test_offload_params_outside_fsdp_is_refused_by_name(capsys, extra, message):
     code, _, err = run(capsys, "check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4",
                        "--offload-params", *extra)
     assert code == 2 and err.startswith(message), err
