@@ -65,14 +65,25 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             else ShardingStrategy.SHARD_GRAD_OP
         where = {"process_group": mesh.get_group()}
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
-    root = FSDP(
-        trained, sharding_strategy=strategy,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                           transformer_layer_cls=_layer_classes(model, layers)),
-        mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
-        use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
-        cpu_offload=CPUOffload(offload_params=parallel.offload_params),
-        device_id=torch.device("cpu"), **where)
+    try:
+        root = FSDP(
+            trained, sharding_strategy=strategy,
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                               transformer_layer_cls=_layer_classes(model, layers)),
+            mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
+            use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
+            cpu_offload=CPUOffload(offload_params=parallel.offload_params),
+            device_id=torch.device("cpu"), **where)
+    except ValueError as exc:
+        if "uniform dtype" not in str(exc):
+            raise
+        # _flat_param.py FlatParamHandle._validate_tensors_to_flatten: the job fails so as it wraps
+        raise InvalidInput(
+            f"FSDP1 cannot wrap {type(model).__name__}: {exc} (torch's FlatParamHandle."
+            "_validate_tensors_to_flatten: each unit's parameters become one FlatParameter of one dtype, "
+            "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "
+            "job fails as it wraps the model: use fsdp_version 2 (fully_shard shards each parameter "
+            "apart)") from exc
     if dtype is not None:
         _upcast(root)
     return root
