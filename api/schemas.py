@@ -477,7 +477,7 @@ class CheckPublic(BaseModel):
                                       "always false here: the service does not take it")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
     host_memory_bytes: int = Field(default=0, description="pinned host memory a GPU's rank holds "
-                                   "(FSDP2's CPU offload: shards, gradients, optimizer state; ZeRO-Offload's "
+                                   "(FSDP's CPU offload: shards, gradients, optimizer state; ZeRO-Offload's "
                                    "buffers, CPU Adam state); 0: none")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
@@ -620,7 +620,7 @@ class ExplainPublic(BaseModel):
     host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
                                            "memory its copies held; always null here: the service does "
                                            "not take it")
-    host_memory_bytes: int | None = Field(default=None, description="with FSDP2's CPU offload or "
+    host_memory_bytes: int | None = Field(default=None, description="with FSDP's CPU offload or "
                                           "ZeRO-Offload: the host memory one rank held at the batch "
                                           "explained; null without an offload")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)

@@ -428,10 +428,11 @@ class Step:
         "Trainer's), forward_prefetch (false), backward_prefetch (BACKWARD_PRE, BACKWARD_POST or null, the "
         "Trainer's NO_PREFETCH)", metavar="JSON")
     offload_params: bool | None = option(
-        None, "fsdp (FSDP2): CPU offload, fully_shard's CPUOffloadPolicy as accelerate applies its "
-        "cpu_offload (fsdp_offload_params, Axolotl's and LLaMA-Factory v1's offload_params): the shards, "
-        "their gradients and the optimizer state in host memory, the optimizer step run there, each shard "
-        "copied to the GPU for its all-gather (check gives the host memory)")
+        None, "fsdp: CPU offload, fully_shard's CPUOffloadPolicy (FSDP2) or FSDP1's "
+        "CPUOffload(offload_params=True) as accelerate applies its cpu_offload (fsdp_offload_params, "
+        "Axolotl's and LLaMA-Factory v1's offload_params): the shards, their gradients and the optimizer "
+        "state in host memory, the optimizer step run there, each shard copied to the GPU for its "
+        "all-gather (check gives the host memory)")
     zero_config: str | None = option(
         None, "zero1/2/3: the zero_optimization mapping of the job's DeepSpeed config, as JSON (default: the "
         "stage with reduce_bucket_size and the stage-3 sizes \"auto\", resolved from hidden_size as the "

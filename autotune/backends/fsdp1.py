@@ -46,7 +46,7 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     classes named ``layers``) as the module docstring says, in the model's FakeTensorMode; returns
     the root FullyShardedDataParallel, whose call is the step's loss."""
     import torch
-    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
@@ -65,13 +65,25 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             else ShardingStrategy.SHARD_GRAD_OP
         where = {"process_group": mesh.get_group()}
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
-    root = FSDP(
-        trained, sharding_strategy=strategy,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                           transformer_layer_cls=_layer_classes(model, layers)),
-        mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
-        use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
-        device_id=torch.device("cpu"), **where)
+    try:
+        root = FSDP(
+            trained, sharding_strategy=strategy,
+            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                               transformer_layer_cls=_layer_classes(model, layers)),
+            mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
+            use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
+            cpu_offload=CPUOffload(offload_params=parallel.offload_params),
+            device_id=torch.device("cpu"), **where)
+    except ValueError as exc:
+        if "uniform dtype" not in str(exc):
+            raise
+        # _flat_param.py FlatParamHandle._validate_tensors_to_flatten: the job fails so as it wraps
+        raise InvalidInput(
+            f"FSDP1 cannot wrap {type(model).__name__}: {exc} (torch's FlatParamHandle."
+            "_validate_tensors_to_flatten: each unit's parameters become one FlatParameter of one dtype, "
+            "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "
+            "job fails as it wraps the model: use fsdp_version 2 (fully_shard shards each parameter "
+            "apart)") from exc
     if dtype is not None:
         _upcast(root)
     return root
@@ -184,3 +196,128 @@ def resizes_tracked(track: Callable[[Any], None], resized: Callable[[Any], None]
         yield
     finally:
         _flat_param._alloc_storage, _flat_param._free_storage = saved
+
+
+def _on_host(flat_param: Any) -> bool:
+    """Whether ``flat_param`` is its host shard (``_use_sharded_flat_param``: ``flat_param.data =
+    flat_param._local_shard``), by storage: on a GPU, ``flat_param.device`` is then the CPU."""
+    return bool(_storage_key(flat_param) == _storage_key(flat_param._local_shard))
+
+
+@contextlib.contextmanager
+def host_offload() -> Iterator[None]:
+    """FSDP1's ``CPUOffload(offload_params=True)`` as on a GPU, on the tracker's host ledger (module
+    docstring: the fake tensors are CPU tensors standing for the GPU's, so FSDP1's moves between the
+    two copy nothing, and ``pin_memory`` has no fake kernel):
+
+    - _flat_param.py ``FlatParamHandle.init_flat_param_attributes`` pins the local shard
+      (``_local_shard.pin_memory()``) and makes ``_cpu_grad`` (``zeros_like(..., device=cpu)
+      .pin_memory()``): ``pin_memory`` puts a storage just made onto the host ledger
+      (tracker.to_host) and returns the tensor itself (pinned or pageable, the same host bytes;
+      the local shard is host memory since it was loaded, rank.on_host_when);
+    - ``FlatParamHandle.pre_unshard``: ``flat_param_to(self.device, non_blocking=True)`` of a
+      flat parameter on the host (no mixed precision) is a copy on the GPU, which lives until the
+      all-gather points the flat parameter at the gathered one; under mixed precision
+      ``_use_low_precision_shard`` copies ``_local_shard.to(self.device)`` to the GPU (a full
+      precision temporary) before casting it into ``_mp_shard``: each such ``.to`` a clone;
+    - ``FlatParamHandle._writeback_orig_params`` (the start of ``pre_unshard``) on a flat parameter
+      on the host works on the host: the original parameters' gradients are views of ``_cpu_grad``
+      from the forward's reshard on (``_use_sharded_grad_views`` of ``sharded_grad``, which is
+      ``_cpu_grad`` whenever it exists), so in the pre-backward it finds them apart from
+      ``flat_param.grad`` (None) and writes them back into ``zeros_like(flat_param)``, a host
+      buffer ``prepare_gradient_for_backward`` drops again: inside it, storages are host memory;
+    - ``FlatParamHandle.prepare_gradient_for_backward`` tells a sharded gradient on the host
+      (``grad_offloaded = flat_param.grad.device != self.device``) from one on the GPU, which it
+      would keep as ``_saved_grad_shard`` to accumulate into: with offload every sharded
+      ``flat_param.grad`` is the host's (``_cpu_grad``, set by ``prepare_gradient_for_optim``, or
+      the buffer above), so that branch is taken: ``_cpu_grad`` kept (cast as there under
+      ``keep_low_precision_grads``), ``flat_param.grad`` dropped;
+    - _runtime_utils.py ``_offload_grad``'s ``_cpu_grad.copy_(grad_to_offload)`` writes into the
+      host buffer and allocates nothing, as traced; the GPU's sharded gradient
+      (``_saved_grad_shard``) lives until ``_finalize_params`` (``prepare_gradient_for_optim``
+      deletes it at the end of the backward), also as traced;
+    - _runtime_utils.py ``_post_backward_final_callback`` waits for those copies
+      (``current_stream().synchronize()``), which torch.cpu's stand-in ``Stream`` lacks: a wait
+      that allocates nothing, a no-op here;
+    - the optimizer's step runs on the host shards and ``_cpu_grad`` (rank.host_step)."""
+    import torch
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    saved = {name: vars(FlatParamHandle)[name] for name in (
+        "init_flat_param_attributes", "_writeback_orig_params", "pre_unshard", "_use_low_precision_shard",
+        "prepare_gradient_for_backward")}
+    waits = "synchronize" not in vars(torch.cpu.Stream)
+    if waits:
+        torch.cpu.Stream.synchronize = lambda self: None  # type: ignore[attr-defined]
+    for name, method in _offloaded(saved).items():
+        setattr(FlatParamHandle, name, method)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(FlatParamHandle, name, method)
+        if waits:
+            del torch.cpu.Stream.synchronize  # type: ignore[attr-defined]
+
+
+def _offloaded(saved: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """The FlatParamHandle methods ``host_offload`` replaces (its docstring), over torch's own
+    (``saved``), which run unchanged without offload."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+
+    from autotune.backends.estimate.tracker import on_host, to_host
+
+    class Pinned(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is torch.Tensor.pin_memory and isinstance(args[0], FakeTensor):
+                return to_host(args[0])
+            return func(*args, **(kwargs or {}))
+
+    class CopiedToGpu(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            moves = any(isinstance(a, torch.device) for a in (*args, *kwargs.values()))
+            if func is torch.Tensor.to and moves:
+                return args[0].clone()
+            return func(*args, **kwargs)
+
+    def init_flat_param_attributes(self: Any) -> None:
+        with Pinned() if self._offload_params else contextlib.nullcontext():
+            saved["init_flat_param_attributes"](self)
+
+    def writeback_orig_params(self: Any) -> bool:
+        with on_host() if self._offload_params and _on_host(self.flat_param) else contextlib.nullcontext():
+            return bool(saved["_writeback_orig_params"](self))
+
+    def pre_unshard(self: Any) -> bool:
+        # its branches with offload: the low precision shard (mixed precision), else the copy
+        copies = bool(self._offload_params and _on_host(self.flat_param)
+                      and not (self._uses_param_mixed_precision and not self._force_full_precision))
+        ran = bool(saved["pre_unshard"](self))  # skips the copy: flat_param.device == self.device here
+        if copies:
+            with CopiedToGpu():
+                self.flat_param_to(self.device, non_blocking=True)
+        return ran or copies
+
+    def use_low_precision_shard(self: Any) -> None:
+        with CopiedToGpu() if self._offload_params else contextlib.nullcontext():
+            saved["_use_low_precision_shard"](self)
+
+    def prepare_gradient_for_backward(self: Any) -> None:
+        flat_param = self.flat_param
+        if not self._offload_params or flat_param.grad is None \
+                or flat_param.grad.size() != flat_param._local_shard.size():
+            saved["prepare_gradient_for_backward"](self)
+            return
+        cpu_grad = flat_param._cpu_grad
+        if self._keep_low_precision_grads and cpu_grad.dtype != flat_param._local_shard.dtype:
+            with on_host():
+                cpu_grad.data = cpu_grad.to(flat_param._local_shard.dtype)
+        flat_param.grad = None
+
+    return {"init_flat_param_attributes": init_flat_param_attributes,
+            "_writeback_orig_params": writeback_orig_params, "pre_unshard": pre_unshard,
+            "_use_low_precision_shard": use_low_precision_shard,
+            "prepare_gradient_for_backward": prepare_gradient_for_backward}

@@ -236,7 +236,8 @@ def _shards(e: Explanation) -> str:
     if e.parallel is None or e.parallel["kind"] != "fsdp":
         return ""
     where = "in host memory (CPU offload)" if e.parallel.get("offload_params") else "on a GPU"
-    return f"; whole modules: FSDP2 keeps 1/{e.parallel['shard_size']} of each {where}"
+    version = e.parallel.get("fsdp_version") or 2
+    return f"; whole modules: FSDP{version} keeps 1/{e.parallel['shard_size']} of each {where}"
 
 
 def _which_batch(e: Explanation) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.configs.reading import COMPILE, PARALLEL, Config, TrainingConfig, words
 from autotune.configs.sharding import (
+    CPU_OFFLOAD1_NOTE,
     FSDP1,
     FSDP2_NOTE,
     FSDP_CHECKPOINTING,
@@ -36,10 +37,9 @@ from autotune.configs.sharding import (
     zero,
 )
 from autotune.defaults import DEFAULT_MODE_NAME
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput
 from autotune.request import request_from, values_of
 from autotune.workload.modes import Mode, parse_mode
-from autotune.workload.parallel import FSDP1_OFFLOAD
 
 # Keys only an accelerate config has (commands/config/config_args.py BaseConfig).
 ACCELERATE_MARKERS = words("compute_environment distributed_type")
@@ -128,7 +128,7 @@ def _fsdp(cfg: Config, trainer_fsdp: bool) -> None:
     if str(options.get("offload_params", False)).lower() == "true":
         # commands/launch.py exports it as FSDP_OFFLOAD_PARAMS, which the plugin reads for a cpu_offload
         # left None (utils/dataclasses.py __post_init__): the Trainer's plugin too (it sets cpu_offload
-        # only when its own fsdp_config's is true), whatever version it builds (combine refuses FSDP1)
+        # only when its own fsdp_config's is true), whatever version it builds (combine notes FSDP1's)
         offload(cfg, "fsdp_config.fsdp_offload_params", options["offload_params"], options)
     if str(options.get("activation_checkpointing", False)).lower() == "true":
         raise cfg.unmodelled("fsdp_config.fsdp_activation_checkpointing", options["activation_checkpointing"],
@@ -238,9 +238,8 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
     values["gpus"], values["nodes"] = spread.gpus, spread.nodes
     if spread.offload_params:  # the launcher's FSDP_OFFLOAD_PARAMS, read by the Trainer's plugin too
         if step.fsdp_version == 1:
-            raise UnmodelledSetting(f"fsdp_config.fsdp_offload_params: true in {launch_file!r} with "
-                                    f"{training.parallel_key} in {train_file!r} at FSDP1 is not modelled: "
-                                    f"{FSDP1_OFFLOAD}")
+            notes.append(f"fsdp_config.fsdp_offload_params: true in {launch_file}: the Trainer's plugin of "
+                         f"{train_file}'s FSDP1 reads it (FSDP_OFFLOAD_PARAMS): {CPU_OFFLOAD1_NOTE}")
         values["offload_params"] = True
     values["mode"] = _precision(training, launch, notes)
     return TrainingConfig(

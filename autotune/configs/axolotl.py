@@ -570,11 +570,14 @@ def _axolotl_sharding(cfg: Config) -> None:
     if version is None or str(version) == "1":
         # validation.py check_fsdp_version_in_fsdp_config: an unversioned fsdp_config is FSDP1, which
         # Axolotl leaves to the Trainer (core/builders/base.py passes fsdp_config on) and accelerate
+        offload_key = "fsdp_config.cpu_offload"
         if not unset(fsdp):
             if not isinstance(fsdp, list) or not all(isinstance(item, str) for item in fsdp):
                 raise cfg.bad("fsdp", fsdp, "a list of FSDP options (full_shard, shard_grad_op, offload, "
                               "auto_wrap)")
+            offload_key = "fsdp_config.cpu_offload" if "cpu_offload" in options else "fsdp"
             legacy_fsdp(cfg, fsdp, options, 1)
+        _offload(cfg, fsdp, options, offload_key, 1)
         read_trainer_fsdp1(cfg, "fsdp_config", options, key)
         if version is None:
             cfg.notes.append("fsdp_config without fsdp_version: FSDP1 in Axolotl (validation.py "
@@ -589,14 +592,7 @@ def _axolotl_sharding(cfg: Config) -> None:
                           "auto_wrap)")
         offload_key = "fsdp_config.cpu_offload" if "cpu_offload" in options else "fsdp"  # before the legacy's
         legacy_fsdp(cfg, fsdp, options, 2)  # TrainingArguments(fsdp=the list): transformers reads it
-    offloaded = options.get("offload_params")
-    if offloaded not in (None, True, False):  # utils/schemas/fsdp.py: bool | None
-        raise cfg.bad("fsdp_config.offload_params", offloaded, "true or false")
-    if offloaded:  # utils/trainer.py setup_fsdp_envs: FSDP_OFFLOAD_PARAMS, the plugin's cpu_offload
-        offload(cfg, "fsdp_config.offload_params", offloaded, options)
-    elif options.get("cpu_offload"):  # the builder's TrainingArguments: _process_fsdp_args's cpu_offload
-        where = "fsdp" if offload_key == "fsdp" and not unset(fsdp) else "fsdp_config.cpu_offload"
-        offload(cfg, where, options["cpu_offload"] if where != "fsdp" else fsdp, options)
+    _offload(cfg, fsdp, options, offload_key, 2)
     checkpointing = _axolotl_fsdp_checkpointing(cfg, options.get("activation_checkpointing"))
     policy = options.get("auto_wrap_policy")
     if policy not in (None, "TRANSFORMER_BASED_WRAP"):
@@ -618,6 +614,21 @@ def _axolotl_sharding(cfg: Config) -> None:
     if checkpointing:
         cfg.launch["fsdp_activation_checkpointing"] = True
         cfg.notes.append(f"fsdp_config.activation_checkpointing: true: {AXOLOTL_FSDP_CHECKPOINTING}")
+
+
+def _offload(cfg: Config, fsdp: Any, options: dict[str, Any], offload_key: str, version: int) -> None:
+    """FSDP's CPU offload in an Axolotl config, either version: fsdp_config.offload_params, which
+    utils/trainer.py setup_fsdp_envs exports as FSDP_OFFLOAD_PARAMS for accelerate's plugin to read
+    (a cpu_offload left None), or cpu_offload (the fsdp list's offload), which the builder's
+    TrainingArguments passes on (_process_fsdp_args); ``offload_key`` names the latter."""
+    offloaded = options.get("offload_params")
+    if offloaded not in (None, True, False):  # utils/schemas/fsdp.py: bool | None
+        raise cfg.bad("fsdp_config.offload_params", offloaded, "true or false")
+    if offloaded:
+        offload(cfg, "fsdp_config.offload_params", offloaded, options, version)
+    elif options.get("cpu_offload"):
+        where = "fsdp" if offload_key == "fsdp" and not unset(fsdp) else "fsdp_config.cpu_offload"
+        offload(cfg, where, options["cpu_offload"] if where != "fsdp" else fsdp, options, version)
 
 
 AXOLOTL_FSDP_CHECKPOINTING = (

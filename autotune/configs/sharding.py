@@ -6,10 +6,10 @@ autotune models FSDP2 as accelerate >= 1.14 prepares it for the Trainer (``fully
 decoder layer and on the root) and DDP (workload/parallel.py); DeepSpeed's ZeRO stages are read
 into ``parallel`` zero1/zero2/zero3, which the request refuses by name until they are modelled.
 FSDP1 is read from a TrainingArguments fsdp_config with version 1 (and Axolotl's unversioned one) as
-the Trainer hands it to accelerate (``read_trainer_fsdp1``). Every other setting that changes memory
-(FSDP1's CPU offload, FSDP1 in an accelerate launcher config, another wrap policy) is refused by its
-key; FSDP2's CPU offload is read into ``offload_params``; settings with no effect on a step's memory are noted
-with the reason.
+the Trainer hands it to accelerate (``read_trainer_fsdp1``). FSDP's CPU offload (FSDP2's
+CPUOffloadPolicy, FSDP1's CPUOffload) is read into ``offload_params``. Every other setting that changes
+memory (FSDP1 in an accelerate launcher config, another wrap policy) is refused by its key; settings
+with no effect on a step's memory are noted with the reason.
 
 Sources: transformers 5.24 ``training_args.py`` (``TrainingArguments._process_fsdp_args`` and
 ``_apply_legacy_fsdp_to_config``), accelerate 1.15 ``utils/dataclasses.py``
@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from autotune.configs.reading import Config, TrainingConfig
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.spelling import close_matches, did_you_mean
-from autotune.workload.parallel import FSDP1_OFFLOAD
 
 if TYPE_CHECKING:
     from autotune.request import CheckRequest
@@ -37,6 +36,11 @@ CPU_OFFLOAD_NOTE = ("FSDP2's CPU offload (accelerate's plugin makes cpu_offload 
                     "CPUOffloadPolicy: utils/dataclasses.py set_cpu_offload): each rank's shards, their "
                     "gradients and the optimizer state in host memory, the optimizer step run there; traced "
                     "(check gives the host memory)")
+CPU_OFFLOAD1_NOTE = ("FSDP1's CPU offload (accelerate's plugin makes cpu_offload "
+                     "CPUOffload(offload_params=True) at fsdp_version 1: utils/dataclasses.py "
+                     "set_cpu_offload): each rank's FlatParameter "
+                     "shards, their gradients and the optimizer state in host memory, the optimizer step "
+                     "run there; traced (check gives the host memory)")
 PIN_NOTE = "pinned or pageable, the host holds the same offloaded bytes and the GPU the same copies"
 FSDP_CHECKPOINTING = ("FSDP's own activation checkpointing from accelerate's launcher config is not "
                       "modelled yet: set it in the training config's fsdp_config (activation_checkpointing: "
@@ -165,18 +169,16 @@ def read_trainer_fsdp(cfg: Config) -> None:
         legacy_fsdp(cfg, fsdp, options, version)
     if options.get("xla"):
         raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
-    if version == 1:
-        read_trainer_fsdp1(cfg, "fsdp_config", options)
-        cfg.notes.append(f"fsdp: {fsdp!r}: fsdp_config version 1 (transformers' _process_fsdp_args)")
-        return
-    if options.get("xla"):
-        raise cfg.unmodelled("fsdp_config.xla", options["xla"], "FSDP on XLA (TPUs) is not modelled")
-    if options.get("cpu_offload"):  # _process_fsdp_args: fsdp_plugin_args["cpu_offload"] = True
-        offload(cfg, offload_key, options["cpu_offload"] if offload_key != "fsdp" else fsdp, options)
+    if options.get("cpu_offload"):  # _process_fsdp_args, either version: fsdp_plugin_args["cpu_offload"]
+        offload(cfg, offload_key, options["cpu_offload"] if offload_key != "fsdp" else fsdp, options, version)
     if "offload_params" in options and _truth(cfg, "fsdp_config.offload_params", options["offload_params"]):
         cfg.notes.append(f"fsdp_config.offload_params: {options['offload_params']!r}: not read by "
                          "transformers (_process_fsdp_args reads cpu_offload): nothing offloaded unless "
                          "cpu_offload is set or the launcher's fsdp_offload_params (FSDP_OFFLOAD_PARAMS) is")
+    if version == 1:
+        read_trainer_fsdp1(cfg, "fsdp_config", options)
+        cfg.notes.append(f"fsdp: {fsdp!r}: fsdp_config version 1 (transformers' _process_fsdp_args)")
+        return
     policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
     if policy not in _WRAP_POLICIES:
         raise cfg.bad("fsdp_config.auto_wrap_policy", policy, f"one of {', '.join(_WRAP_POLICIES)}")
@@ -220,11 +222,7 @@ FSDP1_NO_EFFECT = {
 def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: str = "fsdp") -> None:
     """An FSDP1 ``fsdp_config`` (its ``fsdp_`` prefixes dropped) as the Trainer hands it to
     accelerate (FSDP1_NOTE), into the request's fsdp_version 1 and fsdp1_config; what it cannot
-    model refused by its key."""
-    if options.get("cpu_offload") or "offload_params" in options and _truth(
-            cfg, f"{where}.offload_params", options["offload_params"]):
-        key = "cpu_offload" if options.get("cpu_offload") else "offload_params"
-        raise cfg.unmodelled(f"{where}.{key}", options[key], FSDP1_OFFLOAD)
+    model refused by its key. The CPU offload is read by the caller (``offload``)."""
     if "activation_checkpointing" in options and _truth(cfg, f"{where}.activation_checkpointing",
                                                         options["activation_checkpointing"]):
         raise cfg.unmodelled(f"{where}.activation_checkpointing", options["activation_checkpointing"],
@@ -274,7 +272,11 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
                "auto_wrap_policy", "transformer_layer_cls_to_wrap", "sharding_strategy",
                "reshard_after_forward", "limit_all_gathers", "backward_prefetch", "forward_prefetch",
                "use_orig_params",
-               "sync_module_states"}
+               "sync_module_states", "cpu_offload_pin_memory"}
+    if "cpu_offload_pin_memory" in options:
+        cfg.notes.append(f"{where}.cpu_offload_pin_memory: {options['cpu_offload_pin_memory']!r}: no effect "
+                         "with FSDP1, whose CPUOffload has no such setting (_flat_param.py "
+                         "init_flat_param_attributes pins the offloaded shard and gradient); " + PIN_NOTE)
     note_no_effect(cfg, where, options, handled)
     set_parallel(cfg, key, "fsdp", True)
     cfg.launch["fsdp_version"] = 1
@@ -284,10 +286,11 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
                      f"{prefetch}")
 
 
-def offload(cfg: Config, key: str, value: Any, options: dict[str, Any]) -> None:
-    """FSDP2's CPU offload, set by ``key``: the request's offload_params, noted."""
+def offload(cfg: Config, key: str, value: Any, options: dict[str, Any], version: int = 2) -> None:
+    """FSDP's CPU offload (``version`` 2: FSDP2's, 1: FSDP1's), set by ``key``: the request's
+    offload_params, noted."""
     cfg.launch["offload_params"] = True
-    cfg.notes.append(f"{key}: {value!r}: {CPU_OFFLOAD_NOTE}")
+    cfg.notes.append(f"{key}: {value!r}: {CPU_OFFLOAD_NOTE if version == 2 else CPU_OFFLOAD1_NOTE}")
 
 
 def pin_memory(cfg: Config, where: str, options: dict[str, Any]) -> None:

@@ -12,8 +12,9 @@ the job's global batch is that times the GPUs times the accumulation steps.
             whole while it runs.
             ``reshard_after_forward`` False keeps them gathered from forward to backward
             (SHARD_GRAD_OP); ``nodes`` > 1 shards within a node and replicates across nodes
-            (HYBRID_SHARD); ``offload_params`` is FSDP2's CPU offload (CPUOffloadPolicy): the
-            shards, their gradients and the optimizer state in host memory, the step run there
+            (HYBRID_SHARD); ``offload_params`` is FSDP's CPU offload (FSDP2's CPUOffloadPolicy,
+            FSDP1's CPUOffload(offload_params=True)): the shards, their gradients and the
+            optimizer state in host memory, the step run there
     zero1, zero2, zero3
             DeepSpeed ZeRO stages as the Trainer's DeepSpeed integration runs them: the optimizer
             state (and float32 master weights) / and the gradients / and the 16-bit parameters
@@ -73,8 +74,9 @@ class Parallel:
     use_orig_params: bool = True  # fsdp 1: the original parameters as views of the FlatParameter
     forward_prefetch: bool = False  # fsdp 1: the next unit's all-gather issued before this forward
     backward_prefetch: str | None = None  # fsdp 1: BACKWARD_PRE or BACKWARD_POST; None: NO_PREFETCH
-    # fsdp 2: CPU offload (accelerate's cpu_offload, fsdp_config.offload_params): fully_shard's
-    # CPUOffloadPolicy, the shards, their gradients and the optimizer state in host memory
+    # fsdp: CPU offload (accelerate's cpu_offload, fsdp_config.offload_params): fully_shard's
+    # CPUOffloadPolicy (2) or FSDP1's CPUOffload(offload_params=True) (1), the shards, their
+    # gradients and the optimizer state in host memory
     offload_params: bool = False
 
     def __post_init__(self) -> None:
@@ -147,7 +149,7 @@ class Parallel:
                     f"rest; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
                     f"{str(self.forward_prefetch).lower()}, backward_prefetch {prefetch}, limit_all_gathers "
                     "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
-                    "(accelerate upcasts each FlatParameter) under accelerate's autocast")
+                    "(accelerate upcasts each FlatParameter) under accelerate's autocast" + self.offloaded)
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -188,9 +190,16 @@ class Parallel:
 
     @property
     def offloaded(self) -> str:
-        """What FSDP2's CPU offload moves to the host, in a clause; empty without it."""
+        """What FSDP's CPU offload moves to the host, in a clause; empty without it."""
         if not self.offload_params:
             return ""
+        if self.fsdp_version == 1:
+            return ("; CPU offload, traced: FSDP1's CPUOffload(offload_params=True) keeps each "
+                    "FlatParameter's shard and its gradient (_cpu_grad) in host memory (pinned or not, the "
+                    "same bytes), copies the shard to the GPU before each all-gather (pre_unshard) and each "
+                    "reduced sharded gradient back after its reduce-scatter, the GPU's copy freed at the "
+                    "backward's end; the optimizer's step and its state are on the host (backends/fsdp1.py "
+                    "host_offload)")
         return ("; CPU offload, traced: fully_shard's CPUOffloadPolicy keeps each shard and its gradient "
                 "in host memory (pinned or not, the same bytes), copies each shard to the GPU for its "
                 "all-gather and each sharded gradient back in reduce-scatter; the optimizer's step and its "
@@ -248,7 +257,7 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
     JSON (default: the stage's "auto" keys, workload/zero.py); its stage, if given, must be the
-    kind's. ``offload_params``: FSDP2's CPU offload (fsdp, version 2 only)."""
+    kind's. ``offload_params``: FSDP's CPU offload (fsdp, either version)."""
     if kind is not None and kind not in PARALLEL_CHOICES:
         raise _about("parallel", InvalidInput.naming(
             f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}"))
@@ -297,7 +306,7 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
-    offload = _offload(kind, fsdp_version, offload_params)
+    offload = _offload(kind, offload_params)
     if recipe == "llamafactory" and gpus == 1:
         offload = False  # v1 wraps nothing without a process group (FSDP2Engine.prepare_model returns first)
     if gpus == 1 and kind == DDP:
@@ -307,27 +316,15 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                     offload_params=offload)
 
 
-# FSDP1's CPUOffload(offload_params=True) is not traced: FlatParamHandle.init_flat_param_attributes pins
-# the local shard and a _cpu_grad (Tensor.pin_memory, which has no fake kernel), and its copies to the
-# compute device (pre_unshard's flat_param_to, _use_low_precision_shard) and back (the post-backward's
-# _cpu_grad.copy_) are between devices the fake trace does not tell apart: each would need the host
-# ledger FSDP2's offload has (backends/estimate/rank.py host_offload).
-FSDP1_OFFLOAD = ("FSDP1's CPUOffload(offload_params=True) (FlatParameter shards and gradients on the CPU, "
-                 "the optimizer step run there) is not modelled: FSDP2's CPU offload (fsdp_version 2) is")
-
-
-def _offload(kind: str, fsdp_version: int | None, offload_params: bool | None) -> bool:
-    """``offload_params``, checked: FSDP2's alone (DeepSpeed's offload is zero_config's)."""
+def _offload(kind: str, offload_params: bool | None) -> bool:
+    """``offload_params``, checked: FSDP's alone (DeepSpeed's offload is zero_config's)."""
     if not offload_params:
         return False
     if kind != FSDP:
         where = ("DeepSpeed's is {zero_config}'s offload_optimizer and offload_param" if kind in ZERO_STAGES
                  else "use {parallel} fsdp")
         raise _about("offload_params", InvalidInput.naming(
-            f"{{offload_params}} is FSDP2's CPU offload, not {kind}'s: {where}"))
-    if fsdp_version == 1:
-        raise _about("offload_params", InvalidInput.naming(
-            f"{{offload_params}} with {{fsdp_version}} 1: {FSDP1_OFFLOAD}"))
+            f"{{offload_params}} is FSDP's CPU offload, not {kind}'s: {where}"))
     return True
 
 

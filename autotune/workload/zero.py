@@ -252,8 +252,8 @@ def resolved(settings: Settings, hidden_size: int | None) -> dict[str, Any]:
 def host_note(nbytes: int, parallel: Mapping[str, Any] | None = None) -> str:
     """What a rank keeps in host memory, in words: the line a table and a check print; ``parallel``
     the job's (Parallel.to_json), which says whose offload it is."""
-    what = ("FSDP2's CPU offload: its shards, their gradients and the optimizer state"
-            if parallel is not None and parallel.get("kind") == "fsdp" else
+    what = (f"FSDP{parallel.get('fsdp_version') or 2}'s CPU offload: its shards, their gradients and the "
+            "optimizer state" if parallel is not None and parallel.get("kind") == "fsdp" else
             "ZeRO-Offload's buffers and CPU Adam state")
     return (f"host memory per GPU's rank ({what}): {format_bytes(nbytes)} of pinned RAM; a node needs it "
             "once per GPU")

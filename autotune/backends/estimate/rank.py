@@ -36,6 +36,11 @@ tracker's host ledger (tracker.py ``on_host``):
   host ledger, and the reduce-scatter output it was a view of is the GPU's to free;
 - the optimizer's step runs on the host parameters and gradients (torch.optim on CPU tensors): what
   it allocates, its state among it, is host memory (``host_step``).
+
+FSDP1's ``CPUOffload(offload_params=True)`` (backends/fsdp1.py) the same way: each FlatParameter's
+shard is host memory as it is loaded (``on_host_when``), the optimizer steps on the host
+(``host_step``), and fsdp1.py ``host_offload`` makes its pinning, its copies to the GPU and its
+gradients' buffer on the host what they are on a GPU.
 """
 
 from __future__ import annotations
@@ -141,20 +146,25 @@ def ddp_regions() -> Iterator[None]:
 
 
 def offloads(distributed: Distributed | None) -> bool:
-    """Whether ``distributed`` is FSDP2 with its parameters offloaded to the host (module docstring)."""
+    """Whether ``distributed`` is FSDP (2 or 1) with its parameters offloaded to the host (module
+    docstring)."""
     return distributed is not None and distributed.parallel.kind == FSDP \
-        and distributed.parallel.fsdp_version == 2 and distributed.parallel.offload_params
+        and distributed.parallel.offload_params
 
 
 def on_host_when(distributed: Distributed | None,
                  tensor: torch.Tensor) -> contextlib.AbstractContextManager[None]:
-    """Around the loading of ``tensor``: on the host ledger if it is an offloaded FSDP2 shard (a
-    DTensor; the buffers FSDP2 moves to the GPU, module docstring)."""
+    """Around the loading of ``tensor``: on the host ledger if it is an offloaded shard: FSDP2's (a
+    DTensor) or FSDP1's (a FlatParameter, moved to the CPU as it is made: _init_utils.py
+    ``_init_param_handle_from_params``, ``handle.flat_param_to(cpu_device)``); not the buffers, which
+    both move to the GPU (module docstring)."""
+    from torch.distributed.fsdp._flat_param import FlatParameter
     from torch.distributed.tensor import DTensor
 
     from autotune.backends.estimate.tracker import on_host
 
-    return on_host() if offloads(distributed) and isinstance(tensor, DTensor) else contextlib.nullcontext()
+    sharded = isinstance(tensor, (DTensor, FlatParameter))
+    return on_host() if offloads(distributed) and sharded else contextlib.nullcontext()
 
 
 def host_step(distributed: Distributed | None, optimizer: Any) -> Any:
@@ -236,6 +246,8 @@ def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Ite
 
             stack.enter_context(fsdp1.resizes_tracked(tracker.track, tracker.resized))
             stack.enter_context(fsdp1.real_storage_checks())
+            if offloads(distributed):
+                stack.enter_context(fsdp1.host_offload())
         elif distributed is not None and distributed.parallel.kind == FSDP:
             stack.enter_context(resizes_tracked(tracker))
             stack.enter_context(fsdp_regions())

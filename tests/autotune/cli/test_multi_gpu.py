@@ -80,16 +80,37 @@ def test_offloading_the_parameters_lowers_each_ranks_peak_and_takes_host_memory(
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (("--parallel", "ddp"), "Error: --offload-params is FSDP2's CPU offload, not ddp's: use --parallel fsdp"),
-    (("--parallel", "zero3"), "Error: --offload-params is FSDP2's CPU offload, not zero3's: DeepSpeed's is "
+    (("--parallel", "ddp"), "Error: --offload-params is FSDP's CPU offload, not ddp's: use --parallel fsdp"),
+    (("--parallel", "zero3"), "Error: --offload-params is FSDP's CPU offload, not zero3's: DeepSpeed's is "
                               "--zero-config's offload_optimizer"),
-    (("--parallel", "fsdp", "--fsdp-version", "1"),
-     "Error: --offload-params with --fsdp-version 1: FSDP1's CPUOffload(offload_params=True)"),
 ])
-def test_offload_params_outside_fsdp2_is_refused_by_name(capsys, extra, message):
+def test_offload_params_outside_fsdp_is_refused_by_name(capsys, extra, message):
     code, _, err = run(capsys, "check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4",
                        "--offload-params", *extra)
     assert code == 2 and err.startswith(message), err
+
+
+# DeepSeek-V2 keeps its router's weight in float32 (transformers' _keep_in_fp32_modules_strict) beside
+# bfloat16 weights: a small one, as Axolotl's examples/deepseek-v2/fft-fsdp-16b.yaml runs it under FSDP1
+MIXED_DTYPE_MOE = {"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 64,
+                   "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+                   "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                   "first_k_dense_replace": 1,
+                   "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+                   "v_head_dim": 16, "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
+
+
+def test_fsdp1_over_parameters_of_two_dtypes_is_refused_as_torch_refuses_it(capsys, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MIXED_DTYPE_MOE))
+    argv = ("check", str(tmp_path / "config.json"), "--gpu-memory", "4GiB", "--seq-len", "64", "--batch-size",
+            "2", "--mode", "bf16", "--gpus", "4", "--parallel", "fsdp", "--no-cache")
+    code, _, err = run(capsys, *argv, "--fsdp-version", "1", "--offload-params")
+    refusal = ("Error: FSDP1 cannot wrap DeepseekV2ForCausalLM: Must flatten tensors with uniform dtype "
+               "but got "
+               "torch.bfloat16 and torch.float32")
+    assert code == 2 and err.startswith(refusal), err
+    assert run(capsys, *argv)[0] == 0  # FSDP2 shards each parameter apart
 
 
 def test_nccl_buffers_come_off_the_card_before_the_budget():

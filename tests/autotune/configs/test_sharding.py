@@ -84,10 +84,6 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "key", "why"), [
-    ({"fsdp": True, "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
-     "FSDP1's CPUOffload"),
-    ({"fsdp": "full_shard offload", "fsdp_config": {"version": 1}}, "fsdp_config.cpu_offload",
-     "FSDP1's CPUOffload"),
     ({"fsdp": True, "fsdp_config": {"version": 1, "limit_all_gathers": False}},
      "fsdp_config.limit_all_gathers", "rate limiter"),
     ({"fsdp": True, "fsdp_config": {"version": 1, "activation_checkpointing": True}},
@@ -218,8 +214,6 @@ def test_training_arguments_fsdp_config_version_1_is_fsdp1_full_shard(tmp_path):
 @pytest.mark.parametrize(("changes", "key", "why"), [
     ({"fsdp_version": 1, "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP"}},
      "fsdp_config.sharding_strategy", "only FULL_SHARD"),
-    ({"fsdp_version": 1, "fsdp_config": {"offload_params": True}}, "fsdp_config.offload_params",
-     "FSDP1's CPUOffload"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
     ({"dp_shard_size": 4}, "dp_shard_size", "tensor/context parallelism"),
@@ -463,14 +457,67 @@ def test_training_arguments_offload_params_is_not_read_by_transformers(tmp_path)
 
 def test_the_launchers_offload_reaches_the_trainers_fsdp_plugin(tmp_path):
     """accelerate launch exports FSDP_OFFLOAD_PARAMS, which the Trainer's plugin reads for the cpu_offload
-    it leaves None: FSDP2 offloaded; under the training config's FSDP1, refused by name."""
+    it leaves None: FSDP2 offloaded, or the training config's FSDP1 (CPUOffload)."""
     acc = write(tmp_path, {**ACCELERATE, "fsdp_config": {**ACCELERATE["fsdp_config"],
                                                          "fsdp_offload_params": True}}, "acc.yaml")
     train = write(tmp_path, {**TRAINER, "fsdp": "full_shard", "bf16": True}, "train.json")
     assert offloaded(read_training_configs([str(train), str(acc)])) == ("fsdp", None, True)
     fsdp1 = write(tmp_path, {**TRAINER, "fsdp": "full_shard", "fsdp_config": {"version": 1}, "bf16": True},
                   "fsdp1.json")
-    with pytest.raises(UnmodelledSetting,
-                       match="^fsdp_config.fsdp_offload_params: true in .* FSDP1's CPUOffload"):
-        read_training_configs([str(fsdp1), str(acc)])
+    config = read_training_configs([str(fsdp1), str(acc)])
+    assert offloaded(config) == ("fsdp", 1, True)
+    assert any(note.startswith("fsdp_config.fsdp_offload_params: true in ") and "FSDP1's CPU offload" in note
+               for note in config.notes)
 
+
+
+# FSDP1's CPU offload (CPUOffload(offload_params=True), backends/fsdp1.py host_offload) from the keys
+# that reach accelerate's FSDP1 plugin: Axolotl's offload_params (setup_fsdp_envs: FSDP_OFFLOAD_PARAMS)
+# and the Trainer's cpu_offload (_process_fsdp_args, either version)
+AXOLOTL_FSDP1 = {**AXOLOTL, "fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {
+    # examples/llama-3/fft-8b-liger-fsdp.yaml's, on tiny-llama's layers
+    "fsdp_limit_all_gathers": True, "fsdp_sync_module_states": True, "fsdp_offload_params": True,
+    "fsdp_use_orig_params": False, "fsdp_cpu_ram_efficient_loading": True,
+    "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+    "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_backward_prefetch": "BACKWARD_PRE"}}
+
+
+@pytest.mark.parametrize(("data", "name", "key"), [
+    (AXOLOTL_FSDP1, "a.yml", "fsdp_config.offload_params"),
+    ({**AXOLOTL_FSDP1, "fsdp": ["full_shard", "auto_wrap", "offload"],
+      "fsdp_config": {**AXOLOTL_FSDP1["fsdp_config"], "fsdp_offload_params": False}}, "b.yml", "fsdp"),
+    ({**TRAINER, "fsdp": True, "fsdp_config": {"version": 1, "cpu_offload": True}}, "t.json",
+     "fsdp_config.cpu_offload"),
+    ({**TRAINER, "fsdp": "full_shard offload", "fsdp_config": {"version": 1}}, "u.json", "fsdp"),
+])
+def test_fsdp1_cpu_offload_is_read_from_each_format(tmp_path, data, name, key):
+    config = read_training_config(write(tmp_path, data, name))
+    assert offloaded(config) == ("fsdp", 1, True)
+    assert any(note.startswith(f"{key}: ") and "CPUOffload(offload_params=True)" in note
+               for note in config.notes)
+    off = {**data, "fsdp": [item for item in data["fsdp"] if item != "offload"]} \
+        if isinstance(data["fsdp"], list) else {**data, "fsdp": "full_shard"}
+    if name == "a.yml":
+        off["fsdp_config"] = {**data["fsdp_config"], "fsdp_offload_params": False}
+    if name == "t.json":
+        off["fsdp_config"] = {"version": 1}
+    assert offloaded(read_training_config(write(tmp_path, off, "off-" + name))) == ("fsdp", 1, None)
+
+
+def test_training_arguments_fsdp1_offload_params_is_not_read_by_transformers(tmp_path):
+    config = read_training_config(write(tmp_path, {**TRAINER, "fsdp": True, "fsdp_config": {
+        "version": 1, "offload_params": True, "cpu_offload_pin_memory": True}}, "t.json"))
+    assert offloaded(config) == ("fsdp", 1, None)
+    assert any(note.startswith("fsdp_config.offload_params: True: not read by transformers")
+               for note in config.notes)
+
+
+def test_an_axolotl_fsdp1_config_with_offload_params_is_answered_with_its_host_memory(tmp_path, capsys):
+    path = write(tmp_path, AXOLOTL_FSDP1, "a.yml")
+    assert main(["check", "--from-config", str(path), "--gpus", "4", "--gpu", "H100-80GB", "--workers", "1",
+                 "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP1 full shard, parameters, gradients and optimizer state offloaded to the CPU, 4 GPUs" in out
+    assert "note: host memory per GPU's rank (FSDP1's CPU offload: its shards" in out

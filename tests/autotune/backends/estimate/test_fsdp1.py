@@ -4,6 +4,7 @@ flattens and pads it, and each decoder layer's gathered FlatParameter appears wh
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any
 
@@ -145,3 +146,87 @@ def test_use_orig_params_false_holds_the_same_shards():
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     assert flat.loaded_bytes == shard + buffers
     assert flat.live["backward done"][0] - flat.live["before steps"][0] == shard
+
+
+def in_first_shard(model: Any, ranks: int) -> int:
+    """How many original parameters start within rank 0's shard of their unit (shards): those the
+    optimizer keeps state for (use_orig_params: a parameter outside the shard is an empty view)."""
+    count = 0
+    for unit in unit_parameters(model):
+        shard, numel = math.ceil(unit_numel(unit) / ranks), 0
+        for parameter in unit:
+            numel += -numel % (16 // parameter.element_size())
+            count += numel < shard
+            numel += parameter.numel()
+    return count
+
+
+def unit_parameters(model: Any) -> list[list[Any]]:
+    layers = list(model.model.layers)
+    inside = {id(p) for layer in layers for p in layer.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in inside]
+    return [*([*layer.parameters()] for layer in layers), rest]
+
+
+def peak(phases: Any) -> int:
+    """The most bytes live at once in the rank's trace."""
+    sizes: dict[int, int] = {}
+    live = most = 0
+    for key, nbytes in phases.tracker.events:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+            live += nbytes
+        else:
+            live -= sizes.pop(key)
+        most = max(most, live)
+    return most
+
+
+# FSDP1's CPUOffload(offload_params=True) (backends/fsdp1.py host_offload): each FlatParameter's shard,
+# its gradient (_cpu_grad) and the Adam state on the host ledger, the optimizer step run there.
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_fsdp1_cpu_offload_moves_the_shards_gradients_and_adam_state_to_the_host(ranks, mode):
+    on_gpu, model = traced(fsdp1(ranks), mode)
+    offloaded, _ = traced(fsdp1(ranks, offload_params=True), mode)
+    scale = 4 if mode == "bf16" else 2  # accelerate's float32 upcast under mixed precision, else bf16
+    shard = scale * sum(shards(model, ranks))
+    adam = 2 * shard + STEP_BYTES * in_first_shard(model, ranks)  # exp_avg, exp_avg_sq, the step counts
+    # the GPU holds less by the shards, then by their gradients too, then by the Adam state too
+    assert on_gpu.live["before steps"][0] - offloaded.live["before steps"][0] == shard
+    assert on_gpu.live["backward done"][0] - offloaded.live["backward done"][0] == 2 * shard
+    assert on_gpu.live["optimizer done"][1] - offloaded.live["optimizer done"][1] == 2 * shard + adam
+    # the host: the shards, _cpu_grad, the Adam state, and one unit's gradient writeback buffer at a time
+    # (_writeback_orig_params' zeros_like(flat_param) in each pre-backward, dropped by
+    # prepare_gradient_for_backward)
+    assert offloaded.tracker.host_peak_bytes == 2 * shard + adam + scale * max(shards(model, ranks))
+    if mode == "bf16":  # each copy to the GPU is cast into _mp_shard at once: none is live at the peak
+        assert peak(on_gpu) - peak(offloaded) == shard + adam
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+def test_fsdp1_cpu_offload_copies_each_shard_to_the_gpu_before_each_gather(mode):
+    ranks = 4
+    offloaded, model = traced(fsdp1(ranks, offload_params=True), mode)
+    on_gpu, _ = traced(fsdp1(ranks), mode)
+    copies = offloaded.allocated_in_first_forward_and_backward()
+    copies.subtract(on_gpu.allocated_in_first_forward_and_backward())
+    # each unit's shard copied to the GPU in its pre-forward and pre-backward unshard (pre_unshard), the
+    # root's too: its gathered parameter is kept to the backward, but its reshard pointed the flat
+    # parameter at the host shard; under mixed precision as a float32 temporary cast into _mp_shard
+    # (_use_low_precision_shard), which the root's backward also allocates (not skipped under offload)
+    units = shards(model, ranks)
+    expected: collections.Counter[int] = collections.Counter()
+    for numel in units:
+        expected[(4 if mode == "bf16" else 2) * numel] += 2
+    if mode == "bf16":
+        expected[2 * units[-1]] += 1
+    assert +copies == expected
+
+
+def test_make_parallel_accepts_fsdp1_cpu_offload():
+    parallel = make_parallel(4, "fsdp", fsdp_version=1, offload_params=True)
+    assert parallel is not None and parallel.offload_params and parallel.fsdp_version == 1
+    assert parallel.label == "FSDP1 full shard, parameters, gradients and optimizer state offloaded to the " \
+                             "CPU, 4 GPUs"
+    assert "FSDP1's CPUOffload(offload_params=True)" in parallel.modelled
