@@ -175,7 +175,7 @@ REFUSED = [
     # (format base, key, value)
     (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "relora", True),
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
-    (AXOLOTL, "fsdp_config.offload_params", True), (AXOLOTL, "torch_compile", True),
+    (AXOLOTL, "torch_compile", True),  # fsdp_config.offload_params is read (test_sharding.py)
     (AXOLOTL, "activation_offloading", "legacy"),
     (AXOLOTL, "rl", "gdpo"), (AXOLOTL, "liger_use_token_scaling", True),
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),

@@ -287,8 +287,6 @@ REFUSED = [
     ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
     ({"stage": "ppo", "reward_model": "r"}, "stage", "PPO .* is not modelled"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
-    ({"fsdp": "full_shard", "fsdp_config": {"version": 1, "cpu_offload": True}}, "fsdp_config.cpu_offload",
-     "CPUOffload"),
     ({"use_dora": True}, "use_dora", "DoRA"),
     ({"use_unsloth": True}, "use_unsloth", "Unsloth"),
     ({"use_unsloth_gc": True}, "use_unsloth_gc", "offloaded"),
