@@ -109,15 +109,8 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
     auto_class = getattr(transformers, TASK_MODEL_CLASSES[task])
     dtype = getattr(torch, weights_dtype)
     if attn == FLASH_ATTENTION_2 and flash_as_sdpa:
-        _register_flash_stand_in()
-        try:
-            model = _from_config(auto_class, config, FLASH_STAND_IN, spec, task, dtype)
-        except (ValueError, ImportError) as exc:
-            raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
-        if not getattr(model, "_supports_flash_attn", False):
-            raise InvalidInput(f"{type(model).__name__} does not support flash_attention_2 in "
-                               f"transformers {transformers.__version__}: use sdpa or eager")
-        return model, attn
+        return _flash_stand_in_model(auto_class, config, FLASH_STAND_IN, spec, task, dtype, attn,
+                                     "flash_attention_2", ""), attn
     if attn == VLLM_FLASH_ATTN3:
         # The Hub kernel cannot be fetched here (offline) nor run on a CPU: its emulation, built only
         # where the estimator runs it (flash_as_sdpa).
@@ -125,15 +118,8 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
             raise InvalidInput(f"attn {attn} is modelled by the estimate backend only (emulated)")
         if task == IMAGE_TEXT_TO_TEXT:
             raise InvalidInput(f"attn {attn} is not modelled for vision-language models")
-        _register_flash_stand_in()
-        try:
-            model = _from_config(auto_class, config, FA3_STAND_IN, spec, task, dtype)
-        except (ValueError, ImportError) as exc:
-            raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
-        if not getattr(model, "_supports_flash_attn", False):
-            raise InvalidInput(f"{type(model).__name__} does not support flash attention in "
-                               f"transformers {transformers.__version__}, so not {attn}: use sdpa or eager")
-        return model, attn
+        return _flash_stand_in_model(auto_class, config, FA3_STAND_IN, spec, task, dtype, attn,
+                                     "flash attention", f", so not {attn}"), attn
     if attn is not None:
         try:
             model = _from_config(auto_class, config, attn, spec, task, dtype)
@@ -145,6 +131,24 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
     except (ValueError, ImportError):
         # transformers raises ValueError when a model has no SDPA implementation.
         return _from_config(auto_class, config, "eager", spec, task, dtype), "eager"
+
+
+def _flash_stand_in_model(auto_class: Any, config: Any, stand_in: str, spec: Any, task: str, dtype: Any,
+                          attn: str, kernel: str, so: str) -> Any:
+    """The model built with ``stand_in`` (flash_attention_2's or vllm-flash-attn3's, registered as an
+    attention of transformers'), refused where transformers refuses it or the model has no flash
+    attention (``_supports_flash_attn``): "does not support {kernel} ...{so}"."""
+    import transformers
+
+    _register_flash_stand_in()
+    try:
+        model = _from_config(auto_class, config, stand_in, spec, task, dtype)
+    except (ValueError, ImportError) as exc:
+        raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
+    if not getattr(model, "_supports_flash_attn", False):
+        raise InvalidInput(f"{type(model).__name__} does not support {kernel} in "
+                           f"transformers {transformers.__version__}{so}: use sdpa or eager")
+    return model
 
 
 def _register_flash_stand_in() -> None:
