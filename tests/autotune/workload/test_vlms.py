@@ -36,12 +36,15 @@ def test_parameter_counts_match_the_published_totals(name, params):
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(params, rel=0.002)
 
 
+# Qwen3.5's processor is Qwen3-VL's (transformers' auto maps: test_vlms3.py), with the same
+# preprocessor_config.json values.
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen3.5-35B-A3B"])
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_qwen3_vl_images_are_qwen2_vl_s_processor_at_patch_16(width, height):
+def test_qwen3_vl_images_are_qwen2_vl_s_processor_at_patch_16(model, width, height):
     # Qwen2VLImageProcessor with Qwen3-VL's preprocessor_config.json: smart_resize to multiples of
     # 16 x 2 within [65536, 16777216] pixels, grid (1, h/16, w/16), pixel_values [t*h*w, 3*2*16*16];
     # Qwen3VLProcessor.replace_image_token: grid.prod() // merge**2 <|image_pad|> tokens.
-    config = resolve_model("Qwen/Qwen3-VL-4B-Instruct").config
+    config = resolve_model(model).config
     layout = image_layout(config, Images(1, (width, height)))
     resized_h, resized_w = transformers_smart_resize()(height, width, 32, 65536, 16777216)
     grid = (1, resized_h // 16, resized_w // 16)

@@ -4,11 +4,9 @@ takes, the estimator's trace of it, and the preset's parameter count."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from processors import SIZES, real_model_takes, transformers_smart_resize
+from processors import SIZES, real_model_takes
 
 import autotune
 from autotune.workload.models import infer_task, resolve_model
@@ -38,22 +36,6 @@ def test_qwen3_5_s_processor_is_qwen3_vl_s():
     assert processing_auto.PROCESSOR_MAPPING_NAMES["qwen3_5_moe"] == "Qwen3VLProcessor"
     assert image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5_moe"]["torchvision"] == \
         "Qwen2VLImageProcessor"
-
-
-@pytest.mark.parametrize(("width", "height"), SIZES)
-def test_qwen3_5_images_are_qwen2_vl_s_processor_at_patch_16(width, height):
-    # smart_resize to multiples of 32 within [65536, 16777216] pixels (its preprocessor_config.json),
-    # grid (1, h/16, w/16), pixel_values [t*h*w, 3*2*16*16], grid.prod() // 4 <|image_pad|> tokens.
-    config = resolve_model("Qwen/Qwen3.5-35B-A3B").config
-    layout = image_layout(config, Images(1, (width, height)))
-    resized_h, resized_w = transformers_smart_resize()(height, width, 32, 65536, 16777216)
-    grid = (1, resized_h // 16, resized_w // 16)
-    assert layout.grid == grid and layout.processed == (resized_w, resized_h)
-    assert layout.patches == math.prod(grid) and layout.tokens == math.prod(grid) // 4
-    batch = make_batch(config, VLM, 2, layout.row_tokens + 16, device="meta",
-                       images=Images(1, (width, height)))
-    assert tuple(batch["pixel_values"].shape) == (2 * math.prod(grid), 3 * 2 * 16 * 16)
-    assert tuple(batch["image_interp_indices"].shape) == (2 * math.prod(grid), 4)
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])
