@@ -5,13 +5,11 @@ buffers (sizes cited from its source), and is what every Gated DeltaNet layer of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
+from allocations import Allocations
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.workload import gated_delta_rule
 from autotune.workload.gated_delta_rule import chunk_gated_delta_rule
@@ -46,33 +44,9 @@ def test_outputs_and_gradients_are_the_torch_fallbacks(modeling: str) -> None:
         torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-4)
 
 
-class Allocations(TorchDispatchMode):
-    """The (shape, dtype) of every tensor the calls inside create, outside the ``registers`` context."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
-        self.inside = 0
-        self.computed = 0  # ops dispatched inside ``registers``
-
-    @contextlib.contextmanager
-    def registers(self) -> Iterator[None]:
-        self.inside += 1
-        try:
-            yield
-        finally:
-            self.inside -= 1
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.computed += bool(self.inside)
-        name = func.overloadpacket.__name__
-        if not self.inside and name in ("empty", "empty_like", "zeros_like", "new_empty", "empty_strided",
-                                        "sum", "repeat_interleave", "clone"):
-            for tensor in out if isinstance(out, tuple | list) else (out,):
-                if isinstance(tensor, torch.Tensor):
-                    self.made.append((tuple(tensor.shape), tensor.dtype))
-        return out
+# What the kernel's source allocates with: the ops whose outputs Allocations records.
+ALLOCATING = ("empty", "empty_like", "zeros_like", "new_empty", "empty_strided", "sum",
+              "repeat_interleave", "clone")
 
 
 @pytest.mark.parametrize("fake", [False, True])
@@ -84,7 +58,7 @@ def test_allocations_are_fla_0_4_1s_buffers(fake: bool) -> None:
     with values:
         xs = inputs(bf16)
         xs[3] = xs[3].detach().float().requires_grad_()  # g in float32, as transformers computes it
-    mode = Allocations()
+    mode = Allocations(ALLOCATING)
     with values, mode:
         o, _ = chunk_gated_delta_rule(*xs[:3], g=xs[3], beta=xs[4], use_qk_l2norm_in_kernel=True,
                                       registers=mode.registers)
@@ -124,7 +98,7 @@ def test_on_fake_tensors_the_arithmetic_does_not_grow_with_the_chunks() -> None:
     """The chunked form's ops, one per chunk and step, run on numbers only (issue #34: 18,000 fake
     dispatches a layer at 2048 tokens); on fake tensors the L2 norms' and cumsums' few ops remain."""
     def computed(length: int) -> int:
-        mode = Allocations()
+        mode = Allocations(ALLOCATING)
         with FakeTensorMode():
             xs = [torch.randn(B, length, *x.shape[2:]).requires_grad_() for x in inputs()]
             with mode:
