@@ -1,6 +1,7 @@
-"""The tensors an emulated kernel allocates, as its source says it does: ``Allocations(ops)``, a dispatch
-mode that records the (shape, dtype) of what the listed ops create outside the emulation's
-``registers`` context (the kernel's register-only arithmetic), and counts the ops inside it."""
+"""What an emulated kernel allocates and what ran: ``Allocations(ops)``, a dispatch mode that records
+the (shape, dtype) of what the listed ops create outside the emulation's ``registers`` context (the
+kernel's register-only arithmetic) and counts the ops inside it; ``backward_nodes``, the autograd
+Functions a tensor's backward runs."""
 
 from __future__ import annotations
 
@@ -39,3 +40,16 @@ class Allocations(TorchDispatchMode):
                 if isinstance(tensor, torch.Tensor):
                     self.made.append((tuple(tensor.shape), tensor.dtype))
         return out
+
+
+def backward_nodes(tensor: torch.Tensor) -> list[str]:
+    """The class names of the autograd nodes ``tensor``'s backward reaches, each node once."""
+    nodes, seen, todo = [], set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        nodes.append(type(node).__name__)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return nodes

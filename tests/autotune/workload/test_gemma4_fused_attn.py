@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from allocations import backward_nodes
 
 from autotune.workload import gemma4_fused_attn
 from autotune.workload.models import resolve_model
@@ -47,14 +48,7 @@ def test_the_fused_forward_gives_transformers_outputs_and_gradients():
     for name, grad in grads.items():
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
     # the emulated kernels are what ran: q and k of both layers, v of both
-    nodes, seen, todo = [], set(), [patched(input_ids=input_ids).logits.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        nodes.append(type(node).__name__)
-        todo.extend(next_node for next_node, _ in node.next_functions)
+    nodes = backward_nodes(patched(input_ids=input_ids).logits)
     assert nodes.count("RmsNormRopeBackward") == 4 and nodes.count("RmsNormNoScaleBackward") == 2
 
 

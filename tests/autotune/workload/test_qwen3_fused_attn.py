@@ -10,6 +10,7 @@ import json
 
 import configread
 import torch
+from allocations import backward_nodes
 
 from autotune.workload import qwen3_fused_attn
 from autotune.workload.models import resolve_model
@@ -38,15 +39,8 @@ def test_the_fused_forward_gives_transformers_outputs_and_gradients():
     assert fused_grads.keys() == grads.keys() and any("q_norm" in name for name in grads)
     for name, grad in grads.items():
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
-    nodes, seen, todo = [], set(), [fused_out.logits.grad_fn]
-    while todo:  # the emulated kernel is what ran: q and k of both layers
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        nodes.append(type(node).__name__)
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    assert nodes.count("RmsNormRopeBackward") == 4
+    # the emulated kernel is what ran: q and k of both layers
+    assert backward_nodes(fused_out.logits).count("RmsNormRopeBackward") == 4
 
 
 AXOLOTL = {"base_model": "Qwen/Qwen3-8B", "sequence_len": 4096, "micro_batch_size": 1, "bf16": True,
