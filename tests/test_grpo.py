@@ -178,3 +178,27 @@ def test_check_refuses_a_batch_that_splits_a_prompt_group():
         check("tiny-llama", seq_len=64, batch_size=3, gpu_memory="1GiB", backend="estimate", trainer="grpo",
               max_completion_length=32)
     assert caught.value.field == "batch_size"
+
+
+def test_the_emulated_generation_runs_on_real_tensors_with_uninitialized_memory_poisoned():
+    # The cuda backend runs the same decode loop on a GPU, where the grown ids, mask and cache are
+    # read: deterministic mode fills empty memory with NaN and the largest id, so an unfilled one
+    # fails here as it did on the H200 (a device-side assert in the last decode step).
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from autotune.workload.grpo import emulated_generate, make_grpo_batch
+
+    trainer = check_trainer("grpo", grpo={"num_generations": 2, "max_completion_length": 6})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(KV_HEAVY, attn_implementation="sdpa").eval()
+    batch = make_grpo_batch(trainer, 2, PROMPT + 6, attn="sdpa")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.no_grad():
+            ids = emulated_generate(model, batch["prompt_ids"], batch["prompt_mask"], 6)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert ids.shape == (2, PROMPT + 6)
+    assert 0 <= int(ids.min()) and int(ids.max()) < KV_HEAVY.vocab_size

@@ -159,8 +159,15 @@ def emulated_generate(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
     if completion > 1:
         if completion > 2:  # the decode steps before the last: the cache grown at once
             _grow(cache, prompt + completion - 2, base.config)
-            input_ids = input_ids.new_empty((rows, prompt + completion - 1))
-            mask = mask.new_empty((rows, prompt + completion - 2))
+            # filled, not empty: on a real device the last step reads them (an id out of the
+            # vocabulary or a NaN key fails the step), at the same sizes as generate's
+            grown = input_ids.new_zeros((rows, prompt + completion - 1))
+            grown[:, :prompt + 1] = input_ids
+            input_ids = grown
+            grown = mask.new_ones((rows, prompt + completion - 2))
+            grown[:, :prompt] = mask
+            mask = grown
+            del grown
         mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=-1)  # _update_model_kwargs_for_generation
         # the last decode step: the cache grows to prompt + completion - 1 tokens
         outputs = model(input_ids=input_ids[:, -1:], attention_mask=mask, **keep)
@@ -195,7 +202,7 @@ def _grow(cache: Any, tokens: int, config: Any) -> None:
         length = tokens if window is None else min(tokens, window)
         for name in ("keys", "values"):
             old = getattr(layer, name)
-            grown = old.new_empty((*old.shape[:2], length, old.shape[-1]))
+            grown = old.new_zeros((*old.shape[:2], length, old.shape[-1]))  # finite: read on a GPU
             setattr(layer, name, grown if window is None or tokens < window else grown[:, :, 1 - window:, :])
             del old
         if window is not None:
