@@ -786,7 +786,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     from autotune.workload.loss import check_loss
     from autotune.workload.models import check_dtype, check_seq_len, check_task, resolve_dtype, task_for
     from autotune.workload.optimizers import check_optimizer
-    from autotune.workload.step import check_attn
+    from autotune.workload.step import check_attn, cuda_attention
     from autotune.workload.trainers import (
         GRPO_FIELDS,
         REWARD,
@@ -832,6 +832,9 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         weights_dtype = resolve_dtype(spec, dtype)
     if not found.ok("task"):
         return None
+    if found.ok("attn"):
+        with found.about("attn"):
+            attn = cuda_attention(spec.config, task, attn)
     with found.about("loss"):
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
     with found.about("liger"):

@@ -98,7 +98,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
-        return Plan(_grpo_row(flags), _kernel_notes(flags.step.model))
+        return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model), *_attention_notes(flags)))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -115,7 +115,28 @@ def _plan(args: argparse.Namespace) -> Plan:
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
                           fused_attn_kernel=bool(request.step.fused_attn_kernel))
-    return Plan(request, (*read, *config.notes, *notes, *_unfrozen_notes(request)), config.ignored)
+    notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request))
+    return Plan(request, (*read, *config.notes, *notes), config.ignored)
+
+
+def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
+    """The kernel transformers runs on CUDA in place of the attention asked for (step.py
+    cuda_attention: gpt-oss' flash_attention_2), where the model and task are valid."""
+    from autotune.request import Findings, resolve_model
+    from autotune.workload.models import task_for
+    from autotune.workload.step import cuda_attention_note
+
+    step = request.step
+    if step.attn is None or step.model is None:
+        return ()
+    spec = resolve_model(step, Findings())
+    if spec is None:  # refused by the check itself, with the rest
+        return ()
+    try:
+        note = cuda_attention_note(spec.config, task_for(spec, step.task), step.attn)
+    except InvalidInput:  # refused by the check itself, with the rest
+        return ()
+    return () if note is None else (note,)
 
 
 def _unfrozen_notes(request: CheckRequest) -> tuple[str, ...]:

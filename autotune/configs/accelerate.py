@@ -247,7 +247,7 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
         (*training.ignored, *launch.ignored), parallel_key=parallel_key,
         wrap_classes=training.wrap_classes or launch.wrap_classes,
         wrap_key=training.wrap_key or launch.wrap_key, mixed_precision=launch.mixed_precision,
-        files=(*training.files, *launch.files))
+        from_pretrained=training.from_pretrained, files=(*training.files, *launch.files))
 
 
 def _precision(training: TrainingConfig, launch: TrainingConfig, notes: list[str]) -> Any:

@@ -513,6 +513,102 @@ def _kernels_plugin_reason(cfg: Config) -> str:
             "check_experts_implementation), transformers' per-expert loop, which is not modelled")
 
 
+# model_quantization_config (schemas/model.py: Mxfp4Config or FineGrainedFP8Config), passed to
+# from_pretrained as quantization_config with model_quantization_config_kwargs (loaders/model.py
+# _set_quantization_config); transformers' Mxfp4Config.__init__ takes these keywords.
+_MXFP4_KWARGS = ("dequantize", "modules_to_not_convert")
+MXFP4_DEQUANTIZED_NOTE = (
+    "the checkpoint's MXFP4 experts dequantized at load to the dtype of the parameters they load into "
+    "(transformers integrations/mxfp4.py Mxfp4Dequantize; replace_with_mxfp4_linear leaves the model's "
+    "own experts), the quantization config removed once loaded (quantizers/base.py "
+    "remove_quantization_config): the model trains as the unquantized one traced here")
+
+
+def _axolotl_model_quantization(cfg: Config, plugins: list[str]) -> None:
+    """``model_quantization_config: Mxfp4Config`` that dequantizes (gpt-oss' MXFP4 checkpoints to the
+    weights' dtype at load: the model traced), with Axolotl's refusals; every other one refused."""
+    name = cfg.get("model_quantization_config")
+    kwargs = cfg.get("model_quantization_config_kwargs")
+    if unset(name):
+        if not unset(kwargs):
+            cfg.notes.append("model_quantization_config_kwargs: read only beside model_quantization_config "
+                             "(loaders/model.py _set_quantization_config): no effect here")
+        return
+    if name != "Mxfp4Config":
+        why = ("fp8 weights quantized at load (FineGrainedFP8Config) and their kernels are not modelled"
+               if name == "FineGrainedFP8Config" else "Axolotl takes Mxfp4Config or FineGrainedFP8Config")
+        raise cfg.unmodelled("model_quantization_config", name, why)
+    for key in ("load_in_8bit", "load_in_4bit"):
+        if cfg.flag(key):
+            raise InvalidInput(f"model_quantization_config with {key}: true in {cfg.file!r}: Axolotl refuses "
+                               "it (schemas/validation.py check_model_quantization_config_vs_bnb)")
+    fsdp = cfg.data.get("fsdp_config")
+    if isinstance(fsdp, dict) and fsdp.get("cpu_ram_efficient_loading") is True:
+        raise InvalidInput(f"model_quantization_config: Mxfp4Config with "
+                           f"fsdp_config.cpu_ram_efficient_loading in {cfg.file!r}: Axolotl refuses it "
+                           "(schemas/validation.py check_gpt_oss_fsdp_loading)")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, dict):
+        raise cfg.bad("model_quantization_config_kwargs", kwargs, "a mapping of Mxfp4Config's keywords")
+    for key in kwargs:
+        if key not in _MXFP4_KWARGS:
+            raise cfg.unmodelled(f"model_quantization_config_kwargs.{key}", kwargs[key],
+                                 f"Mxfp4Config's keywords read are {', '.join(_MXFP4_KWARGS)}")
+    dequantize = kwargs.get("dequantize", False)
+    if not isinstance(dequantize, bool):
+        raise cfg.bad("model_quantization_config_kwargs.dequantize", dequantize, "true or false")
+    cfg.from_pretrained += (name,)
+    use_kernels = cfg.data.get("use_kernels") is True or KERNELS_PLUGIN in plugins
+    if dequantize:
+        cfg.notes.append(f"model_quantization_config: Mxfp4Config(dequantize=True): {MXFP4_DEQUANTIZED_NOTE}")
+    elif use_kernels:
+        # quantizers/quantizer_mxfp4.py _process_model_before_weight_loading: use_kernels on a CUDA card
+        # sets dequantize ("You are using full precision kernels, we will dequantize the model to bf16").
+        cfg.notes.append("model_quantization_config: Mxfp4Config with use_kernels: transformers dequantizes "
+                         f"on a CUDA card (quantizer_mxfp4.py _process_model_before_weight_loading): "
+                         f"{MXFP4_DEQUANTIZED_NOTE}")
+    else:
+        raise cfg.unmodelled("model_quantization_config", name, "without dequantize: true the experts stay "
+                             "MXFP4 (integrations/mxfp4.py Mxfp4GptOssExperts, Triton kernels of "
+                             "kernels-community/gpt-oss-triton-kernels), not modelled; transformers refuses "
+                             "to train them without an adapter (quantizer_mxfp4.py is_trainable: False, "
+                             "trainer_utils.py validate_quantization_for_training); set "
+                             "model_quantization_config_kwargs: {dequantize: true}")
+    if not unset(kwargs.get("modules_to_not_convert")):
+        cfg.notes.append("model_quantization_config_kwargs.modules_to_not_convert: no effect once "
+                         "dequantized")
+
+
+def _axolotl_use_kernels(cfg: Config, plugins: list[str]) -> None:
+    """``use_kernels`` without KernelsPlugin (which reads it: _axolotl_experts_kernel): passed to
+    from_pretrained (loaders/model.py: ``if self.cfg.use_kernels``), whose kernelize swaps Hub kernels in;
+    checked once the model is known (check_patched_model). False or null passes nothing."""
+    if KERNELS_PLUGIN in plugins:
+        return
+    value = cfg.get("use_kernels")
+    if value is not None and not isinstance(value, bool):
+        raise cfg.bad("use_kernels", value, "true or false")
+    if value:
+        cfg.from_pretrained += ("use_kernels",)
+
+
+def _axolotl_skip_move_to_device(cfg: Config) -> None:
+    """``experimental_skip_move_to_device`` (default true, schemas/model.py): whether the loader moves
+    the model to its GPU itself (loaders/model.py _apply_post_lora_load_setup: under ddp only); the
+    Trainer, accelerate or the sharding places it before the first step either way."""
+    value = cfg.get("experimental_skip_move_to_device")
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise cfg.bad("experimental_skip_move_to_device", value, "true or false")
+    if value is False and cfg.parallel_key is not None:
+        raise cfg.unmodelled("experimental_skip_move_to_device", value, "the whole model moved to each GPU "
+                             "before it is sharded (loaders/model.py _apply_post_lora_load_setup) is a "
+                             "load-time peak autotune does not model; it models the training step")
+    cfg.notes.append(f"experimental_skip_move_to_device: {str(value).lower()}: where the model is placed "
+                     "as it loads (loaders/model.py _apply_post_lora_load_setup), not the step's memory")
+
+
 def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
     """Whether CutCrossEntropy runs: with its plugin listed, cut_cross_entropy defaults to true
     (integrations/cut_cross_entropy/args.py), and needs bf16 or fp16 (check_dtype_is_half)."""
@@ -802,6 +898,26 @@ def _check_kernelized(spec: Any, request: CheckRequest, path: str) -> None:
                             "not emulated")
 
 
+# What transformers' kernelize swaps into gpt-oss for training on a CUDA card under use_kernels: the
+# classes modeling_gpt_oss.py decorates use_kernel_forward_from_hub, with their Mode.TRAINING "cuda"
+# entries of integrations/hub_kernels.py _build_kernel_mapping (rotary_pos_emb is mapped for inference
+# only there; kernelize picks the mode from model.training: kernelize, PreTrainedModel.train).
+GPT_OSS_KERNELIZED = ("GptOssMLP for kernels-community/megablocks MegaBlocksMoeMLP (its MoE dispatch and "
+                      "grouped experts) and GptOssRMSNorm for kernels-community/liger-kernels LigerRMSNorm")
+
+
+def _check_use_kernels(spec: Any, path: str) -> None:
+    """UnmodelledSetting for Axolotl's use_kernels: true without KernelsPlugin: transformers' kernelize
+    swaps Hub kernels in (none of them emulated), named for gpt-oss."""
+    model_type = getattr(spec.config, "model_type", None)
+    swaps = (f"swaps {GPT_OSS_KERNELIZED} in training (integrations/hub_kernels.py _build_kernel_mapping, "
+             "Mode.TRAINING)" if model_type == "gpt_oss" else
+             "swaps Hub kernels in for the layers its mapping names (integrations/hub_kernels.py)")
+    raise UnmodelledSetting(f"use_kernels: true in {path!r} is not modelled for {spec.name}: Axolotl passes "
+                            f"it to from_pretrained (loaders/model.py) and transformers' kernelize {swaps}, "
+                            "not emulated; use_kernels: false runs the model's own layers, as traced")
+
+
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
     the Axolotl ``config`` says: gemma4_unified's fused attention; with fused_attn_kernel, the model
@@ -827,9 +943,14 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                                 f"type {model_type}): Axolotl swaps its attention forward for one with a "
                                 "fused q/k RMSNorm + RoPE Triton kernel (loaders/patch_manager.py), emulated "
                                 "for qwen3 and gemma4 only")
-
-
     path = next((path for path, fmt in config.files if fmt == "axolotl"), "")
+    if "Mxfp4Config" in config.from_pretrained and model_type != "gpt_oss":
+        raise UnmodelledSetting(f"model_quantization_config: Mxfp4Config in {path!r} is not modelled for "
+                                f"{spec.name} (model type {model_type}): transformers' MXFP4 is gpt-oss' "
+                                "(integrations/mxfp4.py replace_with_mxfp4_linear swaps GptOssMLP only); "
+                                "autotune models it for gpt-oss' MXFP4 checkpoints, dequantized")
+    if "use_kernels" in config.from_pretrained:
+        _check_use_kernels(spec, path)
     if request.step.experts_kernel is not None:
         _check_kernelized(spec, request, path)
     if model_type not in FUSED_ATTENTION_TYPES:
@@ -899,6 +1020,9 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
             raise cfg.unmodelled(key, value, PARALLEL)
     plugins = _axolotl_plugins(cfg)
     experts_kernel = _axolotl_experts_kernel(cfg, plugins)
+    _axolotl_use_kernels(cfg, plugins)
+    _axolotl_model_quantization(cfg, plugins)
+    _axolotl_skip_move_to_device(cfg)
     experts = None if experts_kernel else cfg.get("experts_implementation")
     if experts is not None and experts != _EXPERTS_DEFAULT:
         raise cfg.unmodelled("experts_implementation", experts, f"autotune traces transformers' default "

@@ -67,6 +67,10 @@ class TrainingConfig:
     wrap_classes: tuple[str, ...] = ()
     wrap_key: str | None = None
     mixed_precision: str | None = None  # an accelerate config's: bf16, fp16 or no
+    # What Axolotl passes to from_pretrained that only some models take: "use_kernels" (without
+    # KernelsPlugin), "Mxfp4Config" (model_quantization_config); checked once the model is known
+    # (axolotl.check_patched_model).
+    from_pretrained: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()  # (path, format) of each file read, in order
 
 
@@ -123,6 +127,7 @@ class Config:
         self.parallel_key: str | None = None
         self.wrap_classes: tuple[str, ...] = ()
         self.wrap_key: str | None = None
+        self.from_pretrained: tuple[str, ...] = ()  # TrainingConfig.from_pretrained
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -194,7 +199,8 @@ class Config:
                   "offload_activations": True if self.offload_activations else None}
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
-                              wrap_key=self.wrap_key, files=((self.file, format),))
+                              wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
+                              files=((self.file, format),))
 
 
 def words(text: str) -> frozenset[str]:

@@ -71,6 +71,55 @@ def check_attn(name: str | None) -> str | None:
     return name
 
 
+def cuda_attention(config: Any, task: str, attn: str | None) -> str | None:
+    """The attention transformers runs on a CUDA card for ``attn``: a model that names its flash
+    kernels (``_compatible_flash_implementations``: gpt-oss') runs, for a flash attention it does not
+    name, the first of them with a CUDA build (modeling_utils.py ``_check_and_adjust_attn_implementation``
+    "Automatically falling back to ...", modeling_flash_attention_utils.py FLASH_ATTN_KERNEL_DEVICES):
+    gpt-oss' flash_attention_2 is kernels-community/vllm-flash-attn3, emulated. Another kernel is refused."""
+    if attn != FLASH_ATTENTION_2:
+        return attn
+    compatible = getattr(_model_class(config, task), "_compatible_flash_implementations", None)
+    if not compatible or attn in compatible:
+        return attn
+    from transformers.modeling_flash_attention_utils import (
+        FLASH_ATTN_KERNEL_DEVICES as DEVICES,
+    )
+    from transformers.modeling_flash_attention_utils import (
+        FLASH_ATTN_KERNEL_FALLBACK as FALLBACK,
+    )
+
+    # a kernel the table does not list is taken to run on the card (transformers' default: (device,))
+    on_cuda = [name for name in compatible if "cuda" in DEVICES.get(FALLBACK.get(name, name), ("cuda",))]
+    routed = (on_cuda or compatible)[0]
+    if routed != VLLM_FLASH_ATTN3:
+        raise InvalidInput(f"attn {attn}: transformers runs {routed} in its place for {config.model_type} "
+                           "on a CUDA card (modeling_utils.py _check_and_adjust_attn_implementation), which "
+                           "autotune does not model: use eager")
+    return routed
+
+
+def cuda_attention_note(config: Any, task: str, attn: str | None) -> str | None:
+    """Where ``cuda_attention`` runs another kernel than ``attn``, what it runs and why."""
+    routed = cuda_attention(config, task, attn)
+    if routed == attn:
+        return None
+    return (f"attn {attn}: transformers runs {routed} in its place for {config.model_type} on a CUDA card "
+            "(modeling_utils.py _check_and_adjust_attn_implementation: the model's "
+            "_compatible_flash_implementations), emulated (workload/flash_attn3.py)")
+
+
+def _model_class(config: Any, task: str) -> Any:
+    """The class transformers' Auto class of ``task`` builds for ``config``; None where it has none
+    (the build refuses it)."""
+    import transformers
+
+    try:
+        return getattr(transformers, TASK_MODEL_CLASSES[task])._model_mapping[type(config)]
+    except KeyError:
+        return None
+
+
 def build_model(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str = "float32",
                 *, flash_as_sdpa: bool = False) -> tuple[torch.nn.Module, str]:
     """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and

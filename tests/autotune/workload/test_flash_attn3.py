@@ -154,3 +154,38 @@ def test_an_axolotl_config_reads_the_hub_kernel_and_refuses_others_by_name(tmp_p
     with pytest.raises(UnmodelledSetting, match=refused):
         configread.read(tmp_path, {**AXOLOTL, "attn_implementation": "kernels-community/sage-attention"},
                         "config.yaml")
+
+
+def test_gpt_oss_flash_attention_2_is_the_hub_kernel_transformers_falls_back_to_on_cuda(monkeypatch):
+    # modeling_utils.py _check_and_adjust_attn_implementation: gpt-oss names its flash kernels
+    # (_compatible_flash_implementations), and a flash attention it does not name becomes the first
+    # with a CUDA build; a model naming none keeps flash_attention_2.
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssPreTrainedModel
+
+    from autotune.workload.step import FLASH_ATTENTION_2, cuda_attention, cuda_attention_note
+
+    gpt_oss, llama = resolve_model("tiny-gpt_oss").config, resolve_model("tiny-llama").config
+    assert cuda_attention(gpt_oss, "causal-lm", FLASH_ATTENTION_2) == VLLM_FLASH_ATTN3
+    assert cuda_attention(gpt_oss, "causal-lm", "eager") == "eager"
+    assert cuda_attention(llama, "causal-lm", FLASH_ATTENTION_2) == FLASH_ATTENTION_2
+    assert cuda_attention_note(llama, "causal-lm", FLASH_ATTENTION_2) is None
+    assert "runs kernels-community/vllm-flash-attn3 in its place for gpt_oss" in str(
+        cuda_attention_note(gpt_oss, "causal-lm", FLASH_ATTENTION_2))
+    monkeypatch.setattr(GptOssPreTrainedModel, "_compatible_flash_implementations", ["flash_attention_4"])
+    with pytest.raises(InvalidInput, match="transformers runs flash_attention_4 in its place for gpt_oss"):
+        cuda_attention(gpt_oss, "causal-lm", FLASH_ATTENTION_2)
+
+
+def test_a_gpt_oss_check_with_flash_attention_2_runs_and_names_the_kernel_emulated(capsys):
+    from autotune.cli import main
+
+    args = ["check", "tiny-gpt_oss", "--seq-len", "64", "--batch-size", "2", "--dtype", "bfloat16",
+            "--attn", "flash_attention_2", "--backend", "estimate", "--no-cache", "--mode", "bf16"]
+    assert main([*args, "--gpu", "H100-80GB", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["attn"] == VLLM_FLASH_ATTN3
+    assert doc["attention_kernel"] == "kernels-community/vllm-flash-attn3 (emulated)"
+    assert any("attn flash_attention_2: transformers runs kernels-community/vllm-flash-attn3" in note
+               for note in doc["config_notes"])
+    assert main([*args, "--gpu", "A100-80GB"]) == 2  # the sinks: Hopper only, as the kernel's own
+    assert "attention sinks on Hopper (compute capability 9.0) only" in capsys.readouterr().err
