@@ -374,6 +374,7 @@ class StepOptions(TypedDict, total=False):
     fsdp_activation_checkpointing: bool | None  # False: FSDP's checkpoint_wrapper around each layer
     fsdp_version: int | None  # 2: FSDP2; 1: FSDP1 (FullyShardedDataParallel)
     fsdp1_config: str | None  # fsdp_version 1: use_orig_params, forward_prefetch, backward_prefetch as JSON
+    fsdp_wrap: str | None  # fsdp: "MixtralSparseMoeBlock,...": classes wrapped (default _no_split_modules)
     offload_params: bool | None  # False: FSDP's CPU offload (FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload)
     zero_config: str | None  # zero1/2/3: the zero_optimization mapping as JSON (default: the "auto" keys)
     images_per_sample: int | None  # 1, image-text-to-text only

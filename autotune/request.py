@@ -68,6 +68,7 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
+from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
@@ -427,6 +428,11 @@ class Step:
         None, "fsdp_version 1: FSDP1's settings as JSON, any of use_orig_params (default true, the "
         "Trainer's), forward_prefetch (false), backward_prefetch (BACKWARD_PRE, BACKWARD_POST or null, the "
         "Trainer's NO_PREFETCH)", metavar="JSON")
+    fsdp_wrap: str | None = option(
+        None, "fsdp: the module classes FSDP wraps one by one, comma-separated (fsdp_config "
+        "transformer_layer_cls_to_wrap, as accelerate's plugin takes it; default the model's "
+        "_no_split_modules, its decoder layers): each module of those classes its own group (FSDP2) or "
+        "FlatParameter (FSDP1), the rest the root's", metavar="CLASS[,CLASS]")
     offload_params: bool | None = option(
         None, "fsdp: CPU offload, fully_shard's CPUOffloadPolicy (FSDP2) or FSDP1's "
         "CPUOffload(offload_params=True) as accelerate applies its cpu_offload (fsdp_offload_params, "
@@ -839,15 +845,19 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
     with found.about("liger"):
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
+    parallel = None
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
                                  reshard_after_forward=step.reshard_after_forward, recipe=step.fsdp_recipe,
                                  zero_config=step.zero_config,
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
-                                 offload_params=step.offload_params)
+                                 offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
                       None if adapter is None else adapter.recipe)
+    if parallel is not None and parallel.wrap_classes:
+        with found.about("fsdp_wrap"):  # named classes of the model's, () where they are its default
+            parallel = replace(parallel, wrap_classes=resolve_wrap(spec, task, parallel.wrap_classes))
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import check_checkpoint
 

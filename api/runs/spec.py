@@ -85,6 +85,7 @@ from autotune.workload.adapters import (
     check_recipe,
     parse_targets,
 )
+from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import check_kernels
 from autotune.workload.loss import check_loss
 from autotune.workload.models import (
@@ -344,6 +345,10 @@ class _Normalizing:
             with self.found.about("parallel"):
                 check_sharded(self.parallel, None if self.adapter is None else self.adapter.base_bits,
                               self.optimizer, None if self.adapter is None else self.adapter.recipe)
+        if self.parallel is not None and self.parallel.wrap_classes and self.found.ok("model", "task"):
+            with self.found.about("fsdp_wrap"):  # named classes of the model's, () where its default
+                self.parallel = replace(self.parallel, wrap_classes=resolve_wrap(
+                    self.model, self.task, self.parallel.wrap_classes))
         if self.trainer is not None and self.found.ok("model", "task", "loss", "liger", "parallel"):
             with self.found.about("trainer"):
                 check_step(self.trainer, self.task, loss=self.loss, liger=self.liger, parallel=self.parallel,
@@ -429,7 +434,7 @@ class _Normalizing:
                                           recipe=step.fsdp_recipe, zero_config=step.zero_config,
                                           activation_checkpointing=step.fsdp_activation_checkpointing,
                                           fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
-                                          offload_params=step.offload_params)
+                                          offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

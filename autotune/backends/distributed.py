@@ -113,6 +113,15 @@ def layer_classes(model: Any) -> set[str]:
     return names
 
 
+def named_classes(model: Any, parallel: Parallel) -> set[type] | None:
+    """The classes the job names to wrap (``Parallel.wrap_classes``, transformer_layer_cls_to_wrap)
+    resolved in ``model`` as accelerate's plugin resolves them (workload/fsdp_wrap.py), a name the
+    model lacks refused; None where it names none (the model's _no_split_modules, ``layer_classes``)."""
+    from autotune.workload.fsdp_wrap import wrapped_classes
+
+    return wrapped_classes(model, parallel.wrap_classes) if parallel.wrap_classes else None
+
+
 def mesh_of(parallel: Parallel, device_type: str = "cpu") -> Any:
     """The job's DeviceMesh in the fake world: its ranks, or (hybrid sharding) nodes x a node's, on
     ``device_type`` (cpu: the estimator's fake tensors; cuda: the GPU's). Call outside any
@@ -157,20 +166,23 @@ def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) 
     if parallel.recipe == "llamafactory":
         return shard_as_llamafactory(model, parallel, mesh, loss, precision)
     if parallel.activation_checkpointing:
-        checkpoint_layers(model)
+        checkpoint_layers(model, parallel)
     if precision != "fp32":  # "FSDP2 requires uniform orig_dtype among trainable params in each group"
         for parameter in model.parameters():
             if parameter.requires_grad and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.to(torch.float32)
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
               "mp_policy": mixed_precision(precision), "offload_policy": offload_policy(parallel)}
-    classes = layer_classes(model)
+    named = named_classes(model, parallel)
+    classes = layer_classes(model) if named is None else set()
     for module in _bottom_up(model)[:-1]:
         # accelerate 1.15's policy looks through a CheckpointWrapper: the wrapper is sharded too,
         # after the layer inside it, a group with no parameters left of its own
         # (isinstance, as accelerate's policy: the layer inside is an FSDP subclass by then)
         inner = type(getattr(module, "_checkpoint_wrapped_module", module))
-        if any(kind.__name__ in classes for kind in inner.__mro__) and not isinstance(module, FSDPModule):
+        picked = any(kind.__name__ in classes for kind in inner.__mro__) if named is None \
+            else issubclass(inner, tuple(named))
+        if picked and not isinstance(module, FSDPModule):
             fully_shard(module, **kwargs)
     embedding = model.get_input_embeddings()
     head = model.get_output_embeddings()
@@ -198,12 +210,13 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if parallel.activation_checkpointing:
-        checkpoint_as_axolotl(model)
+        checkpoint_as_axolotl(model, parallel)
 
     # its fsdp2_kwargs pass the plugin's cpu_offload as accelerate's do (``offload_policy``)
     kwargs = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward,
               "mp_policy": mixed_precision(precision), "offload_policy": offload_policy(parallel)}
-    classes = layer_classes(model)
+    named = named_classes(model, parallel)  # its policy: accelerate's fsdp2_prepare_auto_wrap_policy
+    classes = layer_classes(model) if named is None else set()
     lora = _lora_layer_class() if hasattr(model, "get_base_model") else None
     for module in _bottom_up(model)[:-1]:
         if lora is not None and isinstance(module, lora):
@@ -211,7 +224,8 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
                 for parts in (module.lora_A, module.lora_B, module.lora_magnitude_vector):
                     if adapter in parts:
                         fully_shard(parts[adapter], **kwargs)
-        if type(module).__name__ in classes and not isinstance(module, FSDPModule):
+        picked = type(module).__name__ in classes if named is None else isinstance(module, tuple(named))
+        if picked and not isinstance(module, FSDPModule):
             fully_shard(module, **kwargs)
     root = _loss_module()(model, loss)
     fully_shard(root, **kwargs)
@@ -268,19 +282,21 @@ def shard_as_llamafactory(model: Any, parallel: Parallel, mesh: Any, loss: str, 
     return _llamafactory_loss()(model)
 
 
-def checkpoint_layers(model: Any) -> None:
+def checkpoint_layers(model: Any, parallel: Parallel) -> None:
     """FSDP's activation checkpointing as accelerate 1.15 applies it before sharding
     (accelerator.py ``_prepare_fsdp2`` calls utils/fsdp_utils.py ``fsdp2_apply_ac``): each module the
     transformer-based policy picks (a class of the model's _no_split_modules), bottom-up, replaced
     by torch's ``checkpoint_wrapper(layer, preserve_rng_state=False)`` (CheckpointImpl.NO_REENTRANT,
     its default); its forward runs in ``torch.utils.checkpoint``, which keeps the layer's inputs
-    and recomputes the rest in backward."""
+    and recomputes the rest in backward. Classes the job names (``named_classes``) in place of the
+    layers: each module of them (isinstance, the policy's test)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     _without_cache(model)
-    classes = layer_classes(model)
+    named = named_classes(model, parallel)
+    classes = layer_classes(model) if named is None else set()
     for name, module in _bottom_up_named(model)[:-1]:
-        if type(module).__name__ in classes:
+        if type(module).__name__ in classes if named is None else isinstance(module, tuple(named)):
             model.set_submodule(name, checkpoint_wrapper(module, preserve_rng_state=False))
 
 
@@ -311,7 +327,7 @@ def _without_cache(model: Any) -> None:
             part.use_cache = False
 
 
-def checkpoint_as_axolotl(model: Any) -> None:
+def checkpoint_as_axolotl(model: Any, parallel: Parallel) -> None:
     """FSDP's activation checkpointing as an Axolotl job gets it (Axolotl 067b021 pins accelerate
     1.13.0, pyproject.toml): accelerate 1.13's ``_prepare_fsdp2`` first runs its ``fsdp2_apply_ac``,
     which wraps each child of a module the policy picks (its test is on the parent: a decoder
@@ -329,13 +345,15 @@ def checkpoint_as_axolotl(model: Any) -> None:
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     _without_cache(model)
-    classes = layer_classes(model)
+    named = named_classes(model, parallel)  # the classes the job names, else the layers by name
+    classes = layer_classes(model) if named is None else set()
     for name, module in _bottom_up_named(model)[:-1]:
         parent_name, _, child_name = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        if type(parent).__name__ in classes:
+        if type(parent).__name__ in classes if named is None else isinstance(parent, tuple(named)):
             parent.register_module(child_name, checkpoint_wrapper(module, preserve_rng_state=False))
-    layers = {type(module) for module in model.modules() if type(module).__name__ in classes}
+    layers = named if named is not None else {type(module) for module in model.modules()
+                                              if type(module).__name__ in classes}
     apply_activation_checkpointing(
         model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
                                                        checkpoint_impl=CheckpointImpl.NO_REENTRANT),
@@ -516,7 +534,9 @@ class Distributed:
         if self.parallel.kind == FSDP and self.parallel.fsdp_version == 1:
             from autotune.backends import fsdp1
 
-            self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layer_classes(model),
+            named = named_classes(model, self.parallel)
+            layers = layer_classes(model) if named is None else {kind.__name__ for kind in named}
+            self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layers,
                                        self.parallel, self.mesh, precision)
         elif self.parallel.kind == FSDP:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)

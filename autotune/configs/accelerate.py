@@ -236,6 +236,13 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
         raise InvalidInput(f"{training.parallel_key} in {train_file!r} runs {step.parallel} and "
                            f"{launch.parallel_key} in {launch_file!r} runs {spread.parallel}: give one")
     values["gpus"], values["nodes"] = spread.gpus, spread.nodes
+    if spread.fsdp_wrap is not None and step.fsdp_wrap is None:
+        # the launcher's FSDP_TRANSFORMER_CLS_TO_WRAP, read by the Trainer's plugin where its own
+        # fsdp_config names no classes (utils/dataclasses.py __post_init__)
+        values["fsdp_wrap"] = spread.fsdp_wrap
+    elif spread.fsdp_wrap is not None and spread.fsdp_wrap != step.fsdp_wrap:
+        notes.append(f"fsdp_transformer_layer_cls_to_wrap in {launch_file}: the training config's "
+                     f"{step.fsdp_wrap} wins (the Trainer passes it to accelerate's plugin)")
     if spread.offload_params:  # the launcher's FSDP_OFFLOAD_PARAMS, read by the Trainer's plugin too
         if step.fsdp_version == 1:
             notes.append(f"fsdp_config.fsdp_offload_params: true in {launch_file}: the Trainer's plugin of "

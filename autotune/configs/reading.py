@@ -33,7 +33,8 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp
 SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU holding the whole model"
 # The request fields a config may set for a job on more than one GPU (read by configs/sharding.py).
 LAUNCH_FIELDS = ("gpus", "parallel", "nodes", "reshard_after_forward", "fsdp_recipe", "zero_config",
-                 "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config", "offload_params")
+                 "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config", "offload_params",
+                 "fsdp_wrap")
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")
@@ -62,8 +63,8 @@ class TrainingConfig:
     # The key that spreads the job over GPUs ("fsdp", "deepspeed", "distributed_type"), for an
     # error that asks for the GPU count the file does not say; None: one GPU, or not said.
     parallel_key: str | None = None
-    # FSDP's transformer_layer_cls_to_wrap as written (checked against the model's
-    # _no_split_modules once the model is known: sharding.check_wrap_classes), and its key.
+    # FSDP's transformer_layer_cls_to_wrap (also the request's fsdp_wrap), checked against the
+    # model's classes once the model is known (sharding.check_launch), and its key.
     wrap_classes: tuple[str, ...] = ()
     wrap_key: str | None = None
     mixed_precision: str | None = None  # an accelerate config's: bf16, fp16 or no

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.configs.reading import Config, TrainingConfig
-from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
+from autotune.errors import InvalidInput, UnknownSetting
 from autotune.spelling import close_matches, did_you_mean
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ FSDP_CHECKPOINTING_NOTE = (
 TRAINER_BOTH_CHECKPOINTS = ("transformers' Trainer refuses the two together (trainer.py "
                             "create_accelerator_and_postprocess: \"can't both be set to True. Use FSDP's "
                             "activation checkpointing when using FSDP\")")
-WRAP = ("FSDP2 groups other than one per decoder layer (accelerate's transformer-based auto wrap on the "
-        "model's _no_split_modules) are not modelled")
+WRAP = ("FSDP2 groups other than accelerate's transformer-based auto wrap (one per decoder layer, the "
+        "model's _no_split_modules, or per transformer_layer_cls_to_wrap class) are not modelled")
 DEEPSPEED_STAGE0 = ("DeepSpeed's engine without ZeRO (stage 0) is not torch DDP: its own gradient buckets "
                     "and, under bf16 or fp16, an optimizer wrapper holding float32 master weights and "
                     "gradients; not modelled")
@@ -230,8 +230,9 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
                              "after wrapping) is not modelled: use gradient_checkpointing")
     policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
     if policy != "TRANSFORMER_BASED_WRAP":
-        raise cfg.unmodelled(f"{where}.auto_wrap_policy", policy, "FSDP1 units other than one per decoder "
-                             "layer (the transformer-based auto wrap on _no_split_modules) are not modelled")
+        raise cfg.unmodelled(f"{where}.auto_wrap_policy", policy, "FSDP1 units other than the "
+                             "transformer-based auto wrap's (one per decoder layer, or per "
+                             "transformer_layer_cls_to_wrap class) are not modelled")
     wrap_classes(cfg, f"{where}.transformer_layer_cls_to_wrap", options.get("transformer_layer_cls_to_wrap"))
     strategy = str(options.get("sharding_strategy", "FULL_SHARD")).upper()
     if strategy not in _STRATEGIES:
@@ -341,15 +342,25 @@ def legacy_fsdp(cfg: Config, fsdp: str | list[str], options: dict[str, Any], ver
 
 
 def wrap_classes(cfg: Config, key: str, value: Any) -> None:
-    """transformer_layer_cls_to_wrap: kept for the check against the model's _no_split_modules."""
+    """transformer_layer_cls_to_wrap: the classes FSDP wraps one by one, the request's fsdp_wrap
+    (workload/fsdp_wrap.py), checked against the model once it is known (``check_launch``)."""
     if value is None:
         return
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise cfg.bad(key, value, "a class name or a list of them")
-    # accelerate splits a comma-separated string (FSDP_TRANSFORMER_CLS_TO_WRAP)
-    cfg.wrap_classes = tuple(part.strip() for name in names for part in name.split(",") if part.strip())
+    # transformers joins a list with commas (_process_fsdp_args), the launcher exports the string
+    # (FSDP_TRANSFORMER_CLS_TO_WRAP), and accelerate's plugin splits it on commas, unstripped
+    parts = [part for name in names for part in name.split(",")]
+    if not parts or any(not part.isidentifier() for part in parts):
+        raise cfg.bad(key, value, "class names, comma-separated without spaces (accelerate's plugin splits "
+                      "the string on commas and looks each part up as written)")
+    cfg.wrap_classes = tuple(sorted(set(parts)))
     cfg.wrap_key = key
+    cfg.launch["fsdp_wrap"] = ",".join(cfg.wrap_classes)
+    which = "that class" if len(cfg.wrap_classes) == 1 else "those classes"
+    cfg.notes.append(f"{key}: {value!r}: FSDP wraps each module of {which} on its own, as accelerate's "
+                     "transformer-based policy does (the rest in the root's group); traced")
 
 
 def note_no_effect(cfg: Config, where: str, options: dict[str, Any], handled: set[str]) -> None:
@@ -375,7 +386,8 @@ def note_no_effect(cfg: Config, where: str, options: dict[str, Any], handled: se
 
 def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
     """What a config's launch needs once the flags are merged in (``request``): the GPU count of a
-    job it spreads over GPUs, and FSDP's wrapped classes checked against the model's layers."""
+    job it spreads over GPUs, and FSDP's wrapped classes checked against the model's modules (an
+    error naming the config's key; the request checks --fsdp-wrap again, the same way)."""
     step = request.step
     if step.parallel is not None and step.gpus is None:
         where = " and ".join(repr(path) for path, _ in config.files)
@@ -383,46 +395,23 @@ def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
             f"{where} spreads the job over GPUs with {step.parallel} ({config.parallel_key or 'parallel'}): "
             "give {gpus} N, the GPUs it launches on, every node's together (no training config says how "
             "many)"))
-    if config.wrap_classes and step.model is not None:
+    if config.wrap_classes and step.model is not None and step.fsdp_wrap == ",".join(config.wrap_classes):
         from autotune.request import Findings, resolve_model
+        from autotune.workload.fsdp_wrap import resolve_wrap
+        from autotune.workload.models import task_for
 
         spec = resolve_model(step, Findings())  # an unknown model is refused later, by the check
         if spec is not None:
-            check_wrap_classes(config.wrap_classes, config.wrap_key or "transformer_layer_cls_to_wrap",
-                               no_split_modules(spec.config), spec.name)
+            try:
+                task = task_for(spec, step.task)
+            except InvalidInput:
+                return  # refused by the check itself, with the rest
+            resolve_wrap(spec, task, config.wrap_classes, config.wrap_key or "transformer_layer_cls_to_wrap")
 
 
 def _about_gpus(exc: InvalidInput) -> InvalidInput:
     exc.field = "gpus"
     return exc
-
-
-def no_split_modules(model_config: Any) -> list[str] | None:
-    """The model's ``_no_split_modules`` (the classes accelerate's transformer-based wrap shards one by
-    one), from its architecture's class, or the causal-LM class of its model type."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    names = [*(getattr(model_config, "architectures", None) or ()),
-             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(model_config, "model_type", ""), "")]
-    for name in names:
-        cls = getattr(transformers, name, None) if name else None
-        if cls is not None:
-            return list(getattr(cls, "_no_split_modules", None) or ())
-    return None
-
-
-def check_wrap_classes(classes: tuple[str, ...], key: str, no_split: list[str] | None, model: str) -> None:
-    """The classes FSDP wraps are the model's decoder layers (``_no_split_modules``), which is what
-    autotune shards; other classes make other groups, which it does not model."""
-    if no_split is None:
-        raise UnmodelledSetting(f"{key}: {', '.join(classes)} is not modelled: autotune cannot tell the "
-                                f"layer classes of {model}; leave the key out")
-    if set(classes) != set(no_split):
-        layers = ", ".join(sorted(no_split)) or "layer"
-        raise UnmodelledSetting(f"{key}: {', '.join(classes)} is not modelled: autotune shards {model} "
-                                f"one group per {layers} (its _no_split_modules, accelerate's default); "
-                                "leave the key out, or name exactly those")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InvalidInput
+from autotune.workload.fsdp_wrap import parse_wrap
 from autotune.workload.zero import (
     Settings,
     default_settings,
@@ -78,11 +79,15 @@ class Parallel:
     # CPUOffloadPolicy (2) or FSDP1's CPUOffload(offload_params=True) (1), the shards, their
     # gradients and the optimizer state in host memory
     offload_params: bool = False
+    # fsdp: the module classes wrapped one by one (transformer_layer_cls_to_wrap, workload/fsdp_wrap.py),
+    # sorted; (): the model's _no_split_modules, its decoder layers
+    wrap_classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
         # of [key, value] lists: tuples again, so that the Parallel (and its Workload) is hashable.
         object.__setattr__(self, "zero", hashable(self.zero))
+        object.__setattr__(self, "wrap_classes", tuple(self.wrap_classes))
 
     @property
     def is_zero(self) -> bool:
@@ -121,7 +126,8 @@ class Parallel:
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
         offloaded = (", parameters, gradients and optimizer state offloaded to the CPU" if self.offload_params
                      else "")
-        return f"FSDP{self.fsdp_version} {strategy}{checkpointed}{offloaded}, {self.gpus} GPUs"
+        wrapped = f", wrapping each {', '.join(self.wrap_classes)}" if self.wrap_classes else ""
+        return f"FSDP{self.fsdp_version} {strategy}{wrapped}{checkpointed}{offloaded}, {self.gpus} GPUs"
 
     @property
     def modelled(self) -> str:
@@ -145,7 +151,7 @@ class Parallel:
         if self.fsdp_version == 1:
             prefetch = self.backward_prefetch or "NO_PREFETCH"
             return ("traced: FSDP1 FullyShardedDataParallel on a fake process group, wrapped as accelerate "
-                    "1.15's prepare_model wraps it (one FlatParameter per decoder layer, the root's for the "
+                    f"1.15's prepare_model wraps it (one FlatParameter per {self.unit}, the root's for the "
                     f"rest; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
                     f"{str(self.forward_prefetch).lower()}, backward_prefetch {prefetch}, limit_all_gathers "
                     "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
@@ -165,14 +171,22 @@ class Parallel:
         if self.recipe == "axolotl":
             return ("traced: FSDP2 fully_shard on a fake process group, wrapped as Axolotl wraps it "
                     "(monkeypatch/accelerate/fsdp2.py, in place of accelerate's: each LoRA adapter, each "
-                    "decoder layer, the root, all resharded alike); 16-bit modes are its "
+                    f"{self.unit}, the root, all resharded alike); 16-bit modes are its "
                     "MixedPrecisionPolicy of that dtype over shards in the weights' dtype (no float32 "
                     "upcast), with no autocast" + self.checkpointed + self.offloaded)
         return ("traced: FSDP2 fully_shard on a fake process group, wrapped as accelerate 1.14+ wraps it for "
-                "the Trainer (each decoder layer, the untied embedding, the final norm and head kept "
+                f"the Trainer (each {self.unit}, the untied embedding, the final norm and head kept "
                 "gathered to backward, the root); 16-bit modes are its MixedPrecisionPolicy of that dtype "
                 "over float32 shards of the trainable parameters, with no autocast" + self.checkpointed
                 + self.offloaded)
+
+    @property
+    def unit(self) -> str:
+        """What FSDP wraps one by one, in words: the decoder layers, or the classes asked."""
+        if not self.wrap_classes:
+            return "decoder layer"
+        return (f"module of class {' or '.join(self.wrap_classes)} (transformer_layer_cls_to_wrap, in place "
+                "of the model's _no_split_modules)")
 
     @property
     def checkpointed(self) -> str:
@@ -181,11 +195,11 @@ class Parallel:
             return ""
         if self.recipe == "axolotl":
             return ("; FSDP's activation checkpointing as Axolotl gets it: accelerate 1.13's fsdp2_apply_ac "
-                    "wraps each child of a decoder layer (attention, MLP, norms) in checkpoint_wrapper "
-                    "(preserve_rng_state False), then Axolotl's fsdp2_prepare_model wraps each decoder layer "
+                    f"wraps each child of a {self.unit} (attention, MLP, norms) in checkpoint_wrapper "
+                    "(preserve_rng_state False), then Axolotl's fsdp2_prepare_model wraps each such module "
                     "again (apply_activation_checkpointing, non-reentrant): nested checkpoints, traced")
         return ("; FSDP's activation checkpointing as accelerate 1.15 applies it (fsdp2_apply_ac): each "
-                "decoder layer in torch's checkpoint_wrapper (non-reentrant, preserve_rng_state False), "
+                f"{self.unit} in torch's checkpoint_wrapper (non-reentrant, preserve_rng_state False), "
                 "traced")
 
     @property
@@ -214,7 +228,8 @@ class Parallel:
                 "fsdp_version": self.fsdp_version if self.kind == FSDP else None,
                 "use_orig_params": self.use_orig_params, "forward_prefetch": self.forward_prefetch,
                 "backward_prefetch": self.backward_prefetch,
-                "offload_params": self.offload_params if self.kind == FSDP else None}
+                "offload_params": self.offload_params if self.kind == FSDP else None,
+                "wrap_classes": list(self.wrap_classes) if self.kind == FSDP else None}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -252,12 +267,14 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                   reshard_after_forward: bool | None = None, recipe: str | None = None,
                   zero_config: str | None = None,
                   activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
-                  fsdp1_config: str | None = None, offload_params: bool | None = None) -> Parallel | None:
+                  fsdp1_config: str | None = None, offload_params: bool | None = None,
+                  fsdp_wrap: str | tuple[str, ...] | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
     JSON (default: the stage's "auto" keys, workload/zero.py); its stage, if given, must be the
-    kind's. ``offload_params``: FSDP's CPU offload (fsdp, either version)."""
+    kind's. ``offload_params``: FSDP's CPU offload (fsdp, either version). ``fsdp_wrap``: the module
+    classes FSDP wraps one by one (workload/fsdp_wrap.py), checked against the model by the caller."""
     if kind is not None and kind not in PARALLEL_CHOICES:
         raise _about("parallel", InvalidInput.naming(
             f"unknown {{parallel}} {kind!r}: allowed are {', '.join(PARALLEL_CHOICES)}"))
@@ -307,13 +324,33 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
     offload = _offload(kind, offload_params)
+    wrap = _wrap(kind, recipe, fsdp_wrap)
     if recipe == "llamafactory" and gpus == 1:
         offload = False  # v1 wraps nothing without a process group (FSDP2Engine.prepare_model returns first)
     if gpus == 1 and kind == DDP:
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
                     recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1,
-                    offload_params=offload)
+                    offload_params=offload, wrap_classes=wrap)
+
+
+def _wrap(kind: str, recipe: str | None, fsdp_wrap: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``fsdp_wrap``, checked: FSDP's, and read by accelerate's plugin (the Trainer's, and Axolotl's
+    fsdp2_prepare_model, which takes the plugin's policy), not by LLaMA-Factory v1, which picks its
+    own classes (v1 fsdp2.py ``get_transformer_layer_cls``)."""
+    if fsdp_wrap is None:
+        return ()
+    if kind != FSDP:
+        raise _about("fsdp_wrap", InvalidInput.naming(
+            f"{{fsdp_wrap}} is an fsdp setting (the classes it wraps one by one), not {kind}'s"))
+    if recipe == "llamafactory":
+        raise _about("fsdp_wrap", InvalidInput.naming(
+            "{fsdp_wrap} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 wraps the classes it finds itself "
+            "(fsdp2.py get_transformer_layer_cls), it reads no list of them"))
+    try:
+        return parse_wrap(fsdp_wrap)
+    except InvalidInput as exc:
+        raise _about("fsdp_wrap", exc) from None
 
 
 def _offload(kind: str, offload_params: bool | None) -> bool:

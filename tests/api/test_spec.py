@@ -58,6 +58,7 @@ SAMPLES = {
     "fsdp1_config": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp", "fsdp_version": 1},
                      {"fsdp1_config": '{"use_orig_params": false}'}),
     "offload_params": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"offload_params": True}),
+    "fsdp_wrap": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_wrap": "LlamaMLP"}),
     "zero_config": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "zero2"},
                     {"zero_config": '{"stage": 2, "reduce_bucket_size": 100000000}'}),
     "trainer": ({}, {"trainer": "dpo"}),

@@ -353,13 +353,50 @@ def test_a_config_that_spreads_the_job_needs_the_gpu_count(tmp_path, capsys):
     assert code == 0 and "DeepSpeed ZeRO-2, 8 GPUs" in out, err
 
 
-def test_wrapped_classes_other_than_the_model_s_layers_are_refused(tmp_path, capsys):
+def test_a_wrapped_class_the_model_lacks_is_refused_with_its_classes(tmp_path, capsys):
     path = write(tmp_path, {**AXOLOTL_FSDP2, "fsdp_config": {
         "fsdp_version": 2, "transformer_layer_cls_to_wrap": "MistralDecoderLayer"}}, "a.yml")
     code, _, err = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB")
     assert code == 2
-    assert "fsdp_config.transformer_layer_cls_to_wrap: MistralDecoderLayer is not modelled: autotune " \
-        "shards tiny-llama one group per LlamaDecoderLayer" in err
+    assert "Error: fsdp_config.transformer_layer_cls_to_wrap: MistralDecoderLayer: no module of tiny-llama " \
+        "is of that class (accelerate's set_auto_wrap_policy raises \"Could not find the transformer layer " \
+        "class ... in the model\"); its layer classes (_no_split_modules): LlamaDecoderLayer; all its " \
+        "classes: Embedding, Linear, LlamaAttention, LlamaDecoderLayer," in err
+    spaced = write(tmp_path, {**AXOLOTL_FSDP2, "fsdp_config": {
+        "fsdp_version": 2, "transformer_layer_cls_to_wrap": "LlamaDecoderLayer, Embedding"}}, "b.yml")
+    code, _, err = check(capsys, "--from-config", str(spaced), "--gpus", "4", "--gpu", "A100-80GB")
+    assert code == 2 and "accelerate's plugin splits the string on commas" in err
+
+
+@pytest.mark.parametrize(("configs", "flags"), [
+    ({**AXOLOTL_FSDP2, "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": "LlamaMLP"}}, ()),
+    ({**TRAINER, "fsdp": "full_shard auto_wrap", "bf16": True,
+      "fsdp_config": {"transformer_layer_cls_to_wrap": ["LlamaMLP"]}}, ()),
+    ({**TRAINER, "fsdp": "full_shard auto_wrap", "bf16": True,
+      "fsdp_config": {"version": 1, "transformer_layer_cls_to_wrap": ["LlamaMLP"]}}, ()),
+    (({**LLAMAFACTORY, "finetuning_type": "full"}, {**ACCELERATE, "fsdp_config": {
+        **ACCELERATE["fsdp_config"], "fsdp_transformer_layer_cls_to_wrap": "LlamaMLP"}}), ()),
+    (AXOLOTL_FSDP2, ("--fsdp-wrap", "LlamaMLP")),  # the flag over the config's LlamaDecoderLayer
+], ids=["axolotl", "trainer", "trainer-fsdp1", "llamafactory+accelerate", "flag"])
+def test_the_classes_a_config_names_are_wrapped(tmp_path, capsys, configs, flags):
+    training, accelerate = configs if isinstance(configs, tuple) else (configs, None)
+    name = "train.json" if "output_dir" in training and "stage" not in training else "train.yaml"
+    argv = ["--from-config", str(write(tmp_path, training, name))]
+    argv += ["--from-config", str(write(tmp_path, accelerate, "acc.yaml"))] if accelerate else ["--gpus", "4"]
+    code, out, err = check(capsys, *argv, *flags, "--gpu", "A100-80GB", "--no-cache", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["fits"] is True, err
+    assert "wrapping each LlamaMLP" in doc["message"]
+    assert doc["parallel"]["wrap_classes"] == ["LlamaMLP"]
+    assert "module of class LlamaMLP (transformer_layer_cls_to_wrap" in doc["parallel"]["modelled"]
+
+
+def test_the_model_s_own_layer_classes_are_the_default(tmp_path, capsys):
+    path = write(tmp_path, AXOLOTL_FSDP2, "a.yml")  # transformer_layer_cls_to_wrap: LlamaDecoderLayer
+    code, out, _ = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB", "--json",
+                         "--no-cache")
+    doc = json.loads(out)
+    assert code == 0 and doc["parallel"]["wrap_classes"] == [] and "wrapping" not in doc["message"]
 
 
 @pytest.mark.parametrize("configs", [

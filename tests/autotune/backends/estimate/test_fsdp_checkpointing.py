@@ -47,7 +47,7 @@ def test_accelerates_checkpointing_is_the_rank_fsdp2_apply_ac_makes(monkeypatch)
     parallel = Parallel("fsdp", 4, activation_checkpointing=True)
     ours, _ = traced(parallel, mode="bf16")
 
-    def accelerates(model: Any) -> None:
+    def accelerates(model: Any, _parallel: Any = None) -> None:
         distributed._without_cache(model)
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
                                                 activation_checkpointing=True)
