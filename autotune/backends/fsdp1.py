@@ -7,7 +7,8 @@ group (backends/distributed.py).
   forward_prefetch=..., use_orig_params=..., limit_all_gathers=True, device_id=...)``: the plugin's
   transformer-based auto wrap over the model's ``_no_split_modules`` (utils/dataclasses.py
   ``FullyShardedDataParallelPlugin.set_auto_wrap_policy``), so each decoder layer is one FSDP unit
-  with one FlatParameter, and the root unit holds the rest (embeddings, final norm, head). Each
+  with one FlatParameter, and the root unit holds the rest (embeddings, final norm, head); for a
+  PEFT model, PEFT's policy, which also makes each adapter a unit of its own (``_auto_wrap_policy``). Each
   rank keeps its 1/N shard of each FlatParameter (padded to a multiple of N,
   _flat_param.py ``FlatParamHandle.shard``) and all-gathers a unit whole into its
   ``_full_param_padded`` while it runs.
@@ -41,6 +42,41 @@ def _layer_classes(model: Any, names: set[str]) -> set[type]:
     return {type(module) for module in model.modules() if type(module).__name__ in names}
 
 
+def _auto_wrap_policy(model: Any, layers: set[str]) -> Any:
+    """The auto wrap policy the Trainer hands FSDP1: for a PEFT model, PEFT's own
+    (transformers distributed/fsdp.py ``update_fsdp_plugin_peft``, called by trainer.py
+    ``_inner_training_loop`` before ``accelerator.prepare`` whenever FSDP is on and the model is a
+    PeftModel, replaces the plugin's policy by peft utils/other.py ``fsdp_auto_wrap_policy(model)``):
+    torch's ``_or_policy`` of a lambda policy, which makes every leaf module with a trainable
+    ``weight`` a unit of its own (each lora_A and lora_B Linear, a modules_to_save copy), and the
+    transformer-based policy over the layer classes (``FSDP_TRANSFORMER_CLS_TO_WRAP``, as
+    accelerate exports ``transformer_layer_cls_to_wrap``, else the model's ``_no_split_modules``:
+    ``layers`` here) and PEFT's prompt encoders. So a decoder layer's unit holds its frozen weights
+    alone, and the adapters their own FlatParameters. Else the plugin's transformer-based policy
+    (module docstring)."""
+    import os
+
+    from peft import PeftConfig, PeftModel
+    from peft.utils.other import fsdp_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    if not (isinstance(model, PeftModel) and isinstance(model.active_peft_config, PeftConfig)):
+        return functools.partial(transformer_auto_wrap_policy,
+                                 transformer_layer_cls=_layer_classes(model, layers))
+    saved = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP")
+    os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(sorted(layers))
+    try:
+        return fsdp_auto_wrap_policy(model)
+    except TypeError as exc:  # "Could not find the transformer layer class to wrap in the model."
+        raise InvalidInput(f"PEFT's FSDP auto wrap policy cannot wrap {type(model).__name__} by "
+                           f"{', '.join(sorted(layers))}: {exc}") from exc
+    finally:
+        if saved is None:
+            del os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"]
+        else:
+            os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = saved
+
+
 def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, precision: str) -> Any:
     """FSDP1 over ``trained`` (``model`` and its loss, distributed.TrainingLoss; the decoder layer
     classes named ``layers``) as the module docstring says, in the model's FakeTensorMode; returns
@@ -48,7 +84,6 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     import torch
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     if parallel.activation_checkpointing:
         raise InvalidInput("FSDP's own activation checkpointing with FSDP1 is not modelled: use a ckpt mode "
@@ -67,9 +102,7 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
     try:
         root = FSDP(
-            trained, sharding_strategy=strategy,
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                               transformer_layer_cls=_layer_classes(model, layers)),
+            trained, sharding_strategy=strategy, auto_wrap_policy=_auto_wrap_policy(model, layers),
             mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
             use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
             cpu_offload=CPUOffload(offload_params=parallel.offload_params),
