@@ -89,6 +89,12 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
         raise InvalidInput("FSDP's own activation checkpointing with FSDP1 is not modelled: use a ckpt mode "
                            "(gradient checkpointing)")
     dtype = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16}[precision]
+    storage = _quant_storage(model)
+    if storage is not None and storage.is_floating_point:
+        # transformers distributed/fsdp.py update_fsdp_plugin_peft: a bitsandbytes base whose
+        # bnb_4bit_quant_storage is a float dtype sets the plugin's policy to that dtype, whatever
+        # the mode (accelerate utils/dataclasses.py set_mixed_precision(..., override=True))
+        dtype = storage
     policy = None if dtype is None else MixedPrecision(param_dtype=dtype, reduce_dtype=dtype,
                                                        buffer_dtype=dtype)
     if parallel.nodes > 1:
@@ -117,9 +123,46 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "
             "job fails as it wraps the model: use fsdp_version 2 (fully_shard shards each parameter "
             "apart)") from exc
-    if dtype is not None:
+    if precision != "fp32":  # prepare_model: `if self.mixed_precision != "no"`
         _upcast(root)
     return root
+
+
+def _quant_storage(model: Any) -> Any:
+    """The dtype a 4-bit base's packed weights are stored in (``bnb_4bit_quant_storage``): its
+    4-bit layers' weight dtype (bitsandbytes' ``Params4bit``, or the estimator's emulation,
+    backends/estimate/nf4.py); None for a model without one."""
+    for module in model.modules():
+        weight: Any = getattr(module, "weight", None)
+        if getattr(module, "stores_params4bit", False) or type(weight).__name__ == "Params4bit":
+            return weight.dtype
+    return None
+
+
+@contextlib.contextmanager
+def quant_state_kept() -> Iterator[None]:
+    """FSDP1's buffer cast at the root's lazy init (_runtime_utils.py ``_lazy_init`` ->
+    ``_cast_buffers_to_dtype_and_device`` over ``_get_buffers_and_dtypes_for_computation``: each
+    float buffer to the policy's ``buffer_dtype``) without the emulated 4-bit layers' quantization
+    state: nf4.py keeps it in buffers so that it is counted, but bitsandbytes keeps it in a
+    ``QuantState`` on the weight and the module (``Params4bit._quantize``: ``module.quant_state``),
+    plain tensors that FSDP1 neither casts nor moves."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    saved = _runtime_utils._get_buffers_and_dtypes_for_computation
+
+    def buffers_and_dtypes(state: Any, root_module: Any) -> tuple[list[Any], list[Any]]:
+        buffers, dtypes = saved(state, root_module)
+        quant_state = {id(buffer) for module in root_module.modules()
+                       if getattr(module, "stores_params4bit", False) for buffer in module.buffers()}
+        kept = [(b, d) for b, d in zip(buffers, dtypes, strict=True) if id(b) not in quant_state]
+        return [b for b, _ in kept], [d for _, d in kept]
+
+    _runtime_utils._get_buffers_and_dtypes_for_computation = buffers_and_dtypes
+    try:
+        yield
+    finally:
+        _runtime_utils._get_buffers_and_dtypes_for_computation = saved
 
 
 def _upcast(root: Any) -> None:
