@@ -12,6 +12,7 @@ from autotune.backends.estimate.traced_step import StepHooks
 from autotune.backends.estimate.tracker import StorageTracker, local_shard
 from autotune.gpus import resolve_gpu
 from autotune.workload import Workload
+from autotune.workload.adapters import Adapter
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
 from autotune.workload.parallel import Parallel
@@ -68,13 +69,15 @@ class Phases(StepHooks):
                                    if n > 0)
 
 
-def traced(parallel: Parallel | None, mode: str = "fp32") -> tuple[Phases, Any]:
-    """tiny-llama's step over bf16 weights (fp32: no autocast, no mixed-precision policy), batch
-    2 x 32, every step run; its phases and a meta copy of the model as built."""
+def traced(parallel: Parallel | None, mode: str = "fp32",
+           adapter: Adapter | None = None) -> tuple[Phases, Any]:
+    """tiny-llama's step over bf16 weights (fp32: no autocast, no mixed-precision policy), with
+    ``adapter`` if given, batch 2 x 32, every step run; its phases and a meta copy of the model as
+    built (without the adapter)."""
     import torch
 
     spec = resolve_model("tiny-llama")
-    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
+    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", adapter=adapter, parallel=parallel)
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
     backend._steady[(workload, mode)] = SteadySteps(verified=False)
     phases = Phases()

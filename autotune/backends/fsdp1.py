@@ -7,7 +7,8 @@ group (backends/distributed.py).
   forward_prefetch=..., use_orig_params=..., limit_all_gathers=True, device_id=...)``: the plugin's
   transformer-based auto wrap over the model's ``_no_split_modules`` (utils/dataclasses.py
   ``FullyShardedDataParallelPlugin.set_auto_wrap_policy``), so each decoder layer is one FSDP unit
-  with one FlatParameter, and the root unit holds the rest (embeddings, final norm, head). Each
+  with one FlatParameter, and the root unit holds the rest (embeddings, final norm, head); for a
+  PEFT model, PEFT's policy, which also makes each adapter a unit of its own (``_auto_wrap_policy``). Each
   rank keeps its 1/N shard of each FlatParameter (padded to a multiple of N,
   _flat_param.py ``FlatParamHandle.shard``) and all-gathers a unit whole into its
   ``_full_param_padded`` while it runs.
@@ -41,6 +42,41 @@ def _layer_classes(model: Any, names: set[str]) -> set[type]:
     return {type(module) for module in model.modules() if type(module).__name__ in names}
 
 
+def _auto_wrap_policy(model: Any, layers: set[str]) -> Any:
+    """The auto wrap policy the Trainer hands FSDP1: for a PEFT model, PEFT's own
+    (transformers distributed/fsdp.py ``update_fsdp_plugin_peft``, called by trainer.py
+    ``_inner_training_loop`` before ``accelerator.prepare`` whenever FSDP is on and the model is a
+    PeftModel, replaces the plugin's policy by peft utils/other.py ``fsdp_auto_wrap_policy(model)``):
+    torch's ``_or_policy`` of a lambda policy, which makes every leaf module with a trainable
+    ``weight`` a unit of its own (each lora_A and lora_B Linear, a modules_to_save copy), and the
+    transformer-based policy over the layer classes (``FSDP_TRANSFORMER_CLS_TO_WRAP``, as
+    accelerate exports ``transformer_layer_cls_to_wrap``, else the model's ``_no_split_modules``:
+    ``layers`` here) and PEFT's prompt encoders. So a decoder layer's unit holds its frozen weights
+    alone, and the adapters their own FlatParameters. Else the plugin's transformer-based policy
+    (module docstring)."""
+    import os
+
+    from peft import PeftConfig, PeftModel
+    from peft.utils.other import fsdp_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    if not (isinstance(model, PeftModel) and isinstance(model.active_peft_config, PeftConfig)):
+        return functools.partial(transformer_auto_wrap_policy,
+                                 transformer_layer_cls=_layer_classes(model, layers))
+    saved = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP")
+    os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = ",".join(sorted(layers))
+    try:
+        return fsdp_auto_wrap_policy(model)
+    except TypeError as exc:  # "Could not find the transformer layer class to wrap in the model."
+        raise InvalidInput(f"PEFT's FSDP auto wrap policy cannot wrap {type(model).__name__} by "
+                           f"{', '.join(sorted(layers))}: {exc}") from exc
+    finally:
+        if saved is None:
+            del os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"]
+        else:
+            os.environ["FSDP_TRANSFORMER_CLS_TO_WRAP"] = saved
+
+
 def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, precision: str) -> Any:
     """FSDP1 over ``trained`` (``model`` and its loss, distributed.TrainingLoss; the decoder layer
     classes named ``layers``) as the module docstring says, in the model's FakeTensorMode; returns
@@ -48,12 +84,17 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     import torch
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     if parallel.activation_checkpointing:
         raise InvalidInput("FSDP's own activation checkpointing with FSDP1 is not modelled: use a ckpt mode "
                            "(gradient checkpointing)")
     dtype = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16}[precision]
+    storage = _quant_storage(model)
+    if storage is not None and storage.is_floating_point:
+        # transformers distributed/fsdp.py update_fsdp_plugin_peft: a bitsandbytes base whose
+        # bnb_4bit_quant_storage is a float dtype sets the plugin's policy to that dtype, whatever
+        # the mode (accelerate utils/dataclasses.py set_mixed_precision(..., override=True))
+        dtype = storage
     policy = None if dtype is None else MixedPrecision(param_dtype=dtype, reduce_dtype=dtype,
                                                        buffer_dtype=dtype)
     if parallel.nodes > 1:
@@ -67,9 +108,7 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
     try:
         root = FSDP(
-            trained, sharding_strategy=strategy,
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                               transformer_layer_cls=_layer_classes(model, layers)),
+            trained, sharding_strategy=strategy, auto_wrap_policy=_auto_wrap_policy(model, layers),
             mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
             use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
             cpu_offload=CPUOffload(offload_params=parallel.offload_params),
@@ -84,9 +123,46 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "
             "job fails as it wraps the model: use fsdp_version 2 (fully_shard shards each parameter "
             "apart)") from exc
-    if dtype is not None:
+    if precision != "fp32":  # prepare_model: `if self.mixed_precision != "no"`
         _upcast(root)
     return root
+
+
+def _quant_storage(model: Any) -> Any:
+    """The dtype a 4-bit base's packed weights are stored in (``bnb_4bit_quant_storage``): its
+    4-bit layers' weight dtype (bitsandbytes' ``Params4bit``, or the estimator's emulation,
+    backends/estimate/nf4.py); None for a model without one."""
+    for module in model.modules():
+        weight: Any = getattr(module, "weight", None)
+        if getattr(module, "stores_params4bit", False) or type(weight).__name__ == "Params4bit":
+            return weight.dtype
+    return None
+
+
+@contextlib.contextmanager
+def quant_state_kept() -> Iterator[None]:
+    """FSDP1's buffer cast at the root's lazy init (_runtime_utils.py ``_lazy_init`` ->
+    ``_cast_buffers_to_dtype_and_device`` over ``_get_buffers_and_dtypes_for_computation``: each
+    float buffer to the policy's ``buffer_dtype``) without the emulated 4-bit layers' quantization
+    state: nf4.py keeps it in buffers so that it is counted, but bitsandbytes keeps it in a
+    ``QuantState`` on the weight and the module (``Params4bit._quantize``: ``module.quant_state``),
+    plain tensors that FSDP1 neither casts nor moves."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    saved = _runtime_utils._get_buffers_and_dtypes_for_computation
+
+    def buffers_and_dtypes(state: Any, root_module: Any) -> tuple[list[Any], list[Any]]:
+        buffers, dtypes = saved(state, root_module)
+        quant_state = {id(buffer) for module in root_module.modules()
+                       if getattr(module, "stores_params4bit", False) for buffer in module.buffers()}
+        kept = [(b, d) for b, d in zip(buffers, dtypes, strict=True) if id(b) not in quant_state]
+        return [b for b, _ in kept], [d for _, d in kept]
+
+    _runtime_utils._get_buffers_and_dtypes_for_computation = buffers_and_dtypes
+    try:
+        yield
+    finally:
+        _runtime_utils._get_buffers_and_dtypes_for_computation = saved
 
 
 def _upcast(root: Any) -> None:

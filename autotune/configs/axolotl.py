@@ -202,8 +202,9 @@ def _axolotl_method(cfg: Config) -> str | None:
 def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     """The fused LoRA kernels Axolotl patches in: the lora_*_kernel keys set true, or, where none is
     set, those schemas/config.py check_auto_enable_lora_kernels turns on: all four for lora and qlora
-    but with rl, trust_remote_code, nvfp4_merge_aware or an 8-bit LoRA base (FSDP1, which it also
-    skips, is refused; its MoE skip is for torch < 2.9, below Axolotl's torch>=2.11 in pyproject.toml).
+    but with rl, trust_remote_code, nvfp4_merge_aware, an 8-bit LoRA base or FSDP1 (an fsdp_config
+    without fsdp_version 2 on more than one GPU: ``_fsdp1``); its MoE skip is for torch < 2.9, below
+    Axolotl's torch>=2.11 in pyproject.toml. Set under FSDP1 they are refused: not modelled.
     The embedding kernel alone patches nothing (patch_manager.py _apply_lora_kernel_patch) and is
     dropped where embed_tokens carries no LoRA."""
     values = {name: cfg.get(key) for name, key in CONFIG_KEYS.items()}
@@ -224,7 +225,8 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     if all(value is None for value in values.values()):
         # check_auto_enable_lora_kernels returns first for rl ("RL trainers not tested")
         skip = "rl" if not unset(cfg.data.get("rl")) else "trust_remote_code" if remote \
-            else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") else None
+            else "nvfp4_merge_aware" if cfg.data.get("nvfp4_merge_aware") \
+            else "FSDP1 (fsdp_config without fsdp_version: 2) on more than one GPU" if _fsdp1(cfg) else None
         if skip is not None:
             cfg.notes.append(f"lora_*_kernel: not set, and with {skip} Axolotl leaves its fused LoRA kernels "
                              "off (check_auto_enable_lora_kernels)")
@@ -237,6 +239,9 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
         if remote and set(on) & set(PATCHING):
             raise InvalidInput(f"lora_*_kernel with trust_remote_code in {cfg.file!r}: Axolotl refuses them "
                                "together (schemas/validation.py check_lora_kernels_trust_remote_code)")
+        if set(on) & set(PATCHING) and _fsdp1(cfg):
+            raise cfg.unmodelled(CONFIG_KEYS[on[0]], True, "Axolotl's fused LoRA kernels under FSDP1 (they "
+                                 "read the adapters inside FSDP1's FlatParameters): give fsdp_version: 2")
         if set(on) & set(PATCHING):
             cfg.notes.append(f"{', '.join(CONFIG_KEYS[name] for name in on)}: true — {LORA_KERNELS_NOTE}")
     if not set(on) & set(PATCHING):
@@ -248,6 +253,33 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
         on.remove("embedding")
         cfg.notes.append("lora_embedding_kernel: embed_tokens carries no LoRA here: nothing for it to patch")
     return parse_kernels(on)
+
+
+def _note_fsdp_qlora_load(cfg: Config) -> None:
+    """How Axolotl loads a QLoRA base under FSDP (loaders/model.py ``_set_device_map``: device_map
+    ``{"": LOCAL_RANK}`` for QLoRA with FSDP; only FSDP2 with cpu_ram_efficient_loading replaces it by
+    rank 0 on the CPU and the others on meta): the load is not modelled, the estimate is the step's."""
+    if cfg.get("fsdp_config") is None:
+        return
+    config = cfg.get("fsdp_config")
+    efficient = isinstance(config, dict) and any(
+        config.get(key) for key in ("cpu_ram_efficient_loading", "fsdp_cpu_ram_efficient_loading"))
+    if not _fsdp1(cfg) and efficient:
+        return
+    cfg.notes.append("adapter: qlora under FSDP: Axolotl loads the whole 4-bit model onto every rank's GPU "
+                     "(loaders/model.py _set_device_map: device_map {'': LOCAL_RANK}) before FSDP shards it; "
+                     "that load peak is not modelled: the estimate is the training step's")
+
+
+def _fsdp1(cfg: Config) -> bool:
+    """Whether check_auto_enable_lora_kernels finds FSDP1 (schemas/config.py: ``fsdp_config`` set
+    and ``fsdp_version`` not 2; the version also read from inside fsdp_config, which validation.py
+    check_fsdp_version_in_fsdp_config copies out to fsdp_version)."""
+    config = cfg.get("fsdp_config")
+    if config is None:
+        return False
+    inner = config.get("fsdp_version", config.get("version")) if isinstance(config, dict) else None
+    return str(cfg.get("fsdp_version") or inner) != "2"
 
 
 def _embeddings_may_carry_lora(adapter: Adapter) -> bool:
@@ -308,6 +340,7 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
         # torch_dtype (adapters.prepare, recipe "axolotl").
         adapter = replace(adapter, quant_type=quant_type, double_quant=double_quant, compute_dtype=compute,
                           recipe="axolotl")
+        _note_fsdp_qlora_load(cfg)
     note_adapter(cfg, source, adapter, at)
     if cfg.flag("peft_use_rslora"):
         cfg.notes.append("peft_use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")

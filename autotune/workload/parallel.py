@@ -152,10 +152,13 @@ class Parallel:
             prefetch = self.backward_prefetch or "NO_PREFETCH"
             return ("traced: FSDP1 FullyShardedDataParallel on a fake process group, wrapped as accelerate "
                     f"1.15's prepare_model wraps it (one FlatParameter per {self.unit}, the root's for the "
-                    f"rest; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
+                    "rest, and for a PEFT model one per adapter: PEFT's fsdp_auto_wrap_policy, as the "
+                    f"Trainer sets it; use_orig_params {str(self.use_orig_params).lower()}, forward_prefetch "
                     f"{str(self.forward_prefetch).lower()}, backward_prefetch {prefetch}, limit_all_gathers "
                     "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
-                    "(accelerate upcasts each FlatParameter) under accelerate's autocast" + self.offloaded)
+                    "(accelerate upcasts each trainable FlatParameter) under accelerate's autocast; over a "
+                    "4-bit base in a bfloat16 quant_storage, bfloat16 in every mode (transformers' "
+                    "update_fsdp_plugin_peft)" + self.offloaded)
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -417,9 +420,10 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
                   qlora_recipe: str | None = None) -> None:
     """Refuse what FSDP shards and the estimator has not been shown to trace faithfully:
     bitsandbytes' optimizers over sharded DTensor parameters, an 8-bit base, and a 4-bit base but
-    Axolotl's FSDP-QLoRA (``qlora_recipe`` axolotl under FSDP2's axolotl recipe: the packed weights
-    in a bfloat16 quant_storage, sharded as any 16-bit parameter, adapters.quant_storage). accelerate's
-    own FSDP2 keeps a uint8 quant_storage, BitsAndBytesConfig's default, whole on every rank
+    Axolotl's FSDP-QLoRA (``qlora_recipe`` axolotl under FSDP2's axolotl recipe, or under FSDP1, the
+    Trainer's: the packed weights in a bfloat16 quant_storage, sharded as any 16-bit parameter,
+    adapters.quant_storage; FSDP1 flattens them with the layer's bfloat16 norms, backends/fsdp1.py).
+    accelerate's own FSDP2 keeps a uint8 quant_storage, BitsAndBytesConfig's default, whole on every rank
     (utils/fsdp_utils.py ``fsdp2_prepare_model``: ``ignored_params``) and shards a 16-bit one: which
     of the two a config gives is not read yet."""
     from autotune.workload.optimizers import uses_bitsandbytes
@@ -435,13 +439,14 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
         return
     if parallel.recipe == "llamafactory" and parallel.gpus == 1:
         return  # LLaMA-Factory v1 shards nothing on one GPU (backends/distributed.py shard_as_llamafactory)
-    if base_bits == 4 and parallel.fsdp_version == 2 and parallel.recipe == "axolotl" \
-            and qlora_recipe == "axolotl":
+    if base_bits == 4 and qlora_recipe == "axolotl" \
+            and (parallel.fsdp_version == 2 and parallel.recipe == "axolotl" or parallel.fsdp_version == 1):
         pass  # Axolotl's FSDP-QLoRA (docstring)
     elif base_bits == 4 and parallel.fsdp_version == 1:
-        raise _about("fsdp_version", InvalidInput.naming(
-            "a 4-bit base under {fsdp_version} 1 (FSDP-QLoRA on FSDP1) is not modelled yet: use "
-            "{fsdp_version} 2 (Axolotl's FSDP-QLoRA), ddp, or LoRA over a 16-bit base"))
+        raise _about("qlora_recipe", InvalidInput.naming(
+            "a 4-bit base under {fsdp_version} 1 is modelled as Axolotl loads it (FSDP-QLoRA, a bfloat16 "
+            "quant_storage): give {qlora_recipe} axolotl; a uint8 quant_storage (BitsAndBytesConfig's "
+            "default) is not modelled"))
     elif base_bits == 4:
         raise _about("parallel", InvalidInput.naming(
             "a 4-bit base under {parallel} fsdp is modelled as Axolotl shards it (FSDP-QLoRA, a bfloat16 "

@@ -246,6 +246,7 @@ def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Ite
 
             stack.enter_context(fsdp1.resizes_tracked(tracker.track, tracker.resized))
             stack.enter_context(fsdp1.real_storage_checks())
+            stack.enter_context(fsdp1.quant_state_kept())
             if offloads(distributed):
                 stack.enter_context(fsdp1.host_offload())
         elif distributed is not None and distributed.parallel.kind == FSDP:

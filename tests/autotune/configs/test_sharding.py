@@ -427,6 +427,32 @@ def test_check_answers_an_fsdp_config_on_a_tiny_model(tmp_path, capsys, configs)
         f"read {argv[1]} as {fmt}", *([f"read {argv[3]} as accelerate"] if accelerate else [])]
 
 
+AXOLOTL_FSDP1_QLORA = {**AXOLOTL, "adapter": "qlora", "load_in_4bit": True, "lora_r": 8, "lora_alpha": 16,
+                       "lora_target_linear": True, "fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {
+                           "fsdp_use_orig_params": False, "fsdp_offload_params": True,
+                           "fsdp_cpu_ram_efficient_loading": True,
+                           "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                           "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"}}
+
+
+def test_axolotl_fsdp1_qlora_is_answered_without_its_lora_kernels(tmp_path, capsys):
+    """Axolotl's llama-2/qlora-fsdp.yml in small: FSDP1 (no fsdp_version) over Axolotl's 4-bit base;
+    check_auto_enable_lora_kernels leaves the fused kernels off under FSDP1 on more than one GPU."""
+    path = write(tmp_path, AXOLOTL_FSDP1_QLORA, "a.yml")
+    config = read_training_config(path)
+    assert config.request.step.fsdp_version == 1 and config.request.step.adapter.kernels == ()
+    assert any("Axolotl leaves its fused LoRA kernels off" in note for note in config.notes)
+    assert any("that load peak is not modelled" in note for note in config.notes)
+    code, out, _ = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB", "--no-cache",
+                         "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["fits"] is True
+    assert "QLoRA" in doc["message"] and "FSDP1 full shard" in doc["message"]
+    kernels = write(tmp_path, {**AXOLOTL_FSDP1_QLORA, "lora_mlp_kernel": True}, "b.yml")
+    with pytest.raises(UnmodelledSetting, match="lora_mlp_kernel: True .* under FSDP1"):
+        read_training_config(kernels)
+
+
 def test_the_sharding_examples_are_read():
     fsdp = read_training_config(EXAMPLES / "trainer_args_fsdp.json")
     assert (fsdp.request.step.parallel, fsdp.request.step.reshard_after_forward, fsdp.ignored) == (

@@ -9,10 +9,17 @@ import math
 from typing import Any
 
 import pytest
+import torch
 from ranktrace import traced
 
+from autotune.backends.estimate.backend import EstimateBackend
 from autotune.errors import InvalidInput
+from autotune.gpus import resolve_gpu
+from autotune.workload import Workload
+from autotune.workload.adapters import make_adapter
+from autotune.workload.models import resolve_model
 from autotune.workload.parallel import Parallel, make_parallel
+from autotune.workload.step import build_model
 
 STEP_BYTES = 4  # AdamW(fused=True)'s float32 step count per parameter
 
@@ -230,3 +237,46 @@ def test_make_parallel_accepts_fsdp1_cpu_offload():
     assert parallel.label == "FSDP1 full shard, parameters, gradients and optimizer state offloaded to the " \
                              "CPU, 4 GPUs"
     assert "FSDP1's CPUOffload(offload_params=True)" in parallel.modelled
+
+
+# A PEFT model under FSDP1: the Trainer replaces the plugin's policy by PEFT's fsdp_auto_wrap_policy
+# (transformers distributed/fsdp.py update_fsdp_plugin_peft), so each lora_A and lora_B is a unit of its
+# own and a decoder layer's unit holds its frozen weights alone (backends/fsdp1.py _auto_wrap_policy).
+LORA = make_adapter("lora", r=4, targets="all-linear")
+
+
+def adapter_shards(model: Any, ranks: int) -> list[int]:
+    """Rank 0's shard of each adapter's unit, in elements: one weight each, lora_A (r x in) and
+    lora_B (out x r) of every linear layer in the decoder layers, padded to a multiple of the ranks."""
+    r = LORA.r
+    linears = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    return [math.ceil(n / ranks) for m in linears for n in (r * m.in_features, m.out_features * r)]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_fsdp1_wraps_each_lora_adapter_apart_from_the_frozen_bfloat16_layer(ranks):
+    """Without PEFT's policy a layer's unit would hold its bfloat16 base weights and its float32
+    adapters in one FlatParameter, which FSDP1 cannot flatten (the job would not start), or, over a
+    float32 base, a trainable layer whole: its gradient and Adam state the size of the layer's."""
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=LORA, parallel=fsdp1(ranks))
+    fake = EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16")
+    flats = fake.distributed.flat_parameters()
+    trainable = [f for f in flats if f.requires_grad]
+    frozen = [f for f in flats if not f.requires_grad]
+    with torch.device("meta"):
+        model, _ = build_model(resolve_model("tiny-llama"), "causal-lm", None, "bfloat16")
+    assert sorted(f.numel() for f in trainable) == sorted(adapter_shards(model, ranks))
+    assert {f.dtype for f in trainable} == {torch.float32}  # PEFT's adapters: no upcast needed
+    assert all(f._fqns == ["weight"] for f in trainable)  # a Linear each
+    # each decoder layer's base weights and norms, and the root's rest, in the weights' bfloat16: frozen,
+    # so accelerate's upcast leaves them
+    assert sorted(f.numel() for f in frozen) == sorted(shards(model, ranks))
+    assert {f.dtype for f in frozen} == {torch.bfloat16}
+
+
+def test_fsdp1_lora_reduces_gradients_of_the_adapters_alone():
+    ranks = 4
+    phases, model = traced(fsdp1(ranks), adapter=LORA)
+    grown = phases.live["backward done"][0] - phases.live["before steps"][0]
+    assert grown == 4 * sum(adapter_shards(model, ranks))  # float32 sharded gradients, none for the base

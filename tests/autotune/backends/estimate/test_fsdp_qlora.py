@@ -105,12 +105,54 @@ def test_the_traced_rank_holds_the_shards_and_gathers_each_packed_weight_in_forw
 @pytest.mark.parametrize(("parallel", "recipe", "field"), [
     (Parallel("fsdp", 4), "axolotl", "parallel"),  # accelerate's FSDP2
     (Parallel("fsdp", 4, recipe="axolotl"), "trl", "parallel"),  # a base loaded in uint8
-    (Parallel("fsdp", 4, recipe="axolotl", fsdp_version=1), "axolotl", "fsdp_version"),
+    (Parallel("fsdp", 4, fsdp_version=1), "trl", "qlora_recipe"),  # uint8: FSDP1 cannot flatten it
 ])
-def test_fsdp_qlora_other_than_axolotls_fsdp2_is_refused_by_name(parallel, recipe, field):
+def test_fsdp_qlora_other_than_axolotls_is_refused_by_name(parallel, recipe, field):
     with pytest.raises(InvalidInput) as error:
         check_sharded(parallel, 4, "adamw_torch", recipe)
     assert error.value.field == field
     check_sharded(Parallel("fsdp", 4, recipe="axolotl"), 4, "adamw_torch", "axolotl")
+    check_sharded(Parallel("fsdp", 4, fsdp_version=1), 4, "adamw_torch", "axolotl")
     with pytest.raises(InvalidInput, match="8-bit base"):
         check_sharded(Parallel("fsdp", 4, recipe="axolotl"), 8, "adamw_torch", "axolotl")
+
+
+# FSDP1 (the Trainer's, accelerate's FullyShardedDataParallel: backends/fsdp1.py) over Axolotl's 4-bit
+# base: PEFT's auto wrap policy, and the bfloat16 MixedPrecision transformers' update_fsdp_plugin_peft
+# sets for a float bnb_4bit_quant_storage, whatever the mode.
+def fsdp1_workload(ranks: int) -> Workload:
+    return Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                    adapter=QLORA, parallel=Parallel("fsdp", ranks, fsdp_version=1))
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32"])
+def test_fsdp1_flattens_the_packed_weights_with_the_layer_and_mixes_in_the_quant_storage_dtype(mode):
+    ranks = 4
+    fake = EstimateBackend(resolve_gpu("A100-80GB"))._model(fsdp1_workload(ranks), mode)
+    root = fake.distributed._sharded
+    # bfloat16 parameters and reductions in every mode (accelerate's set_mixed_precision(override=True))
+    assert root.mixed_precision.param_dtype == torch.bfloat16
+    assert root.mixed_precision.reduce_dtype == torch.bfloat16
+    flats = fake.distributed.flat_parameters()
+    frozen = [f for f in flats if not f.requires_grad]
+    trainable = [f for f in flats if f.requires_grad]
+    assert {f.dtype for f in frozen} == {torch.bfloat16} and {f.dtype for f in trainable} == {torch.float32}
+    # each decoder layer's unit holds its packed 4-bit weights (bfloat16 quant_storage) and norms
+    layer_units = [f for f in frozen if any(".base_layer.weight" in fqn for fqn in f._fqns)]
+    assert len(layer_units) == fake.model.config.num_hidden_layers
+    per_layer = len(four_bit_layers(fake.model)) // len(layer_units)
+    assert all(sum(".base_layer.weight" in fqn for fqn in f._fqns) == per_layer for f in layer_units)
+
+
+def test_fsdp1_leaves_the_quant_state_as_bitsandbytes_keeps_it_and_casts_the_other_buffers():
+    ranks = 4
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    fake = backend._model(fsdp1_workload(ranks), "bf16")
+    recorder = Recorder(fake.model, parse_mode("bf16"), Variant(), 2, 32)
+    backend.trace_with(recorder, fake, fsdp1_workload(ranks), parse_mode("bf16"), 32, 2)
+    for layer in four_bit_layers(fake.model):
+        assert layer.code.dtype == torch.float32 and layer.absmax.dtype == torch.uint8
+        assert layer.state2_absmax.dtype == torch.float32 and layer.offset.dtype == torch.float32
+    # the rotary embedding's inv_freq, a buffer of the model: cast by FSDP1's buffer_dtype at lazy init
+    rotary = [b for name, b in fake.model.named_buffers() if name.endswith("inv_freq")]
+    assert rotary and {b.dtype for b in rotary} == {torch.bfloat16}
