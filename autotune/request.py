@@ -917,8 +917,13 @@ def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | 
     from autotune.workload.scattermoe import check_model
 
     quantized = adapter is not None and adapter.quantize_experts
-    check_model(getattr(spec.config, "model_type", None),
+    model_type = getattr(spec.config, "model_type", None)
+    check_model(model_type,
                 experts_bits=(adapter.base_bits or 4) if quantized and adapter is not None else None)
+    from autotune.workload import hub_kernels
+
+    # ScatterMoE is KernelsPlugin's, which sets use_kernels (args.py check_use_kernels): kernelize runs
+    hub_kernels.check(model_type, f"experts_kernel {name} (KernelsPlugin's, which sets use_kernels)")
     return name
 
 

@@ -98,7 +98,9 @@ def _plan(args: argparse.Namespace) -> Plan:
     flags = request_of(CheckRequest, args, model=args.model)
     if not args.from_config:
         _missing(flags, None)
-        return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model), *_attention_notes(flags)))
+        return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model,
+                                                       experts_kernel=flags.step.experts_kernel is not None),
+                                        *_attention_notes(flags)))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -114,7 +116,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     check_patched_model(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
-                          fused_attn_kernel=bool(request.step.fused_attn_kernel))
+                          fused_attn_kernel=bool(request.step.fused_attn_kernel),
+                          experts_kernel=request.step.experts_kernel is not None)
     notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request))
     return Plan(request, (*read, *config.notes, *notes), config.ignored)
 
@@ -158,14 +161,21 @@ def _unfrozen_notes(request: CheckRequest) -> tuple[str, ...]:
     return (unfrozen_note(spec, step.task, patterns),)
 
 
-def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: bool = False
-                  ) -> tuple[str, ...]:
+def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: bool = False,
+                  experts_kernel: bool = False) -> tuple[str, ...]:
     """What the step runs in a kernel emulated, or traced in place of one, whatever the config says:
     flash-linear-attention's in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py);
     transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py); Axolotl's fused
     Gemma 4 attention in an Axolotl job of a gemma4 preset (workload/gemma4_fused_attn.py), its
-    fused_attn_kernel in one of a qwen3 preset (workload/qwen3_fused_attn.py)."""
-    from autotune.workload import gated_delta_rule, gemma4_fused_attn, mamba_mixer, qwen3_fused_attn
+    fused_attn_kernel in one of a qwen3 preset (workload/qwen3_fused_attn.py); with ScatterMoE
+    (KernelsPlugin, which sets use_kernels), the hub kernels kernelize swaps in (workload/hub_kernels.py)."""
+    from autotune.workload import (
+        gated_delta_rule,
+        gemma4_fused_attn,
+        hub_kernels,
+        mamba_mixer,
+        qwen3_fused_attn,
+    )
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
@@ -175,7 +185,9 @@ def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: b
                                                       (gemma4_fused_attn, lambda t: axolotl and
                                                        gemma4_fused_attn.patched(t)),
                                                       (qwen3_fused_attn, lambda t: axolotl
-                                                       and fused_attn_kernel and qwen3_fused_attn.patched(t)))
+                                                       and fused_attn_kernel and qwen3_fused_attn.patched(t)),
+                                                      (hub_kernels, lambda t: experts_kernel
+                                                       and hub_kernels.emulated(t)))
                  if name is not None and applies(model_type))
 
 

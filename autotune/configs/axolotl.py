@@ -900,35 +900,13 @@ def _fused_attn_kernel(cfg: Config) -> bool | None:
     return True
 
 
-# transformers' kernelize under use_kernels (KernelsPlugin forces it): the layers of the model types
-# ScatterMoE is emulated for that its CUDA training mapping swaps (integrations/hub_kernels.py
-# _build_kernel_mapping, Mode.TRAINING; the classes decorated use_kernel_forward_from_hub in
-# modeling_qwen3_moe.py, modeling_qwen3_5_moe.py, modeling_qwen3_next.py), with the Liger kernel whose
-# class replaces the layer before the model is built (then nothing is left to swap). Rotary embeddings
-# are mapped for inference only on CUDA; RMSNormZeroCentered and SoftmaxTopKRouter are not mapped.
-KERNELIZED = {
-    "qwen3_moe": ("Qwen3MoeRMSNorm", "RMSNorm: kernels-community/liger-kernels LigerRMSNorm", "rms_norm"),
-    "qwen3_5_moe": ("Qwen3_5MoeRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated", None),
-    "qwen3_5_moe_text": ("Qwen3_5MoeRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated",
-                         None),
-    "qwen3_next": ("Qwen3NextRMSNormGated", "RMSNormGated: kernels-community/fla FusedRMSNormGated", None),
-}
+def _check_kernelized(spec: Any, path: str) -> None:
+    """UnmodelledSetting where KernelsPlugin's use_kernels makes transformers' kernelize swap a hub
+    kernel not emulated into the model (workload/hub_kernels.py KERNELIZED)."""
+    from autotune.workload import hub_kernels
 
-
-def _check_kernelized(spec: Any, request: CheckRequest, path: str) -> None:
-    """InvalidInput where KernelsPlugin's use_kernels makes transformers swap a hub kernel, not
-    emulated, into the model (KERNELIZED), unless a Liger kernel emulated replaces that layer first."""
-    model_type = getattr(spec.config, "model_type", None)
-    layer = KERNELIZED.get(str(model_type))
-    if layer is None:  # ScatterMoE itself refuses the model (workload/scattermoe.py check_model)
-        return
-    cls, kernel, liger = layer
-    if liger is not None and liger in parse_liger_kernels(request.step.liger):
-        return
-    raise UnmodelledSetting(f"use_kernels: true in {path!r} (KernelsPlugin sets it: args.py "
-                            f"check_use_kernels) is not modelled for {spec.name}: transformers' kernelize "
-                            f"swaps {cls} for the hub's {kernel} in training (integrations/hub_kernels.py), "
-                            "not emulated")
+    hub_kernels.check(getattr(spec.config, "model_type", None),
+                      f"use_kernels: true in {path!r} (KernelsPlugin sets it: args.py check_use_kernels)")
 
 
 # What transformers' kernelize swaps into gpt-oss for training on a CUDA card under use_kernels: the
@@ -985,7 +963,7 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     if "use_kernels" in config.from_pretrained:
         _check_use_kernels(spec, path)
     if request.step.experts_kernel is not None:
-        _check_kernelized(spec, request, path)
+        _check_kernelized(spec, path)
     if model_type not in FUSED_ATTENTION_TYPES:
         return
     if not patched(model_type):

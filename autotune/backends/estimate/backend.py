@@ -511,8 +511,8 @@ class EstimateBackend:
                 prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
-                if workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated (scattermoe.py)
-                    swap_in_scattermoe(model)
+                if workload.experts_kernel is not None:  # ScatterMoE and use_kernels' hub kernels, emulated
+                    swap_in_scattermoe(model, self.gpu)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

@@ -736,13 +736,19 @@ def test_scattermoe_beside_what_it_does_not_emulate_is_refused_by_name(tmp_path,
         read(tmp_path, {**KERNELS, **keys}, "a.yml")
 
 
-def test_use_kernels_hub_kernels_on_the_model_are_refused_by_name(tmp_path):
+def test_use_kernels_hub_kernels_not_emulated_are_refused_by_name(tmp_path):
     from autotune.configs import read_training_config
     from autotune.configs.axolotl import check_patched_model
 
-    path = tmp_path / "a.yml"
-    path.write_text(yaml.safe_dump(KERNELS))
-    config = read_training_config(path)
-    with pytest.raises(UnmodelledSetting, match=r"^use_kernels: true .* kernelize swaps Qwen3MoeRMSNorm for "
-                       r"the hub's RMSNorm: kernels-community/liger-kernels LigerRMSNorm"):
+    for model in ("tiny-qwen3_moe", "tiny-qwen3_next"):
+        (tmp_path / f"{model}.yml").write_text(yaml.safe_dump({**KERNELS, "base_model": model}))
+    config = read_training_config(tmp_path / "tiny-qwen3_moe.yml")
+    check_patched_model(config, config.request)  # the hub LigerRMSNorm, emulated (workload/hub_kernels.py)
+    config = read_training_config(tmp_path / "tiny-qwen3_next.yml")
+    with pytest.raises(UnmodelledSetting, match=r"^use_kernels: true in .* \(KernelsPlugin sets it: "
+                       r"args.py check_use_kernels\) is not modelled for model type qwen3_next: "
+                       r"transformers' kernelize .*: Qwen3NextRMSNormGated \(RMSNormGated\) "
+                       r"-> kernels-community/fla FusedRMSNormGated; causal_conv1d_fn .*; "
+                       r"torch_chunk_gated_delta_rule \(chunk_gated_delta_rule\) -> "
+                       r"kernels-community/fla chunk_gated_delta_rule$"):
         check_patched_model(config, config.request)
