@@ -443,8 +443,8 @@ def test_axolotl_fsdp1_qlora_is_answered_without_its_lora_kernels(tmp_path, caps
     assert config.request.step.fsdp_version == 1 and config.request.step.adapter.kernels == ()
     assert any("Axolotl leaves its fused LoRA kernels off" in note for note in config.notes)
     assert any("that load peak is not modelled" in note for note in config.notes)
-    code, out, _ = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB", "--no-cache",
-                         "--json")
+    code, out, _ = check(capsys, "--from-config", str(path), "--gpus", "4", "--gpu", "A100-80GB",
+                         "--no-cache", "--json")
     doc = json.loads(out)
     assert code == 0 and doc["fits"] is True
     assert "QLoRA" in doc["message"] and "FSDP1 full shard" in doc["message"]
