@@ -59,11 +59,11 @@ CACHE_VERSION = 5
 # steps' reductions split over the card's multiprocessors whatever the budget (estimate/reduce.py).
 MEASURED_CARDS = {"H100": ("H100-80GB", (9, 0)), "H200": ("H200", (9, 0))}
 
-# The issue's goals.
+# The issues' goals ("Measured truth, second card": 95 % of cells, never above).
 RESERVED_MEDIAN_GOAL_PCT = 3.0  # median |error| of the estimated peak reserved
 RESERVED_WORST_GOAL_PCT = 6.0  # worst |error|
-MAX_BATCH_SHARE_GOAL = 0.90  # share of cells whose estimated max is the measured one or one below
-MAX_BATCH_ABOVE_GOAL = 0.02  # the estimated max never above the measured by more than this fraction
+MAX_BATCH_SHARE_GOAL = 0.95  # share of cells whose estimated max is the measured one or one below
+MAX_BATCH_ABOVE_GOAL = 0.02  # the first card's goal: never above the measured by more than this fraction
 
 SIZE_ONLY_GOAL_PCT = 2.0  # the size-only answer this close below the chip's, never above
 
@@ -155,6 +155,9 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
     def build(attn: str | None) -> Any:
         parallel, trainer = table.get("parallel"), table.get("trainer")
         fsdp = parallel if parallel and parallel["kind"] == "fsdp" else None
+        grpo = (trainer or {}).get("grpo") or {}  # the generation the GPU ran (num_generations, ...)
+        generation = {name: grpo[name] for name in ("num_generations", "max_completion_length", "beta",
+                                                    "steps_per_generation", "vllm_mode") if grpo.get(name)}
         step = Step(table["model"], table["task"], table["weights_dtype"], table["optimizer"], attn,
                     table["loss"], ckpt_reentrant=table.get("ckpt_reentrant") or None,
                     gpus=parallel and parallel["gpus"], parallel=parallel and parallel["kind"],
@@ -162,7 +165,7 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
                     reshard_after_forward=fsdp and fsdp["reshard_after_forward"],
                     fsdp_recipe=fsdp and fsdp["recipe"], trainer=trainer and trainer["name"],
                     precompute_ref_log_probs=trainer and trainer["precompute_ref_log_probs"],
-                    adapter=adapter)
+                    adapter=adapter, **generation)
         request = TableRequest(step, seq_lens=table["seq_lens"])
         return resolve(request, make_target=False, access=ModelAccess(allow_hub=False)).workload
 
@@ -761,6 +764,9 @@ def goals_section(rows: Sequence[Comparison]) -> list[str]:
 
     listed = ", ".join(f"{r.table} {r.mode} {r.seq_len} ({r.estimated_max} vs {r.measured_max})"
                        for r in above)
+    over = [r for r in judged if r.max_diff is not None and r.max_diff > 0]
+    listed_over = ", ".join(f"{r.table} {r.mode} {r.seq_len} ({r.estimated_max} vs {r.measured_max})"
+                            for r in over)
     body = [
         [f"estimated peak reserved within {RESERVED_MEDIAN_GOAL_PCT:g} % of measured (median of \\|error\\|)",
          "—" if med is None else f"{med:.2f} % over {len(reserved)} cells",
@@ -778,6 +784,9 @@ def goals_section(rows: Sequence[Comparison]) -> list[str]:
         [f"estimated max batch never above the measured by more than {MAX_BATCH_ABOVE_GOAL:.0%} of it",
          f"{len(above)} cells above" + (f": {listed}" if above else ""),
          verdict(not above if judged else None)],
+        ["estimated max batch never above the measured at all",
+         f"{len(over)} cells above" + (f": {listed_over}" if over else ""),
+         verdict(not over if judged else None)],
     ]
     return ["## Goals", "", *markdown_table(["goal", "result", "status"], body, left=range(3)), ""]
 
