@@ -479,7 +479,9 @@ class Step:
         "or undesirable, 1 row each, with a KL batch of mismatched completions under no_grad and DPO's "
         "reference); reward (a one-score sequence classifier on pairs); grpo (GRPOTrainer: generation, "
         "then the policy's step; the batch is completions, a row the prompt then max_completion_length "
-        "tokens, seq_len in all). For the paired trainers the batch is pairs, 2 rows each",
+        "tokens, seq_len in all); ebft (Axolotl's AxolotlEBFTTrainer, EBFT's structured mode: grpo's step "
+        "and settings with a feature network's forward, the policy with its adapter disabled or a frozen "
+        "copy, as the reward). For the paired trainers the batch is pairs, 2 rows each",
         choices=TRAINERS)
     precompute_ref_log_probs: bool | None = option(
         None, "dpo, kto: the reference's log-probs computed before training (DPOConfig, KTOConfig "
@@ -1077,8 +1079,8 @@ def _grpo_rows(step: Step, found: Findings) -> int | None:
     if step.max_prompt_length is None:
         return None
     with found.about("max_prompt_length"):
-        if (step.trainer or "").strip().lower() != "grpo":
-            raise InvalidInput.naming("{max_prompt_length} is GRPO's here (the prompt beside "
+        if (step.trainer or "").strip().lower() not in ("grpo", "ebft"):
+            raise InvalidInput.naming("{max_prompt_length} is GRPO's (and EBFT's) here (the prompt beside "
                                       "max_completion_length); other trainers' rows are seq_len tokens")
         prompt = positive(step.max_prompt_length, "max_prompt_length")
         return prompt + (step.max_completion_length or GRPO_MAX_COMPLETION_LENGTH)

@@ -42,6 +42,7 @@ from autotune.workload.parallel import DDP, FSDP
 from autotune.workload.step import ATTN_CHOICES
 from autotune.workload.trainers import (
     DPO,
+    EBFT,
     GRPO,
     KTO,
     KTO_LOSS_TYPES,
@@ -83,6 +84,7 @@ _TRAINER_WORDS = {
     SFT: "supervised fine-tuning", DPO: "pairs, with a reference model", ORPO: "pairs, no reference",
     SIMPO: "pairs, no reference", KTO: "labelled examples, with a reference model",
     REWARD: "a one-score classifier on pairs", GRPO: "generation, then the policy's step",
+    EBFT: "GRPO's step, a feature network's forward as reward",
 }
 TRAINER_LABELS = tuple((name, f"{name}: {_TRAINER_WORDS[name]} ({TRL_CLASSES[name]})")
                        for name in TRAINERS if name not in NOT_YET)

@@ -63,7 +63,7 @@ from autotune.workload.loss import CHUNKED_TASKS
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, uses_bitsandbytes, uses_torchao
 from autotune.workload.parallel import DDP, FSDP, MAX_GPUS, Parallel, check_sharded
-from autotune.workload.trainers import check_step
+from autotune.workload.trainers import GENERATIVE, check_step
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.instrument import Variant
@@ -607,5 +607,5 @@ def _holds_a_row(workload: Workload, seq_len: int) -> bool:
     """Whether a shorter length still holds the step's row: a GRPO row's prompt beside its
     max_completion_length tokens (trainers.check_grpo_rows)."""
     trainer = workload.trainer
-    return trainer is None or trainer.name != "grpo" or seq_len > trainer.max_completion_length
+    return trainer is None or trainer.name not in GENERATIVE or seq_len > trainer.max_completion_length
 

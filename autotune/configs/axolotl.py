@@ -58,7 +58,18 @@ from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse
 from autotune.workload.modes import Mode
 from autotune.workload.qat import parse_qat, to_json
 from autotune.workload.step import FLASH_ATTENTIONS
-from autotune.workload.trainers import DPO, DPO_LOSS_TYPES, GRPO, KTO, ORPO, REWARD, REWARD_TASK, SIMPO
+from autotune.workload.trainers import (
+    DPO,
+    DPO_LOSS_TYPES,
+    EBFT,
+    EBFT_FEATURE_LAYERS,
+    GRPO,
+    KTO,
+    ORPO,
+    REWARD,
+    REWARD_TASK,
+    SIMPO,
+)
 
 # Keys only Axolotl has (TrainingArguments and TRL have none of them).
 AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_size num_epochs "
@@ -1304,8 +1315,23 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
 # DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer, kto TRL's
 # KTOTrainer (core/trainers/trl.py AxolotlKTOTrainer).
 _RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO, "kto": KTO}
-_RL_NOT_YET = {"gdpo": "GDPO is not modelled (Axolotl's own trainer over GRPO's generation)",
-               "ebft": "EBFT is not modelled (its step generates completions before training)"}
+# rl: ebft's keys (utils/schemas/config.py ``ebft``; core/trainers/ebft/args.py EBFTFieldsMixin,
+# AxolotlStridedEBFTConfig), those refused where they change memory; the rest change no tensor of
+# the structured mode (trainer.py: coefficients of [rows] rewards; adaptive_max_tokens only shortens
+# vLLM's completions; ce_coef, rl_coef, advantage_estimator and the generation keys are the strided
+# mode's).
+_EBFT_REFUSED = {
+    "mode": (lambda v: v not in (None, "structured"), "EBFT's strided mode (AxolotlStridedEBFTTrainer, "
+             "ebft/strided.py: its own step of strided block-parallel generation through the policy's full "
+             "logits, dense 4D masks, then per-sample forwards held for one backward)"),
+    "feature_layers": (lambda v: v is not None and len(v) != len(EBFT_FEATURE_LAYERS),
+                       f"feature layers other than {len(EBFT_FEATURE_LAYERS)} (the concatenated features' "
+                       "width)"),
+    "embed_method": (lambda v: v not in (None, "last_token", "concat"), "a pooling over every position "
+                     "(rewards.py apply_embed_method: a float32 [rows, tokens, features] product)"),
+    "use_whitening": (lambda v: v is True, "SVD whitening (whiten_embeddings_batched: a float32 "
+                      "[features, features] matrix per prompt)"),
+}
 # rl: grpo's trl: keys (utils/schemas/trl.py TRLConfig; core/trainers/grpo/__init__.py
 # set_training_args_kwargs passes them to TRL's GRPOConfig) read as the request's, those refused.
 _GRPO_TRL_READ = ("beta", "max_completion_length", "num_generations", "use_vllm", "vllm_mode",
@@ -1350,10 +1376,10 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
             raise cfg.unmodelled(set_keys[0], cfg.data[set_keys[0]], "an rl trainer's key without rl")
         return {}
     name = str(rl).strip().lower()
-    if name in _RL_NOT_YET:
-        raise cfg.unmodelled("rl", rl, _RL_NOT_YET[name])
-    if name == GRPO:
-        return _axolotl_grpo(cfg)
+    if name in (GRPO, "gdpo"):
+        return _axolotl_grpo(cfg, name)
+    if name == EBFT:
+        return _axolotl_ebft(cfg, adapter)
     if name not in _RL_TRAINERS:
         raise cfg.unmodelled("rl", rl, f"autotune models rl {', '.join(_RL_TRAINERS)}")
     trainer = _RL_TRAINERS[name]
@@ -1414,11 +1440,15 @@ def _axolotl_kto_words(adapter: bool) -> str:
             f"(loss_type kto) under no_grad; reference: {reference}")
 
 
-def _axolotl_grpo(cfg: Config) -> dict[str, Any]:
+def _axolotl_grpo(cfg: Config, name: str = GRPO) -> dict[str, Any]:
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
     vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9);
-    ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step."""
+    ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step. ``rl: gdpo`` is the
+    same trainer (core/builders/rl.py: ``cfg.rl in {RLType.GRPO, RLType.GDPO}`` picks GRPOStrategy's
+    class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
+    normalized over its group before the sum (grpo_trainer.py ``_generate_and_score_completions``), on
+    [completions, reward functions] tensors."""
     trl = cfg.get("trl") or {}
     if not isinstance(trl, dict):
         raise cfg.bad("trl", trl, "a mapping of GRPOConfig keys")
@@ -1453,6 +1483,41 @@ def _axolotl_grpo(cfg: Config) -> dict[str, Any]:
     cfg.read.update(("trl", "vllm", "rl_beta"))
     generation_words = ("model.generate (KV cache, emulated decode loop)" if "vllm_mode" not in fields
                         else f"vLLM {fields['vllm_mode']}")
-    cfg.notes.append(f"rl: grpo: TRL's GRPOTrainer; micro_batch_size counts completions, sequence_len is a "
-                     f"row (prompt + trl.max_completion_length); generation: {generation_words}")
+    gdpo = ("" if name == GRPO else " with multi_objective_aggregation normalize_then_sum (GDPO: the "
+            "rewards normalized per function, [completions, functions] tensors)")
+    if name != GRPO and trl.get("multi_objective_aggregation") == "sum_then_normalize":
+        raise InvalidInput(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
+                           f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
+    cfg.notes.append(f"rl: {name}: TRL's GRPOTrainer{gdpo}; micro_batch_size counts completions, "
+                     "sequence_len is a row (prompt + trl.max_completion_length); generation: "
+                     f"{generation_words}")
+    return fields
+
+
+def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
+    """``rl: ebft`` in its structured mode: Axolotl's AxolotlEBFTTrainer, GRPO's step (``trl:`` and
+    ``vllm:`` read as rl grpo's: ebft/__init__.py set_training_args_kwargs passes the same GRPOConfig
+    keys) with a feature network as its reward (workload/ebft.py); ``ebft:`` keys that change memory
+    and are not modelled refused by name."""
+    ebft = cfg.get("ebft") or {}
+    if not isinstance(ebft, dict):
+        raise cfg.bad("ebft", ebft, "a mapping of EBFT's keys")
+    for key, (changes, why) in _EBFT_REFUSED.items():
+        if changes(ebft.get(key)):
+            raise cfg.unmodelled(f"ebft.{key}", ebft[key], why)
+    trl = cfg.get("trl") or {}
+    beta = trl.get("beta") if isinstance(trl, dict) and trl.get("beta") is not None else cfg.get("rl_beta")
+    if beta:  # train.py setup_reference_model loads one; TRL's GRPOTrainer makes its own for beta != 0
+        raise cfg.unmodelled("trl.beta" if isinstance(trl, dict) and trl.get("beta") else "rl_beta", beta,
+                             "GRPO's reference model beside EBFT's feature network")
+    fields = {**_axolotl_grpo(cfg), "trainer": EBFT}
+    cfg.notes.pop()
+    cfg.read.add("ebft")
+    network = ("the policy with its adapter disabled (disable_adapter)" if adapter is not None else
+               "a frozen deepcopy of the policy")
+    cfg.notes.append("rl: ebft: Axolotl's AxolotlEBFTTrainer (structured mode, over TRL's GRPOTrainer); "
+                     "micro_batch_size counts completions, sequence_len is a row (prompt + "
+                     f"trl.max_completion_length); reward: the feature network, {network}, forward under "
+                     "no_grad over the generation batch and one ground-truth row per prompt (modelled "
+                     "sequence_len long; multi-turn rollouts and longer ground truths are not)")
     return fields

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InvalidInput
-from autotune.workload.trainers import Trainer
+from autotune.workload.trainers import EBFT, Trainer
 
 if TYPE_CHECKING:
     import torch
@@ -235,10 +235,14 @@ def _generate_and_score(model: Any, reference: Any, trainer: Trainer, autocasts:
             found["old_per_token_logps"] = _per_token_logps(model, autocasts, log_probs, input_ids,
                                                             attention_mask, completion, rows)[0]
             found["importance_sampling_ratio"] = torch.exp(found["old_per_token_logps"])
-        if trainer.beta != 0.0:
+        if trainer.beta != 0.0:  # trainers.check_trainer: never with EBFT, whose ``reference`` is its network
             with _reference_forward(model, reference) as ref_model:  # already under no_grad
                 found["ref_per_token_logps"] = _per_token_logps(ref_model, autocasts, log_probs, input_ids,
                                                                 attention_mask, completion, rows)[0]
+        if trainer.name == EBFT:  # _calculate_rewards: EBFT's feature network (workload/ebft.py)
+            from autotune.workload.ebft import feature_rewards
+
+            feature_rewards(model, reference, trainer, input_ids, attention_mask)
         del input_ids, attention_mask
         # shuffle_sequence_dict: each tensor indexed by a permutation (a copy), the originals let go
         permutation = torch.zeros(generation_rows_, dtype=torch.long, device=prompt_ids.device)

@@ -70,7 +70,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.workload import Workload
-from autotune.workload.trainers import DPO, GRPO, KTO, KTO_KL_BATCH, KTO_POLICY, ORPO, REWARD, SIMPO, Trainer
+from autotune.workload.trainers import (
+    DPO,
+    GENERATIVE,
+    KTO,
+    KTO_KL_BATCH,
+    KTO_POLICY,
+    ORPO,
+    REWARD,
+    SIMPO,
+    Trainer,
+)
 
 ENTROPY_CHUNK_ROWS = 128  # trl/trainer/utils.py entropy_from_logits(chunk_size=128)
 
@@ -434,7 +444,7 @@ def preference_forward(model: Any, reference: Any, trainer: Trainer, *, autocast
         from autotune.workload.llamafactory_preference import lf_preference_forward
 
         return lf_preference_forward(model, reference, trainer, autocasts=autocasts, phase=phase)
-    if trainer.name == GRPO:
+    if trainer.name in GENERATIVE:
         from autotune.workload.grpo import grpo_forward
 
         return grpo_forward(model, reference, trainer, autocasts=autocasts, log_probs=log_probs, phase=phase)
@@ -463,7 +473,7 @@ def step_batch(config: Any, workload: Workload, batch_size: int, seq_len: int,
         from autotune.workload.llamafactory_preference import make_lf_batch
 
         return make_lf_batch(config, workload.trainer, batch_size, seq_len, device, attn=workload.attn)
-    if workload.trainer.name == GRPO:
+    if workload.trainer.name in GENERATIVE:
         from autotune.workload.grpo import make_grpo_batch
 
         return make_grpo_batch(workload.trainer, batch_size, seq_len, device, attn=workload.attn)
@@ -496,9 +506,12 @@ def prepare_models(model: Any, workload: Workload, build: Callable[[str], Any]) 
         return None
     # GRPO keeps dropout; so does LLaMA-Factory's PairwiseTrainer (transformers' Trainer) in the LM and
     # in its value head
-    if trainer.name != GRPO and not trainer.value_head:
+    if trainer.name not in GENERATIVE and not trainer.value_head:
         disable_dropout(model)
-    if trainer.reference(peft=workload.adapter is not None) == "frozen copy":
+    peft = workload.adapter is not None
+    # EBFT's feature network, a deepcopy of the policy (workload/ebft.py), takes the reference's place:
+    # trainers.check_trainer refuses EBFT with GRPO's reference (beta != 0)
+    if "frozen copy" in (trainer.reference(peft=peft), trainer.feature_network(peft=peft)):
         dtype = workload.weights_dtype
         if trainer.llamafactory:
             from autotune.workload.models import resolve_dtype

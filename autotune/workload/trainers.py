@@ -2,7 +2,9 @@
 
 ``sft`` is supervised fine-tuning (workload/step.py: the model's own loss); the preference trainers
 (``dpo``, ``orpo``, ``simpo``, ``kto``, ``reward``) are TRL's, their step in workload/preference.py;
-``grpo`` is TRL's GRPOTrainer, its generation and training step in workload/grpo.py.
+``grpo`` is TRL's GRPOTrainer, its generation and training step in workload/grpo.py; ``ebft`` is
+Axolotl's AxolotlEBFTTrainer (EBFT's structured mode), GRPO's step with a feature network's forward
+as its reward (workload/ebft.py).
 LLaMA-Factory's own trainers (``recipe`` LLAMAFACTORY: CustomDPOTrainer for dpo, orpo and simpo,
 CustomKTOTrainer for kto) run their step otherwise: workload/llamafactory_preference.py; its reward
 model (PairwiseTrainer, stage rm) is the causal LM with a value head: workload/value_head.py.
@@ -17,13 +19,17 @@ from typing import Any
 from autotune.errors import InvalidInput
 
 SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO = "sft", "dpo", "orpo", "simpo", "kto", "reward", "grpo"
-TRAINERS = (SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO)
+EBFT = "ebft"
+TRAINERS = (SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO, EBFT)
+# The trainers that run GRPO's generation and training step, with GRPOConfig's settings (EBFT's
+# structured mode subclasses AxolotlGRPOTrainer: axolotl src/axolotl/core/trainers/ebft/trainer.py).
+GENERATIVE = (GRPO, EBFT)
 MODELLED = TRAINERS
 PAIRED = (DPO, ORPO, SIMPO, REWARD)  # a sample is a pair: chosen and rejected rows in one forward
 # TRL's trainer class of each (what the output names).
 TRL_CLASSES = {SFT: "SFTTrainer", DPO: "DPOTrainer", ORPO: "ORPOTrainer",
                SIMPO: "CPOTrainer (loss_type simpo)", KTO: "KTOTrainer", REWARD: "RewardTrainer",
-               GRPO: "GRPOTrainer"}
+               GRPO: "GRPOTrainer", EBFT: "Axolotl's AxolotlEBFTTrainer (over TRL's GRPOTrainer)"}
 REWARD_TASK = "sequence-classification"
 # KTO's autocast regions, the ``phase`` its step calls (preference.py kto_loss, llamafactory_preference.py)
 KTO_KL_BATCH, KTO_POLICY = "KL batch", "policy forward"
@@ -53,6 +59,9 @@ VLLM_MODES = ("colocate", "server")
 GRPO_NUM_GENERATIONS = 8
 GRPO_MAX_COMPLETION_LENGTH = 512  # tokens
 GRPO_VLLM_GPU_MEMORY_UTILIZATION = 0.3  # of the GPU's total memory
+# EBFT's feature network (axolotl core/trainers/ebft/args.py EBFTFieldsMixin ebft_feature_layers
+# default): the hidden states at these fractions of the depth, concatenated.
+EBFT_FEATURE_LAYERS = (0.25, 0.5, 0.75)
 # TRL's DPOConfig loss_type values whose loss is computed on [batch] vectors only
 # (DPOTrainer._compute_loss): the same memory as sigmoid. "sft" adds a cross-entropy over the chosen
 # logits and is not modelled.
@@ -121,7 +130,7 @@ class Trainer:
         """What every batch the trainer runs is a multiple of: GRPO's generation batch (batch x
         steps_per_generation) holds whole groups of num_generations completions (grpo_config.py
         ``__post_init__``: "generation_batch_size ... must be divisible by num_generations"); 1 else."""
-        if self.name != GRPO:
+        if self.name not in GENERATIVE:
             return 1
         return self.num_generations // math.gcd(self.num_generations, self.steps_per_generation)
 
@@ -133,7 +142,7 @@ class Trainer:
     def why_not_run(self) -> str | None:
         """Why a batch that fits may not be one the trainer runs (largest_batch), in words; None
         where the trainer runs every batch."""
-        if self.name == GRPO and self.batch_multiple > 1:
+        if self.name in GENERATIVE and self.batch_multiple > 1:
             return (f"GRPO runs whole groups of num_generations {self.num_generations} completions: a batch "
                     f"that is a multiple of {self.batch_multiple} (grpo_config.py __post_init__)")
         if self.min_batch > 1:
@@ -143,12 +152,20 @@ class Trainer:
     def reference(self, peft: bool) -> str | None:
         """What gives the reference log-probs: "frozen copy", "adapter disabled", "precomputed"; None
         where the trainer has no reference."""
-        if self.name == GRPO:  # grpo_trainer.py __init__: ref_model None where beta == 0.0
+        if self.name in GENERATIVE:  # grpo_trainer.py __init__: ref_model None where beta == 0.0
             return None if self.beta == 0.0 else "adapter disabled" if peft else "frozen copy"
         if self.name not in REFERENCED:
             return None
         if self.precompute_ref_log_probs:
             return "precomputed"
+        return "adapter disabled" if peft else "frozen copy"
+
+    def feature_network(self, peft: bool) -> str | None:
+        """EBFT's frozen feature network (axolotl ebft/trainer.py EBFTMixin.__init__): the policy's base
+        with its adapter disabled under PEFT ("adapter disabled"), else ``copy.deepcopy`` of the
+        unwrapped policy, frozen ("frozen copy"); None for the other trainers."""
+        if self.name != EBFT:
+            return None
         return "adapter disabled" if peft else "frozen copy"
 
     @property
@@ -160,7 +177,7 @@ class Trainer:
 
     @property
     def colocated_vllm(self) -> bool:
-        return self.name == GRPO and self.vllm_mode == "colocate"
+        return self.name in GENERATIVE and self.vllm_mode == "colocate"
 
     def vllm_bytes(self, total_memory_bytes: int) -> int:
         """A colocated vLLM engine's share of the GPU (GRPOConfig vllm_gpu_memory_utilization: vLLM sizes
@@ -175,7 +192,10 @@ class Trainer:
                  "precompute_ref_log_probs": self.precompute_ref_log_probs,
                  "reference": self.reference(peft), "chosen_nll": False if self.llamafactory else
                  self.chosen_nll if self.name == SIMPO else self.name == ORPO, "label": self.label(peft)}
-        if self.name == GRPO:
+        if self.name == EBFT:
+            found["ebft"] = {"feature_network": self.feature_network(peft),
+                             "feature_layers": list(EBFT_FEATURE_LAYERS)}
+        if self.name in GENERATIVE:
             found["grpo"] = {"num_generations": self.num_generations,
                              "max_completion_length": self.max_completion_length, "beta": self.beta,
                              "vllm_mode": self.vllm_mode, "steps_per_generation": self.steps_per_generation,
@@ -198,7 +218,7 @@ class Trainer:
             found["kto_loss_type"] = self.kto_loss_type
         if self.llamafactory:
             found["recipe"] = self.recipe
-        if self.name == GRPO:
+        if self.name in GENERATIVE:
             found.update(num_generations=self.num_generations,
                          max_completion_length=self.max_completion_length, beta=self.beta,
                          vllm_mode=self.vllm_mode, steps_per_generation=self.steps_per_generation,
@@ -208,7 +228,7 @@ class Trainer:
     def label(self, peft: bool) -> str:
         """One line: the trainer, what a sample is, and the reference."""
         words = f"{self.name} ({self.class_name})"
-        if self.name == GRPO:
+        if self.name in GENERATIVE:
             return words + "; " + self._grpo_words(peft)
         if self.llamafactory:
             return words + "; " + self._llamafactory_words(peft)
@@ -264,9 +284,16 @@ class Trainer:
                f"reference (beta {self.beta:g}): " + ("a frozen copy, forward under no_grad"
                                                       if reference == "frozen copy"
                                                       else "the adapter disabled, forward under no_grad"))
-        return (f"batch = completions (rows of prompt + {self.max_completion_length} completion tokens), "
-                f"{self.num_generations} per prompt; generation batch = batch x {self.steps_per_generation} "
-                f"step(s) per generation, a multiple of num_generations; generation: {generation}; {ref}")
+        words = (f"batch = completions (rows of prompt + {self.max_completion_length} completion tokens), "
+                 f"{self.num_generations} per prompt; generation batch = batch x {self.steps_per_generation} "
+                 f"step(s) per generation, a multiple of num_generations; generation: {generation}; {ref}")
+        if self.name != EBFT:
+            return words
+        network = ("the policy with its adapter disabled" if self.feature_network(peft) == "adapter disabled"
+                   else "a frozen copy of the policy")
+        return (words + f"; reward: EBFT's feature network ({network}) forward under no_grad over the "
+                "generation batch's rows and one ground-truth row per prompt, its hidden states at depths "
+                f"{', '.join(f'{d:g}' for d in EBFT_FEATURE_LAYERS)} concatenated")
 
 
 # GRPO's settings as check_trainer takes them (the request's fields of the same names, GRPOConfig's).
@@ -296,7 +323,7 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
         error.field = "chosen_nll"
         raise error
     given = {key: value for key, value in (grpo or {}).items() if value is not None}
-    if given and trainer != GRPO:
+    if given and trainer not in GENERATIVE:
         key = next(iter(given))
         raise _field(key, f"{{{key}}} is GRPO's (GRPOConfig); trainer {trainer} has none")
     if kto_loss_type is not None:
@@ -314,7 +341,10 @@ def check_trainer(name: str | None, *, precompute_ref_log_probs: bool | None = N
                      f"settings (finetuning_args.py), not {trainer} with TRL's settings")
     found = Trainer(trainer, bool(precompute_ref_log_probs), True if chosen_nll is None else chosen_nll,
                     kto_loss_type=kto_loss_type or "kto", recipe=LLAMAFACTORY if llamafactory else TRL)
-    return _grpo(found, given) if trainer == GRPO else found
+    if trainer == EBFT and given.get("beta"):
+        raise _field("beta", f"{{beta}} {given['beta']:g} with trainer ebft: GRPO's reference model beside "
+                     "EBFT's feature network is not modelled (EBFT's examples keep TRL's default 0)")
+    return _grpo(found, given) if trainer in GENERATIVE else found
 
 
 def _grpo(trainer: Trainer, given: dict[str, Any]) -> Trainer:
@@ -356,7 +386,7 @@ def _grpo(trainer: Trainer, given: dict[str, Any]) -> Trainer:
 def check_grpo_rows(trainer: Trainer, seq_len: int) -> None:
     """A GRPO row is the prompt then the completion: ``seq_len`` must hold a prompt token beside the
     max_completion_length tokens."""
-    if trainer.name == GRPO and seq_len <= trainer.max_completion_length:
+    if trainer.name in GENERATIVE and seq_len <= trainer.max_completion_length:
         raise _field("max_completion_length", f"sequence length {seq_len} leaves no prompt beside "
                      f"{{max_completion_length}} {trainer.max_completion_length}: a GRPO row is prompt + "
                      "completion tokens; give a longer seq_len or a shorter completion")

@@ -160,13 +160,13 @@ def test_the_launch_form_asks_for_the_trainer_and_only_its_own_settings(client):
                      r'\(CPOTrainer \(loss_type simpo\)\)</option>', form)
     # each setting, a label, an error slot, and the trainers it is shown for (hidden while sft is chosen)
     shown_for = {"precompute_ref_log_probs": "dpo kto", "chosen_nll": "simpo", "kto_loss_type": "kto",
-                 **{name: "grpo" for name in GRPO_FIELDS if name != "use_vllm"}}
+                 **{name: "grpo ebft" for name in GRPO_FIELDS if name != "use_vllm"}}
     for name, trainers in shown_for.items():
         field = re.search(rf'<div class="field[ \w]*" data-trainers="([\w ]+)"[^>]*hidden>\s*'
                           rf'<label(?: for="{name}">|><input type="checkbox" id="{name}")', form)
         assert field and field.group(1) == trainers, name
         assert f'<p class="error" id="{name}-error" hidden></p>' in form
-    assert 'data-trainers="grpo" data-vllm-mode="colocate" hidden>' in form  # the engine's share
+    assert 'data-trainers="grpo ebft" data-vllm-mode="colocate" hidden>' in form  # the engine's share
     assert re.search(r'<option value="server"\s*>vLLM server on other GPUs</option>', form)
     assert 'placeholder="512"' in form and 'placeholder="0.3"' in form  # GRPOConfig's defaults
     help_text = re.sub(r"\s+", " ", re.search(r'<p class="help" id="trainer-help">(.*?)</p>', form).group(1))
