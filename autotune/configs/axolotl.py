@@ -112,7 +112,11 @@ _AXOLOTL_NO_EFFECT = words(
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
     "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
-    "use_otel_metrics revision_of_model")
+    "use_otel_metrics revision_of_model "
+    # Not a field of AxolotlInputConfig (utils/schemas/config.py), whose pydantic model ignores
+    # extra keys: validate_config's model_dump drops it and nothing reads it (the cosine
+    # schedule's floor is cosine_min_lr_ratio); a learning-rate floor has no effect on memory.
+    "eta_min")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",

@@ -123,6 +123,12 @@ def test_axolotl_s_pinned_model_revision_is_read_as_the_same_model(tmp_path):
     assert plan.request == read(tmp_path, {**AXOLOTL}, "axolotl.yml").request
 
 
+def test_axolotl_s_eta_min_is_a_key_axolotl_drops(tmp_path):
+    # qat_nvfp4/Math-*: eta_min is no field of AxolotlInputConfig, whose model_dump drops it
+    plan = read(tmp_path, {**AXOLOTL, "lr_scheduler": "cosine", "eta_min": 7e-7}, "axolotl.yml")
+    assert plan.request == read(tmp_path, {**AXOLOTL}, "axolotl.yml").request
+
+
 def test_axolotl_defaults_and_global_batch(tmp_path):
     plan = read(tmp_path, {"base_model": "m", "micro_batch_size": 4, "batch_size": 32}, "a.yaml")
     assert (plan.accumulation_steps, plan.optimizer, plan.mode, plan.dtype) == (
