@@ -1225,7 +1225,8 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
     unfreezes those a pattern matches from the name's start (utils/freeze.py ``LayerNamePattern.match``:
     ``re.match``, periods literal). A pattern whose literal beginning is not a beginning of
     ``base_model.model.`` matches nothing: with all of them so, the adapters are frozen too and the job
-    trains nothing. (A pattern that may match stays refused as unmodelled.)"""
+    trains nothing; Axolotl warns and runs that step, which autotune refuses to answer for rather than
+    size a job that trains nothing. (A pattern that may match stays refused as unmodelled.)"""
     import re
 
     patterns = cfg.data.get("unfrozen_parameters")
@@ -1243,8 +1244,9 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
     raise InvalidInput(f"unfrozen_parameters {patterns!r} in {cfg.file!r} match no parameter: with an "
                        "adapter Axolotl unfreezes what they match in the PEFT model's names, which all begin "
                        "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
-                       "every parameter is frozen, the adapters too, and the job trains nothing; begin the "
-                       "patterns with base_model.model., or remove them")
+                       "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
+                       "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
+                       "trained.\", and runs on); begin the patterns with base_model.model., or remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:

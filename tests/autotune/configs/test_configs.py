@@ -677,6 +677,8 @@ def test_axolotl_s_unfrozen_parameters_that_match_no_peft_name_freeze_everything
                                            "nothing") as error:
         read(tmp_path, data)
     assert not isinstance(error.value, UnmodelledSetting)
+    # Axolotl only warns and runs on: utils/freeze.py freeze_layers_except
+    assert 'utils/freeze.py: "All parameters are frozen. Model will not be trained."' in str(error.value)
 
 
 @pytest.mark.parametrize("patterns", [["^base_model.model.lm_head.*"], [".+lm_head"], [".*lm_head"]])
