@@ -382,3 +382,17 @@ def test_the_cuda_backend_carries_the_kernels_and_needs_liger_kernel():
     if importlib.util.find_spec("liger_kernel") is None:  # the worker refuses the cell, naming the package
         with pytest.raises(BackendUnavailable, match="need the liger_kernel package"):
             require_liger()
+
+
+def test_a_text_only_gemma3_vlm_step_takes_liger_s_vision_layer_norm_and_one_with_images_does_not():
+    import autotune
+
+    def check(images: int):
+        return autotune.check("tiny-gemma3", seq_len=128, batch_size=2, gpu_memory="1GiB", backend="estimate",
+                              workers=1, mode="bf16+ckpt", images_per_sample=images,
+                              liger="rms_norm,rope,geglu,layer_norm")
+
+    text = check(0)  # the qat_nvfp4 Gemma 3 configs: no processor_type, the text collators
+    assert text.fits and text.liger == ["rms_norm", "rope", "geglu", "layer_norm"]
+    with pytest.raises(InvalidInput, match="a step with images is refused"):
+        check(1)
