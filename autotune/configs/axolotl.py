@@ -1178,8 +1178,12 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         # (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
-                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
-                             "weight dtypes are not modelled (set attn_implementation: flash_attention_2)")
+                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"
+                             "model.py _configure_embedding_dtypes upcasts them, and casts them back only "
+                             "with an adapter, FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for "
+                             "attn_implementation unset, eager or sdpa: schemas/enums.py "
+                             "ATTN_IMPLS_WITHOUT_DTYPE_CAST); mixed weight dtypes are not modelled (set "
+                             "attn_implementation: flash_attention_2)")
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
 
 

@@ -241,6 +241,10 @@ def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
     # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32.
     with pytest.raises(UnmodelledSetting, match="^bf16: True .*mixed weight dtypes"):
         read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
+    # attn_implementation unset (ebft/llama-8b-ebft-strided-fft, qwen3/reward-model): no cast back either
+    with pytest.raises(UnmodelledSetting, match=r"attention sdpa \(default\) .*_configure_embedding_dtypes .*"
+                                                "attn_implementation unset, eager or sdpa"):
+        read(tmp_path, {k: v for k, v in AXOLOTL.items() if k != "attn_implementation"}, "b.yml")
     with pytest.raises(UnmodelledSetting, match="^fp16: True .*GradScaler"):
         read(tmp_path, {**AXOLOTL, "bf16": False, "fp16": True}, "a.yml")
 
