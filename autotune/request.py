@@ -845,8 +845,6 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             attn = cuda_attention(spec.config, task, attn)
     with found.about("loss"):
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
-    with found.about("liger"):
-        liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS)
     parallel = None
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
@@ -866,6 +864,9 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         with found.about("adapter"):  # Axolotl's patch fails as the model loads, before any batch
             check_checkpoint(spec.config, adapter.kernels)
     images = resolve_images(step, spec, task, seq_lens, found)
+    with found.about("liger"):  # a vision tower's kernel runs with images only
+        liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS,
+                              images=images is not None and images.per_sample > 0)
     frozen: tuple[str, ...] = ()
     with found.about("frozen_modules"):
         frozen = parse_frozen(step.frozen_modules)

@@ -123,7 +123,11 @@ _AXOLOTL_NO_EFFECT = words(
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
     "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
-    "use_otel_metrics revision_of_model")
+    "use_otel_metrics revision_of_model "
+    # Not a field of AxolotlInputConfig (utils/schemas/config.py), whose pydantic model ignores
+    # extra keys: validate_config's model_dump drops it and nothing reads it (the cosine
+    # schedule's floor is cosine_min_lr_ratio); a learning-rate floor has no effect on memory.
+    "eta_min")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
@@ -1185,8 +1189,12 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         # (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
-                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights; mixed "
-                             "weight dtypes are not modelled (set attn_implementation: flash_attention_2)")
+                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"
+                             "model.py _configure_embedding_dtypes upcasts them, and casts them back only "
+                             "with an adapter, FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for "
+                             "attn_implementation unset, eager or sdpa: schemas/enums.py "
+                             "ATTN_IMPLS_WITHOUT_DTYPE_CAST); mixed weight dtypes are not modelled (set "
+                             "attn_implementation: flash_attention_2)")
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
 
 
@@ -1232,7 +1240,8 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
     unfreezes those a pattern matches from the name's start (utils/freeze.py ``LayerNamePattern.match``:
     ``re.match``, periods literal). A pattern whose literal beginning is not a beginning of
     ``base_model.model.`` matches nothing: with all of them so, the adapters are frozen too and the job
-    trains nothing. (A pattern that may match stays refused as unmodelled.)"""
+    trains nothing; Axolotl warns and runs that step, which autotune refuses to answer for rather than
+    size a job that trains nothing. (A pattern that may match stays refused as unmodelled.)"""
     import re
 
     patterns = cfg.data.get("unfrozen_parameters")
@@ -1250,8 +1259,9 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
     raise InvalidInput(f"unfrozen_parameters {patterns!r} in {cfg.file!r} match no parameter: with an "
                        "adapter Axolotl unfreezes what they match in the PEFT model's names, which all begin "
                        "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
-                       "every parameter is frozen, the adapters too, and the job trains nothing; begin the "
-                       "patterns with base_model.model., or remove them")
+                       "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
+                       "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
+                       "trained.\", and runs on); begin the patterns with base_model.model., or remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:

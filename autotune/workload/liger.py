@@ -24,10 +24,19 @@ q_norm and k_norm transformers' RMSNorm: the config readers say so.
 
 Which kernels a model type's patch takes is its function's keyword arguments; the others are left
 out, as Liger's ``_apply_liger_kernel_to_instance`` and Axolotl's plugin leave them out (they pass
-only the arguments the function has): ``layer_norm`` (no patch of these model types takes it),
-``swiglu`` on Gemma, ``geglu`` elsewhere, ``cross_entropy`` on Mistral (whose patch assigns a
-``CrossEntropyLoss`` transformers 5's Mistral does not use). Model types whose patch does something
-else, or that Liger has no patch for, are refused by name (``check_kernels``).
+only the arguments the function has): ``layer_norm`` (only Gemma 3's vision-language patch takes
+it), ``swiglu`` on Gemma, ``geglu`` elsewhere, ``cross_entropy`` on Mistral and Gemma 3 (whose patches
+assign a ``CrossEntropyLoss`` transformers 5's models do not use: they call ``self.loss_function``).
+Model types whose patch does something else, or that Liger has no patch for, are refused by name
+(``check_kernels``).
+
+Gemma 3's vision-language patch (``apply_liger_kernel_to_gemma3``) runs the text patch
+(``apply_liger_kernel_to_gemma3_text``: rope, rms_norm, geglu in ``modeling_gemma3``, whose
+``Gemma3RMSNorm`` is the projector's ``mm_soft_emb_norm`` too), ``multimodal_forward`` for the fused
+linear cross-entropy, and with ``layer_norm`` assigns ``modeling_siglip.nn.LayerNorm =
+LigerLayerNorm``: every ``nn.LayerNorm`` built after it, SigLIP's vision tower's here, is Liger's.
+LigerLayerNorm holds the same weight and bias; its kernel runs only where the vision tower does, on
+images: a step with images and ``layer_norm`` is refused (LigerLayerNormFunction is not emulated).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class ModelPatch:
     rms_norm: tuple[float, str, bool]  # LigerRMSNorm's offset, casting_mode, in_place
     cross_entropy: bool = True  # the patch's cross_entropy reaches the model's loss
     fused_gate_up: bool = False  # the MLP's gate and up projections are one (LigerPhi3SwiGLUMLP)
+    vision_layer_norm: bool = False  # layer_norm swaps the vision tower's nn.LayerNorm (module docstring)
 
 
 LLAMA_NORM = (0.0, "llama", True)  # LigerRMSNorm's defaults
@@ -75,10 +85,15 @@ PATCHES = {
     "gemma": ModelPatch("gemma", "Gemma", "geglu", GEMMA_NORM),
     "gemma2": ModelPatch("gemma2", "Gemma2", "geglu", GEMMA2_NORM),
     "gemma3_text": ModelPatch("gemma3", "Gemma3", "geglu", GEMMA2_NORM),
+    # apply_liger_kernel_to_gemma3: the text patch above on the language model; its cross_entropy
+    # assigns modeling_gemma3.nn.CrossEntropyLoss, which Gemma3ForConditionalGeneration.forward does
+    # not use (it calls self.loss_function, transformers' ForCausalLMLoss).
+    "gemma3": ModelPatch("gemma3", "Gemma3", "geglu", GEMMA2_NORM, cross_entropy=False,
+                         vision_layer_norm=True),
 }
 # Liger's other patches (MODEL_TYPE_TO_APPLY_LIGER_FN), which swap modules these do not have.
 NOT_EMULATED = frozenset(
-    "deepseek_v4 gemma3 gemma4_text gemma4 glm4 glm4v glm4v_moe gpt_oss internvl llama4_text llama4 llava "
+    "deepseek_v4 gemma4_text gemma4 glm4 glm4v glm4v_moe gpt_oss internvl llama4_text llama4 llava "
     "granite mllama mllama_text_model ministral mixtral nemotron olmo2 pixtral olmo3 qwen3_moe qwen2_vl "
     "qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text "
     "qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text smollm3 paligemma falcon_h1 smolvlm "
@@ -102,9 +117,11 @@ def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(name for name in KERNELS if name in asked)
 
 
-def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, loss: str) -> tuple[str, ...]:
+def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, loss: str,
+                  images: bool = False) -> tuple[str, ...]:
     """The kernels Liger's patch of ``config``'s model type swaps in of those asked for (module
-    docstring); InvalidInput naming what is not emulated."""
+    docstring), in a step that runs the vision tower on images or not; InvalidInput naming what is
+    not emulated."""
     asked = parse_kernels(value)
     if not asked:
         return ()
@@ -116,8 +133,14 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
             what = f"Liger's patch for model type {model_type} (apply_liger_kernel_to_{model_type}) is not " \
                 "emulated"
         raise InvalidInput(f"{what}: autotune emulates Liger Kernel on {', '.join(PATCHES)}")
-    taken = {"rms_norm", "rope", patch.glu} | ({"cross_entropy"} if patch.cross_entropy else set())
+    taken = {"rms_norm", "rope", patch.glu} | ({"cross_entropy"} if patch.cross_entropy else set()) \
+        | ({"layer_norm"} if patch.vision_layer_norm else set())
     kernels = tuple(name for name in asked if name in taken)
+    if "layer_norm" in kernels and images:
+        raise InvalidInput(f"Liger's layer_norm on {model_type} swaps the vision tower's nn.LayerNorm for "
+                           "LigerLayerNorm (apply_liger_kernel_to_gemma3: modeling_siglip.nn.LayerNorm), "
+                           "whose kernel is not emulated: a step with images is refused; leave layer_norm "
+                           "out, or check the step without images")
     if "cross_entropy" in kernels and loss == "chunked":
         raise InvalidInput.naming("Liger's cross_entropy and fused_linear_cross_entropy ({loss} chunked) "
                                   "cannot both be on (apply_liger_kernel_to_* asserts it)")
@@ -129,6 +152,8 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
 
 def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> None:
     """What Liger's modules do differently from the model's own, refused by name."""
+    if hasattr(config, "get_text_config"):  # a vision-language model's: its language model's
+        config = config.get_text_config()
     act = getattr(config, "hidden_act", None)
     if patch.glu in kernels and patch.glu == "swiglu" and act not in ("silu", "swish"):
         raise InvalidInput(f"Liger's swiglu computes SiLU: LigerSwiGLUMLP refuses hidden_act {act!r}")
@@ -159,6 +184,8 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
     import importlib
     from types import MethodType
 
+    import torch
+
     if not kernels:
         return
     config: Any = model.config
@@ -172,6 +199,9 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
         if "rms_norm" in kernels and type(module) is norm:
             module.forward = MethodType(_rms_norm_forward(module, patch, sm_count, registers), module)
             found["rms_norm"] += 1
+        elif "layer_norm" in kernels and type(module) is torch.nn.LayerNorm:  # the vision tower's
+            setattr(module, "forward", MethodType(_unrun_layer_norm, module))  # noqa: B010 (typed nn.Module)
+            found["layer_norm"] += 1
         elif patch.glu in kernels and type(module) is mlp:
             module.forward = MethodType(_glu_forward(patch, registers), module)
             found[patch.glu] += 1
@@ -202,6 +232,12 @@ def _rms_norm_forward(module: Any, patch: ModelPatch, sm_count: int, registers: 
         return apply(hidden_states, self.weight, eps, offset, casting_mode, in_place, sm_count, registers)
 
     return forward
+
+
+def _unrun_layer_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """LigerLayerNorm in the vision tower, which a step without images never runs (check_kernels
+    refuses those with images): were it run, its kernel is not emulated."""
+    raise InvalidInput("Liger's LigerLayerNorm ran (the vision tower, on images): not emulated")
 
 
 def _glu_forward(patch: ModelPatch, registers: Registers) -> Any:

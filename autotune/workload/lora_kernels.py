@@ -150,20 +150,27 @@ def attention_class(model_type: str) -> Any:
     (Axolotl raises "could not import attention class")."""
     import importlib
 
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    module, name = _ATTENTION.get(model_type, (model_type, ""))
-    if not name:
-        prefix = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(
-            model_type, "".join(part.capitalize() for part in model_type.split("_")))
-        for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "GenerationDecoder"):
-            prefix = prefix.replace(suffix, "")  # utils/callbacks/models.py get_causal_lm_model_cls_prefix
-        name = f"{prefix}Attention"
+    module = _ATTENTION.get(model_type, (model_type, ""))[0]
+    name = _attention_name(model_type)
     try:
         found = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
     except (ImportError, AttributeError):
         return None
     return found if isinstance(found, type) else None  # a class, or None
+
+
+def _attention_name(model_type: str) -> str:
+    """``<prefix>Attention``, the class get_attention_cls_from_config imports from
+    ``transformers.models.<type>.modeling_<type>`` where it has no special case."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type in _ATTENTION:
+        return _ATTENTION[model_type][1]
+    prefix = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(
+        model_type, "".join(part.capitalize() for part in model_type.split("_")))
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "GenerationDecoder"):
+        prefix = prefix.replace(suffix, "")  # utils/callbacks/models.py get_causal_lm_model_cls_prefix
+    return f"{prefix}Attention"
 
 
 def _detabbed_source(function: Any) -> str:
@@ -187,7 +194,11 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
                                f"{checkpoint_type or model_type}: "
                                "get_attention_cls_from_config raises \"Axolotl could not import attention "
                                f"class for model_type: {checkpoint_type or model_type}\" (monkeypatch/"
-                               "lora_kernels.py); set them to false")
+                               f"lora_kernels.py: no {_attention_name(checkpoint_type or model_type)} in "
+                               "transformers) as patch_manager.py _apply_self_attention_lora_patch runs, "
+                               "before the model loads; check_auto_enable_lora_kernels turns them on "
+                               "where no lora_*_kernel is set, vision-language models too; set them to "
+                               "false")
         source = _detabbed_source(cls.forward)
         missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
                                             ("O", _O_CODE in source)) if not found]

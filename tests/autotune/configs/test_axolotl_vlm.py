@@ -119,7 +119,9 @@ def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path
     path = tmp_path / "kernels.yml"
     path.write_text(yaml.safe_dump(data))
     assert main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--no-cache"]) == 2
-    assert "fail on model type qwen2_vl" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "fail on model type qwen2_vl" in err and "no Qwen2VlAttention in transformers" in err
+    assert "check_auto_enable_lora_kernels turns them on where no lora_*_kernel is set" in err
 
 
 def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):

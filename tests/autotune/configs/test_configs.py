@@ -123,6 +123,12 @@ def test_axolotl_s_pinned_model_revision_is_read_as_the_same_model(tmp_path):
     assert plan.request == read(tmp_path, {**AXOLOTL}, "axolotl.yml").request
 
 
+def test_axolotl_s_eta_min_is_a_key_axolotl_drops(tmp_path):
+    # qat_nvfp4/Math-*: eta_min is no field of AxolotlInputConfig, whose model_dump drops it
+    plan = read(tmp_path, {**AXOLOTL, "lr_scheduler": "cosine", "eta_min": 7e-7}, "axolotl.yml")
+    assert plan.request == read(tmp_path, {**AXOLOTL}, "axolotl.yml").request
+
+
 def test_axolotl_defaults_and_global_batch(tmp_path):
     plan = read(tmp_path, {"base_model": "m", "micro_batch_size": 4, "batch_size": 32}, "a.yaml")
     assert (plan.accumulation_steps, plan.optimizer, plan.mode, plan.dtype) == (
@@ -235,6 +241,10 @@ def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
     # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32.
     with pytest.raises(UnmodelledSetting, match="^bf16: True .*mixed weight dtypes"):
         read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
+    # attn_implementation unset (ebft/llama-8b-ebft-strided-fft, qwen3/reward-model): no cast back either
+    with pytest.raises(UnmodelledSetting, match=r"attention sdpa \(default\) .*_configure_embedding_dtypes .*"
+                                                "attn_implementation unset, eager or sdpa"):
+        read(tmp_path, {k: v for k, v in AXOLOTL.items() if k != "attn_implementation"}, "b.yml")
     with pytest.raises(UnmodelledSetting, match="^fp16: True .*GradScaler"):
         read(tmp_path, {**AXOLOTL, "bf16": False, "fp16": True}, "a.yml")
 
@@ -671,6 +681,8 @@ def test_axolotl_s_unfrozen_parameters_that_match_no_peft_name_freeze_everything
                                            "nothing") as error:
         read(tmp_path, data)
     assert not isinstance(error.value, UnmodelledSetting)
+    # Axolotl only warns and runs on: utils/freeze.py freeze_layers_except
+    assert 'utils/freeze.py: "All parameters are frozen. Model will not be trained."' in str(error.value)
 
 
 @pytest.mark.parametrize("patterns", [["^base_model.model.lm_head.*"], [".+lm_head"], [".*lm_head"]])

@@ -36,6 +36,13 @@ ROWS, HIDDEN, INNER, VOCAB = 16, 64, 128, 128  # a [2, 8] batch's tokens
 
 
 def small_config(model_type: str):
+    if model_type == "gemma3":  # Gemma 3's vision-language model: a SigLIP tower beside the text model
+        vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
+        return AutoConfig.for_model("gemma3", text_config={"model_type": "gemma3_text", **SMALL,
+                                                           **EXTRA["gemma3_text"]},
+                                    vision_config=vision, mm_tokens_per_image=4, image_token_index=100,
+                                    boi_token_index=101, eoi_token_index=102)
     return AutoConfig.for_model(model_type, **SMALL, **EXTRA.get(model_type, {}))
 
 
@@ -58,7 +65,7 @@ def test_a_patched_model_has_the_loss_and_gradients_of_its_own(model_type):
     kernels = check_kernels("rms_norm,rope,swiglu,geglu,cross_entropy", config, "causal-lm", "full")
     apply_kernels(model, kernels, sm_count=3, registers=NONE)
     batch = make_batch(config, "causal-lm", 2, 16)
-    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    batch["input_ids"] = torch.randint(3, 100 if model_type == "gemma3" else 128, (2, 16))  # no image token
     batch["labels"] = batch["input_ids"].clone()
     batch["labels"][0, :4] = -100
     with gradient_checkpointing(model, True), gradient_checkpointing(reference, True):
@@ -68,9 +75,13 @@ def test_a_patched_model_has_the_loss_and_gradients_of_its_own(model_type):
         expected.backward()
     assert torch.allclose(loss, expected, rtol=1e-5)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if q.grad is None:  # Gemma 3's vision tower and projector, unrun without images
+            assert p.grad is None and name.startswith(("model.vision_tower.", "model.multi_modal")), name
+            continue
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-5), name
-    # every norm (Qwen3's and Gemma 3's q_norm and k_norm too), MLP and attention of the 2 layers
-    norms = {"qwen3": 9, "gemma2": 9, "gemma3_text": 13}.get(model_type, 5)
+    # every norm (Qwen3's and Gemma 3's q_norm and k_norm too), MLP and attention of the 2 layers;
+    # Gemma 3's vision-language model: its projector's mm_soft_emb_norm too (a Gemma3RMSNorm)
+    norms = {"qwen3": 9, "gemma2": 9, "gemma3_text": 13, "gemma3": 14}.get(model_type, 5)
     assert patched_count(model) == norms + 2 + 2
 
 
@@ -265,6 +276,10 @@ def test_the_kernels_asked_are_read_in_liger_s_order():
     ("gemma2", "rms_norm,swiglu,geglu", ("rms_norm", "geglu")),
     ("mistral", "rope,cross_entropy", ("rope",)),  # its patch's CrossEntropyLoss is unused in transformers 5
     ("phi3", "swiglu,cross_entropy", ("swiglu", "cross_entropy")),
+    # apply_liger_kernel_to_gemma3: the text patch, and layer_norm on SigLIP's nn.LayerNorm; its
+    # CrossEntropyLoss is unused (Gemma3ForConditionalGeneration calls self.loss_function)
+    ("gemma3", "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy", ("rms_norm", "rope", "geglu",
+                                                                      "layer_norm")),
 ])
 def test_a_model_type_keeps_the_kernels_its_patch_takes(model_type, asked, kept):
     assert check_kernels(asked, small_config(model_type), "causal-lm", "full") == kept
@@ -282,6 +297,20 @@ def test_what_liger_would_do_otherwise_is_refused_by_name(model_type, overrides,
     config = AutoConfig.for_model(model_type, **overrides)
     with pytest.raises(InvalidInput, match=message):
         check_kernels(asked, config, "causal-lm", loss)
+
+
+def test_gemma3_s_vision_layer_norm_is_liger_s_where_the_tower_does_not_run():
+    config = small_config("gemma3")
+    model, _ = build_model(ModelSpec("small-gemma3", "local", config, 128), "causal-lm", "eager")
+    apply_kernels(model, ("layer_norm",), sm_count=3, registers=NONE)
+    swapped = [name for name, module in model.named_modules() if "forward" in vars(module)]
+    assert swapped and all(name.startswith("model.vision_tower.") for name in swapped)  # SigLIP's alone
+    with pytest.raises(InvalidInput, match="LigerLayerNorm ran .* not emulated"):
+        model.model.vision_tower.post_layernorm(torch.zeros(1, 32))
+    with pytest.raises(InvalidInput, match="layer_norm on gemma3 swaps the vision tower's nn.LayerNorm .* a "
+                                           "step with images is refused"):
+        check_kernels("rms_norm,layer_norm", config, "image-text-to-text", "full", images=True)
+    assert check_kernels("rms_norm", config, "image-text-to-text", "full", images=True) == ("rms_norm",)
 
 
 # --- the step option, end to end ------------------------------------------------------------------------
@@ -353,3 +382,17 @@ def test_the_cuda_backend_carries_the_kernels_and_needs_liger_kernel():
     if importlib.util.find_spec("liger_kernel") is None:  # the worker refuses the cell, naming the package
         with pytest.raises(BackendUnavailable, match="need the liger_kernel package"):
             require_liger()
+
+
+def test_a_text_only_gemma3_vlm_step_takes_liger_s_vision_layer_norm_and_one_with_images_does_not():
+    import autotune
+
+    def check(images: int):
+        return autotune.check("tiny-gemma3", seq_len=128, batch_size=2, gpu_memory="1GiB", backend="estimate",
+                              workers=1, mode="bf16+ckpt", images_per_sample=images,
+                              liger="rms_norm,rope,geglu,layer_norm")
+
+    text = check(0)  # the qat_nvfp4 Gemma 3 configs: no processor_type, the text collators
+    assert text.fits and text.liger == ["rms_norm", "rope", "geglu", "layer_norm"]
+    with pytest.raises(InvalidInput, match="a step with images is refused"):
+        check(1)
