@@ -408,6 +408,10 @@ class Step:
                                   choices=PARALLEL_CHOICES)
     nodes: int | None = option(None, "fsdp: nodes the GPUs are on; more than 1 is hybrid sharding (shard "
                                "within a node, replicate across nodes)", metavar="N", parse=positive)
+    tensor_parallel: int | None = option(
+        None, "fsdp (FSDP2): tensor parallel degree, the GPUs of a group splitting each linear of the "
+        "model's tp_plan as transformers' tp_plan=\"auto\" does (Axolotl's tensor_parallel_size); FSDP2 "
+        "shards over gpus / (nodes x N) of them (default 1)", metavar="N", parse=positive)
     reshard_after_forward: bool | None = option(
         None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
         "or keep them for the backward (SHARD_GRAD_OP)")
@@ -852,7 +856,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  zero_config=step.zero_config,
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
-                                 offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap)
+                                 offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap,
+                                 tensor_parallel=step.tensor_parallel)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
                       None if adapter is None else adapter.recipe)
     if parallel is not None and parallel.wrap_classes:

@@ -45,7 +45,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.workload.parallel import DDP, FSDP, Parallel
 
 if TYPE_CHECKING:
@@ -90,14 +90,15 @@ def fake_world() -> None:
 
 
 @functools.cache
-def _mesh(shape: tuple[int, ...], device_type: str) -> Any:
+def _mesh(shape: tuple[int, ...], device_type: str, names: tuple[str, ...] | None = None) -> Any:
     """A DeviceMesh over the first ranks of the fake world. Made outside any FakeTensorMode: the
     mesh's rank tensor must be real."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
     fake_world()
-    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    if names is None:
+        names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
     ranks = torch.arange(int(torch.tensor(shape).prod())).view(shape)
     return DeviceMesh(device_type, ranks, mesh_dim_names=names)
 
@@ -126,8 +127,23 @@ def mesh_of(parallel: Parallel, device_type: str = "cpu") -> Any:
     """The job's DeviceMesh in the fake world: its ranks, or (hybrid sharding) nodes x a node's, on
     ``device_type`` (cpu: the estimator's fake tensors; cuda: the GPU's). Call outside any
     FakeTensorMode."""
+    if parallel.tp > 1:
+        return _mesh_with_tp(parallel, device_type)[0]
     shape = (parallel.nodes, parallel.shard_size) if parallel.nodes > 1 else (parallel.gpus,)
     return _mesh(shape, device_type)
+
+
+@functools.cache
+def _mesh_with_tp(parallel: Parallel, device_type: str) -> tuple[Any, Any]:
+    """Under tensor parallelism: the mesh FSDP2 shards over and the one transformers' TP splits
+    over, two views of one mesh (nodes x) shard x tp, the tp dim innermost as accelerate's
+    ParallelismConfig builds it (parallelism_config.py ``_get_mesh``: dp_replicate, dp_shard, cp,
+    tp), FSDP2 given its data dims (``fsdp_dim_names``)."""
+    replicated = parallel.nodes > 1
+    shape = ((parallel.nodes,) if replicated else ()) + (parallel.shard_size, parallel.tp)
+    names = (("replicate",) if replicated else ()) + ("shard", "tp")
+    mesh = _mesh(shape, device_type, names)
+    return mesh[names[:-1]], mesh["tp"]
 
 
 def mixed_precision(precision: str) -> Any:
@@ -152,6 +168,66 @@ def offload_policy(parallel: Parallel) -> Any:
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
     return CPUOffloadPolicy(pin_memory=False) if parallel.offload_params else OffloadPolicy()
+
+
+def tensor_parallel(model: Any, parallel: Parallel, device_type: str, parallel_loss: str) -> None:
+    """transformers' tensor parallelism over ``model`` (built, adapted, in its FakeTensorMode), as
+    ``from_pretrained(tp_plan="auto", tp_size=..., device_mesh=...)`` applies it after init
+    (Axolotl's loaders/model.py ``_build_model``; transformers 5.24 distributed/mixin.py
+    ``maybe_distribute_model``): the model's resolved plan (``_resolve_parallel_plans``: its
+    ``_tp_plan`` and config's ``base_model_tp_plan``, the input embedding vocabulary-parallel), then
+    distributed/tensor_parallel.py ``apply_tensor_parallelism`` on the mesh's tp dim: each planned
+    parameter replaced by a DTensor of its local piece, each planned module's forward wrapped to
+    redistribute its input and output. A model with no plan is refused by name."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if parallel_loss != "full":
+        # Cut Cross-Entropy and Liger's fused loss take lm_head.weight itself, a DTensor sharded over the
+        # vocabulary here, beside a plain hidden state: their kernels have no tensor-parallel path
+        # (Axolotl's integrations/cut_cross_entropy reads no mesh; Liger refuses it, liger/args.py)
+        raise UnmodelledSetting(f"tensor parallel {parallel.tp} with the {parallel_loss} loss (Cut "
+                                "Cross-Entropy, Liger's fused linear cross-entropy) over a "
+                                "vocabulary-sharded lm_head is not modelled")
+    if hasattr(model, "get_base_model"):
+        raise UnmodelledSetting("tensor parallel with an adapter (PEFT's LoRA layers around transformers' "
+                                "TP-sharded linears) is not modelled")
+    if not getattr(base, "tp_plan", None):
+        raise UnmodelledSetting(f"tensor parallel {parallel.tp}: {type(base).__name__} has no tp_plan "
+                                "(transformers' base_model_tp_plan): transformers refuses it")
+    config = base.config.get_text_config()
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, name, None)
+        if isinstance(heads, int) and heads % parallel.tp:
+            # colwise splits q/k/v's output features evenly, and the attention's view(..., -1,
+            # head_dim) then fails on a rank's piece of a head (transformers checks nothing at load)
+            raise InvalidInput(f"tensor parallel {parallel.tp} does not divide {name}={heads} of "
+                               f"{type(base).__name__}: a rank would hold part of a head")
+    plan, _, _ = base._resolve_parallel_plans(DistributedConfig(tp_size=parallel.tp))
+    apply_tensor_parallelism(base, _mesh_with_tp(parallel, device_type)[1], plan)
+
+
+@contextlib.contextmanager
+def _meshes_of_real_ranks() -> Iterator[None]:
+    """FSDP2 over TP's DTensors joins the two meshes (_fsdp_param.py ``_init_sharding_spec_tp``:
+    ``DeviceMesh._concatenate``), whose rank tensor is computed from the root mesh's real one: run
+    outside the FakeTensorMode (``unset_fake_temporarily``), as the mesh itself is made (``_mesh``).
+    Bookkeeping of ranks, no tensor of the step."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    concatenate = DeviceMesh._concatenate
+
+    def real(meshes: list[Any]) -> Any:
+        with unset_fake_temporarily():
+            return concatenate(meshes)
+
+    DeviceMesh._concatenate = staticmethod(real)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
 
 
 def shard(model: Any, parallel: Parallel, mesh: Any, loss: str, precision: str) -> Any:
@@ -517,7 +593,7 @@ class Distributed:
 
     def __init__(self, parallel: Parallel, loss: str, device_type: str = "cpu") -> None:
         """Call outside any FakeTensorMode (the job's mesh is made here, of real tensors)."""
-        self.parallel, self.loss = parallel, loss
+        self.parallel, self.loss, self.device_type = parallel, loss, device_type
         self.mesh = mesh_of(parallel, device_type)
         self._sharded: Any = None
 
@@ -538,6 +614,10 @@ class Distributed:
             layers = layer_classes(model) if named is None else {kind.__name__ for kind in named}
             self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layers,
                                        self.parallel, self.mesh, precision)
+        elif self.parallel.kind == FSDP and self.parallel.tp > 1:
+            tensor_parallel(model, self.parallel, self.device_type, self.loss)
+            with _meshes_of_real_ranks():
+                self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
         elif self.parallel.kind == FSDP:
             self._sharded = shard(model, self.parallel, self.mesh, self.loss, precision)
 

@@ -94,9 +94,18 @@ _AXOLOTL_REFUSED = {
     "cls_model_config": "a classification head (reward models) is not modelled",
     "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
 }
-# Parallel degrees: 1 (or null) is one GPU holding the model.
-_AXOLOTL_PARALLEL = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree",
-                     "dp_shard_size", "dp_replicate_size", "expert_parallel_size")
+# Parallel degrees not modelled (1 or null: none), and why: Axolotl's context parallelism is
+# ring-flash-attn's ring attention (monkeypatch/ring_attn/patch.py: llama3_flash_attn_varlen_func,
+# CUDA kernels) over the sequence split across the cp ranks; expert parallelism is its
+# ExpertParallelPlugin's dispatch of the experts over ranks (integrations/expert_parallel).
+_AXOLOTL_PARALLEL = {
+    "context_parallel_size": f"{PARALLEL}: context parallelism (ring-flash-attn's ring attention over the "
+                             "sequence split across ranks) is not modelled",
+    "sequence_parallel_degree": f"{PARALLEL}: context parallelism (ring-flash-attn's ring attention over "
+                                "the sequence split across ranks) is not modelled",
+    "expert_parallel_size": f"{PARALLEL}: expert parallelism (ExpertParallelPlugin, the experts dispatched "
+                            "over ranks) is not modelled",
+}
 # Axolotl's plugins (integrations/): each one's keys join the config. Those read: CutCrossEntropy
 # (cut_cross_entropy, default true once the plugin is listed: cut_cross_entropy/args.py), Liger
 # (its liger_* keys), and plugins that only log. Any other changes the step in ways not modelled.
@@ -1035,15 +1044,48 @@ def _axolotl_unfrozen(cfg: Config, adapter: bool) -> dict[str, Any]:
     return {"unfrozen_parameters": listed}
 
 
+def _axolotl_mesh(cfg: Config) -> None:
+    """Axolotl's ND parallelism (utils/distributed.py ``build_parallelism_config``: accelerate's
+    ParallelismConfig over dp_replicate x dp_shard x cp x tp): tensor_parallel_size is transformers'
+    tp_plan="auto" on the mesh's tp dim (loaders/model.py ``_build_model``), FSDP2 over the data dims
+    (monkeypatch/accelerate/fsdp2.py: ``fsdp_dim_names``); dp_replicate_size > 1 is hybrid sharding,
+    read as nodes; a dp_shard_size given fixes the job's GPUs (their product; ParallelismConfig
+    refuses another world size), else Axolotl fills dp_shard with the GPUs left (``--gpus``).
+    Context and expert parallelism are refused by name."""
+    for key, why in _AXOLOTL_PARALLEL.items():
+        value = cfg.get(key)
+        if value is not None and value != 1:
+            raise cfg.unmodelled(key, value, why)
+    sizes = {}
+    for key in ("tensor_parallel_size", "dp_shard_size", "dp_replicate_size"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise cfg.bad(key, value, "a whole number of GPUs")
+        sizes[key] = value
+    tp, shard, replicate = (sizes[key] or 1 for key in sizes)
+    if tp == shard == replicate == 1:
+        return
+    where = next(key for key in sizes if (sizes[key] or 1) > 1)
+    if cfg.launch.get("parallel") != "fsdp" or cfg.launch.get("fsdp_version") == 1:
+        raise cfg.unmodelled(where, cfg.data[where], f"{PARALLEL}: the mesh is modelled under FSDP2 "
+                             "(fsdp_version: 2) alone")
+    if tp > 1:
+        cfg.launch["tensor_parallel"] = tp
+    if replicate > 1:
+        cfg.launch["nodes"] = replicate
+    if sizes["dp_shard_size"] is not None:
+        cfg.launch["gpus"] = replicate * shard * tp
+    cfg.notes.append(f"device mesh: {replicate} replicate x {sizes['dp_shard_size'] or 'the rest'} FSDP "
+                     f"shard x {tp} tensor parallel (Axolotl's build_parallelism_config: accelerate's "
+                     "ParallelismConfig)" + (", the GPUs their product" if sizes["dp_shard_size"] else ""))
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     unfrozen = _axolotl_unfrozen(cfg, adapter=not unset(cfg.data.get("adapter")))
     overrides = _axolotl_config_overrides(cfg)
     cfg.refuse(_AXOLOTL_REFUSED)
     _axolotl_sharding(cfg)
-    for key in _AXOLOTL_PARALLEL:
-        value = cfg.get(key)
-        if value is not None and value != 1:
-            raise cfg.unmodelled(key, value, PARALLEL)
+    _axolotl_mesh(cfg)
     plugins = _axolotl_plugins(cfg)
     experts_kernel = _axolotl_experts_kernel(cfg, plugins)
     _axolotl_use_kernels(cfg, plugins)

@@ -82,6 +82,11 @@ class Parallel:
     # fsdp: the module classes wrapped one by one (transformer_layer_cls_to_wrap, workload/fsdp_wrap.py),
     # sorted; (): the model's _no_split_modules, its decoder layers
     wrap_classes: tuple[str, ...] = ()
+    # fsdp 2: tensor parallelism, the ranks of a group splitting each linear of the model's tp_plan
+    # (transformers' base_model_tp_plan, applied by distributed/tensor_parallel.py
+    # apply_tensor_parallelism on the mesh's innermost "tp" dim, as accelerate's ParallelismConfig
+    # builds it); FSDP2 shards over the gpus // (nodes x tp) ranks of the other dims
+    tp: int = 1
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
@@ -99,7 +104,7 @@ class Parallel:
         1 where nothing is split (ddp)."""
         if self.kind != FSDP:
             return 1
-        return self.gpus // self.nodes
+        return self.gpus // self.nodes // self.tp
 
     @property
     def label(self) -> str:
@@ -123,6 +128,11 @@ class Parallel:
         if self.nodes > 1:
             strategy = (f"hybrid shard: {self.shard_size} GPUs per node shard, {self.nodes} nodes replicate"
                         + ("" if self.reshard_after_forward else ", no reshard after forward"))
+        if self.tp > 1:
+            replicas = f"{self.nodes} x " if self.nodes > 1 else ""
+            strategy += (f", tensor parallel {self.tp} (mesh {replicas}{self.shard_size} FSDP x "
+                         f"{self.tp} TP: each rank holds 1/{self.tp} of each linear of the tp_plan, then "
+                         f"FSDP's 1/{self.shard_size} of that)")
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
         offloaded = (", parameters, gradients and optimizer state offloaded to the CPU" if self.offload_params
                      else "")
@@ -132,6 +142,19 @@ class Parallel:
     @property
     def modelled(self) -> str:
         """What the estimate ran for this job, in a sentence (the output says it)."""
+        if self.tp == 1:
+            return self._sharding_modelled
+        return (self._sharding_modelled + f"; tensor parallel {self.tp}, traced: transformers' own "
+                "apply_tensor_parallelism (distributed/tensor_parallel.py) with the model's tp_plan on the "
+                "mesh's tp dim before FSDP2, each planned linear's weight a DTensor holding its 1/"
+                f"{self.tp} (colwise: output features, rowwise: input features), the embedding split over "
+                "the vocabulary, activations between them split over heads and MLP width; DTensor's "
+                "redistributions (all-reduce of rowwise outputs, all-gather of the head's logits) "
+                "allocate their outputs on the fake process group; FSDP2 then shards each local piece over "
+                "its dims (2-D: fully_shard over TP DTensors)")
+
+    @property
+    def _sharding_modelled(self) -> str:
         if self.kind == DDP:
             return ("traced: torch DDP's Reducer on a fake process group, its gradient buckets beside the "
                     "gradients (gradient_as_bucket_view off, the Trainer's and accelerate's default) as one "
@@ -232,7 +255,8 @@ class Parallel:
                 "use_orig_params": self.use_orig_params, "forward_prefetch": self.forward_prefetch,
                 "backward_prefetch": self.backward_prefetch,
                 "offload_params": self.offload_params if self.kind == FSDP else None,
-                "wrap_classes": list(self.wrap_classes) if self.kind == FSDP else None}
+                "wrap_classes": list(self.wrap_classes) if self.kind == FSDP else None,
+                "tp": self.tp}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -271,7 +295,8 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                   zero_config: str | None = None,
                   activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
                   fsdp1_config: str | None = None, offload_params: bool | None = None,
-                  fsdp_wrap: str | tuple[str, ...] | None = None) -> Parallel | None:
+                  fsdp_wrap: str | tuple[str, ...] | None = None,
+                  tensor_parallel: int | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -326,6 +351,7 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
+    tp = _tensor_parallel(kind, recipe, fsdp_version, gpus, nodes, tensor_parallel)
     offload = _offload(kind, offload_params)
     wrap = _wrap(kind, recipe, fsdp_wrap)
     if recipe == "llamafactory" and gpus == 1:
@@ -334,7 +360,31 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
                     recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1,
-                    offload_params=offload, wrap_classes=wrap)
+                    offload_params=offload, wrap_classes=wrap, tp=tp)
+
+
+def _tensor_parallel(kind: str, recipe: str | None, fsdp_version: int | None, gpus: int, nodes: int,
+                     tensor_parallel: int | None) -> int:
+    """``tensor_parallel``, checked: FSDP2's (Axolotl's ND parallelism: its tensor_parallel_size
+    with FSDP2 over the other dims, utils/distributed.py ``build_parallelism_config``), dividing each
+    node's GPUs. Tensor parallelism beside DDP, DeepSpeed or FSDP1 is not modelled."""
+    if tensor_parallel in (None, 1):
+        return 1
+    if isinstance(tensor_parallel, bool) or not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise _about("tensor_parallel", InvalidInput.naming(
+            f"{{tensor_parallel}} must be a whole number of GPUs, got {tensor_parallel!r}"))
+    if kind != FSDP or fsdp_version == 1 or recipe == "llamafactory":
+        what = f"{{parallel}} {kind}" if kind != FSDP else (
+            "{fsdp_version} 1" if fsdp_version == 1 else "{fsdp_recipe} llamafactory")
+        raise _about("tensor_parallel", InvalidInput.naming(
+            f"{{tensor_parallel}} {tensor_parallel} beside {what} is not modelled: tensor parallelism is "
+            "modelled with FSDP2 ({parallel} fsdp) over the data-parallel GPUs, as Axolotl and accelerate's "
+            "ParallelismConfig run it"))
+    if (gpus // nodes) % tensor_parallel:
+        raise _about("tensor_parallel", InvalidInput.naming(
+            f"{{tensor_parallel}} {tensor_parallel} must divide the GPUs of a node ({gpus // nodes}): a "
+            "tensor-parallel group is within one node (the mesh's innermost dim)"))
+    return tensor_parallel
 
 
 def _wrap(kind: str, recipe: str | None, fsdp_wrap: str | tuple[str, ...] | None) -> tuple[str, ...]:
