@@ -183,7 +183,7 @@ REFUSED = [
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "torch_compile", True),  # fsdp_config.offload_params is read (test_sharding.py)
     (AXOLOTL, "activation_offloading", "legacy"),
-    (AXOLOTL, "rl", "gdpo"), (AXOLOTL, "liger_use_token_scaling", True),
+    (AXOLOTL, "liger_use_token_scaling", True),  # every rl is read (rl gdpo as grpo: test_ebft.py)
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
     (AXOLOTL, "precompute_ref_log_probs", True),  # an rl key without rl
     ({**AXOLOTL, "rl": "simpo"}, "rl", "simpo"),  # a full fine-tune: Axolotl's unused reference model
