@@ -182,7 +182,8 @@ def _function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor) -> tuple[Any, ...]:
-            q, k, v, out, logsumexp = ctx.saved_tensors[:5]
+            saved = ctx.saved_tensors  # once: checkpointing's unpack hooks allow one unpack
+            q, k, v, out, logsumexp = saved[:5]
             mask, scale, softcap, registers = ctx.args
             grad_lse_exp2 = grad_lse.new_empty(grad_lse.shape)
             delta = grad_lse.new_empty(grad_lse.shape)
@@ -198,7 +199,7 @@ def _function() -> Any:
                     for grad, full in zip((dq, dk, dv), grads, strict=True):
                         grad.copy_(full)
             del delta, grad_lse_exp2
-            return (dq, dk, dv, None, None, None, None, *(None for _ in ctx.saved_tensors[5:]))
+            return (dq, dk, dv, None, None, None, None, *(None for _ in saved[5:]))
 
     return FlexAttention
 

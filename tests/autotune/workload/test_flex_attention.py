@@ -109,6 +109,9 @@ def test_a_check_names_the_kernel_emulated_and_refuses_short_sequences(capsys):
     assert main([*args, "--seq-len", "128", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["attention_kernel"] == "flex_attention (Triton, emulated)"
+    recomputed = [*args[:-4], "--mode", "bf16+ckpt", "--gpu", "H100-80GB", "--seq-len", "128"]
+    assert main(recomputed) == 0  # checkpointing unpacks the saved tensors once
+    capsys.readouterr()
     assert main([*args, "--seq-len", "64"]) == 2
     assert "decoding kernel" in capsys.readouterr().err
 
