@@ -2,7 +2,8 @@
 
     autotune table MODEL [--seq-lens 64,128,...] [--modes fp32,amp,ckpt,amp+ckpt] [--task T]
                          [--dtype auto|float32|bfloat16|float16] [--optimizer NAME]
-                         [--attn sdpa|eager|flash_attention_2|kernels-community/vllm-flash-attn3]
+                         [--attn sdpa|eager|flash_attention_2|kernels-community/vllm-flash-attn3|
+                                 flex_attention]
                      [--loss full|chunked]
                          [--peft none|lora|qlora] [--lora-r R] [--lora-alpha A] [--lora-dropout P]
                          [--lora-targets M,M|all-linear] [--peft-config PATH] [--load-in-4bit]

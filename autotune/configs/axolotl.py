@@ -57,7 +57,7 @@ from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.qat import parse_qat, to_json
-from autotune.workload.step import FLASH_ATTENTIONS
+from autotune.workload.step import FLEX_ATTENTION
 from autotune.workload.trainers import (
     DPO,
     DPO_LOSS_TYPES,
@@ -82,7 +82,7 @@ _AXOLOTL_REFUSED = {
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
     "process_reward_model": "not modelled",
-    "xformers_attention": KERNEL, "flex_attention": KERNEL, "sage_attention": KERNEL,
+    "xformers_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL, "flash_attn_fuse_mlp": KERNEL,
     "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
@@ -1183,14 +1183,30 @@ def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
     return to_json(qat)
 
 
+# Axolotl's flex_attn_compile_kwargs reach torch.compile only through monkeypatch/attention/flex_attn.py
+# patch_flex_wrapper, which returns at once off torch 2.6 and whose call is commented out
+# (loaders/patch_manager.py apply_pre_model_load_patches): transformers compiles flex_attention itself,
+# with torch.compile's defaults (integrations/flex_attention.py WrappedFlexAttention).
+FLEX_COMPILE_NOTE = ("flex_attn_compile_kwargs: no effect (Axolotl's patch_flex_wrapper is not called: "
+                     "loaders/patch_manager.py); transformers compiles flex_attention with torch.compile's "
+                     "defaults")
+
+
 def _axolotl_attention(cfg: Config) -> str | None:
-    # attn_implementation, or the deprecated flags it replaced (schemas/config.py).
+    # attn_implementation, or the deprecated flags it replaced (schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL:
+    # flex_attention before flash_attention, the specific before the generic).
     attn = read_attention(cfg, "attn_implementation", cfg.get("attn_implementation"))
-    for key, name in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"),
-                      ("eager_attention", "eager")):
+    for key, name in (("flex_attention", FLEX_ATTENTION), ("flash_attention", "flash_attention_2"),
+                      ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
         if cfg.flag(key) and attn is None:
             attn = name
             cfg.notes.append(f"{key}: true: attention {name}")
+    if not unset(cfg.get("flex_attn_compile_kwargs")):
+        cfg.notes.append(FLEX_COMPILE_NOTE)
+    if attn == FLEX_ATTENTION:
+        cfg.notes.append("attention flex_attention: torch's FlexAttention as transformers compiles it, its "
+                         "Triton kernels' buffers and the per-batch BlockMask emulated "
+                         "(workload/flex_attention.py)")
     return attn
 
 
@@ -1224,11 +1240,11 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         cfg.notes.append("float16: true: weights in float16, no autocast")
     else:
         dtype, precision = "float32", "fp32"
-    if dtype != "float32" and attn not in FLASH_ATTENTIONS and not cce and not adapter:
+    if dtype != "float32" and attn in (None, "eager", "sdpa") and not cce and not adapter:
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
         # float32 and cast back to the weights dtype only for an attention other than eager and sdpa
-        # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST), or with an adapter
-        # (needs_fa2_dtype).
+        # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST; false when unset), or
+        # with an adapter (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
         raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"

@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 # the estimator runs in its place; it needs an sm80+ card and 16-bit inputs (flash-attn's README).
 # kernels-community/vllm-flash-attn3 is a Hub kernel transformers loads for that attn_implementation
 # (integrations/hub_kernels.py): FlashAttention-3 as vLLM forks it, with gpt-oss' attention sinks,
-# emulated (flash_attn3.py).
+# emulated (flash_attn3.py). flex_attention is torch's FlexAttention, compiled to Triton kernels on CUDA,
+# emulated (flex_attention.py).
 FLASH_ATTENTION_2 = "flash_attention_2"
 VLLM_FLASH_ATTN3 = "kernels-community/vllm-flash-attn3"
-ATTN_CHOICES = ("sdpa", "eager", FLASH_ATTENTION_2, VLLM_FLASH_ATTN3)
+FLEX_ATTENTION = "flex_attention"
+ATTN_CHOICES = ("sdpa", "eager", FLASH_ATTENTION_2, VLLM_FLASH_ATTN3, FLEX_ATTENTION)
 # The attentions that run a flash kernel through transformers' flash path: no mask for a batch
 # without padding, whose rows make_batch fills.
 FLASH_ATTENTIONS = (FLASH_ATTENTION_2, VLLM_FLASH_ATTN3)
@@ -52,6 +54,7 @@ FLASH_ATTENTIONS = (FLASH_ATTENTION_2, VLLM_FLASH_ATTN3)
 # (transformers would import the flash-attn package for such a name).
 FLASH_STAND_IN = "autotune_fa2_emulated"
 FA3_STAND_IN = "autotune_vllm_fa3_emulated"  # flash_attn3.attention_forward, under the same rule
+FLEX_STAND_IN = "autotune_flex_emulated"  # flex_attention.attention_forward and its block mask
 MIN_STEPS = 2  # the optimizer state appears in step 1; step 2 sees it together with new activations
 
 # transformers Auto classes per task (transformers.models.auto.modeling_auto).
@@ -169,6 +172,9 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
             raise InvalidInput(f"attn {attn} is not modelled for vision-language models")
         return _flash_stand_in_model(auto_class, config, FA3_STAND_IN, spec, task, dtype, attn,
                                      "flash attention", f", so not {attn}"), attn
+    if attn == FLEX_ATTENTION and flash_as_sdpa:
+        # torch.compile's Triton kernels cannot run here: their emulation (flex_attention.py)
+        return _flex_stand_in_model(auto_class, config, spec, task, dtype), attn
     if attn is not None:
         try:
             model = _from_config(auto_class, config, attn, spec, task, dtype)
@@ -200,6 +206,33 @@ def _flash_stand_in_model(auto_class: Any, config: Any, stand_in: str, spec: Any
     return model
 
 
+def _flex_stand_in_model(auto_class: Any, config: Any, spec: Any, task: str, dtype: Any) -> Any:
+    """The model built with ``FLEX_STAND_IN`` (transformers' flex_attention, emulated), refused where
+    transformers refuses flex_attention (``_supports_flex_attn``: modeling_utils.py
+    ``_flex_attn_can_dispatch``) or the model's own code branches on the name "flex_attention" (Gemma 4's
+    masks), which the stand-in's name would not take."""
+    import inspect
+    import sys
+
+    import transformers
+
+    _register_flash_stand_in()
+    try:
+        model = _from_config(auto_class, config, FLEX_STAND_IN, spec, task, dtype)
+    except (ValueError, ImportError) as exc:
+        raise _unsupported(exc, FLEX_ATTENTION, "transformers refuses it for this model") from exc
+    name = type(model).__name__
+    if not getattr(model, "_supports_flex_attn", False):
+        raise InvalidInput(f"{name} does not support flex_attention in transformers "
+                           f"{transformers.__version__}: use sdpa or eager")
+    base = getattr(model, "base_model", model)
+    for cls in {type(model), type(base)}:
+        if '"flex_attention"' in inspect.getsource(sys.modules[cls.__module__]):
+            raise InvalidInput(f"attn flex_attention: {name}'s own code takes another path for it "
+                               f"({cls.__module__}), which autotune does not model: use sdpa or eager")
+    return model
+
+
 def _register_flash_stand_in() -> None:
     """transformers' flash_attention_2, as the estimator runs it (``FLASH_STAND_IN``): the masks of
     masking_utils.py ``flash_attention_mask`` (None for a causal batch without padding: no mask
@@ -212,6 +245,7 @@ def _register_flash_stand_in() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    from autotune.workload import flex_attention
     from autotune.workload.flash_attn3 import attention_forward
 
     if FLASH_STAND_IN in AttentionInterface._global_mapping:
@@ -220,6 +254,8 @@ def _register_flash_stand_in() -> None:
     AttentionMaskInterface.register(FLASH_STAND_IN, _flash_stand_in_mask)
     AttentionInterface.register(FA3_STAND_IN, attention_forward)
     AttentionMaskInterface.register(FA3_STAND_IN, _flash_stand_in_mask)
+    AttentionInterface.register(FLEX_STAND_IN, flex_attention.attention_forward)
+    AttentionMaskInterface.register(FLEX_STAND_IN, flex_attention.flex_attention_mask)
 
 
 def _flash_stand_in_mask(batch_size: int, q_length: int, kv_length: int, *args: Any,

@@ -204,7 +204,8 @@ BOUND = "bound"
 # How the probes' details name the SDPA kernels a step ran (attention.choose_kernel's kinds).
 # A Hub kernel (workload/flash_attn3.py) is named by its repository, emulated.
 ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math",
-                          "vllm-flash-attn3": "kernels-community/vllm-flash-attn3 (emulated)"}
+                          "vllm-flash-attn3": "kernels-community/vllm-flash-attn3 (emulated)",
+                          "flex_attention": "flex_attention (Triton, emulated)"}
 
 
 def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
 from autotune.backends.estimate.tracker import outside_allocator
-from autotune.workload import flash_attn3
+from autotune.workload import flash_attn3, flex_attention
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -142,6 +142,9 @@ class CudaEmulation(TorchFunctionMode):
             self.attention_kernels.add(flash_attn3.KIND)
             arch = self.kernels.compute_capability or flash_attn3.DEFAULT_ARCH
             return func(*args, **{**kwargs, "arch": arch, "registers": outside_allocator})
+        if func is flex_attention.flex_attention:  # torch.compile's Triton kernels, emulated
+            self.attention_kernels.add(flex_attention.KIND)
+            return func(*args, **{**kwargs, "registers": outside_allocator})
         if func is torch._grouped_mm and is_fallback(*args[:2]):
             return fallback_grouped_mm(*args, **kwargs)
         return func(*args, **kwargs)

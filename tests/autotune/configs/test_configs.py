@@ -190,7 +190,7 @@ REFUSED = [
     ({**AXOLOTL, "reward_model": True}, "num_labels", 2),
     (AXOLOTL, "unsloth_cross_entropy_loss", True),
     (AXOLOTL, "tensor_parallel_size", 2), (AXOLOTL, "gradient_checkpointing", "offload_disk"),
-    (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "flex_attention"),
+    (AXOLOTL, "bf16", "auto"), (AXOLOTL, "attn_implementation", "xformers"),
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
