@@ -440,3 +440,20 @@ def test_the_floor_of_a_zero3_rank_leaves_out_the_parameters_deepspeed_partition
 
     (two, model), (three, _) = floor("zero2"), floor("zero3")
     assert two - three == sum(p.untyped_storage().nbytes() for p in model.parameters()) > 0
+
+
+def test_a_zero3_rank_s_setup_never_holds_the_whole_model():
+    # The engine's copy of the model is partitioned by the engine, not loaded under zero.Init: the
+    # broadcast it skips for a zero.Init model had the tracker count every whole parameter on the GPU
+    # (Mixtral-8x22B's 262 GiB at setup, on 8 GPUs with the parameters offloaded). What setup holds
+    # above its end is one gathered trainable parameter at a time (stage3.py
+    # create_reduce_and_remove_grad_hooks: param.all_gather())
+    zero = json.dumps({"stage": 3, "reduce_bucket_size": "auto", "offload_param": {"device": "cpu"}})
+    phases, model = traced(make_parallel(8, "zero3", zero_config=zero))
+    live, peak, sizes = 0, 0, {}
+    for key, nbytes in phases.tracker.events[:phases.steps_start]:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        live += nbytes if nbytes >= 0 else -sizes.pop(key)
+        peak = max(peak, live)
+    assert peak - before(phases) <= max(p.numel() * 2 for p in model.parameters())

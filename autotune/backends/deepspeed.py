@@ -457,8 +457,15 @@ def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, pre
     optimizer = client_optimizer(optimizer)
     if offloads_optimizer(parallel.zero):
         optimizer = cpu_adam(optimizer)
+    # Under ZeRO-3 transformers loads the model inside zero.Init (modeling_utils.py needs_zero3_init),
+    # so the engine meets partitioned parameters and broadcasts none (engine.py
+    # _configure_distributed_model: ``if not is_zero_init_model: self._broadcast_model()``); the
+    # estimator's copy is partitioned by the engine itself, after: its whole parameters, which
+    # never reach the GPU, are not broadcast (each would be counted allocated on the GPU)
+    broadcast = (_patched(DeepSpeedEngine, "_broadcast_model", lambda self: None) if parallel.kind == "zero3"
+                 else contextlib.nullcontext())
     try:
-        with _flattened_on_host():
+        with _flattened_on_host(), broadcast:
             engine = DeepSpeedEngine(args=None, model=module, optimizer=optimizer, config=config,
                                      config_class=DeepSpeedConfig(config, mpu), mpu=mpu,
                                      dont_change_device=True)
