@@ -457,3 +457,23 @@ def test_a_zero3_rank_s_setup_never_holds_the_whole_model():
         live += nbytes if nbytes >= 0 else -sizes.pop(key)
         peak = max(peak, live)
     assert peak - before(phases) <= max(p.numel() * 2 for p in model.parameters())
+
+
+def test_a_json_check_of_a_zero_job_with_bitsandbytes_adamw_is_json_alone(tmp_path):
+    # DeepSpeed's logger writes to stdout; its "untested optimizer" warning for the client
+    # bitsandbytes optimizer went into the check's JSON (the corpus benchmark read mixtral_22 as a crash)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "check", "tiny-llama", "--seq-len", "64", "--batch-size", "2",
+         "--mode", "bf16", "--gpus", "4", "--parallel", "zero2", "--zero-config", AUTO_BUCKET,
+         "--optimizer", "adamw_bnb_8bit", "--gpu-memory", "1664MiB", "--workers", "1", "--no-cache",
+         "--json"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fits"] is True
+    assert "untested optimizer" in done.stderr

@@ -266,8 +266,14 @@ def _alone_group(world: int) -> Any:
 
 
 def _quiet() -> None:
-    """DeepSpeed logs every engine it builds at INFO; keep its warnings."""
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    """DeepSpeed logs every engine it builds at INFO; keep its warnings, on stderr: its handler
+    writes to stdout (utils/logging.py ``LoggerFactory.create_logger``), where a check's JSON is
+    (its "untested optimizer" warning for a client optimizer such as bitsandbytes')."""
+    logger = logging.getLogger("DeepSpeed")
+    logger.setLevel(logging.WARNING)
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
 
 
 def ds_config(parallel: Parallel, precision: str, hidden_size: int | None) -> dict[str, Any]:
