@@ -70,14 +70,16 @@ class Phases(StepHooks):
 
 
 def traced(parallel: Parallel | None, mode: str = "fp32",
-           adapter: Adapter | None = None) -> tuple[Phases, Any]:
+           adapter: Adapter | None = None, *, optimizer: str | None = None) -> tuple[Phases, Any]:
     """tiny-llama's step over bf16 weights (fp32: no autocast, no mixed-precision policy), with
-    ``adapter`` if given, batch 2 x 32, every step run; its phases and a meta copy of the model as
-    built (without the adapter)."""
+    ``adapter`` if given, the default optimizer or ``optimizer``, batch 2 x 32, every step run; its
+    phases and a meta copy of the model as built (without the adapter)."""
     import torch
 
     spec = resolve_model("tiny-llama")
-    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", adapter=adapter, parallel=parallel)
+    chosen = {} if optimizer is None else {"optimizer": optimizer}
+    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", adapter=adapter, parallel=parallel,
+                        **chosen)
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
     backend._steady[(workload, mode)] = SteadySteps(verified=False)
     phases = Phases()

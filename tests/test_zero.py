@@ -13,7 +13,8 @@ import ranktrace
 from ranktrace import Phases
 
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
-from autotune.workload.parallel import Parallel, make_parallel
+from autotune.workload.adapters import Adapter, make_adapter
+from autotune.workload.parallel import Parallel, check_sharded, make_parallel
 from autotune.workload.zero import read_settings, resolved
 
 deepspeed = pytest.importorskip("deepspeed")
@@ -26,7 +27,7 @@ FLOAT32 = 4
 
 # Each rank's trace, made once for the module: the tests compare the same few ranks' traces
 # (issue #39), and read them only.
-_TRACES: dict[tuple[Parallel | None, str], tuple[Phases, Any]] = {}
+_TRACES: dict[tuple[Any, ...], tuple[Phases, Any]] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,11 +36,13 @@ def _forget_traces():
     _TRACES.clear()
 
 
-def traced(parallel: Parallel | None, mode: str = "bf16") -> tuple[Phases, Any]:
+def traced(parallel: Parallel | None, mode: str = "bf16", *, optimizer: str | None = None,
+           adapter: Adapter | None = None) -> tuple[Phases, Any]:
     """ranktrace.traced in bf16: the mixed-precision step ZeRO's engine runs (traced once a module)."""
-    if (parallel, mode) not in _TRACES:
-        _TRACES[parallel, mode] = ranktrace.traced(parallel, mode)
-    return _TRACES[parallel, mode]
+    key = (parallel, mode, optimizer, adapter)
+    if key not in _TRACES:
+        _TRACES[key] = ranktrace.traced(parallel, mode, optimizer=optimizer, adapter=adapter)
+    return _TRACES[key]
 
 
 def partition(model: Any, ranks: int) -> int:
@@ -308,3 +311,169 @@ def test_a_check_of_an_offloaded_zero_rank_says_the_host_memory_it_holds():
     plain = autotune.check("tiny-llama", seq_len=128, batch_size=2, mode="bf16", gpus=4, parallel="zero2",
                            gpu_memory="1664MiB", workers=1)
     assert plain.host_memory_bytes == 0 and "host memory" not in plain.message
+
+
+# bitsandbytes' AdamW and a quantized base under ZeRO (issue #35: Axolotl's mixtral, mixtral_22 and
+# bigstral examples)
+AUTO_BUCKET = json.dumps({"stage": 2, "reduce_bucket_size": "auto"})
+
+
+def first_step(phases: Phases) -> int:
+    """What the first optimizer step left allocated: the optimizer's state."""
+    return phases.live["optimizer done"][0] - before(phases)
+
+
+def test_bitsandbytes_adamw_under_zero2_keeps_8_bit_moments_per_float32_partition():
+    # DeepSpeed hands the client optimizer its float32 partition as the group's one parameter
+    # (stage_1_and_2.py _optimizer_step): bitsandbytes' state is the partition's, 8-bit from
+    # MIN_8BIT_SIZE elements (optimizer.py init_state), float32 below; the Trainer's 32-bit override
+    # of the embedding (its id) matches no partition (check_overrides)
+    from autotune.workload.optimizers import MIN_8BIT_SIZE
+
+    _, model = traced(None)
+    four, eight = partition(model, 4), partition(model, 8)
+    assert four >= MIN_8BIT_SIZE > eight  # tiny-llama's partitions on either side of the threshold
+    states = [first_step(traced(make_parallel(ranks, "zero2", zero_config=AUTO_BUCKET),
+                                optimizer="adamw_bnb_8bit")[0]) for ranks in (4, 8)]
+    assert states[0] - states[1] == eight_bit_state(four) - 2 * eight * FLOAT32
+    torch_adam = first_step(traced(make_parallel(4, "zero2", zero_config=AUTO_BUCKET),
+                                   optimizer="adamw_torch")[0])
+    # torch's two float32 moments and its step, a float32 scalar
+    assert torch_adam - states[0] == 2 * four * FLOAT32 + FLOAT32 - eight_bit_state(four)
+
+
+def eight_bit_state(n: int) -> int:
+    """bitsandbytes' 8-bit AdamW state of a parameter of ``n`` elements: two uint8 moments, their
+    float32 block scales and the two quantization maps (optimizer.py init_state)."""
+    from autotune.workload.optimizers import BLOCK_SIZE, QMAP_SIZE
+
+    return 2 * n + 2 * math.ceil(n / BLOCK_SIZE) * FLOAT32 + 2 * QMAP_SIZE * FLOAT32
+
+
+def test_bitsandbytes_adamw_under_zero3_steps_each_rank_s_partitions():
+    # stage 3's one sub-group (sub_group_size 1e9): its float32 flat partition, each parameter's
+    # ceil(numel / ranks) elements (stage3.py _optimizer_step)
+    _, model = traced(None)
+    own = sum(math.ceil(p.numel() / 4) for p in model.parameters())
+    bnb, _ = traced(make_parallel(4, "zero3"), optimizer="adamw_bnb_8bit")
+    torch_adam, _ = traced(make_parallel(4, "zero3"), optimizer="adamw_torch")
+    assert first_step(torch_adam) - first_step(bnb) == 2 * own * FLOAT32 + FLOAT32 - eight_bit_state(own)
+
+
+def test_an_offloaded_optimizer_is_deepspeed_cpu_adam_whichever_the_trainer_made():
+    # accelerate maps the Trainer's optimizer, bitsandbytes' too, to DeepSpeedCPUAdam under
+    # offload_optimizer (utils/deepspeed.py map_pytorch_optim_to_deepspeed)
+    zero = json.dumps({"stage": 2, "reduce_bucket_size": "auto", "offload_optimizer": {"device": "cpu"}})
+    bnb, _ = traced(make_parallel(4, "zero2", zero_config=zero), optimizer="adamw_bnb_8bit")
+    torch_adam, _ = traced(make_parallel(4, "zero2", zero_config=zero), optimizer="adamw_torch")
+    assert bnb.tracker.host_peak_bytes == torch_adam.tracker.host_peak_bytes > 0
+    assert first_step(bnb) == first_step(torch_adam)
+
+
+QLORA = make_adapter("qlora", r=4, targets="all-linear")
+
+
+def trainable(adapter: Adapter) -> int:
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.gpus import resolve_gpu
+    from autotune.workload import Workload
+    from autotune.workload.models import resolve_model
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=adapter, parallel=make_parallel(2, "zero2"))
+    model = EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16").model
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("method", ["qlora", "lora_8bit"])
+def test_a_quantized_base_under_zero2_stays_whole_and_only_the_adapters_are_partitioned(method):
+    adapter = QLORA if method == "qlora" else make_adapter(method, r=4, targets="all-linear")
+    two, four = (traced(make_parallel(ranks, "zero2", zero_config=AUTO_BUCKET), adapter=adapter)[0]
+                 for ranks in (2, 4))
+    n = trainable(adapter)
+    own = {ranks: math.ceil(n / (ALIGNMENT * ranks)) * ALIGNMENT for ranks in (2, 4)}
+    # the float32 master partition of the adapters alone; the packed base is loaded whole by both
+    assert before(two) - before(four) == (own[2] - own[4]) * FLOAT32
+    assert first_step(two) - first_step(four) == (own[2] - own[4]) * 2 * FLOAT32
+
+
+def test_a_quantized_base_under_zero3_is_refused_by_name_and_zero2_is_checked():
+    import autotune
+
+    with pytest.raises(InvalidInput, match="a 4-bit base under DeepSpeed ZeRO-3 is not modelled yet"):
+        check_sharded(make_parallel(4, "zero3"), 4, "adamw_bnb_8bit")
+    result = autotune.check("tiny-llama", seq_len=64, batch_size=2, mode="bf16", gpus=4, parallel="zero2",
+                            zero_config=AUTO_BUCKET, peft="qlora", optimizer="adamw_bnb_8bit",
+                            gpu_memory="1664MiB", workers=1)
+    assert result.fits and "QLoRA" in result.message and "ZeRO-2" in result.message
+
+
+def test_zero_force_ds_cpu_optimizer_false_under_offload_is_noted(tmp_path):
+    from autotune.configs import read_training_configs
+
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
+    (tmp_path / "train.json").write_text(json.dumps({"model_name_or_path": "tiny-llama", "bf16": True,
+                                                    "deepspeed": str(tmp_path / "ds.json")}))
+    notes = read_training_configs([tmp_path / "train.json"]).notes
+    assert any("zero_force_ds_cpu_optimizer: false: DeepSpeed steps the Trainer's own optimizer" in note
+               for note in notes)
+
+
+def test_the_floor_of_a_zero3_rank_leaves_out_the_parameters_deepspeed_partitions():
+    # The search's lower bound (EstimateBackend.floor_bytes) held the whole model for ZeRO-3, where a
+    # rank holds 1/N of it, or none under offload_param: Mixtral-8x22B's 282 GB "did not fit" 8 H100s
+    # untraced (Axolotl's mixtral_22 example)
+    from autotune.backends.estimate.backend import EstimateBackend
+    from autotune.gpus import resolve_gpu
+    from autotune.workload import Workload
+    from autotune.workload.models import resolve_model
+
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+
+    def floor(kind: str) -> tuple[int, Any]:
+        workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                            parallel=make_parallel(4, kind))
+        fake = backend._model(workload, "bf16")
+        return backend.floor_bytes(fake), fake.model
+
+    (two, model), (three, _) = floor("zero2"), floor("zero3")
+    assert two - three == sum(p.untyped_storage().nbytes() for p in model.parameters()) > 0
+
+
+def test_a_zero3_rank_s_setup_never_holds_the_whole_model():
+    # The engine's copy of the model is partitioned by the engine, not loaded under zero.Init: the
+    # broadcast it skips for a zero.Init model had the tracker count every whole parameter on the GPU
+    # (Mixtral-8x22B's 262 GiB at setup, on 8 GPUs with the parameters offloaded). What setup holds
+    # above its end is one gathered trainable parameter at a time (stage3.py
+    # create_reduce_and_remove_grad_hooks: param.all_gather())
+    zero = json.dumps({"stage": 3, "reduce_bucket_size": "auto", "offload_param": {"device": "cpu"}})
+    phases, model = traced(make_parallel(8, "zero3", zero_config=zero))
+    live, peak, sizes = 0, 0, {}
+    for key, nbytes in phases.tracker.events[:phases.steps_start]:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        live += nbytes if nbytes >= 0 else -sizes.pop(key)
+        peak = max(peak, live)
+    assert peak - before(phases) <= max(p.numel() * 2 for p in model.parameters())
+
+
+def test_a_json_check_of_a_zero_job_with_bitsandbytes_adamw_is_json_alone(tmp_path):
+    # DeepSpeed's logger writes to stdout; its "untested optimizer" warning for the client
+    # bitsandbytes optimizer went into the check's JSON (the corpus benchmark read mixtral_22 as a crash)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "check", "tiny-llama", "--seq-len", "64", "--batch-size", "2",
+         "--mode", "bf16", "--gpus", "4", "--parallel", "zero2", "--zero-config", AUTO_BUCKET,
+         "--optimizer", "adamw_bnb_8bit", "--gpu-memory", "1664MiB", "--workers", "1", "--no-cache",
+         "--json"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fits"] is True
+    assert "untested optimizer" in done.stderr

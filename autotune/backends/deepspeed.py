@@ -40,12 +40,26 @@ master partition, its gradient, the 16-bit staging copies, stage 3's offloaded p
 the tracker's host ledger as it is made (tracker.py ``to_host``), not the GPU's; pinned or pageable,
 a host buffer takes the same bytes; stage 3's float32 master partitions, which it does not pin, are
 put there as they are made (``_create_fp32_partitions``). The optimizer DeepSpeed steps on the host is its
-``DeepSpeedCPUAdam`` (the integration's choice under offload, engine.py ``_configure_basic_optimizer``),
+``DeepSpeedCPUAdam`` (accelerate 1.15 accelerator.py ``_prepare_deepspeed`` maps the Trainer's optimizer,
+bitsandbytes' too, to it under offload: utils/deepspeed.py ``map_pytorch_optim_to_deepspeed``),
 a compiled op that cannot run on fake tensors: modelled from its source (ops/adam/cpu_adam.py
 ``step``): per parameter, ``exp_avg`` and ``exp_avg_sq`` made as ``zeros_like`` in float32 on the host
 at the first step, then updated in place by the op (no allocation). Two more scalar reads answer "no
 overflow" (stage_1_and_2.py ``update_offload_overflow_tracker``, and stage 1/2's and 3's
 ``complete_grad_norm_calculation_for_cpu_offload``). The rank's host memory is the ledger's peak.
+
+Without offload the Trainer's optimizer steps the float32 partitions on the GPU: torch's as it is,
+bitsandbytes' AdamW as the estimator emulates it (workload/optimizers.py ``BnbAdamWState``: its CUDA
+kernels cannot run here), handed to DeepSpeed as a ``torch.optim.Optimizer`` (``client_optimizer``).
+Its state is per partition, each a parameter to bitsandbytes: 8-bit moments where a partition has
+``MIN_8BIT_SIZE`` elements; the Trainer's 32-bit override of the embeddings (trainer.py
+``create_optimizer``: ``register_module_override``) matches no partition (bitsandbytes
+optim/optimizer.py ``check_overrides`` compares ``id(p)`` at the first step, by then DeepSpeed's
+partitions), so it is not applied.
+
+A 4- or 8-bit base (ZeRO-1/2 only: workload/parallel.py ``check_sharded``) is loaded whole on each
+rank, as on one GPU: the engine casts only floating-point parameters and partitions only the
+optimizer's, the trainable adapters.
 
 The weights reach the GPU as the integration loads them: for stage 1/2 the whole model, cast to
 the mode's 16-bit dtype (engine.py ``_cast_module_mixed_precision``: parameters only, buffers kept)
@@ -252,8 +266,14 @@ def _alone_group(world: int) -> Any:
 
 
 def _quiet() -> None:
-    """DeepSpeed logs every engine it builds at INFO; keep its warnings."""
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    """DeepSpeed logs every engine it builds at INFO; keep its warnings, on stderr: its handler
+    writes to stdout (utils/logging.py ``LoggerFactory.create_logger``), where a check's JSON is
+    (its "untested optimizer" warning for a client optimizer such as bitsandbytes')."""
+    logger = logging.getLogger("DeepSpeed")
+    logger.setLevel(logging.WARNING)
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
 
 
 def ds_config(parallel: Parallel, precision: str, hidden_size: int | None) -> dict[str, Any]:
@@ -343,7 +363,7 @@ def cpu_adam(optimizer: Any) -> Any:
                 for p in group["params"]:
                     if p.grad is None:
                         continue
-                    state = optimizer.state[p]
+                    state = optimizer.state.setdefault(p, {})
                     if not state:
                         state["step"] = 0
                         state["exp_avg"] = torch.zeros_like(p.data, dtype=torch.float)
@@ -352,6 +372,48 @@ def cpu_adam(optimizer: Any) -> Any:
 
     optimizer.step = step
     return optimizer
+
+
+@functools.cache
+def _client_class() -> type:
+    """The emulated optimizers (workload/optimizers.py: bitsandbytes' AdamW, whose CUDA kernels
+    cannot run here) as the client optimizer DeepSpeed takes: engine.py ``_configure_optimizer``
+    takes a ``torch.optim.Optimizer`` as it is (any other object it calls, to build one). ZeRO then
+    only reads and sets the client's ``param_groups`` and ``state`` and calls its ``step``
+    (stage_1_and_2.py ``_optimizer_step``, stage3.py ``_optimizer_step``: each group's params the
+    float32 partition): those reach the emulated optimizer itself, which makes its state over the
+    partitions as bitsandbytes does over any parameter."""
+    import torch
+
+    class ClientOptimizer(torch.optim.Optimizer):
+        inner: Any  # the emulated optimizer
+
+        def __init__(self, inner: Any) -> None:  # not Optimizer.__init__: the state is the inner's
+            self.__dict__["inner"] = inner
+            self.defaults = {"lr": inner.param_groups[0]["lr"]}
+            self._optimizer_step_pre_hooks: dict[int, Any] = {}
+            self._optimizer_step_post_hooks: dict[int, Any] = {}
+
+        param_groups = property(lambda self: self.inner.param_groups,  # type: ignore[assignment]
+                                lambda self, value: setattr(self.inner, "param_groups", value))
+        state = property(lambda self: self.inner.state,  # type: ignore[assignment]
+                         lambda self, value: setattr(self.inner, "state", value))
+
+        def step(self, closure: Any = None) -> None:  # type: ignore[override]
+            self.inner.step(closure)
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.inner.zero_grad(set_to_none)
+
+    return ClientOptimizer
+
+
+def client_optimizer(optimizer: Any) -> Any:
+    """The Trainer's optimizer as DeepSpeed's client optimizer: a torch one as it is, an emulated
+    one in ``_client_class``."""
+    import torch
+
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else _client_class()(optimizer)
 
 
 class EngineStep:
@@ -398,10 +460,18 @@ def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, pre
     comm.init_distributed(dist_backend="gloo", dist_init_required=False, verbose=False)
     mpu = _Mpu(mesh.get_group(), parallel.gpus)
     config = ds_config(parallel, precision, hidden_size(model))
+    optimizer = client_optimizer(optimizer)
     if offloads_optimizer(parallel.zero):
         optimizer = cpu_adam(optimizer)
+    # Under ZeRO-3 transformers loads the model inside zero.Init (modeling_utils.py needs_zero3_init),
+    # so the engine meets partitioned parameters and broadcasts none (engine.py
+    # _configure_distributed_model: ``if not is_zero_init_model: self._broadcast_model()``); the
+    # estimator's copy is partitioned by the engine itself, after: its whole parameters, which
+    # never reach the GPU, are not broadcast (each would be counted allocated on the GPU)
+    broadcast = (_patched(DeepSpeedEngine, "_broadcast_model", lambda self: None) if parallel.kind == "zero3"
+                 else contextlib.nullcontext())
     try:
-        with _flattened_on_host():
+        with _flattened_on_host(), broadcast:
             engine = DeepSpeedEngine(args=None, model=module, optimizer=optimizer, config=config,
                                      config_class=DeepSpeedConfig(config, mpu), mpu=mpu,
                                      dont_change_device=True)

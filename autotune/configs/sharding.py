@@ -463,15 +463,28 @@ def read_deepspeed(cfg: Config, key: str = "deepspeed") -> None:
 # The zero_optimization of Axolotl's shipped files (deepspeed_configs/, Axolotl 067b021), described
 # from their source, not copied: zero1 with overlap_comm; zero2 with the optimizer offloaded to the
 # CPU; zero3 with "auto" sizes, overlap_comm, contiguous gradients, sub_group_size 0 and
-# max_live_parameters / max_reuse_distance 0.
+# max_live_parameters / max_reuse_distance 0; zero3_bf16 the same, saving 16-bit weights
+# (gather_16bit_weights_on_model_save); its cpuoffload_params the parameters offloaded to pinned host
+# memory, cpuoffload_all the optimizer too, both with zero_force_ds_cpu_optimizer false.
+_AXOLOTL_ZERO3 = {
+    "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 0,
+    "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+    "stage3_param_persistence_threshold": "auto", "max_live_parameters": 0, "max_reuse_distance": 0}
+_AXOLOTL_ZERO3_BF16 = {**_AXOLOTL_ZERO3, "gather_16bit_weights_on_model_save": True}
+_PINNED_CPU = {"device": "cpu", "pin_memory": True}
 SHIPPED_ZERO: dict[str, dict[str, Any]] = {
     "zero1.json": {"zero_optimization": {"stage": 1, "overlap_comm": True}},
     "zero2.json": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
                                          "contiguous_gradients": True, "overlap_comm": True}},
-    "zero3.json": {"zero_optimization": {
-        "stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 0,
-        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-        "stage3_param_persistence_threshold": "auto", "max_live_parameters": 0, "max_reuse_distance": 0}},
+    "zero3.json": {"zero_optimization": _AXOLOTL_ZERO3},
+    "zero3_bf16.json": {"zero_optimization": _AXOLOTL_ZERO3_BF16},
+    "zero3_bf16_cpuoffload_params.json": {
+        "zero_force_ds_cpu_optimizer": False, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {**_AXOLOTL_ZERO3_BF16, "offload_param": _PINNED_CPU}},
+    "zero3_bf16_cpuoffload_all.json": {
+        "zero_force_ds_cpu_optimizer": False, "zero_allow_untested_optimizer": True,
+        "zero_optimization": {**_AXOLOTL_ZERO3_BF16, "offload_optimizer": _PINNED_CPU,
+                              "offload_param": _PINNED_CPU}},
 }
 
 
@@ -495,6 +508,20 @@ def read_zero_config(cfg: Config, key: str, config: dict[str, Any], source: str)
         exc.field = "zero_config"
         raise
     cfg.launch["zero_config"] = settings_text(settings)
+    if config.get("zero_force_ds_cpu_optimizer") is False and "offload_optimizer" in dict(settings):
+        cfg.notes.append(f"{key}: zero_force_ds_cpu_optimizer: false: {CLIENT_OPTIMIZER_OFFLOADED}")
+
+
+# What ``zero_force_ds_cpu_optimizer: false`` changes under offload_optimizer: accelerate 1.15
+# (accelerator.py ``_prepare_deepspeed``) maps the Trainer's optimizer to DeepSpeedCPUAdam
+# (utils/deepspeed.py ``map_pytorch_optim_to_deepspeed``) only where the key is true, its default;
+# false, deepspeed 0.19 (engine.py ``_configure_optimizer``) keeps the Trainer's own optimizer and
+# steps it on the host's float32 partitions. The GPU holds the same; the host figure is modelled
+# as DeepSpeedCPUAdam's (backends/deepspeed.py cpu_adam).
+CLIENT_OPTIMIZER_OFFLOADED = (
+    "DeepSpeed steps the Trainer's own optimizer on the host partitions, not DeepSpeedCPUAdam: no effect "
+    "on GPU memory; the host memory figure is DeepSpeedCPUAdam's float32 state (an 8-bit optimizer's "
+    "host state is smaller)")
 
 
 def deepspeed_stage(cfg: Config, key: str, config: dict[str, Any]) -> int:

@@ -161,8 +161,8 @@ class Parallel:
                     "flat buffer, before DDP's rebuild into 25 MiB buckets of the same bytes")
         if self.is_zero:
             return ("traced: DeepSpeed's own DeepSpeedEngine for rank 0 on a fake process group, as the "
-                    "Trainer's DeepSpeed integration builds it (a client torch optimizer, bf16/fp16 from the "
-                    "mode, no autocast) with zero_optimization " + settings_text(self.zero)
+                    "Trainer's DeepSpeed integration builds it (the Trainer's optimizer as its client, "
+                    "bf16/fp16 from the mode, no autocast) with zero_optimization " + settings_text(self.zero)
                     + " (\"auto\" resolved from hidden_size as transformers' trainer_config_finalize does): "
                     "its flat 16-bit and float32 partitions, gradient buckets and gathered parameters are "
                     "allocated by DeepSpeed itself; the overflow check and the gradient-norm check, which "
@@ -479,11 +479,7 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
     from autotune.workload.optimizers import uses_bitsandbytes
 
     if parallel is not None and parallel.is_zero:
-        if base_bits is not None or uses_bitsandbytes(optimizer):
-            what = f"a {base_bits}-bit base" if base_bits is not None else f"{{optimizer}} {optimizer}"
-            raise _about("parallel" if base_bits is not None else "optimizer", InvalidInput.naming(
-                f"{what} under DeepSpeed ZeRO is not modelled yet: use LoRA over a 16-bit base, and a torch "
-                "optimizer"))
+        _check_zero_quantized(parallel, base_bits)
         return
     if parallel is None or parallel.kind != FSDP:
         return
@@ -511,6 +507,25 @@ def check_sharded(parallel: Parallel | None, base_bits: int | None, optimizer: s
         raise _about("optimizer", InvalidInput.naming(
             f"{{optimizer}} {optimizer} (bitsandbytes) under {{parallel}} fsdp is not modelled yet: "
             "its update over sharded parameters is unverified; use a torch or torchao optimizer"))
+
+
+def _check_zero_quantized(parallel: Parallel, base_bits: int | None) -> None:
+    """A quantized base under ZeRO-1/2 is traced: transformers loads it whole (the same as on one
+    GPU), the engine casts only its floating-point parameters (deepspeed 0.19 engine.py
+    ``_cast_module_mixed_precision``: ``CASTABLE_DTYPES``, not the packed uint8 weights) and
+    flattens and partitions only the optimizer's, the trainable adapters (stage_1_and_2.py
+    ``DeepSpeedZeroOptimizer.__init__``: ``param.requires_grad``); the frozen base stays whole on
+    every rank. Under ZeRO-3 it is refused: transformers loads a quantized model outside
+    ``zero.Init`` (5.24 modeling_utils.py ``needs_zero3_init``: ``not _is_quantized``) and the
+    stage-3 engine then partitions every parameter of the module, the packed weights in their
+    ``bnb_4bit_quant_storage`` dtype among them (stage3.py ``DeepSpeedZeroOptimizer_Stage3``:
+    ``initialize_ds_offload``), which is not modelled. bitsandbytes' optimizers are DeepSpeed's
+    client optimizer over the float32 partitions (backends/deepspeed.py)."""
+    if base_bits is not None and parallel.kind == "zero3":
+        raise _about("parallel", InvalidInput.naming(
+            f"a {base_bits}-bit base under DeepSpeed ZeRO-3 is not modelled yet (DeepSpeed partitions "
+            "the packed quantized weights with the rest, by their bnb_4bit_quant_storage dtype): use "
+            "zero1 or zero2, whose ranks each hold the frozen quantized base whole"))
 
 
 def _about(field: str, error: InvalidInput) -> InvalidInput:

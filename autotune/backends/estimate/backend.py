@@ -651,7 +651,10 @@ class EstimateBackend:
     def floor_bytes(self, fake: _FakeModel) -> int:
         """A lower bound of every step's demand on the model: its weights (parameters and buffers,
         a rank's shards of them; a DPO reference model's too) and the cuBLAS workspaces, allocated
-        before the first step and held through it (traced_step.trace_step), each storage once."""
+        before the first step and held through it (traced_step.trace_step), each storage once.
+        Under ZeRO-3 the model is whole until DeepSpeed's engine partitions a copy of it in the
+        trace (backends/deepspeed.py ``load``: the buffers alone are loaded; the partitions,
+        offloaded or not, are the engine's): its parameters are left out of the bound."""
         from autotune.backends.estimate.traced_step import CUBLAS_HANDLES_PER_STEP
         from autotune.backends.estimate.tracker import local_shard
 
@@ -659,7 +662,9 @@ class EstimateBackend:
         if key not in self._floors:
             storages = {}
             models = (fake.model,) if fake.reference is None else (fake.model, fake.reference)
-            tensors = [t for m in models for t in (*m.parameters(), *m.buffers())]
+            zero3 = fake.distributed is not None and fake.distributed.parallel.kind == "zero3"
+            tensors = [t for m in models for t in ((*m.parameters(), *m.buffers())
+                                                     if not zero3 or m is fake.reference else m.buffers())]
             for tensor in tensors:
                 storage = local_shard(tensor).untyped_storage()
                 storages[storage._cdata] = storage.nbytes()

@@ -145,7 +145,7 @@ def test_gpus_alone_is_ddp():
 
 @pytest.mark.parametrize(("argv", "message"), [
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "8", "--parallel", "zero3",
-      "--peft", "qlora"), "Error: a 4-bit base under DeepSpeed ZeRO is not modelled yet"),
+      "--peft", "qlora"), "Error: a 4-bit base under DeepSpeed ZeRO-3 is not modelled yet"),
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--parallel", "fsdp"),
      "Error: --parallel fsdp needs --gpus"),
     (("check", *TINY, "--seq-len", "64", "--batch-size", "2", "--gpus", "4", "--nodes", "2"),

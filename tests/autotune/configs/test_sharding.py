@@ -149,6 +149,25 @@ def test_deepspeed_stage_is_read_from_a_mapping_a_file_or_a_shipped_name(tmp_pat
     assert launch(tmp_path, lf, "lf.yaml")[0] == "zero2"
 
 
+@pytest.mark.parametrize("name, offloaded", [
+    ("zero3_bf16.json", set()),
+    ("zero3_bf16_cpuoffload_params.json", {"offload_param"}),
+    ("zero3_bf16_cpuoffload_all.json", {"offload_optimizer", "offload_param"}),
+])
+def test_axolotl_s_shipped_zero3_files_offload_what_they_say(tmp_path, name, offloaded):
+    # Axolotl's mixtral_22 and bigstral examples (deepspeed_configs/, Axolotl 067b021): each offload
+    # pinned to the host, read into zero_config where it was dropped before
+    config = read_training_config(write(tmp_path, {**AXOLOTL, "deepspeed": f"deepspeed_configs/{name}"},
+                                        "axolotl.yml"))
+    zero = json.loads(config.request.step.zero_config)
+    assert config.request.step.parallel == "zero3" and zero["sub_group_size"] == 0
+    assert {key for key in zero if key.startswith("offload_")} == offloaded
+    assert all(zero[key] == {"device": "cpu", "pin_memory": True} for key in offloaded)
+    # zero_force_ds_cpu_optimizer false: the Trainer's optimizer steps the host partitions (noted)
+    forced = [note for note in config.notes if "zero_force_ds_cpu_optimizer: false" in note]
+    assert len(forced) == ("offload_optimizer" in offloaded)
+
+
 def test_deepspeed_errors_are_named(tmp_path):
     with pytest.raises(InvalidInput, match="^deepspeed: 'missing.json' in .* no such file"):
         launch(tmp_path, {**TRAINER, "deepspeed": "missing.json"})
