@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from autotune.backends.estimate.backend import EstimateBackend, _largest_fitting, _settle
+from autotune.backends.estimate.backend import _SETTLE_HOPS, EstimateBackend, _largest_fitting, _settle
 from autotune.gpus import custom_gpu
 from autotune.search import search_max_batch
 from autotune.workload import Workload
@@ -78,6 +78,18 @@ def test_settle_steps_over_a_hole_between_fitting_grid_points():
     assert _settle(fits, 8) is None and _settle(fits, 10) == 8
     fits, _ = counted(60, frozenset({18}))  # fits far past the window above: gallops there
     assert _settle(fits, 17) == 60
+
+
+def test_settle_leaves_a_long_chain_of_holes_where_its_hops_end():
+    # A tiny model on a large card: every grid point fits and the batch after it does not, far up
+    # (tiny-llama under FSDP1 QLoRA on an A100-80GB: 575 holes from 268,800, 80 s of one check).
+    # The settling stops after _SETTLE_HOPS of them, each hop one grid step up.
+    top = 1_000 + 4 * (_SETTLE_HOPS + 100)
+    fits, asked = counted(top, frozenset(b for b in range(1_001, top) if b % 4))
+    assert _settle(fits, 1_000) == 1_000 + 4 * (_SETTLE_HOPS + 1)
+    assert max(asked) < 1_000 + 4 * (_SETTLE_HOPS + 3)  # nothing past the last hop's step asked
+    fits, _ = counted(1_000 + 4 * 10, frozenset(b for b in range(1_001, 1_040) if b % 4))
+    assert _settle(fits, 1_000) == 1_040  # a shorter chain ends where the holes do
 
 
 def test_settle_steps_only_onto_a_batch_that_fits_by_its_demand():
