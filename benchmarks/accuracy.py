@@ -79,12 +79,15 @@ NOT_ESTIMATOR = ("autotune/backends/cuda/", "autotune/cli/", "autotune/analysis/
 
 
 def estimator_fingerprint() -> str:
-    """A hash of what the estimator's answers depend on: autotune's sources (but NOT_ESTIMATOR) and
-    the torch and transformers versions."""
+    """A hash of what the estimator's answers depend on: autotune's sources (but NOT_ESTIMATOR), how
+    a table's workload is built from it here (table_workload), the torch and transformers versions."""
+    import inspect
+
     import torch
     import transformers
 
     digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
+    digest.update(inspect.getsource(table_workload).encode())
     for path in sorted((ROOT / "autotune").rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         if not name.startswith(NOT_ESTIMATOR):
