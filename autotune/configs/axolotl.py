@@ -349,6 +349,8 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
                                 **values)
         source = f"adapter: {method}"
     adapter = replace(adapter, kernels=_axolotl_kernels(cfg, adapter))
+    if adapter.dropout:  # load_lora: PEFT's ParamWrapper on fused experts built without dropout
+        adapter = replace(adapter, experts_undropped=True)
     if method == "lora_8bit":
         # _set_quantization_config: BitsAndBytesConfig(load_in_8bit=True); then, as for qlora,
         # prepare_model_for_kbit_training and norms and embeddings back to torch_dtype.

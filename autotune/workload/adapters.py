@@ -49,10 +49,12 @@ value for BERT); ``all-linear`` is PEFT's every linear layer but the output head
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -149,6 +151,10 @@ class Adapter:
     # model_utils/visual.py patch_target_modules: a vision model's frozen tower and projector),
     # given to PEFT as exclude_modules (``excluded_pattern``).
     exclude: tuple[str, ...] = ()
+    # Axolotl's _patch_peft_param_wrapper_dropout (loaders/adapter.py load_lora): PEFT's ParamWrapper
+    # (LoRA on a fused MoE's 3D expert parameters) refuses lora_dropout != 0; Axolotl builds it with
+    # dropout 0 (nn.Identity), every other LoRA layer with the dropout asked (``experts_undropped``).
+    experts_undropped: bool = False
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -205,6 +211,7 @@ class Adapter:
             **({"kernels": list(self.kernels)} if self.kernels else {}),
             **({"quantize_experts": True} if self.quantize_experts else {}),
             **({"exclude": list(self.exclude)} if self.exclude else {}),
+            **({"experts_undropped": True} if self.experts_undropped else {}),
         }
 
     @classmethod
@@ -220,6 +227,7 @@ class Adapter:
             # (an 8-bit base was never stored without its recipe)
             target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
             quantize_experts=bool(data.get("quantize_experts", False)), exclude=data.get("exclude") or (),
+            experts_undropped=bool(data.get("experts_undropped", False)),
         )
 
 
@@ -247,6 +255,7 @@ def make_adapter(
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
     kernels: str | Iterable[str] = (), quantize_experts: bool = False, exclude: Iterable[str] = (),
+    experts_undropped: bool = False,
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
@@ -276,7 +285,7 @@ def make_adapter(
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
                    target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
-                   bool(quantize_experts), _check_exclude(exclude))
+                   bool(quantize_experts), _check_exclude(exclude), bool(experts_undropped))
 
 
 def _check_exclude(names: Iterable[str]) -> tuple[str, ...]:
@@ -403,6 +412,31 @@ def lora_config(adapter: Adapter, task: str) -> Any:
     )
 
 
+@contextlib.contextmanager
+def _experts_undropped(active: bool) -> Iterator[None]:
+    """Axolotl's _patch_peft_param_wrapper_dropout (loaders/adapter.py), while PEFT builds the model:
+    ParamWrapper.__init__ given a copy of the LoraConfig with lora_dropout 0."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    if not active:
+        yield
+        return
+    original = ParamWrapper.__init__
+
+    def init(self: Any, base_layer: Any, adapter_name: str, parameter_name: str, config: Any,
+             *args: Any, **kwargs: Any) -> None:
+        if getattr(config, "lora_dropout", 0):
+            config = copy.copy(config)
+            config.lora_dropout = 0.0
+        original(self, base_layer, adapter_name, parameter_name, config, *args, **kwargs)
+
+    ParamWrapper.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ParamWrapper.__init__ = original  # type: ignore[method-assign]
+
+
 def compute_dtype(adapter: Adapter, supports_bf16: bool) -> str:
     """The 4-bit layers' configured compute dtype: the adapter's, else bf16 where supported."""
     if adapter.compute_dtype is not None:
@@ -467,7 +501,8 @@ def prepare(
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             # PEFT warns when exclude_modules excluded nothing: the parametrizations' need not match
             warnings.filterwarnings("ignore", "You have passed exclude_modules")
-            wrapped = get_peft_model(model, config)
+            with _experts_undropped(adapter.experts_undropped):
+                wrapped = get_peft_model(model, config)
     except ValueError as exc:
         message = str(exc).splitlines()[0].rstrip(".")
         if "target_modules" in message or "not found in the base model" in message:

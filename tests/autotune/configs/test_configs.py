@@ -165,7 +165,7 @@ def test_the_examples_are_read():
             qlora.ignored) == ("axolotl", "mistralai/Mistral-7B-v0.3", 8192, 2, "bf16+ckpt", "bfloat16", ())
     assert qlora.adapter == Adapter("qlora", r=32, alpha=16, dropout=0.05, targets=("all-linear",),
                                     quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
-                                    recipe="axolotl")
+                                    recipe="axolotl", experts_undropped=True)
     sft_qlora = view(read_training_config(EXAMPLES / "sft_qlora.yaml"))
     assert (sft_qlora.format, sft_qlora.model, sft_qlora.dtype, sft_qlora.ignored) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", "bfloat16", ())
@@ -368,7 +368,7 @@ def test_axolotl_lora_over_an_8bit_base_is_read(tmp_path):
     # loaders/model.py _set_quantization_config: BitsAndBytesConfig(load_in_8bit=True), then the
     # kbit preparation of qlora; check_auto_enable_lora_kernels skips an 8-bit LoRA base.
     assert plan.adapter == Adapter("lora_8bit", r=16, alpha=32, dropout=0.05, targets=("all-linear",),
-                                   recipe="axolotl")
+                                   recipe="axolotl", experts_undropped=True)
     label = "adapter: lora_8bit: LoRA over an LLM.int8 base (bitsandbytes Linear8bitLt, Axolotl recipe) r=16"
     assert any(n.startswith(label) and "8-bit layers computing in int8" in n for n in plan.notes)
     assert any(n.startswith("lora_*_kernel: not set, and with load_in_8bit Axolotl") for n in plan.notes)
@@ -399,7 +399,7 @@ def test_axolotl_qlora_is_read(tmp_path):
     # loaders/model.py _set_quantization_config: nf4, double quantization, compute in the weights' dtype.
     assert plan.adapter == Adapter("qlora", r=16, alpha=32, dropout=0.1, targets=("all-linear",),
                                    quant_type="nf4", double_quant=True, compute_dtype="bfloat16",
-                                   recipe="axolotl")
+                                   recipe="axolotl", experts_undropped=True)
     assert (plan.mode, plan.dtype, plan.attn) == (Mode("bf16", True), "bfloat16", "flash_attention_2")
     assert ("adapter: qlora: QLoRA (nf4, double quant, Axolotl recipe) r=16 alpha=32 dropout 0.1 on "
             "all-linear, 4-bit layers "

@@ -297,3 +297,46 @@ def test_a_target_pattern_is_what_peft_matches_and_keeps_old_keys():
         make_adapter("lora", target_pattern="(q_proj")
     with pytest.raises(InvalidInput, match="names or a pattern, not both"):
         make_adapter("lora", targets="q_proj", target_pattern="q_proj")
+
+
+def test_axolotl_builds_the_fused_experts_lora_without_dropout_as_peft_alone_refuses() -> None:
+    # transformers 5's Mixtral keeps its experts as 3D parameters: all-linear LoRA wraps them in
+    # PEFT's ParamWrapper, which refuses lora_dropout != 0. Axolotl's load_lora builds it with
+    # dropout 0 (_patch_peft_param_wrapper_dropout), the attention's LoRA keeping its dropout.
+    from peft.tuners.lora.layer import ParamWrapper
+
+    from autotune.workload.adapters import prepare
+
+    def build(adapter: Adapter) -> torch.nn.Module:
+        with torch.device("meta"):
+            model, _ = build_model(resolve_model("tiny-mixtral"), "causal-lm", "eager", "bfloat16")
+            return prepare(model, adapter, "causal-lm", ESTIMATE_PARTS)
+
+    peft_alone = make_adapter("lora", dropout=0.05, targets="all-linear")
+    with pytest.raises(InvalidInput, match="ParamWrapper does not work with lora_dropout"):
+        build(peft_alone)
+    with pytest.warns(RuntimeWarning, match="did not match any targeted module"):
+        wrapped = build(make_adapter("lora", dropout=0.05, targets="all-linear", experts_undropped=True))
+    wrappers = [m for m in wrapped.modules() if isinstance(m, ParamWrapper)]
+    assert wrappers and all(isinstance(m.lora_dropout["default"], torch.nn.Identity) for m in wrappers)
+    others = [m for name, m in wrapped.named_modules()
+              if name.endswith("q_proj") and hasattr(m, "lora_dropout")]
+    assert others and all(isinstance(m.lora_dropout["default"], torch.nn.Dropout) for m in others)
+    assert ParamWrapper.__init__.__qualname__ == "ParamWrapper.__init__"  # PEFT's own again
+    assert Adapter.from_json(make_adapter("lora", dropout=0.05, experts_undropped=True).to_json()) \
+        .experts_undropped
+
+
+def test_an_axolotl_lora_with_dropout_is_built_as_axolotl_builds_fused_experts(tmp_path) -> None:
+    import yaml
+
+    from autotune.configs import read_training_config
+
+    config = {"base_model": "tiny-mixtral", "sequence_len": 64, "micro_batch_size": 2, "bf16": True,
+              "attn_implementation": "flash_attention_2", "datasets": [{"path": "x", "type": "alpaca"}],
+              "adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_target_linear": True,
+              "lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False}
+    for dropout, undropped in ((0.05, True), (0.0, False)):
+        path = tmp_path / f"{dropout}.yml"
+        path.write_text(yaml.safe_dump({**config, "lora_dropout": dropout}))
+        assert read_training_config(path).request.step.adapter.experts_undropped is undropped
