@@ -1,7 +1,7 @@
 """What an emulated kernel allocates and what ran: ``Allocations(ops)``, a dispatch mode that records
 the (shape, dtype) of what the listed ops create outside the emulation's ``registers`` context (the
 kernel's register-only arithmetic) and counts the ops inside it; ``backward_nodes``, the autograd
-Functions a tensor's backward runs."""
+Functions a tensor's backward runs; ``peak``, the most a trace's (key, bytes) events hold at once."""
 
 from __future__ import annotations
 
@@ -53,3 +53,16 @@ def backward_nodes(tensor: torch.Tensor) -> list[str]:
         nodes.append(type(node).__name__)
         todo.extend(next_node for next_node, _ in node.next_functions)
     return nodes
+
+
+def peak(events: list[tuple[int, int]]) -> int:
+    """The most bytes a trace's events (key, bytes allocated; negative: that key freed) hold at once."""
+    sizes: dict[int, int] = {}
+    top = 0
+    for key, nbytes in events:
+        if nbytes >= 0:
+            sizes[key] = nbytes
+        else:
+            del sizes[key]
+        top = max(top, sum(sizes.values()))
+    return top

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from allocations import peak
 from ranktrace import traced
 
 from autotune.backends import distributed
@@ -24,18 +25,6 @@ def rank_model(parallel: Parallel) -> Any:
     workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
                         parallel=parallel)
     return EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16").model
-
-
-def peak(events: list[tuple[int, int]]) -> int:
-    sizes: dict[int, int] = {}
-    top = 0
-    for key, nbytes in events:
-        if nbytes >= 0:
-            sizes[key] = nbytes
-        else:
-            del sizes[key]
-        top = max(top, sum(sizes.values()))
-    return top
 
 
 def test_accelerates_checkpointing_is_the_rank_fsdp2_apply_ac_makes(monkeypatch):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from allocations import peak
 from ranktrace import traced
 
 from autotune.backends import distributed
@@ -22,18 +23,6 @@ from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
 from autotune.workload.parallel import Parallel, make_parallel
 from autotune.workload.step import build_model
-
-
-def peak(events: list[tuple[int, int]]) -> int:
-    sizes: dict[int, int] = {}
-    top = 0
-    for key, nbytes in events:
-        if nbytes >= 0:
-            sizes[key] = nbytes
-        else:
-            del sizes[key]
-        top = max(top, sum(sizes.values()))
-    return top
 
 
 def rank(parallel: Parallel) -> Any:
