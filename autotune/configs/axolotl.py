@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -1519,12 +1520,7 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO) -> dict[str, Any]:
     class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
     normalized over its group before the sum (grpo_trainer.py ``_generate_and_score_completions``), on
     [completions, reward functions] tensors."""
-    trl = cfg.get("trl") or {}
-    if not isinstance(trl, dict):
-        raise cfg.bad("trl", trl, "a mapping of GRPOConfig keys")
-    for key, (changes, why) in _GRPO_TRL_REFUSED.items():
-        if changes(trl.get(key)):
-            raise cfg.unmodelled(f"trl.{key}", trl[key], why)
+    trl = _section(cfg, "trl", "a mapping of GRPOConfig keys", _GRPO_TRL_REFUSED)
     fields: dict[str, Any] = {"trainer": GRPO}
     for key in ("num_generations", "max_completion_length"):
         if trl.get(key) is not None:
@@ -1564,17 +1560,25 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO) -> dict[str, Any]:
     return fields
 
 
+def _section(cfg: Config, name: str, allowed: str,
+             refused: dict[str, tuple[Callable[[Any], bool], str]]) -> dict[str, Any]:
+    """The mapping under ``name`` (empty where unset), its keys that change memory and are not
+    modelled (``refused``: key -> (whether a value changes it, why)) refused as ``name.key``."""
+    section = cfg.get(name) or {}
+    if not isinstance(section, dict):
+        raise cfg.bad(name, section, allowed)
+    for key, (changes, why) in refused.items():
+        if changes(section.get(key)):
+            raise cfg.unmodelled(f"{name}.{key}", section[key], why)
+    return section
+
+
 def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     """``rl: ebft`` in its structured mode: Axolotl's AxolotlEBFTTrainer, GRPO's step (``trl:`` and
     ``vllm:`` read as rl grpo's: ebft/__init__.py set_training_args_kwargs passes the same GRPOConfig
     keys) with a feature network as its reward (workload/ebft.py); ``ebft:`` keys that change memory
     and are not modelled refused by name."""
-    ebft = cfg.get("ebft") or {}
-    if not isinstance(ebft, dict):
-        raise cfg.bad("ebft", ebft, "a mapping of EBFT's keys")
-    for key, (changes, why) in _EBFT_REFUSED.items():
-        if changes(ebft.get(key)):
-            raise cfg.unmodelled(f"ebft.{key}", ebft[key], why)
+    _section(cfg, "ebft", "a mapping of EBFT's keys", _EBFT_REFUSED)
     trl = cfg.get("trl") or {}
     beta = trl.get("beta") if isinstance(trl, dict) and trl.get("beta") is not None else cfg.get("rl_beta")
     if beta:  # train.py setup_reference_model loads one; TRL's GRPOTrainer makes its own for beta != 0
