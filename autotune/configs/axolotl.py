@@ -1511,7 +1511,7 @@ def _axolotl_kto_words(adapter: bool) -> str:
             f"(loss_type kto) under no_grad; reference: {reference}")
 
 
-def _axolotl_grpo(cfg: Config, name: str = GRPO) -> dict[str, Any]:
+def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str, Any]:
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
     vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9);
@@ -1554,9 +1554,10 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO) -> dict[str, Any]:
     if name != GRPO and trl.get("multi_objective_aggregation") == "sum_then_normalize":
         raise InvalidInput(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
                            f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
-    cfg.notes.append(f"rl: {name}: TRL's GRPOTrainer{gdpo}; micro_batch_size counts completions, "
-                     "sequence_len is a row (prompt + trl.max_completion_length); generation: "
-                     f"{generation_words}")
+    if noted:  # (rl: ebft says its own)
+        cfg.notes.append(f"rl: {name}: TRL's GRPOTrainer{gdpo}; micro_batch_size counts completions, "
+                         "sequence_len is a row (prompt + trl.max_completion_length); generation: "
+                         f"{generation_words}")
     return fields
 
 
@@ -1584,8 +1585,7 @@ def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     if beta:  # train.py setup_reference_model loads one; TRL's GRPOTrainer makes its own for beta != 0
         raise cfg.unmodelled("trl.beta" if isinstance(trl, dict) and trl.get("beta") else "rl_beta", beta,
                              "GRPO's reference model beside EBFT's feature network")
-    fields = {**_axolotl_grpo(cfg), "trainer": EBFT}
-    cfg.notes.pop()
+    fields = {**_axolotl_grpo(cfg, noted=False), "trainer": EBFT}
     cfg.read.add("ebft")
     network = ("the policy with its adapter disabled (disable_adapter)" if adapter is not None else
                "a frozen deepcopy of the policy")
