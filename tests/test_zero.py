@@ -477,3 +477,18 @@ def test_a_json_check_of_a_zero_job_with_bitsandbytes_adamw_is_json_alone(tmp_pa
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fits"] is True
     assert "untested optimizer" in done.stderr
+
+
+def test_zero3_refuses_by_name_a_trainable_parameter_its_backward_gives_no_gradient():
+    # vllm-flash-attn3's backward returns no gradient for gpt-oss' attention sinks; ZeRO-3's gradient hook
+    # then reads param.grad.numel() (stage3.py __add_grad_to_ipg_bucket) and the job dies: refused by name,
+    # not an internal error. Under eager attention the sinks get their gradient and the same job is checked.
+    import autotune
+
+    job = dict(seq_len=64, batch_size=1, mode="bf16", dtype="bfloat16", gpus=4, parallel="zero3",
+               gpu="H100-80GB", workers=1)
+    refused = (r"ZeRO-3 cannot train model\.layers\.\d+\.self_attn\.sinks: it gets no gradient"
+               r".*stage3\.py __add_grad_to_ipg_bucket")
+    with pytest.raises(InvalidInput, match=refused):
+        autotune.check("tiny-gpt_oss", attn="kernels-community/vllm-flash-attn3", **job)
+    assert autotune.check("tiny-gpt_oss", attn="eager", **job).fits

@@ -477,4 +477,31 @@ def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, pre
                                      dont_change_device=True)
     except (AssertionError, ValueError) as exc:  # DeepSpeed's refusals of the config or the model
         raise InvalidInput(f"DeepSpeed refuses the job: {exc}") from exc
+    if parallel.kind == "zero3":
+        _refuse_gradless(engine.optimizer, model)
     return EngineStep(engine)
+
+
+def _refuse_gradless(optimizer: Any, model: Any) -> None:
+    """Refuse, naming it, a trainable parameter whose gradient hook fires with no gradient.
+
+    ZeRO-3 reduces each gradient from the parameter's post-accumulate-grad hook (stage3.py
+    ``create_reduce_and_remove_grad_hooks``, outside its leaf modules); autograd fires that hook even
+    when the backward of the op that used the parameter returned None for it (vllm-flash-attn3's
+    backward gives gpt-oss' attention sinks none), and ``__add_grad_to_ipg_bucket`` then reads
+    ``param.grad.numel()``: the job dies with an AttributeError on the GPU as here. The check runs
+    on the optimizer's own ``reduce_ready_partitions_and_remove_grads``, which every such hook calls."""
+    reduce = optimizer.reduce_ready_partitions_and_remove_grads
+    names = {id(param): name for name, param in model.named_parameters()}
+
+    def guarded(param: Any, *args: Any) -> Any:
+        if param.grad is None:
+            raise InvalidInput(
+                f"DeepSpeed ZeRO-3 cannot train {names.get(id(param), 'a parameter')}: it gets no "
+                "gradient from the backward that uses it, and ZeRO-3's gradient hook reads its gradient "
+                "(deepspeed/runtime/zero/stage3.py __add_grad_to_ipg_bucket: param.grad.numel(), an "
+                "AttributeError on the GPU too); freeze it, or use an attention or a sharding (FSDP, "
+                "ZeRO-1/2) that does not meet it")
+        return reduce(param, *args)
+
+    optimizer.reduce_ready_partitions_and_remove_grads = guarded
