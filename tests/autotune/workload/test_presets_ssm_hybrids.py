@@ -54,3 +54,22 @@ def test_the_estimator_refuses_mamba_1_mixers_by_name(model: str, capsys: pytest
     assert main(args) == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert "Mamba-1" in error and "selective_scan_fn" in error and "model_type jamba" in error
+
+
+@pytest.mark.parametrize(("model_type", "refused"), [("MambaLMHeadModel", True),
+                                                     ("AutoModelForCausalLM", False)])
+def test_axolotl_s_mamba_ssm_model_class_is_refused_by_name(tmp_path, model_type: str, refused: bool) -> None:
+    # examples/mamba/config.yml: Axolotl builds mamba-ssm's MambaLMHeadModel, not a transformers model
+    from configread import write
+
+    from autotune.configs import read_training_config
+    from autotune.errors import UnmodelledSetting
+
+    data = {"base_model": "state-spaces/mamba-2.8b", "model_type": model_type, "sequence_len": 64,
+            "micro_batch_size": 1, "bf16": False}
+    path = write(tmp_path, data, "mamba.yml")
+    if not refused:
+        read_training_config(path)
+        return
+    with pytest.raises(UnmodelledSetting, match="model_type: 'MambaLMHeadModel'.*mamba-ssm"):
+        read_training_config(path)
