@@ -97,6 +97,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
     # Falcon-H1 (Mamba-2 beside attention in each layer): the Base and Instruct share a config.
     "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-34B-Base": 34},
+    # Jamba (Mamba-1 mixers, attention in one layer of eight, 16 experts in every other): by total.
+    "jamba": {"ai21labs/Jamba-v0.1": 52, "ai21labs/AI21-Jamba-1.5-Large": 398},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
     # its own, never another's stand-in.
     "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
@@ -160,6 +162,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
     (r"falcon-h1-", "falcon_h1"),
+    (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
@@ -198,7 +201,7 @@ PEEL_READERS: dict[str | None, str] = {
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
-    "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama",
+    "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -207,7 +210,7 @@ KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
-               "glm-4.5-air": 106, "glm-4.7-flash": 30}
+               "glm-4.5-air": 106, "glm-4.7-flash": 30, "jamba-v0.1": 52, "jamba-1.5-large": 398}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

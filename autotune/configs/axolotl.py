@@ -652,6 +652,18 @@ def _axolotl_use_kernels(cfg: Config, plugins: list[str]) -> None:
         cfg.from_pretrained += ("use_kernels",)
 
 
+def _axolotl_model_class(cfg: Config) -> None:
+    """``model_type: MambaLMHeadModel`` (examples/mamba/config.yml): Axolotl loads mamba-ssm's own model
+    class (loaders/model.py ``ModelLoader._build_model``, its ``MambaLMHeadModel`` branch:
+    axolotl.models.mamba's ``fix_mamba_attn_for_loss``), not a transformers one, so the model autotune
+    builds is not it. Any other value names a transformers class (an Auto class or the architecture),
+    read as the preset's."""
+    if cfg.get("model_type") == "MambaLMHeadModel":
+        raise cfg.unmodelled("model_type", "MambaLMHeadModel", "Axolotl loads mamba-ssm's own "
+                             "MambaLMHeadModel (loaders/model.py), not a transformers model, and its "
+                             "selective-scan CUDA kernels are not emulated")
+
+
 def _axolotl_skip_move_to_device(cfg: Config) -> None:
     """``experimental_skip_move_to_device`` (default true, schemas/model.py): whether the loader moves
     the model to its GPU itself (loaders/model.py _apply_post_lora_load_setup: under ddp only); the
@@ -1094,6 +1106,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     _axolotl_use_kernels(cfg, plugins)
     _axolotl_model_quantization(cfg, plugins)
     _axolotl_skip_move_to_device(cfg)
+    _axolotl_model_class(cfg)
     experts = None if experts_kernel else cfg.get("experts_implementation")
     if experts is not None and experts != _EXPERTS_DEFAULT:
         raise cfg.unmodelled("experts_implementation", experts, f"autotune traces transformers' default "

@@ -22,11 +22,25 @@ The fused kernel is not yet emulated. The torch path keeps more for backward tha
 ``MambaSplitConv1dScanCombinedFn.forward`` saves zxbcdt, the scan's out_x and the norm's rstd; the torch
 path's einsums keep B and C repeated to every head in float32 and the per-chunk scores), so an answer
 for Falcon-H1 errs toward "does not fit"; the note says so.
+
+Mamba-1 mixers (Jamba's, ``JambaMambaMixer.forward``; Mamba's, ``MambaMixer.forward``) are refused by the
+estimator (``check_kernels``). On a GPU with mamba-ssm they run its fused kernels (``selective_scan_fn``
+with ``causal_conv1d_fn`` for Jamba, ``mamba_inner_fn`` for Mamba, both
+``use_kernel_func_from_hub_with_fallback(..., "mamba_ssm")`` in transformers 5.24), which keep the scan's
+state only per chunk (state-spaces/mamba csrc/selective_scan: ``x`` of [batch, dim, n_chunks, 2 * dstate]).
+Without them the torch path (``mamba_selective_scan``) materialises ``discrete_A`` and ``deltaB_u`` of
+[batch, intermediate, seq_len, state] in float32 and, by default, loops over every position
+(``use_associative_scan`` only under torch.compile), so tracing it would neither finish in time for a
+long sequence nor size what the kernel allocates. Emulating the kernels is the way to answer them.
 """
 
 from __future__ import annotations
 
+from autotune.errors import InvalidInput
+
 MODEL_TYPES = frozenset({"falcon_h1"})
+# Model types whose mixers are Mamba-1's selective scan (transformers' modeling_jamba.py, modeling_mamba.py).
+MAMBA1_MODEL_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
 NOTE = ("Falcon-H1's Mamba-2 mixers traced through transformers' torch path (FalconH1Mixer.forward's "
         "chunked scan, 5.14's torch_forward): mamba-ssm is not installed here. A GPU user of Axolotl "
         "(transformers 5.14.1, kernels 0.15.2) runs mamba-ssm's fused mamba_split_conv1d_scan_combined, "
@@ -37,3 +51,13 @@ def torch_path(model_type: str | None) -> bool:
     """Whether a model type's Mamba-2 mixers are traced through transformers' torch path."""
     return model_type in MODEL_TYPES
 
+
+
+def check_kernels(model_type: str | None) -> None:
+    """Refuse a model whose mixers are Mamba-1's: mamba-ssm's selective-scan kernels are not emulated."""
+    if model_type in MAMBA1_MODEL_TYPES:
+        raise InvalidInput(
+            f"model_type {model_type}: its Mamba-1 mixers run mamba-ssm's selective_scan_fn / mamba_inner_fn "
+            "CUDA kernels on a GPU, which autotune does not emulate yet; transformers' torch fallback "
+            "(mamba_selective_scan) keeps [batch, intermediate, seq_len, state] float32 tensors the kernels "
+            "never make, so it cannot stand in for them")

@@ -69,6 +69,7 @@ from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
+from autotune.workload.mamba_mixer import check_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.parallel import FSDP
 from autotune.workload.preference import prepare_models, trained_model
@@ -506,6 +507,8 @@ class EstimateBackend:
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
+
+            check_kernels(workload.model.config.model_type)  # Mamba-1's kernels are not emulated
 
             fake_mode = FakeTensorMode()
             with fake_mode:

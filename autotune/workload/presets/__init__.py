@@ -23,6 +23,7 @@ One module per family, each checkpoint's source cited beside it:
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
+    ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
     glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
@@ -53,6 +54,7 @@ from autotune.workload.presets import (
     phi,
     qwen,
     qwen_hybrid,
+    ssm_hybrids,
     vision,
     vlms,
     vlms2,
@@ -92,6 +94,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms.VLMS_PRESETS,
     **glm.GLM_PRESETS,
     **vlms2.VLMS2_PRESETS,
+    **ssm_hybrids.JAMBA_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

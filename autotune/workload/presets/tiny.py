@@ -127,6 +127,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "mamba_rms_norm": True,
         "architectures": ["FalconH1ForCausalLM"],
     },
+    # Jamba (ssm_hybrids.py): a Mamba-1 layer then an attention layer with 4 experts (2 routed per
+    # token), as Jamba's pattern of period 8 with period 2; a state of 8, a dt rank of 4. The estimator
+    # refuses its mixers (mamba_mixer.check_kernels); it reads Jamba configs' keys (bench_configs --peel).
+    "jamba": {
+        **_TINY_BERT,
+        "num_key_value_heads": 1,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "mamba_d_state": 8,
+        "mamba_dt_rank": 4,
+        "architectures": ["JambaForCausalLM"],
+    },
     # GLM's mixtures of experts (glm.py): a dense first layer, then 4 experts of width 16 (2 routed
     # per token) and a shared one; GLM-4.5-Air's grouped-query attention with biases and half-rotary
     # heads, GLM-4.7-Flash's latent attention (DeepSeek-V3's) with small ranks.

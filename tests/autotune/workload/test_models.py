@@ -86,6 +86,7 @@ LIMITS = {
     "nvidia/Nemotron-Mini-4B-Instruct": 4096, "LiquidAI/LFM2-350M": 128000, "LiquidAI/LFM2-8B-A1B": 128000,
     "Qwen/Qwen3.5-27B": 262144, "Qwen/Qwen3.5-35B-A3B": 262144, "Qwen/Qwen3-Next-80B-A3B-Instruct": 262144,
     "tiiuae/Falcon-H1-0.5B-Base": 16384, "tiiuae/Falcon-H1-34B-Base": 262144,
+    "ai21labs/Jamba-v0.1": 262144, "ai21labs/AI21-Jamba-1.5-Large": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
     "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 131072, "mistralai/Magistral-Small-2509": 131072,
     "mistralai/Ministral-3-3B-Reasoning-2512": 262144, "mistral-community/pixtral-12b": 1024000,
