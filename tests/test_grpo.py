@@ -145,6 +145,23 @@ def test_the_example_axolotl_grpo_config_reads_trl_and_vllm_keys():
     assert step.vllm_gpu_memory_utilization == 0.35 and step.steps_per_generation == 2
 
 
+def test_axolotl_grpo_without_vllm_mode_colocates_at_grpoconfig_s_share_not_axolotl_s(tmp_path):
+    # Axolotl passes vllm.gpu_memory_utilization only under an explicit trl.vllm_mode: colocate
+    # (core/trainers/grpo/__init__.py); unset, GRPOConfig's own colocate at 0.3 holds.
+    import yaml
+
+    from autotune.configs import read_training_config
+
+    example = yaml.safe_load(open("examples/axolotl_grpo_vllm.yml"))
+    del example["trl"]["vllm_mode"]
+    path = tmp_path / "grpo.yml"
+    path.write_text(yaml.safe_dump(example))
+    read = read_training_config(path)
+    step = read.request.step
+    assert (step.vllm_mode, step.vllm_gpu_memory_utilization) == ("colocate", None)  # GRPOConfig's
+    assert any(note.startswith("trl.vllm_mode: not set") and "0.3" in note for note in read.notes)
+
+
 def test_axolotl_async_grpo_is_refused_by_name(tmp_path):
     from configread import write
 

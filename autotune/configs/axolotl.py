@@ -65,6 +65,7 @@ from autotune.workload.trainers import (
     EBFT,
     EBFT_FEATURE_LAYERS,
     GRPO,
+    GRPO_VLLM_GPU_MEMORY_UTILIZATION,
     KTO,
     ORPO,
     REWARD,
@@ -1527,7 +1528,8 @@ def _axolotl_kto_words(adapter: bool) -> str:
 def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str, Any]:
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
-    vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9);
+    vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9, when
+    ``trl.vllm_mode`` says colocate; unset, GRPOConfig's colocate at its own 0.3);
     ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step. ``rl: gdpo`` is the
     same trainer (core/builders/rl.py: ``cfg.rl in {RLType.GRPO, RLType.GDPO}`` picks GRPOStrategy's
     class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
@@ -1544,7 +1546,13 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     if trl.get("use_vllm"):
         fields["use_vllm"] = True
         fields["vllm_mode"] = trl.get("vllm_mode") or "colocate"
-        if fields["vllm_mode"] == "colocate":
+        if trl.get("vllm_mode") is None:  # Axolotl passes neither mode nor share: GRPOConfig's defaults
+            cfg.notes.append("trl.vllm_mode: not set: Axolotl passes no vllm_mode, nor "
+                             "vllm.gpu_memory_utilization (core/trainers/grpo/__init__.py "
+                             "set_training_args_kwargs: only under an explicit colocate), so TRL's "
+                             "GRPOConfig defaults hold: vLLM colocated with "
+                             f"vllm_gpu_memory_utilization {GRPO_VLLM_GPU_MEMORY_UTILIZATION:g}")
+        elif fields["vllm_mode"] == "colocate":
             vllm = cfg.get("vllm") or {}
             share = vllm.get("gpu_memory_utilization") if isinstance(vllm, dict) else None
             fields["vllm_gpu_memory_utilization"] = 0.9 if share is None else share
