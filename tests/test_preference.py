@@ -340,6 +340,16 @@ def test_a_dpo_check_never_advises_a_chunked_loss():
     assert [name for name, *_ in options] == ["mode", "checkpointing", "mode", "optimizer", "reference"]
 
 
+def test_grpo_s_reference_is_never_offered_precomputed():
+    # GRPOConfig has no precompute_ref_log_probs: its reference (beta > 0) runs in the step, whatever is asked
+    from autotune.analysis.levers import candidate_levers
+
+    grpo = tiny_llama(Trainer("grpo", beta=0.04))
+    assert grpo.trainer is not None and grpo.trainer.reference(False) == "frozen copy"
+    options = candidate_levers(grpo, parse_mode("fp32"), custom_gpu(GIB))
+    assert "reference" not in [name for name, *_ in options]
+
+
 def test_simpo_without_the_chosen_nll_peaks_lower_and_orpo_always_adds_it():
     with_nll, without = (peak(vocab_heavy(Trainer("simpo", chosen_nll=nll)), 3, "bf16")
                          for nll in (True, False))

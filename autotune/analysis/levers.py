@@ -195,7 +195,7 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
         options.append(("loss", "a chunked linear cross-entropy (Liger's fused loss: no full "
                         "logits)", replace(workload, loss="chunked"), mode))
     trainer = workload.trainer
-    if trainer is not None and trainer.reference(workload.adapter is not None) not in (None, "precomputed"):
+    if trainer is not None and trainer.can_precompute_reference(workload.adapter is not None):
         options.append(("reference", "precomputed reference log-probs (DPOConfig precompute_ref_log_probs: "
                         "no reference model nor forward in the step)",
                         replace(workload, trainer=replace(trainer, precompute_ref_log_probs=True)), mode))
@@ -440,7 +440,7 @@ def _step_levers(workload: Workload, mode: Mode, seq_len: int, backend: Backend)
             note="Trainer(use_liger_kernel=True), or liger_kernel's LigerFusedLinearCrossEntropyLoss",
         ))
     trainer = workload.trainer
-    if trainer is not None and trainer.reference(workload.adapter is not None) not in (None, "precomputed"):
+    if trainer is not None and trainer.can_precompute_reference(workload.adapter is not None):
         found.append(LeverSearch(
             "precompute-ref", "precomputed reference log-probs (no reference model nor forward)",
             replace(workload, trainer=replace(trainer, precompute_ref_log_probs=True)), mode, seq_len,

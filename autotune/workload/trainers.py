@@ -160,6 +160,11 @@ class Trainer:
             return "precomputed"
         return "adapter disabled" if peft else "frozen copy"
 
+    def can_precompute_reference(self, peft: bool) -> bool:
+        """Whether precompute_ref_log_probs would take a reference out of the step: DPO's and KTO's
+        (DPOConfig, KTOConfig); GRPOConfig has no such key, its reference runs in the step."""
+        return self.name in REFERENCED and self.reference(peft) not in (None, "precomputed")
+
     def feature_network(self, peft: bool) -> str | None:
         """EBFT's frozen feature network (axolotl ebft/trainer.py EBFTMixin.__init__): the policy's base
         with its adapter disabled under PEFT ("adapter disabled"), else ``copy.deepcopy`` of the
