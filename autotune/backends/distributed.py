@@ -111,6 +111,17 @@ def layer_classes(model: Any) -> set[str]:
     if not names:
         raise InvalidInput(f"{type(base).__name__} names no layers to shard (_no_split_modules): "
                            "fsdp cannot wrap it layer by layer")
+    present = {type(module).__name__ for module in base.modules()}
+    if missing := sorted(names - present):
+        # accelerate resolves every name and raises at the first it cannot find (utils/dataclasses.py
+        # FullyShardedDataParallelPlugin.set_auto_wrap_policy for FSDP1, utils/fsdp_utils.py
+        # fsdp2_prepare_auto_wrap_policy for FSDP2: "Could not find the transformer layer class ...")
+        raise InvalidInput(
+            f"{type(base).__name__}'s _no_split_modules name {', '.join(missing)}, which the model does not "
+            "hold: accelerate's default FSDP wrap raises \"Could not find the transformer layer class "
+            f"{missing[0]} in the model\" (utils/dataclasses.py set_auto_wrap_policy, utils/fsdp_utils.py "
+            "fsdp2_prepare_auto_wrap_policy); name the layers to wrap (--fsdp-wrap, "
+            f"transformer_layer_cls_to_wrap): {', '.join(sorted(names & present))}")
     return names
 
 

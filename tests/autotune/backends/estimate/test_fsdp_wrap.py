@@ -106,6 +106,35 @@ def test_a_class_the_model_lacks_is_refused_with_its_classes():
         resolve_wrap(spec, "causal-lm", ("LlamaMLP", "MistralDecoderLayer"))
 
 
+def test_no_split_modules_the_model_lacks_are_refused_as_accelerate_refuses_them():
+    # Qwen3.5's text model inherits _no_split_modules naming its vision blocks, which it does not hold:
+    # accelerate's default wrap raises at them; named layers wrap it
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    spec = resolve_model("tiny-qwen3_5_text")
+    model, _ = build_model(spec, "causal-lm", None, "float32")
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+    mesh = distributed.mesh_of(Parallel("fsdp", 4))
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), mixed_precision="no",
+                                  torch_device_mesh={("shard",): mesh}, is_main_process=True,
+                                  parallelism_config=SimpleNamespace(fsdp_dim_names=("shard",)))
+    with pytest.raises(ValueError, match="Could not find the transformer layer class Qwen3_5VisionBlock"):
+        fsdp2_prepare_model(accelerator, model)
+
+    def qwen_rank(parallel: Parallel) -> Any:
+        workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", parallel=parallel)
+        return EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16")
+
+    for version in (1, 2):
+        with pytest.raises(InvalidInput, match=r"_no_split_modules name Qwen3_5VisionBlock, which the model "
+                                                r"does not hold.*cls_to_wrap\): Qwen3_5DecoderLayer$"):
+            qwen_rank(Parallel("fsdp", 4, fsdp_version=version))
+    named = qwen_rank(Parallel("fsdp", 4, wrap_classes=("Qwen3_5DecoderLayer",)))
+    layers = {f"model.layers.{i}" for i in range(spec.config.num_hidden_layers)}
+    assert layers <= groups(named.model)  # beside accelerate's own groups of the embedding and tail
+
+
 def test_the_model_s_own_layers_are_the_default():
     spec = resolve_model("tiny-llama")
     assert resolve_wrap(spec, "causal-lm", ("LlamaDecoderLayer",)) == ()
