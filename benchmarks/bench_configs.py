@@ -78,9 +78,10 @@ FAMILIES: dict[str, dict[str, float]] = {
     "qwen3": {"Qwen/Qwen3-0.6B": 0.6, "Qwen/Qwen3-1.7B": 1.7, "Qwen/Qwen3-4B": 4, "Qwen/Qwen3-8B": 8,
               "Qwen/Qwen3-14B": 14, "Qwen/Qwen3-32B": 32},
     "qwen3_moe": {"Qwen/Qwen3-30B-A3B": 30, "Qwen/Qwen3-235B-A22B": 235},
-    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5 (the 35B-A3B as its VLM), Qwen3-Next.
-    "qwen3_5": {"Qwen/Qwen3.5-27B": 27},
-    "qwen3_5_moe": {"Qwen/Qwen3.5-35B-A3B": 35},
+    # Gated DeltaNet hybrids (presets/qwen_hybrid.py): Qwen3.5 (the 27B as its text model, the others
+    # as their VLMs), Qwen3-Next.
+    "qwen3_5": {"Qwen/Qwen3.5-0.8B": 0.8, "Qwen/Qwen3.5-4B": 4, "Qwen/Qwen3.5-9B": 9, "Qwen/Qwen3.5-27B": 27},
+    "qwen3_5_moe": {"Qwen/Qwen3.5-35B-A3B": 35, "Qwen/Qwen3.5-122B-A10B": 122, "Qwen/Qwen3.5-397B-A17B": 397},
     "qwen3_next": {"Qwen/Qwen3-Next-80B-A3B-Instruct": 80},
     "mistral_small": {"mistralai/Devstral-Small-2507": 24},
     "mixtral": {"mistralai/Mixtral-8x7B-v0.1": 46.7, "mistralai/Mixtral-8x22B-v0.1": 141},
@@ -134,7 +135,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     # the others; gpt-oss-safeguard-20b is a gpt-oss-20b fine-tune.
     (r"qwen3-vl-30b-a3b", "qwen3_vl_moe"),
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
-    (r"qwen3[.-]?5-35b-a3b", "qwen3_5_moe"),
+    (r"qwen3[.-]?5-(35b-a3b|122b-a10b|397b-a17b)", "qwen3_5_moe"),
     (r"qwen3-next-80b-a3b", "qwen3_next"),
     (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
     (r"deepseek-v2-lite", "deepseek_v2"),
@@ -195,7 +196,7 @@ PEEL_READERS: dict[str | None, str] = {
     "qwen3": "tiny-qwen2", "gemma2": "tiny-gemma2", "gemma3": "tiny-gemma2", "gpt2": "tiny-gpt2",
     "qwen2_vl": "tiny-qwen2_vl", "qwen2_5_vl": "tiny-qwen2_5_vl", "llava": "tiny-llava",
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
-    "qwen3_5": "tiny-qwen3_5_text", "gpt_oss": "tiny-gpt_oss",
+    "qwen3_5": "tiny-qwen3_5", "gpt_oss": "tiny-gpt_oss",
     "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
     "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",

@@ -105,7 +105,7 @@ QWEN_MAX_PIXELS = 12845056
 # with the checkpoint's patch_size 16 (merge 2: factor 32).
 QWEN3_MIN_PIXELS = 65536
 QWEN3_MAX_PIXELS = 16777216
-QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe")
+QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
 # Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.

@@ -254,6 +254,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         **_TINY_VISION_TOKENS,
         "architectures": ["Qwen3_5MoeForConditionalGeneration"],
     },
+    # Qwen3.5's dense checkpoints (0.8B to 9B) as the vision-language models they are: the tiny hybrid
+    # decoder above as their text_config, the same tower.
+    "qwen3_5": {
+        "text_config": {"model_type": "qwen3_5_text", **_TINY_VLM_TEXT, "num_hidden_layers": 4,
+                        "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                        "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 0],
+                                            "mrope_interleaved": True, "partial_rotary_factor": 0.25}},
+        "vision_config": {key: value for key, value in _TINY_QWEN3_VISION.items()
+                          if key not in ("model_type", "deepstack_visual_indexes")},
+        **_TINY_VISION_TOKENS,
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+    },
     # Llama 3.2 Vision: the tiny decoder of 3 layers, two of them cross-attention layers (the second and
     # third: the vision features feed more than one, as in the 11B's eight), a 2 + 1-layer tower
     # of 56-pixel tiles in 14-pixel patches (16 + CLS, padded to 24), up to 4 tiles an image, feeding the

@@ -84,7 +84,9 @@ LIMITS = {
     "swiss-ai/Apertus-8B-Instruct-2509": 65536, "ByteDance-Seed/Seed-OSS-36B-Instruct": 524288,
     "allenai/Olmo-3-7B-Instruct-SFT": 65536, "CohereForAI/c4ai-command-r7b-12-2024": 132096,
     "nvidia/Nemotron-Mini-4B-Instruct": 4096, "LiquidAI/LFM2-350M": 128000, "LiquidAI/LFM2-8B-A1B": 128000,
-    "Qwen/Qwen3.5-27B": 262144, "Qwen/Qwen3.5-35B-A3B": 262144, "Qwen/Qwen3-Next-80B-A3B-Instruct": 262144,
+    "Qwen/Qwen3.5-27B": 262144, "Qwen/Qwen3.5-35B-A3B": 262144,
+    **{f"Qwen/Qwen3.5-{size}": 262144 for size in ("0.8B", "4B", "9B", "122B-A10B", "397B-A17B")},
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": 262144,
     "tiiuae/Falcon-H1-0.5B-Base": 16384, "tiiuae/Falcon-H1-34B-Base": 262144,
     "ai21labs/Jamba-v0.1": 262144, "ai21labs/AI21-Jamba-1.5-Large": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
@@ -98,7 +100,8 @@ LIMITS = {
     "zai-org/GLM-4.5-Air": 131072, "zai-org/GLM-4.7-Flash": 202752,
     "OpenGVLab/InternVL3_5-8B-HF": 40960, "tiny-internvl": 1024,
     "LiquidAI/LFM2-VL-450M": 128000, "tiny-lfm2_vl": 1024,
-    "tiny-qwen3_5_moe": 1024, "tiny-mllama": 1024, "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
+    "tiny-qwen3_5_moe": 1024, "tiny-qwen3_5": 1024, "tiny-mllama": 1024,
+    "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
 }
 
 

@@ -29,24 +29,31 @@ def test_qwen3_5_35b_a3b_is_its_vlm_of_35b():
     assert round(sum(p.numel() for p in model.parameters()) / 1e9) == 35
 
 
-def test_qwen3_5_s_processor_is_qwen3_vl_s():
-    # transformers maps qwen3_5_moe to Qwen3VLProcessor and Qwen2VLImageProcessor.
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_s_processor_is_qwen3_vl_s(model_type):
+    # transformers maps qwen3_5 and qwen3_5_moe to Qwen3VLProcessor and Qwen2VLImageProcessor.
     from transformers.models.auto import image_processing_auto, processing_auto
 
-    assert processing_auto.PROCESSOR_MAPPING_NAMES["qwen3_5_moe"] == "Qwen3VLProcessor"
-    assert image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_5_moe"]["torchvision"] == \
+    assert processing_auto.PROCESSOR_MAPPING_NAMES[model_type] == "Qwen3VLProcessor"
+    assert image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES[model_type]["torchvision"] == \
         "Qwen2VLImageProcessor"
 
 
+# Qwen3.5's dense checkpoints (0.8B to 9B) and its mixtures of experts, as their tiny VLMs.
+TINY_QWEN3_5 = ["tiny-qwen3_5", "tiny-qwen3_5_moe"]
+
+
+@pytest.mark.parametrize("preset", TINY_QWEN3_5)
 @pytest.mark.parametrize("count", [0, 1, 3])
-def test_the_qwen3_5_batch_is_what_the_real_model_takes(count):
-    real_model_takes("tiny-qwen3_5_moe", count, 300)
+def test_the_qwen3_5_batch_is_what_the_real_model_takes(preset, count):
+    real_model_takes(preset, count, 300)
 
 
-def test_the_given_qwen3_5_positions_are_the_models_own():
+@pytest.mark.parametrize("preset", TINY_QWEN3_5)
+def test_the_given_qwen3_5_positions_are_the_models_own(preset):
     # position_ids (get_rope_index) and the tower's indices, given, make the model's own logits.
     torch.manual_seed(0)
-    model, _ = build_model(resolve_model("tiny-qwen3_5_moe"), VLM, None)
+    model, _ = build_model(resolve_model(preset), VLM, None)
     model.eval()
     batch = make_batch(model.config, VLM, 2, 300, images=Images(2, (84, 56)))
     own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
@@ -60,9 +67,10 @@ def test_the_given_qwen3_5_positions_are_the_models_own():
         assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
 
 
-def test_a_tiny_qwen3_5_check_answers_and_more_images_raise_the_peak():
+@pytest.mark.parametrize("preset", TINY_QWEN3_5)
+def test_a_tiny_qwen3_5_check_answers_and_more_images_raise_the_peak(preset):
     def check(count):
-        return autotune.check("tiny-qwen3_5_moe", seq_len=512, batch_size=2, gpu_memory="1GiB",
+        return autotune.check(preset, seq_len=512, batch_size=2, gpu_memory="1GiB",
                               backend="estimate", workers=1, image_size="224x224", images_per_sample=count,
                               dtype="bfloat16")
 
