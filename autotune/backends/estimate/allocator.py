@@ -275,8 +275,9 @@ class _Pool:
     def __init__(self, is_small: bool) -> None:
         self.is_small = is_small
         self.page_bytes = SMALL_BUFFER if is_small else LARGE_BUFFER  # ExpandableSegment::segment_size_
-        # Sorted (stream, size, address), the order of BlockComparatorSize (module docstring).
-        self.keys: list[tuple[int, int, int]] = []
+        # Each stream's free blocks, sorted (size, address): together, in the order of the streams,
+        # the order of BlockComparatorSize, (stream, size, address) (module docstring).
+        self.keys: dict[int, list[tuple[int, int]]] = {0: []}
         self._blocks: dict[int, _Block] = {}  # address -> free block
         # Free blocks with no neighbour are whole segments: what release_blocks() frees.
         # Blocks gain or lose neighbours only while out of the pool: this stays exact.
@@ -286,15 +287,18 @@ class _Pool:
         self.free_calls = 0  # get_free_blocks_call_count: get_free_block calls, counted for gc
 
     def insert(self, block: _Block) -> None:
-        bisect.insort(self.keys, (block.stream, block.size, block.address))
+        keys = self.keys.get(block.stream)
+        if keys is None:
+            keys = self.keys[block.stream] = []
+        bisect.insort(keys, (block.size, block.address))
         self._blocks[block.address] = block
         block.gc_base = self.free_calls  # insert_into_blocks
         if block.prev is None and block.next is None:
             self.whole_segments[block.address] = block
 
     def remove(self, block: _Block) -> None:
-        key = (block.stream, block.size, block.address)
-        del self.keys[bisect.bisect_left(self.keys, key)]
+        keys = self.keys[block.stream]
+        del keys[bisect.bisect_left(keys, (block.size, block.address))]
         del self._blocks[block.address]
         self.whole_segments.pop(block.address, None)
 
@@ -312,36 +316,37 @@ class _Pool:
         end = bisect.bisect_left(self._unmapped_keys, (stream + 1, 0))
         return [self.unmapped[address] for _, address in self._unmapped_keys[start:end]]
 
+    def of_stream(self, stream: int) -> list[tuple[int, int]]:
+        """``stream``'s free blocks, (size, address) in order (the search stays within them: "(*it)->stream
+        != p.stream()" ends it)."""
+        return self.keys.get(stream) or []
+
     def fit_index(self, size: int, stream: int = 0) -> int:
-        """Position of the smallest free block of ``stream`` of at least ``size`` bytes, lowest
-        address first (where ``stream``'s blocks end if none: len(self), or a later stream's); the
-        search key has a null pointer, like AllocParams::search_key."""
-        return bisect.bisect_left(self.keys, (stream, size, 0))
+        """Position among ``stream``'s free blocks of the smallest of at least ``size`` bytes, lowest
+        address first (their count if none); the search key has a null pointer, like
+        AllocParams::search_key."""
+        return bisect.bisect_left(self.of_stream(stream), (size, 0))
 
-    def at(self, index: int) -> _Block:
-        return self._blocks[self.keys[index][2]]
-
-    def of_stream(self, index: int, stream: int) -> bool:
-        """Whether ``index`` is a free block of ``stream`` ("(*it)->stream == p.stream()")."""
-        return index < len(self.keys) and self.keys[index][0] == stream
+    def at(self, index: int, stream: int = 0) -> _Block:
+        return self._blocks[self.keys[stream][index][1]]
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return sum(len(keys) for keys in self.keys.values())
 
     def best_fit(self, size: int, stream: int = 0) -> _Block | None:
         """The smallest free block of ``stream`` of at least `size` bytes, lowest address first."""
         index = self.fit_index(size, stream)
-        return self.at(index) if self.of_stream(index, stream) else None
+        return self.at(index, stream) if index < len(self.of_stream(stream)) else None
 
     def blocks(self) -> list[_Block]:
         return list(self._blocks.values())
 
     def ordered(self) -> list[_Block]:
         """The free blocks in the pool's order: (stream, size, address)."""
-        return [self._blocks[address] for _, _, address in self.keys]
+        return [self._blocks[address] for stream in sorted(self.keys) for _, address in self.keys[stream]]
 
     def copy_into(self, other: _Pool, copy: Callable[[_Block], _Block]) -> None:
-        other.keys = list(self.keys)
+        other.keys = {stream: list(keys) for stream, keys in self.keys.items()}
         other._blocks = {address: copy(block) for address, block in self._blocks.items()}
         other.whole_segments = {address: copy(block) for address, block in self.whole_segments.items()}
         other._unmapped_keys = list(self._unmapped_keys)
@@ -520,16 +525,16 @@ class CachingAllocatorSim:
             # Counted only with a memory fraction set in PyTorch; a capacity given later (clone)
             # starts where a run with it from the start would be, and without one nothing reads it.
             pool.free_calls += 1
-        keys = pool.keys
-        index = bisect.bisect_left(keys, (stream, size, 0))  # pool.fit_index, inlined: malloc's hot path
-        if index == len(keys) or keys[index][0] != stream:
+        keys = pool.keys[0] if stream == 0 else pool.of_stream(stream)
+        index = bisect.bisect_left(keys, (size, 0))  # pool.fit_index, inlined: malloc's hot path
+        if index == len(keys):
             return None
-        block = pool.at(index)
+        block = pool.at(index, stream)
         if self._expandable:
-            while pool.of_stream(index + 1, stream) \
-                    and _expandable_size(pool.at(index + 1)) < _expandable_size(block):
+            while index + 1 < len(keys) \
+                    and _expandable_size(pool.at(index + 1, stream)) < _expandable_size(block):
                 index += 1
-                block = pool.at(index)
+                block = pool.at(index, stream)
         limit = self._max_split
         if limit is not None:
             if size < limit <= block.size:  # "Do not return an oversized block for a large request"
@@ -615,13 +620,13 @@ class CachingAllocatorSim:
             return False
         target = max(size, limit)
         found = pool.fit_index(target, stream)
-        if pool.of_stream(found, stream):
-            self._release_segment(pool, pool.at(found))
+        if found < len(pool.of_stream(stream)):
+            self._release_segment(pool, pool.at(found, stream))
             return True
         released = 0
         for index in range(found - 1, -1, -1):  # "Now on the largest block for the correct stream"
-            block = pool.at(index)
-            if released >= target or block.size < limit or block.stream != stream:
+            block = pool.at(index, stream)
+            if released >= target or block.size < limit:
                 break
             # Blocks of max_split_size or more are never split (should_split): whole segments.
             released += block.size

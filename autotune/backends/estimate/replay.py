@@ -106,11 +106,15 @@ def apply_events(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequ
     """Allocate and free ``events`` in ``sim``; ``handles``: event key -> the sim's handle. An
     allocation's third item, where it has one, is its stream (trace.ReplayEvent)."""
     for event in events:
-        nbytes = event[1]
-        if nbytes < 0:
-            sim.free(handles.pop(event[0]))
+        if len(event) == 2:
+            key, nbytes = event
+            if nbytes < 0:
+                sim.free(handles.pop(key))
+            else:
+                handles[key] = sim.malloc(nbytes)
         else:
-            handles[event[0]] = sim.malloc(nbytes, event[2]) if len(event) > 2 else sim.malloc(nbytes)
+            key, nbytes, stream = event
+            handles[key] = sim.malloc(nbytes, stream)
 
 
 def _run_growth(events: Sequence[ReplayEvent], config: AllocatorConfig | None
@@ -121,12 +125,11 @@ def _run_growth(events: Sequence[ReplayEvent], config: AllocatorConfig | None
     handles: dict[int, int] = {}
     grown: list[tuple[int, int]] = []
     needed = 0
-    for index, event in enumerate(events):
-        nbytes = event[1]
+    for index, (key, nbytes, *stream) in enumerate(events):
         if nbytes < 0:
-            sim.free(handles.pop(event[0]))
+            sim.free(handles.pop(key))
             continue
-        handles[event[0]] = sim.malloc(nbytes, event[2]) if len(event) > 2 else sim.malloc(nbytes)
+        handles[key] = sim.malloc(nbytes, *stream)
         if sim.capacity_needed_bytes != needed:
             needed = sim.capacity_needed_bytes
             grown.append((index, needed))
