@@ -31,8 +31,12 @@ their blocks apart (allocator.py):
   in the gathered dtype (``_get_param_all_gather_inputs``) and its all-gather output;
 - ``reduce_scatter_stream``: ``foreach_reduce``'s reduce-scatter output and its cast to the shards'
   dtype, the sharded gradients (the reduce-scatter input is made on the current stream before it);
-- nothing on ``all_gather_stream`` (the collective allocates nothing) nor ``all_reduce_stream`` (HSDP
-  reduces in place); the copy-out's unsharded parameters are made on the current stream.
+  with HSDP that cast is made on ``all_reduce_stream``, the post-reduce stream (a third one);
+- nothing on ``all_gather_stream`` (the fake group's collective allocates nothing); the copy-out's
+  unsharded parameters are made on the current stream.
+
+Whatever stream is current when an allocation is made is the one noted: the list above is what the
+source reads, not a rule of the trace.
 
 FSDP2 calls no ``record_stream``: it keeps references instead (AllGatherState, ReduceScatterState,
 the sharded gradients: "we do not need extra synchronization since the sharded parameters hold refs"),
