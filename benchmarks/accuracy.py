@@ -178,7 +178,7 @@ def table_workload(table: dict[str, Any], backend: Any) -> Any:
     return workload
 
 
-def replay_capped(events: Sequence[tuple[int, int]], capacity_bytes: int
+def replay_capped(events: Sequence[tuple[int, ...]], capacity_bytes: int
                   ) -> tuple[int | None, dict[str, int] | None]:
     """Peak reserved of the estimator's trace replayed with the budget as the allocator's limit (as the
     GPU ran, under set_per_process_memory_fraction); where it runs out of memory, None and the
@@ -301,7 +301,7 @@ def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budge
     sim, handles = CachingAllocatorSim(budget), dict[int, int]()
     nearest: tuple[int, dict[str, Any]] | None = None
     try:
-        for key, nbytes in trace.events():
+        for key, nbytes, *stream in trace.events():  # an allocation on another stream: with it
             if nbytes < 0:
                 sim.free(handles.pop(key))
                 continue
@@ -310,7 +310,7 @@ def estimate_refusal(backend: Any, workload: Any, mode: Any, seq_len: int, budge
                 distance = abs(sim.stats.allocated_bytes - refused["allocated_bytes"])
                 if nearest is None or distance < nearest[0]:
                     nearest = (distance, {"request_bytes": nbytes, **_pool_state(sim, size)})
-            handles[key] = sim.malloc(nbytes)
+            handles[key] = sim.malloc(nbytes, *stream)
     except OutOfMemory as exc:
         found["replay"], found["refused"] = "oom", _refusal(sim, exc)
         return found

@@ -360,20 +360,22 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
     from autotune.backends.estimate.allocator import CachingAllocatorSim
     from autotune.backends.estimate.trace import Trace
 
-    # Keyed by allocation index, in bytes (a CUDA reduction's recorded count turned into its buffer).
+    # Keyed by allocation index, in bytes (a CUDA reduction's recorded count turned into its buffer),
+    # an allocation on another stream with its stream (trace.OnStream).
     events = Trace.from_events(recording.batch_size, recording.events, recording.workspaces).events()
     sim = CachingAllocatorSim()  # no limit: as accounting.replay finds the peak allocated
     handles: dict[int, int] = {}
     blocks: list[int] = []  # the allocator's block size of each allocation
     allocated = peak = 0
     peak_event = 0
-    for position, (index, nbytes) in enumerate(events):
+    for position, event in enumerate(events):
+        index, nbytes = event[0], event[1]
         if nbytes < 0:
             sim.free(handles.pop(index))
             allocated -= blocks[index]
             continue
         before = sim.stats.allocated_bytes
-        handles[index] = sim.malloc(nbytes)
+        handles[index] = sim.malloc(nbytes, *event[2:])
         blocks.append(sim.stats.allocated_bytes - before)  # rounded, or a whole unsplit block
         allocated += blocks[index]
         if allocated > peak:
@@ -394,12 +396,12 @@ def breakdown_of(recording: Recording, gpu: GpuSpec, budget: int, demand_bytes: 
     )
 
 
-def _live_at(events: list[tuple[int, int]], last: int) -> tuple[set[int], int]:
+def _live_at(events: Sequence[tuple[int, ...]], last: int) -> tuple[set[int], int]:
     """Allocation indices alive after ``events[last]``, and the index ``events[last]`` made."""
     index_of: dict[int, int] = {}
     live: set[int] = set()
     count = 0
-    for key, nbytes in events[: last + 1]:
+    for key, nbytes, *_stream in events[: last + 1]:
         if nbytes < 0:
             live.discard(index_of.pop(key))
         else:

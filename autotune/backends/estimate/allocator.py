@@ -21,7 +21,8 @@ says so and follows main:
   only the figure the memory cap is checked against (`alloc_block`).
 - `get_free_block`: best fit, the smallest free block of the pool with size >= request;
   the pool is a `std::set` ordered by (stream, size, address), so ties go to the
-  lowest address. With `max_split_size_mb`, a block at least that large is refused to a smaller
+  lowest address, and a request gets only a block of its own stream (streams below). With
+  `max_split_size_mb`, a block at least that large is refused to a smaller
   request, and to a request at least that large if it is `max_non_split_rounding_mb` (default
   kLargeBuffer, 20 MiB; 001074d hard-codes kLargeBuffer) or more larger than the request; the
   search does not go on to another block.
@@ -45,6 +46,23 @@ says so and follows main:
   capacity, the whole cached large segments at least as old as their average (age: calls of
   `get_free_block` on the pool since the block was cached, `gc_count`) are released, round by round,
   until reserved is down by the excess or nothing is released.
+
+Streams (`Block::stream`; `malloc(nbytes, stream)`, 0 the default stream, FSDP2's own numbered from 1:
+estimate/rank.py):
+
+- a segment belongs to the stream whose request made it (`alloc_block`: `Block(device, stream, ...)`),
+  and every block split from it too; `free_block` returns a block to the pool at once (no
+  `record_stream` was called on it: below) and merges it only with its segment's neighbours, which
+  are of its stream;
+- `get_free_block` searches from (stream, size, null): a block of another stream is never handed
+  out ("(*it)->stream != p.stream()" returns false), so a block freed on one stream waits for a
+  request of that stream, and a request of another opens a segment of its own;
+- `release_available_cached_blocks` looks only at the request's stream's blocks; `release_cached_blocks`
+  (empty_cache and the out-of-memory retry) and `garbage_collect_cached_blocks` release the cached
+  segments of every stream, in the pool's order (stream first);
+- with expandable segments, each stream has its segments of its own (`find_expandable_block` looks at
+  `pool->unmapped` from (stream, null) while "(*it)->stream == stream"; a new `ExpandableSegment` is
+  made for the request's stream).
 
 Expandable segments (`expandable_segments:True`; Note [Expandable Segments], `ExpandableSegment`):
 
@@ -75,10 +93,20 @@ Replayed so, the two steps recorded on an H200 with expandable_segments:True (to
 their real peak allocated and peak reserved to the byte, with every map and unmap at its place
 (tests/autotune/backends/estimate/test_allocator_expandable.py).
 
-Deliberately left out (none applies with one stream and no CUDA graphs):
+Deliberately left out (none applies to the traces the estimator makes: FSDP2 calls no `record_stream`,
+and no CUDA graphs are captured):
 
-- several streams, `record_stream` and its CUDA events: a freed block is reusable at
-  once, as it is for a tensor used only on the current stream;
+- `record_stream` and its CUDA events (`insert_events` / `process_events`): a block freed while used on
+  other streams is reusable only once their events complete. Every block here is reusable by its
+  stream at once: FSDP2 keeps references to the buffers it hands between streams instead
+  (AllGatherState, ReduceScatterState, the sharded gradients; _fsdp_collectives.py), and with the
+  fake process group the estimator and the measured runs use, no NCCL kernel records any. Other
+  multi-stream code (FSDP1's streams, DeepSpeed's) is traced on the default stream alone;
+- the order of streams: the real set orders them by their `cudaStream_t` (the default stream is the
+  null pointer, first); here by their number, which decides nothing but the order in which cached
+  segments are released. PyTorch's main branch (`CachingDeviceAllocatorImpl`, whose
+  `BlockComparatorSize` compares the size before the stream) is not followed here: its
+  `get_free_block` refuses a request whose best fit of any stream is another stream's;
 - CUDA-graph private pools, and `trigger_free_memory_callbacks`;
 - the address space of an expandable segment: PyTorch reserves 1 1/8 of the device's memory and
   starts a second segment only when no unmapped range of the first holds a request; the simulator,
@@ -211,6 +239,7 @@ class SegmentInfo:
     size: int  # bytes
     is_small: bool
     blocks: tuple[BlockInfo, ...]  # in address order, covering the segment
+    stream: int = 0  # whose requests its blocks serve (0: the default stream)
 
 
 class SegmentEvent(NamedTuple):
@@ -225,12 +254,13 @@ class SegmentEvent(NamedTuple):
 class _Block:
     """A piece of a segment, linked to its neighbours like Block::prev / Block::next."""
 
-    __slots__ = ("address", "allocated", "gc_base", "is_small", "mapped", "next", "prev", "size")
+    __slots__ = ("address", "allocated", "gc_base", "is_small", "mapped", "next", "prev", "size", "stream")
 
-    def __init__(self, address: int, size: int, is_small: bool, mapped: bool = True) -> None:
+    def __init__(self, address: int, size: int, is_small: bool, mapped: bool = True, stream: int = 0) -> None:
         self.address = address
         self.size = size
         self.is_small = is_small
+        self.stream = stream  # the stream whose request made its segment (Block::stream)
         self.allocated = False
         self.mapped = mapped  # False: unmapped pages of an expandable segment
         self.gc_base = 0  # the pool's free_calls when the block was cached (gc_count_base)
@@ -239,72 +269,84 @@ class _Block:
 
 
 class _Pool:
-    """The free blocks of one BlockPool, searchable by (size, address) in O(log n), and the unmapped
-    ranges of its expandable segment by address (BlockPool::unmapped)."""
+    """The free blocks of one BlockPool, searchable by (stream, size, address) in O(log n), and the
+    unmapped ranges of its expandable segments by (stream, address) (BlockPool::unmapped)."""
 
     def __init__(self, is_small: bool) -> None:
         self.is_small = is_small
         self.page_bytes = SMALL_BUFFER if is_small else LARGE_BUFFER  # ExpandableSegment::segment_size_
-        # Sorted (size, address), the order of BlockComparatorSize for one stream.
-        self.keys: list[tuple[int, int]] = []
+        # Each stream's free blocks, sorted (size, address): together, in the order of the streams,
+        # the order of BlockComparatorSize, (stream, size, address) (module docstring).
+        self.keys: dict[int, list[tuple[int, int]]] = {0: []}
         self._blocks: dict[int, _Block] = {}  # address -> free block
         # Free blocks with no neighbour are whole segments: what release_blocks() frees.
         # Blocks gain or lose neighbours only while out of the pool: this stays exact.
         self.whole_segments: dict[int, _Block] = {}
-        self._unmapped_keys: list[int] = []  # sorted addresses (BlockComparatorAddress)
+        self._unmapped_keys: list[tuple[int, int]] = []  # sorted (stream, address): BlockComparatorAddress
         self.unmapped: dict[int, _Block] = {}
         self.free_calls = 0  # get_free_blocks_call_count: get_free_block calls, counted for gc
 
     def insert(self, block: _Block) -> None:
-        bisect.insort(self.keys, (block.size, block.address))
+        keys = self.keys.get(block.stream)
+        if keys is None:
+            keys = self.keys[block.stream] = []
+        bisect.insort(keys, (block.size, block.address))
         self._blocks[block.address] = block
         block.gc_base = self.free_calls  # insert_into_blocks
         if block.prev is None and block.next is None:
             self.whole_segments[block.address] = block
 
     def remove(self, block: _Block) -> None:
-        key = (block.size, block.address)
-        del self.keys[bisect.bisect_left(self.keys, key)]
+        keys = self.keys[block.stream]
+        del keys[bisect.bisect_left(keys, (block.size, block.address))]
         del self._blocks[block.address]
         self.whole_segments.pop(block.address, None)
 
     def insert_unmapped(self, block: _Block) -> None:
-        bisect.insort(self._unmapped_keys, block.address)
+        bisect.insort(self._unmapped_keys, (block.stream, block.address))
         self.unmapped[block.address] = block
 
     def remove_unmapped(self, block: _Block) -> None:
-        del self._unmapped_keys[bisect.bisect_left(self._unmapped_keys, block.address)]
+        del self._unmapped_keys[bisect.bisect_left(self._unmapped_keys, (block.stream, block.address))]
         del self.unmapped[block.address]
 
-    def unmapped_blocks(self) -> list[_Block]:
-        """Unmapped ranges by address."""
-        return [self.unmapped[address] for address in self._unmapped_keys]
+    def unmapped_blocks(self, stream: int) -> list[_Block]:
+        """Unmapped ranges of ``stream``'s segments by address."""
+        start = bisect.bisect_left(self._unmapped_keys, (stream, 0))
+        end = bisect.bisect_left(self._unmapped_keys, (stream + 1, 0))
+        return [self.unmapped[address] for _, address in self._unmapped_keys[start:end]]
 
-    def fit_index(self, size: int) -> int:
-        """Position of the smallest free block of at least ``size`` bytes, lowest address first
-        (len(self) if none); the search key has a null pointer, like AllocParams::search_key."""
-        return bisect.bisect_left(self.keys, (size, 0))
+    def of_stream(self, stream: int) -> list[tuple[int, int]]:
+        """``stream``'s free blocks, (size, address) in order (the search stays within them: "(*it)->stream
+        != p.stream()" ends it)."""
+        return self.keys.get(stream) or []
 
-    def at(self, index: int) -> _Block:
-        return self._blocks[self.keys[index][1]]
+    def fit_index(self, size: int, stream: int = 0) -> int:
+        """Position among ``stream``'s free blocks of the smallest of at least ``size`` bytes, lowest
+        address first (their count if none); the search key has a null pointer, like
+        AllocParams::search_key."""
+        return bisect.bisect_left(self.of_stream(stream), (size, 0))
+
+    def at(self, index: int, stream: int = 0) -> _Block:
+        return self._blocks[self.keys[stream][index][1]]
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return sum(len(keys) for keys in self.keys.values())
 
-    def best_fit(self, size: int) -> _Block | None:
-        """The smallest free block of at least `size` bytes, lowest address first."""
-        index = self.fit_index(size)
-        return self.at(index) if index < len(self) else None
+    def best_fit(self, size: int, stream: int = 0) -> _Block | None:
+        """The smallest free block of ``stream`` of at least `size` bytes, lowest address first."""
+        index = self.fit_index(size, stream)
+        return self.at(index, stream) if index < len(self.of_stream(stream)) else None
 
     def blocks(self) -> list[_Block]:
         return list(self._blocks.values())
 
     def ordered(self) -> list[_Block]:
-        """The free blocks in the pool's order: (size, address)."""
-        return [self._blocks[address] for _, address in self.keys]
+        """The free blocks in the pool's order: (stream, size, address)."""
+        return [self._blocks[address] for stream in sorted(self.keys) for _, address in self.keys[stream]]
 
     def copy_into(self, other: _Pool, copy: Callable[[_Block], _Block]) -> None:
-        other.keys = list(self.keys)
+        other.keys = {stream: list(keys) for stream, keys in self.keys.items()}
         other._blocks = {address: copy(block) for address, block in self._blocks.items()}
         other.whole_segments = {address: copy(block) for address, block in self.whole_segments.items()}
         other._unmapped_keys = list(self._unmapped_keys)
@@ -329,7 +371,7 @@ def _splice(block: _Block, before: _Block | None, after: _Block | None) -> None:
 
 
 class CachingAllocatorSim:
-    """One device's caching allocator with a single stream, under ``config``'s settings."""
+    """One device's caching allocator, its streams' blocks kept apart, under ``config``'s settings."""
 
     def __init__(self, capacity_bytes: int | None = None, config: AllocatorConfig | None = None) -> None:
         # What cudaMalloc can hand out in all (None: unlimited); alloc_block makes
@@ -357,17 +399,18 @@ class CachingAllocatorSim:
         self._num_ooms = 0
         self._events: list[SegmentEvent] = []
 
-    def malloc(self, nbytes: int) -> int:
-        """Allocate `nbytes`; return a handle for free(). Raises OutOfMemory."""
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """Allocate `nbytes` on ``stream`` (0: the default stream; any other number another
+        stream); return a handle for free(). Raises OutOfMemory."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         if nbytes == 0:
             return NULL_HANDLE
         size = round_size(nbytes, self._rounding)
         pool = self._small if size <= SMALL_SIZE else self._large
-        block = self._free_block_for(pool, size)
+        block = self._free_block_for(pool, size, stream)
         if block is None:
-            block = self._allocate(pool, nbytes, size)
+            block = self._allocate(pool, nbytes, size, stream)
         self._hand_out(pool, block, size)
         return block.address
 
@@ -391,7 +434,7 @@ class CachingAllocatorSim:
             if self._expandable:
                 self._unmap_free_pages(pool)
                 continue
-            for block in sorted(pool.whole_segments.values(), key=lambda b: (b.size, b.address)):
+            for block in sorted(pool.whole_segments.values(), key=lambda b: (b.stream, b.size, b.address)):
                 self._release_segment(pool, block)
 
     def reset_peak(self) -> None:
@@ -438,7 +481,8 @@ class CachingAllocatorSim:
         def copy(block: _Block) -> _Block:
             found = copies.get(id(block))
             if found is None:
-                found = copies[id(block)] = _Block(block.address, block.size, block.is_small, block.mapped)
+                found = copies[id(block)] = _Block(block.address, block.size, block.is_small, block.mapped,
+                                                   block.stream)
                 found.allocated, found.gc_base = block.allocated, block.gc_base
             return found
 
@@ -472,24 +516,25 @@ class CachingAllocatorSim:
                 infos.append(BlockInfo(block.address, block.size, block.allocated))
                 block = block.next
             size = sum(info.size for info in infos)
-            segments.append(SegmentInfo(head.address, size, head.is_small, tuple(infos)))
+            segments.append(SegmentInfo(head.address, size, head.is_small, tuple(infos), head.stream))
         return segments
 
-    def _free_block_for(self, pool: _Pool, size: int) -> _Block | None:
-        """get_free_block: the best-fitting free block, taken out of the pool, or None."""
+    def _free_block_for(self, pool: _Pool, size: int, stream: int) -> _Block | None:
+        """get_free_block: the best-fitting free block of ``stream``, taken out of the pool, or None."""
         if self._collects:
             # Counted only with a memory fraction set in PyTorch; a capacity given later (clone)
             # starts where a run with it from the start would be, and without one nothing reads it.
             pool.free_calls += 1
-        keys = pool.keys
+        keys = pool.keys[0] if stream == 0 else pool.of_stream(stream)
         index = bisect.bisect_left(keys, (size, 0))  # pool.fit_index, inlined: malloc's hot path
         if index == len(keys):
             return None
-        block = pool.at(index)
+        block = pool.at(index, stream)
         if self._expandable:
-            while index + 1 < len(pool) and _expandable_size(pool.at(index + 1)) < _expandable_size(block):
+            while index + 1 < len(keys) \
+                    and _expandable_size(pool.at(index + 1, stream)) < _expandable_size(block):
                 index += 1
-                block = pool.at(index)
+                block = pool.at(index, stream)
         limit = self._max_split
         if limit is not None:
             if size < limit <= block.size:  # "Do not return an oversized block for a large request"
@@ -499,19 +544,19 @@ class CachingAllocatorSim:
         pool.remove(block)
         return block
 
-    def _allocate(self, pool: _Pool, nbytes: int, size: int) -> _Block:
+    def _allocate(self, pool: _Pool, nbytes: int, size: int, stream: int) -> _Block:
         """malloc's way to new memory: garbage collection, alloc_block, then, if the capacity
         refuses it, release_available_cached_blocks or release_cached_blocks and a retry."""
         alloc_size = segment_size(size)
         capacity = self.capacity_bytes
         if capacity is not None and self._collects:
             self._collect_garbage(capacity)
-        block = self._alloc_block(pool, size, alloc_size)
-        if block is None and self._release_oversize(pool, size):
-            block = self._alloc_block(pool, size, alloc_size)
+        block = self._alloc_block(pool, size, alloc_size, stream)
+        if block is None and self._release_oversize(pool, size, stream):
+            block = self._alloc_block(pool, size, alloc_size, stream)
         if block is None:
             self.empty_cache()
-            block = self._alloc_block(pool, size, alloc_size)
+            block = self._alloc_block(pool, size, alloc_size, stream)
         if block is None:
             self._num_ooms += 1
             raise self._out_of_memory(nbytes, alloc_size)
@@ -536,16 +581,17 @@ class CachingAllocatorSim:
             capacity_bytes=capacity,
         )
 
-    def _alloc_block(self, pool: _Pool, size: int, alloc_size: int) -> _Block | None:
-        """alloc_block: a new segment (or mapped pages) for a request of ``size`` bytes, out of any
-        pool; None where reserved + ``alloc_size`` exceeds the capacity."""
+    def _alloc_block(self, pool: _Pool, size: int, alloc_size: int, stream: int) -> _Block | None:
+        """alloc_block: a new segment of ``stream`` (or mapped pages of its expandable segment) for a
+        request of ``size`` bytes, out of any pool; None where reserved + ``alloc_size`` exceeds the
+        capacity."""
         needed = self._reserved + alloc_size
         if self.capacity_bytes is not None and needed > self.capacity_bytes:
             return None
         self._capacity_needed = max(self._capacity_needed, needed)
         if self._expandable:
-            return self._grow_expandable(pool, size)
-        block = _Block(self._segment_address(alloc_size), alloc_size, pool.is_small)
+            return self._grow_expandable(pool, size, stream)
+        block = _Block(self._segment_address(alloc_size), alloc_size, pool.is_small, stream=stream)
         self._reserved += alloc_size
         self._peak_reserved = max(self._peak_reserved, self._reserved)
         self._num_segments += 1
@@ -564,21 +610,22 @@ class CachingAllocatorSim:
         self._num_segments -= 1
         self._events.append(SegmentEvent("segment_free", block.address, block.size, pool.is_small))
 
-    def _release_oversize(self, pool: _Pool, size: int) -> bool:
+    def _release_oversize(self, pool: _Pool, size: int, stream: int) -> bool:
         """release_available_cached_blocks: with max_split_size, free the smallest cached segment of
-        at least max(size, max_split_size) bytes, else the largest ones of at least max_split_size
-        until that much is freed; whether it got there. Expandable blocks are never released."""
+        ``stream`` of at least max(size, max_split_size) bytes, else its largest ones of at least
+        max_split_size until that much is freed; whether it got there. Expandable blocks are never
+        released."""
         limit = self._max_split
         if limit is None or self._expandable:
             return False
         target = max(size, limit)
-        index = pool.fit_index(target)
-        if index < len(pool):
-            self._release_segment(pool, pool.at(index))
+        found = pool.fit_index(target, stream)
+        if found < len(pool.of_stream(stream)):
+            self._release_segment(pool, pool.at(found, stream))
             return True
         released = 0
-        for index in range(len(pool) - 1, -1, -1):
-            block = pool.at(index)
+        for index in range(found - 1, -1, -1):  # "Now on the largest block for the correct stream"
+            block = pool.at(index, stream)
             if released >= target or block.size < limit:
                 break
             # Blocks of max_split_size or more are never split (should_split): whole segments.
@@ -630,10 +677,10 @@ class CachingAllocatorSim:
             if block.next is not None:
                 block.next.prev = block
 
-    def _grow_expandable(self, pool: _Pool, size: int) -> _Block:
+    def _grow_expandable(self, pool: _Pool, size: int, stream: int) -> _Block:
         """try_allocate_expandable_block: map the pages a request needs where find_expandable_block
-        finds room; the free block of at least ``size`` bytes, out of the pool."""
-        candidate = self._find_expandable(pool, size)
+        finds room in ``stream``'s segments; the free block of at least ``size`` bytes, out of the pool."""
+        candidate = self._find_expandable(pool, size, stream)
         if not candidate.mapped:
             candidate = self._map(pool, candidate, min(candidate.size, size))
         while candidate.size < size:
@@ -644,10 +691,11 @@ class CachingAllocatorSim:
         pool.remove(candidate)
         return candidate
 
-    def _find_expandable(self, pool: _Pool, size: int) -> _Block:
-        """find_expandable_block: the lowest unmapped range (or the free block before it) from which
-        free and unmapped blocks add up to ``size``; else a new segment's range."""
-        for candidate in pool.unmapped_blocks():
+    def _find_expandable(self, pool: _Pool, size: int, stream: int) -> _Block:
+        """find_expandable_block: the lowest unmapped range of ``stream``'s segments (or the free
+        block before it) from which free and unmapped blocks add up to ``size``; else a new
+        segment's range, of ``stream``."""
+        for candidate in pool.unmapped_blocks(stream):
             if candidate.prev is not None and not candidate.prev.allocated:
                 candidate = candidate.prev
             room = 0
@@ -660,7 +708,7 @@ class CachingAllocatorSim:
         # Every segment starts on a page of either pool.
         base = (self._lowest_address - _EXPANDABLE_SPACE) // LARGE_BUFFER * LARGE_BUFFER
         self._lowest_address = base
-        segment = _Block(base, _EXPANDABLE_SPACE, pool.is_small, mapped=False)
+        segment = _Block(base, _EXPANDABLE_SPACE, pool.is_small, mapped=False, stream=stream)
         pool.insert_unmapped(segment)
         return segment
 
@@ -671,7 +719,8 @@ class CachingAllocatorSim:
         pool.remove_unmapped(block)
         block.mapped = True
         if mapped < block.size:
-            rest = _Block(block.address + mapped, block.size - mapped, pool.is_small, mapped=False)
+            rest = _Block(block.address + mapped, block.size - mapped, pool.is_small, mapped=False,
+                          stream=block.stream)
             _splice(rest, block, block.next)
             pool.insert_unmapped(rest)
             block.size = mapped
@@ -700,11 +749,11 @@ class CachingAllocatorSim:
             return
         pool.remove(block)
         if begin > block.address:
-            before = _Block(block.address, begin - block.address, pool.is_small)
+            before = _Block(block.address, begin - block.address, pool.is_small, stream=block.stream)
             _splice(before, block.prev, block)
             pool.insert(before)
         if end < block.address + block.size:
-            after = _Block(end, block.address + block.size - end, pool.is_small)
+            after = _Block(end, block.address + block.size - end, pool.is_small, stream=block.stream)
             _splice(after, block, block.next)
             pool.insert(after)
         block.address, block.size, block.mapped = begin, end - begin, False
@@ -721,7 +770,7 @@ class CachingAllocatorSim:
         else:  # large blocks only when the remainder is itself a large block (> kSmallSize)
             split = remaining > SMALL_SIZE and (self._max_split is None or size < self._max_split)
         if split:
-            rest = _Block(block.address + size, remaining, pool.is_small)
+            rest = _Block(block.address + size, remaining, pool.is_small, stream=block.stream)
             rest.prev = block
             rest.next = block.next
             if block.next is not None:

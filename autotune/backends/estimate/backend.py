@@ -47,8 +47,10 @@ from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
 from autotune.backends.estimate.trace import (
+    ON_STREAM,
     PLUS_FIXED,
     Affine,
+    OnStream,
     PlusFixed,
     Trace,
     affine,
@@ -187,11 +189,14 @@ def _guess_max(
 
 def workspace_from_json(document: Mapping[str, Any]) -> Any:
     """A trace workspace's ``to_json`` back (trace.Affine.from_json): an embedding backward's buffer
-    (embedding.py), cuDNN's attention backward workspace (attention.py), else a reduction's
-    (reduce.py)."""
+    (embedding.py), cuDNN's attention backward workspace (attention.py), an allocation on another
+    stream (trace.OnStream), else a reduction's (reduce.py)."""
     from autotune.backends.estimate.embedding import KIND, EmbeddingPartials
     from autotune.backends.estimate.reduce import Workspace
 
+    if document.get("kind") == ON_STREAM:
+        inner = document["inner"]
+        return OnStream(int(document["stream"]), None if inner is None else workspace_from_json(inner))
     if document.get("kind") == KIND:
         return EmbeddingPartials.from_json(document)
     if document.get("kind") == PLUS_FIXED:

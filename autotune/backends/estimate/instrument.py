@@ -142,7 +142,8 @@ class RecordingTracker(StorageTracker):
 
     def _allocated(self, tensor: torch.Tensor) -> None:
         """The allocation the last event made, of ``tensor``'s storage: when, where, what region."""
-        key, nbytes = self.events[-1]
+        nbytes = self.events[-1][1]
+        key = local_shard(tensor).untyped_storage()._cdata  # the event's key but on a side stream
         self._current[key] = len(self.allocations)
         module = self.modules[-1] if self.modules else None
         allocation = Allocation(nbytes, self.phase, self.step, module, tuple(tensor.shape),

@@ -9,6 +9,7 @@ in it the generation's KV cache is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from autotune.backends.estimate.traced_step import StepHooks
 
 if TYPE_CHECKING:
     from autotune.backends.estimate.backend import EstimateBackend
-    from autotune.backends.estimate.trace import Event
+    from autotune.backends.estimate.trace import ReplayEvent
     from autotune.workload import Workload
     from autotune.workload.modes import Mode
 
@@ -42,7 +43,7 @@ class PhasePeaks:
     start_bytes: int
 
 
-def peaks_of(events: list[Event], marks: list[tuple[str, int]]) -> PhasePeaks:
+def peaks_of(events: Sequence[ReplayEvent], marks: list[tuple[str, int]]) -> PhasePeaks:
     """Each phase's peak of live bytes, for the last step's phases (each name's last mark)."""
     last: dict[str, int] = {}
     for name, event in marks:
@@ -54,7 +55,7 @@ def peaks_of(events: list[Event], marks: list[tuple[str, int]]) -> PhasePeaks:
     current: str | None = None
     following = iter(bounds)
     upcoming = next(following, None)
-    for index, (key, nbytes) in enumerate(events):
+    for index, (key, nbytes, *_stream) in enumerate(events):
         while upcoming is not None and index == upcoming[0]:
             if current is None:
                 start = live

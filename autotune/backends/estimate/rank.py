@@ -21,6 +21,27 @@ into a category); other trackers ignore regions, and no event changes:
 The FSDP2 functions are imported by name into _fsdp_param_group.py, where they are replaced for
 the trace and restored after it.
 
+FSDP2 makes its collectives' buffers on streams of its own (FSDPCommContext.lazy_init; read in
+the venv's torch 2.13), which the estimator's CPU device has as ``torch.cpu.Stream`` and selects as CUDA does
+(``torch.cpu.stream``), so its trace notes them (tracker.py ``side_streams``) and the allocator keeps
+their blocks apart (allocator.py):
+
+- ``all_gather_copy_in_stream``, in forward and in backward's unsharding (``get_all_gather_streams``:
+  implicit prefetching, FORWARD and PRE_BACKWARD): ``foreach_all_gather``'s flat copy-in of the shards
+  in the gathered dtype (``_get_param_all_gather_inputs``) and its all-gather output;
+- ``reduce_scatter_stream``: ``foreach_reduce``'s reduce-scatter output and its cast to the shards'
+  dtype, the sharded gradients (the reduce-scatter input is made on the current stream before it);
+  with HSDP that cast is made on ``all_reduce_stream``, the post-reduce stream (a third one);
+- nothing on ``all_gather_stream`` (the fake group's collective allocates nothing); the copy-out's
+  unsharded parameters are made on the current stream.
+
+Whatever stream is current when an allocation is made is the one noted: the list above is what the
+source reads, not a rule of the trace.
+
+FSDP2 calls no ``record_stream``: it keeps references instead (AllGatherState, ReduceScatterState,
+the sharded gradients: "we do not need extra synchronization since the sharded parameters hold refs"),
+so a block freed from Python is its stream's to reuse at once, as the simulator has it.
+
 FSDP2's CPU offload (``CPUOffloadPolicy``, backends/distributed.py ``offload_policy``) keeps each
 sharded parameter, its gradient and the optimizer state in host memory. The estimator's fake
 tensors are CPU tensors standing for the GPU's, so FSDP2's copies between the two (a ``.to`` of the
@@ -250,8 +271,11 @@ def around_rank(distributed: Distributed | None, tracker: StorageTracker) -> Ite
             if offloads(distributed):
                 stack.enter_context(fsdp1.host_offload())
         elif distributed is not None and distributed.parallel.kind == FSDP:
+            from autotune.backends.estimate.tracker import side_streams
+
             stack.enter_context(resizes_tracked(tracker))
             stack.enter_context(fsdp_regions())
+            stack.enter_context(side_streams(tracker))
             if offloads(distributed):  # around the regions: foreach_reduce within its region
                 stack.enter_context(host_offload())
         elif distributed is not None and distributed.parallel.kind == DDP:

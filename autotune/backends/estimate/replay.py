@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.allocator import ROUND_LARGE, CachingAllocatorSim
-from autotune.backends.estimate.trace import Event
+from autotune.backends.estimate.trace import ReplayEvent
 from autotune.errors import OutOfMemory
 
 # Every segment size, and every page an expandable segment maps (2 or 20 MiB), is a multiple of
@@ -35,7 +35,8 @@ class Replay:
         return not self.fits
 
 
-def replay(events: list[Event], capacity_bytes: int | None, config: AllocatorConfig | None = None) -> Replay:
+def replay(events: Sequence[ReplayEvent], capacity_bytes: int | None,
+           config: AllocatorConfig | None = None) -> Replay:
     """Peaks of ``events``, the smallest capacity they run in, and whether that is <= capacity.
 
     Without a limit the allocator keeps every segment it ever cached. With one it frees its
@@ -82,7 +83,8 @@ def replay(events: list[Event], capacity_bytes: int | None, config: AllocatorCon
     return Replay(peak_allocated, unlimited_reserved, demand, fits=True)
 
 
-def fits_in(events: list[Event], capacity_bytes: int, config: AllocatorConfig | None = None) -> bool:
+def fits_in(events: Sequence[ReplayEvent], capacity_bytes: int,
+            config: AllocatorConfig | None = None) -> bool:
     """Whether the caching allocator (under ``config``'s settings) runs ``events`` within
     ``capacity_bytes``: one replay."""
     try:
@@ -92,7 +94,7 @@ def fits_in(events: list[Event], capacity_bytes: int, config: AllocatorConfig | 
     return True
 
 
-def _run(events: list[Event], capacity_bytes: int | None,
+def _run(events: Sequence[ReplayEvent], capacity_bytes: int | None,
          config: AllocatorConfig | None = None) -> tuple[int, int]:
     sim = CachingAllocatorSim(capacity_bytes, config)
     apply_events(sim, {}, events)
@@ -100,16 +102,22 @@ def _run(events: list[Event], capacity_bytes: int | None,
     return stats.peak_allocated_bytes, stats.peak_reserved_bytes
 
 
-def apply_events(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequence[Event]) -> None:
-    """Allocate and free ``events`` in ``sim``; ``handles``: event key -> the sim's handle."""
-    for key, nbytes in events:
-        if nbytes < 0:
-            sim.free(handles.pop(key))
+def apply_events(sim: CachingAllocatorSim, handles: dict[int, int], events: Sequence[ReplayEvent]) -> None:
+    """Allocate and free ``events`` in ``sim``; ``handles``: event key -> the sim's handle. An
+    allocation's third item, where it has one, is its stream (trace.ReplayEvent)."""
+    for event in events:
+        if len(event) == 2:
+            key, nbytes = event
+            if nbytes < 0:
+                sim.free(handles.pop(key))
+            else:
+                handles[key] = sim.malloc(nbytes)
         else:
-            handles[key] = sim.malloc(nbytes)
+            key, nbytes, stream = event
+            handles[key] = sim.malloc(nbytes, stream)
 
 
-def _run_growth(events: list[Event], config: AllocatorConfig | None
+def _run_growth(events: Sequence[ReplayEvent], config: AllocatorConfig | None
                 ) -> tuple[int, int, int, list[tuple[int, int]]]:
     """The unlimited run's peaks, the most a request checked against the capacity, and where that
     grew: (event index, capacity needed after; classic segments: the reserved memory after)."""
@@ -117,11 +125,11 @@ def _run_growth(events: list[Event], config: AllocatorConfig | None
     handles: dict[int, int] = {}
     grown: list[tuple[int, int]] = []
     needed = 0
-    for index, (key, nbytes) in enumerate(events):
+    for index, (key, nbytes, *stream) in enumerate(events):
         if nbytes < 0:
             sim.free(handles.pop(key))
             continue
-        handles[key] = sim.malloc(nbytes)
+        handles[key] = sim.malloc(nbytes, *stream)
         if sim.capacity_needed_bytes != needed:
             needed = sim.capacity_needed_bytes
             grown.append((index, needed))
@@ -134,7 +142,7 @@ class _Prefix:
     """The unlimited run's state just before a request first checks more than ``floor`` against the
     capacity: every run with a limit of at least ``floor`` is the same up to there."""
 
-    events: list[Event]
+    events: Sequence[ReplayEvent]
     floor: int
     start: int  # the first event not yet run
     sim: CachingAllocatorSim
@@ -142,7 +150,7 @@ class _Prefix:
     config: AllocatorConfig | None
 
     @classmethod
-    def of(cls, events: list[Event], grown: list[tuple[int, int]], floor: int,
+    def of(cls, events: Sequence[ReplayEvent], grown: list[tuple[int, int]], floor: int,
            config: AllocatorConfig | None = None) -> _Prefix:
         start = next((index for index, needed in grown if needed > floor), len(events))
         if config is not None and config.garbage_collection_threshold > 0:

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 Event = tuple[int, int]  # (storage key, nbytes); nbytes == -1 marks a free
+# What a replay takes (replay.py): an Event, or (key, nbytes, stream) for an allocation made on
+# another stream than the default one (stream >= 1; ``OnStream``).
+ReplayEvent = tuple[int, ...]
 
 
 class Workspace(Protocol):
@@ -47,6 +50,29 @@ class PlusFixed:
 
 
 PLUS_FIXED = "plus_fixed"  # marks it among a trace's workspaces (backend.workspace_from_json)
+
+
+@dataclass(frozen=True)
+class OnStream:
+    """An allocation made on another CUDA stream than the default one (FSDP2's all-gather and
+    reduce-scatter buffers: estimate/rank.py), numbered 1, 2, ... in the order the trace first
+    allocated on each. The caching allocator serves it only from that stream's blocks (allocator.py);
+    kept among a trace's workspaces so that it travels with the allocation (steps.py, ``Affine``).
+    ``inner``: the workspace of a kernel's buffer allocated on that stream, which gives its bytes;
+    None: an allocation in bytes."""
+
+    stream: int
+    inner: Workspace | None = None
+
+    def nbytes(self, count: int) -> int:
+        return count if self.inner is None else self.inner.nbytes(count)
+
+    def to_json(self) -> dict[str, Any]:
+        inner = None if self.inner is None else self.inner.to_json()
+        return {"kind": ON_STREAM, "stream": self.stream, "inner": inner}
+
+
+ON_STREAM = "on_stream"  # marks it among a trace's workspaces (backend.workspace_from_json)
 
 
 @dataclass(frozen=True)
@@ -83,13 +109,19 @@ class Trace:
                 sizes.append(nbytes)
         return cls(batch_size, tuple(sizes), tuple(order), tuple(found))
 
-    def events(self) -> list[Event]:
-        """Back to the event form ``accounting.replay`` takes (allocation index as the key), each
-        reduction's buffer in bytes."""
+    def events(self) -> list[ReplayEvent]:
+        """Back to the event form ``replay.replay`` takes (allocation index as the key), each
+        reduction's buffer in bytes, an allocation on another stream with its stream (``OnStream``)."""
         nbytes = list(self.sizes)
+        streams: dict[int, int] = {}
         for index, workspace in self.workspaces:
             nbytes[index] = workspace.nbytes(self.sizes[index])
-        return [(i, nbytes[i]) if i >= 0 else (~i, -1) for i in self.order]
+            if isinstance(workspace, OnStream):
+                streams[index] = workspace.stream
+        if not streams:
+            return [(i, nbytes[i]) if i >= 0 else (~i, -1) for i in self.order]
+        return [((i, nbytes[i], streams[i]) if i in streams else (i, nbytes[i])) if i >= 0 else (~i, -1)
+                for i in self.order]
 
 
 @dataclass(frozen=True)

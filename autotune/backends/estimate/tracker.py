@@ -39,6 +39,13 @@ holds no memory of its own: its local shard is what the rank allocates, and is w
 A storage resized in place (FSDP2 frees a gathered parameter to 0 bytes and brings it back) is
 told to ``resized``, which records the free or the allocation: no aten op sees it.
 
+A storage made while another stream than the default one is current (FSDP2's all-gather and
+reduce-scatter buffers, made under ``torch.cpu.stream(...)`` where the estimator's fake tensors live
+on the CPU device: estimate/rank.py) is allocated on that stream, whose blocks the caching
+allocator keeps apart (allocator.py): inside ``side_streams(tracker)``, its allocation carries a
+``trace.OnStream`` among the workspaces, under a key of its own (as a moved allocation's). Outside,
+every allocation is the default stream's, as before.
+
 Storages made inside ``outside_allocator()`` are not the caching allocator's (bitsandbytes' paged
 optimizer state lives in CUDA managed memory, cudaMallocManaged): no tracker records them, for
 their whole life.
@@ -70,7 +77,7 @@ from torch.utils._pytree import tree_leaves
 
 from autotune.backends.estimate.embedding import partial_sums
 from autotune.backends.estimate.reduce import Multiprocessors, ReduceInput, Workspace, reduction_of
-from autotune.backends.estimate.trace import Event
+from autotune.backends.estimate.trace import Event, OnStream
 from autotune.backends.estimate.trace import Workspace as TraceWorkspace
 
 # Ops that return no new storage and are called thousands of times per step.
@@ -174,6 +181,17 @@ def allocation_region(name: str) -> Iterator[Region]:
 
 
 @contextlib.contextmanager
+def side_streams(tracker: StorageTracker) -> Iterator[None]:
+    """Inside, ``tracker`` notes the stream each allocation is made on (module docstring): the stream
+    current as it is entered is the default one (0); others are numbered 1, 2, ... as first seen."""
+    tracker.default_stream = torch.cpu.current_stream()
+    try:
+        yield
+    finally:
+        tracker.default_stream = None
+
+
+@contextlib.contextmanager
 def constant_views_alias() -> Iterator[None]:
     """Inside, a view op's output that carries a constant (FakeTensorMode's constant propagation,
     backends/estimate/vision.py) is counted as the view it is: FakeTensorMode gives it a storage of
@@ -213,6 +231,9 @@ class StorageTracker(TorchDispatchMode):
         self._moved: dict[int, int] = {}
         self._accumulation: tuple[int, int, int] | None = None
         self._next_moved_key = _FIRST_MOVED_KEY
+        # Streams (``side_streams``): the default one while noted, else None; the others' numbers.
+        self.default_stream: Any = None
+        self._streams: dict[Any, int] = {}
         self.host_bytes = 0  # the host ledger (module docstring)
         self.host_peak_bytes = 0
 
@@ -260,7 +281,7 @@ class StorageTracker(TorchDispatchMode):
                 self._on_host(storage)
             return
         self._allocated_at[key] = len(self.events)
-        self.events.append((key, storage.nbytes()))
+        self.events.append((self._allocation_key(key), storage.nbytes()))
         finalizer = weakref.finalize(storage, self._on_free, key)
         finalizer.atexit = False
         self._live[key] = finalizer
@@ -279,7 +300,28 @@ class StorageTracker(TorchDispatchMode):
         elif nbytes and key in self._emptied:
             self._emptied.discard(key)
             self._allocated_at[key] = len(self.events)
-            self.events.append((key, nbytes))
+            self.events.append((self._allocation_key(key), nbytes))
+
+    def _stream(self) -> int:
+        """The number of the stream current now: 0, the default one (module docstring)."""
+        if self.default_stream is None:
+            return 0
+        current = torch.cpu.current_stream()
+        if current is self.default_stream:
+            return 0
+        return self._streams.setdefault(current, len(self._streams) + 1)
+
+    def _allocation_key(self, key: int) -> int:
+        """The event key of an allocation of storage ``key`` made now: the storage's own on the
+        default stream; on another, a key of its own (freed as a moved allocation's), noted as
+        ``OnStream`` among the workspaces."""
+        stream = self._stream()
+        if not stream:
+            return key
+        event_key, self._next_moved_key = self._next_moved_key, self._next_moved_key + 1
+        self._moved[key] = event_key
+        self.workspaces[event_key] = OnStream(stream)
+        return event_key
 
     def _on_free(self, key: int) -> None:
         if self._closed or self._live.pop(key, None) is None:
@@ -357,9 +399,10 @@ class StorageTracker(TorchDispatchMode):
         """Buffers a CUDA kernel allocates in this order after its output and frees in the reverse
         one as it returns, their sizes given by ``count`` (trace.Workspace)."""
         keys = []
+        stream = self._stream()
         for workspace in workspaces:
             key = -1 - len(self.workspaces)
-            self.workspaces[key] = workspace
+            self.workspaces[key] = OnStream(stream, workspace) if stream else workspace
             self.events.append((key, count))
             keys.append(key)
         for key in reversed(keys):

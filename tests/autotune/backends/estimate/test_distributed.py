@@ -160,7 +160,7 @@ def test_a_ranks_steps_written_from_its_first_are_the_steps_run(parallel):
             traces.append(backend.trace_with(hooks, fake, workload, mode, 64, 3))
     assert backend._steady[(workload, mode.name)].verified  # the second trace wrote its later steps
     written, run = traces[1].events(), traces[2].events()
-    assert [n for _, n in written] == [n for _, n in run]
+    assert [event[1:] for event in written] == [event[1:] for event in run]  # sizes and streams
 
 
 # -- what explain's recorder sees of a rank (instrument.py, rank.py's regions) ---------------------
@@ -237,6 +237,34 @@ def test_fsdp_regions_name_gathered_layers_and_their_buffers():
     assert gathered["forward"] == full  # every parameter, once
     assert gathered["backward"] == full - tail  # again, but for the tail's, kept gathered
     assert not any(a.kind == "activations" and a.region is not None for a in recording.allocations)
+
+
+def test_fsdp_makes_its_all_gather_and_reduce_scatter_buffers_on_streams_of_its_own():
+    """FSDP2's collectives' buffers are allocated on its side streams (rank.py, tracker.py
+    ``side_streams``): the all-gather copy-in and output on all_gather_copy_in_stream (1, the first
+    seen), the reduce-scatter output and the sharded gradients cast from it on reduce_scatter_stream
+    (2); the reduce-scatter input and the gathered parameters on the default stream (0)."""
+    from autotune.backends.estimate.trace import OnStream, Trace
+
+    recording = recorded(Parallel("fsdp", 2), mode="bf16")
+    trace = Trace.from_events(recording.batch_size, recording.events, recording.workspaces)
+    streams = {index: workspace.stream for index, workspace in trace.workspaces
+               if isinstance(workspace, OnStream)}
+    found = collections.Counter((a.kind, a.region, streams.get(index, 0))
+                                for index, a in enumerate(recording.allocations) if a.step == 2)
+    on_side_streams = {key: count for key, count in found.items() if key[2]}
+    groups = collections.Counter(a.kind for a in recording.allocations
+                                 if a.step == 2 and a.region == "fsdp reduce-scatter")
+    reduced = groups["communication_buffers"] // 2  # per group reduced: an input and an output
+    unshards = found[("communication_buffers", "fsdp all-gather", 1)] // 2  # a copy-in and an output
+    assert unshards > reduced > 0
+    assert on_side_streams == {("communication_buffers", "fsdp all-gather", 1): 2 * unshards,
+                               ("communication_buffers", "fsdp reduce-scatter", 2): reduced,
+                               ("gradients", None, 2): found[("gradients", None, 2)]}
+    assert found[("communication_buffers", "fsdp reduce-scatter", 0)] == reduced
+    assert found[("gradients", None, 2)] >= reduced  # float32 shards: a cast of each group's output
+    # DDP's tracker notes no stream (only FSDP2's is told to): every allocation is the default stream's.
+    assert not any(isinstance(w, OnStream) for w in recorded(Parallel("ddp", 2)).workspaces.values())
 
 
 def test_ddp_s_buckets_are_communication_buffers_of_the_gradients_size():
