@@ -16,7 +16,7 @@ the others are refused (reasons ranked by count, an example file each), and ever
   Megatron and Ray launches) apart; the rest, one-GPU supervised, is the headline.
 - Each config, one at a time in a fresh process: ``autotune check PRESET --from-config FILE --gpu
   H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout; a multi-GPU
-  config with ``--gpus 8`` (MULTI_GPU_GPUS). Answered: exit 0/1
+  config with ``--gpus 8`` (MULTI_GPU_GPUS), or its Axolotl mesh's product where it fixes one. Answered: exit 0/1
   with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else (a traceback,
   another exit status, a timeout, output that is not that JSON).
 - ``--peel``: autotune names only the first key it cannot model. Peel fixes that key as the
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -354,6 +355,19 @@ def _above_one(value: object) -> bool:
 # One check
 
 
+# Axolotl's device mesh (utils/distributed.py build_parallelism_config): with dp_shard_size given, the
+# product of the sizes is the job's world size (accelerate's ParallelismConfig refuses another).
+MESH_KEYS = ("dp_shard_size", "dp_replicate_size", "tensor_parallel_size", "context_parallel_size")
+
+
+def job_gpus(text: str) -> int:
+    """The GPUs a multi-GPU config runs on: its mesh's product where it fixes one, else one node's."""
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not isinstance(data.get("dp_shard_size"), int):
+        return MULTI_GPU_GPUS
+    return math.prod(size for key in MESH_KEYS if isinstance(size := data.get(key), int) and size > 0)
+
+
 def run_check(root: Path, preset: str, file: Path, timeout_s: float,
               gpus: int | None = None) -> tuple[int | None, str, str, float]:
     """(exit status, None on a timeout; stdout; stderr; wall seconds) of one ``autotune check``;
@@ -400,7 +414,7 @@ def check_config(config: Config, scratch: Path, args: argparse.Namespace) -> Row
         file.write_text(text)
         if round_:
             preset = PEEL_READERS.get(config.family if config.preset else None, config.preset)
-        gpus = MULTI_GPU_GPUS if config.group == "multi-GPU" else None
+        gpus = job_gpus(text) if config.group == "multi-GPU" else None
         code, stdout, stderr, seconds = run_check(args.autotune_root, preset, file, args.timeout, gpus)
         status, document = outcome(code, stdout, stderr)
         if status == "crash":

@@ -1091,6 +1091,7 @@ def _axolotl_mesh(cfg: Config) -> None:
         cfg.launch["nodes"] = replicate
     if sizes["dp_shard_size"] is not None:
         cfg.launch["gpus"] = replicate * shard * tp
+        cfg.mesh = " x ".join(f"{key} {sizes[key]}" for key in sizes if sizes[key] is not None)
     cfg.notes.append(f"device mesh: {replicate} replicate x {sizes['dp_shard_size'] or 'the rest'} FSDP "
                      f"shard x {tp} tensor parallel (Axolotl's build_parallelism_config: accelerate's "
                      "ParallelismConfig)" + (", the GPUs their product" if sizes["dp_shard_size"] else ""))

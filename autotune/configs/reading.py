@@ -73,6 +73,10 @@ class TrainingConfig:
     # (axolotl.check_patched_model).
     from_pretrained: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()  # (path, format) of each file read, in order
+    # The keys whose product fixes the job's GPUs (Axolotl's dp_shard_size x dp_replicate_size x
+    # tensor_parallel_size: accelerate's ParallelismConfig), as the error naming them says them; the
+    # count itself is the request's gpus, which --gpus may not change (sharding.check_launch).
+    mesh: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class Config:
         self.wrap_classes: tuple[str, ...] = ()
         self.wrap_key: str | None = None
         self.from_pretrained: tuple[str, ...] = ()  # TrainingConfig.from_pretrained
+        self.mesh: str | None = None  # TrainingConfig.mesh
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -201,7 +206,7 @@ class Config:
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
-                              files=((self.file, format),))
+                              files=((self.file, format),), mesh=self.mesh)
 
 
 def words(text: str) -> frozenset[str]:

@@ -395,6 +395,13 @@ def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
             f"{where} spreads the job over GPUs with {step.parallel} ({config.parallel_key or 'parallel'}): "
             "give {gpus} N, the GPUs it launches on, every node's together (no training config says how "
             "many)"))
+    fixed = config.request.step.gpus
+    if config.mesh is not None and fixed is not None and step.gpus != fixed:
+        raise _about_gpus(InvalidInput.naming(
+            f"{{gpus}} {step.gpus}, but {config.mesh} in {config.files[0][0]!r} make {fixed} GPUs: "
+            "accelerate's ParallelismConfig refuses a world size other than the mesh's product "
+            "(parallelism_config.py _validate_accelerator: \"ParallelismConfig total_size ... does not "
+            f"match num_processes\"); give {{gpus}} {fixed}, or change the sizes"))
     if config.wrap_classes and step.model is not None and step.fsdp_wrap == ",".join(config.wrap_classes):
         from autotune.request import Findings, resolve_model
         from autotune.workload.fsdp_wrap import resolve_wrap

@@ -130,3 +130,16 @@ def test_axolotl_s_context_and_expert_parallelism_are_refused_by_name(tmp_path: 
     file.write_text(AXOLOTL + extra)
     with pytest.raises(UnmodelledSetting, match=f"{key}.*{why}"):
         read_training_configs([str(file)], None)
+
+
+def test_a_gpu_count_other_than_axolotl_s_mesh_product_is_refused(tmp_path: Path, capsys):
+    # accelerate's ParallelismConfig refuses num_processes other than its total_size: --gpus cannot
+    # override dp_replicate_size x dp_shard_size (x tensor_parallel_size)
+    from autotune.cli import main
+
+    file = tmp_path / "c.yaml"
+    file.write_text(AXOLOTL + "dp_shard_size: 4\ndp_replicate_size: 2\n")
+    args = ["check", "tiny-llama", "--from-config", str(file), "--gpu", "H100-80GB", "--workers", "1"]
+    assert main([*args, "--gpus", "16"]) == 2
+    assert ("--gpus 16, but dp_shard_size 4 x dp_replicate_size 2 in" in capsys.readouterr().err)
+    assert main([*args, "--gpus", "8"]) == 0
