@@ -17,8 +17,8 @@ the others are refused (reasons ranked by count, an example file each), and ever
 - Each config, one at a time in a fresh process: ``autotune check PRESET --from-config FILE --gpu
   H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout; a multi-GPU
   config with ``--gpus 8`` (MULTI_GPU_GPUS), or its Axolotl mesh's product where it fixes one.
-  Answered: exit 0/1 with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else (a traceback,
-  another exit status, a timeout, output that is not that JSON).
+  Answered: exit 0/1 with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else
+  (a traceback, another exit status, a timeout, output that is not that JSON).
 - ``--peel``: autotune names only the first key it cannot model. Peel fixes that key as the
   refusal says (``bf16: true``, the ``lora_*_kernel`` keys false, ``use_reentrant: false``,
   ``attn_implementation: flash_attention_2``, the Liger kernels dropped) or drops it, and reads the
