@@ -77,7 +77,7 @@ from autotune.workload.optimizers import OPTIMIZER_NAMES
 from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
 from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.scattermoe import EXPERTS_KERNELS
-from autotune.workload.step import ATTN_CHOICES
+from autotune.workload.step import ATTN_CHOICES, flash_at_axolotl_pin
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -907,11 +907,12 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     model_type = getattr(spec.config, "model_type", None)
     fused_attention = bool(step.axolotl) and (gemma4_fused_attn.patched(model_type) or (
         bool(step.fused_attn_kernel) and qwen3_fused_attn.patched(model_type)))
+    axolotl_flash = bool(step.axolotl) and flash_at_axolotl_pin(spec.config, task, attn)
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
-                    unfrozen=unfrozen, fused_attention=fused_attention, qat=qat,
-                    experts_kernel=experts_kernel)
+                    unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
+                    qat=qat, experts_kernel=experts_kernel)
 
 
 def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:

@@ -124,10 +124,12 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
     """The kernel transformers runs on CUDA in place of the attention asked for (step.py
-    cuda_attention: gpt-oss' flash_attention_2), where the model and task are valid."""
+    cuda_attention: gpt-oss' flash_attention_2), where the model and task are valid; in an Axolotl job,
+    the flash_attention_2 its pinned transformers runs where this one refuses it (step.py
+    axolotl_flash_note: Gemma 3's vision-language classes)."""
     from autotune.request import Findings, resolve_model
     from autotune.workload.models import task_for
-    from autotune.workload.step import cuda_attention_note
+    from autotune.workload.step import axolotl_flash_note, cuda_attention_note
 
     step = request.step
     if step.attn is None or step.model is None:
@@ -136,9 +138,12 @@ def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
     if spec is None:  # refused by the check itself, with the rest
         return ()
     try:
-        note = cuda_attention_note(spec.config, task_for(spec, step.task), step.attn)
+        task = task_for(spec, step.task)
+        note = cuda_attention_note(spec.config, task, step.attn)
     except InvalidInput:  # refused by the check itself, with the rest
         return ()
+    if note is None and step.axolotl:
+        note = axolotl_flash_note(spec.config, task, step.attn)
     return () if note is None else (note,)
 
 

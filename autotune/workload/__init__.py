@@ -52,6 +52,9 @@ class Workload:
     # Axolotl's fused Gemma 4 attention forward swapped in (workload/gemma4_fused_attn.py): what an
     # Axolotl job of a gemma4 model runs on a GPU, whatever its config says.
     fused_attention: bool = False
+    # flash_attention_2 as Axolotl's pinned transformers (5.14.1) runs it on a class this transformers
+    # refuses it for (workload/step.py FLASH_AT_AXOLOTL_PIN: Gemma 3's vision-language classes).
+    axolotl_flash: bool = False
     # Quantization-aware training (workload/qat.py): torchao's fake-quantized linears swapped in as
     # Axolotl's qat: does; None: plain linears.
     qat: Qat | None = None

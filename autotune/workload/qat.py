@@ -21,10 +21,14 @@ The fake-quantized modules then run torchao's own quantize-dequantize in every f
                                      backward
 
 All of these are torch operators, which the estimator traces on its fake tensors like the rest of the step:
-their temporaries and saved tensors are what QAT costs. nvfp4 is refused as torchao refuses it: Axolotl
-hands ``QATConfig(NVFP4WeightOnlyConfig())`` to torchao, whose ``_infer_fake_quantize_configs`` has no fake
-quantizer for that config (torchao 0.17 and 0.18: ``Unexpected base config``), so the job stops as the model
-loads.
+their temporaries and saved tensors are what QAT costs. nvfp4 is refused as torchao refuses it: Axolotl's
+``get_quantization_config`` returns ``NVFP4WeightOnlyConfig()`` for nvfp4 weights whatever the activation
+dtype, ``_make_qat_config`` falls back to ``QATConfig(base_config)``, and torchao's ``quantize_`` asks
+quantization/qat/fake_quantize_config.py ``_infer_fake_quantize_configs`` for its fake quantizers: an
+isinstance chain with a branch for ``NVFP4DynamicActivationNVFP4WeightConfig`` but none for the weight-only
+config, so it raises ``Unexpected base config`` (torchao 0.17.0, Axolotl's pin, and 0.18.0 alike). The
+check reads the config's type only, not the device or a tensor, so the job stops as the model loads on the
+GPU too (Axolotl's tests, tests/e2e/test_quantization.py, run nvfp4 through PTQ only, never QAT).
 
 Axolotl's ``fake_quant_after_n_steps`` (utils/callbacks/qat.py ``QATCallback``) turns the quantizers off
 until that step and on from it: the step modelled is the one with them on, the larger.
@@ -242,10 +246,32 @@ def prepare_qat(model: torch.nn.Module, qat: Qat | None) -> int:
             quantize_(model, qat_config(qat, embedding=True),
                       filter_fn=lambda module, _: isinstance(module, torch.nn.Embedding))
     except (ValueError, AssertionError) as exc:
-        raise InvalidInput(f"qat weight_dtype {qat.weight_dtype}: torchao refuses the QATConfig Axolotl's "
-                           f"prepare_model_for_qat builds ({exc}), so the job stops as the model "
-                           "loads") from exc
+        where = _raised_in(exc)
+        # A refusal by the config's type alone holds on any device; others are cited, not judged.
+        kind = ", a check of the config, not of the device" if where.endswith(CONFIG_CHECKS) else ""
+        raise InvalidInput(f"qat weight_dtype {qat.weight_dtype}: torchao {_torchao_version()} refuses the "
+                           f"QATConfig Axolotl's prepare_model_for_qat builds ({exc}: {where}{kind}), so the "
+                           "job stops as the model loads on the GPU too") from exc
     return sum(1 for name, module in model.named_modules() if _fake_quantized(module) and name not in before)
+
+
+def _raised_in(exc: BaseException) -> str:
+    """Where torchao raised ``exc``: its file (from the package root) and function, the last frame."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "torchao"
+    frame = frames[-1]
+    path = frame.filename.replace("\\", "/")
+    path = path[path.rfind("torchao/"):] if "torchao/" in path else path.rsplit("/", 1)[-1]
+    return f"{path} {frame.name}"
+
+
+def _torchao_version() -> str:
+    from importlib.metadata import version
+
+    return version("torchao")
 
 
 def _fake_quantized(module: Any) -> bool:
@@ -253,6 +279,9 @@ def _fake_quantized(module: Any) -> bool:
     return type(module).__name__ in FAKE_QUANTIZED
 
 
+# torchao's checks that read a QATConfig's types only (quantization/qat/fake_quantize_config.py): what they
+# refuse is refused on a GPU as on this trace.
+CONFIG_CHECKS = ("fake_quantize_config.py _infer_fake_quantize_configs",)
 # torchao's fake-quantized modules: quantization/qat/linear.py, embedding.py, prototype/qat/mx.py, nvfp4.py.
 FAKE_QUANTIZED = frozenset({"FakeQuantizedLinear", "FakeQuantizedEmbedding", "MXFakeQuantizedLinear",
                             "NVFP4FakeQuantizedLinear"})

@@ -112,6 +112,40 @@ def cuda_attention_note(config: Any, task: str, attn: str | None) -> str | None:
             "_compatible_flash_implementations), emulated (workload/flash_attn3.py)")
 
 
+# The classes transformers 5.24 refuses flash_attention_2 for that Axolotl's pinned transformers runs it on.
+# 5.24's models/gemma3/modeling_gemma3.py sets ``_supports_flash_attn = False`` on Gemma3Model and
+# Gemma3ForConditionalGeneration ("Flash Attention drops the bidirectional mask over image tokens"), so
+# from_pretrained raises in modeling_utils.py ``_flash_attn_can_dispatch`` ("does not support Flash
+# Attention 2 yet"). Axolotl pins transformers==5.14.1 (pyproject.toml) and passes attn_implementation
+# through as given (loaders/model.py ``_set_attention_config``); 5.14.1's Gemma3PreTrainedModel sets
+# ``_supports_flash_attn = True`` and neither class overrides it, and its forward is 5.24's (the
+# mask functions of ``create_masks_for_vision_model``, which flash_attention_2 does not read). An Axolotl
+# job of a Gemma 3 vision-language model so runs flash_attention_2, traced as 5.14.1 runs it.
+FLASH_AT_AXOLOTL_PIN = frozenset({"Gemma3Model", "Gemma3ForConditionalGeneration"})
+AXOLOTL_TRANSFORMERS = "5.14.1"  # Axolotl's pyproject.toml: transformers==5.14.1
+
+
+def flash_at_axolotl_pin(config: Any, task: str, attn: str | None) -> bool:
+    """Whether ``attn`` is flash_attention_2 on a class this transformers refuses it for and Axolotl's
+    pinned transformers runs it on (``FLASH_AT_AXOLOTL_PIN``)."""
+    cls = _model_class(config, task)
+    return (attn == FLASH_ATTENTION_2 and cls is not None and cls.__name__ in FLASH_AT_AXOLOTL_PIN
+            and not getattr(cls, "_supports_flash_attn", False))
+
+
+def axolotl_flash_note(config: Any, task: str, attn: str | None) -> str | None:
+    """What an Axolotl job runs where ``flash_at_axolotl_pin`` holds; None elsewhere."""
+    if not flash_at_axolotl_pin(config, task, attn):
+        return None
+    import transformers
+
+    name, version = _model_class(config, task).__name__, transformers.__version__
+    return (f"attn {attn}: {name} runs it under transformers {AXOLOTL_TRANSFORMERS}, Axolotl's pin "
+            f"(pyproject.toml), traced so (its flash kernel emulated); transformers {version} refuses it"
+            f" (modeling_gemma3.py {name}._supports_flash_attn = False: flash attention drops "
+            "the bidirectional mask over image tokens)")
+
+
 def _model_class(config: Any, task: str) -> Any:
     """The class transformers' Auto class of ``task`` builds for ``config``; None where it has none
     (the build refuses it)."""
@@ -124,17 +158,19 @@ def _model_class(config: Any, task: str) -> Any:
 
 
 def build_model(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str = "float32",
-                *, flash_as_sdpa: bool = False) -> tuple[torch.nn.Module, str]:
+                *, flash_as_sdpa: bool = False, axolotl_flash: bool = False) -> tuple[torch.nn.Module, str]:
     """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and
     the attention used (``_build``); a model that cannot train on a GPU in that dtype is refused
-    (``_check_experts_dtype``)."""
-    model, used = _build(spec, task, attn, weights_dtype, flash_as_sdpa=flash_as_sdpa)
+    (``_check_experts_dtype``). ``axolotl_flash``: flash_attention_2 as Axolotl's pinned transformers
+    runs it (``FLASH_AT_AXOLOTL_PIN``)."""
+    model, used = _build(spec, task, attn, weights_dtype, flash_as_sdpa=flash_as_sdpa,
+                         axolotl_flash=axolotl_flash)
     _check_experts_dtype(model, weights_dtype)
     return model, used
 
 
 def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
-           *, flash_as_sdpa: bool) -> tuple[torch.nn.Module, str]:
+           *, flash_as_sdpa: bool, axolotl_flash: bool = False) -> tuple[torch.nn.Module, str]:
     """Build ``spec`` with a ``task`` head and random weights in ``weights_dtype``; return it and
     the attention used.
 
@@ -162,7 +198,7 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
     dtype = getattr(torch, weights_dtype)
     if attn == FLASH_ATTENTION_2 and flash_as_sdpa:
         return _flash_stand_in_model(auto_class, config, FLASH_STAND_IN, spec, task, dtype, attn,
-                                     "flash_attention_2", ""), attn
+                                     "flash_attention_2", "", axolotl_flash=axolotl_flash), attn
     if attn == VLLM_FLASH_ATTN3:
         # The Hub kernel cannot be fetched here (offline) nor run on a CPU: its emulation, built only
         # where the estimator runs it (flash_as_sdpa).
@@ -189,10 +225,11 @@ def _build(spec: ModelSpec, task: str, attn: str | None, weights_dtype: str,
 
 
 def _flash_stand_in_model(auto_class: Any, config: Any, stand_in: str, spec: Any, task: str, dtype: Any,
-                          attn: str, kernel: str, so: str) -> Any:
+                          attn: str, kernel: str, so: str, *, axolotl_flash: bool = False) -> Any:
     """The model built with ``stand_in`` (flash_attention_2's or vllm-flash-attn3's, registered as an
     attention of transformers'), refused where transformers refuses it or the model has no flash
-    attention (``_supports_flash_attn``): "does not support {kernel} ...{so}"."""
+    attention (``_supports_flash_attn``): "does not support {kernel} ...{so}"; with ``axolotl_flash``,
+    not the classes Axolotl's pinned transformers runs it on (``FLASH_AT_AXOLOTL_PIN``)."""
     import transformers
 
     _register_flash_stand_in()
@@ -200,7 +237,8 @@ def _flash_stand_in_model(auto_class: Any, config: Any, stand_in: str, spec: Any
         model = _from_config(auto_class, config, stand_in, spec, task, dtype)
     except (ValueError, ImportError) as exc:
         raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
-    if not getattr(model, "_supports_flash_attn", False):
+    pinned = axolotl_flash and attn == FLASH_ATTENTION_2 and type(model).__name__ in FLASH_AT_AXOLOTL_PIN
+    if not getattr(model, "_supports_flash_attn", False) and not pinned:
         raise InvalidInput(f"{type(model).__name__} does not support {kernel} in "
                            f"transformers {transformers.__version__}{so}: use sdpa or eager")
     return model

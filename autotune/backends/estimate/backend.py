@@ -508,7 +508,7 @@ class EstimateBackend:
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
-               workload.experts_kernel)
+               workload.experts_kernel, workload.axolotl_flash)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -518,7 +518,8 @@ class EstimateBackend:
             fake_mode = FakeTensorMode()
             with fake_mode:
                 model, attn = build_model(workload.model, workload.task, workload.attn,
-                                          workload.weights_dtype, flash_as_sdpa=True)
+                                          workload.weights_dtype, flash_as_sdpa=True,
+                                          axolotl_flash=workload.axolotl_flash)
                 swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
                 if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
@@ -537,7 +538,8 @@ class EstimateBackend:
                 route_token_selection(model)  # LFM2-VL's image tokens, of a known count (vision.py)
                 model = trained_model(model, workload)  # LLaMA-Factory's value head (value_head.py)
                 reference = prepare_models(model, workload, lambda dtype: build_model(
-                    workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True)[0])
+                    workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True,
+                    axolotl_flash=workload.axolotl_flash)[0])
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)

@@ -293,7 +293,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "gemma3": {
         "text_config": {"model_type": "gemma3_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
                         "query_pre_attn_scalar": 16, "sliding_window": 64, "max_position_embeddings": 1024},
-        "vision_config": {"model_type": "siglip_vision_model", **_TINY_VISION},
+        # no pooling head, as the checkpoints' (presets/vision.py google/gemma-3-4b-it: vision_use_head)
+        "vision_config": {"model_type": "siglip_vision_model", **_TINY_VISION, "vision_use_head": False},
         "mm_tokens_per_image": 4,  # 16 patches pooled 2 x 2
         "image_token_index": 100,
         "boi_token_index": 101,

@@ -178,3 +178,30 @@ def test_gemma4_without_axolotl_is_not_refused_for_axolotls_patch(tmp_path, caps
                  "--images-per-sample", "0", "--gpu-memory", "4GiB", "--no-cache"])
     assert "patch_gemma4_fused_attn" not in capsys.readouterr().err
     assert code in (0, 1)
+
+
+def test_an_axolotl_gemma3_vlm_runs_flash_attention_2_as_axolotls_pinned_transformers_does(tmp_path, capsys):
+    # transformers 5.24 marks Gemma3ForConditionalGeneration _supports_flash_attn = False; Axolotl's
+    # pin (5.14.1) runs flash_attention_2 on it (examples/gemma3/gemma-3-4b-vision-qlora.yml).
+    path = tmp_path / "gemma3.yml"
+    path.write_text(yaml.safe_dump({**VLM, "base_model": "tiny-gemma3", "image_size": 56}))
+    code = main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--json", "--no-cache",
+                 "--workers", "1"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    doc = json.loads(out.out)
+    assert (doc["task"], doc["attn"]) == ("image-text-to-text", "flash_attention_2")
+    notes = " ".join(doc["config_notes"])
+    assert ("attn flash_attention_2: Gemma3ForConditionalGeneration runs it under transformers 5.14.1, "
+            "Axolotl's pin (pyproject.toml), traced so (its flash kernel emulated)") in notes
+
+
+def test_gemma3_vlm_flash_attention_2_outside_axolotl_is_refused_as_transformers_refuses_it(tmp_path, capsys):
+    path = tmp_path / "gemma3.json"
+    path.write_text(json.dumps({"output_dir": "out", "per_device_train_batch_size": 1, "bf16": True}))
+    code = main(["check", "tiny-gemma3", "--from-config", str(path), "--seq-len", "128", "--attn",
+                 "flash_attention_2", "--images-per-sample", "0", "--gpu-memory", "4GiB", "--no-cache",
+                 "--workers", "1"])
+    assert code == 2
+    assert "Gemma3ForConditionalGeneration does not support flash_attention_2 in transformers" in \
+        capsys.readouterr().err
