@@ -174,6 +174,8 @@ def _guess_max(
         return None
 
     def fits(batch_size: int) -> bool:
+        if batch_size in guessed:  # asked again (the settling's scans and gallops overlap): one replay
+            return guessed[batch_size][0]
         guess = form.at(batch_size)
         verdict = fits_in(guess.events(), budget_bytes, allocator)
         guessed[batch_size] = (verdict, guess)
@@ -185,6 +187,19 @@ def _guess_max(
     found = _largest_fitting(fits, 0, None, start)
     settled = _settle(fits, found, robust) if found else None
     return found if settled is None else settled
+
+
+def _same_events(a: Trace, b: Trace) -> bool:
+    """``a.events() == b.events()`` without writing either: with one order, the events are each
+    allocation's bytes (its size, a workspace's converted; Trace.events)."""
+    return a.order == b.order and _nbytes(a) == _nbytes(b)
+
+
+def _nbytes(trace: Trace) -> list[int]:
+    nbytes = list(trace.sizes)
+    for index, workspace in trace.workspaces:
+        nbytes[index] = workspace.nbytes(trace.sizes[index])
+    return nbytes
 
 
 def workspace_from_json(document: Mapping[str, Any]) -> Any:
@@ -417,7 +432,7 @@ class _EstimateCell:
         allocations in bytes, as a replay sees them): the replays need not be made again."""
         for batch, (verdict, guess) in self.guessed.items():
             found = self.extrapolated(batch)
-            if found is not None and found.order == guess.order and found.events() == guess.events():
+            if found is not None and _same_events(found, guess):
                 self.verdicts.setdefault(batch, verdict)
         self.guessed.clear()
 

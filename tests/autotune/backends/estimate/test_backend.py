@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.attention import AttentionKernels, choose_kernel, emulated_sdpa, kernels_for
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.emulation import CudaEmulation
@@ -72,20 +73,23 @@ def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
     assert replay(events, capacity_bytes=38 * MIB).fits is False
 
 
-def test_replay_from_the_shared_prefix_finds_what_whole_runs_find():
+@pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(garbage_collection_threshold=0.6)],
+                         ids=["default", "garbage_collection"])
+def test_replay_from_the_shared_prefix_finds_what_whole_runs_find(config):
     # replay starts each run with a limit where the unlimited run's reserved memory first passes
-    # the peak allocated (tracker._Prefix); the bisection of whole runs is the reference.
+    # the peak allocated (replay._Prefix), and answers a limit from a run at another limit that
+    # made the same checks (replay._Runs); the bisection of whole runs is the reference.
     from autotune.backends.estimate.replay import SEGMENT_GRANULE, Replay, _run, fits_in
     from autotune.errors import OutOfMemory
 
     def whole_runs(events, capacity):
-        peak_allocated, unlimited = _run(events, None)
+        peak_allocated, unlimited = _run(events, None, config)
         low, high = -(-peak_allocated // SEGMENT_GRANULE), -(-unlimited // SEGMENT_GRANULE)
         reserved_at_high = unlimited
         while low < high:
             middle = (low + high) // 2
             try:
-                _, reserved = _run(events, middle * SEGMENT_GRANULE)
+                _, reserved = _run(events, middle * SEGMENT_GRANULE, config)
             except OutOfMemory:
                 low = middle + 1
             else:
@@ -93,7 +97,7 @@ def test_replay_from_the_shared_prefix_finds_what_whole_runs_find():
         demand = high * SEGMENT_GRANULE
         if capacity is None or demand <= capacity:
             return Replay(peak_allocated, reserved_at_high, demand, True)
-        return Replay(peak_allocated, unlimited, demand, fits_in(events, capacity))
+        return Replay(peak_allocated, unlimited, demand, fits_in(events, capacity, config))
 
     rng = random.Random(3)
     for _ in range(120):
@@ -106,10 +110,10 @@ def test_replay_from_the_shared_prefix_finds_what_whole_runs_find():
                 events.append((key, size))
                 live.append(key)
                 key += 1
-        peak_allocated, unlimited = _run(events, None)
+        peak_allocated, unlimited = _run(events, None, config)
         for capacity in (None, peak_allocated - 1, peak_allocated, (peak_allocated + unlimited) // 2,
                          unlimited, rng.randint(peak_allocated, unlimited + 1)):
-            assert replay(events, capacity) == whole_runs(events, capacity)
+            assert replay(events, capacity, config) == whole_runs(events, capacity)
 
 
 def test_dropout_saves_a_one_byte_mask_as_cuda_does():
