@@ -37,6 +37,13 @@ class AllocatorConfig:
         if len(self.roundup_power2_divisions) != POWER2_INTERVALS:
             raise ValueError(f"roundup_power2_divisions needs {POWER2_INTERVALS} intervals, "
                              f"got {len(self.roundup_power2_divisions)}")
+        # PyTorch's floor (parseMaxSplitSize, parseMaxNonSplitRoundingSize), which the simulator relies on:
+        # below a 20 MiB segment's size, the remainder of a split one could be an oversize block that is
+        # not a whole segment, which release_available_cached_blocks would then release
+        for field, value in (("max_split_size_bytes", self.max_split_size_bytes),
+                             ("max_non_split_rounding_bytes", self.max_non_split_rounding_bytes)):
+            if value is not None and value < LARGE_BUFFER:
+                raise ValueError(f"{field} {value} is below PyTorch's floor of {LARGE_BUFFER} (kLargeBuffer)")
 
     @property
     def name(self) -> str:

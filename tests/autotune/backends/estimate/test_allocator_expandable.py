@@ -563,3 +563,13 @@ def test_replay_of_an_expandable_record_fits_its_budget(name: str) -> None:
     assert found.demand_bytes <= budget
     assert fits_in(events, found.demand_bytes, EXPANDABLE)
     assert not fits_in(events, found.demand_bytes - SEGMENT_GRANULE, EXPANDABLE)
+
+
+@pytest.mark.parametrize("field", ["max_split_size_bytes", "max_non_split_rounding_bytes"])
+def test_a_config_below_pytorch_s_floor_cannot_be_built(field):
+    # below kLargeBuffer a split 20 MiB segment's remainder could be an oversize block that is no whole
+    # segment, and release_available_cached_blocks would release it (a KeyError as the segment's
+    # neighbours merge): PyTorch refuses such settings, and so does the config itself
+    with pytest.raises(ValueError, match=f"{field} .* below PyTorch's floor"):
+        AllocatorConfig(**{field: 4 * MiB})
+    AllocatorConfig(**{field: 20 * MiB})
