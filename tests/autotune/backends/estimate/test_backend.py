@@ -73,8 +73,9 @@ def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
     assert replay(events, capacity_bytes=38 * MIB).fits is False
 
 
-@pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(garbage_collection_threshold=0.6)],
-                         ids=["default", "garbage_collection"])
+@pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(garbage_collection_threshold=0.6),
+                                    AllocatorConfig(max_split_size_bytes=20 * MIB)],
+                         ids=["default", "garbage_collection", "max_split"])
 def test_replay_from_the_shared_prefix_finds_what_whole_runs_find(config):
     # replay starts each run with a limit where the unlimited run's reserved memory first passes
     # the peak allocated (replay._Prefix), and answers a limit from a run at another limit that
