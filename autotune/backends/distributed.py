@@ -623,6 +623,8 @@ class Distributed:
 
             named = named_classes(model, self.parallel)
             layers = layer_classes(model) if named is None else {kind.__name__ for kind in named}
+            if self.parallel.activation_checkpointing:
+                _without_cache(model)  # a layer recomputed in backward must not refill the cache
             self._sharded = fsdp1.wrap(_loss_module()(model, self.loss), model, layers,
                                        self.parallel, self.mesh, precision)
         elif self.parallel.kind == FSDP and self.parallel.tp > 1:

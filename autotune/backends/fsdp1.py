@@ -22,6 +22,8 @@ group (backends/distributed.py).
   is not float32 to float32 (prepare_model: "we follow DeepSpeed's strategy to hold the parameters
   in full precision"), so the shards, gradients and Adam state are float32, and each gather casts
   the shard into a 16-bit ``_mp_shard`` first.
+- FSDP's activation checkpointing (the plugin's ``activation_checkpointing``): after wrapping,
+  accelerate's ``apply_activation_checkpointing`` with the same policy (``_checkpoint``).
 - ``sync_module_states`` (the Trainer's default true) broadcasts rank 0's weights once before
   training; it reads tensor data and is left out (no effect on the step's memory).
 """
@@ -85,9 +87,6 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    if parallel.activation_checkpointing:
-        raise InvalidInput("FSDP's own activation checkpointing with FSDP1 is not modelled: use a ckpt mode "
-                           "(gradient checkpointing)")
     dtype = {"fp32": None, "amp": torch.float16, "bf16": torch.bfloat16}[precision]
     storage = _quant_storage(model)
     if storage is not None and storage.is_floating_point:
@@ -106,9 +105,10 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             else ShardingStrategy.SHARD_GRAD_OP
         where = {"process_group": mesh.get_group()}
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
+    wrap_policy = _auto_wrap_policy(model, layers)
     try:
         root = FSDP(
-            trained, sharding_strategy=strategy, auto_wrap_policy=_auto_wrap_policy(model, layers),
+            trained, sharding_strategy=strategy, auto_wrap_policy=wrap_policy,
             mixed_precision=policy, backward_prefetch=prefetch, forward_prefetch=parallel.forward_prefetch,
             use_orig_params=parallel.use_orig_params, limit_all_gathers=True,
             cpu_offload=CPUOffload(offload_params=parallel.offload_params),
@@ -123,9 +123,34 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
             "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "
             "job fails as it wraps the model: use fsdp_version 2 (fully_shard shards each parameter "
             "apart)") from exc
+    if parallel.activation_checkpointing:
+        _checkpoint(root, wrap_policy)
     if precision != "fp32":  # prepare_model: `if self.mixed_precision != "no"`
         _upcast(root)
     return root
+
+
+def _checkpoint(root: Any, wrap_policy: Any) -> None:
+    """FSDP's activation checkpointing under FSDP1, as accelerate's ``prepare_model`` applies it
+    (accelerator.py, the FSDP1 branch, the same in 1.13.0, Axolotl's pin, and 1.15): after wrapping,
+    ``apply_activation_checkpointing(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
+    checkpoint_impl=CheckpointImpl.NO_REENTRANT), auto_wrap_policy=fsdp_plugin.auto_wrap_policy)``
+    over the root FullyShardedDataParallel, with the policy FSDP wrapped by: torch's
+    ``_recursive_wrap`` puts a ``checkpoint_wrapper`` (preserve_rng_state left true) around each
+    module the policy picks, inside its FSDP unit (a unit is no decoder layer; the layer it wraps
+    is), and under PEFT's policy around each trainable leaf (lora_A, lora_B) too, nested inside the
+    layer's; each runs in torch.utils.checkpoint, which keeps its inputs and recomputes the rest in
+    backward. Traced as the library does it."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    apply_activation_checkpointing(
+        root, auto_wrap_policy=wrap_policy,
+        checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
+                                                checkpoint_impl=CheckpointImpl.NO_REENTRANT))
 
 
 def _quant_storage(model: Any) -> Any:

@@ -747,6 +747,10 @@ def _axolotl_sharding(cfg: Config) -> None:
             offload_key = "fsdp_config.cpu_offload" if "cpu_offload" in options else "fsdp"
             legacy_fsdp(cfg, fsdp, options, 1)
         _offload(cfg, fsdp, options, offload_key, 1)
+        # FSDP1's checkpointing is accelerate's own (setup_fsdp_envs exports FSDP_ACTIVATION_CHECKPOINTING,
+        # the builder passes fsdp_config on: the plugin's activation_checkpointing either way), read
+        # by read_trainer_fsdp1; Axolotl patches nothing of FSDP1. Its checks are the FSDP2 path's.
+        _axolotl_fsdp_checkpointing(cfg, options.get("activation_checkpointing"))
         read_trainer_fsdp1(cfg, "fsdp_config", options, key)
         if version is None:
             cfg.notes.append("fsdp_config without fsdp_version: FSDP1 in Axolotl (validation.py "

@@ -213,6 +213,14 @@ def read_trainer_fsdp(cfg: Config) -> None:
 FSDP1_NOTE = ("FSDP1 (FullyShardedDataParallel, one FlatParameter per decoder layer and the root's), as "
               "accelerate 1.15's prepare_model wraps it for the Trainer: FULL_SHARD (the plugin's "
               "sharding_strategy default, which prepare_model passes ahead of reshard_after_forward)")
+FSDP1_CHECKPOINTING_NOTE = (
+    "FSDP's own activation checkpointing under FSDP1, as accelerate's prepare_model applies it "
+    "(accelerator.py, its FSDP1 branch, alike in 1.13 and 1.15): after wrapping, "
+    "apply_activation_checkpointing(model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, "
+    "checkpoint_impl=CheckpointImpl.NO_REENTRANT), "
+    "auto_wrap_policy=the plugin's wrap policy): each decoder layer in torch's checkpoint_wrapper inside "
+    "its FSDP unit, and for a PEFT model each adapter too (PEFT's policy); traced (backends/fsdp1.py). "
+    "The Trainer refuses it beside gradient checkpointing")
 FSDP1_NO_EFFECT = {
     "sync_module_states": "rank 0's weights broadcast once before training",
     "limit_all_gathers": None,  # true (accelerate's default) modelled; false refused
@@ -223,11 +231,8 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
     """An FSDP1 ``fsdp_config`` (its ``fsdp_`` prefixes dropped) as the Trainer hands it to
     accelerate (FSDP1_NOTE), into the request's fsdp_version 1 and fsdp1_config; what it cannot
     model refused by its key. The CPU offload is read by the caller (``offload``)."""
-    if "activation_checkpointing" in options and _truth(cfg, f"{where}.activation_checkpointing",
-                                                        options["activation_checkpointing"]):
-        raise cfg.unmodelled(f"{where}.activation_checkpointing", options["activation_checkpointing"],
-                             "FSDP1's activation checkpointing (accelerate's apply_activation_checkpointing "
-                             "after wrapping) is not modelled: use gradient_checkpointing")
+    checkpointing = "activation_checkpointing" in options and _truth(
+        cfg, f"{where}.activation_checkpointing", options["activation_checkpointing"])
     policy = options.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
     if policy != "TRANSFORMER_BASED_WRAP":
         raise cfg.unmodelled(f"{where}.auto_wrap_policy", policy, "FSDP1 units other than the "
@@ -285,6 +290,9 @@ def read_trainer_fsdp1(cfg: Config, where: str, options: dict[str, Any], key: st
     cfg.notes.append(f"{where}: {FSDP1_NOTE}; use_orig_params {str(settings['use_orig_params']).lower()}, "
                      f"forward_prefetch {str(settings['forward_prefetch']).lower()}, backward_prefetch "
                      f"{prefetch}")
+    if checkpointing:  # the Trainer's refusal beside gradient checkpointing is its reader's
+        cfg.launch["fsdp_activation_checkpointing"] = True
+        cfg.notes.append(f"{where}.activation_checkpointing: true: {FSDP1_CHECKPOINTING_NOTE}")
 
 
 def offload(cfg: Config, key: str, value: Any, options: dict[str, Any], version: int = 2) -> None:

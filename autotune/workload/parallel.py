@@ -66,7 +66,7 @@ class Parallel:
     recipe: str = "accelerate"  # fsdp: one of FSDP_RECIPES
     # fsdp: FSDP's own activation checkpointing (fsdp_config.activation_checkpointing), a
     # checkpoint_wrapper around each layer as the recipe applies it (backends/distributed.py
-    # checkpoint_layers), in place of transformers' gradient checkpointing
+    # checkpoint_layers; FSDP1: backends/fsdp1.py), in place of transformers' gradient checkpointing
     activation_checkpointing: bool = False
     zero: Settings = ()  # zero1/2/3: the DeepSpeed config's zero_optimization keys (workload/zero.py)
     # fsdp: 1 is FSDP1, FullyShardedDataParallel as accelerate prepares it (backends/fsdp1.py),
@@ -181,7 +181,7 @@ class Parallel:
                     "true); 16-bit modes are its MixedPrecision of that dtype over float32 shards "
                     "(accelerate upcasts each trainable FlatParameter) under accelerate's autocast; over a "
                     "4-bit base in a bfloat16 quant_storage, bfloat16 in every mode (transformers' "
-                    "update_fsdp_plugin_peft)" + self.offloaded)
+                    "update_fsdp_plugin_peft)" + self.checkpointed + self.offloaded)
         if self.recipe == "llamafactory":
             return ("traced: LLaMA-Factory v1's step (v1/plugins/trainer_plugins/distributed/fsdp2.py "
                     "FSDP2Engine.prepare_model; core/base_trainer.py compute_log_probs): "
@@ -219,6 +219,11 @@ class Parallel:
         """What FSDP's activation checkpointing wraps, in a clause; empty without it."""
         if not self.activation_checkpointing:
             return ""
+        if self.fsdp_version == 1:
+            return ("; FSDP's activation checkpointing as accelerate's prepare_model applies it to FSDP1 "
+                    "(1.13 and 1.15 alike): after wrapping, apply_activation_checkpointing with the wrap "
+                    f"policy puts torch's checkpoint_wrapper (non-reentrant) around each {self.unit} inside "
+                    "its FSDP unit, and for a PEFT model around each adapter too (PEFT's policy), traced")
         if self.recipe == "axolotl":
             return ("; FSDP's activation checkpointing as Axolotl gets it: accelerate 1.13's fsdp2_apply_ac "
                     f"wraps each child of a {self.unit} (attention, MLP, norms) in checkpoint_wrapper "
@@ -350,7 +355,7 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
             "{fsdp_activation_checkpointing} with {fsdp_recipe} llamafactory: LLaMA-Factory v1 has no FSDP "
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
-    fsdp1 = _fsdp1_settings(kind, recipe, activation_checkpointing, fsdp_version, fsdp1_config)
+    fsdp1 = _fsdp1_settings(kind, recipe, fsdp_version, fsdp1_config)
     tp = _tensor_parallel(kind, recipe, fsdp_version, gpus, nodes, tensor_parallel)
     offload = _offload(kind, offload_params)
     wrap = _wrap(kind, recipe, fsdp_wrap)
@@ -426,8 +431,8 @@ FSDP1_SETTINGS = {"use_orig_params": True, "forward_prefetch": False, "backward_
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST")
 
 
-def _fsdp1_settings(kind: str, recipe: str | None, activation_checkpointing: bool | None,
-                    fsdp_version: int | None, fsdp1_config: str | None) -> dict[str, Any]:
+def _fsdp1_settings(kind: str, recipe: str | None, fsdp_version: int | None,
+                    fsdp1_config: str | None) -> dict[str, Any]:
     """The Parallel fields of ``fsdp_version`` and ``fsdp1_config`` (FSDP1_SETTINGS), checked."""
     import json
 
@@ -444,10 +449,6 @@ def _fsdp1_settings(kind: str, recipe: str | None, activation_checkpointing: boo
         raise _about("fsdp_recipe", InvalidInput.naming(
             f"{{fsdp_recipe}} {recipe} with {{fsdp_version}} 1: FSDP1 is modelled as accelerate prepares it "
             "(Accelerator.prepare_model)"))
-    if activation_checkpointing:
-        raise _about("fsdp_activation_checkpointing", InvalidInput.naming(
-            "{fsdp_activation_checkpointing} with {fsdp_version} 1: FSDP1's activation checkpointing "
-            "(apply_activation_checkpointing after wrapping) is not modelled yet: use a ckpt mode"))
     try:
         given = {} if fsdp1_config is None else json.loads(fsdp1_config)
     except json.JSONDecodeError as exc:

@@ -86,8 +86,6 @@ def test_fsdp_config_without_fsdp_is_not_read(tmp_path):
 @pytest.mark.parametrize(("changes", "key", "why"), [
     ({"fsdp": True, "fsdp_config": {"version": 1, "limit_all_gathers": False}},
      "fsdp_config.limit_all_gathers", "rate limiter"),
-    ({"fsdp": True, "fsdp_config": {"version": 1, "activation_checkpointing": True}},
-     "fsdp_config.activation_checkpointing", "FSDP1's activation checkpointing"),
     ({"fsdp": True, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 1000}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
     ({"fsdp": True, "fsdp_config": {"xla": True}}, "fsdp_config.xla", "XLA"),
@@ -265,6 +263,29 @@ def test_training_arguments_fsdp_activation_checkpointing_is_read(tmp_path):
     for both in ({"gradient_checkpointing": True}, {"activation_checkpointing": True}):
         with pytest.raises(InvalidInput, match="Trainer refuses the two together"):
             read_training_config(write(tmp_path, {**ac, **both}, "u.json"))
+
+
+def test_fsdp1_activation_checkpointing_is_read_as_accelerate_applies_it(tmp_path):
+    """FSDP1's own checkpointing (accelerate's prepare_model: apply_activation_checkpointing after
+    wrapping), from a TrainingArguments fsdp_config of version 1 and from Axolotl's unversioned one;
+    refused beside gradient checkpointing, as the Trainer refuses it."""
+    trainer = {**TRAINER, "fsdp": "full_shard auto_wrap",
+               "fsdp_config": {"version": 1, "activation_checkpointing": True}}
+    axolotl = {**AXOLOTL, "fsdp": ["full_shard", "auto_wrap"], "fsdp_config": {
+        "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "fsdp_activation_checkpointing": True}}
+    for data, name in ((trainer, "t.json"), (axolotl, "a.yml")):
+        config = read_training_config(write(tmp_path, data, name))
+        step = config.request.step
+        assert (step.parallel, step.fsdp_version, step.fsdp_activation_checkpointing) == ("fsdp", 1, True)
+        assert "ckpt" not in config.request.mode
+        assert any("FSDP's own activation checkpointing under FSDP1" in note for note in config.notes)
+    for both in ({"gradient_checkpointing": True}, {"activation_checkpointing": True}):
+        with pytest.raises(InvalidInput, match="Trainer refuses the two together"):
+            read_training_config(write(tmp_path, {**trainer, **both}, "u.json"))
+    with pytest.raises(InvalidInput, match="gradient_checkpointing: true in .*can't be set to True"):
+        read_training_config(write(tmp_path, {**axolotl, "gradient_checkpointing": True}, "b.yml"))
+    with pytest.raises(UnmodelledSetting, match="activation_offloading is not modelled"):
+        read_training_config(write(tmp_path, {**axolotl, "activation_offloading": True}, "c.yml"))
 
 
 def test_axolotl_refuses_deepspeed_beside_fsdp(tmp_path):
@@ -470,6 +491,19 @@ def test_axolotl_fsdp1_qlora_is_answered_without_its_lora_kernels(tmp_path, caps
     kernels = write(tmp_path, {**AXOLOTL_FSDP1_QLORA, "lora_mlp_kernel": True}, "b.yml")
     with pytest.raises(UnmodelledSetting, match="lora_mlp_kernel: True .* under FSDP1"):
         read_training_config(kernels)
+
+
+def test_axolotl_fsdp1_qlora_with_fsdp_activation_checkpointing_is_answered(tmp_path, capsys):
+    """Axolotl's magistral-small-fsdp-qlora.yaml and llama-4's scout-qlora-fsdp1.yaml in small: FSDP1
+    QLoRA with fsdp_activation_checkpointing, gradient_checkpointing left unset."""
+    ac = {**AXOLOTL_FSDP1_QLORA, "fsdp_config": {**AXOLOTL_FSDP1_QLORA["fsdp_config"],
+                                                   "fsdp_activation_checkpointing": True}}
+    code, out, _ = check(capsys, "--from-config", str(write(tmp_path, ac, "a.yml")), "--gpus", "4", "--gpu",
+                         "A100-80GB", "--no-cache", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["fits"] is True
+    assert "FSDP1 full shard" in doc["message"] and "FSDP activation checkpointing" in doc["message"]
+    assert "apply_activation_checkpointing" in doc["parallel"]["modelled"]
 
 
 def test_the_sharding_examples_are_read():

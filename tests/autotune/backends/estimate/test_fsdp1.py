@@ -133,7 +133,6 @@ def test_make_parallel_reads_fsdp1_settings_with_the_trainers_defaults():
     ({"fsdp_version": 1, "fsdp1_config": '{"limit_all_gathers": false}'}, "fsdp1_config"),
     ({"fsdp_version": 1, "fsdp1_config": '{"backward_prefetch": "BACKWARD_SOON"}'}, "fsdp1_config"),
     ({"fsdp_version": 1, "recipe": "axolotl"}, "fsdp_recipe"),
-    ({"fsdp_version": 1, "activation_checkpointing": True}, "fsdp_activation_checkpointing"),
 ])
 def test_make_parallel_refuses_what_fsdp1_does_not_model(kwargs, field):
     with pytest.raises(InvalidInput) as raised:

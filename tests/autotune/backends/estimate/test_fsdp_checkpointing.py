@@ -1,6 +1,7 @@
 """FSDP's own activation checkpointing (fsdp_config.activation_checkpointing) in a traced FSDP2 rank
 (backends/distributed.py ``checkpoint_layers``, ``checkpoint_as_axolotl``): torch's checkpoint_wrapper
-around the layers the recipe picks, before sharding, run on fake tensors."""
+around the layers the recipe picks, before sharding, run on fake tensors; and in an FSDP1 rank
+(backends/fsdp1.py ``_checkpoint``), after wrapping, as accelerate's prepare_model applies it."""
 
 from __future__ import annotations
 
@@ -101,7 +102,56 @@ def test_fsdp_checkpointing_is_refused_beside_a_ckpt_mode_and_outside_fsdp():
     assert "FSDP activation checkpointing" in Parallel("fsdp", 4, activation_checkpointing=True).label
 
 
-@pytest.mark.parametrize("recipe", ["accelerate", "axolotl"])
+def test_fsdp1_checkpoints_each_layer_inside_its_unit_as_accelerate_does():
+    """accelerate's prepare_model (FSDP1): apply_activation_checkpointing over the wrapped model with
+    the plugin's policy, so each FSDP unit holds a non-reentrant CheckpointWrapper around its layer."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, CheckpointWrapper
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    model = rank_model(Parallel("fsdp", 4, fsdp_version=1, activation_checkpointing=True))
+    for unit in model.model.layers:
+        assert isinstance(unit, FSDP)
+        wrapper = unit._fsdp_wrapped_module
+        assert isinstance(wrapper, CheckpointWrapper)
+        assert wrapper.checkpoint_impl is CheckpointImpl.NO_REENTRANT
+        assert isinstance(wrapper._checkpoint_wrapped_module, LlamaDecoderLayer)
+    assert model.config.use_cache is False
+    plain = rank_model(Parallel("fsdp", 4, fsdp_version=1))
+    assert not any(isinstance(module, CheckpointWrapper) for module in plain.modules())
+
+
+def test_fsdp1_checkpointing_holds_the_same_shards_and_less_at_the_peak():
+    checkpointed, _ = traced(Parallel("fsdp", 4, fsdp_version=1, activation_checkpointing=True), mode="bf16")
+    plain, _ = traced(Parallel("fsdp", 4, fsdp_version=1), mode="bf16")
+    assert checkpointed.live["optimizer done"] == plain.live["optimizer done"]
+    assert len(checkpointed.tracker.events) > len(plain.tracker.events)  # each layer's forward again
+    assert peak(checkpointed.tracker.events) < peak(plain.tracker.events)
+    label = Parallel("fsdp", 4, fsdp_version=1, activation_checkpointing=True).label
+    assert label == "FSDP1 full shard, FSDP activation checkpointing, 4 GPUs"
+
+
+def test_fsdp1_checkpoints_each_lora_adapter_under_pefts_policy():
+    """The Trainer hands FSDP1 PEFT's fsdp_auto_wrap_policy (update_fsdp_plugin_peft), and accelerate
+    checkpoints by the same policy: each trainable leaf (lora_A, lora_B) is wrapped too, nested inside
+    its layer's wrapper."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from autotune.workload.adapters import make_adapter
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=make_adapter("lora", r=4, targets="all-linear"),
+                        parallel=Parallel("fsdp", 4, fsdp_version=1, activation_checkpointing=True))
+    model = EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16").model
+    wrapped = [name for name, module in model.named_modules() if isinstance(module, CheckpointWrapper)]
+    layers = [name for name in wrapped if name.endswith("_fsdp_wrapped_module")
+              and name.count("lora_") == 0]
+    adapters = [name for name in wrapped if ".lora_A." in name or ".lora_B." in name]
+    assert len(layers) == model.config.num_hidden_layers
+    assert len(adapters) == 2 * 7 * model.config.num_hidden_layers  # q, k, v, o, gate, up, down
+
+
+@pytest.mark.parametrize("recipe", ["accelerate", "axolotl", "fsdp1"])
 def test_a_recompute_runs_under_the_cuda_emulation_as_the_forward_did(recipe):
     """Issue #39: LoRA's dropout saves native_dropout's bool mask in the forward (the emulation's fused
     dropout); the recompute, inside backward where the emulation's mode is not active, saved a mask of
@@ -111,7 +161,8 @@ def test_a_recompute_runs_under_the_cuda_emulation_as_the_forward_did(recipe):
 
     workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16",
                         adapter=make_adapter("lora", r=4, dropout=0.05),
-                        parallel=Parallel("fsdp", 4, recipe=recipe, activation_checkpointing=True))
+                        parallel=Parallel("fsdp", 4, activation_checkpointing=True, **(
+                            {"fsdp_version": 1} if recipe == "fsdp1" else {"recipe": recipe})))
     with EstimateBackend(resolve_gpu("A100-80GB")).cell(workload, parse_mode("bf16"), 32, 10**12) as cell:
         probe = cell.fits(2)
     assert probe.outcome == "fits", probe.error
