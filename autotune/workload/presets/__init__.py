@@ -30,6 +30,7 @@ One module per family, each checkpoint's source cited beside it:
                   Pixtral-12B)
     vlms.py       more vision-language models (Qwen3-VL)
     vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
+    llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -47,6 +48,7 @@ from autotune.workload.presets import (
     gemma4,
     glm,
     llama,
+    llama4,
     mistral3,
     moe,
     more_decoders,
@@ -92,6 +94,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms.VLMS_PRESETS,
     **glm.GLM_PRESETS,
     **vlms2.VLMS2_PRESETS,
+    **llama4.LLAMA4_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
