@@ -877,6 +877,22 @@ TEXT_ONLY_NOTE = ("Axolotl loads it whole (loaders/model.py: AutoModelForImageTe
                   "processor_type): a text-only step of the vision-language model, no images in its rows")
 
 
+def _vlm_class(cfg: Config) -> bool:
+    """``model_type`` naming a vision-language class of transformers (Llama4ForConditionalGeneration):
+    loaders/model.py ``_build_model`` loads the model with ``getattr(transformers, model_type)``, an
+    image-text-to-text model whatever its base_model's name says."""
+    name = cfg.data.get("model_type")
+    if not isinstance(name, str):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    if name not in set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()):
+        return False
+    cfg.notes.append(f"model_type: {name}: Axolotl loads the model with that class (loaders/model.py "
+                     "_build_model: getattr(transformers, model_type)), a vision-language model")
+    return True
+
+
 def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     """The step's task and images where Axolotl trains a vision-language model: processor_type set,
     or a base_model of a model type in transformers' image-text-to-text mapping (normalize_config's
@@ -891,7 +907,7 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     if processor in _AUDIO_PROCESSORS:
         raise cfg.unmodelled("processor_type", processor, AUDIO)
     multimodal = not unset(processor) or cfg.data.get("is_multimodal") is True \
-        or vlm_preset(cfg.data.get("base_model"))
+        or vlm_preset(cfg.data.get("base_model")) or _vlm_class(cfg)
     image_size, algorithm = cfg.get("image_size"), cfg.get("image_resize_algorithm")
     if not multimodal:
         for key, value in (("image_size", image_size), ("image_resize_algorithm", algorithm)):
