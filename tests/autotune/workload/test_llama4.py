@@ -107,3 +107,16 @@ def test_linearized_experts_of_another_model_type_are_refused(capsys):
                  "--llama4-linearized-experts", "--no-cache"])
     assert code == 2
     assert "Axolotl linearizes the experts of model type 'llama4' only" in capsys.readouterr().err
+
+
+def test_a_cuda_cell_rebuilds_the_linearized_experts():
+    import json
+
+    from autotune.backends.cuda.protocol import CellSpec, cell_spec, rebuild_workload
+    from autotune.workload import Workload
+    from autotune.workload.modes import parse_mode
+
+    workload = Workload(_linearized(), VLM, "sdpa", weights_dtype="bfloat16", images=make_images(0, None))
+    spec = cell_spec(workload, parse_mode("bf16"), 128, 1 << 30)
+    rebuilt, _ = rebuild_workload(CellSpec.from_json(json.loads(json.dumps(spec.to_json()))))
+    assert rebuilt.model.linearized_experts and rebuilt.model == workload.model
