@@ -84,11 +84,11 @@ def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     # model, with PEFT's layers injected, gives the hidden states.
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     base = lm.base_model
-    if base is lm and hasattr(lm, "language_model"):
-        # Llama4ForConditionalGeneration's base_model_prefix ("model") names no module: its language
-        # model's text model (language_model.model) gives the hidden states of a step without images
-        # (workload/vision.py refuses Llama 4's), as its forward does from the embeddings.
-        base = lm.language_model.model
+    if base is lm:
+        # Llama 4's base_model_prefix names no module (Llama4ForConditionalGeneration's "model",
+        # Llama4ForCausalLM's "language_model"): its text model gives the hidden states of a step
+        # without images (workload/vision.py refuses Llama 4's), as its forward does from the embeddings.
+        base = getattr(getattr(lm, "language_model", lm), "model", base)
     hidden = base(**inputs)[0]  # last_hidden_state
     labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
     return _fused_function().apply(

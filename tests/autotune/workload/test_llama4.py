@@ -120,3 +120,18 @@ def test_a_cuda_cell_rebuilds_the_linearized_experts():
     spec = cell_spec(workload, parse_mode("bf16"), 128, 1 << 30)
     rebuilt, _ = rebuild_workload(CellSpec.from_json(json.loads(json.dumps(spec.to_json()))))
     assert rebuilt.model.linearized_experts and rebuilt.model == workload.model
+
+
+@pytest.mark.parametrize("task", [VLM, "causal-lm"])
+def test_the_chunked_loss_of_llama4_is_its_own_loss(task):
+    # Neither Llama 4 class names its text model by base_model_prefix: the hidden states are its text model's.
+    from autotune.workload.loss import chunked_lm_loss
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-llama4"), task, "eager")
+    model.eval()
+    batch = make_batch(model.config, task, 2, 16, images=make_images(0, None) if task == VLM else None)
+    batch["input_ids"] = torch.randint(3, 100, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    with torch.no_grad():
+        assert torch.allclose(chunked_lm_loss(model, batch), model(**batch).loss, atol=1e-5)
