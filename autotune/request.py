@@ -400,6 +400,10 @@ class Step:
     fused_attn_kernel: bool | None = option(
         None, "with axolotl: Axolotl's fused_attn_kernel, Qwen3's q/k RMSNorm + RoPE in one Triton kernel "
         "(emulated: workload/qwen3_fused_attn.py); set by an Axolotl config", http=False, cli=False)
+    llama4_linearized_experts: bool | None = option(
+        None, "Llama 4's experts as Axolotl's llama4_linearized_experts builds them: one nn.Linear per "
+        "expert and projection, looped over (workload/llama4.py), 4-bit layers under qlora; model type "
+        "llama4 only, as Axolotl patches it", http=False)
     gpus: int | None = option(None, "GPUs of the job, every node's together (default 1): the answer is "
                               "per GPU, the micro-batch each rank fits", metavar="N", parse=positive)
     parallel: str | None = option(None, "how the job spreads over its GPUs: ddp (each GPU holds the "
@@ -751,6 +755,11 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
 
         with found.about("config_overrides"):
             spec = apply_overrides(spec, parse_overrides(step.config_overrides))
+    if spec is not None and step.llama4_linearized_experts:
+        from autotune.workload.llama4 import linearize
+
+        with found.about("llama4_linearized_experts"):
+            spec = linearize(spec)
     seq_lens = _seq_lens(request, spec, found)
     if isinstance(request, TableRequest) and request.seq_lens is None:
         seq_lens = _room_for_images(step, spec, seq_lens)

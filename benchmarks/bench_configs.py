@@ -125,6 +125,11 @@ FAMILIES: dict[str, dict[str, float]] = {
     "internvl": {"OpenGVLab/InternVL3_5-8B-HF": 8.5},
     "lfm2_vl": {"LiquidAI/LFM2-VL-450M": 0.45},
     "mllama": {"alpindale/Llama-3.2-11B-Vision-Instruct": 11},
+    # Llama 4 (Llama4ForConditionalGeneration, presets/llama4.py), a family per checkpoint (their names
+    # give both 17B, the active size): Scout's 16 experts, Maverick's 128; axolotl-quants'
+    # Linearized-bnb-nf4 copies are these checkpoints.
+    "llama4_scout": {"meta-llama/Llama-4-Scout-17B-16E": 17},
+    "llama4_maverick": {"meta-llama/Llama-4-Maverick-17B-128E": 17},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -146,6 +151,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"gemma-4-(e2b|26b-a4b|31b)", "gemma4"),
     (r"glm-4\.5-air", "glm4_moe"),
     (r"glm-4\.7-flash", "glm4_moe_lite"),
+    (r"llama-4-scout-17b-16e", "llama4_scout"),
+    (r"llama-4-maverick-17b-128e", "llama4_maverick"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -203,7 +210,8 @@ PEEL_READERS: dict[str | None, str] = {
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
-    "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba",
+    "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
+    "llama4_maverick": "tiny-llama4",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -399,6 +400,41 @@ def _axolotl_quantized_experts(cfg: Config, adapter: Adapter | None) -> Adapter:
                      f"bits (bitsandbytes, as Axolotl's monkeypatch/moe_quant.py), dequantized to {into} "
                      "once per forward of the experts (emulated)")
     return replace(adapter, quantize_experts=True)
+
+
+# A base_model saved in bitsandbytes nf4 (hugging-quants' and axolotl-quants' "-bnb-nf4-bf16": nf4,
+# computed and stored in bfloat16, as their names say).
+_SAVED_NF4 = re.compile(r"(?<![a-z0-9])bnb-nf4(?![a-z0-9])")
+
+
+def _axolotl_saved_nf4(cfg: Config, adapter: Adapter | None) -> None:
+    """A base_model saved in nf4: loaders/model.py _set_quantization_config loads it with the
+    checkpoint's own quantization_config (BitsAndBytesConfig(**model_config.quantization_config)) under
+    adapter lora or qlora, 4-bit whatever the config's keys say; modelled as a load_in_4bit base (nf4,
+    double quantization, bfloat16, transformers' default skips), refused where the config does not
+    load a 4-bit base."""
+    model = cfg.data.get("base_model")
+    if not isinstance(model, str) or not _SAVED_NF4.search(model.lower()):
+        return
+    if adapter is None or adapter.base_bits != 4:
+        raise cfg.unmodelled("base_model", model, "a checkpoint saved in bitsandbytes nf4 loads in 4 bits "
+                             "(its quantization_config), which autotune models under adapter: qlora with "
+                             "load_in_4bit: true only")
+    cfg.notes.append(f"base_model: {model}: saved in bitsandbytes nf4; Axolotl loads it with the "
+                     "checkpoint's quantization_config (loaders/model.py _set_quantization_config), taken as "
+                     "load_in_4bit's (nf4, double quantization, bfloat16; every linear layer but the output "
+                     "head 4-bit)")
+
+
+def _axolotl_linearized_experts(cfg: Config) -> dict[str, Any]:
+    """``llama4_linearized_experts: true``: Llama 4's experts as Axolotl's per-expert linear layers
+    (workload/llama4.py; model type llama4 only, refused for another there)."""
+    if not cfg.flag("llama4_linearized_experts"):
+        return {}
+    from autotune.workload.llama4 import NOTE
+
+    cfg.notes.append(NOTE)
+    return {"llama4_linearized_experts": True}
 
 
 def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
@@ -858,6 +894,22 @@ TEXT_ONLY_NOTE = ("Axolotl loads it whole (loaders/model.py: AutoModelForImageTe
                   "processor_type): a text-only step of the vision-language model, no images in its rows")
 
 
+def _vlm_class(cfg: Config) -> bool:
+    """``model_type`` naming a vision-language class of transformers (Llama4ForConditionalGeneration):
+    loaders/model.py ``_build_model`` loads the model with ``getattr(transformers, model_type)``, an
+    image-text-to-text model whatever its base_model's name says."""
+    name = cfg.data.get("model_type")
+    if not isinstance(name, str):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    if name not in set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()):
+        return False
+    cfg.notes.append(f"model_type: {name}: Axolotl loads the model with that class (loaders/model.py "
+                     "_build_model: getattr(transformers, model_type)), a vision-language model")
+    return True
+
+
 def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     """The step's task and images where Axolotl trains a vision-language model: processor_type set,
     or a base_model of a model type in transformers' image-text-to-text mapping (normalize_config's
@@ -872,7 +924,7 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     if processor in _AUDIO_PROCESSORS:
         raise cfg.unmodelled("processor_type", processor, AUDIO)
     multimodal = not unset(processor) or cfg.data.get("is_multimodal") is True \
-        or vlm_preset(cfg.data.get("base_model"))
+        or vlm_preset(cfg.data.get("base_model")) or _vlm_class(cfg)
     image_size, algorithm = cfg.get("image_size"), cfg.get("image_resize_algorithm")
     if not multimodal:
         for key, value in (("image_size", image_size), ("image_resize_algorithm", algorithm)):
@@ -1131,6 +1183,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
     if cfg.flag("quantize_moe_experts"):
         adapter = _axolotl_quantized_experts(cfg, adapter)
+    _axolotl_saved_nf4(cfg, adapter)
+    linearized = _axolotl_linearized_experts(cfg)
     loss = None
     if cce:
         loss = "chunked"
@@ -1163,6 +1217,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, **trainer, **unfrozen,
+        **linearized,
         **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),

@@ -71,6 +71,7 @@ class ModelPatch:
     cross_entropy: bool = True  # the patch's cross_entropy reaches the model's loss
     fused_gate_up: bool = False  # the MLP's gate and up projections are one (LigerPhi3SwiGLUMLP)
     vision_layer_norm: bool = False  # layer_norm swaps the vision tower's nn.LayerNorm (module docstring)
+    rope: bool = True  # rope is liger_rotary_pos_emb in place of apply_rotary_pos_emb (else refused)
 
 
 LLAMA_NORM = (0.0, "llama", True)  # LigerRMSNorm's defaults
@@ -90,10 +91,18 @@ PATCHES = {
     # not use (it calls self.loss_function, transformers' ForCausalLMLoss).
     "gemma3": ModelPatch("gemma3", "Gemma3", "geglu", GEMMA2_NORM, cross_entropy=False,
                          vision_layer_norm=True),
+    # apply_liger_kernel_to_llama4 (Llama4ForConditionalGeneration and Llama4ForCausalLM alike):
+    # Llama4TextRMSNorm = LigerRMSNorm, Llama4TextMLP = LigerSwiGLUMLP (the shared experts, and the
+    # dense MLPs of interleaved layers, refused in _check_config); its rope is Llama 4's own
+    # (apply_liger_llama4_rope_full), not emulated; its cross_entropy assigns modeling_llama4's
+    # CrossEntropyLoss, which the models do not use (self.loss_function); its layer_norm patches a
+    # built model's vision tower only, and Axolotl's plugin calls it before the model is built.
+    "llama4": ModelPatch("llama4", "Llama4Text", "swiglu", LLAMA_NORM, cross_entropy=False, rope=False),
+    "llama4_text": ModelPatch("llama4", "Llama4Text", "swiglu", LLAMA_NORM, cross_entropy=False, rope=False),
 }
 # Liger's other patches (MODEL_TYPE_TO_APPLY_LIGER_FN), which swap modules these do not have.
 NOT_EMULATED = frozenset(
-    "deepseek_v4 gemma4_text gemma4 glm4 glm4v glm4v_moe gpt_oss internvl llama4_text llama4 llava "
+    "deepseek_v4 gemma4_text gemma4 glm4 glm4v glm4v_moe gpt_oss internvl llava "
     "granite mllama mllama_text_model ministral mixtral nemotron olmo2 pixtral olmo3 qwen3_moe qwen2_vl "
     "qwen2_vl_text qwen2_5_vl qwen2_5_vl_text qwen3_next qwen3_5 qwen3_5_text qwen3_5_moe qwen3_5_moe_text "
     "qwen3_vl qwen3_vl_text qwen3_vl_moe qwen3_vl_moe_text smollm3 paligemma falcon_h1 smolvlm "
@@ -136,6 +145,10 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
     taken = {"rms_norm", "rope", patch.glu} | ({"cross_entropy"} if patch.cross_entropy else set()) \
         | ({"layer_norm"} if patch.vision_layer_norm else set())
     kernels = tuple(name for name in asked if name in taken)
+    if "rope" in kernels and not patch.rope:
+        raise InvalidInput(f"Liger's rope for model type {model_type} is its own kernel "
+                           "(liger_kernel/transformers/llama4_rope.py apply_liger_llama4_rope_full), not "
+                           "emulated: leave rope out")
     if "layer_norm" in kernels and images:
         raise InvalidInput(f"Liger's layer_norm on {model_type} swaps the vision tower's nn.LayerNorm for "
                            "LigerLayerNorm (apply_liger_kernel_to_gemma3: modeling_siglip.nn.LayerNorm), "
@@ -160,6 +173,14 @@ def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> N
     if patch.glu in kernels and getattr(config, "mlp_bias", False):
         raise InvalidInput(f"Liger's {patch.glu} MLP has no biases: {config.model_type} with mlp_bias true "
                            "is not emulated")
+    layers = getattr(config, "moe_layers", None)
+    if patch.module == "llama4" and "swiglu" in kernels and layers is not None \
+            and len(layers) < config.num_hidden_layers:
+        raise InvalidInput("Liger's swiglu on Llama 4 with dense layers (interleave_moe_layer_step "
+                           f"{config.interleave_moe_layer_step}) fails as the model is built: "
+                           "Llama4TextDecoderLayer builds Llama4TextMLP(config, intermediate_size="
+                           "intermediate_size_mlp), and LigerSwiGLUMLP(config) takes no intermediate_size "
+                           "(TypeError); leave swiglu out (liger_glu_activation)")
     rope = getattr(config, "rope_parameters", None) or {}
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     if "rope" in kernels and partial not in (None, 1, 1.0):

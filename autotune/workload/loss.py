@@ -83,7 +83,13 @@ def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     # A PEFT model's base_model is its tuner (whose forward is the whole LM): the LM's own base
     # model, with PEFT's layers injected, gives the hidden states.
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = lm.base_model(**inputs)[0]  # last_hidden_state
+    base = lm.base_model
+    if base is lm:
+        # Llama 4's base_model_prefix names no module (Llama4ForConditionalGeneration's "model",
+        # Llama4ForCausalLM's "language_model"): its text model gives the hidden states of a step
+        # without images (workload/vision.py refuses Llama 4's), as its forward does from the embeddings.
+        base = getattr(getattr(lm, "language_model", lm), "model", base)
+    hidden = base(**inputs)[0]  # last_hidden_state
     labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
     return _fused_function().apply(
         hidden.view(-1, hidden.shape[-1]), head.weight, labels.view(-1), head.bias)

@@ -70,6 +70,9 @@ class ModelSpec:
     # Attributes set on ``config`` over the published values (workload.overrides: Axolotl's
     # model_config), as (name, repr(value)): compared, so a model built with them is another model.
     overrides: tuple[tuple[str, str], ...] = ()
+    # Llama 4's experts as Axolotl's per-expert nn.Linear layers (llama4_linearized_experts,
+    # workload/llama4.py): compared, so the model so built is another model.
+    linearized_experts: bool = False
 
 
 def preset_suggestions(name: str) -> list[str]:

@@ -335,22 +335,26 @@ def _from_config(auto_class: Any, config: Any, attn: str, spec: ModelSpec, task:
                  dtype: Any) -> Any:
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
+    from autotune.workload.llama4 import linearized, mend_output
+
     try:
         try:
-            model = auto_class.from_config(config, attn_implementation=attn, dtype=dtype)
+            with linearized(spec.linearized_experts):  # Axolotl's Llama 4 experts (llama4.py)
+                model = auto_class.from_config(config, attn_implementation=attn, dtype=dtype)
         except DataDependentOutputException:
             # Under fake tensors (the estimator) an initializer that loops on sampled values
             # (torch 2.13's trunc_normal_, ModernBERT's init) cannot run. The values do not
             # matter to memory: build without initializing, then tie the weights as init does.
             from transformers.initialization import no_init_weights
 
-            with no_init_weights():
+            with no_init_weights(), linearized(spec.linearized_experts):
                 model = auto_class.from_config(config, attn_implementation=attn, dtype=dtype)
             model.tie_weights()
     except ValueError as exc:
         if "does not support" in str(exc) or "not supported" in str(exc) or "attn" in str(exc):
             raise
         raise InvalidInput(f"model {spec.name} has no {task} head: {exc}") from exc
+    mend_output(model)  # transformers 5.24's Llama 4 output (llama4.py)
     model.train()
     return model
 

@@ -375,6 +375,12 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
     """What ``config``'s processor makes of the images of ``images``; InvalidInput for a model
     whose processor autotune does not model."""
     family = vision_family(config)
+    if family is None and images.per_sample == 0 and is_vlm(config):
+        # A text-only step runs no processor (input_ids and labels alone): Llama 4's, whose images are
+        # not modelled, trains its text so.
+        size = images.width_height
+        return ImageLayout(str(config.model_type), 0, size, size, tokens=0, markers=0, patches=0,
+                           size_given=images.size is not None)
     if family is None:
         raise InvalidInput(f"the images of model_type {getattr(config, 'model_type', None)!r} are not "
                            f"modelled: autotune models the processors of {', '.join(FAMILIES)}")

@@ -104,6 +104,7 @@ class CellSpec:
     unfrozen: list[str] = dataclasses.field(default_factory=list)  # workload.unfrozen: Axolotl's regexes
     fused_attention: bool = False  # workload.fused_attention: Axolotl's Gemma 4 attention forward
     qat: dict[str, Any] | None = None  # workload.qat.Qat's fields; None: no quantization-aware training
+    linearized_experts: bool = False  # ModelSpec's: Axolotl's Llama 4 experts (workload.llama4)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -151,6 +152,7 @@ def cell_spec(
         unfrozen=list(workload.unfrozen),
         fused_attention=workload.fused_attention,
         qat=None if workload.qat is None else dataclasses.asdict(workload.qat),
+        linearized_experts=workload.model.linearized_experts,
     )
 
 
@@ -158,6 +160,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
     """The workload and mode a spec describes; the config built from transformers' own classes."""
     model = model_from_json(spec.model_name, spec.model_source, spec.model_type, spec.config,
                             spec.max_seq_len)
+    model = dataclasses.replace(model, linearized_experts=spec.linearized_experts is True)
     workload = Workload(
         model=model,
         task=check_task(spec.task),

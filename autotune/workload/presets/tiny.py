@@ -387,6 +387,22 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "projector_hidden_size": 32,
         "architectures": ["Lfm2VlForConditionalGeneration"],
     },
+    # Llama 4 (Scout's layout): 2 layers, each a mixture of 4 experts of 16 (one a token) beside a
+    # shared one, the first chunked with RoPE, the second global without; a 2-layer tower whose 0.5
+    # pixel shuffle feeds a projector of 32.
+    "llama4": {
+        "text_config": {"model_type": "llama4_text", **_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16,
+                        "intermediate_size": 16, "intermediate_size_mlp": 64, "num_local_experts": 4,
+                        "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "no_rope_layers": [1, 0],
+                        "attention_chunk_size": 64, "max_position_embeddings": 1024, "pad_token_id": 0,
+                        "bos_token_id": 1, "eos_token_id": 2},
+        "vision_config": {"model_type": "llama4_vision_model", **_TINY_VISION, "vision_output_dim": 32,
+                          "projector_input_dim": 32, "projector_output_dim": 32},
+        "image_token_index": 100,
+        "boi_token_index": 101,
+        "eoi_token_index": 102,
+        "architectures": ["Llama4ForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,

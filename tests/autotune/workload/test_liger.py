@@ -25,13 +25,17 @@ from autotune.workload.liger_kernels import functions
 from autotune.workload.models import ModelSpec
 from autotune.workload.modes import parse_mode
 from autotune.workload.step import build_model, gradient_checkpointing, make_batch
+from autotune.workload.vision import make_images
 
 NONE = contextlib.nullcontext  # registers on a CPU: the values are what is checked
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 128,
          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
-         "gemma3_text": {"query_pre_attn_scalar": 16, "sliding_window": 64}}
+         "gemma3_text": {"query_pre_attn_scalar": 16, "sliding_window": 64},
+         "llama4_text": {"intermediate_size_mlp": 64, "num_local_experts": 4, "no_rope_layers": [1, 0]}}
+# Llama 4's rope is Liger's own kernel (refused); the others' every kernel
+LLAMA4 = ("llama4", "llama4_text")
 ROWS, HIDDEN, INNER, VOCAB = 16, 64, 128, 128  # a [2, 8] batch's tokens
 
 
@@ -43,6 +47,14 @@ def small_config(model_type: str):
                                                            **EXTRA["gemma3_text"]},
                                     vision_config=vision, mm_tokens_per_image=4, image_token_index=100,
                                     boi_token_index=101, eoi_token_index=102)
+    if model_type == "llama4":  # Llama 4's vision-language model: a tower beside the text model
+        vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                  "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
+                  "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32}
+        return AutoConfig.for_model("llama4", text_config={"model_type": "llama4_text", **SMALL,
+                                                           **EXTRA["llama4_text"]},
+                                    vision_config=vision, image_token_index=100, boi_token_index=101,
+                                    eoi_token_index=102)
     return AutoConfig.for_model(model_type, **SMALL, **EXTRA.get(model_type, {}))
 
 
@@ -57,15 +69,18 @@ def patched_count(model: torch.nn.Module) -> int:
 def test_a_patched_model_has_the_loss_and_gradients_of_its_own(model_type):
     torch.manual_seed(0)
     config = small_config(model_type)
-    model, _ = build_model(ModelSpec(f"small-{model_type}", "local", config, 128), "causal-lm", "eager")
+    task = "image-text-to-text" if model_type == "llama4" else "causal-lm"
+    model, _ = build_model(ModelSpec(f"small-{model_type}", "local", config, 128), task, "eager")
     model.eval()  # no dropout: both see the same forward
     for parameter in model.parameters():
         parameter.data.normal_(0, 0.5)  # Gemma's norm weights start at 0: make every path count
     reference = copy.deepcopy(model)
-    kernels = check_kernels("rms_norm,rope,swiglu,geglu,cross_entropy", config, "causal-lm", "full")
+    asked = "rms_norm,swiglu,cross_entropy" if model_type in LLAMA4 else \
+        "rms_norm,rope,swiglu,geglu,cross_entropy"
+    kernels = check_kernels(asked, config, "causal-lm", "full")
     apply_kernels(model, kernels, sm_count=3, registers=NONE)
-    batch = make_batch(config, "causal-lm", 2, 16)
-    batch["input_ids"] = torch.randint(3, 100 if model_type == "gemma3" else 128, (2, 16))  # no image token
+    batch = make_batch(config, task, 2, 16, images=make_images(0, None) if model_type == "llama4" else None)
+    batch["input_ids"] = torch.randint(3, 100 if model_type in ("gemma3", "llama4") else 128, (2, 16))
     batch["labels"] = batch["input_ids"].clone()
     batch["labels"][0, :4] = -100
     with gradient_checkpointing(model, True), gradient_checkpointing(reference, True):
@@ -76,13 +91,15 @@ def test_a_patched_model_has_the_loss_and_gradients_of_its_own(model_type):
     assert torch.allclose(loss, expected, rtol=1e-5)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         if q.grad is None:  # Gemma 3's vision tower and projector, unrun without images
-            assert p.grad is None and name.startswith(("model.vision_tower.", "model.multi_modal")), name
+            towers = ("model.vision_tower.", "model.multi_modal", "vision_model.", "multi_modal_projector.")
+            assert p.grad is None and name.startswith(towers), name
             continue
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-5), name
     # every norm (Qwen3's and Gemma 3's q_norm and k_norm too), MLP and attention of the 2 layers;
     # Gemma 3's vision-language model: its projector's mm_soft_emb_norm too (a Gemma3RMSNorm)
     norms = {"qwen3": 9, "gemma2": 9, "gemma3_text": 13, "gemma3": 14}.get(model_type, 5)
-    assert patched_count(model) == norms + 2 + 2
+    # Llama 4: every layer's shared expert, no rope (its own kernel, refused)
+    assert patched_count(model) == norms + 2 + (0 if model_type in LLAMA4 else 2)
 
 
 def test_the_kernels_in_bfloat16_match_transformers_modules():
@@ -396,3 +413,14 @@ def test_a_text_only_gemma3_vlm_step_takes_liger_s_vision_layer_norm_and_one_wit
     assert text.fits and text.liger == ["rms_norm", "rope", "geglu", "layer_norm"]
     with pytest.raises(InvalidInput, match="a step with images is refused"):
         check(1)
+
+
+def test_llama4_rope_and_swiglu_beside_dense_layers_are_refused():
+    # Liger's Llama 4 rope is its own kernel; LigerSwiGLUMLP cannot build Maverick's dense MLPs.
+    with pytest.raises(InvalidInput, match="apply_liger_llama4_rope_full"):
+        check_kernels("rope", small_config("llama4_text"), "causal-lm", "full")
+    interleaved = AutoConfig.for_model("llama4_text", **SMALL, **{**EXTRA["llama4_text"],
+                                                                  "interleave_moe_layer_step": 2})
+    with pytest.raises(InvalidInput, match="takes no intermediate_size"):
+        check_kernels("swiglu", interleaved, "causal-lm", "full")
+    assert check_kernels("rms_norm", interleaved, "causal-lm", "full") == ("rms_norm",)

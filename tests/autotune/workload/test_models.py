@@ -102,6 +102,8 @@ LIMITS = {
     "LiquidAI/LFM2-VL-450M": 128000, "tiny-lfm2_vl": 1024,
     "tiny-qwen3_5_moe": 1024, "tiny-qwen3_5": 1024, "tiny-mllama": 1024,
     "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
+    "meta-llama/Llama-4-Scout-17B-16E": 262144, "meta-llama/Llama-4-Maverick-17B-128E": 1048576,
+    "tiny-llama4": 1024,
 }
 
 
