@@ -401,7 +401,7 @@ def test_unknown_name_without_hub_lookups() -> None:
     assert str(info.value) == f"unknown model 'bert-huge': {NOT_FOUND}. Presets: {PRESET_LIST}"
     assert str(info.value).startswith(
         "unknown model 'bert-huge': not a built-in preset, a local config, or a reachable "
-        "Hugging Face hub id. Presets: albert-base-v2, allenai/Olmo-3-7B-Instruct-SFT, "
+        "Hugging Face hub id. Presets: ai21labs/AI21-Jamba-1.5-Large, ai21labs/Jamba-v0.1, albert-base-v2, "
     )
 
 
