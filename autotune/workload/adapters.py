@@ -204,7 +204,8 @@ class Adapter:
         if self.tuner == "oft":
             from autotune.workload.oft import oft_settings
 
-            return f"{name.replace('LoRA', 'OFT')} {oft_settings(self)} on {targets}"
+            return (f"{name.replace('LoRA', 'OFT')} {oft_settings(self.r, self.block_size, self.dropout)} "
+                    f"on {targets}")
         return (f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
                 f"{kernels}")
 
@@ -436,7 +437,10 @@ def peft_config(adapter: Adapter, task: str) -> Any:
     if adapter.tuner == "oft":
         from autotune.workload.oft import oft_config
 
-        return oft_config(adapter, task)
+        return oft_config(r=adapter.r, block_size=adapter.block_size, dropout=adapter.dropout,
+                          target_modules=peft_targets(adapter),
+                          modules_to_save=list(adapter.modules_to_save) or None,
+                          exclude_modules=adapter.excluded_pattern(), task_type=peft_task_type(task))
     return lora_config(adapter, task)
 
 

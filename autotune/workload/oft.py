@@ -28,12 +28,9 @@ effect on memory.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from autotune.workload.adapters import Adapter
 
 DEFAULT_BLOCK_SIZE = 32  # OFTConfig.oft_block_size (peft/tuners/oft/config.py)
 MAX_SIZE = 4096  # far above any rank or block size in use; a bound for what is accepted
@@ -58,27 +55,17 @@ def check_oft(r: Any, block_size: Any, *, bias: str, kernels: str | Iterable[str
         raise InvalidInput("Axolotl's LoRA kernels and expert settings are LoRA's: OFT has none of them")
 
 
-def oft_settings(adapter: Adapter) -> str:
-    """``block size 32 (Cayley-Neumann, 5 terms)`` or ``r=8 (...)``, for the adapter's label."""
-    size = f"r={adapter.r}" if adapter.r else f"block size {adapter.block_size}"
-    dropout = f", module_dropout {adapter.dropout:g} (never applied)" if adapter.dropout else ""
-    return f"{size} (Cayley-Neumann parametrisation, {NEUMANN_TERMS} terms{dropout})"
+def oft_settings(r: int, block_size: int, dropout: float) -> str:
+    """``block size 32 (Cayley-Neumann, 5 terms)`` or ``r=8 (...)``, for an adapter's label."""
+    size = f"r={r}" if r else f"block size {block_size}"
+    dropout_note = f", module_dropout {dropout:g} (never applied)" if dropout else ""
+    return f"{size} (Cayley-Neumann parametrisation, {NEUMANN_TERMS} terms{dropout_note})"
 
 
-def oft_config(adapter: Adapter, task: str) -> Any:
-    """PEFT's OFTConfig for ``adapter`` on a ``task`` model, as LLaMA-Factory builds it
-    (model/adapter.py _setup_lora_tuning: r, oft_block_size, target_modules, module_dropout,
-    modules_to_save; the rest OFTConfig's defaults)."""
+def oft_config(*, r: int, block_size: int, dropout: float, **common: Any) -> Any:
+    """PEFT's OFTConfig as LLaMA-Factory builds it (model/adapter.py _setup_lora_tuning: r,
+    oft_block_size, target_modules, module_dropout, modules_to_save; the rest OFTConfig's defaults);
+    ``common``: the fields it shares with LoraConfig (adapters.peft_config)."""
     from peft import OFTConfig
 
-    from autotune.workload.adapters import peft_targets, peft_task_type
-
-    return OFTConfig(
-        r=adapter.r,
-        oft_block_size=adapter.block_size,
-        module_dropout=adapter.dropout,
-        target_modules=peft_targets(adapter),
-        modules_to_save=list(adapter.modules_to_save) or None,
-        exclude_modules=adapter.excluded_pattern(),
-        task_type=peft_task_type(task),  # type: ignore[arg-type]  # PEFT takes the name
-    )
+    return OFTConfig(r=r, oft_block_size=block_size, module_dropout=dropout, **common)
