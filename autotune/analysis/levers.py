@@ -220,6 +220,8 @@ def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
              replace(workload, adapter=qlora)),
         ]
     options: list[tuple[str, str, Workload]] = []
+    if adapter.tuner != "lora":
+        return options  # OFT (workload/oft.py): its rank and base are not LoRA's levers
     if adapter.base_bits != 4:
         recipe = adapter.recipe or DEFAULT_QLORA_RECIPE  # an 8-bit base's recipe prepares a 4-bit one too
         quantized = replace(adapter, method="qlora", recipe=recipe)

@@ -156,12 +156,13 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         raise cfg.unmodelled("model_name_or_path", model, f"a checkpoint saved quantized ({found.group(1)}, "
                              "as its name says), which LLaMA-Factory loads as its quantization_config says "
                              f"(model_utils/quantization.py configure_quantization): {QUANT}")
-    full = _lf_finetuning_type(cfg) == "full"
+    method = _lf_finetuning_type(cfg)
+    full = method == "full"
     bits = _lf_quantization(cfg, full)
     multimodal, exclude = read_lf_multimodal(cfg, model, full=full, quantized=bits is not None)
-    mode, dtype, compute = _lf_precision(cfg, full)
+    mode, dtype, compute = _lf_precision(cfg, method)
     attn = _lf_attention(cfg)
-    adapter = None if full else _lf_adapter(cfg, bits, compute)
+    adapter = None if full else _lf_adapter(cfg, bits, compute, oft=method == "oft")
     if adapter is not None and exclude and (unset(cfg.data.get("adapter_name_or_path"))
                                             or cfg.data.get("create_new_adapter") is True):
         adapter = replace(adapter, exclude=exclude)  # a new adapter's targets (a saved one's are its own)
@@ -260,13 +261,12 @@ def _lf_finetuning_type(cfg: Config) -> str:
     if method == "freeze":
         raise cfg.unmodelled("finetuning_type", method, "training only some layers (model/adapter.py "
                              "_setup_freeze_tuning) is not modelled: autotune trains them all, or LoRA")
-    if method == "oft":
-        raise cfg.unmodelled("finetuning_type", method, "OFT adapters are not modelled: autotune models LoRA")
-    if method not in ("lora", "full"):
+    if method not in ("lora", "full", "oft"):
         raise cfg.bad("finetuning_type", method, "one of lora, full, freeze, oft")
-    if method == "full" and not unset(cfg.get("adapter_name_or_path")):  # parser.py _verify_model_args
-        raise InvalidInput(f"adapter_name_or_path with finetuning_type: full in {cfg.file!r}: LLaMA-Factory "
-                           "loads adapters only for LoRA")
+    if method != "lora" and not unset(cfg.get("adapter_name_or_path")):  # parser.py _verify_model_args
+        raise InvalidInput(f"adapter_name_or_path with finetuning_type: {method} in {cfg.file!r}: "
+                           "LLaMA-Factory loads adapters only for LoRA (\"Adapter is only valid for the LoRA "
+                           "method\")")
     return str(method)
 
 
@@ -289,9 +289,10 @@ def _lf_quantization(cfg: Config, full: bool) -> int | None:
     return int(bits)
 
 
-def _lf_precision(cfg: Config, full: bool) -> tuple[Mode, str, str | None]:
+def _lf_precision(cfg: Config, method: str) -> tuple[Mode, str, str | None]:
     """Mode, weights dtype and the compute dtype of a 4-bit base (None: bfloat16, float16 on a card
     without it) as LLaMA-Factory sets them."""
+    full = method == "full"
     bf16, fp16, pure = cfg.flag("bf16"), cfg.flag("fp16"), cfg.flag("pure_bf16")
     if bf16 and fp16:
         raise InvalidInput(f"fp16 and bf16 in {cfg.file!r} are both true: choose one")
@@ -316,7 +317,7 @@ def _lf_precision(cfg: Config, full: bool) -> tuple[Mode, str, str | None]:
                          "(model/adapter.py init_adapter)")
     else:
         dtype = "auto"
-        cfg.notes.append(f"finetuning_type: lora: {loaded}; the adapters in float32 (model/adapter.py "
+        cfg.notes.append(f"finetuning_type: {method}: {loaded}; the adapters in float32 (model/adapter.py "
                          "init_adapter)")
     if cfg.flag("upcast_layernorm"):
         if dtype != "float32":
@@ -384,15 +385,18 @@ def _lf_attention(cfg: Config) -> str | None:
     return names[value]
 
 
-def _lf_adapter(cfg: Config, bits: int | None, compute: str | None) -> Adapter:
-    """The LoraConfig of model/adapter.py _setup_lora_tuning (bias none), or the saved adapter
-    training goes on from; a 4- or 8-bit base as configure_quantization loads it
-    (BitsAndBytesConfig(load_in_8bit=True) for quantization_bit 8)."""
+def _lf_adapter(cfg: Config, bits: int | None, compute: str | None, *, oft: bool = False) -> Adapter:
+    """The LoraConfig of model/adapter.py _setup_lora_tuning (bias none), its OFTConfig with ``oft``
+    (_lf_oft), or the saved adapter training goes on from; a 4- or 8-bit base as
+    configure_quantization loads it (BitsAndBytesConfig(load_in_8bit=True) for quantization_bit 8)."""
     at = len(cfg.notes)
     to_save = _lf_trained_whole(cfg)
     method = "qlora" if bits == 4 else "lora_8bit" if bits == 8 else "lora"
-    adapter = _lf_saved_adapter(cfg, method)
+    adapter = None if oft else _lf_saved_adapter(cfg, method)
     source = "adapter_name_or_path"
+    if oft:
+        adapter = _lf_oft(cfg, method, to_save)
+        source = "finetuning_type: oft" + (f" over quantization_bit: {bits}" if bits else "")
     if adapter is None:
         adapter = build_adapter(cfg, method, **_lf_lora_numbers(cfg),
                                 targets=_lf_targets(cfg), modules_to_save=to_save)
@@ -417,6 +421,8 @@ def _lf_adapter(cfg: Config, bits: int | None, compute: str | None) -> Adapter:
                          "checkpoint's dtype and casts the adapters to float32 (model/adapter.py "
                          "init_adapter): the dtypes of Axolotl's recipe")
     note_adapter(cfg, source, adapter, at)
+    if oft:
+        return adapter  # the notes below are on LoRA's keys
     if cfg.flag("use_rslora"):
         cfg.notes.append("use_rslora: the adapters scaled by alpha/sqrt(r): no effect on memory")
     if not unset(cfg.get("loraplus_lr_ratio")):
@@ -425,6 +431,41 @@ def _lf_adapter(cfg: Config, bits: int | None, compute: str | None) -> Adapter:
     if cfg.flag("pissa_init"):
         cfg.notes.append("pissa_init: the adapters initialized from an SVD of the weights before training: "
                          "no effect on the step's memory")
+    return adapter
+
+
+def _lf_oft(cfg: Config, method: str, to_save: tuple[str, ...]) -> Adapter:
+    """_setup_lora_tuning's OFTConfig(r=oft_rank, oft_block_size, target_modules, module_dropout,
+    modules_to_save=additional_target), with finetuning_args.py OFTArguments' defaults: oft_rank 0,
+    oft_block_size 32, module_dropout 0.0. Its target_modules are lora_target's (the same
+    find_all_linear_modules for "all"): LLaMA-Factory parses oft_target and never reads it."""
+    defaults: dict[str, float] = {}
+
+    def value(key: str, default: float) -> Any:
+        found = cfg.get(key)
+        if found is None:
+            found = defaults[key] = default
+        return found
+
+    r, block_size = value("oft_rank", 0), value("oft_block_size", 32)
+    dropout = lora_number(cfg, "module_dropout", value("module_dropout", 0.0), dropout=True)
+    if defaults:
+        plural = "s" * (len(defaults) > 1)
+        cfg.notes.append(f"{', '.join(defaults)}: not set, LLaMA-Factory's default{plural} "
+                         f"{', '.join(f'{v:g}' for v in defaults.values())}")
+    if cfg.flag("pissa_init"):
+        raise InvalidInput(f"pissa_init with finetuning_type: oft in {cfg.file!r}: LLaMA-Factory passes "
+                           "init_lora_weights to OFTConfig, which has no such field (model/adapter.py "
+                           "_setup_lora_tuning): the run fails as it starts")
+    oft_target = cfg.get("oft_target")
+    if oft_target is not None:
+        cfg.notes.append(f"oft_target: {oft_target}: parsed by LLaMA-Factory but never read: its OFT targets "
+                         "are lora_target's (model/adapter.py _setup_lora_tuning)")
+    adapter = build_adapter(cfg, method, tuner="oft", r=r, block_size=block_size, dropout=dropout,
+                            targets=_lf_targets(cfg), modules_to_save=to_save)
+    if dropout:
+        cfg.notes.append(f"module_dropout: {dropout:g}: PEFT builds OFT's multiplicative dropout and no "
+                         "forward applies it (peft/tuners/oft/layer.py): no effect on memory")
     return adapter
 
 

@@ -1,4 +1,4 @@
-"""Parameter-efficient fine-tuning: LoRA and QLoRA, built by the real PEFT.
+"""Parameter-efficient fine-tuning: LoRA and QLoRA (and OFT: workload/oft.py), built by the real PEFT.
 
 An ``Adapter`` is what a run's PEFT setup changes in the training step:
 
@@ -35,6 +35,10 @@ is stored in 4 or 8 bits: the estimator replaces it by an emulation with bitsand
 ``Linear8bitLt`` (backends/cuda/bnb.py). Both come with the backend's parts (workload/parts.py,
 ``StepParts``).
 
+An adapter's ``tuner`` is the PEFT method its ``method``'s base carries: LoRA (``LoraConfig``), or
+OFT (``OFTConfig``, orthogonal fine-tuning: workload/oft.py), over the same 16/32-, 4- or 8-bit bases,
+prepared by the same recipes.
+
 An adapter's ``kernels`` are Axolotl's fused LoRA kernels (``lora_mlp_kernel``, ...), which replace
 PEFT's LoRA layers' forward and backward in the MLPs and attentions once PEFT has wrapped the
 model: emulated by the estimator (workload/lora_kernels.py), Axolotl's own on the GPU; both
@@ -69,6 +73,8 @@ if TYPE_CHECKING:
 
 Method = Literal["lora", "qlora", "lora_8bit"]
 METHODS: tuple[Method, ...] = ("lora", "qlora", "lora_8bit")
+# PEFT's tuner over the base: LoraConfig, or OFTConfig (workload/oft.py)
+TUNERS = ("lora", "oft")
 # The request's peft: an 8-bit base is asked for with load_in_8bit beside peft lora, as in
 # transformers' BitsAndBytesConfig and the trainers' configs.
 PEFT_CHOICES = ("none", "lora", "qlora")
@@ -155,6 +161,11 @@ class Adapter:
     # (LoRA on a fused MoE's 3D expert parameters) refuses lora_dropout != 0; Axolotl builds it with
     # dropout 0 (nn.Identity), every other LoRA layer with the dropout asked (``experts_undropped``).
     experts_undropped: bool = False
+    # PEFT's tuner (TUNERS): "oft" is OFTConfig, where ``r`` is OFT's rank (blocks per layer, 0: derived
+    # from ``block_size``), ``block_size`` its oft_block_size (0: derived from ``r``), ``dropout`` its
+    # module_dropout, and ``alpha`` unused (workload/oft.py).
+    tuner: str = "lora"
+    block_size: int = 0
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -173,7 +184,8 @@ class Adapter:
     def label(self) -> str:
         """``LoRA r=16 alpha=32 dropout 0.05 on q_proj,v_proj``,
         ``QLoRA (nf4, double quant, TRL's SFTTrainer recipe) ...`` or
-        ``LoRA over an LLM.int8 base (Linear8bitLt, Axolotl recipe) ...``."""
+        ``LoRA over an LLM.int8 base (Linear8bitLt, Axolotl recipe) ...``; for OFT
+        ``OFT block size 32 (Cayley-Neumann, 5 terms) ...``, ``QOFT (nf4, ...) ...``."""
         name = "LoRA"
         recipe = RECIPE_NAMES[self.recipe or DEFAULT_QLORA_RECIPE]
         if self.method == "qlora":
@@ -189,6 +201,11 @@ class Adapter:
         kernels = f" with {describe(self.kernels)}" if self.kernels else ""
         if self.exclude:
             targets += f" outside {','.join(self.exclude)}"
+        if self.tuner == "oft":
+            from autotune.workload.oft import oft_settings
+
+            return (f"{name.replace('LoRA', 'OFT')} {oft_settings(self.r, self.block_size, self.dropout)} "
+                    f"on {targets}")
         return (f"{name} r={self.r} alpha={_number(self.alpha)} dropout {_number(self.dropout)} on {targets}"
                 f"{kernels}")
 
@@ -212,6 +229,7 @@ class Adapter:
             **({"quantize_experts": True} if self.quantize_experts else {}),
             **({"exclude": list(self.exclude)} if self.exclude else {}),
             **({"experts_undropped": True} if self.experts_undropped else {}),
+            **({"tuner": self.tuner, "block_size": self.block_size} if self.tuner != "lora" else {}),
         }
 
     @classmethod
@@ -228,6 +246,7 @@ class Adapter:
             target_pattern=data.get("target_pattern"), kernels=data.get("kernels") or (),
             quantize_experts=bool(data.get("quantize_experts", False)), exclude=data.get("exclude") or (),
             experts_undropped=bool(data.get("experts_undropped", False)),
+            tuner=data.get("tuner", "lora"), block_size=data.get("block_size", 0),
         )
 
 
@@ -255,14 +274,24 @@ def make_adapter(
     double_quant: bool = True, compute_dtype: str | None = None, bias: str = "none",
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
     kernels: str | Iterable[str] = (), quantize_experts: bool = False, exclude: Iterable[str] = (),
-    experts_undropped: bool = False,
+    experts_undropped: bool = False, tuner: str = "lora", block_size: int = 0,
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
-    ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none."""
+    ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none.
+    ``tuner`` "oft": OFT's r / block_size (one of them 0) checked by workload/oft.py."""
     name = str(method).strip().lower()
     if name not in METHODS:
         raise InvalidInput(f"unknown PEFT method {method!r}: allowed are {', '.join(METHODS)}")
-    if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_R:
+    if tuner not in TUNERS:
+        raise InvalidInput(f"unknown PEFT tuner {tuner!r}: allowed are {', '.join(TUNERS)}")
+    if tuner == "oft":
+        from autotune.workload.oft import check_oft
+
+        check_oft(r, block_size, bias=bias, kernels=kernels, quantize_experts=quantize_experts,
+                  experts_undropped=experts_undropped)
+    elif block_size:
+        raise InvalidInput(f"a block size ({block_size!r}) is OFT's: LoRA has a rank only")
+    elif isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_R:
         raise InvalidInput(f"LoRA rank must be an integer from 1 to {MAX_R}, got {r!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
         raise InvalidInput(f"LoRA alpha must be a positive number, got {alpha!r}")
@@ -285,7 +314,8 @@ def make_adapter(
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
                    target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
-                   bool(quantize_experts), _check_exclude(exclude), bool(experts_undropped))
+                   bool(quantize_experts), _check_exclude(exclude), bool(experts_undropped), tuner,
+                   int(block_size))
 
 
 def _check_exclude(names: Iterable[str]) -> tuple[str, ...]:
@@ -386,29 +416,47 @@ class ParameterCounts:
         return {"trainable": self.trainable, "total": self.total}
 
 
+def peft_task_type(task: str) -> str | None:
+    """PEFT's task_type for a ``task`` model. A vision-language model's adapter is a causal LM's:
+    Axolotl's LoraConfig says task_type CAUSAL_LM for every model (loaders/adapter.py
+    _build_peft_lora_config), VLMs included, as LLaMA-Factory's does (model/adapter.py)."""
+    return PEFT_TASK_TYPES["causal-lm" if task == "image-text-to-text" else task]
+
+
+def peft_targets(adapter: Adapter) -> str | list[str] | None:
+    """``target_modules`` as PEFT's configs take it."""
+    if adapter.targets == (ALL_LINEAR,):
+        return ALL_LINEAR  # PEFT reads the shorthand only as a string
+    if adapter.targets is not None:
+        return list(adapter.targets)
+    return adapter.target_pattern
+
+
+def peft_config(adapter: Adapter, task: str) -> Any:
+    """PEFT's config for ``adapter``: its LoraConfig, or its OFTConfig (workload/oft.py)."""
+    if adapter.tuner == "oft":
+        from autotune.workload.oft import oft_config
+
+        return oft_config(r=adapter.r, block_size=adapter.block_size, dropout=adapter.dropout,
+                          target_modules=peft_targets(adapter),
+                          modules_to_save=list(adapter.modules_to_save) or None,
+                          exclude_modules=adapter.excluded_pattern(), task_type=peft_task_type(task))
+    return lora_config(adapter, task)
+
+
 def lora_config(adapter: Adapter, task: str) -> Any:
     """PEFT's LoraConfig for ``adapter`` on a ``task`` model."""
     from peft import LoraConfig
 
-    # A vision-language model's LoRA is a causal LM's: Axolotl's LoraConfig says task_type CAUSAL_LM
-    # for every model (loaders/adapter.py _build_peft_lora_config), VLMs included.
-    task_type = PEFT_TASK_TYPES["causal-lm" if task == "image-text-to-text" else task]
-    targets: str | list[str] | None = None
-    if adapter.targets == (ALL_LINEAR,):
-        targets = ALL_LINEAR  # PEFT reads the shorthand only as a string
-    elif adapter.targets is not None:
-        targets = list(adapter.targets)
-    elif adapter.target_pattern is not None:
-        targets = adapter.target_pattern
     return LoraConfig(
         r=adapter.r,
         lora_alpha=adapter.alpha,  # type: ignore[arg-type]  # PEFT reads any number
         lora_dropout=adapter.dropout,
-        target_modules=targets,
+        target_modules=peft_targets(adapter),
         bias=adapter.bias,  # type: ignore[arg-type]  # checked by make_adapter
         modules_to_save=list(adapter.modules_to_save) or None,
         exclude_modules=adapter.excluded_pattern(),
-        task_type=task_type,
+        task_type=peft_task_type(task),  # type: ignore[arg-type]  # PEFT takes the name
     )
 
 
@@ -487,7 +535,7 @@ def prepare(
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
             if adapter.recipe == "axolotl":
                 _axolotl_back_to_model_dtype(model, loaded)
-    config = lora_config(adapter, task)
+    config = peft_config(adapter, task)
     if adapter.quantize_experts:
         # Axolotl's patch_peft_target_parameters_matching: PEFT skips the parametrizations' lists
         # ("...experts.parametrizations.down_proj"), which a module name would otherwise match.
@@ -586,7 +634,9 @@ def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any
 def _register_quantized_layers(config: Any, adapter: Adapter, parts: StepParts | None) -> None:
     """PEFT's custom-module hook for the backend's 4-bit layers that PEFT does not dispatch itself
     (the estimator's emulated ones; the cuda backend's bitsandbytes layers PEFT knows)."""
-    if not adapter.quantized or parts is None:
+    if not adapter.quantized or parts is None or adapter.tuner != "lora":
+        # OFT's layer class wraps any nn.Linear, the emulated 4/8-bit layers and bitsandbytes' own
+        # (peft/tuners/oft/model.py _get_tuner_layer_class): nothing to register
         return
     mapping = dict(parts.lora_modules())
     if mapping:

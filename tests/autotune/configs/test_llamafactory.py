@@ -282,9 +282,47 @@ def test_a_saved_adapter_trains_on(tmp_path):
         read(tmp_path, {**QWEN3_LORA_SFT, "adapter_name_or_path": "missing"})
 
 
+# examples/extras/oft/llama3_oft_sft.yaml (and qoft/llama3_oft_sft_bnb_npu.yaml: the same over a 4-bit base)
+LLAMA3_OFT = {**{k: v for k, v in QWEN3_LORA_SFT.items() if k not in ("lora_rank", "lora_target")},
+              "model_name_or_path": "meta-llama/Meta-Llama-3-8B-Instruct", "finetuning_type": "oft",
+              "oft_block_size": 32, "oft_target": "all", "template": "llama3"}
+
+
+def test_an_oft_config_is_peft_s_oft_config_as_llamafactory_builds_it(tmp_path):
+    plan = read(tmp_path, LLAMA3_OFT)
+    # LF model/adapter.py _setup_lora_tuning: OFTConfig(r=oft_rank (0), oft_block_size, target_modules from
+    # lora_target (all: every linear layer but lm_head), module_dropout (0.0)); adapters upcast to float32
+    assert plan.adapter == Adapter("lora", r=0, alpha=32, dropout=0.0, targets=("all-linear",), tuner="oft",
+                                   block_size=32)
+    assert plan.ignored == () and plan.mode == Mode("bf16", True)
+    assert any(n.startswith("oft_target: all: parsed by LLaMA-Factory but never read") for n in plan.notes)
+    assert any(n.startswith("finetuning_type: oft: OFT block size 32 (Cayley-Neumann") for n in plan.notes)
+    qoft = read(tmp_path, {**LLAMA3_OFT, "quantization_bit": 4, "quantization_method": "bnb",
+                           "double_quantization": False})
+    assert qoft.adapter == Adapter("qlora", r=0, alpha=32, dropout=0.0, targets=("all-linear",),
+                                   double_quant=False, compute_dtype="bfloat16", recipe="axolotl",
+                                   tuner="oft", block_size=32)
+    assert qoft.adapter.label().startswith("QOFT (nf4, Axolotl recipe) block size 32")
+    ranked = read(tmp_path, {**LLAMA3_OFT, "oft_rank": 16, "oft_block_size": 0,
+                             "lora_target": "q_proj,v_proj", "module_dropout": 0.1})
+    adapter = ranked.adapter
+    assert (adapter.r, adapter.block_size, adapter.targets) == (16, 0, ("q_proj", "v_proj"))
+    assert any(n.startswith("module_dropout: 0.1: PEFT builds OFT's multiplicative dropout and no forward")
+               for n in ranked.notes)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"oft_rank": 8}, "exactly one of them non-zero"),  # beside oft_block_size 32: OFTConfig refuses both
+    ({"adapter_name_or_path": "saved"}, "loads adapters only for LoRA"),  # LF parser.py _verify_model_args
+    ({"pissa_init": True}, "OFTConfig, which has no such field"),
+])
+def test_an_oft_config_llamafactory_would_refuse_is_refused(tmp_path, extra, message):
+    with pytest.raises(InvalidInput, match=message):
+        read(tmp_path, {**LLAMA3_OFT, **extra})
+
+
 REFUSED = [
     ({"finetuning_type": "freeze"}, "finetuning_type", "training only some layers"),
-    ({"finetuning_type": "oft"}, "finetuning_type", "OFT adapters are not modelled"),
     ({"stage": "ppo", "reward_model": "r"}, "stage", "PPO .* is not modelled"),
     ({"quantization_bit": 4, "quantization_method": "hqq"}, "quantization_method", "quantized weights"),
     ({"use_dora": True}, "use_dora", "DoRA"),
