@@ -349,6 +349,9 @@ def _adapter_query(adapter: Any) -> dict[str, Any]:
     if adapter.bias != "none" or adapter.modules_to_save:
         raise InvalidInput("a PEFT config with bias or modules_to_save is checked locally only: "
                            "the service takes --peft, --lora-* and --bnb-4bit-* values")
+    if adapter.tuner != "lora":
+        raise InvalidInput(f"an {adapter.tuner.upper()} adapter is checked locally only: the service takes "
+                           "LoRA adapters (--peft, --lora-* and --bnb-4bit-* values)")
     query: dict[str, Any] = {"peft": "lora" if adapter.method == "lora_8bit" else adapter.method,
                              "lora_r": adapter.r, "lora_alpha": adapter.alpha,
                              "lora_dropout": adapter.dropout}

@@ -81,3 +81,12 @@ def test_oft_settings_are_checked_and_stored() -> None:
     assert Adapter.from_json(adapter.to_json()) == adapter
     lora = make_adapter("lora")
     assert "tuner" not in lora.to_json()  # the stored keys of LoRA adapters stay as they were
+
+
+def test_an_oft_adapter_is_never_sent_to_the_service_as_lora():
+    # the service takes LoRA adapters only: check --server refuses an OFT one (was sent as LoRA fields)
+    from autotune.cli.check import _adapter_query
+
+    with pytest.raises(InvalidInput, match="an OFT adapter is checked locally only"):
+        _adapter_query(make_adapter("lora", tuner="oft", r=0, block_size=32))
+    assert _adapter_query(make_adapter("lora"))["peft"] == "lora"
