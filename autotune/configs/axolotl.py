@@ -67,7 +67,6 @@ from autotune.workload.trainers import (
     EBFT_FEATURE_LAYERS,
     GRPO,
     GRPO_MAX_COMPLETION_LENGTH,
-    GRPO_VLLM_GPU_MEMORY_UTILIZATION,
     KTO,
     ORPO,
     REWARD,
@@ -1552,7 +1551,8 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
     vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9, when
-    ``trl.vllm_mode`` says colocate; unset, GRPOConfig's colocate at its own 0.3);
+    ``trl.vllm_mode`` says colocate; unset, Axolotl's schema makes it server: validation.py
+    check_vllm_mode_set);
     ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step. ``rl: gdpo`` is the
     same trainer (core/builders/rl.py: ``cfg.rl in {RLType.GRPO, RLType.GDPO}`` picks GRPOStrategy's
     class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
@@ -1568,14 +1568,15 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
         fields["beta"] = beta
     if trl.get("use_vllm"):
         fields["use_vllm"] = True
-        fields["vllm_mode"] = trl.get("vllm_mode") or "colocate"
-        if trl.get("vllm_mode") is None:  # Axolotl passes neither mode nor share: GRPOConfig's defaults
-            cfg.notes.append("trl.vllm_mode: not set: Axolotl passes no vllm_mode, nor "
-                             "vllm.gpu_memory_utilization (core/trainers/grpo/__init__.py "
-                             "set_training_args_kwargs: only under an explicit colocate), so TRL's "
-                             "GRPOConfig defaults hold: vLLM colocated with "
-                             f"vllm_gpu_memory_utilization {GRPO_VLLM_GPU_MEMORY_UTILIZATION:g}")
-        elif fields["vllm_mode"] == "colocate":
+        # unset: Axolotl's schema sets it to server before any trainer reads it (utils/schemas/
+        # validation.py GRPOVllmValidationMixin.check_vllm_mode_set), not GRPOConfig's colocate
+        fields["vllm_mode"] = trl.get("vllm_mode") or "server"
+        if trl.get("vllm_mode") is None:
+            cfg.notes.append("trl.vllm_mode: not set: Axolotl sets it to server (utils/schemas/validation.py "
+                             "check_vllm_mode_set: \"using default value `server`\"), not GRPOConfig's "
+                             "colocate: the vLLM engine on other GPUs (axolotl vllm-serve), nothing of it "
+                             "on this one")
+        if fields["vllm_mode"] == "colocate":
             vllm = cfg.get("vllm") or {}
             share = vllm.get("gpu_memory_utilization") if isinstance(vllm, dict) else None
             fields["vllm_gpu_memory_utilization"] = 0.9 if share is None else share
