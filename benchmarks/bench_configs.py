@@ -538,9 +538,29 @@ def peeled(text: str, message: str) -> str | None:
         fixed = re.sub(r"(?m)^(attn_implementation|sdp_attention|flash_attention):.*\n?", "", text)
         fixed = fixed.rstrip("\n") + "\nattn_implementation: flash_attention_2\n"
     else:
+        nested = re.match(r"([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b", message)
         key = re.match(r"[A-Za-z_]\w*", message)
         fixed = text if key is None else _drop(text, key.group())
+        if nested is not None:  # trl.async_prefetch: that key of the mapping, not the whole trl block
+            fixed = _drop_nested(text, *nested.groups()) or fixed
     return None if fixed == text else fixed
+
+
+def _drop_nested(text: str, key: str, inner: str) -> str | None:
+    """The YAML text without ``inner`` (and its block) of the top-level mapping ``key``; None where the
+    mapping has no such line."""
+    block = re.search(rf"(?m)^{key}:[ \t]*(?:#.*)?\n((?:(?:[ \t#].*)?\n)*)", text)
+    if block is None:
+        return None
+    body = block.group(1)
+    line = re.search(rf"(?m)^([ \t]+){inner}:.*\n?", body)
+    if line is None:
+        return None
+    indent = len(line.group(1))
+    rest = body[line.end():]
+    deeper = re.match(rf"(?:(?:[ \t]{{{indent + 1},}}.*|[ \t]*-.*)?\n)*", rest)
+    end = line.end() + (deeper.end() if deeper else 0)
+    return text[:block.start(1)] + body[:line.start()] + body[end:] + text[block.end(1):]
 
 
 def _drop(text: str, key: str) -> str:

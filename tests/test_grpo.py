@@ -145,9 +145,9 @@ def test_the_example_axolotl_grpo_config_reads_trl_and_vllm_keys():
     assert step.vllm_gpu_memory_utilization == 0.35 and step.steps_per_generation == 2
 
 
-def test_axolotl_grpo_without_vllm_mode_colocates_at_grpoconfig_s_share_not_axolotl_s(tmp_path):
-    # Axolotl passes vllm.gpu_memory_utilization only under an explicit trl.vllm_mode: colocate
-    # (core/trainers/grpo/__init__.py); unset, GRPOConfig's own colocate at 0.3 holds.
+def test_axolotl_grpo_without_vllm_mode_is_a_vllm_server_as_axolotl_s_schema_sets_it(tmp_path):
+    # Axolotl's schema sets trl.vllm_mode to server when use_vllm leaves it unset (utils/schemas/
+    # validation.py GRPOVllmValidationMixin.check_vllm_mode_set): not GRPOConfig's colocate at 0.3.
     import yaml
 
     from autotune.configs import read_training_config
@@ -158,8 +158,9 @@ def test_axolotl_grpo_without_vllm_mode_colocates_at_grpoconfig_s_share_not_axol
     path.write_text(yaml.safe_dump(example))
     read = read_training_config(path)
     step = read.request.step
-    assert (step.vllm_mode, step.vllm_gpu_memory_utilization) == ("colocate", None)  # GRPOConfig's
-    assert any(note.startswith("trl.vllm_mode: not set") and "0.3" in note for note in read.notes)
+    assert (step.vllm_mode, step.vllm_gpu_memory_utilization) == ("server", None)
+    assert any(note.startswith("trl.vllm_mode: not set") and "check_vllm_mode_set" in note
+               for note in read.notes)
 
 
 def test_axolotl_async_grpo_is_refused_by_name(tmp_path):

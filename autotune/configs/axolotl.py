@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
     build_adapter,
@@ -66,7 +67,7 @@ from autotune.workload.trainers import (
     EBFT,
     EBFT_FEATURE_LAYERS,
     GRPO,
-    GRPO_VLLM_GPU_MEMORY_UTILIZATION,
+    GRPO_MAX_COMPLETION_LENGTH,
     KTO,
     ORPO,
     REWARD,
@@ -893,6 +894,12 @@ TEXT_ONLY_NOTE = ("Axolotl loads it whole (loaders/model.py: AutoModelForImageTe
                   "text collators (core/builders/causal.py: MultiModalChatDataCollator only with "
                   "processor_type): a text-only step of the vision-language model, no images in its rows")
 
+RL_TEXT_ONLY_NOTE = ("TRL's trainer calls its forward on input_ids and attention_mask alone (no image column "
+                     "in the rows: TRL 1.8 dpo_trainer.py _is_vision_dataset, grpo_trainer.py "
+                     "_get_per_token_logps_and_entropies: pixel_values only where given): the language "
+                     "model and its head, the vision tower's weights loaded and never run; completions "
+                     "generated over the text")
+
 
 def _vlm_class(cfg: Config) -> bool:
     """``model_type`` naming a vision-language class of transformers (Llama4ForConditionalGeneration):
@@ -939,7 +946,14 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
             if not unset(cfg.get(key)):
                 cfg.notes.append(f"{key}: read by Axolotl's multimodal processing only: no effect here")
         cfg.notes.append(f"base_model: a vision-language model without processor_type: {TEXT_ONLY_NOTE}")
+        if not unset(cfg.data.get("rl")):
+            cfg.notes.append(f"rl: {cfg.data['rl']} over the vision-language model: {RL_TEXT_ONLY_NOTE}")
         return {"task": "image-text-to-text", "images_per_sample": 0}
+    if not unset(cfg.data.get("rl")):
+        raise cfg.unmodelled("processor_type", processor, f"rl {cfg.data['rl']} over rows with images (the "
+                             "vision tower run on the images of each chosen, rejected or generated row): "
+                             "autotune models a preference or RL trainer of a vision-language model on rows "
+                             "of text alone (no processor_type)")
     if cfg.flag("sample_packing"):
         raise InvalidInput(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
                            "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
@@ -1477,6 +1491,15 @@ _EBFT_REFUSED = {
     "use_whitening": (lambda v: v is True, "SVD whitening (whiten_embeddings_batched: a float32 "
                       "[features, features] matrix per prompt)"),
 }
+# Not a data-loading thread: core/trainers/grpo/async_trainer.py AsyncGRPOTrainer (EBFT's
+# AxolotlAsyncEBFTTrainer over it, ebft/__init__.py get_trainer_class) runs ``produce`` in a
+# ThreadPoolExecutor, "vLLM generation + reward computation" (_prepare_inputs_data_producer's
+# docstring), on the GPU beside the training step, then a deferred scoring forward of the policy's
+# log-probs and ``prefetch_depth`` rollouts queued ahead.
+ASYNC_GRPO = ("Axolotl's asynchronous GRPO (AxolotlAsyncGRPOTrainer / AxolotlAsyncEBFTTrainer, "
+              "grpo/async_trainer.py): a background thread generates and computes the rewards (EBFT's "
+              "feature-network forward) on the GPU while the training step runs, then a deferred forward "
+              "scores the policy's log-probs; not a data-loading thread, and not modelled")
 # rl: grpo's trl: keys (utils/schemas/trl.py TRLConfig; core/trainers/grpo/__init__.py
 # set_training_args_kwargs passes them to TRL's GRPOConfig) read as the request's, those refused.
 _GRPO_TRL_READ = ("beta", "max_completion_length", "num_generations", "use_vllm", "vllm_mode",
@@ -1485,12 +1508,11 @@ _GRPO_TRL_REFUSED = {
     "num_iterations": (lambda v: v not in (None, 1), "several iterations per generation"),
     "use_liger_loss": (lambda v: v is True, "Liger's fused GRPO loss"),
     "vllm_enable_sleep_mode": (lambda v: v is True, "vLLM's sleep mode"),
-    "use_data_producer": (lambda v: v is True, "Axolotl's asynchronous GRPO (AxolotlAsyncGRPOTrainer)"),
-    "async_prefetch": (lambda v: v is True, "Axolotl's asynchronous GRPO (AxolotlAsyncGRPOTrainer)"),
+    "use_data_producer": (lambda v: v is True, ASYNC_GRPO),
+    "async_prefetch": (lambda v: v is True, ASYNC_GRPO),
     "sync_ref_model": (lambda v: v is True, "a reference synchronized with the policy"),
     "vllm_importance_sampling_correction": (lambda v: v is False, "vLLM's completions without the old "
                                             "log-probs (TRL's default true is modelled)"),
-    "generation_kwargs": (lambda v: bool(v), "generation settings other than GRPOConfig's"),
 }
 # Keys of the rl trainers (utils/schemas/config.py), and those with no effect on memory.
 _RL_KEYS = words("rl_beta dpo_use_weighting dpo_label_smoothing precompute_ref_log_probs "
@@ -1589,7 +1611,8 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
     vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9, when
-    ``trl.vllm_mode`` says colocate; unset, GRPOConfig's colocate at its own 0.3);
+    ``trl.vllm_mode`` says colocate; unset, Axolotl's schema makes it server: validation.py
+    check_vllm_mode_set);
     ``sequence_len`` is the row, ``micro_batch_size`` the completions of a step. ``rl: gdpo`` is the
     same trainer (core/builders/rl.py: ``cfg.rl in {RLType.GRPO, RLType.GDPO}`` picks GRPOStrategy's
     class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
@@ -1605,14 +1628,15 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
         fields["beta"] = beta
     if trl.get("use_vllm"):
         fields["use_vllm"] = True
-        fields["vllm_mode"] = trl.get("vllm_mode") or "colocate"
-        if trl.get("vllm_mode") is None:  # Axolotl passes neither mode nor share: GRPOConfig's defaults
-            cfg.notes.append("trl.vllm_mode: not set: Axolotl passes no vllm_mode, nor "
-                             "vllm.gpu_memory_utilization (core/trainers/grpo/__init__.py "
-                             "set_training_args_kwargs: only under an explicit colocate), so TRL's "
-                             "GRPOConfig defaults hold: vLLM colocated with "
-                             f"vllm_gpu_memory_utilization {GRPO_VLLM_GPU_MEMORY_UTILIZATION:g}")
-        elif fields["vllm_mode"] == "colocate":
+        # unset: Axolotl's schema sets it to server before any trainer reads it (utils/schemas/
+        # validation.py GRPOVllmValidationMixin.check_vllm_mode_set), not GRPOConfig's colocate
+        fields["vllm_mode"] = trl.get("vllm_mode") or "server"
+        if trl.get("vllm_mode") is None:
+            cfg.notes.append("trl.vllm_mode: not set: Axolotl sets it to server (utils/schemas/validation.py "
+                             "check_vllm_mode_set: \"using default value `server`\"), not GRPOConfig's "
+                             "colocate: the vLLM engine on other GPUs (axolotl vllm-serve), nothing of it "
+                             "on this one")
+        if fields["vllm_mode"] == "colocate":
             vllm = cfg.get("vllm") or {}
             share = vllm.get("gpu_memory_utilization") if isinstance(vllm, dict) else None
             fields["vllm_gpu_memory_utilization"] = 0.9 if share is None else share
@@ -1635,6 +1659,11 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     if name != GRPO and trl.get("multi_objective_aggregation") == "sum_then_normalize":
         raise InvalidInput(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
                            f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
+    given = sorted(key for key in ("generation_kwargs", "chat_template_kwargs") if trl.get(key))
+    if noted and given:  # (rl: ebft passes them: _axolotl_ebft)
+        cfg.notes.append(f"{', '.join(f'trl.{key}' for key in given)}: Axolotl's rl {name} does not pass "
+                         "it to GRPOConfig (core/trainers/grpo/__init__.py set_training_args_kwargs): no "
+                         "effect")
     if noted:  # (rl: ebft says its own)
         cfg.notes.append(f"rl: {name}: TRL's GRPOTrainer{gdpo}; micro_batch_size counts completions, "
                          "sequence_len is a row (prompt + trl.max_completion_length); generation: "
@@ -1667,6 +1696,10 @@ def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
         raise cfg.unmodelled("trl.beta" if isinstance(trl, dict) and trl.get("beta") else "rl_beta", beta,
                              "GRPO's reference model beside EBFT's feature network")
     fields = {**_axolotl_grpo(cfg, noted=False), "trainer": EBFT}
+    if isinstance(trl, dict):  # ebft/__init__.py set_training_args_kwargs passes both to GRPOConfig
+        completion = fields.get("max_completion_length", GRPO_MAX_COMPLETION_LENGTH)
+        read_generation_kwargs(cfg, "trl.generation_kwargs", trl.get("generation_kwargs"), completion)
+        read_chat_template_kwargs(cfg, "trl.chat_template_kwargs", trl.get("chat_template_kwargs"))
     cfg.read.add("ebft")
     network = ("the policy with its adapter disabled (disable_adapter)" if adapter is not None else
                "a frozen deepcopy of the policy")

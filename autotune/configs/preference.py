@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.reading import Config, note_set_keys, words
 from autotune.errors import InvalidInput
 from autotune.workload.trainers import (
     DPO,
     DPO_LOSS_TYPES,
     GRPO,
+    GRPO_MAX_COMPLETION_LENGTH,
     KTO,
     KTO_LOSS_TYPES,
     NOT_YET,
@@ -60,7 +62,6 @@ _GRPO_REFUSED = {
     "use_adaptive_entropy": (lambda v: v is True, "an entropy bonus (entropies kept with their graph)"),
     "cast_lm_head_to_fp32": (lambda v: v is True, "a float32 output head"),
     "vllm_tensor_parallel_size": (lambda v: v not in (None, 1), "a vLLM engine sharded over GPUs"),
-    "generation_kwargs": (lambda v: bool(v), "generation settings other than GRPOConfig's"),
 }
 _GRPO_NO_EFFECT = words(
     "reward_funcs reward_weights scale_rewards top_k top_p min_p temperature repetition_penalty "
@@ -72,7 +73,8 @@ _GRPO_NO_EFFECT = words(
     "vllm_max_model_length ds3_gather_for_generation shuffle_dataset")
 GRPO_KEYS = _GRPO_NO_EFFECT | frozenset(_GRPO_REFUSED) | words(
     "num_generations max_completion_length max_prompt_length beta use_vllm vllm_mode "
-    "vllm_gpu_memory_utilization steps_per_generation generation_batch_size disable_dropout")
+    "vllm_gpu_memory_utilization steps_per_generation generation_batch_size disable_dropout "
+    "generation_kwargs chat_template_kwargs")
 # Keys several preference trainers share, none of SFTConfig's.
 _SHARED = words("beta label_smoothing max_prompt_length max_completion_length disable_dropout padding_value "
                 "label_pad_token_id generate_during_eval is_encoder_decoder")
@@ -255,5 +257,8 @@ def read_grpo(cfg: Config) -> dict[str, Any]:
     if cfg.data.get("max_prompt_length") is not None:
         cfg.notes.append("max_prompt_length: GRPOConfig no longer has it (prompts are not truncated): read "
                          "as the longest prompt, a row is max_prompt_length + max_completion_length tokens")
+    completion = fields.get("max_completion_length", GRPO_MAX_COMPLETION_LENGTH)
+    read_generation_kwargs(cfg, "generation_kwargs", cfg.data.get("generation_kwargs"), completion)
+    read_chat_template_kwargs(cfg, "chat_template_kwargs", cfg.data.get("chat_template_kwargs"))
     note_set_keys(cfg, _GRPO_NO_EFFECT, "GRPO's")
     return fields

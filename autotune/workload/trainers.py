@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import InvalidInput
+from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
 
 SFT, DPO, ORPO, SIMPO, KTO, REWARD, GRPO = "sft", "dpo", "orpo", "simpo", "kto", "reward", "grpo"
 EBFT = "ebft"
@@ -399,11 +400,23 @@ def check_grpo_rows(trainer: Trainer, seq_len: int) -> None:
 
 def check_step(trainer: Trainer, task: str, *, loss: str, liger: tuple[str, ...], parallel: Any,
                images: Any) -> None:
-    """Refuse, naming the field, what a preference step is not modelled with."""
+    """Refuse, naming the field, what a preference step is not modelled with. A vision-language model
+    (task image-text-to-text) is taken with rows of text alone (``images`` of 0 per row): TRL's
+    trainers then call the ConditionalGeneration model's forward on ``input_ids`` and
+    ``attention_mask`` only (TRL 1.8 dpo_trainer.py: the text collator where the dataset has no image
+    column, ``_is_vision_dataset``; grpo_trainer.py ``_get_per_token_logps_and_entropies``: pixel_values
+    only where the batch has them), its language model and head; the vision tower's weights are
+    loaded and never run."""
     # TRL's RewardTrainer: a sequence classifier; LLaMA-Factory's: the causal LM with a value head
     needed = REWARD_TASK if trainer.name == REWARD and not trainer.value_head else "causal-lm"
-    if task != needed:
+    text_rows = needed == "causal-lm" and task == IMAGE_TEXT_TO_TEXT and not trainer.llamafactory
+    if task != needed and not text_rows:
         raise _field("task", f"trainer {trainer.name} trains a {needed} model, not {task}")
+    if text_rows and (images is None or images.per_sample):
+        raise _field("images_per_sample", f"trainer {trainer.name} over a vision-language model with images "
+                     "in its rows (the vision tower run on each row's images, the chosen and rejected or "
+                     "generated rows each with theirs) is not modelled: give {images_per_sample} 0, rows of "
+                     "text alone")
     if loss != "full" or liger:
         raise _field("loss" if loss != "full" else "liger",
                      f"trainer {trainer.name} with Liger's kernels (TRL's use_liger_kernel: its fused "
@@ -411,8 +424,6 @@ def check_step(trainer: Trainer, task: str, *, loss: str, liger: tuple[str, ...]
     if parallel is not None:
         raise _field("gpus", f"trainer {trainer.name} on more than one GPU is not modelled yet: the answer "
                      "would be one GPU's, without its reference model sharded")
-    if images is not None:
-        raise _field("task", f"trainer {trainer.name} over a vision-language model is not modelled yet")
 
 
 def _field(name: str, template: str) -> InvalidInput:
