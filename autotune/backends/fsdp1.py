@@ -106,6 +106,7 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
         where = {"process_group": mesh.get_group()}
     prefetch = None if parallel.backward_prefetch is None else BackwardPrefetch[parallel.backward_prefetch]
     wrap_policy = _auto_wrap_policy(model, layers)
+    _refuse_param_wrappers(trained)
     try:
         root = FSDP(
             trained, sharding_strategy=strategy, auto_wrap_policy=wrap_policy,
@@ -128,6 +129,24 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
     if precision != "fp32":  # prepare_model: `if self.mixed_precision != "no"`
         _upcast(root)
     return root
+
+
+def _refuse_param_wrappers(model: Any) -> None:
+    """PEFT's ParamWrapper (LoRA on a module's parameter, e.g. fused MoE experts' 3-D weights) under
+    FSDP1 is not modelled: its forward builds the delta weight from lora_A and lora_B
+    (peft/tuners/lora/layer.py ``ParamWrapper._activate_lora`` -> ``get_delta_weight``) inside its
+    parent's forward, outside the forward of the FSDP units PEFT's policy makes of them, while their
+    parameters are views of a resharded FlatParameter; the trace cannot stand for that step."""
+    wrappers = [name.removeprefix("model.base_model.model.") for name, module in model.named_modules()
+                if type(module).__name__ == "ParamWrapper"]
+    if wrappers:
+        raise InvalidInput(
+            f"LoRA on parameters (PEFT's ParamWrapper: {wrappers[0]}"
+            f"{f' and {len(wrappers) - 1} more' if len(wrappers) > 1 else ''}) under FSDP1 is not "
+            "modelled: its "
+            "delta weight is built from lora_A and lora_B outside their FSDP units' forward "
+            "(peft/tuners/lora/layer.py ParamWrapper.get_delta_weight); use fsdp_version 2, or leave "
+            "those parameters out of the LoRA targets")
 
 
 def _checkpoint(root: Any, wrap_policy: Any) -> None:

@@ -279,3 +279,22 @@ def test_fsdp1_lora_reduces_gradients_of_the_adapters_alone():
     phases, model = traced(fsdp1(ranks), adapter=LORA)
     grown = phases.live["backward done"][0] - phases.live["before steps"][0]
     assert grown == 4 * sum(adapter_shards(model, ranks))  # float32 sharded gradients, none for the base
+
+
+def test_lora_on_parameters_under_fsdp1_is_refused_by_name(tmp_path, capsys):
+    # Axolotl's lora_target_linear over a Mixtral puts PEFT's ParamWrapper on the router's and experts'
+    # parameters: under FSDP1 its delta weight is built outside its lora_A/lora_B units' forward, which
+    # the trace cannot stand for (it crashed): refused by name
+    from autotune.cli import main
+
+    config = ("base_model: mistralai/Mixtral-8x7B-v0.1\nload_in_4bit: true\nadapter: qlora\nlora_r: 8\n"
+              "lora_alpha: 16\nsequence_len: 64\nmicro_batch_size: 1\nlora_target_linear: true\nbf16: true\n"
+              "attn_implementation: flash_attention_2\n"
+              "fsdp:\n  - full_shard\n  - auto_wrap\nfsdp_config:\n"
+              "  fsdp_transformer_layer_cls_to_wrap: MixtralSparseMoeBlock\n")
+    file = tmp_path / "mixtral.yaml"
+    file.write_text(config)
+    args = ["check", "tiny-mixtral", "--from-config", str(file), "--gpu", "H100-80GB", "--gpus", "2",
+            "--workers", "1"]
+    assert main(args) == 2
+    assert "LoRA on parameters (PEFT's ParamWrapper: model.layers.0.mlp.gate and" in capsys.readouterr().err
