@@ -439,20 +439,10 @@ def _lf_oft(cfg: Config, method: str, to_save: tuple[str, ...]) -> Adapter:
     modules_to_save=additional_target), with finetuning_args.py OFTArguments' defaults: oft_rank 0,
     oft_block_size 32, module_dropout 0.0. Its target_modules are lora_target's (the same
     find_all_linear_modules for "all"): LLaMA-Factory parses oft_target and never reads it."""
-    defaults: dict[str, float] = {}
-
-    def value(key: str, default: float) -> Any:
-        found = cfg.get(key)
-        if found is None:
-            found = defaults[key] = default
-        return found
-
-    r, block_size = value("oft_rank", 0), value("oft_block_size", 32)
-    dropout = lora_number(cfg, "module_dropout", value("module_dropout", 0.0), dropout=True)
-    if defaults:
-        plural = "s" * (len(defaults) > 1)
-        cfg.notes.append(f"{', '.join(defaults)}: not set, LLaMA-Factory's default{plural} "
-                         f"{', '.join(f'{v:g}' for v in defaults.values())}")
+    defaults = _Defaults(cfg)
+    r, block_size = defaults.value("oft_rank", 0), defaults.value("oft_block_size", 32)
+    dropout = lora_number(cfg, "module_dropout", defaults.value("module_dropout", 0.0), dropout=True)
+    defaults.note()
     if cfg.flag("pissa_init"):
         raise InvalidInput(f"pissa_init with finetuning_type: oft in {cfg.file!r}: LLaMA-Factory passes "
                            "init_lora_weights to OFTConfig, which has no such field (model/adapter.py "
@@ -472,23 +462,32 @@ def _lf_oft(cfg: Config, method: str, to_save: tuple[str, ...]) -> Adapter:
 def _lf_lora_numbers(cfg: Config) -> dict[str, Any]:
     """r, alpha, dropout with finetuning_args.py LoraArguments' defaults: lora_rank 8, lora_alpha
     twice lora_rank (__post_init__), lora_dropout 0.0."""
-    defaults: dict[str, float] = {}
+    defaults = _Defaults(cfg)
+    r = lora_number(cfg, "lora_rank", defaults.value("lora_rank", 8), rank=True)
+    alpha = lora_number(cfg, "lora_alpha", defaults.value("lora_alpha", 2 * r))
+    dropout = lora_number(cfg, "lora_dropout", defaults.value("lora_dropout", 0.0), dropout=True)
+    defaults.note(" (lora_alpha: twice lora_rank)" if "lora_alpha" in defaults.taken else "")
+    return {"r": r, "alpha": alpha, "dropout": dropout}
 
-    def value(key: str, default: float) -> Any:
-        found = cfg.get(key)
+
+class _Defaults:
+    """The keys a config leaves unset, each taken at LLaMA-Factory's default, said in one note."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.taken: dict[str, float] = {}
+
+    def value(self, key: str, default: float) -> Any:
+        found = self.cfg.get(key)
         if found is None:
-            found = defaults[key] = default
+            found = self.taken[key] = default
         return found
 
-    r = lora_number(cfg, "lora_rank", value("lora_rank", 8), rank=True)
-    alpha = lora_number(cfg, "lora_alpha", value("lora_alpha", 2 * r))
-    dropout = lora_number(cfg, "lora_dropout", value("lora_dropout", 0.0), dropout=True)
-    if defaults:
-        plural = "s" * (len(defaults) > 1)
-        cfg.notes.append(f"{', '.join(defaults)}: not set, LLaMA-Factory's default{plural} "
-                         f"{', '.join(f'{v:g}' for v in defaults.values())}"
-                         + (" (lora_alpha: twice lora_rank)" if "lora_alpha" in defaults else ""))
-    return {"r": r, "alpha": alpha, "dropout": dropout}
+    def note(self, more: str = "") -> None:
+        if self.taken:
+            plural = "s" * (len(self.taken) > 1)
+            self.cfg.notes.append(f"{', '.join(self.taken)}: not set, LLaMA-Factory's default{plural} "
+                                  f"{', '.join(f'{v:g}' for v in self.taken.values())}{more}")
 
 
 def _names(cfg: Config, key: str, value: Any) -> list[str]:
