@@ -104,3 +104,20 @@ def test_axolotl_rl_gdpo_is_grpo_with_its_reward_aggregation(tmp_path):
     assert any("rl: gdpo" in note and "normalize_then_sum" in note for note in found.notes)
     with pytest.raises(InvalidInput, match="check_gdpo"):
         read(tmp_path, rl="gdpo", trl={**BASE["trl"], "multi_objective_aggregation": "sum_then_normalize"})
+
+
+def test_axolotl_ebft_without_max_completion_length_takes_trl_1_8_s_default(tmp_path):
+    # ebft/__init__.py passes trl.max_completion_length only where set: GRPOConfig's default in TRL
+    # 1.8.0 (Axolotl's pin), 256, not TRL main's 512.
+    found = read(tmp_path, rl="ebft", trl={"num_generations": 4, "use_vllm": False})
+    assert found.request.step.max_completion_length == 256
+    assert any(note.startswith("trl.max_completion_length: not set") and "TRL 1.8.0" in note
+               for note in found.notes)
+
+
+@pytest.mark.parametrize("rl", ["grpo", "gdpo"])
+def test_axolotl_grpo_without_max_completion_length_is_refused_by_name(tmp_path, rl):
+    # grpo/__init__.py passes trl.max_completion_length, None where unset, to GRPOConfig: the
+    # completions run to the generation's own limit, which autotune does not guess.
+    with pytest.raises(InvalidInput, match="trl.max_completion_length.*set_training_args_kwargs"):
+        read(tmp_path, rl=rl, trl={"num_generations": 4, "use_vllm": False})

@@ -66,8 +66,8 @@ from autotune.workload.trainers import (
     DPO_LOSS_TYPES,
     EBFT,
     EBFT_FEATURE_LAYERS,
+    EBFT_MAX_COMPLETION_LENGTH,
     GRPO,
-    GRPO_MAX_COMPLETION_LENGTH,
     KTO,
     ORPO,
     REWARD,
@@ -1623,6 +1623,14 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     for key in ("num_generations", "max_completion_length"):
         if trl.get(key) is not None:
             fields[key] = trl[key]
+    if noted and trl.get("max_completion_length") is None:  # (rl: ebft passes it only where set)
+        # grpo/__init__.py set_training_args_kwargs passes trl.max_completion_length, None where unset,
+        # to GRPOConfig (not its default): generate's max_new_tokens None (the checkpoint's
+        # generation_config max_length), vLLM's max_tokens None (up to max_model_len)
+        raise cfg.unmodelled("trl.max_completion_length", None,
+                             f"Axolotl's rl {name} passes None to GRPOConfig (core/trainers/grpo/__init__.py "
+                             "set_training_args_kwargs), so the completions' length is the generation's own "
+                             "limit, not GRPOConfig's default: set trl.max_completion_length")
     beta = trl.get("beta") if trl.get("beta") is not None else cfg.get("rl_beta")
     if beta is not None:
         fields["beta"] = beta
@@ -1696,8 +1704,13 @@ def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
         raise cfg.unmodelled("trl.beta" if isinstance(trl, dict) and trl.get("beta") else "rl_beta", beta,
                              "GRPO's reference model beside EBFT's feature network")
     fields = {**_axolotl_grpo(cfg, noted=False), "trainer": EBFT}
+    if "max_completion_length" not in fields:  # ebft/__init__.py passes it only where set
+        fields["max_completion_length"] = EBFT_MAX_COMPLETION_LENGTH
+        cfg.notes.append(f"trl.max_completion_length: not set: GRPOConfig's default in TRL 1.8.0, Axolotl's "
+                         f"pin, {EBFT_MAX_COMPLETION_LENGTH} tokens (ebft/__init__.py passes it only where "
+                         "set; TRL main's is 512)")
     if isinstance(trl, dict):  # ebft/__init__.py set_training_args_kwargs passes both to GRPOConfig
-        completion = fields.get("max_completion_length", GRPO_MAX_COMPLETION_LENGTH)
+        completion = fields["max_completion_length"]
         read_generation_kwargs(cfg, "trl.generation_kwargs", trl.get("generation_kwargs"), completion)
         read_chat_template_kwargs(cfg, "trl.chat_template_kwargs", trl.get("chat_template_kwargs"))
     cfg.read.add("ebft")

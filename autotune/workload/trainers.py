@@ -60,6 +60,9 @@ VLLM_MODES = ("colocate", "server")
 GRPO_NUM_GENERATIONS = 8
 GRPO_MAX_COMPLETION_LENGTH = 512  # tokens
 GRPO_VLLM_GPU_MEMORY_UTILIZATION = 0.3  # of the GPU's total memory
+# GRPOConfig's max_completion_length in TRL 1.8.0 (trl/trainer/grpo_config.py; 512 from TRL #6264),
+# the TRL Axolotl pins (pyproject.toml trl==1.8.0): its rl: ebft passes the key only where set.
+EBFT_MAX_COMPLETION_LENGTH = 256  # tokens
 # EBFT's feature network (axolotl core/trainers/ebft/args.py EBFTFieldsMixin ebft_feature_layers
 # default): the hidden states at these fractions of the depth, concatenated.
 EBFT_FEATURE_LAYERS = (0.25, 0.5, 0.75)
