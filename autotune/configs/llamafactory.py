@@ -452,7 +452,7 @@ def _lf_oft(cfg: Config, method: str, to_save: tuple[str, ...]) -> Adapter:
         cfg.notes.append(f"oft_target: {oft_target}: parsed by LLaMA-Factory but never read: its OFT targets "
                          "are lora_target's (model/adapter.py _setup_lora_tuning)")
     adapter = build_adapter(cfg, method, tuner="oft", r=r, block_size=block_size, dropout=dropout,
-                            targets=_lf_targets(cfg), modules_to_save=to_save)
+                            targets=_lf_targets(cfg, "OFT"), modules_to_save=to_save)
     if dropout:
         cfg.notes.append(f"module_dropout: {dropout:g}: PEFT builds OFT's multiplicative dropout and no "
                          "forward applies it (peft/tuners/oft/layer.py): no effect on memory")
@@ -499,17 +499,18 @@ def _names(cfg: Config, key: str, value: Any) -> list[str]:
     return value
 
 
-def _lf_targets(cfg: Config) -> tuple[str, ...] | None:
+def _lf_targets(cfg: Config, adapter: str = "LoRA") -> tuple[str, ...] | None:
     """lora_target: "all" (the default) is find_all_linear_modules: every module whose class is a
     Linear (Linear4bit too) but lm_head (model_utils/misc.py), PEFT's all-linear; else names PEFT
-    matches as the last parts of a module's name."""
+    matches as the last parts of a module's name. ``adapter`` names what is put there (OFT takes
+    lora_target's modules too)."""
     value = cfg.get("lora_target")
     if value is None:
         value = "all"  # finetuning_args.py LoraArguments.lora_target
         cfg.notes.append("lora_target: not set, LLaMA-Factory's default all")
     names = _names(cfg, "lora_target", value)
     if names == ["all"]:
-        cfg.notes.append("lora_target: all: LoRA on every linear layer but the output head "
+        cfg.notes.append(f"lora_target: all: {adapter} on every linear layer but the output head "
                          "(model_utils/misc.py find_all_linear_modules): PEFT's all-linear")
         return (ALL_LINEAR,)
     if not names:

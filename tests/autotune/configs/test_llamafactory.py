@@ -297,6 +297,7 @@ def test_an_oft_config_is_peft_s_oft_config_as_llamafactory_builds_it(tmp_path):
     assert plan.ignored == () and plan.mode == Mode("bf16", True)
     assert any(n.startswith("oft_target: all: parsed by LLaMA-Factory but never read") for n in plan.notes)
     assert any(n.startswith("finetuning_type: oft: OFT block size 32 (Cayley-Neumann") for n in plan.notes)
+    assert any(n.startswith("lora_target: all: OFT on every linear layer") for n in plan.notes)
     qoft = read(tmp_path, {**LLAMA3_OFT, "quantization_bit": 4, "quantization_method": "bnb",
                            "double_quantization": False})
     assert qoft.adapter == Adapter("qlora", r=0, alpha=32, dropout=0.0, targets=("all-linear",),
