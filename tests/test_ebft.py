@@ -121,3 +121,12 @@ def test_axolotl_grpo_without_max_completion_length_is_refused_by_name(tmp_path,
     # completions run to the generation's own limit, which autotune does not guess.
     with pytest.raises(InvalidInput, match="trl.max_completion_length.*set_training_args_kwargs"):
         read(tmp_path, rl=rl, trl={"num_generations": 4, "use_vllm": False})
+
+
+@pytest.mark.parametrize("rl", ["grpo", None])
+def test_an_ebft_section_outside_rl_ebft_is_read_as_no_effect(tmp_path, rl):
+    # Axolotl reads cfg.ebft in rl: ebft's strategy and its dataset strategy alone (core/builders/rl.py).
+    keys = {"ebft": {"feature_layers": [0.5]}} | ({"rl": rl} if rl else {"trl": None})
+    found = read(tmp_path, **keys)
+    assert found.request.step.trainer == rl
+    assert any(note.startswith("ebft: read by rl: ebft alone") for note in found.notes)

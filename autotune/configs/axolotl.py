@@ -1529,6 +1529,11 @@ def _axolotl_trainer(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     rl, reward = cfg.get("rl"), cfg.flag("reward_model")
     set_keys = sorted(key for key in _RL_KEYS if cfg.data.get(key) is not None)
     cfg.read.update(("rl", "reward_model", "num_labels", "center_rewards_coefficient", *_RL_KEYS))
+    if cfg.data.get("ebft") is not None and (unset(rl) or str(rl).strip().lower() != EBFT):
+        cfg.read.add("ebft")
+        cfg.notes.append(f"ebft: read by rl: ebft alone (core/builders/rl.py EBFTStrategy; its dataset "
+                         f"strategy's mask_thinking_ce, prompt_strategies/ebft): no effect under "
+                         f"{'supervised fine-tuning' if unset(rl) else f'rl: {rl}'}")
     if reward:
         if not unset(rl):
             raise InvalidInput(f"rl and reward_model in {cfg.file!r}: Axolotl trains one of them; give one")
