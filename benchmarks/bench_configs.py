@@ -92,6 +92,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16, "deepseek-ai/DeepSeek-V2.5": 236},
     "glm4_moe": {"zai-org/GLM-4.5-Air": 106},
     "glm4_moe_lite": {"zai-org/GLM-4.7-Flash": 30},
+    "glm4": {"zai-org/GLM-4-32B-0414": 32},  # the dense GLM-4-0414 (its Base shares the shapes)
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
     "gemma3": {"google/gemma-3-270m": 0.27, "google/gemma-3-1b-pt": 1},
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
@@ -177,6 +178,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"seed-oss-36b", "seed_oss"),
     (r"olmo-3-7b", "olmo3"),  # OLMo 3 7B (Instruct, Think, their SFT/DPO stages: one shape)
     (r"command-r7b", "cohere2"),
+    (r"glm-4-32b-(base-)?0414", "glm4"),
     (r"nemotron-mini-4b", "nemotron"),
     (r"lfm2-350m", "lfm2"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
@@ -211,7 +213,7 @@ PEEL_READERS: dict[str | None, str] = {
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
-    "llama4_maverick": "tiny-llama4",
+    "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

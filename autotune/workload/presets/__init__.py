@@ -24,7 +24,7 @@ One module per family, each checkpoint's source cited beside it:
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
     ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
-    glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
+    glm.py        Z.ai's GLM: GLM-4.5-Air, GLM-4.7-Flash (mixtures of experts), GLM-4-32B-0414
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
@@ -98,6 +98,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms2.VLMS2_PRESETS,
     **ssm_hybrids.JAMBA_PRESETS,
     **llama4.LLAMA4_PRESETS,
+    **glm.GLM_4_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
@@ -128,6 +129,8 @@ HUB_ALIASES: dict[str, str] = {
     "mistral-community/Mixtral-8x22B-v0.1": "mistralai/Mixtral-8x22B-v0.1",
     # CohereForAI became CohereLabs on the hub in 2025.
     "CohereLabs/c4ai-command-r7b-12-2024": "CohereForAI/c4ai-command-r7b-12-2024",
+    # THUDM became zai-org on the hub in 2025.
+    "THUDM/GLM-4-32B-0414": "zai-org/GLM-4-32B-0414",
 }
 
 
