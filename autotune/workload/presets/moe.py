@@ -234,7 +234,9 @@ GPT_OSS_DEEPSEEK_PRESETS: dict[str, dict[str, Any]] = {
     # n_limited_groups -> topk_group (group_limited_greedy routing), route_scale ->
     # routed_scaling_factor, the MLA ranks and head widths as they are. Queries are compressed here
     # (q_lora_rank 1536), unlike the Lite's. The rest (vocabulary, rope, norm, token ids) as the Lite's
-    # config.json above, one release; the rope keys' mscale changes no tensor.
+    # config.json above, one release; the rope keys' mscale changes no tensor. transformers'
+    # DeepseekV2ForCausalLM is what is built: with trust_remote_code the checkpoint's own
+    # modeling_deepseek.py (its auto_map) runs instead, experts as nn.Linear modules (not modelled here).
     "deepseek-ai/DeepSeek-V2.5": {
         **_DEEPSEEK_V2_LITE,
         "hidden_size": 5120,
