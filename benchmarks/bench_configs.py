@@ -70,7 +70,7 @@ MULTI_GPU_GPUS = 8
 # (as their names or model cards say): a config's model runs as the one of its family nearest in size.
 FAMILIES: dict[str, dict[str, float]] = {
     "llama": {"meta-llama/Llama-3.2-1B": 1, "meta-llama/Llama-3.2-3B": 3, "meta-llama/Llama-3.1-8B": 8,
-              "meta-llama/Meta-Llama-3-70B": 70},
+              "meta-llama/Meta-Llama-3-70B": 70, "meta-llama/Llama-3.1-405B": 405},
     "smollm2": {"HuggingFaceTB/SmolLM2-135M": 0.135, "HuggingFaceTB/SmolLM2-360M": 0.36,
                 "HuggingFaceTB/SmolLM2-1.7B": 1.7},
     "mistral": {"mistralai/Mistral-7B-v0.3": 7},
@@ -88,10 +88,11 @@ FAMILIES: dict[str, dict[str, float]] = {
     "mixtral": {"mistralai/Mixtral-8x7B-v0.1": 46.7, "mistralai/Mixtral-8x22B-v0.1": 141},
     "apertus": {"swiss-ai/Apertus-8B-Instruct-2509": 8},
     "seed_oss": {"ByteDance-Seed/Seed-OSS-36B-Instruct": 36},
-    "gpt_oss": {"openai/gpt-oss-20b": 21},
-    "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16},
+    "gpt_oss": {"openai/gpt-oss-20b": 21, "openai/gpt-oss-120b": 117},
+    "deepseek_v2": {"deepseek-ai/DeepSeek-V2-Lite": 16, "deepseek-ai/DeepSeek-V2.5": 236},
     "glm4_moe": {"zai-org/GLM-4.5-Air": 106},
     "glm4_moe_lite": {"zai-org/GLM-4.7-Flash": 30},
+    "glm4": {"zai-org/GLM-4-32B-0414": 32},  # the dense GLM-4-0414 (its Base shares the shapes)
     "gemma2": {"google/gemma-2-2b": 2, "google/gemma-2-9b": 9},
     "gemma3": {"google/gemma-3-270m": 0.27, "google/gemma-3-1b-pt": 1},
     "phi": {"microsoft/phi-1_5": 1.3, "microsoft/phi-2": 2.7},
@@ -143,8 +144,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"qwen3-(30b-a3b|235b-a22b)", "qwen3_moe"),
     (r"qwen3[.-]?5-(35b-a3b|122b-a10b|397b-a17b)", "qwen3_5_moe"),
     (r"qwen3-next-80b-a3b", "qwen3_next"),
-    (r"gpt-oss-(safeguard-)?20b", "gpt_oss"),
-    (r"deepseek-v2-lite", "deepseek_v2"),
+    (r"gpt-oss-(safeguard-)?(20|120)b", "gpt_oss"),
+    (r"deepseek-v2-lite|deepseek-v2\.5", "deepseek_v2"),
     (r"mixtral-8x(7|22)b", "mixtral"),
     (r"lfm2-8b-a1b", "lfm2_moe"),
     # Gemma 4 with a preset (the 26B-A4B, a mixture of experts, too); the 12B is gemma4_unified.
@@ -177,6 +178,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"seed-oss-36b", "seed_oss"),
     (r"olmo-3-7b", "olmo3"),  # OLMo 3 7B (Instruct, Think, their SFT/DPO stages: one shape)
     (r"command-r7b", "cohere2"),
+    (r"glm-4-32b-(base-)?0414", "glm4"),
     (r"nemotron-mini-4b", "nemotron"),
     (r"lfm2-350m", "lfm2"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
@@ -211,7 +213,7 @@ PEEL_READERS: dict[str | None, str] = {
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
-    "llama4_maverick": "tiny-llama4",
+    "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -220,7 +222,8 @@ KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
-               "glm-4.5-air": 106, "glm-4.7-flash": 30, "jamba-v0.1": 52, "jamba-1.5-large": 398}
+               "glm-4.5-air": 106, "glm-4.7-flash": 30, "jamba-v0.1": 52, "jamba-1.5-large": 398,
+               "deepseek-v2.5": 236}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

@@ -14,17 +14,17 @@ published totals. Resolution (a name to a config) is ``workload/models.py``.
 One module per family, each checkpoint's source cited beside it:
 
     encoders.py   the BERT-era encoders and ModernBERT
-    llama.py      Llama 3, Apertus, SmolLM2
+    llama.py      Llama 3 (to 3.1 405B), Apertus, SmolLM2
     qwen.py       Qwen2.5, Qwen3 (dense)
     gemma.py      Gemma 2, Gemma 3's text-only checkpoints
     phi.py        Phi-3.5-mini, Phi-1.5, Phi-2
     decoders.py   GPT-2, Mistral 7B and Devstral, Seed-OSS
     qwen_hybrid.py Qwen3.5 (dense and MoE) and Qwen3-Next: Gated DeltaNet linear attention
-    moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
+    moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss (20b, 120b), DeepSeek-V2-Lite and V2.5
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
     ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
-    glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
+    glm.py        Z.ai's GLM: GLM-4.5-Air, GLM-4.7-Flash (mixtures of experts), GLM-4-32B-0414
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
@@ -98,6 +98,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms2.VLMS2_PRESETS,
     **ssm_hybrids.JAMBA_PRESETS,
     **llama4.LLAMA4_PRESETS,
+    **glm.GLM_4_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
@@ -123,10 +124,13 @@ HUB_ALIASES: dict[str, str] = {
     "openai-community/gpt2": "gpt2",
     "openai-community/gpt2-medium": "gpt2-medium",
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",  # its name until late 2024
+    "meta-llama/Meta-Llama-3.1-405B": "meta-llama/Llama-3.1-405B",  # likewise
     # The 8x22B base was first published (from Mistral's torrent) under mistral-community.
     "mistral-community/Mixtral-8x22B-v0.1": "mistralai/Mixtral-8x22B-v0.1",
     # CohereForAI became CohereLabs on the hub in 2025.
     "CohereLabs/c4ai-command-r7b-12-2024": "CohereForAI/c4ai-command-r7b-12-2024",
+    # THUDM became zai-org on the hub in 2025.
+    "THUDM/GLM-4-32B-0414": "zai-org/GLM-4-32B-0414",
 }
 
 

@@ -1,6 +1,6 @@
-"""Z.ai's GLM mixtures of experts: GLM-4.5-Air (glm4_moe) and GLM-4.7-Flash (glm4_moe_lite), the
+"""Z.ai's GLM: the mixtures of experts GLM-4.5-Air (glm4_moe) and GLM-4.7-Flash (glm4_moe_lite), the
 two whose Axolotl examples quantize the experts on load (examples/glm45, examples/glm47-flash:
-``quantize_moe_experts: true``).
+``quantize_moe_experts: true``), and the dense GLM-4-32B-0414 (glm4, examples/glm4, at the end).
 
 Their shapes are those of the checkpoints' Megatron definitions in THUDM's slime (mirrored in
 vllm-project/vime scripts/models/glm4.5-106B-A12B.sh and glm4.7-30B-A3B.sh), mapped to
@@ -100,5 +100,40 @@ GLM_PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "v_head_dim": 256,
         "vocab_size": 154880,
+    },
+}
+
+# GLM-4-32B-0414 (glm4, dense): its shapes in Ascend/MindSpeed-LLM's scripts for the checkpoint
+# (tests/0day/glm4-32b-0414/pretrain_glm4_32b_0414_8k_ptd.sh, whose weights
+# ckpt_convert_glm4_32b_0414_hf2mcore.sh converts from the hub's), mapped as slime's above:
+# --num-layers 61, --hidden-size 6144, --ffn-hidden-size 23040, --num-attention-heads 48,
+# --num-query-groups 2 (num_key_value_heads), --padded-vocab-size 151552, --rotary-percent 0.5,
+# --norm-epsilon 1e-05, --untie-embeddings-and-output-weights, no --rotary-base (Megatron's 10000).
+# Its attention has no bias: --disable-bias-linear without the --add-qkv-bias the 9B-0414's scripts
+# (and configs/checkpoint/model_cfg.json "glm4_9b") add. max_position_embeddings 32768: the
+# converter's glm4 entry (model_cfg.json "glm4": seq_length 32768, read from it). head_dim 128
+# (6144 / 48) and the token ids as Glm4Config's defaults (configuration_glm4.py); the weights in
+# bfloat16. transformers builds each layer's four norms (Glm4DecoderLayer: GLM's post-norms,
+# MindSpeed's --post-norm).
+GLM_4_PRESETS: dict[str, dict[str, Any]] = {
+    "zai-org/GLM-4-32B-0414": {
+        "model_type": "glm4",
+        "architectures": ["Glm4ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 6144,
+        "intermediate_size": 23040,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 48,
+        "num_hidden_layers": 61,
+        "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151552,
     },
 }

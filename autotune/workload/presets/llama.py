@@ -90,6 +90,22 @@ LLAMA_3_PRESETS: dict[str, dict[str, Any]] = {
         "rope_scaling": None,
         "tie_word_embeddings": False,
     },
+    # meta-llama/Llama-3.1-405B (Meta-Llama-3.1-405B until late 2024): its config.json's shapes in
+    # Lightning-AI/litgpt litgpt/config.py ("Llama-3.1-405B{}", citing the hub's config.json), mapped as
+    # the 70B's above (n_layer -> num_hidden_layers, n_embd -> hidden_size, n_head ->
+    # num_attention_heads, n_query_groups -> num_key_value_heads, padded_vocab_size -> vocab_size,
+    # block_size -> max_position_embeddings, rope_base -> rope_theta, rope_adjustments -> the llama3
+    # rope scaling); the rest as Llama 3.1 8B's (one release). Axolotl's qlora-fsdp-405b trains
+    # hugging-quants' bnb-nf4 copy of it (configs/axolotl.py reads that name as 4-bit).
+    "meta-llama/Llama-3.1-405B": {
+        **_LLAMA_3,
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "num_attention_heads": 128,
+        "num_hidden_layers": 126,
+        "rope_scaling": {"factor": 8.0, **_LLAMA_3_ROPE},
+        "tie_word_embeddings": False,
+    },
 }
 
 APERTUS_PRESETS: dict[str, dict[str, Any]] = {

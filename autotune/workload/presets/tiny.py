@@ -174,6 +174,11 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "architectures": ["Glm4MoeLiteForCausalLM"],
     },
+    # The dense GLM-4-0414 (glm.py GLM-4-32B-0414): half-rotary heads, four norms a layer, a fused
+    # gate_up_proj; no attention bias, as the 32B's. Glm4Config's pad token (151329) is past the vocab.
+    "glm4": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "attention_bias": False,
+             "partial_rotary_factor": 0.5, "pad_token_id": 0, "eos_token_id": 2,
+             "architectures": ["Glm4ForCausalLM"]},
     "gemma2": {
         **_TINY_BERT,
         "num_key_value_heads": 1,

@@ -104,6 +104,8 @@ LIMITS = {
     "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
     "meta-llama/Llama-4-Scout-17B-16E": 262144, "meta-llama/Llama-4-Maverick-17B-128E": 1048576,
     "tiny-llama4": 1024,
+    "meta-llama/Llama-3.1-405B": 131072, "openai/gpt-oss-120b": 131072, "deepseek-ai/DeepSeek-V2.5": 163840,
+    "zai-org/GLM-4-32B-0414": 32768,
 }
 
 

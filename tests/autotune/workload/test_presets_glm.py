@@ -82,3 +82,30 @@ def test_glm_presets_resolve_without_their_org(typed: str, preset: str) -> None:
 def test_tiny_glm_configs_build_small_mixtures(model_type: str) -> None:
     model = fake_causal_lm(f"tiny-{model_type}")
     assert len(model.model.layers) == 2 and model.model.layers[1].mlp.experts.gate_up_proj.ndim == 3
+
+
+def test_glm_4_32b_0414_counts_the_32_billion_of_its_release() -> None:
+    # THUDM/GLM-4 README (the 0414 release): "GLM-4-32B-0414 series models, featuring 32 billion
+    # parameters" (32.57B, truncated).
+    count = sum(p.numel() for p in fake_causal_lm("zai-org/GLM-4-32B-0414").parameters())
+    assert count == 32_566_081_536
+    assert math.floor(count / 1e9) == 32
+
+
+def test_glm_4_32b_0414_has_unbiased_grouped_queries_on_half_rotary_heads_and_four_norms() -> None:
+    model = fake_causal_lm("zai-org/GLM-4-32B-0414")
+    assert type(model).__name__ == "Glm4ForCausalLM"
+    layer = model.model.layers[0]
+    attention = layer.self_attn
+    assert tuple(attention.q_proj.weight.shape) == (48 * 128, 6144) and attention.q_proj.bias is None
+    assert tuple(attention.k_proj.weight.shape) == (2 * 128, 6144)
+    assert tuple(layer.mlp.gate_up_proj.weight.shape) == (2 * 23040, 6144)  # gate and up fused
+    assert {name for name, _ in layer.named_children()} >= {"post_self_attn_layernorm", "post_mlp_layernorm"}
+    spec = resolve_model("zai-org/GLM-4-32B-0414")
+    assert spec.config.rope_parameters["partial_rotary_factor"] == 0.5 and spec.config.dtype == torch.bfloat16
+    assert infer_task(spec.config)[0] == "causal-lm" and spec.max_seq_len == 32768
+
+
+def test_glm_4_32b_0414_resolves_under_its_thudm_name() -> None:
+    assert preset_name("THUDM/GLM-4-32B-0414") == "zai-org/GLM-4-32B-0414"
+    assert preset_name("glm-4-32b-0414") == "zai-org/GLM-4-32B-0414"

@@ -54,6 +54,9 @@ DECODERS = [
     "nvidia/Nemotron-Mini-4B-Instruct",
     "LiquidAI/LFM2-350M",
     "LiquidAI/LFM2-8B-A1B",
+    "meta-llama/Llama-3.1-405B",
+    "openai/gpt-oss-120b",
+    "deepseek-ai/DeepSeek-V2.5",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]
@@ -154,6 +157,10 @@ def fake_masked_lm(name: str) -> torch.nn.Module:
         ("ByteDance-Seed/Seed-OSS-36B-Instruct", 36_151_104_512),
         # LFM2 model card's table: LFM2-350M, 354,483,968 parameters (exact).
         ("LiquidAI/LFM2-350M", 354_483_968),
+        # Meta-Llama-3.1-405B: 405,853,388,800 on the hub's safetensors summary (the card's "405B").
+        ("meta-llama/Llama-3.1-405B", 405_853_388_800),
+        # gpt-oss model card: gpt-oss-120b, 116.83B in total (5.13B active); the README's "117B".
+        ("openai/gpt-oss-120b", 116_829_156_672),
     ],
 )
 def test_decoder_parameter_counts_match_the_published_totals(name: str, params: int) -> None:
@@ -218,6 +225,10 @@ def published(count: int, figure: str) -> bool:
         ("CohereForAI/c4ai-command-r7b-12-2024", "8.03B", "6.98B"),
         ("nvidia/Nemotron-Mini-4B-Instruct", "4.19B", None),
         ("LiquidAI/LFM2-8B-A1B", "8.3B", None),
+        ("meta-llama/Llama-3.1-405B", "405B", None),
+        ("openai/gpt-oss-120b", "117B", None),
+        # DeepSeek-V2.5 model card and DeepSeek-V2 paper (the same 236B shapes): 236B in total, 21B active.
+        ("deepseek-ai/DeepSeek-V2.5", "236B", None),
     ],
 )
 def test_model_cards_figures_are_the_counts_at_their_precision(
@@ -396,6 +407,14 @@ def test_modernbert_is_an_encoder_preset_without_architectures(name: str) -> Non
                                 "conv_L_cache": 3, "tie_word_embeddings": True}),
         ("LiquidAI/LFM2-8B-A1B", {"num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 1792,
                                   "num_dense_layers": 2, "use_expert_bias": True}),
+        ("meta-llama/Llama-3.1-405B", {"num_key_value_heads": 8, "num_hidden_layers": 126,
+                                       "intermediate_size": 53248, "tie_word_embeddings": False}),
+        ("openai/gpt-oss-120b", {"num_local_experts": 128, "num_experts_per_tok": 4, "num_hidden_layers": 36,
+                                 "sliding_window": 128, "head_dim": 64, "vocab_size": 201088}),
+        # DeepSeek-V2's 236B: queries compressed (1536), 160 routed experts in 8 groups, 3 groups a token.
+        ("deepseek-ai/DeepSeek-V2.5", {"q_lora_rank": 1536, "kv_lora_rank": 512, "n_routed_experts": 160,
+                                       "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 8,
+                                       "topk_group": 3, "topk_method": "group_limited_greedy"}),
     ],
 )
 def test_presets_keep_the_keys_that_shape_memory(name: str, fields: dict[str, Any]) -> None:
@@ -423,6 +442,22 @@ def test_gpt_oss_alternates_a_128_token_window_with_full_attention() -> None:
     assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 32.0
 
 
+def test_gpt_oss_120b_alternates_its_window_over_36_layers_of_128_experts() -> None:
+    model = fake_causal_lm("openai/gpt-oss-120b")
+    assert model.config.layer_types == ["sliding_attention", "full_attention"] * 18
+    assert tuple(model.model.layers[0].mlp.experts.gate_up_proj.shape) == (128, 2880, 2 * 2880)
+
+
+def test_deepseek_v2_5_compresses_queries_and_routes_in_groups() -> None:
+    model = fake_causal_lm("deepseek-ai/DeepSeek-V2.5")
+    attention = model.model.layers[0].self_attn
+    assert attention.q_a_proj.out_features == 1536 and attention.q_proj is None
+    assert attention.q_b_proj.out_features == 128 * (128 + 64)  # heads x (qk_nope + qk_rope)
+    assert not hasattr(model.model.layers[0].mlp, "experts")  # first_k_dense_replace 1
+    gate = model.model.layers[1].mlp.gate
+    assert (gate.topk_method, gate.num_group, gate.topk_group) == ("group_limited_greedy", 8, 3)
+
+
 def test_deepseek_v2_lite_has_no_query_compression() -> None:
     attention = fake_causal_lm("deepseek-ai/DeepSeek-V2-Lite").model.layers[0].self_attn
     assert attention.q_proj is not None and attention.q_a_proj is None  # hidden -> heads directly
@@ -443,6 +478,7 @@ def test_deepseek_v2_lite_has_no_query_compression() -> None:
         ("microsoft/phi-1_5", {"rope_type": "default", "partial_rotary_factor": 0.5}),
         ("meta-llama/Meta-Llama-3-70B", {"rope_type": "default", "rope_theta": 500000.0}),
         ("swiss-ai/Apertus-8B-Instruct-2509", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 12000000}),
+        ("meta-llama/Llama-3.1-405B", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}),
     ],
 )
 def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict[str, Any]) -> None:
@@ -470,6 +506,9 @@ def test_rope_scaling_reaches_transformers_rope_parameters(name: str, rope: dict
         ("mistral-community/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x22B-v0.1"),
         ("Meta-Llama-3-70B", "meta-llama/Meta-Llama-3-70B"),
         ("apertus-8b-instruct-2509", "swiss-ai/Apertus-8B-Instruct-2509"),
+        ("meta-llama/Meta-Llama-3.1-405B", "meta-llama/Llama-3.1-405B"),
+        ("gpt-oss-120b", "openai/gpt-oss-120b"),
+        ("DeepSeek-V2.5", "deepseek-ai/DeepSeek-V2.5"),
     ],
 )
 def test_llm_presets_resolve_without_their_org_and_under_old_names(typed: str, preset: str) -> None:

@@ -228,6 +228,8 @@ CAUSAL_LM_PRESETS = {
     "tiiuae/Falcon-H1-0.5B-Base", "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
     "zai-org/GLM-4.5-Air", "zai-org/GLM-4.7-Flash", "tiny-glm4_moe", "tiny-glm4_moe_lite",
     "ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-1.5-Large", "tiny-jamba",
+    "meta-llama/Llama-3.1-405B", "openai/gpt-oss-120b", "deepseek-ai/DeepSeek-V2.5",
+    "zai-org/GLM-4-32B-0414", "tiny-glm4",
 }
 
 
