@@ -98,7 +98,9 @@ FAMILIES: dict[str, dict[str, float]] = {
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
     # Falcon-H1 (Mamba-2 beside attention in each layer): the Base and Instruct share a config.
-    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-34B-Base": 34},
+    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-1.5B-Base": 1.5,
+                  "tiiuae/Falcon-H1-3B-Base": 3, "tiiuae/Falcon-H1-7B-Base": 7,
+                  "tiiuae/Falcon-H1-34B-Base": 34},
     # Jamba (Mamba-1 mixers, attention in one layer of eight, 16 experts in every other): by total.
     "jamba": {"ai21labs/Jamba-v0.1": 52, "ai21labs/AI21-Jamba-1.5-Large": 398},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
@@ -170,6 +172,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
+    # Falcon-H1-1.5B-Deep (66 layers of width 1280) is not the 1.5B's shape: no preset (falcon_h1.py).
+    (r"falcon-h1-1\.5b-deep", "falcon_h1_deep"),
     (r"falcon-h1-", "falcon_h1"),
     (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
@@ -206,7 +210,8 @@ PEEL_READERS: dict[str | None, str] = {
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5", "gpt_oss": "tiny-gpt_oss",
     "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
-    "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
+    "falcon_h1": "tiny-falcon_h1", "falcon_h1_deep": "tiny-falcon_h1", "ministral3": "tiny-mistral3",
+    "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",

@@ -22,7 +22,7 @@ One module per family, each checkpoint's source cited beside it:
     qwen_hybrid.py Qwen3.5 (dense and MoE) and Qwen3-Next: Gated DeltaNet linear attention
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2-Lite
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
-    falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
+    falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 1.5B, 3B, 7B, 34B
     ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
     glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
