@@ -24,6 +24,7 @@ One module per family, each checkpoint's source cited beside it:
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
     falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 1.5B, 3B, 7B, 34B
     ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
+    kimi_linear.py  Kimi Linear 48B-A3B (Kimi Delta Attention, MLA, experts): refused by the estimator
     glm.py        Z.ai's GLM mixtures of experts: GLM-4.5-Air, GLM-4.7-Flash
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
@@ -48,6 +49,7 @@ from autotune.workload.presets import (
     gemma,
     gemma4,
     glm,
+    kimi_linear,
     llama,
     llama4,
     mistral3,
@@ -98,6 +100,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms2.VLMS2_PRESETS,
     **ssm_hybrids.JAMBA_PRESETS,
     **llama4.LLAMA4_PRESETS,
+    **kimi_linear.KIMI_LINEAR_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
