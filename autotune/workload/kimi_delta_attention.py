@@ -37,9 +37,9 @@ def check_kernels(model_type: str | None) -> None:
     emulated."""
     if model_type in MODEL_TYPES:
         raise InvalidInput(
-            f"model_type {model_type}: its Kimi Delta Attention layers run flash-linear-attention's "
-            "chunk_kda and fused_kda_gate Triton kernels on a GPU (Axolotl's model_support/kimi_linear "
-            "modeling_kimi.py requires fla 0.4.0; transformers' kimi_linear calls fla's chunk_kda where "
-            "fla imports), which autotune does not emulate yet; transformers' torch fallback "
+            f"model_type {model_type}: its Kimi Delta Attention layers run the Triton kernels chunk_kda "
+            "and fused_kda_gate of flash-linear-attention (fla) on a GPU (Axolotl model_support/kimi_linear/"
+            "modeling_kimi.py requires fla 0.4.0; transformers kimi_linear calls fla chunk_kda where fla "
+            "imports), which autotune does not emulate yet; the torch fallback of transformers "
             "(chunk_kimi_delta_attention) keeps a float32 per-channel decay mask the kernels never make, "
             "so it cannot stand in for them")
