@@ -152,7 +152,8 @@ FALCON_H1_PRESETS: dict[str, dict[str, Any]] = {
     },
     # The same suite's FALCON_H1_7B_HF (find_string id 65865534003): MLP 12288, vocabulary 130048
     # untied; an mlx sizing test's copy of Falcon-H1-7B-Instruct-4bit's config.json (id 70958236989)
-    # agrees on every key it keeps (depth, heads, widths, Mamba groups, heads, state, context).
+    # agrees on every key it keeps (depth, heads, widths, Mamba groups, heads, state, context), a
+    # dataset generator's test config (id 53924320954) on MLP 12288 and vocabulary 130048 too.
     "tiiuae/Falcon-H1-7B-Base": {
         **_FALCON_H1_FIXTURE,
         "head_dim": 128,
