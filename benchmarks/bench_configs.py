@@ -99,9 +99,13 @@ FAMILIES: dict[str, dict[str, float]] = {
     "phi3": {"microsoft/Phi-3.5-mini-instruct": 3.8},
     "gpt2": {"gpt2": 0.124, "gpt2-medium": 0.355},
     # Falcon-H1 (Mamba-2 beside attention in each layer): the Base and Instruct share a config.
-    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-34B-Base": 34},
+    "falcon_h1": {"tiiuae/Falcon-H1-0.5B-Base": 0.5, "tiiuae/Falcon-H1-1.5B-Base": 1.5,
+                  "tiiuae/Falcon-H1-3B-Base": 3, "tiiuae/Falcon-H1-7B-Base": 7,
+                  "tiiuae/Falcon-H1-34B-Base": 34},
     # Jamba (Mamba-1 mixers, attention in one layer of eight, 16 experts in every other): by total.
     "jamba": {"ai21labs/Jamba-v0.1": 52, "ai21labs/AI21-Jamba-1.5-Large": 398},
+    # Kimi Linear (Kimi Delta Attention, MLA, 256 experts): by its total; the estimator refuses it.
+    "kimi_linear": {"moonshotai/Kimi-Linear-48B-A3B-Instruct": 48},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
     # its own, never another's stand-in.
     "qwen2_vl": {"Qwen/Qwen2-VL-7B-Instruct": 7},
@@ -154,6 +158,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"glm-4\.7-flash", "glm4_moe_lite"),
     (r"llama-4-scout-17b-16e", "llama4_scout"),
     (r"llama-4-maverick-17b-128e", "llama4_maverick"),
+    (r"kimi-linear-48b-a3b", "kimi_linear"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -171,6 +176,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
+    # Falcon-H1-1.5B-Deep (66 layers of width 1280) is not the 1.5B's shape: no preset (falcon_h1.py).
+    (r"falcon-h1-1\.5b-deep", "falcon_h1_deep"),
     (r"falcon-h1-", "falcon_h1"),
     (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
@@ -208,7 +215,8 @@ PEEL_READERS: dict[str | None, str] = {
     "gemma3_vl": "tiny-gemma3", "mixtral": "tiny-mixtral", "gemma4": "tiny-gemma4",
     "qwen3_5": "tiny-qwen3_5", "gpt_oss": "tiny-gpt_oss",
     "qwen3_5_moe": "tiny-qwen3_5_moe", "qwen3_next": "tiny-qwen3_next",
-    "falcon_h1": "tiny-falcon_h1", "ministral3": "tiny-mistral3", "mistral3": "tiny-mistral3",
+    "falcon_h1": "tiny-falcon_h1", "falcon_h1_deep": "tiny-falcon_h1", "ministral3": "tiny-mistral3",
+    "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
@@ -218,6 +226,7 @@ PEEL_READERS: dict[str | None, str] = {
 }
 POSITIONS = "exceeds max_position_embeddings"
 KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"  # workload/lora_kernels.py
+ATTENTION_NOT_PATCHED = "Axolotl's lora_qkv_kernel / lora_o_kernel fail on"  # lora_kernels.check_model
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
@@ -479,6 +488,8 @@ def reason(message: str) -> str:
         return message.split(":")[0]
     if message.startswith(KERNELS_NOT_EMULATED):
         return "Axolotl's fused LoRA kernels on a model type they are not emulated on"
+    if message.startswith(ATTENTION_NOT_PATCHED):
+        return "Axolotl's fused LoRA attention kernels on an attention patch_self_attn_lora cannot rewrite"
     if message.startswith("training config FILE mixes"):
         return re.sub(r" \([^)]*\)", "", message.split(":")[0]).replace("training config FILE ", "")
     verbs = "is not modelled|must be|lists|is empty|needs|names"
@@ -516,6 +527,8 @@ KERNELS_OFF = "".join(f"lora_{name}_kernel: false\n" for name in ("mlp", "qkv", 
 FIXES = {
     "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)": KERNELS_OFF,
     "Axolotl's fused LoRA kernels on a model type they are not emulated on": KERNELS_OFF,
+    # Set, one lora_*_kernel turns off Axolotl's auto-enabling of the others (check_auto_enable_lora_kernels).
+    "Axolotl's fused LoRA attention kernels on an attention patch_self_attn_lora cannot rewrite": KERNELS_OFF,
     "gradient_checkpointing without gradient_checkpointing_kwargs (use_reentrant=True)":
         "gradient_checkpointing_kwargs:\n  use_reentrant: false\n",
     "adapter without LoRA targets": "lora_target_linear: true\n",

@@ -71,6 +71,7 @@ from autotune.search import Cell, Probe
 from autotune.workload import Workload
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
+from autotune.workload.kimi_delta_attention import check_kernels as check_kda_kernels
 from autotune.workload.mamba_mixer import check_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.parallel import FSDP
@@ -529,6 +530,7 @@ class EstimateBackend:
             from torch._subclasses.fake_tensor import FakeTensorMode
 
             check_kernels(workload.model.config.model_type)  # Mamba-1's kernels are not emulated
+            check_kda_kernels(workload.model.config.model_type)  # nor fla's Kimi Delta Attention
 
             fake_mode = FakeTensorMode()
             with fake_mode:

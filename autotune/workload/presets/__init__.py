@@ -22,8 +22,9 @@ One module per family, each checkpoint's source cited beside it:
     qwen_hybrid.py Qwen3.5 (dense and MoE) and Qwen3-Next: Gated DeltaNet linear attention
     moe.py        the mixtures of experts: Qwen3-MoE, Mixtral, gpt-oss (20b, 120b), DeepSeek-V2-Lite and V2.5
     more_decoders.py  OLMo 3, Command R7B, Nemotron-Mini-4B, LFM2 (dense and MoE)
-    falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 34B
+    falcon_h1.py  Falcon-H1 (Mamba-2 and attention in parallel): 0.5B, 1.5B, 3B, 7B, 34B
     ssm_hybrids.py  Jamba (Mamba-1 mixers, attention, experts): v0.1, 1.5 Large
+    kimi_linear.py  Kimi Linear 48B-A3B (Kimi Delta Attention, MLA, experts): refused by the estimator
     glm.py        Z.ai's GLM: GLM-4.5-Air, GLM-4.7-Flash (mixtures of experts), GLM-4-32B-0414
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
@@ -48,6 +49,7 @@ from autotune.workload.presets import (
     gemma,
     gemma4,
     glm,
+    kimi_linear,
     llama,
     llama4,
     mistral3,
@@ -99,6 +101,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **ssm_hybrids.JAMBA_PRESETS,
     **llama4.LLAMA4_PRESETS,
     **glm.GLM_4_PRESETS,
+    **kimi_linear.KIMI_LINEAR_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

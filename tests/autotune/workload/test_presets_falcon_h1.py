@@ -14,10 +14,16 @@ from tests.autotune.workload.test_presets_llm import fake_causal_lm, parameter_c
 @pytest.mark.parametrize(
     ("name", "params", "figure"),
     [
-        # The checkpoints' names (tiiuae's collection: "0.5B", "34B"; the technical report,
-        # arXiv 2507.22448, sizes them so too): the counts at the names' precision.
+        # The checkpoints' names (tiiuae's collection: "0.5B", "1.5B", "3B", "7B", "34B"; the technical
+        # report, arXiv 2507.22448, sizes them so too): the counts at the names' precision.
         ("tiiuae/Falcon-H1-0.5B-Base", 521_411_104, "0.5B"),
         ("tiiuae/Falcon-H1-34B-Base", 33_642_516_224, "34B"),
+        ("tiiuae/Falcon-H1-1.5B-Base", 1_554_863_488, "1.5B"),
+        ("tiiuae/Falcon-H1-7B-Base", 7_585_648_736, "7B"),
+        ("tiiuae/Falcon-H1-3B-Base", 3_149_387_264, "3B"),
+        # A model list's ModelSpec("tiiuae/Falcon-H1-3B-Instruct", 3_149_400_000) (find_string id
+        # 71494238893): the checkpoint's count to five figures.
+        ("tiiuae/Falcon-H1-3B-Base", 3_149_387_264, "3.1494B"),
     ],
 )
 def test_falcon_h1_counts_are_the_published_sizes(name: str, params: int, figure: str) -> None:
@@ -34,6 +40,12 @@ def test_falcon_h1_counts_are_the_published_sizes(name: str, params: int, figure
                                         "mamba_n_groups": 1, "mamba_rms_norm": False, "vocab_size": 32784}),
         ("tiiuae/Falcon-H1-34B-Base", {"mamba_d_ssm": 4096, "mamba_n_heads": 32, "mamba_d_state": 256,
                                        "mamba_n_groups": 2, "mamba_rms_norm": True, "vocab_size": 261120}),
+        ("tiiuae/Falcon-H1-1.5B-Base", {"mamba_d_ssm": 3072, "mamba_n_heads": 48, "mamba_d_state": 256,
+                                        "mamba_n_groups": 1, "mamba_rms_norm": True, "vocab_size": 65537}),
+        ("tiiuae/Falcon-H1-3B-Base", {"mamba_d_ssm": 4096, "mamba_n_heads": 32, "mamba_d_state": 256,
+                                      "mamba_n_groups": 1, "mamba_rms_norm": True, "vocab_size": 65536}),
+        ("tiiuae/Falcon-H1-7B-Base", {"mamba_d_ssm": 3072, "mamba_n_heads": 24, "mamba_d_state": 256,
+                                      "mamba_n_groups": 1, "mamba_rms_norm": True, "vocab_size": 130048}),
     ],
 )
 def test_falcon_h1_presets_keep_the_mixer_s_shape(name: str, fields: dict[str, Any]) -> None:

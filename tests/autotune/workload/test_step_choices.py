@@ -226,6 +226,8 @@ CAUSAL_LM_PRESETS = {
     "LiquidAI/LFM2-8B-A1B", "Qwen/Qwen3.5-27B", "Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-Next-80B-A3B-Instruct",
     "tiny-qwen3_5_text", "tiny-qwen3_5_moe_text", "tiny-qwen3_next", "tiny-qwen3_moe",
     "tiiuae/Falcon-H1-0.5B-Base", "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
+    "tiiuae/Falcon-H1-1.5B-Base", "tiiuae/Falcon-H1-3B-Base", "tiiuae/Falcon-H1-7B-Base",
+    "moonshotai/Kimi-Linear-48B-A3B-Instruct",
     "zai-org/GLM-4.5-Air", "zai-org/GLM-4.7-Flash", "tiny-glm4_moe", "tiny-glm4_moe_lite",
     "ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-1.5-Large", "tiny-jamba",
     "meta-llama/Llama-3.1-405B", "openai/gpt-oss-120b", "deepseek-ai/DeepSeek-V2.5",
