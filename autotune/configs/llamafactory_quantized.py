@@ -8,6 +8,7 @@ import re
 
 from autotune.configs.reading import QUANT, Config, unset
 from autotune.errors import InvalidInput
+from autotune.workload.parallel import DDP
 from autotune.workload.prequantized import CHECKPOINTS, KERNELS, REFUSED, SavedQuant, saved_checkpoint
 
 # A checkpoint saved quantized, as its name says.
@@ -34,11 +35,14 @@ def read_lf_saved_quant(cfg: Config, model: str | None, *, full: bool) -> SavedQ
         raise InvalidInput(f"finetuning_type: full over {model} in {cfg.file!r}: LLaMA-Factory trains a "
                            "quantized model with LoRA or OFT only (\"Quantized models can only be used for "
                            "the LoRA or OFT tuning\", model/adapter.py init_adapter)")
-    for key in ("deepspeed", "fsdp"):
-        if not unset(cfg.data.get(key)):
-            raise cfg.unmodelled(key, cfg.data[key], f"{key} over {model}, {why}: LLaMA-Factory refuses "
-                                 "ZeRO-3 and FSDP there (\"DeepSpeed ZeRO-3 or FSDP is incompatible with "
-                                 "PTQ-quantized models\"); the other ZeRO stages over it are not modelled")
+    sharded = [(key, cfg.data[key]) for key in ("deepspeed", "fsdp") if not unset(cfg.data.get(key))]
+    if cfg.launch.get("parallel") not in (None, DDP):  # FSDP or ZeRO from an accelerate config given beside
+        sharded.append(("parallel", cfg.launch["parallel"]))
+    if sharded:
+        key, value = sharded[0]
+        raise cfg.unmodelled(key, value, f"{key} over {model}, {why}: LLaMA-Factory refuses ZeRO-3 and "
+                             "FSDP there (\"DeepSpeed ZeRO-3 or FSDP is incompatible with PTQ-quantized "
+                             "models\"); the other ZeRO stages over it are not modelled")
     if not unset(cfg.get("quantization_bit")):
         cfg.notes.append(f"quantization_bit: {cfg.get('quantization_bit')}: no effect on {model}, saved "
                          "quantized (configure_quantization: \"quantization_bit will not affect on the "

@@ -188,6 +188,8 @@ def test_llamafactory_s_own_refusals_over_a_checkpoint_saved_quantized(tmp_path)
         read(tmp_path, {**gptq, "finetuning_type": "full"})
     with pytest.raises(UnmodelledSetting, match="^deepspeed: .*incompatible with PTQ-quantized"):
         read(tmp_path, {**gptq, "deepspeed": "examples/deepspeed/ds_z3_config.json"})
+    with pytest.raises(UnmodelledSetting, match="^fsdp: .*incompatible with PTQ-quantized"):
+        read(tmp_path, {**gptq, "fsdp": "full_shard"})
     plan = read(tmp_path, {**gptq, "quantization_bit": 4})  # configure_quantization ignores it, warning
     assert plan.adapter is not None and plan.adapter.method == "lora"
     assert any(n.startswith("quantization_bit: 4: no effect on") for n in plan.notes)

@@ -33,7 +33,8 @@ def _layer(quant: SavedQuant, dtype: torch.dtype = torch.bfloat16) -> torch.nn.M
 
 
 def _bytes(layer: torch.nn.Module) -> dict[str, int]:
-    return {name: b.numel() * b.element_size() for name, b in layer.named_buffers() if not name.startswith("wf_")}
+    return {name: b.numel() * b.element_size() for name, b in layer.named_buffers()
+            if not name.startswith("wf_")}  # TorchLinear's shift amounts: bytes
 
 
 def test_a_gptq_layer_holds_gptqmodel_s_packed_buffers():
