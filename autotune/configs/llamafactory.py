@@ -10,12 +10,12 @@ model/adapter.py ``init_adapter`` (what trains, cast to float32). Paths below ar
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autotune.configs.llamafactory_preference import PREFERENCE_STAGES, REFUSED_STAGES, read_lf_preference
+from autotune.configs.llamafactory_quantized import read_lf_saved_quant
 from autotune.configs.llamafactory_vision import read_lf_multimodal
 from autotune.configs.lora import build_adapter, lora_number, note_adapter, target_names
 from autotune.configs.reading import (
@@ -104,9 +104,6 @@ _LF_REFUSED = {
 # supervised steps, the model's causal-LM loss (train/sft, train/pt); and the preference stages
 # (configs/llamafactory_preference.py)
 _STAGES = ("sft", "pt", *PREFERENCE_STAGES)
-# A checkpoint saved quantized: configure_quantization loads it as its config's quantization_config
-# says (FP8 and MXFP4 are dequantized to 16 bits there, and are read as a 16-bit checkpoint).
-_SAVED_QUANTIZED = re.compile(r"(?<![a-z0-9])(gptq|awq|aqlm|exl2|bnb-4bit|bnb-8bit)(?![a-z])")
 # Keys read on some paths only (a new adapter's, a 4-bit base's): set where this config does not use
 # them (lora_rank beside adapter_name_or_path), they are listed as ignored, never refused as unknown.
 _LF_SOMETIMES_READ = words(
@@ -152,17 +149,18 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
     read_trainer_sharding(cfg)
     stage = _lf_stage(cfg)
     model = cfg.text("model_name_or_path")
-    if model is not None and (found := _SAVED_QUANTIZED.search(model.lower())):
-        raise cfg.unmodelled("model_name_or_path", model, f"a checkpoint saved quantized ({found.group(1)}, "
-                             "as its name says), which LLaMA-Factory loads as its quantization_config says "
-                             f"(model_utils/quantization.py configure_quantization): {QUANT}")
     method = _lf_finetuning_type(cfg)
     full = method == "full"
-    bits = _lf_quantization(cfg, full)
-    multimodal, exclude = read_lf_multimodal(cfg, model, full=full, quantized=bits is not None)
+    saved = read_lf_saved_quant(cfg, model, full=full)
+    bits = None if saved else _lf_quantization(cfg, full)
+    multimodal, exclude = read_lf_multimodal(cfg, model, full=full, quantized=bits is not None or bool(saved))
     mode, dtype, compute = _lf_precision(cfg, method)
+    if saved is not None and saved.method == "awq":
+        dtype = "float16"  # quantizer_awq.py update_dtype (read_lf_saved_quant's note)
     attn = _lf_attention(cfg)
     adapter = None if full else _lf_adapter(cfg, bits, compute, oft=method == "oft")
+    if adapter is not None and saved is not None:
+        adapter = replace(adapter, saved_quant=saved)
     if adapter is not None and exclude and (unset(cfg.data.get("adapter_name_or_path"))
                                             or cfg.data.get("create_new_adapter") is True):
         adapter = replace(adapter, exclude=exclude)  # a new adapter's targets (a saved one's are its own)

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import InvalidInput
 from autotune.workload.lora_kernels import describe, parse_kernels
+from autotune.workload.prequantized import SavedQuant, check_saved_quant
 
 if TYPE_CHECKING:
     import torch
@@ -166,6 +167,9 @@ class Adapter:
     # module_dropout, and ``alpha`` unused (workload/oft.py).
     tuner: str = "lora"
     block_size: int = 0
+    # A base saved quantized with GPTQ or AWQ (workload/prequantized.py): its linear layers are
+    # gptqmodel's, built from the checkpoint's quantization_config, under a "lora" method.
+    saved_quant: SavedQuant | None = None
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -195,6 +199,8 @@ class Adapter:
             name = f"LoRA over an LLM.int8 base (bitsandbytes Linear8bitLt, {recipe} recipe)"
         if self.quantize_experts:
             name = f"{name[:-1]}, experts quantized on load)"
+        if self.saved_quant is not None:
+            name = f"LoRA over a base saved quantized ({self.saved_quant.label()})"
         targets = ",".join(self.targets) if self.targets else "PEFT's default modules"
         if self.target_pattern is not None:
             targets = f"the modules matching {self.target_pattern}"
@@ -230,6 +236,7 @@ class Adapter:
             **({"exclude": list(self.exclude)} if self.exclude else {}),
             **({"experts_undropped": True} if self.experts_undropped else {}),
             **({"tuner": self.tuner, "block_size": self.block_size} if self.tuner != "lora" else {}),
+            **({"saved_quant": self.saved_quant.to_json()} if self.saved_quant is not None else {}),
         }
 
     @classmethod
@@ -247,6 +254,7 @@ class Adapter:
             quantize_experts=bool(data.get("quantize_experts", False)), exclude=data.get("exclude") or (),
             experts_undropped=bool(data.get("experts_undropped", False)),
             tuner=data.get("tuner", "lora"), block_size=data.get("block_size", 0),
+            saved_quant=SavedQuant.from_json(data["saved_quant"]) if data.get("saved_quant") else None,
         )
 
 
@@ -275,6 +283,7 @@ def make_adapter(
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
     kernels: str | Iterable[str] = (), quantize_experts: bool = False, exclude: Iterable[str] = (),
     experts_undropped: bool = False, tuner: str = "lora", block_size: int = 0,
+    saved_quant: SavedQuant | None = None,
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none.
@@ -311,11 +320,20 @@ def make_adapter(
     if quantize_experts and name not in BASE_BITS:
         raise InvalidInput("quantizing the experts on load (Axolotl's quantize_moe_experts) needs a 4- or "
                            "8-bit base: qlora, or lora with load_in_8bit")
+    if saved_quant is not None:
+        check_saved_quant(saved_quant)
+        if name != "lora":
+            raise InvalidInput(f"a base saved quantized ({saved_quant.method.upper()}) is not "
+                               f"quantized again with bitsandbytes ({name}): transformers loads one "
+                               "quantization_config")
+        if kernels:
+            raise InvalidInput("Axolotl's fused LoRA kernels read a 16-bit or bitsandbytes weight, not a "
+                               f"{saved_quant.method.upper()} layer's")
     return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
                    target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
                    bool(quantize_experts), _check_exclude(exclude), bool(experts_undropped), tuner,
-                   int(block_size))
+                   int(block_size), saved_quant)
 
 
 def _check_exclude(names: Iterable[str]) -> tuple[str, ...]:
@@ -535,6 +553,13 @@ def prepare(
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
             if adapter.recipe == "axolotl":
                 _axolotl_back_to_model_dtype(model, loaded)
+    if adapter.saved_quant is not None:
+        if parts is None:
+            raise InvalidInput("a base saved quantized needs a backend that can store it")
+        # transformers builds gptqmodel's layers for every linear layer but the output head
+        # (quantizer_awq.py get_modules_to_not_convert with its default skips; optimum's GPTQ
+        # convert_model, the linear layers of the decoder blocks: the same ones for a decoder LLM)
+        _quantize_linears(model, parts.saved_quantizer(adapter.saved_quant))
     config = peft_config(adapter, task)
     if adapter.quantize_experts:
         # Axolotl's patch_peft_target_parameters_matching: PEFT skips the parametrizations' lists
@@ -634,7 +659,8 @@ def _quantize_linears(model: torch.nn.Module, quantize: Callable[[Any, str], Any
 def _register_quantized_layers(config: Any, adapter: Adapter, parts: StepParts | None) -> None:
     """PEFT's custom-module hook for the backend's 4-bit layers that PEFT does not dispatch itself
     (the estimator's emulated ones; the cuda backend's bitsandbytes layers PEFT knows)."""
-    if not adapter.quantized or parts is None or adapter.tuner != "lora":
+    quantized = adapter.quantized or adapter.saved_quant is not None
+    if not quantized or parts is None or adapter.tuner != "lora":
         # OFT's layer class wraps any nn.Linear, the emulated 4/8-bit layers and bitsandbytes' own
         # (peft/tuners/oft/model.py _get_tuner_layer_class): nothing to register
         return

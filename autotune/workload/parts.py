@@ -7,7 +7,8 @@ backend can make, the backend passes its ``StepParts``:
     estimate  backends/estimate/parts.py  fake tensors that stand for CUDA ones: bitsandbytes'
                                           4- and 8-bit layers and AdamW emulated with their CUDA
                                           sizes (nf4.py, int8.py; optimizers.BnbAdamWState), torchao's AdamW
-                                          too (optimizers.TorchaoAdamWState), Axolotl's fused
+                                          too (optimizers.TorchaoAdamWState), gptqmodel's GPTQ
+                                          and AWQ layers (gptq.py), Axolotl's fused
                                           LoRA kernels emulated (lora_kernels.py)
     cuda      backends/cuda/parts.py      bitsandbytes' own Linear4bit, Linear8bitLt and AdamW (bnb.py),
                                           torchao's own AdamW (torchao.py),
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from autotune.workload.prequantized import SavedQuant
 
 # ``quantize(linear, module_name)``: the layer that stores ``linear`` in 4 or 8 bits (adapters.prepare).
 Quantize = Callable[["torch.nn.Module", str], "torch.nn.Module"]
@@ -51,6 +54,11 @@ class StepParts(Protocol):
         """``quantize(linear, module_name)``: a linear layer stored in 8 bits as transformers'
         bitsandbytes integration stores it for ``load_in_8bit`` (LLM.int8: ``Linear8bitLt``,
         frozen, outlier threshold 6.0)."""
+        ...
+
+    def saved_quantizer(self, quant: SavedQuant) -> Quantize:
+        """``quantize(linear, module_name)``: a linear layer of a checkpoint saved quantized with GPTQ or
+        AWQ as transformers loads it (gptqmodel's trainable QuantLinear: workload/prequantized.py)."""
         ...
 
     def expert_quantizer(self, *, bits: int, quant_type: str,

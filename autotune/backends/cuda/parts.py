@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.workload.parts import Quantize
+    from autotune.workload.prequantized import SavedQuant
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,12 @@ class CudaParts:
 
     def int8_quantizer(self) -> Quantize:
         return make_linear8bit_quantizer()
+
+    def saved_quantizer(self, quant: SavedQuant) -> Quantize:
+        # gptqmodel loads the checkpoint's packed tensors itself (from_pretrained): this backend
+        # builds the model from its config with random weights
+        raise BackendUnavailable(f"a base saved quantized ({quant.label()}) is emulated by the estimate "
+                                 "backend only, not run on the cuda backend")
 
     def expert_quantizer(self, *, bits: int, quant_type: str,
                          double_quant: bool) -> Callable[[torch.nn.Module], int]:

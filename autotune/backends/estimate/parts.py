@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from autotune.workload.parts import Quantize
+    from autotune.workload.prequantized import SavedQuant
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class EstimateParts:
 
         return make_quantizer()
 
+    def saved_quantizer(self, quant: SavedQuant) -> Quantize:
+        from autotune.backends.estimate.gptq import make_saved_quantizer
+
+        return make_saved_quantizer(quant)
+
     def expert_quantizer(self, *, bits: int, quant_type: str,
                          double_quant: bool) -> Callable[[torch.nn.Module], int]:
         from autotune.backends.estimate.moe_quant import make_expert_quantizer
@@ -50,10 +56,17 @@ class EstimateParts:
         return make_expert_quantizer(bits=bits, quant_type=quant_type, double_quant=double_quant)
 
     def lora_modules(self) -> Mapping[type, type]:
+        from peft.tuners.lora.awq import AwqLoraLinear
+        from peft.tuners.lora.gptq import GPTQLoraLinear
+
+        from autotune.backends.estimate.gptq import EmulatedAwqLinear, EmulatedGPTQLinear
         from autotune.backends.estimate.int8 import EmulatedLinear8bitLt, LoraLinear8bitLt
         from autotune.backends.estimate.nf4 import EmulatedLinear4bit, LoraLinear4bit
 
-        return {EmulatedLinear4bit: LoraLinear4bit, EmulatedLinear8bitLt: LoraLinear8bitLt}
+        # PEFT's own LoRA layers over gptqmodel's (peft/tuners/lora/gptq.py, awq.py), which it
+        # dispatches by gptqmodel's classes: here by the emulations'
+        return {EmulatedLinear4bit: LoraLinear4bit, EmulatedLinear8bitLt: LoraLinear8bitLt,
+                EmulatedGPTQLinear: GPTQLoraLinear, EmulatedAwqLinear: AwqLoraLinear}
 
     def uncounted_4bit_parameters(self, model: torch.nn.Module) -> int:
         """The emulated 4-bit weight is a plain parameter of its quant_storage dtype, which PEFT

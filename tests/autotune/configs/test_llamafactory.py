@@ -7,6 +7,7 @@ ff6d4d1, 2026-08), copied here as dicts; "LF" below is LLaMA-Factory's src/llama
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import configread
@@ -20,6 +21,7 @@ from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode
+from autotune.workload.prequantized import SavedQuant
 
 # examples/train_lora/qwen3_lora_sft.yaml
 QWEN3_LORA_SFT = {
@@ -145,16 +147,52 @@ def test_the_qlora_examples_are_read(tmp_path, changes, double_quant):
     ("qwen3vl_lora_dpo", {"stage": "dpo", "model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", **PREFERENCE},
      "stage: 'dpo'"),
     ("qwen3_lora_sft_ds3", {"deepspeed": "examples/deepspeed/ds_z0_config.json"}, "deepspeed: "),
-    ("llama3_lora_sft_gptq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ"},
-     "model_name_or_path: 'TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ'"),
-    ("llama3_lora_sft_awq", {"model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-AWQ"},
-     "model_name_or_path: "),
     ("llama3_lora_sft_aqlm", {"model_name_or_path": "ISTA-DASLab/Meta-Llama-3-8B-Instruct-AQLM-2Bit-1x16"},
-     "model_name_or_path: "),
+     "model_name_or_path: .* saved quantized \\(aqlm.* aqlm's own CUDA kernels"),
+    ("an unknown GPTQ checkpoint", {"model_name_or_path": "someone/Llama-3-8B-GPTQ"},
+     "model_name_or_path: .* has read the quantization_config of techxgenus"),
 ])
 def test_the_examples_autotune_does_not_model_are_refused_by_name(tmp_path, example, changes, key):
     with pytest.raises(UnmodelledSetting, match=f"^{key}"):
         read(tmp_path, {**QWEN3_LORA_SFT, **changes})
+
+
+# examples/train_qlora/llama3_lora_sft_{gptq,awq}.yaml: qwen3_lora_sft's keys over a saved checkpoint
+LLAMA3_SAVED = {**QWEN3_LORA_SFT, "template": "llama3"}
+GPTQ_8B = SavedQuant("gptq", bits=4, group_size=128, desc_act=True, sym=True)
+AWQ_8B = SavedQuant("awq", bits=4, group_size=128, zero_point=True, version="gemm")
+
+
+@pytest.mark.parametrize(("model", "quant", "dtype"), [
+    ("TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ", GPTQ_8B, "auto"),
+    # quantizer_awq.py update_dtype: bfloat16 becomes float16 on a CUDA GPU
+    ("TechxGenus/Meta-Llama-3-8B-Instruct-AWQ", AWQ_8B, "float16"),
+])
+def test_lora_and_oft_over_a_checkpoint_saved_quantized_are_read(tmp_path, model, quant, dtype):
+    plan = read(tmp_path, {**LLAMA3_SAVED, "model_name_or_path": model})
+    assert plan.adapter == replace(LORA_R8, saved_quant=quant)
+    assert (plan.dtype, plan.mode) == (dtype, Mode("bf16", True))
+    label = plan.adapter.label()
+    assert label.startswith(f"LoRA over a base saved quantized ({quant.method.upper()} 4-bit, group 128")
+    assert "emulated" in label and "gptqmodel" in label
+    assert any(n.startswith(f"model_name_or_path: {model}: saved quantized") and "auto_trainable" in n
+               for n in plan.notes)
+    oft = read(tmp_path, {**LLAMA3_OFT, "model_name_or_path": model})  # examples/extras/qoft/*_{awq,gptq}
+    assert (oft.adapter.tuner, oft.adapter.block_size, oft.adapter.saved_quant) == ("oft", 32, quant)
+    assert oft.adapter.label().startswith("OFT over a base saved quantized")
+
+
+def test_llamafactory_s_own_refusals_over_a_checkpoint_saved_quantized(tmp_path):
+    gptq = {**LLAMA3_SAVED, "model_name_or_path": "TechxGenus/Meta-Llama-3-8B-Instruct-GPTQ"}
+    with pytest.raises(InvalidInput, match="LoRA or OFT only"):  # model/adapter.py init_adapter
+        read(tmp_path, {**gptq, "finetuning_type": "full"})
+    with pytest.raises(UnmodelledSetting, match="^deepspeed: .*incompatible with PTQ-quantized"):
+        read(tmp_path, {**gptq, "deepspeed": "examples/deepspeed/ds_z3_config.json"})
+    with pytest.raises(UnmodelledSetting, match="^fsdp: .*incompatible with PTQ-quantized"):
+        read(tmp_path, {**gptq, "fsdp": "full_shard"})
+    plan = read(tmp_path, {**gptq, "quantization_bit": 4})  # configure_quantization ignores it, warning
+    assert plan.adapter is not None and plan.adapter.method == "lora"
+    assert any(n.startswith("quantization_bit: 4: no effect on") for n in plan.notes)
 
 
 @pytest.mark.parametrize("example", ["qwen3_full_sft", "qwen3vl_full_sft", "mossvl_full_sft"])

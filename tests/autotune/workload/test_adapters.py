@@ -340,3 +340,18 @@ def test_an_axolotl_lora_with_dropout_is_built_as_axolotl_builds_fused_experts(t
         path = tmp_path / f"{dropout}.yml"
         path.write_text(yaml.safe_dump({**config, "lora_dropout": dropout}))
         assert read_training_config(path).request.step.adapter.experts_undropped is undropped
+
+
+def test_a_base_saved_quantized_is_stored_and_refused_where_it_cannot_be():
+    from autotune.workload.prequantized import SavedQuant
+
+    quant = SavedQuant("gptq", bits=4, group_size=128, desc_act=True)
+    adapter = make_adapter("lora", r=8, targets="all-linear", saved_quant=quant)
+    assert Adapter.from_json(adapter.to_json()) == adapter
+    assert "saved_quant" not in make_adapter("lora").to_json()  # the stored keys of adapters before it
+    with pytest.raises(InvalidInput, match="not quantized again with bitsandbytes"):
+        make_adapter("qlora", saved_quant=quant)
+    with pytest.raises(InvalidInput, match="GPTQ 3-bit is not modelled"):
+        make_adapter("lora", saved_quant=SavedQuant("gptq", bits=3, group_size=128))
+    with pytest.raises(InvalidInput, match="AWQ version 'gemv' is not modelled"):
+        make_adapter("lora", saved_quant=SavedQuant("awq", bits=4, group_size=128, version="gemv"))
