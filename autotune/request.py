@@ -48,7 +48,7 @@ from autotune.defaults import (
     default_mode_name,
     default_mode_names,
 )
-from autotune.errors import AutotuneError, InvalidInput
+from autotune.errors import AutotuneError, InvalidInput, UnmodelledSetting
 from autotune.search import METHODS
 from autotune.workload.adapters import (
     ALL_LINEAR,
@@ -68,6 +68,7 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
+from autotune.workload.fp8 import parse_fp8, require_torchao
 from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
@@ -479,6 +480,12 @@ class Step:
         "traced; needs torchao): a JSON mapping of weight_dtype (int4, int8, float8_e4m3fn, mxfp4, nvfp4; "
         "default int8), activation_dtype, group_size (default 32), quantize_embedding", metavar="JSON",
         http=False)
+    fp8: str | None = option(
+        None, "fp8 training as accelerate's mixed_precision fp8 runs it with torchao (Float8Linear, traced; "
+        "needs torchao): tensorwise, rowwise, or a JSON mapping of recipe, enable_fsdp_float8_all_gather "
+        "and skip_routers (Axolotl's: routers kept in high precision); the first and last linears and "
+        "those whose features are not divisible by 16 stay in high precision, as accelerate keeps them",
+        metavar="RECIPE|JSON", http=False)
     trainer: str | None = option(
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
@@ -903,6 +910,17 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                       "(QAT and PEFT cannot be used together)")
         if qat is not None:
             check_accepted(qat)  # torchao installed, and taking the config Axolotl builds
+    fp8 = None
+    with found.about("fp8"):
+        fp8 = parse_fp8(step.fp8)
+        if fp8 is not None:
+            require_torchao()
+            if adapter is not None or step.peft_options.peft:
+                raise UnmodelledSetting.naming("{fp8} beside {peft}: accelerate would convert the "
+                                               "adapter's base layers to Float8Linear under PEFT, which is "
+                                               "not modelled")
+            if qat is not None:
+                raise UnmodelledSetting.naming("{fp8} beside {qat}: not modelled")
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
@@ -921,7 +939,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
-                    qat=qat, experts_kernel=experts_kernel)
+                    qat=qat, experts_kernel=experts_kernel, fp8=fp8)
 
 
 def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:
