@@ -68,14 +68,22 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
-from autotune.workload.fp8 import parse_fp8, require_torchao
+from autotune.workload.fp8 import Fp8, parse_fp8, require_torchao
 from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
-from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
+from autotune.workload.parallel import (
+    DDP,
+    FSDP,
+    FSDP_RECIPES,
+    PARALLEL_CHOICES,
+    Parallel,
+    check_sharded,
+    make_parallel,
+)
 from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.scattermoe import EXPERTS_KERNELS
 from autotune.workload.step import ATTN_CHOICES, flash_at_axolotl_pin
@@ -921,6 +929,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                                "not modelled")
             if qat is not None:
                 raise UnmodelledSetting.naming("{fp8} beside {qat}: not modelled")
+            check_float8_all_gather(fp8, parallel)
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
@@ -940,6 +949,23 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, fp8=fp8)
+
+
+def check_float8_all_gather(fp8: Fp8, parallel: Parallel | None) -> None:
+    """torchao's float8 all-gather (workload/fp8.py) where it is traced: FSDP2 as Axolotl shards it, or
+    no sharding at all (the weights wrapped, nothing gathered). accelerate's and LLaMA-Factory's FSDP2
+    upcast a trainable bfloat16 parameter to float32 first (``param.data = param.data.to(float32)``),
+    which on torchao's WeightWithDynamicFloat8CastTensor changes the dtype the parameter reports but not
+    its inner weight's, and FSDP2 then finds mixed dtypes in a group; FSDP1 and DeepSpeed shard flat
+    buffers that torchao's float8 all-gather hooks (fsdp_pre_all_gather) are not part of."""
+    if not fp8.enable_fsdp_float8_all_gather or parallel is None or parallel.kind == DDP:
+        return
+    if parallel.kind == FSDP and parallel.fsdp_version == 2 and parallel.recipe == "axolotl":
+        return
+    where = (f"FSDP{parallel.fsdp_version} as {parallel.recipe} prepares it" if parallel.kind == FSDP
+             else f"DeepSpeed {parallel.kind}")
+    raise UnmodelledSetting.naming(f"{{fp8}} enable_fsdp_float8_all_gather under {where}: torchao's float8 "
+                                   "all-gather is traced under FSDP2 as Axolotl shards it only")
 
 
 def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:
