@@ -188,7 +188,8 @@ def test_what_torchao_refuses_is_refused_by_name(given, words):
 
 
 def test_fp8_beside_an_adapter_is_refused_by_name():
-    request = CheckRequest(Step("tiny-llama", fp8="tensorwise", peft_options=PeftOptions(peft="lora")), seq_len=SEQ, batch_size=1)
+    step = Step("tiny-llama", fp8="tensorwise", peft_options=PeftOptions(peft="lora"))
+    request = CheckRequest(step, seq_len=SEQ, batch_size=1)
     with pytest.raises(InvalidInput, match=r"fp8 beside peft"):
         resolve(request)
 
@@ -210,7 +211,8 @@ def test_axolotl_s_fp8_all_gather_alone_does_nothing(tmp_path):
     assert config.fp8 is None
 
 
-LLAMAFACTORY = {"model_name_or_path": "tiny-llama", "stage": "sft", "do_train": True, "finetuning_type": "full",
+LLAMAFACTORY = {"model_name_or_path": "tiny-llama", "stage": "sft", "do_train": True,
+                "finetuning_type": "full",
                 "cutoff_len": SEQ, "per_device_train_batch_size": 1, "bf16": True, "fp8": True,
                 "fp8_backend": "torchao", "fp8_enable_fsdp_float8_all_gather": True}
 
