@@ -235,3 +235,20 @@ def test_llamafactory_s_fp8_is_accelerate_s_default_recipe_without_the_all_gathe
 def test_llamafactory_s_fp8_beside_what_is_not_modelled_is_refused(tmp_path, changes, words):
     with pytest.raises(InvalidInput, match=words):
         read(tmp_path, {**LLAMAFACTORY, **changes}, "fp8.yaml")
+
+
+def test_fp8_under_deepspeed_zero3_traces_the_float8_casts_of_the_gathered_weights():
+    """accelerate converts the model before DeepSpeed wraps it (Accelerator.prepare: _prepare_ao, then
+    _prepare_deepspeed); ZeRO-3 gathers each Float8Linear's weight, which torchao then casts."""
+    from autotune.workload.parallel import make_parallel
+
+    work = Workload(resolve_model("tiny-llama"), "causal-lm", "sdpa", weights_dtype="bfloat16",
+                    fp8=TENSORWISE, parallel=make_parallel(2, "zero3"))
+    backend = InstrumentedBackend(EstimateBackend(custom_gpu(4 * GIB)))
+    with backend.cell(work, parse_mode("bf16"), SEQ, 4 * GIB) as cell:
+        cell.fits(BATCH)
+    recording = backend.last
+    assert recording is not None
+    forward = step_allocations(recording, "forward")
+    assert ("float8_e4m3fn", (BATCH, SEQ, 64)) in forward  # down_proj's input
+    assert ("float8_e4m3fn", (64, 32)) in forward  # down_proj's whole (gathered) weight
