@@ -334,6 +334,8 @@ def _step(model: str, step: StepOptions) -> Step:
             given[name] = tuple(given[name])
     if isinstance(given.get("qat"), Mapping):
         given["qat"] = json.dumps(dict(given["qat"]))
+    if isinstance(given.get("fp8"), Mapping):
+        given["fp8"] = json.dumps(dict(given["fp8"]))
     given["ckpt_reentrant"] = bool(given.get("ckpt_reentrant")) or None
     given["offload_activations"] = bool(given.get("offload_activations")) or None
     given["axolotl"] = bool(given.get("axolotl")) or None
@@ -362,6 +364,7 @@ class StepOptions(TypedDict, total=False):
     unfrozen_parameters: str | Sequence[str] | None  # Axolotl's trained-parameter regexes (workload.frozen)
     config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)
     qat: str | Mapping[str, Any] | None  # Axolotl's qat: mapping (workload.qat): {"weight_dtype": "int4"}
+    fp8: str | Mapping[str, Any] | None  # accelerate's torchao fp8 (workload.fp8): "tensorwise"
     liger: str | Sequence[str] | None
     experts_kernel: str | None  # "scattermoe": Axolotl's ScatterMoE experts, emulated (workload.scattermoe)
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)

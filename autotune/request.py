@@ -48,7 +48,7 @@ from autotune.defaults import (
     default_mode_name,
     default_mode_names,
 )
-from autotune.errors import AutotuneError, InvalidInput
+from autotune.errors import AutotuneError, InvalidInput, UnmodelledSetting
 from autotune.search import METHODS
 from autotune.workload.adapters import (
     ALL_LINEAR,
@@ -68,13 +68,22 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
+from autotune.workload.fp8 import Fp8, parse_fp8, require_torchao
 from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
 from autotune.workload.optimizers import OPTIMIZER_NAMES
-from autotune.workload.parallel import FSDP_RECIPES, PARALLEL_CHOICES, check_sharded, make_parallel
+from autotune.workload.parallel import (
+    DDP,
+    FSDP,
+    FSDP_RECIPES,
+    PARALLEL_CHOICES,
+    Parallel,
+    check_sharded,
+    make_parallel,
+)
 from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.scattermoe import EXPERTS_KERNELS
 from autotune.workload.step import ATTN_CHOICES, flash_at_axolotl_pin
@@ -479,6 +488,12 @@ class Step:
         "traced; needs torchao): a JSON mapping of weight_dtype (int4, int8, float8_e4m3fn, mxfp4, nvfp4; "
         "default int8), activation_dtype, group_size (default 32), quantize_embedding", metavar="JSON",
         http=False)
+    fp8: str | None = option(
+        None, "fp8 training as accelerate's mixed_precision fp8 runs it with torchao (Float8Linear, traced; "
+        "needs torchao): tensorwise, rowwise, or a JSON mapping of recipe, enable_fsdp_float8_all_gather "
+        "and skip_routers (Axolotl's: routers kept in high precision); the first and last linears and "
+        "those whose features are not divisible by 16 stay in high precision, as accelerate keeps them",
+        metavar="RECIPE|JSON", http=False)
     trainer: str | None = option(
         None, "the trainer whose step is modelled, as TRL runs it: sft (supervised, the default); dpo "
         "(chosen and rejected rows in one forward, a reference forward under no_grad: a frozen copy of the "
@@ -903,6 +918,18 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                       "(QAT and PEFT cannot be used together)")
         if qat is not None:
             check_accepted(qat)  # torchao installed, and taking the config Axolotl builds
+    fp8 = None
+    with found.about("fp8"):
+        fp8 = parse_fp8(step.fp8)
+        if fp8 is not None:
+            require_torchao()
+            if adapter is not None or step.peft_options.peft:
+                raise UnmodelledSetting.naming("{fp8} beside {peft}: accelerate would convert the "
+                                               "adapter's base layers to Float8Linear under PEFT, which is "
+                                               "not modelled")
+            if qat is not None:
+                raise UnmodelledSetting.naming("{fp8} beside {qat}: not modelled")
+            check_float8_all_gather(fp8, parallel)
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
@@ -921,7 +948,24 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
-                    qat=qat, experts_kernel=experts_kernel)
+                    qat=qat, experts_kernel=experts_kernel, fp8=fp8)
+
+
+def check_float8_all_gather(fp8: Fp8, parallel: Parallel | None) -> None:
+    """torchao's float8 all-gather (workload/fp8.py) where it is traced: FSDP2 as Axolotl shards it, or
+    no sharding at all (the weights wrapped, nothing gathered). accelerate's and LLaMA-Factory's FSDP2
+    upcast a trainable bfloat16 parameter to float32 first (``param.data = param.data.to(float32)``),
+    which on torchao's WeightWithDynamicFloat8CastTensor changes the dtype the parameter reports but not
+    its inner weight's, and FSDP2 then finds mixed dtypes in a group; FSDP1 and DeepSpeed shard flat
+    buffers that torchao's float8 all-gather hooks (fsdp_pre_all_gather) are not part of."""
+    if not fp8.enable_fsdp_float8_all_gather or parallel is None or parallel.kind == DDP:
+        return
+    if parallel.kind == FSDP and parallel.fsdp_version == 2 and parallel.recipe == "axolotl":
+        return
+    where = (f"FSDP{parallel.fsdp_version} as {parallel.recipe} prepares it" if parallel.kind == FSDP
+             else f"DeepSpeed {parallel.kind}")
+    raise UnmodelledSetting.naming(f"{{fp8}} enable_fsdp_float8_all_gather under {where}: torchao's float8 "
+                                   "all-gather is traced under FSDP2 as Axolotl shards it only")
 
 
 def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:

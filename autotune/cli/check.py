@@ -100,7 +100,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         _missing(flags, None)
         return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model,
                                                        experts_kernel=flags.step.experts_kernel is not None),
-                                        *_attention_notes(flags)))
+                                        *_attention_notes(flags), *_fp8_notes(flags)))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -118,7 +118,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
                           fused_attn_kernel=bool(request.step.fused_attn_kernel),
                           experts_kernel=request.step.experts_kernel is not None)
-    notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request))
+    notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request))
     return Plan(request, (*read, *config.notes, *notes), config.ignored)
 
 
@@ -164,6 +164,25 @@ def _unfrozen_notes(request: CheckRequest) -> tuple[str, ...]:
     except InvalidInput:  # refused by the check itself, with the rest
         return ()
     return (unfrozen_note(spec, step.task, patterns),)
+
+
+def _fp8_notes(request: CheckRequest) -> tuple[str, ...]:
+    """Which linears fp8 training converts to torchao's Float8Linear and with which recipe
+    (workload/fp8.py), where given and valid."""
+    from autotune.request import Findings, resolve_model
+    from autotune.workload.fp8 import fp8_note, parse_fp8, torchao_available
+
+    step = request.step
+    if step.fp8 is None or step.model is None or not torchao_available():
+        return ()
+    spec = resolve_model(step, Findings())
+    if spec is None:  # refused by the check itself, with the rest
+        return ()
+    try:
+        fp8 = parse_fp8(step.fp8)
+        return () if fp8 is None else (fp8_note(spec, step.task, fp8),)
+    except InvalidInput:  # refused by the check itself, with the rest
+        return ()
 
 
 def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: bool = False,

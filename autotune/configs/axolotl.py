@@ -55,6 +55,7 @@ from autotune.configs.sharding import (
 )
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.request import CheckRequest
+from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
@@ -81,7 +82,6 @@ AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_s
 
 _AXOLOTL_REFUSED = {
     "gptq": QUANT, "quantization": QUANT,
-    "fp8": "fp8 training is not modelled",
     "torch_compile": COMPILE,
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
@@ -1223,13 +1223,14 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     note_neftune(cfg, "neftune_noise_alpha")
     note_neftune(cfg, "noisy_embedding_alpha")
     qat = _axolotl_qat(cfg, adapter)
+    fp8 = _axolotl_fp8(cfg)
     prefixes = _AXOLOTL_PREFIXES if adapter is None else tuple(
         p for p in _AXOLOTL_PREFIXES if p not in ("lora_", "peft_"))
     return cfg.result(
         "axolotl", model=cfg.text("base_model"),
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
-        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat,
+        attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, **trainer, **unfrozen,
         **linearized,
         **overrides,
@@ -1272,6 +1273,32 @@ def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
                          "(Axolotl's QATCallback), on from it: the step modelled is the one with it on, "
                          "the larger")
     return to_json(qat)
+
+
+# Axolotl's cli/config.py compute_supports_fp8: a card of compute capability 8.9 or above (Ada, Hopper).
+FP8_COMPUTE_CAPABILITY = (8, 9)
+
+
+def _axolotl_fp8(cfg: Config) -> str | None:
+    """``fp8: true`` as the request's JSON (workload/fp8.py): core/trainers/base.py
+    ``additional_accelerator_args`` hands accelerate ``AORecipeKwargs(Float8LinearConfig(
+    enable_fsdp_float8_all_gather=X, force_recompute_fp8_weight_in_bwd=X))`` (the tensorwise recipe)
+    and ``mixed_precision="fp8"``; loaders/patch_manager.py ``_apply_fp8_patches`` keeps routers in high
+    precision (``patch_fp8_exclude_moe_router``). None where unset; the all-gather key alone does
+    nothing (``_apply_fp8_patches`` runs only ``if self.cfg.fp8``)."""
+    gather = cfg.flag("fp8_enable_fsdp_float8_all_gather")
+    if not cfg.flag("fp8"):
+        return None
+    card = cfg.card
+    if card is not None and card.compute_capability is not None \
+            and card.compute_capability < FP8_COMPUTE_CAPABILITY:
+        raise InvalidInput(f"fp8: true in {cfg.file!r} on {card.name}: Axolotl refuses it (schemas/config.py "
+                           "check_fp8: \"fp8 requested, but fp8 is not supported on this GPU\"; compute "
+                           "capability 8.9 or above)")
+    fp8 = fp8_module.Fp8(enable_fsdp_float8_all_gather=gather, skip_routers=True)
+    cfg.notes.append(f"fp8: true: {fp8.describe()}, as Axolotl's additional_accelerator_args hands it to "
+                     "accelerate (mixed_precision fp8: bf16 autocast around torchao's Float8Linear)")
+    return fp8_module.to_json(fp8)
 
 
 # Axolotl's flex_attn_compile_kwargs reach torch.compile only through monkeypatch/attention/flex_attn.py

@@ -39,6 +39,7 @@ from autotune.configs.reading import (
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read_trainer_sharding
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
+from autotune.workload.fp8 import Fp8, to_json
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR
 from autotune.workload.modes import Mode
 
@@ -61,7 +62,6 @@ _MEGATRON_KEYS = tuple((
     "megatron_pretrained_checkpoint export_hf_on_finish").split())
 _MEGATRON = ("a Megatron-Core run (USE_MCA or USE_MEGATRON_BRIDGE: train/mca, train/megatron_bridge) is not "
              "modelled: autotune models the Hugging Face Trainer's step on one GPU")
-_FP8 = "fp8 training is not modelled"
 _CPU = "training on the CPU: autotune models a GPU"
 _OPTIMIZER = "LLaMA-Factory's optimizer (train/trainer_utils.py create_custom_optimizer) is not modelled"
 _VOCAB = ("a resized vocabulary (model_utils/embedding.py resize_embedding_layer; under LoRA the embeddings "
@@ -99,7 +99,6 @@ _LF_REFUSED = {
     "use_llama_pro": "LLaMA Pro's expanded blocks, some trained, are not modelled",
     "use_dora": DORA,
     "use_mca": PARALLEL, "use_megatron_bridge": PARALLEL, "use_hyper_parallel": SHARDING,
-    "fp8": _FP8, "fp8_enable_fsdp_float8_all_gather": _FP8,
 }
 # supervised steps, the model's causal-LM loss (train/sft, train/pt); and the preference stages
 # (configs/llamafactory_preference.py)
@@ -128,7 +127,7 @@ _LF_NO_EFFECT = words(
     "early_stopping_steps plot_loss include_effective_tokens_per_second hyper_parallel_args pissa_iter "
     "pissa_convert loraplus_lr_embedding create_new_adapter "
     # training_args.py, generating_args.py
-    "ray_init_kwargs master_addr master_port enable_torch_profiler profile_modules fp8_backend "
+    "ray_init_kwargs master_addr master_port enable_torch_profiler profile_modules "
     "overwrite_output_dir do_sample temperature top_p top_k num_beams max_length max_new_tokens "
     "repetition_penalty length_penalty skip_special_tokens")
 # Families of keys with no effect: inference engines, export, settings of optimizers and methods
@@ -194,8 +193,9 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                          "(model_utils/rope.py configure_rope): no tensor changes size; autotune still "
                          "checks the sequence against the model's max_position_embeddings")
     note_neftune(cfg, "neftune_noise_alpha")
+    fp8 = _lf_fp8(cfg, bits, mode)
     return cfg.result(
-        "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode,
+        "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode, fp8=fp8,
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
         dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
         loss="chunked" if liger else None, **multimodal, **trainer,
@@ -203,6 +203,53 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                             _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
                             modelled=_LF_SOMETIMES_READ),
     )
+
+
+# hparams/training_args.py Fp8Arguments.fp8_backend's choices
+_FP8_BACKENDS = ("auto", "torchao", "te", "msamp")
+
+
+def _lf_fp8(cfg: Config, bits: int | None, mode: Mode) -> str | None:
+    """``fp8: true`` as the request's JSON (workload/fp8.py). train/fp8_utils.py
+    ``configure_fp8_environment`` sets ``ACCELERATE_MIXED_PRECISION=fp8`` before the Trainer builds its
+    Accelerator; with no recipe handed to it (``create_fp8_kwargs``' rowwise ``AORecipeKwargs`` is built
+    and logged only, and the ``FP8_BACKEND`` variable it sets is not ``ACCELERATE_FP8_BACKEND``),
+    accelerate picks torchao when installed and its own ``AORecipeKwargs()``: the tensorwise recipe and
+    ``filter_linear_layers``. ``fp8_backend: te`` patches the Accelerator for Transformer Engine
+    (``patch_accelerator_for_fp8``): refused, as msamp."""
+    gather = cfg.flag("fp8_enable_fsdp_float8_all_gather")
+    backend = cfg.get("fp8_backend")
+    if not cfg.flag("fp8"):
+        if gather:  # hparams/parser.py sets model_args.fp8, which the trainers never read
+            cfg.notes.append("fp8_enable_fsdp_float8_all_gather: true without fp8: LLaMA-Factory's parser "
+                             "sets model_args.fp8, but the trainers read training_args.fp8: no fp8 training")
+        return None
+    if backend is not None and backend not in _FP8_BACKENDS:
+        raise cfg.bad("fp8_backend", backend, f"one of {', '.join(_FP8_BACKENDS)}")
+    if backend == "te":
+        raise cfg.unmodelled("fp8_backend", backend, "Transformer Engine's fp8 layers (accelerate's "
+                             "apply_fp8_autowrap, train/fp8_utils.py patch_accelerator_for_fp8) are CUDA "
+                             "kernels of a library autotune neither installs nor emulates")
+    if backend == "msamp":
+        raise cfg.unmodelled("fp8_backend", backend, "MS-AMP's fp8 weights and optimizer are not modelled")
+    if bits is not None:
+        raise InvalidInput(f"fp8: true with quantization_bit: {bits} in {cfg.file!r}: LLaMA-Factory refuses "
+                           "it (hparams/parser.py: \"FP8 training is not compatible with quantization\")")
+    if mode.precision != "bf16":
+        raise cfg.unmodelled("fp8", True, "accelerate's fp8 runs the forward under bfloat16 autocast, which "
+                             "the Trainer's step without bf16: true does not: give bf16: true")
+    fp8 = Fp8()
+    cfg.notes.append(f"fp8: true (fp8_backend {backend or 'auto'}): {fp8.describe()}: LLaMA-Factory sets "
+                     "ACCELERATE_MIXED_PRECISION=fp8 (train/fp8_utils.py configure_fp8_environment) and "
+                     "accelerate builds its own AORecipeKwargs() with torchao installed; the rowwise recipe "
+                     "and filter of create_fp8_kwargs are only logged. A Trainer that hands accelerate its "
+                     "own mixed_precision (transformers 5's _build_accelerator_args: bf16) leaves fp8 off, a "
+                     "plain bf16 step; modelled here is the fp8 step LLaMA-Factory asks for")
+    if gather:
+        cfg.notes.append("fp8_enable_fsdp_float8_all_gather: true: no effect: LLaMA-Factory only sets "
+                         "FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER, which neither accelerate nor transformers "
+                         "reads, and accelerate's AORecipeKwargs() keeps the all-gather off")
+    return to_json(fp8)
 
 
 def _lf_liger(cfg: Config) -> tuple[str, ...] | None:

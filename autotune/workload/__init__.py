@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from autotune.defaults import DEFAULT_LOSS, DEFAULT_OPTIMIZER
 from autotune.workload.adapters import Adapter
+from autotune.workload.fp8 import Fp8
 from autotune.workload.models import ModelSpec
 from autotune.workload.parallel import Parallel
 from autotune.workload.qat import Qat
@@ -58,6 +59,9 @@ class Workload:
     # Quantization-aware training (workload/qat.py): torchao's fake-quantized linears swapped in as
     # Axolotl's qat: does; None: plain linears.
     qat: Qat | None = None
+    # FP8 training (workload/fp8.py): torchao's Float8Linear swapped in as accelerate's
+    # mixed_precision="fp8" does (Axolotl's and LLaMA-Factory's fp8: true); None: plain linears.
+    fp8: Fp8 | None = None
     # The experts kernel a mixture's experts run instead of transformers' grouped_mm: "scattermoe"
     # (Axolotl's KernelsPlugin use_scattermoe, emulated: workload/scattermoe.py); None: transformers'.
     experts_kernel: str | None = None

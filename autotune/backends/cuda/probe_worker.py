@@ -45,6 +45,7 @@ from autotune.gpus import cublas_workspace_bytes
 from autotune.processes import protocol_stream
 from autotune.workload import Workload
 from autotune.workload.adapters import prepare as prepare_adapter
+from autotune.workload.fp8 import prepare_fp8
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import make_optimizer, uses_bitsandbytes
@@ -241,6 +242,7 @@ class Worker:
             if workload.parallel is not None and workload.parallel.is_zero:
                 raise UnmodelledSetting(f"parallel {workload.parallel.kind}: the cuda backend does not run "
                                         "DeepSpeed yet; the estimate backend traces it")
+            prepare_fp8(model, workload.fp8)  # accelerate's torchao Float8Linear, before wrapping (fp8.py)
             if workload.parallel is not None:  # one rank of the job on a fake process group
                 self.distributed = Distributed(workload.parallel, workload.loss,
                                                str(self.memory.device).partition(":")[0])

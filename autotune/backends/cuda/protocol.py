@@ -29,6 +29,7 @@ from typing import Any
 from autotune.errors import ProtocolError
 from autotune.workload import Workload
 from autotune.workload.adapters import Adapter
+from autotune.workload.fp8 import parse_fp8
 from autotune.workload.frozen import parse_frozen, parse_unfrozen
 from autotune.workload.liger import parse_kernels
 from autotune.workload.loss import check_loss
@@ -104,6 +105,7 @@ class CellSpec:
     unfrozen: list[str] = dataclasses.field(default_factory=list)  # workload.unfrozen: Axolotl's regexes
     fused_attention: bool = False  # workload.fused_attention: Axolotl's Gemma 4 attention forward
     qat: dict[str, Any] | None = None  # workload.qat.Qat's fields; None: no quantization-aware training
+    fp8: dict[str, Any] | None = None  # workload.fp8.Fp8's fields; None: no fp8 training
     linearized_experts: bool = False  # ModelSpec's: Axolotl's Llama 4 experts (workload.llama4)
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +154,7 @@ def cell_spec(
         unfrozen=list(workload.unfrozen),
         fused_attention=workload.fused_attention,
         qat=None if workload.qat is None else dataclasses.asdict(workload.qat),
+        fp8=None if workload.fp8 is None else dataclasses.asdict(workload.fp8),
         linearized_experts=workload.model.linearized_experts,
     )
 
@@ -180,6 +183,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         unfrozen=parse_unfrozen(spec.unfrozen),
         fused_attention=spec.fused_attention is True,
         qat=None if spec.qat is None else parse_qat(spec.qat),
+        fp8=None if spec.fp8 is None else parse_fp8(spec.fp8),
     )
     return workload, parse_mode(spec.mode)
 

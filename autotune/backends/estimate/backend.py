@@ -37,6 +37,7 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed, recompute_under
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
+from autotune.backends.estimate.float8 import route_float8
 from autotune.backends.estimate.liger import (
     swap_in,
     swap_in_fused_attention,
@@ -69,6 +70,7 @@ from autotune.backends.estimate.vision import (
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
+from autotune.workload.fp8 import prepare_fp8
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.kimi_delta_attention import check_kernels as check_kda_kernels
@@ -524,7 +526,7 @@ class EstimateBackend:
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
-               workload.experts_kernel, workload.axolotl_flash)
+               workload.experts_kernel, workload.axolotl_flash, workload.fp8)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -557,6 +559,10 @@ class EstimateBackend:
                 reference = prepare_models(model, workload, lambda dtype: build_model(
                     workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True,
                     axolotl_flash=workload.axolotl_flash)[0])
+                # accelerate's fp8: torchao's Float8Linear, swapped in by Accelerator.prepare before FSDP
+                # or DeepSpeed wraps the model (workload/fp8.py); autocast's input cast (float8.py)
+                prepare_fp8(model, workload.fp8)
+                route_float8(model)
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)

@@ -93,6 +93,10 @@ _NATIVE_DROPOUT = torch.ops.aten.native_dropout.default
 # address (a 48-bit pointer), below the keys steps.py writes (1 << 62).
 _FIRST_MOVED_KEY = 1 << 60
 
+# torchao's float8 training tensor (workload/fp8.py): its memory is its float8 ``_data``, made by a
+# plain op (the cast) and counted there; a view of it (a reshape, a transpose) shares that storage.
+_FLOAT8_WRAPPERS = frozenset({"Float8TrainingTensor"})
+
 _OUTSIDE_ALLOCATOR: ContextVar[bool] = ContextVar("outside_allocator", default=False)
 _ON_HOST: ContextVar[bool] = ContextVar("on_host", default=False)
 _CONSTANT_VIEWS: ContextVar[bool] = ContextVar("constant_views", default=False)
@@ -359,7 +363,15 @@ class StorageTracker(TorchDispatchMode):
         self._live.clear()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        wrapper = _float8_wrapper(args, kwargs)
+        if wrapper is not None:
+            # torchao's float8 ops (float8/float8_ops.py) run under this tracker, not past it: the
+            # copies they make (preprocess_addmm's contiguous operands for torch._scaled_mm) are
+            # allocations of the step like any other.
+            with self:
+                out = type(wrapper).__torch_dispatch__(func, types, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         if func in _PASSTHROUGH:
             return out
         self._accumulation = None
@@ -421,9 +433,21 @@ def kernel_buffer(workspace: TraceWorkspace, count: int) -> bool:
     return False
 
 
+def _float8_wrapper(args: Any, kwargs: Any) -> torch.Tensor | None:
+    """The first of an op's arguments that is torchao's float8 training tensor, if any."""
+    for leaf in tree_leaves((args, kwargs or {})):
+        if isinstance(leaf, torch.Tensor) and type(leaf).__name__ in _FLOAT8_WRAPPERS:
+            return leaf
+    return None
+
+
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor whose storage holds ``tensor``'s memory: a DTensor's local shard, else itself."""
+    """The tensor whose storage holds ``tensor``'s memory: a DTensor's local shard, torchao's float8
+    training tensor's float8 bits (``_data``, float8/float8_training_tensor.py: a wrapper, whose own
+    storage reports the bytes of its high-precision dtype and holds none), else itself."""
     local = getattr(tensor, "_local_tensor", None)
+    if local is None and type(tensor).__name__ in _FLOAT8_WRAPPERS:
+        local = getattr(tensor, "_data", None)
     return local if isinstance(local, torch.Tensor) else tensor
 
 

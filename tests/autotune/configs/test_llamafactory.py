@@ -379,7 +379,7 @@ REFUSED = [
     ({"use_dft_loss": True}, "use_dft_loss", "full float32 logits"),
     ({"mixture_of_depths": "convert"}, "mixture_of_depths", "mixture-of-depths"),
     ({"shift_attn": True}, "shift_attn", "S\\^2-Attn"),
-    ({"fp8": True}, "fp8", "fp8 training"),
+    ({"fp8": True, "fp8_backend": "te"}, "fp8_backend", "Transformer Engine"),
     ({"use_kt": True}, "use_kt", "KTransformers"),
     ({"torch_compile": True}, "torch_compile", "torch.compile"),
     ({"do_train": False}, "do_train", "trains only with do_train: true"),
