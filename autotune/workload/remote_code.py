@@ -24,12 +24,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.workload.models import ModelSpec
 
-# DeepSeek-V2's checkpoints ship configuration_deepseek.py and modeling_deepseek.py (DeepseekV2MoE:
-# a ModuleList of DeepseekV2MLP experts, one nn.Linear per projection per expert, where transformers'
-# DeepseekV2Experts fuses them): their config.json auto_map, as public copies of it have it
-# (DeepSeek-V2's 236B config.json, "transformers_version": "4.39.3"; the Lite's as transformers 5.7
-# prints it), and vLLM's tests/models/registry.py loads "deepseek-ai/DeepSeek-V2-Lite-Chat" with
-# trust_remote_code=True.
+# DeepSeek-V2's checkpoints (the 236B, the Lite, V2.5) ship configuration_deepseek.py and
+# modeling_deepseek.py (DeepseekV2MoE: a ModuleList of DeepseekV2MLP experts, one nn.Linear per
+# projection per expert, where transformers' DeepseekV2Experts holds them as two 3-D parameters,
+# gate_up_proj and down_proj), which their config.json auto_map names for these three classes, as
+# public copies of the 236B's config.json ("transformers_version": "4.39.3") and of the Lite's have it.
+# Tools that load them say so: ModelCloud/GPTQModel
+# gptqmodel/models/definitions/deepseek_v2.py ("Both DeepSeek-v2 and DeepSeek-v2-lite ... deepseek_v2
+# requires custom model code": require_trust_remote_code = True), vllm-project/vllm
+# tests/models/registry.py ("deepseek-ai/DeepSeek-V2-Lite-Chat", trust_remote_code=True), and Axolotl's
+# own Liger plugin (src/axolotl/integrations/liger/plugin.py, deepseek_v2: patches the module of the
+# class AutoModelForCausalLM loads with the config's trust_remote_code).
 _DEEPSEEK_V2 = {
     "AutoConfig": "configuration_deepseek.DeepseekV2Config",
     "AutoModel": "modeling_deepseek.DeepseekV2Model",
