@@ -13,7 +13,7 @@ import pytest
 from configread import write
 
 from autotune.cli import main
-from autotune.configs import check_remote_code, read_training_config
+from autotune.configs import check_remote_code, read_training_config, read_training_configs
 from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.workload.models import resolve_model
 from autotune.workload.presets import PRESETS
@@ -129,3 +129,13 @@ def test_the_axolotl_deepseek_fsdp_example_is_refused_with_exit_2(tmp_path, caps
     code = main(["check", "--from-config", str(path), "--gpu", "H100-80GB", "--no-cache", "--workers", "1"])
     assert code == 2
     assert "Axolotl loads deepseek-ai/DeepSeek-V2-Lite's own modeling_deepseek.py" in capsys.readouterr().err
+
+
+def test_an_accelerate_config_beside_the_training_config_keeps_its_trust_remote_code(tmp_path):
+    train = write(tmp_path, {**TRAINER, "model_name_or_path": PHI, "trust_remote_code": True}, "train.yaml")
+    launch = write(tmp_path, {"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO",
+                              "num_processes": 1, "mixed_precision": "bf16"}, "acc.yaml")
+    config = read_training_configs([str(launch), str(train)])
+    assert config.trust_remote_code == "trust_remote_code"
+    with pytest.raises(UnmodelledSetting, match="the Trainer's script loads .*modeling_phi3.py"):
+        check_remote_code(config, config.request)
