@@ -47,9 +47,9 @@ REMOTE_CODE: dict[str, dict[str, str]] = {
     # DeepSeek-V2-Chat and DeepSeek-Coder-V2-Instruct merged: the same release's code and auto_map.
     "deepseek-ai/DeepSeek-V2.5": _DEEPSEEK_V2,
     # microsoft/Phi-3.5-mini-instruct's config.json as sdpython/experimental-experiment copies it
-    # whole (_doc/recipes/plot_exporter_exporter_phi35_piece.py get_phi35: "See
-    # Phi-3.5-mini-instruct/config.json"); the Phi-3-mini-4k-instruct's too (NVIDIA/TensorRT-LLM
-    # tests/unittest/_torch/modeling/test_modeling_phi3.py PHI3_MINI_4K_CONFIG).
+    # whole (experimental_experiment/torch_models/llm_model_helper.py get_phi_35_mini_instruct, and
+    # _doc/recipes/plot_exporter_exporter_phi35_piece.py get_phi35: "See
+    # Phi-3.5-mini-instruct/config.json"); Phi-3-mini-4k-instruct's the same (the corpus maps it here).
     "microsoft/Phi-3.5-mini-instruct": {
         "AutoConfig": "configuration_phi3.Phi3Config",
         "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM",
