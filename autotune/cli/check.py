@@ -91,7 +91,7 @@ class Plan:
 
 def _plan(args: argparse.Namespace) -> Plan:
     """The flags' request, --from-config filling what they leave out; every missing field named."""
-    from autotune.configs import check_launch, read_training_configs
+    from autotune.configs import check_launch, check_remote_code, read_training_configs
     from autotune.configs.axolotl import check_patched_model
     from autotune.gpus import resolve_gpu
 
@@ -114,12 +114,13 @@ def _plan(args: argparse.Namespace) -> Plan:
     request = _grpo_row(request)
     check_launch(config, request)
     check_patched_model(config, request)
+    remote = check_remote_code(config, request)
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
                           fused_attn_kernel=bool(request.step.fused_attn_kernel),
                           experts_kernel=request.step.experts_kernel is not None)
     notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request))
-    return Plan(request, (*read, *config.notes, *notes), config.ignored)
+    return Plan(request, (*read, *config.notes, *remote, *notes), config.ignored)
 
 
 def _attention_notes(request: CheckRequest) -> tuple[str, ...]:

@@ -59,7 +59,7 @@ from autotune.configs.llamafactory_v1 import LLAMAFACTORY_V1_MARKERS, is_v1, rea
 from autotune.configs.native import AUTOTUNE_MARKERS, read_native
 from autotune.configs.peft import read_peft
 from autotune.configs.preference import PREFERENCE_MARKERS
-from autotune.configs.reading import Config, TrainingConfig, load
+from autotune.configs.reading import Config, TrainingConfig, check_remote_code, load
 from autotune.configs.sharding import check_launch
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, SFT_MARKERS, TRAINER_FIELDS, read_trainer
 from autotune.errors import InvalidInput
@@ -68,8 +68,8 @@ from autotune.gpus import GpuSpec
 FORMATS = ("trainer", "trl-sft", "trl-dpo", "trl-orpo", "trl-simpo", "trl-reward", "axolotl", "llamafactory",
            "autotune", "peft", "accelerate")
 
-__all__ = ["FORMATS", "TrainingConfig", "check_launch", "missing_fields", "read_training_config",
-           "read_training_configs"]
+__all__ = ["FORMATS", "TrainingConfig", "check_launch", "check_remote_code", "missing_fields",
+           "read_training_config", "read_training_configs"]
 
 
 def read_training_config(path: str | Path, card: GpuSpec | None = None, *,

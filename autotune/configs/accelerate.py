@@ -254,7 +254,8 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
         (*training.ignored, *launch.ignored), parallel_key=parallel_key,
         wrap_classes=training.wrap_classes or launch.wrap_classes,
         wrap_key=training.wrap_key or launch.wrap_key, mixed_precision=launch.mixed_precision,
-        from_pretrained=training.from_pretrained, files=(*training.files, *launch.files))
+        from_pretrained=training.from_pretrained, files=(*training.files, *launch.files),
+        trust_remote_code=training.trust_remote_code)
 
 
 def _precision(training: TrainingConfig, launch: TrainingConfig, notes: list[str]) -> Any:

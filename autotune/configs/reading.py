@@ -77,6 +77,9 @@ class TrainingConfig:
     # tensor_parallel_size: accelerate's ParallelismConfig), as the error naming them says them; the
     # count itself is the request's gpus, which --gpus may not change (sharding.check_launch).
     mesh: str | None = None
+    # The key that sets trust_remote_code true ("trust_remote_code", "model_init_kwargs.trust_remote_code"),
+    # checked once the model is known (check_remote_code); None: false or not set.
+    trust_remote_code: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +209,27 @@ class Config:
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
-                              files=((self.file, format),), mesh=self.mesh)
+                              files=((self.file, format),), mesh=self.mesh,
+                              trust_remote_code=self.remote_code_key())
+
+    def remote_code_key(self) -> str | None:
+        """The key that sets trust_remote_code true, the same in every format that has it (Axolotl,
+        LLaMA-Factory v0 and v1, the Trainer's example scripts and ``trl sft``), or TRL's
+        ``model_init_kwargs.trust_remote_code``; None when false or not set."""
+        init = self.data.get("model_init_kwargs")
+        if isinstance(init, str) and init.strip().startswith("{"):
+            try:  # a JSON string for a dict field (the Trainer's): refused as such by its reader
+                init = json.loads(init)
+            except json.JSONDecodeError:
+                init = None
+        nested = init.get("trust_remote_code") if isinstance(init, dict) else None
+        for key, value in (("trust_remote_code", self.data.get("trust_remote_code")),
+                           ("model_init_kwargs.trust_remote_code", nested)):
+            if value is not None and not isinstance(value, bool):
+                raise self.bad(key, value, "true or false")
+            if value:
+                return key
+        return None
 
 
 def words(text: str) -> frozenset[str]:
@@ -309,3 +332,62 @@ def vlm_preset(name: Any) -> bool:
 
     preset = preset_name(name) if isinstance(name, str) else None
     return preset is not None and "vision_config" in PRESETS[preset]
+
+
+# The tools that load the model with the config's trust_remote_code, by format (TRL's are trl-*).
+_TOOLS = {"axolotl": "Axolotl", "llamafactory": "LLaMA-Factory", "trainer": "the Trainer's script"}
+
+
+def check_remote_code(config: TrainingConfig, request: CheckRequest) -> tuple[str, ...]:
+    """Where ``config`` sets trust_remote_code true: UnmodelledSetting when its tool loads the
+    checkpoint's own modeling code (its config.json auto_map, workload/remote_code.py) in place of
+    transformers' class that autotune builds and traces; else the notes to show (TRL's own choice
+    of class). Nothing where it is false or not set. ``request``: the config's with the flags over it.
+
+    Axolotl (loaders/model.py ``_build_model``: with trust_remote_code its ``auto_model_loader``,
+    AutoModelForCausalLM or AutoModelForImageTextToText, even over a ``model_type`` class),
+    LLaMA-Factory (model/loader.py ``load_model``: AutoModelForCausalLM unless the config's class is
+    in an image-text mapping; v1 core/model_engine.py alike) and the Trainer's example scripts
+    (run_clm.py ...: the task's Auto class) load through an Auto class. TRL does not: its trainers'
+    trl/trainer/utils.py ``create_model_from_path`` loads ``getattr(transformers,
+    config.architectures[0])`` where transformers has that class (its from_pretrained reads no
+    auto_map), and the auto_map's AutoModelForImageTextToText or AutoModelForCausalLM only where it
+    has not; RewardTrainer passes AutoModelForSequenceClassification."""
+    step = request.step
+    if config.trust_remote_code is None or step.model is None:
+        return ()
+    import transformers
+
+    from autotune.request import Findings, resolve_model
+    from autotune.workload.models import task_for
+    from autotune.workload.remote_code import auto_map, remote_module, transformers_class
+    from autotune.workload.step import TASK_MODEL_CLASSES
+
+    spec = resolve_model(step, Findings())  # an unknown model is refused later, by the check
+    if spec is None:
+        return ()
+    try:
+        task = task_for(spec, step.task)
+    except InvalidInput:
+        return ()  # refused by the check itself, with the rest
+    auto_class = TASK_MODEL_CLASSES[task]
+    key, path = config.trust_remote_code, config.files[0][0]
+    tool = _TOOLS.get(config.format, "TRL")
+    if tool == "TRL" and task != "sequence-classification":
+        architecture = next(iter(getattr(spec.config, "architectures", None) or []), None)
+        if architecture and hasattr(transformers, architecture):
+            if auto_map(spec):
+                return (f"{key}: true: TRL loads transformers' {architecture}, the class config.json's "
+                        "architectures names (trl/trainer/utils.py create_model_from_path), not "
+                        f"{spec.name}'s own code of its config.json auto_map",)
+            return ()
+        auto_class = next((name for name in ("AutoModelForImageTextToText", "AutoModelForCausalLM")
+                           if name in auto_map(spec)), "AutoModelForCausalLM")
+    module = remote_module(spec, auto_class)
+    if module is None:
+        return ()
+    cls = transformers_class(spec, auto_class)
+    raise UnmodelledSetting(
+        f"{key}: true in {path!r} is not modelled for {spec.name}: {tool} loads {spec.name}'s own "
+        f"{module} (its config.json auto_map, for {auto_class}), not transformers' {cls} that autotune "
+        f"traces; set it false, or leave it out, to train transformers' {cls}")
