@@ -37,7 +37,6 @@ from typing import Any
 
 from autotune.backends.distributed import Distributed, recompute_under
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
-from autotune.backends.estimate.float8 import route_float8
 from autotune.backends.estimate.liger import (
     swap_in,
     swap_in_fused_attention,
@@ -561,6 +560,8 @@ class EstimateBackend:
                     axolotl_flash=workload.axolotl_flash)[0])
                 # accelerate's fp8: torchao's Float8Linear, swapped in by Accelerator.prepare before FSDP
                 # or DeepSpeed wraps the model (workload/fp8.py); autocast's input cast (float8.py)
+                from autotune.backends.estimate.float8 import route_float8  # imports torch
+
                 prepare_fp8(model, workload.fp8)
                 route_float8(model)
             distributed = None
