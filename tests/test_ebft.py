@@ -61,7 +61,7 @@ def test_ebft_with_grpo_s_reference_is_refused_by_name():
     assert caught.value.field == "beta"
 
 
-BASE = {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 4,
+BASE = {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 4, "bf16": False,
         "trl": {"num_generations": 4, "max_completion_length": 32, "use_vllm": False}}
 
 

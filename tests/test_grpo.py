@@ -169,7 +169,7 @@ def test_axolotl_async_grpo_is_refused_by_name(tmp_path):
     from autotune.configs import read_training_config
 
     path = write(tmp_path, {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 2,
-                            "rl": "grpo", "trl": {"use_data_producer": True}}, "axolotl.yml")
+                            "bf16": False, "rl": "grpo", "trl": {"use_data_producer": True}}, "axolotl.yml")
     with pytest.raises(InvalidInput, match="trl.use_data_producer"):
         read_training_config(path)
 

@@ -300,8 +300,8 @@ def test_the_example_axolotl_dpo_config_is_read_as_dpo_without_lora_kernels():
 def test_axolotl_rl_and_reward_model_name_the_trainer(tmp_path, keys, trainer):
     from configread import read
 
-    found = read(tmp_path, {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 2, **keys},
-                 "axolotl.yml")
+    found = read(tmp_path, {"base_model": "tiny-llama", "sequence_len": 64, "micro_batch_size": 2,
+                            "bf16": False, **keys}, "axolotl.yml")
     assert found.trainer == trainer
     assert found.task == ("sequence-classification" if trainer == "reward" else "causal-lm")
 

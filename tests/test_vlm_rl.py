@@ -46,7 +46,7 @@ def test_a_preference_trainer_over_rows_with_images_is_refused_naming_images_per
     assert caught.value.field == "images_per_sample"
 
 
-EBFT = {"base_model": VLM, "sequence_len": 64, "micro_batch_size": 4, "rl": "ebft",
+EBFT = {"base_model": VLM, "sequence_len": 64, "micro_batch_size": 4, "rl": "ebft", "bf16": False,
         "ebft": {"feature_layers": [0.25, 0.5, 0.75], "embed_method": "last_token"},
         "trl": {"num_generations": 4, "max_completion_length": 32, "use_vllm": True,
                 "vllm_mode": "server", "generation_kwargs": {"stop_token_ids": [248044, 248046]},

@@ -1364,7 +1364,8 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST; false when unset), or
         # with an adapter (needs_fa2_dtype).
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
-        raise cfg.unmodelled(key, cfg.data[key], f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
+        given = cfg.data.get(key, "auto (not set)")
+        raise cfg.unmodelled(key, given, f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
                              "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"
                              "model.py _configure_embedding_dtypes upcasts them, and casts them back only "
                              "with an adapter, FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for "
@@ -1445,6 +1446,9 @@ def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:
     is true on a card with bfloat16 (is_torch_bf16_gpu_available: Ampere and newer), else false with
     fp16 true unless fp16 or float16 is set; with fp16: true it is false."""
     bf16, fp16 = cfg.get("bf16"), cfg.flag("fp16")
+    if "bf16" not in cfg.data:  # the schema's default (utils/schemas/config.py AxolotlInputConfig.bf16)
+        bf16 = "auto"
+        cfg.notes.append("bf16: not set: Axolotl's default auto (utils/schemas/config.py)")
     if bf16 != "auto":
         return bf16, fp16
     if fp16:

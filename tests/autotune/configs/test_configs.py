@@ -14,6 +14,7 @@ from configread import Read, view
 from autotune.configs import missing_fields, read_training_config
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
+from autotune.gpus import resolve_gpu
 from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode
@@ -130,11 +131,21 @@ def test_axolotl_s_eta_min_is_a_key_axolotl_drops(tmp_path):
 
 
 def test_axolotl_defaults_and_global_batch(tmp_path):
-    plan = read(tmp_path, {"base_model": "m", "micro_batch_size": 4, "batch_size": 32}, "a.yaml")
+    plan = read(tmp_path, {"base_model": "m", "micro_batch_size": 4, "batch_size": 32, "bf16": False},
+                "a.yaml")
     assert (plan.accumulation_steps, plan.optimizer, plan.mode, plan.dtype) == (
         8, "adamw_torch_fused", Mode("fp32", False), "float32")
     assert "optimizer: not set, Axolotl's default adamw_torch_fused" in plan.notes
-    assert read(tmp_path, {"base_model": "m", "sdp_attention": True}, "a.yaml").attn == "sdpa"
+    # bf16 unset is the schema's "auto" (utils/schemas/config.py): true on a card with bfloat16, which a
+    # file read without --gpu does not name
+    with pytest.raises(InvalidInput, match="bf16: 'auto' .*name the card"):
+        read(tmp_path, {"base_model": "m", "micro_batch_size": 4}, "a.yaml")
+    found = view(read_training_config(configread.write(tmp_path, {
+        "base_model": "m", "micro_batch_size": 4, "flash_attention": True}, "a.yaml"),
+        card=resolve_gpu("H100-80GB")))
+    assert found.mode == Mode("bf16", False) and found.dtype == "bfloat16"
+    assert "bf16: not set: Axolotl's default auto (utils/schemas/config.py)" in found.notes
+    assert read(tmp_path, {"base_model": "m", "sdp_attention": True, "bf16": False}, "a.yaml").attn == "sdpa"
     assert read(tmp_path, {"base_model": "m", "cut_cross_entropy": True, "bf16": True},
                 "a.yaml").loss == "chunked"
 

@@ -24,7 +24,7 @@ PHI = "microsoft/Phi-3.5-mini-instruct"
 LLAMA = "meta-llama/Llama-3.1-8B"
 
 # One config per format that reads trust_remote_code, the model left to the test.
-AXOLOTL = {"sequence_len": 512, "micro_batch_size": 1}
+AXOLOTL = {"sequence_len": 512, "micro_batch_size": 1, "bf16": False}
 LLAMAFACTORY = {"stage": "sft", "finetuning_type": "full", "cutoff_len": 512,
                 "per_device_train_batch_size": 1}
 LLAMAFACTORY_V1 = {"micro_batch_size": 1, "train_dataset": "d.yaml", "cutoff_len": 512,
