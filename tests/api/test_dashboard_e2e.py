@@ -1,4 +1,5 @@
-"""The dashboard end to end: real headless Chromium (Debian's) against ``autotune serve`` on loopback.
+"""The dashboard end to end: real headless Chromium (Debian's, tests/browser.py) against ``autotune serve``
+on loopback.
 
 Open the home page, launch a tiny-model run with the form (after the API turned down a bad
 sequence length next to its field), watch the table fill in without a reload, open a cell and its
@@ -9,9 +10,9 @@ overlap; at a phone's width the runs list keeps a run's status in view and its G
 the fleet view says a failed run failed, and why; a LoRA run's page, and on the launch form an unknown
 model's closest presets in a line and the fine-tuning settings, at a phone's width; the trainer's
 settings shown with their trainer only, GRPO's refused next to them, and a DPO run launched, its page
-saying so. The API docs (/docs, /redoc) render from the server's own files. On a real Ray cluster of
-two GPU kinds (tests/fleet.py), "all kinds in the fleet" on the form, and the fleet view it opens
-filling in. No page asks another host for anything.
+saying so. The API docs (/docs, /redoc) render from the server's own files. No page asks another host
+for anything. The fleet view on a real Ray cluster of two GPU kinds is tests/api/test_fleet.py's (on
+that module's cluster, which starting again here would cost a cluster's start).
 Screenshots go to AUTOTUNE_SCREENSHOTS (``.ci/run`` sets it and prints the folder) or the test's
 temporary folder.
 
@@ -21,86 +22,15 @@ installs Chromium and sets it), where their absence fails the test instead.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 import pytest
+from browser import PHONE, TIMEOUT_MS, assert_readable, browser_or_skip, browser_page, screenshots
 from liveserver import Server
 
 from autotune.workload.trainers import GRPO_FIELDS
-
-CHROMIUM = os.environ.get("AUTOTUNE_CHROMIUM", "/usr/bin/chromium")
-# Chromium as root in a container, on a machine whose network is closed: no sandbox, no GPU,
-# none of the background requests that would be refused at every start.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-TIMEOUT_MS = 240_000  # a limit, not a wait: the fleet's runs took over 90 s at load 6-10
-# The fleet's two runs end to end (a Ray task per cell, each a fresh worker and a probe process importing
-# torch): over 240 s at load 8 beside the config corpus; a limit, polled, not a wait.
-FLEET_TIMEOUT_S = 600
-PHONE, LAPTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 900}
-# ReDoc 2 draws its "API docs by Redocly" credit with an image from this CDN: the Content-Security-Policy
-# of the docs pages (api/docs.py) stops it in the browser, which says so in the console.
-REFUSED_BY_CSP = ("https://cdn.redoc.ly/redoc/logo-mini.svg",)
-
-# What a reader of the page at this width cannot read, measured in the browser: the page wider than
-# the screen; a table wider than its box where the box does not scroll or scrolls with no cue (the
-# "scroll" line app.css puts before a box app.js marks data-overflow); two axis labels of a chart, or
-# two legend entries, whose boxes overlap; a label outside its chart.
-LAYOUT_PROBLEMS = """() => {
-  const problems = [];
-  const shown = (el) => { const r = el.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
-  const overlap = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 &&
-                            a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
-  const words = (el) => el.textContent.trim().replace(/\\s+/g, " ").slice(0, 60);
-  const page = document.documentElement;
-  if (page.scrollWidth > page.clientWidth + 1) problems.push(`the page is ${page.scrollWidth}px wide`);
-  for (const table of document.querySelectorAll("main table")) {
-    if (!shown(table)) continue;
-    const name = words(table.caption || table);
-    let box = table.parentElement;
-    while (box !== document.body && getComputedStyle(box).overflowX === "visible") box = box.parentElement;
-    if (box.scrollWidth <= box.clientWidth + 1) continue;  // the table fits whole
-    const cue = getComputedStyle(box, "::before");
-    if (!["auto", "scroll"].includes(getComputedStyle(box).overflowX)) {
-      problems.push(`${name}: ${box.scrollWidth}px in a ${box.clientWidth}px box that does not scroll`);
-    } else if (!box.hasAttribute("data-overflow") || !cue.content.includes("scroll")
-               || cue.display === "none") {
-      problems.push(`${name}: scrolls (${box.scrollWidth}px in ${box.clientWidth}px) without a cue`);
-    }
-  }
-  for (const svg of document.querySelectorAll("svg.chart")) {
-    if (!shown(svg)) continue;
-    const frame = svg.getBoundingClientRect();
-    const ticks = [...svg.querySelectorAll("text.tick")]
-      .map((t) => [t.textContent, t.getBoundingClientRect()]);
-    const inside = (r) => r.left >= frame.left - 0.5 && r.right <= frame.right + 0.5 &&
-                          r.top >= frame.top - 0.5 && r.bottom <= frame.bottom + 0.5;
-    ticks.forEach(([text, r], i) => {
-      if (!inside(r)) problems.push(`${svg.id}: tick ${text} outside the chart`);
-      for (const [other, q] of ticks.slice(i + 1))
-        if (overlap(r, q)) problems.push(`${svg.id}: ticks ${text} and ${other} overlap`);
-    });
-  }
-  // Legend entries: the chart's key and the table's colour bands (lists), or text drawn in an SVG.
-  const legends = [...document.querySelectorAll(".chart-legend, ul.legend")].map((l) => [...l.children]);
-  for (const svg of document.querySelectorAll("svg.chart")) {
-    legends.push([...svg.querySelectorAll("text.legend")]);
-  }
-  for (const legend of legends) {
-    const entries = legend.filter(shown).map((entry) => [words(entry), entry.getBoundingClientRect()]);
-    entries.forEach(([text, r], i) => {
-      if (r.left < -0.5 || r.right > page.clientWidth + 0.5) problems.push(`legend ${text} off the screen`);
-      for (const [other, q] of entries.slice(i + 1))
-        if (overlap(r, q)) problems.push(`legend entries ${text} and ${other} overlap`);
-    });
-  }
-  return problems;
-}"""
 
 # Each compare table's run columns: the run's page it links to, and whether its header lies within
 # the visible part of the table's box.
@@ -113,28 +43,11 @@ COMPARE_COLUMNS = """() => [...document.querySelectorAll("table.compare")].map((
 })"""
 
 
-def _browser_or_skip():
-    required = os.environ.get("AUTOTUNE_REQUIRE_BROWSER") == "1"
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if required:
-            pytest.fail("AUTOTUNE_REQUIRE_BROWSER=1 but playwright is not installed "
-                        "(pip install -e '.[test]')")
-        pytest.skip("playwright is not installed")
-    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        if required:
-            pytest.fail(f"AUTOTUNE_REQUIRE_BROWSER=1 but there is no Chromium at {CHROMIUM} "
-                        "(apt-get install chromium chromium-driver)")
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    return sync_playwright
 
 
 @pytest.fixture
 def shots(tmp_path):
-    folder = Path(os.environ.get("AUTOTUNE_SCREENSHOTS") or tmp_path / "screenshots")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return screenshots(tmp_path)
 
 
 @pytest.fixture
@@ -146,56 +59,8 @@ def server(tmp_path):
 
 @pytest.fixture
 def page(server):
-    with browser_page(_browser_or_skip(), server.url) as tab:
+    with browser_page(browser_or_skip(), server.url) as tab:
         yield tab
-
-
-@contextlib.contextmanager
-def browser_page(sync_playwright, base_url: str):
-    """A Chromium tab on ``base_url``; on leaving, fails the test if a page asked another host for
-    anything or logged an error."""
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport=LAPTOP, base_url=base_url)
-        context.set_default_timeout(TIMEOUT_MS)
-        # expect() has a timeout of its own (5 s), which the context's default does not reach: the
-        # explain panel's estimate can take longer than that on a loaded 2-core machine.
-        from playwright.sync_api import expect
-
-        expect.set_options(timeout=TIMEOUT_MS)
-        # Anything the pages ask of another host is recorded and refused: the dashboard and the API
-        # docs must work offline.
-        foreign: list[str] = []
-
-        def refuse(route):
-            foreign.append(route.request.url)
-            route.abort()
-
-        context.route(lambda url: not url.startswith((base_url + "/", "data:", "blob:")), refuse)
-        tab = context.new_page()
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
-
-        def console(msg):
-            # The browser logs every 4xx fetch as an error; those the test provokes are expected: 422, and
-            # 404 from POST /v1/tables (an unknown model).
-            if msg.type != "error" or "status of 422" in msg.text or (
-                    "status of 404" in msg.text and msg.location.get("url", "").endswith("/v1/tables")):
-                return
-            if "Content Security Policy" in msg.text and any(url in msg.text for url in REFUSED_BY_CSP):
-                return
-            errors.append(msg.text)
-
-        tab.on("console", console)
-        yield tab
-        browser.close()
-    assert not foreign, f"the pages asked other hosts for: {foreign}"
-    assert not errors, f"the pages logged errors: {errors}"
-
-
-def assert_readable(page, where: str) -> None:
-    problems = page.evaluate(LAYOUT_PROBLEMS)
-    assert problems == [], f"{where} at {page.viewport_size['width']}px: {problems}"
 
 
 # Where the text of the element ``selector`` that says ``text`` lies: the boxes of its lines and the
@@ -474,85 +339,3 @@ def test_api_docs_render_from_the_server_itself(page, server, shots):
     page.screenshot(path=shots / "11-api-redoc.png")
 
 
-def test_all_kinds_launch_and_the_fleet_view_on_a_ray_cluster(tmp_path, shots):
-    """The service on a real Ray cluster (tests/fleet.py: a T4 node and an L4 node, loopback only, in a
-    network namespace the browser runs in too): "all kinds in the fleet" on the form queues a run per
-    kind, the fleet view opens and fills in as their cells are stored, one column and one line per kind."""
-    from fleet import FleetCluster, FleetServer, namespace_or_skip, ray_or_skip
-
-    sync_playwright = _browser_or_skip()
-    ray_or_skip()
-    namespace = namespace_or_skip()
-    cluster = None
-    try:
-        cluster = FleetCluster(namespace)
-        server = FleetServer(tmp_path / "fleet.db", tmp_path / "fleet.log", cluster.address, cluster.records,
-                             cluster.dir / "hold")
-        try:
-            with browser_page(sync_playwright, server.url) as page:
-                fleet_in_the_browser(page, server, shots)
-        finally:
-            server.stop()
-    finally:
-        namespace.close()  # every Ray process of the cluster is in it
-        if cluster is not None:
-            cluster.close()
-
-
-def fleet_in_the_browser(page, server, shots) -> None:
-    from playwright.sync_api import expect
-
-    page.goto("/new")
-    gpu = page.get_by_label("GPU preset")
-    expect(gpu.locator("option[value=all-kinds]")).to_have_text("all kinds in the fleet: L4, T4")
-    page.get_by_label("Model").fill("tiny-bert")
-    # One cell per kind, the kinds at once: a cell is a Ray task in a fresh worker process, then a probe
-    # process, each importing torch (seconds apiece on a loaded 2-core machine).
-    page.get_by_label("Sequence lengths").fill("32")
-    page.get_by_label("fp32", exact=True).check()  # one mode (none checked: the weights' four)
-    page.get_by_text("More settings").click()
-    page.get_by_label("Largest batch probed").fill("2")  # two probes a cell at most, on the CPU stand-in
-    page.get_by_label("Search").select_option("bisect")
-    # A card size beside "all kinds" is turned down next to its field, and nothing is queued.
-    gpu.select_option("all-kinds")
-    page.get_by_label("or its memory").fill("12GiB")
-    page.get_by_role("button", name="Make the table").click()
-    expect(page.locator("#gpu_memory-error")).to_contain_text("all kinds in the fleet sets each run's GPU")
-    assert server.client.get("/v1/tables").json()["count"] == 0
-    page.screenshot(path=shots / "12-launch-all-kinds-error.png", full_page=True)
-    page.get_by_label("or its memory").fill("")
-    page.get_by_role("button", name="Make the table").click()
-
-    # The fleet view of the model, for the step just asked: a column per kind, filling in live.
-    expect(page).to_have_url(re.compile(r"/fleet\?model=tiny-bert&step=[0-9a-f]{12}$"))
-    page.evaluate("window.__sameDocument = true")
-    table = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
-    expect(table.locator("thead th a")).to_have_text(["T4", "L4"])
-    live = page.locator("#fleet-live")
-    deadline = time.monotonic() + FLEET_TIMEOUT_S
-    while live.get_attribute("data-live") is not None:
-        assert time.monotonic() < deadline, "the fleet's runs did not finish"
-        page.wait_for_timeout(200)
-    assert page.evaluate("window.__sameDocument") is True, "the view reloaded instead of updating"
-    expect(table.locator("tbody tr")).to_have_count(1)
-    expect(table.locator("td.cell")).to_have_text([re.compile(r"^\s*2\+\s*$")] * 2)  # at the cap of 2
-    for kind in ("T4", "L4"):  # a line per kind: here its one point
-        expect(page.locator("svg.chart title", has_text=f"{kind}, seq 32: max batch 2+")).to_have_count(1)
-    expect(page.locator(".chart-legend li")).to_have_text(["T4", "L4"])
-    expect(page.locator("#fleet-step")).to_contain_text("measured on each kind's GPU")
-    runs = server.client.get("/v1/tables").json()["data"]
-    assert sorted((r["gpu"], r["backend"], r["status"]) for r in runs) == [
-        ("L4", "cuda", "done"), ("T4", "cuda", "done")]
-    assert_readable(page, "the fleet view")
-    page.screenshot(path=shots / "13-fleet-view.png", full_page=True)
-    page.set_viewport_size(PHONE)
-    page.reload()
-    assert_readable(page, "the fleet view")
-    page.screenshot(path=shots / "14-phone-fleet-view.png", full_page=True)
-    # From a run's page, back to the fleet view of its step.
-    page.set_viewport_size(LAPTOP)
-    page.locator("thead th a", has_text="L4").first.click()
-    expect(page.get_by_role("heading", name=re.compile("tiny-bert"))).to_contain_text("on L4")
-    page.get_by_role("link", name="Every GPU kind…").click()
-    back = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
-    expect(back.locator("thead th a")).to_have_text(["T4", "L4"])

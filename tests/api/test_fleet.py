@@ -3,12 +3,15 @@
 One cluster for the module (tests/fleet.py): a head and two worker nodes with one logical GPU each,
 labelled T4 and L4. The GPU probe is the CPU memory stand-in the cuda tests use, so the whole path
 runs: the app -> RayRunner -> a task on a node of the kind -> cells in the store -> the API.
+The dashboard's fleet view in a real browser (tests/browser.py) runs on this cluster too: a cluster
+of its own cost one more start (13 CPU s, about 17 s at idle; issue #39).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import signal
 import time
 
@@ -209,3 +212,87 @@ def test_an_unreachable_cluster_keeps_the_service_serving_and_refuses_new_runs(f
         started = time.monotonic()
         server.kill()
         assert time.monotonic() - started < 10
+
+
+# -- the fleet view in a browser ----------------------------------------------------------------------
+
+# The fleet's two runs end to end (a Ray task per cell, each a fresh worker and a probe process importing
+# torch): over 240 s at load 8 beside the config corpus; a limit, polled, not a wait.
+FLEET_TIMEOUT_S = 600
+
+
+def test_all_kinds_launch_and_the_fleet_view_in_a_real_browser(fleet, tmp_path):
+    """The dashboard (tests/browser.py: headless Chromium, in the cluster's network namespace too) on this
+    module's cluster: "all kinds in the fleet" on the form queues a run per kind, the fleet view opens and
+    fills in as their cells are stored, one column and one line per kind."""
+    from browser import browser_or_skip, browser_page, screenshots
+
+    sync_playwright = browser_or_skip()
+    shots = screenshots(tmp_path)
+    server = FleetServer(tmp_path / "view.db", tmp_path / "view.log", fleet.address, fleet.records,
+                         fleet.dir / "hold")
+    try:
+        with browser_page(sync_playwright, server.url) as page:
+            fleet_in_the_browser(page, server, shots)
+    finally:
+        server.stop()
+
+
+def fleet_in_the_browser(page, server, shots) -> None:
+    from browser import LAPTOP, PHONE, assert_readable
+    from playwright.sync_api import expect
+
+    page.goto("/new")
+    gpu = page.get_by_label("GPU preset")
+    expect(gpu.locator("option[value=all-kinds]")).to_have_text("all kinds in the fleet: L4, T4")
+    page.get_by_label("Model").fill("tiny-bert")
+    # One cell per kind, the kinds at once: a cell is a Ray task in a fresh worker process, then a probe
+    # process, each importing torch (seconds apiece on a loaded 2-core machine).
+    page.get_by_label("Sequence lengths").fill("32")
+    page.get_by_label("fp32", exact=True).check()  # one mode (none checked: the weights' four)
+    page.get_by_text("More settings").click()
+    page.get_by_label("Largest batch probed").fill("2")  # two probes a cell at most, on the CPU stand-in
+    page.get_by_label("Search").select_option("bisect")
+    # A card size beside "all kinds" is turned down next to its field, and nothing is queued.
+    gpu.select_option("all-kinds")
+    page.get_by_label("or its memory").fill("12GiB")
+    page.get_by_role("button", name="Make the table").click()
+    expect(page.locator("#gpu_memory-error")).to_contain_text("all kinds in the fleet sets each run's GPU")
+    assert server.client.get("/v1/tables").json()["count"] == 0
+    page.screenshot(path=shots / "12-launch-all-kinds-error.png", full_page=True)
+    page.get_by_label("or its memory").fill("")
+    page.get_by_role("button", name="Make the table").click()
+
+    # The fleet view of the model, for the step just asked: a column per kind, filling in live.
+    expect(page).to_have_url(re.compile(r"/fleet\?model=tiny-bert&step=[0-9a-f]{12}$"))
+    page.evaluate("window.__sameDocument = true")
+    table = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
+    expect(table.locator("thead th a")).to_have_text(["T4", "L4"])
+    live = page.locator("#fleet-live")
+    deadline = time.monotonic() + FLEET_TIMEOUT_S
+    while live.get_attribute("data-live") is not None:
+        assert time.monotonic() < deadline, "the fleet's runs did not finish"
+        page.wait_for_timeout(200)
+    assert page.evaluate("window.__sameDocument") is True, "the view reloaded instead of updating"
+    expect(table.locator("tbody tr")).to_have_count(1)
+    expect(table.locator("td.cell")).to_have_text([re.compile(r"^\s*2\+\s*$")] * 2)  # at the cap of 2
+    for kind in ("T4", "L4"):  # a line per kind: here its one point
+        expect(page.locator("svg.chart title", has_text=f"{kind}, seq 32: max batch 2+")).to_have_count(1)
+    expect(page.locator(".chart-legend li")).to_have_text(["T4", "L4"])
+    expect(page.locator("#fleet-step")).to_contain_text("measured on each kind's GPU")
+    runs = server.client.get("/v1/tables").json()["data"]
+    assert sorted((r["gpu"], r["backend"], r["status"]) for r in runs) == [
+        ("L4", "cuda", "done"), ("T4", "cuda", "done")]
+    assert_readable(page, "the fleet view")
+    page.screenshot(path=shots / "13-fleet-view.png", full_page=True)
+    page.set_viewport_size(PHONE)
+    page.reload()
+    assert_readable(page, "the fleet view")
+    page.screenshot(path=shots / "14-phone-fleet-view.png", full_page=True)
+    # From a run's page, back to the fleet view of its step.
+    page.set_viewport_size(LAPTOP)
+    page.locator("thead th a", has_text="L4").first.click()
+    expect(page.get_by_role("heading", name=re.compile("tiny-bert"))).to_contain_text("on L4")
+    page.get_by_role("link", name="Every GPU kind…").click()
+    back = page.get_by_role("table", name=re.compile("^Max batch size, fp32"))
+    expect(back.locator("thead th a")).to_have_text(["T4", "L4"])
