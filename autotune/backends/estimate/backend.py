@@ -43,6 +43,7 @@ from autotune.backends.estimate.liger import (
     swap_in_linear_attention,
     swap_in_scattermoe,
 )
+from autotune.backends.estimate.mx_meta import meta_mx_conversions
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.steps import SteadySteps
@@ -89,6 +90,11 @@ class _FakeModel:
     distributed: Distributed | None = None  # a multi-GPU job's rank (distributed.py)
     # A full fine-tune's DPO reference model, frozen (workload.preference.prepare_models)
     reference: Any = None
+
+
+def _mx_qat(workload: Workload) -> bool:
+    """Whether the workload's linears are torchao's MX fake-quantized ones (workload/qat.py)."""
+    return workload.qat is not None and workload.qat.weight_dtype == "mxfp4"
 
 
 def _extrapolation(traces: list[Trace], reference: tuple[Trace, Trace] | None = None,
@@ -741,34 +747,42 @@ class EstimateBackend:
         kernels = kernels_for(self.gpu.compute_capability)
         if workload.attn == FLASH_ATTENTION_2:
             kernels = dataclasses.replace(kernels, flash_attn_package=True)
-        steady = self._steady.setdefault((workload, mode.name), SteadySteps())
         # Cyclic garbage collection runs at moments that depend on Python's object counts, not
         # on the step, and would free tensors in cycles at different points from run to run;
         # with it paused, the trace depends only on the step (refcounting frees the rest).
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        # torchao's MX conversions on meta tensors: the same allocations, less CPU (mx_meta.py)
+        conversions = meta_mx_conversions() if _mx_qat(workload) else contextlib.nullcontext()
         try:
-            for write_steps in (False,) if hooks.every_step else (True, False):
-                emulation = hooks.make_emulation(dtype, kernels)
-                tracker = hooks.make_tracker(self.multiprocessors)
-                self._emulation = emulation  # the recompute of checkpointed segments runs under it
-                try:
-                    events = trace_step(fake, workload, mode, seq_len, batch_size, tracker=tracker,
-                                        emulation=emulation, hooks=hooks, steady=steady,
-                                        write_steps=write_steps,
-                                        cublas_workspace_bytes=self.gpu.cublas_workspace_bytes)
-                except UnsteadyStep:  # a step that was not steady after all: run every step
-                    tracker.close()
-                    with fake.mode_ctx:
-                        fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
-                    continue
-                finally:
-                    self._emulation = None
-                self._note_attention(workload, mode, emulation)
-                if tracker.host_peak_bytes:
-                    self._host_bytes[(workload, mode.name)] = tracker.host_peak_bytes
-                return Trace.from_events(batch_size, events, tracker.workspaces)
-            raise AssertionError("a trace that writes no step cannot be unsteady")
+            with conversions:
+                return self._trace_steps(hooks, fake, workload, mode, seq_len, batch_size, dtype, kernels)
         finally:
             if gc_was_enabled:
                 gc.enable()
+
+    def _trace_steps(self, hooks: StepHooks, fake: _FakeModel, workload: Workload, mode: Mode,
+                     seq_len: int, batch_size: int, dtype: Any, kernels: Any) -> Trace:
+        """``trace_with``'s runs of the step: the steady one, else every step (steps.py)."""
+        steady = self._steady.setdefault((workload, mode.name), SteadySteps())
+        for write_steps in (False,) if hooks.every_step else (True, False):
+            emulation = hooks.make_emulation(dtype, kernels)
+            tracker = hooks.make_tracker(self.multiprocessors)
+            self._emulation = emulation  # the recompute of checkpointed segments runs under it
+            try:
+                events = trace_step(fake, workload, mode, seq_len, batch_size, tracker=tracker,
+                                    emulation=emulation, hooks=hooks, steady=steady,
+                                    write_steps=write_steps,
+                                    cublas_workspace_bytes=self.gpu.cublas_workspace_bytes)
+            except UnsteadyStep:  # a step that was not steady after all: run every step
+                tracker.close()
+                with fake.mode_ctx:
+                    fake.model.zero_grad(set_to_none=True)  # as a finished step leaves it
+                continue
+            finally:
+                self._emulation = None
+            self._note_attention(workload, mode, emulation)
+            if tracker.host_peak_bytes:
+                self._host_bytes[(workload, mode.name)] = tracker.host_peak_bytes
+            return Trace.from_events(batch_size, events, tracker.workspaces)
+        raise AssertionError("a trace that writes no step cannot be unsteady")
