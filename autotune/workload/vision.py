@@ -66,6 +66,13 @@ Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, p
     Here the ``[IMG]`` tokens of an image are contiguous and its H/patch markers around them: the
     same counts, the model reading only where ``[IMG]`` is.
 
+llama4 (Llama 4 Scout, Maverick; Llama4ImageProcessor, image_processing_llama4.py; processing_llama4.py)
+    each image cut into the grid of 336-pixel tiles ``get_best_fit`` picks (1 to max_patches (16) tiles)
+    and, beside a grid of more than one, a global tile of the whole: ``pixel_values`` [tiles, 3, 336,
+    336]; 144 ``<|patch|>`` tokens a tile ((336/14)**2 patches, pixel-shuffled 2x2), between
+    ``<|image_start|>``, the grid's tile separators, ``<|image|>`` and ``<|image_end|>``
+    (workload/llama4_images.py).
+
 The image size only changes the dynamic-resolution families' inputs (Qwen's, Pixtral's, Gemma 4's); the
 fixed-size processors resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
 
@@ -132,11 +139,13 @@ LFM2_VL_TOLERANCE = 2.0
 # InternVL3_5-8B-HF, transformers 4.55); transformers' own default is crop_to_patches off.
 INTERNVL_MIN_TILES = 1
 INTERNVL_MAX_TILES = 12
+# Llama 4: tiles of its tower's size and a global tile (workload/llama4_images.py).
+GLOBAL_TILE_FAMILIES = ("llama4",)
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
 # the image size changes the inputs
 DYNAMIC_FAMILIES = (QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
-                    + CROSS_ATTENTION_FAMILIES)
+                    + CROSS_ATTENTION_FAMILIES + GLOBAL_TILE_FAMILIES)
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
@@ -336,7 +345,8 @@ class ImageLayout:
         width, height = self.given
         if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
-            thumbnail = " and a thumbnail" if self.family == "internvl" else ""  # LFM2-VL-450M's has none
+            thumbnail = {"internvl": " and a thumbnail", "llama4": " and a global tile"}.get(
+                self.family, "")  # LFM2-VL-450M's has none
             cut = (f"cut into {self.tiles} tiles (a {self.processed[0]}x{self.processed[1]} grid{thumbnail})"
                    if self.tiles > 1 else f"resized to {self.processed[0]}x{self.processed[1]}")
             size = f"{width}x{height}{why}, {cut}: {self.patches} patches"
@@ -376,8 +386,8 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
     whose processor autotune does not model."""
     family = vision_family(config)
     if family is None and images.per_sample == 0 and is_vlm(config):
-        # A text-only step runs no processor (input_ids and labels alone): Llama 4's, whose images are
-        # not modelled, trains its text so.
+        # A text-only step runs no processor (input_ids and labels alone): a VLM whose images are not
+        # modelled trains its text so.
         size = images.width_height
         return ImageLayout(str(config.model_type), 0, size, size, tokens=0, markers=0, patches=0,
                            size_given=images.size is not None)
@@ -418,6 +428,14 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            tokens=tiles * per_tile // factor**2, markers=2 + (tiles if tiles > 1 else 0),
                            patches=tiles * per_tile, tiles=tiles, padded_patches=padded,
                            size_given=images.size is not None)
+    if family in GLOBAL_TILE_FAMILIES:
+        from autotune.workload.llama4_images import layout_numbers
+
+        found = layout_numbers(height, width, vision)
+        (rows, columns), side = found["grid"], int(vision.image_size)
+        return ImageLayout(family, images.per_sample, (width, height), (columns * side, rows * side),
+                           tokens=found["tokens"], markers=found["markers"], patches=found["patches"],
+                           tiles=found["tiles"], size_given=images.size is not None)
     if family in CROSS_ATTENTION_FAMILIES:
         from autotune.workload.mllama_images import tiles_of, tower_patches
 
@@ -529,6 +547,10 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
         side = int(config.vision_config.image_size)
         tiles_hw = (layout.processed[1] // side, layout.processed[0] // side)
         batch.update(mllama_inputs(config, tiles_hw, layout.per_sample, batch_size, seq_len, starts, device))
+    elif layout.family in GLOBAL_TILE_FAMILIES and images:
+        from autotune.workload.llama4_images import llama4_pixel_values
+
+        batch["pixel_values"] = llama4_pixel_values(config, images, layout.tiles, device)
     elif layout.family in TILED_FAMILIES and images:
         side = int(config.vision_config.image_size[0])
         batch["pixel_values"] = torch.zeros((images * layout.tiles, 3, side, side), dtype=torch.float32,

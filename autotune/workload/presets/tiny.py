@@ -396,8 +396,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                         "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "no_rope_layers": [1, 0],
                         "attention_chunk_size": 64, "max_position_embeddings": 1024, "pad_token_id": 0,
                         "bos_token_id": 1, "eos_token_id": 2},
-        "vision_config": {"model_type": "llama4_vision_model", **_TINY_VISION, "vision_output_dim": 32,
-                          "projector_input_dim": 32, "projector_output_dim": 32},
+        # The pixel shuffle's MLP takes hidden_size / pixel_shuffle_ratio**2 (128) as intermediate_size
+        # (modeling_llama4.py Llama4VisionMLP2: fc1 of intermediate_size; 5632 = 4 x 1408 in the checkpoints).
+        "vision_config": {"model_type": "llama4_vision_model", **_TINY_VISION, "intermediate_size": 128,
+                          "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32},
         "image_token_index": 100,
         "boi_token_index": 101,
         "eoi_token_index": 102,
