@@ -229,6 +229,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         **_TINY_VISION_TOKENS,
         "architectures": ["Qwen3VLForConditionalGeneration"],
     },
+    # GLM-4V (GLM-4.6V-Flash's layout): the tiny decoder with half its head rotated (partial_rotary_factor
+    # 0.5: 4 frequencies in mrope sections), biased q/k/v, a 2-block tower of 14-pixel patches merged 2 x 2
+    # with a 4 x 4 learned position table (image_size 56).
+    "glm4v": {
+        "text_config": {"model_type": "glm4v_text", **_TINY_VLM_TEXT, "partial_rotary_factor": 0.5,
+                        "attention_bias": True, "pad_token_id": 0,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                            "mrope_section": [1, 1, 2]}},
+        "vision_config": {"model_type": "glm4v_vision", "depth": 2, "hidden_size": 32, "num_heads": 2,
+                          "intermediate_size": 32, "out_hidden_size": 32, "image_size": 56, "patch_size": 14},
+        "image_token_id": 100, "video_token_id": 101, "image_start_token_id": 102, "image_end_token_id": 103,
+        "architectures": ["Glm4vForConditionalGeneration"],
+    },
     "qwen3_vl_moe": {
         "text_config": {"model_type": "qwen3_vl_moe_text", **_TINY_VLM_TEXT, "head_dim": 16,
                         "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],

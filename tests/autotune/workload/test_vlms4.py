@@ -85,3 +85,62 @@ def test_a_tiny_llama4_check_answers_and_more_images_raise_the_peak():
     one, three = check(1), check(3)
     assert one.fits and one.images["tokens"] == (4 * 4 + 1) * 4  # a 4 x 4 grid of 56, the global tile
     assert three.peak_memory_bytes > one.peak_memory_bytes
+
+
+# --- GLM-4V (GLM-4.6V-Flash): Qwen2-VL's inputs with GLM-4V's own smart_resize ----------------------
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_glm4v_resize_is_its_processors(width, height):
+    from autotune.workload.vision import GLM_MAX_PIXELS, GLM_MIN_PIXELS, glm4v_resize
+
+    theirs = transformers_function("glm4v", "image_processing_glm4v", "smart_resize")
+    assert glm4v_resize(height, width) == theirs(2, height, width, temporal_factor=2, factor=28,
+                                                  min_pixels=GLM_MIN_PIXELS, max_pixels=GLM_MAX_PIXELS)
+
+
+def test_glm4v_layout_is_a_hand_computation():
+    # 640x480: sides rounded to 28s (476 x 644), 2 frames x 476 x 644 within [12544, 9633792] pixels;
+    # (476/14) x (644/14) = 34 x 46 patches, merged 2 x 2: 391 <|image|> tokens between begin and end.
+    layout = image_layout(resolve_model("tiny-glm4v").config, Images(1, (640, 480)))
+    assert (layout.processed, layout.grid, layout.patches) == ((644, 476), (1, 34, 46), 1564)
+    assert (layout.tokens, layout.markers) == (391, 2)
+    batch = make_batch(resolve_model("tiny-glm4v").config, VLM, 2, 1024, device="meta",
+                       images=Images(1, (640, 480)))
+    assert tuple(batch["pixel_values"].shape) == (2 * 1564, 3 * 2 * 14 * 14)
+    assert tuple(batch["image_grid_thw"].shape) == (2, 3)
+    assert tuple(batch["position_ids"].shape) == (3, 2, 1024)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_the_glm4v_batch_is_what_the_real_model_takes(count):
+    real_model_takes("tiny-glm4v", count, 300)
+
+
+def test_the_given_glm4v_positions_are_the_models_own():
+    # position_ids (GLM-4V's get_rope_index) and the tower's indices, given, make the model's own logits.
+    from autotune.workload.step import build_model
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-glm4v"), VLM, None)
+    model.eval()
+    batch = make_batch(model.config, VLM, 2, 300, images=Images(2, (84, 56)))
+    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
+    own["image_grid_thw"] = batch["image_grid_thw"]
+    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                           image_grid_thw=batch["image_grid_thw"],
+                                           attention_mask=batch["attention_mask"])
+    kept = batch["attention_mask"].bool()
+    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+
+
+def test_a_tiny_glm4v_check_answers_and_more_images_raise_the_peak():
+    def check(count):
+        return autotune.check("tiny-glm4v", seq_len=512, batch_size=2, gpu_memory="1GiB",
+                              backend="estimate", workers=1, image_size="224x224", images_per_sample=count)
+
+    one, three = check(1), check(3)
+    assert one.fits and one.images["tokens"] == (224 // 28) ** 2
+    assert three.peak_memory_bytes > one.peak_memory_bytes
