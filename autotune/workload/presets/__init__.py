@@ -32,6 +32,7 @@ One module per family, each checkpoint's source cited beside it:
     vlms.py       more vision-language models (Qwen3-VL)
     vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
     llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
+    glm4v.py      GLM-4.6V-Flash (vision-language, GLM-4V)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -48,6 +49,7 @@ from autotune.workload.presets import (
     gemma,
     gemma4,
     glm,
+    glm4v,
     llama,
     llama4,
     mistral3,
@@ -98,6 +100,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **vlms2.VLMS2_PRESETS,
     **ssm_hybrids.JAMBA_PRESETS,
     **llama4.LLAMA4_PRESETS,
+    **glm4v.GLM4V_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

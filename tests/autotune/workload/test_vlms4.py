@@ -144,3 +144,20 @@ def test_a_tiny_glm4v_check_answers_and_more_images_raise_the_peak():
     one, three = check(1), check(3)
     assert one.fits and one.images["tokens"] == (224 // 28) ** 2
     assert three.peak_memory_bytes > one.peak_memory_bytes
+
+
+def test_glm_4_6v_flash_is_its_vlm_of_10_3b():
+    # GLM-4-9B's 9.40B text model (the model card's "9B") and a 0.89B tower: 10.29B in all.
+    from transformers import AutoModelForImageTextToText
+
+    from autotune.workload.models import infer_task
+
+    spec = resolve_model("zai-org/GLM-4.6V-Flash")
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    assert type(model).__name__ == "Glm4vForConditionalGeneration"
+    tower = sum(p.numel() for p in model.model.visual.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    assert round((total - tower) / 1e9, 1) == 9.4 and round(tower / 1e9, 2) == 0.89
+    assert round(total / 1e9, 2) == 10.29
