@@ -135,6 +135,8 @@ FAMILIES: dict[str, dict[str, float]] = {
     # Linearized-bnb-nf4 copies are these checkpoints.
     "llama4_scout": {"meta-llama/Llama-4-Scout-17B-16E": 17},
     "llama4_maverick": {"meta-llama/Llama-4-Maverick-17B-128E": 17},
+    # GLM-4.6V-Flash (Glm4vForConditionalGeneration, presets/glm4v.py) by its model card's 9B.
+    "glm46v_flash": {"zai-org/GLM-4.6V-Flash": 9},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -173,6 +175,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"internvl3_5-8b-hf", "internvl"),
     (r"lfm2-vl-450m", "lfm2_vl"),
     (r"llama-3\.2-11b-vision", "mllama"),
+    (r"glm-4\.6v-flash", "glm46v_flash"),
     (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
@@ -221,7 +224,7 @@ PEEL_READERS: dict[str | None, str] = {
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
-    "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4",
+    "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4", "glm46v_flash": "tiny-glm4v",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -231,8 +234,8 @@ ATTENTION_NOT_PATCHED = "Axolotl's lora_qkv_kernel / lora_o_kernel fail on"  # l
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
-               "glm-4.5-air": 106, "glm-4.7-flash": 30, "jamba-v0.1": 52, "jamba-1.5-large": 398,
-               "deepseek-v2.5": 236}
+               "glm-4.5-air": 106, "glm-4.7-flash": 30, "glm-4.6v-flash": 9, "jamba-v0.1": 52,
+               "jamba-1.5-large": 398, "deepseek-v2.5": 236}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

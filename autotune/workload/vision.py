@@ -21,6 +21,12 @@ qwen3_vl, qwen3_vl_moe (Qwen3VLProcessor, processing_qwen3_vl.py; its image proc
     of 32 within [65536, 16777216] pixels: ``pixel_values`` [patches, 3 x 2 x 16 x 16]) and the
     same tokens; its vision model also reads the resampling of its position table
     (``interp_indices``/``interp_weights``).
+glm4v, glm46v (GLM-4.1V, GLM-4.6V-Flash; Glm4vProcessor, processing_glm4v.py; Glm4vImageProcessor,
+    image_processing_glm4v.py, which Glm46V's subclasses unchanged): Qwen2-VL's layout and tower inputs
+    (patches of 14 over 2 frames, merged 2 x 2, ``<|image|>`` repeated patches / 4 times between
+    ``<|begin_of_image|>`` and ``<|end_of_image|>``, ``mm_token_type_ids``, 3D positions) with its own
+    ``smart_resize``: the image counted as temporal_patch_size (2) frames against the pixel budget,
+    one too small for a side of 28 first scaled up to it (``glm4v_resize``).
 llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
     every image resized and center-cropped to the vision tower's image_size (336): ``pixel_values``
     [images, 3, 336, 336]; ``<image>`` repeated (336/14)**2 = 576 times (vision_feature_select_strategy
@@ -66,6 +72,13 @@ Magistral Small, Ministral 3; dynamic resolution; image_processing_pixtral.py, p
     Here the ``[IMG]`` tokens of an image are contiguous and its H/patch markers around them: the
     same counts, the model reading only where ``[IMG]`` is.
 
+llama4 (Llama 4 Scout, Maverick; Llama4ImageProcessor, image_processing_llama4.py; processing_llama4.py)
+    each image cut into the grid of 336-pixel tiles ``get_best_fit`` picks (1 to max_patches (16) tiles)
+    and, beside a grid of more than one, a global tile of the whole: ``pixel_values`` [tiles, 3, 336,
+    336]; 144 ``<|patch|>`` tokens a tile ((336/14)**2 patches, pixel-shuffled 2x2), between
+    ``<|image_start|>``, the grid's tile separators, ``<|image|>`` and ``<|image_end|>``
+    (workload/llama4_images.py).
+
 The image size only changes the dynamic-resolution families' inputs (Qwen's, Pixtral's, Gemma 4's); the
 fixed-size processors resize every image to one size. Default: ``DEFAULT_IMAGE_SIZE``.
 
@@ -106,7 +119,17 @@ QWEN_MAX_PIXELS = 12845056
 QWEN3_MIN_PIXELS = 65536
 QWEN3_MAX_PIXELS = 16777216
 QWEN3_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES)
+# GLM-4V's processor and tower take Qwen2-VL's inputs (its image processor is Qwen2-VL's with its own
+# smart_resize); GLM-4.6V's (glm46v) subclass GLM-4V's unchanged (modular_glm46v.py).
+GLM_FAMILIES = ("glm4v", "glm46v")
+# The GLM-V family's published processor: size {"shortest_edge": 12544, "longest_edge": 9633792} (112 x 112
+# pixels to 6144 merged tokens over 2 frames), Glm46VImageProcessor's in zai-org/GLM-OCR's
+# preprocessor_config.json (quoted verbatim, revision 2e85a628, in a public Go test of its processor) and
+# what exllamav3's preparation writes for model_type glm4v; transformers' default is 28 x 28 x 15000.
+GLM_MIN_PIXELS = 12544
+GLM_MAX_PIXELS = 9633792
+# The families whose processor makes Qwen2-VL's inputs (pixel_values of flattened patches, image_grid_thw).
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES, *GLM_FAMILIES)
 # Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
 PIXTRAL_FAMILIES = ("pixtral", "mistral3")
@@ -132,11 +155,13 @@ LFM2_VL_TOLERANCE = 2.0
 # InternVL3_5-8B-HF, transformers 4.55); transformers' own default is crop_to_patches off.
 INTERNVL_MIN_TILES = 1
 INTERNVL_MAX_TILES = 12
+# Llama 4: tiles of its tower's size and a global tile (workload/llama4_images.py).
+GLOBAL_TILE_FAMILIES = ("llama4",)
 # The families whose processor keeps each image's aspect ratio within a patch budget.
 ASPECT_FAMILIES = ("gemma4",)
 # the image size changes the inputs
 DYNAMIC_FAMILIES = (QWEN_FAMILIES + PIXTRAL_FAMILIES + ASPECT_FAMILIES + TILED_FAMILIES
-                    + CROSS_ATTENTION_FAMILIES)
+                    + CROSS_ATTENTION_FAMILIES + GLOBAL_TILE_FAMILIES)
 # Gemma4ImageProcessor's max_soft_tokens (image_processing_gemma4.py; Gemma4Processor's
 # image_seq_length, 280, the same): the soft tokens an image may take, after the 3 x 3 pooling. The
 # converter writes it into config.json as vision_soft_tokens_per_image (convert_gemma4_weights.py),
@@ -210,6 +235,32 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def glm4v_resize(height: int, width: int, factor: int = 28, min_pixels: int = GLM_MIN_PIXELS,
+                 max_pixels: int = GLM_MAX_PIXELS, frames: int = 2) -> tuple[int, int]:
+    """(height, width) of an image after GLM-4V's resize: transformers'
+    models/glm4v/image_processing_glm4v.py ``smart_resize`` with num_frames = temporal_factor =
+    temporal_patch_size (2), as its ``resize`` calls it for an image, line for line (that module needs
+    torchvision; tests/autotune/workload/test_vlms4.py runs both)."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise InvalidInput(f"absolute aspect ratio must be smaller than 200, got "
+                           f"{max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(frames / frames) * frames
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
@@ -336,7 +387,8 @@ class ImageLayout:
         width, height = self.given
         if self.family in DYNAMIC_FAMILIES:
             why = "" if self.size_given else f" ({DEFAULT_IMAGE_SIZE_WHY}; --image-size to change)"
-            thumbnail = " and a thumbnail" if self.family == "internvl" else ""  # LFM2-VL-450M's has none
+            thumbnail = {"internvl": " and a thumbnail", "llama4": " and a global tile"}.get(
+                self.family, "")  # LFM2-VL-450M's has none
             cut = (f"cut into {self.tiles} tiles (a {self.processed[0]}x{self.processed[1]} grid{thumbnail})"
                    if self.tiles > 1 else f"resized to {self.processed[0]}x{self.processed[1]}")
             size = f"{width}x{height}{why}, {cut}: {self.patches} patches"
@@ -376,8 +428,8 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
     whose processor autotune does not model."""
     family = vision_family(config)
     if family is None and images.per_sample == 0 and is_vlm(config):
-        # A text-only step runs no processor (input_ids and labels alone): Llama 4's, whose images are
-        # not modelled, trains its text so.
+        # A text-only step runs no processor (input_ids and labels alone): a VLM whose images are not
+        # modelled trains its text so.
         size = images.width_height
         return ImageLayout(str(config.model_type), 0, size, size, tokens=0, markers=0, patches=0,
                            size_given=images.size is not None)
@@ -397,10 +449,14 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            size_given=images.size is not None)
     if family in QWEN_FAMILIES:
         patch, merge = int(vision.patch_size), int(vision.spatial_merge_size)
-        low, high = ((QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS) if family in QWEN3_FAMILIES
-                     else (QWEN_MIN_PIXELS, QWEN_MAX_PIXELS))
-        resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=low,
-                                            max_pixels=high)
+        if family in GLM_FAMILIES:
+            resized_h, resized_w = glm4v_resize(height, width, factor=patch * merge,
+                                                frames=int(vision.temporal_patch_size))
+        else:
+            low, high = ((QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS) if family in QWEN3_FAMILIES
+                         else (QWEN_MIN_PIXELS, QWEN_MAX_PIXELS))
+            resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=low,
+                                                max_pixels=high)
         grid = (1, resized_h // patch, resized_w // patch)  # an image is one temporal patch
         patches = grid[0] * grid[1] * grid[2]
         return ImageLayout(family, images.per_sample, (width, height), (resized_w, resized_h),
@@ -418,6 +474,14 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                            tokens=tiles * per_tile // factor**2, markers=2 + (tiles if tiles > 1 else 0),
                            patches=tiles * per_tile, tiles=tiles, padded_patches=padded,
                            size_given=images.size is not None)
+    if family in GLOBAL_TILE_FAMILIES:
+        from autotune.workload.llama4_images import layout_numbers
+
+        found = layout_numbers(height, width, vision)
+        (rows, columns), side = found["grid"], int(vision.image_size)
+        return ImageLayout(family, images.per_sample, (width, height), (columns * side, rows * side),
+                           tokens=found["tokens"], markers=found["markers"], patches=found["patches"],
+                           tiles=found["tiles"], size_given=images.size is not None)
     if family in CROSS_ATTENTION_FAMILIES:
         from autotune.workload.mllama_images import tiles_of, tower_patches
 
@@ -529,6 +593,10 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
         side = int(config.vision_config.image_size)
         tiles_hw = (layout.processed[1] // side, layout.processed[0] // side)
         batch.update(mllama_inputs(config, tiles_hw, layout.per_sample, batch_size, seq_len, starts, device))
+    elif layout.family in GLOBAL_TILE_FAMILIES and images:
+        from autotune.workload.llama4_images import llama4_pixel_values
+
+        batch["pixel_values"] = llama4_pixel_values(config, images, layout.tiles, device)
     elif layout.family in TILED_FAMILIES and images:
         side = int(config.vision_config.image_size[0])
         batch["pixel_values"] = torch.zeros((images * layout.tiles, 3, side, side), dtype=torch.float32,
@@ -688,6 +756,11 @@ def known_values_numel(layout: ImageLayout, batch_size: int) -> int:
     images = batch_size * layout.per_sample
     if layout.family == "lfm2_vl":  # pixel_attention_mask, the tokens' gather indices and selection
         return images * layout.tiles * (layout.padded_patches or 0) * 2 + 8
+    if layout.family in GLM_FAMILIES:
+        # Glm4vVisionEmbeddings.forward derives per-patch tensors from the grid (each patch's image
+        # and its (w, h) sampling point of the position table, [1, patches, 1, 2]): kept whole, as
+        # FakeTensorMode otherwise drops the grid's own values with the first result over the limit.
+        return images * layout.patches * 2 + 8
     if layout.padded_patches is not None:  # Gemma 4's image_position_ids
         return images * layout.padded_patches * 2 + 8
     windows = 1

@@ -33,6 +33,7 @@ One module per family, each checkpoint's source cited beside it:
     vlms.py       more vision-language models (Qwen3-VL)
     vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
     llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
+    glm4v.py      GLM-4.6V-Flash (vision-language, GLM-4V)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -49,6 +50,7 @@ from autotune.workload.presets import (
     gemma,
     gemma4,
     glm,
+    glm4v,
     kimi_linear,
     llama,
     llama4,
@@ -102,6 +104,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **llama4.LLAMA4_PRESETS,
     **glm.GLM_4_PRESETS,
     **kimi_linear.KIMI_LINEAR_PRESETS,
+    **glm4v.GLM4V_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

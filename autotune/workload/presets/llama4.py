@@ -1,7 +1,7 @@
 """Llama 4 presets (task image-text-to-text: Llama4ForConditionalGeneration, as Axolotl's
-examples/llama-4 load them): Scout (16 experts) and Maverick (128 experts), 17B active each. A text
-step of one trains the whole checkpoint as Axolotl loads it (AutoModelForImageTextToText) without
-images; the images of Llama 4's processor are not modelled (workload/vision.py).
+examples/llama-4 load them): Scout (16 experts) and Maverick (128 experts), 17B active each. A step
+of one trains the whole checkpoint as Axolotl loads it (AutoModelForImageTextToText), with the images of
+its processor (workload/llama4_images.py) or without (a text-only step).
 
 Every layer of Scout is a mixture of 16 experts and one shared expert (interleave_moe_layer_step 1),
 one expert a token; Maverick alternates a dense MLP of 16384 with a mixture of 128 experts

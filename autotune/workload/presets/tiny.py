@@ -234,6 +234,19 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         **_TINY_VISION_TOKENS,
         "architectures": ["Qwen3VLForConditionalGeneration"],
     },
+    # GLM-4V (GLM-4.6V-Flash's layout): the tiny decoder with half its head rotated (partial_rotary_factor
+    # 0.5: 4 frequencies in mrope sections), biased q/k/v, a 2-block tower of 14-pixel patches merged 2 x 2
+    # with a 4 x 4 learned position table (image_size 56).
+    "glm4v": {
+        "text_config": {"model_type": "glm4v_text", **_TINY_VLM_TEXT, "partial_rotary_factor": 0.5,
+                        "attention_bias": True, "pad_token_id": 0,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                            "mrope_section": [1, 1, 2]}},
+        "vision_config": {"model_type": "glm4v_vision", "depth": 2, "hidden_size": 32, "num_heads": 2,
+                          "intermediate_size": 32, "out_hidden_size": 32, "image_size": 56, "patch_size": 14},
+        "image_token_id": 100, "video_token_id": 101, "image_start_token_id": 102, "image_end_token_id": 103,
+        "architectures": ["Glm4vForConditionalGeneration"],
+    },
     "qwen3_vl_moe": {
         "text_config": {"model_type": "qwen3_vl_moe_text", **_TINY_VLM_TEXT, "head_dim": 16,
                         "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
@@ -401,8 +414,10 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                         "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "no_rope_layers": [1, 0],
                         "attention_chunk_size": 64, "max_position_embeddings": 1024, "pad_token_id": 0,
                         "bos_token_id": 1, "eos_token_id": 2},
-        "vision_config": {"model_type": "llama4_vision_model", **_TINY_VISION, "vision_output_dim": 32,
-                          "projector_input_dim": 32, "projector_output_dim": 32},
+        # The pixel shuffle's MLP takes hidden_size / pixel_shuffle_ratio**2 (128) as intermediate_size
+        # (modeling_llama4.py Llama4VisionMLP2: fc1 of intermediate_size; 5632 = 4 x 1408 in the checkpoints).
+        "vision_config": {"model_type": "llama4_vision_model", **_TINY_VISION, "intermediate_size": 128,
+                          "vision_output_dim": 32, "projector_input_dim": 32, "projector_output_dim": 32},
         "image_token_index": 100,
         "boi_token_index": 101,
         "eoi_token_index": 102,

@@ -95,13 +95,6 @@ def test_a_text_only_step_of_llama4_is_estimated_with_linearized_experts(capsys)
     assert "no images: a text-only step of the vision-language model" in out.out
 
 
-def test_llama4_images_are_refused_naming_the_model(capsys):
-    code = main(["check", "tiny-llama4", "--seq-len", "512", "--batch-size", "1", "--gpu", "H100-80GB",
-                 "--images-per-sample", "1", "--no-cache"])
-    assert code == 2
-    assert "the images of model_type 'llama4' are not modelled" in capsys.readouterr().err
-
-
 def test_linearized_experts_of_another_model_type_are_refused(capsys):
     code = main(["check", "tiny-mixtral", "--seq-len", "64", "--batch-size", "1", "--gpu", "H100-80GB",
                  "--llama4-linearized-experts", "--no-cache"])

@@ -106,7 +106,7 @@ LIMITS = {
     "tiny-qwen3_5_moe": 1024, "tiny-qwen3_5": 1024, "tiny-mllama": 1024,
     "alpindale/Llama-3.2-11B-Vision-Instruct": 131072,
     "meta-llama/Llama-4-Scout-17B-16E": 262144, "meta-llama/Llama-4-Maverick-17B-128E": 1048576,
-    "tiny-llama4": 1024,
+    "tiny-llama4": 1024, "zai-org/GLM-4.6V-Flash": 131072, "tiny-glm4v": 1024,
     "meta-llama/Llama-3.1-405B": 131072, "openai/gpt-oss-120b": 131072, "deepseek-ai/DeepSeek-V2.5": 163840,
     "zai-org/GLM-4-32B-0414": 32768,
 }
