@@ -666,7 +666,8 @@ class EstimateBackend:
         return Probe(
             batch_size=batch_size,
             outcome="fits" if result.fits else "oom",
-            # The demand, not the peak reserved, is what decides fits/oom against the budget.
+            # The demand, not the peak reserved, is the figure the search predicts from; the run at
+            # the budget decides fits/oom (replay.replay), as the settling's replays do (fits_in).
             peak_bytes=result.demand_bytes,
             details={
                 "demand_bytes": result.demand_bytes,
