@@ -189,6 +189,12 @@ def render_table(t: TableResult) -> str:
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
     for cell in t.cells:
+        if cell.also_fits is not None and cell.max_batch_size is not None:
+            from autotune.analysis.check import also_fits_note
+
+            note = also_fits_note(cell.max_batch_size, cell.also_fits)
+            lines.append(f"{cell.mode} seq {cell.seq_len}: {note}")
+    for cell in t.cells:
         if cell.error:
             lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")
     per_cell = t.total_probes / max(1, len(t.cells))

@@ -272,6 +272,9 @@ def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
                 def settle(self, boundary):
                     return 20 if boundary == 17 else None
 
+                def above(self, boundary):
+                    return None
+
             return nullcontext(Cell())
 
     backend = Holed(lambda workload, mode, seq_len: 0)
