@@ -355,6 +355,7 @@ def check_from_cells(
         trainer=trainer_json(workload, gpu),
         offload_activations=workload.offload_activations,
         host_memory_bytes=max((int(p.get("host_bytes") or 0) for p in cell.get("probe_log", [])), default=0),
+        also_fits=cell.get("also_fits"),
     )
     result.message = format_message(result)
     return result

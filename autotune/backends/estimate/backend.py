@@ -243,15 +243,15 @@ def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
 # The cell's max is the largest batch B such that every batch from the window below a boundary a
 # search found up to B fits: just below the lowest batch that runs out of memory in that window
 # (this fraction of the boundary, at least _SETTLE_STEP batches, at most _SETTLE_BATCHES: each
-# batch a replay), then so again in the window below that one, until one holds no failure. So
-# every search ending near the limit reports the same max (35, 17, 8 and 7 above, 2290 on the T4),
-# what a GPU's own search from small batches finds, and a user lowering the batch below the max
-# meets no out-of-memory the replays predict. A batch above the first failure that fits too is
-# the cell's note, not its max (_above_hole). Each window after the first is scanned only below the
-# last (the batches above it are known to fit up to the new boundary).
+# batch a replay; the T4's ragged band is 45 batches wide), then so again in the window below that
+# one, until one holds no failure. So every search ending near the limit reports the same max (35,
+# 17, 8 and 7 above, 2290 on the T4), what a GPU's own search from small batches finds, and a user
+# lowering the batch below the max meets no out-of-memory the replays predict. A batch above the
+# first failure that fits too is the cell's note, not its max (_above_hole). Each window after the
+# first is scanned only below the last (the batches above it are known to fit up to the new boundary).
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
-_SETTLE_BATCHES = 128
+_SETTLE_BATCHES = 64
 # The windows followed down (and, for the note, the holes followed up) before the settling stops
 # where it is: a tiny model on a large card can fit at every fourth batch and run out of memory at
 # the batch after each (tiny-llama under FSDP1 QLoRA on an A100-80GB from 268,800 up: 575 holes).

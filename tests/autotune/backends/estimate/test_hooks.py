@@ -170,10 +170,10 @@ def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one
 
 
 def test_settle_scans_a_bounded_window_near_a_large_boundary():
-    fits, asked = counted(100_000, frozenset({99_900, 95_000}))
-    assert _settle(fits, 100_000) == 99_899  # the hole 100 below is in the window
-    assert len(asked) <= 2 * 128 and min(asked) >= 100_000 - 2 * 128  # 95,000 is not looked at
+    fits, asked = counted(100_000, frozenset({99_950, 99_900, 95_000}))
+    assert _settle(fits, 100_000) == 99_899  # the hole 50 below is in the window, and 50 below it
+    assert len(asked) <= 3 * 64 and min(asked) >= 100_000 - 3 * 64  # three windows; 95,000 is not looked at
     fits, asked = counted(100_000, frozenset({99_901}))
     assert _settle(fits, 99_900) is None  # a search stopped under a hole stays
     assert _above_hole(fits, 99_900) == 100_000  # what fits above it is the note
-    assert len(asked) <= 2 * 128 + 2 * 17 and max(asked) <= 100_004 + 256
+    assert len(asked) <= 3 * 64 and max(asked) <= 100_000 + 2 * 64
