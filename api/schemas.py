@@ -233,6 +233,9 @@ class CellPublic(BaseModel):
     step_time_s: float | None = None
     error: str | None = None
     probe_log: list[ProbePublic]
+    also_fits: int | None = Field(default=None, description="a larger batch that also fits, past "
+                                  "max_batch_size + 1 that runs out of memory (the caching allocator's "
+                                  "fragmentation); null: none known")
 
 
 class ParametersPublic(BaseModel):
@@ -479,6 +482,9 @@ class CheckPublic(BaseModel):
     host_memory_bytes: int = Field(default=0, description="pinned host memory a GPU's rank holds "
                                    "(FSDP's CPU offload: shards, gradients, optimizer state; ZeRO-Offload's "
                                    "buffers, CPU Adam state); 0: none")
+    also_fits: int | None = Field(default=None, description="a larger batch than the max that also fits, "
+                                  "past max_batch_size + 1 that runs out of memory (the caching allocator's "
+                                  "fragmentation); null: none known")
     table_id: str | None = Field(description="the stored table that answered (null: estimated now)")
     measured_on: str | None = Field(description="the GPU that table was measured on")
     imported_from: str | None = Field(description="the file of a measured reference table it came from")
@@ -624,3 +630,6 @@ class ExplainPublic(BaseModel):
                                           "ZeRO-Offload: the host memory one rank held at the batch "
                                           "explained; null without an offload")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
+    also_fits: int | None = Field(default=None, description="a larger batch than the max that also fits, "
+                                  "past max_batch_size + 1 that runs out of memory (the caching allocator's "
+                                  "fragmentation); null: none known")

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal, Protocol
 
@@ -72,6 +72,8 @@ FitsFn = Callable[[int], Probe]
 PredictFn = Callable[[int, "int | None"], "int | None"]
 # settle(b) -> the boundary at or below b that searches ending near b agree on (None: b).
 SettleFn = Callable[[int], "int | None"]
+# above(b) -> a larger batch that also fits past b + 1, which runs out of memory (None: none known).
+AboveFn = Callable[[int], "int | None"]
 
 
 class Cell(Protocol):
@@ -89,6 +91,8 @@ class Cell(Protocol):
 
     def settle(self, boundary: int) -> int | None: ...
 
+    def above(self, boundary: int) -> int | None: ...
+
 
 @dataclass(frozen=True)
 class ProbeOnlyCell:
@@ -103,6 +107,9 @@ class ProbeOnlyCell:
         return None
 
     def settle(self, boundary: int) -> int | None:
+        return None
+
+    def above(self, boundary: int) -> int | None:
         return None
 
 
@@ -137,6 +144,9 @@ class SearchResult:
     probes: tuple[Probe, ...]  # every probe made, in order
     capped: bool  # max_batch_size == max_batch, so max_batch + 1 was not probed
     model: MemoryModel | None  # fitted to this search's peaks: a hint for the next cell
+    # A larger batch that also fits, past max_batch_size + 1 that runs out of memory (the caching
+    # allocator's fragmentation): the backend's word (``above``), not proven by probes; None if none.
+    also_fits: int | None = None
 
     @property
     def num_probes(self) -> int:
@@ -418,6 +428,7 @@ def search_max_batch(
     prior: MemoryModel | None = None,
     predict: PredictFn | None = None,
     settle: SettleFn | None = None,
+    above: AboveFn | None = None,
 ) -> SearchResult:
     """The largest batch size that fits, by the given method (see the module docstring).
 
@@ -431,6 +442,9 @@ def search_max_batch(
     can evaluate batches cheaply names the one boundary near ``b`` (below it, or above it past
     a batch that ran out of memory) that any search ending near it settles on, and the probes
     that prove it are made here.
+    ``above(b)``, for both methods: where a batch larger than the answer ``b`` fits past ``b + 1``
+    (a hole), the backend names it; the result keeps it as ``also_fits``, a note beside the answer
+    (a GPU search from small batches stops at ``b`` too), never the answer.
     Raises SearchError on a probe with outcome "error"; exceptions raised by ``fits``
     propagate untouched.
     """
@@ -449,7 +463,15 @@ def search_max_batch(
     else:
         allowed = ", ".join(METHODS)
         raise InvalidInput(f"unknown search method {method!r}; allowed: {allowed}")
-    return result if settle is None else _settle(fits, result, settle, max_batch, upper_bound)
+    if settle is not None:
+        result = _settle(fits, result, settle, max_batch, upper_bound)
+    top = max_batch if upper_bound is None else min(upper_bound, max_batch)
+    if above is None or result.capped or result.max_batch_size >= top:
+        return result
+    higher = above(result.max_batch_size)
+    if higher is None or higher <= result.max_batch_size + 1:
+        return result
+    return replace(result, also_fits=higher)
 
 
 def _settle(fits: FitsFn, result: SearchResult, settle: SettleFn, max_batch: int,

@@ -94,6 +94,9 @@ class CellResult:
     probe_log: list[dict[str, Any]] = field(default_factory=list)
     # The estimator's answer that seeded a measured search (backends/seeded.py); None otherwise.
     estimated_max_batch_size: int | None = None
+    # A larger batch that also fits past max_batch_size + 1, which runs out of memory (the caching
+    # allocator's fragmentation: search.SearchResult.also_fits); None if none is known.
+    also_fits: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,6 +312,7 @@ def search_cell(
         return search_max_batch(
             cell.fits, budget_bytes=budget_bytes, max_batch=max_batch, method=method,  # type: ignore[arg-type]
             upper_bound=upper_bound, guess=guess, predict=cell.predict, settle=cell.settle,
+            above=cell.above,
         )
 
 
@@ -348,7 +352,7 @@ def _tune_cell(
         # whole prompt groups: trainers.py largest_batch), with the peaks of its probe where it ran
         runs = workload.trainer.largest_batch(result.max_batch_size)
         if runs != result.max_batch_size:
-            result = replace(result, max_batch_size=runs)
+            result = replace(result, max_batch_size=runs, also_fits=None)
             best = next((p for p in result.probes if p.batch_size == runs and p.outcome == "fits"), None)
     cell = CellResult(
         seq_len=seq_len, mode=mode.name, max_batch_size=result.max_batch_size,
@@ -359,5 +363,6 @@ def _tune_cell(
         probe_log=[_probe_dict(p) for p in result.probes],
         estimated_max_batch_size=(result.probes[0].details.get("estimated_max_batch_size")
                                   if result.probes else None),
+        also_fits=result.also_fits,
     )
     return cell, result.model

@@ -57,6 +57,9 @@ class _ProgressCell:
     def settle(self, boundary: int) -> int | None:
         return self._cell.settle(boundary)
 
+    def above(self, boundary: int) -> int | None:
+        return self._cell.above(boundary)
+
 
 class _ProgressBackend:
     """A Backend whose cells report their probes (``{"op": "progress"}``); the rest is the backend's."""

@@ -89,6 +89,9 @@ class CheckResult:
     # optimizer state, or ZeRO-Offload's buffers and DeepSpeedCPUAdam's state (the tracker's host
     # ledger); 0: none
     host_memory_bytes: int = 0
+    # A larger batch than the max that also fits, past max_batch_size + 1 which runs out of memory
+    # (search.SearchResult.also_fits); None where none is known
+    also_fits: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,11 +137,12 @@ def check_step(
     budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)
     cap = max(DEFAULT_MAX_BATCH, batch_size)
     probes: tuple[Probe, ...] = ()
+    also_fits: int | None = None
 
     def search() -> int:
-        nonlocal probes
+        nonlocal probes, also_fits
         found = search_cell(backend, workload, mode, seq_len, budget, max_batch=cap, guess=batch_size)
-        probes = found.probes
+        probes, also_fits = found.probes, found.also_fits
         return found.max_batch_size
 
     best = search() if known_max is None else known_max(cap, search)
@@ -172,6 +176,7 @@ def check_step(
         "offload_activations": workload.offload_activations,
         "trainer": trainer_json(workload, gpu),
         "host_memory_bytes": int(at_request.details.get("host_bytes") or 0),
+        "also_fits": also_fits,
     }
     result = verdict(step, best=best, batch_size=batch_size, effective_batch=effective_batch,
                      peak_bytes=at_request.details.get("peak_reserved_bytes", at_request.peak_bytes),
@@ -211,6 +216,12 @@ def verdict(step: Mapping[str, Any], *, best: int, batch_size: int, effective_ba
     )
     result.message = format_message(result)
     return result
+
+
+def also_fits_note(best: int, also_fits: int) -> str:
+    """A larger batch than the max ``best`` that fits past ``best + 1``, which runs out of memory."""
+    return (f"batch {also_fits} also fits: batch {best + 1} runs out of memory (the caching allocator "
+            f"fragments differently at the two sizes); the max is below the first batch that does")
 
 
 def hole_advice(batch_size: int, best: int) -> str:
@@ -261,6 +272,8 @@ def format_message(result: CheckResult) -> str:
     else:
         line = f"does not fit: {where}: max batch {result.max_batch_size}; {result.suggestion}"
     notes = [f"warning: {w}" for w in result.warnings]
+    if result.also_fits is not None:
+        notes.append(f"note: {also_fits_note(result.max_batch_size, result.also_fits)}")
     if result.alloc_conf:
         notes.append(f"note: estimated with PyTorch's allocator under PYTORCH_ALLOC_CONF={result.alloc_conf}")
     if result.chip_assumed and not result.fits:  # a fit is one line (a CI log); --json says it always
@@ -342,6 +355,7 @@ def check_from_cells(
         trainer=trainer_json(workload, gpu),
         offload_activations=workload.offload_activations,
         host_memory_bytes=max((int(p.get("host_bytes") or 0) for p in cell.get("probe_log", [])), default=0),
+        also_fits=cell.get("also_fits"),
     )
     result.message = format_message(result)
     return result

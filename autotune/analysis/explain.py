@@ -226,6 +226,9 @@ class Explanation:
     # A preference trainer's step (tuner.trainer_json: the reference model, the rows per sample);
     # None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
+    # A larger batch than the max that also fits, past max_batch_size + 1 which runs out of memory
+    # (search.SearchResult.also_fits); None where none is known.
+    also_fits: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -699,9 +702,11 @@ def explain(
     if batch_size is not None and batch_size < 1:
         raise InvalidInput(f"batch size {batch_size} must be at least 1")
     budget = budget_bytes(gpu, margin, workload.parallel, workload.trainer)  # NCCL's, vLLM's off it
-    best = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch).max_batch_size
+    found = search_cell(backend, workload, mode, seq_len, budget, max_batch=max_batch)
+    best = found.max_batch_size
     explanation = _explanation(workload, backend, gpu, seq_len=seq_len, mode=mode, margin=margin,
                                budget=budget, best=best, capped=best >= max_batch, batch_size=batch_size)
+    explanation.also_fits = found.also_fits
     if with_levers:
         explanation.levers = _what_if(workload, backend, gpu, seq_len=seq_len, mode=mode, budget=budget,
                                       best=best, batch_size=batch_size, lengths=lengths, max_batch=max_batch,

@@ -200,6 +200,9 @@ class SeededCell:
     def settle(self, boundary: int) -> int | None:
         return self.cell.settle(boundary)
 
+    def above(self, boundary: int) -> int | None:
+        return self.cell.above(boundary)
+
     def measured_max(self) -> int | None:
         """The max the probes proved: a fitting batch with the next one out of memory."""
         fitting = {p.batch_size for p in self.probes if p.outcome == "fits"}

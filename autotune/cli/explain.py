@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import public
+from autotune.analysis.check import also_fits_note
 from autotune.analysis.explain import category_labels
 from autotune.cli.common import (
     EXIT_OK,
@@ -166,6 +167,8 @@ def render(e: Explanation) -> str:
         f"CUDA context{_nccl(e)}{_vllm(e.trainer)}) x (1 - margin {e.margin})",
         f"max batch {e.max_batch_size}{'+' if e.capped else ''} (estimated); " + _which_batch(e),
     ]
+    if e.also_fits is not None:
+        lines.append(f"note: {also_fits_note(e.max_batch_size, e.also_fits)}")
     if e.does_not_fit:
         lines.append(e.does_not_fit)
     lines += ["", f"peak of the step at batch {e.batch_size}: {format_bytes(b.peak_allocated_bytes)} "

@@ -188,6 +188,12 @@ def render_table(t: TableResult) -> str:
                      f"(PYTORCH_ALLOC_CONF={t.environment['alloc_conf']})")
     if any(c.capped for c in t.cells):
         lines.append(f"+ reached --max-batch {t.max_batch}; more may fit")
+    holes = [f"  {c.mode} seq {c.seq_len}: batch {c.also_fits} also fits, {c.max_batch_size + 1} runs out"
+             for c in t.cells if c.also_fits is not None and c.max_batch_size is not None]
+    if holes:
+        lines.append("past the first batch that runs out of memory a larger one fits too (the caching "
+                     "allocator fragments differently at the two sizes); each max is below that batch:")
+        lines.extend(holes)
     for cell in t.cells:
         if cell.error:
             lines.append(f"error at {cell.mode} seq {cell.seq_len}: {cell.error}")

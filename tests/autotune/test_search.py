@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from autotune.errors import InvalidInput, ProbeError, SearchError
-from autotune.search import MemoryModel, Probe, SearchResult, bisect_search, search_max_batch
+from autotune.search import METHODS, MemoryModel, Probe, SearchResult, bisect_search, search_max_batch
 
 MiB = 2**20
 GiB = 2**30
@@ -537,3 +537,28 @@ def test_settle_can_move_the_answer_up_past_a_hole_and_proves_it():
     at_cap = search_max_batch(fits, budget_bytes=None, guess=17, max_batch=20, settle=settle)
     assert at_cap.max_batch_size == 20 and at_cap.capped
     assert 21 not in {p.batch_size for p in at_cap.probes}
+
+
+def test_a_batch_that_fits_above_a_hole_is_a_note_beside_the_answer_never_the_answer():
+    # 7 fits, 8 runs out, 9 fits (Llama-3.2-1B FSDP2 at 1024 on an H200 capped at 21.88 GiB): the
+    # answer stays below the first failure, as the H200's own search found; the backend's 9 is noted.
+    def fits(b):
+        return Probe(b, "fits" if b <= 9 and b != 8 else "oom", peak_bytes=1000 * b)
+
+    asked = []
+
+    def above(boundary):
+        asked.append(boundary)
+        return 9 if boundary == 7 else None
+
+    for method in METHODS:
+        result = search_max_batch(fits, budget_bytes=None, method=method, guess=7, above=above)
+        assert (result.max_batch_size, result.also_fits) == (7, 9), method
+        assert 9 not in {p.batch_size for p in result.probes}  # a note, not probed
+    assert search_max_batch(fits, budget_bytes=None, guess=7).also_fits is None  # no hook: no note
+    assert search_max_batch(fits, budget_bytes=None, guess=7, above=lambda b: 8).also_fits is None
+    capped = search_max_batch(fits, budget_bytes=None, guess=7, max_batch=7, above=above)
+    assert capped.capped and capped.also_fits is None  # nothing above the cap was asked
+    asked.clear()
+    bounded = search_max_batch(fits, budget_bytes=None, guess=7, upper_bound=7, above=above)
+    assert bounded.also_fits is None and asked == []  # a shorter sequence's answer bounds it

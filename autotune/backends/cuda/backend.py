@@ -271,6 +271,9 @@ class _CellSession:
     def settle(self, boundary: int) -> int | None:
         return None
 
+    def above(self, boundary: int) -> int | None:
+        return None  # a GPU's search stops at the first failure: what fits above is not asked
+
     def _probe(self, batch_size: int, reply: dict[str, Any]) -> Probe:
         assert self.worker is not None
         outcome = reply.get("outcome")

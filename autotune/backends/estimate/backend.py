@@ -175,7 +175,7 @@ def _guess_max(
     """The max batch by traces synthesized from other lengths (trace.synthesized), settled as
     the cell's own traces would be (see _settle): a guess, to choose the cell's first probe.
     ``guessed`` receives each batch's verdict and the trace it replayed."""
-    from autotune.backends.estimate.replay import fits_in, replay
+    from autotune.backends.estimate.replay import fits_in
 
     form = synthesized(known, seq_len)
     if form is None:
@@ -189,11 +189,8 @@ def _guess_max(
         guessed[batch_size] = (verdict, guess)
         return verdict
 
-    def robust(batch_size: int) -> bool:
-        return replay(form.at(batch_size).events(), budget_bytes, allocator).demand_bytes <= budget_bytes
-
     found = _largest_fitting(fits, 0, None, start)
-    settled = _settle(fits, found, robust) if found else None
+    settled = _settle(fits, found) if found else None
     return found if settled is None else settled
 
 
@@ -247,86 +244,91 @@ def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
 # The simulated caching allocator, like the real one, is not monotone near the limit: a batch can
 # fit while a smaller one runs out of memory (best-fit reuse of cached blocks changes with the
 # sizes). Seen on BERT-base amp+ckpt at seq 64 on a T4 over 2% of the batch (OOMs from 2291, fits
-# up to 2336), and on Llama-3.2-1B bf16 on an H100 80GB at 512 (35 fits, 36 to 39 run out, 40
-# fits), 1024 (17 fits, 18 and 19 run out, 20 fits) and 2048 (8 fits, 9 runs out, 10 fits); the
-# H100 measured 35 fitting and 36 not, 20 fitting and 21 not, 10 fitting and 11 not.
-# So that every search of a cell reports the same max, a found boundary settles on one the cell
-# defines: on a grid of multiples of _SETTLE_STEP, the lowest grid point that runs out of memory,
-# looked for from this fraction below the boundary; the max is just below the lowest batch that
-# runs out in the grid step up to it (35, 20 and 8 above; 2290 on the T4). A hole between two
-# fitting grid points is stepped over, so a search that stopped under one moves up, where the grid
-# point above fits by its demand too (_EstimateCell.robust), not only in a run at the budget. The
-# window is at most _SETTLE_POINTS grid points (256 batches, the 131 once seen on the T4 with room
-# to spare): each point is a replay, and a window of 10 % of a batch of 100,000 (a tiny model on a
-# large card) is 2,500 of them.
+# up to 2336); on Llama-3.2-1B bf16 on an H100 80GB at 512 (35 fits, 36 to 39 run out, 40 fits),
+# 1024 (17 fits, 18 and 19 run out, 20 fits) and 2048 (8 fits, 9 runs out, 10 fits); and on
+# Llama-3.2-1B FSDP2 bf16+ckpt at 1024 on an H200 capped at 21.88 GiB (7 fits, 8 runs out, 9 fits:
+# the H200 measured 7 fitting and 8 running out, asking what the replay asks within 0.01 %).
+# The cell's max is the largest batch B such that every batch from the window below a boundary a
+# search found up to B fits: just below the lowest batch that runs out of memory in that window
+# (this fraction of the boundary, at least _SETTLE_STEP batches, at most _SETTLE_BATCHES: each
+# batch a replay; the T4's ragged band is 45 batches wide), then so again in the window below that
+# one, until one holds no failure. So every search ending near the limit reports the same max (35,
+# 17, 8 and 7 above, 2290 on the T4), what a GPU's own search from small batches finds, and a user
+# lowering the batch below the max meets no out-of-memory the replays predict. A batch above the
+# first failure that fits too is the cell's note, not its max (_above_hole). Each window after the
+# first is scanned only below the last (the batches above it are known to fit up to the new boundary).
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
-_SETTLE_POINTS = 64
-# The holes stepped over, one after another, before the settling stops where it is: a tiny model on a
-# large card can fit at every grid point and run out of memory at the batch after each (tiny-llama
-# under FSDP1 QLoRA on an A100-80GB from 268,800 up: 575 holes, each a demand replay, 80 of a check's
-# 90 profiled seconds). The last boundary reached is then the cell's (1.4 % below that chain's end).
+_SETTLE_BATCHES = 64
+# The windows followed down (and, for the note, the holes followed up) before the settling stops
+# where it is: a tiny model on a large card can fit at every fourth batch and run out of memory at
+# the batch after each (tiny-llama under FSDP1 QLoRA on an A100-80GB from 268,800 up: 575 holes).
+# The last boundary reached is then the cell's.
 _SETTLE_HOPS = 64
 
 
-def _settle(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int | None:
-    """The cell's boundary near ``boundary`` (see above), below or above it; None when that is
-    ``boundary`` itself or ``fits`` cannot tell. ``boundary`` fits and ``boundary + 1`` does not:
-    neither is asked again. Where the first grid point above the boundary fits (a hole off the
-    grid), the boundary above it is found (galloping) and settled in turn. ``robust``, where
-    given, must also hold for a grid point above ``boundary`` to count as fitting
-    (_EstimateCell.robust). After _SETTLE_HOPS such holes the last boundary reached is the cell's."""
+def _window(boundary: int) -> int:
+    """How many batches below ``boundary`` (and above its first failure) the settling looks at."""
+    return min(max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)), _SETTLE_BATCHES)
+
+
+def _settle(fits: Verdict, boundary: int) -> int | None:
+    """The cell's max at or below ``boundary`` (see above); None when that is ``boundary`` itself
+    or ``fits`` cannot tell. ``boundary`` fits and ``boundary + 1`` does not: neither is asked again."""
+    current = boundary
+    scanned = boundary  # every batch from here up to ``current`` fits
+    for _ in range(_SETTLE_HOPS):
+        low = max(1, current - _window(current))
+        failed = None
+        for batch in range(low, scanned):
+            verdict = fits(batch)
+            if verdict is None:
+                return None
+            if not verdict:
+                failed = batch
+                break
+        if failed is None:
+            break
+        current, scanned = failed - 1, low
+        if current == 0:  # batch 1 runs out of memory
+            break
+    return None if current == boundary else current
+
+
+def _above_hole(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int | None:
+    """The largest batch above ``boundary + 1`` found to fit, where ``boundary`` fits and
+    ``boundary + 1`` runs out of memory (neither asked again): the first that fits in the window
+    above it (as wide as _settle's below), then the boundary above that (galloping), and so on
+    past each hole, _SETTLE_HOPS at most. ``robust``, where given, must hold for a batch to count
+    (_EstimateCell.robust). None where none fits there or ``fits`` cannot tell."""
     known = {boundary: True, boundary + 1: False}
 
     def verdict(batch: int) -> bool | None:
         return known[batch] if batch in known else fits(batch)
 
+    def holds(batch: int) -> bool | None:
+        found = verdict(batch)
+        return found if not found or robust is None else robust(batch)
+
+    found = None
     current = boundary
-    for _ in range(_SETTLE_HOPS + 1):
-        scanned = _first_failure(verdict, current, robust)
-        if scanned is None:
-            return None
-        found, above = scanned
-        if found is None and above is not None:  # no grid point failed: the next boundary up
-            higher = _largest_fitting(verdict, above, None)
-            if higher is None:
-                return None
-            known[higher], known[higher + 1] = True, False
-            current = higher
-            continue
-        found = current if found is None else found
-        return None if found == boundary else found
-    return None if current == boundary else current  # _SETTLE_HOPS holes: where the chain was left
-
-
-def _first_failure(verdict: Verdict, boundary: int, robust: Verdict | None = None,
-                   ) -> tuple[int | None, int | None] | None:
-    """(the max below the lowest grid point from the window below ``boundary`` up to the first
-    grid point above it that fails (see above), that first grid point above if it fits), one of
-    them None; None when ``verdict`` cannot tell. Nothing past the first grid point above is
-    looked at: where it fits, the boundary above it is the one to settle (_settle)."""
-    window = min(max(_SETTLE_STEP, math.ceil(_SETTLE_WINDOW * boundary)), _SETTLE_STEP * _SETTLE_POINTS)
-    low = max(1, boundary - window)
-    first = -(-low // _SETTLE_STEP) * _SETTLE_STEP
-    above = -(-(boundary + 1) // _SETTLE_STEP) * _SETTLE_STEP
-    for point in range(first, min(above, _PREDICT_LIMIT) + 1, _SETTLE_STEP):
-        fitted = verdict(point)
-        if fitted and point > boundary and robust is not None:
-            fitted = robust(point)
-        if fitted is None:
-            return None
-        if fitted:
-            if point > boundary:
-                return None, point
-            continue
-        for batch in range(max(1, point - _SETTLE_STEP + 1), point):  # a failure below it?
-            fitted = verdict(batch)
-            if fitted is None:
-                return None
-            if not fitted:
-                return (batch - 1 if batch > 1 else None), None
-        return point - 1, None
-    return None, None
+    for _ in range(_SETTLE_HOPS):
+        start = None
+        for batch in range(current + 2, min(current + 2 + _window(current), _PREDICT_LIMIT + 1)):
+            held = holds(batch)
+            if held is None:
+                return found
+            if held:
+                start = batch
+                break
+        if start is None:
+            break
+        higher = _largest_fitting(verdict, start, None)
+        if higher is None or (higher > start and not holds(higher)):
+            return start
+        known[higher], known[higher + 1] = True, False
+        found = current = higher
+    return found
 
 
 @contextlib.contextmanager
@@ -407,7 +409,7 @@ class _EstimateCell:
     def robust(self, batch_size: int) -> bool | None:
         """Whether ``batch_size``'s demand (the smallest capacity it runs in, replay.replay) is
         within the budget, not only a run at the budget itself; None if the traces cannot tell.
-        A batch above a hole is stepped onto only so (_settle): the allocator is not monotone in
+        A batch above a hole is named only so (_above_hole): the allocator is not monotone in
         the capacity either, and a step that runs at the budget but not a little above it would
         not run on the card, which has more memory than the budget (its margin)."""
         from autotune.backends.estimate.replay import replay
@@ -447,10 +449,13 @@ class _EstimateCell:
     def settle(self, boundary: int) -> int | None:
         if boundary in self.settled:  # already the boundary of a boundary found higher up
             return None
-        settled = _settle(self.replayed, boundary, self.robust)
+        settled = _settle(self.replayed, boundary)
         if settled is not None:
             self.settled.add(settled)
         return settled
+
+    def above(self, boundary: int) -> int | None:
+        return _above_hole(self.replayed, boundary, self.robust)
 
     def _start(self) -> int | None:
         """Where the guess starts looking: the max of the nearest length found so far, scaled by
@@ -681,7 +686,8 @@ class EstimateBackend:
         return Probe(
             batch_size=batch_size,
             outcome="fits" if result.fits else "oom",
-            # The demand, not the peak reserved, is what decides fits/oom against the budget.
+            # The demand, not the peak reserved, is the figure the search predicts from; the run at
+            # the budget decides fits/oom (replay.replay), as the settling's replays do (fits_in).
             peak_bytes=result.demand_bytes,
             details={
                 "demand_bytes": result.demand_bytes,

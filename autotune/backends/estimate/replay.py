@@ -37,14 +37,15 @@ class Replay:
 
 def replay(events: Sequence[ReplayEvent], capacity_bytes: int | None,
            config: AllocatorConfig | None = None) -> Replay:
-    """Peaks of ``events``, the smallest capacity they run in, and whether that is <= capacity.
+    """Peaks of ``events``, the smallest capacity they run in, and whether they run at ``capacity_bytes``.
 
     Without a limit the allocator keeps every segment it ever cached. With one it frees its
     cached segments and retries before giving up (CachingAllocatorSim models that), so a trace
     can run in less than its unlimited peak reserved, down to about its peak allocated. The
     demand is found by bisection over capacities between the two (reserved memory is a sum of
-    whole segments, multiples of 2 MiB): a single figure that decides fits/oom and that grows
-    with the batch size, which is what the batch-size search predicts from.
+    whole segments, multiples of 2 MiB): a single figure that grows with the batch size, which is
+    what the batch-size search predicts from. Whether the trace fits is the run at the capacity
+    itself (``fits_in``'s verdict), which the demand does not always decide (see below).
 
     ``config``: the allocator's settings (PYTORCH_ALLOC_CONF; None: PyTorch's defaults). With
     expandable segments the limit is checked against a request's allocation size while the pages
@@ -72,12 +73,16 @@ def replay(events: Sequence[ReplayEvent], capacity_bytes: int | None,
         else:
             low = middle + 1
     demand = high * SEGMENT_GRANULE
-    if capacity_bytes is None or demand <= capacity_bytes:
+    if capacity_bytes is None or capacity_bytes >= needed:  # no limit is ever reached
         return Replay(peak_allocated, reserved_at_high, demand, fits=True)
-    # Over the demand found by bisection; the direct run at the capacity decides (the two can
-    # differ where releasing cached segments at other moments changes the placement).
+    # The run at the capacity decides, on either side of the demand: the allocator is not monotone
+    # in its limit (releasing cached segments at other moments changes the placement), so a step can
+    # run in less than the capacity and still run out of memory at it, and the reverse. So the GPU
+    # runs it under that limit (Llama-3.2-1B FSDP2 at 1024 on an H200 capped at 21.88 GiB: batch 8
+    # ran out of memory asking 3.91 GiB, as the run at the capacity does, though it runs in 20.11).
     fitted, _ = runs.run(capacity_bytes)
-    return Replay(peak_allocated, unlimited_reserved, demand, fits=fitted)
+    return Replay(peak_allocated, reserved_at_high if demand <= capacity_bytes else unlimited_reserved,
+                  demand, fits=fitted)
 
 
 def fits_in(events: Sequence[ReplayEvent], capacity_bytes: int,

@@ -251,8 +251,9 @@ def test_from_config_qlora_recipe_alone_changes_only_how_the_base_is_prepared(tm
 
 
 def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
-    # Llama-3.2-1B bf16 at 1024 on an H100 80GB, as the estimator has it: 17 fits, 18 runs out,
-    # 19 and 20 fit (the H100 ran 20); the cell's max is 20, a plan of 18 still does not fit.
+    # 17 fits, 18 runs out, 19 and 20 fit, and the backend's max is 20 (the estimator's was, before
+    # its max stayed below the first failure in its window; a failure further below still can be): a
+    # plan of 18 still does not fit.
     from contextlib import nullcontext
 
     from autotune.analysis.check import check_step
@@ -272,6 +273,9 @@ def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
                 def settle(self, boundary):
                     return 20 if boundary == 17 else None
 
+                def above(self, boundary):
+                    return None
+
             return nullcontext(Cell())
 
     backend = Holed(lambda workload, mode, seq_len: 0)
@@ -287,6 +291,44 @@ def test_a_batch_in_a_hole_below_the_max_does_not_fit_and_says_why():
     assert hole.suggestion == ("batch 18 runs out of memory here though batch 20 fits: the caching "
                                "allocator fragments differently at the two sizes; use batch 20")
     assert hole.message.startswith("does not fit: ") and "use batch 20" in hole.message
+
+
+def test_a_batch_that_fits_past_the_first_failure_is_a_note_beside_the_max():
+    # 7 fits, 8 runs out, 9 fits (Llama-3.2-1B FSDP2 at 1024 on an H200 at 21.88 GiB): the max is 7,
+    # as the H200 measured; 9 is said, in the message and the JSON, whatever batch was asked.
+    from contextlib import nullcontext
+
+    from autotune.analysis.check import check_step
+    from autotune.search import Probe
+    from autotune.workload.modes import parse_mode
+
+    class Holed(limitbackend.LimitBackend):
+        def cell(self, workload, mode, seq_len, budget_bytes):
+            class Cell:
+                def fits(self, batch):
+                    ok = batch <= 9 and batch != 8
+                    return Probe(batch, "fits" if ok else "oom", peak_bytes=batch)
+
+                def predict(self, lo, hi):
+                    return None
+
+                def settle(self, boundary):
+                    return 7 if boundary == 9 else None  # a search that stopped at 9 moves below 8
+
+                def above(self, boundary):
+                    return 9 if boundary == 7 else None
+
+            return nullcontext(Cell())
+
+    backend = Holed(lambda workload, mode, seq_len: 0)
+    note = ("note: batch 9 also fits: batch 8 runs out of memory (the caching allocator fragments "
+            "differently at the two sizes); the max is below the first batch that does")
+    for batch, fits in ((7, True), (8, False), (9, False)):
+        result = check_step(_causal_workload(), backend, backend.gpu, seq_len=64, batch_size=batch,
+                            mode=parse_mode("fp32"), margin=0.05)
+        assert (result.fits, result.max_batch_size, result.also_fits) == (fits, 7, 9), batch
+        assert note in result.message.splitlines()
+        assert result.to_dict()["also_fits"] == 9
 
 
 def test_reentrant_checkpointing_is_traced_and_said(capsys):

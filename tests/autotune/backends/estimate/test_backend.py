@@ -73,6 +73,19 @@ def test_demand_is_the_smallest_capacity_after_releasing_cached_segments():
     assert replay(events, capacity_bytes=38 * MIB).fits is False
 
 
+def test_a_step_that_runs_in_less_than_the_capacity_can_run_out_of_memory_at_it():
+    # The allocator is not monotone in its limit. At 62 MiB the 40 MiB request releases the cached
+    # 20 MiB segment first, and the last request later releases the freed 10 MiB one: 62 MiB is
+    # the demand. At 70 MiB the 20 MiB segment stays cached, the third request splits it, and the
+    # last (12 MiB) finds no free block that large and no room for a segment: out of memory, as
+    # the GPU runs it under a 70 MiB limit (Llama-3.2-1B FSDP2 on an H200 at 21.88 GiB, batch 8).
+    events = [(0, 20 * MIB), (1, 10 * MIB), (0, -1), (2, 40 * MIB), (3, 10 * MIB), (1, -1), (4, 12 * MIB)]
+    assert replay(events, capacity_bytes=62 * MIB).fits
+    result = replay(events, capacity_bytes=70 * MIB)
+    assert result.demand_bytes == 62 * MIB and result.fits is False
+    assert replay(events, capacity_bytes=82 * MIB).fits  # the unlimited run's reserved: no limit reached
+
+
 @pytest.mark.parametrize("config", [AllocatorConfig(), AllocatorConfig(garbage_collection_threshold=0.6),
                                     AllocatorConfig(max_split_size_bytes=20 * MIB)],
                          ids=["default", "garbage_collection", "max_split"])

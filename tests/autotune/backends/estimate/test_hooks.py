@@ -6,7 +6,13 @@ import warnings
 
 import pytest
 
-from autotune.backends.estimate.backend import _SETTLE_HOPS, EstimateBackend, _largest_fitting, _settle
+from autotune.backends.estimate.backend import (
+    _SETTLE_HOPS,
+    EstimateBackend,
+    _above_hole,
+    _largest_fitting,
+    _settle,
+)
 from autotune.gpus import custom_gpu
 from autotune.search import search_max_batch
 from autotune.workload import Workload
@@ -64,49 +70,56 @@ def test_settle_agrees_from_any_boundary_near_a_band():
     assert _settle(fits, 400) is None  # no hole: the boundary stays
 
 
-def test_settle_steps_over_a_hole_between_fitting_grid_points():
-    # Llama-3.2-1B bf16 on an H100 80GB. At 1024: 17 fits, 18 runs out, 19 and 20 fit (the H100
-    # measured 20 fitting, 21 not): 16 and 20 fit, 24 does not, and 21 is the first failure of
-    # that step. At 512: 35 fits, 36 and 37 run out, 38 to 40 fit: 36 fails, the max is 35 (so
-    # the H100 measured). At 2048: 8 fits, 9 runs out, 10 fits: 12 fails, 9 first: 8.
-    fits, _ = counted(20, frozenset({18}))
-    assert _settle(fits, 17) == 20
-    assert _settle(fits, 20) is None
-    fits, _ = counted(40, frozenset({36, 37}))
-    assert _settle(fits, 35) is None and _settle(fits, 40) == 35
-    fits, _ = counted(10, frozenset({9}))
-    assert _settle(fits, 8) is None and _settle(fits, 10) == 8
-    fits, _ = counted(60, frozenset({18}))  # fits far past the window above: gallops there
-    assert _settle(fits, 17) == 60
+def test_settle_stays_below_the_first_failure_and_names_the_batch_above_the_hole():
+    # Llama-3.2-1B bf16 on an H100 80GB. At 1024: 17 fits, 18 runs out, 19 and 20 fit. At 512: 35
+    # fits, 36 and 37 run out, 38 to 40 fit. At 2048: 8 fits, 9 runs out, 10 fits. Llama-3.2-1B FSDP2
+    # bf16+ckpt at 1024 on an H200 capped at 21.88 GiB: 7 fits, 8 runs out (so the H200 measured),
+    # 9 fits. The max is below the first failure, from wherever a search stopped; the batch above
+    # the hole is the cell's note.
+    for limit, holes, below in ((20, {18}, 17), (40, {36, 37}, 35), (10, {9}, 8), (9, {8}, 7)):
+        fits, _ = counted(limit, frozenset(holes))
+        assert _settle(fits, below) is None, limit
+        assert _settle(fits, limit) == below, limit
+        assert _above_hole(fits, below) == limit, limit
+    fits, _ = counted(60, frozenset({18}))  # fits far past the window above: the note gallops there
+    assert _settle(fits, 17) is None and _above_hole(fits, 17) == 60
+    fits, _ = counted(20)
+    assert _above_hole(fits, 20) is None  # no hole: nothing above fits
 
 
-def test_settle_leaves_a_long_chain_of_holes_where_its_hops_end():
-    # A tiny model on a large card: every grid point fits and the batch after it does not, far up
-    # (tiny-llama under FSDP1 QLoRA on an A100-80GB: 575 holes from 268,800, 80 s of one check).
-    # The settling stops after _SETTLE_HOPS of them, each hop one grid step up.
-    top = 1_000 + 4 * (_SETTLE_HOPS + 100)
+def test_settle_follows_a_chain_of_holes_down_window_after_window():
+    # A tiny model on a large card: every fourth batch fits and the three after it run out of
+    # memory, far up (tiny-llama under FSDP1 QLoRA on an A100-80GB: 575 holes from 268,800). The
+    # max is below the chain's first hole, found window after window, _SETTLE_HOPS at most.
+    top = 1_000 + 4 * 20_000
     fits, asked = counted(top, frozenset(b for b in range(1_001, top) if b % 4))
-    assert _settle(fits, 1_000) == 1_000 + 4 * (_SETTLE_HOPS + 1)
-    assert max(asked) < 1_000 + 4 * (_SETTLE_HOPS + 3)  # nothing past the last hop's step asked
-    fits, _ = counted(1_000 + 4 * 10, frozenset(b for b in range(1_001, 1_040) if b % 4))
-    assert _settle(fits, 1_000) == 1_040  # a shorter chain ends where the holes do
+    assert _settle(fits, 2_000) == 1_000
+    fits, asked = counted(top, frozenset(b for b in range(1_001, top) if b % 4))
+    stopped = _settle(fits, top)
+    assert stopped is not None and 1_000 < stopped < top - _SETTLE_HOPS  # the hops ran out on the way
+    assert len(asked) <= 4 * _SETTLE_HOPS  # each window scanned up to its first failure only
+    fits, asked = counted(top, frozenset(b for b in range(1_001, top) if b % 4))
+    assert _above_hole(fits, 1_000) == 1_000 + 4 * _SETTLE_HOPS  # the note's hops up likewise
+    assert max(asked) < 1_000 + 4 * (_SETTLE_HOPS + 2)
 
 
-def test_settle_steps_only_onto_a_batch_that_fits_by_its_demand():
+def test_the_note_names_only_a_batch_that_fits_by_its_demand():
     # A small BERT in amp at 512 on 1 GiB: 20 fits, 21-23 run out, 24 runs at the budget though its
     # demand (570 MiB) is over it (486 MiB): a card with more memory than the budget would not run it.
     fits, _ = counted(24, frozenset({21, 22, 23}))
-    assert _settle(fits, 20) == 24
-    assert _settle(fits, 20, robust=lambda batch: batch != 24) is None
-    assert _settle(fits, 20, robust=lambda batch: None) is None  # cannot tell: the boundary stays
+    assert _settle(fits, 24) == 20
+    assert _above_hole(fits, 20) == 24
+    assert _above_hole(fits, 20, robust=lambda batch: batch != 24) is None
+    assert _above_hole(fits, 20, robust=lambda batch: None) is None  # cannot tell: no note
 
 
 def test_settle_ignores_fits_past_the_window():
     def fits(batch):  # fits again 50 above the boundary: past the window (10 % of 100)
         return batch <= 100 or 150 <= batch <= 160
 
-    assert _settle(fits, 100) is None
+    assert _settle(fits, 100) is None and _above_hole(fits, 100) is None
     assert _settle(lambda batch: None, 100) is None  # the replays cannot tell
+    assert _above_hole(lambda batch: None, 100) is None
 
 
 def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
@@ -157,9 +170,10 @@ def test_a_cell_takes_the_guess_verdicts_only_where_its_trace_is_the_guessed_one
 
 
 def test_settle_scans_a_bounded_window_near_a_large_boundary():
-    fits, asked = counted(100_000, frozenset({99_900, 95_000}))
-    assert _settle(fits, 100_000) == 99_899  # the hole 100 below is on the grid, in the window
-    assert len(asked) <= 64 + 4 and min(asked) >= 100_000 - 256  # 95,000 is not looked at
+    fits, asked = counted(100_000, frozenset({99_950, 99_900, 95_000}))
+    assert _settle(fits, 100_000) == 99_899  # the hole 50 below is in the window, and 50 below it
+    assert len(asked) <= 3 * 64 and min(asked) >= 100_000 - 3 * 64  # three windows; 95,000 is not looked at
     fits, asked = counted(100_000, frozenset({99_901}))
-    assert _settle(fits, 99_900) == 100_000  # a search stopped under a hole off the grid moves up
-    assert len(asked) <= 2 * 64 + 2 * 17 and max(asked) <= 100_004 + 256
+    assert _settle(fits, 99_900) is None  # a search stopped under a hole stays
+    assert _above_hole(fits, 99_900) == 100_000  # what fits above it is the note
+    assert len(asked) <= 3 * 64 and max(asked) <= 100_000 + 2 * 64
