@@ -163,7 +163,7 @@ def test_the_example_configs_are_read_as_kto():
 def test_axolotl_s_kto_ignores_precompute_ref_log_probs_as_axolotl_does(tmp_path):
     from configread import read
 
-    found = read(tmp_path, {"base_model": "tiny-llama", "rl": "kto", "micro_batch_size": 2,
+    found = read(tmp_path, {"base_model": "tiny-llama", "bf16": False, "rl": "kto", "micro_batch_size": 2,
                             "sequence_len": 64, "precompute_ref_log_probs": True}, "axolotl.yml")
     assert (found.trainer, found.precompute_ref_log_probs) == ("kto", None)
     assert any("Axolotl passes it to DPO alone" in note for note in found.notes)

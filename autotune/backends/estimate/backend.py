@@ -255,15 +255,15 @@ def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
 # one, until one holds no failure. So every search ending near the limit reports the same max (35,
 # 17, 8 and 7 above, 2290 on the T4), what a GPU's own search from small batches finds, and a user
 # lowering the batch below the max meets no out-of-memory the replays predict. A batch above the
-# first failure that fits too is the cell's note, not its max (_above_hole). Each window after the
-# first is scanned only below the last (the batches above it are known to fit up to the new boundary).
+# first failure that the search saw fit is the cell's note, not its max (_known_above). Each window
+# after the first is scanned only below the last (the batches above it are known to fit up to the
+# new boundary).
 _SETTLE_WINDOW = 0.10
 _SETTLE_STEP = 4
 _SETTLE_BATCHES = 64
-# The windows followed down (and, for the note, the holes followed up) before the settling stops
-# where it is: a tiny model on a large card can fit at every fourth batch and run out of memory at
-# the batch after each (tiny-llama under FSDP1 QLoRA on an A100-80GB from 268,800 up: 575 holes).
-# The last boundary reached is then the cell's.
+# The windows followed down before the settling stops where it is: a tiny model on a large card can
+# fit at every fourth batch and run out of memory at the batch after each (tiny-llama under FSDP1
+# QLoRA on an A100-80GB from 268,800 up: 575 holes). The last boundary reached is then the cell's.
 _SETTLE_HOPS = 64
 
 
@@ -295,40 +295,19 @@ def _settle(fits: Verdict, boundary: int) -> int | None:
     return None if current == boundary else current
 
 
-def _above_hole(fits: Verdict, boundary: int, robust: Verdict | None = None) -> int | None:
-    """The largest batch above ``boundary + 1`` found to fit, where ``boundary`` fits and
-    ``boundary + 1`` runs out of memory (neither asked again): the first that fits in the window
-    above it (as wide as _settle's below), then the boundary above that (galloping), and so on
-    past each hole, _SETTLE_HOPS at most. ``robust``, where given, must hold for a batch to count
-    (_EstimateCell.robust). None where none fits there or ``fits`` cannot tell."""
-    known = {boundary: True, boundary + 1: False}
-
-    def verdict(batch: int) -> bool | None:
-        return known[batch] if batch in known else fits(batch)
-
-    def holds(batch: int) -> bool | None:
-        found = verdict(batch)
-        return found if not found or robust is None else robust(batch)
-
-    found = None
-    current = boundary
-    for _ in range(_SETTLE_HOPS):
-        start = None
-        for batch in range(current + 2, min(current + 2 + _window(current), _PREDICT_LIMIT + 1)):
-            held = holds(batch)
-            if held is None:
-                return found
-            if held:
-                start = batch
-                break
-        if start is None:
-            break
-        higher = _largest_fitting(verdict, start, None)
-        if higher is None or (higher > start and not holds(higher)):
-            return start
-        known[higher], known[higher + 1] = True, False
-        found = current = higher
-    return found
+def _known_above(known: dict[int, bool], boundary: int, robust: Verdict | None = None) -> int | None:
+    """The largest batch past ``boundary + 1`` (which runs out of memory) that the cell's replays so
+    far found to fit: where its search ended above a hole before the settling moved below it, that
+    boundary. ``robust``, where given, must hold for it (_EstimateCell.robust); None where none is
+    known or ``robust`` cannot tell. No replay is made for it but ``robust``'s: looking above every
+    max (a window of replays a cell) cost the default table half its CPU again (issue 39)."""
+    for batch in sorted((b for b, fit in known.items() if fit and b > boundary + 1), reverse=True):
+        held = True if robust is None else robust(batch)
+        if held is None:
+            return None
+        if held:
+            return batch
+    return None
 
 
 @contextlib.contextmanager
@@ -409,7 +388,7 @@ class _EstimateCell:
     def robust(self, batch_size: int) -> bool | None:
         """Whether ``batch_size``'s demand (the smallest capacity it runs in, replay.replay) is
         within the budget, not only a run at the budget itself; None if the traces cannot tell.
-        A batch above a hole is named only so (_above_hole): the allocator is not monotone in
+        A batch above a hole is named only so (_known_above): the allocator is not monotone in
         the capacity either, and a step that runs at the budget but not a little above it would
         not run on the card, which has more memory than the budget (its margin)."""
         from autotune.backends.estimate.replay import replay
@@ -455,7 +434,7 @@ class _EstimateCell:
         return settled
 
     def above(self, boundary: int) -> int | None:
-        return _above_hole(self.replayed, boundary, self.robust)
+        return _known_above({**self.outcomes, **self.verdicts}, boundary, self.robust)
 
     def _start(self) -> int | None:
         """Where the guess starts looking: the max of the nearest length found so far, scaled by

@@ -354,7 +354,7 @@ def test_a_check_with_liger_kernels_says_them_and_peaks_lower(capsys):
 
 def test_an_axolotl_config_with_liger_keys_is_read(tmp_path):
     path = tmp_path / "axolotl.yaml"
-    path.write_text("base_model: tiny-llama\nsequence_len: 128\nmicro_batch_size: 4\n"
+    path.write_text("base_model: tiny-llama\nsequence_len: 128\nmicro_batch_size: 4\nbf16: false\n"
                     "plugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_rope: true\n"
                     "liger_rms_norm: true\nliger_glu_activation: true\nliger_layer_norm: true\n"
                     "liger_fused_linear_cross_entropy: true\n")

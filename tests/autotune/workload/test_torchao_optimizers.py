@@ -287,7 +287,8 @@ def test_low_bit_state_lowers_the_peak_of_a_wide_vocabulary(tmp_path, capsys):
 def test_an_axolotl_config_with_a_torchao_optimizer_is_read_and_checked(tmp_path, capsys, name):
     # 38 of Axolotl's example configs say one of these (issue #34); they were refused before.
     path = tmp_path / "axolotl.yml"
-    path.write_text(f"base_model: tiny-llama\nsequence_len: 32\nmicro_batch_size: 2\noptimizer: {name}\n")
+    path.write_text(f"base_model: tiny-llama\nsequence_len: 32\nmicro_batch_size: 2\nbf16: false\n"
+                    f"optimizer: {name}\n")
     config = read_training_config(path)
     assert config.format == "axolotl" and values_of(config.request)["optimizer"] == name
     code = main(["check", "--from-config", str(path), "--gpu-memory", "2GiB", "--backend", "estimate",

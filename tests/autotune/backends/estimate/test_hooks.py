@@ -9,7 +9,7 @@ import pytest
 from autotune.backends.estimate.backend import (
     _SETTLE_HOPS,
     EstimateBackend,
-    _above_hole,
+    _known_above,
     _largest_fitting,
     _settle,
 )
@@ -80,11 +80,9 @@ def test_settle_stays_below_the_first_failure_and_names_the_batch_above_the_hole
         fits, _ = counted(limit, frozenset(holes))
         assert _settle(fits, below) is None, limit
         assert _settle(fits, limit) == below, limit
-        assert _above_hole(fits, below) == limit, limit
-    fits, _ = counted(60, frozenset({18}))  # fits far past the window above: the note gallops there
-    assert _settle(fits, 17) is None and _above_hole(fits, 17) == 60
-    fits, _ = counted(20)
-    assert _above_hole(fits, 20) is None  # no hole: nothing above fits
+        # the search stopped at ``limit`` (it fits, the next runs out): the note names it
+        assert _known_above({limit: True, limit + 1: False, below + 1: False}, below) == limit, limit
+    assert _known_above({20: True, 21: False}, 20) is None  # nothing known past the boundary
 
 
 def test_settle_follows_a_chain_of_holes_down_window_after_window():
@@ -98,9 +96,6 @@ def test_settle_follows_a_chain_of_holes_down_window_after_window():
     stopped = _settle(fits, top)
     assert stopped is not None and 1_000 < stopped < top - _SETTLE_HOPS  # the hops ran out on the way
     assert len(asked) <= 4 * _SETTLE_HOPS  # each window scanned up to its first failure only
-    fits, asked = counted(top, frozenset(b for b in range(1_001, top) if b % 4))
-    assert _above_hole(fits, 1_000) == 1_000 + 4 * _SETTLE_HOPS  # the note's hops up likewise
-    assert max(asked) < 1_000 + 4 * (_SETTLE_HOPS + 2)
 
 
 def test_the_note_names_only_a_batch_that_fits_by_its_demand():
@@ -108,18 +103,19 @@ def test_the_note_names_only_a_batch_that_fits_by_its_demand():
     # demand (570 MiB) is over it (486 MiB): a card with more memory than the budget would not run it.
     fits, _ = counted(24, frozenset({21, 22, 23}))
     assert _settle(fits, 24) == 20
-    assert _above_hole(fits, 20) == 24
-    assert _above_hole(fits, 20, robust=lambda batch: batch != 24) is None
-    assert _above_hole(fits, 20, robust=lambda batch: None) is None  # cannot tell: no note
+    known = {24: True, 25: False, 21: False, 20: True}
+    assert _known_above(known, 20) == 24
+    assert _known_above(known, 20, robust=lambda batch: batch != 24) is None
+    assert _known_above(known, 20, robust=lambda batch: None) is None  # cannot tell: no note
+    assert _known_above({**known, 30: True}, 20, robust=lambda batch: batch != 30) == 24
 
 
 def test_settle_ignores_fits_past_the_window():
     def fits(batch):  # fits again 50 above the boundary: past the window (10 % of 100)
         return batch <= 100 or 150 <= batch <= 160
 
-    assert _settle(fits, 100) is None and _above_hole(fits, 100) is None
+    assert _settle(fits, 100) is None
     assert _settle(lambda batch: None, 100) is None  # the replays cannot tell
-    assert _above_hole(lambda batch: None, 100) is None
 
 
 def test_second_length_is_claimed_exactly_from_the_first_cells_structure():
@@ -175,5 +171,4 @@ def test_settle_scans_a_bounded_window_near_a_large_boundary():
     assert len(asked) <= 3 * 64 and min(asked) >= 100_000 - 3 * 64  # three windows; 95,000 is not looked at
     fits, asked = counted(100_000, frozenset({99_901}))
     assert _settle(fits, 99_900) is None  # a search stopped under a hole stays
-    assert _above_hole(fits, 99_900) == 100_000  # what fits above it is the note
-    assert len(asked) <= 3 * 64 and max(asked) <= 100_000 + 2 * 64
+    assert len(asked) <= 3 * 64 and max(asked) <= 99_900
