@@ -49,9 +49,10 @@ def test_the_qwen3_5_batch_is_what_the_real_model_takes(preset, count):
     real_model_takes(preset, count, 300)
 
 
-@pytest.mark.parametrize("preset", TINY_QWEN3_5)
-def test_the_given_qwen3_5_positions_are_the_models_own(preset):
-    # position_ids (get_rope_index) and the tower's indices, given, make the model's own logits.
+@pytest.mark.parametrize("preset", [*TINY_QWEN3_5, "tiny-glm4v"])
+def test_the_given_qwen3_5_and_glm4v_positions_are_the_models_own(preset):
+    # position_ids (get_rope_index: Qwen3.5's, GLM-4V's) and the tower's indices, given, make the
+    # model's own logits.
     torch.manual_seed(0)
     model, _ = build_model(resolve_model(preset), VLM, None)
     model.eval()
