@@ -498,7 +498,8 @@ def reason(message: str) -> str:
     verbs = "is not modelled|must be|lists|is empty|needs|names"
     head = re.match(rf"([A-Za-z_][\w.]*)(?::\s*(.*?))?\s+({verbs})\b", message)
     if head is None:
-        return re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", message))[:90]
+        # quoted values (paths, names) collapsed; an apostrophe inside a word (Axolotl's) is not a quote
+        return re.sub(r"\d+", "N", re.sub(r"(?<!\w)'[^']*'(?!\w)", "'...'", message))[:90]
     key, value, verb = head.group(1), (head.group(2) or "").strip("'\""), head.group(3)
     if key == "adapter" and "_kernel" in message:
         return "lora_*_kernel unset (Axolotl turns its fused LoRA kernels on)"
