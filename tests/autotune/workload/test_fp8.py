@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 from configread import read
+from recorded import alive_as_backward_starts
 
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.instrument import InstrumentedBackend, Recording
@@ -44,19 +45,8 @@ def recorded(fp8: Fp8 | None, dtype: str = "float32") -> tuple[int, Recording]:
 def saved_for_backward(recording: Recording, module: str) -> list[tuple[str, tuple[int, ...]]]:
     """(dtype, shape) of what ``module`` and the modules in it made in the last step's forward and is
     still alive as its backward starts: what autograd saved of it."""
-    live, index = {}, 0
-    for key, nbytes in recording.events:
-        if nbytes < 0:
-            live.pop(key, None)
-            continue
-        allocation = recording.allocations[index]
-        index += 1
-        if allocation.step == recording.steps and allocation.phase == "backward":
-            break
-        live[key] = allocation
-    return sorted((a.dtype, tuple(a.shape)) for a in live.values()
-                  if a.step == recording.steps and a.phase == "forward" and a.module is not None
-                  and (a.module == module or a.module.startswith(module + ".")))
+    return sorted((a.dtype, tuple(a.shape)) for a in alive_as_backward_starts(recording)
+                  if a.module is not None and (a.module == module or a.module.startswith(module + ".")))
 
 
 def step_allocations(recording: Recording, phase: str, module: str | None = None) -> list[tuple[str, tuple]]:

@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 from configread import read
+from recorded import alive_as_backward_starts
 
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.instrument import InstrumentedBackend, Recording
@@ -44,18 +45,8 @@ def recorded(qat: Qat | None) -> tuple[int, Recording]:
 def saved_for_backward(recording: Recording, made_in: str) -> int:
     """Bytes made in the last step's forward by modules whose name contains ``made_in`` and still
     alive as its backward starts: what autograd saved of them."""
-    live, index = {}, 0
-    for key, nbytes in recording.events:
-        if nbytes < 0:
-            live.pop(key, None)
-            continue
-        allocation = recording.allocations[index]
-        index += 1
-        if allocation.step == recording.steps and allocation.phase == "backward":
-            break
-        live[key] = allocation
-    return sum(a.nbytes for a in live.values() if a.step == recording.steps and a.phase == "forward"
-               and a.module is not None and made_in in a.module)
+    return sum(a.nbytes for a in alive_as_backward_starts(recording)
+               if a.module is not None and made_in in a.module)
 
 
 def test_the_int8_int4_step_runs_torchao_s_fake_quantizers_on_every_linear():
