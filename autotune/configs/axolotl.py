@@ -1643,7 +1643,7 @@ def _axolotl_kto_words(adapter: bool) -> str:
             f"(loss_type kto) under no_grad; reference: {reference}")
 
 
-def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str, Any]:
+def _axolotl_grpo(cfg: Config, name: str = GRPO, own_trainer: bool = True) -> dict[str, Any]:
     """``rl: grpo``: TRL's GRPOTrainer (AxolotlGRPOTrainer) with GRPOConfig built from ``trl:`` and
     ``vllm:`` (core/trainers/grpo/__init__.py set_training_args_kwargs: a colocated engine's
     vllm_gpu_memory_utilization is ``vllm.gpu_memory_utilization``, Axolotl's default 0.9, when
@@ -1653,13 +1653,14 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
     same trainer (core/builders/rl.py: ``cfg.rl in {RLType.GRPO, RLType.GDPO}`` picks GRPOStrategy's
     class and arguments) with ``multi_objective_aggregation`` normalize_then_sum: each reward function
     normalized over its group before the sum (grpo_trainer.py ``_generate_and_score_completions``), on
-    [completions, reward functions] tensors."""
+    [completions, reward functions] tensors. ``own_trainer`` False: ``rl: ebft`` reads the same ``trl:``
+    keys for its GRPOConfig and says its own notes and defaults (_axolotl_ebft)."""
     trl = _section(cfg, "trl", "a mapping of GRPOConfig keys", _GRPO_TRL_REFUSED)
     fields: dict[str, Any] = {"trainer": GRPO}
     for key in ("num_generations", "max_completion_length"):
         if trl.get(key) is not None:
             fields[key] = trl[key]
-    if noted and trl.get("max_completion_length") is None:  # (rl: ebft passes it only where set)
+    if own_trainer and trl.get("max_completion_length") is None:
         # grpo/__init__.py set_training_args_kwargs passes trl.max_completion_length, None where unset,
         # to GRPOConfig (not its default): generate's max_new_tokens None (the checkpoint's
         # generation_config max_length), vLLM's max_tokens None (up to max_model_len)
@@ -1704,11 +1705,11 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, noted: bool = True) -> dict[str
         raise InvalidInput(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
                            f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
     given = sorted(key for key in ("generation_kwargs", "chat_template_kwargs") if trl.get(key))
-    if noted and given:  # (rl: ebft passes them: _axolotl_ebft)
+    if own_trainer and given:  # (rl: ebft passes them)
         cfg.notes.append(f"{', '.join(f'trl.{key}' for key in given)}: Axolotl's rl {name} does not pass "
                          "it to GRPOConfig (core/trainers/grpo/__init__.py set_training_args_kwargs): no "
                          "effect")
-    if noted:  # (rl: ebft says its own)
+    if own_trainer:
         cfg.notes.append(f"rl: {name}: TRL's GRPOTrainer{gdpo}; micro_batch_size counts completions, "
                          "sequence_len is a row (prompt + trl.max_completion_length); generation: "
                          f"{generation_words}")
@@ -1739,7 +1740,7 @@ def _axolotl_ebft(cfg: Config, adapter: Adapter | None) -> dict[str, Any]:
     if beta:  # train.py setup_reference_model loads one; TRL's GRPOTrainer makes its own for beta != 0
         raise cfg.unmodelled("trl.beta" if isinstance(trl, dict) and trl.get("beta") else "rl_beta", beta,
                              "GRPO's reference model beside EBFT's feature network")
-    fields = {**_axolotl_grpo(cfg, noted=False), "trainer": EBFT}
+    fields = {**_axolotl_grpo(cfg, own_trainer=False), "trainer": EBFT}
     if "max_completion_length" not in fields:  # ebft/__init__.py passes it only where set
         fields["max_completion_length"] = EBFT_MAX_COMPLETION_LENGTH
         cfg.notes.append(f"trl.max_completion_length: not set: GRPOConfig's default in TRL 1.8.0, Axolotl's "
