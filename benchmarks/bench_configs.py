@@ -384,8 +384,12 @@ MESH_KEYS = ("dp_shard_size", "dp_replicate_size", "tensor_parallel_size", "cont
 
 
 def job_gpus(text: str) -> int:
-    """The GPUs a multi-GPU config runs on: its mesh's product where it fixes one, else one node's."""
+    """The GPUs a multi-GPU config runs on: its mesh's product where it fixes one, Ray's workers (one GPU
+    each: Axolotl's cli/train.py ScalingConfig) under use_ray, else one node's."""
     data = yaml.safe_load(text)
+    if isinstance(data, dict) and data.get("use_ray") is True:
+        workers = data.get("ray_num_workers", 1)
+        return workers if isinstance(workers, int) and workers > 0 else MULTI_GPU_GPUS
     if not isinstance(data, dict) or not isinstance(data.get("dp_shard_size"), int):
         return MULTI_GPU_GPUS
     return math.prod(size for key in MESH_KEYS if isinstance(size := data.get(key), int) and size > 0)

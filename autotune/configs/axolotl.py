@@ -873,10 +873,11 @@ def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
         raise InvalidInput(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
                            f"{cfg.file!r}: Axolotl runs neither alone, it passes both to transformers' "
                            "Trainer, whose create_accelerator_and_postprocess (transformers 5.14.1, "
-                           "Axolotl's pin) raises \"The activation_checkpointing in FSDP config and the "
-                           "gradient_checkpointing in training arg can't be set to True simultaneously\" "
-                           "once the model has loaded: set gradient_checkpointing: false (FSDP's "
-                           "checkpointing, modelled) or drop fsdp_config.activation_checkpointing")
+                           "Axolotl's pin: trainer.py line 838) raises \"The activation_checkpointing in "
+                           "FSDP config and the gradient_checkpointing in training arg can't be set to True "
+                           "simultaneously\" once the model has loaded (no Axolotl code turns either off): "
+                           "set gradient_checkpointing: false (FSDP's checkpointing, modelled) or drop "
+                           "fsdp_config.activation_checkpointing")
     return True
 
 
@@ -1445,7 +1446,9 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
                        "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
                        "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
                        "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
-                       "trained.\", and runs on); begin the patterns with base_model.model., or remove them")
+                       "trained.\", and runs on; its maintainers: \"unfreezing parameters while doing LoRAs "
+                       "is not supported\", axolotl#1188); begin the patterns with base_model.model., or "
+                       "remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:
