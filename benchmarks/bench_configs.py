@@ -228,6 +228,8 @@ PEEL_READERS: dict[str | None, str] = {
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
+# reinit_weights checked against the tiny preset's dtype (none: float32): the tiny reader's, not the config's
+TINY_DTYPE = "from_config builds its weights in the checkpoint config's dtype"  # configs/axolotl_loading.py
 KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"  # workload/lora_kernels.py
 ATTENTION_NOT_PATCHED = "Axolotl's lora_qkv_kernel / lora_o_kernel fail on"  # lora_kernels.check_model
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
@@ -384,8 +386,12 @@ MESH_KEYS = ("dp_shard_size", "dp_replicate_size", "tensor_parallel_size", "cont
 
 
 def job_gpus(text: str) -> int:
-    """The GPUs a multi-GPU config runs on: its mesh's product where it fixes one, else one node's."""
+    """The GPUs a multi-GPU config runs on: its mesh's product where it fixes one, Ray's workers (one GPU
+    each: Axolotl's cli/train.py ScalingConfig) under use_ray, else one node's."""
     data = yaml.safe_load(text)
+    if isinstance(data, dict) and data.get("use_ray") is True:
+        workers = data.get("ray_num_workers", 1)
+        return workers if isinstance(workers, int) and workers > 0 else MULTI_GPU_GPUS
     if not isinstance(data, dict) or not isinstance(data.get("dp_shard_size"), int):
         return MULTI_GPU_GPUS
     return math.prod(size for key in MESH_KEYS if isinstance(size := data.get(key), int) and size > 0)
@@ -446,7 +452,7 @@ def check_config(config: Config, scratch: Path, args: argparse.Namespace) -> Row
             timeout = [f"(timed out after {args.timeout:.0f} s)"] if code is None else []
             row.crashes.append(f"{when} with {preset}, exit {code}:\n" + "\n".join(tail + timeout))
         message = strip_path(document["error"], file) if status == "refused" else None
-        if round_ and message and POSITIONS in message:
+        if round_ and message and (POSITIONS in message or TINY_DTYPE in message):
             status, message = "answered", None  # the tiny reader's positions: the config was read whole
         if round_ == 0:
             row.exit, row.seconds = code, seconds

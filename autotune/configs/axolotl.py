@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.axolotl_loading import REINIT, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -140,7 +141,10 @@ _AXOLOTL_NO_EFFECT = words(
     # Not a field of AxolotlInputConfig (utils/schemas/config.py), whose pydantic model ignores
     # extra keys: validate_config's model_dump drops it and nothing reads it (the cosine
     # schedule's floor is cosine_min_lr_ratio); a learning-rate floor has no effect on memory.
-    "eta_min")
+    "eta_min "
+    # Not a field of AxolotlInputConfig either (examples/llama-3/lora-1b-sample-packing-sequentially.yml
+    # sets it): dropped by validate_config's model_dump, read nowhere in src/axolotl.
+    "test_value")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
@@ -869,10 +873,11 @@ def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
         raise InvalidInput(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
                            f"{cfg.file!r}: Axolotl runs neither alone, it passes both to transformers' "
                            "Trainer, whose create_accelerator_and_postprocess (transformers 5.14.1, "
-                           "Axolotl's pin) raises \"The activation_checkpointing in FSDP config and the "
-                           "gradient_checkpointing in training arg can't be set to True simultaneously\" "
-                           "once the model has loaded: set gradient_checkpointing: false (FSDP's "
-                           "checkpointing, modelled) or drop fsdp_config.activation_checkpointing")
+                           "Axolotl's pin: trainer.py line 838) raises \"The activation_checkpointing in "
+                           "FSDP config and the gradient_checkpointing in training arg can't be set to True "
+                           "simultaneously\" once the model has loaded (no Axolotl code turns either off): "
+                           "set gradient_checkpointing: false (FSDP's checkpointing, modelled) or drop "
+                           "fsdp_config.activation_checkpointing")
     return True
 
 
@@ -1072,6 +1077,8 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                                 "autotune models it for gpt-oss' MXFP4 checkpoints, dequantized")
     if "use_kernels" in config.from_pretrained:
         _check_use_kernels(spec, path)
+    if REINIT in config.from_pretrained:
+        check_reinit_dtype(spec, request.step.dtype, path)
     if request.step.experts_kernel is not None:
         _check_kernelized(spec, path)
     if model_type not in FUSED_ATTENTION_TYPES:
@@ -1195,6 +1202,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
+    read_loading(cfg, method, dtype)
     if cfg.flag("quantize_moe_experts"):
         adapter = _axolotl_quantized_experts(cfg, adapter)
     _axolotl_saved_nf4(cfg, adapter)
@@ -1438,7 +1446,9 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
                        "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
                        "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
                        "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
-                       "trained.\", and runs on); begin the patterns with base_model.model., or remove them")
+                       "trained.\", and runs on; its maintainers: \"unfreezing parameters while doing LoRAs "
+                       "is not supported\", axolotl#1188); begin the patterns with base_model.model., or "
+                       "remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:

@@ -69,8 +69,8 @@ class TrainingConfig:
     wrap_key: str | None = None
     mixed_precision: str | None = None  # an accelerate config's: bf16, fp16 or no
     # What Axolotl passes to from_pretrained that only some models take: "use_kernels" (without
-    # KernelsPlugin), "Mxfp4Config" (model_quantization_config); checked once the model is known
-    # (axolotl.check_patched_model).
+    # KernelsPlugin), "Mxfp4Config" (model_quantization_config), or "reinit_weights" (from_config in its
+    # place: the checkpoint config's dtype); checked once the model is known (axolotl.check_patched_model).
     from_pretrained: tuple[str, ...] = ()
     files: tuple[tuple[str, str], ...] = ()  # (path, format) of each file read, in order
     # The keys whose product fixes the job's GPUs (Axolotl's dp_shard_size x dp_replicate_size x

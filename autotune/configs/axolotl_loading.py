@@ -1,0 +1,147 @@
+"""Axolotl keys about how the model is built and launched, rather than how it steps: Ray's launcher
+(``use_ray``), random weights (``reinit_weights``), the multimodal towers frozen
+(``freeze_mm_modules``) and Gemma 4's split attention (``gemma4_hybrid_attn_impl``). Each is read as
+Axolotl's source at the mirror's HEAD (067b021c) acts on it; what changes memory in a way autotune
+does not model is refused by name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from autotune.configs.reading import Config, unset
+
+# utils/freeze.py _MM_MODULE_PREFIXES: the path components freeze_mm_modules freezes.
+MM_MODULES = ("vision_tower", "vision_model", "vision_encoder", "embed_vision", "multi_modal_projector",
+              "visual", "audio_tower", "audio_model", "embed_audio")
+# What reinit_weights leaves the step as is: the marker check_patched_model reads (TrainingConfig.
+# from_pretrained), once the checkpoint's dtype is known.
+REINIT = "reinit_weights"
+
+
+def read_loading(cfg: Config, method: str | None, dtype: str) -> None:
+    """All four, given the adapter method (None: a full fine-tune) and the weights' dtype the
+    reader chose (Axolotl's cfg.torch_dtype)."""
+    _ray(cfg)
+    _reinit_weights(cfg, method, dtype)
+    _freeze_mm_modules(cfg, method)
+    _hybrid_attention(cfg)
+
+
+def _ray(cfg: Config) -> None:
+    """``use_ray``: cli/train.py runs the job as Ray Train's TorchTrainer with
+    ScalingConfig(num_workers=ray_num_workers, resources_per_worker=resources_per_worker
+    (default {"GPU": 1}), use_gpu=True); each worker (ray_train_func) runs the ordinary training
+    pipeline (do_train) as one rank of a torch.distributed job: the job is the same config launched
+    on ray_num_workers GPUs. Without use_ray the ray_* keys are not read (schemas/integrations.py
+    RayConfig)."""
+    use = cfg.get("use_ray")
+    workers, resources = cfg.get("ray_num_workers"), cfg.get("resources_per_worker")
+    cfg.get("ray_run_name")  # the run's name under output_dir (RunConfig): no effect on memory
+    if use is not None and not isinstance(use, bool):
+        raise cfg.bad("use_ray", use, "true or false")
+    if not use:
+        if not unset(workers) or not unset(resources):
+            cfg.notes.append("ray_num_workers, resources_per_worker: read by Axolotl's Ray launcher only "
+                             "(use_ray: true): no effect here")
+        return
+    count = 1 if workers is None else cfg.positive("ray_num_workers", "Ray workers")
+    if resources is not None and resources != {"GPU": 1}:
+        raise cfg.unmodelled("resources_per_worker", resources, "autotune models Ray's default of one GPU "
+                             "per worker (schemas/integrations.py RayConfig), each worker one rank")
+    assert count is not None
+    cfg.launch["gpus"] = count
+    cfg.notes.append(f"use_ray: true: Ray Train's TorchTrainer runs {count} worker(s), one GPU each "
+                     "(cli/train.py: ScalingConfig(num_workers=ray_num_workers, resources_per_worker "
+                     "{'GPU': 1})), each one rank of the same training job: the job on "
+                     f"{count} GPU(s)")
+
+
+def _reinit_weights(cfg: Config, method: str | None, dtype: str) -> None:
+    """``reinit_weights``: loaders/model.py _build_model calls _load_model_from_config in place of
+    from_pretrained: ``AutoModelForCausalLM.from_config(config=model_config)`` with none of the
+    model_kwargs (no dtype, no quantization_config, no device_map); the attention is still set, on
+    model_config (_set_attention_config). The weights are random, the same shapes; their dtype is
+    the checkpoint config's (transformers' _from_config: ``dtype = kwargs.pop("dtype",
+    config.dtype)``), checked against the one Axolotl would load (cfg.torch_dtype) once the model is
+    known (axolotl.check_patched_model). A quantized base is not built quantized: refused."""
+    value = cfg.get(REINIT)
+    if value is not None and not isinstance(value, bool):
+        raise cfg.bad(REINIT, value, "true or false")
+    if not value:
+        return
+    if method in ("qlora", "lora_8bit") or not unset(cfg.data.get("model_quantization_config")):
+        raise cfg.unmodelled(REINIT, True, "from_config takes none of from_pretrained's model_kwargs "
+                             "(loaders/model.py _load_model_from_config), so the base is built unquantized "
+                             "and then prepared for k-bit training; not modelled")
+    cfg.from_pretrained += (REINIT,)
+    cfg.notes.append(f"reinit_weights: true: random weights of the same shapes (loaders/model.py "
+                     f"_load_model_from_config: from_config), in the checkpoint config's dtype, which must "
+                     f"be {dtype} as the config trains it: no other effect on memory")
+
+
+def check_reinit_dtype(spec: Any, trained_dtype: str, path: str) -> None:
+    """reinit_weights builds the model in ``spec``'s config dtype (transformers' _from_config), not
+    in the dtype Axolotl loads a checkpoint in (cfg.torch_dtype): refused where they differ."""
+    from autotune.errors import UnmodelledSetting
+
+    dtype = getattr(spec.config, "dtype", None) or getattr(spec.config, "torch_dtype", None)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    if name != trained_dtype:
+        raise UnmodelledSetting(f"reinit_weights: true in {path!r} is not modelled for {spec.name}: "
+                                f"from_config builds its weights in the checkpoint config's dtype ({name}; "
+                                "transformers' _from_config: config.dtype), not in the "
+                                f"{trained_dtype} Axolotl loads them in from_pretrained (cfg.torch_dtype)")
+
+
+def _freeze_mm_modules(cfg: Config, method: str | None) -> None:
+    """``freeze_mm_modules``: train.py calls utils/freeze.py freeze_mm_modules on the loaded model
+    (after any LoRA): requires_grad False on every parameter one of whose dotted path components is
+    a vision/audio module name (MM_MODULES). With LoRA whose target regex reaches the language
+    model alone (a literal prefix through ``language_model``) and nothing saved whole, no trained
+    parameter has such a component: no effect. Otherwise it takes the towers' parameters (or their
+    adapters) out of training, which is not modelled."""
+    value = cfg.get("freeze_mm_modules")
+    if value is not None and not isinstance(value, bool):
+        raise cfg.bad("freeze_mm_modules", value, "true or false")
+    if not value:
+        return
+    targets = cfg.data.get("lora_target_modules")
+    saved = cfg.data.get("lora_modules_to_save")
+    if method is not None and isinstance(targets, str) and unset(saved) \
+            and not cfg.data.get("lora_target_linear") and _language_model_only(targets):
+        cfg.notes.append(f"freeze_mm_modules: true: freezes the vision/audio towers' parameters (utils/"
+                         f"freeze.py), frozen already under {method}; the adapters, on {targets!r}, lie in "
+                         "the language model alone: no effect on memory")
+        return
+    why = ("the towers' parameters frozen in a full fine-tune" if method is None else
+           "with LoRA targets that may reach the vision/audio towers (or modules saved whole), their "
+           "adapters frozen")
+    raise cfg.unmodelled("freeze_mm_modules", True, f"{why} (utils/freeze.py freeze_mm_modules: every "
+                         f"parameter under {', '.join(MM_MODULES)}) is not modelled")
+
+
+def _language_model_only(pattern: str) -> bool:
+    """A PEFT target regex (re.fullmatch on each module's name) whose literal start runs through a
+    ``language_model`` component, with no vision/audio component before it."""
+    literal = re.match(r"[\w.]*", pattern.replace(r"\.", "."))
+    parts = (literal.group(0) if literal else "").split(".")
+    if "language_model" not in parts[:-1]:
+        return False
+    return not any(part in MM_MODULES for part in parts[:parts.index("language_model")])
+
+
+def _hybrid_attention(cfg: Config) -> None:
+    """``gemma4_hybrid_attn_impl``: loaders/patch_manager.py _apply_gemma_hybrid_attention runs
+    the sliding-window layers under flash_attention_2 and swaps the global layers (head_dim 512) to
+    Axolotl's packing-aware SDPA (monkeypatch/gemma4_hybrid_mask.py GLOBAL_PACKED_SDPA), with its own
+    mask construction: two attention implementations in one model, not modelled."""
+    value = cfg.get("gemma4_hybrid_attn_impl")
+    if value is not None and not isinstance(value, bool):
+        raise cfg.bad("gemma4_hybrid_attn_impl", value, "true or false")
+    if value:
+        raise cfg.unmodelled("gemma4_hybrid_attn_impl", True, "flash_attention_2 on the sliding-window "
+                             "layers and Axolotl's packing-aware SDPA on the global ones (loaders/"
+                             "patch_manager.py _apply_gemma_hybrid_attention, monkeypatch/"
+                             "gemma4_hybrid_mask.py) is not modelled")
