@@ -45,8 +45,12 @@ forward that calls them is Axolotl's packing patch's (monkeypatch/models/qwen3_5
 sample_packing, where transformers' forward leaves them uncalled). Where Axolotl's run would fail,
 so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot rewrite,
 an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's addmm_
-of two dtypes), the embedding kernel under autocast (its backward's index_add_ of a 16-bit gradient
-into a float32 one).
+of two dtypes; _MIXED_DTYPES says why for Apertus's QLoRA, and refuses Nemotron's as not modelled:
+there only the emulation's autocast differs), the embedding kernel under autocast (its backward's
+index_add_ of a 16-bit gradient into a float32 one). The attention classes were read in transformers
+5.14.1, Axolotl's pin (pyproject.toml), as in the version installed: the same forwards for the
+classes of Axolotl's examples (FalconH1, Llama4Text, Olmo3, Phi, MllamaTextSelf, Mistral4 attention;
+no <Prefix>Attention for llava, qwen2_vl, qwen2_5_vl, internvl).
 """
 
 from __future__ import annotations
