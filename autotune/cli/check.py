@@ -120,6 +120,10 @@ def _plan(args: argparse.Namespace) -> Plan:
                           fused_attn_kernel=bool(request.step.fused_attn_kernel),
                           experts_kernel=request.step.experts_kernel is not None)
     notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request))
+    if adapter is not None and adapter.kernels:
+        from autotune.workload.lora_kernels import no_layer_notes
+
+        notes = (*notes, *no_layer_notes(request.step.model, adapter.kernels))
     return Plan(request, (*read, *config.notes, *remote, *notes), config.ignored)
 
 

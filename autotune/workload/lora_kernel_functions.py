@@ -64,14 +64,18 @@ class KernelHooks:
     autocast: Autocast
 
 
+class MixedDtypes(InvalidInput):
+    """``_check_dtype``'s refusal (workload/lora_kernels.py adds why a model's activations are so)."""
+
+
 def _check_dtype(X: torch.Tensor, autocast: torch.dtype | None) -> None:
     """Axolotl's ``out.addmm_(X @ A, B)`` mixes the autocast dtype of ``X @ A`` with ``B`` cast to
     X's dtype: CUDA's addmm_ refuses two dtypes, so the kernels run only where X is in the autocast
     dtype (Axolotl's weights in bf16/fp16 under bf16/fp16 autocast)."""
     if autocast is not None and X.dtype != autocast:
-        raise InvalidInput(f"Axolotl's fused LoRA kernels fail on {X.dtype} activations under {autocast} "
-                           "autocast (matmul_lora's addmm_ of two dtypes); Axolotl runs them with the "
-                           "weights in the autocast dtype")
+        raise MixedDtypes(f"Axolotl's fused LoRA kernels fail on {X.dtype} activations under {autocast} "
+                          "autocast (matmul_lora's addmm_ of two dtypes); Axolotl runs them with the "
+                          "weights in the autocast dtype")
 
 
 def matmul_lora(X: torch.Tensor, weight: Callable[[], torch.Tensor], b: torch.Tensor | None,

@@ -45,8 +45,12 @@ forward that calls them is Axolotl's packing patch's (monkeypatch/models/qwen3_5
 sample_packing, where transformers' forward leaves them uncalled). Where Axolotl's run would fail,
 so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot rewrite,
 an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's addmm_
-of two dtypes), the embedding kernel under autocast (its backward's index_add_ of a 16-bit gradient
-into a float32 one).
+of two dtypes; _MIXED_DTYPES says why for Apertus's QLoRA, and refuses Nemotron's as not modelled:
+there only the emulation's autocast differs), the embedding kernel under autocast (its backward's
+index_add_ of a 16-bit gradient into a float32 one). The attention classes were read in transformers
+5.14.1, Axolotl's pin (pyproject.toml), as in the version installed: the same forwards for the
+classes of Axolotl's examples (FalconH1, Llama4Text, Olmo3, Phi, MllamaTextSelf, Mistral4 attention;
+no <Prefix>Attention for llava, qwen2_vl, qwen2_5_vl, internvl).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, UnmodelledSetting
 
 if TYPE_CHECKING:
     import torch
@@ -85,9 +89,52 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
 # Qwen3-VL's text model, whose Qwen3VLTextAttention get_attention_cls_from_config names for qwen3_vl,
 # has Qwen3's q/k norms and a SwiGLU MLP.
+# Mistral Small 4 (mistral4, the text model of a mistral3 checkpoint): MistralAttention is rewritten as
+# for Ministral 3, and the patch then takes no layer of it: Mistral4Attention is MLA (q_a_proj/q_b_proj,
+# kv_a_proj_with_mqa, kv_b_proj; q_proj only without q_lora_rank, never k_proj or v_proj), which
+# find_self_attn_in_layer passes by, and its layer.mlp is Mistral4MoE (no gate_proj; its shared_experts
+# are not find_mlp_in_layer's) from layer first_k_dense_replace on (0 in Mistral-Small-4-119B-2603),
+# Mistral4MLP below it (transformers 5.14.1, Axolotl's pin, as this one: modeling_mistral4.py
+# Mistral4DecoderLayer). The job runs PEFT's layers (TAKES_NO_LAYER's note).
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
-            "qwen3_5_moe_text", "qwen3_next")
+            "qwen3_5_moe_text", "qwen3_next", "mistral4")
+# The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
+TAKES_NO_LAYER = {
+    "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "
+                "has no k_proj/v_proj (find_self_attn_in_layer) and its MoE blocks (every layer from "
+                "first_k_dense_replace on, 0 in the preset) no gate_proj (find_mlp_in_layer); those layers "
+                "run PEFT's LoRA layers, as traced",
+}
+# Why a model's activations reach the kernels outside the autocast dtype (lora_kernel_functions.py
+# MixedDtypes), with the real job's outcome: the refusal's second half.
+# Apertus under QLoRA: prepare_model_for_kbit_training casts XIELUActivation's alpha_p and alpha_n to
+# float32 (its loop over the parameters in 16 bits), and transformers' Python xIELU
+# (activations.py _xielu_python, taken without the xielu wheel) promotes the MLP's output to float32;
+# bitsandbytes' Linear4bit.forward returns its input's dtype (``.to(inp_dtype)``), so down_proj
+# hands float32 to the residual stream and the next layer's q_proj gets it (ApertusRMSNorm returns
+# ``weight * hidden_states.to(input_dtype)``). The real job fails there. With the XIELU CUDA wheel,
+# which examples/apertus/README.md recommends (optional), Axolotl's patch_apertus_xielu_activation
+# (monkeypatch/models/apertus/activation.py) casts alpha_p and alpha_n to the input's dtype and the
+# job runs: that kernel is not emulated.
+# Nemotron: NemotronLayerNorm1P casts its input, weight and bias to the autocast dtype
+# (_cast_if_autocast_enabled) and runs layer_norm with autocast disabled (maybe_autocast(enabled=
+# False)): bfloat16 out on CUDA, and the real job's kernels run. The estimator's emulated autocast
+# (backends/estimate/emulation.py) does not see that region (on the fake CPU tensors maybe_autocast
+# returns a nullcontext) and runs layer_norm under its fp32 policy: float32 out, not CUDA's.
+_MIXED_DTYPES = {
+    "apertus": (InvalidInput, "Apertus's QLoRA: the float32 output of transformers' Python xIELU "
+                "(alpha_p, alpha_n made float32 by prepare_model_for_kbit_training) reaches the residual "
+                "stream through bitsandbytes' Linear4bit (it returns its input's dtype), and the next "
+                "layer's q_proj gets it: the real job fails there; with the XIELU CUDA wheel "
+                "(examples/apertus/README.md) Axolotl's patch_apertus_xielu_activation casts them and the "
+                "job runs, which is not emulated; set lora_qkv_kernel: false and lora_o_kernel: false"),
+    "nemotron": (UnmodelledSetting, "Axolotl's fused LoRA kernels under autocast are not modelled for "
+                 "Nemotron: NemotronLayerNorm1P runs layer_norm with autocast disabled on inputs cast to the "
+                 "autocast dtype (bfloat16 out on CUDA, where the real job's kernels run), a region "
+                 "autotune's emulated autocast does not see: it hands them float32 activations, not "
+                 "CUDA's; set lora_qkv_kernel: false and lora_o_kernel: false"),
+}
 # The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
 # get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
 # ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
@@ -135,6 +182,20 @@ def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
         raise InvalidInput("Axolotl's embedding LoRA kernel is patched only with the mlp, qkv or o kernel "
                            "(loaders/patch_manager.py _apply_lora_kernel_patch)")
     return tuple(name for name in KERNELS if name in asked)
+
+
+def no_layer_notes(model: str | None, kernels: Sequence[str]) -> tuple[str, ...]:
+    """TAKES_NO_LAYER's note where ``model`` is a preset whose text model type is one and the kernels
+    patch."""
+    from autotune.workload.presets import PRESETS, preset_name
+
+    name = preset_name(model or "")
+    if name is None or not set(kernels) & set(PATCHING):
+        return ()
+    preset = PRESETS[name]
+    text = preset.get("text_config") or {}
+    note = TAKES_NO_LAYER.get(str(text.get("model_type") or preset.get("model_type")))
+    return (note,) if note else ()
 
 
 def describe(kernels: Sequence[str]) -> str:
@@ -205,9 +266,24 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
         if missing:
             raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
                                f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
-                               "its forward; set lora_qkv_kernel: false and lora_o_kernel: false")
+                               f"its forward{_deciding_line(source, missing[0])}: the job fails before the "
+                               "model loads (patch_manager.py _apply_self_attention_lora_patch calls it, "
+                               "uncaught); set lora_qkv_kernel: false and lora_o_kernel: false")
     if model_type not in EMULATED:
         raise InvalidInput(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type {model_type}")
+
+
+def _deciding_line(source: str, missing: str) -> str:
+    """The forward's line patch_self_attn_lora does not find in QKV_PATCHES' originals (``missing``
+    "QKV": the first q/k/v projection line none of them holds) or in place of ORIGINAL_O_CODE ("O":
+    the line projecting attn_output), quoted: ", whose line `...`"; "" where none is found."""
+    lines = source.splitlines()
+    if missing == "QKV":
+        found = [line for line in lines if re.search(r"self\.[qkv]_proj\(", line)
+                 and not any(f"{line}\n" in code for code in _QKV_CODE)]
+    else:
+        found = [line for line in lines if re.search(r"attn_output = self\.\w+\(attn_output\)", line)]
+    return f", whose line `{found[0].strip()}` is not Axolotl's" if found else ""
 
 
 def check_checkpoint(config: Any, kernels: Sequence[str]) -> None:
@@ -255,6 +331,7 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
     layers = _layers(model)
     _check_linear_attention(layers, kernels)
     rewritten = attention_class(checkpoint_type) if set(kernels) & {"qkv", "o"} else None
+    explain = _MIXED_DTYPES.get(config.model_type)
     for layer in layers:
         attn = getattr(layer, "self_attn", None)
         # Only the class patch_self_attn_lora rewrote calls apply_qkv / apply_o (EMULATED's note).
@@ -262,15 +339,15 @@ def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) 
         if attn is not None and called and all(
                 hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             if "qkv" in kernels:
-                _QKV(attn, hooks).install()
+                _QKV(attn, hooks, explain).install()
             if "o" in kernels and hasattr(attn.o_proj, "lora_A"):
-                attn.o_proj.forward = _o_forward(attn, hooks)
+                attn.o_proj.forward = _explained(_o_forward(attn, hooks), explain)
         mlp = getattr(layer, "mlp", None)
         if "mlp" in kernels and mlp is not None and all(
                 hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj")):
             glu = glu_of(config)  # raised only where a MLP is found, as Axolotl raises it
             if all(hasattr(getattr(mlp, p), "lora_A") for p in ("gate_proj", "up_proj", "down_proj")):
-                mlp.forward = _mlp_forward(mlp, glu, hooks)
+                mlp.forward = _explained(_mlp_forward(mlp, glu, hooks), explain)
     if "embedding" in kernels:
         _patch_embedding(model, hooks)
 
@@ -300,6 +377,25 @@ def _layers(model: Any) -> Any:
     if hasattr(pretrained.model, "language_model"):
         return pretrained.model.language_model.layers
     return pretrained.model.layers
+
+
+def _explained(forward: Callable[..., Any], explain: tuple[type[InvalidInput], str] | None
+               ) -> Callable[..., Any]:
+    """``forward``, its MixedDtypes refusal followed by _MIXED_DTYPES' reason for the model type, or
+    replaced by it where the real job runs (UnmodelledSetting: autotune's emulation is what differs)."""
+    if explain is None:
+        return forward
+    from autotune.workload.lora_kernel_functions import MixedDtypes
+
+    error, reason = explain
+
+    def explained(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(*args, **kwargs)
+        except MixedDtypes as exc:
+            raise error(reason if error is UnmodelledSetting else f"{exc}: {reason}") from exc
+
+    return explained
 
 
 class _Lora:
@@ -367,8 +463,9 @@ class _QKV:
     first (q_proj's) computes Q, K and V, k_proj's and v_proj's take K and V. Fused (apply_lora_qkv)
     where q, k and v all carry LoRA, else original_apply_qkv's three projections in turn."""
 
-    def __init__(self, attn: Any, hooks: KernelHooks) -> None:
-        self.attn, self.hooks = attn, hooks
+    def __init__(self, attn: Any, hooks: KernelHooks,
+                 explain: tuple[type[InvalidInput], str] | None = None) -> None:
+        self.attn, self.hooks, self.explain = attn, hooks, explain
         self.projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.fused = all(hasattr(proj, "lora_A") for proj in self.projs)
         self.own_q = attn.q_proj.forward  # q_proj's own forward, before install()
@@ -376,7 +473,7 @@ class _QKV:
 
     def install(self) -> None:
         q_proj, k_proj, v_proj = self.projs
-        q_proj.forward = self.q
+        q_proj.forward = _explained(self.q, self.explain)
         k_proj.forward = lambda hidden, *args, **kwargs: self.take("k", hidden)
         v_proj.forward = lambda hidden, *args, **kwargs: self.take("v", hidden)
 

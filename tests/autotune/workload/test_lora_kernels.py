@@ -16,10 +16,24 @@ from transformers import AutoConfig
 
 from autotune.cli import main
 from autotune.configs import read_training_config
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.workload.adapters import Adapter, make_adapter, prepare
-from autotune.workload.lora_kernel_functions import KernelHooks, LoRA_Embedding, LoRA_MLP, LoRA_O, LoRA_QKV
-from autotune.workload.lora_kernels import EMULATED, apply_kernels, parse_kernels
+from autotune.workload.lora_kernel_functions import (
+    KernelHooks,
+    LoRA_Embedding,
+    LoRA_MLP,
+    LoRA_O,
+    LoRA_QKV,
+    MixedDtypes,
+)
+from autotune.workload.lora_kernels import (
+    EMULATED,
+    TAKES_NO_LAYER,
+    apply_kernels,
+    check_model,
+    no_layer_notes,
+    parse_kernels,
+)
 from autotune.workload.models import ModelSpec
 from autotune.workload.step import build_model, gradient_checkpointing, make_batch
 
@@ -111,9 +125,11 @@ def patched(model: nn.Module) -> list[str]:
 # PEFT refuses dropout on Qwen3-MoE's all-linear, and on Qwen3-Next's down_proj, a name of its experts'
 # parameters too ("lora.ParamWrapper does not work with lora_dropout"). Qwen3-VL's text model has no
 # causal-LM head of its own: tests/autotune/workload/test_vlms.py patches the vision-language model.
+# Mistral Small 4's is a mistral3 checkpoint's (test_mistral_small_4_s_layers_are_left_to_peft_...).
 @pytest.mark.parametrize(("model_type", "dropout"), [
     (model_type, dropout) for model_type in EMULATED for dropout in (False, True)
-    if not (dropout and model_type in ("qwen3_moe", "qwen3_next")) and model_type != "qwen3_vl_text"])
+    if not (dropout and model_type in ("qwen3_moe", "qwen3_next"))
+    and model_type not in ("qwen3_vl_text", "mistral4")])
 def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropout):
     reference, config = lora_model(model_type, TARGETS.get(model_type, "all-linear"), dropout=dropout)
     model = copy.deepcopy(reference)
@@ -276,6 +292,78 @@ def test_what_axolotl_s_patch_would_not_do_is_refused_by_name(model_type, overri
         apply_kernels(wrapped, kernels, PLAIN)
 
 
+# The attention classes of Axolotl's corpus configs (examples/) whose patch fails, the same in
+# transformers 5.14.1 (Axolotl's pin, pyproject.toml) as in this one: patch_self_attn_lora's assertion
+# on the forward get_attention_cls_from_config names for the checkpoint's model type (the second),
+# quoting the line that decides it, or its ValueError where no <Prefix>Attention exists (llava, qwen2_vl,
+# qwen2_5_vl, internvl: no special case, and get_causal_lm_model_cls_prefix's name is no class there).
+@pytest.mark.parametrize(("model_type", "checkpoint", "message"), [
+    ("falcon_h1", None, r"FalconH1Attention: .*\"Original QKV code not found\" in its forward, whose line "
+     r"`key_states = self.k_proj\(hidden_states\).view\(hidden_shape\).transpose\(1, 2\) \* "
+     r"self.key_multiplier` is not Axolotl's: the job fails before the model loads"),
+    ("llama4_text", "llama4", r"Llama4TextAttention: .*QKV.*`query_states = self.q_proj\(hidden_states\)"
+     r".view\(hidden_shape\)` is not"),
+    ("olmo3", None, r"Olmo3Attention: .*`query_states = self.q_norm\(self.q_proj\(hidden_states\)\)`"),
+    ("phi", None, r"PhiAttention: .*\"Original O code not found\" .*"
+     r"`attn_output = self.dense\(attn_output\)`"),
+    ("mllama_text_model", "mllama",
+     r"MllamaTextSelfAttention: .*`query_states = self.q_proj\(hidden_states\)`"),
+    ("mistral4", None, r"Mistral4Attention: .*QKV"),  # a mistral4 checkpoint of its own
+    ("mistral", "llava", "could not import attention class for model_type: llava.*no LlavaAttention"),
+    ("qwen2_vl_text", "qwen2_vl", "could not import attention class for model_type: qwen2_vl"),
+    ("qwen2_5_vl_text", "qwen2_5_vl", "could not import attention class for model_type: qwen2_5_vl"),
+    ("qwen2", "internvl", "could not import attention class for model_type: internvl"),
+])
+def test_the_corpus_attentions_axolotl_s_patch_fails_on_are_refused_with_the_line(model_type, checkpoint,
+                                                                                   message):
+    config = AutoConfig.for_model(model_type)
+    with pytest.raises(InvalidInput, match=message):
+        check_model(config, ("qkv",), checkpoint)
+    check_model(config, ("mlp",), checkpoint) if model_type in EMULATED else None  # the attention's alone
+
+
+def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
+    # a mistral3 checkpoint: MistralAttention rewritten, which no layer of its mistral4 text model is;
+    # MLA has no k_proj or v_proj, and its MoE blocks no gate_proj (first_k_dense_replace 0)
+    from autotune.workload.models import resolve_model
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model("tiny-mistral4"), IMAGE_TEXT_TO_TEXT, None)
+    targets = r"model.language_model.layers.[\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj"
+    wrapped = prepare(model, make_adapter("lora", r=R, alpha=8, dropout=0.0, target_pattern=targets),
+                      IMAGE_TEXT_TO_TEXT)
+    assert any(name.endswith("self_attn.o_proj") and hasattr(module, "lora_A")
+               for name, module in wrapped.named_modules())
+    apply_kernels(wrapped, ALL, PLAIN)
+    assert patched(wrapped) == []
+    assert no_layer_notes("tiny-mistral4", ALL) == (TAKES_NO_LAYER["mistral4"],)
+    assert no_layer_notes("tiny-mistral4", ()) == () and no_layer_notes("tiny-llama", ALL) == ()
+
+
+@pytest.mark.parametrize(("model_type", "error", "message"), [
+    ("llama", MixedDtypes, r"addmm_ of two dtypes\); Axolotl runs them with the weights in the autocast "
+     "dtype$"),
+    # the real job fails too (transformers' Python xIELU's float32 output), unless the XIELU wheel is in
+    ("apertus", InvalidInput, r"addmm_ of two dtypes.*: Apertus's QLoRA: the float32 output of transformers' "
+     "Python xIELU .* the real job fails there; with the XIELU CUDA wheel"),
+    # the real job's kernels run: autotune's emulated autocast is what differs
+    ("nemotron", UnmodelledSetting, "^Axolotl's fused LoRA kernels under autocast are not modelled for "
+     "Nemotron: NemotronLayerNorm1P runs layer_norm with autocast disabled"),
+])
+def test_activations_off_the_autocast_dtype_are_refused_with_the_model_s_reason(model_type, error, message):
+    # float32 activations under a bfloat16 autocast, as the estimator's Apertus QLoRA and Nemotron
+    # steps hand them to the kernels (lora_kernel_functions.py MixedDtypes)
+    bf16 = KernelHooks(dequantize=lambda layer: layer.weight, registers=contextlib.nullcontext,
+                       autocast=lambda: (torch.bfloat16, contextlib.nullcontext))
+    model, config = lora_model(model_type)
+    apply_kernels(model, ALL, bf16)
+    batch = make_batch(config, "causal-lm", 2, 16)
+    with pytest.raises(error, match=message) as raised:
+        model(**batch)
+    assert (type(raised.value) is UnmodelledSetting) == (error is UnmodelledSetting)
+
+
 def test_qwen3_5_s_linear_attention_is_left_to_peft_by_the_mlp_kernel_and_by_qwen3_next():
     # find_linear_attn_in_layer is read for the qkv and o kernels alone, and Qwen3-Next fuses its
     # in-projections (in_proj_qkvz, in_proj_ba) under names it does not take
@@ -406,3 +494,16 @@ def test_the_cuda_backend_carries_the_kernels_and_needs_axolotl():
     if importlib.util.find_spec("axolotl") is None:  # the worker refuses the cell, naming the package
         with pytest.raises(BackendUnavailable, match="need the axolotl package"):
             require_axolotl()
+
+
+def test_a_check_of_mistral_small_4_says_the_kernels_take_no_layer(capsys, tmp_path):
+    # examples/mistral4/qlora-vision.yml's targets, on the tiny mistral3 checkpoint of a mistral4 text model
+    path = tmp_path / "axolotl.yml"
+    targets = r"model.language_model.layers.[\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj"
+    path.write_text(json.dumps({**AXOLOTL, "base_model": "tiny-mistral4", "lora_target_linear": None,
+                                "lora_target_modules": targets, "attn_implementation": None}))
+    code = main(["check", "tiny-mistral4", "--from-config", str(path), "--gpu", "A100-40GB", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"], doc
+    assert doc["adapter"]["kernels"][:3] == ["mlp", "qkv", "o"]
+    assert TAKES_NO_LAYER["mistral4"] in doc["config_notes"]
