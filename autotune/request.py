@@ -888,10 +888,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
         with found.about("fsdp_wrap"):  # named classes of the model's, () where they are its default
             parallel = replace(parallel, wrap_classes=resolve_wrap(spec, task, parallel.wrap_classes))
     if adapter is not None and adapter.kernels:
-        from autotune.workload.lora_kernels import check_checkpoint
+        from autotune.workload.lora_kernels import check_checkpoint, check_sharding
 
         with found.about("adapter"):  # Axolotl's patch fails as the model loads, before any batch
             check_checkpoint(spec.config, adapter.kernels)
+            check_sharding(None if parallel is None else parallel.kind, adapter.kernels)
     images = resolve_images(step, spec, task, seq_lens, found)
     with found.about("liger"):  # a vision tower's kernel runs with images only
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS,

@@ -318,6 +318,7 @@ def fresh_model(template: Any, precision: str) -> Any:
     import torch
 
     from autotune.backends.estimate.tracker import shared_fake_mode
+    from autotune.workload.lora_kernels import repatch
 
     with shared_fake_mode(), warnings.catch_warnings():
         # torch's Tensor.__deepcopy__ reads data_ptr(), which warns on a FakeTensor (backend.py _adapt)
@@ -328,6 +329,7 @@ def fresh_model(template: Any, precision: str) -> Any:
         shared = {id(function): function for module in template.modules()
                   if (function := getattr(module, "_gradient_checkpointing_func", None)) is not None}
         model = copy.deepcopy(template, shared)
+        repatch(template, model)  # Axolotl's LoRA kernels, installed on the copy's own modules
     dtype = {"bf16": torch.bfloat16, "amp": torch.float16}.get(precision)
     if dtype is not None:
         for parameter in model.parameters():

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -295,6 +296,24 @@ def check_checkpoint(config: Any, kernels: Sequence[str]) -> None:
         check_model(text, kernels, _CHECKPOINT.get(config.model_type, config.model_type))
 
 
+def check_sharding(parallel_kind: str | None, kernels: Sequence[str]) -> None:
+    """Axolotl's kernels under DeepSpeed ZeRO-3: each patched forward (the attention's, the MLP's)
+    reads its projections' weights itself, without calling those modules (monkeypatch/lora_kernels.py
+    apply_lora_qkv / apply_lora_o / apply_lora_mlp_*), while ZeRO-3 gathers a module's own parameters
+    only as that module is called (deepspeed runtime/zero/partitioned_param_coordinator.py
+    fetch_sub_module: ``iter_params(current_submodule, recurse=is_leaf)``) and Axolotl marks only
+    mixture-of-experts blocks as leaves (loaders/model.py _set_z3_leaf_modules). The kernels would
+    read the projections' partitions, not their gathered weights: refused (not run on a GPU)."""
+    if parallel_kind == "zero3" and kernels:
+        raise UnmodelledSetting(
+            f"Axolotl's fused LoRA kernels ({', '.join(kernels)}) under DeepSpeed ZeRO-3 are not modelled: "
+            "the patched attention and MLP forwards read q/k/v/o and gate/up/down's weights without "
+            "calling those modules, and ZeRO-3 gathers a module's parameters only as it is called "
+            "(partitioned_param_coordinator.py fetch_sub_module, recurse only for leaf modules; Axolotl "
+            "makes leaves of MoE blocks alone): set lora_mlp_kernel, lora_qkv_kernel and lora_o_kernel "
+            "to false")
+
+
 def glu_of(config: Any) -> str:
     """The MLP kernel's activation: apply_lora_kernel_patches reads hidden_act, else
     hidden_activation, else mlp_hidden_act; a gelu is GeGLU, silu SwiGLU, another raises."""
@@ -314,11 +333,40 @@ def glu_of(config: Any) -> str:
 # --- the patch ------------------------------------------------------------------------------------
 
 
+# apply_kernels' models: the kernels and hooks each was patched with, and the modules it gave a
+# forward of their own (closures over the model's modules), for a copy of it to be patched alike
+_PATCHED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], KernelHooks, tuple[str, ...]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) -> None:
     """Axolotl's ``apply_lora_kernel_patches`` on the PEFT-wrapped ``model`` (module docstring), the
     Functions computing with the backend's ``hooks``."""
     if not set(kernels) & set(PATCHING):
         return
+    before = {name for name, module in model.named_modules() if "forward" in vars(module)}
+    _apply_kernels(model, kernels, hooks)
+    patched = tuple(name for name, module in model.named_modules()
+                    if "forward" in vars(module) and name not in before)
+    _PATCHED[model] = (tuple(kernels), hooks, patched)
+
+
+def repatch(original: nn.Module, copy: nn.Module) -> None:
+    """``copy`` (``copy.deepcopy(original)``: DeepSpeed's engine gets a copy of the built model,
+    backends/deepspeed.py fresh_model) patched as ``original`` was: the forwards apply_kernels
+    installed are closures over the original's modules, which a deep copy keeps as they are (their
+    LoRA parameters, their pending K and V), so they are dropped from the copy and installed anew."""
+    found = _PATCHED.get(original)
+    if found is None:
+        return
+    kernels, hooks, patched = found
+    modules = dict(copy.named_modules())
+    for name in patched:
+        vars(modules[name]).pop("forward", None)
+    apply_kernels(copy, kernels, hooks)
+
+
+def _apply_kernels(model: nn.Module, kernels: Sequence[str], hooks: KernelHooks) -> None:
     from peft import PeftModelForCausalLM
 
     if not isinstance(model, PeftModelForCausalLM):

@@ -33,6 +33,7 @@ from autotune.workload.lora_kernels import (
     check_model,
     no_layer_notes,
     parse_kernels,
+    repatch,
 )
 from autotune.workload.models import ModelSpec
 from autotune.workload.step import build_model, gradient_checkpointing, make_batch
@@ -151,6 +152,25 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
     mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
             "qwen3_5_text": 4}.get(model_type, 2)
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
+
+
+def test_a_copy_of_a_patched_model_is_patched_over_its_own_modules():
+    # DeepSpeed's engine gets a deep copy of the built model (backends/deepspeed.py fresh_model): the
+    # installed forwards must compute with the copy's LoRA parameters, not the original's
+    reference, config = lora_model("llama")
+    original = copy.deepcopy(reference)
+    apply_kernels(original, ALL, PLAIN)
+    model = copy.deepcopy(original)
+    repatch(original, model)
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    assert not [name for name, p in original.named_parameters() if p.grad is not None]
+    assert patched(model) == patched(original)
 
 
 def test_gemma_s_tanh_gelu_is_computed_in_its_erf_form_as_axolotl_s_kernel_does():
@@ -507,3 +527,21 @@ def test_a_check_of_mistral_small_4_says_the_kernels_take_no_layer(capsys, tmp_p
     assert code == 0 and doc["fits"], doc
     assert doc["adapter"]["kernels"][:3] == ["mlp", "qkv", "o"]
     assert TAKES_NO_LAYER["mistral4"] in doc["config_notes"]
+
+
+def test_the_kernels_under_zero3_are_refused_and_under_zero2_checked(capsys, tmp_path):
+    # Axolotl turns the kernels on under DeepSpeed (check_auto_enable_lora_kernels); ZeRO-3 gathers a
+    # module's weights only as it is called, which the patched forwards do not do for their projections
+    path = tmp_path / "axolotl.yml"
+    path.write_text(json.dumps({**AXOLOTL, "sequence_len": 64, "deepspeed": "deepspeed_configs/zero3.json"}))
+    code = main(["check", "tiny-llama", "--from-config", str(path), "--gpu", "A100-40GB", "--gpus", "2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "fused LoRA kernels (mlp, qkv, o) under DeepSpeed ZeRO-3 are not modelled" in err
+    assert "fetch_sub_module" in err and "lora_qkv_kernel" in err
+    path.write_text(json.dumps({**AXOLOTL, "sequence_len": 64, "deepspeed": "deepspeed_configs/zero2.json"}))
+    capsys.readouterr()
+    code = main(["check", "tiny-llama", "--from-config", str(path), "--gpu", "A100-40GB", "--gpus", "2",
+                 "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"], doc
