@@ -362,7 +362,7 @@ def repatch(original: nn.Module, copy: nn.Module) -> None:
     kernels, hooks, patched = found
     modules = dict(copy.named_modules())
     for name in patched:
-        vars(modules[name]).pop("forward", None)
+        modules[name].__dict__.pop("forward", None)
     apply_kernels(copy, kernels, hooks)
 
 
