@@ -200,13 +200,19 @@ def tasks(records: Path) -> list[dict[str, Any]]:
 
 # A limit, not a wait (polled every step_s): ample, as a Ray task importing torch on a 2-core machine
 # whose cores are both taken (the fresh-clone CI beside a corpus run: load 6-10) took over a minute.
+# It stretches with the load: timeout_s is for a machine with a core free, and a limit of 300 s ran
+# out at load 7-10 (a fresh clone's CI beside the corpus and seven other jobs); at a load of L on N
+# cores each process gets about N/L of a core, so the limit is timeout_s x L/N where L > N (the
+# highest one-minute load seen while waiting).
 def wait_until(predicate, what: str, timeout_s: float = 180.0, step_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
+    start, stretch = time.monotonic(), 1.0
     while True:
         value = predicate()
         if value:
             return value
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        stretch = max(stretch, os.getloadavg()[0] / (os.cpu_count() or 1))
+        assert time.monotonic() - start < timeout_s * stretch, \
+            f"gave up waiting for {what} ({timeout_s * stretch:.0f} s at load {os.getloadavg()[0]:.1f})"
         time.sleep(step_s)
 
 
