@@ -424,3 +424,73 @@ def test_llama4_rope_and_swiglu_beside_dense_layers_are_refused():
     with pytest.raises(InvalidInput, match="takes no intermediate_size"):
         check_kernels("swiglu", interleaved, "causal-lm", "full")
     assert check_kernels("rms_norm", interleaved, "causal-lm", "full") == ("rms_norm",)
+
+
+# --- Axolotl's LigerPlugin: its own branches, and the model types it patches nothing of ---------------
+
+
+def small_gemma4(**text):
+    return AutoConfig.for_model("gemma4", text_config={
+        "model_type": "gemma4_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 16,
+        "vocab_size": 128, "max_position_embeddings": 128, "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0, **text}, vision_config=None, audio_config=None)
+
+
+def test_axolotl_s_gemma4_branch_swaps_norms_with_a_weight_and_the_mlp_and_skips_rope():
+    config = small_gemma4()
+    asked = "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy,rms_norm_gated"
+    with pytest.raises(InvalidInput, match="model type gemma4 .* is not emulated"):
+        check_kernels(asked, config, "causal-lm", "full")  # Liger 0.8.0's own: no gemma4 patch
+    kernels = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
+    assert kernels == ("rms_norm", "geglu", "layer_norm")  # rope skipped; no audio tower to run
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec("small-gemma4", "local", config, 128), "causal-lm", "eager")
+    model.eval()
+    reference = copy.deepcopy(model)
+    apply_kernels(model, kernels, sm_count=3, registers=NONE)
+    swapped = {type(module).__name__ for module in model.modules() if "forward" in vars(module)}
+    assert swapped == {"Gemma4RMSNorm", "Gemma4TextMLP"}
+    weightless = [m for m in model.modules() if type(m).__name__ == "Gemma4RMSNorm" and not m.with_scale]
+    assert weightless and all("forward" not in vars(m) for m in weightless)  # v_norm: the model's own
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["labels"] = batch["input_ids"].clone()
+    loss, expected = model(**batch).loss, reference(**batch).loss
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-4)  # Liger's GEGLU is the tanh GELU Gemma 4 runs
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name
+
+
+def test_axolotl_s_gemma4_mlp_cannot_build_double_wide_layers():
+    config = small_gemma4(use_double_wide_mlp=True, num_kv_shared_layers=1)
+    with pytest.raises(InvalidInput, match="use_double_wide_mlp fails as the checkpoint loads"):
+        check_kernels("geglu", config, "causal-lm", "full", axolotl=True)
+    assert check_kernels("rms_norm", config, "causal-lm", "full", axolotl=True) == ("rms_norm",)
+
+
+def test_axolotl_patches_nothing_of_a_model_type_neither_it_nor_liger_has_a_branch_for():
+    # plugin.py's last else: "Unsupported model config type: nemotron_h. Liger not applied."
+    config = AutoConfig.for_model("nemotron_h")
+    assert check_kernels("rms_norm,rope,swiglu,layer_norm,rms_norm_gated", config, "causal-lm", "full",
+                         axolotl=True) == ()
+    with pytest.raises(InvalidInput, match="^Liger Kernel has no patch for model type nemotron_h"):
+        check_kernels("rms_norm", config, "causal-lm", "full")  # Liger's own function: none to call
+
+
+def test_liger_rms_norm_gated_is_read_and_taken_by_axolotl_s_qwen3_5_branches_alone(tmp_path):
+    path = tmp_path / "axolotl.yaml"
+    path.write_text("base_model: tiny-llama\nsequence_len: 128\nmicro_batch_size: 4\nbf16: false\n"
+                    "plugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_rms_norm: true\n"
+                    "liger_rms_norm_gated: true\n")
+    step = read_training_config(path).request.step
+    assert step.liger == ("rms_norm", "rms_norm_gated")
+    assert check_kernels(step.liger, small_config("llama"), "causal-lm", "full", axolotl=True) == ("rms_norm",)
+    qwen = AutoConfig.for_model("qwen3_5_moe")
+    with pytest.raises(InvalidInput, match="Axolotl's Liger branch for model type qwen3_5_moe .* not emulated "
+                                           r"\(its rms_norm_gated: FusedRMSNormGated"):
+        check_kernels(step.liger, qwen, "causal-lm", "full", axolotl=True)
