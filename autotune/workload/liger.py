@@ -40,10 +40,12 @@ images: a step with images and ``layer_norm`` is refused (LigerLayerNormFunction
 
 Axolotl's LigerPlugin (src/axolotl/integrations/liger/plugin.py ``pre_model_load``, liger-kernel 0.8.0
 and transformers 5.14.1 pinned in its pyproject.toml) calls Liger's function where
-``MODEL_TYPE_TO_APPLY_LIGER_FN`` has the model type, and otherwise has branches of its own
-(``AXOLOTL_BRANCHES``); ``AXOLOTL_PATCHES`` are those emulated. A model type in neither gets no kernel:
-the plugin's last ``else`` logs "Unsupported model config type: ... Liger not applied" (NVIDIA's
-nemotron_h). ``liger_rms_norm_gated`` is read by its qwen3_5 and qwen3_5_moe branches alone
+``MODEL_TYPE_TO_APPLY_LIGER_FN`` has the model type, and otherwise, or over it for qwen3_5 and
+qwen3_5_moe (``axolotl_override_liger_fn``), a branch of its own (``AXOLOTL_BRANCHES``).
+``AXOLOTL_PATCHES`` are those emulated (gemma4, qwen3_5, qwen3_5_moe); the others (jamba, deepseek_v2,
+granitemoe, gemma4_unified) are refused by name. A model type in neither gets no kernel: the plugin's
+last ``else`` logs "Unsupported model config type: ... Liger not applied" (NVIDIA's nemotron_h).
+``liger_rms_norm_gated`` is read by its qwen3_5 and qwen3_5_moe branches alone
 (``FusedRMSNormGated``, axolotl/kernels/rms_norm_gated.py; Liger 0.8.0 has no gated norm).
 """
 
@@ -82,13 +84,14 @@ class ModelPatch:
     cross_entropy: bool = True  # the patch's cross_entropy reaches the model's loss
     fused_gate_up: bool = False  # the MLP's gate and up projections are one (LigerPhi3SwiGLUMLP)
     # layer_norm: "" (not taken), "vision" (swaps the vision tower's nn.LayerNorm, run on images:
-    # module docstring) or "audio" (the audio tower's, which a text or image step never runs, and a
-    # model without audio does not build)
+    # module docstring) or "audio" (the audio tower's, which a text or image step never runs; taken
+    # only where the model has one)
     layer_norm: str = ""
     # rope: "liger" (liger_rotary_pos_emb in place of apply_rotary_pos_emb), "own" (a kernel of its
     # own, refused) or "skipped" (the patch leaves it out, with a warning)
     rope: str = "liger"
     mlp: str = "MLP"  # the MLP class: <prefix><mlp>
+    gated: bool = False  # rms_norm_gated: <prefix>RMSNormGated = Axolotl's FusedRMSNormGated
 
 
 LLAMA_NORM = (0.0, "llama", True)  # LigerRMSNorm's defaults
@@ -131,6 +134,17 @@ AXOLOTL_PATCHES = {
     # (self.loss_function); fused_linear_cross_entropy skipped with a warning (read_axolotl's loss).
     "gemma4": ModelPatch("gemma4", "Gemma4", "geglu", (0.0, "llama", False), cross_entropy=False,
                          rope="skipped", mlp="TextMLP", layer_norm="audio"),
+    # integrations/liger/models/qwen3_5.py and qwen3_5_moe.py apply_liger_kernel_to_qwen3_5(_moe) (the
+    # plugin's qwen3_5 and qwen3_5_moe branches, Liger's own function not called): <prefix>RMSNorm =
+    # LigerRMSNorm(offset=1.0, casting_mode="gemma", init_fn="zeros", in_place=False);
+    # <prefix>RMSNormGated = FusedRMSNormGated (rms_norm_gated: axolotl/kernels/rms_norm_gated.py, offset
+    # 0.0); <prefix>MLP = LigerSwiGLUMLP of the MLP's intermediate_size (_liger_swiglu_mlp_wrapper: the
+    # MoE's shared expert); layer_norm: modeling's nn.LayerNorm = LigerLayerNorm (the vision tower's);
+    # cross_entropy: loss_utils' nn.functional.cross_entropy = liger_cross_entropy; no rope argument.
+    "qwen3_5": ModelPatch("qwen3_5", "Qwen3_5", "swiglu", (1.0, "gemma", False), rope="skipped",
+                          gated=True, layer_norm="vision"),
+    "qwen3_5_moe": ModelPatch("qwen3_5_moe", "Qwen3_5Moe", "swiglu", (1.0, "gemma", False), rope="skipped",
+                              gated=True, layer_norm="vision"),
 }
 
 # Liger's other patches (MODEL_TYPE_TO_APPLY_LIGER_FN), which swap modules these do not have.
@@ -177,8 +191,6 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
         if axolotl and model_type in AXOLOTL_BRANCHES:
             what = f"Axolotl's Liger branch for model type {model_type} (integrations/liger/plugin.py " \
                 "pre_model_load) is not emulated"
-            if GATED in asked and model_type.startswith("qwen3_5"):
-                what += f" (its {GATED}: FusedRMSNormGated, axolotl/kernels/rms_norm_gated.py, neither)"
         elif model_type in NOT_EMULATED:
             what = f"Liger's patch for model type {model_type} (apply_liger_kernel_to_{model_type}) is not " \
                 "emulated"
@@ -186,8 +198,12 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
         raise InvalidInput(f"{what}: autotune emulates Liger Kernel on {', '.join(emulated)}")
     taken = {"rms_norm", "rope", patch.glu} | ({"cross_entropy"} if patch.cross_entropy else set()) \
         | ({"layer_norm"} if patch.layer_norm else set())
+    if patch.gated:
+        taken.add(GATED)
     if patch.rope == "skipped":  # the patch leaves it out, as the plugin's gemma4 branch does
         taken.discard("rope")
+    if patch.layer_norm == "audio" and getattr(config, "audio_config", None) is None:
+        taken.discard("layer_norm")  # no audio tower: no nn.LayerNorm built for LigerLayerNorm to be
     kernels = tuple(name for name in asked if name in taken)
     if "rope" in kernels and patch.rope == "own":
         raise InvalidInput(f"Liger's rope for model type {model_type} is its own kernel "
@@ -275,6 +291,7 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
     found = {name: 0 for name in kernels}
     norm = getattr(modeling, f"{patch.prefix}RMSNorm")
     mlp = getattr(modeling, f"{patch.prefix}{patch.mlp}")
+    gated = getattr(modeling, f"{patch.prefix}RMSNormGated", None)
     rebuilt: dict[type, Any] = {}
     for module in model.modules():
         # a norm without a weight stays the model's (Gemma 4's with_scale=False: _LigerGemma4RMSNorm.__new__)
@@ -284,6 +301,9 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
         elif "layer_norm" in kernels and type(module) is torch.nn.LayerNorm:  # a vision or audio tower's
             setattr(module, "forward", MethodType(_unrun_layer_norm, module))  # noqa: B010 (typed nn.Module)
             found["layer_norm"] += 1
+        elif GATED in kernels and type(module) is gated:
+            module.forward = MethodType(_gated_forward(module, sm_count, registers), module)
+            found[GATED] += 1
         elif patch.glu in kernels and type(module) is mlp:
             module.forward = MethodType(_glu_forward(patch, registers), module)
             found[patch.glu] += 1
@@ -296,8 +316,7 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
     if "cross_entropy" in kernels:
         model.loss_function = _causal_lm_loss(registers)
         found["cross_entropy"] += 1
-    missing = [name for name, count in found.items()
-               if not count and not (name == "layer_norm" and patch.layer_norm == "audio")]
+    missing = [name for name, count in found.items() if not count]
     if missing:
         raise InvalidInput(f"Liger's {', '.join(missing)} found nothing to swap in {type(model).__name__} "
                            f"(modeling_{patch.module}): not emulated for this transformers version")
@@ -313,6 +332,21 @@ def _rms_norm_forward(module: Any, patch: ModelPatch, sm_count: int, registers: 
 
     def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         return apply(hidden_states, self.weight, eps, offset, casting_mode, in_place, sm_count, registers)
+
+    return forward
+
+
+def _gated_forward(module: Any, sm_count: int, registers: Registers) -> Any:
+    """FusedRMSNormGated.forward (axolotl/kernels/rms_norm_gated.py), offset 0.0, with the module's eps."""
+    from autotune.workload.liger_kernels import functions
+
+    eps = module.variance_epsilon
+    apply = functions().RMSNormGated.apply
+
+    def forward(self: Any, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is None:
+            raise ValueError("FusedRMSNormGated requires a gate tensor")
+        return apply(hidden_states, gate, self.weight, eps, 0.0, sm_count, registers)
 
     return forward
 

@@ -444,7 +444,7 @@ def test_axolotl_s_gemma4_branch_swaps_norms_with_a_weight_and_the_mlp_and_skips
     with pytest.raises(InvalidInput, match="model type gemma4 .* is not emulated"):
         check_kernels(asked, config, "causal-lm", "full")  # Liger 0.8.0's own: no gemma4 patch
     kernels = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
-    assert kernels == ("rms_norm", "geglu", "layer_norm")  # rope skipped; no audio tower to run
+    assert kernels == ("rms_norm", "geglu")  # rope skipped; no audio tower, so no nn.LayerNorm to swap
     torch.manual_seed(0)
     model, _ = build_model(ModelSpec("small-gemma4", "local", config, 128), "causal-lm", "eager")
     model.eval()
@@ -492,6 +492,59 @@ def test_liger_rms_norm_gated_is_read_and_taken_by_axolotl_s_qwen3_5_branches_al
     kept = check_kernels(step.liger, small_config("llama"), "causal-lm", "full", axolotl=True)
     assert kept == ("rms_norm",)
     qwen = AutoConfig.for_model("qwen3_5_moe")
-    with pytest.raises(InvalidInput, match="Axolotl's Liger branch for model type qwen3_5_moe .* not "
-                                           r"emulated \(its rms_norm_gated: FusedRMSNormGated"):
-        check_kernels(step.liger, qwen, "causal-lm", "full", axolotl=True)
+    assert check_kernels(step.liger, qwen, "causal-lm", "full", axolotl=True) == step.liger
+    with pytest.raises(InvalidInput, match=r"model type qwen3_5_moe \(apply_liger_kernel_to_qwen3_5_moe\) is "
+                                           "not emulated"):
+        check_kernels(step.liger, qwen, "causal-lm", "full")  # Liger's own function: not Axolotl's branch
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_axolotl_s_qwen3_5_branches_give_the_loss_and_gradients_of_the_model_s_own(model_type):
+    from autotune.workload.models import resolve_model
+
+    config = resolve_model(f"tiny-{model_type}").config
+    asked = "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy,rms_norm_gated"
+    kept = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
+    assert kept == ("rms_norm", "swiglu", "layer_norm", "cross_entropy", "rms_norm_gated")  # no rope
+    with pytest.raises(InvalidInput, match="a step with images is refused"):
+        check_kernels("layer_norm", config, "image-text-to-text", "full", images=True, axolotl=True)
+    task = "image-text-to-text"  # the vision-language model's step, without images
+    kernels = check_kernels(asked.replace(",cross_entropy", ""), config, task, "full", axolotl=True)
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec(f"tiny-{model_type}", "local", config, 128), task, "eager")
+    model.eval()
+    for parameter in model.parameters():
+        parameter.data.normal_(0, 0.5)  # the norms' weights start at 0 and 1: make every path count
+    reference = copy.deepcopy(model)
+    apply_kernels(model, kernels, sm_count=3, registers=NONE)
+    swapped = {type(module).__name__.removeprefix("Qwen3_5").removeprefix("Moe")
+               for module in model.modules() if "forward" in vars(module)}
+    assert {"RMSNorm", "RMSNormGated", "MLP"} <= swapped
+    assert "forward" in vars(model.model.visual.blocks[0].norm1)  # the tower's nn.LayerNorm: Liger's
+    batch = make_batch(config, task, 2, 16, images=make_images(0, None))
+    batch["input_ids"] = torch.randint(3, 100, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    batch["labels"][0, :4] = -100
+    loss, expected = model(**batch).loss, reference(**batch).loss
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-4), name
+    gated = [p for n, p in model.named_parameters() if n.endswith("linear_attn.norm.weight")]
+    assert gated and all(p.grad is not None for p in gated)  # the gated norms ran, Axolotl's kernel
+
+
+def test_axolotl_s_gated_norm_saves_x_g_w_and_a_float32_rstd():
+    apply = functions().RMSNormGated.apply
+    x = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, dtype=torch.bfloat16, requires_grad=True)
+    y = apply(x, g, w, 1e-6, 0.0, 3, NONE)
+    saved = [tuple(t.shape) + (t.dtype,) for t in y.grad_fn.saved_tensors]
+    assert saved == [(16, 16, torch.bfloat16), (16, 16, torch.bfloat16), (16, torch.bfloat16),
+                     (16, torch.float32)]
+    y.sum().backward()
+    assert x.grad.shape == x.shape and g.grad.shape == g.shape and w.grad.dtype == torch.bfloat16
