@@ -271,12 +271,15 @@ def describe(kernels: Sequence[str]) -> str:
 
 
 def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: int,
-                  registers: Registers) -> None:
+                  registers: Registers, model_type: str | None = None) -> None:
     """Swap Liger's emulated kernels into the built ``model`` (a transformers model, before PEFT
     wraps it) as its model type's patch does before loading (module docstring). ``sm_count``: the
     multiprocessors of the target card (LigerRMSNorm's per-SM weight gradients); ``registers``:
-    where the kernels' arithmetic runs (liger_kernels). ``kernels`` are check_kernels', which lets an
-    Axolotl branch's model type (AXOLOTL_PATCHES) through for an Axolotl step only."""
+    where the kernels' arithmetic runs (liger_kernels); ``model_type``: the checked config's (the
+    patch is chosen by it, as the plugin by cfg.model_config_type: a vision-language checkpoint's
+    text model built alone, Qwen3_5MoeForCausalLM, is patched in the same modeling module), by
+    default the model's. ``kernels`` are check_kernels', which lets an Axolotl branch's model type
+    (AXOLOTL_PATCHES) through for an Axolotl step only."""
     import importlib
     from types import MethodType
 
@@ -285,8 +288,9 @@ def apply_kernels(model: torch.nn.Module, kernels: Sequence[str], *, sm_count: i
     if not kernels:
         return
     config: Any = model.config
-    patch = patch_of(config.model_type, axolotl=True)
-    assert patch is not None, config.model_type  # check_kernels refused the others
+    model_type = model_type or config.model_type
+    patch = patch_of(model_type, axolotl=True)
+    assert patch is not None, model_type  # check_kernels refused the others
     modeling = importlib.import_module(f"transformers.models.{patch.module}.modeling_{patch.module}")
     found = {name: 0 for name in kernels}
     norm = getattr(modeling, f"{patch.prefix}RMSNorm")

@@ -548,3 +548,17 @@ def test_axolotl_s_gated_norm_saves_x_g_w_and_a_float32_rstd():
                      (16, torch.float32)]
     y.sum().backward()
     assert x.grad.shape == x.shape and g.grad.shape == g.shape and w.grad.dtype == torch.bfloat16
+
+
+def test_a_vision_language_checkpoint_s_text_model_takes_its_checkpoint_s_patch():
+    # Axolotl keys the branch on cfg.model_config_type (qwen3_5_moe); the text model built alone
+    # (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text) lives in the same modeling module.
+    from autotune.workload.models import resolve_model
+
+    config = resolve_model("tiny-qwen3_5_moe").config
+    kernels = check_kernels("rms_norm,swiglu,rms_norm_gated", config, "causal-lm", "full", axolotl=True)
+    model, _ = build_model(ModelSpec("tiny-qwen3_5_moe", "local", config, 128), "causal-lm", "eager")
+    assert model.config.model_type == "qwen3_5_moe_text"
+    apply_kernels(model, kernels, sm_count=3, registers=NONE, model_type=config.model_type)
+    swapped = {type(module).__name__ for module in model.modules() if "forward" in vars(module)}
+    assert {"Qwen3_5MoeRMSNorm", "Qwen3_5MoeRMSNormGated", "Qwen3_5MoeMLP"} <= swapped
