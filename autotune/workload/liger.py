@@ -204,6 +204,8 @@ def check_kernels(value: str | Sequence[str] | None, config: Any, task: str, los
         taken.discard("rope")
     if patch.layer_norm == "audio" and getattr(config, "audio_config", None) is None:
         taken.discard("layer_norm")  # no audio tower: no nn.LayerNorm built for LigerLayerNorm to be
+    if patch.layer_norm == "vision" and not _builds_tower(config, task):
+        taken.discard("layer_norm")  # the text model alone: no nn.LayerNorm for the swap to reach
     kernels = tuple(name for name in asked if name in taken)
     if "rope" in kernels and patch.rope == "own":
         raise InvalidInput(f"Liger's rope for model type {model_type} is its own kernel "
@@ -255,6 +257,19 @@ def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> N
     if "rope" in kernels and partial not in (None, 1, 1.0):
         raise InvalidInput(f"Liger's rope rotates the whole head: partial_rotary_factor {partial} of "
                            f"{config.model_type} is not emulated")
+
+
+def _builds_tower(config: Any, task: str) -> bool:
+    """Whether the step's model has the vision tower: an image-text-to-text step's does, a causal-lm
+    step's where transformers' AutoModelForCausalLM builds the whole vision-language model for the
+    config (Gemma 3's Gemma3ForConditionalGeneration) and not its text model alone (Qwen3.5's
+    Qwen3_5ForCausalLM: modeling_auto.py MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if task != "causal-lm":
+        return True
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, "")
+    return isinstance(name, str) and name.endswith("ForConditionalGeneration")
 
 
 def patch_of(model_type: str, axolotl: bool = False) -> ModelPatch | None:

@@ -504,12 +504,14 @@ def test_axolotl_s_qwen3_5_branches_give_the_loss_and_gradients_of_the_model_s_o
 
     config = resolve_model(f"tiny-{model_type}").config
     asked = "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy,rms_norm_gated"
+    # causal-lm: transformers' Qwen3_5(Moe)ForCausalLM, the text model alone, has no nn.LayerNorm
     kept = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
-    assert kept == ("rms_norm", "swiglu", "layer_norm", "cross_entropy", "rms_norm_gated")  # no rope
+    assert kept == ("rms_norm", "swiglu", "cross_entropy", "rms_norm_gated")  # no rope
     with pytest.raises(InvalidInput, match="a step with images is refused"):
         check_kernels("layer_norm", config, "image-text-to-text", "full", images=True, axolotl=True)
     task = "image-text-to-text"  # the vision-language model's step, without images
     kernels = check_kernels(asked.replace(",cross_entropy", ""), config, task, "full", axolotl=True)
+    assert kernels == ("rms_norm", "swiglu", "layer_norm", "rms_norm_gated")  # the tower's LayerNorm too
     torch.manual_seed(0)
     model, _ = build_model(ModelSpec(f"tiny-{model_type}", "local", config, 128), task, "eager")
     model.eval()
