@@ -896,7 +896,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     images = resolve_images(step, spec, task, seq_lens, found)
     with found.about("liger"):  # a vision tower's kernel runs with images only
         liger = check_kernels(step.liger, spec.config, task, loss if found.ok("loss") else DEFAULT_LOSS,
-                              images=images is not None and images.per_sample > 0)
+                              images=images is not None and images.per_sample > 0, axolotl=bool(step.axolotl))
     frozen: tuple[str, ...] = ()
     with found.about("frozen_modules"):
         frozen = parse_frozen(step.frozen_modules)

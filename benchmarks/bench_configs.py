@@ -104,6 +104,9 @@ FAMILIES: dict[str, dict[str, float]] = {
                   "tiiuae/Falcon-H1-34B-Base": 34},
     # Jamba (Mamba-1 mixers, attention in one layer of eight, 16 experts in every other): by total.
     "jamba": {"ai21labs/Jamba-v0.1": 52, "ai21labs/AI21-Jamba-1.5-Large": 398},
+    # Nemotron 3 (nemotron_h: Mamba-2, experts, attention, a layer each): the BF16 checkpoints, by name.
+    "nemotron_h": {"nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": 30,
+                   "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 120},
     # Kimi Linear (Kimi Delta Attention, MLA, 256 experts): by its total; the estimator refuses it.
     "kimi_linear": {"moonshotai/Kimi-Linear-48B-A3B-Instruct": 48},
     # Vision-language models (image-text-to-text), each its own family: a tower and a processor of
@@ -161,6 +164,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"llama-4-scout-17b-16e", "llama4_scout"),
     (r"llama-4-maverick-17b-128e", "llama4_maverick"),
     (r"kimi-linear-48b-a3b", "kimi_linear"),
+    (r"nemotron-3-(nano-30b-a3b|super-120b-a12b)", "nemotron_h"),
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -225,6 +229,7 @@ PEEL_READERS: dict[str | None, str] = {
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
     "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4", "glm46v_flash": "tiny-glm4v",
+    "nemotron_h": "tiny-nemotron_h",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"

@@ -58,6 +58,7 @@ from autotune.errors import InvalidInput, UnmodelledSetting
 from autotune.request import CheckRequest
 from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
+from autotune.workload.liger import GATED as LIGER_GATED
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
 from autotune.workload.modes import Mode
@@ -488,18 +489,21 @@ def _axolotl_saved_adapter(cfg: Config, method: str, model_dir: Any) -> Adapter:
 # liger_fused_linear_cross_entropy is the loss (read_axolotl). liger_glu_activation (liger_swiglu: its
 # deprecated name) is geglu where the model type's patch takes it, else swiglu (plugin.py
 # pre_model_load): both are asked for, and the patch keeps its own (workload.liger.check_kernels).
+# liger_rms_norm_gated is read by the plugin's qwen3_5 and qwen3_5_moe branches alone (workload.liger.GATED).
 _AXOLOTL_LIGER = {"liger_rope": ("rope",), "liger_rms_norm": ("rms_norm",),
                   "liger_layer_norm": ("layer_norm",), "liger_glu_activation": ("swiglu", "geglu"),
-                  "liger_swiglu": ("swiglu", "geglu"), "liger_cross_entropy": ("cross_entropy",)}
+                  "liger_swiglu": ("swiglu", "geglu"), "liger_cross_entropy": ("cross_entropy",),
+                  "liger_rms_norm_gated": (LIGER_GATED,)}
 LIGER_NOTE = ("Liger's kernels, emulated from its source (what each saves for backward and allocates), "
               "swapped in before the model is built as the LigerPlugin does (apply_liger_kernel_to_<model_"
-              "type>); those the model type's patch does not take are left out, as the plugin leaves "
-              "them out")
+              "type>, or the plugin's own branch); those the model type's patch does not take are left out, "
+              "as the plugin leaves them out, and a model type neither Liger 0.8.0 nor the plugin patches "
+              "gets none (plugin.py: \"Unsupported model config type ... Liger not applied\")")
 
 
 def _axolotl_liger(cfg: Config) -> tuple[str, ...] | None:
     """The Liger kernels the liger_* keys turn on (a key left out is off: the plugin passes None);
-    keys of Liger settings not emulated (liger_use_token_scaling, liger_rms_norm_gated) refused."""
+    keys of Liger settings not emulated (liger_use_token_scaling) refused."""
     kernels: list[str] = []
     for key in sorted(k for k in cfg.data if k.startswith("liger_")):
         if key == "liger_fused_linear_cross_entropy":

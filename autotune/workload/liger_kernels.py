@@ -97,6 +97,56 @@ def rms_norm_backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, RSTD: 
     return dX.view(*shape), dW
 
 
+# --- Axolotl's gated RMSNorm: axolotl/kernels/rms_norm_gated.py ------------------------------------------
+
+
+def rms_norm_gated_forward(X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, eps: float, offset: float,
+                           registers: Registers) -> tuple[torch.Tensor, ...]:
+    """``rms_norm_gated_forward`` (Axolotl's FusedRMSNormGated, built on Liger's utilities): X and G
+    viewed [rows, n], then ``_rms_norm_gated_fwd_op``'s Y [rows, n] in X's dtype and RSTD [rows]
+    float32 (torch.empty), which ``_rms_norm_gated_forward_kernel`` fills: Y = (W + offset) * X * rstd *
+    silu(G), all in float32, cast to X's dtype. Returns Y, X, G (views of the inputs), RSTD."""
+    import torch
+
+    X, G = X.view(-1, X.shape[-1]), G.view(-1, G.shape[-1])
+    Y = torch.empty((X.shape[0], X.shape[1]), dtype=X.dtype, device=X.device)
+    RSTD = torch.empty(X.shape[0], dtype=torch.float32, device=X.device)
+    with registers():
+        x, g = X.float(), G.float()
+        rstd = torch.rsqrt(_row_dot(x, x) / X.shape[1] + eps)
+        RSTD.copy_(rstd.view(-1))
+        Y.copy_((W.float() + offset) * (x * rstd) * (g * torch.sigmoid(g)))
+    return Y, X, G, RSTD
+
+
+def rms_norm_gated_backward(dY: torch.Tensor, X: torch.Tensor, G: torch.Tensor, W: torch.Tensor,
+                            RSTD: torch.Tensor, offset: float, sm_count: int, registers: Registers
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_rms_norm_gated_bwd_op``: ``_dW`` [sm_count, n] float32 (one program a multiprocessor), dX and
+    dG ``torch.empty_like(dY)``, which ``_rms_norm_gated_backward_kernel`` fills, then
+    ``_dW.sum(dim=0).to(W.dtype)`` in torch."""
+    import torch
+
+    shape = dY.shape
+    dY = dY.view(-1, shape[-1])
+    n_rows, n_cols = dY.shape
+    _dW = torch.empty((sm_count, n_cols), dtype=torch.float32, device=W.device)
+    dX = torch.empty_like(dY)
+    dG = torch.empty_like(dY)
+    rows_per_program = -(-n_rows // sm_count)
+    with registers():
+        dy, x, g, rstd, w = dY.float(), X.float(), G.float(), RSTD.view(-1, 1), W.float() + offset
+        normed, sig = x * rstd, torch.sigmoid(g)
+        silu = g * sig
+        program = torch.arange(n_rows, device=dY.device) // rows_per_program
+        _dW.zero_().index_add_(0, program, dy * normed * silu)
+        dG.copy_(dy * w * normed * (sig * (1.0 + g * (1.0 - sig))))
+        m = dy * w * silu
+        dX.copy_(rstd * m - rstd * (rstd * rstd / n_cols) * _row_dot(m, x) * x)
+    dW = _dW.sum(dim=0).to(W.dtype)
+    return dX.view(*shape), dG.view(*shape), dW
+
+
 # --- RoPE: ops/rope.py ------------------------------------------------------------------------------
 
 
@@ -198,12 +248,13 @@ def functions() -> Any:
     """The emulated Functions, made on first use (torch imported then): a namespace with
     RMSNorm, Rope, SiLUMul, GELUMul and CrossEntropy (``Function.apply``), as Liger's
     LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction, LigerGELUMulFunction and
-    LigerCrossEntropyFunction."""
+    LigerCrossEntropyFunction, and RMSNormGated, as Axolotl's FusedRMSNormGatedFunction."""
     from types import SimpleNamespace
 
     saves = "saves a and b; backward writes da, db over them"
     return SimpleNamespace(
         RMSNorm=_rms_norm_function(), Rope=_rope_function(), CrossEntropy=_cross_entropy_function(),
+        RMSNormGated=_rms_norm_gated_function(),
         SiLUMul=_glu_function(False, f"LigerSiLUMulFunction (ops/swiglu.py): {saves}."),
         GELUMul=_glu_function(True, f"LigerGELUMulFunction (ops/geglu.py): {saves}."),
     )
@@ -232,6 +283,32 @@ def _rms_norm_function() -> type:
             return dX, dW, None, None, None, None, None, None
 
     return RMSNorm
+
+
+def _rms_norm_gated_function() -> type:
+    import torch
+
+    class RMSNormGated(torch.autograd.Function):
+        """FusedRMSNormGatedFunction (axolotl/kernels/rms_norm_gated.py): X and G made contiguous
+        (Liger's @ensure_contiguous); saves X, G, W and the float32 RSTD [rows]."""
+
+        @staticmethod
+        def forward(ctx: Any, X: torch.Tensor, G: torch.Tensor, W: torch.Tensor, eps: float, offset: float,
+                    sm_count: int, registers: Registers) -> torch.Tensor:
+            shape = X.shape
+            X, G, W = X.contiguous(), G.contiguous(), W.contiguous()
+            Y, X, G, RSTD = rms_norm_gated_forward(X, G, W, eps, offset, registers)
+            ctx.args = (offset, sm_count, registers)
+            ctx.save_for_backward(X, G, W, RSTD)
+            return Y.view(*shape)
+
+        @staticmethod
+        def backward(ctx: Any, dY: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            X, G, W, RSTD = ctx.saved_tensors
+            dX, dG, dW = rms_norm_gated_backward(dY.contiguous(), X, G, W, RSTD, *ctx.args)
+            return dX, dG, dW, None, None, None, None
+
+    return RMSNormGated
 
 
 def _rope_function() -> type:

@@ -1,4 +1,5 @@
-"""Which path a Falcon-H1 Mamba-2 mixer is traced through, and what a GPU user's step runs instead.
+"""Which path a Falcon-H1 or Nemotron-H Mamba-2 mixer is traced through, and what a GPU user's step runs
+instead.
 
 transformers 5.24 (modeling_falcon_h1.py ``FalconH1Mixer.forward``), in training without a cache,
 first calls ``mamba2_split_conv1d_scan_combined``, decorated with
@@ -17,6 +18,10 @@ holds on a GPU and ``cuda_kernels_forward`` calls ``mamba_split_conv1d_scan_comb
 (Under transformers 5.24 with mamba-ssm installed and causal-conv1d not, as Axolotl's docker/Dockerfile-uv
 leaves it, the fused kernel is chosen and fails: state-spaces/mamba ssd_combined.py's
 ``causal_conv1d_fwd_function`` is None there.) Axolotl has no Falcon-H1 README saying what to install.
+
+Nemotron-H's mixer (transformers 5.24 modeling_nemotron_h.py ``NemotronHMamba2Mixer.forward``) is the
+same: in training without a cache it calls the same hub-kernel-or-fallback
+``mamba2_split_conv1d_scan_combined`` and, on its None, the torch path (``mamba2_chunk_scan``).
 
 The fused kernel is not yet emulated. The torch path keeps more for backward than it (mamba_ssm
 ``MambaSplitConv1dScanCombinedFn.forward`` saves zxbcdt, the scan's out_x and the norm's rstd; the torch
@@ -38,13 +43,14 @@ from __future__ import annotations
 
 from autotune.errors import InvalidInput
 
-MODEL_TYPES = frozenset({"falcon_h1"})
+MODEL_TYPES = frozenset({"falcon_h1", "nemotron_h"})
 # Model types whose mixers are Mamba-1's selective scan (transformers' modeling_jamba.py, modeling_mamba.py).
 MAMBA1_MODEL_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
-NOTE = ("Falcon-H1's Mamba-2 mixers traced through transformers' torch path (FalconH1Mixer.forward's "
-        "chunked scan, 5.14's torch_forward): mamba-ssm is not installed here. A GPU user of Axolotl "
-        "(transformers 5.14.1, kernels 0.15.2) runs mamba-ssm's fused mamba_split_conv1d_scan_combined, "
-        "not emulated; the torch path keeps more activations, so the answer errs toward does not fit")
+NOTE = ("Falcon-H1's and Nemotron-H's Mamba-2 mixers traced through transformers' torch path "
+        "(FalconH1Mixer.forward's and NemotronHMamba2Mixer.forward's chunked scan, 5.14's torch_forward): "
+        "mamba-ssm is not installed here. A GPU user of Axolotl (transformers 5.14.1, kernels 0.15.2) runs "
+        "mamba-ssm's fused mamba_split_conv1d_scan_combined, not emulated; the torch path keeps more "
+        "activations, so the answer errs toward does not fit")
 
 
 def torch_path(model_type: str | None) -> bool:

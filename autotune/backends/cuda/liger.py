@@ -36,7 +36,12 @@ def patch_before_build(workload: Workload) -> None:
         MODEL_TYPE_TO_APPLY_LIGER_FN,
     )
 
-    apply = MODEL_TYPE_TO_APPLY_LIGER_FN[workload.model.config.model_type]
+    model_type = workload.model.config.model_type
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:  # an Axolotl branch (workload.liger.AXOLOTL_PATCHES)
+        raise BackendUnavailable(f"Axolotl's own Liger branch for model type {model_type} (integrations/"
+                                 "liger/plugin.py) is not run by the cuda backend; the estimate backend "
+                                 "emulates it")
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN[model_type]
     wanted = {name: name in workload.liger for name in KERNELS} | {"fused_linear_cross_entropy": False}
     taken = inspect.signature(apply).parameters
     apply(**{name: on for name, on in wanted.items() if name in taken})

@@ -528,7 +528,8 @@ class EstimateBackend:
                 model, attn = build_model(workload.model, workload.task, workload.attn,
                                           workload.weights_dtype, flash_as_sdpa=True,
                                           axolotl_flash=workload.axolotl_flash)
-                swap_in(model, workload.liger, self.gpu)  # Liger's kernels, emulated (liger.py)
+                # Liger's kernels, emulated (liger.py), as the checked config's model type's patch
+                swap_in(model, workload.liger, self.gpu, workload.model.config.model_type)
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
                 if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
                     swap_in_fused_attention(model, self.gpu)

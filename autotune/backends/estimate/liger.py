@@ -19,15 +19,15 @@ if TYPE_CHECKING:
     import torch
 
 
-def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec) -> None:
-    """Liger's emulated ``kernels`` in the built fake ``model`` (before PEFT wraps it)."""
+def swap_in(model: torch.nn.Module, kernels: tuple[str, ...], gpu: GpuSpec, model_type: str) -> None:
+    """Liger's emulated ``kernels`` in the built fake ``model`` (before PEFT wraps it), as the patch of
+    ``model_type`` (the checked config's, which check_kernels read) swaps them."""
     if not kernels:
         return
     from autotune.backends.estimate.tracker import outside_allocator
 
     count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
-    apply_kernels(model, kernels, sm_count=count,
-                  registers=outside_allocator)
+    apply_kernels(model, kernels, sm_count=count, registers=outside_allocator, model_type=model_type)
 
 
 def swap_in_linear_attention(model: torch.nn.Module) -> None:

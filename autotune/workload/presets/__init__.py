@@ -34,6 +34,7 @@ One module per family, each checkpoint's source cited beside it:
     vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
     llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
     glm4v.py      GLM-4.6V-Flash (vision-language, GLM-4V)
+    nemotron_h.py NVIDIA Nemotron 3 Nano 30B-A3B and Super 120B-A12B (Mamba-2, experts, attention)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -57,6 +58,7 @@ from autotune.workload.presets import (
     mistral3,
     moe,
     more_decoders,
+    nemotron_h,
     phi,
     qwen,
     qwen_hybrid,
@@ -105,6 +107,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **glm.GLM_4_PRESETS,
     **kimi_linear.KIMI_LINEAR_PRESETS,
     **glm4v.GLM4V_PRESETS,
+    **nemotron_h.NEMOTRON_H_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -127,6 +127,25 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "mamba_rms_norm": True,
         "architectures": ["FalconH1ForCausalLM"],
     },
+    # Nemotron 3 (nemotron_h.py): a Mamba-2 layer (2 heads of 16, a state of 8, chunks of 16), a layer of
+    # 4 experts (2 routed a token) and a shared one, an attention layer, as the checkpoints' M, E, *.
+    "nemotron_h": {
+        **_TINY_BERT,
+        "num_hidden_layers": 3,
+        "hybrid_override_pattern": "ME*",
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "mamba_num_heads": 2,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 8,
+        "n_groups": 1,
+        "chunk_size": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 64,
+        "architectures": ["NemotronHForCausalLM"],
+    },
     # Jamba (ssm_hybrids.py): a Mamba-1 layer then an attention layer with 4 experts (2 routed per
     # token), as Jamba's pattern of period 8 with period 2; a state of 8, a dt rank of 4. The estimator
     # refuses its mixers (mamba_mixer.check_kernels); it reads Jamba configs' keys (bench_configs --peel).

@@ -424,3 +424,143 @@ def test_llama4_rope_and_swiglu_beside_dense_layers_are_refused():
     with pytest.raises(InvalidInput, match="takes no intermediate_size"):
         check_kernels("swiglu", interleaved, "causal-lm", "full")
     assert check_kernels("rms_norm", interleaved, "causal-lm", "full") == ("rms_norm",)
+
+
+# --- Axolotl's LigerPlugin: its own branches, and the model types it patches nothing of ---------------
+
+
+def small_gemma4(**text):
+    return AutoConfig.for_model("gemma4", text_config={
+        "model_type": "gemma4_text", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 16,
+        "vocab_size": 128, "max_position_embeddings": 128, "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"], "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0, **text}, vision_config=None, audio_config=None)
+
+
+def test_axolotl_s_gemma4_branch_swaps_norms_with_a_weight_and_the_mlp_and_skips_rope():
+    config = small_gemma4()
+    asked = "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy,rms_norm_gated"
+    with pytest.raises(InvalidInput, match="model type gemma4 .* is not emulated"):
+        check_kernels(asked, config, "causal-lm", "full")  # Liger 0.8.0's own: no gemma4 patch
+    kernels = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
+    assert kernels == ("rms_norm", "geglu")  # rope skipped; no audio tower, so no nn.LayerNorm to swap
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec("small-gemma4", "local", config, 128), "causal-lm", "eager")
+    model.eval()
+    reference = copy.deepcopy(model)
+    apply_kernels(model, kernels, sm_count=3, registers=NONE)
+    swapped = {type(module).__name__ for module in model.modules() if "forward" in vars(module)}
+    assert swapped == {"Gemma4RMSNorm", "Gemma4TextMLP"}
+    weightless = [m for m in model.modules() if type(m).__name__ == "Gemma4RMSNorm" and not m.with_scale]
+    assert weightless and all("forward" not in vars(m) for m in weightless)  # v_norm: the model's own
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["labels"] = batch["input_ids"].clone()
+    loss, expected = model(**batch).loss, reference(**batch).loss
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-4)  # Liger's GEGLU is the tanh GELU Gemma 4 runs
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name
+
+
+def test_axolotl_s_gemma4_mlp_cannot_build_double_wide_layers():
+    config = small_gemma4(use_double_wide_mlp=True, num_kv_shared_layers=1)
+    with pytest.raises(InvalidInput, match="use_double_wide_mlp fails as the checkpoint loads"):
+        check_kernels("geglu", config, "causal-lm", "full", axolotl=True)
+    assert check_kernels("rms_norm", config, "causal-lm", "full", axolotl=True) == ("rms_norm",)
+
+
+def test_axolotl_patches_nothing_of_a_model_type_neither_it_nor_liger_has_a_branch_for():
+    # plugin.py's last else: "Unsupported model config type: nemotron_h. Liger not applied."
+    config = AutoConfig.for_model("nemotron_h")
+    assert check_kernels("rms_norm,rope,swiglu,layer_norm,rms_norm_gated", config, "causal-lm", "full",
+                         axolotl=True) == ()
+    with pytest.raises(InvalidInput, match="^Liger Kernel has no patch for model type nemotron_h"):
+        check_kernels("rms_norm", config, "causal-lm", "full")  # Liger's own function: none to call
+
+
+def test_liger_rms_norm_gated_is_read_and_taken_by_axolotl_s_qwen3_5_branches_alone(tmp_path):
+    path = tmp_path / "axolotl.yaml"
+    path.write_text("base_model: tiny-llama\nsequence_len: 128\nmicro_batch_size: 4\nbf16: false\n"
+                    "plugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_rms_norm: true\n"
+                    "liger_rms_norm_gated: true\n")
+    step = read_training_config(path).request.step
+    assert step.liger == ("rms_norm", "rms_norm_gated")
+    kept = check_kernels(step.liger, small_config("llama"), "causal-lm", "full", axolotl=True)
+    assert kept == ("rms_norm",)
+    qwen = AutoConfig.for_model("qwen3_5_moe")
+    assert check_kernels(step.liger, qwen, "causal-lm", "full", axolotl=True) == step.liger
+    with pytest.raises(InvalidInput, match=r"model type qwen3_5_moe \(apply_liger_kernel_to_qwen3_5_moe\) is "
+                                           "not emulated"):
+        check_kernels(step.liger, qwen, "causal-lm", "full")  # Liger's own function: not Axolotl's branch
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_axolotl_s_qwen3_5_branches_give_the_loss_and_gradients_of_the_model_s_own(model_type):
+    from autotune.workload.models import resolve_model
+
+    config = resolve_model(f"tiny-{model_type}").config
+    asked = "rms_norm,rope,swiglu,geglu,layer_norm,cross_entropy,rms_norm_gated"
+    # causal-lm: transformers' Qwen3_5(Moe)ForCausalLM, the text model alone, has no nn.LayerNorm
+    kept = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
+    assert kept == ("rms_norm", "swiglu", "cross_entropy", "rms_norm_gated")  # no rope
+    with pytest.raises(InvalidInput, match="a step with images is refused"):
+        check_kernels("layer_norm", config, "image-text-to-text", "full", images=True, axolotl=True)
+    task = "image-text-to-text"  # the vision-language model's step, without images
+    kernels = check_kernels(asked.replace(",cross_entropy", ""), config, task, "full", axolotl=True)
+    assert kernels == ("rms_norm", "swiglu", "layer_norm", "rms_norm_gated")  # the tower's LayerNorm too
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec(f"tiny-{model_type}", "local", config, 128), task, "eager")
+    model.eval()
+    for parameter in model.parameters():
+        parameter.data.normal_(0, 0.5)  # the norms' weights start at 0 and 1: make every path count
+    reference = copy.deepcopy(model)
+    apply_kernels(model, kernels, sm_count=3, registers=NONE)
+    swapped = {type(module).__name__.removeprefix("Qwen3_5").removeprefix("Moe")
+               for module in model.modules() if "forward" in vars(module)}
+    assert {"RMSNorm", "RMSNormGated", "MLP"} <= swapped
+    assert "forward" in vars(model.model.visual.blocks[0].norm1)  # the tower's nn.LayerNorm: Liger's
+    batch = make_batch(config, task, 2, 16, images=make_images(0, None))
+    batch["input_ids"] = torch.randint(3, 100, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    batch["labels"][0, :4] = -100
+    loss, expected = model(**batch).loss, reference(**batch).loss
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-4), name
+    gated = [p for n, p in model.named_parameters() if n.endswith("linear_attn.norm.weight")]
+    assert gated and all(p.grad is not None for p in gated)  # the gated norms ran, Axolotl's kernel
+
+
+def test_axolotl_s_gated_norm_saves_x_g_w_and_a_float32_rstd():
+    apply = functions().RMSNormGated.apply
+    x = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, dtype=torch.bfloat16, requires_grad=True)
+    y = apply(x, g, w, 1e-6, 0.0, 3, NONE)
+    saved = [tuple(t.shape) + (t.dtype,) for t in y.grad_fn.saved_tensors]
+    assert saved == [(16, 16, torch.bfloat16), (16, 16, torch.bfloat16), (16, torch.bfloat16),
+                     (16, torch.float32)]
+    y.sum().backward()
+    assert x.grad.shape == x.shape and g.grad.shape == g.shape and w.grad.dtype == torch.bfloat16
+
+
+def test_a_vision_language_checkpoint_s_text_model_takes_its_checkpoint_s_patch():
+    # Axolotl keys the branch on cfg.model_config_type (qwen3_5_moe); the text model built alone
+    # (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text) lives in the same modeling module.
+    from autotune.workload.models import resolve_model
+
+    config = resolve_model("tiny-qwen3_5_moe").config
+    kernels = check_kernels("rms_norm,swiglu,rms_norm_gated", config, "causal-lm", "full", axolotl=True)
+    model, _ = build_model(ModelSpec("tiny-qwen3_5_moe", "local", config, 128), "causal-lm", "eager")
+    assert model.config.model_type == "qwen3_5_moe_text"
+    apply_kernels(model, kernels, sm_count=3, registers=NONE, model_type=config.model_type)
+    swapped = {type(module).__name__ for module in model.modules() if "forward" in vars(module)}
+    assert {"Qwen3_5MoeRMSNorm", "Qwen3_5MoeRMSNormGated", "Qwen3_5MoeMLP"} <= swapped

@@ -90,6 +90,8 @@ LIMITS = {
     "tiiuae/Falcon-H1-0.5B-Base": 16384, "tiiuae/Falcon-H1-34B-Base": 262144,
     "tiiuae/Falcon-H1-1.5B-Base": 131072, "tiiuae/Falcon-H1-3B-Base": 131072,
     "tiiuae/Falcon-H1-7B-Base": 262144,
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": 262144,
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": 262144,
     "moonshotai/Kimi-Linear-48B-A3B-Instruct": 1048576,
     "ai21labs/Jamba-v0.1": 262144, "ai21labs/AI21-Jamba-1.5-Large": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,

@@ -227,6 +227,8 @@ CAUSAL_LM_PRESETS = {
     "tiny-qwen3_5_text", "tiny-qwen3_5_moe_text", "tiny-qwen3_next", "tiny-qwen3_moe",
     "tiiuae/Falcon-H1-0.5B-Base", "tiiuae/Falcon-H1-34B-Base", "tiny-falcon_h1",
     "tiiuae/Falcon-H1-1.5B-Base", "tiiuae/Falcon-H1-3B-Base", "tiiuae/Falcon-H1-7B-Base",
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+    "tiny-nemotron_h",
     "moonshotai/Kimi-Linear-48B-A3B-Instruct",
     "zai-org/GLM-4.5-Air", "zai-org/GLM-4.7-Flash", "tiny-glm4_moe", "tiny-glm4_moe_lite",
     "ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-1.5-Large", "tiny-jamba",
