@@ -386,11 +386,12 @@ class CellMemo:
     def from_json(cls, document: Mapping[str, Any]) -> CellMemo:
         from autotune.backends.estimate.backend import workspace_from_json
         from autotune.backends.estimate.trace import Affine
+        from autotune.workload.chunks import from_json as chunking_from_json
 
         levers = document["levers"]
         return cls(dict(document["step"]), int(document["max_batch_size"]), int(document["cap"]),
                    None if levers is None else [Lever(**lever) for lever in levers],
-                   Affine.from_json(document["form"], workspace_from_json))
+                   Affine.from_json(document["form"], workspace_from_json, chunking_from_json))
 
 
 def check_from_memo(memo: CellMemo, *, batch_size: int, effective_batch: int | None = None
@@ -411,6 +412,8 @@ def check_from_memo(memo: CellMemo, *, batch_size: int, effective_batch: int | N
     levers = memo.levers or []
     from autotune.backends.estimate.alloc_conf import parse_alloc_conf
 
+    if not memo.form.covers(batch_size):  # a chunked loss lays its chunks out otherwise there
+        return None
     replayed = replay(memo.form.at(batch_size).events(), memo.step["budget_bytes"],
                       parse_alloc_conf(memo.step.get("alloc_conf")))
     return verdict(memo.step, best=memo.max_batch_size, batch_size=batch_size,

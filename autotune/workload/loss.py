@@ -32,6 +32,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import InvalidInput
+from autotune.workload.chunks import LigerChunks, record
 
 if TYPE_CHECKING:
     import torch
@@ -57,14 +58,10 @@ def check_loss(loss: str, task: str) -> str:
 
 
 def liger_chunk_size(rows: int, hidden: int, vocab: int) -> int:
-    """Tokens per chunk, as Liger computes it (``fused_linear_cross_entropy_forward``).
-
-    A chunk's logits [chunk, vocab] should take about what the hidden states [rows, hidden] take:
-    ``inc_factor = ceil(vocab / hidden)``, ``chunk = next_power_of_2(ceil(rows / inc_factor))``
-    (e.g. rows 16,384, vocab 32,000, hidden 4096: inc_factor 8, chunk 2048).
-    """
-    inc_factor = -(-vocab // hidden)
-    return 1 << max(0, (-(-rows // inc_factor) - 1).bit_length())
+    """Tokens per chunk, as Liger computes it (``fused_linear_cross_entropy_forward``; chunks.py
+    ``LigerChunks``): a chunk's logits [chunk, vocab] should take about what the hidden states
+    [rows, hidden] take (e.g. rows 16,384, vocab 32,000, hidden 4096: inc_factor 8, chunk 2048)."""
+    return LigerChunks(hidden, vocab).chunk_size(rows)
 
 
 def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -151,9 +148,10 @@ def fused_linear_cross_entropy_forward(
     import torch
 
     rows, hidden = _input.shape
-    vocab = weight.shape[0]
-    chunk_size = liger_chunk_size(rows, hidden, vocab)
+    chunking = LigerChunks(hidden, weight.shape[0])
+    chunk_size = chunking.chunk_size(rows)
     num_chunks = -(-rows // chunk_size)
+    record(chunking, rows)  # the estimator's trace keeps where its chunks are laid out otherwise
 
     grad_input = torch.zeros_like(_input)
     grad_weight = torch.zeros_like(weight) if weight.requires_grad else None

@@ -70,6 +70,7 @@ from autotune.backends.estimate.vision import (
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
 from autotune.workload import Workload
+from autotune.workload.chunks import recording
 from autotune.workload.fp8 import prepare_fp8
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
@@ -121,7 +122,9 @@ def extrapolate_traces(
 ) -> tuple[Trace, str] | None:
     """The trace at ``batch_size`` by ``_extrapolation``, and what it came from; None if it cannot."""
     found = _extrapolation(traces, reference) if batch_size >= 1 else None
-    return None if found is None else (found[0].at(batch_size), found[1])
+    if found is None or not found[0].covers(batch_size):  # a chunked loss laid out otherwise there
+        return None
+    return found[0].at(batch_size), found[1]
 
 
 # How far a prediction may gallop when no batch is known to run out of memory.
@@ -370,7 +373,8 @@ class _EstimateCell:
     def extrapolated(self, batch_size: int) -> Trace | None:
         """The cell's trace at ``batch_size`` without running the model; None if it cannot."""
         found = self.extrapolation()
-        return None if found is None or batch_size < 1 else found[0].at(batch_size)
+        # None also where a chunked loss lays its chunks out otherwise than in the form's traces
+        return None if found is None or not found[0].covers(batch_size) else found[0].at(batch_size)
 
     def replayed(self, batch_size: int) -> bool | None:
         """Whether ``batch_size`` fits by the cell's extrapolated traces; None if they cannot tell."""
@@ -629,7 +633,9 @@ class EstimateBackend:
             # One trace of its own and the batch structure of another length (trace.rescale):
             # as exact a pair as two traces, and the next lengths' guesses interpolate through it.
             single = cell.traces[-1]
-            partner = rescale(cell.reference, single, single.batch_size + 1)
+            # the next batch, else the double (a chunked loss's chunks lay out otherwise at the next)
+            partner = (rescale(cell.reference, single, single.batch_size + 1)
+                       or rescale(cell.reference, single, 2 * single.batch_size))
             pair = None if partner is None else (single, partner)
         if pair is not None:  # the next length of this mode can extrapolate from one trace
             known[seq_len] = pair
@@ -650,7 +656,9 @@ class EstimateBackend:
         from autotune.backends.estimate.replay import replay
 
         started = time.perf_counter()
-        found = None if extrapolation is None else (extrapolation[0].at(batch_size), extrapolation[1])
+        found = None  # traced where the form does not cover the batch (a chunked loss laid out otherwise)
+        if extrapolation is not None and extrapolation[0].covers(batch_size):
+            found = extrapolation[0].at(batch_size), extrapolation[1]
         floor = self.floor_bytes(fake) if found is None else 0
         if floor > budget_bytes:  # no batch fits: not traced (issue 39: 13 s a lever for a 70B model)
             return Probe(batch_size=batch_size, outcome="oom", peak_bytes=floor, details={
@@ -756,10 +764,11 @@ class EstimateBackend:
             tracker = hooks.make_tracker(self.multiprocessors)
             self._emulation = emulation  # the recompute of checkpointed segments runs under it
             try:
-                events = trace_step(fake, workload, mode, seq_len, batch_size, tracker=tracker,
-                                    emulation=emulation, hooks=hooks, steady=steady,
-                                    write_steps=write_steps,
-                                    cublas_workspace_bytes=self.gpu.cublas_workspace_bytes)
+                with recording() as chunks:  # the chunked losses' layouts (workload/chunks.py)
+                    events = trace_step(fake, workload, mode, seq_len, batch_size, tracker=tracker,
+                                        emulation=emulation, hooks=hooks, steady=steady,
+                                        write_steps=write_steps,
+                                        cublas_workspace_bytes=self.gpu.cublas_workspace_bytes)
             except UnsteadyStep:  # a step that was not steady after all: run every step
                 tracker.close()
                 with fake.mode_ctx:
@@ -770,5 +779,5 @@ class EstimateBackend:
             self._note_attention(workload, mode, emulation)
             if tracker.host_peak_bytes:
                 self._host_bytes[(workload, mode.name)] = tracker.host_peak_bytes
-            return Trace.from_events(batch_size, events, tracker.workspaces)
+            return Trace.from_events(batch_size, events, tracker.workspaces, tuple(chunks))
         raise AssertionError("a trace that writes no step cannot be unsteady")

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from autotune.workload.chunks import FirstChunk, record
 from autotune.workload.preference import ENTROPY_CHUNK_ROWS, LogProbs
 
 
@@ -112,6 +113,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = ENTROPY_CHUNK_RO
 
     shape = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
+    record(FirstChunk(chunk_size), flat.shape[0])  # the chunk is min(chunk_size, rows) rows: a layout
     chunk = flat[:chunk_size]
     logps = F.log_softmax(chunk, dim=-1)
     first = -(torch.exp(logps) * logps).sum(-1)

@@ -10,6 +10,14 @@ simulator in milliseconds instead of running the model again (about a second for
 The premise is checked, not assumed: the two traces must have the same sequence of allocations
 and frees, and every size difference must divide exactly by the batch difference with a
 non-negative fixed part; otherwise ``extrapolate`` returns None and the caller runs the model.
+
+A chunked loss breaks the premise between batches, not within a pair: its library chooses the
+chunks from the rows by a formula that is not affine (Liger's fused linear cross-entropy rounds the
+chunk size to a power of two: workload/chunks.py), so two traces with the same chunk count align
+and their form is wrong at a batch whose chunks are laid out otherwise (another count: another
+sequence; the same count: other sizes). A trace keeps each such loop's rule and rows (``Chunks``),
+a form the line of their layouts through its pair (``ChunkLine``), and a form answers only at the
+batches where the rule's own layout is on that line (``Affine.covers``): elsewhere the batch is traced.
 """
 
 from __future__ import annotations
@@ -75,6 +83,65 @@ class OnStream:
 ON_STREAM = "on_stream"  # marks it among a trace's workspaces (backend.workspace_from_json)
 
 
+class Chunking(Protocol):
+    """How a loop chooses its chunks from its rows (workload/chunks.py): ``layout(rows)`` the
+    integers that size its allocations, in a loop of the library's own formula."""
+
+    def layout(self, rows: int) -> tuple[int, ...]: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+# Each chunked loop a trace ran (workload/chunks.recording): its rule and the rows it ran over.
+Chunks = tuple[tuple[Chunking, int], ...]
+
+
+@dataclass(frozen=True)
+class ChunkLine:
+    """A chunked loop's rows and layout as lines in the batch, through a form's pair of traces:
+    the form holds at a batch where the rule lays its chunks out on the line (``holds``), since
+    every allocation of the loop is then sized by the line's integers, as in the pair."""
+
+    chunking: Chunking
+    rows: tuple[int, int]  # fixed, per sample
+    fixed: tuple[int, ...]
+    per_sample: tuple[int, ...]
+
+    def holds(self, batch_size: int) -> bool:
+        rows = self.rows[0] + self.rows[1] * batch_size
+        expected = tuple(f + p * batch_size for f, p in zip(self.fixed, self.per_sample, strict=True))
+        return rows >= 1 and self.chunking.layout(rows) == expected
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunking": self.chunking.to_json(), "rows": list(self.rows), "fixed": list(self.fixed),
+                "per_sample": list(self.per_sample)}
+
+
+def _line(a: int, b: int, batch_a: int, span: int) -> tuple[int, int] | None:
+    """(fixed, per sample) of the integer line through ``a`` at ``batch_a`` and ``b`` ``span``
+    batches later; None if the slope is not whole."""
+    slope, remainder = divmod(b - a, span)
+    return None if remainder else (a - slope * batch_a, slope)
+
+
+def chunk_lines(a: Trace, b: Trace) -> tuple[ChunkLine, ...] | None:
+    """The lines of ``a``'s and ``b``'s chunked loops (the same rules, in the same order); None if
+    their rules differ or a line is not whole."""
+    span = b.batch_size - a.batch_size
+    if span == 0 or [rule for rule, _ in a.chunks] != [rule for rule, _ in b.chunks]:
+        return None
+    lines = []
+    for (rule, rows_a), (_, rows_b) in zip(a.chunks, b.chunks, strict=True):
+        rows = _line(rows_a, rows_b, a.batch_size, span)
+        parts = [_line(x, y, a.batch_size, span)
+                 for x, y in zip(rule.layout(rows_a), rule.layout(rows_b), strict=True)]
+        if rows is None or any(part is None for part in parts):
+            return None
+        lines.append(ChunkLine(rule, rows, tuple(p[0] for p in parts if p is not None),
+                               tuple(p[1] for p in parts if p is not None)))
+    return tuple(lines)
+
+
 @dataclass(frozen=True)
 class Trace:
     """One probe's allocations: ``order`` lists ``i`` to allocate ``sizes[i]``, ``~i`` to free it.
@@ -88,12 +155,14 @@ class Trace:
     sizes: tuple[int, ...]
     order: tuple[int, ...]
     workspaces: tuple[tuple[int, Workspace], ...] = ()
+    chunks: Chunks = ()  # the step's chunked loops (module docstring)
 
     @classmethod
     def from_events(cls, batch_size: int, events: Sequence[Event],
-                    workspaces: Mapping[int, Workspace] | None = None) -> Trace:
+                    workspaces: Mapping[int, Workspace] | None = None, chunks: Chunks = ()) -> Trace:
         """Number the allocations of a (storage key, nbytes | -1) event list in order; the keys in
-        ``workspaces`` are reductions' buffers, their nbytes the reduction's element count."""
+        ``workspaces`` are reductions' buffers, their nbytes the reduction's element count;
+        ``chunks`` the step's chunked loops."""
         index_of: dict[int, int] = {}
         sizes: list[int] = []
         order: list[int] = []
@@ -107,7 +176,7 @@ class Trace:
                     found.append((len(sizes), workspaces[key]))
                 order.append(len(sizes))
                 sizes.append(nbytes)
-        return cls(batch_size, tuple(sizes), tuple(order), tuple(found))
+        return cls(batch_size, tuple(sizes), tuple(order), tuple(found), tuple(chunks))
 
     def events(self) -> list[ReplayEvent]:
         """Back to the event form ``replay.replay`` takes (allocation index as the key), each
@@ -129,8 +198,9 @@ class Affine:
     """Every allocation's size as ``fixed + per_sample * batch``: the traces at all batch sizes.
 
     Read off once (a pair of traces, or a pair at another length), then ``at`` writes the trace at
-    any batch in one pass. ``exact`` forms come from traces and hold whole bytes; a synthesized one
-    (``synthesized``) holds the fractions its interpolation gave and rounds each size.
+    any batch it ``covers`` in one pass. ``exact`` forms come from traces and hold whole bytes; a
+    synthesized one (``synthesized``) holds the fractions its interpolation gave and rounds each size.
+    ``chunks``: where the step has chunked loops, their lines (``ChunkLine``): the batches covered.
     """
 
     fixed: tuple[float, ...]
@@ -138,14 +208,24 @@ class Affine:
     order: tuple[int, ...]
     workspaces: tuple[tuple[int, Workspace], ...] = ()
     exact: bool = True
+    chunks: tuple[ChunkLine, ...] = ()
+
+    def covers(self, batch_size: int) -> bool:
+        """Whether the form gives the trace at ``batch_size``: every chunked loop of the step lays
+        its chunks out there on the line through the form's pair (a synthesized form: a guess anyway)."""
+        return batch_size >= 1 and all(line.holds(batch_size) for line in self.chunks)
 
     def at(self, batch_size: int) -> Trace:
+        """The trace at ``batch_size``; ValueError at a batch the form does not cover."""
+        if not self.covers(batch_size):
+            raise ValueError(f"batch {batch_size} lays its chunks out otherwise than the form's traces")
         if self.exact:
             sizes = tuple(int(f + p * batch_size) for f, p in zip(self.fixed, self.per_sample, strict=True))
         else:
             sizes = tuple(max(0, round(f + p * batch_size))
                           for f, p in zip(self.fixed, self.per_sample, strict=True))
-        return Trace(batch_size, sizes, self.order, self.workspaces)
+        chunks = tuple((line.chunking, line.rows[0] + line.rows[1] * batch_size) for line in self.chunks)
+        return Trace(batch_size, sizes, self.order, self.workspaces, chunks)
 
     def to_json(self) -> dict[str, Any]:
         """The form as JSON (an exact one: whole bytes), to be read back by ``from_json``."""
@@ -153,19 +233,30 @@ class Affine:
             raise ValueError("only an exact form is kept: a synthesized one is a guess")
         return {"fixed": [int(f) for f in self.fixed], "per_sample": [int(p) for p in self.per_sample],
                 "order": list(self.order),
-                "workspaces": [[index, workspace.to_json()] for index, workspace in self.workspaces]}
+                "workspaces": [[index, workspace.to_json()] for index, workspace in self.workspaces],
+                "chunks": [line.to_json() for line in self.chunks]}
 
     @classmethod
-    def from_json(cls, document: Mapping[str, Any], workspace: Callable[[Any], Workspace]) -> Affine:
-        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (backend.workspace_from_json)."""
+    def from_json(cls, document: Mapping[str, Any], workspace: Callable[[Any], Workspace],
+                  chunking: Callable[[Any], Chunking] | None = None) -> Affine:
+        """``to_json``'s form back; ``workspace`` reads a workspace's JSON (backend.workspace_from_json),
+        ``chunking`` a chunked loop's rule (workload/chunks.from_json), needed where the form has any."""
+        lines = document.get("chunks") or []
+        if lines and chunking is None:
+            raise ValueError("a form with chunked loops needs their rules' reader")
+        read = chunking or (lambda found: found)
+        chunks = tuple(ChunkLine(read(line["chunking"]), (int(line["rows"][0]), int(line["rows"][1])),
+                                 tuple(line["fixed"]), tuple(line["per_sample"])) for line in lines)
         return cls(tuple(document["fixed"]), tuple(document["per_sample"]), tuple(document["order"]),
-                   tuple((int(index), workspace(found)) for index, found in document["workspaces"]))
+                   tuple((int(index), workspace(found)) for index, found in document["workspaces"]),
+                   chunks=chunks)
 
 
 def affine(a: Trace, b: Trace) -> Affine | None:
     """The exact affine form through traces ``a`` and ``b``, or None if they are not affine."""
     span = b.batch_size - a.batch_size
-    if span == 0 or a.order != b.order:
+    lines = chunk_lines(a, b)
+    if span == 0 or a.order != b.order or lines is None:
         return None
     fixed, per_sample = [], []
     for size_a, size_b in zip(a.sizes, b.sizes, strict=True):
@@ -175,13 +266,14 @@ def affine(a: Trace, b: Trace) -> Affine | None:
             return None
         fixed.append(intercept)
         per_sample.append(slope)
-    return Affine(tuple(fixed), tuple(per_sample), a.order, a.workspaces)
+    return Affine(tuple(fixed), tuple(per_sample), a.order, a.workspaces, chunks=lines)
 
 
 def extrapolate(a: Trace, b: Trace, batch_size: int) -> Trace | None:
-    """The trace at ``batch_size`` from traces ``a`` and ``b``, or None if they are not affine."""
+    """The trace at ``batch_size`` from traces ``a`` and ``b``, or None if they are not affine or
+    their form does not cover the batch (a chunked loop laid out otherwise there)."""
     form = affine(a, b) if batch_size >= 1 else None
-    return None if form is None else form.at(batch_size)
+    return None if form is None or not form.covers(batch_size) else form.at(batch_size)
 
 
 def rescaled(reference: tuple[Trace, Trace], single: Trace) -> Affine | None:
@@ -195,7 +287,8 @@ def rescaled(reference: tuple[Trace, Trace], single: Trace) -> Affine | None:
     """
     a, b = reference
     span = b.batch_size - a.batch_size
-    if span == 0 or not (single.order == a.order == b.order):
+    lines = _rescaled_lines(reference, single)
+    if span == 0 or not (single.order == a.order == b.order) or lines is None:
         return None
     fixed, per_sample = [], []
     for size_a, size_b, size in zip(a.sizes, b.sizes, single.sizes, strict=True):
@@ -212,14 +305,35 @@ def rescaled(reference: tuple[Trace, Trace], single: Trace) -> Affine | None:
             return None
         fixed.append(0)
         per_sample.append(slope_here)
-    return Affine(tuple(fixed), tuple(per_sample), single.order, single.workspaces)
+    return Affine(tuple(fixed), tuple(per_sample), single.order, single.workspaces, chunks=lines)
+
+
+def _rescaled_lines(reference: tuple[Trace, Trace], single: Trace) -> tuple[ChunkLine, ...] | None:
+    """The lines of ``single``'s chunked loops, read as ``rescaled`` reads its sizes: the rows and
+    each layout integer either batch-independent or purely per-sample in the reference's lines."""
+    lines = chunk_lines(*reference)
+    if lines is None or [line.chunking for line in lines] != [rule for rule, _ in single.chunks]:
+        return None
+    found = []
+    for line, (rule, rows) in zip(lines, single.chunks, strict=True):
+        parts = []
+        for (fixed, slope), value in zip((line.rows, *zip(line.fixed, line.per_sample, strict=True)),
+                                         (rows, *rule.layout(rows)), strict=True):
+            if slope and fixed:
+                return None
+            if slope and value % single.batch_size:
+                return None
+            parts.append((0, value // single.batch_size) if slope else (value, 0))
+        layout = parts[1:]
+        found.append(ChunkLine(rule, parts[0], tuple(f for f, _ in layout), tuple(p for _, p in layout)))
+    return tuple(found)
 
 
 def rescale(reference: tuple[Trace, Trace], single: Trace, batch_size: int) -> Trace | None:
     """The trace at ``batch_size`` from one trace of this cell and an aligned pair of another
-    (``rescaled``), or None."""
+    (``rescaled``), or None (also where the form does not cover the batch)."""
     form = rescaled(reference, single) if batch_size >= 1 else None
-    return None if form is None else form.at(batch_size)
+    return None if form is None or not form.covers(batch_size) else form.at(batch_size)
 
 
 def aligned_pair(traces: Sequence[Trace]) -> tuple[Trace, Trace] | None:

@@ -182,6 +182,16 @@ def test_a_memo_answers_only_what_it_knows(capsys):
     assert check_from_memo(lever_at_cap, batch_size=6000) is None
     assert check_from_memo(replace(memo, levers=[]), batch_size=6000) is not None
     assert CellMemo.from_json(json.loads(json.dumps(memo.to_json()))) == memo
+    # A chunked loss's form (trace.ChunkLine): Liger's 4 chunks of 8 x batch rows hold at 2, 4, 8,
+    # ...; at 10 its chunks are 3 of 128 rows, which the form does not give: computed again.
+    from autotune.backends.estimate.trace import ChunkLine
+    from autotune.workload.chunks import LigerChunks
+
+    line = ChunkLine(LigerChunks(hidden=32, vocab=128), (0, 32), (4, 0, 0), (0, 8, 8))
+    chunked = replace(memo, form=replace(memo.form, chunks=(line,)))
+    assert check_from_memo(chunked, batch_size=8) is not None
+    assert check_from_memo(chunked, batch_size=10) is None
+    assert CellMemo.from_json(json.loads(json.dumps(chunked.to_json()))) == chunked
 
 
 def test_a_damaged_memo_is_computed_again(capsys, counted):
