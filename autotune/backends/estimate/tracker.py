@@ -434,10 +434,24 @@ def kernel_buffer(workspace: TraceWorkspace, count: int) -> bool:
 
 
 def _float8_wrapper(args: Any, kwargs: Any) -> torch.Tensor | None:
-    """The first of an op's arguments that is torchao's float8 training tensor, if any."""
-    for leaf in tree_leaves((args, kwargs or {})):
-        if isinstance(leaf, torch.Tensor) and type(leaf).__name__ in _FLOAT8_WRAPPERS:
-            return leaf
+    """The first of an op's arguments that is torchao's float8 training tensor, if any. An ATen op's
+    arguments nest in lists and tuples only (a Tensor[] argument), walked here without pytree's
+    general flattening: this runs at every op of every trace."""
+    for value in (*args, *(kwargs.values() if kwargs else ())):
+        found = _float8_in(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _float8_in(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if type(value).__name__ in _FLOAT8_WRAPPERS else None
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _float8_in(item)
+            if found is not None:
+                return found
     return None
 
 
