@@ -492,3 +492,16 @@ def test_zero3_refuses_by_name_a_trainable_parameter_its_backward_gives_no_gradi
     with pytest.raises(InvalidInput, match=refused):
         autotune.check("tiny-gpt_oss", attn="kernels-community/vllm-flash-attn3", **job)
     assert autotune.check("tiny-gpt_oss", attn="eager", **job).fits
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_an_amp_job_is_traced_whatever_the_host_cpu_s_fp16(capsys, stage):
+    # DeepSpeed's engine refuses fp16 where its accelerator says no (engine.py "Type fp16 is not
+    # supported on your device"): the estimator's is the CPU one, which answers for the host's CPU
+    # (mkldnn); the job runs on a CUDA card, whose accelerator says yes from compute capability 7.0
+    from autotune.cli import main
+
+    code = main(["check", "tiny-llama", "--gpus", "2", "--parallel", stage, "--mode", "amp",
+                 "--seq-len", "64", "--batch-size", "1", "--gpu", "A100-40GB", "--workers", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"], doc

@@ -168,6 +168,13 @@ def fake_ready() -> Iterator[None]:
         count = _device_count(accelerator)
         stack.enter_context(_patched(type(accelerator), "device_count", lambda self: count))
         stack.enter_context(_patched(type(accelerator), "pin_memory", _pinned))
+        # fp16 as the CUDA accelerator answers it on compute capability 7.0 and later
+        # (cuda_accelerator.py is_fp16_supported; the engine refuses an fp16 job where it is false,
+        # engine.py "Type fp16 is not supported on your device"): the CPU one answers for the host's
+        # CPU (is_fp16_supported: mkldnn's fp16 support), which would refuse amp on most hosts
+        stack.enter_context(_patched(type(accelerator), "is_fp16_supported", lambda self: True))
+        dtypes = [torch.float, torch.half, torch.bfloat16]  # cuda_accelerator.py supported_dtypes
+        stack.enter_context(_patched(type(accelerator), "supported_dtypes", lambda self: list(dtypes)))
         fp32 = stage3.DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions
         stack.enter_context(_patched(stage3.DeepSpeedZeroOptimizer_Stage3, "_create_fp32_partitions",
                                      functools.partialmethod(_fp32_partitions, fp32)))
