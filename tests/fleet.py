@@ -224,9 +224,11 @@ def records_of(fleet: FleetCluster, run_id: str) -> list[dict[str, Any]]:
 def finished(client: Any, run_id: str, timeout_s: float = 300.0) -> dict[str, Any]:
     """The run once it is done, failed or cancelled. Ample: each cell is a Ray task in a fresh process
     importing torch, slow on a loaded 2-core machine (CI ran three of these past a 90 s limit while
-    another job held the cores)."""
+    another job held the cores). Polled every quarter second: each poll is a request the service
+    answers, and a finished run stays finished."""
     return wait_until(lambda: (t := client.get(f"/v1/tables/{run_id}").json())["status"] in
-                      ("done", "failed", "cancelled") and t, f"run {run_id} to finish", timeout_s)
+                      ("done", "failed", "cancelled") and t, f"run {run_id} to finish", timeout_s,
+                      step_s=0.25)
 
 
 def alive(pid: int) -> bool:

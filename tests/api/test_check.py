@@ -93,27 +93,6 @@ def test_bad_input(client, changes, status, text):
     assert response.status_code == status and text in response.json()["detail"]
 
 
-def test_cli_check_against_a_real_server(tmp_path, capsys):
-    server = Server(tmp_path / "server.db", tmp_path / "server.log")
-    try:
-        code = main(["check", "tiny-bert", "--seq-len", "64", "--batch-size", "8", "--gpu-memory", "1GiB",
-                     "--server", server.url, "--json"])
-        doc = json.loads(capsys.readouterr().out)
-        assert code == 0 and doc["fits"] is True and doc["source"] == "estimated"
-        # a multi-GPU job's settings reach the server, which answers for one of its GPUs
-        code = main(["check", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--gpu-memory", "4GiB",
-                     "--gpus", "4", "--parallel", "fsdp", "--no-reshard-after-forward", "--ckpt-reentrant",
-                     "--server", server.url, "--json"])
-        doc = json.loads(capsys.readouterr().out)
-        assert code == 0 and (doc["parallel"]["gpus"], doc["parallel"]["reshard_after_forward"]) == (4, False)
-        assert doc["ckpt_reentrant"] is True
-        code = main(["check", "tiny-bert", "--seq-len", "1024", "--batch-size", "8", "--server", server.url])
-        assert code == 2
-        assert "answered 422: sequence length 1024 exceeds" in capsys.readouterr().err
-    finally:
-        server.stop()
-
-
 # -- measured reference tables (api/measurements.py) -------------------------------------------------
 
 H100 = Path(__file__).resolve().parent.parent.parent / "docs" / "measurements" / "h100-80gb"
@@ -176,22 +155,48 @@ def test_a_cell_the_measurement_did_not_reach_is_not_answered_from_it(client):
     assert doc["table_id"] == estimate != table_id and doc["source"] == "estimated"
 
 
-def test_cli_check_against_a_server_that_imported_measurements_at_start(tmp_path, capsys):
-    folder = tmp_path / "h100-80gb"
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory):
+    """One ``autotune serve`` process for the CLI's checks against a server (a start is seconds of CPU),
+    importing the H100's measured bert-base table at its start as AUTOTUNE_MEASUREMENTS says; and the
+    folder it imported."""
+    folder = tmp_path_factory.mktemp("served") / "h100-80gb"
     folder.mkdir()
     shutil.copy(H100 / "bert-base-uncased-16GiB.json", folder)
-    server = Server(tmp_path / "server.db", tmp_path / "server.log", AUTOTUNE_MEASUREMENTS=str(folder))
-    try:
-        code = main(["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "200", "--gpu-memory",
-                     "16GiB", "--server", server.url])
-        out = capsys.readouterr().out
-        assert code == 1 and out.startswith("does not fit: bert-base-uncased seq 128 fp32")
-        assert "max batch 170" in out
-        assert ("measured on NVIDIA H100 80GB HBM3 (imported from "
-                f"{folder / 'bert-base-uncased-16GiB.json'})") in out
-    finally:
-        server.stop()
-    assert "imported " in (tmp_path / "server.log").read_text()  # serve says what it imported
+    server = Server(folder.parent / "server.db", folder.parent / "server.log",
+                    AUTOTUNE_MEASUREMENTS=str(folder))
+    yield server, folder
+    server.stop()
+
+
+def test_cli_check_against_a_real_server(real_server, capsys):
+    server, _ = real_server
+    code = main(["check", "tiny-bert", "--seq-len", "64", "--batch-size", "8", "--gpu-memory", "1GiB",
+                 "--server", server.url, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["fits"] is True and doc["source"] == "estimated"
+    # a multi-GPU job's settings reach the server, which answers for one of its GPUs
+    code = main(["check", "tiny-llama", "--seq-len", "64", "--batch-size", "2", "--gpu-memory", "4GiB",
+                 "--gpus", "4", "--parallel", "fsdp", "--no-reshard-after-forward", "--ckpt-reentrant",
+                 "--server", server.url, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and (doc["parallel"]["gpus"], doc["parallel"]["reshard_after_forward"]) == (4, False)
+    assert doc["ckpt_reentrant"] is True
+    code = main(["check", "tiny-bert", "--seq-len", "1024", "--batch-size", "8", "--server", server.url])
+    assert code == 2
+    assert "answered 422: sequence length 1024 exceeds" in capsys.readouterr().err
+
+
+def test_cli_check_against_a_server_that_imported_measurements_at_start(real_server, capsys):
+    server, folder = real_server
+    code = main(["check", "bert-base-uncased", "--seq-len", "128", "--batch-size", "200", "--gpu-memory",
+                 "16GiB", "--server", server.url])
+    out = capsys.readouterr().out
+    assert code == 1 and out.startswith("does not fit: bert-base-uncased seq 128 fp32")
+    assert "max batch 170" in out
+    assert ("measured on NVIDIA H100 80GB HBM3 (imported from "
+            f"{folder / 'bert-base-uncased-16GiB.json'})") in out
+    assert "imported " in (folder.parent / "server.log").read_text()  # serve says what it imported
 
 
 def test_a_request_without_modes_takes_those_of_the_weights(client):

@@ -66,7 +66,7 @@ def test_a_server_killed_mid_run_resumes_it_keeping_finished_cells(servers, tmp_
     first = servers(AUTOTUNE_API_TOKEN="t0ken")
     auth = {"Authorization": "Bearer t0ken"}
     accepted = first.client.post("/v1/tables", json=body, headers=auth).json()
-    first.wait_for(accepted["url"], lambda t: t["progress"]["done"] >= 1)
+    first.wait_for(accepted["url"], lambda t: t["progress"]["done"] >= 1, step_s=0.02)
     first.kill()
 
     store = Store(tmp_path / "serve.db")  # what the killed server left
