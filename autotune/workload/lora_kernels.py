@@ -85,9 +85,12 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
 # Qwen3-VL's text model, whose Qwen3VLTextAttention get_attention_cls_from_config names for qwen3_vl,
 # has Qwen3's q/k norms and a SwiGLU MLP.
+# Arcee (AFM): Llama's attention (ArceeAttention's forward has Llama's q/k/v and o lines) and
+# Nemotron's squared-ReLU MLP without gate_proj, passed by. Hunyuan dense V1: Llama's q/k/v lines, its
+# query_layernorm / key_layernorm applied after the rotary embedding, below them; a SwiGLU MLP.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
-            "qwen3_5_moe_text", "qwen3_next")
+            "qwen3_5_moe_text", "qwen3_next", "arcee", "hunyuan_v1_dense")
 # The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
 # get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
 # ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
