@@ -37,9 +37,10 @@ def test_counts_are_the_published_totals(name: str, params: int, figure: str) ->
         # Squared ReLU without a gate: up_proj and down_proj only (ArceeMLP, as NemotronMLP).
         ("arcee-ai/AFM-4.5B", {"hidden_act": "relu2", "intermediate_size": 18432, "num_key_value_heads": 4,
                                "head_dim": 128, "tie_word_embeddings": False, "vocab_size": 128004}),
-        ("arcee-ai/Trinity-Nano-Preview", {"num_experts": 128, "num_experts_per_tok": 8, "num_dense_layers": 2,
-                                           "moe_intermediate_size": 256, "num_shared_experts": 1,
-                                           "sliding_window": 2048, "num_key_value_heads": 2}),
+        ("arcee-ai/Trinity-Nano-Preview", {"num_experts": 128, "num_experts_per_tok": 8,
+                                           "num_dense_layers": 2, "moe_intermediate_size": 256,
+                                           "num_shared_experts": 1, "sliding_window": 2048,
+                                           "num_key_value_heads": 2}),
         ("tencent/Hunyuan-0.5B-Instruct", {"head_dim": 128, "num_key_value_heads": 8, "use_qk_norm": True,
                                            "tie_word_embeddings": True, "vocab_size": 120818}),
     ],
