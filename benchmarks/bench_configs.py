@@ -140,6 +140,11 @@ FAMILIES: dict[str, dict[str, float]] = {
     "llama4_maverick": {"meta-llama/Llama-4-Maverick-17B-128E": 17},
     # GLM-4.6V-Flash (Glm4vForConditionalGeneration, presets/glm4v.py) by its model card's 9B.
     "glm46v_flash": {"zai-org/GLM-4.6V-Flash": 9},
+    # Arcee AI (presets/arcee.py): AFM-4.5B (its Base shares the shapes); Trinity Nano (AFMoE) by its 6B
+    # total. Hunyuan dense V1 (presets/hunyuan.py): the 0.5B (its Pretrain shares the shapes).
+    "arcee": {"arcee-ai/AFM-4.5B": 4.5},
+    "afmoe": {"arcee-ai/Trinity-Nano-Preview": 6},
+    "hunyuan_v1_dense": {"tencent/Hunyuan-0.5B-Instruct": 0.5},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -165,6 +170,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"llama-4-maverick-17b-128e", "llama4_maverick"),
     (r"kimi-linear-48b-a3b", "kimi_linear"),
     (r"nemotron-3-(nano-30b-a3b|super-120b-a12b)", "nemotron_h"),
+    (r"trinity-nano", "afmoe"),  # Trinity Nano (Preview, Base): 128 experts, 6B in total
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -194,6 +200,8 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"command-r7b", "cohere2"),
     (r"glm-4-32b-(base-)?0414", "glm4"),
     (r"nemotron-mini-4b", "nemotron"),
+    (r"(^|/)afm-4\.5b", "arcee"),
+    (r"hunyuan-\d+(\.\d+)?b-(instruct|pretrain)", "hunyuan_v1_dense"),  # dense V1 (A13B is a MoE)
     (r"lfm2-350m", "lfm2"),
     (r"llama|orpheus", "llama"),  # orpheus-3b is a Llama-3.2-3B
     (r"smollm2?-", "smollm2"),  # Llama blocks; SmolLM (v1) has SmolLM2's shapes at each size
@@ -245,7 +253,7 @@ NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
                "glm-4.5-air": 106, "glm-4.7-flash": 30, "glm-4.6v-flash": 9, "jamba-v0.1": 52,
-               "jamba-1.5-large": 398, "deepseek-v2.5": 236}
+               "jamba-1.5-large": 398, "deepseek-v2.5": 236, "trinity-nano": 6}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

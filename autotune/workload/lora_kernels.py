@@ -90,6 +90,9 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # never calls; the qkv and o kernels change nothing there, the mlp kernel patches its MLP.
 # Qwen3-VL's text model, whose Qwen3VLTextAttention get_attention_cls_from_config names for qwen3_vl,
 # has Qwen3's q/k norms and a SwiGLU MLP.
+# Arcee (AFM): Llama's attention (ArceeAttention's forward has Llama's q/k/v and o lines) and
+# Nemotron's squared-ReLU MLP without gate_proj, passed by. Hunyuan dense V1: Llama's q/k/v lines, its
+# query_layernorm / key_layernorm applied after the rotary embedding, below them; a SwiGLU MLP.
 # Mistral Small 4 (mistral4, the text model of a mistral3 checkpoint): MistralAttention is rewritten as
 # for Ministral 3, and the patch then takes no layer of it: Mistral4Attention is MLA (q_a_proj/q_b_proj,
 # kv_a_proj_with_mqa, kv_b_proj; q_proj only without q_lora_rank, never k_proj or v_proj), which
@@ -99,7 +102,7 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # Mistral4DecoderLayer). The job runs PEFT's layers (TAKES_NO_LAYER's note).
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
-            "qwen3_5_moe_text", "qwen3_next", "mistral4")
+            "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense")
 # The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
 TAKES_NO_LAYER = {
     "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "

@@ -54,6 +54,14 @@ REMOTE_CODE: dict[str, dict[str, str]] = {
         "AutoConfig": "configuration_phi3.Phi3Config",
         "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM",
     },
+    # arcee-ai/Trinity-Nano-Preview's config.json as an AWS NeuronX Distributed Inference port's
+    # test/unit/test_config.py NANO_CONFIG copies it ("matches arcee-ai/Trinity-Nano-Preview/config.json",
+    # transformers_version 4.57.3, before transformers shipped afmoe).
+    "arcee-ai/Trinity-Nano-Preview": {
+        "AutoConfig": "configuration_afmoe.AfmoeConfig",
+        "AutoModel": "modeling_afmoe.AfmoeModel",
+        "AutoModelForCausalLM": "modeling_afmoe.AfmoeForCausalLM",
+    },
 }
 
 

@@ -35,6 +35,8 @@ One module per family, each checkpoint's source cited beside it:
     llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
     glm4v.py      GLM-4.6V-Flash (vision-language, GLM-4V)
     nemotron_h.py NVIDIA Nemotron 3 Nano 30B-A3B and Super 120B-A12B (Mamba-2, experts, attention)
+    arcee.py      Arcee AI: AFM-4.5B, Trinity-Nano-Preview (AFMoE, a mixture of experts)
+    hunyuan.py    Tencent's Hunyuan dense: Hunyuan-0.5B-Instruct
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -45,6 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.workload.presets import (
+    arcee,
     decoders,
     encoders,
     falcon_h1,
@@ -52,6 +55,7 @@ from autotune.workload.presets import (
     gemma4,
     glm,
     glm4v,
+    hunyuan,
     kimi_linear,
     llama,
     llama4,
@@ -108,6 +112,8 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **kimi_linear.KIMI_LINEAR_PRESETS,
     **glm4v.GLM4V_PRESETS,
     **nemotron_h.NEMOTRON_H_PRESETS,
+    **arcee.ARCEE_PRESETS,
+    **hunyuan.HUNYUAN_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -146,10 +146,10 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
         assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
     # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
     # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP;
-    # Apertus's and Nemotron's MLPs have no gate_proj: find_mlp_in_layer passes them by; Qwen 3.5's
+    # Apertus's, Nemotron's and Arcee's MLPs have no gate_proj: find_mlp_in_layer passes them by; Qwen 3.5's
     # and Qwen3-Next's shared experts carry LoRA, left to PEFT, and only their full attention layers
     # have a self_attn)
-    mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
+    mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "arcee": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
             "qwen3_5_text": 4}.get(model_type, 2)
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
 

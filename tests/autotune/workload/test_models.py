@@ -111,6 +111,8 @@ LIMITS = {
     "tiny-llama4": 1024, "zai-org/GLM-4.6V-Flash": 131072, "tiny-glm4v": 1024,
     "meta-llama/Llama-3.1-405B": 131072, "openai/gpt-oss-120b": 131072, "deepseek-ai/DeepSeek-V2.5": 163840,
     "zai-org/GLM-4-32B-0414": 32768,
+    "arcee-ai/AFM-4.5B": 65536, "arcee-ai/Trinity-Nano-Preview": 131072,
+    "tencent/Hunyuan-0.5B-Instruct": 262144,
 }
 
 

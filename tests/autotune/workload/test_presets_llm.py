@@ -57,6 +57,9 @@ DECODERS = [
     "meta-llama/Llama-3.1-405B",
     "openai/gpt-oss-120b",
     "deepseek-ai/DeepSeek-V2.5",
+    "arcee-ai/AFM-4.5B",
+    "arcee-ai/Trinity-Nano-Preview",
+    "tencent/Hunyuan-0.5B-Instruct",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]

@@ -234,6 +234,7 @@ CAUSAL_LM_PRESETS = {
     "ai21labs/Jamba-v0.1", "ai21labs/AI21-Jamba-1.5-Large", "tiny-jamba",
     "meta-llama/Llama-3.1-405B", "openai/gpt-oss-120b", "deepseek-ai/DeepSeek-V2.5",
     "zai-org/GLM-4-32B-0414", "tiny-glm4",
+    "arcee-ai/AFM-4.5B", "arcee-ai/Trinity-Nano-Preview", "tencent/Hunyuan-0.5B-Instruct",
 }
 
 
