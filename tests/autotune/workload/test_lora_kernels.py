@@ -114,6 +114,14 @@ def loss_and_grads(model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[st
     return loss, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
+def token_batch(config) -> dict:
+    """Two rows of 16 random tokens (past the special ids), labelled with themselves."""
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["input_ids"] = torch.randint(3, 128, (2, 16))
+    batch["labels"] = batch["input_ids"].clone()
+    return batch
+
+
 def patched(model: nn.Module) -> list[str]:
     """The last part of the name of each module whose forward the patch replaced."""
     return sorted(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
@@ -135,9 +143,7 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
     reference, config = lora_model(model_type, TARGETS.get(model_type, "all-linear"), dropout=dropout)
     model = copy.deepcopy(reference)
     apply_kernels(model, ALL, PLAIN)
-    batch = make_batch(config, "causal-lm", 2, 16)
-    batch["input_ids"] = torch.randint(3, 128, (2, 16))
-    batch["labels"] = batch["input_ids"].clone()
+    batch = token_batch(config)
     loss, grads = loss_and_grads(model, batch)
     expected, expected_grads = loss_and_grads(reference, batch)
     assert torch.allclose(loss, expected, rtol=1e-5)
@@ -162,9 +168,7 @@ def test_a_copy_of_a_patched_model_is_patched_over_its_own_modules():
     apply_kernels(original, ALL, PLAIN)
     model = copy.deepcopy(original)
     repatch(original, model)
-    batch = make_batch(config, "causal-lm", 2, 16)
-    batch["input_ids"] = torch.randint(3, 128, (2, 16))
-    batch["labels"] = batch["input_ids"].clone()
+    batch = token_batch(config)
     loss, grads = loss_and_grads(model, batch)
     expected, expected_grads = loss_and_grads(reference, batch)
     assert torch.allclose(loss, expected, rtol=1e-5)
