@@ -47,7 +47,6 @@ training-mapped Liger layers), so these swap nothing.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import MethodType
 from typing import TYPE_CHECKING, Any
@@ -127,13 +126,11 @@ def emulated(model_type: str | None) -> bool:
     return any(layer.emulated for layer in KERNELIZED.get(str(model_type), ()))
 
 
-def apply(model: torch.nn.Module, *, sm_count: int, registers: Registers,
-          autocast_dtype: Callable[[], torch.dtype | None]) -> None:
+def apply(model: torch.nn.Module, *, sm_count: int, registers: Registers) -> None:
     """The emulated hub kernels in every module of the built ``model`` whose class kernelize swaps
     (module docstring), before PEFT wraps it; ``sm_count``: the target card's multiprocessors (Liger
-    RMSNorm's per-program weight gradients); ``autocast_dtype``: the step's autocast dtype where
-    autocast is on (MegaBlocks' custom_fwd casts). Model types with hub kernels not emulated are
-    refused by ``check`` first."""
+    RMSNorm's per-program weight gradients). Model types with hub kernels not emulated are refused
+    by ``check`` first."""
     from autotune.workload import megablocks
     from autotune.workload.liger import LLAMA_NORM
 
@@ -149,7 +146,7 @@ def apply(model: torch.nn.Module, *, sm_count: int, registers: Registers,
                                     f"{type(model).__name__}: not emulated for this transformers version")
         for module in swapped:
             if layer.kernel == _MEGABLOCKS:
-                megablocks.apply(module, registers, autocast_dtype)
+                megablocks.apply(module, registers)
             else:
                 module.forward = MethodType(_liger_rms_norm(module, LLAMA_NORM, sm_count, registers), module)
 

@@ -28,9 +28,10 @@ Backward: BinnedScatterOp's ``binned_gather`` of the gradient ([E, capacity, H] 
 top_k, H] zeros summed over k). The Python wrappers' allocations are made here with the same calls,
 shapes and dtypes, in their order; the Triton copies (``_binned_copy``, ``_binned_copy_wgrad``)
 compute inside ``registers()`` (the estimator's: outside the caching allocator) and write into those
-buffers. Both ops are ``custom_fwd``/``custom_bwd`` (ops/stk_autocast.py): under autocast their
-floating inputs are cast to its dtype and they run with autocast off (the sums here name their
-dtype). Left out: CUB's histogram and scan scratchpads (of the order of the E bins' bytes).
+buffers. Both ops are ``custom_fwd``/``custom_bwd`` (ops/stk_autocast.py), whose casts act under
+autocast only, where moe_forward has raised before them (SCATTER_DTYPES): they run with autocast
+off (the sums here name their dtype). Left out: CUB's histogram and scan scratchpads (of the order
+of the E bins' bytes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     import torch
 
 Registers = Callable[[], AbstractContextManager[Any]]
-AutocastDtype = Callable[[], "torch.dtype | None"]  # the autocast dtype where autocast is on, else None
 KERNEL = "kernels-community/megablocks MegaBlocksMoeMLP"
 CAPACITY_FACTOR = 1.0  # MegaBlocksMoeMLP.forward: getattr(self.experts, "capacity_factor", 1.0)
 # Under autocast the router's F.linear gives bfloat16 or float16 logits and softmax float32 weights
@@ -142,16 +142,6 @@ def binned_scatter_wgrad(x: torch.Tensor, grad: torch.Tensor, indices: torch.Ten
     return out
 
 
-def _cast(value: Any, dtype: torch.dtype | None) -> Any:
-    """stk_autocast.py ``_cast``: a floating tensor other than float64 to the autocast dtype."""
-    import torch
-
-    if dtype is None or not isinstance(value, torch.Tensor) or not value.is_floating_point() \
-            or value.dtype in (torch.float64, dtype):
-        return value
-    return value.to(dtype)
-
-
 @functools.cache
 def functions() -> tuple[Any, Any]:
     """ops/binned_gather.py ``BinnedGatherOp`` and ops/binned_scatter.py ``BinnedScatterOp``, with
@@ -224,8 +214,7 @@ def _indices_and_bins(top_experts: torch.Tensor, num_experts: int,
     return indices, bins.squeeze()
 
 
-def forward(self: Any, x: torch.Tensor, registers: Registers, autocast_dtype: AutocastDtype
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(self: Any, x: torch.Tensor, registers: Registers) -> tuple[torch.Tensor, torch.Tensor]:
     """``MegaBlocksMoeMLP.forward`` on one GPU (module docstring), on the module's router and experts."""
     import torch
 
@@ -245,12 +234,10 @@ def forward(self: Any, x: torch.Tensor, registers: Registers, autocast_dtype: Au
     with torch.no_grad():
         indices, bins = _indices_and_bins(expert_indices.flatten(), num_experts, registers)
         rows = capacity(x.shape[0] * x.shape[1], top_k, num_experts)
-    gather, scatter = functions()
-    dtype = autocast_dtype()  # custom_fwd: the floating arguments cast where autocast is on
-    hidden = gather.apply(_cast(x.view(-1, x.shape[-1]), dtype), indices, bins, rows, top_k, registers)
+    gather, scatter = functions()  # no autocast here (SCATTER_DTYPES): custom_fwd casts nothing
+    hidden = gather.apply(x.view(-1, x.shape[-1]), indices, bins, rows, top_k, registers)
     hidden = _mlp_forward(hidden, self.experts, alpha, limit)
-    out = scatter.apply(_cast(hidden, dtype), indices, _cast(expert_weights.flatten(), dtype), bins, top_k,
-                        registers)
+    out = scatter.apply(hidden, indices, expert_weights.flatten(), bins, top_k, registers)
     del router_scores  # moe_forward's third output, which MegaBlocksMoeMLP.forward drops
     return out.view(x.size()), expert_weights
 
@@ -269,8 +256,8 @@ def _mlp_forward(x: torch.Tensor, experts: Any, alpha: float, limit: float) -> t
     return next_states
 
 
-def apply(module: Any, registers: Registers, autocast_dtype: AutocastDtype) -> None:
+def apply(module: Any, registers: Registers) -> None:
     """``module`` (a GptOssMLP) runs MegaBlocksMoeMLP's forward: kernelize keeps the module and
     swaps its forward."""
-    stand_in = functools.partial(forward, registers=registers, autocast_dtype=autocast_dtype)
+    stand_in = functools.partial(forward, registers=registers)
     module.forward = MethodType(stand_in, module)

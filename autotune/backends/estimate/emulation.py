@@ -196,17 +196,6 @@ def autocast_enabled() -> bool:
         for mode in _get_current_function_mode_stack())
 
 
-def autocast_dtype() -> torch.dtype | None:
-    """``torch.get_autocast_dtype("cuda")`` where ``autocast_enabled()`` in the emulated CUDA step
-    (a custom_fwd's cast: workload/megablocks.py), else None."""
-    from torch.overrides import _get_current_function_mode_stack
-
-    for mode in _get_current_function_mode_stack():
-        if isinstance(mode, CudaEmulation) and mode.autocast_dtype is not None:
-            return mode.autocast_dtype
-    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else None
-
-
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else None, (args, kwargs))

@@ -67,10 +67,9 @@ def swap_in_scattermoe(model: torch.nn.Module) -> None:
 def swap_in_hub_kernels(model: torch.nn.Module, gpu: GpuSpec) -> None:
     """transformers' kernelize under use_kernels: the hub kernels it swaps into ``model``, emulated
     (workload/hub_kernels.py), LigerRMSNorm's per-SM partials sized by the target card's
-    multiprocessors, MegaBlocks' custom_fwd casts by the emulated autocast."""
-    from autotune.backends.estimate.emulation import autocast_dtype
+    multiprocessors."""
     from autotune.backends.estimate.tracker import outside_allocator
     from autotune.workload import hub_kernels
 
     count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
-    hub_kernels.apply(model, sm_count=count, registers=outside_allocator, autocast_dtype=autocast_dtype)
+    hub_kernels.apply(model, sm_count=count, registers=outside_allocator)

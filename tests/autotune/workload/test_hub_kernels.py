@@ -69,7 +69,7 @@ def test_every_qwen3_moe_rms_norm_runs_the_hub_liger_rms_norm() -> None:
     model = AutoModelForCausalLM.from_config(spec.config)
     ids = torch.randint(0, spec.config.vocab_size, (2, 8))
     want = model(input_ids=ids).logits
-    hub_kernels.apply(model, sm_count=4, registers=contextlib.nullcontext, autocast_dtype=lambda: None)
+    hub_kernels.apply(model, sm_count=4, registers=contextlib.nullcontext)
     norms = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeRMSNorm"]
     # input, post-attention, q_norm and k_norm of each layer, and the final norm
     assert len(norms) == 4 * spec.config.num_hidden_layers + 1
@@ -124,7 +124,7 @@ def test_every_gpt_oss_layer_runs_the_hub_kernels() -> None:
 
     spec = resolve_model("tiny-gpt_oss")
     model = AutoModelForCausalLM.from_config(spec.config)
-    hub_kernels.apply(model, sm_count=4, registers=contextlib.nullcontext, autocast_dtype=lambda: None)
+    hub_kernels.apply(model, sm_count=4, registers=contextlib.nullcontext)
     swapped = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
     assert swapped == {"GptOssRMSNorm", "GptOssMLP"}
     layers = spec.config.num_hidden_layers

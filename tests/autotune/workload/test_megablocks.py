@@ -41,7 +41,7 @@ def test_where_no_routing_passes_a_bin_it_is_gpt_oss_mlp(monkeypatch: pytest.Mon
     want_grads = _grads(want, mlp, x)
     # a bin of every token: num_experts / top_k times the kernel's factor 1.0
     monkeypatch.setattr(megablocks, "CAPACITY_FACTOR", config.num_local_experts / config.num_experts_per_tok)
-    megablocks.apply(mlp, contextlib.nullcontext, lambda: None)
+    megablocks.apply(mlp, contextlib.nullcontext)
     got, weights = mlp(x)
     assert weights.shape == (32, config.num_experts_per_tok)
     torch.testing.assert_close(got, want)
@@ -80,14 +80,14 @@ def test_routings_past_an_expert_s_bin_are_dropped_as_megablocks_drops_them() ->
     assert rows == 2 * 32 // 4  # int(1.0 * top_k * tokens / num_experts)
     want = _dropping_reference(mlp, x, rows)
     assert not torch.allclose(want, mlp(x)[0])  # some routing is dropped at this seed
-    megablocks.apply(mlp, contextlib.nullcontext, lambda: None)
+    megablocks.apply(mlp, contextlib.nullcontext)
     torch.testing.assert_close(mlp(x)[0], want, rtol=1e-5, atol=1e-6)
 
 
 def test_the_buffers_are_megablocks_wrappers() -> None:
     mlp, config = _gpt_oss_mlp()
     mode = Allocations(("zeros", "zeros_like", "empty", "empty_like", "arange", "sum"))
-    megablocks.apply(mlp, mode.registers, lambda: None)
+    megablocks.apply(mlp, mode.registers)
     x = torch.randn(2, 16, config.hidden_size, requires_grad=True)
     with mode:
         out, _ = mlp(x)
