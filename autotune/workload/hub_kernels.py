@@ -22,8 +22,8 @@ decorated layers are not read here.
   qwen3_moe's, below) and ``MegaBlocksMoeMLP`` (GptOssMLP) -> kernels-community/megablocks
   ``MegaBlocksMoeMLP``: its routing, binned gather and scatter and torch experts, emulated
   (workload/megablocks.py). Its ``rotary_pos_emb`` (apply_rotary_pos_emb, use_kernelized_func) is
-  mapped for inference only on CUDA.
-
+  mapped for inference only on CUDA. Under autocast the hub MegaBlocksMoeMLP raises (its router
+  scatter, megablocks.py SCATTER_DTYPES): refused so; FSDP2's mixed-precision policy runs it.
 - ``qwen3_moe``: ``RMSNorm`` (Qwen3MoeRMSNorm) -> kernels-community/liger-kernels ``LigerRMSNorm``,
   whose forward (torch-ext/liger_kernels/layers.py) is Liger's ``LigerRMSNormFunction.apply(x,
   weight, variance_epsilon, 0, "llama", True, None)``, the function of Liger's own source
