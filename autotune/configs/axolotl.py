@@ -616,7 +616,9 @@ def _kernels_plugin_reason(cfg: Config) -> str:
         return ("KernelsPlugin's SonicMoE experts (use_sonicmoe: libs/sonicmoe, CuTe kernels on Hopper "
                 "and Blackwell) are not modelled")
     return ("KernelsPlugin without an expert backend pins experts_implementation: eager (args.py "
-            "check_experts_implementation), transformers' per-expert loop, which is not modelled")
+            "check_experts_implementation), transformers' per-expert loop, which is not modelled, and sets "
+            "use_kernels: true (check_use_kernels), kernelize's hub kernels, emulated for gpt_oss and "
+            "qwen3_moe only (workload/hub_kernels.py)")
 
 
 # model_quantization_config (schemas/model.py: Mxfp4Config or FineGrainedFP8Config), passed to
