@@ -341,6 +341,7 @@ def _step(model: str, step: StepOptions) -> Step:
     given["axolotl"] = bool(given.get("axolotl")) or None
     given["llamafactory"] = bool(given.get("llamafactory")) or None
     given["fused_attn_kernel"] = bool(given.get("fused_attn_kernel")) or None
+    given["use_kernels"] = bool(given.get("use_kernels")) or None
     given["llama4_linearized_experts"] = bool(given.get("llama4_linearized_experts")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
 
@@ -370,6 +371,7 @@ class StepOptions(TypedDict, total=False):
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
     llamafactory: bool  # False: the preference step as LLaMA-Factory's trainers run it (not TRL's)
     fused_attn_kernel: bool  # False: with axolotl, Qwen3's fused q/k RMSNorm + RoPE (emulated)
+    use_kernels: bool  # False: transformers' kernelize of the Hub's kernels (emulated: workload.hub_kernels)
     llama4_linearized_experts: bool  # False: Llama 4's experts as Axolotl's per-expert linears (llama4.py)
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1

@@ -406,6 +406,10 @@ class Step:
         "CustomKTOTrainer: workload/llamafactory_preference.py), not TRL's; set by a LLaMA-Factory config "
         "with stage dpo or kto",
         http=False, cli=False)
+    use_kernels: bool | None = option(
+        None, "transformers' use_kernels: kernelize swaps the Hub's kernels in for the layers its models "
+        "decorate (emulated: workload/hub_kernels.py; gpt-oss' MegaBlocks MoE and Liger RMSNorm, Qwen3-MoE's "
+        "Liger RMSNorm); set by an Axolotl config", http=False, cli=False)
     fused_attn_kernel: bool | None = option(
         None, "with axolotl: Axolotl's fused_attn_kernel, Qwen3's q/k RMSNorm + RoPE in one Triton kernel "
         "(emulated: workload/qwen3_fused_attn.py); set by an Axolotl config", http=False, cli=False)
@@ -934,6 +938,12 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
+    hub_kernels = bool(step.use_kernels) or experts_kernel is not None
+    if step.use_kernels:
+        from autotune.workload import hub_kernels as kernelized
+
+        with found.about("use_kernels"):
+            kernelized.check(getattr(spec.config, "model_type", None), "use_kernels")
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
@@ -949,7 +959,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
-                    qat=qat, experts_kernel=experts_kernel, fp8=fp8)
+                    qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8)
 
 
 def check_float8_all_gather(fp8: Fp8, parallel: Parallel | None) -> None:

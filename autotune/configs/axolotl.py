@@ -616,7 +616,9 @@ def _kernels_plugin_reason(cfg: Config) -> str:
         return ("KernelsPlugin's SonicMoE experts (use_sonicmoe: libs/sonicmoe, CuTe kernels on Hopper "
                 "and Blackwell) are not modelled")
     return ("KernelsPlugin without an expert backend pins experts_implementation: eager (args.py "
-            "check_experts_implementation), transformers' per-expert loop, which is not modelled")
+            "check_experts_implementation), transformers' per-expert loop, which is not modelled, and sets "
+            "use_kernels: true (check_use_kernels), kernelize's hub kernels, emulated for gpt_oss and "
+            "qwen3_moe only (workload/hub_kernels.py)")
 
 
 # model_quantization_config (schemas/model.py: Mxfp4Config or FineGrainedFP8Config), passed to
@@ -685,17 +687,23 @@ def _axolotl_model_quantization(cfg: Config, plugins: list[str]) -> None:
                          "dequantized")
 
 
-def _axolotl_use_kernels(cfg: Config, plugins: list[str]) -> None:
+def _axolotl_use_kernels(cfg: Config, plugins: list[str]) -> bool | None:
     """``use_kernels`` without KernelsPlugin (which reads it: _axolotl_experts_kernel): passed to
-    from_pretrained (loaders/model.py: ``if self.cfg.use_kernels``), whose kernelize swaps Hub kernels in;
-    checked once the model is known (check_patched_model). False or null passes nothing."""
+    from_pretrained (loaders/model.py: ``if self.cfg.use_kernels``), whose kernelize swaps Hub kernels in
+    (emulated: workload/hub_kernels.py); checked once the model is known (check_patched_model). False or
+    null passes nothing: None."""
     if KERNELS_PLUGIN in plugins:
-        return
+        return None
     value = cfg.get("use_kernels")
     if value is not None and not isinstance(value, bool):
         raise cfg.bad("use_kernels", value, "true or false")
-    if value:
-        cfg.from_pretrained += ("use_kernels",)
+    if not value:
+        return None
+    cfg.from_pretrained += ("use_kernels",)
+    from autotune.workload.hub_kernels import NOTE
+
+    cfg.notes.append(NOTE)
+    return True
 
 
 def _axolotl_model_class(cfg: Config) -> None:
@@ -1028,26 +1036,6 @@ def _check_kernelized(spec: Any, path: str) -> None:
                       f"use_kernels: true in {path!r} (KernelsPlugin sets it: args.py check_use_kernels)")
 
 
-# What transformers' kernelize swaps into gpt-oss for training on a CUDA card under use_kernels: the
-# classes modeling_gpt_oss.py decorates use_kernel_forward_from_hub, with their Mode.TRAINING "cuda"
-# entries of integrations/hub_kernels.py _build_kernel_mapping (rotary_pos_emb is mapped for inference
-# only there; kernelize picks the mode from model.training: kernelize, PreTrainedModel.train).
-GPT_OSS_KERNELIZED = ("GptOssMLP for kernels-community/megablocks MegaBlocksMoeMLP (its MoE dispatch and "
-                      "grouped experts) and GptOssRMSNorm for kernels-community/liger-kernels LigerRMSNorm")
-
-
-def _check_use_kernels(spec: Any, path: str) -> None:
-    """UnmodelledSetting for Axolotl's use_kernels: true without KernelsPlugin: transformers' kernelize
-    swaps Hub kernels in (none of them emulated), named for gpt-oss."""
-    model_type = getattr(spec.config, "model_type", None)
-    swaps = (f"swaps {GPT_OSS_KERNELIZED} in training (integrations/hub_kernels.py _build_kernel_mapping, "
-             "Mode.TRAINING)" if model_type == "gpt_oss" else
-             "swaps Hub kernels in for the layers its mapping names (integrations/hub_kernels.py)")
-    raise UnmodelledSetting(f"use_kernels: true in {path!r} is not modelled for {spec.name}: Axolotl passes "
-                            f"it to from_pretrained (loaders/model.py) and transformers' kernelize {swaps}, "
-                            "not emulated; use_kernels: false runs the model's own layers, as traced")
-
-
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
     the Axolotl ``config`` says: gemma4_unified's fused attention; with fused_attn_kernel, the model
@@ -1080,7 +1068,10 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                                 "(integrations/mxfp4.py replace_with_mxfp4_linear swaps GptOssMLP only); "
                                 "autotune models it for gpt-oss' MXFP4 checkpoints, dequantized")
     if "use_kernels" in config.from_pretrained:
-        _check_use_kernels(spec, path)
+        from autotune.workload import hub_kernels
+
+        hub_kernels.check(model_type, f"use_kernels: true in {path!r} (Axolotl passes it to from_pretrained, "
+                          "loaders/model.py)")
     if REINIT in config.from_pretrained:
         check_reinit_dtype(spec, request.step.dtype, path)
     if request.step.experts_kernel is not None:
@@ -1186,7 +1177,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     _axolotl_mesh(cfg)
     plugins = _axolotl_plugins(cfg)
     experts_kernel = _axolotl_experts_kernel(cfg, plugins)
-    _axolotl_use_kernels(cfg, plugins)
+    use_kernels = _axolotl_use_kernels(cfg, plugins)
     _axolotl_model_quantization(cfg, plugins)
     _axolotl_skip_move_to_device(cfg)
     _axolotl_model_class(cfg)
@@ -1243,7 +1234,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
-        fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, **trainer, **unfrozen,
+        fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, use_kernels=use_kernels,
+        **trainer, **unfrozen,
         **linearized,
         **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,

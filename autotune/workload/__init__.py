@@ -65,3 +65,6 @@ class Workload:
     # The experts kernel a mixture's experts run instead of transformers' grouped_mm: "scattermoe"
     # (Axolotl's KernelsPlugin use_scattermoe, emulated: workload/scattermoe.py); None: transformers'.
     experts_kernel: str | None = None
+    # transformers' kernelize under use_kernels (Axolotl's use_kernels, which its KernelsPlugin sets):
+    # the hub kernels it swaps in for CUDA training, emulated (workload/hub_kernels.py); False: none.
+    hub_kernels: bool = False

@@ -13,9 +13,17 @@ transformers' ``_build_kernel_mapping`` names for ``name`` on the device and mod
 takes the ``Mode.TRAINING`` entry, else ``TRAINING | TORCH_COMPILE`` (kernels layer/repos.py
 ``_MODE_FALLBACK_PRIORITY``); a name without a CUDA training entry keeps its forward.
 
-Per model type (only those whose experts ScatterMoE is emulated for: KernelsPlugin is what sets
-``use_kernels`` here, workload/scattermoe.py), the decorated names with a CUDA training entry:
+Per model type (those whose experts ScatterMoE is emulated for, whose KernelsPlugin sets
+``use_kernels``, workload/scattermoe.py, and gpt_oss, whose Axolotl examples set it), the decorated
+names with a CUDA training entry; ``use_kernels`` on another model type is refused (``check``): its
+decorated layers are not read here.
 
+- ``gpt_oss``: ``RMSNorm`` (GptOssRMSNorm) -> kernels-community/liger-kernels ``LigerRMSNorm`` (as
+  qwen3_moe's, below) and ``MegaBlocksMoeMLP`` (GptOssMLP) -> kernels-community/megablocks
+  ``MegaBlocksMoeMLP``: its routing, binned gather and scatter and torch experts, emulated
+  (workload/megablocks.py). Its ``rotary_pos_emb`` (apply_rotary_pos_emb, use_kernelized_func) is
+  mapped for inference only on CUDA. Under autocast the hub MegaBlocksMoeMLP raises (its router
+  scatter, megablocks.py SCATTER_DTYPES): refused so; FSDP2's mixed-precision policy runs it.
 - ``qwen3_moe``: ``RMSNorm`` (Qwen3MoeRMSNorm) -> kernels-community/liger-kernels ``LigerRMSNorm``,
   whose forward (torch-ext/liger_kernels/layers.py) is Liger's ``LigerRMSNormFunction.apply(x,
   weight, variance_epsilon, 0, "llama", True, None)``, the function of Liger's own source
@@ -51,8 +59,10 @@ if TYPE_CHECKING:
     from autotune.workload.liger_kernels import Registers
 
 NOTE = ("use_kernels: transformers' kernelize swaps kernels-community/liger-kernels LigerRMSNorm in for "
-        "every Qwen3MoeRMSNorm (integrations/hub_kernels.py, Mode.TRAINING on CUDA): Liger's RMSNorm, "
-        "emulated")
+        "every RMSNorm its model decorates (Qwen3MoeRMSNorm, GptOssRMSNorm), and for gpt-oss' GptOssMLP "
+        "kernels-community/megablocks MegaBlocksMoeMLP (integrations/hub_kernels.py, Mode.TRAINING on "
+        "CUDA): Liger's RMSNorm and MegaBlocks' binned gather and scatter, emulated (each expert's bin "
+        "holds top_k * tokens / experts rows: routings past it are dropped, as the kernel drops them)")
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ class HubLayer:
 
 
 _LIGER_RMS = "kernels-community/liger-kernels LigerRMSNorm"
+_MEGABLOCKS = "kernels-community/megablocks MegaBlocksMoeMLP"
 _FLA_NORM = "kernels-community/fla FusedRMSNormGated"
 _CONV = "kernels-community/mamba-ssm causal_conv1d_fn"
 _FLA_GDN = "kernels-community/fla chunk_gated_delta_rule"
@@ -84,6 +95,8 @@ def _gated_deltanet(module: str, prefix: str) -> tuple[HubLayer, ...]:
 # token a step, decoding: modeling_qwen3_5_moe.py Qwen3_5MoeGatedDeltaNet.forward), never in training.
 DECODING_ONLY = ("causal_conv1d_update",)
 KERNELIZED: dict[str, tuple[HubLayer, ...]] = {
+    "gpt_oss": (HubLayer("gpt_oss", "GptOssRMSNorm", "RMSNorm", _LIGER_RMS, True),
+                HubLayer("gpt_oss", "GptOssMLP", "MegaBlocksMoeMLP", _MEGABLOCKS, True)),
     "qwen3_moe": (HubLayer("qwen3_moe", "Qwen3MoeRMSNorm", "RMSNorm", _LIGER_RMS, True),),
     "qwen3_5_moe": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
     "qwen3_5_moe_text": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
@@ -93,8 +106,14 @@ KERNELIZED: dict[str, tuple[HubLayer, ...]] = {
 
 def check(model_type: str | None, what: str) -> None:
     """UnmodelledSetting naming the hub kernels kernelize swaps into ``model_type``'s model that are
-    not emulated; ``what``: the setting that turns kernelize on, as the message gives it."""
-    missing = [layer for layer in KERNELIZED.get(str(model_type), ()) if not layer.emulated]
+    not emulated, or for a model type whose decorated layers are not read here (KERNELIZED);
+    ``what``: the setting that turns kernelize on, as the message gives it."""
+    if str(model_type) not in KERNELIZED:
+        raise UnmodelledSetting(f"{what} is not modelled for model type {model_type}: transformers' "
+                                "kernelize swaps hub kernels in for the layers its modeling file decorates "
+                                "use_kernel_forward_from_hub (integrations/hub_kernels.py), read for "
+                                f"{', '.join(sorted(KERNELIZED))} only")
+    missing = [layer for layer in KERNELIZED[str(model_type)] if not layer.emulated]
     if missing:
         swaps = "; ".join(f"{layer.decorated} ({layer.name}) -> {layer.kernel}" for layer in missing)
         raise UnmodelledSetting(f"{what} is not modelled for model type {model_type}: transformers' "
@@ -112,6 +131,7 @@ def apply(model: torch.nn.Module, *, sm_count: int, registers: Registers) -> Non
     (module docstring), before PEFT wraps it; ``sm_count``: the target card's multiprocessors (Liger
     RMSNorm's per-program weight gradients). Model types with hub kernels not emulated are refused
     by ``check`` first."""
+    from autotune.workload import megablocks
     from autotune.workload.liger import LLAMA_NORM
 
     config: Any = model.config
@@ -125,7 +145,10 @@ def apply(model: torch.nn.Module, *, sm_count: int, registers: Registers) -> Non
             raise UnmodelledSetting(f"kernelize's {layer.kernel} found no {layer.decorated} in "
                                     f"{type(model).__name__}: not emulated for this transformers version")
         for module in swapped:
-            module.forward = MethodType(_liger_rms_norm(module, LLAMA_NORM, sm_count, registers), module)
+            if layer.kernel == _MEGABLOCKS:
+                megablocks.apply(module, registers)
+            else:
+                module.forward = MethodType(_liger_rms_norm(module, LLAMA_NORM, sm_count, registers), module)
 
 
 def _liger_rms_norm(module: Any, norm: tuple[float, str, bool], sm_count: int, registers: Registers) -> Any:

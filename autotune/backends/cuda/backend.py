@@ -176,6 +176,10 @@ class CudaBackend:
             # registered by its KernelsPlugin as the model loads; the estimate backend emulates them.
             raise BackendUnavailable(f"the experts kernel {workload.experts_kernel} (Axolotl's ScatterMoE) "
                                      "is emulated by the estimate backend only, not run on the cuda backend")
+        if workload.hub_kernels:
+            # the Hub's kernels (huggingface/kernels) are not a dependency of autotune's worker
+            raise BackendUnavailable("use_kernels (transformers' kernelize of the Hub's kernels) is emulated "
+                                     "by the estimate backend only, not run on the cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:

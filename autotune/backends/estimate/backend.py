@@ -40,6 +40,7 @@ from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.liger import (
     swap_in,
     swap_in_fused_attention,
+    swap_in_hub_kernels,
     swap_in_linear_attention,
     swap_in_scattermoe,
 )
@@ -519,7 +520,7 @@ class EstimateBackend:
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
-               workload.experts_kernel, workload.axolotl_flash, workload.fp8)
+               workload.experts_kernel, workload.hub_kernels, workload.axolotl_flash, workload.fp8)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -540,8 +541,10 @@ class EstimateBackend:
                 prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
-                if workload.experts_kernel is not None:  # ScatterMoE and use_kernels' hub kernels, emulated
-                    swap_in_scattermoe(model, self.gpu)
+                if workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated
+                    swap_in_scattermoe(model)
+                if workload.hub_kernels:  # use_kernels: kernelize's hub kernels, emulated (hub_kernels.py)
+                    swap_in_hub_kernels(model, self.gpu)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)

@@ -52,18 +52,24 @@ def swap_in_fused_attention(model: torch.nn.Module, gpu: GpuSpec) -> None:
     qwen3_fused_attn.apply(model, count, outside_allocator)  # fused_attn_kernel (request.py: Qwen3's only)
 
 
-def swap_in_scattermoe(model: torch.nn.Module, gpu: GpuSpec) -> None:
+def swap_in_scattermoe(model: torch.nn.Module) -> None:
     """Axolotl's ScatterMoE experts, emulated (workload/scattermoe.py), in every experts module of
     ``model``, before PEFT: as Axolotl's registration, which transformers dispatches to whatever wraps
     the model. Set before quantize_moe_experts quantizes the experts (adapters.prepare), the stand-in
     reads their 4-bit parametrizations when called, as scattermoe_experts_forward does. ScatterMoE is
-    KernelsPlugin's, which sets use_kernels (args.py check_use_kernels): transformers' kernelize swaps
-    its hub kernels in too (workload/hub_kernels.py), LigerRMSNorm's per-SM partials sized by the
-    target card's multiprocessors."""
+    KernelsPlugin's, which sets use_kernels (args.py check_use_kernels): swap_in_hub_kernels follows."""
     from autotune.backends.estimate.tracker import outside_allocator
-    from autotune.workload import hub_kernels
     from autotune.workload.scattermoe import apply
 
     apply(model, outside_allocator)
+
+
+def swap_in_hub_kernels(model: torch.nn.Module, gpu: GpuSpec) -> None:
+    """transformers' kernelize under use_kernels: the hub kernels it swaps into ``model``, emulated
+    (workload/hub_kernels.py), LigerRMSNorm's per-SM partials sized by the target card's
+    multiprocessors."""
+    from autotune.backends.estimate.tracker import outside_allocator
+    from autotune.workload import hub_kernels
+
     count = multiprocessors(gpu)[0] if chip_is_known(gpu) else most_multiprocessors()
     hub_kernels.apply(model, sm_count=count, registers=outside_allocator)

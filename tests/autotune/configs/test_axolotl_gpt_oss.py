@@ -1,6 +1,7 @@
 """Axolotl's gpt-oss examples (examples/gpt-oss/*.yaml): model_quantization_config Mxfp4Config
 dequantized at load (the model traced), experimental_skip_move_to_device (load-time placement only),
-use_kernels refused by name with what transformers' kernelize swaps into gpt-oss."""
+use_kernels' hub kernels emulated (workload/hub_kernels.py, megablocks.py): answered without autocast
+(FSDP2's mixed-precision policy), refused under it, where MegaBlocks' own scatter raises."""
 
 from __future__ import annotations
 
@@ -42,14 +43,17 @@ def test_the_mxfp4_checkpoint_dequantized_at_load_is_the_model_traced(tmp_path):
                for n in config.notes)
 
 
-def test_use_kernels_is_refused_naming_the_hub_kernels_kernelize_swaps_into_gpt_oss(tmp_path):
-    with pytest.raises(UnmodelledSetting, match="^use_kernels: true in .* not modelled for "
-                       "openai/gpt-oss-20b: .*GptOssMLP for kernels-community/megablocks MegaBlocksMoeMLP .* "
-                       "GptOssRMSNorm for kernels-community/liger-kernels LigerRMSNorm in training"):
-        _read(tmp_path, LORA)
-    with pytest.raises(UnmodelledSetting, match="^use_kernels: true .* not modelled for tiny-llama: .*swaps "
-                       "Hub kernels in"):
+def test_use_kernels_on_gpt_oss_runs_the_emulated_hub_kernels(tmp_path):
+    config = _read(tmp_path, LORA)
+    assert config.request.step.use_kernels is True
+    assert any(n.startswith("use_kernels: transformers' kernelize swaps kernels-community/liger-kernels "
+                            "LigerRMSNorm in") and "kernels-community/megablocks MegaBlocksMoeMLP" in n
+               for n in config.notes)
+    with pytest.raises(UnmodelledSetting, match=r"^use_kernels: true in .* \(Axolotl passes it to "
+                       r"from_pretrained, loaders/model.py\) is not modelled for model type llama: "
+                       r"transformers' kernelize swaps hub kernels in .* read for gpt_oss, .* only$"):
         _read(tmp_path, {**LORA, "model_quantization_config": None}, model="tiny-llama")
+    assert _read(tmp_path, {**LORA, "use_kernels": False}).request.step.use_kernels is None
 
 
 def test_mxfp4_without_dequantize_is_refused_unless_use_kernels_dequantizes_it(tmp_path):
@@ -57,7 +61,7 @@ def test_mxfp4_without_dequantize_is_refused_unless_use_kernels_dequantizes_it(t
     with pytest.raises(UnmodelledSetting, match="^model_quantization_config: 'Mxfp4Config' .* without "
                        "dequantize: true the experts stay MXFP4"):
         _read(tmp_path, quantized)
-    # quantizer_mxfp4.py: use_kernels on a CUDA card dequantizes; the kernels themselves are refused
+    # quantizer_mxfp4.py: use_kernels on a CUDA card dequantizes
     config = read_training_config(write(tmp_path, {**quantized, "use_kernels": True}, "gpt-oss.yaml"))
     assert any("transformers dequantizes on a CUDA card" in n for n in config.notes)
 
@@ -103,3 +107,32 @@ def test_the_lora_example_without_use_kernels_is_answered_on_tiny_gpt_oss(tmp_pa
     assert code in (0, 1), out.err
     assert "attention kernels-community/vllm-flash-attn3" in out.out
     assert "note: model_quantization_config: Mxfp4Config(dequantize=True)" in out.out
+
+
+# examples/gpt-oss/gpt-oss-20b-fft-fsdp2-offload.yaml's step keys
+FSDP2_OFFLOAD = {**{k: v for k, v in LORA.items() if not k.startswith("lora_") and k != "adapter"},
+                 "optimizer": "adamw_torch_fused", "gradient_accumulation_steps": 2, "fsdp_version": 2,
+                 "fsdp_config": {"offload_params": True, "state_dict_type": "SHARDED_STATE_DICT",
+                                 "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                 "transformer_layer_cls_to_wrap": "GptOssDecoderLayer",
+                                 "reshard_after_forward": True}}
+
+
+def test_the_fsdp2_example_with_use_kernels_is_answered_on_tiny_gpt_oss(tmp_path, capsys):
+    # FSDP2 casts by its mixed-precision policy, no autocast: MegaBlocks' router scatter runs
+    path = write(tmp_path, {**FSDP2_OFFLOAD, "sequence_len": 64}, "gpt-oss.yaml")
+    code = main(["check", "tiny-gpt_oss", "--from-config", str(path), "--gpu", "H100-80GB", "--gpus", "2",
+                 "--no-cache", "--workers", "1"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    assert "note: use_kernels: transformers' kernelize swaps" in out.out
+
+
+def test_the_lora_example_with_use_kernels_under_autocast_is_refused(tmp_path, capsys):
+    off = {key: False for key in ("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel")}
+    path = write(tmp_path, {**LORA, **off, "sequence_len": 64}, "gpt-oss.yaml")
+    code = main(["check", "tiny-gpt_oss", "--from-config", str(path), "--gpu", "H100-80GB", "--no-cache",
+                 "--workers", "1"])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "MegaBlocksMoeMLP does not run this step" in out.err and "bf16: full" in out.err

@@ -1,7 +1,8 @@
 """transformers' kernelize under use_kernels (workload/hub_kernels.py): the table of what it swaps in is
 transformers' own (its CUDA training mapping, the decorated classes and functions of each model type
-ScatterMoE is emulated for), the hub LigerRMSNorm is Liger's RMSNorm in every Qwen3MoeRMSNorm, and the
-hub kernels not emulated are refused by name."""
+ScatterMoE is emulated for, and gpt-oss'), the hub LigerRMSNorm is Liger's RMSNorm in every
+Qwen3MoeRMSNorm and GptOssRMSNorm, MegaBlocks' MoE in every GptOssMLP (test_megablocks.py), and the hub
+kernels not emulated, or of a model type not read, are refused by name."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _decorated(module: str) -> dict[str, str]:
     return {found.group(2): found.group(1) for found in re.finditer(pattern, source)}
 
 
-@pytest.mark.parametrize("model_type", scattermoe.MODEL_TYPES)
+@pytest.mark.parametrize("model_type", (*scattermoe.MODEL_TYPES, "gpt_oss"))
 def test_the_table_is_transformers_cuda_training_mapping_for_each_model_type(model_type: str) -> None:
     layers = hub_kernels.KERNELIZED[model_type]
     module = layers[0].module
@@ -102,6 +103,32 @@ def test_hub_kernels_not_emulated_are_refused_by_name(model_type: str, prefix: s
             "chunk_gated_delta_rule")):
         hub_kernels.check(model_type, "use_kernels")
     hub_kernels.check("qwen3_moe", "use_kernels")  # all emulated
+    hub_kernels.check("gpt_oss", "use_kernels")
+
+
+def test_a_model_type_whose_decorated_layers_are_not_read_is_refused() -> None:
+    # LlamaRMSNorm is decorated "RMSNorm" too: kernelize would swap it, not checked here
+    with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama: "
+                       r"transformers' kernelize swaps hub kernels in .* read for gpt_oss, qwen3_5_moe, "
+                       r"qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
+        hub_kernels.check("llama", "use_kernels")
+    with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama"):
+        import autotune
+
+        autotune.check("tiny-llama", seq_len=64, batch_size=1, gpu="H100-80GB", backend="estimate",
+                       use_kernels=True)
+
+
+def test_every_gpt_oss_layer_runs_the_hub_kernels() -> None:
+    from transformers import AutoModelForCausalLM
+
+    spec = resolve_model("tiny-gpt_oss")
+    model = AutoModelForCausalLM.from_config(spec.config)
+    hub_kernels.apply(model, sm_count=4, registers=contextlib.nullcontext)
+    swapped = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+    assert swapped == {"GptOssRMSNorm", "GptOssMLP"}
+    layers = spec.config.num_hidden_layers
+    assert sum(type(m).__name__ == "GptOssMLP" and "forward" in vars(m) for m in model.modules()) == layers
 
 
 def test_the_experts_kernel_request_refuses_them_too() -> None:
