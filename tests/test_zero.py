@@ -505,3 +505,18 @@ def test_an_amp_job_is_traced_whatever_the_host_cpu_s_fp16(capsys, stage):
                  "--seq-len", "64", "--batch-size", "1", "--gpu", "A100-40GB", "--workers", "1", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["fits"], doc
+
+
+def test_an_amp_job_under_zero_on_a_pascal_card_is_refused_as_deepspeed_refuses_it(monkeypatch):
+    # cuda_accelerator.py is_fp16_supported: compute capability 7.0 or newer, 6.x only with
+    # DS_ALLOW_DEPRECATED_FP16=1; DDP's amp is not DeepSpeed's to refuse
+    import autotune
+
+    job = {"gpus": 2, "seq_len": 64, "batch_size": 1, "gpu": "P100-16GB"}
+    monkeypatch.delenv("DS_ALLOW_DEPRECATED_FP16", raising=False)
+    with pytest.raises(InvalidInput, match=r"DeepSpeed refuses fp16 \(mode amp\) on P100-16GB, compute "
+                                           r"capability 6\.0.*unless DS_ALLOW_DEPRECATED_FP16=1"):
+        autotune.check("tiny-llama", parallel="zero2", mode="amp", **job)
+    assert autotune.check("tiny-llama", parallel="ddp", mode="amp", **job).fits
+    monkeypatch.setenv("DS_ALLOW_DEPRECATED_FP16", "1")
+    assert autotune.check("tiny-llama", parallel="zero2", mode="amp", **job).fits

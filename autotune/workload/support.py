@@ -11,6 +11,9 @@ that would crash):
 - ``flash_attention_2`` needs an sm80+ card (flash-attn 2 supports Ampere and newer) and 16-bit
   inputs: float32 weights without autocast are refused by flash-attn ("FlashAttention only
   supports fp16 and bf16 data type");
+- fp16 under DeepSpeed ZeRO (an ``amp`` step) on a card below compute capability 7.0: DeepSpeed's
+  engine refuses it ("Type fp16 is not supported on your device") unless, on 6.x (P100),
+  DS_ALLOW_DEPRECATED_FP16=1;
 - ``kernels-community/vllm-flash-attn3`` likewise (flash_api.cpp mha_fwd: sm80+, 16-bit inputs), and
   for a model with attention sinks (gpt-oss) a Hopper card and bfloat16 ("S aux is currently only
   supported for Hopper GPUs", "We only support bf16 dtype for S aux").
@@ -23,6 +26,7 @@ training_args.py) and PyTorch runs bfloat16 matmuls without tensor cores, if at 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from autotune.errors import InvalidInput
@@ -31,6 +35,9 @@ from autotune.workload import Workload
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import outside_allocator_bytes
 from autotune.workload.step import FLASH_ATTENTION_2, VLLM_FLASH_ATTN3, build_model
+
+# DeepSpeed's switch for fp16 on compute capability 6.x (accelerator/cuda_accelerator.py is_fp16_supported).
+DEPRECATED_FP16 = "DS_ALLOW_DEPRECATED_FP16"
 
 
 def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
@@ -41,6 +48,9 @@ def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
         return (f"mode {mode.name} (autocast float16 + GradScaler) cannot train float16 weights{trained}: "
                 "GradScaler refuses to unscale float16 gradients; use mode fp32 with float16 "
                 "weights, bf16, or float32/bfloat16 weights")
+    zero_fp16 = _zero_fp16_refusal(workload, mode, gpu)
+    if zero_fp16 is not None:
+        return zero_fp16
     if workload.attn == FLASH_ATTENTION_2:
         cc = gpu.compute_capability
         if cc is not None and cc < (8, 0):
@@ -52,6 +62,23 @@ def refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
     if workload.attn == VLLM_FLASH_ATTN3:
         return _flash_attn3_refusal(workload, mode, gpu)
     return None
+
+
+def _zero_fp16_refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
+    """DeepSpeed's fp16 (its ``fp16.enabled``: an amp step, backends/deepspeed.py) on a card below
+    compute capability 7.0: the engine raises "Type fp16 is not supported on your device"
+    (engine.py ``_do_sanity_check``) where ``cuda_accelerator.py is_fp16_supported`` is false, as it is
+    on 6.x unless DS_ALLOW_DEPRECATED_FP16=1 is set, read here from autotune's own environment."""
+    cc = gpu.compute_capability
+    if workload.parallel is None or not workload.parallel.is_zero or mode.precision != "amp" \
+            or cc is None or cc >= (7, 0):
+        return None
+    if cc[0] == 6 and os.environ.get(DEPRECATED_FP16) == "1":
+        return None
+    allowed = f" unless {DEPRECATED_FP16}=1 is set (set it for autotune too)" if cc[0] == 6 else ""
+    return (f"DeepSpeed refuses fp16 (mode {mode.name}) on {gpu.name}, compute capability {cc[0]}.{cc[1]}: "
+            f"\"Type fp16 is not supported on your device\" (runtime/engine.py _do_sanity_check, "
+            f"accelerator/cuda_accelerator.py is_fp16_supported: 7.0 or newer{allowed}); use fp32")
 
 
 def _flash_attn3_refusal(workload: Workload, mode: Mode, gpu: GpuSpec) -> str | None:
