@@ -1,7 +1,8 @@
 """The one mapping from autotune's errors to HTTP responses, installed as the app's exception handler.
 
 Routes let the core's errors (autotune.errors) propagate; ``install`` answers each as JSON
-``{"detail": message}`` with the status of its kind, plus ``"field"`` when the error names the
+``{"detail": message}`` with the status of its kind (an invalid input's ``"kind"`` beside it:
+"invalid", "not modelled", "unknown key", "job fails"), plus ``"field"`` when the error names the
 request field it is about (a form shows it next to that field), and then ``"errors"``: every
 invalid field of the request, ``[{"field": ..., "detail": ...}, ...]``, the one of ``detail`` first
 (the status is that first error's), with ``"brief"`` where the message is long: the error in one
@@ -78,6 +79,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(AutotuneError)
     async def autotune_error(request: Request, exc: AutotuneError) -> JSONResponse:
         body: dict[str, Any] = {"detail": str(exc)}
+        if isinstance(exc, InvalidInput):  # the kind of refusal (autotune/errors.py)
+            body["kind"] = exc.kind
         retry_after = exc.retry_after_s if isinstance(exc, Overloaded | ClusterUnreachable) else None
         headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         if is_unavailable(exc):  # a full disk, a lock: nothing was stored, and it may clear up

@@ -9,6 +9,9 @@
     │   │                         not model (LoRA, DeepSpeed, ...): refused, never ignored
     │   ├── UnknownSetting        a training config key its format does not have (a typo, most
     │   │                         often): refused with the closest known keys, never ignored
+    │   ├── JobFails              the job as written fails in its own libraries, for a reason
+    │   │                         other than memory (a patch that asserts, a config check that
+    │   │                         raises): no batch fits it; the message quotes where it fails
     │   └── ModelPathRefused      a model path the service may not read: HTTP 403
     ├── BackendUnavailable        e.g. backend cuda on a machine without CUDA: HTTP 503
     ├── Overloaded                the service has no room for a request now (every analysis worker
@@ -23,6 +26,11 @@
     ├── StoreError                the service's database cannot be opened or is not autotune's
     └── ServiceError              an autotune service asked by ``check --server`` failed (a 5xx) or
                                   could not be reached (its 4xx are the user's: InvalidInput)
+
+Each InvalidInput has a ``kind``, which the CLI's ``--json`` and the API answer beside the message:
+"invalid" (the request itself), "not modelled" (UnmodelledSetting: autotune's gap, the job may run),
+"unknown key" (UnknownSetting) and "job fails" (JobFails: the real job would fail too), so a user or a
+benchmark tells autotune's gaps from jobs that would not start.
 
 Errors become exit codes or HTTP responses only at the edges: ``autotune/cli`` (exit 2 with
 ``Error: ...``) and ``api/errors.py`` (one exception handler for the whole app). Messages name
@@ -77,6 +85,8 @@ class AutotuneError(Exception):
 class InvalidInput(AutotuneError, ValueError):
     """The user asked for something that is not allowed; the message says what is."""
 
+    kind = "invalid"  # the module docstring lists the kinds
+
 
 class UnknownModel(InvalidInput):
     """A model name that is neither a preset, a local config, nor a reachable hub id."""
@@ -102,11 +112,25 @@ class UnmodelledSetting(InvalidInput):
     than none, so such keys are refused, never ignored.
     """
 
+    kind = "not modelled"
+
 
 class UnknownSetting(InvalidInput):
     """A training config (or PYTORCH_ALLOC_CONF) sets a key that autotune does not know for its
     format: a typo, or a key of a newer release. Whether it changes memory cannot be told, so it is
     refused, naming the known keys closest to it, never listed as ignored."""
+
+    kind = "unknown key"
+
+
+class JobFails(InvalidInput):
+    """The job as written fails in the real libraries before it trains, for a reason other than
+    memory: Axolotl's patch asserts on a model's attention, a config check of Axolotl, TRL or
+    DeepSpeed raises, a trainable parameter gets no gradient. No batch size makes such a job fit,
+    so it is an error (exit 2), not a verdict; the message quotes the library's error and where it
+    is raised, and how to write the job so that it runs."""
+
+    kind = "job fails"
 
 
 class ModelPathRefused(InvalidInput):

@@ -17,8 +17,10 @@ the others are refused (reasons ranked by count, an example file each), and ever
 - Each config, one at a time in a fresh process: ``autotune check PRESET --from-config FILE --gpu
   H100-80GB --json --no-cache --backend estimate --workers 1`` under a timeout; a multi-GPU
   config with ``--gpus 8`` (MULTI_GPU_GPUS), or its Axolotl mesh's product where it fixes one.
-  Answered: exit 0/1 with a verdict; refused: exit 2 with ``{"error": ...}``; crash: anything else
-  (a traceback, another exit status, a timeout, output that is not that JSON).
+  Answered: exit 0/1 with a verdict; refused: exit 2 with ``{"error": ..., "kind": ...}``; crash:
+  anything else (a traceback, another exit status, a timeout, output that is not that JSON). A
+  refusal of kind "job fails" (autotune/errors.py JobFails) is a job that fails in its own libraries
+  too: the rates are printed without and with them (autotune's gaps are the rest).
 - ``--peel``: autotune names only the first key it cannot model. Peel fixes that key as the
   refusal says (``bf16: true``, the ``lora_*_kernel`` keys false, ``use_reentrant: false``,
   ``attn_implementation: flash_attention_2``, the Liger kernels dropped) or drops it, and reads the
@@ -291,6 +293,9 @@ class Row:
     verdict: str | None = None  # fits, does not fit
     reason: str | None = None  # the refusal's reason
     error: str | None = None  # the refusal's message, the file path left out
+    # The refusal's kind (autotune/errors.py): "not modelled", "unknown key", "invalid", or "job
+    # fails" (the real job fails too: a faithful answer, no verdict to give)
+    kind: str | None = None
     stand_in: str | None = None  # no preset: the stand-in's outcome (answered: the config reads whole)
     reasons: list[str] = field(default_factory=list)  # --peel: every blocking key, in order
     peeled: str | None = None  # --peel, once they are fixed or dropped: read whole, refused, crash
@@ -487,7 +492,7 @@ def check_config(config: Config, scratch: Path, args: argparse.Namespace) -> Row
                 row.verdict = "fits" if document["fits"] else "does not fit"
                 row.ignored_keys = list(document.get("ignored_keys", []))
             if message:
-                row.reason, row.error = reason(message), message
+                row.reason, row.error, row.kind = reason(message), message, document.get("kind")
         else:
             row.peel_seconds += seconds
         if message is None:
@@ -650,6 +655,7 @@ def report(rows: list[Row]) -> None:
     peel = any(r.peeled for r in rows)
     if peel:
         picks.append(("Every blocking key (--peel)", lambda r: list(dict.fromkeys(r.reasons))))
+    failing = {r.reason for r in rows if r.kind == JOB_FAILS}
     for title, pick in picks:
         ranked, example, headline = Counter(), {}, Counter()
         for r in rows:
@@ -660,7 +666,8 @@ def report(rows: list[Row]) -> None:
         print(f"\n{title}, ranked: configs (no preset ones read against the stand-in included), "
               f"of them axolotl + llamafactory {HEADLINE}, an example:")
         for why, count in ranked.most_common():
-            print(f"  {count:4d} {headline[why]:4d}  {why}   e.g. {example[why]}")
+            fails = " [the job fails]" if why in failing else ""
+            print(f"  {count:4d} {headline[why]:4d}  {why}{fails}   e.g. {example[why]}")
     if peel:
         after = Counter(r.peeled for r in rows if r.peeled)
         print(f"\nOnce every blocking key is fixed or dropped (--peel): {dict(after)}; peel checks took "
@@ -696,14 +703,20 @@ def report(rows: list[Row]) -> None:
               + "; ".join(f"{why} ({n})" for why, n in extra.most_common()))
 
 
+JOB_FAILS = "job fails"  # autotune/errors.py JobFails.kind
+
+
 def counts(label: str, rows: list[Row]) -> str:
     status = Counter(r.status for r in rows)
     verdicts = Counter(r.verdict for r in rows if r.status == "answered")
     run = len(rows) - status["no preset"]
+    fails = sum(r.status == "refused" and r.kind == JOB_FAILS for r in rows)
     rate = f"{status['answered'] / run:.0%}" if run else "-"
+    faithful = f"{(status['answered'] + fails) / run:.0%}" if run else "-"
     return (f"{label:<50} {len(rows):4d} configs, {status['no preset']:3d} no preset, {run:3d} checked: "
             f"{status['answered']:3d} answered ({verdicts['fits']} fit, {verdicts['does not fit']} do not), "
-            f"{status['refused']:3d} refused, {status['crash']:2d} crash: {rate} answered")
+            f"{status['refused']:3d} refused ({fails} as jobs that fail), {status['crash']:2d} crash: "
+            f"{rate} answered, {faithful} with the failing jobs")
 
 
 def list_presets(root: Path) -> set[str]:

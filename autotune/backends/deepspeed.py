@@ -81,7 +81,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.parallel import Parallel
 from autotune.workload.zero import OFFLOAD_KEYS, offloads_optimizer, resolved, stage_of
 
@@ -505,7 +505,7 @@ def _refuse_gradless(optimizer: Any, model: Any) -> None:
 
     def guarded(param: Any, *args: Any) -> Any:
         if param.grad is None:
-            raise InvalidInput(
+            raise JobFails(
                 f"DeepSpeed ZeRO-3 cannot train {names.get(id(param), 'a parameter')}: it gets no "
                 "gradient from the backward that uses it, and ZeRO-3's gradient hook reads its gradient "
                 "(deepspeed/runtime/zero/stage3.py __add_grad_to_ipg_bucket: param.grad.numel(), an "

@@ -131,11 +131,13 @@ def print_json(document: object) -> None:
 
 
 def report_error(exc: AutotuneError, *, as_json: bool) -> int:
-    """``Error: ...`` on stderr (and ``{"error": ...}`` on stdout for --json), the fields it names
-    worded as this command line's flags; exit status 2."""
+    """``Error: ...`` on stderr (and ``{"error": ..., "kind": ...}`` on stdout for --json: the
+    kind of a refused input, autotune/errors.py), the fields it names worded as this command
+    line's flags; exit status 2."""
     message = worded(exc)
     if as_json:
-        json.dump({"error": message}, sys.stdout)
+        kind = {"kind": exc.kind} if isinstance(exc, InvalidInput) else {}
+        json.dump({"error": message, **kind}, sys.stdout)
         sys.stdout.write("\n")
     print(f"Error: {message}", file=sys.stderr)
     return EXIT_ERROR

@@ -54,7 +54,7 @@ from autotune.configs.sharding import (
     set_parallel,
     wrap_classes,
 )
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 from autotune.request import CheckRequest
 from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
@@ -748,9 +748,9 @@ def _axolotl_cut_cross_entropy(cfg: Config, plugins: list[str]) -> bool:
         cfg.notes.append("cut_cross_entropy: not set, and with CutCrossEntropyPlugin listed Axolotl's "
                          "default is true")
     if on and not (cfg.data.get("bf16") or cfg.data.get("fp16")):  # check_dtype_is_half, as written
-        raise InvalidInput(f"CutCrossEntropyPlugin in {cfg.file!r} without bf16 or fp16: Axolotl refuses it "
-                           "(\"Cut Cross Entropy requires fp16/bf16 training\"); set bf16: true or turn "
-                           "cut_cross_entropy off")
+        raise JobFails(f"CutCrossEntropyPlugin in {cfg.file!r} without bf16 or fp16: Axolotl refuses it "
+                       "(\"Cut Cross Entropy requires fp16/bf16 training\"); set bf16: true or turn "
+                       "cut_cross_entropy off")
     return on
 
 
@@ -882,14 +882,14 @@ def _axolotl_fsdp_checkpointing(cfg: Config, value: Any) -> bool:
         raise cfg.unmodelled("fsdp_config.activation_checkpointing", True, "FSDP's activation checkpointing "
                              "with activation_offloading is not modelled")
     if cfg.data.get("gradient_checkpointing") is True:
-        raise InvalidInput(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
-                           f"{cfg.file!r}: Axolotl runs neither alone, it passes both to transformers' "
-                           "Trainer, whose create_accelerator_and_postprocess (transformers 5.14.1, "
-                           "Axolotl's pin: trainer.py line 838) raises \"The activation_checkpointing in "
-                           "FSDP config and the gradient_checkpointing in training arg can't be set to True "
-                           "simultaneously\" once the model has loaded (no Axolotl code turns either off): "
-                           "set gradient_checkpointing: false (FSDP's checkpointing, modelled) or drop "
-                           "fsdp_config.activation_checkpointing")
+        raise JobFails(f"fsdp_config.activation_checkpointing: true with gradient_checkpointing: true in "
+                       f"{cfg.file!r}: Axolotl runs neither alone, it passes both to transformers' "
+                       "Trainer, whose create_accelerator_and_postprocess (transformers 5.14.1, "
+                       "Axolotl's pin: trainer.py line 838) raises \"The activation_checkpointing in "
+                       "FSDP config and the gradient_checkpointing in training arg can't be set to True "
+                       "simultaneously\" once the model has loaded (no Axolotl code turns either off): "
+                       "set gradient_checkpointing: false (FSDP's checkpointing, modelled) or drop "
+                       "fsdp_config.activation_checkpointing")
     return True
 
 
@@ -1437,14 +1437,14 @@ def _axolotl_unfrozen_under_an_adapter(cfg: Config) -> None:
             start = start[:-1]
         if not start or start.startswith(prefix) or prefix.startswith(start):
             return
-    raise InvalidInput(f"unfrozen_parameters {patterns!r} in {cfg.file!r} match no parameter: with an "
-                       "adapter Axolotl unfreezes what they match in the PEFT model's names, which all begin "
-                       "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
-                       "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
-                       "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
-                       "trained.\", and runs on; its maintainers: \"unfreezing parameters while doing LoRAs "
-                       "is not supported\", axolotl#1188); begin the patterns with base_model.model., or "
-                       "remove them")
+    raise JobFails(f"unfrozen_parameters {patterns!r} in {cfg.file!r} match no parameter: with an "
+                   "adapter Axolotl unfreezes what they match in the PEFT model's names, which all begin "
+                   "base_model.model. (train.py freeze_layers_except, matched from the name's start), so "
+                   "every parameter is frozen, the adapters too, and the job trains nothing (Axolotl "
+                   "only warns, utils/freeze.py: \"All parameters are frozen. Model will not be "
+                   "trained.\", and runs on; its maintainers: \"unfreezing parameters while doing LoRAs "
+                   "is not supported\", axolotl#1188); begin the patterns with base_model.model., or "
+                   "remove them")
 
 
 def _axolotl_auto_bf16(cfg: Config) -> tuple[Any, bool]:

@@ -38,7 +38,7 @@ from autotune.configs.reading import (
     words,
 )
 from autotune.configs.sharding import TRAINER_BOTH_CHECKPOINTS, read_ddp, read_deepspeed, read_trainer_fsdp
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_dict
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR, KERNELS
 from autotune.workload.modes import Mode
@@ -420,8 +420,8 @@ def _trainer_checkpointing(cfg: Config, default: bool) -> bool:
         cfg.notes.append("gradient_checkpointing: not set, TRL's default true")
     if ckpt and cfg.launch.get("fsdp_activation_checkpointing"):
         shown = f"{key}: true" if new is not None or old is not None else f"{key} not set, TRL's default true"
-        raise InvalidInput(f"fsdp_config.activation_checkpointing: true with {shown} in {cfg.file!r}: "
-                           f"{TRAINER_BOTH_CHECKPOINTS}: set {key}: false")
+        raise JobFails(f"fsdp_config.activation_checkpointing: true with {shown} in {cfg.file!r}: "
+                       f"{TRAINER_BOTH_CHECKPOINTS}: set {key}: false")
     if ckpt:
         kwargs_key = ("activation_checkpointing_kwargs" if cfg.get("activation_checkpointing_kwargs")
                       is not None else "gradient_checkpointing_kwargs")

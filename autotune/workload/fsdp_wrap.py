@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 if TYPE_CHECKING:
     from autotune.workload.models import ModelSpec
@@ -66,7 +66,7 @@ def wrapped_classes(model: Any, names: tuple[str, ...], key: str = "{fsdp_wrap}"
     classes = {name: module_class(model, name) for name in names}
     missing = [name for name, cls in classes.items() if cls is None]
     if missing:
-        raise InvalidInput.naming(
+        raise JobFails.naming(
             f"{key}: {', '.join(missing)}: no module of {type(model).__name__} is of "
             f"{'that class' if len(missing) == 1 else 'those classes'} (accelerate's set_auto_wrap_policy "
             "raises \"Could not find the transformer layer class ... in the model\"); its classes: "
@@ -95,7 +95,7 @@ def resolve_wrap(spec: ModelSpec, task: str, names: tuple[str, ...], key: str = 
     found, default = _classes_of(spec, task)
     missing = [name for name in names if name not in found]
     if missing:
-        raise InvalidInput.naming(
+        raise JobFails.naming(
             f"{key}: {', '.join(missing)}: no module of {spec.name} is of "
             f"{'that class' if len(missing) == 1 else 'those classes'} (accelerate's set_auto_wrap_policy "
             "raises \"Could not find the transformer layer class ... in the model\"); its layer classes "

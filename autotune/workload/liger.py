@@ -55,7 +55,7 @@ import types
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.liger_patches import (
     AXOLOTL_BRANCHES,
     AXOLOTL_PATCHES,
@@ -163,12 +163,12 @@ def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> N
     layers = getattr(config, "moe_layers", None)
     if patch.module == "llama4" and "swiglu" in kernels and layers is not None \
             and len(layers) < config.num_hidden_layers:
-        raise InvalidInput("Liger's swiglu on Llama 4 with dense layers (interleave_moe_layer_step "
-                           f"{config.interleave_moe_layer_step}) fails as the model is built: "
-                           "Llama4TextDecoderLayer builds Llama4TextMLP(config, intermediate_size="
-                           "intermediate_size_mlp), and LigerSwiGLUMLP(config) takes no intermediate_size "
-                           "(TypeError; liger-kernel 0.8.0, Axolotl's pin: transformers/swiglu.py "
-                           "LigerSwiGLUMLP.__init__); leave swiglu out (liger_glu_activation)")
+        raise JobFails("Liger's swiglu on Llama 4 with dense layers (interleave_moe_layer_step "
+                       f"{config.interleave_moe_layer_step}) fails as the model is built: "
+                       "Llama4TextDecoderLayer builds Llama4TextMLP(config, intermediate_size="
+                       "intermediate_size_mlp), and LigerSwiGLUMLP(config) takes no intermediate_size "
+                       "(TypeError; liger-kernel 0.8.0, Axolotl's pin: transformers/swiglu.py "
+                       "LigerSwiGLUMLP.__init__); leave swiglu out (liger_glu_activation)")
     shared = getattr(config, "num_kv_shared_layers", 0) or 0
     if patch.mlp == "TextMLP" and patch.glu in kernels and getattr(config, "use_double_wide_mlp", False) \
             and shared > 0:

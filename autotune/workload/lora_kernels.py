@@ -61,7 +61,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 
 if TYPE_CHECKING:
     import torch
@@ -247,7 +247,8 @@ def _detabbed_source(function: Any) -> str:
 
 
 def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None = None) -> None:
-    """InvalidInput where Axolotl's patch of ``config``'s model type fails or is not emulated.
+    """JobFails where Axolotl's patch of ``config``'s model type fails, UnmodelledSetting where it
+    is not emulated.
     ``checkpoint_type``: the model type of the checkpoint's config where ``config`` is its text
     config (a vision-language model's), which get_attention_cls_from_config reads (AutoConfig of
     base_model)."""
@@ -255,26 +256,27 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
     if set(kernels) & {"qkv", "o"}:
         cls = attention_class(checkpoint_type or model_type)
         if cls is None:
-            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type "
-                               f"{checkpoint_type or model_type}: "
-                               "get_attention_cls_from_config raises \"Axolotl could not import attention "
-                               f"class for model_type: {checkpoint_type or model_type}\" (monkeypatch/"
-                               f"lora_kernels.py: no {_attention_name(checkpoint_type or model_type)} in "
-                               "transformers) as patch_manager.py _apply_self_attention_lora_patch runs, "
-                               "before the model loads; check_auto_enable_lora_kernels turns them on "
-                               "where no lora_*_kernel is set, vision-language models too; set them to "
-                               "false")
+            raise JobFails(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on model type "
+                           f"{checkpoint_type or model_type}: "
+                           "get_attention_cls_from_config raises \"Axolotl could not import attention "
+                           f"class for model_type: {checkpoint_type or model_type}\" (monkeypatch/"
+                           f"lora_kernels.py: no {_attention_name(checkpoint_type or model_type)} in "
+                           "transformers) as patch_manager.py _apply_self_attention_lora_patch runs, "
+                           "before the model loads; check_auto_enable_lora_kernels turns them on "
+                           "where no lora_*_kernel is set, vision-language models too; set them to "
+                           "false")
         source = _detabbed_source(cls.forward)
         missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
                                             ("O", _O_CODE in source)) if not found]
         if missing:
-            raise InvalidInput(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
-                               f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
-                               f"its forward{_deciding_line(source, missing[0])}: the job fails before the "
-                               "model loads (patch_manager.py _apply_self_attention_lora_patch calls it, "
-                               "uncaught); set lora_qkv_kernel: false and lora_o_kernel: false")
+            raise JobFails(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
+                           f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
+                           f"its forward{_deciding_line(source, missing[0])}: the job fails before the "
+                           "model loads (patch_manager.py _apply_self_attention_lora_patch calls it, "
+                           "uncaught); set lora_qkv_kernel: false and lora_o_kernel: false")
     if model_type not in EMULATED:
-        raise InvalidInput(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type {model_type}")
+        raise UnmodelledSetting(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type "
+                                f"{model_type}")
 
 
 def _deciding_line(source: str, missing: str) -> str:
@@ -329,8 +331,8 @@ def glu_of(config: Any) -> str:
         return "geglu"
     if activation == "silu":
         return "swiglu"
-    raise InvalidInput(f"Axolotl's lora_mlp_kernel refuses activation {activation!r} "
-                       "(apply_lora_kernel_patches supports silu and gelu): set lora_mlp_kernel: false")
+    raise JobFails(f"Axolotl's lora_mlp_kernel refuses activation {activation!r} "
+                   "(apply_lora_kernel_patches supports silu and gelu): set lora_mlp_kernel: false")
 
 
 # --- the patch ------------------------------------------------------------------------------------
@@ -413,7 +415,7 @@ def _check_linear_attention(layers: Any, kernels: Sequence[str]) -> None:
         fused = [p for p in _LINEAR_IN if "qkv" in kernels and hasattr(getattr(linear, p), "lora_A")]
         fused += [_LINEAR_OUT] if "o" in kernels and hasattr(linear.out_proj, "lora_A") else []
         if fused:
-            raise InvalidInput(
+            raise UnmodelledSetting(
                 f"Axolotl's fused LoRA kernels of the linear-attention projections ({', '.join(fused)}: "
                 "LoRA_FusedProj and LoRA_O, called by its sample-packing patch of Qwen 3.5's "
                 "GatedDeltaNet forward) are not emulated: set lora_qkv_kernel: false and "

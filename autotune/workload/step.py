@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.models import ModelSpec
 from autotune.workload.optimizers import (  # noqa: F401 (re-exported: the step's optimizers)
     OPTIMIZERS,
@@ -239,8 +239,8 @@ def _flash_stand_in_model(auto_class: Any, config: Any, stand_in: str, spec: Any
         raise _unsupported(exc, attn, "transformers refuses it for this model") from exc
     pinned = axolotl_flash and attn == FLASH_ATTENTION_2 and type(model).__name__ in FLASH_AT_AXOLOTL_PIN
     if not getattr(model, "_supports_flash_attn", False) and not pinned:
-        raise InvalidInput(f"{type(model).__name__} does not support {kernel} in "
-                           f"transformers {transformers.__version__}{so}: use sdpa or eager")
+        raise JobFails(f"{type(model).__name__} does not support {kernel} in "
+                       f"transformers {transformers.__version__}{so}: use sdpa or eager")
     return model
 
 

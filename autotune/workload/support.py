@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from autotune.errors import InvalidInput
+from autotune.errors import JobFails
 from autotune.gpus import GpuSpec
 from autotune.workload import Workload
 from autotune.workload.modes import Mode
@@ -116,9 +116,10 @@ def _float16_trainable(workload: Workload) -> bool:
 
 
 def check_supported(workload: Workload, mode: Mode, gpu: GpuSpec) -> None:
+    """JobFails where the real stack refuses the step on ``gpu`` (module docstring)."""
     reason = refusal(workload, mode, gpu)
     if reason is not None:
-        raise InvalidInput(reason)
+        raise JobFails(reason)
 
 
 def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:

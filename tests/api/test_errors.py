@@ -61,6 +61,15 @@ def test_sequence_beyond_the_model_limit_is_422_naming_the_limit(client):
         "sequence length 256 exceeds max_position_embeddings=128 of tiny-bert")
 
 
+def test_a_refusal_says_its_kind_and_a_step_the_card_cannot_run_is_a_job_that_fails(client):
+    # autotune/errors.py: "job fails" where the real stack refuses the step (flash-attn on a T4)
+    params = {"model": "tiny-llama", "seq_len": 32, "batch_size": 1, "mode": "amp", "gpu": "T4",
+              "attn": "flash_attention_2", "backend": "estimate"}
+    check = client.get("/v1/check", params=params)
+    assert check.status_code == 422 and check.json()["kind"] == "job fails", check.text
+    assert post(client, seq_lens=[64, 256]).json()["kind"] == "invalid"
+
+
 @pytest.mark.parametrize("size", ["12 bananas", "GiB", "-1GiB", "0"])
 def test_malformed_gpu_memory_is_422(client, size):
     text = detail(post(client, gpu_memory=size), 422)

@@ -322,3 +322,20 @@ def test_an_unexpected_failure_inside_a_command_exits_2_with_the_traceback(capsy
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().endswith(
         "Error: internal error (RuntimeError: a library failed); please report it with the traceback above")
+
+
+def test_a_json_refusal_says_its_kind_an_unmodelled_key_from_a_job_that_fails(capsys, tmp_path):
+    # autotune/errors.py: "not modelled" is autotune's gap (the job may run), "job fails" the real
+    # job's own failure (here flash-attn on a T4, refused by transformers' check as by the kernel)
+    cell = ["--seq-len", "32", "--batch-size", "1", "--json"]
+    code, out, _ = run(capsys, "check", "tiny-llama", "--attn", "flash_attention_2", "--gpu", "T4",
+                       "--mode", "amp", *cell)
+    assert code == 2 and json.loads(out) == {
+        "error": "flash_attention_2 needs compute capability 8.0 or newer; T4 has 7.5: use sdpa or eager",
+        "kind": "job fails"}
+    config = tmp_path / "train.yaml"
+    config.write_text("base_model: tiny-llama\nrelora: true\nsequence_len: 32\nmicro_batch_size: 1\n")
+    code, out, _ = run(capsys, "check", "tiny-llama", "--from-config", str(config), "--gpu", "T4", "--json")
+    assert code == 2 and json.loads(out)["kind"] == "not modelled", out
+    code, out, _ = run(capsys, "check", "tiny-llama", "--seq-len", "4096", "--batch-size", "1", "--json")
+    assert code == 2 and json.loads(out)["kind"] == "invalid", out
