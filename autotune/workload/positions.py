@@ -13,7 +13,13 @@ Its rope types change no tensor's size past the positions either (modeling_rope_
 ``dynamic_rope_update``: "dynamic" recomputes inv_freq for the longer sequence, "longrope" picks its
 long factors, both head_dim / 2 floats; "yarn" and "llama3" rescale the same inv_freq). transformers
 5.24 marks a RoPE config by its ``rope_parameters``; the sequence's memory is then what autotune
-traces, and the answer says the model was not trained that long (``past_positions_warning``).
+traces, and the answer says the model was not trained that long (``past_positions_warning``). No
+RoPE text model of transformers 5.24 checks the length in its forward or sizes a tensor by it: the
+one ValueError on max_position_embeddings is Qwen2.5-Omni's speech DiT's (modeling_qwen2_5_omni.py,
+dit_config), Mistral 4's and Ministral 3's llama-4 attention scale reads it as a value
+(get_llama_4_attn_scale), and sliding windows are masks of their own size; the position tables among
+them are TABLE_AND_ROPE_MODEL_TYPES'. backends/estimate/rope.py runs the "dynamic" update on fake
+tensors.
 
 Training frameworks leave such a sequence to the model: Axolotl raises the loaded model's
 ``config.max_position_embeddings`` to sequence_len after building it (loaders/model.py
