@@ -33,15 +33,18 @@ RELORA_4BIT = (
     "and the first load set it; the forward right after the first merge (global step jagged_restart_steps) "
     "then fails fix_4bit_weight_quant_state_from_module's assert weight.shape[1] == 1")
 RELORA_8BIT = (
-    "ReLoRA's merge on an 8-bit base without relora_cpu_offload: update_weights hands "
-    "bitsandbytes' Int8Params the merged weight already on the GPU, which Int8Params.to quantizes only "
-    "from the CPU (nn/modules.py), so each merged layer keeps a full-precision weight from then on")
+    "ReLoRA's merge on an 8-bit base: update_weights sets each Linear8bitLt's weight.data to "
+    "Int8Params(merged).to(device).data, while the layer's matmul state keeps the int8 weight the first "
+    "forward moved there (bitsandbytes 0.49.1 nn/modules.py Linear8bitLt.init_8bit_state, state.CB); "
+    "Int8Params.to quantizes only from the CPU, so each merged layer then holds beside it the merged weight, "
+    "in full precision without relora_cpu_offload, a second int8 copy with it: memory the step as built "
+    "does not hold")
 RELORA_MERGE = (
     "ReLoRA's merge every jagged_restart_steps steps: between two steps it adds each "
-    "adapter's B @ A * scaling to its base weight (monkeypatch/relora.py merge_and_save: temporaries the "
-    "size of the base weight; an 8-bit base's merged weight, made on the CPU with relora_cpu_offload, "
-    "quantized again through a float16 copy on the GPU, bitsandbytes Int8Params._quantize) beside what "
-    "the model and the optimizer's state hold, a peak autotune does not trace")
+    "adapter's B @ A * scaling to its base weight in place (monkeypatch/relora.py merge_and_save, PEFT's "
+    "get_delta_weight: temporaries the size of the base weight) and prunes the adapters' optimizer state "
+    "(reset_optimizer), beside what the model and the optimizer's state hold: a peak autotune does not "
+    "trace")
 
 
 def read_callbacks(cfg: Config, method: str | None) -> None:
@@ -88,6 +91,7 @@ def _relora(cfg: Config, method: str | None) -> None:
                            "ReLoRA restart semantics\")")
     if method == "qlora":
         raise InvalidInput(f"relora: true with a 4-bit base (adapter: qlora) in {cfg.file!r}: {RELORA_4BIT}")
-    if method == "lora_8bit" and not cfg.flag("relora_cpu_offload"):
+    cfg.flag("relora_cpu_offload")
+    if method == "lora_8bit":
         raise cfg.unmodelled("relora", True, RELORA_8BIT)
     raise cfg.unmodelled("relora", True, RELORA_MERGE)

@@ -42,7 +42,7 @@ def test_relora_on_a_4bit_base_is_refused_as_the_run_that_fails(tmp_path):
 
 @pytest.mark.parametrize(("data", "why"), [
     ({**LORA_8BIT, **RELORA}, RELORA_8BIT),
-    ({**LORA_8BIT, **RELORA, "relora_cpu_offload": True}, RELORA_MERGE),
+    ({**LORA_8BIT, **RELORA, "relora_cpu_offload": True}, RELORA_8BIT),
     ({**LORA, **RELORA}, RELORA_MERGE),
 ])
 def test_relora_merge_is_refused_by_name(tmp_path, data, why):
