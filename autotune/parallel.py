@@ -179,7 +179,7 @@ def tune_table_parallel(
     first = tables[modes[0].name]
     first.modes = [mode.name for mode in modes]
     first.cells = [cell for mode in modes for cell in tables[mode.name].cells]
-    first.warnings = step_warnings(workload, modes, gpu)
+    first.warnings = step_warnings(workload, modes, gpu, seq_lens)
     first.elapsed_s = round(time.perf_counter() - started, 3)
     return first
 

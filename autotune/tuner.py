@@ -286,7 +286,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         gpu_memory_bytes=gpu.total_memory_bytes, context_overhead_bytes=gpu.context_overhead_bytes,
         budget_bytes=budget, margin=margin, search=method, max_batch=max_batch,
         seq_lens=seq_lens, modes=[m.name for m in modes], environment=backend.describe(),
-        warnings=step_warnings(workload, modes, gpu),
+        warnings=step_warnings(workload, modes, gpu, seq_lens),
         outside_allocator_bytes=paged_state_bytes(workload),
         adapter=adapter_json(workload),
         parallel=parallel_json(workload, gpu),

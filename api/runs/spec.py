@@ -99,6 +99,7 @@ from autotune.workload.models import (
     model_from_json,
     preset_name,
     resolve_dtype,
+    seq_len_warnings,
     task_for,
 )
 from autotune.workload.modes import ALLOWED_MODE_NAMES, parse_modes
@@ -262,8 +263,15 @@ def run_trainer(spec: TableSpec) -> dict[str, Any] | None:
 
 
 def run_warnings(spec: TableSpec) -> list[str]:
-    """What the target card does not support of the spec's steps (workload.support)."""
-    return dtype_warnings(spec.weights_dtype, parse_modes(spec.modes), spec.target_gpu())
+    """What the target card does not support of the spec's steps (workload.support), and a sequence
+    past the positions a RoPE model was trained for (models.seq_len_warnings)."""
+    warnings = dtype_warnings(spec.weights_dtype, parse_modes(spec.modes), spec.target_gpu())
+    longest = max(spec.seq_lens, default=0)
+    if longest > spec.max_seq_len:  # the config is rebuilt only then
+        model = model_from_json(spec.model, spec.model_source, spec.model_type, spec.model_config,
+                                spec.max_seq_len)
+        warnings += seq_len_warnings(model, longest)
+    return warnings
 
 
 EnvironmentFn = Callable[[str, str | None], dict[str, Any]]  # Runner.environment(backend, gpu)

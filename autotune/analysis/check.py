@@ -164,7 +164,7 @@ def check_step(
         "gpu_memory_bytes": gpu.total_memory_bytes, "task": workload.task,
         "weights_dtype": workload.weights_dtype, "optimizer": workload.optimizer,
         "attn": backend.attn_used(workload), "loss": workload.loss,
-        "warnings": step_warnings(workload, [mode], gpu),
+        "warnings": step_warnings(workload, [mode], gpu, [seq_len]),
         "outside_allocator_bytes": paged_state_bytes(workload),
         "adapter": adapter_json(workload),
         "attention_kernel": at_request.details.get("attention"),
@@ -347,7 +347,7 @@ def check_from_cells(
         gpu_name=gpu.name, gpu_memory_bytes=gpu.total_memory_bytes, task=workload.task,
         weights_dtype=workload.weights_dtype, optimizer=workload.optimizer,
         attn=attn or workload.attn or "default", loss=workload.loss,
-        warnings=step_warnings(workload, [mode], gpu),
+        warnings=step_warnings(workload, [mode], gpu, [seq_len]),
         levers=[{"lever": lever.name, "label": lever.label, "max_batch_size": lever.max_batch_size}
                 for lever in levers],
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.axolotl_callbacks import read_callbacks
 from autotune.configs.axolotl_loading import REINIT, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
@@ -28,7 +29,6 @@ from autotune.configs.reading import (
     PACKED_NOTE,
     PARALLEL,
     QUANT,
-    RELORA,
     Config,
     TrainingConfig,
     checkpoint_kwargs,
@@ -89,11 +89,10 @@ _AXOLOTL_REFUSED = {
     "max_memory": OFFLOAD,
     "process_reward_model": "not modelled",
     "xformers_attention": KERNEL, "sage_attention": KERNEL,
-    "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL, "flash_attn_fuse_mlp": KERNEL,
+    "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL,
     "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
-    "relora": RELORA,
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
     "llmcompressor": QUANT,
@@ -151,7 +150,9 @@ _AXOLOTL_NO_EFFECT = words(
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
                      "logging_", "lr_", "warmup_", "dataset_", "loss_watchdog", "lora_", "peft_", "loraplus_",
                      "relora_", "dataloader_", "chat_template", "tokenizer_", "is_", "early_stopping",
-                     "profiler_", "otel_")
+                     "profiler_", "otel_",
+                     # the learning-rate schedule's restarts (utils/schedulers.py JaggedLRRestartScheduler)
+                     "jagged_restart_")
 
 
 # Axolotl's adapter settings that change the step in ways autotune does not model (schemas/peft.py;
@@ -1193,6 +1194,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     liger = _axolotl_liger(cfg)
     multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
+    read_callbacks(cfg, method)  # relora, LISA's keys, flash_attn_fuse_mlp (axolotl_callbacks.py)
     attn = _axolotl_attention(cfg)
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)

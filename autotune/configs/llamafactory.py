@@ -189,9 +189,10 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                          "model: autotune checks one of them")
     rope = cfg.get("rope_scaling")
     if rope is not None:
-        cfg.notes.append(f"rope_scaling: {rope}: positions rescaled for a cutoff_len beyond the model's "
-                         "(model_utils/rope.py configure_rope): no tensor changes size; autotune still "
-                         "checks the sequence against the model's max_position_embeddings")
+        cfg.notes.append(f"rope_scaling: {rope}: rotary frequencies rescaled for a cutoff_len beyond the "
+                         "model's positions (model_utils/rope.py configure_rope: rope type, factor and "
+                         "max_position_embeddings): no tensor changes size, autotune traces the model's own "
+                         "rotary embedding (a RoPE model runs past its positions: workload/positions.py)")
     note_neftune(cfg, "neftune_noise_alpha")
     fp8 = _lf_fp8(cfg, bits, mode)
     return cfg.result(

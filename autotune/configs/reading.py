@@ -39,8 +39,6 @@ PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU 
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")
 DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
-RELORA = ("ReLoRA merges the adapters into the base weights and restarts them every few steps, which "
-          "autotune does not model")
 COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
 OFFLOAD = "activations or weights offloaded to the CPU are not modelled"
 KERNEL = "a swapped-in kernel autotune does not model"

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from autotune.defaults import DEFAULT_SEQ_LENS, DEFAULT_TASK
 from autotune.errors import InvalidInput, SequenceTooLong, UnknownModel
 from autotune.spelling import close_matches, did_you_mean
+from autotune.workload.positions import past_positions_warning, runs_past_positions, text_config
 from autotune.workload.presets import PRESET_INDEX, PRESETS, TINY_CONFIGS, preset_name
 
 if TYPE_CHECKING:
@@ -334,8 +335,7 @@ def position_limit(config: PretrainedConfig, name: str = "this model") -> tuple[
     GPT-2 calls it n_positions; RoBERTa-family models lose padding_idx + 1 positions. A
     vision-language model's is its text model's (``get_text_config()``: text_config).
     """
-    if getattr(config, "vision_config", None) is not None and hasattr(config, "get_text_config"):
-        config = config.get_text_config()
+    config = text_config(config)
     attribute_map = getattr(config, "attribute_map", {}) or {}
     attribute = attribute_map.get("max_position_embeddings", "max_position_embeddings")
     value = getattr(config, attribute, None)
@@ -369,20 +369,34 @@ def parse_seq_lens(value: str | Sequence[int]) -> list[int]:
 
 
 def check_seq_len(spec: ModelSpec, seq_len: int) -> None:
-    """Raise SequenceTooLong if `seq_len` exceeds the model's positions, InvalidInput if < 1."""
+    """Raise SequenceTooLong if `seq_len` exceeds the positions of a model with a position table,
+    InvalidInput if < 1. A RoPE model runs past its positions (workload/positions.py): allowed, and
+    ``seq_len_warnings`` says so."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise InvalidInput(f"sequence length must be an integer >= 1, got {seq_len!r}")
-    if seq_len <= spec.max_seq_len:
+    if seq_len <= spec.max_seq_len or runs_past_positions(spec.config):
         return
-    attribute, value, usable = position_limit(spec.config, spec.name)
-    if usable == value:
-        limit = f"{attribute}={value}"
-    else:
-        limit = f"the {usable} usable positions ({attribute}={value})"
     raise SequenceTooLong(
-        f"sequence length {seq_len} exceeds {limit} of {spec.name}",
+        f"sequence length {seq_len} exceeds {_limit_text(spec)} of {spec.name}",
         limit=spec.max_seq_len,
     )
+
+
+def seq_len_warnings(spec: ModelSpec, seq_len: int) -> list[str]:
+    """What an answer says of ``seq_len`` on this model: that it is past the positions a RoPE model
+    was trained for (check_seq_len lets it through), else nothing."""
+    if seq_len <= spec.max_seq_len:
+        return []
+    return [past_positions_warning(spec.name, _limit_text(spec), seq_len)]
+
+
+def _limit_text(spec: ModelSpec) -> str:
+    """The model's positions in words: "max_position_embeddings=512", "the 512 usable positions
+    (max_position_embeddings=514)"."""
+    attribute, value, usable = position_limit(spec.config, spec.name)
+    if usable == value:
+        return f"{attribute}={value}"
+    return f"the {usable} usable positions ({attribute}={value})"
 
 
 # The head of a ``*For<Head>`` architecture name, as transformers' Auto classes name them.

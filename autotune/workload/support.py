@@ -18,7 +18,8 @@ that would crash):
   for a model with attention sinks (gpt-oss) a Hopper card and bfloat16 ("S aux is currently only
   supported for Hopper GPUs", "We only support bf16 dtype for S aux").
 
-A step that runs but not as the user may think gets a warning: bfloat16 (autocast or weights) on
+A step that runs but not as the user may think gets a warning: a sequence past the positions a
+RoPE model was trained for (workload/positions.py); bfloat16 (autocast or weights) on
 a card without native bfloat16 (compute capability below 8.0: P100, V100, T4, TITAN-X), where the
 Hugging Face Trainer refuses ``bf16=True`` ("Your setup doesn't support bf16/gpu",
 training_args.py) and PyTorch runs bfloat16 matmuls without tensor cores, if at all.
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from autotune.errors import JobFails
 from autotune.gpus import GpuSpec
 from autotune.workload import Workload
+from autotune.workload.models import seq_len_warnings
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import outside_allocator_bytes
 from autotune.workload.step import FLASH_ATTENTION_2, VLLM_FLASH_ATTN3, build_model
@@ -122,9 +124,12 @@ def check_supported(workload: Workload, mode: Mode, gpu: GpuSpec) -> None:
         raise JobFails(reason)
 
 
-def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:
-    """What the output should say about these steps on ``gpu`` (bfloat16 without support)."""
-    return dtype_warnings(workload.weights_dtype, modes, gpu)
+def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec,
+                  seq_lens: Iterable[int] = ()) -> list[str]:
+    """What the output should say about these steps on ``gpu`` (bfloat16 without support) and of
+    ``seq_lens`` (the longest past a RoPE model's positions, models.seq_len_warnings)."""
+    longest = max(seq_lens, default=0)
+    return [*dtype_warnings(workload.weights_dtype, modes, gpu), *seq_len_warnings(workload.model, longest)]
 
 
 def dtype_warnings(weights_dtype: str, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:

@@ -206,6 +206,20 @@ def test_health_reports_the_backend_lanes_and_versions(make_client):
 
 
 
+def test_a_table_past_a_rope_model_s_positions_warns_of_it(make_client):
+    client = make_client()
+    body = {"model": "tiny-llama", "seq_lens": [64, 256], "modes": ["fp32"], "max_batch": 8,
+            "backend": "estimate"}
+    accepted = client.post("/v1/tables", json=body)
+    assert accepted.status_code == 202, accepted.json()
+    table = client.get(accepted.json()["url"]).json()
+    assert table["warnings"] == [
+        "sequence length 256 is past max_position_embeddings=128 of tiny-llama, the length it was trained "
+        "for: its rotary positions are computed for any position, so the step runs and its memory is as "
+        "traced; the model's quality that far is untested"]
+    client.delete(accepted.json()["url"])  # the table itself is not needed
+
+
 def test_a_table_says_the_step_it_modelled_and_warns_of_bf16_on_a_t4(make_client):
     client = make_client()
     body = {"model": "tiny-llama", "seq_lens": [64], "modes": ["bf16"], "gpu": "T4", "dtype": "bfloat16",

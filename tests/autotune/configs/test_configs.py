@@ -190,7 +190,7 @@ def test_the_examples_are_read():
 
 REFUSED = [
     # (format base, key, value)
-    (AXOLOTL, "adapter", "llama-adapter"), (AXOLOTL, "relora", True),
+    (AXOLOTL, "adapter", "llama-adapter"),  # relora: test_axolotl_callbacks.py
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
     (AXOLOTL, "torch_compile", True),  # fsdp_config.offload_params is read (test_sharding.py)
     (AXOLOTL, "activation_offloading", "legacy"),
