@@ -307,6 +307,23 @@ def test_liger_kernels_are_read(tmp_path, key):
         read(tmp_path, {**QWEN3_LORA_SFT, "use_liger_kernel": True, "liger_kernel_config": {"rope": False}})
 
 
+@pytest.mark.parametrize(("key", "loss"), [("use_dft_loss", "dft"), ("use_eaft_loss", "eaft")])
+def test_llamafactorys_dft_and_eaft_losses_are_read(tmp_path, key, loss):
+    # examples/extras/dft/qwen2_full_sft.yaml, examples/extras/eaft/qwen25_05b_eaft_full.yaml: sft/trainer.py
+    # sets compute_loss_func (trainer_utils.py dft_loss_func, eaft_loss_func)
+    plan = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True})
+    assert plan.loss == loss
+    assert any(n.startswith(f"{key}: LLaMA-Factory's {loss.upper()} loss") for n in plan.notes)
+    # both set: sft/trainer.py's if use_dft_loss ... elif use_eaft_loss
+    both = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "use_dft_loss": True, "use_eaft_loss": True})
+    assert both.loss == "dft"
+    # another stage's trainer never reads them
+    pt = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "stage": "pt", key: True})
+    assert pt.loss == "full" and f"{key}: read by stage sft's trainer only, no effect at stage pt" in pt.notes
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: True .* with enable_liger_kernel"):
+        read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True, "enable_liger_kernel": True})
+
+
 def test_a_saved_adapter_trains_on(tmp_path):
     from peft import LoraConfig
 
@@ -376,7 +393,7 @@ REFUSED = [
     ({"neat_packing": True}, "neat_packing", "block-diagonal attention mask"),
     ({"use_galore": True}, "use_galore", "optimizer"),
     ({"use_badam": True}, "use_badam", "optimizer"),
-    ({"use_dft_loss": True}, "use_dft_loss", "full float32 logits"),
+    ({"use_asft_loss": True}, "use_asft_loss", "a reference model in a supervised step"),
     ({"mixture_of_depths": "convert"}, "mixture_of_depths", "mixture-of-depths"),
     ({"shift_attn": True}, "shift_attn", "S\\^2-Attn"),
     ({"fp8": True, "fp8_backend": "te"}, "fp8_backend", "Transformer Engine"),
