@@ -30,6 +30,8 @@ from typing import Any
 
 import torch  # imported by optimizers.make_optimizer only, when an optimizer is built
 
+from autotune.errors import InvalidInput
+
 LF_MUON, ADAM_MINI = "llamafactory_muon", "adam_mini"
 LF_OPTIMIZERS = (LF_MUON, ADAM_MINI)
 LEARNING_RATE = 1e-5  # memory does not depend on it (LLaMA-Factory's examples' learning_rate)
@@ -60,6 +62,14 @@ def make_lf_optimizer(model: torch.nn.Module, name: str) -> Any:
         return AdamMini(named, dim=config.hidden_size, n_heads=config.num_attention_heads,
                         n_kv_heads=getattr(config, "num_key_value_heads", None))
     raise ValueError(f"not one of LLaMA-Factory's optimizers {LF_OPTIMIZERS}: {name!r}")
+
+
+def _per_row(name: str) -> bool:
+    """Adam_mini.step's third branch, after the bias and the query/key ones: a block per output row."""
+    if any(n in name for n in (*ADAM_BLOCK_NAMES, *WQK_NAMES)):
+        return False
+    return any(n in name for names in (EMBD_NAMES, OUTPUT_NAMES, WV_NAMES, MLP_NAMES, ATTN_PROJ_NAMES)
+               for n in names)
 
 
 def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int) -> torch.Tensor:
@@ -150,6 +160,11 @@ class AdamMini(torch.optim.Optimizer):
         groups = []
         for name, param in named_parameters:
             name = name.lower()
+            if param.ndim == 1 and _per_row(name):
+                # state["m"][0:rows, 0:1] in the step: IndexError on a vector (BERT's embeddings.LayerNorm)
+                raise InvalidInput(f"Adam-mini 1.1.1 fails on {name} of shape {list(param.shape)}: a vector "
+                                   "whose name puts it in a per-row block (adam_mini.py Adam_mini.step "
+                                   "indexes its first moment [0:rows, 0:1]: IndexError), as the job would")
             decay = 0.0 if "norm" in name or "ln" in name or "bias" in name else weight_decay
             groups.append({"name": name, "params": param, "weight_decay": decay})
         super().__init__(groups, dict(lr=lr, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1], eps=ADAM_EPS))
@@ -163,8 +178,7 @@ class AdamMini(torch.optim.Optimizer):
                         self._adam(group, p)
                     elif any(n in name for n in WQK_NAMES):
                         self._blocks(group, p, self.head_numel)
-                    elif any(n in name for names in (EMBD_NAMES, OUTPUT_NAMES, WV_NAMES, MLP_NAMES,
-                                                     ATTN_PROJ_NAMES) for n in names):
+                    elif _per_row(name):
                         self._blocks(group, p, None)
                     else:
                         self._scalar(group, p)

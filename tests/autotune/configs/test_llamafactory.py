@@ -21,6 +21,7 @@ from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import describe_optimizer
 from autotune.workload.prequantized import SavedQuant
 
 # examples/train_lora/qwen3_lora_sft.yaml
@@ -322,6 +323,30 @@ def test_llamafactorys_dft_and_eaft_losses_are_read(tmp_path, key, loss):
     assert pt.loss == "full" and f"{key}: read by stage sft's trainer only, no effect at stage pt" in pt.notes
     with pytest.raises(UnmodelledSetting, match=f"^{key}: True .* with enable_liger_kernel"):
         read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True, "enable_liger_kernel": True})
+
+
+@pytest.mark.parametrize(("key", "optimizer"), [("use_adam_mini", "adam_mini"),
+                                               ("use_muon", "llamafactory_muon")])
+def test_llamafactorys_adam_mini_and_muon_are_read(tmp_path, key, optimizer):
+    # examples/extras/adam_mini/qwen2_full_sft.yaml, examples/extras/muon/qwen2_full_sft.yaml:
+    # trainer_utils.py create_custom_optimizer builds them in place of the Trainer's optim
+    plan = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True, "optim": "adamw_torch"})
+    assert plan.optimizer == optimizer
+    assert f"{key}: {describe_optimizer(optimizer)}; optim adamw_torch not used" in plan.notes
+    # create_custom_optimizer's order: Adam-mini before Muon; LoRA+'s optimizer before both
+    both = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "use_adam_mini": True, "use_muon": True})
+    assert both.optimizer == "adam_mini"
+    lora_plus = read(tmp_path, {**QWEN3_LORA_SFT, key: True, "loraplus_lr_ratio": 16.0})
+    assert lora_plus.optimizer == "adamw_torch_fused"
+    assert f"{key}: no effect beside loraplus_lr_ratio (create_custom_optimizer builds LoRA+'s optimizer " \
+           "first)" in lora_plus.notes
+
+
+@pytest.mark.parametrize("key", ["use_galore", "use_apollo", "use_badam"])
+def test_galore_apollo_and_badam_are_refused_with_what_they_do(tmp_path, key):
+    why = "trains one block" if key == "use_badam" else "low rank .* post-accumulate-grad hook"
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: True .* is not modelled: .*{why}"):
+        read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True})
 
 
 def test_a_saved_adapter_trains_on(tmp_path):
