@@ -99,8 +99,10 @@ _LF_REFUSED = {
     "use_apollo": _GALORE.format(name="APOLLO", key="apollo"),
     "use_badam": "BAdam (train/trainer_utils.py _create_badam_optimizer; badam 1.4's block_optim.py "
                  "BlockOptimizer) trains one block (a decoder layer) at a time, the others frozen, with "
-                 "float32 copies of the active block's weights and gradients under the Trainer's optimizer: "
-                 "not modelled yet",
+                 "float32 copies of the active block's weights and gradients under the Trainer's optimizer; "
+                 "LLaMA-Factory then checkpoints only the layers with trainable parameters "
+                 "(model_utils/checkpointing.py get_custom_gradient_checkpointing_func), the frozen ones "
+                 "after the active block saving their activations whole: not modelled yet",
     "use_asft_loss": "ASFT's step runs a reference model (ref_model, a second copy of the model) forward "
                      "under no_grad on every batch and takes a KL term over its float32 logits beside DFT's "
                      "loss (train/sft/trainer.py compute_loss, trainer_utils.py asft_loss_func): a reference "
