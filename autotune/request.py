@@ -74,7 +74,7 @@ from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
 from autotune.workload.modes import ALLOWED_MODE_NAMES
-from autotune.workload.optimizers import OPTIMIZER_NAMES
+from autotune.workload.optimizers import LF_OPTIMIZERS, OPTIMIZER_NAMES
 from autotune.workload.parallel import (
     DDP,
     FSDP,
@@ -379,7 +379,9 @@ class Step:
     attn: str | None = option(None, "attention implementation (default: what transformers picks on "
                               "CUDA)", choices=ATTN_CHOICES)
     loss: str = option(DEFAULT_LOSS, "full: the model's loss over full logits; chunked: a fused linear "
-                       "cross-entropy that never holds them (Liger's; causal-lm)", choices=LOSSES)
+                       "cross-entropy that never holds them (Liger's; causal-lm); dft, eaft: LLaMA-Factory's "
+                       "per-token weighted losses over the float32 logits (use_dft_loss, use_eaft_loss)",
+                       choices=LOSSES)
     ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "
@@ -888,6 +890,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  tensor_parallel=step.tensor_parallel)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
                       None if adapter is None else adapter.recipe)
+        if parallel is not None and optimizer in LF_OPTIMIZERS:
+            raise _about("optimizer", UnmodelledSetting.naming(
+                f"{{optimizer}} {optimizer} (LLaMA-Factory's, workload/lf_optimizers.py) over more than one "
+                "GPU is not modelled yet: its per-parameter blocks over sharded or replicated parameters are "
+                "unverified; give {gpus} 1"))
     if parallel is not None and parallel.wrap_classes:
         with found.about("fsdp_wrap"):  # named classes of the model's, () where they are its default
             parallel = replace(parallel, wrap_classes=resolve_wrap(spec, task, parallel.wrap_classes))

@@ -1170,6 +1170,13 @@ def _axolotl_mesh(cfg: Config) -> None:
                      "ParallelismConfig)" + (", the GPUs their product" if sizes["dp_shard_size"] else ""))
 
 
+# core/builders/base.py: optimizer muon builds axolotl.contribs.mit.muon's MuonOptimizerFactory, or
+# DistMuonOptimizerFactory under a device mesh (FSDP2's), from the axolotl-contribs-mit package.
+_AXOLOTL_MUON = ("Axolotl's Muon (core/builders/base.py: axolotl.contribs.mit.muon MuonOptimizerFactory, "
+                 "DistMuonOptimizerFactory over FSDP2's device mesh) comes from the axolotl-contribs-mit "
+                 "package, which autotune does not model; LLaMA-Factory's Muon (use_muon) is modelled")
+
+
 def read_axolotl(cfg: Config) -> TrainingConfig:
     unfrozen = _axolotl_unfrozen(cfg, adapter=not unset(cfg.data.get("adapter")))
     overrides = _axolotl_config_overrides(cfg)
@@ -1221,6 +1228,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     total = cfg.positive("batch_size", "global batch size")
     if accumulation is None and total is not None and batch is not None:
         accumulation = max(total // batch, 1)  # normalize_config: batch_size // micro_batch_size
+    if cfg.get("optimizer") == "muon":
+        raise cfg.unmodelled("optimizer", "muon", _AXOLOTL_MUON)
     optimizer = read_optimizer(cfg, "optimizer")
     if optimizer is None:
         optimizer = "adamw_torch_fused"  # schemas/training.py: optimizer's default

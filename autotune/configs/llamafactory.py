@@ -40,8 +40,11 @@ from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read
 from autotune.errors import InvalidInput
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
 from autotune.workload.fp8 import Fp8, to_json
+from autotune.workload.lf_losses import DESCRIPTIONS as LF_LOSS_DESCRIPTIONS
+from autotune.workload.lf_losses import DFT, EAFT, EAFT_ALPHA
 from autotune.workload.liger import DEFAULT_KERNELS, FUSED_LINEAR
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import describe_optimizer
 
 # Keys only LLaMA-Factory has (Axolotl, TrainingArguments and TRL have none of them).
 LLAMAFACTORY_MARKERS = words(
@@ -63,7 +66,10 @@ _MEGATRON_KEYS = tuple((
 _MEGATRON = ("a Megatron-Core run (USE_MCA or USE_MEGATRON_BRIDGE: train/mca, train/megatron_bridge) is not "
              "modelled: autotune models the Hugging Face Trainer's step on one GPU")
 _CPU = "training on the CPU: autotune models a GPU"
-_OPTIMIZER = "LLaMA-Factory's optimizer (train/trainer_utils.py create_custom_optimizer) is not modelled"
+_GALORE = ("{name} (train/trainer_utils.py _create_{key}_optimizer) projects each target's gradient to a "
+           "low rank (projection matrices refreshed by an SVD every {key}_update_interval steps) and, with "
+           "{key}_layerwise, steps each parameter in its post-accumulate-grad hook as its gradient is made: "
+           "neither is modelled")
 _VOCAB = ("a resized vocabulary (model_utils/embedding.py resize_embedding_layer; under LoRA the embeddings "
           "trained whole) is not modelled: autotune models the checkpoint's vocabulary")
 _LF_REFUSED = {
@@ -89,13 +95,18 @@ _LF_REFUSED = {
     "resize_vocab": _VOCAB, "add_tokens": _VOCAB, "add_special_tokens": _VOCAB,
     "new_special_tokens_config": _VOCAB,
     # finetuning_args.py, training_args.py
-    "use_galore": _OPTIMIZER, "use_apollo": _OPTIMIZER, "use_badam": _OPTIMIZER, "use_adam_mini": _OPTIMIZER,
-    "use_muon": _OPTIMIZER,
-    "use_dft_loss": "a per-token loss over the full float32 logits (train/trainer_utils.py dft_loss_func) "
-                    "is not modelled",
-    "use_eaft_loss": "a per-token loss over the full float32 logits (train/trainer_utils.py eaft_loss_func) "
-                     "is not modelled",
-    "use_asft_loss": "ASFT runs a reference model beside the trained one, which autotune does not model",
+    "use_galore": _GALORE.format(name="GaLore", key="galore"),
+    "use_apollo": _GALORE.format(name="APOLLO", key="apollo"),
+    "use_badam": "BAdam (train/trainer_utils.py _create_badam_optimizer; badam 1.4's block_optim.py "
+                 "BlockOptimizer) trains one block (a decoder layer) at a time, the others frozen, with "
+                 "float32 copies of the active block's weights and gradients under the Trainer's optimizer; "
+                 "LLaMA-Factory then checkpoints only the layers with trainable parameters "
+                 "(model_utils/checkpointing.py get_custom_gradient_checkpointing_func), the frozen ones "
+                 "after the active block saving their activations whole: not modelled yet",
+    "use_asft_loss": "ASFT's step runs a reference model (ref_model, a second copy of the model) forward "
+                     "under no_grad on every batch and takes a KL term over its float32 logits beside DFT's "
+                     "loss (train/sft/trainer.py compute_loss, trainer_utils.py asft_loss_func): a reference "
+                     "model in a supervised step is not modelled",
     "use_llama_pro": "LLaMA Pro's expanded blocks, some trained, are not modelled",
     "use_dora": DORA,
     "use_mca": PARALLEL, "use_megatron_bridge": PARALLEL, "use_hyper_parallel": SHARDING,
@@ -174,7 +185,7 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                              "models the preference step of a text model")
     trainer = read_lf_preference(cfg, stage, full) if stage in PREFERENCE_STAGES else {}
     liger = _lf_liger(cfg)
-    optimizer = read_optimizer(cfg, "optim")
+    optimizer = _lf_optimizer(cfg, full) or read_optimizer(cfg, "optim")
     if optimizer is None and cfg.flag("adafactor"):  # transformers 4.x's flag for optim adafactor
         optimizer = "adafactor"
     if optimizer is None:
@@ -199,7 +210,7 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode, fp8=fp8,
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
         dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
-        loss="chunked" if liger else None, **multimodal, **trainer,
+        loss=_lf_loss(cfg, stage, liger), **multimodal, **trainer,
         ignored=cfg.ignored(_LF_NO_EFFECT | TRAINER_FIELDS | LEGACY_TRAINER_FIELDS,
                             _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
                             modelled=_LF_SOMETIMES_READ),
@@ -269,6 +280,49 @@ def _lf_liger(cfg: Config) -> tuple[str, ...] | None:
                      "source; those the model type's patch does not take are left out, as Liger leaves "
                      "them out")
     return DEFAULT_KERNELS
+
+
+def _lf_optimizer(cfg: Config, full: bool) -> str | None:
+    """use_adam_mini, use_muon: train/trainer_utils.py create_custom_optimizer builds Adam-mini or Muon in
+    place of the Trainer's optim (workload/lf_optimizers.py), after LoRA+'s (loraplus_lr_ratio, a LoRA
+    run's: the Trainer's optim over its parameter groups) and in that order."""
+    on = [key for key in ("use_adam_mini", "use_muon") if cfg.flag(key)]
+    if not on:
+        return None
+    if not full and not unset(cfg.get("loraplus_lr_ratio")):
+        cfg.notes.append(f"{on[0]}: no effect beside loraplus_lr_ratio (create_custom_optimizer builds "
+                         "LoRA+'s optimizer first)")
+        return None
+    name = "adam_mini" if on[0] == "use_adam_mini" else "llamafactory_muon"  # optimizers.LF_OPTIMIZERS
+    optim = cfg.get("optim")
+    ignored = f"; optim {optim} not used" if not unset(optim) else ""
+    cfg.notes.append(f"{on[0]}: {describe_optimizer(name)}{ignored}")
+    return name
+
+
+def _lf_loss(cfg: Config, stage: str, liger: tuple[str, ...] | None) -> str | None:
+    """use_dft_loss, use_eaft_loss: train/sft/trainer.py CustomSeq2SeqTrainer sets compute_loss_func to
+    trainer_utils.py dft_loss_func, else eaft_loss_func (the losses dft and eaft: workload/lf_losses.py);
+    stage sft only (the other stages' trainers never read them). enable_liger_kernel's fused linear
+    cross-entropy is the loss chunked."""
+    on = [key for key in ("use_dft_loss", "use_eaft_loss") if cfg.flag(key)]
+    if not on:
+        return "chunked" if liger else None
+    if stage != "sft":
+        cfg.notes.append(f"{on[0]}: read by stage sft's trainer only, no effect at stage {stage}")
+        return "chunked" if liger else None
+    if liger:
+        # Liger's patched forward computes its fused loss only with labels, which compute_loss_func's
+        # Trainer.compute_loss pops: the logits come back whole, and the patch's other kernels stay.
+        raise cfg.unmodelled(on[0], True, "with enable_liger_kernel (Liger's forward then returns the "
+                             "full logits to LLaMA-Factory's loss) is not modelled: autotune models the "
+                             "loss without Liger's kernels")
+    loss = DFT if on[0] == "use_dft_loss" else EAFT  # sft/trainer.py: if use_dft_loss ... elif use_eaft_loss
+    alpha = cfg.get("eaft_alpha")
+    what = "" if loss == DFT else f", eaft_alpha {EAFT_ALPHA if alpha is None else alpha} (a scalar power)"
+    cfg.notes.append(f"{on[0]}: {LF_LOSS_DESCRIPTIONS[loss]}{what}; emulated where fake tensors cannot run "
+                     "it (the boolean mask of labelled tokens: nonzero_static of their count)")
+    return loss
 
 
 def _lf_stage(cfg: Config) -> str:

@@ -20,7 +20,7 @@ from autotune.spelling import close_matches, did_you_mean
 from autotune.workload.adapters import Adapter
 from autotune.workload.models import DTYPES
 from autotune.workload.modes import Mode
-from autotune.workload.optimizers import OPTIMIZER_NAMES
+from autotune.workload.optimizers import LF_OPTIMIZERS, OPTIMIZER_NAMES
 from autotune.workload.step import ATTN_CHOICES
 
 # The same flash-attn 2 kernel, fetched from the Hub by transformers' kernels integration.
@@ -239,9 +239,12 @@ def words(text: str) -> frozenset[str]:
 
 
 def read_optimizer(cfg: Config, key: str) -> str | None:
+    """A Trainer optim name; LLaMA-Factory's own optimizers (optimizers.LF_OPTIMIZERS) are its use_* keys'
+    (configs/llamafactory.py), no tool's optim name."""
     name = cfg.text(key)
-    if name is not None and name.lower() not in OPTIMIZER_NAMES:
-        raise cfg.unmodelled(key, name, f"autotune models the optimizers {', '.join(OPTIMIZER_NAMES)}")
+    names = [n for n in OPTIMIZER_NAMES if n not in LF_OPTIMIZERS]
+    if name is not None and name.lower() not in names:
+        raise cfg.unmodelled(key, name, f"autotune models the optimizers {', '.join(names)}")
     return None if name is None else name.lower()
 
 

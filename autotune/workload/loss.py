@@ -37,7 +37,8 @@ from autotune.workload.chunks import LigerChunks, record
 if TYPE_CHECKING:
     import torch
 
-LOSSES = ("full", "chunked")
+# "dft", "eaft": LLaMA-Factory's per-token weighted losses over the full float32 logits (lf_losses.py).
+LOSSES = ("full", "chunked", "dft", "eaft")
 # Tasks with a per-token LM head whose input is the base model's output (a vision-language model's
 # base model takes the images too and returns the text's last hidden states, as its forward uses them).
 CHUNKED_TASKS = ("causal-lm", "image-text-to-text")
@@ -51,8 +52,8 @@ def check_loss(loss: str, task: str) -> str:
     """``loss`` if it is one of LOSSES and applies to ``task``; InvalidInput naming what is allowed."""
     if loss not in LOSSES:
         raise InvalidInput(f"unknown loss {loss!r}: allowed are {', '.join(LOSSES)}")
-    if loss == "chunked" and task not in CHUNKED_TASKS:
-        raise InvalidInput(f"loss 'chunked' needs a per-token language-model head: task "
+    if loss != "full" and task not in CHUNKED_TASKS:
+        raise InvalidInput(f"loss {loss!r} needs a per-token language-model head: task "
                            f"{' or '.join(CHUNKED_TASKS)}, not {task!r}")
     return loss
 

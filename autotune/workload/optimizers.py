@@ -14,6 +14,8 @@ parameters in one group, with the Trainer's default learning rate (memory does n
     sgd                torch.optim.SGD (no momentum: no state)
     adamw_torch_8bit   torchao AdamW8bit(block_size=256)    trainer_optimizer._get_torchao_optimizer
     adamw_torch_4bit   torchao AdamW4bit(block_size=256)    (the Trainer's block size, not AdamW4bit's 128)
+    llamafactory_muon  LLaMA-Factory's Muon (use_muon)       lf_optimizers.py, copied and traced
+    adam_mini          Adam-mini as LLaMA-Factory builds it  lf_optimizers.py, copied and traced
 
 ``make_optimizer`` takes the backend's parts (parts.StepParts). The estimator's parameters are
 fake tensors on the CPU that stand for CUDA tensors, so PyTorch's and transformers' own classes
@@ -50,11 +52,14 @@ if TYPE_CHECKING:
 OutsideAllocator = Callable[[], AbstractContextManager[Any]]
 
 Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
-                    "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit", "adamw_torch_4bit"]
-# Canonical names, the default (defaults.DEFAULT_OPTIMIZER) first.
+                    "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit", "adamw_torch_4bit",
+                    "llamafactory_muon", "adam_mini"]
+# Canonical names, the default (defaults.DEFAULT_OPTIMIZER) first. The last two are LLaMA-Factory's own
+# (use_muon, use_adam_mini: lf_optimizers.py), not Trainer optim names.
 OPTIMIZERS: tuple[Optimizer, ...] = ("adamw_torch_fused", "adamw_torch", "adafactor", "adamw_bnb_8bit",
                                      "paged_adamw_8bit", "paged_adamw_32bit", "sgd", "adamw_torch_8bit",
-                                     "adamw_torch_4bit")
+                                     "adamw_torch_4bit", "llamafactory_muon", "adam_mini")
+LF_OPTIMIZERS: tuple[Optimizer, ...] = ("llamafactory_muon", "adam_mini")  # lf_optimizers.LF_OPTIMIZERS
 # Other accepted names: "adamw" is this tool's name before Trainer names, "adamw_8bit" the
 # Trainer's own alias (training_args.py, OptimizerNames.ADAMW_8BIT).
 ALIASES: dict[str, Optimizer] = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit"}
@@ -113,6 +118,12 @@ _DESCRIPTIONS: dict[str, str] = {
                         "for parameters from 4,096 elements, the others' in the weights' dtype",
     "adamw_torch_4bit": "torchao AdamW4bit as the Trainer sets it up (blocks of 256): 4-bit moments, two "
                         "a byte, for parameters from 4,096 elements, the others' in the weights' dtype",
+    "llamafactory_muon": "LLaMA-Factory's Muon (use_muon: third_party/muon/muon.py, copied and traced): a "
+                         "momentum buffer and a bfloat16 Newton-Schulz orthogonalization (5 steps) for the "
+                         "2-D weights but embeddings and lm_head, AdamW's two moments for the rest",
+    "adam_mini": "Adam-mini 1.1.1 as LLaMA-Factory builds it (use_adam_mini: adam_mini.py Adam_mini, its "
+                 "step copied and traced): a first moment like each weight, one second moment per head "
+                 "(q, k), per row (embeddings, head, v, o, MLP) or per tensor (norms), Adam's for biases",
 }
 EMULATED_BNB = "bitsandbytes' state sizes, emulated"
 EMULATED_TORCHAO = "torchao's state sizes, emulated"
@@ -122,6 +133,7 @@ _LABELS: dict[str, str] = {
     "adamw_bnb_8bit": "8-bit AdamW", "paged_adamw_8bit": "paged 8-bit AdamW",
     "paged_adamw_32bit": "paged AdamW", "sgd": "SGD",
     "adamw_torch_8bit": "torchao 8-bit AdamW", "adamw_torch_4bit": "torchao 4-bit AdamW",
+    "llamafactory_muon": "Muon", "adam_mini": "Adam-mini",
 }
 
 
@@ -179,6 +191,10 @@ def make_optimizer(model: torch.nn.Module, name: str, parts: StepParts) -> Any:
         return Adafactor(params, lr=ADAMW_LR, **ADAFACTOR_KWARGS)
     if canonical in _TORCHAO:
         return parts.torchao_optimizer(model, bits=_TORCHAO[canonical])
+    if canonical in LF_OPTIMIZERS:
+        from autotune.workload.lf_optimizers import make_lf_optimizer
+
+        return make_lf_optimizer(model, canonical)
     setup = _BNB[canonical]
     return parts.bnb_optimizer(model, optim_bits=setup.optim_bits, is_paged=setup.is_paged)
 

@@ -481,10 +481,14 @@ def run_steps(
 
 
 def step_loss(model: Any, batch: dict[str, torch.Tensor], loss: str) -> torch.Tensor:
-    """The step's loss of ``batch``: the model's own (``full``), or Liger's fused linear
-    cross-entropy (``chunked``, loss.chunked_lm_loss)."""
+    """The step's loss of ``batch``: the model's own (``full``), Liger's fused linear
+    cross-entropy (``chunked``, loss.chunked_lm_loss), or LLaMA-Factory's ``compute_loss_func``
+    (``dft``, ``eaft``: lf_losses.lf_loss)."""
+    from autotune.workload.lf_losses import LF_LOSSES, lf_loss
     from autotune.workload.loss import chunked_lm_loss
 
+    if loss in LF_LOSSES:
+        return lf_loss(model, batch, loss)
     return chunked_lm_loss(model, batch) if loss == "chunked" else model(**batch).loss
 
 

@@ -205,7 +205,9 @@ REFUSED = [
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
-    (AXOLOTL, "use_eaft", True),
+    (AXOLOTL, "use_eaft", True), (AXOLOTL, "optimizer", "muon"),
+    # LLaMA-Factory's own optimizers are its use_* keys', no tool's optim name (reading.py read_optimizer)
+    (AXOLOTL, "optimizer", "adam_mini"), (TRAINER, "optim", "llamafactory_muon"),
     (TRAINER, "torch_compile", True),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),

@@ -21,6 +21,7 @@ from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.request import CheckRequest, request_from
 from autotune.workload.adapters import Adapter
 from autotune.workload.modes import Mode
+from autotune.workload.optimizers import describe_optimizer
 from autotune.workload.prequantized import SavedQuant
 
 # examples/train_lora/qwen3_lora_sft.yaml
@@ -307,6 +308,47 @@ def test_liger_kernels_are_read(tmp_path, key):
         read(tmp_path, {**QWEN3_LORA_SFT, "use_liger_kernel": True, "liger_kernel_config": {"rope": False}})
 
 
+@pytest.mark.parametrize(("key", "loss"), [("use_dft_loss", "dft"), ("use_eaft_loss", "eaft")])
+def test_llamafactorys_dft_and_eaft_losses_are_read(tmp_path, key, loss):
+    # examples/extras/dft/qwen2_full_sft.yaml, examples/extras/eaft/qwen25_05b_eaft_full.yaml: sft/trainer.py
+    # sets compute_loss_func (trainer_utils.py dft_loss_func, eaft_loss_func)
+    plan = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True})
+    assert plan.loss == loss
+    assert any(n.startswith(f"{key}: LLaMA-Factory's {loss.upper()} loss") for n in plan.notes)
+    # both set: sft/trainer.py's if use_dft_loss ... elif use_eaft_loss
+    both = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "use_dft_loss": True, "use_eaft_loss": True})
+    assert both.loss == "dft"
+    # another stage's trainer never reads them
+    pt = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "stage": "pt", key: True})
+    assert pt.loss == "full" and f"{key}: read by stage sft's trainer only, no effect at stage pt" in pt.notes
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: True .* with enable_liger_kernel"):
+        read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True, "enable_liger_kernel": True})
+
+
+@pytest.mark.parametrize(("key", "optimizer"), [("use_adam_mini", "adam_mini"),
+                                               ("use_muon", "llamafactory_muon")])
+def test_llamafactorys_adam_mini_and_muon_are_read(tmp_path, key, optimizer):
+    # examples/extras/adam_mini/qwen2_full_sft.yaml, examples/extras/muon/qwen2_full_sft.yaml:
+    # trainer_utils.py create_custom_optimizer builds them in place of the Trainer's optim
+    plan = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True, "optim": "adamw_torch"})
+    assert plan.optimizer == optimizer
+    assert f"{key}: {describe_optimizer(optimizer)}; optim adamw_torch not used" in plan.notes
+    # create_custom_optimizer's order: Adam-mini before Muon; LoRA+'s optimizer before both
+    both = read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, "use_adam_mini": True, "use_muon": True})
+    assert both.optimizer == "adam_mini"
+    lora_plus = read(tmp_path, {**QWEN3_LORA_SFT, key: True, "loraplus_lr_ratio": 16.0})
+    assert lora_plus.optimizer == "adamw_torch_fused"
+    assert f"{key}: no effect beside loraplus_lr_ratio (create_custom_optimizer builds LoRA+'s optimizer " \
+           "first)" in lora_plus.notes
+
+
+@pytest.mark.parametrize("key", ["use_galore", "use_apollo", "use_badam"])
+def test_galore_apollo_and_badam_are_refused_with_what_they_do(tmp_path, key):
+    why = "trains one block" if key == "use_badam" else "low rank .* post-accumulate-grad hook"
+    with pytest.raises(UnmodelledSetting, match=f"^{key}: True .* is not modelled: .*{why}"):
+        read(tmp_path, {**QWEN3_FULL_SFT, "deepspeed": None, key: True})
+
+
 def test_a_saved_adapter_trains_on(tmp_path):
     from peft import LoraConfig
 
@@ -376,7 +418,7 @@ REFUSED = [
     ({"neat_packing": True}, "neat_packing", "block-diagonal attention mask"),
     ({"use_galore": True}, "use_galore", "optimizer"),
     ({"use_badam": True}, "use_badam", "optimizer"),
-    ({"use_dft_loss": True}, "use_dft_loss", "full float32 logits"),
+    ({"use_asft_loss": True}, "use_asft_loss", "a reference model in a supervised step"),
     ({"mixture_of_depths": "convert"}, "mixture_of_depths", "mixture-of-depths"),
     ({"shift_attn": True}, "shift_attn", "S\\^2-Attn"),
     ({"fp8": True, "fp8_backend": "te"}, "fp8_backend", "Transformer Engine"),

@@ -102,7 +102,7 @@ def test_the_instrumented_chunked_step_allocates_what_the_table_step_does():
 def test_check_loss_names_the_allowed_values():
     assert check_loss("full", "sequence-classification") == "full"
     assert check_loss("chunked", "causal-lm") == "chunked"
-    with pytest.raises(InvalidInput, match=r"^unknown loss 'fused': allowed are full, chunked$"):
+    with pytest.raises(InvalidInput, match=r"^unknown loss 'fused': allowed are full, chunked, dft, eaft$"):
         check_loss("fused", "causal-lm")
     with pytest.raises(InvalidInput, match=r"^loss 'chunked' needs a per-token language-model head: "
                                            r"task causal-lm or image-text-to-text, not 'masked-lm'$"):

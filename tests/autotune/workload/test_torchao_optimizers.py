@@ -110,7 +110,7 @@ def step_twice(name: str, dtype: torch.dtype = torch.float32) -> tuple[list[int]
 
 
 def test_the_trainer_s_torchao_names_are_accepted():
-    assert OPTIMIZERS[-2:] == ("adamw_torch_8bit", "adamw_torch_4bit")  # transformers' OptimizerNames
+    assert OPTIMIZERS[-4:-2] == ("adamw_torch_8bit", "adamw_torch_4bit")  # then LLaMA-Factory's two
     assert {"adamw_torch_8bit", "adamw_torch_4bit"} <= set(OPTIMIZER_NAMES)
     assert uses_torchao("adamw_torch_8bit") and uses_torchao("adamw_torch_4bit")
     assert not uses_torchao("adamw_bnb_8bit") and not uses_bitsandbytes("adamw_torch_8bit")
