@@ -7,7 +7,7 @@ what changes memory in a way autotune does not model is refused by name.
 from __future__ import annotations
 
 from autotune.configs.reading import Config, unset
-from autotune.errors import InvalidInput
+from autotune.errors import JobFails
 
 # monkeypatch/llama_attn_hijack_flash.py replace_llama_mlp_with_swiglu's condition, as
 # loaders/patch_manager.py _apply_llama_flash_attn_patches runs it.
@@ -61,9 +61,9 @@ def _fuse_mlp(cfg: Config, method: str | None) -> None:
     if not cfg.flag("flash_attn_fuse_mlp"):
         return
     if method is not None:
-        raise InvalidInput(f"flash_attn_fuse_mlp with adapter {cfg.data.get('adapter')} in {cfg.file!r}: "
-                           "Axolotl refuses it (schemas/validation.py check_fused_lora: \"Fused modules "
-                           "are not supported with LoRA/QLoRA\")")
+        raise JobFails(f"flash_attn_fuse_mlp with adapter {cfg.data.get('adapter')} in {cfg.file!r}: "
+                       "Axolotl refuses it (schemas/validation.py check_fused_lora: \"Fused modules "
+                       "are not supported with LoRA/QLoRA\")")
     cfg.notes.append(FUSE_MLP_NOTE)
 
 
@@ -82,15 +82,15 @@ def _relora(cfg: Config, method: str | None) -> None:
     if not cfg.flag("relora"):
         return
     if unset(cfg.get("jagged_restart_steps")):
-        raise InvalidInput(f"relora without jagged_restart_steps in {cfg.file!r}: Axolotl refuses it "
-                           "(schemas/validation.py check_relora: \"jagged_restart_steps must be set to use "
-                           "ReLoRA\")")
+        raise JobFails(f"relora without jagged_restart_steps in {cfg.file!r}: Axolotl refuses it "
+                       "(schemas/validation.py check_relora: \"jagged_restart_steps must be set to use "
+                       "ReLoRA\")")
     if method is None:
-        raise InvalidInput(f"relora without a LoRA adapter in {cfg.file!r}: Axolotl refuses it "
-                           "(schemas/validation.py check_relora: \"cfg.adapter must support ReLoRA to use "
-                           "ReLoRA restart semantics\")")
+        raise JobFails(f"relora without a LoRA adapter in {cfg.file!r}: Axolotl refuses it "
+                       "(schemas/validation.py check_relora: \"cfg.adapter must support ReLoRA to use "
+                       "ReLoRA restart semantics\")")
     if method == "qlora":
-        raise InvalidInput(f"relora: true with a 4-bit base (adapter: qlora) in {cfg.file!r}: {RELORA_4BIT}")
+        raise JobFails(f"relora: true with a 4-bit base (adapter: qlora) in {cfg.file!r}: {RELORA_4BIT}")
     cfg.flag("relora_cpu_offload")
     if method == "lora_8bit":
         raise cfg.unmodelled("relora", True, RELORA_8BIT)
