@@ -163,8 +163,10 @@ def test_the_activation_kernels_allocate_their_output_alone_and_write_gradients_
 def test_the_backward_runs_under_the_forward_s_autocast_again():
     assert forward_autocast()[0] is None  # no emulation: no autocast
     emulation = CudaEmulation(torch.bfloat16, SM80)
-    with emulation:
+    with emulation, emulation.forward_region():
         dtype, again = forward_autocast()
+        with torch.autocast("cpu", enabled=False):  # a region the model runs without autocast
+            assert forward_autocast()[0] is None
     assert dtype == torch.bfloat16
     with again():  # entered anew outside it (Tensor.backward runs outside the function mode)
         assert forward_autocast()[0] == torch.bfloat16
