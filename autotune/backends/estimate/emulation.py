@@ -16,7 +16,11 @@ does, so the tensors autograd saves for backward are the ones CUDA would save.
    autocast disabled (transformers' ``maybe_autocast(device_type, enabled=False)``,
    ``torch.autocast(..., enabled=False)``) run uncast, and nested enabled ones cast again
    (torch/amp/autocast_mode.py, ``autocast``'s docstring). CPU autocast's own casts, which that
-   state would switch on, are kept off below this mode (``_CPU_AUTOCAST``).
+   state would switch on, are kept off below this mode (``_CPU_AUTOCAST``). Not followed: a region
+   enabled by naming "cuda" (``torch.autocast("cuda")`` turns itself off on a host without CUDA), and
+   ``torch.amp.custom_fwd(cast_inputs=...)``'s cast of its inputs (``_cast`` takes tensors of the
+   device named, "cuda", alone); its region runs uncast, as on CUDA. No model or kernel traced here
+   does either.
 2. Dropout: CUDA runs the fused ``native_dropout`` kernel (aten/src/ATen/native/Dropout.cpp,
    ``is_fused_kernel_acceptable``), which saves a 1-byte bool mask; the CPU path draws a float
    mask of the input's dtype (4 bytes an element in fp32).
