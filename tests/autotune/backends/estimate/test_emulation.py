@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -109,22 +110,40 @@ def test_cpu_autocast_lists_do_not_apply_in_the_emulated_region():
     assert not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda")
 
 
-def test_a_checkpointed_segment_recomputes_its_disabled_region_as_it_ran():
-    # Non-reentrant checkpoint compares the recomputed tensors' metadata with the forward's.
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_segment_recomputes_its_disabled_region_as_it_ran(reentrant):
+    # torch.utils.checkpoint restores the forward's autocast state of the inputs' device type around
+    # the recompute; recompute_region enters the mode there (non-reentrant: context_fn's second
+    # context; reentrant: inside the recomputed function, as workload/step.py _recompute_under does).
+    runs: list[tuple[torch.dtype, torch.dtype]] = []
+
     def segment(x: torch.Tensor) -> torch.Tensor:
         y = x @ x.T
         with maybe_autocast(device_type=x.device.type, enabled=False):
-            return (y.float() @ x.float()).sum()
+            z = y.float() @ x
+        runs.append((y.dtype, z.dtype))
+        return z.sum()
+
+    def recomputed(x: torch.Tensor) -> torch.Tensor:
+        if torch._C._current_graph_task_id() == -1:  # the forward
+            return segment(x)
+        with emulation.recompute_region():
+            return segment(x)
 
     with FakeTensorMode():
         x = torch.empty(4, 64, requires_grad=True)
         emulation = CudaEmulation(torch.bfloat16, SM80)
         with emulation:
             with emulation.forward_region():
-                loss = checkpoint(segment, x, use_reentrant=False,
-                                  context_fn=lambda: (contextlib.nullcontext(), emulation.recompute_region()))
+                if reentrant:
+                    loss = checkpoint(recomputed, x, use_reentrant=True)
+                else:  # it compares the recomputed tensors' metadata with the forward's
+                    loss = checkpoint(segment, x, use_reentrant=False, context_fn=lambda: (
+                        contextlib.nullcontext(), emulation.recompute_region()))
             loss.backward()
         assert x.grad is not None and x.grad.dtype == torch.float32
+    # the non-reentrant recompute stops once the saved tensors are back, before the append
+    assert runs == [(torch.bfloat16, torch.float32)] * (2 if reentrant else 1)
 
 
 def test_nemotron_layernorm1p_returns_the_autocast_dtype_as_on_cuda():
