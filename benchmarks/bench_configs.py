@@ -247,9 +247,7 @@ POSITIONS = "exceeds max_position_embeddings"
 # reinit_weights checked against the tiny preset's dtype (none: float32): the tiny reader's, not the config's
 TINY_DTYPE = "from_config builds its weights in the checkpoint config's dtype"  # configs/axolotl_loading.py
 KERNELS_NOT_EMULATED = "Axolotl's fused LoRA kernels (emulated) are emulated on"  # workload/lora_kernels.py
-# workload/lora_kernel_functions.py MixedDtypes, and lora_kernels.py _MIXED_DTYPES' not modelled (Nemotron)
-KERNELS_MIXED_DTYPES = "Axolotl's fused LoRA kernels fail on"
-KERNELS_UNMODELLED = "Axolotl's fused LoRA kernels under autocast are not modelled"
+KERNELS_MIXED_DTYPES = "Axolotl's fused LoRA kernels fail on"  # workload/lora_kernel_functions.py MixedDtypes
 ATTENTION_NOT_PATCHED = "Axolotl's lora_qkv_kernel / lora_o_kernel fail on"  # lora_kernels.check_model
 # Ids without a "7B" in them (the phi sizes their model cards'), most specific first.
 NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2-medium": 0.355,
@@ -527,7 +525,7 @@ def reason(message: str) -> str:
         return "Axolotl's fused LoRA kernels on a model type they are not emulated on"
     if message.startswith(ATTENTION_NOT_PATCHED):
         return "Axolotl's fused LoRA attention kernels on an attention patch_self_attn_lora cannot rewrite"
-    if message.startswith(KERNELS_MIXED_DTYPES) or message.startswith(KERNELS_UNMODELLED):
+    if message.startswith(KERNELS_MIXED_DTYPES):
         return "Axolotl's fused LoRA kernels on activations off the autocast dtype"
     if message.startswith("training config FILE mixes"):
         return re.sub(r" \([^)]*\)", "", message.split(":")[0]).replace("training config FILE ", "")

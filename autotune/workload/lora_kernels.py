@@ -45,10 +45,9 @@ forward that calls them is Axolotl's packing patch's (monkeypatch/models/qwen3_5
 sample_packing, where transformers' forward leaves them uncalled). Where Axolotl's run would fail,
 so does this one, naming why: a model whose attention forward patch_self_attn_lora cannot rewrite,
 an activation other than silu or gelu, activations not in the autocast dtype (matmul_lora's addmm_
-of two dtypes; _MIXED_DTYPES says why for Apertus's QLoRA, and refuses Nemotron's as not modelled:
-there only the emulation's autocast differs), the embedding kernel under autocast (its backward's
-index_add_ of a 16-bit gradient into a float32 one). The attention classes were read in transformers
-5.14.1, Axolotl's pin (pyproject.toml), as in the version installed: the same forwards for the
+of two dtypes; _MIXED_DTYPES says why for Apertus's QLoRA), the embedding kernel under autocast (its
+backward's index_add_ of a 16-bit gradient into a float32 one). The attention classes were read in
+transformers 5.14.1, Axolotl's pin (pyproject.toml), as in the version installed: the same forwards for the
 classes of Axolotl's examples (FalconH1, Llama4Text, Olmo3, Phi, MllamaTextSelf, Mistral4 attention;
 no <Prefix>Attention for llava, qwen2_vl, qwen2_5_vl, internvl).
 """
@@ -112,32 +111,30 @@ TAKES_NO_LAYER = {
 }
 # Why a model's activations reach the kernels outside the autocast dtype (lora_kernel_functions.py
 # MixedDtypes), with the real job's outcome: the refusal's second half.
-# Apertus under QLoRA: prepare_model_for_kbit_training casts XIELUActivation's alpha_p and alpha_n to
-# float32 (its loop over the parameters in 16 bits), and transformers' Python xIELU
-# (activations.py _xielu_python, taken without the xielu wheel) promotes the MLP's output to float32;
-# bitsandbytes' Linear4bit.forward returns its input's dtype (``.to(inp_dtype)``), so down_proj
-# hands float32 to the residual stream and the next layer's q_proj gets it (ApertusRMSNorm returns
-# ``weight * hidden_states.to(input_dtype)``). The real job fails there. With the XIELU CUDA wheel,
-# which examples/apertus/README.md recommends (optional), Axolotl's patch_apertus_xielu_activation
-# (monkeypatch/models/apertus/activation.py) casts alpha_p and alpha_n to the input's dtype and the
-# job runs: that kernel is not emulated.
-# Nemotron: NemotronLayerNorm1P casts its input, weight and bias to the autocast dtype
-# (_cast_if_autocast_enabled) and runs layer_norm with autocast disabled (maybe_autocast(enabled=
-# False)): bfloat16 out on CUDA, and the real job's kernels run. The estimator's emulated autocast
-# (backends/estimate/emulation.py) does not see that region (on the fake CPU tensors maybe_autocast
-# returns a nullcontext) and runs layer_norm under its fp32 policy: float32 out, not CUDA's.
+# Apertus under QLoRA: transformers' Python xIELU (activations.py XIELUActivation._xielu_python, taken
+# without the xielu wheel) multiplies by softplus(alpha_p) and softplus(alpha_n), float32 under CUDA
+# autocast (autocast_mode.cpp KERNEL_CUDA(softplus, fp32)) and float32 parameters besides
+# (prepare_model_for_kbit_training casts every 16-bit parameter to float32; Axolotl's
+# loaders/model.py _convert_embedding_modules_dtype casts the norms and embeddings back, not the
+# activation's): the MLP's output is float32. bitsandbytes'
+# Linear4bit.forward returns its input's dtype (``.to(inp_dtype)``), so down_proj hands float32 to
+# the residual stream and the next layer's q_proj gets it (ApertusRMSNorm returns
+# ``weight * hidden_states.to(input_dtype)``). No autocast-disabled region is involved (that of the
+# rotary embeddings gives cos and sin back in the hidden states' dtype): the real job fails there.
+# With the XIELU CUDA wheel, which examples/apertus/README.md recommends (optional), Axolotl's
+# patch_apertus_xielu_activation (monkeypatch/models/apertus/activation.py) passes alpha_p and
+# alpha_n in the input's dtype to the CUDA kernel and the job runs: that kernel is not emulated.
+# Nemotron is not here: NemotronLayerNorm1P (modeling_nemotron.py) casts its input, weight and bias
+# to the autocast dtype (_cast_if_autocast_enabled) and runs layer_norm with autocast disabled
+# (maybe_autocast(enabled=False)): bfloat16 out on CUDA, and so under the emulated autocast, which
+# follows torch's autocast state (backends/estimate/emulation.py): the kernels run, as traced.
 _MIXED_DTYPES = {
-    "apertus": (InvalidInput, "Apertus's QLoRA: the float32 output of transformers' Python xIELU "
-                "(alpha_p, alpha_n made float32 by prepare_model_for_kbit_training) reaches the residual "
-                "stream through bitsandbytes' Linear4bit (it returns its input's dtype), and the next "
-                "layer's q_proj gets it: the real job fails there; with the XIELU CUDA wheel "
-                "(examples/apertus/README.md) Axolotl's patch_apertus_xielu_activation casts them and the "
-                "job runs, which is not emulated; set lora_qkv_kernel: false and lora_o_kernel: false"),
-    "nemotron": (UnmodelledSetting, "Axolotl's fused LoRA kernels under autocast are not modelled for "
-                 "Nemotron: NemotronLayerNorm1P runs layer_norm with autocast disabled on inputs cast to the "
-                 "autocast dtype (bfloat16 out on CUDA, where the real job's kernels run), a region "
-                 "autotune's emulated autocast does not see: it hands them float32 activations, not "
-                 "CUDA's; set lora_qkv_kernel: false and lora_o_kernel: false"),
+    "apertus": "Apertus's QLoRA: the float32 output of transformers' Python xIELU (softplus of alpha_p and "
+               "alpha_n, float32 under CUDA autocast) reaches the residual stream through bitsandbytes' "
+               "Linear4bit (it returns its input's dtype), and the next layer's q_proj gets it: the real "
+               "job fails there; with the XIELU CUDA wheel (examples/apertus/README.md) Axolotl's "
+               "patch_apertus_xielu_activation casts them and the job runs, which is not emulated; set "
+               "lora_qkv_kernel: false and lora_o_kernel: false",
 }
 # The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
 # get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
@@ -432,21 +429,17 @@ def _layers(model: Any) -> Any:
     return pretrained.model.layers
 
 
-def _explained(forward: Callable[..., Any], explain: tuple[type[InvalidInput], str] | None
-               ) -> Callable[..., Any]:
-    """``forward``, its MixedDtypes refusal followed by _MIXED_DTYPES' reason for the model type, or
-    replaced by it where the real job runs (UnmodelledSetting: autotune's emulation is what differs)."""
+def _explained(forward: Callable[..., Any], explain: str | None) -> Callable[..., Any]:
+    """``forward``, its MixedDtypes refusal followed by _MIXED_DTYPES' reason for the model type."""
     if explain is None:
         return forward
     from autotune.workload.lora_kernel_functions import MixedDtypes
-
-    error, reason = explain
 
     def explained(*args: Any, **kwargs: Any) -> Any:
         try:
             return forward(*args, **kwargs)
         except MixedDtypes as exc:
-            raise error(reason if error is UnmodelledSetting else f"{exc}: {reason}") from exc
+            raise InvalidInput(f"{exc}: {explain}") from exc
 
     return explained
 
@@ -516,8 +509,7 @@ class _QKV:
     first (q_proj's) computes Q, K and V, k_proj's and v_proj's take K and V. Fused (apply_lora_qkv)
     where q, k and v all carry LoRA, else original_apply_qkv's three projections in turn."""
 
-    def __init__(self, attn: Any, hooks: KernelHooks,
-                 explain: tuple[type[InvalidInput], str] | None = None) -> None:
+    def __init__(self, attn: Any, hooks: KernelHooks, explain: str | None = None) -> None:
         self.attn, self.hooks, self.explain = attn, hooks, explain
         self.projs = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.fused = all(hasattr(proj, "lora_A") for proj in self.projs)

@@ -559,11 +559,9 @@ class EstimateBackend:
                     workload.model, workload.task, workload.attn, dtype, flash_as_sdpa=True,
                     axolotl_flash=workload.axolotl_flash)[0])
                 # accelerate's fp8: torchao's Float8Linear, swapped in by Accelerator.prepare before FSDP
-                # or DeepSpeed wraps the model (workload/fp8.py); autocast's input cast (float8.py)
-                from autotune.backends.estimate.float8 import route_float8  # imports torch
-
+                # or DeepSpeed wraps the model (workload/fp8.py). Its forward casts its input under
+                # autocast (torch.is_autocast_enabled(), the state emulation.py's forward region sets)
                 prepare_fp8(model, workload.fp8)
-                route_float8(model)
             distributed = None
             if workload.parallel is not None:
                 distributed = Distributed(workload.parallel, workload.loss)
@@ -649,7 +647,8 @@ class EstimateBackend:
             maxima[seq_len] = found
 
     def _checkpoint_contexts(self) -> tuple[Any, Any]:
-        recompute = self._emulation if self._emulation is not None else contextlib.nullcontext()
+        emulation = self._emulation
+        recompute = emulation.recompute_region() if emulation is not None else contextlib.nullcontext()
         return contextlib.nullcontext(), recompute
 
     def probe(

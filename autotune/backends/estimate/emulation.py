@@ -10,6 +10,17 @@ does, so the tensors autograd saves for backward are the ones CUDA would save.
    mapped to the torch functions transformers models call. CPU autocast has different lists,
    so torch.autocast("cpu") would not estimate CUDA. Casts of leaf parameters are cached for the
    whole forward, as autocast's ``cached_cast`` does, and dropped when the forward ends.
+   The casts follow torch's own autocast state, as CUDA's do: the forward region sets it on (for
+   "cpu", the device type the models read off the fake tensors, ``x.device.type``, and for "cuda",
+   which ``torch.is_autocast_enabled()`` without a device reads), so the regions a model runs with
+   autocast disabled (transformers' ``maybe_autocast(device_type, enabled=False)``,
+   ``torch.autocast(..., enabled=False)``) run uncast, and nested enabled ones cast again
+   (torch/amp/autocast_mode.py, ``autocast``'s docstring). CPU autocast's own casts, which that
+   state would switch on, are kept off below this mode (``_CPU_AUTOCAST``). Not followed: a region
+   enabled by naming "cuda" (``torch.autocast("cuda")`` turns itself off on a host without CUDA), and
+   ``torch.amp.custom_fwd(cast_inputs=...)``'s cast of its inputs (``_cast`` takes tensors of the
+   device named, "cuda", alone); its region runs uncast, as on CUDA. No model or kernel traced here
+   does either.
 2. Dropout: CUDA runs the fused ``native_dropout`` kernel (aten/src/ATen/native/Dropout.cpp,
    ``is_fused_kernel_acceptable``), which saves a 1-byte bool mask; the CPU path draws a float
    mask of the input's dtype (4 bytes an element in fp32).
@@ -73,6 +84,33 @@ def _autocast_policies() -> dict[Callable[..., Any], Policy]:
     return table
 
 
+# The dispatch key of CPU autocast's casts (c10 DispatchKey::AutocastCPU): set_autocast_enabled("cpu")
+# clears it from the thread's excluded keys (aten/src/ATen/autocast_mode.cpp set_autocast_enabled);
+# each call this mode lets through runs with it excluded again, so CPU's lists cast nothing.
+_CPU_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+@contextlib.contextmanager
+def _autocast_state(enabled: dict[str, bool], dtype: torch.dtype) -> Iterator[None]:
+    """torch's thread-local autocast state of ``enabled``'s device types, set as
+    ``torch.autocast.__enter__`` sets it and restored as its ``__exit__`` restores it
+    (torch/amp/autocast_mode.py). ``torch.autocast("cuda")`` itself turns off on a host without CUDA."""
+    before = {device: (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+              for device in enabled}
+    for device, on in enabled.items():
+        torch.set_autocast_enabled(device, on)
+        torch.set_autocast_dtype(device, dtype)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        for device, (on, previous) in before.items():
+            torch.set_autocast_enabled(device, on)
+            torch.set_autocast_dtype(device, previous)
+
+
 def _eligible(value: Any) -> bool:
     # autocast casts floating tensors other than float64 (autocast_mode.h, is_eligible).
     return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64
@@ -106,9 +144,43 @@ class CudaEmulation(TorchFunctionMode):
         """Stands where ``torch.autocast(...)`` stands in a training script."""
         self.begin_forward()
         try:
-            yield
+            with self._autocast({"cpu": True, "cuda": True}):
+                yield
         finally:
             self.end_forward()
+
+    @contextlib.contextmanager
+    def recompute_region(self) -> Iterator[None]:
+        """Around a checkpointed segment's recompute, inside backward: the mode, and CUDA's autocast
+        state as the forward had it. torch.utils.checkpoint restores the state of the inputs' device
+        type ("cpu" here, "cuda" on the real job) before entering this (``context_fn``'s second)."""
+        with self._on_stack(), self._autocast({"cuda": torch.is_autocast_enabled("cpu")}):
+            yield
+
+    @contextlib.contextmanager
+    def resumed(self) -> Iterator[None]:
+        """The forward's autocast entered again in a backward, as ``torch.amp.custom_bwd`` enters
+        ``autocast(enabled=ctx._fwd_used_autocast, dtype=ctx._dtype)`` (torch/amp/autocast_mode.py)."""
+        with self._on_stack(), self._autocast({"cpu": True, "cuda": True}):
+            yield
+
+    def casting(self) -> bool:
+        """Whether autocast casts here: an autocast dtype, and torch's autocast state on for the fake
+        tensors' device type and for CUDA (off inside a region either is disabled)."""
+        return (self.autocast_dtype is not None and torch.is_autocast_enabled("cpu")
+                and torch.is_autocast_enabled("cuda"))
+
+    def _autocast(self, enabled: dict[str, bool]) -> contextlib.AbstractContextManager[None]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return _autocast_state(enabled, self.autocast_dtype)
+
+    def _on_stack(self) -> contextlib.AbstractContextManager[Any]:
+        from torch.overrides import _get_current_function_mode_stack
+
+        if any(mode is self for mode in _get_current_function_mode_stack()):
+            return contextlib.nullcontext()
+        return self
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
         if not _eligible(value) or value.dtype == dtype:
@@ -132,8 +204,12 @@ class CudaEmulation(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         policy = self._policies.get(func)
-        if policy is not None:
+        if policy is not None and self.casting():
             args, kwargs = self._apply_policy(func, policy, args, kwargs)
+        with torch._C._ExcludeDispatchKeyGuard(_CPU_AUTOCAST):
+            return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
         if func is F.dropout:
             return _fused_dropout(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
@@ -186,14 +262,21 @@ def _right_to_left(cast: Callable[[Any], Any], args: Any, kwargs: Any) -> tuple[
 
 
 def autocast_enabled() -> bool:
-    """``torch.is_autocast_enabled()`` as the emulated CUDA step answers it: True inside a
-    CudaEmulation with an autocast dtype (forward, and a checkpointed segment's recompute, which
-    torch.utils.checkpoint runs under the forward's autocast state)."""
+    """``torch.is_autocast_enabled()`` as the emulated CUDA step answers it: True where a
+    CudaEmulation casts (CudaEmulation.casting: its forward, a checkpointed segment's recompute,
+    which torch.utils.checkpoint runs under the forward's autocast state; not inside a region the
+    model runs with autocast disabled)."""
+    return emulated_autocast() is not None
+
+
+def emulated_autocast() -> CudaEmulation | None:
+    """The CudaEmulation that casts here (autocast_enabled), None where none does."""
     from torch.overrides import _get_current_function_mode_stack
 
-    return torch.is_autocast_enabled() or any(
-        isinstance(mode, CudaEmulation) and mode.autocast_dtype is not None
-        for mode in _get_current_function_mode_stack())
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, CudaEmulation) and mode.casting():
+            return mode
+    return None
 
 
 def _tensors(args: Any, kwargs: Any) -> list[torch.Tensor]:

@@ -11,24 +11,23 @@ estimator's 4-bit dequantization, registers and autocast.
   kernel's temporary, freed after the matmul it is made for.
 - ``registers``: the Triton activation kernels' arithmetic, in ``tracker.outside_allocator()``.
 - ``autocast``: ``torch.amp.custom_fwd`` records the forward's autocast and ``custom_bwd`` runs the
-  backward under it again. The CUDA autocast here is emulation.py's function mode, active in the
-  forward and not in the backward (it sees ``Tensor.backward`` from outside): the forward finds it
-  on the mode stack, the backward enters it again.
+  backward under it again. The CUDA autocast here is emulation.py's function mode with torch's
+  autocast state it sets, active in the forward and not in the backward (it sees ``Tensor.backward``
+  from outside): the forward finds it casting (none inside a region the model runs with autocast
+  disabled), the backward enters it again (``CudaEmulation.resumed``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import _get_current_function_mode_stack
 
-from autotune.backends.estimate.emulation import CudaEmulation
+from autotune.backends.estimate.emulation import emulated_autocast
 from autotune.backends.estimate.nf4 import MATMUL_REGION, EmulatedLinear4bit
 from autotune.backends.estimate.tracker import allocation_region, outside_allocator
 from autotune.workload.lora_kernel_functions import KernelHooks
@@ -50,21 +49,13 @@ def dequantize(layer: nn.Module) -> torch.Tensor:
 
 
 def forward_autocast() -> tuple[torch.dtype | None, Callable[[], AbstractContextManager[Any]]]:
-    """The emulated CUDA autocast the forward runs under (its dtype, None without one) and a context
-    that enters it again for the backward (module docstring)."""
-    for mode in _get_current_function_mode_stack():
-        if isinstance(mode, CudaEmulation) and mode.autocast_dtype is not None:
-            return mode.autocast_dtype, functools.partial(_entered, mode)
-    return None, contextlib.nullcontext
-
-
-@contextlib.contextmanager
-def _entered(mode: CudaEmulation) -> Iterator[None]:
-    if any(active is mode for active in _get_current_function_mode_stack()):
-        yield
-        return
-    with mode:
-        yield
+    """The emulated CUDA autocast the forward runs under (its dtype, None without one or inside a
+    region with autocast disabled) and a context that enters it again for the backward (module
+    docstring)."""
+    mode = emulated_autocast()
+    if mode is None or mode.autocast_dtype is None:
+        return None, contextlib.nullcontext
+    return mode.autocast_dtype, mode.resumed
 
 
 HOOKS = KernelHooks(dequantize=dequantize, registers=outside_allocator, autocast=forward_autocast)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -294,7 +295,12 @@ def trace_step(
         marked = _MarkedScaler(scaler, tracker, marks, steady, writer, hooks)
         hooks.before_steps(workspaces, batch, optimizer)
         offloader = offloading(model) if workload.offload_activations else None
-        with emulation:
+        with emulation, warnings.catch_warnings():
+            # torch.amp.custom_bwd (torchao's QAT Functions) enters torch.autocast("cuda") again for
+            # a backward whose forward ran under the emulated autocast: on a host without CUDA it
+            # turns itself off with a warning (autocast_mode.py autocast.__init__). The backward
+            # runs uncast either way (only Axolotl's emulated kernels enter CudaEmulation.resumed).
+            warnings.filterwarnings("ignore", message="CUDA is not available or torch_xla is imported")
             marks.starts.append(len(tracker.events))
             run_steps(
                 model, batch, optimizer, steps=workload.steps, after_step=marked.after_step,

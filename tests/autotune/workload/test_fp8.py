@@ -118,8 +118,8 @@ def test_the_fp8_step_casts_a_converted_linear_s_input_and_weight_to_float8():
 def test_a_converted_linear_saves_its_bf16_input_as_eager_torchao_does_not_float8():
     """matmul_with_hp_or_float8_args saves the high-precision input and weight (the float32 parameter,
     no copy); under bf16 autocast a float32 model's input is cast to bfloat16 first (Float8Linear.forward's
-    autocast branch, emulated by estimate/float8.py): the MLP's gate_proj and up_proj each save a
-    bfloat16 copy of its float32 input, and nothing float8 or float32 of that size is kept."""
+    autocast branch, on the autocast state the emulated forward sets): the MLP's gate_proj and up_proj
+    each save a bfloat16 copy of its float32 input, and nothing float8 or float32 of that size is kept."""
     hidden = (BATCH, SEQ, 32)
     _, fp8 = recorded(TENSORWISE)
     saved = saved_for_backward(fp8, "model.layers.1.mlp")

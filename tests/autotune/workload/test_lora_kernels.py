@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from autotune.cli import main
 from autotune.configs import read_training_config
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput
 from autotune.workload.adapters import Adapter, make_adapter, prepare
 from autotune.workload.lora_kernel_functions import (
     KernelHooks,
@@ -371,21 +371,17 @@ def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
     # the real job fails too (transformers' Python xIELU's float32 output), unless the XIELU wheel is in
     ("apertus", InvalidInput, r"addmm_ of two dtypes.*: Apertus's QLoRA: the float32 output of transformers' "
      "Python xIELU .* the real job fails there; with the XIELU CUDA wheel"),
-    # the real job's kernels run: autotune's emulated autocast is what differs
-    ("nemotron", UnmodelledSetting, "^Axolotl's fused LoRA kernels under autocast are not modelled for "
-     "Nemotron: NemotronLayerNorm1P runs layer_norm with autocast disabled"),
 ])
 def test_activations_off_the_autocast_dtype_are_refused_with_the_model_s_reason(model_type, error, message):
-    # float32 activations under a bfloat16 autocast, as the estimator's Apertus QLoRA and Nemotron
-    # steps hand them to the kernels (lora_kernel_functions.py MixedDtypes)
+    # float32 activations under a bfloat16 autocast, as the estimator's (and the real) Apertus QLoRA
+    # step hands them to the kernels (lora_kernel_functions.py MixedDtypes)
     bf16 = KernelHooks(dequantize=lambda layer: layer.weight, registers=contextlib.nullcontext,
                        autocast=lambda: (torch.bfloat16, contextlib.nullcontext))
     model, config = lora_model(model_type)
     apply_kernels(model, ALL, bf16)
     batch = make_batch(config, "causal-lm", 2, 16)
-    with pytest.raises(error, match=message) as raised:
+    with pytest.raises(error, match=message):
         model(**batch)
-    assert (type(raised.value) is UnmodelledSetting) == (error is UnmodelledSetting)
 
 
 def test_qwen3_5_s_linear_attention_is_left_to_peft_by_the_mlp_kernel_and_by_qwen3_next():

@@ -160,11 +160,43 @@ def test_the_activation_kernels_allocate_their_output_alone_and_write_gradients_
             assert (h is grad, grad_gate is gate, grad_up is up) == (True, True, True)
 
 
+def test_nemotron_s_layernorm1p_hands_the_qkv_kernel_the_autocast_dtype():
+    # modeling_nemotron.py NemotronLayerNorm1P casts its input, weight + 1 and bias to the autocast
+    # dtype and runs layer_norm with autocast disabled: bfloat16 out on CUDA, which LoRA_QKV takes
+    # (a float32 X would fail matmul_lora's addmm_, lora_kernel_functions.py MixedDtypes).
+    from transformers import AutoConfig
+
+    from autotune.workload.models import ModelSpec
+
+    config = AutoConfig.for_model("nemotron", hidden_size=HIDDEN, intermediate_size=INNER,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=16, vocab_size=128, max_position_embeddings=128)
+    adapter = make_adapter("qlora", r=R, alpha=16, dropout=0.0, targets="all-linear", kernels=("qkv", "o"),
+                           recipe="axolotl")
+    workload = Workload(ModelSpec("tiny-nemotron", "local", config, 128), "causal-lm", "sdpa",
+                        weights_dtype="bfloat16", adapter=adapter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fake = EstimateBackend(resolve_gpu("A100-40GB"))._model(workload)
+    layer = fake.model.base_model.model.model.layers[0]
+    attn = layer.self_attn
+
+    def qkv(x):
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h)
+        attn.k_proj(h), attn.v_proj(h)
+        return h.dtype, q.dtype
+
+    assert under_estimator(fake, qkv) == (torch.bfloat16, torch.bfloat16)
+
+
 def test_the_backward_runs_under_the_forward_s_autocast_again():
     assert forward_autocast()[0] is None  # no emulation: no autocast
     emulation = CudaEmulation(torch.bfloat16, SM80)
-    with emulation:
+    with emulation, emulation.forward_region():
         dtype, again = forward_autocast()
+        with torch.autocast("cpu", enabled=False):  # a region the model runs without autocast
+            assert forward_autocast()[0] is None
     assert dtype == torch.bfloat16
     with again():  # entered anew outside it (Tensor.backward runs outside the function mode)
         assert forward_autocast()[0] == torch.bfloat16
