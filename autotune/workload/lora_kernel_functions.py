@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 Registers = Callable[[], AbstractContextManager[Any]]
 # The forward's autocast dtype (None: none) and a context that re-enters it (custom_bwd).
@@ -64,7 +64,7 @@ class KernelHooks:
     autocast: Autocast
 
 
-class MixedDtypes(InvalidInput):
+class MixedDtypes(JobFails):
     """``_check_dtype``'s refusal (workload/lora_kernels.py adds why a model's activations are so)."""
 
 

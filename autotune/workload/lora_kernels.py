@@ -439,7 +439,7 @@ def _explained(forward: Callable[..., Any], explain: str | None) -> Callable[...
         try:
             return forward(*args, **kwargs)
         except MixedDtypes as exc:
-            raise InvalidInput(f"{exc}: {explain}") from exc
+            raise JobFails(f"{exc}: {explain}") from exc
 
     return explained
 
