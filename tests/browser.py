@@ -109,10 +109,19 @@ def screenshots(tmp_path: Path) -> Path:
     return folder
 
 
+class Chromium:
+    """A headless Chromium with one context on a server's base URL: what its tabs' pages asked of other
+    hosts (refused) is in ``foreign``."""
+
+    def __init__(self, context, base_url: str) -> None:
+        self.context, self.base_url = context, base_url
+        self.foreign: list[str] = []
+
+
 @contextlib.contextmanager
-def browser_page(sync_playwright, base_url: str):
-    """A Chromium tab on ``base_url``; on leaving, fails the test if a page asked another host for
-    anything or logged an error."""
+def chromium(sync_playwright, base_url: str):
+    """A Chromium (``Chromium``) on ``base_url``, for the tabs of ``browser_tab``: one start for the
+    tests of a module that share a server."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(viewport=LAPTOP, base_url=base_url)
@@ -122,34 +131,53 @@ def browser_page(sync_playwright, base_url: str):
         from playwright.sync_api import expect
 
         expect.set_options(timeout=TIMEOUT_MS)
+        opened = Chromium(context, base_url)
+
         # Anything the pages ask of another host is recorded and refused: the dashboard and the API
         # docs must work offline.
-        foreign: list[str] = []
-
         def refuse(route):
-            foreign.append(route.request.url)
+            opened.foreign.append(route.request.url)
             route.abort()
 
         context.route(lambda url: not url.startswith((base_url + "/", "data:", "blob:")), refuse)
-        tab = context.new_page()
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            yield opened
+        finally:
+            browser.close()
 
-        def console(msg):
-            # The browser logs every 4xx fetch as an error; those the test provokes are expected: 422, and
-            # 404 from POST /v1/tables (an unknown model).
-            if msg.type != "error" or "status of 422" in msg.text or (
-                    "status of 404" in msg.text and msg.location.get("url", "").endswith("/v1/tables")):
-                return
-            if "Content Security Policy" in msg.text and any(url in msg.text for url in REFUSED_BY_CSP):
-                return
-            errors.append(msg.text)
 
-        tab.on("console", console)
-        yield tab
-        browser.close()
-    assert not foreign, f"the pages asked other hosts for: {foreign}"
+@contextlib.contextmanager
+def browser_tab(opened: Chromium):
+    """A new tab of ``opened``; on leaving, fails the test if a page asked another host for anything
+    or logged an error meanwhile."""
+    opened.foreign.clear()
+    tab = opened.context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    def console(msg):
+        # The browser logs every 4xx fetch as an error; those the test provokes are expected: 422, and
+        # 404 from POST /v1/tables (an unknown model).
+        if msg.type != "error" or "status of 422" in msg.text or (
+                "status of 404" in msg.text and msg.location.get("url", "").endswith("/v1/tables")):
+            return
+        if "Content Security Policy" in msg.text and any(url in msg.text for url in REFUSED_BY_CSP):
+            return
+        errors.append(msg.text)
+
+    tab.on("console", console)
+    yield tab
+    tab.close()
+    assert not opened.foreign, f"the pages asked other hosts for: {opened.foreign}"
     assert not errors, f"the pages logged errors: {errors}"
+
+
+@contextlib.contextmanager
+def browser_page(sync_playwright, base_url: str):
+    """A Chromium tab on ``base_url``; on leaving, fails the test if a page asked another host for
+    anything or logged an error."""
+    with chromium(sync_playwright, base_url) as opened, browser_tab(opened) as tab:
+        yield tab
 
 
 def assert_readable(page, where: str) -> None:

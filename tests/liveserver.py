@@ -28,7 +28,7 @@ class Server:
     """``python -m autotune.cli.serve`` on a free loopback port (what ``autotune serve`` runs)."""
 
     def __init__(self, db: Path, log: Path, **env: str) -> None:
-        self.port = free_port()
+        self.db, self.port = db, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log.open("ab")
         path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import PHONE, TIMEOUT_MS, assert_readable, browser_or_skip, browser_page, screenshots
+from browser import PHONE, TIMEOUT_MS, assert_readable, browser_or_skip, browser_tab, chromium, screenshots
 from liveserver import Server
 
 from autotune.workload.trainers import GRPO_FIELDS
@@ -50,16 +50,26 @@ def shots(tmp_path):
     return screenshots(tmp_path)
 
 
-@pytest.fixture
-def server(tmp_path):
-    started = Server(tmp_path / "dash.db", tmp_path / "dash.log")
+# One server and one Chromium for the module, a tab of its own for each test: each started again per
+# test cost a server's start (it imports torch) and a browser's, seconds apiece on a loaded 2-core
+# machine (issue #39). The launch test expects the store empty: it is the module's first.
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dash")
+    started = Server(folder / "dash.db", folder / "dash.log")
     yield started
     started.stop()
 
 
+@pytest.fixture(scope="module")
+def browser(server):
+    with chromium(browser_or_skip(), server.url) as opened:
+        yield opened
+
+
 @pytest.fixture
-def page(server):
-    with browser_page(browser_or_skip(), server.url) as tab:
+def page(browser):
+    with browser_tab(browser) as tab:
         yield tab
 
 
@@ -100,7 +110,7 @@ def add_failed_run(db: Path, gpu: str, error: str) -> tuple[str, str]:
     return run.id, step_of(run.spec).id
 
 
-def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots, tmp_path):
+def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots):
     from playwright.sync_api import expect
 
     # Home, empty.
@@ -226,7 +236,7 @@ def test_launch_watch_explain_and_compare_in_a_real_browser(page, server, shots,
     # A failed run on a fleet's TITAN X: in the runs list its status stays in view and its GPU on one
     # line, its badge says failed (not "measured"); the fleet view says it failed, and why.
     error = "the Ray task failed: RuntimeError: CUDA error: no kernel image is available"
-    failed, step = add_failed_run(tmp_path / "dash.db", "TITAN-X-12GB", error)
+    failed, step = add_failed_run(server.db, "TITAN-X-12GB", error)
     page.goto("/")
     row = f'tr[data-run="{failed}"]'
     expect(page.locator(f"{row} .status")).to_have_text("failed")

@@ -31,7 +31,10 @@ from fleet import (
 
 pytestmark = pytest.mark.slow
 # Two probes a cell at most, none of the estimator's (a guided cuda search starts from its answer).
-TINY = {"model": "tiny-bert", "modes": ["fp32"], "max_batch": 2, "search": "bisect"}
+# The attention named (transformers' choice for BERT): else each cuda task builds the model on the meta
+# device to learn it (CudaBackend.attn_used) before its probe process builds it again, 2-3 CPU s a cell
+# (measured); the fleet view's runs in the browser leave it to transformers.
+TINY = {"model": "tiny-bert", "modes": ["fp32"], "max_batch": 2, "search": "bisect", "attn": "sdpa"}
 
 
 @pytest.fixture(scope="module")

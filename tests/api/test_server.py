@@ -60,13 +60,15 @@ def test_post_poll_table_over_http(servers):
 
 
 def test_a_server_killed_mid_run_resumes_it_keeping_finished_cells(servers, tmp_path):
-    # Six cells, one after another: the kill comes at the first poll (every 20 ms) that sees one done,
-    # long before the sixth; the second server sends the rest.
+    # Six cells, one after another: the kill comes at the first poll (every 100 ms) that sees one done,
+    # long before the sixth (five more cells of the warm worker); the second server sends the rest.
+    # Every 20 ms, the polls of the first cell (its worker importing torch: 5-20 s) cost seconds of CPU
+    # (a poll: 1.9 ms of the server's, 0.7 ms of this process's, measured).
     body = dict(TINY, seq_lens=[16, 32, 48], modes=["fp32", "amp"])
     first = servers(AUTOTUNE_API_TOKEN="t0ken")
     auth = {"Authorization": "Bearer t0ken"}
     accepted = first.client.post("/v1/tables", json=body, headers=auth).json()
-    first.wait_for(accepted["url"], lambda t: t["progress"]["done"] >= 1, step_s=0.02)
+    first.wait_for(accepted["url"], lambda t: t["progress"]["done"] >= 1, step_s=0.1)
     first.kill()
 
     store = Store(tmp_path / "serve.db")  # what the killed server left
