@@ -623,17 +623,16 @@ def _axolotl_experts_kernel(cfg: Config, plugins: list[str]) -> str | None:
     cfg.notes.append(f"use_kernels: {use_kernels!r}: KernelsPlugin sets it true (args.py check_use_kernels): "
                      "transformers' kernelize swaps hub kernels in for the layers its mapping names "
                      "(checked against the model's)")
-    if not unset(cfg.get("lora_target_parameters")):
-        raise cfg.unmodelled("lora_target_parameters", cfg.data["lora_target_parameters"],
-                             "LoRA on the experts under ScatterMoE (parallel_linear_lora, ScatterMoELoRA) is "
-                             "not emulated; ScatterMoE's experts without LoRA are")
     experts = cfg.get("experts_implementation")
     if experts is not None:
         cfg.notes.append(f"experts_implementation: {experts}: KernelsPlugin sets scattermoe over it "
                          "(plugin.py pre_model_load)")
-    from autotune.workload.scattermoe import NOTE, SCATTERMOE
+    from autotune.workload.scattermoe import LORA_NOTE, NOTE, SCATTERMOE
 
     cfg.notes.append(f"use_scattermoe: {NOTE}")
+    if not unset(cfg.get("lora_target_parameters")) or cfg.flag("lora_target_linear"):
+        # PEFT wraps the experts' parameters: named, or all-linear's (utils/transformers_weight_conversion.py)
+        cfg.notes.append(f"use_scattermoe with LoRA on the experts' parameters: {LORA_NOTE}")
     return SCATTERMOE
 
 

@@ -767,9 +767,17 @@ def test_the_kernels_plugin_with_scattermoe_runs_the_emulated_experts(tmp_path, 
     assert any(n.startswith("use_kernels: True: KernelsPlugin sets it true") for n in config.notes)
 
 
+def test_scattermoe_with_lora_on_the_experts_runs_its_emulated_lora(tmp_path):
+    config = read(tmp_path, {**KERNELS, "adapter": "lora", "lora_target_modules": ["q_proj"], "lora_r": 8,
+                             "lora_target_parameters": ["mlp.experts.gate_up_proj"], "lora_alpha": 16},
+                  "a.yml")
+    assert config.request.step.experts_kernel == "scattermoe"
+    assert config.adapter.parameters == ("mlp.experts.gate_up_proj",)
+    assert any(n.startswith("use_scattermoe with LoRA on the experts' parameters: LoRA on the experts runs "
+                            "ScatterMoE's fused LoRA") and "emulated" in n for n in config.notes)
+
+
 @pytest.mark.parametrize(("keys", "key"), [
-    ({"adapter": "lora", "lora_target_parameters": ["mlp.experts.gate_up_proj"],
-      "lora_target_modules": ["q_proj"]}, "lora_target_parameters"),
     ({"moe_bnb_fast": False}, "moe_bnb_fast"),
     ({"use_dsv4_kernels": True}, "use_dsv4_kernels"),
     ({"dsv4_fp4_grouped_mode": "nvfp4"}, "dsv4_fp4_grouped_mode"),
