@@ -158,7 +158,6 @@ _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub
 # Axolotl's adapter settings that change the step in ways autotune does not model (schemas/peft.py;
 # loaders/adapter.py _build_peft_lora_config and load_lora).
 _AXOLOTL_LORA_REFUSED = {
-    "lora_target_parameters": "LoRA on parameters (target_parameters) rather than modules is not modelled",
     "lora_rank_pattern": "per-module ranks are not modelled",
     "lora_exclude_modules": "modules excluded from the LoRA targets are not modelled",
     "peft_layers_to_transform": "adapters on some layers only are not modelled",
@@ -174,7 +173,7 @@ _AXOLOTL_LORA_REFUSED = {
 _AXOLOTL_SOMETIMES_READ = words(
     "bnb_config_kwargs lora_r lora_alpha lora_dropout lora_target_modules lora_target_linear "
     "lora_modules_to_save lora_model_dir lora_alpha_pattern loraplus_lr_ratio peft_use_rslora "
-    "peft_autocast_adapter_dtype peft_ensure_weight_tying nvfp4_merge_aware")
+    "lora_target_parameters peft_autocast_adapter_dtype peft_ensure_weight_tying nvfp4_merge_aware")
 # Adapter settings with no effect on memory: the weights' layout and initialization, merging after
 # training, loading, LoRA+'s per-group learning rates (the same optimizer states).
 _AXOLOTL_ADAPTER_NO_EFFECT = words(
@@ -445,8 +444,10 @@ def _axolotl_linearized_experts(cfg: Config) -> dict[str, Any]:
 
 
 def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
-    """The targets as make_adapter's keyword (lora.lora_targets)."""
+    """The targets as make_adapter's keywords (lora.lora_targets), with the parameters
+    lora_target_parameters names."""
     modules = cfg.get("lora_target_modules")
+    parameters = _axolotl_target_parameters(cfg)
     if cfg.flag("lora_target_linear"):
         # _build_peft_lora_config: lora_target_modules (as a list) with every linear module's name but
         # the output embedding's (find_all_linear_names): PEFT's all-linear, with what else is named.
@@ -462,13 +463,41 @@ def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
         among = "; the layers lora_target_modules names are among them" if named else ""
         cfg.notes.append("lora_target_linear: true: LoRA on every linear layer but the output head (PEFT's "
                          f"all-linear){among}")
-        return {"targets": (ALL_LINEAR,)}
+        return {"targets": (ALL_LINEAR,), "parameters": parameters}
     targets = lora_targets(cfg, "lora_target_modules", modules)
+    if parameters:
+        # _build_peft_lora_config: target_modules=cfg.lora_target_modules or [] beside them
+        return {**targets, "parameters": parameters} if targets.get("targets") or targets.get(
+            "target_pattern") else {"targets": (), "parameters": parameters}
     if not targets.get("targets", True):
         raise InvalidInput(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
                            "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
                            "refuses it)")
     return targets
+
+
+def _axolotl_target_parameters(cfg: Config) -> tuple[str, ...]:
+    """lora_target_parameters (schemas/peft.py: a name or a list), PEFT's target_parameters as
+    _build_peft_lora_config passes them; lora_dropout must be 0 beside them (schemas/peft.py
+    validate_lora_target_parameters_dropout)."""
+    names = cfg.get("lora_target_parameters")
+    if unset(names):
+        return ()
+    if isinstance(names, str):
+        # passed as is: PEFT's _inject_parameters takes set(target_parameters), a string's letters
+        raise cfg.bad("lora_target_parameters", names, "a list of parameter names (Axolotl passes a "
+                      "string to PEFT as is, which matches it letter by letter)")
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise cfg.bad("lora_target_parameters", names, "a list of parameter names")
+    dropout = cfg.data.get("lora_dropout")
+    if dropout:
+        raise InvalidInput(f"lora_dropout: {dropout!r} beside lora_target_parameters in {cfg.file!r}: "
+                           "Axolotl refuses it (schemas/peft.py validate_lora_target_parameters_dropout: "
+                           "\"lora_dropout must be 0 when lora_target_parameters is set\")")
+    cfg.notes.append(f"lora_target_parameters: LoRA on the parameters {', '.join(names)} (PEFT's "
+                     "target_parameters: a ParamWrapper over each, its low-rank delta folded into the "
+                     "weight on every forward, peft/tuners/lora/layer.py _activate_lora)")
+    return tuple(names)
 
 
 def _axolotl_saved_adapter(cfg: Config, method: str, model_dir: Any) -> Adapter:
@@ -595,17 +624,16 @@ def _axolotl_experts_kernel(cfg: Config, plugins: list[str]) -> str | None:
     cfg.notes.append(f"use_kernels: {use_kernels!r}: KernelsPlugin sets it true (args.py check_use_kernels): "
                      "transformers' kernelize swaps hub kernels in for the layers its mapping names "
                      "(checked against the model's)")
-    if not unset(cfg.get("lora_target_parameters")):
-        raise cfg.unmodelled("lora_target_parameters", cfg.data["lora_target_parameters"],
-                             "LoRA on the experts under ScatterMoE (parallel_linear_lora, ScatterMoELoRA) is "
-                             "not emulated; ScatterMoE's experts without LoRA are")
     experts = cfg.get("experts_implementation")
     if experts is not None:
         cfg.notes.append(f"experts_implementation: {experts}: KernelsPlugin sets scattermoe over it "
                          "(plugin.py pre_model_load)")
-    from autotune.workload.scattermoe import NOTE, SCATTERMOE
+    from autotune.workload.scattermoe import LORA_NOTE, NOTE, SCATTERMOE
 
     cfg.notes.append(f"use_scattermoe: {NOTE}")
+    if not unset(cfg.get("lora_target_parameters")) or cfg.flag("lora_target_linear"):
+        # PEFT wraps the experts' parameters: named, or all-linear's (utils/transformers_weight_conversion.py)
+        cfg.notes.append(f"use_scattermoe with LoRA on the experts' parameters: {LORA_NOTE}")
     return SCATTERMOE
 
 

@@ -61,6 +61,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import InvalidInput
@@ -170,6 +171,10 @@ class Adapter:
     # A base saved quantized with GPTQ or AWQ (workload/prequantized.py): its linear layers are
     # gptqmodel's, built from the checkpoint's quantization_config, under a "lora" method.
     saved_quant: SavedQuant | None = None
+    # PEFT's target_parameters (Axolotl's lora_target_parameters): parameters given LoRA in place, each
+    # wrapped by a ParamWrapper (peft/tuners/lora/layer.py: a fused MoE's 3D experts), matched by
+    # suffix ("experts.gate_up_proj"); ``targets`` may then be empty (target_modules=[]).
+    parameters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.quantized and self.recipe is None:  # built directly, not by make_adapter
@@ -207,6 +212,9 @@ class Adapter:
         kernels = f" with {describe(self.kernels)}" if self.kernels else ""
         if self.exclude:
             targets += f" outside {','.join(self.exclude)}"
+        if self.parameters:
+            named = f"the parameters {','.join(self.parameters)}"
+            targets = f"{targets} and {named}" if self.targets != () else named
         if self.tuner == "oft":
             from autotune.workload.oft import oft_settings
 
@@ -237,6 +245,7 @@ class Adapter:
             **({"experts_undropped": True} if self.experts_undropped else {}),
             **({"tuner": self.tuner, "block_size": self.block_size} if self.tuner != "lora" else {}),
             **({"saved_quant": self.saved_quant.to_json()} if self.saved_quant is not None else {}),
+            **({"parameters": list(self.parameters)} if self.parameters else {}),
         }
 
     @classmethod
@@ -255,6 +264,7 @@ class Adapter:
             experts_undropped=bool(data.get("experts_undropped", False)),
             tuner=data.get("tuner", "lora"), block_size=data.get("block_size", 0),
             saved_quant=SavedQuant.from_json(data["saved_quant"]) if data.get("saved_quant") else None,
+            parameters=data.get("parameters") or (),
         )
 
 
@@ -283,11 +293,12 @@ def make_adapter(
     modules_to_save: Iterable[str] = (), recipe: str | None = None, target_pattern: str | None = None,
     kernels: str | Iterable[str] = (), quantize_experts: bool = False, exclude: Iterable[str] = (),
     experts_undropped: bool = False, tuner: str = "lora", block_size: int = 0,
-    saved_quant: SavedQuant | None = None,
+    saved_quant: SavedQuant | None = None, parameters: Iterable[str] = (),
 ) -> Adapter:
     """An Adapter with every field checked; InvalidInput naming what was wrong and what is allowed.
     ``recipe`` None is DEFAULT_QLORA_RECIPE for qlora; a LoRA over a 16/32-bit base has none.
-    ``tuner`` "oft": OFT's r / block_size (one of them 0) checked by workload/oft.py."""
+    ``tuner`` "oft": OFT's r / block_size (one of them 0) checked by workload/oft.py. ``parameters``:
+    PEFT's target_parameters; with them ``targets`` may be empty (no module targeted)."""
     name = str(method).strip().lower()
     if name not in METHODS:
         raise InvalidInput(f"unknown PEFT method {method!r}: allowed are {', '.join(METHODS)}")
@@ -329,11 +340,33 @@ def make_adapter(
         if kernels:
             raise InvalidInput("Axolotl's fused LoRA kernels read a 16-bit or bitsandbytes weight, not a "
                                f"{saved_quant.method.upper()} layer's")
-    return Adapter(name, r, float(alpha), float(dropout), parse_targets(targets),  # type: ignore[arg-type]
+    named = _check_parameters(parameters, tuner, 0.0 if experts_undropped else dropout)
+    no_modules = named and targets is not None and not (
+        targets.strip() if isinstance(targets, str) else tuple(targets))
+    parsed = () if no_modules else parse_targets(targets)
+    return Adapter(name, r, float(alpha), float(dropout), parsed,  # type: ignore[arg-type]
                    quant_type, bool(double_quant), compute_dtype, bias, tuple(modules_to_save), recipe,
                    target_pattern, parse_kernels(kernels if isinstance(kernels, str) else tuple(kernels)),
                    bool(quantize_experts), _check_exclude(exclude), bool(experts_undropped), tuner,
-                   int(block_size), saved_quant)
+                   int(block_size), saved_quant, named)
+
+
+def _check_parameters(names: Iterable[str], tuner: str, dropout: float) -> tuple[str, ...]:
+    """PEFT's target_parameters, checked as LoraConfig and ParamWrapper check them."""
+    if isinstance(names, str):
+        raise InvalidInput(f"LoRA target parameters must be a list of names, got the string {names!r}")
+    found = tuple(dict.fromkeys(names))
+    if not found:
+        return found
+    if not all(isinstance(name, str) and name for name in found):
+        raise InvalidInput(f"LoRA target parameters must be named, got {list(found)!r}")
+    if tuner != "lora":
+        raise InvalidInput("target parameters are LoRA's (PEFT's ParamWrapper), not OFT's")
+    if dropout:
+        # peft/tuners/lora/layer.py ParamWrapper.update_layer
+        raise InvalidInput("LoRA on parameters takes no dropout (PEFT's ParamWrapper: \"lora.ParamWrapper "
+                           f"does not work with lora_dropout != 0\"), got {dropout:g}")
+    return found
 
 
 def _check_exclude(names: Iterable[str]) -> tuple[str, ...]:
@@ -475,6 +508,7 @@ def lora_config(adapter: Adapter, task: str) -> Any:
         modules_to_save=list(adapter.modules_to_save) or None,
         exclude_modules=adapter.excluded_pattern(),
         task_type=peft_task_type(task),  # type: ignore[arg-type]  # PEFT takes the name
+        target_parameters=list(adapter.parameters) or None,
     )
 
 
@@ -567,6 +601,8 @@ def prepare(
         config.exclude_modules = PARAMETRIZATIONS
         if adapter.exclude:
             config.exclude_modules = f"(?:{PARAMETRIZATIONS})|(?:{adapter.excluded_pattern()})"
+        if adapter.parameters:
+            config.target_parameters = _parametrized_targets(model, adapter.parameters)
     _register_quantized_layers(config, adapter, parts)
     try:
         with warnings.catch_warnings():
@@ -600,6 +636,8 @@ def prepare(
         for param in wrapped.parameters():
             if param.requires_grad:
                 param.data = param.data.to(torch.bfloat16)
+    if adapter.quantize_experts:
+        _merge_as_axolotl_pins(wrapped)
     if adapter.kernels:
         # Axolotl: apply_lora_kernel_patches once PEFT has wrapped the model (loaders/model.py ->
         # patch_manager.py apply_post_model_load_patches -> _apply_lora_kernel_patch).
@@ -607,6 +645,69 @@ def prepare(
             raise InvalidInput("Axolotl's fused LoRA kernels need a backend that can patch them in")
         parts.lora_kernels(wrapped, adapter.kernels)
     return wrapped
+
+
+# Axolotl's patch_peft_target_parameters_matching (monkeypatch/moe_quant.py _UNFUSED_TO_FUSED): an
+# unfused projection's name also targets the fused parameter a model stores instead.
+_UNFUSED_TO_FUSED = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def _parametrized_targets(model: torch.nn.Module, names: tuple[str, ...]) -> list[str]:
+    """target_parameters as Axolotl's patch_peft_target_parameters_matching (monkeypatch/moe_quant.py
+    ``_patched_inject_parameters``) matches them on quantized experts: PEFT's _inject_parameters
+    matches a parametrized module's parameter by its module's full name only, Axolotl's by suffix,
+    so each name is expanded to the full names of the parametrized modules it ends (the fused
+    parameter for an unfused name) before PEFT matches them."""
+    expanded = dict.fromkeys(names)
+    for module_name, module in model.named_modules():
+        if not hasattr(module, "parametrizations"):
+            continue
+        for target in names:
+            path, _, name = target.rpartition(".")
+            if not (module_name == path or module_name.endswith("." + path)):
+                continue
+            if hasattr(module, name):
+                expanded[f"{module_name}.{name}"] = None
+            elif hasattr(module, _UNFUSED_TO_FUSED.get(name, "")):
+                expanded[f"{module_name}.{_UNFUSED_TO_FUSED[name]}"] = None
+    return list(expanded)
+
+
+def _merge_as_axolotl_pins(model: torch.nn.Module) -> None:
+    """LoRA on quantized experts as the PEFT Axolotl pins (pyproject.toml: peft==0.19.1) merges it:
+    each ParamWrapper over a parameter bitsandbytes parametrizes (quantize_moe_experts) registers
+    ``_LoraParameterProxy(get_delta_weight(...))``, the delta materialized in the parameter's shape
+    (peft 0.19.1 tuners/lora/layer.py ``ParamWrapper._activate_lora``, the same code as this PEFT's
+    branch for several adapters). This PEFT's single-adapter ``_LoraFactorsProxy`` is not removed from a
+    list that holds another parametrization (``_remove_parametrizations`` looks for
+    ``_LoraParameterProxy`` only: "Could not find any LoRA parametrization"), and the next forward then
+    fails setting requires_grad on the packed uint8 weight."""
+    import torch.nn.utils.parametrize as P
+    from peft.tuners.lora.layer import ParamWrapper, _LoraParameterProxy
+
+    @contextlib.contextmanager
+    def activate_lora(self: Any, active_adapters: list[str]) -> Iterator[None]:
+        adapters = [a for a in active_adapters if a in self.lora_A]
+        if not adapters:
+            yield
+            return
+        delta_weight = self.get_delta_weight(adapters[0])
+        for name in adapters[1:]:
+            delta_weight = delta_weight + self.get_delta_weight(name)
+        base_layer = self.get_base_layer()
+        requires_grad_before = self.get_param().requires_grad
+        P.register_parametrization(base_layer, self.parameter_name, _LoraParameterProxy(delta_weight))
+        base_layer.parametrizations[self.parameter_name].original.requires_grad_(requires_grad_before)
+        try:
+            with P.cached():
+                yield
+        finally:
+            self._remove_parametrizations()
+
+    for module in model.modules():
+        if isinstance(module, ParamWrapper) and P.is_parametrized(module.get_base_layer(),
+                                                                  module.parameter_name):
+            module._activate_lora = MethodType(activate_lora, module)  # type: ignore[method-assign]
 
 
 def quant_storage(adapter: Adapter, fsdp: bool) -> str:

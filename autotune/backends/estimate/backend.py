@@ -38,6 +38,7 @@ from typing import Any
 from autotune.backends.distributed import Distributed, recompute_under
 from autotune.backends.estimate.alloc_conf import AllocatorConfig
 from autotune.backends.estimate.liger import (
+    route_scattermoe_lora,
     swap_in,
     swap_in_fused_attention,
     swap_in_hub_kernels,
@@ -548,6 +549,8 @@ class EstimateBackend:
                     swap_in_hub_kernels(model, self.gpu)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
+                    if workload.experts_kernel is not None:  # ScatterMoE's LoRA on the experts
+                        route_scattermoe_lora(model)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)

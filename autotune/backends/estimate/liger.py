@@ -64,6 +64,15 @@ def swap_in_scattermoe(model: torch.nn.Module) -> None:
     apply(model, outside_allocator)
 
 
+def route_scattermoe_lora(model: torch.nn.Module) -> None:
+    """Axolotl's fast path for LoRA on ScatterMoE experts (workload/scattermoe.py route_lora: its
+    patch of PEFT's ParamWrapper.forward), on the wrappers PEFT put around the emulated experts."""
+    from autotune.backends.estimate.tracker import outside_allocator
+    from autotune.workload.scattermoe import route_lora
+
+    route_lora(model, outside_allocator)
+
+
 def swap_in_hub_kernels(model: torch.nn.Module, gpu: GpuSpec) -> None:
     """transformers' kernelize under use_kernels: the hub kernels it swaps into ``model``, emulated
     (workload/hub_kernels.py), LigerRMSNorm's per-SM partials sized by the target card's

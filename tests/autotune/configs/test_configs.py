@@ -477,6 +477,27 @@ def test_axolotl_lora_model_dir_reads_the_saved_adapter(tmp_path):
         read(tmp_path, {**AXOLOTL_QLORA, "lora_model_dir": "absent"}, "a.yml")
 
 
+def test_axolotl_s_lora_target_parameters_are_peft_s_target_parameters(tmp_path):
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_parameters": experts, "lora_dropout": 0.0}, "a.yml")
+    assert plan.adapter.parameters == tuple(experts) and plan.adapter.targets == ("all-linear",)
+    assert any(n.startswith("lora_target_parameters: LoRA on the parameters mlp.experts.gate_up_proj")
+               for n in plan.notes)
+    # _build_peft_lora_config: target_modules=[] beside them when no module is named
+    plan = read(tmp_path, {**AXOLOTL_QLORA, "lora_target_linear": None, "lora_target_parameters": experts,
+                           "lora_dropout": 0.0}, "b.yml")
+    assert plan.adapter.targets == () and "on the parameters mlp.experts" in plan.adapter.label()
+    from autotune.workload.adapters import lora_config
+
+    config = lora_config(plan.adapter, "causal-lm")
+    assert (config.target_modules, config.target_parameters) == (set(), experts)
+    with pytest.raises(InvalidInput, match="validate_lora_target_parameters_dropout"):
+        read(tmp_path, {**AXOLOTL_QLORA, "lora_target_parameters": experts}, "c.yml")
+    with pytest.raises(InvalidInput, match="must be a list of parameter names"):
+        read(tmp_path, {**AXOLOTL_QLORA, "lora_target_parameters": "mlp.experts.down_proj",
+                        "lora_dropout": 0.0}, "d.yml")
+
+
 AXOLOTL_ADAPTER_REFUSED = [
     # (changes to AXOLOTL_QLORA, key named, words of the reason)
     ({"adapter": "lora"}, "load_in_4bit", "quantizes for qlora only"),
@@ -486,7 +507,6 @@ AXOLOTL_ADAPTER_REFUSED = [
     ({"lora_target_modules": ["q_proj", "embed_tokens"]}, "lora_target_modules", "embed_tokens beside"),
     ({"lora_rank_pattern": {"q_proj": 8}}, "lora_rank_pattern", "per-module ranks"),
     ({"peft_layers_to_transform": [0, 1]}, "peft_layers_to_transform", "some layers only"),
-    ({"lora_target_parameters": ["experts.gate_up_proj"]}, "lora_target_parameters", "target_parameters"),
     ({"peft_trainable_token_indices": [5]}, "peft_trainable_token_indices", "token embeddings"),
     ({"peft_autocast_adapter_dtype": False}, "peft_autocast_adapter_dtype", "float32"),
     ({"lora_on_cpu": True}, "lora_on_cpu", "CPU"),
@@ -749,9 +769,17 @@ def test_the_kernels_plugin_with_scattermoe_runs_the_emulated_experts(tmp_path, 
     assert any(n.startswith("use_kernels: True: KernelsPlugin sets it true") for n in config.notes)
 
 
+def test_scattermoe_with_lora_on_the_experts_runs_its_emulated_lora(tmp_path):
+    config = read(tmp_path, {**KERNELS, "adapter": "lora", "lora_target_modules": ["q_proj"], "lora_r": 8,
+                             "lora_target_parameters": ["mlp.experts.gate_up_proj"], "lora_alpha": 16},
+                  "a.yml")
+    assert config.request.step.experts_kernel == "scattermoe"
+    assert config.adapter.parameters == ("mlp.experts.gate_up_proj",)
+    assert any(n.startswith("use_scattermoe with LoRA on the experts' parameters: LoRA on the experts runs "
+                            "ScatterMoE's fused LoRA") and "emulated" in n for n in config.notes)
+
+
 @pytest.mark.parametrize(("keys", "key"), [
-    ({"adapter": "lora", "lora_target_parameters": ["mlp.experts.gate_up_proj"],
-      "lora_target_modules": ["q_proj"]}, "lora_target_parameters"),
     ({"moe_bnb_fast": False}, "moe_bnb_fast"),
     ({"use_dsv4_kernels": True}, "use_dsv4_kernels"),
     ({"dsv4_fp4_grouped_mode": "nvfp4"}, "dsv4_fp4_grouped_mode"),

@@ -139,3 +139,83 @@ def test_8bit_experts_and_the_cuda_backend_are_refused_by_name() -> None:
     with pytest.raises(BackendUnavailable, match="experts kernel scattermoe .* estimate backend only"):
         with backend.cell(workload, None, 64, 1 << 30):  # type: ignore[arg-type]
             pass
+
+
+def wrapped_experts(dtype: torch.dtype = torch.float32, names: tuple[str, ...] = ("gate_up_proj", "down_proj")
+                    ) -> torch.nn.Module:
+    """Experts in a PEFT ParamWrapper chain (target_parameters), LoRA B random (not PEFT's zeros)."""
+    from peft import LoraConfig, get_peft_model
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.experts = experts(dtype)
+
+        def forward(self, *args):
+            return self.experts(*args)
+
+    torch.manual_seed(2)
+    config = LoraConfig(r=2, lora_alpha=4, target_modules=[], init_lora_weights=False,
+                        target_parameters=[f"experts.{n}" for n in names])
+    return get_peft_model(Block(), config).base_model.model
+
+
+def lora_weights(block) -> list[torch.Tensor]:
+    return [p for n, p in block.named_parameters() if "lora_" in n]
+
+
+@pytest.mark.parametrize("names", [("gate_up_proj", "down_proj"), ("down_proj",)])
+def test_lora_on_the_experts_gives_peft_s_merged_outputs_and_gradients(names) -> None:
+    block = wrapped_experts(names=names)
+    x, index, weights = routing()
+    want = block(x, index, weights)  # PEFT's ParamWrapper: the delta merged, transformers' eager loop
+    want_grads = torch.autograd.grad(want.square().sum(), [x, weights, *lora_weights(block)])
+    assert scattermoe.apply(block, contextlib.nullcontext) == 1
+    assert scattermoe.route_lora(block, contextlib.nullcontext) == 1
+    got = block(x, index, weights)  # the fast path: ScatterMoELoRA on each LoRA'd projection
+    grads = torch.autograd.grad(got.square().sum(), [x, weights, *lora_weights(block)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)
+
+
+def test_lora_allocations_are_scattermoe_lora_s_buffers() -> None:
+    bf16, f32, long = torch.bfloat16, torch.float32, torch.long
+    block = wrapped_experts(bf16)  # PEFT's LoRA float32, the base frozen
+    x, index, weights = routing(bf16)
+    mode = Allocations((*ALLOCATING, "_to_copy", "clone", "index"))
+    scattermoe.apply(block, mode.registers)
+    scattermoe.route_lora(block, mode.registers)
+    with mode:
+        out = block(x, index, weights)
+        forward = list(mode.made)
+        mode.made.clear()
+        out.backward(torch.ones_like(out))
+    L, r = T * K, 2
+    assert forward == [
+        # experts_lora_fastpath.py, the outer wrapper (down_proj: A [r*E, M], B [H, r*E]) first: A and B
+        # cast to the activations' dtype, B's expert-major copy (peft_lora_B_to_scattermoe: contiguous)
+        ((r * E, M), bf16), ((H, r * E), bf16), ((H, E, r), bf16),
+        ((r * E, H), bf16), ((2 * M, r * E), bf16), ((2 * M, E, r), bf16),  # then gate_up_proj's
+        ((L,), long), ((L,), long), ((E,), long), ((E,), long),  # flatten_sort_count
+        ((L, 2 * M), bf16),  # ScatterMoELoRA(gate_up): scatter2scatter_lora's torch.empty((L, N))
+        ((L, H), bf16),  # ScatterMoELoRA(down): its output, saved as output_expanded
+        ((T, 1, H), bf16),  # (gates.unsqueeze(1) @ output_expanded)
+    ]
+    assert mode.made == [
+        ((T, K, 1), bf16),  # down's backward: d_gates; group(grad_out) into output_expanded
+        ((E, H, r), bf16), ((L, r), bf16),  # w_yb = lora_B...permute(1, 0, 2).contiguous(), yb
+        ((E, M, r), bf16), ((L, r), bf16),  # w_xa = lora_A...permute(0, 2, 1).contiguous(), xa
+        ((r * E, M), bf16), ((H, r * E), bf16),  # grouped_lora_weight_grads: empty_like(A), empty_like(B)
+        ((L, M), bf16),  # scatter2scatter(grouped_grad_out, W^T): d_expanded_input (x grouped)
+        ((L, M), bf16),  # _compute_lora_input_grad's scatter2scatter(yb, A), added in place
+        ((L, H), bf16),  # gate_up's backward: group(x, fan_out=k), reused as d_expanded_input
+        ((E, 2 * M, r), bf16), ((L, r), bf16), ((E, H, r), bf16), ((L, r), bf16),  # w_yb, yb, w_xa, xa
+        ((r * E, H), bf16), ((2 * M, r * E), bf16),  # dA, dB
+        ((L, H), bf16),  # _compute_lora_input_grad's product
+        ((L, H), bf16),  # d_expanded_input[sorted_scattered_idxs] += ...: the index's copy
+        ((T, H), bf16),  # d_expanded_input.view(T, k, H).sum(-2)
+        # autograd through the fast path: B's layout copy, then the casts' float32 gradients
+        ((2 * M, r, E), bf16), ((2 * M, r * E), f32), ((r * E, H), f32),
+        ((H, r, E), bf16), ((H, r * E), f32), ((r * E, M), f32),
+    ]
