@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import warnings
 
-import pytest
 import torch
 
 from autotune.backends.estimate.attention import AttentionKernels
@@ -27,10 +26,8 @@ def fake_model(method: str, model: str = "tiny-qwen3_moe"):
         return EstimateBackend(resolve_gpu("H100-80GB"))._model(workload)
 
 
-# The fix is the autocastoff branch's (emulation.py: torch's autocast state followed, so regions a
-# model runs with autocast disabled run uncast); strict: drop the mark once it is merged.
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="needs autocastoff: emulated autocast paused in autocast-disabled regions")
+# The estimator crashed here until emulation.py followed torch's autocast state, so that regions a
+# model runs with autocast disabled (PEFT's _LoraFactorsProxy.forward) run uncast, as on CUDA.
 def test_qlora_on_fused_experts_traces_their_float32_weights_under_bf16_autocast():
     # prepare_model_for_kbit_training casts every 16-bit parameter that bitsandbytes did not
     # quantize (the fused experts: it replaces nn.Linear only) to float32, and Axolotl casts back
