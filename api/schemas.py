@@ -590,7 +590,7 @@ class ExplainPublic(BaseModel):
     attn: str
     optimizer: str
     weights_dtype: str = Field(description="float32, bfloat16 or float16")
-    loss: str = Field(description="full or chunked")
+    loss: str = Field(description="full, chunked (Liger's), cce (Cut Cross-Entropy) or chunked_nll (TRL's)")
     mode: str
     seq_len: int
     gpu_name: str
