@@ -590,7 +590,8 @@ class ExplainPublic(BaseModel):
     attn: str
     optimizer: str
     weights_dtype: str = Field(description="float32, bfloat16 or float16")
-    loss: str = Field(description="full or chunked")
+    loss: str = Field(description="full, chunked (Liger's), cce (Cut Cross-Entropy), chunked_nll (TRL's), "
+                                  "dft or eaft (LLaMA-Factory's)")
     mode: str
     seq_len: int
     gpu_name: str

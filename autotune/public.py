@@ -9,7 +9,8 @@ The step every function models (README, "What step is modelled"): ``task=None`` 
 config was built for (its ``architectures``; else causal-lm for decoder-only models, else
 sequence-classification); ``dtype="auto"`` the weights' dtype as ``from_pretrained`` loads them (the
 config's ``torch_dtype``, else float32); ``optimizer`` a Trainer ``optim`` name (default
-``adamw_torch_fused``, the Trainer's); ``loss="chunked"`` a fused linear cross-entropy (causal-lm).
+``adamw_torch_fused``, the Trainer's); ``loss="chunked"`` Liger's fused linear cross-entropy, "cce" Cut
+Cross-Entropy, "chunked_nll" TRL's chunked loss (causal-lm; workload/loss.py LOSSES).
 Results say which step they are for (``task``, ``weights_dtype``, ``optimizer``, ``attn``, ``loss``,
 ``adapter``).
 

@@ -378,10 +378,11 @@ class Step:
                             "Trainer's)", choices=OPTIMIZER_NAMES)
     attn: str | None = option(None, "attention implementation (default: what transformers picks on "
                               "CUDA)", choices=ATTN_CHOICES)
-    loss: str = option(DEFAULT_LOSS, "full: the model's loss over full logits; chunked: a fused linear "
-                       "cross-entropy that never holds them (Liger's; causal-lm); dft, eaft: LLaMA-Factory's "
-                       "per-token weighted losses over the float32 logits (use_dft_loss, use_eaft_loss)",
-                       choices=LOSSES)
+    loss: str = option(DEFAULT_LOSS, "full: the model's loss over full logits; chunked: Liger's fused "
+                       "linear cross-entropy; cce: Cut Cross-Entropy (Axolotl's CutCrossEntropyPlugin); "
+                       "chunked_nll: TRL's SFT default (the last three never hold the full logits; "
+                       "causal-lm); dft, eaft: LLaMA-Factory's per-token weighted losses over the float32 "
+                       "logits (use_dft_loss, use_eaft_loss)", choices=LOSSES)
     ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "

@@ -100,7 +100,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         _missing(flags, None)
         return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model,
                                                        experts_kernel=flags.step.experts_kernel is not None),
-                                        *_attention_notes(flags), *_fp8_notes(flags)))
+                                        *_attention_notes(flags), *_fp8_notes(flags), *_loss_notes(flags)))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
     config = read_training_configs(args.from_config, card, trainer=flags.step.trainer)
@@ -119,12 +119,22 @@ def _plan(args: argparse.Namespace) -> Plan:
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
                           fused_attn_kernel=bool(request.step.fused_attn_kernel),
                           experts_kernel=request.step.experts_kernel is not None)
-    notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request))
+    notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request),
+             *_loss_notes(request))
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import no_layer_notes
 
         notes = (*notes, *no_layer_notes(request.step.model, adapter.kernels))
     return Plan(request, (*read, *config.notes, *remote, *notes), config.ignored)
+
+
+def _loss_notes(request: CheckRequest) -> tuple[str, ...]:
+    """Which loss the step runs where it is Cut Cross-Entropy or TRL's chunked_nll (workload/loss.py
+    LOSS_KINDS): the first emulated, the second TRL's code written from its source."""
+    from autotune.workload.loss import LOSS_KINDS
+
+    loss = request.step.loss
+    return (f"loss {loss}: {LOSS_KINDS[loss]}",) if loss in ("cce", "chunked_nll") else ()
 
 
 def _attention_notes(request: CheckRequest) -> tuple[str, ...]:

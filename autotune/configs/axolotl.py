@@ -21,6 +21,7 @@ from autotune.configs.lora import (
     target_names,
 )
 from autotune.configs.reading import (
+    CCE_NOTE,
     CHUNKED_NOTE,
     COMPILE,
     DORA,
@@ -1241,8 +1242,13 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     linearized = _axolotl_linearized_experts(cfg)
     loss = None
     if cce:
-        loss = "chunked"
-        cfg.notes.append(f"cut_cross_entropy: {CHUNKED_NOTE}")
+        if cfg.data.get("cut_cross_entropy") and cfg.flag("liger_fused_linear_cross_entropy"):
+            # schemas/validation.py check_cross_entropy_conflicts, on the keys as written
+            raise InvalidInput(f"cut_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
+                               "Axolotl refuses them together (\"Only one cross entropy optimization can "
+                               "be enabled at a time\"); keep one")
+        loss = "cce"
+        cfg.notes.append(f"cut_cross_entropy: {CCE_NOTE}")
     if cfg.flag("liger_fused_linear_cross_entropy"):
         loss = "chunked"
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")

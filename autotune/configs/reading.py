@@ -47,6 +47,10 @@ REENTRANT = ("torch.utils.checkpoint's reentrant path, traced: each layer's forw
 
 PACKED_NOTE = "every row filled to seq_len (the padded worst case autotune models)"
 CHUNKED_NOTE = "logits computed in chunks, never the full [batch, seq, vocab] tensor (loss: chunked)"
+CCE_NOTE = ("Cut Cross-Entropy (Axolotl's fork of apple/ml-cross-entropy): logits never materialised, "
+            "its Triton kernels' memory emulated (loss: cce)")
+CHUNKED_NLL_NOTE = ("TRL's chunked_nll: logits of 256 tokens at a time in float32, each chunk recomputed in "
+                    "backward (loss: chunked_nll)")
 
 
 @dataclass(frozen=True)

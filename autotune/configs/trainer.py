@@ -18,7 +18,7 @@ from autotune.configs.lora import (
 )
 from autotune.configs.preference import PREFERENCE_FIELDS, read_preference, trainer_of
 from autotune.configs.reading import (
-    CHUNKED_NOTE,
+    CHUNKED_NLL_NOTE,
     COMPILE,
     DORA,
     OFFLOAD,
@@ -136,8 +136,8 @@ _INIT_REFUSED = {"load_in_4bit": "transformers 5's from_pretrained has no load_i
                                  "base is quantization_config: {load_in_8bit: true}",
                  "max_memory": OFFLOAD, "offload_folder": OFFLOAD}
 # TRL's chunked_nll loss (trl/trainer/sft_trainer.py _chunked_cross_entropy_loss): 256-token chunks
-# of logits, each recomputed in its backward; the default loss_type since TRL 1.7.
-_SFT_LOSSES = {"chunked_nll": "chunked", "nll": None}
+# of logits, each recomputed in its backward (workload/chunked_nll.py); the default loss_type since TRL 1.7.
+_SFT_LOSSES = {"chunked_nll": "chunked_nll", "nll": None}
 
 
 def read_trainer(cfg: Config, fmt: str, trainer: str | None = None) -> TrainingConfig:
@@ -491,15 +491,25 @@ def _trainer_seq_len(cfg: Config, sft: bool) -> int | None:
 
 
 def _sft_loss(cfg: Config) -> str | None:
+    """SFTConfig's loss_type: unset, "chunked_nll" unless use_liger_kernel (sft_config.py
+    ``__post_init__``); chunked_nll with use_liger_kernel is refused (sft_trainer.py ``__init__``)."""
     loss_type = cfg.text("loss_type")
+    liger = cfg.flag("use_liger_kernel")
     if loss_type is None:
-        cfg.notes.append(f"loss_type: not set, TRL's default chunked_nll (TRL >= 1.7): {CHUNKED_NOTE}; "
+        if liger:
+            cfg.notes.append("loss_type: not set, TRL's default nll with use_liger_kernel (sft_config.py)")
+            return None
+        cfg.notes.append(f"loss_type: not set, TRL's default chunked_nll (TRL >= 1.7): {CHUNKED_NLL_NOTE}; "
                          "write loss_type: nll for an older TRL")
-        return "chunked"
+        return "chunked_nll"
     if loss_type not in _SFT_LOSSES:
         raise cfg.unmodelled("loss_type", loss_type, "autotune models the losses nll and chunked_nll")
+    if _SFT_LOSSES[loss_type] and liger:
+        raise InvalidInput(f"loss_type chunked_nll and use_liger_kernel in {cfg.file!r}: TRL refuses them "
+                           "together (\"`loss_type='chunked_nll'` is not compatible with "
+                           "`use_liger_kernel=True`\"); drop one")
     if _SFT_LOSSES[loss_type]:
-        cfg.notes.append(f"loss_type: chunked_nll: {CHUNKED_NOTE}")
+        cfg.notes.append(f"loss_type: chunked_nll: {CHUNKED_NLL_NOTE}")
     return _SFT_LOSSES[loss_type]
 
 

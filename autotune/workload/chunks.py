@@ -2,8 +2,10 @@
 
 A chunked loss runs its rows (batch x sequence tokens) a chunk at a time, and the library chooses
 the chunks from the row count by a formula that is not affine in it: Liger's fused linear
-cross-entropy rounds the chunk size to a power of two (``LigerChunks``), so the chunk count and the
-last chunk's size jump from one batch to the next. The trace of a step at one batch then says
+cross-entropy rounds the chunk size to a power of two (``LigerChunks``), TRL's chunked_nll takes
+fixed 256-token chunks (``FixedChunks``), so the chunk count and the last chunk's size jump from
+one batch to the next; Cut Cross-Entropy has no loop, but sizes its lock arrays by the rows
+rounded up to blocks of 128 (``LockRows``). The trace of a step at one batch then says
 nothing exact of a batch whose chunks are laid out otherwise (backends/estimate/trace.py), and the
 estimator must know where the layout changes. Each such loop reports its rule and its row count
 here while it runs (``record``); a recording (``recording``) keeps them, in the order first seen.
@@ -31,6 +33,8 @@ class Chunking(Protocol):
 
 LIGER = "liger_fused_linear_cross_entropy"
 ENTROPY = "trl_entropy_from_logits"
+TRL_NLL = "trl_chunked_nll"
+CCE_LOCKS = "cce_locks"
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,41 @@ class LigerChunks:
 
 
 @dataclass(frozen=True)
+class FixedChunks:
+    """TRL's chunked_nll over ``rows`` valid tokens (trl/trainer/sft_trainer.py
+    ``_chunked_cross_entropy_loss``: ``for start in range(0, n_padded, chunk_size)`` with
+    ``n_padded`` the valid count rounded up to whole chunks, each chunk ``hidden[start : start +
+    chunk_size]``, so the last one has what is left; workload/chunked_nll.py runs it)."""
+
+    chunk_rows: int
+
+    def layout(self, rows: int) -> tuple[int, ...]:
+        """(chunks, rows of each but the last, rows of the last), as LigerChunks.layout."""
+        count = -(-rows // self.chunk_rows)
+        last = rows - (count - 1) * self.chunk_rows
+        return count, self.chunk_rows if count > 1 else last, last
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": TRL_NLL, "chunk_rows": self.chunk_rows}
+
+
+@dataclass(frozen=True)
+class LockRows:
+    """Cut Cross-Entropy's lock arrays, one lock per ``block_rows`` rows (cut_cross_entropy/
+    cce_lse_forward.py ``cce_lse_forward_kernel``: ``locks`` of ``triton.cdiv(B, 128)``;
+    cce_backward.py ``cce_backward_kernel``: ``de_locks`` of ``triton.cdiv(B, 128)`` rows): no loop,
+    but a size rounded up, not affine in the rows (workload/cce.py)."""
+
+    block_rows: int
+
+    def layout(self, rows: int) -> tuple[int, ...]:
+        return (-(-rows // self.block_rows),)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": CCE_LOCKS, "block_rows": self.block_rows}
+
+
+@dataclass(frozen=True)
 class FirstChunk:
     """A loop that the estimator writes as its first chunk of ``chunk_rows`` rows and its results
     (backends/estimate/preference.py ``entropy_from_logits``, TRL's ``entropy_from_logits``
@@ -82,6 +121,10 @@ def from_json(document: Mapping[str, Any]) -> Chunking:
         return LigerChunks(int(document["hidden"]), int(document["vocab"]))
     if document["kind"] == ENTROPY:
         return FirstChunk(int(document["chunk_rows"]))
+    if document["kind"] == TRL_NLL:
+        return FixedChunks(int(document["chunk_rows"]))
+    if document["kind"] == CCE_LOCKS:
+        return LockRows(int(document["block_rows"]))
     raise ValueError(f"unknown chunking {document['kind']!r}")
 
 

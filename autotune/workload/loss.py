@@ -1,4 +1,9 @@
-"""The loss of the training step: the model's own, or a fused linear cross-entropy over chunks.
+"""The loss of the training step: the model's own, or a linear cross-entropy that never holds the logits.
+
+Six losses (``LOSSES``, each named in the answer by ``LOSS_KINDS``): ``full`` and ``chunked`` here,
+``cce`` (Apple's Cut Cross-Entropy, Axolotl's CutCrossEntropyPlugin: workload/cce.py),
+``chunked_nll`` (TRL's SFTTrainer default: workload/chunked_nll.py), and ``dft`` and ``eaft``
+(LLaMA-Factory's per-token weighted losses over the full logits: workload/lf_losses.py).
 
 ``full``: ``model(**batch).loss``, what a user's script and the Trainer compute. A causal LM's
 loss (transformers ``loss_utils.ForCausalLMLoss``) upcasts the logits to float32 and runs
@@ -38,7 +43,16 @@ if TYPE_CHECKING:
     import torch
 
 # "dft", "eaft": LLaMA-Factory's per-token weighted losses over the full float32 logits (lf_losses.py).
-LOSSES = ("full", "chunked", "dft", "eaft")
+LOSSES = ("full", "chunked", "cce", "chunked_nll", "dft", "eaft")
+# What each loss is, as the answer names it.
+LOSS_KINDS = {
+    "full": "the model's own loss over the full logits",
+    "chunked": "Liger's fused linear cross-entropy, emulated (workload/loss.py)",
+    "cce": "Cut Cross-Entropy (Axolotl's fork of apple/ml-cross-entropy), emulated (workload/cce.py)",
+    "chunked_nll": "TRL's chunked_nll, 256-token chunks recomputed in backward (workload/chunked_nll.py)",
+    "dft": "LLaMA-Factory's DFT loss over the float32 logits (workload/lf_losses.py)",
+    "eaft": "LLaMA-Factory's EAFT loss over the float32 logits (workload/lf_losses.py)",
+}
 # Tasks with a per-token LM head whose input is the base model's output (a vision-language model's
 # base model takes the images too and returns the text's last hidden states, as its forward uses them).
 CHUNKED_TASKS = ("causal-lm", "image-text-to-text")
@@ -68,15 +82,26 @@ def liger_chunk_size(rows: int, hidden: int, vocab: int) -> int:
 def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The causal-LM loss of ``batch`` by a fused linear cross-entropy (module docstring).
 
-    The hidden states come from the base model (``model.base_model``, as the model's own forward
-    calls it), the labels are shifted as ``ForCausalLMLoss`` shifts them (padded with
-    IGNORE_INDEX, then ``[..., 1:]``, as Liger's ``LigerForCausalLMLoss``), and the mean is over
-    the labels that are not IGNORE_INDEX.
+    The hidden states come from the base model (``lm_hidden_states``), the labels are shifted as
+    ``ForCausalLMLoss`` shifts them (padded with IGNORE_INDEX, then ``[..., 1:]``, as Liger's
+    ``LigerForCausalLMLoss``), and the mean is over the labels that are not IGNORE_INDEX.
     """
     import torch.nn.functional as F
 
+    hidden, head = lm_hidden_states(model, batch, "chunked")
+    check_logits(model, "chunked")
+    labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
+    return _fused_function().apply(
+        hidden.view(-1, hidden.shape[-1]), head.weight, labels.view(-1), head.bias)
+
+
+def lm_hidden_states(model: Any, batch: dict[str, torch.Tensor], loss: str) -> tuple[torch.Tensor, Any]:
+    """The last hidden states [batch, seq, hidden] of ``batch`` and the linear LM head, as a loss
+    that skips the head calls them: the base model (``model.base_model``, as the model's own
+    forward calls it, and as TRL's and Cut Cross-Entropy's patched forwards do) on every input but
+    the labels."""
     head = model.get_output_embeddings()
-    _check_head(model, head)
+    _check_head(model, head, loss)
     inputs = {name: value for name, value in batch.items() if name != "labels"}
     # A PEFT model's base_model is its tuner (whose forward is the whole LM): the LM's own base
     # model, with PEFT's layers injected, gives the hidden states.
@@ -87,22 +112,24 @@ def chunked_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         # Llama4ForCausalLM's "language_model"): its text model gives the hidden states of a step
         # without images (workload/vision.py refuses Llama 4's), as its forward does from the embeddings.
         base = getattr(getattr(lm, "language_model", lm), "model", base)
-    hidden = base(**inputs)[0]  # last_hidden_state
-    labels = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[..., 1:].contiguous()
-    return _fused_function().apply(
-        hidden.view(-1, hidden.shape[-1]), head.weight, labels.view(-1), head.bias)
+    return base(**inputs)[0], head  # last_hidden_state
 
 
-def _check_head(model: Any, head: Any) -> None:
+def _check_head(model: Any, head: Any, loss: str) -> None:
     from torch import nn
 
     if not isinstance(head, nn.Linear):
-        raise InvalidInput(f"loss 'chunked' needs a linear output head; {type(model).__name__} "
+        raise InvalidInput(f"loss {loss!r} needs a linear output head; {type(model).__name__} "
                            f"has {type(head).__name__}")
+
+
+def check_logits(model: Any, loss: str, modelled: tuple[str, ...] = ()) -> None:
+    """InvalidInput where the model transforms its logits between the head and the loss by a config
+    attribute (_LOGIT_TRANSFORMS) that ``loss`` does not apply (``modelled``: those it does)."""
     for name in _LOGIT_TRANSFORMS:
         value = getattr(model.config, name, None)
-        if value is not None and value != 1:
-            raise InvalidInput(f"loss 'chunked' does not model {name}={value} of "
+        if value is not None and value != 1 and name not in modelled:
+            raise InvalidInput(f"loss {loss!r} does not model {name}={value} of "
                                f"{type(model).__name__}: use loss 'full'")
 
 

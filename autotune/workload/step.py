@@ -456,7 +456,8 @@ def run_steps(
     estimator writes the remaining steps' allocations itself: estimate/steps.py).
 
     ``loss``: "full", the model's own loss; "chunked", Liger's fused linear cross-entropy
-    (loss.chunked_lm_loss), which never materializes the logits.
+    (loss.chunked_lm_loss); "cce", Cut Cross-Entropy (cce.py); "chunked_nll", TRL's (chunked_nll.py):
+    none of the three materializes the logits.
 
     ``forward(**batch)``: the loss where a wrapper computes it (a multi-GPU job's DDP or FSDP2
     root around the model and its loss); default ``step_loss``.
@@ -481,15 +482,19 @@ def run_steps(
 
 
 def step_loss(model: Any, batch: dict[str, torch.Tensor], loss: str) -> torch.Tensor:
-    """The step's loss of ``batch``: the model's own (``full``), Liger's fused linear
-    cross-entropy (``chunked``, loss.chunked_lm_loss), or LLaMA-Factory's ``compute_loss_func``
-    (``dft``, ``eaft``: lf_losses.lf_loss)."""
+    """The step's loss of ``batch``: the model's own (``full``), Liger's fused linear cross-entropy
+    (``chunked``, loss.chunked_lm_loss), Cut Cross-Entropy (``cce``, cce.cce_lm_loss), TRL's
+    chunked_nll (``chunked_nll``, chunked_nll.chunked_nll_loss), or LLaMA-Factory's
+    ``compute_loss_func`` (``dft``, ``eaft``: lf_losses.lf_loss)."""
+    from autotune.workload.cce import cce_lm_loss
+    from autotune.workload.chunked_nll import chunked_nll_loss
     from autotune.workload.lf_losses import LF_LOSSES, lf_loss
     from autotune.workload.loss import chunked_lm_loss
 
     if loss in LF_LOSSES:
         return lf_loss(model, batch, loss)
-    return chunked_lm_loss(model, batch) if loss == "chunked" else model(**batch).loss
+    losses = {"chunked": chunked_lm_loss, "cce": cce_lm_loss, "chunked_nll": chunked_nll_loss}
+    return losses[loss](model, batch) if loss in losses else model(**batch).loss
 
 
 @contextlib.contextmanager

@@ -94,7 +94,7 @@ def test_malformed_gpu_memory_is_422(client, size):
                             "adafactor, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, sgd"),
     ({"attn": "flash"}, "unknown attention 'flash': allowed are sdpa, eager, flash_attention_2"),
     ({"dtype": "int8"}, "unknown dtype 'int8': allowed are auto, float32, bfloat16, float16"),
-    ({"loss": "chunky"}, "unknown loss 'chunky': allowed are full, chunked"),
+    ({"loss": "chunky"}, "unknown loss 'chunky': allowed are full, chunked, cce, chunked_nll"),
     ({"loss": "chunked"}, "loss 'chunked' needs a per-token language-model head"),
     ({"margin": 1.5}, "margin 1.5 is out of range: use a fraction in [0, 1), e.g. 0.05"),
     ({"seq_lens": []}, "seq_lens is empty: give at least one sequence length, e.g. [128, 256]"),

@@ -29,6 +29,8 @@ does, so the tensors autograd saves for backward are the ones CUDA would save.
    The CPU falls back to the math path when dropout is on, which does. See ``attention.py``.
 4. Grouped products (a mixture's experts) off bfloat16: CUDA's fallback loop, which torch's meta
    function refuses (grouped_mm.py).
+5. Triton kernels autotune emulates (Cut Cross-Entropy, workload/cce.py; flash-attn 3; flex attention):
+   given ``registers``, so that what they compute in registers stays outside the caching allocator.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
 from autotune.backends.estimate.tracker import outside_allocator
-from autotune.workload import flash_attn3, flex_attention
+from autotune.workload import cce, chunked_nll, flash_attn3, flex_attention
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -218,6 +220,11 @@ class CudaEmulation(TorchFunctionMode):
             self.attention_kernels.add(flash_attn3.KIND)
             arch = self.kernels.compute_capability or flash_attn3.DEFAULT_ARCH
             return func(*args, **{**kwargs, "arch": arch, "registers": outside_allocator})
+        if func is cce.linear_cross_entropy:  # Cut Cross-Entropy's Triton kernels, emulated
+            return func(*args, **{**kwargs, "registers": outside_allocator})
+        if func is chunked_nll.chunked_cross_entropy_loss:  # run under this emulation, and recomputed so
+            with self:
+                return func(*args, **{**kwargs, "context_fn": lambda: (contextlib.nullcontext(), self)})
         if func is flex_attention.flex_attention:  # torch.compile's Triton kernels, emulated
             self.attention_kernels.add(flex_attention.KIND)
             return func(*args, **{**kwargs, "registers": outside_allocator})

@@ -81,12 +81,12 @@ def test_another_processor_config_is_refused(tmp_path):
         read(tmp_path, {**VLM, "processor_config": "someone/other-processor"})
 
 
-def test_a_fused_cross_entropy_over_a_vlm_is_the_chunked_loss(tmp_path):
+def test_cut_cross_entropy_over_a_vlm_is_the_cce_loss(tmp_path):
     # CutCrossEntropy patches the VLMs' forward (its README lists llava, mistral3, qwen2_vl...): the
-    # base model's hidden states through the head a chunk at a time, as on a causal LM.
+    # base model's hidden states and the head's weight to its kernels, as on a causal LM.
     data = {**VLM, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
     config = read(tmp_path, data)
-    assert (config.request.step.task, config.request.step.loss) == ("image-text-to-text", "chunked")
+    assert (config.request.step.task, config.request.step.loss) == ("image-text-to-text", "cce")
 
 
 def test_the_example_config_is_read():

@@ -93,8 +93,20 @@ def test_trl_sft_config_is_read_whole(tmp_path):
     assert (plan.format, plan.model, plan.seq_len, plan.batch_size, plan.mode, plan.task) == (
         "trl-sft", "Qwen/Qwen2.5-0.5B", 2048, 2, Mode("bf16", True), "causal-lm")
     assert (plan.dtype, plan.attn, plan.loss, plan.optimizer) == (
-        "bfloat16", "flash_attention_2", "chunked", "adamw_torch_fused")
+        "bfloat16", "flash_attention_2", "chunked_nll", "adamw_torch_fused")
     assert "packing: every row filled to seq_len (the padded worst case autotune models)" in plan.notes
+
+
+def test_trl_s_loss_type_is_chunked_nll_unless_liger_runs(tmp_path):
+    # sft_config.py __post_init__: unset, "nll" with use_liger_kernel, else "chunked_nll"
+    default = "loss_type: not set, TRL's default chunked_nll"
+    assert any(n.startswith(default) for n in read(tmp_path, SFT).notes)
+    liger = read(tmp_path, {**SFT, "use_liger_kernel": True}, "b.json")
+    assert liger.loss == "chunked"  # Liger's fused linear cross-entropy, its default kernel
+    assert "loss_type: not set, TRL's default nll with use_liger_kernel (sft_config.py)" in liger.notes
+    # sft_trainer.py: chunked_nll with use_liger_kernel raises
+    with pytest.raises(InvalidInput, match="not compatible with `use_liger_kernel=True`"):
+        read(tmp_path, {**SFT, "use_liger_kernel": True, "loss_type": "chunked_nll"}, "c.json")
 
 
 def test_trl_sft_defaults_are_trls(tmp_path):
@@ -147,7 +159,7 @@ def test_axolotl_defaults_and_global_batch(tmp_path):
     assert "bf16: not set: Axolotl's default auto (utils/schemas/config.py)" in found.notes
     assert read(tmp_path, {"base_model": "m", "sdp_attention": True, "bf16": False}, "a.yaml").attn == "sdpa"
     assert read(tmp_path, {"base_model": "m", "cut_cross_entropy": True, "bf16": True},
-                "a.yaml").loss == "chunked"
+                "a.yaml").loss == "cce"
 
 
 def test_autotune_format_is_read_whole(tmp_path):
@@ -339,15 +351,18 @@ def test_axolotl_s_cut_cross_entropy_plugin_turns_it_on_by_default(tmp_path):
     # integrations/cut_cross_entropy/args.py: cut_cross_entropy: Optional[bool] = True
     cce = {**AXOLOTL, "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
     plan = read(tmp_path, cce, "a.yml")
-    assert plan.loss == "chunked"
+    assert plan.loss == "cce"
     default = "cut_cross_entropy: not set, and with CutCrossEntropyPlugin listed"
     assert any(n.startswith(default) for n in plan.notes)
-    assert read(tmp_path, {**cce, "cut_cross_entropy": False}, "b.yml").loss != "chunked"
-    assert read(tmp_path, {**AXOLOTL}, "c.yml").loss != "chunked"  # no plugin, no key: off
+    assert read(tmp_path, {**cce, "cut_cross_entropy": False}, "b.yml").loss != "cce"
+    assert read(tmp_path, {**AXOLOTL}, "c.yml").loss != "cce"  # no plugin, no key: off
     with pytest.raises(InvalidInput, match="Cut Cross Entropy requires fp16/bf16"):
         read(tmp_path, {**cce, "bf16": False}, "d.yml")
     swanlab = "axolotl.integrations.swanlab.SwanLabPlugin"
-    assert read(tmp_path, {**cce, "plugins": [*cce["plugins"], swanlab]}, "e.yml").loss == "chunked"
+    assert read(tmp_path, {**cce, "plugins": [*cce["plugins"], swanlab]}, "e.yml").loss == "cce"
+    # schemas/validation.py check_cross_entropy_conflicts: one of them, as written
+    with pytest.raises(InvalidInput, match="Only one cross entropy optimization"):
+        read(tmp_path, {**cce, "cut_cross_entropy": True, "liger_fused_linear_cross_entropy": True}, "g.yml")
     grouped = read(tmp_path, {**AXOLOTL, "experts_implementation": "grouped_mm"}, "f.yml")
     assert any(n.startswith("experts_implementation: grouped_mm: transformers'") for n in grouped.notes)
 

@@ -1,5 +1,6 @@
-"""The chunked loss: Liger's fused linear cross-entropy, against the model's own loss (values and
-gradients on real tensors) and against the full step's memory (on the estimator)."""
+"""The chunked losses: Liger's fused linear cross-entropy, Cut Cross-Entropy and TRL's chunked_nll,
+against the model's own loss (values and gradients on real tensors) and against the full step's
+and each other's memory (on the estimator)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from autotune.errors import InvalidInput
 from autotune.gpus import custom_gpu
 from autotune.units import MIB
 from autotune.workload import Workload
-from autotune.workload.chunks import LigerChunks
+from autotune.workload.cce import cce_lm_loss
+from autotune.workload.chunked_nll import chunked_nll_loss
+from autotune.workload.chunks import FixedChunks, LigerChunks, LockRows, from_json
 from autotune.workload.loss import check_loss, chunked_lm_loss, liger_chunk_size
 from autotune.workload.models import ModelSpec, resolve_model, tiny_config
 from autotune.workload.modes import parse_mode
@@ -102,7 +105,8 @@ def test_the_instrumented_chunked_step_allocates_what_the_table_step_does():
 def test_check_loss_names_the_allowed_values():
     assert check_loss("full", "sequence-classification") == "full"
     assert check_loss("chunked", "causal-lm") == "chunked"
-    with pytest.raises(InvalidInput, match=r"^unknown loss 'fused': allowed are full, chunked, dft, eaft$"):
+    allowed = "full, chunked, cce, chunked_nll, dft, eaft"
+    with pytest.raises(InvalidInput, match=rf"^unknown loss 'fused': allowed are {allowed}$"):
         check_loss("fused", "causal-lm")
     with pytest.raises(InvalidInput, match=r"^loss 'chunked' needs a per-token language-model head: "
                                            r"task causal-lm or image-text-to-text, not 'masked-lm'$"):
@@ -116,3 +120,98 @@ def test_a_model_that_transforms_its_logits_is_refused():
     batch = make_batch(model.config, "causal-lm", 1, 8)
     with pytest.raises(InvalidInput, match="does not model final_logit_softcapping=30.0"):
         chunked_lm_loss(model, batch)
+
+
+# --- Cut Cross-Entropy (workload/cce.py) and TRL's chunked_nll (workload/chunked_nll.py) ----------
+
+
+def _own_and_other(model, batch, loss_fn):
+    """The model's own loss and gradients, then ``loss_fn``'s."""
+    full = model(**batch).loss
+    full.backward()
+    expected = {name: p.grad.float().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    other = loss_fn(model, batch)
+    other.backward()
+    return full, expected, other
+
+
+def _labelled_llama(dtype):
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec("tiny-llama", "local", tiny_config("llama"), 128), "causal-lm", "eager")
+    model.eval().to(dtype)
+    # 3 x 200 tokens: 597 labelled rows after the shift, less the ignored: 3 of TRL's 256-row chunks
+    batch = make_batch(model.config, "causal-lm", 3, 200)
+    batch["input_ids"] = torch.randint(0, model.config.vocab_size, (3, 200))
+    batch["labels"] = torch.randint(0, model.config.vocab_size, (3, 200))
+    batch["labels"][0, 3] = batch["labels"][2, :5] = -100  # skipped by both
+    return model, batch
+
+
+def test_trl_s_chunked_nll_and_its_gradients_are_the_models_own():
+    model, batch = _labelled_llama(torch.float32)
+    full, expected, chunked = _own_and_other(model, batch, chunked_nll_loss)
+    assert torch.allclose(chunked, full, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_cut_cross_entropy_and_its_gradients_are_the_models_own_in_bf16():
+    # CCE takes 16-bit embeddings and classifier only (cce_backward_kernel's asserts); its float32
+    # arithmetic against the model's bf16 logits: equal to bf16's rounding.
+    model, batch = _labelled_llama(torch.bfloat16)
+    full, expected, cce = _own_and_other(model, batch, cce_lm_loss)
+    assert torch.allclose(cce.float(), full.float(), rtol=1e-3)
+    for name, p in model.named_parameters():
+        scale = expected[name].abs().max()
+        assert (p.grad.float() - expected[name]).abs().max() <= 0.03 * scale, name
+
+
+def test_cut_cross_entropy_refuses_float32_weights():
+    model, batch = _labelled_llama(torch.float32)
+    with pytest.raises(InvalidInput, match=r"loss 'cce' with lm_head weights in float32: .*cce_backward"):
+        cce_lm_loss(model, batch)
+
+
+def _bf16(loss: str) -> Workload:
+    return dataclasses.replace(vocab_heavy(loss), weights_dtype="bfloat16")
+
+
+def test_cut_cross_entropy_peaks_below_liger_s_fused_loss_by_its_weight_gradient_temporaries():
+    # bf16 weights: Liger holds in its forward a chunk of logits ([16, vocab] bf16, 128 KiB) and, on
+    # the estimator's mm path, a [vocab, hidden] product in bf16 (1 MiB) cast to float32 (2 MiB) to
+    # add into grad_weight; CCE writes its gradients in place from its kernels, and holds [rows] and
+    # [vocab] float32 vectors (lse, logit_avg) and int32 locks: none of those.
+    backend = EstimateBackend(custom_gpu(GIB))
+    liger, cce = (_peak_bytes(backend, _bf16(loss), "bf16") for loss in ("chunked", "cce"))
+    weight_f32 = VOCAB * HIDDEN * 4
+    assert weight_f32 <= liger - cce <= weight_f32 * 3 // 2 + 16 * VOCAB * 2, (liger / MIB, cce / MIB)
+
+
+def test_trl_s_chunked_nll_peaks_below_the_full_loss_with_many_chunks():
+    # batch 16 x 127 labelled rows: 8 chunks of 256. The full loss holds three [rows, vocab] float32
+    # tensors (32 MiB each); chunked_nll a chunk's float32 logits, log-softmax and their gradients
+    # ([256, vocab] float32: 4 MiB each) and the float32 copy of the weight and its gradient (2 MiB).
+    backend = EstimateBackend(custom_gpu(GIB))
+    with backend.cell(_bf16("full"), parse_mode("bf16"), SEQ, GIB) as cell:
+        full = cell.fits(16).details["peak_allocated_bytes"]
+    with backend.cell(_bf16("chunked_nll"), parse_mode("bf16"), SEQ, GIB) as cell:
+        chunked = cell.fits(16).details["peak_allocated_bytes"]
+    rows_logits = 16 * SEQ * VOCAB * 4
+    assert 2 * rows_logits < full - chunked < 3 * rows_logits, (full / MIB, chunked / MIB)
+
+
+@pytest.mark.parametrize(("loss", "rule"), [("cce", LockRows(128)), ("chunked_nll", FixedChunks(256))])
+def test_the_new_losses_record_their_layouts_in_the_trace(loss, rule):
+    backend, workload, bf16 = EstimateBackend(custom_gpu(GIB)), _bf16(loss), parse_mode("bf16")
+    with backend.cell(workload, bf16, SEQ, GIB):
+        trace = backend.trace(backend._model(workload), workload, bf16, SEQ, BATCH)
+    # the labels shifted: SEQ - 1 rows a sample (cce.py _build_flat_valids, TRL's labels[..., 1:])
+    assert trace.chunks == ((rule, BATCH * (SEQ - 1)),)
+    assert from_json(rule.to_json()) == rule
+
+
+def test_the_new_losses_layouts():
+    assert FixedChunks(256).layout(200) == (1, 200, 200)
+    assert FixedChunks(256).layout(8 * 2047) == (64, 256, 8 * 2047 - 63 * 256)
+    assert LockRows(128).layout(2047) == (16,) and LockRows(128).layout(2049) == (17,)

@@ -178,6 +178,27 @@ def test_a_chunked_loss_probe_across_a_chunk_boundary_is_the_direct_trace_s():
         assert by_batch[batch].details["peak_allocated_bytes"] == found.peak_allocated_bytes, batch
 
 
+# tiny-llama at 32 tokens: 31 labelled rows a sample. TRL's chunked_nll runs one chunk of 62 and 124
+# rows at batches 2 and 4, and of 248 at 8 (on their line); at 9 two, of 256 and 23. Cut
+# Cross-Entropy's locks: one per 128 rows, 1 at 2, 3 and 4 (a constant line), 2 at 5.
+@pytest.mark.parametrize(("loss", "aligned", "across"), [("chunked_nll", 8, 9), ("cce", 3, 5)])
+def test_the_new_chunked_losses_probes_across_a_boundary_are_the_direct_traces(loss, aligned, across):
+    backend = EstimateBackend(resolve_gpu("H100-80GB"))
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, weights_dtype="bfloat16", loss=loss)
+    mode = parse_mode("bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        probes = _cell_probes(backend, workload, mode, 32, [2, 4, aligned, across])
+        direct = {b: _traces(EstimateBackend(resolve_gpu("H100-80GB")), workload, mode, 32, [b])[0]
+                  for b in (aligned, across)}
+    by_batch = {p.batch_size: p for p in probes}
+    assert by_batch[across].details["estimate"] == "traced"
+    assert by_batch[aligned].details["estimate"] == "extrapolated from batches 2 and 4"
+    for batch, trace in direct.items():
+        found = replay(trace.events(), 10**12, backend.allocator)
+        assert by_batch[batch].details["peak_allocated_bytes"] == found.peak_allocated_bytes, batch
+
+
 def test_a_chunked_loss_max_is_the_one_direct_traces_prove():
     # A vocabulary-heavy GPT-2 (vocab / hidden = 32: Liger runs 32 chunks of 4 x batch rows at the
     # powers of two, e.g. 2 and 64, and fewer, larger ones between: 256 rows from 33 to 64, 512 up to
