@@ -296,6 +296,13 @@ class _Pool:
         if block.prev is None and block.next is None:
             self.whole_segments[block.address] = block
 
+    def take(self, keys: list[tuple[int, int]], index: int) -> _Block:
+        """The free block at ``index`` of ``keys`` (one stream's, ``of_stream``), out of the pool:
+        ``remove(at(index))`` without searching for it again (malloc's hot path)."""
+        address = keys.pop(index)[1]
+        self.whole_segments.pop(address, None)
+        return self._blocks.pop(address)
+
     def remove(self, block: _Block) -> None:
         keys = self.keys[block.stream]
         del keys[bisect.bisect_left(keys, (block.size, block.address))]
@@ -402,11 +409,15 @@ class CachingAllocatorSim:
     def malloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate `nbytes` on ``stream`` (0: the default stream; any other number another
         stream); return a handle for free(). Raises OutOfMemory."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        if nbytes == 0:
+        if nbytes <= 0:
+            if nbytes < 0:
+                raise ValueError(f"nbytes must be >= 0, got {nbytes}")
             return NULL_HANDLE
-        size = round_size(nbytes, self._rounding)
+        if self._rounding is None:  # round_size without power-of-two divisions, inlined: every event
+            size = MIN_BLOCK_SIZE if nbytes < MIN_BLOCK_SIZE else \
+                MIN_BLOCK_SIZE * ((nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+        else:
+            size = round_size(nbytes, self._rounding)
         pool = self._small if size <= SMALL_SIZE else self._large
         block = self._free_block_for(pool, size, stream)
         if block is None:
@@ -529,20 +540,21 @@ class CachingAllocatorSim:
         index = bisect.bisect_left(keys, (size, 0))  # pool.fit_index, inlined: malloc's hot path
         if index == len(keys):
             return None
+        limit = self._max_split
+        if not self._expandable and limit is None:  # PyTorch's defaults: the best fit, taken
+            return pool.take(keys, index)
         block = pool.at(index, stream)
         if self._expandable:
             while index + 1 < len(keys) \
                     and _expandable_size(pool.at(index + 1, stream)) < _expandable_size(block):
                 index += 1
                 block = pool.at(index, stream)
-        limit = self._max_split
         if limit is not None:
             if size < limit <= block.size:  # "Do not return an oversized block for a large request"
                 return None
             if size >= limit and block.size >= size + self.config.max_non_split_rounding_bytes:
                 return None
-        pool.remove(block)
-        return block
+        return pool.take(keys, index)
 
     def _allocate(self, pool: _Pool, nbytes: int, size: int, stream: int) -> _Block:
         """malloc's way to new memory: garbage collection, alloc_block, then, if the capacity
@@ -781,5 +793,6 @@ class CachingAllocatorSim:
         block.allocated = True
         self._active[block.address] = block
         self._allocated += block.size
-        self._peak_allocated = max(self._peak_allocated, self._allocated)
+        if self._allocated > self._peak_allocated:
+            self._peak_allocated = self._allocated
         self._num_allocs += 1
