@@ -245,7 +245,7 @@ class Adapter:
             **({"experts_undropped": True} if self.experts_undropped else {}),
             **({"tuner": self.tuner, "block_size": self.block_size} if self.tuner != "lora" else {}),
             **({"saved_quant": self.saved_quant.to_json()} if self.saved_quant is not None else {}),
-            **({"parameters": list(self.parameters)} if self.parameters else {}),
+            **({"target_parameters": list(self.parameters)} if self.parameters else {}),
         }
 
     @classmethod
@@ -264,7 +264,7 @@ class Adapter:
             experts_undropped=bool(data.get("experts_undropped", False)),
             tuner=data.get("tuner", "lora"), block_size=data.get("block_size", 0),
             saved_quant=SavedQuant.from_json(data["saved_quant"]) if data.get("saved_quant") else None,
-            parameters=data.get("parameters") or (),
+            parameters=data.get("target_parameters") or (),
         )
 
 
