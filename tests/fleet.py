@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 RAY = Path(sys.executable).parent / "ray"
@@ -37,11 +39,7 @@ ENV = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.pathsep.join([str(ROOT),
        "AUTOTUNE_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
 
 
-# pytest is imported where a skip is decided, not at the top: this module is imported by every Ray
-# worker, driver and server of the fleet tests too (CpuProbes, pickled by reference), which need no pytest.
 def ray_or_skip() -> None:
-    import pytest
-
     required = os.environ.get("AUTOTUNE_REQUIRE_FLEET") == "1"
     try:
         import ray  # noqa: F401
@@ -111,8 +109,6 @@ class Namespace:
 
 
 def namespace_or_skip() -> Namespace:
-    import pytest
-
     required = os.environ.get("AUTOTUNE_REQUIRE_FLEET") == "1"
     if shutil.which("unshare") is None or shutil.which("nsenter") is None or os.geteuid() != 0:
         why = "the fleet tests run Ray inside a network namespace of their own, which needs root"
@@ -123,14 +119,9 @@ def namespace_or_skip() -> Namespace:
 
 
 def ray_start(*nodes: tuple[str, ...], temp_dir: Path) -> None:
-    """``ray start`` of each node at once (loopback, no usage stats); fails the test if one fails.
-
-    No log monitor (``--include-log-monitor=false``, ``ray start --help``): it streams the nodes' log
-    files to the drivers, and the service's driver joins with ``log_to_driver=False``
-    (api/fleet/cluster.py ``init_options``), so one per node only cost a process that polls the logs
-    (0.18 CPU s every 30 s each, measured, on top of its start)."""
+    """``ray start`` of each node at once (loopback, no usage stats); fails the test if one fails."""
     commands = [[str(RAY), "start", "--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-                 "--include-log-monitor=false", "--num-cpus", "1", *args] for args in nodes]
+                 "--num-cpus", "1", *args] for args in nodes]
     procs = [subprocess.Popen(command, env=os.environ | ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, cwd=temp_dir) for command in commands]
     for command, proc in zip(commands, procs, strict=True):
@@ -152,15 +143,11 @@ class FleetCluster:
         started = time.monotonic()
         ray_start(("--head", "--port", str(port), "--include-dashboard=false", "--num-gpus", "0",
                    "--temp-dir", str(self.dir)), temp_dir=self.dir)
-        # The worker nodes at once, each in a temp dir of its own (``ray start --temp-dir``: "can be
-        # specified per node"): in one temp dir, nodes started at once may pick the same name for their
-        # object store's socket, and the second raylet then dies ("bind: Address already in use").
-        folders = [self.dir / f"n{i}" for i, _ in enumerate(kinds, 1)]
-        for folder in folders:
-            folder.mkdir()
-        ray_start(*(("--address", self.address, "--num-gpus", "1", "--labels", f"autotune/gpu={kind}",
-                     "--temp-dir", str(folder)) for kind, folder in zip(kinds, folders, strict=True)),
-                  temp_dir=self.dir)
+        # One node after another: nodes started at once in one temp dir may pick the same name for
+        # their object store's socket, and the second raylet then dies ("bind: Address already in use").
+        for kind in kinds:
+            ray_start(("--address", self.address, "--num-gpus", "1", "--labels", f"autotune/gpu={kind}"),
+                      temp_dir=self.dir)
         self.start_s = time.monotonic() - started
 
     def kill_gcs(self) -> int:
