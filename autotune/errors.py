@@ -87,6 +87,13 @@ class InvalidInput(AutotuneError, ValueError):
 
     kind = "invalid"  # the module docstring lists the kinds
 
+    def within(self, where: str) -> InvalidInput:
+        """This refusal said of ``where`` (a config file, quoted): its message followed by it, of the
+        same kind (a job that fails stays one)."""
+        kinds = (JobFails, UnmodelledSetting, UnknownSetting)
+        kind = next((cls for cls in kinds if isinstance(self, cls)), InvalidInput)
+        return kind(f"{self} (in {where!r})")
+
 
 class UnknownModel(InvalidInput):
     """A model name that is neither a preset, a local config, nor a reachable hub id."""

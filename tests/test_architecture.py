@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,38 @@ def test_no_module_patches_a_class_of_another():
 ])
 def test_patched_classes_finds_patches(source, patched):
     assert patched_classes(source, modules()) == patched
+
+
+# What a refusal says when the job's own libraries stop it: "Axolotl refuses it", "the patch
+# asserts", "the run fails as it starts" (errors.py JobFails: its kind is "job fails").
+_JOB_FAILS = re.compile(r"\b(refuses?|raises?|asserts?|fails?|stops as)\b", re.IGNORECASE)
+
+
+def refusals_of_failing_jobs(source: str) -> list[int]:
+    """The lines of ``raise InvalidInput(...)`` whose message says that a library refuses, raises,
+    asserts or fails: the real job would fail there, which JobFails says."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
+                and isinstance(node.exc.func, ast.Name) and node.exc.func.id == "InvalidInput":
+            text = " ".join(part.value for part in ast.walk(node.exc)
+                            if isinstance(part, ast.Constant) and isinstance(part.value, str))
+            if _JOB_FAILS.search(text):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_a_refusal_of_a_job_its_libraries_stop_is_job_fails():
+    offenders = {(name, line) for name, path in modules().items()
+                 for line in refusals_of_failing_jobs(path.read_text())}
+    assert offenders == set()
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    ('raise InvalidInput(f"x in {f!r}: Axolotl refuses it")', [1]),
+    ('raise InvalidInput("the patch asserts " "its code")', [1]),
+    ('raise JobFails("Axolotl refuses it")', []),
+    ('raise InvalidInput("seq_len must be > 0")', []),
+])
+def test_refusals_of_failing_jobs_finds_them(source, found):
+    assert refusals_of_failing_jobs(source) == found

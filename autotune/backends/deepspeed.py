@@ -485,7 +485,7 @@ def build_engine(module: Any, optimizer: Any, parallel: Parallel, mesh: Any, pre
                                      config_class=DeepSpeedConfig(config, mpu), mpu=mpu,
                                      dont_change_device=True)
     except (AssertionError, ValueError) as exc:  # DeepSpeed's refusals of the config or the model
-        raise InvalidInput(f"DeepSpeed refuses the job: {exc}") from exc
+        raise JobFails(f"DeepSpeed refuses the job: {exc}") from exc
     if parallel.kind == "zero3":
         _refuse_gradless(engine.optimizer, model)
     return EngineStep(engine)

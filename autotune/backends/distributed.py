@@ -45,7 +45,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 from autotune.workload.parallel import DDP, FSDP, Parallel
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def layer_classes(model: Any) -> set[str]:
         # accelerate resolves every name and raises at the first it cannot find (utils/dataclasses.py
         # FullyShardedDataParallelPlugin.set_auto_wrap_policy for FSDP1, utils/fsdp_utils.py
         # fsdp2_prepare_auto_wrap_policy for FSDP2: "Could not find the transformer layer class ...")
-        raise InvalidInput(
+        raise JobFails(
             f"{type(base).__name__}'s _no_split_modules name {', '.join(missing)}, which the model does not "
             "hold: accelerate's default FSDP wrap raises \"Could not find the transformer layer class "
             f"{missing[0]} in the model\" (utils/dataclasses.py set_auto_wrap_policy, utils/fsdp_utils.py "

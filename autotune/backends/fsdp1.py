@@ -35,7 +35,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 
 def _layer_classes(model: Any, names: set[str]) -> set[type]:
@@ -118,7 +118,7 @@ def wrap(trained: Any, model: Any, layers: set[str], parallel: Any, mesh: Any, p
         if "uniform dtype" not in str(exc):
             raise
         # _flat_param.py FlatParamHandle._validate_tensors_to_flatten: the job fails so as it wraps
-        raise InvalidInput(
+        raise JobFails(
             f"FSDP1 cannot wrap {type(model).__name__}: {exc} (torch's FlatParamHandle."
             "_validate_tensors_to_flatten: each unit's parameters become one FlatParameter of one dtype, "
             "and the model keeps some in float32, e.g. transformers' _keep_in_fp32_modules_strict); the "

@@ -37,7 +37,7 @@ from autotune.configs.sharding import (
     zero,
 )
 from autotune.defaults import DEFAULT_MODE_NAME
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.request import request_from, values_of
 from autotune.workload.modes import Mode, parse_mode
 
@@ -102,8 +102,8 @@ def _processes(cfg: Config, kind: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise cfg.bad("num_processes", value, "a positive integer")
     if kind == "MULTI_GPU" and value < 2:  # _validate_launch_command
-        raise InvalidInput(f"distributed_type: MULTI_GPU with num_processes {value} in {cfg.file!r}: "
-                           "accelerate refuses it (fewer than 2 processes)")
+        raise JobFails(f"distributed_type: MULTI_GPU with num_processes {value} in {cfg.file!r}: "
+                       "accelerate refuses it (fewer than 2 processes)")
     return value
 
 
@@ -146,8 +146,8 @@ def _fsdp(cfg: Config, trainer_fsdp: bool) -> None:
         shown = version if "version" in options else "not set, accelerate launch's default 1"
         raise cfg.unmodelled("fsdp_config.fsdp_version", shown, f"{FSDP1}: write fsdp_version: 2")
     if options.get("forward_prefetch") and str(options["forward_prefetch"]).lower() == "true":
-        raise InvalidInput(f"fsdp_config.fsdp_forward_prefetch: true in {cfg.file!r}: accelerate refuses it "
-                           "with FSDP2 (\"not yet implemented in FSDP2\")")
+        raise JobFails(f"fsdp_config.fsdp_forward_prefetch: true in {cfg.file!r}: accelerate refuses it "
+                       "with FSDP2 (\"not yet implemented in FSDP2\")")
     policy = options.get("auto_wrap_policy")
     if str(policy).upper() != "TRANSFORMER_BASED_WRAP":
         shown = "not set, accelerate's NO_WRAP" if policy is None else policy
@@ -200,14 +200,14 @@ def _parallelism(cfg: Config, kind: str, processes: int | None) -> None:
         return
     replicate, shard = sizes["dp_replicate"], sizes["dp_shard"]
     if kind != "FSDP":  # _validate_launch_command
-        raise InvalidInput(f"parallelism_config in {cfg.file!r} without distributed_type: FSDP: accelerate "
-                           "refuses it (it needs FSDP, version 2)")
+        raise JobFails(f"parallelism_config in {cfg.file!r} without distributed_type: FSDP: accelerate "
+                       "refuses it (it needs FSDP, version 2)")
     if shard < 2:
         raise cfg.unmodelled("parallelism_config", options, "FSDP2 replicating the whole model on every GPU "
                              "(dp_shard_size 1) is not modelled")
     if processes is not None and replicate * shard != processes:
-        raise InvalidInput(f"parallelism_config in {cfg.file!r}: dp_replicate_size x dp_shard_size = "
-                           f"{replicate * shard}, not num_processes {processes}: accelerate refuses it")
+        raise JobFails(f"parallelism_config in {cfg.file!r}: dp_replicate_size x dp_shard_size = "
+                       f"{replicate * shard}, not num_processes {processes}: accelerate refuses it")
     if replicate > 1:
         cfg.launch["nodes"] = replicate
         cfg.notes.append(f"parallelism_config: hybrid sharding, {shard} GPUs shard each of {replicate} "

@@ -200,24 +200,24 @@ def _axolotl_method(cfg: Config) -> str | None:
     method = cfg.get("adapter")
     if load_in_8bit and method != "lora":
         if unset(method):
-            raise InvalidInput(f"load_in_8bit: true in {cfg.file!r} without an adapter: an 8-bit base is "
-                               "frozen (transformers refuses to train a purely quantized model); add "
-                               "adapter: lora")
+            raise JobFails(f"load_in_8bit: true in {cfg.file!r} without an adapter: an 8-bit base is "
+                           "frozen (transformers refuses to train a purely quantized model); add "
+                           "adapter: lora")
         if method == "qlora":
-            raise InvalidInput(f"adapter: qlora with load_in_8bit: true in {cfg.file!r}: Axolotl refuses "
-                               "it (schemas/peft.py validate_qlora: \"Can't load qlora in 8bit\")")
+            raise JobFails(f"adapter: qlora with load_in_8bit: true in {cfg.file!r}: Axolotl refuses "
+                           "it (schemas/peft.py validate_qlora: \"Can't load qlora in 8bit\")")
     if unset(method):
         if load_in_4bit:
-            raise InvalidInput(f"load_in_4bit: true in {cfg.file!r} without an adapter: Axolotl refuses "
-                               "4-bit loading for a full fine-tune (schemas/peft.py validate_adapter); add "
-                               "adapter: qlora")
+            raise JobFails(f"load_in_4bit: true in {cfg.file!r} without an adapter: Axolotl refuses "
+                           "4-bit loading for a full fine-tune (schemas/peft.py validate_adapter); add "
+                           "adapter: qlora")
         return None
     if method not in ("lora", "qlora"):
         raise cfg.unmodelled("adapter", method, "autotune models the adapters lora and qlora")
     if method == "lora" and load_in_8bit:
         if load_in_4bit:
-            raise InvalidInput(f"load_in_8bit and load_in_4bit in {cfg.file!r}: BitsAndBytesConfig refuses "
-                               "both; give one")
+            raise JobFails(f"load_in_8bit and load_in_4bit in {cfg.file!r}: BitsAndBytesConfig refuses "
+                           "both; give one")
         return "lora_8bit"
     if method == "lora" and load_in_4bit:
         raise cfg.unmodelled("load_in_4bit", True, "with adapter: lora Axolotl loads no 4-bit base "
@@ -248,9 +248,9 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     if adapter.base_bits == 8:
         named = [CONFIG_KEYS[name] for name in PATCHING if values.get(name)]
         if named:
-            raise InvalidInput(f"{', '.join(named)}: true with an 8-bit base in {cfg.file!r}: Axolotl "
-                               "refuses them (schemas/validation.py check_lora_kernels_8bit: \"not "
-                               "compatible with 8-bit LoRA\")")
+            raise JobFails(f"{', '.join(named)}: true with an 8-bit base in {cfg.file!r}: Axolotl "
+                           "refuses them (schemas/validation.py check_lora_kernels_8bit: \"not "
+                           "compatible with 8-bit LoRA\")")
         if all(value is None for value in values.values()):
             cfg.notes.append("lora_*_kernel: not set, and with load_in_8bit Axolotl leaves its fused LoRA "
                              "kernels off (check_auto_enable_lora_kernels)")
@@ -271,8 +271,8 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     else:
         on = [name for name, value in values.items() if value]
         if remote and set(on) & set(PATCHING):
-            raise InvalidInput(f"lora_*_kernel with trust_remote_code in {cfg.file!r}: Axolotl refuses them "
-                               "together (schemas/validation.py check_lora_kernels_trust_remote_code)")
+            raise JobFails(f"lora_*_kernel with trust_remote_code in {cfg.file!r}: Axolotl refuses them "
+                           "together (schemas/validation.py check_lora_kernels_trust_remote_code)")
         if set(on) & set(PATCHING) and _fsdp1(cfg):
             raise cfg.unmodelled(CONFIG_KEYS[on[0]], True, "Axolotl's fused LoRA kernels under FSDP1 (they "
                                  "read the adapters inside FSDP1's FlatParameters): give fsdp_version: 2")
@@ -347,8 +347,8 @@ def _axolotl_adapter(cfg: Config, method: str, dtype: str) -> Adapter:
         for key, field in (("lora_r", "r"), ("lora_alpha", "alpha")):
             value = cfg.get(key)
             if value is None:
-                raise InvalidInput(f"adapter: {method} in {cfg.file!r} needs {key}: Axolotl has no default "
-                                   f"(schemas/peft.py) and PEFT's LoraConfig fails on {field}=None")
+                raise JobFails(f"adapter: {method} in {cfg.file!r} needs {key}: Axolotl has no default "
+                               f"(schemas/peft.py) and PEFT's LoraConfig fails on {field}=None")
             values[field] = lora_number(cfg, key, value, rank=key == "lora_r")
         dropout = cfg.get("lora_dropout")
         if dropout is None:
@@ -394,9 +394,9 @@ def _axolotl_quantized_experts(cfg: Config, adapter: Adapter | None) -> Adapter:
     (monkeypatch/moe_quant.py, backends/estimate/moe_quant.py), under schemas/config.py
     check_quantize_moe_experts's conditions."""
     if cfg.flag("lora_target_linear"):
-        raise InvalidInput(f"quantize_moe_experts with lora_target_linear in {cfg.file!r}: Axolotl refuses "
-                           "it (schemas/config.py check_quantize_moe_experts: \"lora_target_linear is not "
-                           "compatible with quantize_moe_experts\"); name lora_target_modules instead")
+        raise JobFails(f"quantize_moe_experts with lora_target_linear in {cfg.file!r}: Axolotl refuses "
+                       "it (schemas/config.py check_quantize_moe_experts: \"lora_target_linear is not "
+                       "compatible with quantize_moe_experts\"); name lora_target_modules instead")
     if adapter is None or not adapter.quantized:
         raise InvalidInput(f"quantize_moe_experts in {cfg.file!r} without a 4- or 8-bit base: Axolotl "
                            "requires adapter: lora or qlora with load_in_4bit or load_in_8bit "
@@ -471,9 +471,9 @@ def _axolotl_targets(cfg: Config, method: str) -> dict[str, Any]:
         return {**targets, "parameters": parameters} if targets.get("targets") or targets.get(
             "target_pattern") else {"targets": (), "parameters": parameters}
     if not targets.get("targets", True):
-        raise InvalidInput(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
-                           "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
-                           "refuses it)")
+        raise JobFails(f"adapter: {method} in {cfg.file!r} names no LoRA target: set lora_target_modules "
+                       "or lora_target_linear: true (Axolotl passes target_modules=[] to PEFT, which "
+                       "refuses it)")
     return targets
 
 
@@ -492,9 +492,9 @@ def _axolotl_target_parameters(cfg: Config) -> tuple[str, ...]:
         raise cfg.bad("lora_target_parameters", names, "a list of parameter names")
     dropout = cfg.data.get("lora_dropout")
     if dropout:
-        raise InvalidInput(f"lora_dropout: {dropout!r} beside lora_target_parameters in {cfg.file!r}: "
-                           "Axolotl refuses it (schemas/peft.py validate_lora_target_parameters_dropout: "
-                           "\"lora_dropout must be 0 when lora_target_parameters is set\")")
+        raise JobFails(f"lora_dropout: {dropout!r} beside lora_target_parameters in {cfg.file!r}: "
+                       "Axolotl refuses it (schemas/peft.py validate_lora_target_parameters_dropout: "
+                       "\"lora_dropout must be 0 when lora_target_parameters is set\")")
     cfg.notes.append(f"lora_target_parameters: LoRA on the parameters {', '.join(names)} (PEFT's "
                      "target_parameters: a ParamWrapper over each, its low-rank delta folded into the "
                      "weight on every forward, peft/tuners/lora/layer.py _activate_lora)")
@@ -546,11 +546,11 @@ def _axolotl_liger(cfg: Config) -> tuple[str, ...] | None:
         elif cfg.flag(key):
             kernels += _AXOLOTL_LIGER[key]
     if cfg.data.get("liger_swiglu") is not None and cfg.data.get("liger_glu_activation") is not None:
-        raise InvalidInput(f"liger_swiglu and liger_glu_activation in {cfg.file!r}: Axolotl refuses both "
-                           "(liger_swiglu is the deprecated name of liger_glu_activation)")
+        raise JobFails(f"liger_swiglu and liger_glu_activation in {cfg.file!r}: Axolotl refuses both "
+                       "(liger_swiglu is the deprecated name of liger_glu_activation)")
     if "cross_entropy" in kernels and cfg.flag("liger_fused_linear_cross_entropy"):
-        raise InvalidInput(f"liger_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
-                           "Axolotl refuses both")
+        raise JobFails(f"liger_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
+                       "Axolotl refuses both")
     if not kernels:
         return None
     on = [key for key in sorted(_AXOLOTL_LIGER) if cfg.data.get(key) is True]
@@ -678,13 +678,13 @@ def _axolotl_model_quantization(cfg: Config, plugins: list[str]) -> None:
         raise cfg.unmodelled("model_quantization_config", name, why)
     for key in ("load_in_8bit", "load_in_4bit"):
         if cfg.flag(key):
-            raise InvalidInput(f"model_quantization_config with {key}: true in {cfg.file!r}: Axolotl refuses "
-                               "it (schemas/validation.py check_model_quantization_config_vs_bnb)")
+            raise JobFails(f"model_quantization_config with {key}: true in {cfg.file!r}: Axolotl refuses "
+                           "it (schemas/validation.py check_model_quantization_config_vs_bnb)")
     fsdp = cfg.data.get("fsdp_config")
     if isinstance(fsdp, dict) and fsdp.get("cpu_ram_efficient_loading") is True:
-        raise InvalidInput(f"model_quantization_config: Mxfp4Config with "
-                           f"fsdp_config.cpu_ram_efficient_loading in {cfg.file!r}: Axolotl refuses it "
-                           "(schemas/validation.py check_gpt_oss_fsdp_loading)")
+        raise JobFails(f"model_quantization_config: Mxfp4Config with "
+                       f"fsdp_config.cpu_ram_efficient_loading in {cfg.file!r}: Axolotl refuses it "
+                       "(schemas/validation.py check_gpt_oss_fsdp_loading)")
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise cfg.bad("model_quantization_config_kwargs", kwargs, "a mapping of Mxfp4Config's keywords")
@@ -1002,8 +1002,8 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
                              "autotune models a preference or RL trainer of a vision-language model on rows "
                              "of text alone (no processor_type)")
     if cfg.flag("sample_packing"):
-        raise InvalidInput(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
-                           "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
+        raise JobFails(f"sample_packing: true with a vision-language model in {cfg.file!r}: Axolotl "
+                       "refuses it (MultiModalChatDataCollator: \"Packing is currently not supported.\")")
     cfg.notes.append(f"processor_type: {processor}: {MULTIMODAL_NOTE}")
     found: dict[str, Any] = {"task": "image-text-to-text"}
     if not unset(image_size):
@@ -1244,9 +1244,9 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     if cce:
         if cfg.data.get("cut_cross_entropy") and cfg.flag("liger_fused_linear_cross_entropy"):
             # schemas/validation.py check_cross_entropy_conflicts, on the keys as written
-            raise InvalidInput(f"cut_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
-                               "Axolotl refuses them together (\"Only one cross entropy optimization can "
-                               "be enabled at a time\"); keep one")
+            raise JobFails(f"cut_cross_entropy and liger_fused_linear_cross_entropy in {cfg.file!r}: "
+                           "Axolotl refuses them together (\"Only one cross entropy optimization can "
+                           "be enabled at a time\"); keep one")
         loss = "cce"
         cfg.notes.append(f"cut_cross_entropy: {CCE_NOTE}")
     if cfg.flag("liger_fused_linear_cross_entropy"):
@@ -1300,16 +1300,16 @@ def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
         raise cfg.bad("qat", value, "a mapping")
     for key in ("load_in_8bit", "load_in_4bit"):
         if cfg.flag(key):
-            raise InvalidInput(f"qat with {key}: true in {cfg.file!r}: Axolotl refuses it "
-                               f"(\"QAT and {key} cannot be used together\")")
+            raise JobFails(f"qat with {key}: true in {cfg.file!r}: Axolotl refuses it "
+                           f"(\"QAT and {key} cannot be used together\")")
     if adapter is not None:
-        raise InvalidInput(f"qat with adapter: {adapter.method} in {cfg.file!r}: Axolotl refuses it "
-                           "(\"QAT and PEFT cannot be used together\")")
+        raise JobFails(f"qat with adapter: {adapter.method} in {cfg.file!r}: Axolotl refuses it "
+                       "(\"QAT and PEFT cannot be used together\")")
     fields = {key: item for key, item in value.items() if key != "fake_quant_after_n_steps"}
     try:
         qat = parse_qat(fields)
     except InvalidInput as exc:
-        raise InvalidInput(f"{exc} (in {cfg.file!r})") from exc
+        raise exc.within(cfg.file) from exc
     assert qat is not None
     cfg.notes.append(f"qat: {qat.describe()}: every linear (the output head too) fake-quantized by "
                      "torchao's own modules, traced; their quantize-dequantize temporaries and saved "
@@ -1341,9 +1341,9 @@ def _axolotl_fp8(cfg: Config) -> str | None:
     card = cfg.card
     if card is not None and card.compute_capability is not None \
             and card.compute_capability < FP8_COMPUTE_CAPABILITY:
-        raise InvalidInput(f"fp8: true in {cfg.file!r} on {card.name}: Axolotl refuses it (schemas/config.py "
-                           "check_fp8: \"fp8 requested, but fp8 is not supported on this GPU\"; compute "
-                           "capability 8.9 or above)")
+        raise JobFails(f"fp8: true in {cfg.file!r} on {card.name}: Axolotl refuses it (schemas/config.py "
+                       "check_fp8: \"fp8 requested, but fp8 is not supported on this GPU\"; compute "
+                       "capability 8.9 or above)")
     fp8 = fp8_module.Fp8(enable_fsdp_float8_all_gather=gather, skip_routers=True)
     cfg.notes.append(f"fp8: true: {fp8.describe()}, as Axolotl's additional_accelerator_args hands it to "
                      "accelerate (mixed_precision fp8: bf16 autocast around torchao's Float8Linear)")
@@ -1443,8 +1443,8 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
             raise cfg.unmodelled("activation_offloading", offload, why[offload] + "; true is")
         raise cfg.bad("activation_offloading", offload, "true, false, 'legacy', 'disk' or 'hidden_states'")
     if not ckpt:  # schemas/validation.py check_activation_offloading_wo_gc
-        raise InvalidInput(f"activation_offloading: true without gradient_checkpointing in {cfg.file!r}: "
-                           "Axolotl refuses it (\"activation_offloading requires gradient_checkpointing\")")
+        raise JobFails(f"activation_offloading: true without gradient_checkpointing in {cfg.file!r}: "
+                       "Axolotl refuses it (\"activation_offloading requires gradient_checkpointing\")")
     cfg.offload_activations = True
     if adapter:
         cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step (the saved "
@@ -1545,9 +1545,9 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
                                       unset=None if rl or unfrozen else {"use_reentrant": True})
         kwargs = cfg.data.get("gradient_checkpointing_kwargs")
         if reentrant and unfrozen and isinstance(kwargs, dict) and kwargs.get("use_reentrant") is True:
-            raise InvalidInput(f"gradient_checkpointing_kwargs use_reentrant: true with unfrozen_parameters "
-                               f"in {cfg.file!r}: Axolotl refuses it (check_use_reentrant_mismatch: "
-                               "\"`use_reentrant` must be false when used with partially frozen model.\")")
+            raise JobFails(f"gradient_checkpointing_kwargs use_reentrant: true with unfrozen_parameters "
+                           f"in {cfg.file!r}: Axolotl refuses it (check_use_reentrant_mismatch: "
+                           "\"`use_reentrant` must be false when used with partially frozen model.\")")
     return bool(ckpt)
 
 
@@ -1753,8 +1753,8 @@ def _axolotl_grpo(cfg: Config, name: str = GRPO, own_trainer: bool = True) -> di
     gdpo = ("" if name == GRPO else " with multi_objective_aggregation normalize_then_sum (GDPO: the "
             "rewards normalized per function, [completions, functions] tensors)")
     if name != GRPO and trl.get("multi_objective_aggregation") == "sum_then_normalize":
-        raise InvalidInput(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
-                           f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
+        raise JobFails(f"rl: gdpo with trl.multi_objective_aggregation sum_then_normalize in "
+                       f"{cfg.file!r}: Axolotl refuses it (validation.py check_gdpo: that is GRPO)")
     given = sorted(key for key in ("generation_kwargs", "chat_template_kwargs") if trl.get(key))
     if own_trainer and given:  # (rl: ebft passes them)
         cfg.notes.append(f"{', '.join(f'trl.{key}' for key in given)}: Axolotl's rl {name} does not pass "

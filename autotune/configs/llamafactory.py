@@ -37,7 +37,7 @@ from autotune.configs.reading import (
     words,
 )
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS, read_trainer_sharding
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
 from autotune.workload.fp8 import Fp8, to_json
 from autotune.workload.lf_losses import DESCRIPTIONS as LF_LOSS_DESCRIPTIONS
@@ -245,8 +245,8 @@ def _lf_fp8(cfg: Config, bits: int | None, mode: Mode) -> str | None:
     if backend == "msamp":
         raise cfg.unmodelled("fp8_backend", backend, "MS-AMP's fp8 weights and optimizer are not modelled")
     if bits is not None:
-        raise InvalidInput(f"fp8: true with quantization_bit: {bits} in {cfg.file!r}: LLaMA-Factory refuses "
-                           "it (hparams/parser.py: \"FP8 training is not compatible with quantization\")")
+        raise JobFails(f"fp8: true with quantization_bit: {bits} in {cfg.file!r}: LLaMA-Factory refuses "
+                       "it (hparams/parser.py: \"FP8 training is not compatible with quantization\")")
     if mode.precision != "bf16":
         raise cfg.unmodelled("fp8", True, "accelerate's fp8 runs the forward under bfloat16 autocast, which "
                              "the Trainer's step without bf16: true does not: give bf16: true")
@@ -544,9 +544,9 @@ def _lf_oft(cfg: Config, method: str, to_save: tuple[str, ...]) -> Adapter:
     dropout = lora_number(cfg, "module_dropout", defaults.value("module_dropout", 0.0), dropout=True)
     defaults.note()
     if cfg.flag("pissa_init"):
-        raise InvalidInput(f"pissa_init with finetuning_type: oft in {cfg.file!r}: LLaMA-Factory passes "
-                           "init_lora_weights to OFTConfig, which has no such field (model/adapter.py "
-                           "_setup_lora_tuning): the run fails as it starts")
+        raise JobFails(f"pissa_init with finetuning_type: oft in {cfg.file!r}: LLaMA-Factory passes "
+                       "init_lora_weights to OFTConfig, which has no such field (model/adapter.py "
+                       "_setup_lora_tuning): the run fails as it starts")
     oft_target = cfg.get("oft_target")
     if oft_target is not None:
         cfg.notes.append(f"oft_target: {oft_target}: parsed by LLaMA-Factory but never read: its OFT targets "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.configs.reading import Config, note_set_keys, unset, words
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.trainers import DPO, KTO, ORPO, REWARD, SIMPO
 
 PREFERENCE_STAGES = ("dpo", "kto", "rm")
@@ -47,8 +47,8 @@ def read_lf_preference(cfg: Config, stage: str, full: bool) -> dict[str, Any]:
         raise cfg.unmodelled("ref_model", ref_model, "a reference loaded from another checkpoint "
                              "(create_ref_model) is not modelled: autotune models the model's own")
     if cfg.flag("pissa_init") and (reference or stage == KTO):  # finetuning_args.py __post_init__
-        raise InvalidInput(f"pissa_init in {cfg.file!r} with stage {stage}: LLaMA-Factory refuses PiSSA "
-                           "beside a reference model ('Cannot use PiSSA for current training stage.')")
+        raise JobFails(f"pissa_init in {cfg.file!r} with stage {stage}: LLaMA-Factory refuses PiSSA "
+                       "beside a reference model ('Cannot use PiSSA for current training stage.')")
     if cfg.get("packing"):
         cfg.notes.append(f"packing: true: stage {stage}'s rows are not packed (data/loader.py "
                          "_get_preprocessor packs for pt and sft): no effect")

@@ -55,7 +55,7 @@ from autotune.configs.sharding import (
     set_parallel,
     zero,
 )
-from autotune.errors import InvalidInput, UnknownSetting
+from autotune.errors import InvalidInput, JobFails, UnknownSetting
 from autotune.spelling import close_matches, did_you_mean
 from autotune.workload.adapters import ALL_LINEAR, QUANT_TYPES, Adapter, adapter_from_peft_config
 from autotune.workload.modes import Mode
@@ -144,9 +144,9 @@ def read_llamafactory_v1(cfg: Config) -> TrainingConfig:
                      "preferences (trainers/dpo_trainer.py, rm_trainer.py), which autotune does not model")
     classic = sorted(set(cfg.data) & _CLASSIC_KEYS)
     if classic:
-        raise InvalidInput(f"{cfg.file!r} mixes LLaMA-Factory's classic keys ({', '.join(classic)}) with "
-                           f"v1's ({', '.join(sorted(set(cfg.data) & LLAMAFACTORY_V1_MARKERS))}): v1 refuses "
-                           "keys its dataclasses lack (config/arg_parser.py get_args); write one format")
+        raise JobFails(f"{cfg.file!r} mixes LLaMA-Factory's classic keys ({', '.join(classic)}) with "
+                       f"v1's ({', '.join(sorted(set(cfg.data) & LLAMAFACTORY_V1_MARKERS))}): v1 refuses "
+                       "keys its dataclasses lack (config/arg_parser.py get_args); write one format")
     _v1_trainer(cfg)
     model = cfg.text("model")
     if model is None:
@@ -341,9 +341,9 @@ def _v1_quantization(cfg: Config, quant: dict[str, Any] | None, peft: dict[str, 
     if isinstance(bits, bool) or bits not in (4, 8):
         raise cfg.bad("quant_config.quantization_bit", bits, "4 or 8 (bitsandbytes)")
     if peft is None:
-        raise InvalidInput(f"quant_config in {cfg.file!r} without peft_config: v1 casts a fully trained "
-                           "model to float32 (core/model_engine.py _init_model), which a bitsandbytes model "
-                           "refuses; train a LoRA over it (peft_config: {name: lora})")
+        raise JobFails(f"quant_config in {cfg.file!r} without peft_config: v1 casts a fully trained "
+                       "model to float32 (core/model_engine.py _init_model), which a bitsandbytes model "
+                       "refuses; train a LoRA over it (peft_config: {name: lora})")
     return int(bits)
 
 
@@ -520,8 +520,8 @@ def _v1_seq_len(cfg: Config, attn: str) -> int:
         return cutoff
     if attn != "flash_attention_2":
         if strategy == "padding_free":  # core/base_trainer.py _create_batch_generator
-            raise InvalidInput(f"batching_strategy: padding_free in {cfg.file!r} needs flash_attn: "
-                               f"flash_attention_2 (v1 refuses it with {attn})")
+            raise JobFails(f"batching_strategy: padding_free in {cfg.file!r} needs flash_attn: "
+                           f"flash_attention_2 (v1 refuses it with {attn})")
         raise cfg.unmodelled("batching_strategy", strategy, f"with attention {attn} the packed row "
                              "(batching.py _pack_padding_free_samples: no attention mask, positions "
                              "restarting per sample) is masked block-diagonally over its whole length, which "
@@ -561,8 +561,8 @@ def _v1_kernels(cfg: Config) -> None:
         elif name in ("flash-linear-attention", "cuda_fused_moe"):
             raise cfg.unmodelled("kernel_config.name", kernels["name"], f"{name}: {KERNEL}")
         elif name in _NPU_KERNELS:
-            raise InvalidInput(f"kernel_config.name: {name} in {cfg.file!r} is an Ascend NPU kernel: v1 "
-                               "refuses it on a CUDA GPU (its check_device), and autotune checks NVIDIA GPUs")
+            raise JobFails(f"kernel_config.name: {name} in {cfg.file!r} is an Ascend NPU kernel: v1 "
+                           "refuses it on a CUDA GPU (its check_device), and autotune checks NVIDIA GPUs")
         else:
             raise cfg.bad("kernel_config.name", kernels["name"], "comma-separated kernel names: auto, "
                           "liger_kernel, flash-linear-attention, cuda_fused_moe, or an NPU kernel")
@@ -606,8 +606,8 @@ def _v1_dist(cfg: Config) -> None:
         _check_keys(cfg, "dist_config", dist, _DEEPSPEED_KEYS, "DeepSpeedParams")
         value = dist.get("config_file")
         if not isinstance(value, str) or not value:  # deepspeed.py DeepSpeedEngine
-            raise InvalidInput(f"dist_config: deepspeed in {cfg.file!r} needs a config_file (v1's "
-                               "DeepSpeedEngine refuses it without)")
+            raise JobFails(f"dist_config: deepspeed in {cfg.file!r} needs a config_file (v1's "
+                           "DeepSpeedEngine refuses it without)")
         shipped = next((stage for path, stage in SHIPPED_DEEPSPEED.items()
                         if value.replace("\\", "/").lstrip("./").endswith(path)), None)
         local = [p for p in (Path(value).expanduser(), Path(cfg.file).parent / value) if p.is_file()]
@@ -668,10 +668,10 @@ def _v1_init(cfg: Config, adapter: Adapter | None, quant: dict[str, Any] | None)
         raise cfg.bad("init_config.name", name, f"one of {', '.join(_INIT)}")
     _check_keys(cfg, "init_config", init, frozenset({"name"}), "InitPlugin")
     if name == "init_on_meta" and adapter is not None:  # core/model_engine.py _init_model
-        raise InvalidInput(f"init_config: init_on_meta with a LoRA in {cfg.file!r}: v1 refuses it (\"lora "
-                           "stage does not support loading model by meta\")")
+        raise JobFails(f"init_config: init_on_meta with a LoRA in {cfg.file!r}: v1 refuses it (\"lora "
+                       "stage does not support loading model by meta\")")
     if name == "init_on_meta" and quant is not None:
-        raise InvalidInput(f"init_config: init_on_meta with quant_config in {cfg.file!r}: v1 refuses it "
-                           "(\"Quantization is not supported with meta device\")")
+        raise JobFails(f"init_config: init_on_meta with quant_config in {cfg.file!r}: v1 refuses it "
+                       "(\"Quantization is not supported with meta device\")")
     cfg.notes.append(f"init_config: {name}: where the weights are first made (on the device, on the meta "
                      "device, on rank 0's CPU), the same shards once training starts: no effect on the step")

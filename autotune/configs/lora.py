@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.configs.reading import OFFLOAD, Config, read_dtype
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.adapters import ALL_LINEAR, COMPUTE_DTYPES, QUANT_TYPES, Adapter, make_adapter
 
 # What a regular expression has and a module name never does.
@@ -107,8 +107,8 @@ def bnb_4bit(cfg: Config, key: str, settings: dict[str, Any], quant_type: str, d
         elif name == "bnb_4bit_compute_dtype":
             compute = compute_dtype(cfg, where, value)
         elif name == "load_in_8bit" and value:
-            raise InvalidInput(f"{where}: true beside load_in_4bit in {cfg.file!r}: BitsAndBytesConfig "
-                               "refuses both (\"only one can be used at the same time\"); give one")
+            raise JobFails(f"{where}: true beside load_in_4bit in {cfg.file!r}: BitsAndBytesConfig "
+                           "refuses both (\"only one can be used at the same time\"); give one")
         elif name == "load_in_4bit" and value is not True:
             raise cfg.bad(where, value, "true (a 4-bit base)")
         elif name == "llm_int8_enable_fp32_cpu_offload" and value:
@@ -124,7 +124,7 @@ def build_adapter(cfg: Config, method: str, **fields: Any) -> Adapter:
     try:
         return make_adapter(method, **fields)
     except InvalidInput as exc:
-        raise InvalidInput(f"{exc} (in {cfg.file!r})") from exc
+        raise exc.within(cfg.file) from exc
 
 
 def note_adapter(cfg: Config, source: str, adapter: Adapter, at: int | None = None) -> None:

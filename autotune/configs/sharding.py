@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.configs.reading import Config, TrainingConfig
-from autotune.errors import InvalidInput, UnknownSetting
+from autotune.errors import InvalidInput, JobFails, UnknownSetting
 from autotune.spelling import close_matches, did_you_mean
 
 if TYPE_CHECKING:
@@ -337,9 +337,9 @@ def legacy_fsdp(cfg: Config, fsdp: str | list[str], options: dict[str, Any], ver
                 elif item == "shard_grad_op":
                     options.setdefault("reshard_after_forward", False)
                 else:
-                    raise InvalidInput(f"fsdp: {item!r} in {cfg.file!r} is only available with FSDP1 "
-                                       "(transformers' _apply_legacy_fsdp_to_config raises with FSDP2, the "
-                                       "default): write full_shard or shard_grad_op")
+                    raise JobFails(f"fsdp: {item!r} in {cfg.file!r} is only available with FSDP1 "
+                                   "(transformers' _apply_legacy_fsdp_to_config raises with FSDP2, the "
+                                   "default): write full_shard or shard_grad_op")
             else:  # FSDP1: the strategy's name, lower-cased as given
                 options.setdefault("reshard_after_forward", item)
         elif item == "offload":

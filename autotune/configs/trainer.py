@@ -250,8 +250,8 @@ def _trainer_liger(cfg: Config) -> tuple[tuple[str, ...] | None, bool]:
             raise cfg.bad(f"liger_kernel_config.{name}", value, "true or false")
         wanted[name] = value
     if wanted["cross_entropy"] and wanted[FUSED_LINEAR]:
-        raise InvalidInput(f"liger_kernel_config in {cfg.file!r} turns on cross_entropy and "
-                           f"{FUSED_LINEAR}: Liger refuses both")
+        raise JobFails(f"liger_kernel_config in {cfg.file!r} turns on cross_entropy and "
+                       f"{FUSED_LINEAR}: Liger refuses both")
     kernels = tuple(name for name in KERNELS if wanted.get(name))
     fused = f" and {FUSED_LINEAR} (loss: chunked)" if wanted[FUSED_LINEAR] else ""
     cfg.notes.append(f"{on[0]}: {', '.join(kernels) or 'no kernel'}{fused}: {LIGER_NOTE}")
@@ -286,9 +286,9 @@ def _trainer_adapter(cfg: Config, dtype: str | None, init_quant: Any) -> Adapter
         raise InvalidInput(f"load_in_4bit and load_in_8bit in {cfg.file!r} both set: TRL's "
                            "get_quantization_config takes the 4-bit one; give one")
     if (load_in_4bit or load_in_8bit) and init_quant is not None:
-        raise InvalidInput(f"load_in_{'4' if load_in_4bit else '8'}bit and "
-                           f"model_init_kwargs.quantization_config in {cfg.file!r} both set the "
-                           "quantization: SFTTrainer refuses both, give one")
+        raise JobFails(f"load_in_{'4' if load_in_4bit else '8'}bit and "
+                       f"model_init_kwargs.quantization_config in {cfg.file!r} both set the "
+                       "quantization: SFTTrainer refuses both, give one")
     init_8bit = init_quant is not None and init_quant.get("load_in_8bit") is True
     quantized = load_in_4bit or (init_quant is not None and not init_8bit)
     eight_bit = load_in_8bit or init_8bit
@@ -345,9 +345,9 @@ def _refuse_adapter_keys_without_peft(cfg: Config, use_peft: bool | None, peft_c
                              "(get_peft_config); write use_peft: true for LoRA, or use_peft: false for "
                              "a full fine-tune")
     if quantized_by is not None:
-        raise InvalidInput(f"{quantized_by} in {cfg.file!r} loads a 4-bit base without adapters: the "
-                           "Trainer refuses to fine-tune a purely quantized model (transformers "
-                           "trainer_utils.py); add use_peft: true")
+        raise JobFails(f"{quantized_by} in {cfg.file!r} loads a 4-bit base without adapters: the "
+                       "Trainer refuses to fine-tune a purely quantized model (transformers "
+                       "trainer_utils.py); add use_peft: true")
 
 
 def _trl_lora(cfg: Config, method: str) -> Adapter:
@@ -382,8 +382,8 @@ def _trl_lora(cfg: Config, method: str) -> Adapter:
                 f"matches none; list two or more module names, or write {ALL_LINEAR}")
     targets = lora_targets(cfg, "lora_target_modules", modules)
     if targets.get("targets") == ():
-        raise InvalidInput(f"lora_target_modules in {cfg.file!r} is empty: PEFT refuses an adapter on no "
-                           "module; name modules, write all-linear, or leave it out for PEFT's default")
+        raise JobFails(f"lora_target_modules in {cfg.file!r} is empty: PEFT refuses an adapter on no "
+                       "module; name modules, write all-linear, or leave it out for PEFT's default")
     to_save = cfg.get("lora_modules_to_save") or []
     if not isinstance(to_save, list) or not all(isinstance(m, str) for m in to_save):
         raise cfg.bad("lora_modules_to_save", to_save, "a list of module names")
@@ -505,9 +505,9 @@ def _sft_loss(cfg: Config) -> str | None:
     if loss_type not in _SFT_LOSSES:
         raise cfg.unmodelled("loss_type", loss_type, "autotune models the losses nll and chunked_nll")
     if _SFT_LOSSES[loss_type] and liger:
-        raise InvalidInput(f"loss_type chunked_nll and use_liger_kernel in {cfg.file!r}: TRL refuses them "
-                           "together (\"`loss_type='chunked_nll'` is not compatible with "
-                           "`use_liger_kernel=True`\"); drop one")
+        raise JobFails(f"loss_type chunked_nll and use_liger_kernel in {cfg.file!r}: TRL refuses them "
+                       "together (\"`loss_type='chunked_nll'` is not compatible with "
+                       "`use_liger_kernel=True`\"); drop one")
     if _SFT_LOSSES[loss_type]:
         cfg.notes.append(f"loss_type: chunked_nll: {CHUNKED_NLL_NOTE}")
     return _SFT_LOSSES[loss_type]

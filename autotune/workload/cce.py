@@ -37,7 +37,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import BackendUnavailable, InvalidInput
+from autotune.errors import BackendUnavailable, InvalidInput, JobFails
 from autotune.workload.chunks import LockRows, record
 from autotune.workload.loss import IGNORE_INDEX, check_logits, lm_hidden_states
 
@@ -64,14 +64,14 @@ def cce_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
                            "cce_forward does not pass (transformers/llama.py apply_lce)")
     c = head.weight
     if c.dtype not in (torch.float16, torch.bfloat16):
-        raise InvalidInput(f"loss 'cce' with lm_head weights in {str(c.dtype).removeprefix('torch.')}: Cut "
-                           "Cross-Entropy's backward requires bf16 or fp16 embeddings and classifier "
-                           "(cce_backward.py cce_backward_kernel's asserts); load the weights in 16 bits")
+        raise JobFails(f"loss 'cce' with lm_head weights in {str(c.dtype).removeprefix('torch.')}: Cut "
+                       "Cross-Entropy's backward requires bf16 or fp16 embeddings and classifier "
+                       "(cce_backward.py cce_backward_kernel's asserts); load the weights in 16 bits")
     if c.dtype == torch.bfloat16 and hidden.dtype == torch.float32:
         hidden = hidden.to(c.dtype)  # apply_lce: "the case we've seen with DoRA"
     if hidden.dtype != c.dtype:
-        raise InvalidInput(f"loss 'cce' with hidden states in {hidden.dtype} beside an lm_head in {c.dtype}: "
-                           "cce_backward_kernel asserts 16-bit embeddings")
+        raise JobFails(f"loss 'cce' with hidden states in {hidden.dtype} beside an lm_head in {c.dtype}: "
+                       "cce_backward_kernel asserts 16-bit embeddings")
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return linear_cross_entropy(hidden, c, batch["labels"], softcap)
 

@@ -47,7 +47,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 if TYPE_CHECKING:
     import torch
@@ -249,8 +249,8 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     """integrations/flex_attention.py ``flex_attention_forward`` on CUDA (``return_lse`` true), with this
     module's kernel and block mask."""
     if kwargs.get("dropout", 0.0) > 0:
-        raise InvalidInput(f"{NAME} takes no attention dropout (transformers' flex_attention_forward refuses "
-                           f"it in training): set the model's attention_dropout to 0, or use sdpa")
+        raise JobFails(f"{NAME} takes no attention dropout (transformers' flex_attention_forward refuses "
+                       f"it in training): set the model's attention_dropout to 0, or use sdpa")
     if s_aux is not None or position_bias is not None:
         raise InvalidInput(f"{NAME} with attention sinks or a position bias is not modelled: "
                            "use sdpa or eager")

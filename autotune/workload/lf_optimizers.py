@@ -30,7 +30,7 @@ from typing import Any
 
 import torch  # imported by optimizers.make_optimizer only, when an optimizer is built
 
-from autotune.errors import InvalidInput
+from autotune.errors import JobFails
 
 LF_MUON, ADAM_MINI = "llamafactory_muon", "adam_mini"
 LF_OPTIMIZERS = (LF_MUON, ADAM_MINI)
@@ -162,9 +162,9 @@ class AdamMini(torch.optim.Optimizer):
             name = name.lower()
             if param.ndim == 1 and _per_row(name):
                 # state["m"][0:rows, 0:1] in the step: IndexError on a vector (BERT's embeddings.LayerNorm)
-                raise InvalidInput(f"Adam-mini 1.1.1 fails on {name} of shape {list(param.shape)}: a vector "
-                                   "whose name puts it in a per-row block (adam_mini.py Adam_mini.step "
-                                   "indexes its first moment [0:rows, 0:1]: IndexError), as the job would")
+                raise JobFails(f"Adam-mini 1.1.1 fails on {name} of shape {list(param.shape)}: a vector "
+                               "whose name puts it in a per-row block (adam_mini.py Adam_mini.step "
+                               "indexes its first moment [0:rows, 0:1]: IndexError), as the job would")
             decay = 0.0 if "norm" in name or "ln" in name or "bias" in name else weight_decay
             groups.append({"name": name, "params": param, "weight_decay": decay})
         super().__init__(groups, dict(lr=lr, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1], eps=ADAM_EPS))

@@ -156,7 +156,7 @@ def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> N
         config = config.get_text_config()
     act = getattr(config, "hidden_act", None)
     if patch.glu in kernels and patch.glu == "swiglu" and act not in ("silu", "swish"):
-        raise InvalidInput(f"Liger's swiglu computes SiLU: LigerSwiGLUMLP refuses hidden_act {act!r}")
+        raise JobFails(f"Liger's swiglu computes SiLU: LigerSwiGLUMLP refuses hidden_act {act!r}")
     if patch.glu in kernels and getattr(config, "mlp_bias", False):
         raise InvalidInput(f"Liger's {patch.glu} MLP has no biases: {config.model_type} with mlp_bias true "
                            "is not emulated")
@@ -172,11 +172,11 @@ def _check_config(kernels: tuple[str, ...], patch: ModelPatch, config: Any) -> N
     shared = getattr(config, "num_kv_shared_layers", 0) or 0
     if patch.mlp == "TextMLP" and patch.glu in kernels and getattr(config, "use_double_wide_mlp", False) \
             and shared > 0:
-        raise InvalidInput(f"Axolotl's Liger {patch.glu} on Gemma 4 with use_double_wide_mlp fails as the "
-                           "checkpoint loads: _LigerGemma4MLP(config, layer_idx) drops layer_idx "
-                           "(integrations/liger/plugin.py), so the last {shared} layers' MLPs are built "
-                           "config.intermediate_size wide, not twice it as Gemma4TextMLP's; leave "
-                           "liger_glu_activation out".replace("{shared}", str(shared)))
+        raise JobFails(f"Axolotl's Liger {patch.glu} on Gemma 4 with use_double_wide_mlp fails as the "
+                       "checkpoint loads: _LigerGemma4MLP(config, layer_idx) drops layer_idx "
+                       "(integrations/liger/plugin.py), so the last {shared} layers' MLPs are built "
+                       "config.intermediate_size wide, not twice it as Gemma4TextMLP's; leave "
+                       "liger_glu_activation out".replace("{shared}", str(shared)))
     rope = getattr(config, "rope_parameters", None) or {}
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
     if "rope" in kernels and partial not in (None, 1, 1.0):

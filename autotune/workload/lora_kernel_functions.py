@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autotune.errors import InvalidInput, JobFails
+from autotune.errors import JobFails
 
 Registers = Callable[[], AbstractContextManager[Any]]
 # The forward's autocast dtype (None: none) and a context that re-enters it (custom_bwd).
@@ -387,9 +387,9 @@ class LoRA_Embedding(torch.autograd.Function):
         if autocast is not None:
             # Its backward's ``s * grad @ B`` is a matmul autocast runs in 16 bits, and
             # ``index_add_`` of it into A's float32 gradient refuses two dtypes.
-            raise InvalidInput(f"Axolotl's LoRA_Embedding kernel fails in its backward under {autocast} "
-                               "autocast (index_add_ of the 16-bit gradient autocast's matmul makes into "
-                               "lora_embedding_A's float32 one): set lora_embedding_kernel: false")
+            raise JobFails(f"Axolotl's LoRA_Embedding kernel fails in its backward under {autocast} "
+                           "autocast (index_add_ of the 16-bit gradient autocast's matmul makes into "
+                           "lora_embedding_A's float32 one): set lora_embedding_kernel: false")
         options: dict[str, Any] = {
             "padding_idx": base.padding_idx, "max_norm": base.max_norm, "norm_type": base.norm_type,
             "scale_grad_by_freq": base.scale_grad_by_freq, "sparse": base.sparse}

@@ -41,7 +41,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 if TYPE_CHECKING:
     import torch
@@ -121,31 +121,31 @@ def check_combination(weight: str, activation: str | None, group_size: int | Non
     if weight == "":
         raise InvalidInput("qat weight_dtype must be given")
     if activation is None and weight == "int8":
-        raise InvalidInput("qat weight_dtype int8 without activation_dtype: Axolotl refuses it "
-                           "(Int8WeightOnlyConfig is not supported by torchao QAT)")
+        raise JobFails("qat weight_dtype int8 without activation_dtype: Axolotl refuses it "
+                       "(Int8WeightOnlyConfig is not supported by torchao QAT)")
     if activation is None and weight == "int4":
         return
     if (activation, weight) == ("int4", "int4"):
-        raise InvalidInput("qat int4 activations and weights: Axolotl refuses them "
-                           "(Int4DynamicActivationInt4WeightConfig is not supported by torchao QAT)")
+        raise JobFails("qat int4 activations and weights: Axolotl refuses them "
+                       "(Int4DynamicActivationInt4WeightConfig is not supported by torchao QAT)")
     if (activation, weight) == ("int8", "int8"):
-        raise InvalidInput("qat int8 activations and weights: Axolotl refuses them "
-                           "(Int8DynamicActivationInt8WeightConfig is not supported by torchao QAT)")
+        raise JobFails("qat int8 activations and weights: Axolotl refuses them "
+                       "(Int8DynamicActivationInt8WeightConfig is not supported by torchao QAT)")
     if (activation, weight) in (("int8", "int4"), ("float8_e4m3fn", "float8_e4m3fn"),
                                 ("float8_e4m3fn", "int4")):
         return
     if weight == "nvfp4":
         if group_size is not None and group_size != NVFP4_GROUP_SIZE:
-            raise InvalidInput(f"qat nvfp4 needs group_size {NVFP4_GROUP_SIZE} (Axolotl: NVFP4 quantization "
-                               "must use a group_size of 16)")
+            raise JobFails(f"qat nvfp4 needs group_size {NVFP4_GROUP_SIZE} (Axolotl: NVFP4 quantization "
+                           "must use a group_size of 16)")
         return
     if weight == "mxfp4":
         if group_size is not None and group_size != MX_BLOCK_SIZE:
-            raise InvalidInput(f"qat mxfp4 needs group_size {MX_BLOCK_SIZE} (Axolotl: MXFP4 quantization "
-                               "must use a block_size (group_size) of 32)")
+            raise JobFails(f"qat mxfp4 needs group_size {MX_BLOCK_SIZE} (Axolotl: MXFP4 quantization "
+                           "must use a block_size (group_size) of 32)")
         return
-    raise InvalidInput(f"qat activation_dtype {activation} with weight_dtype {weight}: Axolotl refuses the "
-                       "combination (Invalid activation/weight dtype combination)")
+    raise JobFails(f"qat activation_dtype {activation} with weight_dtype {weight}: Axolotl refuses the "
+                   "combination (Invalid activation/weight dtype combination)")
 
 
 def torchao_available() -> bool:
@@ -234,9 +234,9 @@ def prepare_qat(model: torch.nn.Module, qat: Qat | None) -> int:
     if group is not None:
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and module.in_features % group:
-                raise InvalidInput(f"qat {qat.weight_dtype} in groups of {group}: {name}'s rows of "
-                                   f"{module.in_features} are not whole groups (torchao's fake quantizer "
-                                   "views each row as groups and fails at the first forward)")
+                raise JobFails(f"qat {qat.weight_dtype} in groups of {group}: {name}'s rows of "
+                               f"{module.in_features} are not whole groups (torchao's fake quantizer "
+                               "views each row as groups and fails at the first forward)")
     from torchao.quantization import quantize_
 
     before = {name for name, module in model.named_modules() if _fake_quantized(module)}
@@ -249,9 +249,9 @@ def prepare_qat(model: torch.nn.Module, qat: Qat | None) -> int:
         where = _raised_in(exc)
         # A refusal by the config's type alone holds on any device; others are cited, not judged.
         kind = ", a check of the config, not of the device" if where.endswith(CONFIG_CHECKS) else ""
-        raise InvalidInput(f"qat weight_dtype {qat.weight_dtype}: torchao {_torchao_version()} refuses the "
-                           f"QATConfig Axolotl's prepare_model_for_qat builds ({exc}: {where}{kind}), so the "
-                           "job stops as the model loads on the GPU too") from exc
+        raise JobFails(f"qat weight_dtype {qat.weight_dtype}: torchao {_torchao_version()} refuses the "
+                       f"QATConfig Axolotl's prepare_model_for_qat builds ({exc}: {where}{kind}), so the "
+                       "job stops as the model loads on the GPU too") from exc
     return sum(1 for name, module in model.named_modules() if _fake_quantized(module) and name not in before)
 
 

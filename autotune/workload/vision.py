@@ -94,7 +94,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 
 IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 DEFAULT_IMAGES_PER_SAMPLE = 1
@@ -279,8 +279,8 @@ def aspect_ratio_preserving_size(height: int, width: int, patch_size: int, max_p
     target_height = int(math.floor(ideal_height / side_mult)) * side_mult
     target_width = int(math.floor(ideal_width / side_mult)) * side_mult
     if target_height == 0 and target_width == 0:
-        raise InvalidInput("Gemma 4's processor refuses an image resized to 0 x 0 (its sides must be "
-                           f"multiples of {side_mult})")
+        raise JobFails("Gemma 4's processor refuses an image resized to 0 x 0 (its sides must be "
+                       f"multiples of {side_mult})")
     max_side_length = (max_patches // pooling_kernel_size**2) * side_mult
     if target_height == 0:
         target_height = side_mult
@@ -289,8 +289,8 @@ def aspect_ratio_preserving_size(height: int, width: int, patch_size: int, max_p
         target_width = side_mult
         target_height = min(int(math.floor(height / width)) * side_mult, max_side_length)
     if target_height * target_width > target_px:
-        raise InvalidInput(f"Gemma 4's processor refuses resizing [{height}x{width}] to [{target_height}x"
-                           f"{target_width}]: more than {max_patches} patches of {patch_size}")
+        raise JobFails(f"Gemma 4's processor refuses resizing [{height}x{width}] to [{target_height}x"
+                       f"{target_width}]: more than {max_patches} patches of {patch_size}")
     return target_height, target_width
 
 

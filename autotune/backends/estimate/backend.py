@@ -608,10 +608,10 @@ class EstimateBackend:
         """
         parallel = workload.parallel
         if mode.checkpointing and parallel is not None and parallel.activation_checkpointing:
-            from autotune.errors import InvalidInput
+            from autotune.errors import JobFails
 
-            raise InvalidInput(f"mode {mode.name} with FSDP's activation checkpointing: transformers' "
-                               "Trainer refuses gradient checkpointing beside it; give a mode without ckpt")
+            raise JobFails(f"mode {mode.name} with FSDP's activation checkpointing: transformers' "
+                           "Trainer refuses gradient checkpointing beside it; give a mode without ckpt")
         fake = self._model(workload, mode.precision)
         structure_key = (workload, mode.name)  # every field of the step (Workload is frozen)
         known = self._structures.setdefault(structure_key, {})

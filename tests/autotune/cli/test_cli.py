@@ -339,3 +339,16 @@ def test_a_json_refusal_says_its_kind_an_unmodelled_key_from_a_job_that_fails(ca
     assert code == 2 and json.loads(out)["kind"] == "not modelled", out
     code, out, _ = run(capsys, "check", "tiny-bert", "--seq-len", "4096", "--batch-size", "1", "--json")
     assert code == 2 and json.loads(out)["kind"] == "invalid", out
+
+
+@pytest.mark.parametrize("keys", [
+    "adapter: qlora\nload_in_8bit: true\n",  # schemas/peft.py validate_qlora: "Can't load qlora in 8bit"
+    "qat:\n  weight_dtype: int8\nbf16: true\nattn_implementation: flash_attention_2\n",  # int8 weight-only
+])
+def test_a_config_its_own_trainer_refuses_is_a_job_that_fails(capsys, tmp_path, keys):
+    config = tmp_path / "train.yaml"
+    config.write_text(f"base_model: tiny-llama\nsequence_len: 32\nmicro_batch_size: 1\n{keys}")
+    code, out, _ = run(capsys, "check", "tiny-llama", "--from-config", str(config), "--gpu", "H100-80GB",
+                       "--json")
+    assert code == 2 and json.loads(out)["kind"] == "job fails", out
+    assert "Axolotl refuses" in json.loads(out)["error"]
