@@ -56,7 +56,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,7 @@ class Row:
     peel_seconds: float = 0.0
     ignored_keys: list[str] = field(default_factory=list)  # an answer's keys taken to change nothing
     crashes: list[str] = field(default_factory=list)  # "when: stderr's last lines"
+    carried: bool = False  # --again: an answered row of the earlier run, not checked again
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,6 +638,9 @@ def report(rows: list[Row]) -> None:
     print(f"No near preset ({sum(unmapped.values())} configs, {len(unmapped)} models): "
           + ", ".join(f"{m} x{n}" if n > 1 else m for m, n in sorted(unmapped.items())))
 
+    carried = sum(r.carried for r in rows)
+    if carried:
+        print(f"\n{carried} answered configs carried from an earlier run (--again), not checked again")
     print("\nPer source and group (answer rate: of the configs with a preset):")
     for source in dict.fromkeys(r.source for r in rows):
         for name in GROUPS:
@@ -740,6 +744,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N configs")
     parser.add_argument("--json", type=Path, dest="json_out", help="write every config's row here")
     parser.add_argument("--report", type=Path, help="print the report of a --json file again, run nothing")
+    parser.add_argument("--again", type=Path,
+                        help="a --json file of an earlier run: check only the configs it did not answer, and "
+                             "report its answered ones with them (carried, not checked again)")
     args = parser.parse_args()
     if args.report:
         report([Row(**row) for row in json.loads(args.report.read_text())])
@@ -753,6 +760,13 @@ def main() -> None:
     configs = [config for repo, path in (("axolotl", args.axolotl), ("llamafactory", args.llamafactory))
                if path for config in load_corpus(path, repo)]
     configs = [c for c in configs if not args.only or args.only in f"{c.source}:{c.file}"][:args.limit]
+    carried: list[Row] = []
+    if args.again:
+        earlier = {(row["source"], row["file"]): Row(**row) for row in json.loads(args.again.read_text())}
+        carried = [replace(earlier[key], carried=True) for c in configs
+                   if (key := (c.source, c.file)) in earlier and earlier[key].status == "answered"]
+        answered = {(r.source, r.file) for r in carried}
+        configs = [c for c in configs if (c.source, c.file) not in answered]
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="bench-configs-"))
     for config in configs:
         classify(config, presets)
@@ -771,12 +785,14 @@ def main() -> None:
             print(f"[{len(rows)}/{len(configs)}] {status:<9} {row.seconds:6.1f} s  {row.source}:{row.file}  "
                   f"{said}", flush=True)
     wall_s, cpu_s = time.perf_counter() - started, children_cpu() - cpu_before
+    checked, rows = rows, carried + rows
     report(rows)
-    print(f"\nTotal wall time: {wall_s:.0f} s for {len(rows)} configs (first checks "
-          f"{sum(r.seconds for r in rows):.0f} s, slowest {max((r.seconds for r in rows), default=0):.1f} s)")
+    print(f"\nTotal wall time: {wall_s:.0f} s for {len(checked)} configs checked (first checks "
+          f"{sum(r.seconds for r in checked):.0f} s, "
+          f"slowest {max((r.seconds for r in checked), default=0):.1f} s)")
     # The load-independent figure (#39: the corpus in under 30 minutes on an idle 2-core machine): the
     # checks' own CPU, every autotune process and what it waited for, over the cores they could use.
-    print(f"CPU of the checks: {cpu_s:.0f} s ({cpu_s / max(1, len(rows)):.1f} s a config; "
+    print(f"CPU of the checks: {cpu_s:.0f} s ({cpu_s / max(1, len(checked)):.1f} s a config; "
           f"{cpu_s / 60 / max(1, args.jobs):.1f} min of wall on {args.jobs} idle cores at best); "
           f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     if args.json_out:
