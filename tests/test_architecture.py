@@ -329,3 +329,9 @@ def test_a_refusal_of_a_job_its_libraries_stop_is_job_fails():
 ])
 def test_refusals_of_failing_jobs_finds_them(source, found):
     assert refusals_of_failing_jobs(source) == found
+
+
+def test_the_modules_the_suite_starts_with_exist():
+    from conftest import HEAVY_FIRST  # tests/ is on the path (pyproject's pythonpath)
+
+    assert [name for name in HEAVY_FIRST if not (ROOT / name).is_file()] == []
