@@ -108,3 +108,21 @@ def test_paddleocr_vl_builds_its_0_9b():
     total = sum(p.numel() for p in model.parameters())
     assert total == 799_695_472
     assert round((total + 103424 * 1024) / 1e9, 1) == 0.9
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "sdpa"])
+def test_a_step_with_images_is_extrapolated(attn):
+    # The projector's and the vision attention's per-image loops batched: two traced runs give the
+    # cell's other batch sizes.
+    from autotune.request import Step, TableRequest, Target, resolve
+    from autotune.tuner import budget_bytes
+
+    step = Step(model=TINY, image_size="84x56", images_per_sample=1, attn=attn, dtype="bfloat16")
+    resolved = resolve(TableRequest(step, Target(gpu_memory="1GiB", backend="estimate"), seq_lens=[512],
+                                    modes="bf16"))
+    budget = budget_bytes(resolved.gpu, resolved.margin)
+    with resolved.backend.cell(resolved.workload, resolved.modes[0], 512, budget) as cell:
+        probes = [cell.fits(batch) for batch in (2, 3, 4, 5)]
+    assert [p.details["estimate"] for p in probes][:2] == ["traced", "traced"]
+    assert {p.details["estimate"] for p in probes[2:]} != {"traced"}
+    assert probes[-1].peak_bytes > probes[0].peak_bytes
