@@ -195,13 +195,18 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"lfm2-vl-450m", "lfm2_vl"),
     (r"llama-3\.2-11b-vision", "mllama"),
     (r"glm-4\.6v-flash", "glm46v_flash"),
-    (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
+    # No preset: Voxtral (an audio tower; transformers builds it as a sequence-to-sequence model, no
+    # causal-LM or image-text-to-text class), SmolVLM2 (Idefics3's tiles; its tower drops padding
+    # images and patches by boolean masks of pixel values, a shape the fake trace does not know).
+    (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
     # Falcon-H1-1.5B-Deep (66 layers of width 1280) is not the 1.5B's shape: no preset (falcon_h1.py).
     (r"falcon-h1-1\.5b-deep", "falcon_h1_deep"),
     (r"falcon-h1-", "falcon_h1"),
     (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
+    # Gemma 3n's vision tower is timm's MobileNetV5 (transformers' TimmWrapperModel: timm.create_model),
+    # which autotune's environment has not: no preset. Gemma 4 12B (gemma4_unified) has none yet.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
