@@ -899,6 +899,11 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     if parallel is not None and parallel.wrap_classes:
         with found.about("fsdp_wrap"):  # named classes of the model's, () where they are its default
             parallel = replace(parallel, wrap_classes=resolve_wrap(spec, task, parallel.wrap_classes))
+    if adapter is not None and adapter.kernels and step.axolotl:
+        from autotune.workload.lora_kernels import axolotl_turns_off
+
+        if axolotl_turns_off(spec.config.model_type) is not None:  # as Axolotl's normalize_config does
+            adapter = replace(adapter, kernels=())
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import check_checkpoint, check_sharding
 

@@ -131,6 +131,10 @@ FAMILIES: dict[str, dict[str, float]] = {
     "pixtral": {"mistral-community/pixtral-12b": 12},
     # Mistral Small 4: Mistral 3's layout over a mistral4 MoE text model, by its total.
     "mistral4": {"mistralai/Mistral-Small-4-119B-2603": 119},
+    # Mistral Medium 3.5: Mistral 3's layout (a 48-layer Pixtral tower) over Devstral 2 123B's text model.
+    "mistral_medium": {"mistralai/Mistral-Medium-3.5-128B": 128},
+    # PaddleOCR-VL (presets/paddleocr.py): 1.0, 1.5 and 1.6 are one 0.9B model.
+    "paddleocr_vl": {"PaddlePaddle/PaddleOCR-VL-1.6": 0.9},
     "qwen3_vl": {"Qwen/Qwen3-VL-4B-Instruct": 4},
     "qwen3_vl_moe": {"Qwen/Qwen3-VL-30B-A3B-Instruct": 30},
     "internvl": {"OpenGVLab/InternVL3_5-8B-HF": 8.5},
@@ -184,18 +188,25 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"mistral-small-3\.[12]-24b|magistral-small-2509", "mistral3"),
     (r"(^|/)pixtral-12b", "pixtral"),
     (r"mistral-small-4-119b-2603", "mistral4"),
+    (r"mistral-medium-3\.5-128b", "mistral_medium"),
+    (r"paddleocr-vl", "paddleocr_vl"),
     (r"qwen3-vl-\d+b", "qwen3_vl"),
     (r"internvl3_5-8b-hf", "internvl"),
     (r"lfm2-vl-450m", "lfm2_vl"),
     (r"llama-3\.2-11b-vision", "mllama"),
     (r"glm-4\.6v-flash", "glm46v_flash"),
-    (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm|paddleocr", None),
+    # No preset: Voxtral (an audio tower; transformers builds it as a sequence-to-sequence model, no
+    # causal-LM or image-text-to-text class), SmolVLM2 (Idefics3's tiles; its tower drops padding
+    # images and patches by boolean masks of pixel values, a shape the fake trace does not know).
+    (r"vl\b|vl-|vision|llava|pixtral|voxtral|internvl|smolvlm", None),
     # Gemma 3 from 4B up is a vision model (Gemma3ForConditionalGeneration, above), 3n another architecture.
     (r"qwen3[.-]?5-\d+(\.\d+)?b\b", "qwen3_5"),  # the dense Qwen3.5 (the MoE ones are dropped above)
     # Falcon-H1-1.5B-Deep (66 layers of width 1280) is not the 1.5B's shape: no preset (falcon_h1.py).
     (r"falcon-h1-1\.5b-deep", "falcon_h1_deep"),
     (r"falcon-h1-", "falcon_h1"),
     (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
+    # Gemma 3n's vision tower is timm's MobileNetV5 (transformers' TimmWrapperModel: timm.create_model),
+    # which autotune's environment has not: no preset. Gemma 4 12B (gemma4_unified) has none yet.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),
@@ -236,6 +247,8 @@ PEEL_READERS: dict[str | None, str] = {
     "falcon_h1": "tiny-falcon_h1", "falcon_h1_deep": "tiny-falcon_h1", "ministral3": "tiny-mistral3",
     "mistral3": "tiny-mistral3",
     "mistral4": "tiny-mistral4",
+    "mistral_medium": "tiny-mistral3",
+    "paddleocr_vl": "tiny-paddleocr_vl",
     "pixtral": "tiny-pixtral", "qwen3_vl": "tiny-qwen3_vl", "qwen3_vl_moe": "tiny-qwen3_vl_moe",
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
@@ -254,7 +267,7 @@ NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
                "glm-4.5-air": 106, "glm-4.7-flash": 30, "glm-4.6v-flash": 9, "jamba-v0.1": 52,
-               "jamba-1.5-large": 398, "deepseek-v2.5": 236, "trinity-nano": 6}
+               "jamba-1.5-large": 398, "deepseek-v2.5": 236, "trinity-nano": 6, "paddleocr-vl": 0.9}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

@@ -35,6 +35,7 @@ from autotune.configs.reading import (
     checkpoint_kwargs,
     note_neftune,
     note_set_keys,
+    preset_model_type,
     read_attention,
     read_optimizer,
     unset,
@@ -61,7 +62,7 @@ from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
 from autotune.workload.liger import GATED as LIGER_GATED
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
-from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
+from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, axolotl_turns_off, parse_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.qat import parse_qat, to_json
 from autotune.workload.step import FLEX_ATTENTION
@@ -245,6 +246,10 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
     for name, value in values.items():
         if value is not None and not isinstance(value, bool):
             raise cfg.bad(CONFIG_KEYS[name], value, "true or false")
+    off = axolotl_turns_off(preset_model_type(cfg.data.get("base_model")))
+    if off is not None:
+        cfg.notes.append(off)
+        return ()
     if adapter.base_bits == 8:
         named = [CONFIG_KEYS[name] for name in PATCHING if values.get(name)]
         if named:

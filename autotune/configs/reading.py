@@ -331,6 +331,14 @@ def note_neftune(cfg: Config, key: str) -> None:
                          "[batch, seq, hidden] tensor in the forward, far below the step's peak")
 
 
+def preset_model_type(name: Any) -> str | None:
+    """The model_type of the preset ``name`` stands for, or None (not a preset's name)."""
+    from autotune.workload.presets import PRESETS, preset_name
+
+    preset = preset_name(name) if isinstance(name, str) else None
+    return None if preset is None else PRESETS[preset].get("model_type")
+
+
 def vlm_preset(name: Any) -> bool:
     """Whether ``name`` is a preset of a vision-language model (its config has a vision_config)."""
     from autotune.workload.presets import PRESETS, preset_name

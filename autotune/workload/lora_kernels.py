@@ -141,6 +141,24 @@ _MIXED_DTYPES = {
 # ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
 # whose text models autotune builds (presets/qwen_hybrid.py).
 _CHECKPOINT = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+# The model types whose Axolotl ModelSupport descriptor declares the fused LoRA kernels unsupported, with its
+# reason (src/axolotl/model_support/paddleocr_vl/__init__.py PaddleOCRVLSupport.capabilities["lora_kernels"]):
+# normalize_config (utils/config/__init__.py) turns every lora_*_kernel off for them, set or auto-enabled
+# ("Disabling fused LoRA kernels: unsupported for model_type=..."), before the model loads.
+AXOLOTL_UNSUPPORTED = {
+    "paddleocr_vl": "The fused QKV/O source rewrite does not match PaddleOCRAttention's forward.",
+}
+
+
+def axolotl_turns_off(model_type: str | None) -> str | None:
+    """The note where Axolotl turns its fused LoRA kernels off for ``model_type`` (AXOLOTL_UNSUPPORTED),
+    else None."""
+    reason = AXOLOTL_UNSUPPORTED.get(model_type or "")
+    if reason is None:
+        return None
+    return (f"lora_*_kernel: Axolotl turns its fused LoRA kernels off for model_type {model_type} "
+            f"(utils/config/__init__.py normalize_config: its model_support declares them Unsupported, "
+            f"\"{reason}\")")
 # find_linear_attn_in_layer's projections (LINEAR_ATTN_IN_PROJS, LINEAR_ATTN_OUT_PROJ)
 _LINEAR_IN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 _LINEAR_OUT = "out_proj"

@@ -27,6 +27,15 @@ glm4v, glm46v (GLM-4.1V, GLM-4.6V-Flash; Glm4vProcessor, processing_glm4v.py; Gl
     ``<|begin_of_image|>`` and ``<|end_of_image|>``, ``mm_token_type_ids``, 3D positions) with its own
     ``smart_resize``: the image counted as temporal_patch_size (2) frames against the pixel budget,
     one too small for a side of 28 first scaled up to it (``glm4v_resize``).
+paddleocr_vl (PaddleOCR-VL; PaddleOCRVLImageProcessor, image_processing_paddleocr_vl.py;
+    PaddleOCRVLProcessor, processing_paddleocr_vl.py)
+    Qwen2-VL's layout with one frame (temporal_patch_size 1) and patches left as images
+    (``patchify``): its ``smart_resize`` to multiples of 28 within the checkpoint's [147384, 2822400]
+    pixels, ``pixel_values`` [total patches, 3, 14, 14] float32 in row-major order, ``image_grid_thw``,
+    ``<|IMAGE_PLACEHOLDER|>`` repeated patches / 4 times (``replace_image_token``) between
+    ``<|IMAGE_START|>`` and ``<|IMAGE_END|>``, ``mm_token_type_ids``, 3D positions as Qwen2-VL's
+    (``get_rope_index``); its tower's positions without the merge (the projector merges 2 x 2 after it)
+    and its position table resampled to each grid (``interp_indices``/``interp_weights``).
 llava (LLaVA-1.5; CLIPImageProcessor, processing_llava.py)
     every image resized and center-cropped to the vision tower's image_size (336): ``pixel_values``
     [images, 3, 336, 336]; ``<image>`` repeated (336/14)**2 = 576 times (vision_feature_select_strategy
@@ -128,8 +137,17 @@ GLM_FAMILIES = ("glm4v", "glm46v")
 # what exllamav3's preparation writes for model_type glm4v; transformers' default is 28 x 28 x 15000.
 GLM_MIN_PIXELS = 12544
 GLM_MAX_PIXELS = 9633792
-# The families whose processor makes Qwen2-VL's inputs (pixel_values of flattened patches, image_grid_thw).
-QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES, *GLM_FAMILIES)
+# PaddleOCR-VL's processor: Qwen2-VL's layout of one frame, its patches kept as 3 x 14 x 14 images
+# (image_processing_paddleocr_vl.py patchify), its tower unmerged (merge 1) and its position table
+# resampled without align_corners (modeling_paddleocr_vl.py PaddleOCRVisionEmbeddings).
+PADDLEOCR_FAMILIES = ("paddleocr_vl",)
+# The checkpoint's preprocessor_config.json (PaddlePaddle/PaddleOCR-VL, quoted verbatim in a public copy:
+# "min_pixels": 147384, "max_pixels": 2822400, "patch_size": 14, "merge_size": 2, "temporal_patch_size":
+# 1); transformers' PaddleOCRVLImageProcessor defaults to 384 x 384 and 1536 x 1536 without it.
+PADDLEOCR_MIN_PIXELS = 147384
+PADDLEOCR_MAX_PIXELS = 2822400
+# The families whose processor makes Qwen2-VL's inputs (pixel_values of patches, image_grid_thw).
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", *QWEN3_FAMILIES, *GLM_FAMILIES, *PADDLEOCR_FAMILIES)
 # Pixtral's processor (PixtralImageProcessor, PixtralProcessor): pixtral is LLaVA with a Pixtral
 # tower (vision_config.model_type "pixtral"), mistral3 the same tower with a 2x2 patch merger.
 PIXTRAL_FAMILIES = ("pixtral", "mistral3")
@@ -454,6 +472,7 @@ def image_layout(config: Any, images: Images) -> ImageLayout:
                                                 frames=int(vision.temporal_patch_size))
         else:
             low, high = ((QWEN3_MIN_PIXELS, QWEN3_MAX_PIXELS) if family in QWEN3_FAMILIES
+                         else (PADDLEOCR_MIN_PIXELS, PADDLEOCR_MAX_PIXELS) if family in PADDLEOCR_FAMILIES
                          else (QWEN_MIN_PIXELS, QWEN_MAX_PIXELS))
             resized_h, resized_w = smart_resize(height, width, factor=patch * merge, min_pixels=low,
                                                 max_pixels=high)
@@ -568,9 +587,13 @@ def image_batch(config: Any, layout: ImageLayout, batch_size: int, seq_len: int,
             batch["position_ids"] = _mrope_positions(config, layout, starts, batch_size, seq_len, device)
             t, h, w = layout.grid  # type: ignore[misc]
             vision = config.vision_config
-            width = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
-            batch["pixel_values"] = torch.zeros((images * layout.patches, width), dtype=torch.float32,
-                                                device=device)
+            patch = int(vision.patch_size)
+            if layout.family in PADDLEOCR_FAMILIES:  # one frame, each patch a 3 x 14 x 14 image
+                shape: tuple[int, ...] = (images * layout.patches, int(vision.num_channels), patch, patch)
+            else:
+                shape = (images * layout.patches,
+                         int(vision.in_channels) * int(vision.temporal_patch_size) * patch**2)
+            batch["pixel_values"] = torch.zeros(shape, dtype=torch.float32, device=device)
             # Read by the model (grid_thw.tolist()): a small tensor whose values the fake trace keeps
             # (backends/estimate/vision.py).
             batch["image_grid_thw"] = torch.tensor([[t, h, w]] * images, dtype=torch.long, device=device)
@@ -716,7 +739,8 @@ def _vision_indices(config: Any, layout: ImageLayout, images: int, device: Any) 
     from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
 
     vision = config.vision_config
-    merge = int(vision.spatial_merge_size)
+    # PaddleOCR-VL's tower runs unmerged (its projector merges after it): positions of merge 1.
+    merge = 1 if layout.family in PADDLEOCR_FAMILIES else int(vision.spatial_merge_size)
     found: dict[str, Any] = {}
     with _disable_current_modes():  # real CPU tensors, seen by no fake mode and no allocation tracker
         grid = torch.tensor([list(layout.grid)] * images, dtype=torch.long)  # type: ignore[arg-type]
@@ -729,6 +753,8 @@ def _vision_indices(config: Any, layout: ImageLayout, images: int, device: Any) 
                      "image_cu_window_seqlens": (cu_window_seqlens.tolist(), torch.int32)}
         if layout.family in QWEN3_FAMILIES:
             found.update(_interpolation_indices(vision, grid))
+        if layout.family in PADDLEOCR_FAMILIES:
+            found.update(_paddleocr_interpolation(vision, grid))
     found["image_position_ids"] = (positions, torch.long)
     return {name: torch.tensor(values, dtype=dtype, device=device) for name, (values, dtype) in found.items()}
 
@@ -745,6 +771,21 @@ def _interpolation_indices(vision: Any, grid: Any) -> dict[str, tuple[list[Any],
     indices, weights = get_vision_interpolation_indices_and_weights(
         grid, num_grid_per_side=int(int(vision.num_position_embeddings) ** 0.5), mode="bilinear",
         align_corners=True, spatial_merge_size=int(vision.spatial_merge_size))
+    return {"image_interp_indices": (indices.tolist(), torch.long),
+            "image_interp_weights": (weights.tolist(), torch.float32)}
+
+
+def _paddleocr_interpolation(vision: Any, grid: Any) -> dict[str, tuple[list[Any], Any]]:
+    """PaddleOCR-VL's resampling of its learned position table (image_size / patch_size a side) to each
+    image's grid, as its embeddings compute it (modeling_paddleocr_vl.py PaddleOCRVisionEmbeddings.forward:
+    ``get_vision_interpolation_indices_and_weights``, bilinear, without align_corners, merge 1), under the
+    names it pops."""
+    import torch
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
+    indices, weights = get_vision_interpolation_indices_and_weights(
+        grid, num_grid_per_side=int(vision.image_size) // int(vision.patch_size), mode="bilinear",
+        align_corners=False, spatial_merge_size=1)
     return {"image_interp_indices": (indices.tolist(), torch.long),
             "image_interp_weights": (weights.tolist(), torch.float32)}
 

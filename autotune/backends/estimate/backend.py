@@ -46,6 +46,7 @@ from autotune.backends.estimate.liger import (
     swap_in_scattermoe,
 )
 from autotune.backends.estimate.mx_meta import meta_mx_conversions
+from autotune.backends.estimate.paddleocr import route_paddleocr
 from autotune.backends.estimate.parts import ESTIMATE_PARTS
 from autotune.backends.estimate.pixtral import route_pixtral
 from autotune.backends.estimate.rope import route_dynamic_rope
@@ -555,6 +556,7 @@ class EstimateBackend:
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)
                 route_gemma4_pooler(model)  # Gemma 4's pooler mask, of a known count (vision.py)
                 route_pixtral(model, workload.attn)  # Pixtral's and Mistral 3's per-image loops (pixtral.py)
+                route_paddleocr(model)  # PaddleOCR-VL's projector loop (paddleocr.py)
                 route_token_selection(model)  # LFM2-VL's image tokens, of a known count (vision.py)
                 route_dynamic_rope(model)  # a dynamic rope's update, of a known length (rope.py)
                 model = trained_model(model, workload)  # LLaMA-Factory's value head (value_head.py)

@@ -29,7 +29,7 @@ One module per family, each checkpoint's source cited beside it:
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
     gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
-                  Pixtral-12B)
+                  Mistral Medium 3.5, Pixtral-12B)
     vlms.py       more vision-language models (Qwen3-VL)
     vlms2.py      the vision-language models of Axolotl's later examples (InternVL 3.5)
     llama4.py     Llama 4 Scout and Maverick (vision-language mixtures of experts)
@@ -37,6 +37,7 @@ One module per family, each checkpoint's source cited beside it:
     nemotron_h.py NVIDIA Nemotron 3 Nano 30B-A3B and Super 120B-A12B (Mamba-2, experts, attention)
     arcee.py      Arcee AI: AFM-4.5B, Trinity-Nano-Preview (AFMoE, a mixture of experts)
     hunyuan.py    Tencent's Hunyuan dense: Hunyuan-0.5B-Instruct
+    paddleocr.py  PaddleOCR-VL (vision-language: a NaViT SigLIP tower over ERNIE-4.5-0.3B)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -63,6 +64,7 @@ from autotune.workload.presets import (
     moe,
     more_decoders,
     nemotron_h,
+    paddleocr,
     phi,
     qwen,
     qwen_hybrid,
@@ -114,6 +116,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **nemotron_h.NEMOTRON_H_PRESETS,
     **arcee.ARCEE_PRESETS,
     **hunyuan.HUNYUAN_PRESETS,
+    **paddleocr.PADDLEOCR_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {
@@ -146,6 +149,8 @@ HUB_ALIASES: dict[str, str] = {
     "CohereLabs/c4ai-command-r7b-12-2024": "CohereForAI/c4ai-command-r7b-12-2024",
     # THUDM became zai-org on the hub in 2025.
     "THUDM/GLM-4-32B-0414": "zai-org/GLM-4-32B-0414",
+    # Axolotl's BF16 copy of the FP8 checkpoint (examples/mistral-medium-3_5): the same config.json.
+    "axolotl-ai-co/Mistral-Medium-3.5-128B-BF16": "mistralai/Mistral-Medium-3.5-128B",
 }
 
 

@@ -1,7 +1,8 @@
 """Mistral's vision-language presets (task image-text-to-text: autotune/workload/vision.py): Mistral 3
-(Mistral Small 3.1, Magistral Small 1.2, Ministral 3), Mistral Small 4 and Pixtral-12B. Their image
-processor is Pixtral's (dynamic resolution, vision.py ``pixtral_resize``); a text-only step of one
-trains the whole checkpoint as Axolotl loads it (AutoModelForImageTextToText), without images."""
+(Mistral Small 3.1, Magistral Small 1.2, Ministral 3, Mistral Medium 3.5), Mistral Small 4 and
+Pixtral-12B. Their image processor is Pixtral's (dynamic resolution, vision.py ``pixtral_resize``); a
+text-only step of one trains the whole checkpoint as Axolotl loads it (AutoModelForImageTextToText),
+without images."""
 
 from __future__ import annotations
 
@@ -120,6 +121,51 @@ MISTRAL3_PRESETS: dict[str, dict[str, Any]] = {
         **_MISTRAL3,
         "tie_word_embeddings": False,
         "text_config": {"model_type": "mistral4", "tie_word_embeddings": False},
+    },
+    # Mistral Medium 3.5 (128B, dense): Mistral 3's layout over Devstral 2 123B's text model (NVIDIA NeMo
+    # Automodel's model-coverage page: "88 Ministral-3 decoder layers (hidden 12288, 96 attention heads,
+    # 8 KV heads)", Mistral3ForConditionalGeneration, "Pixtral vision tower") and a larger Pixtral tower
+    # trained from scratch. Values of its config.json as a public Rust loader's test copies it
+    # (rvllm's mistral35 loader, parses_full_config; find_string id 55386741447) and a public model
+    # dossier tabulates them (id 55259639687): text 88 layers of 12288, intermediate 28672, 96 heads
+    # and 8 key/value heads of 128, vocabulary 131072, 262144 positions by YaRN 64 from 4096
+    # (beta_fast 4, beta_slow 1, mscale 1, mscale_all_dim 0: Mistral's corrected config), rope_theta 1e6,
+    # lm_head apart; tower 48 layers of 1664, 16 heads of 104, intermediate 8192, 14-pixel patches,
+    # images up to 1540, merged 2 x 2, [IMG] id 10. axolotl-ai-co/Mistral-Medium-3.5-128B-BF16 is its
+    # BF16 copy (Axolotl's examples/mistral-medium-3_5; presets/__init__.py HUB_ALIASES). This builds
+    # 127,704,210,176 parameters (125.0B text, 2.7B tower and projector): the model card's "128B".
+    "mistralai/Mistral-Medium-3.5-128B": {
+        **_MISTRAL3,
+        "tie_word_embeddings": False,
+        "text_config": {
+            "model_type": "ministral3",
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 12288,
+            "intermediate_size": 28672,
+            "max_position_embeddings": 262144,
+            "num_attention_heads": 96,
+            "num_hidden_layers": 88,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 64.0,
+                                "original_max_position_embeddings": 4096, "beta_fast": 4.0,
+                                "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0,
+                                # Ministral3Attention reads it (modeling_ministral3.py
+                                # get_llama_4_attn_scale, a [B, 1, L, 1] query scale whatever its
+                                # value); the copies above omit it: Ministral3Config's default.
+                                "llama_4_scaling_beta": 0.1},
+            "tie_word_embeddings": False,
+            "vocab_size": 131072,
+        },
+        "vision_config": {
+            **_MISTRAL3_TOWER,
+            "head_dim": 104,
+            "hidden_size": 1664,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 48,
+            "rope_theta": 10000.0,
+        },
     },
     # mistral-community/pixtral-12b: LLaVA with a Pixtral tower (PixtralVisionConfig's defaults,
     # documented as mistral-labs/pixtral-12b: 24 layers of 1024, 16-pixel patches, images up to 1024

@@ -442,6 +442,17 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "eoi_token_index": 102,
         "architectures": ["Llama4ForConditionalGeneration"],
     },
+    # PaddleOCR-VL: the tiny decoder's keys at the top level (as the checkpoint has them), head_dim 16
+    # in mrope sections of 8 frequencies, untied; a 2-layer NaViT tower of 14-pixel patches with a 4 x 4
+    # position table (image_size 56), merged 2 x 2 by the projector.
+    "paddleocr_vl": {
+        **_TINY_VLM_TEXT,
+        "head_dim": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 3, 3]},
+        "tie_word_embeddings": False,
+        "vision_config": {"model_type": "paddleocr_vl_vision", **_TINY_VISION, "spatial_merge_size": 2},
+        "architectures": ["PaddleOCRVLForConditionalGeneration"],
+    },
     "modernbert": {
         **_TINY_BERT,
         "local_attention": 64,

@@ -124,6 +124,18 @@ def test_axolotls_lora_kernels_on_qwen2_vl_are_refused_as_axolotl_fails(tmp_path
     assert "check_auto_enable_lora_kernels turns them on where no lora_*_kernel is set" in err
 
 
+def test_axolotl_turns_its_lora_kernels_off_on_paddleocr_vl_set_or_not(tmp_path):
+    # model_support/paddleocr_vl declares lora_kernels Unsupported: normalize_config turns every
+    # lora_*_kernel off, set true or auto-enabled (examples/paddleocr-vl sets none).
+    base = {key: value for key, value in VLM.items() if not key.endswith("_kernel")}
+    for data in ({**base, "base_model": "PaddlePaddle/PaddleOCR-VL-1.6"},
+                 {**base, "base_model": "PaddlePaddle/PaddleOCR-VL-1.6", "lora_qkv_kernel": True}):
+        config = read(tmp_path, data)
+        assert config.request.step.adapter.kernels == ()
+        assert any(note.startswith("lora_*_kernel: Axolotl turns its fused LoRA kernels off for model_type "
+                                   "paddleocr_vl") for note in config.notes)
+
+
 def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):
     # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: not emulated.
     import copy

@@ -113,6 +113,8 @@ LIMITS = {
     "zai-org/GLM-4-32B-0414": 32768,
     "arcee-ai/AFM-4.5B": 65536, "arcee-ai/Trinity-Nano-Preview": 131072,
     "tencent/Hunyuan-0.5B-Instruct": 262144,
+    "mistralai/Mistral-Medium-3.5-128B": 262144,
+    "PaddlePaddle/PaddleOCR-VL-1.6": 131072, "tiny-paddleocr_vl": 1024,
 }
 
 

@@ -162,6 +162,22 @@ def test_a_flash_attention_step_with_images_is_extrapolated(name):
     assert probes[-1].peak_bytes > probes[0].peak_bytes
 
 
+def test_mistral_medium_3_5_counts_its_128b():
+    # The model card's dense 128B: Devstral 2 123B's text model (88 layers of 12288, lm_head apart)
+    # and a 48-layer Pixtral tower of 1664 with Mistral 3's merger and projector.
+    from transformers import AutoModelForImageTextToText
+
+    spec = resolve_model("axolotl-ai-co/Mistral-Medium-3.5-128B-BF16")
+    assert spec.config.text_config.num_hidden_layers == 88
+    assert infer_task(spec.config)[0] == VLM
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(spec.config)
+    total = sum(p.numel() for p in model.parameters())
+    language = sum(p.numel() for n, p in model.named_parameters() if "language_model" in n or "lm_head" in n)
+    assert total == 127_704_210_176 and round(total / 1e9) == 128
+    assert round(language / 1e9, 1) == 125.0
+
+
 def test_mistral_small_4_counts_119b_and_6_5b_active():
     # The model card's 119B (Axolotl's examples/mistral4/README.md: "119B parameter (6.5B active)"):
     # 4 of the 128 routed experts a token, the embedding table not counted as active.
