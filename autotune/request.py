@@ -382,7 +382,8 @@ class Step:
                        "linear cross-entropy; cce: Cut Cross-Entropy (Axolotl's CutCrossEntropyPlugin); "
                        "chunked_nll: TRL's SFT default (the last three never hold the full logits; "
                        "causal-lm); dft, eaft: LLaMA-Factory's per-token weighted losses over the float32 "
-                       "logits (use_dft_loss, use_eaft_loss)", choices=LOSSES)
+                       "logits (use_dft_loss, use_eaft_loss); diffusion: Axolotl's DiffusionPlugin step "
+                       "(masked tokens under a bidirectional mask; causal-lm, sdpa or eager)", choices=LOSSES)
     ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "
@@ -824,6 +825,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
     None when a field was invalid (found in ``found``)."""
     from autotune.workload import Workload
+    from autotune.workload.diffusion import DIFFUSION
+    from autotune.workload.diffusion import check_attention as check_diffusion_attention
     from autotune.workload.frozen import parse_frozen, parse_unfrozen
     from autotune.workload.liger import check_kernels
     from autotune.workload.loss import check_loss
@@ -880,6 +883,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             attn = cuda_attention(spec.config, task, attn)
     with found.about("loss"):
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
+        if loss == DIFFUSION and found.ok("attn"):
+            check_diffusion_attention(attn)
     parallel = None
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,

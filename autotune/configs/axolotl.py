@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.configs.axolotl_callbacks import read_callbacks
+from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
 from autotune.configs.axolotl_loading import REINIT, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
@@ -114,10 +115,11 @@ _AXOLOTL_PARALLEL = {
 }
 # Axolotl's plugins (integrations/): each one's keys join the config. Those read: CutCrossEntropy
 # (cut_cross_entropy, default true once the plugin is listed: cut_cross_entropy/args.py), Liger
-# (its liger_* keys), and plugins that only log. Any other changes the step in ways not modelled.
+# (its liger_* keys), the diffusion plugin (its diffusion: block, axolotl_diffusion.py) and plugins
+# that only log. Any other changes the step in ways not modelled.
 _PLUGIN_PREFIX = "axolotl.integrations."
 CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-_AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.LigerPlugin",
+_AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.LigerPlugin", DIFFUSION_PLUGIN,
                                    "axolotl.integrations.swanlab.SwanLabPlugin"})
 # transformers' experts implementations (modeling_utils get_correct_experts_implementation):
 # grouped_mm is its default, which autotune traces; the others run the experts another way.
@@ -569,8 +571,8 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
         if plugin not in _AXOLOTL_PLUGINS_READ and plugin != KERNELS_PLUGIN:
             name = plugin.removeprefix(_PLUGIN_PREFIX)
             raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
-                                 "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
-                                 "logging plugins)")
+                                 "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin, "
+                                 "DiffusionPlugin and logging plugins)")
     return plugins
 
 
@@ -1252,6 +1254,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     if cfg.flag("liger_fused_linear_cross_entropy"):
         loss = "chunked"
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
+    loss = read_diffusion(cfg, plugins, attn, loss) or loss  # the DiffusionPlugin's step
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
     trainer = _axolotl_trainer(cfg, adapter)
