@@ -82,10 +82,9 @@ def read_diffusion(cfg: Config, plugins: list[str], attn: str | None, loss: str 
 def _check_values(cfg: Config, block: dict[str, Any]) -> None:
     """args.py's validation of the values that matter here (DiffusionConfig's bounds and
     ``_validate_mask_ratios``), so that Axolotl's refusal of the file is autotune's too."""
-    low, high = block.get("min_mask_ratio", 0.1), block.get("max_mask_ratio", 0.9)
-    for key, value in (("min_mask_ratio", low), ("max_mask_ratio", high), ("eps", block.get("eps", 1e-3))):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
-            raise cfg.bad(f"diffusion.{key}", value, "a number from 0 to 1 (args.py DiffusionConfig)")
+    low, high = (_ratio(cfg, block, key, default) for key, default in (("min_mask_ratio", 0.1),
+                                                                          ("max_mask_ratio", 0.9)))
+    _ratio(cfg, block, "eps", 1e-3)
     if low > high:
         raise InvalidInput(f"diffusion.min_mask_ratio {low} above max_mask_ratio {high} in {cfg.file!r}: "
                            "Axolotl refuses it (args.py _validate_mask_ratios: \"min_mask_ratio must be ≤ "
@@ -96,6 +95,19 @@ def _check_values(cfg: Config, block: dict[str, Any]) -> None:
     mask = block.get("mask_token_id")
     if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)):
         raise cfg.bad("diffusion.mask_token_id", mask, "a token id")
+
+
+def _ratio(cfg: Config, block: dict[str, Any], key: str, default: float) -> float:
+    """A float field of DiffusionConfig from 0 to 1, as pydantic takes it: a number, or a string of one
+    (YAML 1.1 reads ``eps: 1e-3``, the examples' spelling, as a string; pydantic's lax mode converts it)."""
+    value = block.get(key, default)
+    try:
+        number = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not 0.0 <= number <= 1.0:
+        raise cfg.bad(f"diffusion.{key}", value, "a number from 0 to 1 (args.py DiffusionConfig)")
+    return number
 
 
 def _notes(cfg: Config, block: dict[str, Any]) -> None:

@@ -9,9 +9,9 @@ from configread import read
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, GENERATION_NOTE, STEP_NOTE
 from autotune.errors import InvalidInput, UnmodelledSetting
 
-# examples/llama-3/diffusion/sft-1b.yaml's block
+# examples/llama-3/diffusion/sft-1b.yaml's block (eps: 1e-3, which YAML 1.1 reads as a string)
 BLOCK = {"noise_schedule": "cosine", "min_mask_ratio": 0.1, "max_mask_ratio": 0.9, "num_diffusion_steps": 128,
-         "eps": 1e-3, "importance_weighting": True, "mask_token_id": 128002, "generate_samples": True,
+         "eps": "1e-3", "importance_weighting": True, "mask_token_id": 128002, "generate_samples": True,
          "generation_interval": 250}
 # a LoRA step (the embeddings cast back to the weights' dtype) under sdpa, as the examples' attention
 LORA = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 512, "micro_batch_size": 4, "bf16": True,
