@@ -1282,6 +1282,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
+        float32_embeddings=True if cfg.float32_embeddings else None,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, use_kernels=use_kernels,
         **trainer, **unfrozen,
         **linearized,
@@ -1380,6 +1381,13 @@ def _axolotl_attention(cfg: Config) -> str | None:
     return attn
 
 
+UPCAST_NOTE = ("Axolotl's loader keeps the embeddings, the output head and every norm in float32 (loaders/"
+               "model.py _configure_embedding_dtypes upcasts them and casts them back only with an adapter, "
+               "FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for attn_implementation unset, eager "
+               "or sdpa: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST), modelled so (workload/upcast.py): "
+               "their float32 gradients and optimizer state, a float32 residual stream under autocast")
+
+
 def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) -> tuple[Mode, str]:
     """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them (``cce``:
     CutCrossEntropy runs, which keeps the embeddings in the weights' dtype)."""
@@ -1414,17 +1422,32 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
         # float32 and cast back to the weights dtype only for an attention other than eager and sdpa
         # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST; false when unset), or
-        # with an adapter (needs_fa2_dtype).
+        # with an adapter (needs_fa2_dtype), FSDP or cut_cross_entropy.
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
-        given = cfg.data.get(key, "auto (not set)")
-        raise cfg.unmodelled(key, given, f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
-                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"
-                             "model.py _configure_embedding_dtypes upcasts them, and casts them back only "
-                             "with an adapter, FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for "
-                             "attn_implementation unset, eager or sdpa: schemas/enums.py "
-                             "ATTN_IMPLS_WITHOUT_DTYPE_CAST); mixed weight dtypes are not modelled (set "
-                             "attn_implementation: flash_attention_2)")
+        cfg.float32_embeddings = _axolotl_upcast(cfg, attn, dtype, key)
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
+
+
+def _axolotl_upcast(cfg: Config, attn: str | None, dtype: str, key: str) -> bool:
+    """Whether the 16-bit full fine-tune with eager or sdpa attention keeps Axolotl's float32 embeddings,
+    output head and norms (workload/upcast.py): not under FSDP, whose loader skips the upcast
+    (``is_fsdp_enabled``: fsdp or fsdp_config set); under DeepSpeed, whose engine casts them back or
+    not by ZeRO stage, refused (``key``: the key that set the 16-bit weights)."""
+    what = f"attention {attn or 'sdpa (default)'}"
+    if not unset(cfg.data.get("fsdp")) or not unset(cfg.data.get("fsdp_config")):
+        cfg.notes.append(f"{what} under FSDP: Axolotl's loader skips the float32 upcast of the embeddings "
+                         "and norms there (loaders/model.py _configure_embedding_dtypes: not "
+                         f"is_fsdp_enabled), and casts them to {dtype}: every weight in {dtype}")
+        return False
+    if not unset(cfg.data.get("deepspeed")):
+        raise cfg.unmodelled(key, cfg.data.get(key, "auto (not set)"), f"with {what} under DeepSpeed: "
+                             "Axolotl's loader upcasts the embeddings, lm_head and norms to float32 (loaders/"
+                             "model.py _configure_embedding_dtypes), then DeepSpeed's engine casts the "
+                             "parameters to its 16-bit dtype, except those ZeRO-3's zero.Init partitioned "
+                             "before (runtime/engine.py _cast_module_mixed_precision): not modelled (set "
+                             "attn_implementation: flash_attention_2)")
+    cfg.notes.append(f"{what} with {dtype} weights: {UPCAST_NOTE}")
+    return True
 
 
 def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
