@@ -383,7 +383,8 @@ class Step:
                        "chunked_nll: TRL's SFT default (the last three never hold the full logits; "
                        "causal-lm); dft, eaft: LLaMA-Factory's per-token weighted losses over the float32 "
                        "logits (use_dft_loss, use_eaft_loss); diffusion: Axolotl's DiffusionPlugin step "
-                       "(masked tokens under a bidirectional mask; causal-lm, sdpa or eager)", choices=LOSSES)
+                       "(masked tokens under a bidirectional mask; causal-lm, sdpa or eager); axolotl_eaft: "
+                       "Axolotl's EAFT (use_eaft)", choices=LOSSES)
     ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "

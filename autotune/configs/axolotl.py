@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.configs.axolotl_callbacks import read_callbacks
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
-from autotune.configs.axolotl_loading import REINIT, check_reinit_dtype, read_loading
+from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -60,6 +60,8 @@ from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 from autotune.request import CheckRequest
 from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
+from autotune.workload.axolotl_eaft import AXOLOTL_EAFT, EAFT_ALPHA, EAFT_K
+from autotune.workload.axolotl_eaft import DESCRIPTION as EAFT_DESCRIPTION
 from autotune.workload.liger import GATED as LIGER_GATED
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, parse_kernels
@@ -98,8 +100,6 @@ _AXOLOTL_REFUSED = {
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
     "llmcompressor": QUANT,
-    "cls_model_config": "a classification head (reward models) is not modelled",
-    "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
 }
 # Parallel degrees not modelled (1 or null: none), and why: Axolotl's context parallelism is
 # ring-flash-attn's ring attention (monkeypatch/ring_attn/patch.py: llama3_flash_attn_varlen_func,
@@ -1106,6 +1106,7 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                           "loaders/model.py)")
     if REINIT in config.from_pretrained:
         check_reinit_dtype(spec, request.step.dtype, path)
+    check_config_class(type(spec.config).__name__, config.from_pretrained, path)
     if request.step.experts_kernel is not None:
         _check_kernelized(spec, path)
     if model_type not in FUSED_ATTENTION_TYPES:
@@ -1255,6 +1256,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         loss = "chunked"
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
     loss = read_diffusion(cfg, plugins, attn, loss) or loss  # the DiffusionPlugin's step
+    loss = _axolotl_eaft(cfg, loss)
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
     trainer = _axolotl_trainer(cfg, adapter)
@@ -1290,6 +1292,32 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
+
+
+def _axolotl_eaft(cfg: Config, loss: str | None) -> str | None:
+    """``use_eaft: true``: the causal trainer builder's compute_loss_func (core/builders/causal.py:
+    monkeypatch/loss/eaft.py eaft_loss with eaft_alpha, eaft_k), the loss axolotl_eaft; ``loss``: the
+    loss another key set, returned where use_eaft is off."""
+    alpha, k = cfg.get("eaft_alpha"), cfg.get("eaft_k")
+    if not cfg.flag("use_eaft"):
+        return loss
+    if not unset(cfg.data.get("rl")):  # core/builders/rl.py builds the rl trainers: it reads no use_eaft
+        cfg.notes.append(f"use_eaft: no effect under rl: {cfg.data['rl']} (only the causal trainer builder "
+                         "reads it: core/builders/causal.py)")
+        return loss
+    if loss is not None or cfg.flag("reward_model"):
+        why = ("reward_model: true" if loss is None else "the DiffusionPlugin" if loss == "diffusion"
+               else "cut_cross_entropy" if loss == "cce" else "liger_fused_linear_cross_entropy")
+        raise cfg.unmodelled("use_eaft", True, f"beside {why}: not modelled")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise cfg.bad("eaft_k", k, "a positive integer")
+    if k is not None and k > EAFT_K:
+        raise cfg.unmodelled("eaft_k", k, f"the top-k tensors [tokens, k] are traced at Axolotl's default k "
+                             f"{EAFT_K} (an upper bound for a smaller k); a larger k is not modelled")
+    alpha, k = EAFT_ALPHA if alpha is None else alpha, EAFT_K if k is None else k
+    cfg.notes.append(f"use_eaft: true: {EAFT_DESCRIPTION}; eaft_alpha {alpha} (a scalar power), eaft_k {k} "
+                     f"(the [tokens, k] top-k tensors, traced at k {EAFT_K})")
+    return AXOLOTL_EAFT
 
 
 def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
@@ -1431,21 +1459,30 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
 def _axolotl_upcast(cfg: Config, attn: str | None, dtype: str, key: str) -> bool:
     """Whether the 16-bit full fine-tune with eager or sdpa attention keeps Axolotl's float32 embeddings,
     output head and norms (workload/upcast.py): not under FSDP, whose loader skips the upcast
-    (``is_fsdp_enabled``: fsdp or fsdp_config set); under DeepSpeed, whose engine casts them back or
-    not by ZeRO stage, refused (``key``: the key that set the 16-bit weights)."""
+    (``is_fsdp_enabled``: fsdp or fsdp_config set), nor under DeepSpeed ZeRO-1/2, whose engine casts every
+    parameter back to 16 bits; ZeRO-3's partitioned parameters are refused (``key``: the key that set
+    the 16-bit weights)."""
     what = f"attention {attn or 'sdpa (default)'}"
     if not unset(cfg.data.get("fsdp")) or not unset(cfg.data.get("fsdp_config")):
         cfg.notes.append(f"{what} under FSDP: Axolotl's loader skips the float32 upcast of the embeddings "
                          "and norms there (loaders/model.py _configure_embedding_dtypes: not "
                          f"is_fsdp_enabled), and casts them to {dtype}: every weight in {dtype}")
         return False
+    if not unset(cfg.data.get("deepspeed")) and cfg.launch.get("parallel") in ("zero1", "zero2"):
+        cfg.notes.append(f"{what} under DeepSpeed ZeRO-1/2: Axolotl's loader upcasts the embeddings, "
+                         "lm_head and norms to float32 (loaders/model.py _configure_embedding_dtypes), and "
+                         f"DeepSpeed's engine casts every parameter to {dtype} again (runtime/engine.py "
+                         f"_configure_distributed_model, _cast_module_mixed_precision): every weight in "
+                         f"{dtype}")
+        return False
     if not unset(cfg.data.get("deepspeed")):
-        raise cfg.unmodelled(key, cfg.data.get(key, "auto (not set)"), f"with {what} under DeepSpeed: "
+        raise cfg.unmodelled(key, cfg.data.get(key, "auto (not set)"), f"with {what} under DeepSpeed "
+                             "ZeRO-3: "
                              "Axolotl's loader upcasts the embeddings, lm_head and norms to float32 (loaders/"
-                             "model.py _configure_embedding_dtypes), then DeepSpeed's engine casts the "
-                             "parameters to its 16-bit dtype, except those ZeRO-3's zero.Init partitioned "
-                             "before (runtime/engine.py _cast_module_mixed_precision): not modelled (set "
-                             "attn_implementation: flash_attention_2)")
+                             "model.py _configure_embedding_dtypes) after zero.Init partitioned them, and "
+                             "DeepSpeed's engine casts no zero.Init parameter back (runtime/engine.py "
+                             "_cast_module_mixed_precision): not modelled (set attn_implementation: "
+                             "flash_attention_2)")
     cfg.notes.append(f"{what} with {dtype} weights: {UPCAST_NOTE}")
     return True
 

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 # "dft", "eaft": LLaMA-Factory's per-token weighted losses over the full float32 logits (lf_losses.py);
 # "diffusion": Axolotl's DiffusionPlugin step, masked tokens under a bidirectional mask (diffusion.py).
-LOSSES = ("full", "chunked", "cce", "chunked_nll", "dft", "eaft", "diffusion")
+# "axolotl_eaft": Axolotl's EAFT loss (use_eaft), which differs from LLaMA-Factory's (axolotl_eaft.py).
+LOSSES = ("full", "chunked", "cce", "chunked_nll", "dft", "eaft", "diffusion", "axolotl_eaft")
 # What each loss is, as the answer names it.
 LOSS_KINDS = {
     "full": "the model's own loss over the full logits",
@@ -55,6 +56,7 @@ LOSS_KINDS = {
     "eaft": "LLaMA-Factory's EAFT loss over the float32 logits (workload/lf_losses.py)",
     "diffusion": "Axolotl's DiffusionPlugin loss: the masked tokens' float32 logits under a bidirectional "
                  "mask (workload/diffusion.py)",
+    "axolotl_eaft": "Axolotl's EAFT loss over the labelled rows' logits (workload/axolotl_eaft.py)",
 }
 # Tasks with a per-token LM head whose input is the base model's output (a vision-language model's
 # base model takes the images too and returns the text's last hidden states, as its forward uses them).

@@ -218,7 +218,7 @@ REFUSED = [
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
-    (AXOLOTL, "use_eaft", True), (AXOLOTL, "optimizer", "muon"),
+    (AXOLOTL, "optimizer", "muon"),
     # LLaMA-Factory's own optimizers are its use_* keys', no tool's optim name (reading.py read_optimizer)
     (AXOLOTL, "optimizer", "adam_mini"), (TRAINER, "optim", "llamafactory_muon"),
     (TRAINER, "torch_compile", True),
@@ -284,13 +284,17 @@ def test_axolotl_keeps_float32_embeddings_and_norms_beside_16bit_weights_with_sd
     assert fsdp.float32_embeddings is None
     assert any(note.startswith("attention sdpa under FSDP: Axolotl's loader skips the float32 upcast")
                for note in fsdp.notes)
+    # DeepSpeed ZeRO-1/2: the engine casts every parameter back (examples/qwen3/reward-model.yaml)
+    zero1 = read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa",
+                            "deepspeed": "deepspeed_configs/zero1.json"}, "f.yml")
+    assert zero1.float32_embeddings is None and zero1.parallel == "zero1"
 
 
 def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
-    # DeepSpeed after the upcast: the engine casts back or not by ZeRO stage
-    with pytest.raises(UnmodelledSetting, match=r"^bf16: True .*with attention sdpa under DeepSpeed: "):
+    # DeepSpeed ZeRO-3 after the upcast: zero.Init's parameters are not cast back
+    with pytest.raises(UnmodelledSetting, match=r"^bf16: True .*with attention sdpa under DeepSpeed ZeRO-3"):
         read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa",
-                        "deepspeed": "deepspeed_configs/zero2.json"}, "a.yml")
+                        "deepspeed": "deepspeed_configs/zero3_bf16.json"}, "a.yml")
     with pytest.raises(UnmodelledSetting, match="^fp16: True .*GradScaler"):
         read(tmp_path, {**AXOLOTL, "bf16": False, "fp16": True}, "a.yml")
 
