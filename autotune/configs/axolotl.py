@@ -87,7 +87,14 @@ AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_s
                         "sample_packing adapter dataset_prepared_path val_set_size lr_scheduler")
 
 _AXOLOTL_REFUSED = {
-    "gptq": QUANT, "quantization": QUANT,
+    # loaders/model.py _set_quantization_config: GPTQConfig(**the checkpoint's quantization_config), the
+    # transformers GptqHfQuantizer path autotune models for LLaMA-Factory over the checkpoints whose
+    # quantization_config it has read (workload/prequantized.py CHECKPOINTS); not wired for Axolotl yet.
+    "gptq": "a checkpoint saved GPTQ-quantized, which Axolotl loads with GPTQConfig(**its "
+            "quantization_config) (loaders/model.py _set_quantization_config): transformers' GPTQ path, "
+            "modelled for LLaMA-Factory over the checkpoints whose quantization_config autotune has read "
+            "(workload/prequantized.py), not yet for Axolotl's gptq: true",
+    "quantization": QUANT,
     "torch_compile": COMPILE,
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
@@ -99,7 +106,14 @@ _AXOLOTL_REFUSED = {
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
-    "llmcompressor": QUANT,
+    # integrations/llm_compressor/plugin.py: LLMCompressorPlugin's callback runs llm-compressor's recipe
+    # around the Trainer's steps (examples/llama-3/sparse-finetuning.yaml: ConstantPruningModifier).
+    "llmcompressor": "llm-compressor's sparse fine-tuning (LLMCompressorPlugin's session around each step) "
+                     "is not modelled: its ConstantPruningModifier registers a bool mask the size of every "
+                     "targeted weight (modifiers/pruning/utils/pytorch/layer_mask.py add_mask: "
+                     "torch.ones_like(param, dtype=torch.bool), kept through training), fills it from "
+                     "param.abs() > eps at the start and multiplies each weight by it after every optimizer "
+                     "step (constant/base.py on_start, on_event)",
 }
 # Parallel degrees not modelled (1 or null: none), and why: Axolotl's context parallelism is
 # ring-flash-attn's ring attention (monkeypatch/ring_attn/patch.py: llama3_flash_attn_varlen_func,
@@ -147,7 +161,13 @@ _AXOLOTL_NO_EFFECT = words(
     "eta_min "
     # Not a field of AxolotlInputConfig either (examples/llama-3/lora-1b-sample-packing-sequentially.yml
     # sets it): dropped by validate_config's model_dump, read nowhere in src/axolotl.
-    "test_value")
+    "test_value "
+    # Nor adam_eps (examples/llama-2/gptq-lora.yml; Axolotl's key is adam_epsilon, an optimizer scalar).
+    # push_dataset_to_hub: the prepared dataset's hub copy (utils/data/sft.py); torchdistx_path: a
+    # sys.path entry for optimizer adamw_anyprecision's import (core/builders/base.py); gptq_disable_exllama:
+    # a GPTQ kernel choice read with gptq: true alone (loaders/model.py _set_quantization_config), which
+    # is refused.
+    "adam_eps push_dataset_to_hub torchdistx_path gptq_disable_exllama")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
