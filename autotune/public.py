@@ -344,6 +344,7 @@ def _step(model: str, step: StepOptions) -> Step:
     given["fused_attn_kernel"] = bool(given.get("fused_attn_kernel")) or None
     given["use_kernels"] = bool(given.get("use_kernels")) or None
     given["llama4_linearized_experts"] = bool(given.get("llama4_linearized_experts")) or None
+    given["float32_embeddings"] = bool(given.get("float32_embeddings")) or None
     return Step(model=model, peft_options=PeftOptions(**peft), **given)
 
 
@@ -374,6 +375,7 @@ class StepOptions(TypedDict, total=False):
     fused_attn_kernel: bool  # False: with axolotl, Qwen3's fused q/k RMSNorm + RoPE (emulated)
     use_kernels: bool  # False: transformers' kernelize of the Hub's kernels (emulated: workload.hub_kernels)
     llama4_linearized_experts: bool  # False: Llama 4's experts as Axolotl's per-expert linears (llama4.py)
+    float32_embeddings: bool  # False: Axolotl's float32 embeddings, head and norms (workload.upcast)
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1
     nodes: int | None

@@ -382,7 +382,9 @@ class Step:
                        "linear cross-entropy; cce: Cut Cross-Entropy (Axolotl's CutCrossEntropyPlugin); "
                        "chunked_nll: TRL's SFT default (the last three never hold the full logits; "
                        "causal-lm); dft, eaft: LLaMA-Factory's per-token weighted losses over the float32 "
-                       "logits (use_dft_loss, use_eaft_loss)", choices=LOSSES)
+                       "logits (use_dft_loss, use_eaft_loss); diffusion: Axolotl's DiffusionPlugin step "
+                       "(masked tokens under a bidirectional mask; causal-lm, sdpa or eager); axolotl_eaft: "
+                       "Axolotl's EAFT (use_eaft)", choices=LOSSES)
     ckpt_reentrant: bool | None = option(None, "checkpointed modes with use_reentrant=True, "
                                          "torch.utils.checkpoint's older path and Axolotl's and "
                                          "LLaMA-Factory's default (default: use_reentrant=False, "
@@ -416,6 +418,10 @@ class Step:
     fused_attn_kernel: bool | None = option(
         None, "with axolotl: Axolotl's fused_attn_kernel, Qwen3's q/k RMSNorm + RoPE in one Triton kernel "
         "(emulated: workload/qwen3_fused_attn.py); set by an Axolotl config", http=False, cli=False)
+    float32_embeddings: bool | None = option(
+        None, "with axolotl: the embeddings, output head and norms in float32 beside 16-bit weights, as "
+        "Axolotl's loader leaves a full fine-tune with eager or sdpa attention (workload/upcast.py); set by "
+        "an Axolotl config", http=False, cli=False)
     llama4_linearized_experts: bool | None = option(
         None, "Llama 4's experts as Axolotl's llama4_linearized_experts builds them: one nn.Linear per "
         "expert and projection, looped over (workload/llama4.py), 4-bit layers under qlora; model type "
@@ -824,6 +830,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     """The Workload of ``step`` on the model ``spec``, each sequence length checked against it;
     None when a field was invalid (found in ``found``)."""
     from autotune.workload import Workload
+    from autotune.workload.diffusion import DIFFUSION
+    from autotune.workload.diffusion import check_attention as check_diffusion_attention
     from autotune.workload.frozen import parse_frozen, parse_unfrozen
     from autotune.workload.liger import check_kernels
     from autotune.workload.loss import check_loss
@@ -880,6 +888,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             attn = cuda_attention(spec.config, task, attn)
     with found.about("loss"):
         loss = check_loss(step.loss or DEFAULT_LOSS, task)
+        if loss == DIFFUSION and found.ok("attn"):
+            check_diffusion_attention(attn)
     parallel = None
     with found.about("parallel"):
         parallel = make_parallel(step.gpus, step.parallel, nodes=step.nodes,
@@ -960,6 +970,9 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     if trainer is not None and found.ok("loss", "liger", "parallel"):
         with found.about("trainer"):
             check_step(trainer, task, loss=loss, liger=liger, parallel=parallel, images=images)
+    if step.float32_embeddings and found.ok("parallel"):
+        with found.about("float32_embeddings"):
+            check_upcast(adapter, parallel)
     if found.errors:
         return None
     from autotune.workload import gemma4_fused_attn, qwen3_fused_attn
@@ -972,7 +985,21 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
-                    qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8)
+                    qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
+                    float32_embeddings=bool(step.float32_embeddings))
+
+
+def check_upcast(adapter: Adapter | None, parallel: Parallel | None) -> None:
+    """Axolotl's float32 modules (workload/upcast.py) where its loader leaves them: a full fine-tune (an
+    adapter casts them back, loaders/model.py _configure_embedding_dtypes ``needs_fa2_dtype``) on one GPU
+    or under DDP (FSDP skips the upcast, and DeepSpeed's engine casts every parameter to its 16-bit
+    dtype: engine.py _configure_distributed_model)."""
+    if adapter is not None:
+        raise UnmodelledSetting.naming("{float32_embeddings} beside an adapter: Axolotl casts the modules "
+                                       "back to the weights' dtype under one")
+    if parallel is not None and parallel.kind != DDP:
+        raise UnmodelledSetting.naming(f"{{float32_embeddings}} under {parallel.kind}: Axolotl's loader "
+                                       "leaves them so on one GPU or under DDP only")
 
 
 def check_float8_all_gather(fp8: Fp8, parallel: Parallel | None) -> None:

@@ -565,8 +565,8 @@ def reason(message: str) -> str:
         return "adapter without LoRA targets"
     if key.endswith(".use_reentrant"):
         return "gradient_checkpointing_kwargs.use_reentrant: true"
-    if key in ("bf16", "fp16") and "mixed weight dtypes" in message:
-        return f"{key} without flash attention (Axolotl's float32 embeddings and norms)"
+    if key in ("bf16", "fp16", "bfloat16", "float16") and "under DeepSpeed ZeRO-3" in message:
+        return f"{key} without flash attention under ZeRO-3 (Axolotl's float32 embeddings and norms)"
     if verb != "is not modelled":
         return f"{key}: invalid ({verb} ...)"
     if key in VALUE_KEYS and re.fullmatch(r"[A-Za-z][\w.-]*", value):

@@ -4,7 +4,7 @@
                          [--dtype auto|float32|bfloat16|float16] [--optimizer NAME]
                          [--attn sdpa|eager|flash_attention_2|kernels-community/vllm-flash-attn3|
                                  flex_attention]
-                     [--loss full|chunked|cce|chunked_nll|dft|eaft]
+                     [--loss full|chunked|cce|chunked_nll|dft|eaft|diffusion|axolotl_eaft]
                          [--peft none|lora|qlora] [--lora-r R] [--lora-alpha A] [--lora-dropout P]
                          [--lora-targets M,M|all-linear] [--peft-config PATH] [--load-in-4bit]
                          [--gpu-memory SIZE | --gpu NAME] [--backend auto|cuda|estimate]

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.configs.axolotl_callbacks import read_callbacks
-from autotune.configs.axolotl_loading import REINIT, check_reinit_dtype, read_loading
+from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
+from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -60,6 +61,8 @@ from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 from autotune.request import CheckRequest
 from autotune.workload import fp8 as fp8_module
 from autotune.workload.adapters import ALL_LINEAR, Adapter, adapter_from_peft_config
+from autotune.workload.axolotl_eaft import AXOLOTL_EAFT, EAFT_ALPHA, EAFT_K
+from autotune.workload.axolotl_eaft import DESCRIPTION as EAFT_DESCRIPTION
 from autotune.workload.liger import GATED as LIGER_GATED
 from autotune.workload.liger import parse_kernels as parse_liger_kernels
 from autotune.workload.lora_kernels import CONFIG_KEYS, KERNELS, PATCHING, axolotl_turns_off, parse_kernels
@@ -85,7 +88,14 @@ AXOLOTL_MARKERS = words("base_model base_model_config sequence_len micro_batch_s
                         "sample_packing adapter dataset_prepared_path val_set_size lr_scheduler")
 
 _AXOLOTL_REFUSED = {
-    "gptq": QUANT, "quantization": QUANT,
+    # loaders/model.py _set_quantization_config: GPTQConfig(**the checkpoint's quantization_config), the
+    # transformers GptqHfQuantizer path autotune models for LLaMA-Factory over the checkpoints whose
+    # quantization_config it has read (workload/prequantized.py CHECKPOINTS); not wired for Axolotl yet.
+    "gptq": "a checkpoint saved GPTQ-quantized, which Axolotl loads with GPTQConfig(**its "
+            "quantization_config) (loaders/model.py _set_quantization_config): transformers' GPTQ path, "
+            "modelled for LLaMA-Factory over the checkpoints whose quantization_config autotune has read "
+            "(workload/prequantized.py), not yet for Axolotl's gptq: true",
+    "quantization": QUANT,
     "torch_compile": COMPILE,
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
@@ -97,9 +107,14 @@ _AXOLOTL_REFUSED = {
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
     "fp32_norms": "norms kept in float32 (float32 norm outputs into the next layer) are not modelled",
-    "llmcompressor": QUANT,
-    "cls_model_config": "a classification head (reward models) is not modelled",
-    "use_eaft": "EAFT's entropy-aware loss over the logits is not modelled",
+    # integrations/llm_compressor/plugin.py: LLMCompressorPlugin's callback runs llm-compressor's recipe
+    # around the Trainer's steps (examples/llama-3/sparse-finetuning.yaml: ConstantPruningModifier).
+    "llmcompressor": "llm-compressor's sparse fine-tuning (LLMCompressorPlugin's session around each step) "
+                     "is not modelled: its ConstantPruningModifier registers a bool mask the size of every "
+                     "targeted weight (modifiers/pruning/utils/pytorch/layer_mask.py add_mask: "
+                     "torch.ones_like(param, dtype=torch.bool), kept through training), fills it from "
+                     "param.abs() > eps at the start and multiplies each weight by it after every optimizer "
+                     "step (constant/base.py on_start, on_event)",
 }
 # Parallel degrees not modelled (1 or null: none), and why: Axolotl's context parallelism is
 # ring-flash-attn's ring attention (monkeypatch/ring_attn/patch.py: llama3_flash_attn_varlen_func,
@@ -115,10 +130,11 @@ _AXOLOTL_PARALLEL = {
 }
 # Axolotl's plugins (integrations/): each one's keys join the config. Those read: CutCrossEntropy
 # (cut_cross_entropy, default true once the plugin is listed: cut_cross_entropy/args.py), Liger
-# (its liger_* keys), and plugins that only log. Any other changes the step in ways not modelled.
+# (its liger_* keys), the diffusion plugin (its diffusion: block, axolotl_diffusion.py) and plugins
+# that only log. Any other changes the step in ways not modelled.
 _PLUGIN_PREFIX = "axolotl.integrations."
 CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
-_AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.LigerPlugin",
+_AXOLOTL_PLUGINS_READ = frozenset({CCE_PLUGIN, "axolotl.integrations.liger.LigerPlugin", DIFFUSION_PLUGIN,
                                    "axolotl.integrations.swanlab.SwanLabPlugin"})
 # transformers' experts implementations (modeling_utils get_correct_experts_implementation):
 # grouped_mm is its default, which autotune traces; the others run the experts another way.
@@ -146,7 +162,13 @@ _AXOLOTL_NO_EFFECT = words(
     "eta_min "
     # Not a field of AxolotlInputConfig either (examples/llama-3/lora-1b-sample-packing-sequentially.yml
     # sets it): dropped by validate_config's model_dump, read nowhere in src/axolotl.
-    "test_value")
+    "test_value "
+    # Nor adam_eps (examples/llama-2/gptq-lora.yml; Axolotl's key is adam_epsilon, an optimizer scalar).
+    # push_dataset_to_hub: the prepared dataset's hub copy (utils/data/sft.py); torchdistx_path: a
+    # sys.path entry for optimizer adamw_anyprecision's import (core/builders/base.py); gptq_disable_exllama:
+    # a GPTQ kernel choice read with gptq: true alone (loaders/model.py _set_quantization_config), which
+    # is refused.
+    "adam_eps push_dataset_to_hub torchdistx_path gptq_disable_exllama")
 # Families of keys with no effect: logging and tracking, data, schedules, and adapter settings
 # (lora_*, peft_*: without an adapter Axolotl does not read them; with one, those not read are listed).
 _AXOLOTL_PREFIXES = ("wandb_", "mlflow_", "comet_", "swanlab_", "trackio_", "hub_", "eval_", "save_",
@@ -574,8 +596,8 @@ def _axolotl_plugins(cfg: Config) -> list[str]:
         if plugin not in _AXOLOTL_PLUGINS_READ and plugin != KERNELS_PLUGIN:
             name = plugin.removeprefix(_PLUGIN_PREFIX)
             raise cfg.unmodelled("plugins", plugin, f"the plugin {name} changes the training step in ways "
-                                 "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin and "
-                                 "logging plugins)")
+                                 "autotune does not model (it reads CutCrossEntropyPlugin, LigerPlugin, "
+                                 "DiffusionPlugin and logging plugins)")
     return plugins
 
 
@@ -1109,6 +1131,7 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
                           "loaders/model.py)")
     if REINIT in config.from_pretrained:
         check_reinit_dtype(spec, request.step.dtype, path)
+    check_config_class(type(spec.config).__name__, config.from_pretrained, path)
     if request.step.experts_kernel is not None:
         _check_kernelized(spec, path)
     if model_type not in FUSED_ATTENTION_TYPES:
@@ -1257,6 +1280,8 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     if cfg.flag("liger_fused_linear_cross_entropy"):
         loss = "chunked"
         cfg.notes.append(f"liger_fused_linear_cross_entropy: {CHUNKED_NOTE}")
+    loss = read_diffusion(cfg, plugins, attn, loss) or loss  # the DiffusionPlugin's step
+    loss = _axolotl_eaft(cfg, loss)
     if cfg.flag("sample_packing"):
         cfg.notes.append(f"sample_packing: {PACKED_NOTE}")
     trainer = _axolotl_trainer(cfg, adapter)
@@ -1284,6 +1309,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         seq_len=cfg.positive("sequence_len", "sequence length"), batch_size=batch, mode=mode,
         accumulation_steps=accumulation or 1, dtype=dtype, optimizer=optimizer, **multimodal,
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
+        float32_embeddings=True if cfg.float32_embeddings else None,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, use_kernels=use_kernels,
         **trainer, **unfrozen,
         **linearized,
@@ -1291,6 +1317,32 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,
                             modelled=_AXOLOTL_SOMETIMES_READ | set(CONFIG_KEYS.values())),
     )
+
+
+def _axolotl_eaft(cfg: Config, loss: str | None) -> str | None:
+    """``use_eaft: true``: the causal trainer builder's compute_loss_func (core/builders/causal.py:
+    monkeypatch/loss/eaft.py eaft_loss with eaft_alpha, eaft_k), the loss axolotl_eaft; ``loss``: the
+    loss another key set, returned where use_eaft is off."""
+    alpha, k = cfg.get("eaft_alpha"), cfg.get("eaft_k")
+    if not cfg.flag("use_eaft"):
+        return loss
+    if not unset(cfg.data.get("rl")):  # core/builders/rl.py builds the rl trainers: it reads no use_eaft
+        cfg.notes.append(f"use_eaft: no effect under rl: {cfg.data['rl']} (only the causal trainer builder "
+                         "reads it: core/builders/causal.py)")
+        return loss
+    if loss is not None or cfg.flag("reward_model"):
+        why = ("reward_model: true" if loss is None else "the DiffusionPlugin" if loss == "diffusion"
+               else "cut_cross_entropy" if loss == "cce" else "liger_fused_linear_cross_entropy")
+        raise cfg.unmodelled("use_eaft", True, f"beside {why}: not modelled")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise cfg.bad("eaft_k", k, "a positive integer")
+    if k is not None and k > EAFT_K:
+        raise cfg.unmodelled("eaft_k", k, f"the top-k tensors [tokens, k] are traced at Axolotl's default k "
+                             f"{EAFT_K} (an upper bound for a smaller k); a larger k is not modelled")
+    alpha, k = EAFT_ALPHA if alpha is None else alpha, EAFT_K if k is None else k
+    cfg.notes.append(f"use_eaft: true: {EAFT_DESCRIPTION}; eaft_alpha {alpha} (a scalar power), eaft_k {k} "
+                     f"(the [tokens, k] top-k tensors, traced at k {EAFT_K})")
+    return AXOLOTL_EAFT
 
 
 def _axolotl_qat(cfg: Config, adapter: Adapter | None) -> str | None:
@@ -1382,6 +1434,13 @@ def _axolotl_attention(cfg: Config) -> str | None:
     return attn
 
 
+UPCAST_NOTE = ("Axolotl's loader keeps the embeddings, the output head and every norm in float32 (loaders/"
+               "model.py _configure_embedding_dtypes upcasts them and casts them back only with an adapter, "
+               "FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for attn_implementation unset, eager "
+               "or sdpa: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST), modelled so (workload/upcast.py): "
+               "their float32 gradients and optimizer state, a float32 residual stream under autocast")
+
+
 def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) -> tuple[Mode, str]:
     """Mode and weights dtype as Axolotl's resolve_dtype and trainer builder set them (``cce``:
     CutCrossEntropy runs, which keeps the embeddings in the weights' dtype)."""
@@ -1416,17 +1475,41 @@ def _axolotl_precision(cfg: Config, attn: str | None, adapter: bool, cce: bool) 
         # loaders/model.py _configure_embedding_dtypes: embed_tokens, lm_head and norms are upcast to
         # float32 and cast back to the weights dtype only for an attention other than eager and sdpa
         # (attn_needs_dtype_cast: schemas/enums.py ATTN_IMPLS_WITHOUT_DTYPE_CAST; false when unset), or
-        # with an adapter (needs_fa2_dtype).
+        # with an adapter (needs_fa2_dtype), FSDP or cut_cross_entropy.
         key = "bf16" if bf16 else "bfloat16" if bfloat16 else "float16"
-        given = cfg.data.get(key, "auto (not set)")
-        raise cfg.unmodelled(key, given, f"with attention {attn or 'sdpa (default)'} Axolotl keeps "
-                             "embed_tokens, lm_head and the norms in float32 beside 16-bit weights (loaders/"
-                             "model.py _configure_embedding_dtypes upcasts them, and casts them back only "
-                             "with an adapter, FSDP, cut_cross_entropy or attn_needs_dtype_cast, false for "
-                             "attn_implementation unset, eager or sdpa: schemas/enums.py "
-                             "ATTN_IMPLS_WITHOUT_DTYPE_CAST); mixed weight dtypes are not modelled (set "
-                             "attn_implementation: flash_attention_2)")
+        cfg.float32_embeddings = _axolotl_upcast(cfg, attn, dtype, key)
     return Mode(precision, ckpt), dtype  # type: ignore[arg-type]
+
+
+def _axolotl_upcast(cfg: Config, attn: str | None, dtype: str, key: str) -> bool:
+    """Whether the 16-bit full fine-tune with eager or sdpa attention keeps Axolotl's float32 embeddings,
+    output head and norms (workload/upcast.py): not under FSDP, whose loader skips the upcast
+    (``is_fsdp_enabled``: fsdp or fsdp_config set), nor under DeepSpeed ZeRO-1/2, whose engine casts every
+    parameter back to 16 bits; ZeRO-3's partitioned parameters are refused (``key``: the key that set
+    the 16-bit weights)."""
+    what = f"attention {attn or 'sdpa (default)'}"
+    if not unset(cfg.data.get("fsdp")) or not unset(cfg.data.get("fsdp_config")):
+        cfg.notes.append(f"{what} under FSDP: Axolotl's loader skips the float32 upcast of the embeddings "
+                         "and norms there (loaders/model.py _configure_embedding_dtypes: not "
+                         f"is_fsdp_enabled), and casts them to {dtype}: every weight in {dtype}")
+        return False
+    if not unset(cfg.data.get("deepspeed")) and cfg.launch.get("parallel") in ("zero1", "zero2"):
+        cfg.notes.append(f"{what} under DeepSpeed ZeRO-1/2: Axolotl's loader upcasts the embeddings, "
+                         "lm_head and norms to float32 (loaders/model.py _configure_embedding_dtypes), and "
+                         f"DeepSpeed's engine casts every parameter to {dtype} again (runtime/engine.py "
+                         f"_configure_distributed_model, _cast_module_mixed_precision): every weight in "
+                         f"{dtype}")
+        return False
+    if not unset(cfg.data.get("deepspeed")):
+        raise cfg.unmodelled(key, cfg.data.get(key, "auto (not set)"), f"with {what} under DeepSpeed "
+                             "ZeRO-3: "
+                             "Axolotl's loader upcasts the embeddings, lm_head and norms to float32 (loaders/"
+                             "model.py _configure_embedding_dtypes) after zero.Init partitioned them, and "
+                             "DeepSpeed's engine casts no zero.Init parameter back (runtime/engine.py "
+                             "_cast_module_mixed_precision): not modelled (set attn_implementation: "
+                             "flash_attention_2)")
+    cfg.notes.append(f"{what} with {dtype} weights: {UPCAST_NOTE}")
+    return True
 
 
 def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:

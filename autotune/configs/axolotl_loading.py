@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from autotune.configs.reading import Config, unset
+from autotune.errors import InvalidInput, UnmodelledSetting
 
 # utils/freeze.py _MM_MODULE_PREFIXES: the path components freeze_mm_modules freezes.
 MM_MODULES = ("vision_tower", "vision_model", "vision_encoder", "embed_vision", "multi_modal_projector",
@@ -18,6 +19,9 @@ MM_MODULES = ("vision_tower", "vision_model", "vision_encoder", "embed_vision", 
 # What reinit_weights leaves the step as is: the marker check_patched_model reads (TrainingConfig.
 # from_pretrained), once the checkpoint's dtype is known.
 REINIT = "reinit_weights"
+# cls_model_config's marker (TrainingConfig.from_pretrained, "cls_model_config:<class>"), checked against
+# the model's config class by check_config_class once the model is known.
+CONFIG_CLASS = "cls_model_config:"
 
 
 def read_loading(cfg: Config, method: str | None, dtype: str) -> None:
@@ -27,6 +31,7 @@ def read_loading(cfg: Config, method: str | None, dtype: str) -> None:
     _reinit_weights(cfg, method, dtype)
     _freeze_mm_modules(cfg, method)
     _hybrid_attention(cfg)
+    _config_class(cfg)
 
 
 def _ray(cfg: Config) -> None:
@@ -145,3 +150,38 @@ def _hybrid_attention(cfg: Config) -> None:
                              "layers and Axolotl's packing-aware SDPA on the global ones (loaders/"
                              "patch_manager.py _apply_gemma_hybrid_attention, monkeypatch/"
                              "gemma4_hybrid_mask.py) is not modelled")
+
+
+def _config_class(cfg: Config) -> None:
+    """``cls_model_config``: loaders/utils.py load_model_config builds the model's config with
+    ``getattr(transformers, cls_model_config).from_pretrained(base_model)`` instead of AutoConfig's; a
+    name transformers does not have fails there (AttributeError). The class is compared with the
+    model's once it is known (check_config_class)."""
+    name = cfg.get("cls_model_config")
+    if unset(name):
+        return
+    import transformers
+
+    if not isinstance(name, str) or not name.isidentifier() or not hasattr(transformers, name):
+        raise InvalidInput(f"cls_model_config {name!r} in {cfg.file!r}: transformers has no such class, "
+                           "and Axolotl's load_model_config fails on it (getattr(transformers, "
+                           "cls_model_config))")
+    cfg.from_pretrained += (CONFIG_CLASS + name,)
+    cfg.notes.append(f"cls_model_config: {name}: the model's config built with it (loaders/utils.py "
+                     "load_model_config): no change where it is the class AutoConfig builds, as checked")
+
+
+def check_config_class(config_class: str, markers: tuple[str, ...], path: str) -> None:
+    """``cls_model_config`` against the model's config class (``config_class``: its name): the
+    class AutoConfig gives is no change (the examples name it, examples/eaft/eaft-example.yml's
+    Gemma3TextConfig for google/gemma-3-1b-it); another class reads the checkpoint's config.json with
+    its own defaults for the keys it leaves out, and its own model classes: not modelled."""
+    for marker in markers:
+        if not marker.startswith(CONFIG_CLASS):
+            continue
+        name = marker.removeprefix(CONFIG_CLASS)
+        if name != config_class:
+            raise UnmodelledSetting(f"cls_model_config: {name!r} in {path!r} is not modelled: the model's "
+                                    f"config class is {config_class} (what AutoConfig builds), and another "
+                                    "class reads its config.json with its own defaults and model classes "
+                                    "(loaders/utils.py load_model_config)")

@@ -133,6 +133,7 @@ class Config:
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
         self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
         self.offload_activations = False  # TRL's OffloadActivations around each step (workload/offload.py)
+        self.float32_embeddings = False  # Axolotl's float32 embeddings, head and norms (workload/upcast.py)
         self.launch: dict[str, Any] = {}  # request fields of LAUNCH_FIELDS (configs/sharding.py)
         self.parallel_key: str | None = None
         self.wrap_classes: tuple[str, ...] = ()

@@ -68,3 +68,6 @@ class Workload:
     # transformers' kernelize under use_kernels (Axolotl's use_kernels, which its KernelsPlugin sets):
     # the hub kernels it swaps in for CUDA training, emulated (workload/hub_kernels.py); False: none.
     hub_kernels: bool = False
+    # Axolotl's float32 embeddings, output head and norms beside 16-bit weights (workload/upcast.py):
+    # what its loader leaves in a bfloat16 or float16 full fine-tune with eager or sdpa attention.
+    float32_embeddings: bool = False

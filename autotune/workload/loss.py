@@ -42,8 +42,10 @@ from autotune.workload.chunks import LigerChunks, record
 if TYPE_CHECKING:
     import torch
 
-# "dft", "eaft": LLaMA-Factory's per-token weighted losses over the full float32 logits (lf_losses.py).
-LOSSES = ("full", "chunked", "cce", "chunked_nll", "dft", "eaft")
+# "dft", "eaft": LLaMA-Factory's per-token weighted losses over the full float32 logits (lf_losses.py);
+# "diffusion": Axolotl's DiffusionPlugin step, masked tokens under a bidirectional mask (diffusion.py).
+# "axolotl_eaft": Axolotl's EAFT loss (use_eaft), which differs from LLaMA-Factory's (axolotl_eaft.py).
+LOSSES = ("full", "chunked", "cce", "chunked_nll", "dft", "eaft", "diffusion", "axolotl_eaft")
 # What each loss is, as the answer names it.
 LOSS_KINDS = {
     "full": "the model's own loss over the full logits",
@@ -52,6 +54,9 @@ LOSS_KINDS = {
     "chunked_nll": "TRL's chunked_nll, 256-token chunks recomputed in backward (workload/chunked_nll.py)",
     "dft": "LLaMA-Factory's DFT loss over the float32 logits (workload/lf_losses.py)",
     "eaft": "LLaMA-Factory's EAFT loss over the float32 logits (workload/lf_losses.py)",
+    "diffusion": "Axolotl's DiffusionPlugin loss: the masked tokens' float32 logits under a bidirectional "
+                 "mask (workload/diffusion.py)",
+    "axolotl_eaft": "Axolotl's EAFT loss over the labelled rows' logits (workload/axolotl_eaft.py)",
 }
 # Tasks with a per-token LM head whose input is the base model's output (a vision-language model's
 # base model takes the images too and returns the text's last hidden states, as its forward uses them).
@@ -69,6 +74,9 @@ def check_loss(loss: str, task: str) -> str:
     if loss != "full" and task not in CHUNKED_TASKS:
         raise InvalidInput(f"loss {loss!r} needs a per-token language-model head: task "
                            f"{' or '.join(CHUNKED_TASKS)}, not {task!r}")
+    if loss == "diffusion" and task != "causal-lm":  # the plugin's forward passes input_ids and the mask
+        raise InvalidInput(f"loss 'diffusion' is modelled for a causal-lm (Axolotl's diffusion step passes "
+                           f"input_ids and a 4D mask alone), not {task!r}")
     return loss
 
 

@@ -484,15 +484,22 @@ def run_steps(
 def step_loss(model: Any, batch: dict[str, torch.Tensor], loss: str) -> torch.Tensor:
     """The step's loss of ``batch``: the model's own (``full``), Liger's fused linear cross-entropy
     (``chunked``, loss.chunked_lm_loss), Cut Cross-Entropy (``cce``, cce.cce_lm_loss), TRL's
-    chunked_nll (``chunked_nll``, chunked_nll.chunked_nll_loss), or LLaMA-Factory's
-    ``compute_loss_func`` (``dft``, ``eaft``: lf_losses.lf_loss)."""
+    chunked_nll (``chunked_nll``, chunked_nll.chunked_nll_loss), LLaMA-Factory's
+    ``compute_loss_func`` (``dft``, ``eaft``: lf_losses.lf_loss), Axolotl's DiffusionTrainer
+    (``diffusion``: diffusion.diffusion_loss) or Axolotl's EAFT (``axolotl_eaft``: axolotl_eaft.py)."""
+    from autotune.workload.axolotl_eaft import AXOLOTL_EAFT, axolotl_eaft_loss
     from autotune.workload.cce import cce_lm_loss
     from autotune.workload.chunked_nll import chunked_nll_loss
+    from autotune.workload.diffusion import DIFFUSION, diffusion_loss
     from autotune.workload.lf_losses import LF_LOSSES, lf_loss
     from autotune.workload.loss import chunked_lm_loss
 
     if loss in LF_LOSSES:
         return lf_loss(model, batch, loss)
+    if loss == DIFFUSION:
+        return diffusion_loss(model, batch)
+    if loss == AXOLOTL_EAFT:
+        return axolotl_eaft_loss(model, batch)
     losses = {"chunked": chunked_lm_loss, "cce": cce_lm_loss, "chunked_nll": chunked_nll_loss}
     return losses[loss](model, batch) if loss in losses else model(**batch).loss
 

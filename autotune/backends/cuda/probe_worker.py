@@ -57,6 +57,7 @@ from autotune.workload.step import (
     gradient_checkpointing,
     run_steps,
 )
+from autotune.workload.upcast import upcast
 
 TRACEBACK_CHARS = 4000  # the end of a traceback sent back with an error reply
 # After the first probe, allocated memory may exceed the model's by the cuBLAS workspaces that
@@ -232,6 +233,8 @@ class Worker:
             prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
             freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
             freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
+            if workload.float32_embeddings:  # Axolotl's loader's float32 modules (upcast.py)
+                upcast(model, getattr(workload.model.config, "model_type", None))
             if sharded and workload.adapter is not None and workload.adapter.base_bits == 4:
                 raise UnmodelledSetting("a 4-bit base under parallel fsdp (FSDP-QLoRA): the cuda backend "
                                         "does not run it yet; the estimate backend traces it")

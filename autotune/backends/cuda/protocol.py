@@ -107,6 +107,7 @@ class CellSpec:
     qat: dict[str, Any] | None = None  # workload.qat.Qat's fields; None: no quantization-aware training
     fp8: dict[str, Any] | None = None  # workload.fp8.Fp8's fields; None: no fp8 training
     linearized_experts: bool = False  # ModelSpec's: Axolotl's Llama 4 experts (workload.llama4)
+    float32_embeddings: bool = False  # workload.float32_embeddings: Axolotl's float32 modules (upcast)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -156,6 +157,7 @@ def cell_spec(
         qat=None if workload.qat is None else dataclasses.asdict(workload.qat),
         fp8=None if workload.fp8 is None else dataclasses.asdict(workload.fp8),
         linearized_experts=workload.model.linearized_experts,
+        float32_embeddings=workload.float32_embeddings,
     )
 
 
@@ -184,6 +186,7 @@ def rebuild_workload(spec: CellSpec) -> tuple[Workload, Mode]:
         fused_attention=spec.fused_attention is True,
         qat=None if spec.qat is None else parse_qat(spec.qat),
         fp8=None if spec.fp8 is None else parse_fp8(spec.fp8),
+        float32_embeddings=spec.float32_embeddings is True,
     )
     return workload, parse_mode(spec.mode)
 

@@ -85,6 +85,7 @@ from autotune.workload.parallel import FSDP
 from autotune.workload.preference import prepare_models, trained_model
 from autotune.workload.qat import prepare_qat
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
+from autotune.workload.upcast import upcast
 
 
 @dataclass
@@ -523,7 +524,8 @@ class EstimateBackend:
                workload.adapter, workload.liger, workload.parallel,
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
-               workload.experts_kernel, workload.hub_kernels, workload.axolotl_flash, workload.fp8)
+               workload.experts_kernel, workload.hub_kernels, workload.axolotl_flash, workload.fp8,
+               workload.float32_embeddings)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -544,6 +546,9 @@ class EstimateBackend:
                 prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)
+                if workload.float32_embeddings:  # Axolotl's loader's float32 modules (upcast.py)
+                    with _settable_fake_parameters():
+                        upcast(model, workload.model.config.model_type)
                 if workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated
                     swap_in_scattermoe(model)
                 if workload.hub_kernels:  # use_kernels: kernelize's hub kernels, emulated (hub_kernels.py)

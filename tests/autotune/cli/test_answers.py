@@ -83,7 +83,7 @@ def test_no_cache_neither_reads_nor_writes(capsys, counted):
 
 @pytest.mark.parametrize("change", [
     {"axolotl": True}, {"llamafactory": True}, {"fused_attn_kernel": True}, {"offload_activations": True},
-    {"use_kernels": True},
+    {"use_kernels": True}, {"float32_embeddings": True},
     {"qat": '{"weight_dtype": "int4"}'}, {"unfrozen_parameters": ("lm_head",)},
     {"fp8": "tensorwise"},
     {"frozen_modules": ("embed",)},

@@ -121,3 +121,19 @@ def test_gemma4_hybrid_attention_is_refused_by_name(tmp_path):
         _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": True})
     off = _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": False})
     assert off.request == _read(tmp_path, LORA).request
+
+
+def test_cls_model_config_naming_the_models_config_class_changes_nothing(tmp_path):
+    # examples/eaft/eaft-example.yml: Gemma3TextConfig for google/gemma-3-1b-it, whose config it is
+    plan = _checked(tmp_path, {**BASE, "cls_model_config": "LlamaConfig"}, "meta-llama/Llama-3.2-1B")
+    assert plan.request.step == _read(tmp_path, BASE).request.step and plan.ignored == ()
+    assert any(note.startswith("cls_model_config: LlamaConfig: the model's config built with it")
+               for note in plan.notes)
+
+
+def test_cls_model_config_naming_another_class_is_refused_by_name(tmp_path):
+    with pytest.raises(UnmodelledSetting, match=r"^cls_model_config: 'MistralConfig' in .* is not modelled: "
+                                                r"the model's config class is LlamaConfig"):
+        _checked(tmp_path, {**BASE, "cls_model_config": "MistralConfig"}, "meta-llama/Llama-3.2-1B")
+    with pytest.raises(InvalidInput, match="cls_model_config 'NoSuchConfig' .* transformers has no such"):
+        _read(tmp_path, {**BASE, "cls_model_config": "NoSuchConfig"})

@@ -12,6 +12,7 @@ import yaml
 from configread import Read, view
 
 from autotune.configs import missing_fields, read_training_config
+from autotune.configs.axolotl import UPCAST_NOTE
 from autotune.configs.trainer import LEGACY_TRAINER_FIELDS, TRAINER_FIELDS
 from autotune.errors import InvalidInput, UnknownSetting, UnmodelledSetting
 from autotune.gpus import resolve_gpu
@@ -217,7 +218,7 @@ REFUSED = [
     (AXOLOTL, "optimizer", "optimi_adamw"), (AXOLOTL, "chunked_cross_entropy", True),
     (AXOLOTL, "fp32_norms", True), (AXOLOTL, "expert_parallel_size", 4), (AXOLOTL, "dp_replicate_size", 2),
     (AXOLOTL, "experts_implementation", "scattermoe"), (AXOLOTL, "processor_type", "VoxtralProcessor"),
-    (AXOLOTL, "use_eaft", True), (AXOLOTL, "optimizer", "muon"),
+    (AXOLOTL, "optimizer", "muon"),
     # LLaMA-Factory's own optimizers are its use_* keys', no tool's optim name (reading.py read_optimizer)
     (AXOLOTL, "optimizer", "adam_mini"), (TRAINER, "optim", "llamafactory_muon"),
     (TRAINER, "torch_compile", True),
@@ -262,14 +263,38 @@ def test_padding_free_needs_flash_attention(tmp_path):
     assert wrapped.attn is None and wrapped.seq_len == 2048
 
 
-def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
-    # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32.
-    with pytest.raises(UnmodelledSetting, match="^bf16: True .*mixed weight dtypes"):
-        read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
+def test_axolotl_keeps_float32_embeddings_and_norms_beside_16bit_weights_with_sdpa(tmp_path):
+    # bf16 weights with sdpa: Axolotl keeps embeddings, lm_head and norms in float32 (workload/upcast.py).
+    sdpa = read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "a.yml")
+    assert sdpa.float32_embeddings is True
+    assert "attention sdpa with bfloat16 weights: " + UPCAST_NOTE in sdpa.notes
     # attn_implementation unset (ebft/llama-8b-ebft-strided-fft, qwen3/reward-model): no cast back either
-    with pytest.raises(UnmodelledSetting, match=r"attention sdpa \(default\) .*_configure_embedding_dtypes .*"
-                                                "attn_implementation unset, eager or sdpa"):
-        read(tmp_path, {k: v for k, v in AXOLOTL.items() if k != "attn_implementation"}, "b.yml")
+    unset = read(tmp_path, {k: v for k, v in AXOLOTL.items() if k != "attn_implementation"}, "b.yml")
+    assert unset.float32_embeddings is True
+    assert "attention sdpa (default) with bfloat16 weights: " + UPCAST_NOTE in unset.notes
+    # flash attention, an adapter, cut_cross_entropy: cast back
+    assert read(tmp_path, AXOLOTL, "c.yml").float32_embeddings is None
+    lora = {**AXOLOTL, "attn_implementation": "sdpa", "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+            "lora_target_linear": True}
+    assert read(tmp_path, lora, "d.yml").float32_embeddings is None
+    # FSDP: the loader skips the upcast
+    fsdp = read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa", "fsdp_version": 2, "fsdp_config": {
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+        "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT"}}, "e.yml")
+    assert fsdp.float32_embeddings is None
+    assert any(note.startswith("attention sdpa under FSDP: Axolotl's loader skips the float32 upcast")
+               for note in fsdp.notes)
+    # DeepSpeed ZeRO-1/2: the engine casts every parameter back (examples/qwen3/reward-model.yaml)
+    zero1 = read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa",
+                            "deepspeed": "deepspeed_configs/zero1.json"}, "f.yml")
+    assert zero1.float32_embeddings is None and zero1.parallel == "zero1"
+
+
+def test_axolotl_refuses_what_it_does_not_say_plainly(tmp_path):
+    # DeepSpeed ZeRO-3 after the upcast: zero.Init's parameters are not cast back
+    with pytest.raises(UnmodelledSetting, match=r"^bf16: True .*with attention sdpa under DeepSpeed ZeRO-3"):
+        read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa",
+                        "deepspeed": "deepspeed_configs/zero3_bf16.json"}, "a.yml")
     with pytest.raises(UnmodelledSetting, match="^fp16: True .*GradScaler"):
         read(tmp_path, {**AXOLOTL, "bf16": False, "fp16": True}, "a.yml")
 

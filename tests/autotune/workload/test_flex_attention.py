@@ -127,11 +127,12 @@ AXOLOTL = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 2048, "micro
 
 def test_an_axolotl_config_reads_flex_attention_and_its_16_bit_embeddings(tmp_path):
     # a full fine-tune in bf16: with flex_attention Axolotl casts the embeddings and norms back to
-    # bfloat16 (attn_needs_dtype_cast), as with flash; with sdpa it keeps them float32 (refused)
+    # bfloat16 (attn_needs_dtype_cast), as with flash; with sdpa it keeps them float32 (workload/upcast.py)
     plan = configread.read(tmp_path, {**AXOLOTL, "attn_implementation": "flex_attention",
                                       "flex_attn_compile_kwargs": {"dynamic": False}}, "config.yaml")
     assert plan.attn == FLEX_ATTENTION
     legacy = configread.read(tmp_path, {**AXOLOTL, "flex_attention": True}, "config.yaml")
     assert legacy.attn == FLEX_ATTENTION
-    with pytest.raises(Exception, match="float32"):
-        configread.read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"}, "config.yaml")
+    assert plan.float32_embeddings is None
+    assert configread.read(tmp_path, {**AXOLOTL, "attn_implementation": "sdpa"},
+                           "config.yaml").float32_embeddings is True

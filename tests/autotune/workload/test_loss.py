@@ -105,7 +105,7 @@ def test_the_instrumented_chunked_step_allocates_what_the_table_step_does():
 def test_check_loss_names_the_allowed_values():
     assert check_loss("full", "sequence-classification") == "full"
     assert check_loss("chunked", "causal-lm") == "chunked"
-    allowed = "full, chunked, cce, chunked_nll, dft, eaft"
+    allowed = "full, chunked, cce, chunked_nll, dft, eaft, diffusion, axolotl_eaft"
     with pytest.raises(InvalidInput, match=rf"^unknown loss 'fused': allowed are {allowed}$"):
         check_loss("fused", "causal-lm")
     with pytest.raises(InvalidInput, match=r"^loss 'chunked' needs a per-token language-model head: "

@@ -8,6 +8,7 @@ With CUDA: real cells on a tiny BERT.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -658,5 +659,38 @@ def test_worker_trains_only_the_lora_adapters() -> None:
     trainable = {name for name, p in worker.model.named_parameters() if p.requires_grad}
     # PEFT's default for BERT (query, value) and, for sequence classification, the head.
     assert trainable and all("lora_" in name or "classifier" in name for name in trainable)
+    reply = worker.handle({"op": "probe", "batch_size": 2})
+    assert reply["outcome"] == "fits", reply
+
+
+def test_cell_spec_carries_axolotls_float32_embeddings() -> None:
+    workload = dataclasses.replace(tiny_workload(), weights_dtype="bfloat16", float32_embeddings=True)
+    spec = cell_spec(workload, parse_mode("bf16"), 16, GIB)
+    rebuilt, _ = rebuild_workload(CellSpec.from_json(decode(encode({"op": "init", "protocol": PROTOCOL,
+                                                                    "cell": spec.to_json()}))["cell"]))
+    assert rebuilt.float32_embeddings is True and rebuilt == workload
+
+
+def test_the_worker_runs_axolotls_diffusion_step_over_its_float32_embeddings() -> None:
+    """What the estimate backend traces (workload/diffusion.py, workload/upcast.py), run by the cuda
+    backend's worker: the float32 modules cast as the model is built, the diffusion loss stepped."""
+    from autotune.workload.models import tiny_config
+
+    tied = ModelSpec("tiny-llama-tied", "local", tiny_config("llama", tie_word_embeddings=True), 64)
+    workload = Workload(model=tied, task="causal-lm", attn="sdpa", weights_dtype="bfloat16", loss="diffusion",
+                        float32_embeddings=True)
+
+    class CpuAutocast(CpuMemory):  # the mixed dtypes run under autocast, here the CPU's
+        def autocast(self, dtype_name: str | None) -> Any:
+            return lambda: torch.autocast("cpu", dtype=getattr(torch, dtype_name or "float32"),
+                                          enabled=dtype_name is not None)
+
+    worker = Worker(CpuAutocast())
+    spec = cell_spec(workload, parse_mode("bf16"), 16, GIB)
+    ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
+    assert ready["op"] == "ready", ready
+    assert worker.model.model.embed_tokens.weight.dtype == torch.float32
+    assert worker.model.model.layers[0].input_layernorm.weight.dtype == torch.float32
+    assert worker.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     reply = worker.handle({"op": "probe", "batch_size": 2})
     assert reply["outcome"] == "fits", reply
