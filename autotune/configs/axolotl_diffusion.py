@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.configs.reading import Config, unset
-from autotune.errors import InvalidInput
+from autotune.errors import JobFails
 from autotune.workload.diffusion import ATTENTIONS, DIFFUSION
 
 DIFFUSION_PLUGIN = "axolotl.integrations.diffusion.DiffusionPlugin"
@@ -86,9 +86,9 @@ def _check_values(cfg: Config, block: dict[str, Any]) -> None:
                                                                           ("max_mask_ratio", 0.9)))
     _ratio(cfg, block, "eps", 1e-3)
     if low > high:
-        raise InvalidInput(f"diffusion.min_mask_ratio {low} above max_mask_ratio {high} in {cfg.file!r}: "
-                           "Axolotl refuses it (args.py _validate_mask_ratios: \"min_mask_ratio must be ≤ "
-                           "max_mask_ratio\")")
+        raise JobFails(f"diffusion.min_mask_ratio {low} above max_mask_ratio {high} in {cfg.file!r}: "
+                       "Axolotl refuses it (args.py _validate_mask_ratios: \"min_mask_ratio must be ≤ "
+                       "max_mask_ratio\")")
     for key in ("importance_weighting", "generate_samples"):
         if key in block and not isinstance(block[key], bool):
             raise cfg.bad(f"diffusion.{key}", block[key], "true or false")

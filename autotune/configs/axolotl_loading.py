@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from autotune.configs.reading import Config, unset
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import JobFails, UnmodelledSetting
 
 # utils/freeze.py _MM_MODULE_PREFIXES: the path components freeze_mm_modules freezes.
 MM_MODULES = ("vision_tower", "vision_model", "vision_encoder", "embed_vision", "multi_modal_projector",
@@ -163,9 +163,9 @@ def _config_class(cfg: Config) -> None:
     import transformers
 
     if not isinstance(name, str) or not name.isidentifier() or not hasattr(transformers, name):
-        raise InvalidInput(f"cls_model_config {name!r} in {cfg.file!r}: transformers has no such class, "
-                           "and Axolotl's load_model_config fails on it (getattr(transformers, "
-                           "cls_model_config))")
+        raise JobFails(f"cls_model_config {name!r} in {cfg.file!r}: transformers has no such class, "
+                       "and Axolotl's load_model_config fails on it (getattr(transformers, "
+                       "cls_model_config))")
     cfg.from_pretrained += (CONFIG_CLASS + name,)
     cfg.notes.append(f"cls_model_config: {name}: the model's config built with it (loaders/utils.py "
                      "load_model_config): no change where it is the class AutoConfig builds, as checked")
