@@ -52,7 +52,13 @@ EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
          "seed_oss": {"attention_dropout": 0.0, "residual_dropout": 0.0},
          "cohere2": {"sliding_window": 64},
          "olmo3": {"sliding_window": 64},
-         "lfm2": {"full_attn_idxs": [1]}}
+         "lfm2": {"full_attn_idxs": [1]},
+         # gpt-oss: a sliding and a full layer, 4 experts (2 routed); Gemma 4: no KV-shared layer, v_proj on
+         # every layer (the k_eq_v and KV-shared layers: their own test)
+         "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+                     "layer_types": ["sliding_attention", "full_attention"]},
+         "gemma4_text": {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+                         "num_kv_shared_layers": 0}}
 # Qwen 3.5 and Qwen3-Next: 4 layers, the second and fourth full attention, Gated DeltaNet in the others
 # (2 key and 4 value heads of 16, as tiny-qwen3_5_text); mixtures of 4 experts, 2 routed.
 HYBRID = {"num_hidden_layers": 4, "full_attention_interval": 2, "linear_num_key_heads": 2,
@@ -148,15 +154,17 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
     expected, expected_grads = loss_and_grads(reference, batch)
     assert torch.allclose(loss, expected, rtol=1e-5)
     assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    # Gemma 4's unscaled attention (scaling 1.0 over normed q, k and v) carries float32 rounding further
+    atol = 1e-5 if model_type == "gemma4_text" else 1e-6
     for name, grad in grads.items():
-        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=atol), name
     # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
     # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP;
     # Apertus's, Nemotron's and Arcee's MLPs have no gate_proj: find_mlp_in_layer passes them by; Qwen 3.5's
     # and Qwen3-Next's shared experts carry LoRA, left to PEFT, and only their full attention layers
-    # have a self_attn)
+    # have a self_attn; GLM-4's MLP fuses gate and up into gate_up_proj, gpt-oss' is a router and experts)
     mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "arcee": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
-            "qwen3_5_text": 4}.get(model_type, 2)
+            "qwen3_5_text": 4, "glm4": 0, "gpt_oss": 0}.get(model_type, 2)
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
 
 
@@ -210,6 +218,37 @@ def test_layers_without_lora_on_all_their_projections_are_left_to_peft():
     assert all(torch.allclose(grad, expected_grads[name]) for name, grad in grads.items())
     assert orders[0][:3] == ["q_proj", "v_proj", "q_norm"]  # original_apply_qkv, then the norms
     assert orders[1][:3] == ["q_proj", "q_norm", "v_proj"]  # transformers' own forward
+
+
+def test_gemma_4_s_k_eq_v_layers_take_lora_qk_and_its_kv_shared_layers_are_left_to_peft():
+    # attention_k_eq_v: the full layer's v_proj is None, apply_lora_qk's LoRA_QK computes Q and K and the
+    # forward takes K for V; the KV-shared last layer has no k_proj or v_proj: find_self_attn_in_layer
+    # passes it by (its o_proj too). In float64, where the attention kernels are PEFT's to rounding (the
+    # MLP's GeGLU computes in float32, as Axolotl's Triton kernel: the test above).
+    overrides = {"num_hidden_layers": 3, "sliding_window": 64,
+                 "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                 "num_kv_shared_layers": 1, "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    for dropout in (False, True):
+        reference, config = lora_model("gemma4_text", dropout=dropout, **overrides)
+        reference = reference.double()
+        layers = reference.base_model.model.model.layers
+        assert layers[1].self_attn.v_proj is None and not hasattr(layers[2].self_attn, "k_proj")
+        model = copy.deepcopy(reference)
+        apply_kernels(model, ("qkv", "o"), PLAIN)
+        # layer 0: q, k, v, o; layer 1: q, k (no v_proj), o; layer 2: none
+        assert patched(model) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "q_proj", "k_proj",
+                                         "o_proj"])
+        batch = token_batch(config)
+        loss, grads = loss_and_grads(model, batch)
+        expected, expected_grads = loss_and_grads(reference, batch)
+        assert torch.allclose(loss, expected, rtol=1e-12)
+        assert grads.keys() == expected_grads.keys()
+        for name, grad in grads.items():
+            assert torch.allclose(grad, expected_grads[name], rtol=1e-9, atol=1e-12), name
+    attn = model.base_model.model.model.layers[1].self_attn
+    hidden = torch.randn(2, 8, HIDDEN, dtype=torch.float64, requires_grad=True)
+    Q = attn.q_proj(hidden)
+    assert type(Q.grad_fn).__name__ == "LoRA_QKBackward" and attn.k_proj(hidden).grad_fn is Q.grad_fn
 
 
 def test_the_embedding_kernel_gives_peft_s_gradients_and_is_refused_under_autocast():
@@ -344,6 +383,23 @@ def test_the_corpus_attentions_axolotl_s_patch_fails_on_are_refused_with_the_lin
     with pytest.raises(InvalidInput, match=message):
         check_model(config, ("qkv",), checkpoint)
     check_model(config, ("mlp",), checkpoint) if model_type in EMULATED else None  # the attention's alone
+
+
+# The corpus' model types Axolotl's patch takes (examples/glm4/qlora-32b.yaml, examples/gpt-oss/*-lora-*,
+# examples/gemma4/*): get_attention_cls_from_config's class passes patch_self_attn_lora (Gemma 4's and
+# gemma4_unified's it skips: Axolotl 067b021's special cases), the text model emulated.
+@pytest.mark.parametrize(("model_type", "checkpoint", "message"), [
+    ("glm4", None, None), ("gpt_oss", None, None), ("gemma4_text", "gemma4", None),
+    ("gemma4_text", "gemma4_text", None),
+    ("gemma4_unified_text", "gemma4_unified", "emulated on llama, .*, not on model type gemma4_unified_text"),
+])
+def test_the_corpus_model_types_axolotl_s_patch_takes_are_emulated(model_type, checkpoint, message):
+    config = AutoConfig.for_model(model_type)
+    if message is None:
+        check_model(config, ALL, checkpoint)
+    else:  # not "could not import attention class": Axolotl imports Gemma4UnifiedTextAttention
+        with pytest.raises(InvalidInput, match=message):
+            check_model(config, ALL, checkpoint)
 
 
 def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
