@@ -123,6 +123,14 @@ TAKES_NO_LAYER = {
                 "first_k_dense_replace on, 0 in the preset) no gate_proj (find_mlp_in_layer); those layers "
                 "run PEFT's LoRA layers, as traced",
 }
+# The text model types whose MLPs the mlp kernel passes by (find_mlp_in_layer: no gate_proj on layer.mlp;
+# EMULATED's notes): what a check with the mlp kernel says.
+MLP_PASSED_BY = {
+    "glm4": "lora_mlp_kernel takes no MLP of GLM-4 (glm4): Glm4MLP fuses gate and up into gate_up_proj, and "
+            "find_mlp_in_layer looks for gate_proj; its MLPs run PEFT's LoRA layers, as traced",
+    "gpt_oss": "lora_mlp_kernel takes no MLP of gpt-oss (gpt_oss): its layer.mlp is a router and experts "
+               "(GptOssMLP), no gate_proj for find_mlp_in_layer; the experts run as traced",
+}
 # Why a model's activations reach the kernels outside the autocast dtype (lora_kernel_functions.py
 # MixedDtypes), with the real job's outcome: the refusal's second half.
 # Apertus under QLoRA: transformers' Python xIELU (activations.py XIELUActivation._xielu_python, taken
@@ -215,15 +223,15 @@ def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def no_layer_notes(model: str | None, kernels: Sequence[str]) -> tuple[str, ...]:
     """TAKES_NO_LAYER's note where ``model`` is a preset whose text model type is one and the kernels
-    patch."""
+    patch; MLP_PASSED_BY's where it is one of those and the mlp kernel is on."""
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
     if name is None or not set(kernels) & set(PATCHING):
         return ()
     preset = PRESETS[name]
-    text = preset.get("text_config") or {}
-    note = TAKES_NO_LAYER.get(str(text.get("model_type") or preset.get("model_type")))
+    text_type = str((preset.get("text_config") or {}).get("model_type") or preset.get("model_type"))
+    note = TAKES_NO_LAYER.get(text_type) or ("mlp" in kernels and MLP_PASSED_BY.get(text_type))
     return (note,) if note else ()
 
 

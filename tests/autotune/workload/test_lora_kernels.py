@@ -28,6 +28,7 @@ from autotune.workload.lora_kernel_functions import (
 )
 from autotune.workload.lora_kernels import (
     EMULATED,
+    MLP_PASSED_BY,
     TAKES_NO_LAYER,
     apply_kernels,
     check_model,
@@ -420,6 +421,10 @@ def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
     assert patched(wrapped) == []
     assert no_layer_notes("tiny-mistral4", ALL) == (TAKES_NO_LAYER["mistral4"],)
     assert no_layer_notes("tiny-mistral4", ()) == () and no_layer_notes("tiny-llama", ALL) == ()
+    # the mlp kernel alone passes GLM-4's and gpt-oss' MLPs by (gate_up_proj; router and experts)
+    assert no_layer_notes("tiny-glm4", ALL) == (MLP_PASSED_BY["glm4"],)
+    assert no_layer_notes("tiny-gpt_oss", ("mlp",)) == (MLP_PASSED_BY["gpt_oss"],)
+    assert no_layer_notes("tiny-gpt_oss", ("qkv", "o")) == ()
 
 
 @pytest.mark.parametrize(("model_type", "error", "message"), [
