@@ -111,7 +111,8 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # apply_o itself. Its KV-shared layers have no k_proj or v_proj (transformers: "Layers sharing kv states
 # don't need any weight matrices"), passed by; attention_k_eq_v's global layers have v_proj None:
 # apply_lora_qk (LoRA_QK), returning K as V. Gemma4TextMLP has gate/up/down_proj and a gelu (GeGLU);
-# the 26B-A4B's routed experts sit beside it (layer.experts), not find_mlp_in_layer's.
+# the 26B-A4B's routed experts sit beside it (layer.experts), not find_mlp_in_layer's. These three were
+# read in the installed transformers (5.24), not in Axolotl's pin.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
             "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense", "glm4", "gpt_oss",

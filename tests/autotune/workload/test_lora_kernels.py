@@ -253,6 +253,42 @@ def test_gemma_4_s_k_eq_v_layers_take_lora_qk_and_its_kv_shared_layers_are_left_
     assert type(Q.grad_fn).__name__ == "LoRA_QKBackward" and attn.k_proj(hidden).grad_fn is Q.grad_fn
 
 
+def test_under_axolotl_s_fused_gemma_4_forward_the_kernels_give_peft_s_gradients():
+    # Axolotl's job: patch_gemma4_fused_attn's forward (workload/gemma4_fused_attn.py, on every gemma4 run)
+    # calls the qkv kernel's projections, LoRA_QK on the k_eq_v layer; compared with that forward over
+    # PEFT's layers
+    from autotune.workload import gemma4_fused_attn
+
+    overrides = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64,
+                 "num_kv_shared_layers": 0, "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    reference, config = lora_model("gemma4_text", erf=False, **overrides)
+    assert gemma4_fused_attn.apply(reference, sm_count=2, registers=contextlib.nullcontext) == 2
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ("qkv", "o"), PLAIN)
+    batch = token_batch(config)
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-5), name
+    nodes = [type(node).__name__ for node in _nodes(model(**batch).loss)]
+    assert nodes.count("LoRA_QKVBackward") == 1 and nodes.count("LoRA_QKBackward") == 1
+    assert nodes.count("RmsNormRopeBackward") == 4  # the fused forward's q and k kernels ran
+
+
+def _nodes(output: torch.Tensor) -> list:
+    """Every autograd node behind ``output``."""
+    seen, stack = {}, [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return list(seen.values())
+
+
 def test_the_embedding_kernel_gives_peft_s_gradients_and_is_refused_under_autocast():
     reference, config = lora_model("llama", targets="embed_tokens,q_proj,k_proj,v_proj")
     model = copy.deepcopy(reference)
