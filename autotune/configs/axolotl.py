@@ -206,9 +206,10 @@ _AXOLOTL_ADAPTER_NO_EFFECT = words(
     "peft_autocast_adapter_dtype peft_ensure_weight_tying")
 # Axolotl's fused LoRA kernels (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel, lora_embedding_kernel),
 # which check_auto_enable_lora_kernels (schemas/config.py) turns on for lora and qlora when none is set.
-LORA_KERNELS_NOTE = ("emulated: Axolotl's LoRA_MLP, LoRA_QKV, LoRA_O (and LoRA_Embedding) autograd Functions "
-                     "and its SwiGLU/GeGLU Triton kernels re-written in torch, saving for the backward what "
-                     "Axolotl's save, patched in as apply_lora_kernel_patches patches them")
+LORA_KERNELS_NOTE = ("emulated: Axolotl's LoRA_MLP, LoRA_QKV, LoRA_O (LoRA_QK where v_proj is None, and "
+                     "LoRA_Embedding) autograd Functions and its SwiGLU/GeGLU Triton kernels re-written in "
+                     "torch, saving for the backward what Axolotl's save, patched in as "
+                     "apply_lora_kernel_patches patches them")
 # Embeddings and output heads (loaders/utils.py get_linear_embedding_layers, and GPT-2's): named
 # beside lora_target_linear they put LoRA on more than every linear layer.
 _AXOLOTL_EMBEDDINGS = frozenset({"embed_tokens", "lm_head", "embed_in", "embed_out", "word_embeddings",

@@ -2,10 +2,10 @@
 
 Axolotl (axolotl-ai-cloud/axolotl, src/axolotl/kernels/lora.py) replaces PEFT's LoRA layers in an
 MLP, an attention's q/k/v projections and its o projection by custom autograd Functions:
-``LoRA_MLP``, ``LoRA_QKV``, ``LoRA_O`` (and ``LoRA_Embedding`` for a LoRA embedding). Each computes
-base and adapter in one node and saves its own tensors for the backward, not those PEFT's layers
-and transformers' modules save. Here each is written again line by line, with the same torch calls
-in the same order, so that it allocates, saves and frees what Axolotl's does:
+``LoRA_MLP``, ``LoRA_QKV`` (``LoRA_QK`` where v_proj is None), ``LoRA_O`` (and ``LoRA_Embedding``
+for a LoRA embedding). Each computes base and adapter in one node and saves its own tensors for the
+backward, not those PEFT's layers and transformers' modules save. Here each is written again line by
+line, with the same torch calls in the same order, so that it allocates, saves and frees what Axolotl's does:
 
 - ``matmul_lora`` (lora.py): ``X @ W + s * X_drop @ A.T @ B.T + b`` into the base matmul's output
   (``addmm_``), the LoRA weights cast to the input's dtype for it (``A.t().to(dtype)``);
@@ -273,38 +273,73 @@ class LoRA_QKV(torch.autograd.Function):
                 q_B: torch.Tensor, k_A: torch.Tensor, k_B: torch.Tensor, v_A: torch.Tensor,
                 v_B: torch.Tensor, bases: tuple[nn.Module, ...], scales: tuple[float, ...],
                 hooks: KernelHooks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        autocast, ctx.autocast = hooks.autocast()
-        _check_dtype(X, autocast)
-        outputs = [matmul_lora(X, _transposed(hooks, base), _bias(base), A, B, s, X_drop)
-                   for base, A, B, s in zip(bases, (q_A, k_A, v_A), (q_B, k_B, v_B), scales, strict=True)]
-        dtype = X.dtype  # lora.py LoRA_QKV.forward, "Pre-convert LoRA matrices to compute dtype":
-        ctx.save_for_backward(X, X_drop if X_drop is not None else X, q_A.to(dtype), q_B.to(dtype),
-                              k_A.to(dtype), k_B.to(dtype), v_A.to(dtype), v_B.to(dtype))
-        ctx.bases, ctx.scales, ctx.hooks = bases, scales, hooks
-        ctx.has_dropout = X_drop is not None
-        Q, K, V = outputs
+        Q, K, V = _projections_forward(ctx, X, X_drop, ((q_A, q_B), (k_A, k_B), (v_A, v_B)), bases, scales,
+                                       hooks)
         return Q, K, V
 
     @staticmethod
     def backward(ctx: Any, q_grad: torch.Tensor, k_grad: torch.Tensor,
                  v_grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         with ctx.autocast():
-            return _qkv_backward(ctx, q_grad, k_grad, v_grad)
+            # LoRA_QKV.backward: ``q_grad.view``, ``k_grad.reshape``, ``v_grad.view``
+            grads = (q_grad.view(-1, q_grad.shape[-1]), k_grad.reshape(-1, k_grad.shape[-1]),
+                     v_grad.view(-1, v_grad.shape[-1]))
+            return _qkv_backward(ctx, grads)
 
 
-def _qkv_backward(ctx: Any, q_grad: torch.Tensor, k_grad: torch.Tensor,
-                  v_grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    """LoRA_QKV.backward without DoRA: the LoRA gradients of q, k, v (``grad @ B`` kept), then
-    ``grad_X = torch.mm(q_grad, W_q)`` and ``addmm_`` of k's and v's, each weight dequantized for it
-    alone, then the LoRA terms into grad_X (or into ``torch.zeros_like(X_drop)`` with dropout)."""
-    X, X_lora, A_q, B_q, A_k, B_k, A_v, B_v = ctx.saved_tensors
+class LoRA_QK(torch.autograd.Function):
+    """lora.py ``LoRA_QK`` without DoRA, for an attention whose v_proj is None (Gemma 4's
+    attention_k_eq_v layers): Q and K by ``matmul_lora`` from one input; ``apply_lora_qk`` returns
+    (Q, K, K), so autograd sums the key's and the value's gradients into K's before its backward.
+
+    Saved (the non-DoRA branch of ``LoRA_QK.forward``): X; X_drop (X itself without dropout);
+    q_A, q_B, k_A, k_B as copies in X's dtype; the LoRA biases (None here). Its backward is
+    LoRA_QKV's over two projections (``q_grad.view``, ``k_grad.reshape``).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, X: torch.Tensor, X_drop: torch.Tensor | None, q_A: torch.Tensor,
+                q_B: torch.Tensor, k_A: torch.Tensor, k_B: torch.Tensor, bases: tuple[nn.Module, ...],
+                scales: tuple[float, ...], hooks: KernelHooks) -> tuple[torch.Tensor, torch.Tensor]:
+        Q, K = _projections_forward(ctx, X, X_drop, ((q_A, q_B), (k_A, k_B)), bases, scales, hooks)
+        return Q, K
+
+    @staticmethod
+    def backward(ctx: Any, q_grad: torch.Tensor, k_grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with ctx.autocast():
+            # LoRA_QK.backward: ``q_grad.view``, ``k_grad.reshape``
+            return _qkv_backward(ctx, (q_grad.view(-1, q_grad.shape[-1]),
+                                       k_grad.reshape(-1, k_grad.shape[-1])))
+
+
+def _projections_forward(ctx: Any, X: torch.Tensor, X_drop: torch.Tensor | None,
+                         loras: tuple[tuple[torch.Tensor, torch.Tensor], ...], bases: tuple[nn.Module, ...],
+                         scales: tuple[float, ...], hooks: KernelHooks) -> tuple[torch.Tensor, ...]:
+    """LoRA_QKV.forward / LoRA_QK.forward without DoRA: each projection by ``matmul_lora`` in turn,
+    then ``ctx.save_for_backward(X, X_drop or X, *(A.to(dtype), B.to(dtype)) each)``."""
+    autocast, ctx.autocast = hooks.autocast()
+    _check_dtype(X, autocast)
+    outputs = tuple(matmul_lora(X, _transposed(hooks, base), _bias(base), A, B, s, X_drop)
+                    for base, (A, B), s in zip(bases, loras, scales, strict=True))
+    dtype = X.dtype  # lora.py LoRA_QKV.forward, "Pre-convert LoRA matrices to compute dtype":
+    ctx.save_for_backward(X, X_drop if X_drop is not None else X,
+                          *(tensor.to(dtype) for A, B in loras for tensor in (A, B)))
+    ctx.bases, ctx.scales, ctx.hooks = bases, scales, hooks
+    ctx.has_dropout = X_drop is not None
+    return outputs
+
+
+def _qkv_backward(ctx: Any, grads: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor | None, ...]:
+    """LoRA_QKV.backward (LoRA_QK.backward) without DoRA, ``grads`` [tokens, out] each: the LoRA
+    gradients of each projection (``grad @ B`` kept), then ``grad_X = torch.mm(q_grad, W_q)`` and
+    ``addmm_`` of the others', each weight dequantized for it alone, then the LoRA terms into grad_X
+    (or into ``torch.zeros_like(X_drop)`` with dropout)."""
+    X, X_lora, *lora_weights = ctx.saved_tensors
     hooks: KernelHooks = ctx.hooks
     batch, seq_len = X.shape[:2]
-    grads = (q_grad.view(-1, q_grad.shape[-1]), k_grad.reshape(-1, k_grad.shape[-1]),
-             v_grad.view(-1, v_grad.shape[-1]))
     X_lora = X_lora.view(-1, X_lora.shape[-1])
     X_lora_t = X_lora.t()
-    weights = ((A_q, B_q), (A_k, B_k), (A_v, B_v))
+    weights = tuple(zip(lora_weights[0::2], lora_weights[1::2], strict=True))
     found = [_lora_grads(X_lora_t, grad, A, B, s)
              for grad, (A, B), s in zip(grads, weights, ctx.scales, strict=True)]
     grad_X: torch.Tensor | None = None

@@ -35,11 +35,12 @@ backend's ``KernelHooks`` dequantize a 4-bit base and hold the Triton kernels' r
 
 Emulated for the model types of ``EMULATED`` (autotune's presets among them); others are refused
 by name, as are tasks other than causal-lm (``apply_lora_kernel_patches`` takes a
-``PeftModelForCausalLM`` only). Not emulated: Axolotl's ``LoRA_QK`` (Gemma 4's k_eq_v attention),
-Llama 4's experts, DoRA, and Qwen 3.5's linear-attention projections: ``find_linear_attn_in_layer``
-takes a ``linear_attn`` with in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and out_proj, and where
-one in-projection carries LoRA (qkv kernel) its ``apply_in_proj_fused`` is ``LoRA_FusedProj`` over
-the four, where out_proj does (o kernel) its ``apply_out_proj`` is ``LoRA_O``; the GatedDeltaNet
+``PeftModelForCausalLM`` only). Where v_proj is None (Gemma 4's attention_k_eq_v layers) the qkv
+kernel is ``apply_lora_qk`` (``LoRA_QK`` over q and k, K handed back as V). Not emulated: Llama 4's
+experts, DoRA, and Qwen 3.5's linear-attention projections: ``find_linear_attn_in_layer`` takes
+a ``linear_attn`` with in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and out_proj, and where one
+in-projection carries LoRA (qkv kernel) its ``apply_in_proj_fused`` is ``LoRA_FusedProj`` over the
+four, where out_proj does (o kernel) its ``apply_out_proj`` is ``LoRA_O``; the GatedDeltaNet
 forward that calls them is Axolotl's packing patch's (monkeypatch/models/qwen3_5/modeling.py
 ``_la_in_proj_fwd``, ``_la_proj_fwd``), so such an adapter is refused by name (also without
 sample_packing, where transformers' forward leaves them uncalled). Where Axolotl's run would fail,
@@ -99,15 +100,37 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # are not find_mlp_in_layer's) from layer first_k_dense_replace on (0 in Mistral-Small-4-119B-2603),
 # Mistral4MLP below it (transformers 5.14.1, Axolotl's pin, as this one: modeling_mistral4.py
 # Mistral4DecoderLayer). The job runs PEFT's layers (TAKES_NO_LAYER's note).
+# GLM-4-0414 (glm4): Llama's q/k/v and o lines (Glm4Attention, its q/k/v biases the base layers'); its
+# Glm4MLP fuses gate and up into one gate_up_proj, which find_mlp_in_layer passes by (no gate_proj): the
+# MLP is PEFT's, and its silu never checked. gpt-oss (gpt_oss): Llama's q/k/v and o lines
+# (GptOssAttention; its sinks are the attention function's, after both); its layer.mlp is GptOssMLP, a
+# router and experts with no gate_proj, passed by (the experts' LoRA is PEFT's ParamWrapper).
+# Gemma 4 (gemma4_text, the text model of a gemma4 checkpoint): get_attention_cls_from_config gives
+# Gemma4TextAttention for gemma4, which patch_self_attn_lora leaves unrewritten (_NOT_REWRITTEN): Axolotl's
+# fused Gemma 4 forward, swapped in on every run (workload/gemma4_fused_attn.py), calls apply_qkv /
+# apply_o itself. Its KV-shared layers have no k_proj or v_proj (transformers: "Layers sharing kv states
+# don't need any weight matrices"), passed by; attention_k_eq_v's global layers have v_proj None:
+# apply_lora_qk (LoRA_QK), returning K as V. Gemma4TextMLP has gate/up/down_proj and a gelu (GeGLU);
+# the 26B-A4B's routed experts sit beside it (layer.experts), not find_mlp_in_layer's. These three were
+# read in the installed transformers (5.24), not in Axolotl's pin.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
-            "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense")
+            "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense", "glm4", "gpt_oss",
+            "gemma4_text")
 # The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
 TAKES_NO_LAYER = {
     "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "
                 "has no k_proj/v_proj (find_self_attn_in_layer) and its MoE blocks (every layer from "
                 "first_k_dense_replace on, 0 in the preset) no gate_proj (find_mlp_in_layer); those layers "
                 "run PEFT's LoRA layers, as traced",
+}
+# The text model types whose MLPs the mlp kernel passes by (find_mlp_in_layer: no gate_proj on layer.mlp;
+# EMULATED's notes): what a check with the mlp kernel says.
+MLP_PASSED_BY = {
+    "glm4": "lora_mlp_kernel takes no MLP of GLM-4 (glm4): Glm4MLP fuses gate and up into gate_up_proj, and "
+            "find_mlp_in_layer looks for gate_proj; its MLPs run PEFT's LoRA layers, as traced",
+    "gpt_oss": "lora_mlp_kernel takes no MLP of gpt-oss (gpt_oss): its layer.mlp is a router and experts "
+               "(GptOssMLP), no gate_proj for find_mlp_in_layer; the experts run as traced",
 }
 # Why a model's activations reach the kernels outside the autocast dtype (lora_kernel_functions.py
 # MixedDtypes), with the real job's outcome: the refusal's second half.
@@ -136,6 +159,11 @@ _MIXED_DTYPES = {
                "patch_apertus_xielu_activation casts them and the job runs, which is not emulated; set "
                "lora_qkv_kernel: false and lora_o_kernel: false",
 }
+# Axolotl's model_support descriptors that declare ``"lora_kernels": Unsupported(reason)`` (their
+# capabilities; model_support/paddleocr_vl/__init__.py PaddleOCRVLSupport, the only one at 067b021), by
+# the checkpoint's model type: utils/config/__init__.py normalize_config turns every lora_*_kernel off for
+# them, set or auto-enabled ("Disabling fused LoRA kernels: unsupported for model_type=%s.%s").
+UNSUPPORTED = {"paddleocr_vl": "The fused QKV/O source rewrite does not match PaddleOCRAttention's forward."}
 # The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
 # get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
 # ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
@@ -162,11 +190,20 @@ def axolotl_turns_off(model_type: str | None) -> str | None:
 # find_linear_attn_in_layer's projections (LINEAR_ATTN_IN_PROJS, LINEAR_ATTN_OUT_PROJ)
 _LINEAR_IN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 _LINEAR_OUT = "out_proj"
-# get_attention_cls_from_config's special cases (transformers module, class); others are
+# get_attention_cls_from_config's special cases (transformers module, class), each of its ``if
+# model_type ...`` in turn (monkeypatch/lora_kernels.py, Axolotl 067b021); others are
 # ``transformers.models.<type>.modeling_<type>.<prefix>Attention``.
-_ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
-              "mistral3": ("mistral", "MistralAttention"), "qwen3_vl": ("qwen3_vl", "Qwen3VLTextAttention"),
-              "mllama": ("mllama", "MllamaTextSelfAttention"), "llama4": ("llama4", "Llama4TextAttention")}
+_ATTENTION = {"qwen2": ("qwen2", "Qwen2Attention"), "qwen3_vl": ("qwen3_vl", "Qwen3VLTextAttention"),
+              "mllama": ("mllama", "MllamaTextSelfAttention"), "llama4": ("llama4", "Llama4TextAttention"),
+              "mistral3": ("mistral", "MistralAttention"), "gemma3_text": ("gemma3", "Gemma3Attention"),
+              "gemma4": ("gemma4", "Gemma4TextAttention"), "gemma4_text": ("gemma4", "Gemma4TextAttention"),
+              "gemma4_unified": ("gemma4_unified", "Gemma4UnifiedTextAttention"),
+              "gemma4_unified_text": ("gemma4_unified", "Gemma4UnifiedTextAttention")}
+# The classes patch_self_attn_lora returns on before its source checks, their forward left as it is:
+# Gemma4TextAttention ("patch_manager applies patch_gemma4_fused_attn unconditionally for gemma4 ...
+# that fused forward already calls apply_qkv/apply_o") and Gemma4UnifiedTextAttention ("can't be
+# source-rewritten (KV sharing); skip").
+_NOT_REWRITTEN = {("gemma4", "Gemma4TextAttention"), ("gemma4_unified", "Gemma4UnifiedTextAttention")}
 # monkeypatch/lora_kernels.py QKV_PATCHES' originals and ORIGINAL_O_CODE, as patch_self_attn_lora
 # looks for them in the detabbed source (the method's body indented by four spaces).
 _QKV_CODE = (
@@ -205,16 +242,37 @@ def parse_kernels(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def no_layer_notes(model: str | None, kernels: Sequence[str]) -> tuple[str, ...]:
     """TAKES_NO_LAYER's note where ``model`` is a preset whose text model type is one and the kernels
-    patch."""
+    patch; MLP_PASSED_BY's where it is one of those and the mlp kernel is on."""
     from autotune.workload.presets import PRESETS, preset_name
 
     name = preset_name(model or "")
     if name is None or not set(kernels) & set(PATCHING):
         return ()
     preset = PRESETS[name]
-    text = preset.get("text_config") or {}
-    note = TAKES_NO_LAYER.get(str(text.get("model_type") or preset.get("model_type")))
+    text_type = str((preset.get("text_config") or {}).get("model_type") or preset.get("model_type"))
+    note = TAKES_NO_LAYER.get(text_type) or ("mlp" in kernels and MLP_PASSED_BY.get(text_type))
     return (note,) if note else ()
+
+
+def disabled_by_model_support(model: str | None, kernels: Sequence[str]) -> str | None:
+    """normalize_config's warning where ``model`` (a preset or a local config) is a checkpoint of a model
+    type whose Axolotl model_support declares lora_kernels Unsupported (UNSUPPORTED) and ``kernels`` are
+    on: every kernel is then off. None otherwise (an unknown model is refused later, by the check)."""
+    from autotune.workload.models import resolve_model
+
+    if not kernels or not model:
+        return None
+    try:
+        model_type = getattr(resolve_model(model).config, "model_type", None)
+    except InvalidInput:
+        return None
+    reason = UNSUPPORTED.get(str(model_type))
+    if reason is None:
+        return None
+    return (f"lora_*_kernel ({', '.join(CONFIG_KEYS[name] for name in kernels)}): off for model type "
+            f"{model_type}: Axolotl's model_support declares its fused LoRA kernels unsupported "
+            f"(\"{reason}\") and normalize_config turns every lora_*_kernel off (utils/config/__init__.py: "
+            "\"Disabling fused LoRA kernels\")")
 
 
 def describe(kernels: Sequence[str]) -> str:
@@ -280,18 +338,25 @@ def check_model(config: Any, kernels: Sequence[str], checkpoint_type: str | None
                            "before the model loads; check_auto_enable_lora_kernels turns them on "
                            "where no lora_*_kernel is set, vision-language models too; set them to "
                            "false")
-        source = _detabbed_source(cls.forward)
-        missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
-                                            ("O", _O_CODE in source)) if not found]
-        if missing:
-            raise JobFails(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
-                           f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
-                           f"its forward{_deciding_line(source, missing[0])}: the job fails before the "
-                           "model loads (patch_manager.py _apply_self_attention_lora_patch calls it, "
-                           "uncaught); set lora_qkv_kernel: false and lora_o_kernel: false")
+        if (cls.__module__.split(".")[-2], cls.__name__) not in _NOT_REWRITTEN:
+            _check_source(cls)
     if model_type not in EMULATED:
         raise UnmodelledSetting(f"{NAME} are emulated on {', '.join(EMULATED)}, not on model type "
                                 f"{model_type}")
+
+
+def _check_source(cls: Any) -> None:
+    """patch_self_attn_lora's assertions on ``cls.forward``'s detabbed source: JobFails naming the
+    line it does not find."""
+    source = _detabbed_source(cls.forward)
+    missing = [what for what, found in (("QKV", any(code in source for code in _QKV_CODE)),
+                                        ("O", _O_CODE in source)) if not found]
+    if missing:
+        raise JobFails(f"Axolotl's lora_qkv_kernel / lora_o_kernel fail on {cls.__name__}: "
+                       f"patch_self_attn_lora asserts \"Original {missing[0]} code not found\" in "
+                       f"its forward{_deciding_line(source, missing[0])}: the job fails before the "
+                       "model loads (patch_manager.py _apply_self_attention_lora_patch calls it, "
+                       "uncaught); set lora_qkv_kernel: false and lora_o_kernel: false")
 
 
 def _deciding_line(source: str, missing: str) -> str:
@@ -525,32 +590,35 @@ def _o_forward(attn: Any, hooks: KernelHooks) -> Callable[..., Any]:
 class _QKV:
     """``self.apply_qkv(hidden_states)`` of the rewritten attention, as its projections' calls: the
     first (q_proj's) computes Q, K and V, k_proj's and v_proj's take K and V. Fused (apply_lora_qkv)
-    where q, k and v all carry LoRA, else original_apply_qkv's three projections in turn."""
+    where q, k and v all carry LoRA, else original_apply_qkv's three projections in turn. Where v_proj
+    is None (Gemma 4's attention_k_eq_v), of q and k alone: apply_lora_qk (``LoRA_QK``) where both carry
+    LoRA, else original_apply_qkv_optional_v; the attention's forward takes K for V itself."""
 
     def __init__(self, attn: Any, hooks: KernelHooks, explain: str | None = None) -> None:
         self.attn, self.hooks, self.explain = attn, hooks, explain
-        self.projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.projs = tuple(proj for proj in (attn.q_proj, attn.k_proj, attn.v_proj) if proj is not None)
         self.fused = all(hasattr(proj, "lora_A") for proj in self.projs)
         self.own_q = attn.q_proj.forward  # q_proj's own forward, before install()
         self.pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def install(self) -> None:
-        q_proj, k_proj, v_proj = self.projs
-        q_proj.forward = _explained(self.q, self.explain)
-        k_proj.forward = lambda hidden, *args, **kwargs: self.take("k", hidden)
-        v_proj.forward = lambda hidden, *args, **kwargs: self.take("v", hidden)
+        self.projs[0].forward = _explained(self.q, self.explain)
+        for name, proj in zip("kv", self.projs[1:], strict=False):
+            proj.forward = lambda hidden, *args, name=name, **kwargs: self.take(name, hidden)
 
     def q(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.fused:
-            from autotune.workload.lora_kernel_functions import LoRA_QKV
+            from autotune.workload.lora_kernel_functions import LoRA_QK, LoRA_QKV
 
-            q, k, v = (_Lora(proj) for proj in self.projs)
-            X_drop = _apply_dropout(q.dropout, hidden, self.attn.training)
-            Q, K, V = LoRA_QKV.apply(hidden, X_drop, q.A, q.B, k.A, k.B, v.A, v.B,
-                                     (q.base, k.base, v.base), (q.s, k.s, v.s), self.hooks)
+            loras = [_Lora(proj) for proj in self.projs]
+            X_drop = _apply_dropout(loras[0].dropout, hidden, self.attn.training)
+            weights = [tensor for lora in loras for tensor in (lora.A, lora.B)]
+            bases, scales = tuple(lora.base for lora in loras), tuple(lora.s for lora in loras)
+            function = LoRA_QKV if len(loras) == 3 else LoRA_QK
+            Q, *KV = function.apply(hidden, X_drop, *weights, bases, scales, self.hooks)
         else:  # q_proj's own forward (its call is this one), then k_proj's and v_proj's calls
-            Q, K, V = self.own_q(hidden), _called(self.projs[1], hidden), _called(self.projs[2], hidden)
-        self.pending = {"k": (hidden, K), "v": (hidden, V)}
+            Q, KV = self.own_q(hidden), [_called(proj, hidden) for proj in self.projs[1:]]
+        self.pending = {name: (hidden, out) for name, out in zip("kv", KV, strict=False)}
         return Q  # type: ignore[no-any-return]
 
     def take(self, name: str, hidden: torch.Tensor) -> torch.Tensor:

@@ -28,9 +28,11 @@ from autotune.workload.lora_kernel_functions import (
 )
 from autotune.workload.lora_kernels import (
     EMULATED,
+    MLP_PASSED_BY,
     TAKES_NO_LAYER,
     apply_kernels,
     check_model,
+    disabled_by_model_support,
     no_layer_notes,
     parse_kernels,
     repatch,
@@ -52,7 +54,13 @@ EXTRA = {"gemma2": {"query_pre_attn_scalar": 16, "sliding_window": 64},
          "seed_oss": {"attention_dropout": 0.0, "residual_dropout": 0.0},
          "cohere2": {"sliding_window": 64},
          "olmo3": {"sliding_window": 64},
-         "lfm2": {"full_attn_idxs": [1]}}
+         "lfm2": {"full_attn_idxs": [1]},
+         # gpt-oss: a sliding and a full layer, 4 experts (2 routed); Gemma 4: no KV-shared layer, v_proj on
+         # every layer (the k_eq_v and KV-shared layers: their own test)
+         "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+                     "layer_types": ["sliding_attention", "full_attention"]},
+         "gemma4_text": {"sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+                         "num_kv_shared_layers": 0}}
 # Qwen 3.5 and Qwen3-Next: 4 layers, the second and fourth full attention, Gated DeltaNet in the others
 # (2 key and 4 value heads of 16, as tiny-qwen3_5_text); mixtures of 4 experts, 2 routed.
 HYBRID = {"num_hidden_layers": 4, "full_attention_interval": 2, "linear_num_key_heads": 2,
@@ -148,15 +156,17 @@ def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropou
     expected, expected_grads = loss_and_grads(reference, batch)
     assert torch.allclose(loss, expected, rtol=1e-5)
     assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    # Gemma 4's unscaled attention (scaling 1.0 over normed q, k and v) carries float32 rounding further
+    atol = 1e-5 if model_type == "gemma4_text" else 1e-6
     for name, grad in grads.items():
-        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=atol), name
     # per layer q, k, v and o projections' calls and the MLP's (Qwen3-MoE: PEFT's all-linear puts no
     # LoRA on its MLPs, whose names are its experts' too, and a sparse MoE block is not Axolotl's MLP;
     # Apertus's, Nemotron's and Arcee's MLPs have no gate_proj: find_mlp_in_layer passes them by; Qwen 3.5's
     # and Qwen3-Next's shared experts carry LoRA, left to PEFT, and only their full attention layers
-    # have a self_attn)
+    # have a self_attn; GLM-4's MLP fuses gate and up into gate_up_proj, gpt-oss' is a router and experts)
     mlps = {"qwen3_moe": 0, "apertus": 0, "nemotron": 0, "arcee": 0, "qwen3_5_moe_text": 0, "qwen3_next": 0,
-            "qwen3_5_text": 4}.get(model_type, 2)
+            "qwen3_5_text": 4, "glm4": 0, "gpt_oss": 0}.get(model_type, 2)
     assert patched(model) == sorted(["k_proj", "o_proj", "q_proj", "v_proj"] * 2 + ["mlp"] * mlps)
 
 
@@ -210,6 +220,73 @@ def test_layers_without_lora_on_all_their_projections_are_left_to_peft():
     assert all(torch.allclose(grad, expected_grads[name]) for name, grad in grads.items())
     assert orders[0][:3] == ["q_proj", "v_proj", "q_norm"]  # original_apply_qkv, then the norms
     assert orders[1][:3] == ["q_proj", "q_norm", "v_proj"]  # transformers' own forward
+
+
+def test_gemma_4_s_k_eq_v_layers_take_lora_qk_and_its_kv_shared_layers_are_left_to_peft():
+    # attention_k_eq_v: the full layer's v_proj is None, apply_lora_qk's LoRA_QK computes Q and K and the
+    # forward takes K for V; the KV-shared last layer has no k_proj or v_proj: find_self_attn_in_layer
+    # passes it by (its o_proj too). In float64, where the attention kernels are PEFT's to rounding (the
+    # MLP's GeGLU computes in float32, as Axolotl's Triton kernel: the test above).
+    overrides = {"num_hidden_layers": 3, "sliding_window": 64,
+                 "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                 "num_kv_shared_layers": 1, "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    for dropout in (False, True):
+        reference, config = lora_model("gemma4_text", dropout=dropout, **overrides)
+        reference = reference.double()
+        layers = reference.base_model.model.model.layers
+        assert layers[1].self_attn.v_proj is None and not hasattr(layers[2].self_attn, "k_proj")
+        model = copy.deepcopy(reference)
+        apply_kernels(model, ("qkv", "o"), PLAIN)
+        # layer 0: q, k, v, o; layer 1: q, k (no v_proj), o; layer 2: none
+        assert patched(model) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "q_proj", "k_proj",
+                                         "o_proj"])
+        batch = token_batch(config)
+        loss, grads = loss_and_grads(model, batch)
+        expected, expected_grads = loss_and_grads(reference, batch)
+        assert torch.allclose(loss, expected, rtol=1e-12)
+        assert grads.keys() == expected_grads.keys()
+        for name, grad in grads.items():
+            assert torch.allclose(grad, expected_grads[name], rtol=1e-9, atol=1e-12), name
+    attn = model.base_model.model.model.layers[1].self_attn
+    hidden = torch.randn(2, 8, HIDDEN, dtype=torch.float64, requires_grad=True)
+    Q = attn.q_proj(hidden)
+    assert type(Q.grad_fn).__name__ == "LoRA_QKBackward" and attn.k_proj(hidden).grad_fn is Q.grad_fn
+
+
+def test_under_axolotl_s_fused_gemma_4_forward_the_kernels_give_peft_s_gradients():
+    # Axolotl's job: patch_gemma4_fused_attn's forward (workload/gemma4_fused_attn.py, on every gemma4 run)
+    # calls the qkv kernel's projections, LoRA_QK on the k_eq_v layer; compared with that forward over
+    # PEFT's layers
+    from autotune.workload import gemma4_fused_attn
+
+    overrides = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64,
+                 "num_kv_shared_layers": 0, "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    reference, config = lora_model("gemma4_text", erf=False, **overrides)
+    assert gemma4_fused_attn.apply(reference, sm_count=2, registers=contextlib.nullcontext) == 2
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ("qkv", "o"), PLAIN)
+    batch = token_batch(config)
+    loss, grads = loss_and_grads(model, batch)
+    expected, expected_grads = loss_and_grads(reference, batch)
+    assert torch.allclose(loss, expected, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("lora_A" in name for name in grads)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-5), name
+    nodes = [type(node).__name__ for node in _nodes(model(**batch).loss)]
+    assert nodes.count("LoRA_QKVBackward") == 1 and nodes.count("LoRA_QKBackward") == 1
+    assert nodes.count("RmsNormRopeBackward") == 4  # the fused forward's q and k kernels ran
+
+
+def _nodes(output: torch.Tensor) -> list:
+    """Every autograd node behind ``output``."""
+    seen, stack = {}, [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return list(seen.values())
 
 
 def test_the_embedding_kernel_gives_peft_s_gradients_and_is_refused_under_autocast():
@@ -346,6 +423,23 @@ def test_the_corpus_attentions_axolotl_s_patch_fails_on_are_refused_with_the_lin
     check_model(config, ("mlp",), checkpoint) if model_type in EMULATED else None  # the attention's alone
 
 
+# The corpus' model types Axolotl's patch takes (examples/glm4/qlora-32b.yaml, examples/gpt-oss/*-lora-*,
+# examples/gemma4/*): get_attention_cls_from_config's class passes patch_self_attn_lora (Gemma 4's and
+# gemma4_unified's it skips: Axolotl 067b021's special cases), the text model emulated.
+@pytest.mark.parametrize(("model_type", "checkpoint", "message"), [
+    ("glm4", None, None), ("gpt_oss", None, None), ("gemma4_text", "gemma4", None),
+    ("gemma4_text", "gemma4_text", None),
+    ("gemma4_unified_text", "gemma4_unified", "emulated on llama, .*, not on model type gemma4_unified_text"),
+])
+def test_the_corpus_model_types_axolotl_s_patch_takes_are_emulated(model_type, checkpoint, message):
+    config = AutoConfig.for_model(model_type)
+    if message is None:
+        check_model(config, ALL, checkpoint)
+    else:  # not "could not import attention class": Axolotl imports Gemma4UnifiedTextAttention
+        with pytest.raises(InvalidInput, match=message):
+            check_model(config, ALL, checkpoint)
+
+
 def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
     # a mistral3 checkpoint: MistralAttention rewritten, which no layer of its mistral4 text model is;
     # MLA has no k_proj or v_proj, and its MoE blocks no gate_proj (first_k_dense_replace 0)
@@ -363,6 +457,10 @@ def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
     assert patched(wrapped) == []
     assert no_layer_notes("tiny-mistral4", ALL) == (TAKES_NO_LAYER["mistral4"],)
     assert no_layer_notes("tiny-mistral4", ()) == () and no_layer_notes("tiny-llama", ALL) == ()
+    # the mlp kernel alone passes GLM-4's and gpt-oss' MLPs by (gate_up_proj; router and experts)
+    assert no_layer_notes("tiny-glm4", ALL) == (MLP_PASSED_BY["glm4"],)
+    assert no_layer_notes("tiny-gpt_oss", ("mlp",)) == (MLP_PASSED_BY["gpt_oss"],)
+    assert no_layer_notes("tiny-gpt_oss", ("qkv", "o")) == ()
 
 
 @pytest.mark.parametrize(("model_type", "error", "message"), [
@@ -514,6 +612,29 @@ def test_the_cuda_backend_carries_the_kernels_and_needs_axolotl():
     if importlib.util.find_spec("axolotl") is None:  # the worker refuses the cell, naming the package
         with pytest.raises(BackendUnavailable, match="need the axolotl package"):
             require_axolotl()
+
+
+def test_axolotl_s_model_support_turns_the_kernels_off_where_it_declares_them_unsupported(tmp_path):
+    # normalize_config: PaddleOCR-VL's descriptor declares lora_kernels Unsupported, every lora_*_kernel off
+    from autotune.cli import build_parser
+    from autotune.cli.check import _plan
+
+    local = tmp_path / "paddleocr"
+    AutoConfig.for_model("paddleocr_vl").save_pretrained(local)
+    assert disabled_by_model_support("tiny-llama", ALL) is None
+    assert disabled_by_model_support(str(local), ()) is None
+    note = disabled_by_model_support(str(local), ALL)
+    assert note is not None and note.startswith(
+        "lora_*_kernel (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel): off for model type paddleocr_vl: "
+        "Axolotl's model_support declares its fused LoRA kernels unsupported (\"The fused QKV/O source "
+        "rewrite does not match PaddleOCRAttention's forward.\")")
+    path = tmp_path / "axolotl.yml"
+    path.write_text(json.dumps(AXOLOTL))
+    for model, kernels in ((str(local), ()), ("tiny-llama", ALL)):
+        args = build_parser().parse_args(["check", model, "--from-config", str(path), "--gpu", "A100-40GB"])
+        plan = _plan(args)
+        assert plan.request.step.adapter.kernels == kernels
+        assert any(line.startswith("lora_*_kernel (") for line in plan.notes) == (not kernels)
 
 
 def test_a_check_of_mistral_small_4_says_the_kernels_take_no_layer(capsys, tmp_path):

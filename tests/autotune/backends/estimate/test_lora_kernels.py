@@ -234,3 +234,33 @@ def test_qwen3_5_s_attention_and_mlps_take_the_kernels_under_the_estimator(capsy
     assert on["peak_memory_bytes"] < off["peak_memory_bytes"]
     code, refused = check(micro_batch_size=4, lora_target_modules=None, lora_target_linear=True)
     assert code == 2 and "linear-attention projections (in_proj_qkv" in refused["error"]
+
+
+def test_gemma_4_s_k_eq_v_layer_saves_lora_qk_s_tensors(tmp_path):
+    # attention_k_eq_v: the full layer's v_proj is None, apply_lora_qk's LoRA_QK saves X and q's and k's
+    # LoRA weights in bf16 (lora.py LoRA_QK.forward, non-DoRA) and hands K back for V
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("gemma4_text", hidden_size=HIDDEN, intermediate_size=INNER, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, num_global_key_value_heads=1,
+                         head_dim=16, global_head_dim=16, vocab_size=128, max_position_embeddings=128,
+                         layer_types=["sliding_attention", "full_attention"], sliding_window=64,
+                         num_kv_shared_layers=0, attention_k_eq_v=True, hidden_size_per_layer_input=0
+                         ).save_pretrained(tmp_path)
+    adapter = make_adapter("lora", r=R, alpha=16, dropout=0.0, targets="q_proj,k_proj,v_proj,o_proj",
+                           kernels=("qkv", "o"))
+    workload = Workload(resolve_model(str(tmp_path)), "causal-lm", "sdpa", weights_dtype="bfloat16",
+                        adapter=adapter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fake = EstimateBackend(resolve_gpu("A100-40GB"))._model(workload)
+    attn = fake.model.base_model.model.model.layers[1].self_attn
+    assert attn.v_proj is None
+
+    def qk(x):
+        q = attn.q_proj(x)
+        assert attn.k_proj(x).grad_fn is q.grad_fn  # K was made with Q, by LoRA_QK
+        return q
+
+    assert under_estimator(fake, lambda x: saved_bytes(lambda: qk(x))) == (
+        T * HIDDEN * BF16 + (R * HIDDEN + HIDDEN * R + R * HIDDEN + KV * R) * BF16)
