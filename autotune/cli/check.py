@@ -107,12 +107,6 @@ def _plan(args: argparse.Namespace) -> Plan:
     given = {f.name: getattr(args, f.name) for f in fields_of(CheckRequest)
              if getattr(args, f.name, None) is not None}
     adapter = _adapter(flags.step.peft_options, config.request.step.adapter)
-    disabled = None
-    if adapter is not None and adapter.kernels:  # Axolotl's normalize_config, once the model type is known
-        from autotune.workload.lora_kernels import disabled_by_model_support
-
-        disabled = disabled_by_model_support(flags.step.model or config.request.step.model, adapter.kernels)
-        adapter = replace(adapter, kernels=()) if disabled else adapter
     if adapter is not None:  # the config's adapter, not the PEFT flags'
         given = {name: value for name, value in given.items() if name not in PEFT_FIELDS}
     request = request_from(CheckRequest, {**values_of(config.request), **given, "adapter": adapter})
@@ -131,8 +125,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         from autotune.workload.lora_kernels import no_layer_notes
 
         notes = (*notes, *no_layer_notes(request.step.model, adapter.kernels))
-    return Plan(request, (*read, *config.notes, *remote, *notes, *([disabled] if disabled else [])),
-                config.ignored)
+    return Plan(request, (*read, *config.notes, *remote, *notes), config.ignored)
 
 
 def _loss_notes(request: CheckRequest) -> tuple[str, ...]:

@@ -159,11 +159,6 @@ _MIXED_DTYPES = {
                "patch_apertus_xielu_activation casts them and the job runs, which is not emulated; set "
                "lora_qkv_kernel: false and lora_o_kernel: false",
 }
-# Axolotl's model_support descriptors that declare ``"lora_kernels": Unsupported(reason)`` (their
-# capabilities; model_support/paddleocr_vl/__init__.py PaddleOCRVLSupport, the only one at 067b021), by
-# the checkpoint's model type: utils/config/__init__.py normalize_config turns every lora_*_kernel off for
-# them, set or auto-enabled ("Disabling fused LoRA kernels: unsupported for model_type=%s.%s").
-UNSUPPORTED = {"paddleocr_vl": "The fused QKV/O source rewrite does not match PaddleOCRAttention's forward."}
 # The model type of the checkpoint whose text model a text config is, as AutoConfig reads it for
 # get_attention_cls_from_config: transformers' Qwen3_5TextConfig and Qwen3_5MoeTextConfig are the
 # ``text_config`` of the qwen3_5 and qwen3_5_moe checkpoints (configuration_qwen3_5.py sub_configs),
@@ -252,27 +247,6 @@ def no_layer_notes(model: str | None, kernels: Sequence[str]) -> tuple[str, ...]
     text_type = str((preset.get("text_config") or {}).get("model_type") or preset.get("model_type"))
     note = TAKES_NO_LAYER.get(text_type) or ("mlp" in kernels and MLP_PASSED_BY.get(text_type))
     return (note,) if note else ()
-
-
-def disabled_by_model_support(model: str | None, kernels: Sequence[str]) -> str | None:
-    """normalize_config's warning where ``model`` (a preset or a local config) is a checkpoint of a model
-    type whose Axolotl model_support declares lora_kernels Unsupported (UNSUPPORTED) and ``kernels`` are
-    on: every kernel is then off. None otherwise (an unknown model is refused later, by the check)."""
-    from autotune.workload.models import resolve_model
-
-    if not kernels or not model:
-        return None
-    try:
-        model_type = getattr(resolve_model(model).config, "model_type", None)
-    except InvalidInput:
-        return None
-    reason = UNSUPPORTED.get(str(model_type))
-    if reason is None:
-        return None
-    return (f"lora_*_kernel ({', '.join(CONFIG_KEYS[name] for name in kernels)}): off for model type "
-            f"{model_type}: Axolotl's model_support declares its fused LoRA kernels unsupported "
-            f"(\"{reason}\") and normalize_config turns every lora_*_kernel off (utils/config/__init__.py: "
-            "\"Disabling fused LoRA kernels\")")
 
 
 def describe(kernels: Sequence[str]) -> str:
