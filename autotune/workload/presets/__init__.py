@@ -37,6 +37,9 @@ One module per family, each checkpoint's source cited beside it:
     nemotron_h.py NVIDIA Nemotron 3 Nano 30B-A3B and Super 120B-A12B (Mamba-2, experts, attention)
     arcee.py      Arcee AI: AFM-4.5B, Trinity-Nano-Preview (AFMoE, a mixture of experts)
     hunyuan.py    Tencent's Hunyuan dense: Hunyuan-0.5B-Instruct
+    deepseek_v3.py  DeepSeek-V3 (V3-0324, V3.1, R1: one shape): MLA, 256 experts
+    minimax.py    MiniMax-M2 (230B, 256 experts)
+    granite.py    IBM Granite 4.0-H-Tiny (Mamba-2, NoPE attention, experts)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -49,16 +52,19 @@ from typing import Any
 from autotune.workload.presets import (
     arcee,
     decoders,
+    deepseek_v3,
     encoders,
     falcon_h1,
     gemma,
     gemma4,
     glm,
     glm4v,
+    granite,
     hunyuan,
     kimi_linear,
     llama,
     llama4,
+    minimax,
     mistral3,
     moe,
     more_decoders,
@@ -114,6 +120,9 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **nemotron_h.NEMOTRON_H_PRESETS,
     **arcee.ARCEE_PRESETS,
     **hunyuan.HUNYUAN_PRESETS,
+    **deepseek_v3.DEEPSEEK_V3_PRESETS,
+    **minimax.MINIMAX_PRESETS,
+    **granite.GRANITE_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

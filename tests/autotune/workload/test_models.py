@@ -113,6 +113,8 @@ LIMITS = {
     "zai-org/GLM-4-32B-0414": 32768,
     "arcee-ai/AFM-4.5B": 65536, "arcee-ai/Trinity-Nano-Preview": 131072,
     "tencent/Hunyuan-0.5B-Instruct": 262144,
+    "deepseek-ai/DeepSeek-V3": 163840, "MiniMaxAI/MiniMax-M2": 196608,
+    "ibm-granite/granite-4.0-h-tiny": 131072,
 }
 
 
