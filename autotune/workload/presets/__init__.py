@@ -40,6 +40,7 @@ One module per family, each checkpoint's source cited beside it:
     deepseek_v3.py  DeepSeek-V3 (V3-0324, V3.1, R1: one shape): MLA, 256 experts
     minimax.py    MiniMax-M2 (230B, 256 experts)
     granite.py    IBM Granite 4.0-H-Tiny (Mamba-2, NoPE attention, experts)
+    glm5.py       Z.ai's GLM-5 (glm_moe_dsa: MLA, DeepSeek Sparse Attention's indexer, 256 experts)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -59,6 +60,7 @@ from autotune.workload.presets import (
     gemma4,
     glm,
     glm4v,
+    glm5,
     granite,
     hunyuan,
     kimi_linear,
@@ -123,6 +125,7 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **deepseek_v3.DEEPSEEK_V3_PRESETS,
     **minimax.MINIMAX_PRESETS,
     **granite.GRANITE_PRESETS,
+    **glm5.GLM5_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -224,6 +224,29 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
                          "layer_types": ["mamba", "attention"], "mamba_n_heads": 2, "mamba_d_head": 32,
                          "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16,
                          "architectures": ["GraniteMoeHybridForCausalLM"]},
+    # GLM-5 (glm5.py): DeepSeek-V3's tiny layout above with DeepSeek Sparse Attention's indexer (2 heads
+    # of 16, keeping 64 keys a query: fewer than the 128 positions, so it selects).
+    "glm_moe_dsa": {
+        **_TINY_BERT,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "head_dim": 8,
+        "v_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": 64,
+        "pad_token_id": 0,
+        "eos_token_id": 2,
+        "architectures": ["GlmMoeDsaForCausalLM"],
+    },
     # The dense GLM-4-0414 (glm.py GLM-4-32B-0414): half-rotary heads, four norms a layer, a fused
     # gate_up_proj; no attention bias, as the 32B's. Glm4Config's pad token (151329) is past the vocab.
     "glm4": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "attention_bias": False,

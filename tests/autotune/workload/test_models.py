@@ -114,7 +114,7 @@ LIMITS = {
     "arcee-ai/AFM-4.5B": 65536, "arcee-ai/Trinity-Nano-Preview": 131072,
     "tencent/Hunyuan-0.5B-Instruct": 262144,
     "deepseek-ai/DeepSeek-V3": 163840, "MiniMaxAI/MiniMax-M2": 196608,
-    "ibm-granite/granite-4.0-h-tiny": 131072,
+    "ibm-granite/granite-4.0-h-tiny": 131072, "zai-org/GLM-5": 202752,
 }
 
 
