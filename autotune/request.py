@@ -946,6 +946,12 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
+        sharded = parallel is not None and parallel.kind != DDP
+        if experts_kernel is not None and adapter is not None and parallel is not None and sharded:
+            from autotune.workload.scattermoe import check_sharding as check_experts_sharding
+
+            kind = f"FSDP{parallel.fsdp_version}" if parallel.kind == FSDP else parallel.kind
+            check_experts_sharding(kind, adapter.parameters)
     hub_kernels = bool(step.use_kernels) or experts_kernel is not None
     if step.use_kernels:
         from autotune.workload import hub_kernels as kernelized

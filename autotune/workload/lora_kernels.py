@@ -99,15 +99,22 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # are not find_mlp_in_layer's) from layer first_k_dense_replace on (0 in Mistral-Small-4-119B-2603),
 # Mistral4MLP below it (transformers 5.14.1, Axolotl's pin, as this one: modeling_mistral4.py
 # Mistral4DecoderLayer). The job runs PEFT's layers (TAKES_NO_LAYER's note).
+# MiniMax-M2 (minimax_m2): every layer.mlp is MiniMaxM2SparseMoeBlock, the router with no gate_proj, so
+# find_mlp_in_layer yields nothing (its routed experts are ScatterMoE's); its attention norms q and k
+# over all heads before the view (modeling_minimax_m2.py MiniMaxM2Attention.forward), which
+# patch_self_attn_lora cannot find: lora_qkv_kernel / lora_o_kernel fail by the source check above.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
-            "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense")
+            "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense", "minimax_m2")
 # The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
 TAKES_NO_LAYER = {
     "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "
                 "has no k_proj/v_proj (find_self_attn_in_layer) and its MoE blocks (every layer from "
                 "first_k_dense_replace on, 0 in the preset) no gate_proj (find_mlp_in_layer); those layers "
                 "run PEFT's LoRA layers, as traced",
+    "minimax_m2": "Axolotl's fused LoRA MLP kernel takes no layer of MiniMax-M2 (minimax_m2): every layer's "
+                  "mlp is a sparse MoE block with no gate_proj (find_mlp_in_layer); those layers run PEFT's "
+                  "LoRA layers, as traced",
 }
 # Why a model's activations reach the kernels outside the autocast dtype (lora_kernel_functions.py
 # MixedDtypes), with the real job's outcome: the refusal's second half.

@@ -213,8 +213,9 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "architectures": ["DeepseekV3ForCausalLM"],
     },
     # MiniMax-M2 (minimax.py): experts in every layer, no shared one; a query and key norm over all
-    # heads, RoPE on half of each head.
-    "minimax_m2": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "num_local_experts": 4,
+    # heads, RoPE on half of each head. 8 experts of 32, so that FSDP2 over 8 GPUs shards them evenly.
+    "minimax_m2": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "num_local_experts": 8,
+                   "intermediate_size": 32,
                    "num_experts_per_tok": 2, "rotary_dim": 8, "bos_token_id": 1, "eos_token_id": 2,
                    "architectures": ["MiniMaxM2ForCausalLM"]},
     # Granite 4.0 (granite.py): a Mamba-2 layer (2 heads of 32 = expand 2 x width 32, a state of 8,
