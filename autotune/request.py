@@ -946,7 +946,10 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
-        sharded = parallel is not None and parallel.kind != DDP
+        # Axolotl's FSDP2 gathers a ParamWrapper's lora_A and lora_B with its decoder layer
+        # (backends/distributed.py shard_as_axolotl); ZeRO-3 and the other recipes shard them apart
+        sharded = parallel is not None and parallel.kind != DDP and not (
+            parallel.kind == FSDP and parallel.fsdp_version == 2 and parallel.recipe == "axolotl")
         if experts_kernel is not None and adapter is not None and parallel is not None and sharded:
             from autotune.workload.scattermoe import check_sharding as check_experts_sharding
 

@@ -61,8 +61,9 @@ if TYPE_CHECKING:
     from autotune.workload.liger_kernels import Registers
 
 NOTE = ("use_kernels: transformers' kernelize swaps kernels-community/liger-kernels LigerRMSNorm in for "
-        "every RMSNorm its model decorates (Qwen3MoeRMSNorm, GptOssRMSNorm), and for gpt-oss' GptOssMLP "
-        "kernels-community/megablocks MegaBlocksMoeMLP (integrations/hub_kernels.py, Mode.TRAINING on "
+        "every RMSNorm its model decorates (Qwen3MoeRMSNorm, GptOssRMSNorm, MiniMaxM2RMSNorm), and for "
+        "gpt-oss' GptOssMLP kernels-community/megablocks MegaBlocksMoeMLP (integrations/hub_kernels.py, "
+        "Mode.TRAINING on "
         "CUDA): Liger's RMSNorm and MegaBlocks' binned gather and scatter, emulated (each expert's bin "
         "holds top_k * tokens / experts rows: routings past it are dropped, as the kernel drops them)")
 

@@ -459,8 +459,9 @@ def check_sharding(sharding: str | None, lora_parameters: tuple[str, ...]) -> No
     """UnmodelledSetting for LoRA on the experts (PEFT's target_parameters) under sharded parameters
     (``sharding``: FSDP or a ZeRO stage, as the message names it; None on one GPU or under DDP).
     ``lora_forward`` reads each ParamWrapper's lora_A and lora_B weights itself, as Axolotl's fast path
-    does (experts_lora_fastpath.py), outside those modules' forward: under sharding the emulation meets
-    them still sharded (DTensors), which it does not gather as Axolotl's FSDP-safe path does."""
+    does (experts_lora_fastpath.py), outside those modules' forward: where they are sharded apart from
+    their decoder layer (ZeRO-3, FSDP1, FSDP2 as accelerate or LLaMA-Factory prepares it; not Axolotl's
+    FSDP2, backends/distributed.py shard_as_axolotl) the emulation meets them still sharded."""
     from autotune.errors import UnmodelledSetting
 
     if sharding is not None and lora_parameters:
@@ -468,7 +469,7 @@ def check_sharding(sharding: str | None, lora_parameters: tuple[str, ...]) -> No
                                 f"{sharding} is not emulated yet: ScatterMoE's fused LoRA reads each "
                                 "ParamWrapper's lora_A and lora_B weights outside their forward "
                                 "(experts_lora_fastpath.py), which the emulation meets still sharded; it "
-                                "is emulated on one GPU and under DDP")
+                                "is emulated on one GPU, under DDP and under Axolotl's FSDP2")
 
 
 def _class_name(module: Any) -> str:
