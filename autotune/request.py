@@ -814,8 +814,12 @@ def resolve_model(step: Step, found: Findings, access: ModelAccess = ModelAccess
         elif not isinstance(allow_hub, bool):
             raise InvalidInput(f"hub must be True, False or None, got {allow_hub!r}")
         local_dirs = list(access.local_dirs) if access.local_dirs is not None else None
-        return resolve_name(step.model, allow_hub=allow_hub, hub_hint=access.hub_hint,
+        spec = resolve_name(step.model, allow_hub=allow_hub, hub_hint=access.hub_hint,
                             allow_local=access.allow_local, local_dirs=local_dirs)
+        from autotune.workload.prequantized import check_published
+
+        check_published(spec)
+        return spec
     return None
 
 

@@ -8,6 +8,11 @@ REMOTE_CODE), which a config with trust_remote_code: true would load instead. Th
 multi-token-prediction module (num_nextn_predict_layers: 1, model.layers.61: DeepSeek-V3
 README_WEIGHTS.md) is not built by transformers (DeepseekV3 modeling: num_hidden_layers layers only;
 the MTP weights are dropped on load), so the count is the 671B of the main model.
+
+The hub release is saved in FP8 (its config.json's quantization_config: fp8, e4m3, 128 x 128 blocks, as
+the copy below has it); the preset is its bfloat16 conversion (DeepSeek-V3 inference/fp8_cast_bf16.py),
+what LLaMA-Factory's KTransformers examples train ("need to convert to BF16 checkpoint first":
+examples/ktransformers/train_lora/deepseek_v3_lora_sft_kt.yaml, DeepSeek-V3-0324-BF16).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ configuration_minimax_m2.py and modeling_minimax_m2.py in an auto_map (workload/
 REMOTE_CODE), which a config with trust_remote_code: true would load instead. Its three
 multi-token-prediction modules (use_mtp, num_mtp_modules 3) are not built by transformers
 (MiniMaxM2Model: num_hidden_layers decoder layers only), nor counted in the published total.
+
+Its hub checkpoint is saved in FP8 (workload/prequantized.py PUBLISHED_QUANTIZED): a check of this
+preset is refused by name; the shapes here are its bfloat16 ones.
 """
 
 from __future__ import annotations

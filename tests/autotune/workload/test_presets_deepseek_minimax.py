@@ -76,3 +76,16 @@ def test_tiny_configs_build_their_model_type(model_type: str) -> None:
     model = fake_causal_lm(f"tiny-{model_type}")
     assert model.config.model_type == model_type
     assert parameter_count(model) < 100_000
+
+
+def test_minimax_m2_s_fp8_checkpoint_is_refused_by_name() -> None:
+    # its hub checkpoint is saved in FP8 (workload/prequantized.py PUBLISHED_QUANTIZED): not the preset's
+    # bfloat16 weights; its tiny config is answered
+    import autotune
+    from autotune.errors import UnmodelledSetting
+
+    with pytest.raises(UnmodelledSetting, match=r"^MiniMaxAI/MiniMax-M2 is published saved in fp8 .*"
+                       r"FineGrainedFP8 quantizer: a base saved in FP8 is not modelled"):
+        autotune.check("MiniMaxAI/MiniMax-M2", seq_len=128, batch_size=1, gpu="H100-80GB", backend="estimate")
+    assert autotune.check("tiny-minimax_m2", seq_len=64, batch_size=1, dtype="bfloat16", gpu="H100-80GB",
+                          backend="estimate", workers=1).peak_memory_bytes
