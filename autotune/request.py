@@ -820,8 +820,12 @@ def resolve_model(step: Step, found: Findings, access: ModelAccess = ModelAccess
         elif not isinstance(allow_hub, bool):
             raise InvalidInput(f"hub must be True, False or None, got {allow_hub!r}")
         local_dirs = list(access.local_dirs) if access.local_dirs is not None else None
-        return resolve_name(step.model, allow_hub=allow_hub, hub_hint=access.hub_hint,
+        spec = resolve_name(step.model, allow_hub=allow_hub, hub_hint=access.hub_hint,
                             allow_local=access.allow_local, local_dirs=local_dirs)
+        from autotune.workload.prequantized import check_published
+
+        check_published(spec)
+        return spec
     return None
 
 
@@ -961,6 +965,15 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     experts_kernel = None
     with found.about("experts_kernel"):
         experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
+        # Axolotl's FSDP2 gathers a ParamWrapper's lora_A and lora_B with its decoder layer
+        # (backends/distributed.py shard_as_axolotl); ZeRO-3 and the other recipes shard them apart
+        sharded = parallel is not None and parallel.kind != DDP and not (
+            parallel.kind == FSDP and parallel.fsdp_version == 2 and parallel.recipe == "axolotl")
+        if experts_kernel is not None and adapter is not None and parallel is not None and sharded:
+            from autotune.workload.scattermoe import check_sharding as check_experts_sharding
+
+            kind = f"FSDP{parallel.fsdp_version}" if parallel.kind == FSDP else parallel.kind
+            check_experts_sharding(kind, adapter.parameters)
     hub_kernels = bool(step.use_kernels) or experts_kernel is not None
     if step.use_kernels:
         from autotune.workload import hub_kernels as kernelized

@@ -152,6 +152,15 @@ FAMILIES: dict[str, dict[str, float]] = {
     "arcee": {"arcee-ai/AFM-4.5B": 4.5},
     "afmoe": {"arcee-ai/Trinity-Nano-Preview": 6},
     "hunyuan_v1_dense": {"tencent/Hunyuan-0.5B-Instruct": 0.5},
+    # DeepSeek-V3 (presets/deepseek_v3.py): V3, V3-0324, V3.1 and R1 share its shapes; by its 671B.
+    "deepseek_v3": {"deepseek-ai/DeepSeek-V3": 671},
+    # MiniMax-M2 (presets/minimax.py): M2, M2.1 and M2.5 share its shapes; by its 229B.
+    "minimax_m2": {"MiniMaxAI/MiniMax-M2": 229},
+    # Granite 4.0 H-Tiny (presets/granite.py) by its 7B; granite-4.0-tiny-preview (62 experts, a 49160
+    # vocabulary: no public config.json) reads as the release it previewed.
+    "granite4_tiny": {"ibm-granite/granite-4.0-h-tiny": 7},
+    # GLM-5 (glm_moe_dsa, presets/glm5.py): GLM-5, 5.1 (and 5.2, no public config.json) by its 744B.
+    "glm5": {"zai-org/GLM-5": 744},
 }
 # Within a factor 1.5 in size, a model's widths and depth are of the preset's order (Llama-2-7B as
 # Llama-3.1-8B, SmolLM-360M as SmolLM2-360M); beyond it (a 70B, Gemma-2-27B) the verdict is another job's.
@@ -177,7 +186,12 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"llama-4-maverick-17b-128e", "llama4_maverick"),
     (r"kimi-linear-48b-a3b", "kimi_linear"),
     (r"nemotron-3-(nano-30b-a3b|super-120b-a12b)", "nemotron_h"),
-    (r"trinity-nano", "afmoe"),  # Trinity Nano (Preview, Base): 128 experts, 6B in total
+    (r"trinity-nano", "afmoe"),
+    # DeepSeek-V3's shapes: V3 (-0324, -Base), V3.1, R1 (not V3.2's sparse attention, nor R1's distills).
+    (r"deepseek-(v3(\.1)?(?![.\d])|r1(?!-distill))", "deepseek_v3"),
+    (r"minimax-m2(\.[15])?(?![.\d])", "minimax_m2"),
+    (r"granite-4\.0-(h-)?tiny", "granite4_tiny"),
+    (r"glm-5(\.\d)?(?![\dv])", "glm5"),  # Trinity Nano (Preview, Base): 128 experts, 6B in total
     (r"-a\d+(\.\d+)?b\b|\d+x\d+b|-\d+e-|moe|mixtral", None),
     # The vision-language models with a preset, before the rule that drops the others.
     (r"qwen2-vl-", "qwen2_vl"),
@@ -253,7 +267,8 @@ PEEL_READERS: dict[str | None, str] = {
     "glm4_moe": "tiny-glm4_moe", "glm4_moe_lite": "tiny-glm4_moe_lite", "internvl": "tiny-internvl",
     "lfm2_vl": "tiny-lfm2_vl", "mllama": "tiny-mllama", "jamba": "tiny-jamba", "llama4_scout": "tiny-llama4",
     "llama4_maverick": "tiny-llama4", "glm4": "tiny-glm4", "glm46v_flash": "tiny-glm4v",
-    "nemotron_h": "tiny-nemotron_h",
+    "nemotron_h": "tiny-nemotron_h", "deepseek_v3": "tiny-deepseek_v3", "minimax_m2": "tiny-minimax_m2",
+    "granite4_tiny": "tiny-granitemoehybrid", "glm5": "tiny-glm_moe_dsa",
     None: "tiny-llama",  # None: no near preset; phi, phi3 and qwen3_moe have no tiny one: their own
 }
 POSITIONS = "exceeds max_position_embeddings"
@@ -267,7 +282,9 @@ NAMED_SIZES = {"phi-3": 3.8, "phi-2": 2.7, "phi-1_5": 1.3, "phi-1.5": 1.3, "gpt2
                "gpt2": 0.124, "devstral-small": 24, "magistral-small": 24, "deepseek-v2-lite": 16,
                "mixtral-8x7b": 46.7, "mixtral-8x22b": 141, "command-r7b": 8, "gemma-4-e2b": 2,
                "glm-4.5-air": 106, "glm-4.7-flash": 30, "glm-4.6v-flash": 9, "jamba-v0.1": 52,
-               "jamba-1.5-large": 398, "deepseek-v2.5": 236, "trinity-nano": 6, "paddleocr-vl": 0.9}
+               "jamba-1.5-large": 398, "deepseek-v2.5": 236, "trinity-nano": 6, "paddleocr-vl": 0.9,
+               "deepseek-v3": 671, "deepseek-r1": 671, "minimax-m2": 229,
+               "granite-4.0-h-tiny": 7, "granite-4.0-tiny": 7, "glm-5": 744}
 LLAMAFACTORY_CORE = ("examples/train_lora/", "examples/train_qlora/", "examples/train_full/")
 AXOLOTL_PREFERENCE = {"rl", "trl", "reward_model", "process_reward_model"}
 AXOLOTL_SHARDING = {"deepspeed", "fsdp", "fsdp_config", "fsdp_version"}

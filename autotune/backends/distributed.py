@@ -294,7 +294,10 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     (and magnitude vector) on their own (``_process_lora_module_for_fsdp``), then each decoder layer;
     then the root, with the same ``reshard_after_forward`` as every group: no embedding or tail
     groups, and the root's leftovers resharded after forward unless all are kept. With FSDP's
-    activation checkpointing, the wrappers ``checkpoint_as_axolotl`` puts in first."""
+    activation checkpointing, the wrappers ``checkpoint_as_axolotl`` puts in first. PEFT's
+    ParamWrapper (LoRA on a parameter, e.g. MoE experts') is skipped there ("its lora_A/B must not be
+    independently sharded. The parent decoder layer's FSDP wrapper handles unsharding them"): its
+    lora_A and lora_B are gathered with their decoder layer."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if parallel.activation_checkpointing:
@@ -307,7 +310,7 @@ def shard_as_axolotl(model: Any, parallel: Parallel, mesh: Any, loss: str, preci
     classes = layer_classes(model) if named is None else set()
     lora = _lora_layer_class() if hasattr(model, "get_base_model") else None
     for module in _bottom_up(model)[:-1]:
-        if lora is not None and isinstance(module, lora):
+        if lora is not None and isinstance(module, lora) and type(module).__name__ != "ParamWrapper":
             for adapter in module.active_adapters:
                 for parts in (module.lora_A, module.lora_B, module.lora_magnitude_vector):
                     if adapter in parts:

@@ -30,6 +30,8 @@ decorated layers are not read here.
   (torch-ext/liger_kernels/rms_norm.py: the same buffers as ops/rms_norm.py). Emulated: Liger's
   RMSNorm (liger_kernels.py) in every Qwen3MoeRMSNorm, q_norm and k_norm included. Its
   ``rotary_pos_emb`` is mapped for inference only on CUDA (the kernel's backward does not match).
+- ``minimax_m2``: ``RMSNorm`` (MiniMaxM2RMSNorm, its q_norm and k_norm over all heads included) ->
+  the same ``LigerRMSNorm``, emulated as qwen3_moe's; modeling_minimax_m2.py decorates nothing else.
 - ``qwen3_5_moe`` and ``qwen3_next``: ``RMSNormGated`` -> kernels-community/fla ``FusedRMSNormGated``
   (fla modules/fused_norm_gate.py rms_norm_gated), ``causal_conv1d_fn`` -> kernels-community/mamba-ssm
   ``causal_conv1d_fn`` (Tri Dao's CUDA causal-conv1d), ``chunk_gated_delta_rule`` ->
@@ -59,8 +61,9 @@ if TYPE_CHECKING:
     from autotune.workload.liger_kernels import Registers
 
 NOTE = ("use_kernels: transformers' kernelize swaps kernels-community/liger-kernels LigerRMSNorm in for "
-        "every RMSNorm its model decorates (Qwen3MoeRMSNorm, GptOssRMSNorm), and for gpt-oss' GptOssMLP "
-        "kernels-community/megablocks MegaBlocksMoeMLP (integrations/hub_kernels.py, Mode.TRAINING on "
+        "every RMSNorm its model decorates (Qwen3MoeRMSNorm, GptOssRMSNorm, MiniMaxM2RMSNorm), and for "
+        "gpt-oss' GptOssMLP kernels-community/megablocks MegaBlocksMoeMLP (integrations/hub_kernels.py, "
+        "Mode.TRAINING on "
         "CUDA): Liger's RMSNorm and MegaBlocks' binned gather and scatter, emulated (each expert's bin "
         "holds top_k * tokens / experts rows: routings past it are dropped, as the kernel drops them)")
 
@@ -98,6 +101,7 @@ KERNELIZED: dict[str, tuple[HubLayer, ...]] = {
     "gpt_oss": (HubLayer("gpt_oss", "GptOssRMSNorm", "RMSNorm", _LIGER_RMS, True),
                 HubLayer("gpt_oss", "GptOssMLP", "MegaBlocksMoeMLP", _MEGABLOCKS, True)),
     "qwen3_moe": (HubLayer("qwen3_moe", "Qwen3MoeRMSNorm", "RMSNorm", _LIGER_RMS, True),),
+    "minimax_m2": (HubLayer("minimax_m2", "MiniMaxM2RMSNorm", "RMSNorm", _LIGER_RMS, True),),
     "qwen3_5_moe": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
     "qwen3_5_moe_text": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
     "qwen3_next": _gated_deltanet("qwen3_next", "Qwen3Next"),

@@ -113,16 +113,23 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # apply_lora_qk (LoRA_QK), returning K as V. Gemma4TextMLP has gate/up/down_proj and a gelu (GeGLU);
 # the 26B-A4B's routed experts sit beside it (layer.experts), not find_mlp_in_layer's. These three were
 # read in the installed transformers (5.24), not in Axolotl's pin.
+# MiniMax-M2 (minimax_m2): every layer.mlp is MiniMaxM2SparseMoeBlock, the router with no gate_proj, so
+# find_mlp_in_layer yields nothing (its routed experts are ScatterMoE's); its attention norms q and k
+# over all heads before the view (modeling_minimax_m2.py MiniMaxM2Attention.forward), which
+# patch_self_attn_lora cannot find: lora_qkv_kernel / lora_o_kernel fail by the source check above.
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
             "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense", "glm4", "gpt_oss",
-            "gemma4_text")
+            "gemma4_text", "minimax_m2")
 # The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
 TAKES_NO_LAYER = {
     "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "
                 "has no k_proj/v_proj (find_self_attn_in_layer) and its MoE blocks (every layer from "
                 "first_k_dense_replace on, 0 in the preset) no gate_proj (find_mlp_in_layer); those layers "
                 "run PEFT's LoRA layers, as traced",
+    "minimax_m2": "Axolotl's fused LoRA MLP kernel takes no layer of MiniMax-M2 (minimax_m2): every layer's "
+                  "mlp is a sparse MoE block with no gate_proj (find_mlp_in_layer); those layers run PEFT's "
+                  "LoRA layers, as traced",
 }
 # The text model types whose MLPs the mlp kernel passes by (find_mlp_in_layer: no gate_proj on layer.mlp;
 # EMULATED's notes): what a check with the mlp kernel says.

@@ -21,7 +21,9 @@ leaves it, the fused kernel is chosen and fails: state-spaces/mamba ssd_combined
 
 Nemotron-H's mixer (transformers 5.24 modeling_nemotron_h.py ``NemotronHMamba2Mixer.forward``) is the
 same: in training without a cache it calls the same hub-kernel-or-fallback
-``mamba2_split_conv1d_scan_combined`` and, on its None, the torch path (``mamba2_chunk_scan``).
+``mamba2_split_conv1d_scan_combined`` and, on its None, the torch path (``mamba2_chunk_scan``). So is
+Granite 4.0's (modeling_granitemoehybrid.py ``GraniteMoeHybridMambaLayer.forward``: ``self.training and
+cache is None`` -> ``mamba2_split_conv1d_scan_combined``, its torch path on the fallback's None).
 
 The fused kernel is not yet emulated. The torch path keeps more for backward than it (mamba_ssm
 ``MambaSplitConv1dScanCombinedFn.forward`` saves zxbcdt, the scan's out_x and the norm's rstd; the torch
@@ -43,11 +45,12 @@ from __future__ import annotations
 
 from autotune.errors import InvalidInput
 
-MODEL_TYPES = frozenset({"falcon_h1", "nemotron_h"})
+MODEL_TYPES = frozenset({"falcon_h1", "nemotron_h", "granitemoehybrid"})
 # Model types whose mixers are Mamba-1's selective scan (transformers' modeling_jamba.py, modeling_mamba.py).
 MAMBA1_MODEL_TYPES = frozenset({"jamba", "mamba", "falcon_mamba"})
-NOTE = ("Falcon-H1's and Nemotron-H's Mamba-2 mixers traced through transformers' torch path "
-        "(FalconH1Mixer.forward's and NemotronHMamba2Mixer.forward's chunked scan, 5.14's torch_forward): "
+NOTE = ("Falcon-H1's, Nemotron-H's and Granite 4.0's Mamba-2 mixers traced through transformers' torch path "
+        "(FalconH1Mixer.forward's, NemotronHMamba2Mixer.forward's and GraniteMoeHybridMambaLayer.forward's "
+        "chunked scan, 5.14's torch_forward): "
         "mamba-ssm is not installed here. A GPU user of Axolotl (transformers 5.14.1, kernels 0.15.2) runs "
         "mamba-ssm's fused mamba_split_conv1d_scan_combined, not emulated; the torch path keeps more "
         "activations, so the answer errs toward does not fit")

@@ -154,6 +154,35 @@ REFUSED: dict[str, str] = {
 }
 
 
+# Presets whose checkpoint is published saved in a format not modelled here, by preset name: the preset
+# holds the model's shapes in bfloat16; its hub checkpoint loads quantized.
+# MiniMax-M2: "The checkpoint is pre-quantized (quant_method: fp8) ... train LoRA on the frozen FP8 base
+# instead (ScatterMoE dequantizes the FP8 experts on the fly)" (Axolotl examples/minimax/m2-qlora.yaml);
+# its quantization_config as public copies give it (find_string ids 70485612569, 54675701775: quant_method
+# fp8, fmt float8_e4m3fn, activation_scheme dynamic, weight_block_size [128, 128], modules_to_not_convert
+# gate, e_score_correction_bias, lm_head; the Ascend guide id 62530921554: "the official release is an
+# FP8 mixed-precision model", which it converts to bfloat16 first).
+PUBLISHED_QUANTIZED: dict[str, str] = {
+    "MiniMaxAI/MiniMax-M2": "fp8 (float8_e4m3fn weights in 128 x 128 blocks with their scales; the router, "
+                            "its bias and lm_head in bfloat16), loaded through transformers' "
+                            "FineGrainedFP8 quantizer",
+}
+
+
+def check_published(spec: Any) -> None:
+    """UnmodelledSetting for a preset whose hub checkpoint is saved quantized in a format not modelled
+    (PUBLISHED_QUANTIZED): its weights are not the preset's bfloat16 ones."""
+    from autotune.errors import UnmodelledSetting
+    from autotune.workload.presets import preset_name
+
+    name = preset_name(spec.name) if spec.source == "preset" else None
+    if name in PUBLISHED_QUANTIZED:
+        raise UnmodelledSetting(f"{spec.name} is published saved in {PUBLISHED_QUANTIZED[name]}: a base "
+                                "saved in FP8 is not modelled (workload/prequantized.py models GPTQ and AWQ "
+                                "bases); the preset holds its shapes in bfloat16, which a local config.json "
+                                "of a bfloat16 copy (no quantization_config) is answered for")
+
+
 def saved_checkpoint(model: str) -> SavedQuant | None:
     """The SavedQuant of a checkpoint autotune knows, None for any other."""
     return CHECKPOINTS.get(model.strip().lower())

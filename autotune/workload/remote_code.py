@@ -43,6 +43,20 @@ _DEEPSEEK_V2 = {
 
 # Preset -> the auto_map of its checkpoint's config.json (Auto class -> module.Class).
 REMOTE_CODE: dict[str, dict[str, str]] = {
+    # DeepSeek-V3 (and R1, V3.1: one release's code) ship configuration_deepseek.py and
+    # modeling_deepseek.py: the auto_map of a public copy of DeepSeek-R1's config.json (find_string id
+    # 1570491832, "transformers_version": "4.46.3"; presets/deepseek_v3.py).
+    "deepseek-ai/DeepSeek-V3": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
+    # MiniMax-M2.5's config.json as an Ascend quantization guide copies it (find_string id 62530921554;
+    # the M2 architecture, presets/minimax.py), from before transformers shipped minimax_m2.
+    "MiniMaxAI/MiniMax-M2": {
+        "AutoConfig": "configuration_minimax_m2.MiniMaxM2Config",
+        "AutoModelForCausalLM": "modeling_minimax_m2.MiniMaxM2ForCausalLM",
+    },
     "deepseek-ai/DeepSeek-V2-Lite": _DEEPSEEK_V2,
     # DeepSeek-V2-Chat and DeepSeek-Coder-V2-Instruct merged: the same release's code and auto_map.
     "deepseek-ai/DeepSeek-V2.5": _DEEPSEEK_V2,

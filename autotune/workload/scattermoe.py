@@ -47,9 +47,10 @@ EXPERTS_KERNELS = (SCATTERMOE,)  # the values of Workload.experts_kernel
 # The experts classes whose layout scattermoe_experts_forward takes (experts.py
 # scattermoe_supports_layout: gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases), and the
 # model types whose experts they are (transformers' modeling_qwen3_moe, modeling_qwen3_5_moe,
-# modeling_qwen3_next).
-EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts")
-MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
+# modeling_qwen3_next, modeling_minimax_m2: MiniMaxM2Experts is Qwen3MoeExperts' class line for line,
+# decorated use_experts_implementation; Axolotl's kernels README lists minimax_m2 for ScatterMoE).
+EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "MiniMaxM2Experts")
+MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "minimax_m2")
 NOTE = ("ScatterMoE experts (Axolotl's KernelsPlugin), emulated; every expert assumed routed: every "
         "experts module runs Axolotl's scatter2scatter kernels (libs/scattermoe_lora/parallel_experts.py "
         "ParallelLinear), its buffers and saved tensors from that source, its arithmetic outside the "
@@ -452,6 +453,23 @@ def check_model(model_type: str | None, *, experts_bits: int | None = None) -> N
         raise InvalidInput(f"ScatterMoE over {experts_bits}-bit experts (quantize_moe_experts with "
                            f"load_in_{experts_bits}bit) is not emulated: its selective dequantization "
                            "is emulated for bitsandbytes 4-bit experts only (selective_dequant.py)")
+
+
+def check_sharding(sharding: str | None, lora_parameters: tuple[str, ...]) -> None:
+    """UnmodelledSetting for LoRA on the experts (PEFT's target_parameters) under sharded parameters
+    (``sharding``: FSDP or a ZeRO stage, as the message names it; None on one GPU or under DDP).
+    ``lora_forward`` reads each ParamWrapper's lora_A and lora_B weights itself, as Axolotl's fast path
+    does (experts_lora_fastpath.py), outside those modules' forward: where they are sharded apart from
+    their decoder layer (ZeRO-3, FSDP1, FSDP2 as accelerate or LLaMA-Factory prepares it; not Axolotl's
+    FSDP2, backends/distributed.py shard_as_axolotl) the emulation meets them still sharded."""
+    from autotune.errors import UnmodelledSetting
+
+    if sharding is not None and lora_parameters:
+        raise UnmodelledSetting(f"LoRA on the experts ({', '.join(lora_parameters)}) under ScatterMoE with "
+                                f"{sharding} is not emulated yet: ScatterMoE's fused LoRA reads each "
+                                "ParamWrapper's lora_A and lora_B weights outside their forward "
+                                "(experts_lora_fastpath.py), which the emulation meets still sharded; it "
+                                "is emulated on one GPU, under DDP and under Axolotl's FSDP2")
 
 
 def _class_name(module: Any) -> str:

@@ -38,6 +38,10 @@ One module per family, each checkpoint's source cited beside it:
     arcee.py      Arcee AI: AFM-4.5B, Trinity-Nano-Preview (AFMoE, a mixture of experts)
     hunyuan.py    Tencent's Hunyuan dense: Hunyuan-0.5B-Instruct
     paddleocr.py  PaddleOCR-VL (vision-language: a NaViT SigLIP tower over ERNIE-4.5-0.3B)
+    deepseek_v3.py  DeepSeek-V3 (V3-0324, V3.1, R1: one shape): MLA, 256 experts
+    minimax.py    MiniMax-M2 (230B, 256 experts)
+    granite.py    IBM Granite 4.0-H-Tiny (Mamba-2, NoPE attention, experts)
+    glm5.py       Z.ai's GLM-5 (glm_moe_dsa: MLA, DeepSeek Sparse Attention's indexer, 256 experts)
     tiny.py       tiny configs for tests and demos (the ``tiny-*`` presets)
 
 Here: PRESETS, in the order ``autotune models`` lists them, the hub aliases and the name index.
@@ -50,16 +54,20 @@ from typing import Any
 from autotune.workload.presets import (
     arcee,
     decoders,
+    deepseek_v3,
     encoders,
     falcon_h1,
     gemma,
     gemma4,
     glm,
     glm4v,
+    glm5,
+    granite,
     hunyuan,
     kimi_linear,
     llama,
     llama4,
+    minimax,
     mistral3,
     moe,
     more_decoders,
@@ -117,6 +125,10 @@ _FULL_PRESETS: dict[str, dict[str, Any]] = {
     **arcee.ARCEE_PRESETS,
     **hunyuan.HUNYUAN_PRESETS,
     **paddleocr.PADDLEOCR_PRESETS,
+    **deepseek_v3.DEEPSEEK_V3_PRESETS,
+    **minimax.MINIMAX_PRESETS,
+    **granite.GRANITE_PRESETS,
+    **glm5.GLM5_PRESETS,
 }
 
 PRESETS: dict[str, dict[str, Any]] = _FULL_PRESETS | {

@@ -193,6 +193,61 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "architectures": ["Glm4MoeLiteForCausalLM"],
     },
+    # DeepSeek-V3 (deepseek_v3.py): MLA with compressed queries, a dense first layer, then experts
+    # routed by sigmoid within groups (2 groups, 1 kept) beside a shared one.
+    "deepseek_v3": {
+        **_TINY_BERT,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "architectures": ["DeepseekV3ForCausalLM"],
+    },
+    # MiniMax-M2 (minimax.py): experts in every layer, no shared one; a query and key norm over all
+    # heads, RoPE on half of each head. 8 experts of 32, so that FSDP2 over 8 GPUs shards them evenly.
+    "minimax_m2": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "num_local_experts": 8,
+                   "intermediate_size": 32,
+                   "num_experts_per_tok": 2, "rotary_dim": 8, "bos_token_id": 1, "eos_token_id": 2,
+                   "architectures": ["MiniMaxM2ForCausalLM"]},
+    # Granite 4.0 (granite.py): a Mamba-2 layer (2 heads of 32 = expand 2 x width 32, a state of 8,
+    # chunks of 16) then a NoPE attention layer, each with 4 experts (2 routed) beside a shared one.
+    "granitemoehybrid": {**_TINY_BERT, "num_key_value_heads": 1, "intermediate_size": 16,
+                         "shared_intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                         "layer_types": ["mamba", "attention"], "mamba_n_heads": 2, "mamba_d_head": 32,
+                         "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16,
+                         "architectures": ["GraniteMoeHybridForCausalLM"]},
+    # GLM-5 (glm5.py): DeepSeek-V3's tiny layout above with DeepSeek Sparse Attention's indexer (2 heads
+    # of 16, keeping 64 keys a query: fewer than the 128 positions, so it selects).
+    "glm_moe_dsa": {
+        **_TINY_BERT,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 16,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "head_dim": 8,
+        "v_head_dim": 16,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": 64,
+        "pad_token_id": 0,
+        "eos_token_id": 2,
+        "architectures": ["GlmMoeDsaForCausalLM"],
+    },
     # The dense GLM-4-0414 (glm.py GLM-4-32B-0414): half-rotary heads, four norms a layer, a fused
     # gate_up_proj; no attention bias, as the 32B's. Glm4Config's pad token (151329) is past the vocab.
     "glm4": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "attention_bias": False,

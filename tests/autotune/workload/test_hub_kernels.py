@@ -103,14 +103,15 @@ def test_hub_kernels_not_emulated_are_refused_by_name(model_type: str, prefix: s
             "chunk_gated_delta_rule")):
         hub_kernels.check(model_type, "use_kernels")
     hub_kernels.check("qwen3_moe", "use_kernels")  # all emulated
+    hub_kernels.check("minimax_m2", "use_kernels")
     hub_kernels.check("gpt_oss", "use_kernels")
 
 
 def test_a_model_type_whose_decorated_layers_are_not_read_is_refused() -> None:
     # LlamaRMSNorm is decorated "RMSNorm" too: kernelize would swap it, not checked here
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama: "
-                       r"transformers' kernelize swaps hub kernels in .* read for gpt_oss, qwen3_5_moe, "
-                       r"qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
+                       r"transformers' kernelize swaps hub kernels in .* read for gpt_oss, minimax_m2, "
+                       r"qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
         hub_kernels.check("llama", "use_kernels")
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama"):
         import autotune

@@ -142,10 +142,12 @@ def patched(model: nn.Module) -> list[str]:
 # parameters too ("lora.ParamWrapper does not work with lora_dropout"). Qwen3-VL's text model has no
 # causal-LM head of its own: tests/autotune/workload/test_vlms.py patches the vision-language model.
 # Mistral Small 4's is a mistral3 checkpoint's (test_mistral_small_4_s_layers_are_left_to_peft_...).
+# MiniMax-M2's attention fails the qkv patch (the corpus attentions' test), its MLP kernel takes no layer
+# (test_minimax_m2_s_mlp_kernel_takes_no_layer).
 @pytest.mark.parametrize(("model_type", "dropout"), [
     (model_type, dropout) for model_type in EMULATED for dropout in (False, True)
     if not (dropout and model_type in ("qwen3_moe", "qwen3_next"))
-    and model_type not in ("qwen3_vl_text", "mistral4")])
+    and model_type not in ("qwen3_vl_text", "mistral4", "minimax_m2")])
 def test_a_patched_model_has_the_loss_and_gradients_of_peft_s(model_type, dropout):
     reference, config = lora_model(model_type, TARGETS.get(model_type, "all-linear"), dropout=dropout)
     model = copy.deepcopy(reference)
@@ -409,6 +411,8 @@ def test_what_axolotl_s_patch_would_not_do_is_refused_by_name(model_type, overri
     ("mllama_text_model", "mllama",
      r"MllamaTextSelfAttention: .*`query_states = self.q_proj\(hidden_states\)`"),
     ("mistral4", None, r"Mistral4Attention: .*QKV"),  # a mistral4 checkpoint of its own
+    ("minimax_m2", None,
+     r"MiniMaxM2Attention: .*`query_states = self.q_norm\(self.q_proj\(hidden_states\)\)`"),
     ("mistral", "llava", "could not import attention class for model_type: llava.*no LlavaAttention"),
     ("qwen2_vl_text", "qwen2_vl", "could not import attention class for model_type: qwen2_vl"),
     ("qwen2_5_vl_text", "qwen2_5_vl", "could not import attention class for model_type: qwen2_5_vl"),
@@ -460,6 +464,16 @@ def test_mistral_small_4_s_layers_are_left_to_peft_by_axolotl_s_patch():
     assert no_layer_notes("tiny-glm4", ALL) == (MLP_PASSED_BY["glm4"],)
     assert no_layer_notes("tiny-gpt_oss", ("mlp",)) == (MLP_PASSED_BY["gpt_oss"],)
     assert no_layer_notes("tiny-gpt_oss", ("qkv", "o")) == ()
+
+
+def test_minimax_m2_s_mlp_kernel_takes_no_layer():
+    # every layer's mlp is MiniMaxM2SparseMoeBlock (the router, no gate_proj): find_mlp_in_layer yields
+    # nothing; LoRA on the attention projections stays PEFT's (the mlp kernel alone patches no attention)
+    reference, _ = lora_model("minimax_m2", "q_proj,k_proj,v_proj,o_proj")
+    model = copy.deepcopy(reference)
+    apply_kernels(model, ("mlp",), PLAIN)
+    assert patched(model) == []
+    assert no_layer_notes("tiny-minimax_m2", ("mlp",)) == (TAKES_NO_LAYER["minimax_m2"],)
 
 
 @pytest.mark.parametrize(("model_type", "error", "message"), [

@@ -115,6 +115,8 @@ LIMITS = {
     "tencent/Hunyuan-0.5B-Instruct": 262144,
     "mistralai/Mistral-Medium-3.5-128B": 262144,
     "PaddlePaddle/PaddleOCR-VL-1.6": 131072, "tiny-paddleocr_vl": 1024,
+    "deepseek-ai/DeepSeek-V3": 163840, "MiniMaxAI/MiniMax-M2": 196608,
+    "ibm-granite/granite-4.0-h-tiny": 131072, "zai-org/GLM-5": 202752,
 }
 
 

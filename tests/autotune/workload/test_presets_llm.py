@@ -60,6 +60,10 @@ DECODERS = [
     "arcee-ai/AFM-4.5B",
     "arcee-ai/Trinity-Nano-Preview",
     "tencent/Hunyuan-0.5B-Instruct",
+    "deepseek-ai/DeepSeek-V3",
+    "MiniMaxAI/MiniMax-M2",
+    "ibm-granite/granite-4.0-h-tiny",
+    "zai-org/GLM-5",
 ]
 MODERNBERTS = ["answerdotai/ModernBERT-base", "answerdotai/ModernBERT-large"]
 TINY_DECODERS = ["llama", "qwen2", "mistral", "gemma2", "mixtral"]

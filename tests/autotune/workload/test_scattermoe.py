@@ -94,10 +94,11 @@ def test_every_experts_module_of_a_mixture_calls_the_emulation(preset: str) -> N
     model(input_ids=ids, labels=ids).loss.backward()
 
 
-def test_a_check_of_a_qwen3_moe_with_it_differs_from_transformers_grouped_mm() -> None:
+@pytest.mark.parametrize("model", ["tiny-qwen3_moe", "tiny-minimax_m2"])
+def test_a_check_of_a_qwen3_moe_with_it_differs_from_transformers_grouped_mm(model: str) -> None:
     import autotune
 
-    peaks = {kernel: autotune.check("tiny-qwen3_moe", seq_len=128, batch_size=256, mode="bf16",
+    peaks = {kernel: autotune.check(model, seq_len=128, batch_size=256, mode="bf16",
                                     dtype="bfloat16", gpu="H100-80GB", backend="estimate", workers=1,
                                     experts_kernel=kernel).peak_memory_bytes
              for kernel in (None, "scattermoe")}
@@ -219,3 +220,14 @@ def test_lora_allocations_are_scattermoe_lora_s_buffers() -> None:
         ((2 * M, r, E), bf16), ((2 * M, r * E), f32), ((r * E, H), f32),
         ((H, r, E), bf16), ((H, r * E), f32), ((r * E, M), f32),
     ]
+
+
+def test_lora_on_the_experts_under_sharding_is_refused_by_name() -> None:
+    # the emulation's fused LoRA reads lora_A and lora_B outside their forward: sharded (DTensors) there
+    from autotune.errors import UnmodelledSetting
+
+    with pytest.raises(UnmodelledSetting, match=r"^LoRA on the experts \(experts.gate_up_proj\) under "
+                       r"ScatterMoE with FSDP2 is not emulated yet"):
+        scattermoe.check_sharding("FSDP2", ("experts.gate_up_proj",))
+    scattermoe.check_sharding(None, ("experts.gate_up_proj",))  # one GPU, DDP
+    scattermoe.check_sharding("FSDP2", ())  # no LoRA on the experts

@@ -235,6 +235,8 @@ CAUSAL_LM_PRESETS = {
     "meta-llama/Llama-3.1-405B", "openai/gpt-oss-120b", "deepseek-ai/DeepSeek-V2.5",
     "zai-org/GLM-4-32B-0414", "tiny-glm4",
     "arcee-ai/AFM-4.5B", "arcee-ai/Trinity-Nano-Preview", "tencent/Hunyuan-0.5B-Instruct",
+    "deepseek-ai/DeepSeek-V3", "MiniMaxAI/MiniMax-M2", "tiny-deepseek_v3", "tiny-minimax_m2",
+    "ibm-granite/granite-4.0-h-tiny", "tiny-granitemoehybrid", "zai-org/GLM-5", "tiny-glm_moe_dsa",
 }
 
 

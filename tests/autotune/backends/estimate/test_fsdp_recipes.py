@@ -49,3 +49,18 @@ def test_a_recipe_is_an_fsdp_setting():
         make_parallel(4, "ddp", recipe="axolotl")
     with pytest.raises(InvalidInput, match="allowed are accelerate, axolotl"):
         make_parallel(4, "fsdp", recipe="deepspeed")
+
+
+def test_axolotl_gathers_a_param_wrapper_s_adapter_with_its_decoder_layer():
+    # Axolotl's _process_lora_module_for_fsdp skips ParamWrapper ("its lora_A/B must not be
+    # independently sharded. The parent decoder layer's FSDP wrapper handles unsharding them")
+    adapter = make_adapter("lora", r=4, dropout=0.0, targets=("q_proj",),
+                           parameters=("mlp.experts.gate_up_proj",))
+    workload = Workload(resolve_model("tiny-qwen3_moe"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=adapter, parallel=Parallel("fsdp", 4, recipe="axolotl"))
+    model = EstimateBackend(resolve_gpu("A100-80GB"))._model(workload, "bf16").model
+    sharded = [name for name, module in model.named_modules()
+               if ".lora_A." in name and isinstance(module, FSDPModule)]
+    wrappers = [module for module in model.modules() if type(module).__name__ == "ParamWrapper"]
+    assert sharded and all("q_proj" in name for name in sharded) and wrappers
+    assert not any(isinstance(part, FSDPModule) for wrapper in wrappers for part in wrapper.lora_A.values())
