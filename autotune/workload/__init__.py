@@ -68,3 +68,6 @@ class Workload:
     # transformers' kernelize under use_kernels (Axolotl's use_kernels, which its KernelsPlugin sets):
     # the hub kernels it swaps in for CUDA training, emulated (workload/hub_kernels.py); False: none.
     hub_kernels: bool = False
+    # torch.compile around the model (TrainingArguments' torch_compile: accelerate's prepare_model):
+    # its mode, "default" or "max-autotune-no-cudagraphs" (estimate/compiled.py); None: eager.
+    compiled: str | None = None

@@ -1,0 +1,161 @@
+"""A ``torch_compile: true`` job's step: the model compiled as the Trainer compiles it, its graphs run
+under the estimator's fake CUDA tensors.
+
+What is compiled: transformers' TrainingArguments passes ``torch_compile_backend`` (default
+"inductor") and ``torch_compile_mode`` to accelerate's TorchDynamoPlugin (trainer.py
+``create_accelerator_and_postprocess``), and ``Accelerator.prepare_model`` wraps the whole prepared
+model, last, in ``torch.compile(model, backend=..., mode=...)`` (accelerator.py "torch.compile should
+be called last"): the forward and its loss (the model's own, computed inside ``forward`` from the
+labels) are compiled, the optimizer step is not. Axolotl and LLaMA-Factory pass their
+``torch_compile`` keys to TrainingArguments (Axolotl core/builders/base.py ``_configure_torch_compile``).
+
+How it is modelled (``CompiledForward``): TorchDynamo captures the model's forward (its graph breaks
+are the real job's, on the same transformers code), and each captured graph goes through
+AOTAutograd as inductor's ``compile_fx`` sends it (torch/_inductor/compile_fx.py): inductor's
+decomposition table (``select_decomp_table``) and inductor's ``partition_fn``, its joint-graph
+passes then ``min_cut_rematerialization_partition`` (torch/_functorch/partitioners.py), which
+decides what the forward saves for the backward and what the backward recomputes. The forward
+and backward graphs it returns are run as they are (``boxed_nop``), under the step's fake tensors
+and storage tracker: the tensors saved between them are the partitioner's, traced, not guessed.
+
+The CUDA emulation (emulation.py: autocast's casts, the fused dropout, the fused attention
+kernels) is a TorchFunctionMode, which Dynamo would try to trace and cannot (its dispatch-key
+guard is a C++ object): it is taken off the stack while Dynamo captures and put back while
+AOTAutograd traces each captured graph, so that its casts and kernels are in the graphs the
+partitioner sees, as the real job's CUDA autocast casts and kernels are.
+
+What is not modelled: inductor's kernels themselves. Its scheduler fuses pointwise ops and their
+reductions into one kernel, whose intermediates are never allocated, and reuses buffers
+(torch/_inductor/scheduler.py); here each op of the graphs allocates its output, freed after its
+last use (the graph's own ``x = None``): the transient buffers are an upper bound, the saved
+activations exact. CUDA graphs (``reduce-overhead``, ``max-autotune``: ``triton.cudagraphs``) keep
+static pools of their own and are refused by name (configs/reading.py ``CUDAGRAPHS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from autotune.errors import UnmodelledSetting
+
+# What the output says of a compiled step's figures.
+NOTE = ("torch.compile (inductor): the step's saved activations are AOTAutograd's min-cut partitioner's "
+        "(traced under Dynamo's graphs, as the job compiles them); inductor's kernel fusion is not "
+        "emulated, each op's output allocated: transient buffers are an upper bound")
+
+
+def _decompositions() -> dict[Any, Any]:
+    """Inductor's decomposition table (torch/_inductor/decomposition.py ``select_decomp_table``),
+    less its decompositions of the constructors that take a tensor (``new_empty``, ``empty_like``,
+    ...): the emulated CUDA kernels (attention.py, ...) allocate their outputs with them from their
+    inputs, and inductor's table turns them into ``empty_strided``, which drops the edge from the
+    input: the partitioner's dead-code elimination would then drop the computation of what the
+    real kernel reads (a query projection). Undecomposed, each allocates what it did."""
+    import torch
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    keep = {aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.new_zeros, aten.zeros_like,
+            aten.new_ones, aten.ones_like, aten.new_full, aten.full_like}
+    return {op: fn for op, fn in select_decomp_table().items()
+            if getattr(op, "overloadpacket", None) not in keep}
+
+
+@contextlib.contextmanager
+def _without_function_modes() -> Iterator[list[Any]]:
+    """The TorchFunctionMode stack, emptied while inside (yielding what it held), then restored."""
+    import torch
+    from torch.overrides import _get_current_function_mode_stack
+
+    stack = _get_current_function_mode_stack()
+    for _ in stack:
+        torch._C._pop_torch_function_stack()
+    try:
+        yield stack
+    finally:
+        for mode in stack:
+            torch._C._push_on_torch_function_stack(mode)
+
+
+class CompiledForward:
+    """``torch.compile(model)`` as the job runs it (module docstring), called as the model is.
+
+    One per traced step: Dynamo's caches are reset, so that each probe's batch compiles static
+    shapes of its own, as the real job (a fixed batch shape) does. ``graphs`` counts the forward
+    graphs compiled; a step that compiled none ran eagerly, which ``check_compiled`` refuses."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        torch._dynamo.reset()
+        self.graphs = 0
+        self.saved_bytes: list[int] = []  # per backward graph compiled (``saved_activation_bytes``)
+        self._modes: list[Any] = []
+        self._compiled = torch.compile(model, backend=self._backend, dynamic=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with _without_function_modes() as modes:
+            self._modes = modes
+            return self._compiled(*args, **kwargs)
+
+    def _backend(self, graph: Any, example_inputs: list[Any]) -> Any:
+        """Dynamo's backend: AOTAutograd with inductor's decompositions and partitioner, the
+        partitioned graphs run as they are; the CUDA emulation on the stack while it traces."""
+        from torch._functorch.aot_autograd import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._inductor.compile_fx import partition_fn
+
+        from autotune.backends.estimate.tracker import outside_allocator
+
+        def forward_compiler(module: Any, inputs: list[Any]) -> Any:
+            self.graphs += 1
+            return make_boxed_func(module)
+
+        def backward_compiler(module: Any, inputs: list[Any]) -> Any:
+            self.saved_bytes.append(saved_activation_bytes(module))
+            return make_boxed_func(module)
+
+        aot = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
+                           decompositions=_decompositions(), partition_fn=partition_fn,
+                           keep_inference_input_mutations=True)
+        with contextlib.ExitStack() as stack:
+            for mode in self._modes:
+                stack.enter_context(mode)
+            stack.enter_context(outside_allocator())  # tracing's tensors are no allocation of the step
+            return aot(graph, example_inputs)
+
+
+def compiled_loss(model: Any) -> Any:
+    """The step's loss through the compiled model (run_steps' ``forward``), and the compiled model."""
+    compiled = CompiledForward(model)
+    return functools.partial(_loss, compiled), compiled
+
+
+def _loss(compiled: CompiledForward, **batch: Any) -> Any:
+    return compiled(**batch).loss
+
+
+def check_compiled(compiled: CompiledForward) -> None:
+    """A compiled step that compiled no graph ran eagerly (Dynamo skipped its frames): refused, since
+    it would be answered as eager."""
+    if compiled.graphs == 0:
+        raise UnmodelledSetting("torch_compile: Dynamo compiled no graph of this model's forward under the "
+                          "estimator (it ran eagerly), so the compiled step is not modelled")
+
+
+def saved_activation_bytes(backward: Any) -> int:
+    """The bytes of the activations the partitioner has the forward save for ``backward`` (a
+    partitioned backward graph): its inputs but the incoming gradients (``tangents_*``) and the
+    forward's own inputs (``primals_*``: parameters and the batch, allocated before), each storage once."""
+    storages: dict[int, int] = {}
+    for node in backward.graph.nodes:
+        value = node.meta.get("val")
+        if node.op != "placeholder" or node.name.startswith(("tangents_", "primals_")) \
+                or not hasattr(value, "untyped_storage"):
+            continue
+        storage = value.untyped_storage()
+        storages[id(storage)] = storage.nbytes()
+    return sum(storages.values())
