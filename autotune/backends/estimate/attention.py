@@ -41,9 +41,11 @@ memory-efficient kernel.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,14 +164,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         bias: torch.Tensor | None, kind: str,
     ) -> torch.Tensor:
-        batch, heads, seq_q = query.shape[0], query.shape[1], query.shape[2]
-        # Fused kernels write [B, Sq, H, Dv] and return it transposed to [B, H, Sq, Dv].
-        out = query.new_empty((batch, seq_q, heads, value.shape[-1])).transpose(1, 2)
-        lse_len = seq_q if kind in ("flash", "cudnn") else _round_up(seq_q, LSE_ALIGNMENT)
-        lse = query.new_empty((batch, heads, lse_len), dtype=torch.float32)
-        if kind == "cudnn":
-            workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
-            del workspace
+        out, lse = _FusedAttention._kernel_forward(kind, query, value)
         ctx.kind = kind
         # Saved as the generated autograd node saves them (torch/csrc/autograd/generated/
         # Functions.h, ScaledDotProduct{Cudnn,Efficient,Flash}AttentionBackward0): the inputs by
@@ -181,7 +176,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
         bias, key, query, value, lse, out = ctx.saved_tensors
-        grads = _FusedAttention._kernel_backward(ctx.kind, query, key, value, out)
+        grads = _FusedAttention._kernel_backward(ctx.kind, query, key, value, out, grad_out)
         # Under activation checkpointing the node's apply holds the only references (the
         # recomputed tensors, unpacked in the order saved), and they die with its locals, in the
         # reverse order. Measured on an H100 (records/llama-1b-qlora-bf16ckpt-2048x6.json): the
@@ -191,12 +186,26 @@ class _FusedAttention(torch.autograd.Function):
         return grads[0], grads[1], grads[2], None, None
 
     @staticmethod
+    def _kernel_forward(kind: str, query: torch.Tensor,
+                        value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the kernel's forward allocates: its output and log-sum-exp (cuDNN's workspace freed)."""
+        batch, heads, seq_q = query.shape[0], query.shape[1], query.shape[2]
+        # Fused kernels write [B, Sq, H, Dv] and return it transposed to [B, H, Sq, Dv].
+        out = query.new_empty((batch, seq_q, heads, value.shape[-1])).transpose(1, 2)
+        lse_len = seq_q if kind in ("flash", "cudnn") else _round_up(seq_q, LSE_ALIGNMENT)
+        lse = query.new_empty((batch, heads, lse_len), dtype=torch.float32)
+        if kind == "cudnn":
+            workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
+            del workspace
+        return out, lse
+
+    @staticmethod
     def _kernel_backward(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                         out: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What the kernel's backward allocates, in its order: dq, dk, dv first (every fused
         kernel), then its temporaries, freed as it returns; the gradients."""
         batch, heads, seq_q, head_dim = query.shape
-        grads = _grads_like(query, key, value)
+        grads = _grads_like(grad_out, query, key, value)
         if kind == "cudnn":
             # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
             accumulators = 4 * batch * heads * seq_q * (head_dim + 1)
@@ -268,11 +277,31 @@ def _efficient_workspace_bytes(batch: int, heads: int, seq_q: int, head_dim: int
     return 4 * batch * heads * _round_up(tiles * MEM_EFF_GRAD_Q_TILE_FLOATS, 4)
 
 
-def _grads_like(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]."""
-    return tuple(
-        t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2) for t in tensors
-    )
+# Inside ``opaque_kernels()``: the fused kernels called as the custom ops of opaque_attention.py.
+_OPAQUE: ContextVar[bool] = ContextVar("opaque_attention", default=False)
+
+
+@contextlib.contextmanager
+def opaque_kernels() -> Iterator[None]:
+    """The fused kernels as one custom op each, forward and backward (opaque_attention.py), where
+    AOTAutograd traces a compiled step's graphs: their allocations made from shapes alone would
+    otherwise be moved, merged (CSE) or dropped (dead code) by its partitioner, as no real kernel's are."""
+    from autotune.backends.estimate import opaque_attention  # noqa: F401 (registers the ops)
+
+    token = _OPAQUE.set(True)
+    try:
+        yield
+    finally:
+        _OPAQUE.reset(token)
+
+
+def _grads_like(grad_out: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]. Made from
+    the incoming gradient (the same allocation as from each tensor), so that in a compiled step's
+    graph they follow it, as the kernel's do (compiled.py): made from the forward's tensors alone,
+    AOTAutograd's partitioner would move them into the forward and save them."""
+    return tuple(grad_out.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), dtype=t.dtype)
+                 .transpose(1, 2) for t in tensors)
 
 
 def _mem_efficient_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -323,4 +352,6 @@ def emulated_sdpa(
         )[0]
     # flash takes no mask (causal): the flash-attn package's kernel, run whatever mask SDPA was given
     bias = _mem_efficient_bias(attn_mask, query.dtype) if attn_mask is not None and kind != "flash" else None
+    if _OPAQUE.get():  # a compiled step's graph: one node per kernel call (opaque_attention.py)
+        return torch.ops.autotune.fused_attention(query, key, value, bias, kind)[0]
     return _FusedAttention.apply(query, key, value, bias, kind)

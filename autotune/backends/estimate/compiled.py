@@ -104,10 +104,13 @@ class CompiledForward:
     def _backend(self, graph: Any, example_inputs: list[Any]) -> Any:
         """Dynamo's backend: AOTAutograd with inductor's decompositions and partitioner, the
         partitioned graphs run as they are; the CUDA emulation on the stack while it traces."""
-        from torch._functorch.aot_autograd import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+        from torch._guards import detect_fake_mode
         from torch._inductor.compile_fx import partition_fn
+        from torch._inductor.virtualized import V
 
+        from autotune.backends.estimate.attention import opaque_kernels
         from autotune.backends.estimate.tracker import outside_allocator
 
         def forward_compiler(module: Any, inputs: list[Any]) -> Any:
@@ -125,6 +128,10 @@ class CompiledForward:
             for mode in self._modes:
                 stack.enter_context(mode)
             stack.enter_context(outside_allocator())  # tracing's tensors are no allocation of the step
+            stack.enter_context(opaque_kernels())  # the fused attention kernels as one node each
+            # Dynamo's fake mode, where inductor's joint-graph passes look for it (compile_fx.py
+            # ``compile_fx``: ``V.set_fake_mode(fake_mode)`` around its aot_autograd)
+            stack.enter_context(V.set_fake_mode(detect_fake_mode(example_inputs)))
             return aot(graph, example_inputs)
 
 
