@@ -285,9 +285,8 @@ _OPAQUE: ContextVar[bool] = ContextVar("opaque_attention", default=False)
 def opaque_kernels() -> Iterator[None]:
     """The fused kernels as one custom op each, forward and backward (opaque_attention.py), where
     AOTAutograd traces a compiled step's graphs: their allocations made from shapes alone would
-    otherwise be moved, merged (CSE) or dropped (dead code) by its partitioner, as no real kernel's are."""
-    from autotune.backends.estimate import opaque_attention  # noqa: F401 (registers the ops)
-
+    otherwise be moved, merged (CSE) or dropped (dead code) by its partitioner, as no real kernel's are.
+    The ops are registered by importing opaque_attention (compiled.py does)."""
     token = _OPAQUE.set(True)
     try:
         yield

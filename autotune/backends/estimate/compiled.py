@@ -110,6 +110,7 @@ class CompiledForward:
         from torch._inductor.compile_fx import partition_fn
         from torch._inductor.virtualized import V
 
+        from autotune.backends.estimate import opaque_attention  # noqa: F401 (registers its custom ops)
         from autotune.backends.estimate.attention import opaque_kernels
         from autotune.backends.estimate.tracker import outside_allocator
 
