@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,7 +98,9 @@ class CompiledForward:
         self._compiled = torch.compile(model, backend=self._backend, dynamic=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with _without_function_modes() as modes:
+        with _without_function_modes() as modes, warnings.catch_warnings():
+            # Dynamo's notes on the code it traces (an lru_cache it sees through, ...): not the user's
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
             self._modes = modes
             return self._compiled(*args, **kwargs)
 
