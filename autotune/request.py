@@ -796,6 +796,8 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     workload = resolve_workload(step, spec, seq_lens, found)
     if modes == () and workload is not None:  # none asked: the weights' (defaults.default_mode_names)
         modes = _default_modes(request, workload.weights_dtype)
+        if workload.compiled is not None:  # a compiled step is modelled without checkpointing
+            modes = tuple(mode for mode in modes if not mode.checkpointing)
     if workload is not None and workload.compiled is not None and modes is not None:
         from autotune.workload.compile import check_compiled
 

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.errors import UnmodelledSetting
-from autotune.request import CheckRequest, PeftOptions, Step, Target, resolve
+from autotune.request import CheckRequest, PeftOptions, Step, TableRequest, Target, resolve
 
 TRAINER = {"model_name_or_path": "tiny-llama", "max_seq_length": 64, "per_device_train_batch_size": 4,
            "bf16": True, "output_dir": "out"}
@@ -71,3 +71,9 @@ def test_a_compiled_config_is_answered_and_says_it_is_compiled(capsys, tmp_path)
     assert code == 0 and doc["fits"] and doc["compiled"] == "default"
     said = "compiled step (torch.compile, inductor, mode default): the activations saved for the backward "
     assert any(w.startswith(said + "are AOTAutograd's min-cut partitioner's") for w in doc["warnings"])
+
+
+def test_a_compiled_table_s_default_modes_leave_checkpointing_out():
+    step = Step(model="tiny-llama", torch_compile="default")
+    resolved = resolve(TableRequest(step, Target(gpu="H100-80GB"), seq_lens=[64]))
+    assert [mode.name for mode in resolved.modes] == ["fp32", "amp"]  # not ckpt, amp+ckpt
