@@ -176,7 +176,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
         bias, key, query, value, lse, out = ctx.saved_tensors
-        grads = _FusedAttention._kernel_backward(ctx.kind, query, key, value, out, grad_out)
+        grads = _FusedAttention._kernel_backward(ctx.kind, query, key, value, out)
         # Under activation checkpointing the node's apply holds the only references (the
         # recomputed tensors, unpacked in the order saved), and they die with its locals, in the
         # reverse order. Measured on an H100 (records/llama-1b-qlora-bf16ckpt-2048x6.json): the
@@ -201,11 +201,11 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def _kernel_backward(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         out: torch.Tensor, grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                         out: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """What the kernel's backward allocates, in its order: dq, dk, dv first (every fused
         kernel), then its temporaries, freed as it returns; the gradients."""
         batch, heads, seq_q, head_dim = query.shape
-        grads = _grads_like(grad_out, query, key, value)
+        grads = _grads_like(query, key, value)
         if kind == "cudnn":
             # dQ accumulated in float32, plus the per-row sums of dO x O (MHA.cpp, module docstring).
             accumulators = 4 * batch * heads * seq_q * (head_dim + 1)
@@ -294,13 +294,11 @@ def opaque_kernels() -> Iterator[None]:
         _OPAQUE.reset(token)
 
 
-def _grads_like(grad_out: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]. Made from
-    the incoming gradient (the same allocation as from each tensor), so that in a compiled step's
-    graph they follow it, as the kernel's do (compiled.py): made from the forward's tensors alone,
-    AOTAutograd's partitioner would move them into the forward and save them."""
-    return tuple(grad_out.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3]), dtype=t.dtype)
-                 .transpose(1, 2) for t in tensors)
+def _grads_like(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]."""
+    return tuple(
+        t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2) for t in tensors
+    )
 
 
 def _mem_efficient_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -22,14 +22,19 @@ The CUDA emulation (emulation.py: autocast's casts, the fused dropout, the fused
 kernels) is a TorchFunctionMode, which Dynamo would try to trace and cannot (its dispatch-key
 guard is a C++ object): it is taken off the stack while Dynamo captures and put back while
 AOTAutograd traces each captured graph, so that its casts and kernels are in the graphs the
-partitioner sees, as the real job's CUDA autocast casts and kernels are.
+partitioner sees, as the real job's CUDA autocast casts and kernels are. The fused attention kernels
+are one custom op each there, forward and backward (opaque_attention.py), as the real kernels are one
+node of inductor's graph; the tracker runs their emulation when the graph runs.
 
 What is not modelled: inductor's kernels themselves. Its scheduler fuses pointwise ops and their
 reductions into one kernel, whose intermediates are never allocated, and reuses buffers
 (torch/_inductor/scheduler.py); here each op of the graphs allocates its output, freed after its
 last use (the graph's own ``x = None``): the transient buffers are an upper bound, the saved
-activations exact. CUDA graphs (``reduce-overhead``, ``max-autotune``: ``triton.cudagraphs``) keep
-static pools of their own and are refused by name (configs/reading.py ``CUDAGRAPHS``).
+activations exact (tests/autotune/backends/estimate/test_compiled.py: a forward leaves exactly the
+bytes the partitioned backward graph takes from it). Each trace compiles again (Dynamo's caches
+reset: static shapes per batch, as the job's), about a minute of CPU for an 8B model. CUDA graphs
+(``reduce-overhead``, ``max-autotune``: ``triton.cudagraphs``) keep static pools of their own and are
+refused by name (workload/compile.py ``CUDAGRAPH_MODES``).
 """
 
 from __future__ import annotations
@@ -41,28 +46,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from autotune.errors import UnmodelledSetting
-
-# What the output says of a compiled step's figures.
-NOTE = ("torch.compile (inductor): the step's saved activations are AOTAutograd's min-cut partitioner's "
-        "(traced under Dynamo's graphs, as the job compiles them); inductor's kernel fusion is not "
-        "emulated, each op's output allocated: transient buffers are an upper bound")
-
-
-def _decompositions() -> dict[Any, Any]:
-    """Inductor's decomposition table (torch/_inductor/decomposition.py ``select_decomp_table``),
-    less its decompositions of the constructors that take a tensor (``new_empty``, ``empty_like``,
-    ...): the emulated CUDA kernels (attention.py, ...) allocate their outputs with them from their
-    inputs, and inductor's table turns them into ``empty_strided``, which drops the edge from the
-    input: the partitioner's dead-code elimination would then drop the computation of what the
-    real kernel reads (a query projection). Undecomposed, each allocates what it did."""
-    import torch
-    from torch._inductor.decomposition import select_decomp_table
-
-    aten = torch.ops.aten
-    keep = {aten.new_empty, aten.new_empty_strided, aten.empty_like, aten.new_zeros, aten.zeros_like,
-            aten.new_ones, aten.ones_like, aten.new_full, aten.full_like}
-    return {op: fn for op, fn in select_decomp_table().items()
-            if getattr(op, "overloadpacket", None) not in keep}
 
 
 @contextlib.contextmanager
@@ -111,6 +94,7 @@ class CompiledForward:
         from torch._functorch.aot_autograd import make_boxed_func
         from torch._guards import detect_fake_mode
         from torch._inductor.compile_fx import partition_fn
+        from torch._inductor.decomposition import select_decomp_table
         from torch._inductor.virtualized import V
 
         from autotune.backends.estimate import opaque_attention  # noqa: F401 (registers its custom ops)
@@ -126,7 +110,7 @@ class CompiledForward:
             return make_boxed_func(module)
 
         aot = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler,
-                           decompositions=_decompositions(), partition_fn=partition_fn,
+                           decompositions=select_decomp_table(), partition_fn=partition_fn,
                            keep_inference_input_mutations=True)
         with contextlib.ExitStack() as stack:
             for mode in self._modes:

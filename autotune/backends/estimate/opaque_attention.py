@@ -45,7 +45,7 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
                              bias: torch.Tensor | None,
                              kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel's backward: dQ, dK, dV (its workspaces allocated and freed inside)."""
-    dq, dk, dv = _FusedAttention._kernel_backward(kind, query, key, value, out, grad_out)
+    dq, dk, dv = _FusedAttention._kernel_backward(kind, query, key, value, out)
     return dq, dk, dv
 
 
@@ -53,7 +53,7 @@ def fused_attention_backward(grad_out: torch.Tensor, query: torch.Tensor, key: t
 def _backward_fake(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, bias: torch.Tensor | None,
                    kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = _FusedAttention._kernel_backward(kind, query, key, value, out, grad_out)
+    dq, dk, dv = _FusedAttention._kernel_backward(kind, query, key, value, out)
     return dq, dk, dv
 
 
