@@ -478,6 +478,8 @@ class CheckPublic(BaseModel):
                                           "every row; always null here: the service refuses those models")
     offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
                                       "always false here: the service does not take it")
+    compiled: str | None = Field(default=None, description="torch.compile's mode around the model "
+                                 "(torch_compile); always null here: the service does not take it")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
     host_memory_bytes: int = Field(default=0, description="pinned host memory a GPU's rank holds "
                                    "(FSDP's CPU offload: shards, gradients, optimizer state; ZeRO-Offload's "
@@ -627,6 +629,8 @@ class ExplainPublic(BaseModel):
     host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
                                            "memory its copies held; always null here: the service does "
                                            "not take it")
+    compiled: str | None = Field(default=None, description="how a compiled step (torch_compile) was "
+                                 "modelled; always null here: the service does not take it")
     host_memory_bytes: int | None = Field(default=None, description="with FSDP's CPU offload or "
                                           "ZeRO-Offload: the host memory one rank held at the batch "
                                           "explained; null without an offload")

@@ -68,6 +68,7 @@ from autotune.workload.adapters import (
     check_recipe,
     make_adapter,
 )
+from autotune.workload.compile import COMPILE_MODES, check_mode
 from autotune.workload.fp8 import Fp8, parse_fp8, require_torchao
 from autotune.workload.fsdp_wrap import resolve_wrap
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
@@ -402,6 +403,11 @@ class Step:
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
         "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
+    torch_compile: str | None = option(
+        None, "the model under torch.compile (inductor), as TrainingArguments' torch_compile wraps it, in "
+        f"this mode: {', '.join(COMPILE_MODES)} (its saved activations AOTAutograd's min-cut partitioner's, "
+        "traced; inductor's fusion not emulated: backends/estimate/compiled.py)", choices=COMPILE_MODES,
+        metavar="MODE", http=False)
     axolotl: bool | None = option(
         None, "the step as Axolotl runs it on a GPU, with the model patches no key turns off (Gemma 4's "
         "fused attention forward, emulated: workload/gemma4_fused_attn.py); set by an Axolotl config",
@@ -796,6 +802,13 @@ def resolve(request: Request, *, seeded: bool = True, make_target: bool = True,
     workload = resolve_workload(step, spec, seq_lens, found)
     if modes == () and workload is not None:  # none asked: the weights' (defaults.default_mode_names)
         modes = _default_modes(request, workload.weights_dtype)
+        if workload.compiled is not None:  # a compiled step is modelled without checkpointing
+            modes = tuple(mode for mode in modes if not mode.checkpointing)
+    if workload is not None and workload.compiled is not None and modes is not None:
+        from autotune.workload.compile import check_compiled
+
+        with found.about("torch_compile"):
+            check_compiled(workload, modes)
     backend = gpu = None
     if make_target:
         backend, gpu = resolve_target(request.target, found, seeded=seeded)
@@ -994,12 +1007,17 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     fused_attention = bool(step.axolotl) and (gemma4_fused_attn.patched(model_type) or (
         bool(step.fused_attn_kernel) and qwen3_fused_attn.patched(model_type)))
     axolotl_flash = bool(step.axolotl) and flash_at_axolotl_pin(spec.config, task, attn)
+    compiled = None
+    with found.about("torch_compile"):
+        compiled = check_mode(step.torch_compile)
+    if found.errors:
+        return None
     return Workload(spec, task, attn, optimizer, weights_dtype=weights_dtype, loss=loss, adapter=adapter,
                     ckpt_reentrant=bool(step.ckpt_reentrant), liger=liger, parallel=parallel, images=images,
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
-                    float32_embeddings=bool(step.float32_embeddings))
+                    float32_embeddings=bool(step.float32_embeddings), compiled=compiled)
 
 
 def check_upcast(adapter: Adapter | None, parallel: Parallel | None) -> None:

@@ -83,6 +83,7 @@ class CheckResult:
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    compiled: str | None = None  # torch.compile's mode around the model (workload.compile); None: eager
     # A preference trainer's step (tuner.trainer_json); None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
     # Pinned host memory a GPU's rank holds through the step: FSDP2's offloaded shards, gradients and
@@ -174,6 +175,7 @@ def check_step(
         "parallel": parallel_json(workload, gpu),
         "images": images_json(workload),
         "offload_activations": workload.offload_activations,
+        "compiled": workload.compiled,
         "trainer": trainer_json(workload, gpu),
         "host_memory_bytes": int(at_request.details.get("host_bytes") or 0),
         "also_fits": also_fits,
@@ -250,6 +252,8 @@ def step_label(result: CheckResult) -> str:
         parts.append(describe_liger(result.liger))
     if result.offload_activations:
         parts.append(OFFLOAD_NAME)
+    if result.compiled is not None:
+        parts.append(f"torch.compile {result.compiled}")
     if result.adapter is not None:
         parts.append(str(result.adapter["label"]))
     if result.parallel is not None:
@@ -353,7 +357,7 @@ def check_from_cells(
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
         parallel=parallel_json(workload, gpu), images=images_json(workload),
         trainer=trainer_json(workload, gpu),
-        offload_activations=workload.offload_activations,
+        offload_activations=workload.offload_activations, compiled=workload.compiled,
         host_memory_bytes=max((int(p.get("host_bytes") or 0) for p in cell.get("probe_log", [])), default=0),
         also_fits=cell.get("also_fits"),
     )

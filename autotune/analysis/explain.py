@@ -53,6 +53,7 @@ from autotune.tuner import adapter_json, budget_bytes, images_json, parallel_jso
 from autotune.units import format_bytes
 from autotune.workload import Workload
 from autotune.workload.adapters import BASE_BITS
+from autotune.workload.compile import compile_warnings
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
 from autotune.workload.optimizers import TORCH_ADAMW, optimizer_label
@@ -220,6 +221,8 @@ class Explanation:
     # With activation offloading (workload/offload.py): the most pinned host memory its copies of the
     # saved activations held at batch_size; None without it.
     host_offload_bytes: int | None = None
+    # workload/compile.py compile_warnings: how a compiled step (torch_compile) was modelled; None: eager
+    compiled: str | None = None
     # With an offload of the job's (FSDP2's CPU offload, ZeRO-Offload): the most host memory the rank
     # held (tracker.py's host ledger) at batch_size; None without one.
     host_memory_bytes: int | None = None
@@ -768,6 +771,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
+        compiled=next(iter(compile_warnings(workload)), None),
         host_memory_bytes=probe.details.get("host_bytes"),
         trainer=_grpo_phases(_trainer_json(workload, backend._model(workload, mode.precision).reference, gpu),
                              workload, backend, mode, seq_len, at),

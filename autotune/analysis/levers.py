@@ -201,7 +201,7 @@ def candidate_levers(workload: Workload, mode: Mode, gpu: GpuSpec
                         replace(workload, trainer=replace(trainer, precompute_ref_log_probs=True)), mode))
         # a preference step takes no chunked loss (trainers.check_step): not offered, alone or together
         options = [option for option in options if _modelled(option[2])]
-    return options
+    return [option for option in options if _modelled(option[2], [option[3]])]
 
 
 def adapter_levers(workload: Workload) -> list[tuple[str, str, Workload]]:
@@ -272,10 +272,14 @@ def gpu_levers(workload: Workload) -> list[tuple[str, Workload]]:
     return options
 
 
-def _modelled(workload: Workload) -> bool:
+def _modelled(workload: Workload, modes: Sequence[Mode] = ()) -> bool:
     """Whether a lever's step is one the estimator models (a multi-GPU job's: check_sharded; a
-    preference trainer's: trainers.check_step, which refuses a chunked loss and more GPUs)."""
+    preference trainer's: trainers.check_step, which refuses a chunked loss and more GPUs; a compiled
+    one's, in ``modes``: workload/compile.py check_compiled, which refuses checkpointing and more)."""
+    from autotune.workload.compile import check_compiled
+
     try:
+        check_compiled(workload, modes)
         check_sharded(workload.parallel, None if workload.adapter is None else workload.adapter.base_bits,
                       workload.optimizer, None if workload.adapter is None else workload.adapter.recipe)
         if workload.trainer is not None:
@@ -462,7 +466,7 @@ def explained_levers(workload: Workload, backend: Backend, *, seq_len: int, mode
     # None the estimator refuses for a multi-GPU job (check_sharded: bitsandbytes' optimizers and
     # quantized bases under fsdp); the 8-bit AdamW variants are bitsandbytes' too.
     sharded = workload.parallel is not None and workload.parallel.kind == FSDP
-    found = [lever for lever in found if _modelled(lever.workload)
+    found = [lever for lever in found if _modelled(lever.workload, [lever.mode])
              and not (sharded and lever.variant is not None and lever.variant.optimizer is not None)]
     found += [LeverSearch(f"seq-{shorter}", f"max sequence length {shorter}", workload, mode, shorter)
               for shorter in sorted(set(shorter_seq_lens or [seq_len // 2]), reverse=True)

@@ -153,6 +153,7 @@ def render(e: Explanation) -> str:
         f"step: task {e.task}, weights {e.weights_dtype}, optimizer {e.optimizer}, attention {e.attn}"
         f"{f' ({e.attention_kernel})' if e.attention_kernel else ''}, loss {e.loss}",
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
+        *([e.compiled] if e.compiled is not None else []),
         *([f"images: {e.images['label']}"] if e.images is not None else []),
         *([f"{OFFLOAD_NAME}: saved activations in pinned host memory, at most "
            f"{format_bytes(e.host_offload_bytes)} at batch {e.batch_size}"]

@@ -24,7 +24,6 @@ from autotune.configs.lora import (
 from autotune.configs.reading import (
     CCE_NOTE,
     CHUNKED_NOTE,
-    COMPILE,
     DORA,
     KERNEL,
     OFFLOAD,
@@ -38,6 +37,7 @@ from autotune.configs.reading import (
     note_set_keys,
     preset_model_type,
     read_attention,
+    read_compile,
     read_optimizer,
     unset,
     vlm_preset,
@@ -96,7 +96,10 @@ _AXOLOTL_REFUSED = {
             "modelled for LLaMA-Factory over the checkpoints whose quantization_config autotune has read "
             "(workload/prequantized.py), not yet for Axolotl's gptq: true",
     "quantization": QUANT,
-    "torch_compile": COMPILE,
+    # core/builders/base.py _apply_torch_compile_options: torch._inductor.config flags set globally
+    # (shape and comprehensive padding, triton.cudagraphs, ...), which change the compiled step's buffers
+    "torch_compile_options": "inductor's config flags are not modelled: autotune models inductor's "
+                             "defaults",
     "layer_offloading": OFFLOAD, "gpu_memory_limit": OFFLOAD,
     "max_memory": OFFLOAD,
     "process_reward_model": "not modelled",
@@ -151,7 +154,7 @@ _AXOLOTL_NO_EFFECT = words(
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
     "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
     "include_tokens_per_second profiler_steps fsdp_final_state_dict_type ddp ddp_timeout "
-    "torch_compile_backend torch_compile_mode skip_prepare_dataset "
+    "skip_prepare_dataset "
     "dataset_exact_deduplication embedding_lr embedding_lr_scale lr_groups gradient_checkpointing_kwargs "
     "low_cpu_mem_usage hf_use_auth_token sample_packing_sequentially curriculum_sampling "
     "streaming_multipack_buffer_size do_causal_lm_eval evaluation_strategy use_wandb use_swanlab "
@@ -1301,6 +1304,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         cfg.notes.append("optimizer: not set, Axolotl's default adamw_torch_fused")
     note_neftune(cfg, "neftune_noise_alpha")
     note_neftune(cfg, "noisy_embedding_alpha")
+    read_compile(cfg, implied=False, auto=True)  # core/builders/base.py _configure_torch_compile
     qat = _axolotl_qat(cfg, adapter)
     fp8 = _axolotl_fp8(cfg)
     prefixes = _AXOLOTL_PREFIXES if adapter is None else tuple(

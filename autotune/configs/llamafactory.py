@@ -32,6 +32,7 @@ from autotune.configs.reading import (
     TrainingConfig,
     checkpoint_kwargs,
     note_neftune,
+    read_compile,
     read_optimizer,
     unset,
     words,
@@ -75,7 +76,6 @@ _VOCAB = ("a resized vocabulary (model_utils/embedding.py resize_embedding_layer
 _LF_REFUSED = {
     # TrainingArguments (as configs/trainer.py refuses them)
     "sharded_ddp": SHARDING, "parallelism_config": PARALLEL,
-    "torch_compile": COMPILE, "torch_compile_backend": COMPILE, "torch_compile_mode": COMPILE,
     "torchdynamo": COMPILE,
     "use_cpu": _CPU, "no_cuda": _CPU,
     "label_smoothing_factor": "the label smoother's extra log_softmax over the full logits",
@@ -205,6 +205,8 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
                          "max_position_embeddings): no tensor changes size, autotune traces the model's own "
                          "rotary embedding (a RoPE model runs past its positions: workload/positions.py)")
     note_neftune(cfg, "neftune_noise_alpha")
+    # TrainingArguments' keys (hparams/training_args.py: Seq2SeqTrainingArguments), read as there
+    read_compile(cfg, implied=True)
     fp8 = _lf_fp8(cfg, bits, mode)
     return cfg.result(
         "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode, fp8=fp8,

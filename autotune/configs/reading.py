@@ -39,7 +39,9 @@ PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU 
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")
 DORA = "DoRA adds a weight-norm computation per adapted layer, which autotune does not model"
-COMPILE = "torch.compile fuses kernels and changes what the backward keeps; autotune models eager PyTorch"
+COMPILE = ("torch.compile through this key is not modelled; autotune models TrainingArguments' torch_compile "
+           "(inductor)")
+COMPILE_KEYS = ("torch_compile", "torch_compile_backend", "torch_compile_mode")
 OFFLOAD = "activations or weights offloaded to the CPU are not modelled"
 KERNEL = "a swapped-in kernel autotune does not model"
 REENTRANT = ("torch.utils.checkpoint's reentrant path, traced: each layer's forward run again inside "
@@ -134,6 +136,7 @@ class Config:
         self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
         self.offload_activations = False  # TRL's OffloadActivations around each step (workload/offload.py)
         self.float32_embeddings = False  # Axolotl's float32 embeddings, head and norms (workload/upcast.py)
+        self.torch_compile: str | None = None  # torch.compile's mode around the model (read_compile)
         self.launch: dict[str, Any] = {}  # request fields of LAUNCH_FIELDS (configs/sharding.py)
         self.parallel_key: str | None = None
         self.wrap_classes: tuple[str, ...] = ()
@@ -208,7 +211,8 @@ class Config:
         request's default), with the notes gathered while reading."""
         values = {**fields, **self.launch, "mode": None if mode is None else mode.name, "adapter": adapter,
                   "ckpt_reentrant": True if self.ckpt_reentrant else None,
-                  "offload_activations": True if self.offload_activations else None}
+                  "offload_activations": True if self.offload_activations else None,
+                  "torch_compile": self.torch_compile}
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
@@ -405,3 +409,33 @@ def check_remote_code(config: TrainingConfig, request: CheckRequest) -> tuple[st
         f"{key}: true in {path!r} is not modelled for {spec.name}: {tool} loads {spec.name}'s own "
         f"{module} (its config.json auto_map, for {auto_class}), not transformers' {cls} that autotune "
         f"traces; set it false, or leave it out, to train transformers' {cls}")
+
+
+def read_compile(cfg: Config, *, implied: bool, auto: bool = False) -> None:
+    """TrainingArguments' ``torch_compile``, ``torch_compile_backend`` and ``torch_compile_mode`` into the
+    request's torch_compile (its mode; workload/compile.py). ``implied``: a backend or mode turns
+    torch_compile on (training_args.py ``__post_init__``: "If set, automatically enables
+    `torch_compile`"); without it (Axolotl: core/builders/base.py ``_configure_torch_compile`` passes
+    them only under a true torch_compile) they have no effect alone. ``auto``: Axolotl's "auto", true
+    on its torch (schemas/config.py ``check_torch_compile_auto``: torch >= 2.5.1)."""
+    from autotune.workload.compile import BACKEND, COMPILE_MODES, CUDAGRAPH_MODES
+
+    on, backend, mode = (cfg.get(key) for key in COMPILE_KEYS)
+    if auto and on == "auto":
+        cfg.notes.append("torch_compile: auto: on (Axolotl's check_torch_compile_auto: torch >= 2.5.1)")
+        on = True
+    if on is not None and not isinstance(on, bool):
+        raise cfg.bad("torch_compile", on, "true or false" + (" or auto" if auto else ""))
+    if not (on or implied and (backend is not None or mode is not None)):
+        return
+    if backend is not None and backend != BACKEND:
+        raise cfg.unmodelled("torch_compile_backend", backend, f"autotune models the {BACKEND} backend's "
+                             "partition of the forward and backward (TrainingArguments' default)")
+    if mode is not None and mode not in COMPILE_MODES:
+        why = (f"CUDA graphs (inductor's triton.cudagraphs) keep memory pools of their own; modelled: "
+               f"{', '.join(COMPILE_MODES)}" if mode in CUDAGRAPH_MODES else
+               f"torch.compile's modes are {', '.join((*COMPILE_MODES, *CUDAGRAPH_MODES))}")
+        raise cfg.unmodelled("torch_compile_mode", mode, why)
+    cfg.torch_compile = mode or COMPILE_MODES[0]
+    cfg.notes.append(f"torch_compile: the model under torch.compile ({BACKEND}, mode {cfg.torch_compile}), "
+                     "wrapped by accelerate's prepare_model: traced through AOTAutograd's min-cut partition")

@@ -32,6 +32,7 @@ from autotune.configs.reading import (
     checkpoint_kwargs,
     note_neftune,
     read_attention,
+    read_compile,
     read_dtype,
     read_optimizer,
     unset,
@@ -52,13 +53,12 @@ _TRAINER_MODELLED = words(
     "neftune_noise_alpha auto_find_batch_size use_liger_kernel liger_kernel_config "
     # configs/sharding.py: FSDP2 and DeepSpeed's stage into the request, the DDP settings noted
     "fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers "
-    "ddp_static_graph")
+    "ddp_static_graph "
+    # reading.read_compile: the model under torch.compile (workload/compile.py)
+    "torch_compile torch_compile_backend torch_compile_mode")
 _TRAINER_DDP = ("ddp_find_unused_parameters", "ddp_broadcast_buffers", "ddp_static_graph")
 _TRAINER_REFUSED = {
     "parallelism_config": PARALLEL,
-    "torch_compile": COMPILE,
-    "torch_compile_backend": COMPILE,  # setting either turns torch_compile on (TrainingArguments)
-    "torch_compile_mode": COMPILE,
     "use_cpu": "training on the CPU: autotune models a GPU",
     # The Trainer's LabelSmoother takes a log_softmax over the full logits beside the model's loss.
     "label_smoothing_factor": "the label smoother's extra log_softmax over the full logits",
@@ -188,6 +188,7 @@ def read_trainer(cfg: Config, fmt: str, trainer: str | None = None) -> TrainingC
         cfg.notes.append("auto_find_batch_size: the Trainer halves the batch after an out-of-memory "
                          "error; autotune checks the batch as written")
     note_neftune(cfg, "neftune_noise_alpha")
+    read_compile(cfg, implied=True)
     model = cfg.text("model_name_or_path")
     task = "causal-lm" if sft or preference.get("trainer") in (DPO, ORPO, SIMPO, GRPO) else _glue_task(cfg)
     return cfg.result(

@@ -71,3 +71,6 @@ class Workload:
     # Axolotl's float32 embeddings, output head and norms beside 16-bit weights (workload/upcast.py):
     # what its loader leaves in a bfloat16 or float16 full fine-tune with eager or sdpa attention.
     float32_embeddings: bool = False
+    # torch.compile around the model (TrainingArguments' torch_compile: accelerate's prepare_model):
+    # its mode, "default" or "max-autotune-no-cudagraphs" (estimate/compiled.py); None: eager.
+    compiled: str | None = None

@@ -128,8 +128,11 @@ def step_warnings(workload: Workload, modes: Iterable[Mode], gpu: GpuSpec,
                   seq_lens: Iterable[int] = ()) -> list[str]:
     """What the output should say about these steps on ``gpu`` (bfloat16 without support) and of
     ``seq_lens`` (the longest past a RoPE model's positions, models.seq_len_warnings)."""
+    from autotune.workload.compile import compile_warnings
+
     longest = max(seq_lens, default=0)
-    return [*dtype_warnings(workload.weights_dtype, modes, gpu), *seq_len_warnings(workload.model, longest)]
+    return [*dtype_warnings(workload.weights_dtype, modes, gpu), *seq_len_warnings(workload.model, longest),
+            *compile_warnings(workload)]
 
 
 def dtype_warnings(weights_dtype: str, modes: Iterable[Mode], gpu: GpuSpec) -> list[str]:

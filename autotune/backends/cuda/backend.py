@@ -180,6 +180,10 @@ class CudaBackend:
             # the Hub's kernels (huggingface/kernels) are not a dependency of autotune's worker
             raise BackendUnavailable("use_kernels (transformers' kernelize of the Hub's kernels) is emulated "
                                      "by the estimate backend only, not run on the cuda backend")
+        if workload.compiled is not None:
+            # the worker runs the eager step; a compiled one is the estimate backend's (estimate/compiled.py)
+            raise BackendUnavailable("torch_compile is modelled by the estimate backend only, not run on the "
+                                     "cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:

@@ -41,9 +41,11 @@ memory-efficient kernel.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,14 +164,7 @@ class _FusedAttention(torch.autograd.Function):
         ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         bias: torch.Tensor | None, kind: str,
     ) -> torch.Tensor:
-        batch, heads, seq_q = query.shape[0], query.shape[1], query.shape[2]
-        # Fused kernels write [B, Sq, H, Dv] and return it transposed to [B, H, Sq, Dv].
-        out = query.new_empty((batch, seq_q, heads, value.shape[-1])).transpose(1, 2)
-        lse_len = seq_q if kind in ("flash", "cudnn") else _round_up(seq_q, LSE_ALIGNMENT)
-        lse = query.new_empty((batch, heads, lse_len), dtype=torch.float32)
-        if kind == "cudnn":
-            workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
-            del workspace
+        out, lse = _FusedAttention._kernel_forward(kind, query, value)
         ctx.kind = kind
         # Saved as the generated autograd node saves them (torch/csrc/autograd/generated/
         # Functions.h, ScaledDotProduct{Cudnn,Efficient,Flash}AttentionBackward0): the inputs by
@@ -189,6 +184,20 @@ class _FusedAttention(torch.autograd.Function):
         # these dels free nothing: the saved tensors still hold them.
         del out, lse, value, query, key, bias
         return grads[0], grads[1], grads[2], None, None
+
+    @staticmethod
+    def _kernel_forward(kind: str, query: torch.Tensor,
+                        value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the kernel's forward allocates: its output and log-sum-exp (cuDNN's workspace freed)."""
+        batch, heads, seq_q = query.shape[0], query.shape[1], query.shape[2]
+        # Fused kernels write [B, Sq, H, Dv] and return it transposed to [B, H, Sq, Dv].
+        out = query.new_empty((batch, seq_q, heads, value.shape[-1])).transpose(1, 2)
+        lse_len = seq_q if kind in ("flash", "cudnn") else _round_up(seq_q, LSE_ALIGNMENT)
+        lse = query.new_empty((batch, heads, lse_len), dtype=torch.float32)
+        if kind == "cudnn":
+            workspace = query.new_empty((CUDNN_FPROP_WORKSPACE_BYTES,), dtype=torch.uint8)
+            del workspace
+        return out, lse
 
     @staticmethod
     def _kernel_backward(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -268,6 +277,23 @@ def _efficient_workspace_bytes(batch: int, heads: int, seq_q: int, head_dim: int
     return 4 * batch * heads * _round_up(tiles * MEM_EFF_GRAD_Q_TILE_FLOATS, 4)
 
 
+# Inside ``opaque_kernels()``: the fused kernels called as the custom ops of opaque_attention.py.
+_OPAQUE: ContextVar[bool] = ContextVar("opaque_attention", default=False)
+
+
+@contextlib.contextmanager
+def opaque_kernels() -> Iterator[None]:
+    """The fused kernels as one custom op each, forward and backward (opaque_attention.py), where
+    AOTAutograd traces a compiled step's graphs: their allocations made from shapes alone would
+    otherwise be moved, merged (CSE) or dropped (dead code) by its partitioner, as no real kernel's are.
+    The ops are registered by importing opaque_attention (compiled.py does)."""
+    token = _OPAQUE.set(True)
+    try:
+        yield
+    finally:
+        _OPAQUE.reset(token)
+
+
 def _grads_like(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Gradients as the fused kernels write them: [B, S, H, D], returned as [B, H, S, D]."""
     return tuple(
@@ -323,4 +349,6 @@ def emulated_sdpa(
         )[0]
     # flash takes no mask (causal): the flash-attn package's kernel, run whatever mask SDPA was given
     bias = _mem_efficient_bias(attn_mask, query.dtype) if attn_mask is not None and kind != "flash" else None
+    if _OPAQUE.get():  # a compiled step's graph: one node per kernel call (opaque_attention.py)
+        return torch.ops.autotune.fused_attention(query, key, value, bias, kind)[0]
     return _FusedAttention.apply(query, key, value, bias, kind)

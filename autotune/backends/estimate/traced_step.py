@@ -244,6 +244,10 @@ def trace_step(
     import torch
 
     model, distributed = fake.model, fake.distributed
+    if workload.compiled is not None:
+        # Dynamo compiles under this tracker, which it would otherwise run eagerly under (a dispatch
+        # mode: torch/_dynamo/convert_frame.py); its graphs then run under it (compiled.py)
+        setattr(tracker, "ignore_compile_internals", lambda: True)  # noqa: B010 (a classmethod)
     zero = distributed is not None and distributed.parallel.is_zero
     ready: AbstractContextManager[Any] = contextlib.nullcontext()
     if zero:  # DeepSpeed changes the model it wraps: an engine per trace, on a copy (deepspeed.py)
@@ -287,6 +291,12 @@ def trace_step(
                                          attn=workload.attn, autocasts=mode.autocast_dtype_name is not None,
                                          log_probs=EMULATED_LOG_PROBS,
                                          phase=functools.partial(_phase, hooks, tracker, emulation))
+        compiled = None
+        if workload.compiled is not None:  # torch.compile around the model (compiled.py)
+            from autotune.backends.estimate.compiled import compiled_loss
+
+            assert forward is None, "a compiled step is one GPU's, its loss the model's own (compiled.py)"
+            forward, compiled = compiled_loss(model)
         batch = step_batch(model.config, workload, batch_size, seq_len)
         if not zero:
             optimizer = host_step(distributed, hooks.make_optimizer(model, workload))
@@ -308,6 +318,10 @@ def trace_step(
                 loss=workload.loss, forward=forward,
                 around=contextlib.nullcontext if offloader is None else lambda: offloader,
             )
+        if compiled is not None:
+            from autotune.backends.estimate.compiled import check_compiled
+
+            check_compiled(compiled)
         if offloader is not None:
             offloader.close()
             hooks.host_offloaded(offloader.host_peak_bytes)
@@ -317,7 +331,7 @@ def trace_step(
             steady.write(writer, marked.first, workload.steps)
             if marked.state is not None:  # what ``del optimizer`` frees of the real state
                 steady.free_state(writer, marked.state)
-        del optimizer, batch, marked, workspaces, forward, scaler
+        del optimizer, batch, marked, workspaces, forward, scaler, compiled
         if zero:
             del engine
         model.zero_grad(set_to_none=True)

@@ -364,7 +364,11 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         wrapper = _float8_wrapper(args, kwargs)
-        if wrapper is not None:
+        emulation = _RUN_UNDER.get(func)
+        if emulation is not None:  # an emulated kernel, one op of a compiled graph (run_under)
+            with self:
+                out = emulation(*args, **(kwargs or {}))
+        elif wrapper is not None:
             # torchao's float8 ops (float8/float8_ops.py) run under this tracker, not past it: the
             # copies they make (preprocess_addmm's contiguous operands for torch._scaled_mm) are
             # allocations of the step like any other.
@@ -419,6 +423,16 @@ class StorageTracker(TorchDispatchMode):
             keys.append(key)
         for key in reversed(keys):
             self.events.append((key, -1))
+
+
+# Custom ops that stand for an emulated kernel in a compiled step's graph (opaque_attention.py): the
+# tracker runs the emulation under itself, recording what it allocates inside, as it runs eagerly.
+_RUN_UNDER: dict[Any, Callable[..., Any]] = {}
+
+
+def run_under(op: Any, emulation: Callable[..., Any]) -> None:
+    """``op`` run by every tracker as ``emulation`` under itself (its allocations recorded)."""
+    _RUN_UNDER[op] = emulation
 
 
 def kernel_buffer(workspace: TraceWorkspace, count: int) -> bool:

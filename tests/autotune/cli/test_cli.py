@@ -334,7 +334,8 @@ def test_a_json_refusal_says_its_kind_an_unmodelled_key_from_a_job_that_fails(ca
         "error": "flash_attention_2 needs compute capability 8.0 or newer; T4 has 7.5: use sdpa or eager",
         "kind": "job fails"}
     config = tmp_path / "train.yaml"
-    config.write_text("base_model: tiny-llama\ntorch_compile: true\nsequence_len: 32\nmicro_batch_size: 1\n")
+    config.write_text("base_model: tiny-llama\ntorch_compile: true\ntorch_compile_mode: reduce-overhead\n"
+                      "sequence_len: 32\nmicro_batch_size: 1\n")
     code, out, _ = run(capsys, "check", "tiny-llama", "--from-config", str(config), "--gpu", "T4", "--json")
     assert code == 2 and json.loads(out)["kind"] == "not modelled", out
     code, out, _ = run(capsys, "check", "tiny-bert", "--seq-len", "4096", "--batch-size", "1", "--json")

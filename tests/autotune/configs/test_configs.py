@@ -205,7 +205,9 @@ REFUSED = [
     # (format base, key, value)
     (AXOLOTL, "adapter", "llama-adapter"),  # relora: test_axolotl_callbacks.py
     (AXOLOTL, "fsdp", ["full_shard"]),  # without fsdp_version: 2, not Axolotl's FSDP2 (test_sharding.py)
-    (AXOLOTL, "torch_compile", True),  # fsdp_config.offload_params is read (test_sharding.py)
+    # fsdp_config.offload_params is read (test_sharding.py); torch_compile is modelled (test_compile.py)
+    ({**AXOLOTL, "torch_compile": True}, "torch_compile_mode", "max-autotune"),
+    (AXOLOTL, "torch_compile_options", {"shape_padding": True}),
     (AXOLOTL, "activation_offloading", "legacy"),
     (AXOLOTL, "liger_use_token_scaling", True),  # every rl is read (rl gdpo as grpo: test_ebft.py)
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
@@ -221,7 +223,7 @@ REFUSED = [
     (AXOLOTL, "optimizer", "muon"),
     # LLaMA-Factory's own optimizers are its use_* keys', no tool's optim name (reading.py read_optimizer)
     (AXOLOTL, "optimizer", "adam_mini"), (TRAINER, "optim", "llamafactory_muon"),
-    (TRAINER, "torch_compile", True),
+    (TRAINER, "torch_compile_mode", "reduce-overhead"), (TRAINER, "torch_compile_backend", "aot_eager"),
     ({**TRAINER, "use_liger_kernel": True}, "liger_kernel_config.rms_norm_gated", True),
     (TRAINER, "label_smoothing_factor", 0.1), (TRAINER, "optim", "galore_adamw"),
     (TRAINER, "parallelism_config", {"tp_size": 2}), (TRAINER, "use_cpu", True),
