@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from autotune.errors import UnmodelledSetting
+from autotune.errors import InvalidInput, UnmodelledSetting
 
 if TYPE_CHECKING:
     from autotune.workload import Workload
@@ -56,9 +56,9 @@ def check_mode(mode: str | None) -> str | None:
         raise UnmodelledSetting.naming(f"{{torch_compile}} {mode}: CUDA graphs (inductor's "
                                        "triton.cudagraphs) keep memory pools of their own, which autotune "
                                        f"does not model; modelled: {', '.join(COMPILE_MODES)}")
-    raise UnmodelledSetting.naming(f"{{torch_compile}} {mode!r}: torch.compile's modes are "
-                                   f"{', '.join((*COMPILE_MODES, *CUDAGRAPH_MODES))}; modelled: "
-                                   f"{', '.join(COMPILE_MODES)}")
+    raise InvalidInput.naming(f"{{torch_compile}} {mode!r}: torch.compile's modes are "
+                              f"{', '.join((*COMPILE_MODES, *CUDAGRAPH_MODES))}; modelled: "
+                              f"{', '.join(COMPILE_MODES)}")
 
 
 def check_compiled(workload: Workload, modes: Sequence[Mode]) -> None:

@@ -137,8 +137,8 @@ def check_compiled(compiled: CompiledForward) -> None:
     """A compiled step that compiled no graph ran eagerly (Dynamo skipped its frames): refused, since
     it would be answered as eager."""
     if compiled.graphs == 0:
-        raise UnmodelledSetting("torch_compile: Dynamo compiled no graph of this model's forward under the "
-                          "estimator (it ran eagerly), so the compiled step is not modelled")
+        raise UnmodelledSetting("torch_compile: Dynamo compiled no graph of this model's forward under "
+                                "the estimator (it ran eagerly), so the compiled step is not modelled")
 
 
 def saved_activation_bytes(backward: Any) -> int:

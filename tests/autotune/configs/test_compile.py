@@ -77,3 +77,15 @@ def test_a_compiled_table_s_default_modes_leave_checkpointing_out():
     step = Step(model="tiny-llama", torch_compile="default")
     resolved = resolve(TableRequest(step, Target(gpu="H100-80GB"), seq_lens=[64]))
     assert [mode.name for mode in resolved.modes] == ["fp32", "amp"]  # not ckpt, amp+ckpt
+
+
+def test_a_mode_torch_compile_does_not_have_is_invalid_and_a_cuda_graph_mode_not_modelled():
+    from autotune.errors import InvalidInput, UnmodelledSetting
+    from autotune.workload.compile import check_mode
+
+    assert check_mode(None) is None and check_mode("default") == "default"
+    with pytest.raises(InvalidInput, match="torch.compile's modes are default, ") as raised:
+        check_mode("fast")
+    assert raised.value.kind == "invalid"
+    with pytest.raises(UnmodelledSetting, match="CUDA graphs"):
+        check_mode("reduce-overhead")
