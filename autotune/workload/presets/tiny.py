@@ -32,6 +32,22 @@ _TINY_VLM_TEXT = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+# MLA (compressed queries and keys) over experts, a dense first layer then 4 routed (2 a token) beside a
+# shared one: the layout of glm4_moe_lite, deepseek_v3 and glm_moe_dsa.
+_TINY_MLA_MOE = {
+    **_TINY_BERT,
+    "num_key_value_heads": 2,
+    "q_lora_rank": 16,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "first_k_dense_replace": 1,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+}
 _TINY_VISION_TOKENS = {key: _TINY_VLM_TEXT[key] for key in
                        ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
 _TINY_QWEN3_VISION = {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
@@ -179,35 +195,13 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "architectures": ["Glm4MoeForCausalLM"],
     },
     "glm4_moe_lite": {
-        **_TINY_BERT,
-        "num_key_value_heads": 2,
-        "q_lora_rank": 16,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "first_k_dense_replace": 1,
-        "moe_intermediate_size": 16,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
+        **_TINY_MLA_MOE,
         "architectures": ["Glm4MoeLiteForCausalLM"],
     },
     # DeepSeek-V3 (deepseek_v3.py): MLA with compressed queries, a dense first layer, then experts
     # routed by sigmoid within groups (2 groups, 1 kept) beside a shared one.
     "deepseek_v3": {
-        **_TINY_BERT,
-        "num_key_value_heads": 2,
-        "q_lora_rank": 16,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "first_k_dense_replace": 1,
-        "moe_intermediate_size": 16,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
+        **_TINY_MLA_MOE,
         "n_group": 2,
         "topk_group": 1,
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -228,19 +222,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     # GLM-5 (glm5.py): DeepSeek-V3's tiny layout above with DeepSeek Sparse Attention's indexer (2 heads
     # of 16, keeping 64 keys a query: fewer than the 128 positions, so it selects).
     "glm_moe_dsa": {
-        **_TINY_BERT,
-        "num_key_value_heads": 2,
-        "q_lora_rank": 16,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 8,
-        "qk_rope_head_dim": 8,
+        **_TINY_MLA_MOE,
         "head_dim": 8,
-        "v_head_dim": 16,
-        "first_k_dense_replace": 1,
-        "moe_intermediate_size": 16,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
         "index_n_heads": 2,
         "index_head_dim": 16,
         "index_topk": 64,
