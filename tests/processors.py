@@ -56,6 +56,31 @@ def real_model_takes(name: str, count: int, seq_len: int) -> Any:
     return layout
 
 
+def given_positions_are_the_models_own(name: str, seq_len: int) -> None:
+    """position_ids (the model's get_rope_index) and the tower's indices, given in autotune's batch of
+    preset ``name`` (two 84 x 56 images a row), make the logits the model makes computing them itself;
+    the padding's positions are not get_rope_index's (0): their logits are not compared."""
+    import torch
+
+    from autotune.workload.models import resolve_model
+    from autotune.workload.step import build_model, make_batch
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT, Images
+
+    torch.manual_seed(0)
+    model, _ = build_model(resolve_model(name), IMAGE_TEXT_TO_TEXT, None)
+    model.eval()
+    batch = make_batch(model.config, IMAGE_TEXT_TO_TEXT, 2, seq_len, images=Images(2, (84, 56)))
+    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
+    own["image_grid_thw"] = batch["image_grid_thw"]
+    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
+                                           image_grid_thw=batch["image_grid_thw"],
+                                           attention_mask=batch["attention_mask"])
+    kept = batch["attention_mask"].bool()
+    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+
+
 def image_cell_probes(name: str, mode: str, **step: Any) -> list[Any]:
     """The estimator's probes at batches 2, 3, 4, 5 of preset ``name``'s cell at 256 tokens with two
     112 x 112 images a row, on a 1 GiB card (``step``: more of the Step's fields)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from processors import SIZES, real_model_takes, transformers_function
+from processors import SIZES, given_positions_are_the_models_own, real_model_takes, transformers_function
 
 import autotune
 from autotune.workload.models import infer_task, resolve_model
@@ -51,19 +51,7 @@ def test_the_batch_is_what_the_real_model_takes(count):
 def test_the_given_positions_and_tower_indices_are_the_models_own():
     # position_ids (get_rope_index), the tower's positions and its position table's resampling, given,
     # make the model's own logits.
-    torch.manual_seed(0)
-    model, _ = build_model(resolve_model(TINY), VLM, None)
-    model.eval()
-    batch = make_batch(model.config, VLM, 2, 480, images=Images(2, (84, 56)))
-    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
-    own["image_grid_thw"] = batch["image_grid_thw"]
-    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
-                                           image_grid_thw=batch["image_grid_thw"],
-                                           attention_mask=batch["attention_mask"])
-    kept = batch["attention_mask"].bool()
-    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
-    with torch.no_grad():
-        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+    given_positions_are_the_models_own(TINY, 480)
 
 
 def test_the_batched_projector_gives_the_models_own_features():

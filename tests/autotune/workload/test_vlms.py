@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from processors import SIZES, real_model_takes, transformers_smart_resize
+from processors import SIZES, given_positions_are_the_models_own, real_model_takes, transformers_smart_resize
 
 import autotune
 from autotune.workload.models import infer_task, resolve_model
@@ -72,19 +72,7 @@ def test_the_batch_is_what_the_real_model_takes(name, count):
 def test_the_given_positions_and_indices_are_the_models_own():
     # position_ids (get_rope_index) and the tower's position and interpolation indices, given, make
     # the logits the model makes computing them itself.
-    torch.manual_seed(0)
-    model, _ = build_model(resolve_model("tiny-qwen3_vl"), VLM, None)
-    model.eval()
-    batch = make_batch(model.config, VLM, 2, 300, images=Images(2, (84, 56)))
-    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
-    own["image_grid_thw"] = batch["image_grid_thw"]
-    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
-                                           image_grid_thw=batch["image_grid_thw"],
-                                           attention_mask=batch["attention_mask"])
-    kept = batch["attention_mask"].bool()
-    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
-    with torch.no_grad():  # the padding's position is not get_rope_index's (0): its logits are not compared
-        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+    given_positions_are_the_models_own("tiny-qwen3_vl", 300)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

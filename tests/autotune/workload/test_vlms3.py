@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from processors import SIZES, real_model_takes
+from processors import SIZES, given_positions_are_the_models_own, real_model_takes
 
 import autotune
 from autotune.workload.models import infer_task, resolve_model
@@ -53,19 +53,7 @@ def test_the_qwen3_5_batch_is_what_the_real_model_takes(preset, count):
 def test_the_given_qwen3_5_and_glm4v_positions_are_the_models_own(preset):
     # position_ids (get_rope_index: Qwen3.5's, GLM-4V's) and the tower's indices, given, make the
     # model's own logits.
-    torch.manual_seed(0)
-    model, _ = build_model(resolve_model(preset), VLM, None)
-    model.eval()
-    batch = make_batch(model.config, VLM, 2, 300, images=Images(2, (84, 56)))
-    own = {k: v for k, v in batch.items() if k != "position_ids" and not k.startswith("image_")}
-    own["image_grid_thw"] = batch["image_grid_thw"]
-    theirs, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
-                                           image_grid_thw=batch["image_grid_thw"],
-                                           attention_mask=batch["attention_mask"])
-    kept = batch["attention_mask"].bool()
-    assert torch.equal(batch["position_ids"][:, kept], theirs[:, kept])
-    with torch.no_grad():
-        assert torch.allclose(model(**batch).logits[kept], model(**own).logits[kept], atol=1e-5)
+    given_positions_are_the_models_own(preset, 300)
 
 
 @pytest.mark.parametrize("preset", TINY_QWEN3_5)
