@@ -28,10 +28,17 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for all the rules (each parsing every file again made this
+    module 20 s of the suite's CPU)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports(path: Path, known: set[str]) -> set[str]:
     """The project modules ``path`` imports (anywhere in the file), as dotted names."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -48,7 +55,9 @@ def imports(path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
+    """The import graph of the packages (cached: read it, do not change it)."""
     known = modules()
     names = set(known)
     return {name: imports(path, names) - {name} for name, path in known.items()}
@@ -149,7 +158,7 @@ def test_only_processes_starts_child_processes():
     # place that starts, reads, kills and reaps them.
     starters = set()
     for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 roots = {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
@@ -188,7 +197,7 @@ def test_the_config_readers_import_nothing_that_computes():
 def private_imports(path: Path) -> set[str]:
     """``module.name`` for every ``from autotune... import _name`` in ``path`` (dunders aside)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
                 and in_package(node.module, "autotune"):
             found |= {f"{node.module}.{alias.name}" for alias in node.names
@@ -227,18 +236,17 @@ def test_the_benchmarks_reach_nothing_in_the_tests():
 @functools.cache
 def classes(path: Path) -> frozenset[str]:
     """The classes ``path`` defines at its top level. Cached: patched_classes asks it of the same
-    modules for every name and attribute it reads (parsing each again made that test 20 s of CPU)."""
-    tree = ast.parse(path.read_text(), str(path))
-    return frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef))
+    modules for every name and attribute it reads."""
+    return frozenset(node.name for node in parsed(path).body if isinstance(node, ast.ClassDef))
 
 
-def patched_classes(source: str, known: dict[str, Path]) -> set[str]:
+def patched_classes(source: str | ast.Module, known: dict[str, Path]) -> set[str]:
     """``module.Class`` for every class of another project module that ``source`` changes from
     outside: ``setattr`` / ``delattr`` on it, or an assignment to one of its attributes. The class
     is named as imported (``from m import C``) or through its module (``import m``, ``m.C``)."""
     imported: dict[str, str] = {}  # local name -> module.Class
     imported_modules: dict[str, str] = {}  # local name -> module
-    tree = ast.parse(source)
+    tree = ast.parse(source) if isinstance(source, str) else source
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
@@ -277,7 +285,7 @@ def test_no_module_patches_a_class_of_another():
     known = modules()
     paths = [*known.values(), *sorted((ROOT / "benchmarks").glob("*.py"))]
     offenders = {(str(path.relative_to(ROOT)), name) for path in paths
-                 for name in patched_classes(path.read_text(), known)}
+                 for name in patched_classes(parsed(path), known)}
     assert offenders == set()
 
 
@@ -301,11 +309,11 @@ def test_patched_classes_finds_patches(source, patched):
 _JOB_FAILS = re.compile(r"\b(refuses?|raises?|asserts?|fails?|stops as)\b", re.IGNORECASE)
 
 
-def refusals_of_failing_jobs(source: str) -> list[int]:
+def refusals_of_failing_jobs(source: str | ast.Module) -> list[int]:
     """The lines of ``raise InvalidInput(...)`` whose message says that a library refuses, raises,
     asserts or fails: the real job would fail there, which JobFails says."""
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
         if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
                 and isinstance(node.exc.func, ast.Name) and node.exc.func.id == "InvalidInput":
             text = " ".join(part.value for part in ast.walk(node.exc)
@@ -317,7 +325,7 @@ def refusals_of_failing_jobs(source: str) -> list[int]:
 
 def test_a_refusal_of_a_job_its_libraries_stop_is_job_fails():
     offenders = {(name, line) for name, path in modules().items()
-                 for line in refusals_of_failing_jobs(path.read_text())}
+                 for line in refusals_of_failing_jobs(parsed(path))}
     assert offenders == set()
 
 
