@@ -304,9 +304,10 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
         if remote and set(on) & set(PATCHING):
             raise JobFails(f"lora_*_kernel with trust_remote_code in {cfg.file!r}: Axolotl refuses them "
                            "together (schemas/validation.py check_lora_kernels_trust_remote_code)")
-        if set(on) & set(PATCHING) and _fsdp1(cfg):
-            raise cfg.unmodelled(CONFIG_KEYS[on[0]], True, "Axolotl's fused LoRA kernels under FSDP1 (they "
-                                 "read the adapters inside FSDP1's FlatParameters): give fsdp_version: 2")
+        if on and _fsdp1(cfg):
+            _kernels_under_fsdp1(cfg, on)
+            if set(on) & set(PATCHING):
+                return ()
         if set(on) & set(PATCHING):
             cfg.notes.append(f"{', '.join(CONFIG_KEYS[name] for name in on)}: true — {LORA_KERNELS_NOTE}")
     if not set(on) & set(PATCHING):
@@ -318,6 +319,23 @@ def _axolotl_kernels(cfg: Config, adapter: Adapter) -> tuple[str, ...]:
         on.remove("embedding")
         cfg.notes.append("lora_embedding_kernel: embed_tokens carries no LoRA here: nothing for it to patch")
     return parse_kernels(on)
+
+
+def _kernels_under_fsdp1(cfg: Config, on: list[str]) -> None:
+    """LoRA kernels set under FSDP1: on more than one GPU Axolotl refuses them (schemas/config.py
+    check_multigpu_lora_kernels: any of lora_mlp/qkv/o/embedding_kernel, ``capabilities.n_gpu > 1``
+    and fsdp_config without fsdp_version 2); on one, they would read the adapters inside FSDP1's
+    FlatParameters, which is not modelled (lora_embedding_kernel alone patches nothing). The GPU
+    count is the merged flags' (check_launch)."""
+    keys = ", ".join(CONFIG_KEYS[name] for name in on)
+    fails = JobFails(f"{keys}: true under FSDP1 (fsdp_config without fsdp_version: 2) on more than one GPU "
+                     f"in {cfg.file!r}: Axolotl refuses them (schemas/config.py check_multigpu_lora_kernels: "
+                     "\"lora_mlp_kernel, lora_qkv_kernel, and lora_o_kernel are not compatible with "
+                     "FSDP1.\"); give fsdp_version: 2")
+    one = cfg.unmodelled(CONFIG_KEYS[on[0]], True, "Axolotl's fused LoRA kernels under FSDP1 (they read the "
+                         "adapters inside FSDP1's FlatParameters): give fsdp_version: 2") \
+        if set(on) & set(PATCHING) else None
+    cfg.by_gpu_count = (one, fails)
 
 
 def _note_fsdp_qlora_load(cfg: Config) -> None:

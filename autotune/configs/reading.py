@@ -84,6 +84,10 @@ class TrainingConfig:
     # The key that sets trust_remote_code true ("trust_remote_code", "model_init_kwargs.trust_remote_code"),
     # checked once the model is known (check_remote_code); None: false or not set.
     trust_remote_code: str | None = None
+    # A refusal that turns on the GPU count, which only the merged flags give (sharding.check_launch):
+    # (raised on one GPU or None, raised on more). Axolotl's LoRA kernels under FSDP1: Axolotl refuses
+    # them on more than one GPU (JobFails), autotune does not model them on one.
+    by_gpu_count: tuple[InvalidInput | None, InvalidInput] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +147,7 @@ class Config:
         self.wrap_key: str | None = None
         self.from_pretrained: tuple[str, ...] = ()  # TrainingConfig.from_pretrained
         self.mesh: str | None = None  # TrainingConfig.mesh
+        self.by_gpu_count: tuple[InvalidInput | None, InvalidInput] | None = None  # TrainingConfig's
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -217,7 +222,7 @@ class Config:
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
                               files=((self.file, format),), mesh=self.mesh,
-                              trust_remote_code=self.remote_code_key())
+                              trust_remote_code=self.remote_code_key(), by_gpu_count=self.by_gpu_count)
 
     def remote_code_key(self) -> str | None:
         """The key that sets trust_remote_code true, the same in every format that has it (Axolotl,

@@ -394,8 +394,9 @@ def note_no_effect(cfg: Config, where: str, options: dict[str, Any], handled: se
 
 def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
     """What a config's launch needs once the flags are merged in (``request``): the GPU count of a
-    job it spreads over GPUs, and FSDP's wrapped classes checked against the model's modules (an
-    error naming the config's key; the request checks --fsdp-wrap again, the same way)."""
+    job it spreads over GPUs (and the refusals that turn on it: TrainingConfig.by_gpu_count), and
+    FSDP's wrapped classes checked against the model's modules (an error naming the config's key; the
+    request checks --fsdp-wrap again, the same way)."""
     step = request.step
     if step.parallel is not None and step.gpus is None:
         where = " and ".join(repr(path) for path, _ in config.files)
@@ -403,6 +404,12 @@ def check_launch(config: TrainingConfig, request: CheckRequest) -> None:
             f"{where} spreads the job over GPUs with {step.parallel} ({config.parallel_key or 'parallel'}): "
             "give {gpus} N, the GPUs it launches on, every node's together (no training config says how "
             "many)"))
+    if config.by_gpu_count is not None:
+        one, more = config.by_gpu_count
+        if (step.gpus or 1) > 1:
+            raise more
+        if one is not None:
+            raise one
     fixed = config.request.step.gpus
     if config.mesh is not None and fixed is not None and step.gpus != fixed:
         raise _about_gpus(InvalidInput.naming(

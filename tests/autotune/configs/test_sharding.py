@@ -488,9 +488,24 @@ def test_axolotl_fsdp1_qlora_is_answered_without_its_lora_kernels(tmp_path, caps
     doc = json.loads(out)
     assert code == 0 and doc["fits"] is True
     assert "QLoRA" in doc["message"] and "FSDP1 full shard" in doc["message"]
+
+
+
+def test_axolotl_lora_kernels_under_fsdp1_fail_on_several_gpus_and_are_not_modelled_on_one(tmp_path, capsys):
+    """Set explicitly under FSDP1, the kernels meet check_multigpu_lora_kernels (schemas/config.py), a
+    ValueError on more than one GPU: the job fails. The count is the flags', so the check decides."""
     kernels = write(tmp_path, {**AXOLOTL_FSDP1_QLORA, "lora_mlp_kernel": True}, "b.yml")
-    with pytest.raises(UnmodelledSetting, match="lora_mlp_kernel: True .* under FSDP1"):
-        read_training_config(kernels)
+    assert read_training_config(kernels).by_gpu_count is not None
+    code, out, _ = check(capsys, "--from-config", str(kernels), "--gpus", "4", "--gpu", "A100-80GB", "--json")
+    assert code == 2 and json.loads(out)["kind"] == "job fails", out
+    assert "check_multigpu_lora_kernels" in json.loads(out)["error"]
+    code, out, _ = check(capsys, "--from-config", str(kernels), "--gpus", "1", "--gpu", "A100-80GB", "--json")
+    assert code == 2 and json.loads(out)["kind"] == "not modelled", out
+    assert "lora_mlp_kernel: True" in json.loads(out)["error"] and "under FSDP1" in json.loads(out)["error"]
+    embedding = write(tmp_path, {**AXOLOTL_FSDP1_QLORA, "lora_embedding_kernel": True}, "c.yml")
+    code, out, _ = check(capsys, "--from-config", str(embedding), "--gpus", "2", "--gpu", "A100-80GB",
+                         "--json")
+    assert code == 2 and json.loads(out)["kind"] == "job fails", out  # Axolotl's check names it too
 
 
 def test_axolotl_fsdp1_qlora_with_fsdp_activation_checkpointing_is_answered(tmp_path, capsys):
