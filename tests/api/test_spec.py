@@ -50,6 +50,8 @@ SAMPLES = {
     "parallel": ({"gpu_memory": "4GiB", "gpus": 8}, {"parallel": "fsdp"}),
     "nodes": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"nodes": 2}),
     "tensor_parallel": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"tensor_parallel": 2}),
+    "context_parallel": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp", "attn": "flash_attention_2"},
+                         {"context_parallel": 2}),
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),
