@@ -439,7 +439,8 @@ def _context_modelled(cp: int) -> str:
             "whose keys span the whole sequence: two all-gather buffers of K and V over the full sequence "
             "per heads_k_stride head, a third for dK/dV before the reduce-scatter in backward, K and V "
             "made contiguous and saved, out and log-sum-exp per stride then concatenated, flash-attn's "
-            "varlen backward temporaries (workload/ring_attention.py)")
+            "varlen backward temporaries (workload/ring_attention.py); a micro-batch of 1 at most, the "
+            "one its forward runs (patch.py _flash_attention_forward_v3 asserts batch_size == 1)")
 
 
 def _wrap(kind: str, recipe: str | None, fsdp_wrap: str | tuple[str, ...] | None) -> tuple[str, ...]:

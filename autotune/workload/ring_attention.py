@@ -37,8 +37,8 @@ backward (``llama3_flash_attn_varlen_backward``)
 
 Sk, the keys a rank's queries attend, is ``local_k_slice`` (``llama3_flash_attn_prepare_cu_seqlens``,
 causal: up to the end of the rank's slice): the whole sequence for the last rank, the one emulated.
-A micro-batch of B rows is emulated as the B x L tokens of one packed row (Axolotl refuses B > 1 with
-sample packing: configs/axolotl.py). Values are meaningless (fake), as attention.py's kernels.
+A micro-batch above 1 fails (the forward's assertion, ``MAX_BATCH``): the search stops at 1
+(tuner.py search_cell). Values are meaningless (fake), as attention.py's kernels.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+# Axolotl's patch.py _flash_attention_forward_v3: ``assert batch_size == 1, "varlen data should be
+# processed in advance."``: the largest micro-batch a context-parallel rank runs
+MAX_BATCH = 1
 KIND = "ring-flash-attn"  # how the estimator's details name the kernel (backend.ATTENTION_KERNEL_NAMES)
 PAD_DIVISOR_MAX = 64  # sequence_parallel.py apply_sequence_parallelism: divisor = min(world, 64)
 FLASH_VARLEN_ROW_PAD = 128  # flash_api.cpp mha_varlen_bwd: total_q + 128 * batch_size rows
@@ -176,7 +179,7 @@ def _function() -> Any:
 
 def attention(spec: Ring, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``_flash_attention_forward_v3`` over the layer's query [B, H, L, D], key and value [B, Hk, L, D]:
-    the output [B, L, H, D] (as transformers' flash path returns it). B rows are one packed row. A
+    the output [1, L, H, D] (as transformers' flash path returns it). A
     torch function: the estimator's emulation sees the call (names the kernel)."""
     from torch.overrides import handle_torch_function, has_torch_function
 
@@ -192,7 +195,12 @@ def attention(spec: Ring, query: torch.Tensor, key: torch.Tensor, value: torch.T
         raise JobFails(f"heads_k_stride {spec.heads_k_stride} does not divide the model's "
                            f"{heads_k} key heads (ring-flash-attn asserts nheads_k % heads_k_stride == 0)")
     batch, heads, seq, _ = query.shape
-    q, k, v = (t.transpose(1, 2).reshape(batch * seq, t.shape[1], t.shape[-1])
-               for t in (query, key, value))
+    if batch > MAX_BATCH:
+        raise JobFails(f"a micro-batch of {batch} under context parallel: Axolotl's ring-flash-attn forward "
+                       "asserts batch 1 (monkeypatch/ring_attn/patch.py _flash_attention_forward_v3: "
+                       "\"varlen data should be processed in advance.\")")
+    # transformers' flash path hands [B, L, H, D] views (flash_attention_forward: transpose(1, 2));
+    # _flash_attention_forward_v3 squeezes the batch dim
+    q, k, v = (t.transpose(1, 2).squeeze(0) for t in (query, key, value))
     out = _function().apply(q, k, v, spec.cp, spec.heads_k_stride)
     return out.view(batch, seq, heads, out.shape[-1])  # type: ignore[no-any-return]

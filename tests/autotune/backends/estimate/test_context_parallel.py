@@ -12,8 +12,9 @@ from ranktrace import Phases
 
 from autotune.backends.estimate.backend import EstimateBackend
 from autotune.backends.estimate.steps import SteadySteps
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.gpus import resolve_gpu
+from autotune.tuner import search_cell
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
@@ -46,13 +47,17 @@ def gather_spec(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return _spec(tmp_path_factory.mktemp("cp-llama-40"), GATHER_CONFIG)
 
 
-def traced(spec: Any, cp: int) -> tuple[Phases, EstimateBackend]:
-    workload = Workload(spec, "causal-lm", "flash_attention_2", weights_dtype="bfloat16",
-                        parallel=Parallel("fsdp", 4, cp=cp))
+def workload_of(spec: Any, cp: int) -> Workload:
+    return Workload(spec, "causal-lm", "flash_attention_2", weights_dtype="bfloat16",
+                    parallel=Parallel("fsdp", 4, cp=cp))
+
+
+def traced(spec: Any, cp: int, batch: int = 1) -> tuple[Phases, EstimateBackend]:
+    workload = workload_of(spec, cp)
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
     backend._steady[(workload, "bf16")] = SteadySteps(verified=False)
     phases = Phases()
-    backend.trace_with(phases, backend._model(workload, "bf16"), workload, parse_mode("bf16"), SEQ, 1)
+    backend.trace_with(phases, backend._model(workload, "bf16"), workload, parse_mode("bf16"), SEQ, batch)
     return phases, backend
 
 
@@ -80,6 +85,17 @@ def test_the_gathered_kv_buffers_span_the_whole_sequence(gather_spec, cp):
     assert heads_k > 1  # backward's kv_contiguous_buffer [2, L, 1, D] as well (stride 1 < 2 key heads)
     assert 2 * (SEQ // cp) * HEAD_DIM * BF16 in sizes(phases)
     assert {"ring-flash-attn"} == set().union(*backend._attention.values())
+
+
+def test_a_micro_batch_above_1_fails_as_the_ring_forward_asserts(spec):
+    with pytest.raises(JobFails, match="varlen data should be processed in advance"):
+        traced(spec, 2, batch=2)
+
+
+def test_the_search_stops_at_the_one_row_the_ring_runs(spec):
+    backend = EstimateBackend(resolve_gpu("A100-80GB"))
+    result = search_cell(backend, workload_of(spec, 2), parse_mode("bf16"), SEQ, 40 * 2**30)
+    assert (result.max_batch_size, result.capped, [p.batch_size for p in result.probes]) == (1, False, [1])
 
 
 def test_the_local_sequence_is_padded_to_a_multiple_of_min_cp_64():
