@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.fsdp_wrap import parse_wrap
 from autotune.workload.zero import (
     Settings,
@@ -371,6 +371,12 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
     fsdp1 = _fsdp1_settings(kind, recipe, fsdp_version, fsdp1_config)
     tp = _tensor_parallel(kind, recipe, fsdp_version, gpus, nodes, tensor_parallel)
     cp = _context_parallel(kind, recipe, fsdp_version, gpus // nodes // tp, context_parallel)
+    if (tp > 1 or cp > 1) and nodes > 1 and gpus // nodes // tp // cp == 1:
+        raise _about("nodes", JobFails.naming(
+            f"{{nodes}} {nodes} replicas of {tp * cp} GPUs that tensor/context parallelism fills: accelerate "
+            "refuses it (parallelism_config.py ParallelismConfig.__post_init__: \"Tensor/Context parallelism "
+            "(tp/cp_size > 1) cannot be used with pure data parallelism (dp_replicate_size > 1 and "
+            "dp_shard_size == 1)\")"))
     offload = _offload(kind, offload_params)
     wrap = _wrap(kind, recipe, fsdp_wrap)
     if recipe == "llamafactory" and gpus == 1:

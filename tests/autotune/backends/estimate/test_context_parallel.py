@@ -119,3 +119,11 @@ def test_context_parallel_outside_fsdp2_is_refused_by_name(kind, extra):
 def test_context_parallel_must_divide_the_gpus():
     with pytest.raises(InvalidInput, match="must divide"):
         make_parallel(6, "fsdp", context_parallel=4)
+
+
+@pytest.mark.parametrize(("tp", "cp"), [(1, 2), (2, 1), (2, 2)])
+def test_replicas_of_tp_x_cp_alone_fail_as_accelerate_says(tp, cp):
+    # nodes replicate, each node's GPUs all tensor/context parallel: dp_shard_size 1
+    with pytest.raises(JobFails, match="cannot be used with pure data parallelism") as raised:
+        make_parallel(2 * tp * cp, "fsdp", nodes=2, tensor_parallel=tp, context_parallel=cp)
+    assert raised.value.field == "nodes"
