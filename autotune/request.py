@@ -448,6 +448,10 @@ class Step:
         None, "fsdp (FSDP2): context parallel degree, the GPUs of a group each holding 1/N of every "
         "sequence, attention by ring-flash-attn as Axolotl runs it (its context_parallel_size; needs attn "
         "flash_attention_2); FSDP2 shards over them too (default 1)", metavar="N", parse=positive)
+    heads_k_stride: int | None = option(
+        None, "context parallel: the key heads ring-flash-attn all-gathers at a time (Axolotl's "
+        "heads_k_stride; larger gathers more of the sequence's keys at once; default 1)", metavar="N",
+        parse=positive)
     reshard_after_forward: bool | None = option(
         None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
         "or keep them for the backward (SHARD_GRAD_OP)")
@@ -920,7 +924,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
                                  offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap,
                                  tensor_parallel=step.tensor_parallel,
-                                 context_parallel=step.context_parallel)
+                                 context_parallel=step.context_parallel,
+                                 heads_k_stride=step.heads_k_stride)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
                       None if adapter is None else adapter.recipe)
         if parallel is not None and parallel.cp > 1 and attn != FLASH_ATTENTION_2:

@@ -6,9 +6,9 @@ What Axolotl (axolotl-ai-cloud/axolotl, 067b021) refuses is the job's failure, i
 (utils/schemas/validation.py ``check_context_parallel_size``): an attention outside the flash-attn
 library, and a micro-batch above 1 with sample packing. What changes memory and is not modelled is
 refused by name: ring functions other than varlen_llama3 (``validate_ring_attn_func``: batch_ring is
-the default without sample packing, another algorithm of ring-flash-attn's), a ``heads_k_stride``
-other than 1 (patch.py: ``heads_k_stride or 1``), and context parallelism outside FSDP2 (DeepSpeed's
-Ulysses / ALST, DDP)."""
+the default without sample packing, another algorithm of ring-flash-attn's) and context parallelism
+outside FSDP2 (DeepSpeed's Ulysses / ALST, DDP). ``heads_k_stride`` is read (patch.py: ``heads_k_stride
+or 1``)."""
 
 from __future__ import annotations
 
@@ -44,15 +44,18 @@ def read_context_parallel(cfg: Config) -> int:
         raise cfg.unmodelled("ring_attn_func", func, f"{WHY} (the default with sample_packing: true); "
                              f"{func} (ring-flash-attn's batch functions) is not modelled")
     stride = cfg.get("heads_k_stride")
-    if stride not in (None, 1):
-        raise cfg.unmodelled("heads_k_stride", stride, f"{WHY} at heads_k_stride 1 (Axolotl's default)")
+    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
+        raise cfg.bad("heads_k_stride", stride, "a whole number of key heads")
     if cfg.launch.get("parallel") != "fsdp" or cfg.launch.get("fsdp_version") == 1:
         where = "DeepSpeed (Ulysses sequence parallelism)" if str(cfg.launch.get("parallel", "")).startswith(
             "zero") else "without FSDP2"
         raise cfg.unmodelled(key, cp, f"{WHY}; {where} it is not modelled")
     cfg.launch["context_parallel"] = cp
+    if stride not in (None, 1):
+        cfg.launch["heads_k_stride"] = stride
     cfg.notes.append(f"{key}: {cp}: context parallel {cp}: ring-flash-attn emulated (varlen_llama3, "
-                     "heads_k_stride 1), each rank tracing its 1/" f"{cp} of sequence_len")
+                     f"heads_k_stride {stride or 1}{'' if stride else ', patch.py: heads_k_stride or 1'}), "
+                     f"each rank tracing its 1/{cp} of sequence_len")
     return cp
 
 

@@ -92,6 +92,7 @@ class Parallel:
     # FSDP2 shards over the cp ranks too (accelerate's ParallelismConfig ``dp_shard_cp_dim_names``:
     # dp_shard and cp flattened), so shard_size keeps them
     cp: int = 1
+    heads_k_stride: int = 1  # cp: the key heads ring-flash-attn gathers at a time (Axolotl's heads_k_stride)
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
@@ -150,7 +151,8 @@ class Parallel:
     @property
     def modelled(self) -> str:
         """What the estimate ran for this job, in a sentence (the output says it)."""
-        return self._tensor_modelled + (_context_modelled(self.cp) if self.cp > 1 else "")
+        ring = _context_modelled(self.cp, self.heads_k_stride) if self.cp > 1 else ""
+        return self._tensor_modelled + ring
 
     @property
     def _tensor_modelled(self) -> str:
@@ -273,7 +275,7 @@ class Parallel:
                 "backward_prefetch": self.backward_prefetch,
                 "offload_params": self.offload_params if self.kind == FSDP else None,
                 "wrap_classes": list(self.wrap_classes) if self.kind == FSDP else None,
-                "tp": self.tp, "cp": self.cp}
+                "tp": self.tp, "cp": self.cp, "heads_k_stride": self.heads_k_stride}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -314,7 +316,8 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                   fsdp1_config: str | None = None, offload_params: bool | None = None,
                   fsdp_wrap: str | tuple[str, ...] | None = None,
                   tensor_parallel: int | None = None,
-                  context_parallel: int | None = None) -> Parallel | None:
+                  context_parallel: int | None = None,
+                  heads_k_stride: int | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -385,7 +388,8 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
                     recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1,
-                    offload_params=offload, wrap_classes=wrap, tp=tp, cp=cp)
+                    offload_params=offload, wrap_classes=wrap, tp=tp, cp=cp,
+                    heads_k_stride=_heads_k_stride(cp, heads_k_stride))
 
 
 def _tensor_parallel(kind: str, recipe: str | None, fsdp_version: int | None, gpus: int, nodes: int,
@@ -436,17 +440,31 @@ def _context_parallel(kind: str, recipe: str | None, fsdp_version: int | None, d
     return context_parallel
 
 
-def _context_modelled(cp: int) -> str:
+def _heads_k_stride(cp: int, heads_k_stride: int | None) -> int:
+    """``heads_k_stride``, checked: context parallelism's (ring-flash-attn's llama3 varlen ring), a whole
+    number of key heads (that it divides the model's is checked as the ring runs: ring_attention.py)."""
+    if heads_k_stride is None:
+        return 1
+    if isinstance(heads_k_stride, bool) or not isinstance(heads_k_stride, int) or heads_k_stride < 1:
+        raise _about("heads_k_stride", InvalidInput.naming(
+            f"{{heads_k_stride}} must be a whole number of key heads, got {heads_k_stride!r}"))
+    if cp == 1 and heads_k_stride != 1:
+        raise _about("heads_k_stride", InvalidInput.naming(
+            "{heads_k_stride} is a setting of context parallelism's ring: give {context_parallel}"))
+    return heads_k_stride
+
+
+def _context_modelled(cp: int, stride: int) -> str:
     """What the estimate ran for context parallelism, in a clause."""
     return (f"; context parallel {cp}: ring-flash-attn emulated (Axolotl's varlen_llama3 ring attention, "
             f"monkeypatch/ring_attn/patch.py): each rank traces its 1/{cp} of the sequence (padded to a "
             "multiple of min(cp, 64), utils/ctx_managers/sequence_parallel.py apply_sequence_parallelism), "
             "its attention allocating as ring-flash-attn's llama3_flash_attn_varlen.py does, for the rank "
             "whose keys span the whole sequence: two all-gather buffers of K and V over the full sequence "
-            "per heads_k_stride head, a third for dK/dV before the reduce-scatter in backward, K and V "
-            "made contiguous and saved, out and log-sum-exp per stride then concatenated, flash-attn's "
-            "varlen backward temporaries (workload/ring_attention.py); a micro-batch of 1 at most, the "
-            "one its forward runs (patch.py _flash_attention_forward_v3 asserts batch_size == 1)")
+            f"of heads_k_stride {stride} key heads, a third for dK/dV before the reduce-scatter in "
+            "backward, K and V made contiguous and saved, out and log-sum-exp per stride then concatenated, "
+            "flash-attn's varlen backward temporaries (workload/ring_attention.py); a micro-batch of 1 at "
+            "most, the one its forward runs (patch.py _flash_attention_forward_v3 asserts batch_size == 1)")
 
 
 def _wrap(kind: str, recipe: str | None, fsdp_wrap: str | tuple[str, ...] | None) -> tuple[str, ...]:

@@ -52,6 +52,8 @@ SAMPLES = {
     "tensor_parallel": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"tensor_parallel": 2}),
     "context_parallel": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp", "attn": "flash_attention_2"},
                          {"context_parallel": 2}),
+    "heads_k_stride": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp", "attn": "flash_attention_2",
+                        "context_parallel": 2}, {"heads_k_stride": 2}),
     "reshard_after_forward": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"},
                               {"reshard_after_forward": False}),
     "fsdp_recipe": ({"gpu_memory": "4GiB", "gpus": 8, "parallel": "fsdp"}, {"fsdp_recipe": "axolotl"}),

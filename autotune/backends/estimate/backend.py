@@ -774,7 +774,8 @@ class EstimateBackend:
         # Context parallel: the rank traces its slice of the sequence, its attention ring-flash-attn's
         # (workload/ring_attention.py); the trace is still the job's seq_len's (the cell's key).
         parallel = workload.parallel
-        spec = Ring(parallel.cp) if parallel is not None and parallel.cp > 1 else None
+        ringed = parallel is not None and parallel.cp > 1
+        spec = Ring(parallel.cp, parallel.heads_k_stride) if parallel is not None and ringed else None
         local = seq_len if spec is None else local_seq_len(seq_len, spec.cp)
         try:
             with conversions, ring(spec):

@@ -35,6 +35,12 @@ def test_the_mesh_s_gpus_are_replicate_x_shard_x_cp_x_tp(tmp_path):
     assert any("context parallel 2: ring-flash-attn emulated" in note for note in notes)
 
 
+def test_heads_k_stride_is_read(tmp_path):
+    step, notes = read(tmp_path, {**FSDP2, "context_parallel_size": 2, "heads_k_stride": 2})
+    assert step.heads_k_stride == 2
+    assert any("heads_k_stride 2" in note for note in notes)
+
+
 def test_the_deprecated_sequence_parallel_degree_is_context_parallel(tmp_path):
     step, _ = read(tmp_path, {**FSDP2, "sequence_parallel_degree": 4})
     assert step.context_parallel == 4
@@ -53,7 +59,6 @@ def test_an_attention_outside_flash_attn_fails_as_axolotl_says(tmp_path):
 @pytest.mark.parametrize(("changes", "key"), [
     ({"sample_packing": False}, "ring_attn_func"),  # batch_ring, the default without packing
     ({"ring_attn_func": "batch_zigzag"}, "ring_attn_func"),
-    ({"heads_k_stride": 2}, "heads_k_stride"),
 ])
 def test_what_is_not_modelled_is_refused_by_name(tmp_path, changes, key):
     with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled"):

@@ -47,13 +47,13 @@ def gather_spec(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return _spec(tmp_path_factory.mktemp("cp-llama-40"), GATHER_CONFIG)
 
 
-def workload_of(spec: Any, cp: int) -> Workload:
+def workload_of(spec: Any, cp: int, stride: int = 1) -> Workload:
     return Workload(spec, "causal-lm", "flash_attention_2", weights_dtype="bfloat16",
-                    parallel=Parallel("fsdp", 4, cp=cp))
+                    parallel=Parallel("fsdp", 4, cp=cp, heads_k_stride=stride))
 
 
-def traced(spec: Any, cp: int, batch: int = 1) -> tuple[Phases, EstimateBackend]:
-    workload = workload_of(spec, cp)
+def traced(spec: Any, cp: int, batch: int = 1, stride: int = 1) -> tuple[Phases, EstimateBackend]:
+    workload = workload_of(spec, cp, stride)
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
     backend._steady[(workload, "bf16")] = SteadySteps(verified=False)
     phases = Phases()
@@ -85,6 +85,25 @@ def test_the_gathered_kv_buffers_span_the_whole_sequence(gather_spec, cp):
     assert heads_k > 1  # backward's kv_contiguous_buffer [2, L, 1, D] as well (stride 1 < 2 key heads)
     assert 2 * (SEQ // cp) * HEAD_DIM * BF16 in sizes(phases)
     assert {"ring-flash-attn"} == set().union(*backend._attention.values())
+
+
+def test_a_larger_heads_k_stride_gathers_more_key_heads_at_once(gather_spec):
+    phases, _ = traced(gather_spec, 2, stride=2)
+    one, both = (2 * SEQ * stride * HEAD_DIM * BF16 for stride in (1, 2))
+    layers, steps = CONFIG["num_hidden_layers"], 2
+    assert sizes(phases).count(both) == steps * layers * (2 + 3)
+    assert one not in sizes(phases)
+
+
+def test_a_heads_k_stride_that_does_not_divide_the_key_heads_fails_as_ring_flash_attn_asserts(gather_spec):
+    with pytest.raises(JobFails, match="nheads_k % heads_k_stride == 0"):
+        traced(gather_spec, 2, stride=3)
+
+
+def test_heads_k_stride_is_context_parallel_s():
+    with pytest.raises(InvalidInput, match="heads_k_stride.*context_parallel") as raised:
+        make_parallel(4, "fsdp", heads_k_stride=2)
+    assert raised.value.field == "heads_k_stride"
 
 
 def test_a_micro_batch_above_1_fails_as_the_ring_forward_asserts(spec):
