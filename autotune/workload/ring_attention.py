@@ -59,7 +59,8 @@ MAX_BATCH = 1
 KIND = "ring-flash-attn"  # how the estimator's details name the kernel (backend.ATTENTION_KERNEL_NAMES)
 PAD_DIVISOR_MAX = 64  # sequence_parallel.py apply_sequence_parallelism: divisor = min(world, 64)
 FLASH_VARLEN_ROW_PAD = 128  # flash_api.cpp mha_varlen_bwd: total_q + 128 * batch_size rows
-FLASH_HEAD_ROUND = 32  # flash_api.cpp mha_varlen_bwd: head_size_rounded (head dims up to 192)
+# flash_api.cpp mha_varlen_bwd: head_size_rounded = head_size <= 192 ? round_multiple(head_size, 32) : 256
+FLASH_HEAD_ROUND, FLASH_HEAD_ROUND_MAX, FLASH_HEAD_ROUNDED_ABOVE = 32, 192, 256
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,9 @@ def _varlen_backward_temporaries(q: torch.Tensor, seq_k: int, heads: int, heads_
     total_q, head_dim = q.shape[0], q.shape[-1]
     expanded = [q.new_empty((seq_k, heads, head_dim)) for _ in range(2)] if heads != heads_k else []
     softmax_d = q.new_empty((heads, total_q + FLASH_VARLEN_ROW_PAD), dtype=torch.float32)
-    dq_accum = q.new_empty((total_q + FLASH_VARLEN_ROW_PAD, heads, _round(head_dim, FLASH_HEAD_ROUND)),
-                           dtype=torch.float32)
+    rounded = (_round(head_dim, FLASH_HEAD_ROUND) if head_dim <= FLASH_HEAD_ROUND_MAX
+               else FLASH_HEAD_ROUNDED_ABOVE)
+    dq_accum = q.new_empty((total_q + FLASH_VARLEN_ROW_PAD, heads, rounded), dtype=torch.float32)
     del dq_accum, expanded
     del softmax_d
 
@@ -178,9 +180,9 @@ def _function() -> Any:
 
 
 def attention(spec: Ring, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``_flash_attention_forward_v3`` over the layer's query [B, H, L, D], key and value [B, Hk, L, D]:
-    the output [1, L, H, D] (as transformers' flash path returns it). A
-    torch function: the estimator's emulation sees the call (names the kernel)."""
+    """``_flash_attention_forward_v3`` over the layer's query [1, H, L, D], key and value [1, Hk, L, D]:
+    the output [1, L, H, D] (as transformers' flash path returns it). A torch function: the estimator's
+    emulation sees the call (names the kernel)."""
     from torch.overrides import handle_torch_function, has_torch_function
 
     from autotune.errors import JobFails
@@ -193,7 +195,7 @@ def attention(spec: Ring, query: torch.Tensor, key: torch.Tensor, value: torch.T
     if heads_k % spec.heads_k_stride:
         # llama3_flash_attn_varlen_forward: ``assert nheads_k % heads_k_stride == 0``
         raise JobFails(f"heads_k_stride {spec.heads_k_stride} does not divide the model's "
-                           f"{heads_k} key heads (ring-flash-attn asserts nheads_k % heads_k_stride == 0)")
+                       f"{heads_k} key heads (ring-flash-attn asserts nheads_k % heads_k_stride == 0)")
     batch, heads, seq, _ = query.shape
     if batch > MAX_BATCH:
         raise JobFails(f"a micro-batch of {batch} under context parallel: Axolotl's ring-flash-attn forward "
