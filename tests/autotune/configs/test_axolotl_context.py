@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune.cli import main
 from autotune.configs import read_training_config
 from autotune.errors import JobFails, UnmodelledSetting
 
@@ -69,3 +70,15 @@ def test_context_parallel_without_fsdp2_is_refused_by_name(tmp_path):
     # the shape of nemotron-h's qlora-cp example: no FSDP, no DeepSpeed
     with pytest.raises(UnmodelledSetting, match=r"^context_parallel_size: .*without FSDP2"):
         read(tmp_path, {**AXOLOTL, "context_parallel_size": 2})
+
+
+@pytest.mark.slow  # the whole check of tiny-llama's FSDP2 rank: about 12 s
+def test_a_check_of_such_a_config_says_the_ring_is_emulated(tmp_path, capsys):
+    # the shape of distributed-parallel's fsdp-cp example: dp_shard x cp, the GPUs their product
+    path = tmp_path / "cp.yml"
+    path.write_text(yaml.safe_dump({**FSDP2, "dp_shard_size": 2, "context_parallel_size": 2}))
+    argv = ["check", "--from-config", str(path), "--gpu", "H100-80GB", "--workers", "1", "--no-cache"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "context parallel 2 (each rank holds 1/2 of every sequence" in out and "4 GPUs" in out
+    assert "context parallel 2: ring-flash-attn emulated" in out
