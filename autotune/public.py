@@ -388,6 +388,8 @@ class StepOptions(TypedDict, total=False):
     fsdp_wrap: str | None  # fsdp: "MixtralSparseMoeBlock,...": classes wrapped (default _no_split_modules)
     offload_params: bool | None  # False: FSDP's CPU offload (FSDP2's CPUOffloadPolicy, FSDP1's CPUOffload)
     tensor_parallel: int | None  # 1: fsdp (FSDP2): GPUs of a tensor-parallel group (transformers' tp_plan)
+    context_parallel: int | None  # 1: fsdp (FSDP2): GPUs splitting each sequence (ring-flash-attn)
+    heads_k_stride: int | None  # 1: context parallel: key heads ring-flash-attn gathers at a time
     zero_config: str | None  # zero1/2/3: the zero_optimization mapping as JSON (default: the "auto" keys)
     images_per_sample: int | None  # 1, image-text-to-text only
     image_size: str | tuple[int, int] | None  # "640x480" (width x height), image-text-to-text only

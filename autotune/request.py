@@ -87,7 +87,7 @@ from autotune.workload.parallel import (
 )
 from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.scattermoe import EXPERTS_KERNELS
-from autotune.workload.step import ATTN_CHOICES, flash_at_axolotl_pin
+from autotune.workload.step import ATTN_CHOICES, FLASH_ATTENTION_2, flash_at_axolotl_pin
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -444,6 +444,14 @@ class Step:
         None, "fsdp (FSDP2): tensor parallel degree, the GPUs of a group splitting each linear of the "
         "model's tp_plan as transformers' tp_plan=\"auto\" does (Axolotl's tensor_parallel_size); FSDP2 "
         "shards over gpus / (nodes x N) of them (default 1)", metavar="N", parse=positive)
+    context_parallel: int | None = option(
+        None, "fsdp (FSDP2): context parallel degree, the GPUs of a group each holding 1/N of every "
+        "sequence, attention by ring-flash-attn as Axolotl runs it (its context_parallel_size; needs attn "
+        "flash_attention_2); FSDP2 shards over them too (default 1)", metavar="N", parse=positive)
+    heads_k_stride: int | None = option(
+        None, "context parallel: the key heads ring-flash-attn all-gathers at a time (Axolotl's "
+        "heads_k_stride; larger gathers more of the sequence's keys at once; default 1)", metavar="N",
+        parse=positive)
     reshard_after_forward: bool | None = option(
         None, "fsdp: free each layer's gathered parameters after its forward (default; FULL_SHARD), "
         "or keep them for the backward (SHARD_GRAD_OP)")
@@ -915,9 +923,17 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                                  activation_checkpointing=step.fsdp_activation_checkpointing,
                                  fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
                                  offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap,
-                                 tensor_parallel=step.tensor_parallel)
+                                 tensor_parallel=step.tensor_parallel,
+                                 context_parallel=step.context_parallel,
+                                 heads_k_stride=step.heads_k_stride)
         check_sharded(parallel, None if adapter is None else adapter.base_bits, optimizer,
                       None if adapter is None else adapter.recipe)
+        if parallel is not None and parallel.cp > 1 and attn != FLASH_ATTENTION_2:
+            # ring-flash-attn replaces transformers' flash path alone (Axolotl's schemas/validation.py
+            # check_context_parallel_size: "context_parallel_size > 1 requires flash attention")
+            raise _about("attn", InvalidInput.naming(
+                f"{{context_parallel}} {parallel.cp} runs ring-flash-attn in place of transformers' flash "
+                f"attention: give {{attn}} {FLASH_ATTENTION_2}, not {attn or 'the default'}"))
         if parallel is not None and optimizer in LF_OPTIMIZERS:
             raise _about("optimizer", UnmodelledSetting.naming(
                 f"{{optimizer}} {optimizer} (LLaMA-Factory's, workload/lf_optimizers.py) over more than one "

@@ -27,6 +27,7 @@ from autotune.workload import Workload
 from autotune.workload.models import check_seq_len
 from autotune.workload.modes import Mode
 from autotune.workload.parallel import Parallel, nccl_bytes
+from autotune.workload.ring_attention import MAX_BATCH as RING_MAX_BATCH
 from autotune.workload.support import check_supported, paged_state_bytes, step_warnings
 from autotune.workload.trainers import Trainer
 
@@ -308,12 +309,16 @@ def search_cell(
     target card cannot run (workload.support.refusal) raises InvalidInput.
     """
     check_supported(workload, mode, backend.gpu)
+    # context parallel: ring-flash-attn's varlen ring runs one row a micro-batch (ring_attention.py
+    # MAX_BATCH), the most the job runs, not the search's cap
+    ring = workload.parallel is not None and workload.parallel.cp > 1
+    cap = min(max_batch, RING_MAX_BATCH) if ring else max_batch
     with backend.cell(workload, mode, seq_len, budget_bytes) as cell:
-        return search_max_batch(
-            cell.fits, budget_bytes=budget_bytes, max_batch=max_batch, method=method,  # type: ignore[arg-type]
-            upper_bound=upper_bound, guess=guess, predict=cell.predict, settle=cell.settle,
-            above=cell.above,
+        result = search_max_batch(
+            cell.fits, budget_bytes=budget_bytes, max_batch=cap, method=method,  # type: ignore[arg-type]
+            upper_bound=upper_bound, guess=guess, predict=cell.predict, settle=cell.settle, above=cell.above,
         )
+    return replace(result, capped=False, also_fits=None) if ring else result
 
 
 def memory_model(probe_log: Sequence[Mapping[str, Any]]) -> MemoryModel | None:

@@ -443,7 +443,9 @@ class _Normalizing:
                                           activation_checkpointing=step.fsdp_activation_checkpointing,
                                           fsdp_version=step.fsdp_version, fsdp1_config=step.fsdp1_config,
                                           offload_params=step.offload_params, fsdp_wrap=step.fsdp_wrap,
-                                          tensor_parallel=step.tensor_parallel)
+                                          tensor_parallel=step.tensor_parallel,
+                                          context_parallel=step.context_parallel,
+                                          heads_k_stride=step.heads_k_stride)
 
     def check_target(self) -> None:
         """The backend, where its run goes, the card and the budget the margin leaves on it."""

@@ -105,7 +105,11 @@ def key_of(request: CheckRequest) -> dict[str, Any] | None:
                                   "offload_params": step.offload_params,
                                   **({"fsdp_wrap": step.fsdp_wrap} if step.fsdp_wrap else {}),
                                   **({"tensor_parallel": step.tensor_parallel}
-                                     if step.tensor_parallel not in (None, 1) else {})}}
+                                     if step.tensor_parallel not in (None, 1) else {}),
+                                  **({"context_parallel": step.context_parallel}
+                                     if step.context_parallel not in (None, 1) else {}),
+                                  **({"heads_k_stride": step.heads_k_stride}
+                                     if step.heads_k_stride not in (None, 1) else {})}}
                     if step.gpus is not None or step.parallel is not None else {}),
                  **_other_fields(step)},
         # no mode: the weights' default (defaults.default_mode_name), fixed by the model and dtype above
@@ -130,7 +134,8 @@ KEYED_FIELDS = frozenset({
     "num_generations", "max_completion_length", "max_prompt_length", "beta", "steps_per_generation",
     "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "gpus", "parallel", "nodes",
     "reshard_after_forward", "fsdp_recipe", "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config",
-    "offload_params", "fsdp_wrap", "tensor_parallel", "peft_options", "adapter", "hub",
+    "offload_params", "fsdp_wrap", "tensor_parallel", "context_parallel", "heads_k_stride",
+    "peft_options", "adapter", "hub",
 })
 
 

@@ -343,7 +343,8 @@ def _ask_server(server: str, request: CheckRequest, token: str | None) -> dict[s
         query["mode"] = parse_mode(request.mode).name
     # the trainer and its settings too: the service answers that trainer's step, never SFT in its place
     for name in ("task", "attn", "gpus", "parallel", "nodes", "fsdp_recipe", "fsdp_version", "fsdp1_config",
-                 "fsdp_wrap", "tensor_parallel", "trainer", "kto_loss_type",
+                 "fsdp_wrap", "tensor_parallel", "context_parallel", "heads_k_stride", "trainer",
+                 "kto_loss_type",
                  "num_generations", "max_completion_length", "beta", "steps_per_generation", "vllm_mode",
                  "vllm_gpu_memory_utilization"):
         if getattr(step, name) is not None and getattr(step, name) != "":

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.configs.axolotl_callbacks import read_callbacks
+from autotune.configs.axolotl_context import read_context_parallel
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
 from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
@@ -119,15 +120,10 @@ _AXOLOTL_REFUSED = {
                      "param.abs() > eps at the start and multiplies each weight by it after every optimizer "
                      "step (constant/base.py on_start, on_event)",
 }
-# Parallel degrees not modelled (1 or null: none), and why: Axolotl's context parallelism is
-# ring-flash-attn's ring attention (monkeypatch/ring_attn/patch.py: llama3_flash_attn_varlen_func,
-# CUDA kernels) over the sequence split across the cp ranks; expert parallelism is its
-# ExpertParallelPlugin's dispatch of the experts over ranks (integrations/expert_parallel).
+# Parallel degrees not modelled (1 or null: none), and why: expert parallelism is Axolotl's
+# ExpertParallelPlugin's dispatch of the experts over ranks (integrations/expert_parallel). Context
+# parallelism is read by axolotl_context.py.
 _AXOLOTL_PARALLEL = {
-    "context_parallel_size": f"{PARALLEL}: context parallelism (ring-flash-attn's ring attention over the "
-                             "sequence split across ranks) is not modelled",
-    "sequence_parallel_degree": f"{PARALLEL}: context parallelism (ring-flash-attn's ring attention over "
-                                "the sequence split across ranks) is not modelled",
     "expert_parallel_size": f"{PARALLEL}: expert parallelism (ExpertParallelPlugin, the experts dispatched "
                             "over ranks) is not modelled",
 }
@@ -1219,11 +1215,13 @@ def _axolotl_mesh(cfg: Config) -> None:
     (monkeypatch/accelerate/fsdp2.py: ``fsdp_dim_names``); dp_replicate_size > 1 is hybrid sharding,
     read as nodes; a dp_shard_size given fixes the job's GPUs (their product; ParallelismConfig
     refuses another world size), else Axolotl fills dp_shard with the GPUs left (``--gpus``).
-    Context and expert parallelism are refused by name."""
+    context_parallel_size is the cp dim (axolotl_context.py), FSDP2 sharding over dp_shard x cp.
+    Expert parallelism is refused by name."""
     for key, why in _AXOLOTL_PARALLEL.items():
         value = cfg.get(key)
         if value is not None and value != 1:
             raise cfg.unmodelled(key, value, why)
+    cp = read_context_parallel(cfg)
     sizes = {}
     for key in ("tensor_parallel_size", "dp_shard_size", "dp_replicate_size"):
         value = cfg.get(key)
@@ -1231,9 +1229,9 @@ def _axolotl_mesh(cfg: Config) -> None:
             raise cfg.bad(key, value, "a whole number of GPUs")
         sizes[key] = value
     tp, shard, replicate = (sizes[key] or 1 for key in sizes)
-    if tp == shard == replicate == 1:
+    if tp == shard == replicate == cp == 1:
         return
-    where = next(key for key in sizes if (sizes[key] or 1) > 1)
+    where = next((key for key in sizes if (sizes[key] or 1) > 1), "dp_shard_size")
     if cfg.launch.get("parallel") != "fsdp" or cfg.launch.get("fsdp_version") == 1:
         raise cfg.unmodelled(where, cfg.data[where], f"{PARALLEL}: the mesh is modelled under FSDP2 "
                              "(fsdp_version: 2) alone")
@@ -1242,10 +1240,12 @@ def _axolotl_mesh(cfg: Config) -> None:
     if replicate > 1:
         cfg.launch["nodes"] = replicate
     if sizes["dp_shard_size"] is not None:
-        cfg.launch["gpus"] = replicate * shard * tp
-        cfg.mesh = " x ".join(f"{key} {sizes[key]}" for key in sizes if sizes[key] is not None)
+        cfg.launch["gpus"] = replicate * shard * cp * tp
+        cfg.mesh = " x ".join(f"{key} {sizes[key]}" for key in sizes if sizes[key] is not None) + (
+            f" x context_parallel_size {cp}" if cp > 1 else "")
     cfg.notes.append(f"device mesh: {replicate} replicate x {sizes['dp_shard_size'] or 'the rest'} FSDP "
-                     f"shard x {tp} tensor parallel (Axolotl's build_parallelism_config: accelerate's "
+                     f"shard x {cp} context parallel x {tp} tensor parallel (Axolotl's "
+                     "build_parallelism_config: accelerate's "
                      "ParallelismConfig)" + (", the GPUs their product" if sizes["dp_shard_size"] else ""))
 
 

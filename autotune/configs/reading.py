@@ -34,7 +34,8 @@ SHARDING = "DeepSpeed/FSDP sharding is not modelled: autotune models one GPU hol
 # The request fields a config may set for a job on more than one GPU (read by configs/sharding.py).
 LAUNCH_FIELDS = ("gpus", "parallel", "nodes", "reshard_after_forward", "fsdp_recipe", "zero_config",
                  "fsdp_activation_checkpointing", "fsdp_version", "fsdp1_config", "offload_params",
-                 "fsdp_wrap", "tensor_parallel")
+                 "fsdp_wrap", "tensor_parallel", "context_parallel",
+                 "heads_k_stride")
 PARALLEL = "tensor/context parallelism is not modelled: autotune models one GPU holding the whole model"
 QUANT = ("quantized weights are not modelled beyond a bitsandbytes 4-bit or 8-bit base under LoRA (QLoRA, "
          "LLM.int8): GPTQ, AWQ, AQLM, torchao, ... are not")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import InvalidInput
+from autotune.errors import InvalidInput, JobFails
 from autotune.workload.fsdp_wrap import parse_wrap
 from autotune.workload.zero import (
     Settings,
@@ -87,6 +87,12 @@ class Parallel:
     # apply_tensor_parallelism on the mesh's innermost "tp" dim, as accelerate's ParallelismConfig
     # builds it); FSDP2 shards over the gpus // (nodes x tp) ranks of the other dims
     tp: int = 1
+    # fsdp 2: context parallelism (Axolotl's context_parallel_size), the ranks of a group each
+    # holding 1/cp of every sequence, attention by ring-flash-attn (workload/ring_attention.py);
+    # FSDP2 shards over the cp ranks too (accelerate's ParallelismConfig ``dp_shard_cp_dim_names``:
+    # dp_shard and cp flattened), so shard_size keeps them
+    cp: int = 1
+    heads_k_stride: int = 1  # cp: the key heads ring-flash-attn gathers at a time (Axolotl's heads_k_stride)
 
     def __post_init__(self) -> None:
         # Made again from JSON (a stored run's spec, the cuda worker's cell), the settings are lists
@@ -133,6 +139,9 @@ class Parallel:
             strategy += (f", tensor parallel {self.tp} (mesh {replicas}{self.shard_size} FSDP x "
                          f"{self.tp} TP: each rank holds 1/{self.tp} of each linear of the tp_plan, then "
                          f"FSDP's 1/{self.shard_size} of that)")
+        if self.cp > 1:
+            strategy += (f", context parallel {self.cp} (each rank holds 1/{self.cp} of every sequence; "
+                         f"FSDP shards over the {self.shard_size} GPUs of dp_shard x cp)")
         checkpointed = ", FSDP activation checkpointing" if self.activation_checkpointing else ""
         offloaded = (", parameters, gradients and optimizer state offloaded to the CPU" if self.offload_params
                      else "")
@@ -142,6 +151,11 @@ class Parallel:
     @property
     def modelled(self) -> str:
         """What the estimate ran for this job, in a sentence (the output says it)."""
+        ring = _context_modelled(self.cp, self.heads_k_stride) if self.cp > 1 else ""
+        return self._tensor_modelled + ring
+
+    @property
+    def _tensor_modelled(self) -> str:
         if self.tp == 1:
             return self._sharding_modelled
         return (self._sharding_modelled + f"; tensor parallel {self.tp}, traced: transformers' own "
@@ -261,7 +275,7 @@ class Parallel:
                 "backward_prefetch": self.backward_prefetch,
                 "offload_params": self.offload_params if self.kind == FSDP else None,
                 "wrap_classes": list(self.wrap_classes) if self.kind == FSDP else None,
-                "tp": self.tp}
+                "tp": self.tp, "cp": self.cp, "heads_k_stride": self.heads_k_stride}
 
 
 # NCCL's own device memory per rank, outside PyTorch's caching allocator (NCCL 2.27-2.29, the
@@ -301,7 +315,9 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
                   activation_checkpointing: bool | None = None, fsdp_version: int | None = None,
                   fsdp1_config: str | None = None, offload_params: bool | None = None,
                   fsdp_wrap: str | tuple[str, ...] | None = None,
-                  tensor_parallel: int | None = None) -> Parallel | None:
+                  tensor_parallel: int | None = None,
+                  context_parallel: int | None = None,
+                  heads_k_stride: int | None = None) -> Parallel | None:
     """The job's parallelism from what was asked; None for one GPU (no kind, or ``gpus`` 1 with
     ddp). ``gpus`` > 1 without a kind is DDP, what ``torchrun`` runs the Trainer with. An error
     names the field to change (``field``). ``zero_config``: zero1/2/3's zero_optimization keys, as
@@ -357,6 +373,13 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
             "activation checkpointing of its own (its enable_activation_checkpointing is a ckpt mode)"))
     fsdp1 = _fsdp1_settings(kind, recipe, fsdp_version, fsdp1_config)
     tp = _tensor_parallel(kind, recipe, fsdp_version, gpus, nodes, tensor_parallel)
+    cp = _context_parallel(kind, recipe, fsdp_version, gpus // nodes // tp, context_parallel)
+    if (tp > 1 or cp > 1) and nodes > 1 and gpus // nodes // tp // cp == 1:
+        raise _about("nodes", JobFails.naming(
+            f"{{nodes}} {nodes} replicas of {tp * cp} GPUs that tensor/context parallelism fills: accelerate "
+            "refuses it (parallelism_config.py ParallelismConfig.__post_init__: \"Tensor/Context parallelism "
+            "(tp/cp_size > 1) cannot be used with pure data parallelism (dp_replicate_size > 1 and "
+            "dp_shard_size == 1)\")"))
     offload = _offload(kind, offload_params)
     wrap = _wrap(kind, recipe, fsdp_wrap)
     if recipe == "llamafactory" and gpus == 1:
@@ -365,7 +388,8 @@ def make_parallel(gpus: int | None, kind: str | None, *, nodes: int | None = Non
         return None  # DDP on one GPU is the one-GPU step
     return Parallel(kind, gpus, nodes, True if reshard_after_forward is None else reshard_after_forward,
                     recipe or "accelerate", bool(activation_checkpointing), zero, **fsdp1,
-                    offload_params=offload, wrap_classes=wrap, tp=tp)
+                    offload_params=offload, wrap_classes=wrap, tp=tp, cp=cp,
+                    heads_k_stride=_heads_k_stride(cp, heads_k_stride))
 
 
 def _tensor_parallel(kind: str, recipe: str | None, fsdp_version: int | None, gpus: int, nodes: int,
@@ -390,6 +414,57 @@ def _tensor_parallel(kind: str, recipe: str | None, fsdp_version: int | None, gp
             f"{{tensor_parallel}} {tensor_parallel} must divide the GPUs of a node ({gpus // nodes}): a "
             "tensor-parallel group is within one node (the mesh's innermost dim)"))
     return tensor_parallel
+
+
+def _context_parallel(kind: str, recipe: str | None, fsdp_version: int | None, data_gpus: int,
+                      context_parallel: int | None) -> int:
+    """``context_parallel``, checked: FSDP2's (Axolotl's context_parallel_size, its cp dim of
+    ``build_parallelism_config``'s mesh), dividing the GPUs of a node left by tensor parallelism
+    (``data_gpus``: FSDP2 shards over dp_shard x cp). Beside DDP, DeepSpeed (Ulysses, ALST) or FSDP1
+    it is not modelled."""
+    if context_parallel in (None, 1):
+        return 1
+    if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:
+        raise _about("context_parallel", InvalidInput.naming(
+            f"{{context_parallel}} must be a whole number of GPUs, got {context_parallel!r}"))
+    if kind != FSDP or fsdp_version == 1 or recipe == "llamafactory":
+        what = f"{{parallel}} {kind}" if kind != FSDP else (
+            "{fsdp_version} 1" if fsdp_version == 1 else "{fsdp_recipe} llamafactory")
+        raise _about("context_parallel", InvalidInput.naming(
+            f"{{context_parallel}} {context_parallel} beside {what} is not modelled: context parallelism is "
+            "modelled with FSDP2 ({parallel} fsdp), as Axolotl runs it with ring-flash-attn"))
+    if data_gpus % context_parallel:
+        raise _about("context_parallel", InvalidInput.naming(
+            f"{{context_parallel}} {context_parallel} must divide the GPUs of a node left by tensor "
+            f"parallelism ({data_gpus}): FSDP2 shards over dp_shard x cp"))
+    return context_parallel
+
+
+def _heads_k_stride(cp: int, heads_k_stride: int | None) -> int:
+    """``heads_k_stride``, checked: context parallelism's (ring-flash-attn's llama3 varlen ring), a whole
+    number of key heads (that it divides the model's is checked as the ring runs: ring_attention.py)."""
+    if heads_k_stride is None:
+        return 1
+    if isinstance(heads_k_stride, bool) or not isinstance(heads_k_stride, int) or heads_k_stride < 1:
+        raise _about("heads_k_stride", InvalidInput.naming(
+            f"{{heads_k_stride}} must be a whole number of key heads, got {heads_k_stride!r}"))
+    if cp == 1 and heads_k_stride != 1:
+        raise _about("heads_k_stride", InvalidInput.naming(
+            "{heads_k_stride} is a setting of context parallelism's ring: give {context_parallel}"))
+    return heads_k_stride
+
+
+def _context_modelled(cp: int, stride: int) -> str:
+    """What the estimate ran for context parallelism, in a clause."""
+    return (f"; context parallel {cp}: ring-flash-attn emulated (Axolotl's varlen_llama3 ring attention, "
+            f"monkeypatch/ring_attn/patch.py): each rank traces its 1/{cp} of the sequence (padded to a "
+            "multiple of min(cp, 64), utils/ctx_managers/sequence_parallel.py apply_sequence_parallelism), "
+            "its attention allocating as ring-flash-attn's llama3_flash_attn_varlen.py does, for the rank "
+            "whose keys span the whole sequence: two all-gather buffers of K and V over the full sequence "
+            f"of heads_k_stride {stride} key heads, a third for dK/dV before the reduce-scatter in "
+            "backward, K and V made contiguous and saved, out and log-sum-exp per stride then concatenated, "
+            "flash-attn's varlen backward temporaries (workload/ring_attention.py); a micro-batch of 1 at "
+            "most, the one its forward runs (patch.py _flash_attention_forward_v3 asserts batch_size == 1)")
 
 
 def _wrap(kind: str, recipe: str | None, fsdp_wrap: str | tuple[str, ...] | None) -> tuple[str, ...]:

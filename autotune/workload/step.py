@@ -312,6 +312,11 @@ def _flash_stand_in(module: Any, query: Any, key: Any, value: Any, attention_mas
                     **kwargs: Any) -> tuple[Any, None]:
     import torch.nn.functional as F
 
+    from autotune.workload import ring_attention
+
+    spec = ring_attention.current()
+    if spec is not None:  # context parallel: Axolotl's ring-flash-attn in place of the flash kernel
+        return ring_attention.attention(spec, query, key, value), None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=causal,
                                          scale=scaling, enable_gqa=key.shape[1] != query.shape[1])

@@ -245,6 +245,10 @@ class Worker:
             if workload.parallel is not None and workload.parallel.is_zero:
                 raise UnmodelledSetting(f"parallel {workload.parallel.kind}: the cuda backend does not run "
                                         "DeepSpeed yet; the estimate backend traces it")
+            if workload.parallel is not None and workload.parallel.cp > 1:
+                raise UnmodelledSetting(f"context parallel {workload.parallel.cp}: the cuda backend does not "
+                                        "run ring-flash-attn (its ring needs every rank); the estimate "
+                                        "backend emulates it")
             prepare_fp8(model, workload.fp8)  # accelerate's torchao Float8Linear, before wrapping (fp8.py)
             if workload.parallel is not None:  # one rank of the job on a fake process group
                 self.distributed = Distributed(workload.parallel, workload.loss,

@@ -84,6 +84,7 @@ from autotune.workload.modes import Mode
 from autotune.workload.parallel import FSDP
 from autotune.workload.preference import prepare_models, trained_model
 from autotune.workload.qat import prepare_qat
+from autotune.workload.ring_attention import Ring, local_seq_len, ring
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 from autotune.workload.upcast import upcast
 
@@ -239,7 +240,8 @@ BOUND = "bound"
 # A Hub kernel (workload/flash_attn3.py) is named by its repository, emulated.
 ATTENTION_KERNEL_NAMES = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math",
                           "vllm-flash-attn3": "kernels-community/vllm-flash-attn3 (emulated)",
-                          "flex_attention": "flex_attention (Triton, emulated)"}
+                          "flex_attention": "flex_attention (Triton, emulated)",
+                          "ring-flash-attn": "ring-flash-attn llama3 varlen (emulated)"}
 
 
 def attention_detail(kinds: frozenset[str] | None) -> dict[str, str]:
@@ -769,9 +771,15 @@ class EstimateBackend:
             gc.freeze()
         # torchao's MX conversions on meta tensors: the same allocations, less CPU (mx_meta.py)
         conversions = meta_mx_conversions() if _mx_qat(workload) else contextlib.nullcontext()
+        # Context parallel: the rank traces its slice of the sequence, its attention ring-flash-attn's
+        # (workload/ring_attention.py); the trace is still the job's seq_len's (the cell's key).
+        parallel = workload.parallel
+        ringed = parallel is not None and parallel.cp > 1
+        spec = Ring(parallel.cp, parallel.heads_k_stride) if parallel is not None and ringed else None
+        local = seq_len if spec is None else local_seq_len(seq_len, spec.cp)
         try:
-            with conversions:
-                return self._trace_steps(hooks, fake, workload, mode, seq_len, batch_size, dtype, kernels)
+            with conversions, ring(spec):
+                return self._trace_steps(hooks, fake, workload, mode, local, batch_size, dtype, kernels)
         finally:
             if zero:
                 gc.unfreeze()

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
 from autotune.backends.estimate.tracker import outside_allocator
-from autotune.workload import cce, chunked_nll, flash_attn3, flex_attention
+from autotune.workload import cce, chunked_nll, flash_attn3, flex_attention, ring_attention
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -220,6 +220,9 @@ class CudaEmulation(TorchFunctionMode):
             self.attention_kernels.add(flash_attn3.KIND)
             arch = self.kernels.compute_capability or flash_attn3.DEFAULT_ARCH
             return func(*args, **{**kwargs, "arch": arch, "registers": outside_allocator})
+        if func is ring_attention.attention:  # ring-flash-attn's CUDA ring, emulated (context parallel)
+            self.attention_kernels.add(ring_attention.KIND)
+            return func(*args, **kwargs)
         if func is cce.linear_cross_entropy:  # Cut Cross-Entropy's Triton kernels, emulated
             return func(*args, **{**kwargs, "registers": outside_allocator})
         if func is chunked_nll.chunked_cross_entropy_loss:  # run under this emulation, and recomputed so

@@ -233,7 +233,7 @@ def test_training_arguments_fsdp_config_version_1_is_fsdp1_full_shard(tmp_path):
      "fsdp_config.sharding_strategy", "only FULL_SHARD"),
     ({"fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 10}},
      "fsdp_config.auto_wrap_policy", "one per decoder layer"),
-    ({"context_parallel_size": 2}, "context_parallel_size", "ring-flash-attn"),
+    ({"expert_parallel_size": 2}, "expert_parallel_size", "ExpertParallelPlugin"),
 ])
 def test_axolotl_sharding_not_modelled_is_refused_by_name(tmp_path, changes, key, why):
     with pytest.raises(UnmodelledSetting, match=rf"^{key}: .* is not modelled: .*{why}"):

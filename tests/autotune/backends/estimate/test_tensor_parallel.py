@@ -122,7 +122,8 @@ def test_axolotl_s_mesh_is_read_as_gpus_nodes_and_tensor_parallel(tmp_path: Path
 
 
 @pytest.mark.parametrize(("extra", "key", "why"), [
-    ("context_parallel_size: 2\n", "context_parallel_size", "ring-flash-attn"),
+    # without sample packing Axolotl's ring is batch_ring (modelled: varlen_llama3, test_axolotl_context.py)
+    ("context_parallel_size: 2\n", "ring_attn_func", "batch_ring"),
     ("expert_parallel_size: 4\n", "expert_parallel_size", "ExpertParallelPlugin"),
 ])
 def test_axolotl_s_context_and_expert_parallelism_are_refused_by_name(tmp_path: Path, extra, key, why):
