@@ -84,6 +84,9 @@ class TrainingConfig:
     # The key that sets trust_remote_code true ("trust_remote_code", "model_init_kwargs.trust_remote_code"),
     # checked once the model is known (check_remote_code); None: false or not set.
     trust_remote_code: str | None = None
+    # LLaMA-Factory's use_kt: kt_config's kt_expert_weight_format (bf16, int8), which sizes the host
+    # memory of the routed experts once the model is known (workload/ktransformers.py host_note)
+    kt_weight_format: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +146,7 @@ class Config:
         self.wrap_key: str | None = None
         self.from_pretrained: tuple[str, ...] = ()  # TrainingConfig.from_pretrained
         self.mesh: str | None = None  # TrainingConfig.mesh
+        self.kt_weight_format: str | None = None  # TrainingConfig.kt_weight_format
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -217,7 +221,8 @@ class Config:
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
                               files=((self.file, format),), mesh=self.mesh,
-                              trust_remote_code=self.remote_code_key())
+                              trust_remote_code=self.remote_code_key(),
+                              kt_weight_format=self.kt_weight_format)
 
     def remote_code_key(self) -> str | None:
         """The key that sets trust_remote_code true, the same in every format that has it (Axolotl,
