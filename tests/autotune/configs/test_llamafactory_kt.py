@@ -93,3 +93,12 @@ def test_a_kt_check_of_a_dense_model_fails(tmp_path, capsys):
                     "do_train: true\nuse_kt: true\n")
     assert main(["check", "tiny-llama", "--from-config", str(path), "--gpu", "H100-80GB"]) == 2
     assert "not supported for KT AMX" in capsys.readouterr().err
+
+
+def test_the_qwen35_moe_example_reads_as_llamafactorys_composite_model(tmp_path):
+    # model_utils/visual.py _register_composite_model(model_type="qwen3_5_moe", ...): LoRA leaves the tower
+    # and the projector model.visual.merger out; before, qwen3_5_moe was refused as a model type not read
+    qwen35 = {**QWEN3MOE_KT, "model_name_or_path": "Qwen/Qwen3.5-397B-A17B", "template": "qwen3_5"}
+    got = read(tmp_path, qwen35, "kt.yaml")
+    assert got.task == "image-text-to-text" and got.experts_kernel == "ktransformers"
+    assert {"model.visual.merger", "visual.blocks"} <= set(got.adapter.exclude)
