@@ -10,9 +10,13 @@ from allocations import Allocations
 from peft import LoraConfig, get_peft_model
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from autotune.backends.estimate.backend import EstimateBackend
 from autotune.errors import JobFails, UnmodelledSetting
+from autotune.gpus import resolve_gpu
 from autotune.units import format_bytes
-from autotune.workload import ktransformers
+from autotune.workload import Workload, ktransformers
+from autotune.workload.adapters import make_adapter
+from autotune.workload.models import resolve_model
 from autotune.workload.presets import PRESETS
 
 H, E, K = 32, 4, 2  # hidden, routed experts, experts per token
@@ -124,3 +128,16 @@ def test_the_host_note_sizes_every_moe_layers_experts() -> None:
     # DeepSeek-V3: 61 layers, the first 3 dense, 256 experts of 3 x 7168 x 2048
     assert format_bytes(2 * 58 * 256 * 3 * 7168 * 2048) in ktransformers.host_note(
         PRESETS["deepseek-ai/DeepSeek-V3"], "bf16")
+
+
+def test_the_estimators_model_holds_no_routed_expert_and_lora_on_the_routers() -> None:
+    adapter = make_adapter("lora", targets="all-linear", dropout=0.0)
+    workload = Workload(resolve_model("tiny-qwen3_moe"), "causal-lm", None, weights_dtype="bfloat16",
+                        adapter=adapter, experts_kernel=ktransformers.KTRANSFORMERS)
+    backend = EstimateBackend(resolve_gpu("H100-80GB"))
+    names = [name for name, _ in backend._model(workload).model.named_parameters()]
+    assert not any(".experts." in name for name in names)
+    assert any(name.endswith("mlp.gate.lora_A.default.weight") for name in names)
+    plain_workload = Workload(workload.model, "causal-lm", None, weights_dtype="bfloat16", adapter=adapter)
+    plain = [name for name, _ in backend._model(plain_workload).model.named_parameters()]
+    assert any(".experts." in name for name in plain)  # transformers' own experts, on the GPU
