@@ -369,7 +369,7 @@ class StepOptions(TypedDict, total=False):
     qat: str | Mapping[str, Any] | None  # Axolotl's qat: mapping (workload.qat): {"weight_dtype": "int4"}
     fp8: str | Mapping[str, Any] | None  # accelerate's torchao fp8 (workload.fp8): "tensorwise"
     liger: str | Sequence[str] | None
-    experts_kernel: str | None  # "scattermoe": Axolotl's ScatterMoE experts, emulated (workload.scattermoe)
+    experts_kernel: str | None  # "scattermoe" (workload.scattermoe), "ktransformers" (workload.ktransformers)
     axolotl: bool  # False: the step as Axolotl runs it (Gemma 4's fused attention forward, emulated)
     llamafactory: bool  # False: the preference step as LLaMA-Factory's trainers run it (not TRL's)
     fused_attn_kernel: bool  # False: with axolotl, Qwen3's fused q/k RMSNorm + RoPE (emulated)

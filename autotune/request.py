@@ -71,6 +71,7 @@ from autotune.workload.adapters import (
 from autotune.workload.compile import COMPILE_MODES, check_mode
 from autotune.workload.fp8 import Fp8, parse_fp8, require_torchao
 from autotune.workload.fsdp_wrap import resolve_wrap
+from autotune.workload.ktransformers import KTRANSFORMERS
 from autotune.workload.liger import KERNELS as LIGER_KERNELS
 from autotune.workload.loss import LOSSES
 from autotune.workload.models import DTYPES, TASKS
@@ -86,7 +87,7 @@ from autotune.workload.parallel import (
     make_parallel,
 )
 from autotune.workload.qat import check_accepted, parse_qat
-from autotune.workload.scattermoe import EXPERTS_KERNELS
+from autotune.workload.scattermoe import EXPERTS_KERNELS, SCATTERMOE
 from autotune.workload.step import ATTN_CHOICES, FLASH_ATTENTION_2, flash_at_axolotl_pin
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
@@ -397,7 +398,9 @@ class Step:
     experts_kernel: str | None = option(
         None, "the kernel a mixture's experts run in place of transformers' grouped_mm: scattermoe "
         "(Axolotl's KernelsPlugin use_scattermoe: its Triton kernels, emulated from its source, every "
-        "expert taken as routed; Qwen3-MoE, Qwen3.5-MoE and Qwen3-Next experts)", choices=EXPERTS_KERNELS,
+        "expert taken as routed; Qwen3-MoE, Qwen3.5-MoE and Qwen3-Next experts), or ktransformers "
+        "(LLaMA-Factory's use_kt: the routed experts on the CPU, their GPU side emulated; LoRA, one GPU)",
+        choices=EXPERTS_KERNELS,
         http=False)
     offload_activations: bool | None = option(
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
@@ -993,17 +996,17 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
             check_float8_all_gather(fp8, parallel)
     experts_kernel = None
     with found.about("experts_kernel"):
-        experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter)
+        experts_kernel = check_experts_kernel(step.experts_kernel, spec, adapter, parallel is not None)
         # Axolotl's FSDP2 gathers a ParamWrapper's lora_A and lora_B with its decoder layer
         # (backends/distributed.py shard_as_axolotl); ZeRO-3 and the other recipes shard them apart
         sharded = parallel is not None and parallel.kind != DDP and not (
             parallel.kind == FSDP and parallel.fsdp_version == 2 and parallel.recipe == "axolotl")
-        if experts_kernel is not None and adapter is not None and parallel is not None and sharded:
+        if experts_kernel == SCATTERMOE and adapter is not None and parallel is not None and sharded:
             from autotune.workload.scattermoe import check_sharding as check_experts_sharding
 
             kind = f"FSDP{parallel.fsdp_version}" if parallel.kind == FSDP else parallel.kind
             check_experts_sharding(kind, adapter.parameters)
-    hub_kernels = bool(step.use_kernels) or experts_kernel is not None
+    hub_kernels = bool(step.use_kernels) or experts_kernel == SCATTERMOE
     if step.use_kernels:
         from autotune.workload import hub_kernels as kernelized
 
@@ -1066,7 +1069,8 @@ def check_float8_all_gather(fp8: Fp8, parallel: Parallel | None) -> None:
                                    "all-gather is traced under FSDP2 as Axolotl shards it only")
 
 
-def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None) -> str | None:
+def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | None,
+                         parallel: bool = False) -> str | None:
     """The experts kernel asked for (workload/scattermoe.py), checked against the model and the
     experts' quantization; None for transformers' own experts."""
     if value is None:
@@ -1074,6 +1078,15 @@ def check_experts_kernel(value: str | None, spec: ModelSpec, adapter: Adapter | 
     name = value.strip().lower()
     if name not in EXPERTS_KERNELS:
         raise InvalidInput(f"unknown experts_kernel {value!r}: allowed are {', '.join(EXPERTS_KERNELS)}")
+    if name == KTRANSFORMERS:
+        from autotune.workload import ktransformers
+
+        ktransformers.check_model(getattr(spec.config, "model_type", None))
+        if adapter is None or adapter.quantized or parallel:
+            raise UnmodelledSetting(f"experts_kernel {name}: KTransformers is modelled for a LoRA adapter on "
+                                    "a 16-bit base on one GPU (rank 0 owning the CPU experts of a multi-GPU "
+                                    "job, a full fine-tune's expert gradients on the host: not modelled)")
+        return name
     from autotune.workload.scattermoe import check_model
 
     quantized = adapter is not None and adapter.quantize_experts

@@ -99,7 +99,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     if not args.from_config:
         _missing(flags, None)
         return Plan(_grpo_row(flags), (*_kernel_notes(flags.step.model,
-                                                       experts_kernel=flags.step.experts_kernel is not None),
+                                                       experts_kernel=flags.step.experts_kernel),
                                         *_attention_notes(flags), *_fp8_notes(flags), *_loss_notes(flags)))
     # The card, for the keys a tool resolves on the card it runs on (Axolotl's bf16: auto).
     card = resolve_gpu(flags.target.gpu) if flags.target.gpu else None
@@ -118,9 +118,9 @@ def _plan(args: argparse.Namespace) -> Plan:
     read = tuple(f"read {path} as {fmt}" for path, fmt in config.files)
     notes = _kernel_notes(request.step.model, axolotl=bool(request.step.axolotl),
                           fused_attn_kernel=bool(request.step.fused_attn_kernel),
-                          experts_kernel=request.step.experts_kernel is not None)
+                          experts_kernel=request.step.experts_kernel)
     notes = (*notes, *_attention_notes(request), *_unfrozen_notes(request), *_fp8_notes(request),
-             *_loss_notes(request))
+             *_loss_notes(request), *_host_notes(request, config.kt_weight_format))
     if adapter is not None and adapter.kernels:
         from autotune.workload.lora_kernels import no_layer_notes
 
@@ -201,17 +201,19 @@ def _fp8_notes(request: CheckRequest) -> tuple[str, ...]:
 
 
 def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: bool = False,
-                  experts_kernel: bool = False) -> tuple[str, ...]:
+                  experts_kernel: str | None = None) -> tuple[str, ...]:
     """What the step runs in a kernel emulated, or traced in place of one, whatever the config says:
     flash-linear-attention's in a preset with Gated DeltaNet layers (workload/gated_delta_rule.py);
     transformers' torch path for Falcon-H1's Mamba-2 mixers (workload/mamba_mixer.py); Axolotl's fused
     Gemma 4 attention in an Axolotl job of a gemma4 preset (workload/gemma4_fused_attn.py), its
     fused_attn_kernel in one of a qwen3 preset (workload/qwen3_fused_attn.py); with ScatterMoE
-    (KernelsPlugin, which sets use_kernels), the hub kernels kernelize swaps in (workload/hub_kernels.py)."""
+    (KernelsPlugin, which sets use_kernels), the hub kernels kernelize swaps in (workload/hub_kernels.py);
+    with KTransformers, its CPU experts (workload/ktransformers.py)."""
     from autotune.workload import (
         gated_delta_rule,
         gemma4_fused_attn,
         hub_kernels,
+        ktransformers,
         mamba_mixer,
         qwen3_fused_attn,
     )
@@ -219,15 +221,29 @@ def _kernel_notes(model: str | None, axolotl: bool = False, fused_attn_kernel: b
 
     name = preset_name(model or "")
     model_type = PRESETS[name].get("model_type") if name is not None else None
+    kt = experts_kernel == ktransformers.KTRANSFORMERS  # LLaMA-Factory's use_kt (workload/ktransformers.py)
     return tuple(module.NOTE for module, applies in ((gated_delta_rule, gated_delta_rule.hybrid),
                                                       (mamba_mixer, mamba_mixer.torch_path),
                                                       (gemma4_fused_attn, lambda t: axolotl and
                                                        gemma4_fused_attn.patched(t)),
                                                       (qwen3_fused_attn, lambda t: axolotl
                                                        and fused_attn_kernel and qwen3_fused_attn.patched(t)),
-                                                      (hub_kernels, lambda t: experts_kernel
-                                                       and hub_kernels.emulated(t)))
+                                                      (hub_kernels, lambda t: experts_kernel == "scattermoe"
+                                                       and hub_kernels.emulated(t)),
+                                                      (ktransformers, lambda t: kt))
                  if name is not None and applies(model_type))
+
+
+def _host_notes(request: CheckRequest, weight_format: str | None) -> tuple[str, ...]:
+    """With KTransformers (LLaMA-Factory's use_kt), the host memory its routed experts take."""
+    from autotune.workload import ktransformers
+    from autotune.workload.presets import PRESETS, preset_name
+
+    name = preset_name(request.step.model or "")
+    if request.step.experts_kernel != ktransformers.KTRANSFORMERS or name is None \
+            or PRESETS[name].get("model_type") not in ktransformers.ROUTERS:  # refused by the request
+        return ()
+    return (ktransformers.host_note(PRESETS[name], weight_format),)
 
 
 def _grpo_row(request: CheckRequest) -> CheckRequest:

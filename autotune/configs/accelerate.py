@@ -255,7 +255,8 @@ def combine(training: TrainingConfig, launch: TrainingConfig) -> TrainingConfig:
         wrap_classes=training.wrap_classes or launch.wrap_classes,
         wrap_key=training.wrap_key or launch.wrap_key, mixed_precision=launch.mixed_precision,
         from_pretrained=training.from_pretrained, files=(*training.files, *launch.files),
-        mesh=training.mesh, trust_remote_code=training.trust_remote_code, by_gpu_count=training.by_gpu_count)
+        mesh=training.mesh, trust_remote_code=training.trust_remote_code, by_gpu_count=training.by_gpu_count,
+        kt_weight_format=training.kt_weight_format)
 
 
 def _precision(training: TrainingConfig, launch: TrainingConfig, notes: list[str]) -> Any:

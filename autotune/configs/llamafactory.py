@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.configs.llamafactory_kt import read_lf_kt
 from autotune.configs.llamafactory_preference import PREFERENCE_STAGES, REFUSED_STAGES, read_lf_preference
 from autotune.configs.llamafactory_quantized import read_lf_saved_quant
 from autotune.configs.llamafactory_vision import read_lf_multimodal
@@ -89,7 +90,6 @@ _LF_REFUSED = {
     "mixture_of_depths": "mixture-of-depths (model_utils/mod.py) routes tokens past layers: not modelled",
     "upcast_lmhead_output": "a hook casting lm_head's output to float32 (model_utils/checkpointing.py "
                             "_fp32_forward_post_hook) is not modelled",
-    "use_kt": f"KTransformers runs the MoE experts on the CPU: {OFFLOAD}",
     "quantization_device_map": OFFLOAD,
     "export_quantization_bit": f"the model quantized with GPTQ as it loads (configure_quantization): {QUANT}",
     "resize_vocab": _VOCAB, "add_tokens": _VOCAB, "add_special_tokens": _VOCAB,
@@ -124,7 +124,7 @@ _LF_NO_EFFECT = words(
     "model_name_or_path adapter_folder cache_dir use_fast_tokenizer split_special_tokens "
     "init_special_tokens model_revision low_cpu_mem_usage moe_aux_loss_coef infer_backend offload_folder "
     "use_kv_cache infer_dtype hf_hub_token ms_hub_token om_hub_token print_param_status trust_remote_code "
-    "quantization_method quantization_type double_quantization audio_sampling_rate kt_config "
+    "quantization_method quantization_type double_quantization audio_sampling_rate "
     # data_args.py
     "template dataset eval_dataset dataset_dir media_dir train_on_prompt mask_history streaming buffer_size "
     "mix_strategy interleave_probs overwrite_cache preprocessing_batch_size preprocessing_num_workers "
@@ -165,6 +165,7 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
     bits = None if saved else _lf_quantization(cfg, full)
     multimodal, exclude = read_lf_multimodal(cfg, model, full=full, quantized=bits is not None or bool(saved))
     mode, dtype, compute = _lf_precision(cfg, method)
+    kt = read_lf_kt(cfg, method)  # use_kt: the routed experts on the CPU (llamafactory_kt.py)
     if saved is not None and saved.method == "awq":
         dtype = "float16"  # quantizer_awq.py update_dtype (read_lf_saved_quant's note)
     attn = _lf_attention(cfg)
@@ -212,7 +213,7 @@ def read_llamafactory(cfg: Config) -> TrainingConfig:
         "llamafactory", model=model, seq_len=seq_len, batch_size=batch, mode=mode, fp8=fp8,
         accumulation_steps=cfg.positive("gradient_accumulation_steps", "accumulation steps") or 1,
         dtype=dtype, optimizer=optimizer, attn=attn, adapter=adapter, liger=liger,
-        loss=_lf_loss(cfg, stage, liger), **multimodal, **trainer,
+        loss=_lf_loss(cfg, stage, liger), **multimodal, **trainer, **kt,
         ignored=cfg.ignored(_LF_NO_EFFECT | TRAINER_FIELDS | LEGACY_TRAINER_FIELDS,
                             _LF_PREFIXES + (() if adapter else ("lora_", "loraplus_", "pissa_")),
                             modelled=_LF_SOMETIMES_READ),

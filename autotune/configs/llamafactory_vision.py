@@ -32,8 +32,12 @@ _QWEN2 = (("visual.merger",), ("visual.patch_embed", "visual.blocks"), ("languag
 _QWEN3 = (("visual.merger",),
           ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
           ("language_model", "lm_head"), ("patch_embed",))
+# Qwen3.5 and Qwen3.5-MoE: projector model.visual.merger, no deepstack mergers
+_QWEN35 = (("model.visual.merger",), ("visual.pos_embed", "visual.patch_embed", "visual.blocks"),
+           ("language_model", "lm_head"), ("patch_embed",))
 COMPOSITE_MODELS: dict[str, tuple[tuple[str, ...], ...]] = {
     "qwen2_vl": _QWEN2, "qwen2_5_vl": _QWEN2, "qwen3_vl": _QWEN3, "qwen3_vl_moe": _QWEN3,
+    "qwen3_5": _QWEN35, "qwen3_5_moe": _QWEN35,
     "gemma3": _DEFAULT, "llava": _DEFAULT,
     "gemma4": (("model.embed_vision", "model.embed_audio"), ("vision_tower", "audio_tower"),
                ("language_model", "lm_head"), ("per_layer_projection_norm",)),

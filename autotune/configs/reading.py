@@ -89,6 +89,9 @@ class TrainingConfig:
     # (raised on one GPU or None, raised on more). Axolotl's LoRA kernels under FSDP1: Axolotl refuses
     # them on more than one GPU (JobFails), autotune does not model them on one.
     by_gpu_count: tuple[InvalidInput | None, InvalidInput] | None = None
+    # LLaMA-Factory's use_kt: kt_config's kt_expert_weight_format (bf16, int8), which sizes the host
+    # memory of the routed experts once the model is known (workload/ktransformers.py host_note)
+    kt_weight_format: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +152,7 @@ class Config:
         self.from_pretrained: tuple[str, ...] = ()  # TrainingConfig.from_pretrained
         self.mesh: str | None = None  # TrainingConfig.mesh
         self.by_gpu_count: tuple[InvalidInput | None, InvalidInput] | None = None  # TrainingConfig's
+        self.kt_weight_format: str | None = None  # TrainingConfig.kt_weight_format
 
     def get(self, key: str) -> Any:
         self.read.add(key)
@@ -223,7 +227,8 @@ class Config:
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,
                               wrap_key=self.wrap_key, from_pretrained=self.from_pretrained,
                               files=((self.file, format),), mesh=self.mesh,
-                              trust_remote_code=self.remote_code_key(), by_gpu_count=self.by_gpu_count)
+                              trust_remote_code=self.remote_code_key(), by_gpu_count=self.by_gpu_count,
+                              kt_weight_format=self.kt_weight_format)
 
     def remote_code_key(self) -> str | None:
         """The key that sets trust_remote_code true, the same in every format that has it (Axolotl,

@@ -63,7 +63,8 @@ class Workload:
     # mixed_precision="fp8" does (Axolotl's and LLaMA-Factory's fp8: true); None: plain linears.
     fp8: Fp8 | None = None
     # The experts kernel a mixture's experts run instead of transformers' grouped_mm: "scattermoe"
-    # (Axolotl's KernelsPlugin use_scattermoe, emulated: workload/scattermoe.py); None: transformers'.
+    # (Axolotl's KernelsPlugin use_scattermoe, emulated: workload/scattermoe.py), "ktransformers"
+    # (LLaMA-Factory's use_kt: the routed experts on the CPU, workload/ktransformers.py); None: transformers'.
     experts_kernel: str | None = None
     # transformers' kernelize under use_kernels (Axolotl's use_kernels, which its KernelsPlugin sets):
     # the hub kernels it swaps in for CUDA training, emulated (workload/hub_kernels.py); False: none.

@@ -832,7 +832,8 @@ def summarize(workload: Any, parts: StepParts) -> AdapterSummary | None:
     adapter = workload.adapter
     if adapter is None:
         return None
-    key = (workload.model, workload.task, workload.weights_dtype, adapter, parts)
+    kt = workload.experts_kernel == "ktransformers"  # use_kt: the experts off the GPU (ktransformers.py)
+    key = (workload.model, workload.task, workload.weights_dtype, adapter, parts, kt)
     found = _SUMMARIES.get(key)
     if found is None:
         import torch
@@ -841,6 +842,10 @@ def summarize(workload: Any, parts: StepParts) -> AdapterSummary | None:
 
         with torch.device("meta"):
             model, _ = build_model(workload.model, workload.task, "eager", workload.weights_dtype)
+            if kt:
+                from autotune.workload.ktransformers import apply as kt_apply
+
+                kt_apply(model, workload.model.config.model_type)
             wrapped = prepare(model, adapter, workload.task, parts)
         found = AdapterSummary(adapter, resolved_targets(wrapped), parameter_counts(wrapped, parts))
         _SUMMARIES[key] = found

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 Registers = Callable[[], AbstractContextManager[Any]]
 NAME = "Axolotl's ScatterMoE experts (KernelsPlugin use_scattermoe, emulated)"
 SCATTERMOE = "scattermoe"  # transformers' experts_implementation name Axolotl registers
-EXPERTS_KERNELS = (SCATTERMOE,)  # the values of Workload.experts_kernel
+EXPERTS_KERNELS = (SCATTERMOE, "ktransformers")  # the values of Workload.experts_kernel (ktransformers.py)
 # The experts classes whose layout scattermoe_experts_forward takes (experts.py
 # scattermoe_supports_layout: gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases), and the
 # model types whose experts they are (transformers' modeling_qwen3_moe, modeling_qwen3_5_moe,

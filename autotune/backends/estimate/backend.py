@@ -79,12 +79,15 @@ from autotune.workload.fp8 import prepare_fp8
 from autotune.workload.frozen import freeze, freeze_except
 from autotune.workload.gemma4_fused_attn import side_channel
 from autotune.workload.kimi_delta_attention import check_kernels as check_kda_kernels
+from autotune.workload.ktransformers import KTRANSFORMERS
+from autotune.workload.ktransformers import apply as kt_apply
 from autotune.workload.mamba_mixer import check_kernels
 from autotune.workload.modes import Mode
 from autotune.workload.parallel import FSDP
 from autotune.workload.preference import prepare_models, trained_model
 from autotune.workload.qat import prepare_qat
 from autotune.workload.ring_attention import Ring, local_seq_len, ring
+from autotune.workload.scattermoe import SCATTERMOE
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
 from autotune.workload.upcast import upcast
 
@@ -551,13 +554,15 @@ class EstimateBackend:
                 if workload.float32_embeddings:  # Axolotl's loader's float32 modules (upcast.py)
                     with _settable_fake_parameters():
                         upcast(model, workload.model.config.model_type)
-                if workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated
+                if workload.experts_kernel == KTRANSFORMERS:  # use_kt: experts on the CPU (ktransformers.py)
+                    kt_apply(model, workload.model.config.model_type)
+                elif workload.experts_kernel is not None:  # Axolotl's ScatterMoE, emulated
                     swap_in_scattermoe(model)
                 if workload.hub_kernels:  # use_kernels: kernelize's hub kernels, emulated (hub_kernels.py)
                     swap_in_hub_kernels(model, self.gpu)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
-                    if workload.experts_kernel is not None:  # ScatterMoE's LoRA on the experts
+                    if workload.experts_kernel == SCATTERMOE:  # ScatterMoE's LoRA on the experts
                         route_scattermoe_lora(model)
                 route_vision_attention(model, workload.attn)  # Qwen2-VL's per-image loop (vision.py)
                 route_deepstack(model)  # Qwen3-VL's boolean selections, of a known count (vision.py)

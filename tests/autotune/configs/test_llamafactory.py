@@ -422,7 +422,6 @@ REFUSED = [
     ({"mixture_of_depths": "convert"}, "mixture_of_depths", "mixture-of-depths"),
     ({"shift_attn": True}, "shift_attn", "S\\^2-Attn"),
     ({"fp8": True, "fp8_backend": "te"}, "fp8_backend", "Transformer Engine"),
-    ({"use_kt": True}, "use_kt", "KTransformers"),
     ({"torch_compile_mode": "max-autotune"}, "torch_compile_mode", "CUDA graphs"),
     ({"torchdynamo": "inductor"}, "torchdynamo", "torch.compile"),
     ({"do_train": False}, "do_train", "trains only with do_train: true"),
