@@ -159,6 +159,11 @@ def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
         return ()
     if note is None and step.axolotl:
         note = axolotl_flash_note(spec.config, task, step.attn)
+    if step.gemma4_hybrid_attn is not None:  # the two attentions of Axolotl's patch (gemma4_hybrid.py)
+        from autotune.workload import gemma4_hybrid
+
+        hybrid = gemma4_hybrid.note(spec.config, step.gemma4_hybrid_attn == "packed")
+        return (hybrid,) if note is None else (note, hybrid)
     return () if note is None else (note,)
 
 

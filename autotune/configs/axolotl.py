@@ -11,7 +11,13 @@ from typing import Any
 
 from autotune.configs.axolotl_callbacks import read_callbacks
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
-from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
+from autotune.configs.axolotl_loading import (
+    REINIT,
+    check_config_class,
+    check_reinit_dtype,
+    read_hybrid_attention,
+    read_loading,
+)
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -1263,7 +1269,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
     read_callbacks(cfg, method)  # relora, LISA's keys, flash_attn_fuse_mlp (axolotl_callbacks.py)
-    attn = _axolotl_attention(cfg)
+    attn, hybrid = read_hybrid_attention(cfg, _axolotl_attention(cfg))
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
@@ -1316,7 +1322,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
         float32_embeddings=True if cfg.float32_embeddings else None,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, use_kernels=use_kernels,
-        **trainer, **unfrozen,
+        gemma4_hybrid_attn=hybrid, **trainer, **unfrozen,
         **linearized,
         **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,

@@ -133,6 +133,16 @@ def flash_at_axolotl_pin(config: Any, task: str, attn: str | None) -> bool:
             and not getattr(cls, "_supports_flash_attn", False))
 
 
+def flash_refused(config: Any, task: str) -> str | None:
+    """The name of the class ``task`` builds for ``config`` where this transformers refuses
+    flash_attention_2 for it (``_supports_flash_attn`` false: modeling_utils.py ``_flash_attn_can_dispatch``)
+    and Axolotl's pin is not known to run it (``FLASH_AT_AXOLOTL_PIN``); None elsewhere."""
+    cls = _model_class(config, task)
+    if cls is None or getattr(cls, "_supports_flash_attn", False) or cls.__name__ in FLASH_AT_AXOLOTL_PIN:
+        return None
+    return str(cls.__name__)
+
+
 def axolotl_flash_note(config: Any, task: str, attn: str | None) -> str | None:
     """What an Axolotl job runs where ``flash_at_axolotl_pin`` holds; None elsewhere."""
     if not flash_at_axolotl_pin(config, task, attn):
