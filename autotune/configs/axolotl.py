@@ -1084,6 +1084,13 @@ FUSED_ATTENTION_NOTE = (
     "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
     "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
     "kernels/gemma4_fused_rope.py)")
+UNIFIED_FUSED_ATTENTION_NOTE = (
+    "Axolotl replaces Gemma 4 Unified's attention forward on every GPU run, whatever the config says "
+    "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_unified_fused_attn; "
+    "monkeypatch/models/gemma4_unified/fused_attn.py: Gemma 4's q/k RMSNorm + RoPE and v's RMSNorm Triton "
+    "kernels, kernels/gemma4_fused_rope.py, on Gemma4UnifiedTextAttention)")
+
+
 def _fused_attn_kernel(cfg: Config) -> bool | None:
     """``fused_attn_kernel: true``: True (what it swaps in depends on the model type: check_patched_model,
     workload/qwen3_fused_attn.py); None where unset or false."""
@@ -1148,7 +1155,8 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
         return
     if not patched(model_type):
         raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
-                           f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
+                           f"{UNIFIED_FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for "
+                           f"{model_type}")
 
 
 def _axolotl_config_overrides(cfg: Config) -> dict[str, Any]:
