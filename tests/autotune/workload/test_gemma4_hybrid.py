@@ -98,3 +98,32 @@ def test_the_hybrid_is_refused_where_transformers_refuses_flash_for_the_class():
     with pytest.raises(UnmodelledSetting, match="model type 'llama'"):
         check_hybrid("packed", "llama", "flash_attention_2")
     assert check_hybrid("unpacked", "gemma4_text", "flash_attention_2") == "unpacked"
+
+
+def test_an_axolotl_gemma4_hybrid_job_is_traced_and_says_which_attention_runs_where(tmp_path, capsys):
+    # examples/gemma4/31b-qlora.yaml's keys on tiny-gemma4: flash_attention_2 as Axolotl's pinned
+    # transformers runs it on Gemma4ForConditionalGeneration (step.py FLASH_AT_AXOLOTL_PIN), the global
+    # layer on the packing-aware SDPA.
+    import json
+
+    import yaml
+
+    from autotune.cli import main
+
+    path = tmp_path / "gemma4.yml"
+    path.write_text(yaml.safe_dump({
+        "base_model": "tiny-gemma4", "sequence_len": 128, "micro_batch_size": 1, "sample_packing": True,
+        "gradient_accumulation_steps": 1, "bf16": True, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_target_modules": r"model.language_model.layers.[\d]+.(mlp|self_attn).(up|down|gate|q|v)_proj",
+        "lora_mlp_kernel": False, "lora_qkv_kernel": False, "lora_o_kernel": False,
+        "attn_implementation": "flash_attention_2", "gemma4_hybrid_attn_impl": True,
+        "optimizer": "adamw_torch_fused"}))
+    code = main(["check", "--from-config", str(path), "--gpu-memory", "4GiB", "--json", "--no-cache",
+                 "--workers", "1"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    notes = " ".join(json.loads(out.out)["config_notes"])
+    assert "attn flash_attention_2: Gemma4ForConditionalGeneration runs it under transformers 5.14.1" in notes
+    assert "(modeling_gemma4.py Gemma4ForConditionalGeneration._supports_flash_attn = False" in notes
+    assert ("gemma4_hybrid_attn_impl: flash_attention_2 (emulated) on sliding layers, packing-aware SDPA on "
+            "1 global layers") in notes
