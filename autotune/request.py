@@ -1058,8 +1058,9 @@ def check_hybrid(value: str, model_type: str | None, attn: str | None, refused: 
         raise UnmodelledSetting(
             f"gemma4_hybrid_attn on {refused} is not modelled: Axolotl loads it with {FLASH_ATTENTION_2} "
             f"under its pinned transformers {AXOLOTL_TRANSFORMERS} (pyproject.toml), which autotune has not "
-            f"read for Gemma 4; transformers {transformers.__version__} refuses {FLASH_ATTENTION_2} for "
-            f"{refused} (modeling_gemma4.py: _supports_flash_attn = False, \"Flash Attention drops the "
+            f"read for this class (workload/step.py FLASH_AT_AXOLOTL_PIN); transformers "
+            f"{transformers.__version__} refuses {FLASH_ATTENTION_2} for {refused} (modeling_gemma4.py: "
+            "_supports_flash_attn = False, \"Flash Attention drops the "
             "bidirectional mask over image tokens\")")
     return value
 
