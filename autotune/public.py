@@ -376,6 +376,7 @@ class StepOptions(TypedDict, total=False):
     use_kernels: bool  # False: transformers' kernelize of the Hub's kernels (emulated: workload.hub_kernels)
     llama4_linearized_experts: bool  # False: Llama 4's experts as Axolotl's per-expert linears (llama4.py)
     float32_embeddings: bool  # False: Axolotl's float32 embeddings, head and norms (workload.upcast)
+    gemma4_hybrid_attn: str | None  # None; "packed"/"unpacked": Axolotl's gemma4_hybrid_attn_impl
     torch_compile: str | None  # None: eager; "default": torch.compile around the model (estimate/compiled.py)
     gpus: int | None  # 1: the answer is per GPU
     parallel: str | None  # ddp when gpus > 1

@@ -88,7 +88,13 @@ from autotune.workload.parallel import (
 )
 from autotune.workload.qat import check_accepted, parse_qat
 from autotune.workload.scattermoe import EXPERTS_KERNELS, SCATTERMOE
-from autotune.workload.step import ATTN_CHOICES, FLASH_ATTENTION_2, flash_at_axolotl_pin
+from autotune.workload.step import (
+    ATTN_CHOICES,
+    AXOLOTL_TRANSFORMERS,
+    FLASH_ATTENTION_2,
+    flash_at_axolotl_pin,
+    flash_refused,
+)
 from autotune.workload.trainers import KTO_LOSS_TYPES, TRAINERS
 from autotune.workload.vision import DEFAULT_IMAGE_SIZE
 
@@ -427,6 +433,11 @@ class Step:
     fused_attn_kernel: bool | None = option(
         None, "with axolotl: Axolotl's fused_attn_kernel, Qwen3's q/k RMSNorm + RoPE in one Triton kernel "
         "(emulated: workload/qwen3_fused_attn.py); set by an Axolotl config", http=False, cli=False)
+    gemma4_hybrid_attn: str | None = option(
+        None, "with axolotl and flash_attention_2: Axolotl's gemma4_hybrid_attn_impl, Gemma 4's global "
+        "layers on its packing-aware SDPA, the sliding ones on flash_attention_2 (workload/"
+        "gemma4_hybrid.py): packed (sample_packing: the global layers build their block mask) or "
+        "unpacked; set by an Axolotl config", choices=("packed", "unpacked"), http=False, cli=False)
     float32_embeddings: bool | None = option(
         None, "with axolotl: the embeddings, output head and norms in float32 beside 16-bit weights, as "
         "Axolotl's loader leaves a full fine-tune with eager or sdpa attention (workload/upcast.py); set by "
@@ -1026,6 +1037,16 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
     fused_attention = bool(step.axolotl) and (gemma4_fused_attn.patched(model_type) or (
         bool(step.fused_attn_kernel) and qwen3_fused_attn.patched(model_type)))
     axolotl_flash = bool(step.axolotl) and flash_at_axolotl_pin(spec.config, task, attn)
+    hybrid = None
+    if step.gemma4_hybrid_attn is not None:
+        with found.about("gemma4_hybrid_attn"):
+            hybrid = check_hybrid(step.gemma4_hybrid_attn, model_type, attn, flash_refused(spec.config, task))
+            if parallel is not None and parallel.cp > 1:
+                # The ring replaces the flash path alone: the global layers' SDPA would see one rank's part
+                raise UnmodelledSetting.naming(
+                    f"{{gemma4_hybrid_attn}} beside {{context_parallel}} {parallel.cp} is not modelled: "
+                    "ring-flash-attn replaces the flash path of the sliding layers alone, and the global "
+                    "layers' packing-aware SDPA would attend within one rank's part of the sequence")
     compiled = None
     with found.about("torch_compile"):
         compiled = check_mode(step.torch_compile)
@@ -1036,7 +1057,37 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
-                    float32_embeddings=bool(step.float32_embeddings), compiled=compiled)
+                    float32_embeddings=bool(step.float32_embeddings), compiled=compiled,
+                    hybrid_attention=hybrid)
+
+
+def check_hybrid(value: str, model_type: str | None, attn: str | None, refused: str | None = None) -> str:
+    """``gemma4_hybrid_attn`` (workload/gemma4_hybrid.py): "packed" or "unpacked", on a gemma4 model
+    (the model types whose layers Axolotl's patch finds and autotune builds) under flash_attention_2,
+    which Axolotl's schema requires of it (utils/schemas/config.py normalize_attn_implementation).
+    ``refused``: the model's class where this transformers refuses flash_attention_2 for it
+    (step.py flash_refused): Axolotl loads it so under its pinned transformers, not read here."""
+    from autotune.workload import gemma4_hybrid
+
+    if value not in gemma4_hybrid.CHOICES:
+        raise InvalidInput(f"gemma4_hybrid_attn {value!r}: allowed are {', '.join(gemma4_hybrid.CHOICES)}")
+    if model_type not in gemma4_hybrid.MODEL_TYPES:
+        raise UnmodelledSetting(f"gemma4_hybrid_attn for model type {model_type!r} is not modelled: autotune "
+                                f"models it for {', '.join(gemma4_hybrid.MODEL_TYPES)}")
+    if attn != FLASH_ATTENTION_2:
+        raise InvalidInput(f"gemma4_hybrid_attn needs attn {FLASH_ATTENTION_2} (its sliding layers' "
+                           f"attention), not {attn}")
+    if refused is not None:
+        import transformers
+
+        raise UnmodelledSetting(
+            f"gemma4_hybrid_attn on {refused} is not modelled: Axolotl loads it with {FLASH_ATTENTION_2} "
+            f"under its pinned transformers {AXOLOTL_TRANSFORMERS} (pyproject.toml), which autotune has not "
+            f"read for this class (workload/step.py FLASH_AT_AXOLOTL_PIN); transformers "
+            f"{transformers.__version__} refuses {FLASH_ATTENTION_2} for {refused} (modeling_gemma4.py: "
+            "_supports_flash_attn = False, \"Flash Attention drops the "
+            "bidirectional mask over image tokens\")")
+    return value
 
 
 def check_upcast(adapter: Adapter | None, parallel: Parallel | None) -> None:

@@ -125,6 +125,7 @@ FAMILIES: dict[str, dict[str, float]] = {
     "lfm2_moe": {"LiquidAI/LFM2-8B-A1B": 8.3},
     # Gemma 4 (Gemma4ForConditionalGeneration): E2B by its effective size, the MoE by its total.
     "gemma4": {"google/gemma-4-E2B-it": 2, "google/gemma-4-26B-A4B": 26, "google/gemma-4-31B": 31},
+    "gemma4_unified": {"google/gemma-4-12B-it": 12},  # Gemma 4 Unified (presets/gemma4.py)
     # Mistral 3 (Pixtral tower, 2x2 merge) by text model: Ministral 3's, Mistral Small 3.1's.
     "ministral3": {"mistralai/Ministral-3-3B-Reasoning-2512": 3},
     "mistral3": {"mistralai/Mistral-Small-3.1-24B-Instruct-2503": 24, "mistralai/Magistral-Small-2509": 24},
@@ -180,6 +181,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"lfm2-8b-a1b", "lfm2_moe"),
     # Gemma 4 with a preset (the 26B-A4B, a mixture of experts, too); the 12B is gemma4_unified.
     (r"gemma-4-(e2b|26b-a4b|31b)", "gemma4"),
+    (r"gemma-4-12b", "gemma4_unified"),
     (r"glm-4\.5-air", "glm4_moe"),
     (r"glm-4\.7-flash", "glm4_moe_lite"),
     (r"llama-4-scout-17b-16e", "llama4_scout"),
@@ -220,7 +222,7 @@ FAMILY_PATTERNS: list[tuple[str, str | None]] = [
     (r"falcon-h1-", "falcon_h1"),
     (r"jamba-v0\.1|jamba-1\.5-large", "jamba"),
     # Gemma 3n's vision tower is timm's MobileNetV5 (transformers' TimmWrapperModel: timm.create_model),
-    # which autotune's environment has not: no preset. Gemma 4 12B (gemma4_unified) has none yet.
+    # which autotune's environment has not: no preset.
     (r"qwen3[.-]?5|qwen3-next|llama-4|gemma-3n|gemma-4|mamba|jamba", None),
     (r"apertus-8b", "apertus"),
     (r"seed-oss-36b", "seed_oss"),

@@ -141,7 +141,7 @@ def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
     """The kernel transformers runs on CUDA in place of the attention asked for (step.py
     cuda_attention: gpt-oss' flash_attention_2), where the model and task are valid; in an Axolotl job,
     the flash_attention_2 its pinned transformers runs where this one refuses it (step.py
-    axolotl_flash_note: Gemma 3's vision-language classes)."""
+    axolotl_flash_note: Gemma 3's and Gemma 4's vision-language classes)."""
     from autotune.request import Findings, resolve_model
     from autotune.workload.models import task_for
     from autotune.workload.step import axolotl_flash_note, cuda_attention_note
@@ -159,6 +159,11 @@ def _attention_notes(request: CheckRequest) -> tuple[str, ...]:
         return ()
     if note is None and step.axolotl:
         note = axolotl_flash_note(spec.config, task, step.attn)
+    if step.gemma4_hybrid_attn is not None:  # the two attentions of Axolotl's patch (gemma4_hybrid.py)
+        from autotune.workload import gemma4_hybrid
+
+        hybrid = gemma4_hybrid.note(spec.config, step.gemma4_hybrid_attn == "packed")
+        return (hybrid,) if note is None else (note, hybrid)
     return () if note is None else (note,)
 
 

@@ -12,7 +12,13 @@ from typing import Any
 from autotune.configs.axolotl_callbacks import read_callbacks
 from autotune.configs.axolotl_context import read_context_parallel
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
-from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
+from autotune.configs.axolotl_loading import (
+    REINIT,
+    check_config_class,
+    check_reinit_dtype,
+    read_hybrid_attention,
+    read_loading,
+)
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -1092,6 +1098,13 @@ FUSED_ATTENTION_NOTE = (
     "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
     "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
     "kernels/gemma4_fused_rope.py)")
+UNIFIED_FUSED_ATTENTION_NOTE = (
+    "Axolotl replaces Gemma 4 Unified's attention forward on every GPU run, whatever the config says "
+    "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_unified_fused_attn; "
+    "monkeypatch/models/gemma4_unified/fused_attn.py: Gemma 4's q/k RMSNorm + RoPE and v's RMSNorm Triton "
+    "kernels, kernels/gemma4_fused_rope.py, on Gemma4UnifiedTextAttention)")
+
+
 def _fused_attn_kernel(cfg: Config) -> bool | None:
     """``fused_attn_kernel: true``: True (what it swaps in depends on the model type: check_patched_model,
     workload/qwen3_fused_attn.py); None where unset or false."""
@@ -1156,7 +1169,8 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
         return
     if not patched(model_type):
         raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
-                           f"{FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for {model_type}")
+                           f"{UNIFIED_FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for "
+                           f"{model_type}")
 
 
 def _axolotl_config_overrides(cfg: Config) -> dict[str, Any]:
@@ -1281,7 +1295,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
     read_callbacks(cfg, method)  # relora, LISA's keys, flash_attn_fuse_mlp (axolotl_callbacks.py)
-    attn = _axolotl_attention(cfg)
+    attn, hybrid = read_hybrid_attention(cfg, _axolotl_attention(cfg))
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
     adapter = None if method is None else _axolotl_adapter(cfg, method, dtype)
@@ -1334,7 +1348,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
         attn=attn, loss=loss, adapter=adapter, liger=liger, axolotl=True, qat=qat, fp8=fp8,
         float32_embeddings=True if cfg.float32_embeddings else None,
         fused_attn_kernel=_fused_attn_kernel(cfg), experts_kernel=experts_kernel, use_kernels=use_kernels,
-        **trainer, **unfrozen,
+        gemma4_hybrid_attn=hybrid, **trainer, **unfrozen,
         **linearized,
         **overrides,
         ignored=cfg.ignored(_AXOLOTL_NO_EFFECT | _AXOLOTL_ADAPTER_NO_EFFECT, prefixes,

@@ -12,6 +12,8 @@ from typing import Any
 
 from autotune.configs.reading import Config, unset
 from autotune.errors import JobFails, UnmodelledSetting
+from autotune.workload import gemma4_hybrid
+from autotune.workload.step import FLASH_ATTENTION_2
 
 # utils/freeze.py _MM_MODULE_PREFIXES: the path components freeze_mm_modules freezes.
 MM_MODULES = ("vision_tower", "vision_model", "vision_encoder", "embed_vision", "multi_modal_projector",
@@ -22,15 +24,16 @@ REINIT = "reinit_weights"
 # cls_model_config's marker (TrainingConfig.from_pretrained, "cls_model_config:<class>"), checked against
 # the model's config class by check_config_class once the model is known.
 CONFIG_CLASS = "cls_model_config:"
+# utils/schemas/config.py validate_large_head_attention: the policies large_head_attention takes.
+LARGE_HEAD_POLICIES = ("sdpa", "auto", "triton_flash")
 
 
 def read_loading(cfg: Config, method: str | None, dtype: str) -> None:
-    """All four, given the adapter method (None: a full fine-tune) and the weights' dtype the
-    reader chose (Axolotl's cfg.torch_dtype)."""
+    """All four but the attention (``read_hybrid_attention``), given the adapter method (None: a full
+    fine-tune) and the weights' dtype the reader chose (Axolotl's cfg.torch_dtype)."""
     _ray(cfg)
     _reinit_weights(cfg, method, dtype)
     _freeze_mm_modules(cfg, method)
-    _hybrid_attention(cfg)
     _config_class(cfg)
 
 
@@ -137,19 +140,55 @@ def _language_model_only(pattern: str) -> bool:
     return not any(part in MM_MODULES for part in parts[:parts.index("language_model")])
 
 
-def _hybrid_attention(cfg: Config) -> None:
-    """``gemma4_hybrid_attn_impl``: loaders/patch_manager.py _apply_gemma_hybrid_attention runs
-    the sliding-window layers under flash_attention_2 and swaps the global layers (head_dim 512) to
-    Axolotl's packing-aware SDPA (monkeypatch/gemma4_hybrid_mask.py GLOBAL_PACKED_SDPA), with its own
-    mask construction: two attention implementations in one model, not modelled."""
-    value = cfg.get("gemma4_hybrid_attn_impl")
+def read_hybrid_attention(cfg: Config, attn: str | None) -> tuple[str | None, str | None]:
+    """``gemma4_hybrid_attn_impl``: the job's attention and the Step's ``gemma4_hybrid_attn`` ("packed"
+    or "unpacked"; None where off). loaders/patch_manager.py _apply_gemma_hybrid_attention keeps
+    flash_attention_2 on the sliding-window layers and gives the global ones (head_dim 512) Axolotl's
+    packing-aware SDPA (monkeypatch/gemma4_hybrid_mask.py GLOBAL_PACKED_SDPA), which builds its own
+    block mask where batches are packed (``set_large_head_packed(bool(cfg.sample_packing))``): emulated
+    and traced (workload/gemma4_hybrid.py). utils/schemas/config.py normalize_attn_implementation sets
+    attn_implementation flash_attention_2 where neither it nor a legacy flag is given, and refuses
+    another attn_implementation."""
+    value = cfg.get(gemma4_hybrid.KEY)
     if value is not None and not isinstance(value, bool):
-        raise cfg.bad("gemma4_hybrid_attn_impl", value, "true or false")
-    if value:
-        raise cfg.unmodelled("gemma4_hybrid_attn_impl", True, "flash_attention_2 on the sliding-window "
-                             "layers and Axolotl's packing-aware SDPA on the global ones (loaders/"
-                             "patch_manager.py _apply_gemma_hybrid_attention, monkeypatch/"
-                             "gemma4_hybrid_mask.py) is not modelled")
+        raise cfg.bad(gemma4_hybrid.KEY, value, "true or false")
+    if not value:
+        return attn, None
+    if not unset(cfg.data.get("attn_implementation")) and attn != FLASH_ATTENTION_2:
+        raise JobFails(f"gemma4_hybrid_attn_impl with attn_implementation {attn} in {cfg.file!r}: Axolotl "
+                       "refuses it (utils/schemas/config.py normalize_attn_implementation: "
+                       "\"gemma4_hybrid_attn_impl requires attn_implementation=flash_attention_2 "
+                       "(sliding-window layers run under FA2)\")")
+    if attn is None:
+        attn = FLASH_ATTENTION_2
+        cfg.notes.append("attn_implementation: not set: flash_attention_2, which Axolotl's schema sets for "
+                         "gemma4_hybrid_attn_impl (utils/schemas/config.py normalize_attn_implementation)")
+    elif attn != FLASH_ATTENTION_2:  # a legacy flag other than flash_attention: the schema lets it by
+        raise cfg.unmodelled(gemma4_hybrid.KEY, True, f"with attention {attn} on the sliding-window layers "
+                             "(a legacy attention flag) in place of flash_attention_2")
+    _large_head_policy(cfg)
+    packed = cfg.flag("sample_packing")
+    return attn, "packed" if packed else "unpacked"
+
+
+def _large_head_policy(cfg: Config) -> None:
+    """``large_head_attention`` (or the deprecated ``flash_attn_d512``: true is "auto"):
+    monkeypatch/attention/large_head.py resolve_large_head_policy. "sdpa" (the default) is what
+    workload/gemma4_hybrid.py models; "auto" and "triton_flash" route packed global layers through
+    Axolotl's Triton flash_d512 kernel (monkeypatch/attention/flash_attn_d512.py), not emulated."""
+    policy = cfg.get("large_head_attention")
+    d512 = cfg.get("flash_attn_d512")
+    if d512 is not None and not isinstance(d512, bool):
+        raise cfg.bad("flash_attn_d512", d512, "true or false")
+    if unset(policy):
+        policy = "auto" if d512 else "sdpa"
+    if not isinstance(policy, str) or policy.lower() not in LARGE_HEAD_POLICIES:
+        raise cfg.bad("large_head_attention", policy, ", ".join(LARGE_HEAD_POLICIES))
+    if policy.lower() != "sdpa":
+        key = "large_head_attention" if not unset(cfg.get("large_head_attention")) else "flash_attn_d512"
+        raise cfg.unmodelled(key, cfg.data[key], "Axolotl's Triton flash_d512 kernel on the 512-wide heads "
+                             "of packed rows (monkeypatch/attention/large_head.py flash_d512_route) is not "
+                             "emulated; large_head_attention sdpa is")
 
 
 def _config_class(cfg: Config) -> None:

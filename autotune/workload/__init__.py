@@ -54,8 +54,11 @@ class Workload:
     # Axolotl job of a gemma4 model runs on a GPU, whatever its config says.
     fused_attention: bool = False
     # flash_attention_2 as Axolotl's pinned transformers (5.14.1) runs it on a class this transformers
-    # refuses it for (workload/step.py FLASH_AT_AXOLOTL_PIN: Gemma 3's vision-language classes).
+    # refuses it for (workload/step.py FLASH_AT_AXOLOTL_PIN: Gemma 3's and Gemma 4's vision-language classes).
     axolotl_flash: bool = False
+    # Axolotl's gemma4_hybrid_attn_impl (workload/gemma4_hybrid.py): the global layers on its
+    # packing-aware SDPA, "packed" (sample_packing) or "unpacked"; None: one attention throughout.
+    hybrid_attention: str | None = None
     # Quantization-aware training (workload/qat.py): torchao's fake-quantized linears swapped in as
     # Axolotl's qat: does; None: plain linears.
     qat: Qat | None = None

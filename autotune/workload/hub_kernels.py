@@ -42,6 +42,8 @@ decorated layers are not read here.
   ``RMSNormZeroCentered`` not at all; ``fused_recurrent_gated_delta_rule`` (mapped for inference) and
   ``causal_conv1d_update`` (for both) run in decoding only.
 
+- ``gemma4``: modeling_gemma4.py decorates nothing: no change.
+
 transformers' models decorate no class ``SwiGLUMLP``, ``Linear`` or ``ForCausalLMLoss`` (the
 training-mapped Liger layers), so these swap nothing.
 """
@@ -105,6 +107,9 @@ KERNELIZED: dict[str, tuple[HubLayer, ...]] = {
     "qwen3_5_moe": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
     "qwen3_5_moe_text": _gated_deltanet("qwen3_5_moe", "Qwen3_5Moe"),
     "qwen3_next": _gated_deltanet("qwen3_next", "Qwen3Next"),
+    # modeling_gemma4.py decorates no class or function with a hub layer name: kernelize swaps nothing
+    # (Axolotl's Gemma 4 26B-A4B examples load the KernelsPlugin for ScatterMoE: workload/scattermoe.py).
+    "gemma4": (),
 }
 
 

@@ -121,7 +121,12 @@ def cuda_attention_note(config: Any, task: str, attn: str | None) -> str | None:
 # ``_supports_flash_attn = True`` and neither class overrides it, and its forward is 5.24's (the
 # mask functions of ``create_masks_for_vision_model``, which flash_attention_2 does not read). An Axolotl
 # job of a Gemma 3 vision-language model so runs flash_attention_2, traced as 5.14.1 runs it.
-FLASH_AT_AXOLOTL_PIN = frozenset({"Gemma3Model", "Gemma3ForConditionalGeneration"})
+# Gemma 4 alike: 5.24's models/gemma4/modeling_gemma4.py sets ``_supports_flash_attn = False`` on
+# Gemma4Model and Gemma4ForConditionalGeneration (the same words); 5.14.1's (the PyPI wheel
+# transformers-5.14.1-py3-none-any.whl) sets it True on Gemma4PreTrainedModel alone. Traced with 5.24's
+# forward, as every Gemma 4 model autotune builds (the flash kernel reads no mask of a filled row).
+FLASH_AT_AXOLOTL_PIN = frozenset({"Gemma3Model", "Gemma3ForConditionalGeneration", "Gemma4Model",
+                                  "Gemma4ForConditionalGeneration"})
 AXOLOTL_TRANSFORMERS = "5.14.1"  # Axolotl's pyproject.toml: transformers==5.14.1
 
 
@@ -133,6 +138,16 @@ def flash_at_axolotl_pin(config: Any, task: str, attn: str | None) -> bool:
             and not getattr(cls, "_supports_flash_attn", False))
 
 
+def flash_refused(config: Any, task: str) -> str | None:
+    """The name of the class ``task`` builds for ``config`` where this transformers refuses
+    flash_attention_2 for it (``_supports_flash_attn`` false: modeling_utils.py ``_flash_attn_can_dispatch``)
+    and Axolotl's pin is not known to run it (``FLASH_AT_AXOLOTL_PIN``); None elsewhere."""
+    cls = _model_class(config, task)
+    if cls is None or getattr(cls, "_supports_flash_attn", False) or cls.__name__ in FLASH_AT_AXOLOTL_PIN:
+        return None
+    return str(cls.__name__)
+
+
 def axolotl_flash_note(config: Any, task: str, attn: str | None) -> str | None:
     """What an Axolotl job runs where ``flash_at_axolotl_pin`` holds; None elsewhere."""
     if not flash_at_axolotl_pin(config, task, attn):
@@ -142,8 +157,13 @@ def axolotl_flash_note(config: Any, task: str, attn: str | None) -> str | None:
     name, version = _model_class(config, task).__name__, transformers.__version__
     return (f"attn {attn}: {name} runs it under transformers {AXOLOTL_TRANSFORMERS}, Axolotl's pin "
             f"(pyproject.toml), traced so (its flash kernel emulated); transformers {version} refuses it"
-            f" (modeling_gemma3.py {name}._supports_flash_attn = False: flash attention drops "
+            f" ({_modeling_file(name)} {name}._supports_flash_attn = False: flash attention drops "
             "the bidirectional mask over image tokens)")
+
+
+def _modeling_file(name: str) -> str:
+    """The modeling file of a ``FLASH_AT_AXOLOTL_PIN`` class, by its family's prefix."""
+    return "modeling_gemma4.py" if name.startswith("Gemma4") else "modeling_gemma3.py"
 
 
 def _model_class(config: Any, task: str) -> Any:

@@ -184,6 +184,10 @@ class CudaBackend:
             # the worker runs the eager step; a compiled one is the estimate backend's (estimate/compiled.py)
             raise BackendUnavailable("torch_compile is modelled by the estimate backend only, not run on the "
                                      "cuda backend")
+        if workload.hybrid_attention is not None:
+            # Axolotl's patch (loaders/patch_manager.py _apply_gemma_hybrid_attention) comes with Axolotl
+            raise BackendUnavailable("gemma4_hybrid_attn (Axolotl's gemma4_hybrid_attn_impl) is modelled by "
+                                     "the estimate backend only, not run on the cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:

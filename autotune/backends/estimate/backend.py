@@ -73,7 +73,7 @@ from autotune.backends.estimate.vision import (
 )
 from autotune.gpus import GpuSpec, describe_chip
 from autotune.search import Cell, Probe
-from autotune.workload import Workload
+from autotune.workload import Workload, gemma4_hybrid
 from autotune.workload.chunks import recording
 from autotune.workload.fp8 import prepare_fp8
 from autotune.workload.frozen import freeze, freeze_except
@@ -530,7 +530,7 @@ class EstimateBackend:
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
                workload.experts_kernel, workload.hub_kernels, workload.axolotl_flash, workload.fp8,
-               workload.float32_embeddings)
+               workload.float32_embeddings, workload.hybrid_attention)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -548,6 +548,8 @@ class EstimateBackend:
                 swap_in_linear_attention(model)  # fla's kernel, emulated (gated_delta_rule.py)
                 if workload.fused_attention:  # Axolotl's Gemma 4 attention, emulated (gemma4_fused_attn.py)
                     swap_in_fused_attention(model, self.gpu)
+                if workload.hybrid_attention is not None:  # gemma4_hybrid_attn_impl (gemma4_hybrid.py)
+                    gemma4_hybrid.apply(model, packed=workload.hybrid_attention == "packed")
                 prepare_qat(model, workload.qat)  # torchao's fake-quantized linears, as Axolotl's (qat.py)
                 freeze(model, workload.frozen)  # a full fine-tune's untrained modules (frozen.py)
                 freeze_except(model, workload.unfrozen)  # Axolotl's unfrozen_parameters (frozen.py)

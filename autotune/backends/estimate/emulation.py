@@ -36,6 +36,7 @@ does, so the tensors autograd saves for backward are the ones CUDA would save.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,7 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from autotune.backends.estimate.attention import AttentionKernels, emulated_sdpa
 from autotune.backends.estimate.grouped_mm import fallback_grouped_mm, is_fallback
 from autotune.backends.estimate.tracker import outside_allocator
-from autotune.workload import cce, chunked_nll, flash_attn3, flex_attention, ring_attention
+from autotune.workload import cce, chunked_nll, flash_attn3, flex_attention, gemma4_hybrid, ring_attention
 
 Policy = str  # "lower" | "fp32" | "fp32_opt_dtype" | "promote"
 
@@ -215,7 +216,11 @@ class CudaEmulation(TorchFunctionMode):
         if func is F.dropout:
             return _fused_dropout(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
-            return emulated_sdpa(self.kernels, *args, on_kernel=self.attention_kernels.add, **kwargs)
+            kernels = self.kernels
+            if kernels.flash_attn_package and gemma4_hybrid.sdpa_dispatch():
+                # a Gemma 4 global layer under gemma4_hybrid_attn_impl: SDPA's own dispatch, not flash-attn's
+                kernels = dataclasses.replace(kernels, flash_attn_package=False)
+            return emulated_sdpa(kernels, *args, on_kernel=self.attention_kernels.add, **kwargs)
         if func is flash_attn3.flash_attn_func:  # the Hub kernel, emulated for the target card
             self.attention_kernels.add(flash_attn3.KIND)
             arch = self.kernels.compute_capability or flash_attn3.DEFAULT_ARCH

@@ -27,7 +27,7 @@ One module per family, each checkpoint's source cited beside it:
     kimi_linear.py  Kimi Linear 48B-A3B (Kimi Delta Attention, MLA, experts): refused by the estimator
     glm.py        Z.ai's GLM: GLM-4.5-Air, GLM-4.7-Flash (mixtures of experts), GLM-4-32B-0414
     vision.py     the vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA-1.5, Gemma 3)
-    gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B)
+    gemma4.py     Gemma 4 (vision-language: E2B, 26B-A4B, 31B; Gemma 4 Unified 12B)
     mistral3.py   Mistral's vision-language models (Mistral Small 3.1, Magistral Small, Ministral 3,
                   Mistral Medium 3.5, Pixtral-12B)
     vlms.py       more vision-language models (Qwen3-VL)

@@ -1,5 +1,7 @@
 """Gemma 4 presets (Gemma4ForConditionalGeneration: a Gemma 4 decoder, a ViT vision tower with
-variable image resolution, and on the E-models an audio conformer).
+variable image resolution, and on the E-models an audio conformer; and the 12B, Gemma 4 Unified:
+Gemma4UnifiedForConditionalGeneration, the same decoder with patch and waveform embedders in place of
+towers, from its own converter, below).
 
 Each checkpoint's config.json as transformers' own converter writes it:
 src/transformers/models/gemma4/convert_gemma4_weights.py ``_VARIANTS`` (the configs it saved the
@@ -144,5 +146,39 @@ GEMMA_4_PRESETS: dict[str, dict[str, Any]] = {
             "use_bidirectional_attention": "vision",
         },
         "vision_config": _LARGE_VISION,
+    },
+    # gemma-4-12b (model_type gemma4_unified, "Gemma 4 Unified"): transformers' own converter,
+    # src/transformers/models/gemma4_unified/convert_gemma4_unified_weights.py ``_VARIANTS``
+    # ("gemma-4-12b", GitHub huggingface/transformers main, read 2026-11-28; its docstring converts
+    # google/gemma-4-12B-it with it): 48 dense layers of 3840 (MLP 4 x 3840), 16 heads, 8 key/value
+    # heads on the sliding layers and one on the global ones (k_eq_v), the 5:1 pattern, no vision or
+    # audio tower (``_DEFAULT_VISION_CONFIG`` / ``_DEFAULT_AUDIO_CONFIG``: Gemma4UnifiedVisionConfig's
+    # and Gemma4UnifiedAudioConfig's defaults, patch embedders projecting straight into the decoder);
+    # everything else Gemma4UnifiedTextConfig's and Gemma4UnifiedConfig's defaults
+    # (configuration_gemma4_unified.py: head_dim 256, global_head_dim 512, a 1024-token window,
+    # 262144 positions and vocabulary, its token ids). bfloat16 (the converter's --text_dtype default).
+    "google/gemma-4-12B-it": {
+        "model_type": "gemma4_unified",
+        "architectures": ["Gemma4UnifiedForConditionalGeneration"],
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "text_config": {
+            "model_type": "gemma4_unified_text",
+            "attention_k_eq_v": True,
+            "final_logit_softcapping": 30.0,
+            "hidden_size": 3840,
+            "intermediate_size": 15360,  # 4 * 3840
+            "layer_types": _SLIDING_5_TO_1 * 8,
+            "num_attention_heads": 16,
+            "num_global_key_value_heads": 1,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 8,
+            "num_kv_shared_layers": 0,
+            "rope_parameters": _ROPE,
+            "use_bidirectional_attention": "vision",
+            "use_double_wide_mlp": False,
+        },
+        "vision_config": {"model_type": "gemma4_unified_vision"},
+        "audio_config": {"model_type": "gemma4_unified_audio"},
     },
 }

@@ -1,7 +1,7 @@
 """Axolotl's keys about how the model is built and launched (configs/axolotl_loading.py): use_ray
 (examples/llama-3/lora-1b-ray.yml), reinit_weights (examples/qwen2/adamw-pretrain-fsdp2.yaml),
 freeze_mm_modules (examples/gemma4/e2b-vision-lora.yaml), gemma4_hybrid_attn_impl
-(examples/gemma4-unified/12b-text-lora.yaml) and test_value, which Axolotl's schema drops."""
+(examples/gemma4/31b-qlora.yaml) and test_value, which Axolotl's schema drops."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from configread import view, write
 from autotune.configs import read_training_config
 from autotune.configs.axolotl import check_patched_model
 from autotune.configs.axolotl_loading import _language_model_only
-from autotune.errors import InvalidInput, UnmodelledSetting
+from autotune.errors import InvalidInput, JobFails, UnmodelledSetting
 
 BASE = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 2048, "micro_batch_size": 2,
         "gradient_accumulation_steps": 2, "bf16": True, "attn_implementation": "flash_attention_2",
@@ -116,11 +116,42 @@ def test_language_model_only_targets(pattern, only):
     assert _language_model_only(pattern) is only
 
 
-def test_gemma4_hybrid_attention_is_refused_by_name(tmp_path):
-    with pytest.raises(UnmodelledSetting, match="gemma4_hybrid_attn_impl.*packing-aware SDPA"):
-        _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": True})
+def test_gemma4_hybrid_attention_sets_the_two_attentions_packed_as_the_batches(tmp_path):
+    packed = _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": True, "sample_packing": True})
+    assert packed.request.step.gemma4_hybrid_attn == "packed"
+    assert packed.request.step.attn == "flash_attention_2"
+    unpacked = _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": True})
+    assert unpacked.request.step.gemma4_hybrid_attn == "unpacked"
     off = _read(tmp_path, {**LORA, "gemma4_hybrid_attn_impl": False})
-    assert off.request == _read(tmp_path, LORA).request
+    assert off.request == _read(tmp_path, LORA).request and off.request.step.gemma4_hybrid_attn is None
+
+
+def test_gemma4_hybrid_attention_defaults_the_attention_as_axolotl_s_schema(tmp_path):
+    # utils/schemas/config.py normalize_attn_implementation: flash_attention_2 where none is given
+    plan = _read(tmp_path, {**{k: v for k, v in LORA.items() if k != "attn_implementation"},
+                            "gemma4_hybrid_attn_impl": True})
+    assert plan.request.step.attn == "flash_attention_2"
+    assert any(note.startswith("attn_implementation: not set: flash_attention_2") for note in plan.notes)
+
+
+def test_gemma4_hybrid_attention_with_another_attention_fails_as_axolotl_refuses_it(tmp_path):
+    with pytest.raises(JobFails, match="requires attn_implementation=flash_attention_2"):
+        _read(tmp_path, {**LORA, "attn_implementation": "sdpa", "gemma4_hybrid_attn_impl": True})
+    with pytest.raises(UnmodelledSetting, match="gemma4_hybrid_attn_impl.*with attention sdpa"):
+        _read(tmp_path, {**{k: v for k, v in LORA.items() if k != "attn_implementation"},
+                         "sdp_attention": True, "gemma4_hybrid_attn_impl": True})
+
+
+def test_the_large_head_triton_kernel_is_refused_by_name(tmp_path):
+    hybrid = {**LORA, "gemma4_hybrid_attn_impl": True}
+    with pytest.raises(UnmodelledSetting, match="large_head_attention.*flash_d512"):
+        _read(tmp_path, {**hybrid, "large_head_attention": "auto"})
+    with pytest.raises(UnmodelledSetting, match="flash_attn_d512"):
+        _read(tmp_path, {**hybrid, "flash_attn_d512": True})
+    with pytest.raises(InvalidInput, match="large_head_attention.*sdpa, auto, triton_flash"):
+        _read(tmp_path, {**hybrid, "large_head_attention": "fast"})
+    sdpa = _read(tmp_path, {**hybrid, "large_head_attention": "sdpa"})
+    assert sdpa.request == _read(tmp_path, hybrid).request
 
 
 def test_cls_model_config_naming_the_models_config_class_changes_nothing(tmp_path):

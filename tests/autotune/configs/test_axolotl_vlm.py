@@ -138,19 +138,12 @@ def test_axolotl_turns_its_lora_kernels_off_on_paddleocr_vl_set_or_not(tmp_path)
 
 def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):
     # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: not emulated.
-    import copy
-    import dataclasses
-    from unittest import mock
-
     from autotune.configs.axolotl import check_patched_model
-    from autotune.workload.models import resolve_model
 
-    config = read(tmp_path, {**VLM, "base_model": "tiny-gemma4"})
-    spec = resolve_model("tiny-gemma4")
-    spec = dataclasses.replace(spec, config=copy.deepcopy(spec.config))
-    spec.config.model_type = "gemma4_unified"
-    with mock.patch("autotune.workload.models.resolve_model", return_value=spec), \
-            pytest.raises(InvalidInput, match="does not emulate for gemma4_unified"):
+    config = read(tmp_path, {**VLM, "base_model": "google/gemma-4-12B-it"})
+    with pytest.raises(InvalidInput, match=r"google/gemma-4-12B-it \(model type gemma4_unified\) .*"
+                                           r"patch_gemma4_unified_fused_attn.* does not emulate for "
+                                           r"gemma4_unified$"):
         check_patched_model(config, config.request)
 
 

@@ -61,6 +61,12 @@ def test_the_table_is_transformers_cuda_training_mapping_for_each_model_type(mod
     assert "SwiGLUMLP" in training and "Qwen3_5GatedDeltaNet" not in training
 
 
+def test_gemma4_s_modeling_file_decorates_nothing_so_kernelize_swaps_nothing() -> None:
+    assert _decorated("gemma4") == {} and hub_kernels.KERNELIZED["gemma4"] == ()
+    hub_kernels.check("gemma4", "use_kernels")  # no refusal
+    assert not hub_kernels.emulated("gemma4")
+
+
 def test_every_qwen3_moe_rms_norm_runs_the_hub_liger_rms_norm() -> None:
     from transformers import AutoModelForCausalLM
 
@@ -110,8 +116,8 @@ def test_hub_kernels_not_emulated_are_refused_by_name(model_type: str, prefix: s
 def test_a_model_type_whose_decorated_layers_are_not_read_is_refused() -> None:
     # LlamaRMSNorm is decorated "RMSNorm" too: kernelize would swap it, not checked here
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama: "
-                       r"transformers' kernelize swaps hub kernels in .* read for gpt_oss, minimax_m2, "
-                       r"qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
+                       r"transformers' kernelize swaps hub kernels in .* read for gemma4, gpt_oss, "
+                       r"minimax_m2, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
         hub_kernels.check("llama", "use_kernels")
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama"):
         import autotune

@@ -95,6 +95,7 @@ LIMITS = {
     "moonshotai/Kimi-Linear-48B-A3B-Instruct": 1048576,
     "ai21labs/Jamba-v0.1": 262144, "ai21labs/AI21-Jamba-1.5-Large": 262144,
     "google/gemma-4-E2B-it": 131072, "google/gemma-4-26B-A4B": 262144, "google/gemma-4-31B": 262144,
+    "google/gemma-4-12B-it": 262144,
     "mistralai/Mistral-Small-3.1-24B-Instruct-2503": 131072, "mistralai/Magistral-Small-2509": 131072,
     "mistralai/Ministral-3-3B-Reasoning-2512": 262144, "mistral-community/pixtral-12b": 1024000,
     "mistralai/Mistral-Small-4-119B-2603": 1048576,

@@ -200,6 +200,24 @@ def test_gemma4_parameter_counts_match_the_published_totals(name, total, languag
         assert counted == pytest.approx(language_model, rel=0.002)
 
 
+def test_gemma_4_12b_is_its_converter_s_unified_architecture():
+    # convert_gemma4_unified_weights.py _VARIANTS["gemma-4-12b"]: 48 layers of 3840, 8 of them global
+    # (head dim 512, one key/value head, keys as values), no towers; about 12B parameters in all.
+    from transformers import AutoModelForImageTextToText
+
+    config = resolve_model("google/gemma-4-12B-it").config
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    layers = model.model.language_model.layers
+    assert type(model).__name__ == "Gemma4UnifiedForConditionalGeneration" and len(layers) == 48
+    assert config.text_config.layer_types.count("full_attention") == 8
+    assert layers[5].self_attn.head_dim == 512 and layers[5].self_attn.v_proj is None
+    assert tuple(layers[5].self_attn.k_proj.weight.shape) == (512, 3840)  # one key/value head
+    assert tuple(layers[0].self_attn.k_proj.weight.shape) == (8 * 256, 3840)
+    assert not hasattr(model.model, "vision_tower")
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9) == 12
+
+
 # --- the batch, on the real model -------------------------------------------------------------
 
 
