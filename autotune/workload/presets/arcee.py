@@ -14,10 +14,10 @@ from typing import Any
 ARCEE_PRESETS: dict[str, dict[str, Any]] = {
     # arcee-ai/AFM-4.5B (https://huggingface.co/arcee-ai/AFM-4.5B/blob/main/config.json): a public AWS
     # NeuronX inference port's NeuronArceeForCausalLM docstring, "Load config from HF config.json dict"
-    # (its repository and path not locatable by search; every value below checked in it): width 2560, 36 layers, 20 query / 4
-    # key-value heads of 128, squared-ReLU MLP of 18432, vocabulary 128004 untied, 65536 positions by
-    # YaRN (factor 20 from 4096), rope_theta 10000, no biases, pad id 0. The Instruct (AFM-4.5B, the
-    # corpus's) and the Base share the shapes; bfloat16, the checkpoint's dtype.
+    # (its repository and path not locatable by search; every value below checked in it): width 2560,
+    # 36 layers, 20 query / 4 key-value heads of 128, squared-ReLU MLP of 18432, vocabulary 128004
+    # untied, 65536 positions by YaRN (factor 20 from 4096), rope_theta 10000, no biases, pad id 0. The
+    # Instruct (AFM-4.5B, the corpus's) and the Base share the shapes; bfloat16, the checkpoint's dtype.
     "arcee-ai/AFM-4.5B": {
         "model_type": "arcee",
         "architectures": ["ArceeForCausalLM"],
