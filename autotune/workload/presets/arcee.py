@@ -39,9 +39,11 @@ ARCEE_PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 128004,
     },
-    # arcee-ai/Trinity-Nano-Preview: NANO_CONFIG of an AWS NeuronX Distributed Inference port's
-    # test/unit/test_config.py, "matches arcee-ai/Trinity-Nano-Preview/config.json" (find_string id
-    # 52090868887), key for key less auto_map and use_cache: width 1024, 56 layers, 8 query / 2
+    # arcee-ai/Trinity-Nano-Preview (https://huggingface.co/arcee-ai/Trinity-Nano-Preview/blob/main/
+    # config.json): NANO_CONFIG of a Trinity NeuronX port's test/unit/test_config.py, "matches
+    # arcee-ai/Trinity-Nano-Preview/config.json" (the port's contrib/models/Trinity lives in
+    # aws-neuron/neuronx-distributed-inference; that test file is not in its indexed tree), key for key
+    # less auto_map and use_cache: width 1024, 56 layers, 8 query / 2
     # key-value heads of 128, dense MLP 3072 in the first 2 layers, then 128 experts of 256 (8 a token,
     # sigmoid scores, one group) and one shared expert, a 2048-token window with every 4th layer global
     # (global_attn_every_n_layers 4: AfmoeConfig derives layer_types from it), vocabulary 200192 untied.
