@@ -158,10 +158,11 @@ REFUSED: dict[str, str] = {
 # holds the model's shapes in bfloat16; its hub checkpoint loads quantized.
 # MiniMax-M2: "The checkpoint is pre-quantized (quant_method: fp8) ... train LoRA on the frozen FP8 base
 # instead (ScatterMoE dequantizes the FP8 experts on the fly)" (Axolotl examples/minimax/m2-qlora.yaml);
-# its quantization_config as public copies give it (find_string ids 70485612569, 54675701775: quant_method
+# its quantization_config (https://huggingface.co/MiniMaxAI/MiniMax-M2.5/blob/main/config.json) as public
+# copies give it (a Rust loader's MiniMaxM2Config check, which refuses any other value: quant_method
 # fp8, fmt float8_e4m3fn, activation_scheme dynamic, weight_block_size [128, 128], modules_to_not_convert
-# gate, e_score_correction_bias, lm_head; the Ascend guide id 62530921554: "the official release is an
-# FP8 mixed-precision model", which it converts to bfloat16 first).
+# gate, e_score_correction_bias, lm_head; the Ascend msmodelslim guide (presets/minimax.py): "the
+# official release is an FP8 mixed-precision model", which it converts to bfloat16 first).
 PUBLISHED_QUANTIZED: dict[str, str] = {
     "MiniMaxAI/MiniMax-M2": "fp8 (float8_e4m3fn weights in 128 x 128 blocks with their scales; the router, "
                             "its bias and lm_head in bfloat16), loaded through transformers' "

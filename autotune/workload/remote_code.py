@@ -44,15 +44,18 @@ _DEEPSEEK_V2 = {
 # Preset -> the auto_map of its checkpoint's config.json (Auto class -> module.Class).
 REMOTE_CODE: dict[str, dict[str, str]] = {
     # DeepSeek-V3 (and R1, V3.1: one release's code) ship configuration_deepseek.py and
-    # modeling_deepseek.py: the auto_map of a public copy of DeepSeek-R1's config.json (find_string id
-    # 1570491832, "transformers_version": "4.46.3"; presets/deepseek_v3.py).
+    # modeling_deepseek.py: the auto_map of DeepSeek-R1's config.json,
+    # https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json ("transformers_version":
+    # "4.46.3"; checked against a public parameter counter's config_Deepseek_R1 copy;
+    # presets/deepseek_v3.py).
     "deepseek-ai/DeepSeek-V3": {
         "AutoConfig": "configuration_deepseek.DeepseekV3Config",
         "AutoModel": "modeling_deepseek.DeepseekV3Model",
         "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
     },
-    # MiniMax-M2.5's config.json as an Ascend quantization guide copies it (find_string id 62530921554;
-    # the M2 architecture, presets/minimax.py), from before transformers shipped minimax_m2.
+    # https://huggingface.co/MiniMaxAI/MiniMax-M2.5/blob/main/config.json, as a public Ascend
+    # quantization guide copies it (the M2 architecture, presets/minimax.py), from before transformers
+    # shipped minimax_m2.
     "MiniMaxAI/MiniMax-M2": {
         "AutoConfig": "configuration_minimax_m2.MiniMaxM2Config",
         "AutoModelForCausalLM": "modeling_minimax_m2.MiniMaxM2ForCausalLM",

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 ARCEE_PRESETS: dict[str, dict[str, Any]] = {
-    # arcee-ai/AFM-4.5B: an AWS Neuron inference port's NeuronArceeForCausalLM docstring, "Load config
-    # from HF config.json dict" (find_string id 52064628570): width 2560, 36 layers, 20 query / 4
-    # key-value heads of 128, squared-ReLU MLP of 18432, vocabulary 128004 untied, 65536 positions by
-    # YaRN (factor 20 from 4096), rope_theta 10000, no biases, pad id 0. The Instruct (AFM-4.5B, the
-    # corpus's) and the Base share the shapes; bfloat16, the checkpoint's dtype.
+    # arcee-ai/AFM-4.5B (https://huggingface.co/arcee-ai/AFM-4.5B/blob/main/config.json): a public AWS
+    # NeuronX inference port's NeuronArceeForCausalLM docstring, "Load config from HF config.json dict"
+    # (its repository and path not locatable by search; every value below checked in it): width 2560,
+    # 36 layers, 20 query / 4 key-value heads of 128, squared-ReLU MLP of 18432, vocabulary 128004
+    # untied, 65536 positions by YaRN (factor 20 from 4096), rope_theta 10000, no biases, pad id 0. The
+    # Instruct (AFM-4.5B, the corpus's) and the Base share the shapes; bfloat16, the checkpoint's dtype.
     "arcee-ai/AFM-4.5B": {
         "model_type": "arcee",
         "architectures": ["ArceeForCausalLM"],
@@ -38,9 +39,11 @@ ARCEE_PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 128004,
     },
-    # arcee-ai/Trinity-Nano-Preview: NANO_CONFIG of an AWS NeuronX Distributed Inference port's
-    # test/unit/test_config.py, "matches arcee-ai/Trinity-Nano-Preview/config.json" (find_string id
-    # 52090868887), key for key less auto_map and use_cache: width 1024, 56 layers, 8 query / 2
+    # arcee-ai/Trinity-Nano-Preview (https://huggingface.co/arcee-ai/Trinity-Nano-Preview/blob/main/
+    # config.json): NANO_CONFIG of a Trinity NeuronX port's test/unit/test_config.py, "matches
+    # arcee-ai/Trinity-Nano-Preview/config.json" (the port's contrib/models/Trinity lives in
+    # aws-neuron/neuronx-distributed-inference; that test file is not in its indexed tree), key for key
+    # less auto_map and use_cache: width 1024, 56 layers, 8 query / 2
     # key-value heads of 128, dense MLP 3072 in the first 2 layers, then 128 experts of 256 (8 a token,
     # sigmoid scores, one group) and one shared expert, a 2048-token window with every 4th layer global
     # (global_attn_every_n_layers 4: AfmoeConfig derives layer_types from it), vocabulary 200192 untied.

@@ -28,9 +28,11 @@ from typing import Any
 # topk_group, route_scale 2.5 -> routed_scaling_factor, score_func sigmoid -> scoring_func, the MLA
 # ranks and head widths as they are, vocabulary 129280; its config_v3.1.json gives V3.1 the same.
 # The keys that table has not (context, rope, norm, token ids, noaux_tc routing, the normalised top-k,
-# untied head, dtype) as a public copy of DeepSeek-R1's config.json has them (find_string id
-# 1570491832, config_Deepseek_R1, "transformers_version": "4.46.3"), which agrees on every key of the
-# table. transformers 5 maps rope_scaling/rope_theta to rope_parameters.
+# untied head, dtype) as DeepSeek-R1's config.json has them
+# (https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json, "transformers_version":
+# "4.46.3"; checked against a public parameter counter's config_Deepseek_R1 copy, whose repository and
+# path are not locatable by search), which agrees on every key of the table. transformers 5 maps
+# rope_scaling/rope_theta to rope_parameters.
 _DEEPSEEK_V3 = {
     "model_type": "deepseek_v3",
     "architectures": ["DeepseekV3ForCausalLM"],

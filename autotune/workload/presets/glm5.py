@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 GLM5_PRESETS: dict[str, dict[str, Any]] = {
-    # zai-org/GLM-5.1's config.json as a deployment note copies it whole ("原始 config.json", public copy:
-    # find_string id 62604838642, "transformers_version": "5.4.0"); GLM-5.1 is GLM-5 post-trained, and
+    # zai-org/GLM-5.1's config.json, https://huggingface.co/zai-org/GLM-5.1/blob/main/config.json, as a
+    # public model-report deployment note copies it whole ("原始 config.json", "transformers_version":
+    # "5.4.0"; the note's repository/path not locatable by search); GLM-5.1 is GLM-5 post-trained, and
     # the GLM-5 technical report's architecture table (as glennklockwood.com/garden/GLM-5 copies it:
     # 3 dense and 75 MoE layers, width 6144, dense 12288, experts 2048 wide, QK head 192 + 64, V head
     # 256, Q LoRA 2048, KV LoRA 512, 64 heads, an indexer of 32 heads of 128, 256 experts, 8 routed,

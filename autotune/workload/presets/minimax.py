@@ -18,9 +18,10 @@ from typing import Any
 
 MINIMAX_PRESETS: dict[str, dict[str, Any]] = {
     # MiniMax-M2.5's config.json (the M2 architecture, MiniMaxM2ForCausalLM; M2, M2.1 and M2.5 are one
-    # shape) as an Ascend quantization guide copies it whole, its quantization_config removed (public
-    # copy: find_string id 62530921554, "transformers_version": "4.46.1"): the keys that shape a
-    # tensor, as transformers' MiniMaxM2Config defaults give them too (vocabulary 200064, width 3072,
+    # shape), https://huggingface.co/MiniMaxAI/MiniMax-M2.5/blob/main/config.json; checked against a
+    # full copy in a public Ascend msmodelslim W8A8C16 quantization guide (quantization_config removed,
+    # "transformers_version": "4.46.1"; its repository and path not locatable by search): the keys that
+    # shape a tensor, as transformers' MiniMaxM2Config defaults give them too (vocabulary 200064, width 3072,
     # expert width 1536, 62 layers, 48/8 heads of 128, 256 experts, 8 per token, context 196608).
     # rotary_dim 64 is read by transformers 5 as partial_rotary_factor 0.5
     # (configuration_minimax_m2.py convert_rope_params_to_dict). The keys of the remote code that

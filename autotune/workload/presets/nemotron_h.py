@@ -5,11 +5,12 @@ attention), the experts' MLPs squared-ReLU (relu2) and not gated, one shared exp
 Each config.json as a public copy of it gives it (cited beside each preset); the keys that shape no
 tensor (token ids, dropout, init, cache dtype) are left out. transformers' NemotronHConfig reads the
 legacy ``hybrid_override_pattern`` into ``layers_block_type`` (configuration_nemotron_h.py). Published
-totals: Nano's model card, "31.6B total parameters"; Super's BF16 safetensors headers (as a test of a
-model-size parser copies them, find_string id 70181782850: "BF16 weights 123,611,012,096; MTP
-2,942,324,736"), of which transformers' NemotronHForCausalLM builds all but the multi-token-prediction
-layer (num_nextn_predict_layers: an inference draft head, no module of the training model):
-120,668,687,360; tests/autotune/workload/test_presets_nemotron_h.py.
+totals: Nano's model card, "31.6B total parameters"; Super's BF16 safetensors headers (as the
+model page https://huggingface.co/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 lists them, and as a
+public model-size parser's test copies them: "BF16 weights 123,611,012,096; MTP 2,942,324,736"; that
+test's repository and path are not locatable by search), of which transformers' NemotronHForCausalLM
+builds all but the multi-token-prediction layer (num_nextn_predict_layers: an inference draft head,
+no module of the training model): 120,668,687,360; tests/autotune/workload/test_presets_nemotron_h.py.
 
 The Mamba-2 mixers are traced through transformers' torch path (workload/mamba_mixer.py), as
 Falcon-H1's.
@@ -75,9 +76,11 @@ NEMOTRON_H_PRESETS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 52,
         "routed_scaling_factor": 2.5,
     },
-    # A C++ test header's kSuperConfig, "Super's config.json" of the NVFP4 release (find_string id
-    # 70608027248; the architecture the BF16 checkpoint shares, its quantization_config apart), whose
-    # pattern and sizes the count test's copy (id 70181782850) repeats. 88 layers: 40 Mamba-2, 40 of
+    # https://huggingface.co/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4/blob/4f0cf9da/config.json,
+    # as a public C++ test header's kSuperConfig transcribes it (the header names that commit; its
+    # repository and path are not locatable by search; every key here checked against it), the
+    # architecture the BF16 checkpoint shares, its quantization_config apart; the parameter-count test
+    # above repeats its pattern and sizes. 88 layers: 40 Mamba-2, 40 of
     # 512 experts (22 routed a token) behind LatentMoE's 1024-wide projections, 8 attention.
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": {
         **_NEMOTRON_3,
