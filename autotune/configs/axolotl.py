@@ -106,7 +106,11 @@ _AXOLOTL_REFUSED = {
     "process_reward_model": "not modelled",
     "xformers_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL,
-    "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
+    "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL,
+    # monkeypatch/tiled_mlp/patch.py patch_tiled_mlp: plain torch, no kernel, but not yet traced
+    "tiled_mlp": "Axolotl's TiledMLP (monkeypatch/tiled_mlp/base.py: each MLP run over sequence shards, "
+                 "tiled_mlp_num_shards or ceil(seq / 32768), without grad, recomputed shard by shard in "
+                 "backward; DeepSpeed's ALST TiledMLP under DeepSpeed) is not modelled",
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
@@ -1546,8 +1550,13 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
     _apply_activation_checkpointing, ac_wrap_hf_model), the same torch.utils.checkpoint call per
     layer as transformers' non-reentrant checkpointing. Whether the modes checkpoint: always."""
     if offload is not True:
-        why = {"legacy": "the synchronous offloading of each checkpointed layer's input (monkeypatch/"
-                         "gradient_checkpointing.py) is not modelled",
+        # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy"; with an adapter and
+        # gradient_checkpointing, patch_manager.py also swaps transformers' checkpoint for
+        # hf_grad_checkpoint_offload_wrapper (CPU_Offloaded_Gradient_Checkpointer)
+        why = {"legacy": "TRL's OffloadActivations without streams (use_streams=False: each saved activation "
+                         "copied to the host at once, no stash, no deduplication; core/trainers/mixins/"
+                         "activation_checkpointing.py) and, with an adapter, each checkpointed layer's "
+                         "input offloaded (monkeypatch/gradient_checkpointing.py) are not modelled",
                "disk": "activations written to files on disk are not modelled",
                "hidden_states": "offloading the checkpointed hidden states alone is not modelled"}
         if offload in why:
