@@ -205,6 +205,13 @@ def positive(value: Any, name: str = "value") -> int:
     return value
 
 
+def _shards(value: Any) -> int:
+    """tiled_mlp's shard count: an integer >= 0 (0: Axolotl's default, ceil(seq_len / 32768))."""
+    if value in (0, "0"):
+        return 0
+    return positive(value, "tiled_mlp")
+
+
 def fraction(value: Any) -> float:
     """A margin: a fraction in [0, 1)."""
     try:
@@ -403,6 +410,10 @@ class Step:
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
         "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
+    tiled_mlp: int | None = option(
+        None, "Axolotl's tiled MLP (tiled_mlp: true): each MLP run over N sequence shards without grad and "
+        "recomputed shard by shard in backward (monkeypatch/tiled_mlp/base.py TiledMLP, traced); 0: "
+        "Axolotl's default, ceil(seq_len / 32768) shards", metavar="N", parse=_shards, http=False)
     torch_compile: str | None = option(
         None, "the model under torch.compile (inductor), as TrainingArguments' torch_compile wraps it, in "
         f"this mode: {', '.join(COMPILE_MODES)} (its saved activations AOTAutograd's min-cut partitioner's, "
@@ -1033,7 +1044,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     offload_activations=bool(step.offload_activations), trainer=trainer, frozen=frozen,
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
-                    float32_embeddings=bool(step.float32_embeddings), compiled=compiled)
+                    float32_embeddings=bool(step.float32_embeddings), compiled=compiled,
+                    tiled_mlp=step.tiled_mlp)
 
 
 def check_upcast(adapter: Adapter | None, parallel: Parallel | None) -> None:

@@ -13,6 +13,7 @@ from autotune.configs.axolotl_callbacks import read_callbacks
 from autotune.configs.axolotl_context import read_context_parallel
 from autotune.configs.axolotl_diffusion import DIFFUSION_PLUGIN, read_diffusion
 from autotune.configs.axolotl_loading import REINIT, check_config_class, check_reinit_dtype, read_loading
+from autotune.configs.axolotl_tiled import read_tiled_mlp
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -107,10 +108,6 @@ _AXOLOTL_REFUSED = {
     "xformers_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL,
     "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL,
-    # monkeypatch/tiled_mlp/patch.py patch_tiled_mlp: plain torch, no kernel, but not yet traced
-    "tiled_mlp": "Axolotl's TiledMLP (monkeypatch/tiled_mlp/base.py: each MLP run over sequence shards, "
-                 "tiled_mlp_num_shards or ceil(seq / 32768), without grad, recomputed shard by shard in "
-                 "backward; DeepSpeed's ALST TiledMLP under DeepSpeed) is not modelled",
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
@@ -1285,6 +1282,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
     read_callbacks(cfg, method)  # relora, LISA's keys, flash_attn_fuse_mlp (axolotl_callbacks.py)
+    read_tiled_mlp(cfg)  # tiled_mlp (axolotl_tiled.py)
     attn = _axolotl_attention(cfg)
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)

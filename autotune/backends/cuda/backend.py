@@ -184,6 +184,10 @@ class CudaBackend:
             # the worker runs the eager step; a compiled one is the estimate backend's (estimate/compiled.py)
             raise BackendUnavailable("torch_compile is modelled by the estimate backend only, not run on the "
                                      "cuda backend")
+        if workload.tiled_mlp is not None:
+            # the worker's spec carries no tiled MLP (protocol.py); the estimate backend traces it
+            raise BackendUnavailable("tiled_mlp (Axolotl's TiledMLP) is traced by the estimate backend only, "
+                                     "not run on the cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:
