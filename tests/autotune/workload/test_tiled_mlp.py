@@ -19,6 +19,7 @@ from autotune.gpus import resolve_gpu
 from autotune.workload import Workload
 from autotune.workload.models import resolve_model
 from autotune.workload.modes import parse_mode
+from autotune.workload.parallel import Parallel
 from autotune.workload.presets.tiny import TINY_CONFIGS
 from autotune.workload.tiled_mlp import shard_count, swap_in
 
@@ -47,14 +48,18 @@ def test_a_tiled_mlp_gives_the_untiled_loss_and_gradients_at_batch_1():
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
-def _made(folder: Path, tiled: int | None) -> Any:
+def _traced(folder: Path, tiled: int | None, parallel: Parallel | None = None, mode: str = "fp32") -> Phases:
     spec = resolve_model(str(folder))
-    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", tiled_mlp=tiled)
+    workload = Workload(spec, "causal-lm", None, weights_dtype="bfloat16", tiled_mlp=tiled, parallel=parallel)
     backend = EstimateBackend(resolve_gpu("A100-80GB"))
-    backend._steady[(workload, "fp32")] = SteadySteps(verified=False)
+    backend._steady[(workload, mode)] = SteadySteps(verified=False)
     phases = Phases()
-    backend.trace_with(phases, backend._model(workload, "fp32"), workload, parse_mode("fp32"), SEQ, 1)
-    return phases.allocated_in_first_forward_and_backward()
+    backend.trace_with(phases, backend._model(workload, mode), workload, parse_mode(mode), SEQ, 1)
+    return phases
+
+
+def _made(folder: Path, tiled: int | None) -> Any:
+    return _traced(folder, tiled).allocated_in_first_forward_and_backward()
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +76,13 @@ def test_the_traced_mlp_makes_its_intermediate_one_shard_at_a_time(folder):
     assert plain[whole] > 0 and plain[quarter] == 0
     assert tiled[whole] == 0  # never the whole sequence's: forward without grad, backward recomputed
     assert tiled[quarter] >= 4 * plain[whole]
+
+
+def test_under_axolotl_s_fsdp2_the_tiles_run_and_each_rank_keeps_its_gradient_shards(folder):
+    # _defer_fsdp2_reshard: the layer's FSDPModule stays unsharded through the shards' backwards,
+    # then reshards once; the gradients a rank keeps are its shards' as without tiling
+    parallel = Parallel("fsdp", 2, recipe="axolotl")
+    plain, tiled = _traced(folder, None, parallel, "bf16"), _traced(folder, 4, parallel, "bf16")
+    assert tiled.live == plain.live
+    whole = SEQ * CONFIG["intermediate_size"] * 2
+    assert tiled.allocated_in_first_forward_and_backward()[whole] == 0
