@@ -159,7 +159,7 @@ class StepHooks:
         training step: workload/grpo.py)."""
 
 
-def offloading(model: Any) -> Any:
+def offloading(model: Any, streams: bool = True) -> Any:
     """TRL's OffloadActivations as ported (workload/offload.py), its host copies outside the caching
     allocator (pinned host memory: the tracker does not count them)."""
     import torch
@@ -173,7 +173,7 @@ def offloading(model: Any) -> Any:
             host.copy_(tensor)
         return host
 
-    return Offloader(model, host_copy)
+    return Offloader(model, host_copy, streams)
 
 
 class UnsteadyStep(Exception):

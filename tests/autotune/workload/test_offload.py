@@ -83,6 +83,27 @@ def test_what_is_offloaded_kept_and_stashed():
     offloader.close()
 
 
+def test_without_streams_nothing_is_stashed_and_a_storage_saved_twice_is_copied_twice():
+    # Axolotl's activation_offloading: legacy (use_streams=False): pack keeps no GPU tensor and tracks
+    # no storage ("single-stream has no release point"): the 7 repeated saves of a tanh's output go
+    # over again; the gradients are still the step's own
+    torch.manual_seed(0)
+    model, x = Head(), torch.randn(16, 32)
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    offloader = Offloader(model, host_copy, streams=False)
+    with offloader:
+        out = model(x)
+        offloaded = [i for i, (_, layout) in offloader.tracker.items() if layout is not None]
+        assert len(offloaded) == 9 + 7 and offloader.fwd_stash == {}
+        assert offloader.host_peak_bytes == 16 * 16 * 32 * 4
+        out.square().sum().backward()
+    offloader.close()
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected, strict=True))
+    assert offloader.tracker == {} and offloader.bwd_stash == {} and offloader.host_bytes == 0
+
+
 def test_a_tensor_under_a_kibibyte_stays_where_it_is():
     model, x = Head(width=8), torch.randn(4, 8)  # 128 bytes an activation
     offloader = Offloader(model, host_copy)
@@ -147,7 +168,7 @@ def test_axolotl_s_gradient_checkpointing_offload_is_activation_offloading(tmp_p
 
 
 @pytest.mark.parametrize(("changes", "text"), [
-    ({"activation_offloading": "legacy"}, "'legacy' in .* not modelled: the synchronous"),
+    ({"activation_offloading": "legacy"}, "'legacy' in .* not modelled: TRL's OffloadActivations without"),
     ({"activation_offloading": "disk"}, "'disk' in .* not modelled: activations written"),
     ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: 'offload_disk' in .* not modelled"),
     ({"gradient_checkpointing": False}, "activation_offloading requires gradient_checkpointing"),
