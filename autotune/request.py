@@ -410,6 +410,9 @@ class Step:
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
         "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
+    offload_streams: bool | None = option(
+        None, "with offload_activations: TRL's use_streams (default); false copies each activation on the "
+        "compute stream and stashes none, as Axolotl's activation_offloading: legacy runs it", http=False)
     tiled_mlp: int | None = option(
         None, "Axolotl's tiled MLP (tiled_mlp: true): each MLP run over N sequence shards without grad and "
         "recomputed shard by shard in backward (monkeypatch/tiled_mlp/base.py TiledMLP, traced); 0: "
@@ -1045,7 +1048,7 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
                     float32_embeddings=bool(step.float32_embeddings), compiled=compiled,
-                    tiled_mlp=step.tiled_mlp)
+                    tiled_mlp=step.tiled_mlp, offload_streams=step.offload_streams is not False)
 
 
 def check_upcast(adapter: Adapter | None, parallel: Parallel | None) -> None:

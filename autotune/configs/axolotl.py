@@ -1547,21 +1547,22 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
     fine-tune's decoder layers in torch's non-reentrant checkpoint_wrapper (loaders/model.py
     _apply_activation_checkpointing, ac_wrap_hf_model), the same torch.utils.checkpoint call per
     layer as transformers' non-reentrant checkpointing. Whether the modes checkpoint: always."""
-    if offload is not True:
-        # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy"; with an adapter and
-        # gradient_checkpointing, patch_manager.py also swaps transformers' checkpoint for
-        # hf_grad_checkpoint_offload_wrapper (CPU_Offloaded_Gradient_Checkpointer)
-        why = {"legacy": "TRL's OffloadActivations without streams (use_streams=False: each saved activation "
-                         "copied to the host at once, no stash, no deduplication; core/trainers/mixins/"
-                         "activation_checkpointing.py) and, with an adapter, each checkpointed layer's "
-                         "input offloaded (monkeypatch/gradient_checkpointing.py) are not modelled",
+    # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy" (a full fine-tune's
+    # legacy: modelled); with an adapter and gradient_checkpointing, patch_manager.py also swaps
+    # transformers' checkpoint for hf_grad_checkpoint_offload_wrapper (CPU_Offloaded_Gradient_Checkpointer)
+    legacy = offload == "legacy" and not adapter
+    if offload is not True and not legacy:
+        why = {"legacy": "with an adapter, each checkpointed layer's input offloaded by Axolotl's "
+                         "CPU_Offloaded_Gradient_Checkpointer (monkeypatch/gradient_checkpointing.py) beside "
+                         "TRL's OffloadActivations without streams is not modelled; a full fine-tune's is",
                "disk": "activations written to files on disk are not modelled",
                "hidden_states": "offloading the checkpointed hidden states alone is not modelled"}
         if offload in why:
             raise cfg.unmodelled("activation_offloading", offload, why[offload] + "; true is")
         raise cfg.bad("activation_offloading", offload, "true, false, 'legacy', 'disk' or 'hidden_states'")
     if not ckpt:  # schemas/validation.py check_activation_offloading_wo_gc
-        raise JobFails(f"activation_offloading: true without gradient_checkpointing in {cfg.file!r}: "
+        shown = "legacy" if legacy else "true"
+        raise JobFails(f"activation_offloading: {shown} without gradient_checkpointing in {cfg.file!r}: "
                        "Axolotl refuses it (\"activation_offloading requires gradient_checkpointing\")")
     cfg.offload_activations = True
     if adapter:
@@ -1571,6 +1572,13 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
         checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset={"use_reentrant": True})
         return True
     cfg.get("gradient_checkpointing_kwargs")  # the Trainer's checkpointing is off: unused
+    if legacy:
+        cfg.offload_streams = False
+        cfg.notes.append("activation_offloading: legacy: TRL's OffloadActivations without streams "
+                         "(use_streams=False, ActivationOffloadingMixin: each saved activation copied to the "
+                         "host on the compute stream, none stashed, a storage saved twice copied twice), and "
+                         "every decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model)")
+        return True
     cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step, and every "
                      "decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model): the "
                      "layers' inputs go to the host")

@@ -45,7 +45,8 @@ def read_tiled_mlp(cfg: Config) -> None:
         cfg.notes.append(f"tiled_mlp: {shards} shards (tiled_mlp_num_shards): {how}")
     elif isinstance(seq, int):
         local = math.ceil(seq / cfg.launch.get("context_parallel", 1))
-        cfg.notes.append(f"tiled_mlp: {shard_count(local, None)} shards (tiled_mlp_num_shards unset: "
+        count = shard_count(local, None)
+        cfg.notes.append(f"tiled_mlp: {count} shard{'s' if count > 1 else ''} (tiled_mlp_num_shards unset: "
                          f"patch.py's ceil({local} tokens a rank / {TOKENS_PER_SHARD})): {how}")
     else:
         cfg.notes.append(f"tiled_mlp: ceil(seq / {TOKENS_PER_SHARD}) shards (tiled_mlp_num_shards "

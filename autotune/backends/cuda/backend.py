@@ -184,6 +184,10 @@ class CudaBackend:
             # the worker runs the eager step; a compiled one is the estimate backend's (estimate/compiled.py)
             raise BackendUnavailable("torch_compile is modelled by the estimate backend only, not run on the "
                                      "cuda backend")
+        if workload.offload_activations and not workload.offload_streams:
+            # the worker runs TRL's OffloadActivations with its default streams (probe_worker.py)
+            raise BackendUnavailable("activation offloading without streams (Axolotl's legacy) is emulated "
+                                     "by the estimate backend only, not run on the cuda backend")
         if workload.tiled_mlp is not None:
             # the worker's spec carries no tiled MLP (protocol.py); the estimate backend traces it
             raise BackendUnavailable("tiled_mlp (Axolotl's TiledMLP) is traced by the estimate backend only, "

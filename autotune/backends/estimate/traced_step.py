@@ -304,7 +304,7 @@ def trace_step(
         writer = StepWriter(tracker) if write_steps and not zero else None
         marked = _MarkedScaler(scaler, tracker, marks, steady, writer, hooks)
         hooks.before_steps(workspaces, batch, optimizer)
-        offloader = offloading(model) if workload.offload_activations else None
+        offloader = offloading(model, workload.offload_streams) if workload.offload_activations else None
         with emulation, warnings.catch_warnings():
             # torch.amp.custom_bwd (torchao's QAT Functions) enters torch.autocast("cuda") again for
             # a backward whose forward ran under the emulated autocast: on a host without CUDA it

@@ -134,6 +134,25 @@ def test_offloading_lowers_the_traced_step_and_is_said(capsys):
            "activations in pinned host memory, at most" in text
 
 
+def test_legacy_offloading_is_traced_on_one_stream_and_said(capsys):
+    from autotune.cli import main
+
+    args = ["explain", "tiny-llama", "--seq-len", "128", "--mode", "bf16", "--offload-activations",
+            "--gpu-memory", "2GiB", "--no-levers", "--batch-size", "64"]
+    main([*args, "--no-offload-streams"])
+    text = capsys.readouterr().out
+    assert "TRL's OffloadActivations without streams (emulated: nothing stashed, none under 1 KiB): saved " \
+           "activations in pinned host memory, at most" in text
+    with pytest.raises(Exception, match="without streams .* estimate backend only"):
+        from autotune.backends.cuda.backend import CudaBackend
+        from autotune.gpus import resolve_gpu
+
+        workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, offload_activations=True,
+                            offload_streams=False)
+        with CudaBackend(resolve_gpu("H100-80GB")).cell(workload, parse_mode("bf16"), 64, GIB):
+            pass
+
+
 # -- configs ----------------------------------------------------------------------------------------
 
 AXOLOTL = {"base_model": "meta-llama/Llama-3.2-1B", "sequence_len": 2048, "micro_batch_size": 1,
@@ -167,8 +186,18 @@ def test_axolotl_s_gradient_checkpointing_offload_is_activation_offloading(tmp_p
     assert any("check_gradient_checkpointing_w_offload" in note for note in found.notes)
 
 
+def test_axolotl_s_legacy_offloading_of_a_full_fine_tune_runs_without_streams(tmp_path):
+    # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy"; the layers are
+    # checkpointed by ac_wrap_hf_model as with true
+    found = read(tmp_path, {**AXOLOTL, "activation_offloading": "legacy"})
+    assert (found.offload_activations, found.offload_streams) == (True, False)
+    assert any("activation_offloading: legacy: TRL's OffloadActivations without streams" in note
+               for note in found.notes)
+    assert read(tmp_path, AXOLOTL).offload_streams is None  # true: TRL's default streams
+
+
 @pytest.mark.parametrize(("changes", "text"), [
-    ({"activation_offloading": "legacy"}, "'legacy' in .* not modelled: TRL's OffloadActivations without"),
+    ({**LORA, "activation_offloading": "legacy"}, "'legacy' in .* not modelled: with an adapter, each"),
     ({"activation_offloading": "disk"}, "'disk' in .* not modelled: activations written"),
     ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: 'offload_disk' in .* not modelled"),
     ({"gradient_checkpointing": False}, "activation_offloading requires gradient_checkpointing"),
