@@ -149,6 +149,8 @@ _AXOLOTL_NO_EFFECT = words(
     "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 device_map "
     "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
+    # utils/data/utils.py _drop_outside_range: drops samples shorter than it; rows stay sequence_len
+    "min_sample_len "
     "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
     "include_tokens_per_second profiler_steps fsdp_final_state_dict_type ddp ddp_timeout "
     "skip_prepare_dataset "

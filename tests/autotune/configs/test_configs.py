@@ -856,3 +856,9 @@ def test_axolotl_s_legacy_activation_offloading_with_an_adapter_is_refused_for_w
     with pytest.raises(UnmodelledSetting, match="^activation_offloading: .*is not modelled: with an adapter, "
                        "each checkpointed layer's input offloaded by Axolotl's CPU_Offloaded_Gradient"):
         read_training_config(path)
+
+
+def test_axolotl_s_min_sample_len_is_read_as_without_effect(tmp_path):
+    # utils/data/utils.py _drop_outside_range drops shorter samples; a packed row stays sequence_len
+    found = read(tmp_path, {**AXOLOTL, "min_sample_len": 200_000})
+    assert "min_sample_len" not in found.ignored
