@@ -478,6 +478,8 @@ class CheckPublic(BaseModel):
                                           "every row; always null here: the service refuses those models")
     offload_activations: bool = Field(default=False, description="TRL's OffloadActivations around each step; "
                                       "always false here: the service does not take it")
+    offload_streams: bool = Field(default=True, description="with offload_activations, TRL's use_streams; "
+                                  "always true here: the service does not take offloading")
     compiled: str | None = Field(default=None, description="torch.compile's mode around the model "
                                  "(torch_compile); always null here: the service does not take it")
     trainer: dict[str, Any] | None = Field(default=None, description=TRAINER_DESCRIPTION)
@@ -629,6 +631,8 @@ class ExplainPublic(BaseModel):
     host_offload_bytes: int | None = Field(default=None, description="with activation offloading, the host "
                                            "memory its copies held; always null here: the service does "
                                            "not take it")
+    offload_streams: bool = Field(default=True, description="with activation offloading, TRL's use_streams; "
+                                  "always true here: the service does not take offloading")
     compiled: str | None = Field(default=None, description="how a compiled step (torch_compile) was "
                                  "modelled; always null here: the service does not take it")
     host_memory_bytes: int | None = Field(default=None, description="with FSDP's CPU offload or "

@@ -363,6 +363,8 @@ class StepOptions(TypedDict, total=False):
     loss: str  # full
     ckpt_reentrant: bool  # False
     offload_activations: bool  # False: TRL's OffloadActivations around each step (emulated)
+    offload_streams: bool | None  # True: use_streams under offload_activations (False: Axolotl's legacy)
+    tiled_mlp: int | None  # None: Axolotl's TiledMLP over N sequence shards (0: ceil(seq_len / 32768))
     frozen_modules: str | Sequence[str] | None  # a full fine-tune's untrained modules (workload.frozen)
     unfrozen_parameters: str | Sequence[str] | None  # Axolotl's trained-parameter regexes (workload.frozen)
     config_overrides: str | None  # JSON: attributes set on the model's config (workload.overrides)

@@ -212,6 +212,13 @@ def positive(value: Any, name: str = "value") -> int:
     return value
 
 
+def _shards(value: Any) -> int:
+    """tiled_mlp's shard count: an integer >= 0 (0: Axolotl's default, ceil(seq_len / 32768))."""
+    if value in (0, "0"):
+        return 0
+    return positive(value, "tiled_mlp")
+
+
 def fraction(value: Any) -> float:
     """A margin: a fraction in [0, 1)."""
     try:
@@ -412,6 +419,13 @@ class Step:
         None, "TRL's OffloadActivations around each step's forward and backward, as TRL's and Axolotl's "
         "activation_offloading run it: saved activations copied to pinned host memory and brought back "
         "in backward (emulated from TRL's source; explain gives the host memory)", http=False)
+    offload_streams: bool | None = option(
+        None, "with offload_activations: TRL's use_streams (default); false copies each activation on the "
+        "compute stream and stashes none, as Axolotl's activation_offloading: legacy runs it", http=False)
+    tiled_mlp: int | None = option(
+        None, "Axolotl's tiled MLP (tiled_mlp: true): each MLP run over N sequence shards without grad and "
+        "recomputed shard by shard in backward (monkeypatch/tiled_mlp/base.py TiledMLP, traced); 0: "
+        "Axolotl's default, ceil(seq_len / 32768) shards", metavar="N", parse=_shards, http=False)
     torch_compile: str | None = option(
         None, "the model under torch.compile (inductor), as TrainingArguments' torch_compile wraps it, in "
         f"this mode: {', '.join(COMPILE_MODES)} (its saved activations AOTAutograd's min-cut partitioner's, "
@@ -1058,7 +1072,8 @@ def resolve_workload(step: Step, spec: ModelSpec | None, seq_lens: Sequence[int]
                     unfrozen=unfrozen, fused_attention=fused_attention, axolotl_flash=axolotl_flash,
                     qat=qat, experts_kernel=experts_kernel, hub_kernels=hub_kernels, fp8=fp8,
                     float32_embeddings=bool(step.float32_embeddings), compiled=compiled,
-                    hybrid_attention=hybrid)
+                    hybrid_attention=hybrid, tiled_mlp=step.tiled_mlp,
+                    offload_streams=step.offload_streams is not False)
 
 
 def check_hybrid(value: str, model_type: str | None, attn: str | None, refused: str | None = None) -> str:

@@ -138,6 +138,7 @@ class TableResult:
     # A vision-language model's images in every row (images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    offload_streams: bool = True  # its use_streams (False: Axolotl's activation_offloading: legacy)
     # A preference trainer's step (trainer_json); None: supervised fine-tuning. Its cells' batches
     # are samples as the trainer counts them (pairs for dpo, orpo, simpo, reward).
     trainer: dict[str, Any] | None = None
@@ -292,7 +293,7 @@ def _empty_table(workload: Workload, backend: Backend, gpu: GpuSpec, *, seq_lens
         adapter=adapter_json(workload),
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
-        offload_activations=workload.offload_activations,
+        offload_activations=workload.offload_activations, offload_streams=workload.offload_streams,
         trainer=trainer_json(workload, gpu),
     )
 

@@ -37,6 +37,7 @@ from autotune.workload import Workload
 from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import Mode, parse_mode
 from autotune.workload.offload import NAME as OFFLOAD_NAME
+from autotune.workload.offload import SINGLE_STREAM_NAME
 from autotune.workload.support import paged_state_bytes, step_warnings, weights_label
 from autotune.workload.zero import host_note
 
@@ -83,6 +84,7 @@ class CheckResult:
     # A vision-language model's images in every row (tuner.images_json); None: not image-text-to-text.
     images: dict[str, Any] | None = None
     offload_activations: bool = False  # TRL's OffloadActivations around each step (workload.offload)
+    offload_streams: bool = True  # its use_streams (False: Axolotl's activation_offloading: legacy)
     compiled: str | None = None  # torch.compile's mode around the model (workload.compile); None: eager
     # A preference trainer's step (tuner.trainer_json); None: supervised fine-tuning.
     trainer: dict[str, Any] | None = None
@@ -174,7 +176,7 @@ def check_step(
         "chip_assumed": None if chip_is_known(gpu) else size_only_chip()[0],
         "parallel": parallel_json(workload, gpu),
         "images": images_json(workload),
-        "offload_activations": workload.offload_activations,
+        "offload_activations": workload.offload_activations, "offload_streams": workload.offload_streams,
         "compiled": workload.compiled,
         "trainer": trainer_json(workload, gpu),
         "host_memory_bytes": int(at_request.details.get("host_bytes") or 0),
@@ -251,7 +253,7 @@ def step_label(result: CheckResult) -> str:
     if result.liger:
         parts.append(describe_liger(result.liger))
     if result.offload_activations:
-        parts.append(OFFLOAD_NAME)
+        parts.append(OFFLOAD_NAME if result.offload_streams else SINGLE_STREAM_NAME)
     if result.compiled is not None:
         parts.append(f"torch.compile {result.compiled}")
     if result.adapter is not None:
@@ -357,7 +359,8 @@ def check_from_cells(
         adapter=adapter_json(workload), ckpt_reentrant=workload.ckpt_reentrant, liger=list(workload.liger),
         parallel=parallel_json(workload, gpu), images=images_json(workload),
         trainer=trainer_json(workload, gpu),
-        offload_activations=workload.offload_activations, compiled=workload.compiled,
+        offload_activations=workload.offload_activations, offload_streams=workload.offload_streams,
+        compiled=workload.compiled,
         host_memory_bytes=max((int(p.get("host_bytes") or 0) for p in cell.get("probe_log", [])), default=0),
         also_fits=cell.get("also_fits"),
     )

@@ -221,6 +221,7 @@ class Explanation:
     # With activation offloading (workload/offload.py): the most pinned host memory its copies of the
     # saved activations held at batch_size; None without it.
     host_offload_bytes: int | None = None
+    offload_streams: bool = True  # its use_streams (False: Axolotl's activation_offloading: legacy)
     # workload/compile.py compile_warnings: how a compiled step (torch_compile) was modelled; None: eager
     compiled: str | None = None
     # With an offload of the job's (FSDP2's CPU offload, ZeRO-Offload): the most host memory the rank
@@ -771,6 +772,7 @@ def _explanation(workload: Workload, backend: EstimateBackend, gpu: GpuSpec, *, 
         parallel=parallel_json(workload, gpu),
         images=images_json(workload),
         host_offload_bytes=recording.host_offload_bytes if workload.offload_activations else None,
+        offload_streams=workload.offload_streams,
         compiled=next(iter(compile_warnings(workload)), None),
         host_memory_bytes=probe.details.get("host_bytes"),
         trainer=_grpo_phases(_trainer_json(workload, backend._model(workload, mode.precision).reference, gpu),

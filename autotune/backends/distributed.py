@@ -194,14 +194,14 @@ def tensor_parallel(model: Any, parallel: Parallel, device_type: str, parallel_l
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if parallel_loss != "full":
-        # Cut Cross-Entropy and Liger's fused loss take lm_head.weight itself, a DTensor sharded over the
-        # vocabulary here, beside a plain hidden state: their kernels have no tensor-parallel path
-        # (Axolotl's integrations/cut_cross_entropy reads no mesh; Liger refuses it, liger/args.py);
-        # TRL's chunked_nll gathers it whole (sft_trainer.py full_tensor()): not modelled either
-        raise UnmodelledSetting(f"tensor parallel {parallel.tp} with the {parallel_loss} loss (Cut "
-                                "Cross-Entropy, Liger's fused linear cross-entropy, TRL's chunked_nll) "
-                                "over a vocabulary-sharded lm_head is not modelled")
+    if parallel_loss not in ("full", "cce"):
+        # Liger's fused loss and TRL's chunked_nll take lm_head.weight itself, a DTensor sharded over the
+        # vocabulary here, beside a plain hidden state: Liger refuses it (liger/args.py); chunked_nll
+        # gathers it whole (sft_trainer.py full_tensor()): not modelled. Cut Cross-Entropy runs
+        # vocabulary-parallel (the fork's apply_lce, workload/cce_vocab.py).
+        raise UnmodelledSetting(f"tensor parallel {parallel.tp} with the {parallel_loss} loss (Liger's "
+                                "fused linear cross-entropy, TRL's chunked_nll) over a vocabulary-sharded "
+                                "lm_head is not modelled")
     if hasattr(model, "get_base_model"):
         raise UnmodelledSetting("tensor parallel with an adapter (PEFT's LoRA layers around transformers' "
                                 "TP-sharded linears) is not modelled")

@@ -134,6 +134,11 @@ def _loss_notes(request: CheckRequest) -> tuple[str, ...]:
     from autotune.workload.loss import LOSS_KINDS
 
     loss = request.step.loss
+    if loss == "cce" and (request.step.tensor_parallel or 1) > 1:
+        return (f"loss {loss}: {LOSS_KINDS[loss]}, vocabulary-parallel over tensor parallel "
+                f"{request.step.tensor_parallel}: the fork's apply_lce takes the sharded lm_head's local "
+                "rows, its logsumexp and the gradient of the hidden states reduced across the group; the "
+                "rank taken to hold every label's target, its largest case (workload/cce_vocab.py)",)
     return (f"loss {loss}: {LOSS_KINDS[loss]}",) if loss in ("cce", "chunked_nll") else ()
 
 

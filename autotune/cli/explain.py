@@ -45,6 +45,7 @@ from autotune.errors import AutotuneError, InvalidInput
 from autotune.request import ExplainRequest
 from autotune.units import format_bytes
 from autotune.workload.offload import NAME as OFFLOAD_NAME
+from autotune.workload.offload import SINGLE_STREAM_NAME
 from autotune.workload.zero import host_note
 
 if TYPE_CHECKING:
@@ -155,8 +156,8 @@ def render(e: Explanation) -> str:
         *([f"adapter: {e.adapter['label']}"] if e.adapter is not None else []),
         *([e.compiled] if e.compiled is not None else []),
         *([f"images: {e.images['label']}"] if e.images is not None else []),
-        *([f"{OFFLOAD_NAME}: saved activations in pinned host memory, at most "
-           f"{format_bytes(e.host_offload_bytes)} at batch {e.batch_size}"]
+        *([f"{OFFLOAD_NAME if e.offload_streams else SINGLE_STREAM_NAME}: saved activations in pinned "
+           f"host memory, at most {format_bytes(e.host_offload_bytes)} at batch {e.batch_size}"]
           if e.host_offload_bytes is not None else []),
         *([f"trainer: {e.trainer['label']}"] if e.trainer is not None else []),
         *([f"  the reference model's frozen weights: {format_bytes(e.trainer['reference_weight_bytes'])} "

@@ -41,6 +41,7 @@ from autotune.units import format_bytes
 from autotune.workload.liger import describe as describe_liger
 from autotune.workload.modes import parse_mode
 from autotune.workload.offload import NAME as OFFLOAD_NAME
+from autotune.workload.offload import SINGLE_STREAM_NAME
 from autotune.workload.support import weights_label
 from autotune.workload.zero import host_note
 
@@ -141,7 +142,7 @@ def render_table(t: TableResult) -> str:
     if t.liger:
         loss += f", {describe_liger(t.liger)}"
     if t.offload_activations:
-        loss += f", {OFFLOAD_NAME}"
+        loss += f", {OFFLOAD_NAME if t.offload_streams else SINGLE_STREAM_NAME}"
     lines = [
         f"{t.model} ({t.task}, {weights_label(t.weights_dtype)}, {t.optimizer}, attention {t.attn}"
         f"{loss}) on {t.gpu_name}"

@@ -19,6 +19,7 @@ from autotune.configs.axolotl_loading import (
     read_hybrid_attention,
     read_loading,
 )
+from autotune.configs.axolotl_tiled import read_tiled_mlp
 from autotune.configs.generation import read_chat_template_kwargs, read_generation_kwargs
 from autotune.configs.lora import (
     bnb_4bit,
@@ -112,7 +113,7 @@ _AXOLOTL_REFUSED = {
     "process_reward_model": "not modelled",
     "xformers_attention": KERNEL, "sage_attention": KERNEL,
     "s2_attention": KERNEL, "flash_attn_cross_entropy": KERNEL,
-    "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL, "tiled_mlp": KERNEL,
+    "flash_attn_rms_norm": KERNEL, "flash_optimum": KERNEL,
     # utils/chunked_cross_entropy: chunks the loss over logits that are still materialized.
     "chunked_cross_entropy": "a cross-entropy chunked over materialized logits is not modelled",
     # utils/fp32_norms.py: norms kept in float32, whose outputs then are float32 too.
@@ -154,6 +155,8 @@ _AXOLOTL_NO_EFFECT = words(
     "eval_sample_packing sample_packing_eval_drop_last bf16 fp16 float16 bfloat16 device_map "
     "embeddings_skip_upcast resize_token_embeddings_to_32x default_system_message eot_tokens train_on_eos "
     "roles_to_train use_tensorboard gc_steps batch_size base_model_config excess_length_strategy "
+    # utils/data/utils.py _drop_outside_range: drops samples shorter than it; rows stay sequence_len
+    "min_sample_len "
     "pretrain_multipack_attn streaming sequence_len_overflow_handling remove_unused_columns "
     "include_tokens_per_second profiler_steps fsdp_final_state_dict_type ddp ddp_timeout "
     "skip_prepare_dataset "
@@ -1295,6 +1298,7 @@ def read_axolotl(cfg: Config) -> TrainingConfig:
     multimodal = _axolotl_multimodal(cfg)
     method = _axolotl_method(cfg)
     read_callbacks(cfg, method)  # relora, LISA's keys, flash_attn_fuse_mlp (axolotl_callbacks.py)
+    read_tiled_mlp(cfg)  # tiled_mlp (axolotl_tiled.py)
     attn, hybrid = read_hybrid_attention(cfg, _axolotl_attention(cfg))
     cce = _axolotl_cut_cross_entropy(cfg, plugins)
     mode, dtype = _axolotl_precision(cfg, attn, adapter=method is not None, cce=cce)
@@ -1559,16 +1563,22 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
     fine-tune's decoder layers in torch's non-reentrant checkpoint_wrapper (loaders/model.py
     _apply_activation_checkpointing, ac_wrap_hf_model), the same torch.utils.checkpoint call per
     layer as transformers' non-reentrant checkpointing. Whether the modes checkpoint: always."""
-    if offload is not True:
-        why = {"legacy": "the synchronous offloading of each checkpointed layer's input (monkeypatch/"
-                         "gradient_checkpointing.py) is not modelled",
+    # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy" (a full fine-tune's
+    # legacy: modelled); with an adapter and gradient_checkpointing, patch_manager.py also swaps
+    # transformers' checkpoint for hf_grad_checkpoint_offload_wrapper (CPU_Offloaded_Gradient_Checkpointer)
+    legacy = offload == "legacy" and not adapter
+    if offload is not True and not legacy:
+        why = {"legacy": "with an adapter, each checkpointed layer's input offloaded by Axolotl's "
+                         "CPU_Offloaded_Gradient_Checkpointer (monkeypatch/gradient_checkpointing.py) beside "
+                         "TRL's OffloadActivations without streams is not modelled; a full fine-tune's is",
                "disk": "activations written to files on disk are not modelled",
                "hidden_states": "offloading the checkpointed hidden states alone is not modelled"}
         if offload in why:
             raise cfg.unmodelled("activation_offloading", offload, why[offload] + "; true is")
         raise cfg.bad("activation_offloading", offload, "true, false, 'legacy', 'disk' or 'hidden_states'")
     if not ckpt:  # schemas/validation.py check_activation_offloading_wo_gc
-        raise JobFails(f"activation_offloading: true without gradient_checkpointing in {cfg.file!r}: "
+        shown = "legacy" if legacy else "true"
+        raise JobFails(f"activation_offloading: {shown} without gradient_checkpointing in {cfg.file!r}: "
                        "Axolotl refuses it (\"activation_offloading requires gradient_checkpointing\")")
     cfg.offload_activations = True
     if adapter:
@@ -1578,6 +1588,13 @@ def _offloading(cfg: Config, offload: Any, ckpt: bool, adapter: bool) -> bool:
         checkpoint_kwargs(cfg, "gradient_checkpointing_kwargs", unset={"use_reentrant": True})
         return True
     cfg.get("gradient_checkpointing_kwargs")  # the Trainer's checkpointing is off: unused
+    if legacy:
+        cfg.offload_streams = False
+        cfg.notes.append("activation_offloading: legacy: TRL's OffloadActivations without streams "
+                         "(use_streams=False, ActivationOffloadingMixin: each saved activation copied to the "
+                         "host on the compute stream, none stashed, a storage saved twice copied twice), and "
+                         "every decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model)")
+        return True
     cfg.notes.append("activation_offloading: true: TRL's OffloadActivations around each step, and every "
                      "decoder layer in torch's non-reentrant checkpoint_wrapper (ac_wrap_hf_model): the "
                      "layers' inputs go to the host")

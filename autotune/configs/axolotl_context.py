@@ -7,7 +7,10 @@ What Axolotl (axolotl-ai-cloud/axolotl, 067b021) refuses is the job's failure, i
 library, and a micro-batch above 1 with sample packing. What changes memory and is not modelled is
 refused by name: ring functions other than varlen_llama3 (``validate_ring_attn_func``: batch_ring is
 the default without sample packing, another algorithm of ring-flash-attn's) and context parallelism
-outside FSDP2 (DeepSpeed's Ulysses / ALST, DDP). ``heads_k_stride`` is read (patch.py: ``heads_k_stride
+outside FSDP2 (DDP; DeepSpeed ZeRO, where Axolotl runs the same ring: loaders/model.py
+``_apply_pre_model_load_setup`` builds the ParallelismConfig for any context_parallel_size > 1, and
+Axolotl has no Ulysses attention; its DeepSpeed ALST example's other piece, DeepSpeed's TiledMLP, is
+configs/axolotl_tiled.py's). ``heads_k_stride`` is read (patch.py: ``heads_k_stride
 or 1``)."""
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def read_context_parallel(cfg: Config) -> int:
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
         raise cfg.bad("heads_k_stride", stride, "a whole number of key heads")
     if cfg.launch.get("parallel") != "fsdp" or cfg.launch.get("fsdp_version") == 1:
-        where = "DeepSpeed (Ulysses sequence parallelism)" if str(cfg.launch.get("parallel", "")).startswith(
-            "zero") else "without FSDP2"
+        where = ("under DeepSpeed ZeRO (the same ring beside ZeRO's partitioning over the data-parallel "
+                 "ranks, not Ulysses)" if str(cfg.launch.get("parallel", "")).startswith("zero")
+                 else "without FSDP2")
         raise cfg.unmodelled(key, cp, f"{WHY}; {where} it is not modelled")
     cfg.launch["context_parallel"] = cp
     if stride not in (None, 1):

@@ -143,6 +143,8 @@ class Config:
         self.nested_ignored: list[str] = []  # e.g. model_init_kwargs.revision
         self.ckpt_reentrant = False  # checkpointing arguments with use_reentrant=True (checkpoint_kwargs)
         self.offload_activations = False  # TRL's OffloadActivations around each step (workload/offload.py)
+        self.offload_streams = True  # its use_streams (Axolotl's activation_offloading: legacy: False)
+        self.tiled_mlp: int | None = None  # Axolotl's TiledMLP's shards, 0: its default (tiled_mlp.py)
         self.float32_embeddings = False  # Axolotl's float32 embeddings, head and norms (workload/upcast.py)
         self.torch_compile: str | None = None  # torch.compile's mode around the model (read_compile)
         self.launch: dict[str, Any] = {}  # request fields of LAUNCH_FIELDS (configs/sharding.py)
@@ -222,6 +224,7 @@ class Config:
         values = {**fields, **self.launch, "mode": None if mode is None else mode.name, "adapter": adapter,
                   "ckpt_reentrant": True if self.ckpt_reentrant else None,
                   "offload_activations": True if self.offload_activations else None,
+                  "tiled_mlp": self.tiled_mlp, "offload_streams": None if self.offload_streams else False,
                   "torch_compile": self.torch_compile}
         return TrainingConfig(format, request_from(CheckRequest, values), tuple(self.notes), ignored,
                               parallel_key=self.parallel_key, wrap_classes=self.wrap_classes,

@@ -41,6 +41,12 @@ class Workload:
     # TRL's OffloadActivations around each step's forward and backward (workload/offload.py): what
     # TRL's activation_offloading and Axolotl's activation_offloading: true run.
     offload_activations: bool = False
+    # With offload_activations: TRL's use_streams; False: a single stream, nothing stashed (Axolotl's
+    # activation_offloading: legacy; workload/offload.py).
+    offload_streams: bool = True
+    # Axolotl's tiled MLP (workload/tiled_mlp.py): each MLP over this many sequence shards, recomputed
+    # shard by shard in backward; 0: Axolotl's default, ceil(seq_len / 32768); None: not tiled.
+    tiled_mlp: int | None = None
     # A preference trainer's step (workload.preference: DPO, ORPO, SimPO, a reward model); None:
     # supervised fine-tuning, the model's own loss over ``batch`` rows.
     trainer: Trainer | None = None

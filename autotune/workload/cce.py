@@ -38,6 +38,15 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BackendUnavailable, InvalidInput, JobFails
+from autotune.workload.cce_vocab import (
+    VocabShard,
+    gather_neg_dot,
+    held_rows,
+    local_classifier,
+    local_targets,
+    reduce_e_grad,
+    reduce_lse,
+)
 from autotune.workload.chunks import LockRows, record
 from autotune.workload.loss import IGNORE_INDEX, check_logits, lm_hidden_states
 
@@ -62,7 +71,8 @@ def cce_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if head.bias is not None:
         raise InvalidInput(f"loss 'cce': {type(model).__name__}'s lm_head has a bias, which the fork's "
                            "cce_forward does not pass (transformers/llama.py apply_lce)")
-    c = head.weight
+    # apply_lce: a classifier sharded by tensor parallelism runs vocabulary-parallel (cce_vocab.py)
+    c, vocab = local_classifier(head.weight)
     if c.dtype not in (torch.float16, torch.bfloat16):
         raise JobFails(f"loss 'cce' with lm_head weights in {str(c.dtype).removeprefix('torch.')}: Cut "
                        "Cross-Entropy's backward requires bf16 or fp16 embeddings and classifier "
@@ -73,23 +83,24 @@ def cce_lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         raise JobFails(f"loss 'cce' with hidden states in {hidden.dtype} beside an lm_head in {c.dtype}: "
                        "cce_backward_kernel asserts 16-bit embeddings")
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return linear_cross_entropy(hidden, c, batch["labels"], softcap)
+    return linear_cross_entropy(hidden, c, batch["labels"], softcap, vocab=vocab)
 
 
 def linear_cross_entropy(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor,
-                         softcap: float | None = None, *,
+                         softcap: float | None = None, *, vocab: VocabShard | None = None,
                          registers: Registers = contextlib.nullcontext) -> torch.Tensor:
     """cce.py ``cce_linear_cross_entropy`` with shift 1, reduction "mean", no bias, on e [batch, seq,
     D], c [V, D] and targets [batch, seq]. A torch function: the estimator's emulation sees the call
     and gives its ``registers`` (backends/estimate/emulation.py). On a CUDA device the fork itself
-    runs, where it is installed: the cuda backend measures the real kernels."""
+    runs, where it is installed: the cuda backend measures the real kernels. ``vocab``: c holds
+    those rows of the classifier (tensor parallel, cce_vocab.py)."""
     from torch.overrides import handle_torch_function, has_torch_function
 
     if has_torch_function((e, c, targets)):
         return handle_torch_function(  # type: ignore[no-any-return]
-            linear_cross_entropy, (e, c, targets), e, c, targets, softcap, registers=registers)
+            linear_cross_entropy, (e, c, targets), e, c, targets, softcap, vocab=vocab, registers=registers)
     if e.device.type == "cuda":
-        return _real(e, c, targets, softcap)
+        return _real(e, c, targets, softcap, vocab)
     e = e.contiguous()
     targets = targets.contiguous()
     # targets' data_ptr % 16 alignment pad: a fresh tensor is aligned to 512 bytes by the caching
@@ -97,17 +108,24 @@ def linear_cross_entropy(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor
     valids = _build_flat_valids(targets, shift=1)
     e = e.flatten(0, -2)
     targets = targets.flatten()
-    return _function().apply(e, c, targets, valids, softcap, registers)  # type: ignore[no-any-return]
+    return _function().apply(e, c, targets, valids, softcap, vocab, registers)  # type: ignore[no-any-return]
 
 
-def _real(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, softcap: float | None) -> torch.Tensor:
+def _real(e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor, softcap: float | None,
+          vocab: VocabShard | None) -> torch.Tensor:
     try:  # an optional package of a CUDA machine, without type information
         from cut_cross_entropy import linear_cross_entropy as real  # type: ignore[import-not-found]
     except ImportError as exc:
         raise BackendUnavailable(f"loss 'cce' on the cuda backend needs Axolotl's fork of cut-cross-entropy "
                                  f"(pip install git+https://github.com/{FORK.replace('@', '.git@')}); the "
                                  "estimate backend emulates it") from exc
-    return real(e, c, targets, shift=True, softcap=softcap)  # type: ignore[no-any-return]
+    options = None
+    if vocab is not None:
+        from cut_cross_entropy import VocabParallelOptions
+
+        options = VocabParallelOptions(vocab.start, vocab.stop, vocab.group, reduce_e_grad=True)
+    return real(e, c, targets, shift=True, softcap=softcap,  # type: ignore[no-any-return]
+                vocab_parallel_options=options)
 
 
 def _valid_count(mask: torch.Tensor) -> int:
@@ -151,6 +169,24 @@ def _row_sums(x: torch.Tensor) -> torch.Tensor:
     return (x @ x.new_ones(x.shape[1], 1)).squeeze(1)
 
 
+def _neg_dot(logits: torch.Tensor, targets: torch.Tensor, valids: torch.Tensor, rows: torch.Tensor | None,
+             softcap: float | None, registers: Registers) -> torch.Tensor:
+    """indexed_neg_dot_forward_kernel over ``valids``: ``out = e.new_zeros((B,), dtype=torch.float32)``,
+    then with a softcap ``softcapping(out, softcap)`` (torch.compile'd: one new [B] float32), then
+    ``out.to(out_dtype)`` with lse's float32 (no copy). ``rows``: those of ``logits`` (the forward's
+    labelled rows) that ``valids`` are, where a subset (vocabulary-parallel)."""
+    import torch
+
+    neg_dot = logits.new_zeros((valids.numel(),), dtype=torch.float32)
+    if softcap is not None:
+        neg_dot = torch.empty_like(neg_dot)
+    with registers():
+        picked = logits if rows is None else logits[rows.long()]
+        # the dot of the soft-capped logit (tanh is odd)
+        neg_dot.copy_(-picked.gather(1, targets[valids + 1].unsqueeze(1)).squeeze(1))
+    return neg_dot
+
+
 @functools.cache
 def _function() -> Any:
     """cce.py ``LinearCrossEntropyFunction`` (reduction "mean"), defined on first use."""
@@ -159,33 +195,34 @@ def _function() -> Any:
     class LinearCrossEntropyFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, e: torch.Tensor, c: torch.Tensor, targets: torch.Tensor,
-                    valids: torch.Tensor, softcap: float | None, registers: Registers) -> torch.Tensor:
-            count, vocab = valids.numel(), c.shape[0]
+                    valids: torch.Tensor, softcap: float | None, vocab: VocabShard | None,
+                    registers: Registers) -> torch.Tensor:
+            count = valids.numel()
             record(LockRows(LOCK_ROWS), count)
             # cce_lse_forward_kernel: lse, locks and (return_logit_avg: gradients wanted with
             # filter_eps set) logit_avg, allocated in that order.
             lse = e.new_full((count,), -float("inf"), dtype=torch.float32)
             locks = e.new_full((-(-count // LOCK_ROWS),), 0, dtype=torch.uint32)
-            logit_avg = e.new_full((vocab,), 0.0, dtype=torch.float32)
+            logit_avg = e.new_full((c.shape[0],), 0.0, dtype=torch.float32)
             with registers():
                 logits = _logits(e, c, valids, softcap)
                 lse.copy_(_row_sums(logits.exp()).log())
                 if count:  # each column's mean logit: it orders the backward's vocabulary blocks only
                     logit_avg.copy_((logits.new_ones(1, count) @ logits).squeeze(0) / count)
-                dots = logits.gather(1, targets[valids + 1].unsqueeze(1)).squeeze(1)
             del locks
-            # indexed_neg_dot_forward_kernel: ``out = e.new_zeros((B,), dtype=torch.float32)``, then
-            # with a softcap ``softcapping(out, softcap)`` (torch.compile'd: one new [B] float32), then
-            # ``out.to(out_dtype)`` with lse's float32 (no copy).
-            neg_dot = e.new_zeros((count,), dtype=torch.float32)
-            if softcap is not None:
-                neg_dot = torch.empty_like(neg_dot)
-            with registers():
-                neg_dot.copy_(-dots)  # the dot of the soft-capped logit (tanh is odd)
+            if vocab is None:
+                neg_dot = _neg_dot(logits, targets, valids, None, softcap, registers)
+            else:  # the logsumexp over every rank's rows, then the dots of the targets this rank holds
+                lse = reduce_lse(lse)
+                held, valids_held = held_rows(targets, valids, vocab, _valid_count(valids))
+                local = targets - vocab.start  # neg_dot_targets
+                neg_dot = _neg_dot(logits, local, valids_held, held, softcap, registers)
+                del local
+                neg_dot = gather_neg_dot(neg_dot, held, count)
             nll = neg_dot.add_(lse)
             loss = nll.mean()
             ctx.save_for_backward(e, c, lse, targets, valids, logit_avg)
-            ctx.softcap, ctx.registers = softcap, registers
+            ctx.softcap, ctx.vocab, ctx.registers = softcap, vocab, registers
             return loss
 
         @staticmethod
@@ -194,6 +231,8 @@ def _function() -> Any:
             # sort_logit_avg (torch.compile'd): argsort, then .to(torch.int32)
             vocab_ordering = torch.argsort(logit_avg).to(torch.int32)
             count = lse.numel()
+            if ctx.vocab is not None:
+                targets = local_targets(targets, ctx.vocab, c.shape[0])
             grad_scale = 1 / count if count else 1.0
             # cce_backward_kernel: de, dc (accum_e_fp32 / accum_c_fp32 off: the inputs' dtypes), then
             # de_locks and dc_locks, ``nd_locks = triton.cdiv(c.size(1), 64)`` columns each.
@@ -209,7 +248,9 @@ def _function() -> Any:
                     rows = valids
                     logits = _logits(e, c, rows, ctx.softcap)
                     grad = torch.exp(logits - lse.unsqueeze(1))
-                    grad[torch.arange(count), targets[valids + 1]] -= 1
+                    labels = targets[valids + 1]
+                    held = labels < c.shape[0]  # another rank's target: the padding value
+                    grad[torch.arange(count), labels.clamp(max=c.shape[0] - 1)] -= held.to(grad.dtype)
                     grad *= grad_scale * grad_out
                     if ctx.softcap is not None:  # d/dx softcap * tanh(x / softcap)
                         grad *= 1 - (logits / ctx.softcap) ** 2
@@ -218,7 +259,9 @@ def _function() -> Any:
                     if dc is not None:
                         dc.add_((grad.t() @ e[rows].float()).to(dc.dtype))
             del vocab_ordering, de_locks, dc_locks
+            if ctx.vocab is not None and de is not None:
+                de = reduce_e_grad(de)
             # ``dc.to(dtype=c.dtype)``, ``de.to(dtype=e.dtype)``: their own dtypes, no copy
-            return de, dc, None, None, None, None
+            return de, dc, None, None, None, None, None
 
     return LinearCrossEntropyFunction

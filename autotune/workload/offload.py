@@ -19,6 +19,12 @@ backward in trl/models/activation_offloading.py ``OffloadActivations``, a ``save
   ``get_act_offloading_ctx_manager`` hooks ``lm_head`` (``output``, ``decoder``, ``final_layer_norm``
   or ``ln_f`` otherwise; Axolotl's PEFT variant also ``head``).
 
+Without streams (``use_streams=False``: Axolotl's ``activation_offloading: legacy``,
+ActivationOffloadingMixin's ``use_streams = activation_offloading != "legacy"``) the copy is made on
+the compute stream and nothing is stashed: pack keeps no GPU tensor (and tracks no storage, so a
+storage saved twice is copied twice: "single-stream has no release point"), unpack
+(``unpack_tensor_single_stream``) brings each one back with ``.to(device)`` and keeps no reference.
+
 ``Offloader`` is that class ported line for line over what it allocates, with its host copies made
 by the caller's ``host_copy`` (the estimator's are outside the caching allocator: the tracker does
 not count them) and its stream events dropped: the stashes keep what they keep, and a freed block
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
 NAME = "TRL's OffloadActivations (emulated: streams, 5 activations stashed, none under 1 KiB)"
+SINGLE_STREAM_NAME = "TRL's OffloadActivations without streams (emulated: nothing stashed, none under 1 KiB)"
 MIN_OFFLOAD_BYTES = 1024  # OffloadActivations' min_offload_size default
 MAX_FWD_STASH = 5  # its max_fwd_stash_size default
 # The output heads get_act_offloading_ctx_manager keeps on the GPU, in the order it looks for them
@@ -49,14 +56,16 @@ def _storage_key(tensor: torch.Tensor) -> tuple[Any, Any, Any]:
 
 
 class Offloader:
-    """OffloadActivations with use_streams=True (module docstring); enter it around a step's forward
+    """OffloadActivations with ``use_streams`` (module docstring); enter it around a step's forward
     and backward, as the trainers' ``training_step`` does. Its saved_tensors_hooks are made here, so
     that importing this module imports no torch."""
 
-    def __init__(self, model: Any, host_copy: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, model: Any, host_copy: Callable[[torch.Tensor], torch.Tensor],
+                 streams: bool = True) -> None:
         from torch.autograd.graph import saved_tensors_hooks
 
         self.host_copy = host_copy
+        self.streams = streams
         # id -> (the tensor, or its host copy; the GPU tensor's (shape, stride, offset) if offloaded)
         self.tracker: dict[int, tuple[torch.Tensor, tuple[Any, Any, Any] | None]] = {}
         self.tensor_id = 0
@@ -125,7 +134,7 @@ class Offloader:
             if key in self.storage_to_id:
                 self._track(key, tensor_id)
             return tensor_id
-        for stashed in list(self.fwd_stash):  # sync back and drop those offloaded long enough ago
+        for stashed in list(self.fwd_stash) if self.streams else []:  # sync back and drop old ones
             if stashed > tensor_id - MAX_FWD_STASH:
                 break
             del self.fwd_stash[stashed]
@@ -143,8 +152,9 @@ class Offloader:
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         layout = (activation.size(), activation.stride(), activation.storage_offset())
         self.tracker[tensor_id] = (host, layout)
-        self.fwd_stash[tensor_id] = activation  # until the copy is done (max_fwd_stash_size)
-        self._track(key, tensor_id)
+        if self.streams:
+            self.fwd_stash[tensor_id] = activation  # until the copy is done (max_fwd_stash_size)
+            self._track(key, tensor_id)
         return tensor_id
 
     def _unpack(self, tensor_id: int) -> torch.Tensor:
@@ -156,7 +166,10 @@ class Offloader:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
             engine.queue_callback(self.bwd_stash.clear)  # wait_and_del_remaining_references
         tensor, layout = self.tracker.pop(tensor_id)
-        if layout is not None:
+        if layout is not None and not self.streams:  # unpack_tensor_single_stream: ``.to(device)``
+            self.host_bytes -= tensor.untyped_storage().nbytes()
+            tensor = torch.as_strided(tensor.clone(), *layout)
+        elif layout is not None:
             node = torch._C._current_autograd_node()
             previous = []
             # a new node of the step's graph: the previous one's tensors go once it has run

@@ -420,8 +420,8 @@ def _context_parallel(kind: str, recipe: str | None, fsdp_version: int | None, d
                       context_parallel: int | None) -> int:
     """``context_parallel``, checked: FSDP2's (Axolotl's context_parallel_size, its cp dim of
     ``build_parallelism_config``'s mesh), dividing the GPUs of a node left by tensor parallelism
-    (``data_gpus``: FSDP2 shards over dp_shard x cp). Beside DDP, DeepSpeed (Ulysses, ALST) or FSDP1
-    it is not modelled."""
+    (``data_gpus``: FSDP2 shards over dp_shard x cp). Beside DDP, DeepSpeed (Axolotl's ring under ZeRO) or
+    FSDP1 it is not modelled."""
     if context_parallel in (None, 1):
         return 1
     if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:

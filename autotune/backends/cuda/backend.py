@@ -188,6 +188,14 @@ class CudaBackend:
             # Axolotl's patch (loaders/patch_manager.py _apply_gemma_hybrid_attention) comes with Axolotl
             raise BackendUnavailable("gemma4_hybrid_attn (Axolotl's gemma4_hybrid_attn_impl) is modelled by "
                                      "the estimate backend only, not run on the cuda backend")
+        if workload.offload_activations and not workload.offload_streams:
+            # the worker runs TRL's OffloadActivations with its default streams (probe_worker.py)
+            raise BackendUnavailable("activation offloading without streams (Axolotl's legacy) is emulated "
+                                     "by the estimate backend only, not run on the cuda backend")
+        if workload.tiled_mlp is not None:
+            # the worker's spec carries no tiled MLP (protocol.py); the estimate backend traces it
+            raise BackendUnavailable("tiled_mlp (Axolotl's TiledMLP) is traced by the estimate backend only, "
+                                     "not run on the cuda backend")
         spec = cell_spec(workload, mode, seq_len, budget_bytes, self.device_index, self.bnb_optimizer)
         session = _CellSession(self, spec)
         try:

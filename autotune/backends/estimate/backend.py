@@ -89,6 +89,7 @@ from autotune.workload.qat import prepare_qat
 from autotune.workload.ring_attention import Ring, local_seq_len, ring
 from autotune.workload.scattermoe import SCATTERMOE
 from autotune.workload.step import FLASH_ATTENTION_2, build_model, gradient_checkpointing
+from autotune.workload.tiled_mlp import swap_in as swap_in_tiled_mlp
 from autotune.workload.upcast import upcast
 
 
@@ -530,7 +531,7 @@ class EstimateBackend:
                workload.loss if workload.parallel is not None else None, precision if sharded else None,
                workload.trainer, workload.frozen, workload.unfrozen, workload.fused_attention, workload.qat,
                workload.experts_kernel, workload.hub_kernels, workload.axolotl_flash, workload.fp8,
-               workload.float32_embeddings, workload.hybrid_attention)
+               workload.float32_embeddings, workload.hybrid_attention, workload.tiled_mlp)
         cached = self._models.get(key)
         if cached is None:
             from torch._subclasses.fake_tensor import FakeTensorMode
@@ -562,6 +563,8 @@ class EstimateBackend:
                     swap_in_scattermoe(model)
                 if workload.hub_kernels:  # use_kernels: kernelize's hub kernels, emulated (hub_kernels.py)
                     swap_in_hub_kernels(model, self.gpu)
+                if workload.tiled_mlp is not None:  # Axolotl's TiledMLP, traced (tiled_mlp.py)
+                    swap_in_tiled_mlp(model, workload.tiled_mlp)
                 if workload.adapter is not None:
                     model = self._adapt(model, workload)
                     if workload.experts_kernel == SCATTERMOE:  # ScatterMoE's LoRA on the experts

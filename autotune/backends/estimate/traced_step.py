@@ -159,7 +159,7 @@ class StepHooks:
         training step: workload/grpo.py)."""
 
 
-def offloading(model: Any) -> Any:
+def offloading(model: Any, streams: bool = True) -> Any:
     """TRL's OffloadActivations as ported (workload/offload.py), its host copies outside the caching
     allocator (pinned host memory: the tracker does not count them)."""
     import torch
@@ -173,7 +173,7 @@ def offloading(model: Any) -> Any:
             host.copy_(tensor)
         return host
 
-    return Offloader(model, host_copy)
+    return Offloader(model, host_copy, streams)
 
 
 class UnsteadyStep(Exception):
@@ -304,7 +304,7 @@ def trace_step(
         writer = StepWriter(tracker) if write_steps and not zero else None
         marked = _MarkedScaler(scaler, tracker, marks, steady, writer, hooks)
         hooks.before_steps(workspaces, batch, optimizer)
-        offloader = offloading(model) if workload.offload_activations else None
+        offloader = offloading(model, workload.offload_streams) if workload.offload_activations else None
         with emulation, warnings.catch_warnings():
             # torch.amp.custom_bwd (torchao's QAT Functions) enters torch.autocast("cuda") again for
             # a backward whose forward ran under the emulated autocast: on a host without CUDA it

@@ -82,3 +82,12 @@ def test_a_check_of_such_a_config_says_the_ring_is_emulated(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "context parallel 2 (each rank holds 1/2 of every sequence" in out and "4 GPUs" in out
     assert "context parallel 2: ring-flash-attn emulated" in out
+
+
+def test_context_parallel_under_deepspeed_is_refused_as_the_ring_beside_zero(tmp_path):
+    # the shape of the alst DeepSpeed example: Axolotl builds the cp mesh and runs ring-flash-attn under
+    # ZeRO too (loaders/model.py _apply_pre_model_load_setup); it has no Ulysses attention
+    with pytest.raises(UnmodelledSetting, match=r"^context_parallel_size: .*under DeepSpeed ZeRO \(the same "
+                       r"ring beside ZeRO's partitioning .*not Ulysses\)"):
+        read(tmp_path, {**AXOLOTL, "context_parallel_size": 2,
+                        "deepspeed": {"zero_optimization": {"stage": 3}}})

@@ -208,7 +208,7 @@ REFUSED = [
     # fsdp_config.offload_params is read (test_sharding.py); torch_compile is modelled (test_compile.py)
     ({**AXOLOTL, "torch_compile": True}, "torch_compile_mode", "max-autotune"),
     (AXOLOTL, "torch_compile_options", {"shape_padding": True}),
-    (AXOLOTL, "activation_offloading", "legacy"),
+    ({**AXOLOTL, "adapter": "lora"}, "activation_offloading", "legacy"),
     (AXOLOTL, "liger_use_token_scaling", True),  # every rl is read (rl gdpo as grpo: test_ebft.py)
     ({**AXOLOTL, "rl": "dpo"}, "dpo_use_weighting", True), ({**AXOLOTL, "rl": "dpo"}, "rpo_alpha", 0.5),
     (AXOLOTL, "precompute_ref_log_probs", True),  # an rl key without rl
@@ -847,3 +847,18 @@ def test_use_kernels_hub_kernels_not_emulated_are_refused_by_name(tmp_path):
                        r"torch_chunk_gated_delta_rule \(chunk_gated_delta_rule\) -> "
                        r"kernels-community/fla chunk_gated_delta_rule$"):
         check_patched_model(config, config.request)
+
+
+def test_axolotl_s_legacy_activation_offloading_with_an_adapter_is_refused_for_what_it_runs(tmp_path):
+    # patch_manager.py swaps transformers' checkpoint for hf_grad_checkpoint_offload_wrapper
+    path = write(tmp_path, {**AXOLOTL, "adapter": "lora", "lora_r": 8, "lora_alpha": 16,
+                            "lora_target_linear": True, "activation_offloading": "legacy"})
+    with pytest.raises(UnmodelledSetting, match="^activation_offloading: .*is not modelled: with an adapter, "
+                       "each checkpointed layer's input offloaded by Axolotl's CPU_Offloaded_Gradient"):
+        read_training_config(path)
+
+
+def test_axolotl_s_min_sample_len_is_read_as_without_effect(tmp_path):
+    # utils/data/utils.py _drop_outside_range drops shorter samples; a packed row stays sequence_len
+    found = read(tmp_path, {**AXOLOTL, "min_sample_len": 200_000})
+    assert "min_sample_len" not in found.ignored

@@ -83,6 +83,27 @@ def test_what_is_offloaded_kept_and_stashed():
     offloader.close()
 
 
+def test_without_streams_nothing_is_stashed_and_a_storage_saved_twice_is_copied_twice():
+    # Axolotl's activation_offloading: legacy (use_streams=False): pack keeps no GPU tensor and tracks
+    # no storage ("single-stream has no release point"): the 7 repeated saves of a tanh's output go
+    # over again; the gradients are still the step's own
+    torch.manual_seed(0)
+    model, x = Head(), torch.randn(16, 32)
+    model(x).square().sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    offloader = Offloader(model, host_copy, streams=False)
+    with offloader:
+        out = model(x)
+        offloaded = [i for i, (_, layout) in offloader.tracker.items() if layout is not None]
+        assert len(offloaded) == 9 + 7 and offloader.fwd_stash == {}
+        assert offloader.host_peak_bytes == 16 * 16 * 32 * 4
+        out.square().sum().backward()
+    offloader.close()
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected, strict=True))
+    assert offloader.tracker == {} and offloader.bwd_stash == {} and offloader.host_bytes == 0
+
+
 def test_a_tensor_under_a_kibibyte_stays_where_it_is():
     model, x = Head(width=8), torch.randn(4, 8)  # 128 bytes an activation
     offloader = Offloader(model, host_copy)
@@ -111,6 +132,25 @@ def test_offloading_lowers_the_traced_step_and_is_said(capsys):
     text = capsys.readouterr().out
     assert "TRL's OffloadActivations (emulated: streams, 5 activations stashed, none under 1 KiB): saved " \
            "activations in pinned host memory, at most" in text
+
+
+def test_legacy_offloading_is_traced_on_one_stream_and_said(capsys):
+    from autotune.cli import main
+
+    args = ["explain", "tiny-llama", "--seq-len", "128", "--mode", "bf16", "--offload-activations",
+            "--gpu-memory", "2GiB", "--no-levers", "--batch-size", "64"]
+    main([*args, "--no-offload-streams"])
+    text = capsys.readouterr().out
+    assert "TRL's OffloadActivations without streams (emulated: nothing stashed, none under 1 KiB): saved " \
+           "activations in pinned host memory, at most" in text
+    with pytest.raises(Exception, match="without streams .* estimate backend only"):
+        from autotune.backends.cuda.backend import CudaBackend
+        from autotune.gpus import resolve_gpu
+
+        workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, offload_activations=True,
+                            offload_streams=False)
+        with CudaBackend(resolve_gpu("H100-80GB")).cell(workload, parse_mode("bf16"), 64, GIB):
+            pass
 
 
 # -- configs ----------------------------------------------------------------------------------------
@@ -146,8 +186,18 @@ def test_axolotl_s_gradient_checkpointing_offload_is_activation_offloading(tmp_p
     assert any("check_gradient_checkpointing_w_offload" in note for note in found.notes)
 
 
+def test_axolotl_s_legacy_offloading_of_a_full_fine_tune_runs_without_streams(tmp_path):
+    # ActivationOffloadingMixin: use_streams = activation_offloading != "legacy"; the layers are
+    # checkpointed by ac_wrap_hf_model as with true
+    found = read(tmp_path, {**AXOLOTL, "activation_offloading": "legacy"})
+    assert (found.offload_activations, found.offload_streams) == (True, False)
+    assert any("activation_offloading: legacy: TRL's OffloadActivations without streams" in note
+               for note in found.notes)
+    assert read(tmp_path, AXOLOTL).offload_streams is None  # true: TRL's default streams
+
+
 @pytest.mark.parametrize(("changes", "text"), [
-    ({"activation_offloading": "legacy"}, "'legacy' in .* not modelled: the synchronous"),
+    ({**LORA, "activation_offloading": "legacy"}, "'legacy' in .* not modelled: with an adapter, each"),
     ({"activation_offloading": "disk"}, "'disk' in .* not modelled: activations written"),
     ({"gradient_checkpointing": "offload_disk"}, "gradient_checkpointing: 'offload_disk' in .* not modelled"),
     ({"gradient_checkpointing": False}, "activation_offloading requires gradient_checkpointing"),

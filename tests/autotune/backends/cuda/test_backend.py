@@ -694,3 +694,14 @@ def test_the_worker_runs_axolotls_diffusion_step_over_its_float32_embeddings() -
     assert worker.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     reply = worker.handle({"op": "probe", "batch_size": 2})
     assert reply["outcome"] == "fits", reply
+
+
+def test_a_tiled_mlp_is_refused_by_the_cuda_backend_not_dropped() -> None:
+    # the worker's cell spec carries no tiled MLP: the estimate backend traces Axolotl's TiledMLP
+    from autotune.workload import Workload
+    from autotune.workload.models import resolve_model
+
+    workload = Workload(resolve_model("tiny-llama"), "causal-lm", None, tiled_mlp=0)
+    with pytest.raises(BackendUnavailable, match="tiled_mlp .* estimate backend only"), \
+            CudaBackend(H100).cell(workload, parse_mode("bf16"), 64, GIB):
+        pass

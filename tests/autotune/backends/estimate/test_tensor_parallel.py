@@ -98,6 +98,14 @@ def test_tp_with_a_fused_loss_over_the_sharded_head_is_refused(spec):
         traced(spec, Parallel("fsdp", 2, tp=2), loss="chunked")
 
 
+def test_cce_over_the_sharded_head_runs_vocabulary_parallel_on_the_rank_s_rows(spec):
+    # the fork's apply_lce takes the DTensor lm_head to its local rows (workload/cce_vocab.py): the
+    # rank keeps the gradients of its pieces only, the head's [vocab / 2, hidden] among them
+    phases, model = traced(spec, Parallel("fsdp", 2, tp=2), loss="cce")
+    held = tp_rank_bytes(model, 2)
+    assert phases.live["backward done"][0] - phases.live["before steps"][0] == held
+
+
 @pytest.mark.parametrize(("kind", "gpus", "nodes", "text"), [
     ("ddp", 4, None, "beside {parallel} ddp is not modelled"),
     ("fsdp", 6, 2, "must divide the GPUs of a node (3)"),
@@ -144,3 +152,14 @@ def test_a_gpu_count_other_than_axolotl_s_mesh_product_is_refused(tmp_path: Path
     assert main([*args, "--gpus", "16"]) == 2
     assert ("--gpus 16, but dp_shard_size 4 x dp_replicate_size 2 in" in capsys.readouterr().err)
     assert main([*args, "--gpus", "8"]) == 0
+
+
+@pytest.mark.slow  # the whole check: a batch-size search
+def test_an_axolotl_tp_job_with_cce_says_the_loss_runs_vocabulary_parallel(spec, tmp_path: Path, capsys):
+    from autotune.cli import main
+
+    file = tmp_path / "c.yaml"
+    file.write_text(AXOLOTL + "dp_shard_size: 2\ntensor_parallel_size: 2\nplugins:\n"
+                    "  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n")
+    assert main(["check", spec.name, "--from-config", str(file), "--gpu", "H100-80GB", "--workers", "1"]) == 0
+    assert "vocabulary-parallel over tensor parallel 2" in capsys.readouterr().out
