@@ -234,7 +234,7 @@ def test_worker_runs_one_rank_of_a_multi_gpu_job(kind: str) -> None:
         "kind": kind, "gpus": 4, "nodes": 1, "reshard_after_forward": True, "recipe": "accelerate",
         "activation_checkpointing": False, "zero": [], "fsdp_version": 2, "use_orig_params": True,
         "forward_prefetch": False, "backward_prefetch": None, "offload_params": False, "wrap_classes": [],
-        "tp": 1}
+        "tp": 1, "cp": 1, "heads_k_stride": 1}
     ready = worker.handle({"op": "init", "protocol": PROTOCOL, "cell": spec.to_json()})
     assert ready["op"] == "ready", ready
     weight = worker.model.bert.encoder.layer[0].intermediate.dense.weight  # [64, 32]
