@@ -92,6 +92,14 @@ def test_axolotl_ebft_keys_that_change_memory_are_refused_by_name(tmp_path, ebft
         read(tmp_path, rl="ebft", ebft=ebft)
 
 
+def test_axolotl_ebft_strided_mode_is_refused_with_what_its_step_holds(tmp_path):
+    # ebft/strided.py compute_loss: the flex_attention forward's Triton kernels and the per-row graphs
+    with pytest.raises(InvalidInput, match="ebft.mode") as refused:
+        read(tmp_path, rl="ebft", ebft={"mode": "strided", "stride": 8, "generate_max_len": 8})
+    for part in ("AxolotlStridedEBFTTrainer", "flex_attention", "not emulated", "every row's graph held"):
+        assert part in str(refused.value)
+
+
 def test_axolotl_ebft_with_a_kl_term_is_refused_by_name(tmp_path):
     with pytest.raises(InvalidInput, match="trl.beta"):
         read(tmp_path, rl="ebft", trl={**BASE["trl"], "beta": 0.04})

@@ -1698,15 +1698,25 @@ def _axolotl_checkpointing(cfg: Config, adapter: bool) -> bool:
 # DPOTrainer with loss_type ipo (core/trainers/dpo DPOStrategy), simpo TRL's CPOTrainer, kto TRL's
 # KTOTrainer (core/trainers/trl.py AxolotlKTOTrainer).
 _RL_TRAINERS = {"dpo": DPO, "ipo": DPO, "orpo": ORPO, "simpo": SIMPO, "kto": KTO}
+# ebft/strided.py AxolotlStridedEBFTTrainer.compute_loss, not yet modelled: rows = batch x
+# n_samples_per_prompt grow by generate_max_len x num_blocks tokens (num_blocks = (seq_len -
+# generate_max_len - anchor_offset) // stride + 1, anchor_offset from the batch's longest prompt) under
+# no_grad, each step a full-logits forward with an eager [rows, 1, S, S] mask; on a GPU the training
+# forward runs flex_attention on create_strided_block_mask (torch.compile's Triton kernels, __init__:
+# use_flex_attention = torch.cuda.is_available()), one backbone forward per row, every row's graph held
+# for the one backward (per_token_logps_list); then the feature network under no_grad.
+STRIDED_EBFT = ("EBFT's strided mode (AxolotlStridedEBFTTrainer, ebft/strided.py compute_loss: strided "
+                "block-parallel generation under no_grad with eager dense [rows, 1, S, S] masks, then on a "
+                "GPU a flex_attention training forward on a compiled strided block mask, whose Triton "
+                "kernels are not emulated, one backbone forward per row with every row's graph held for "
+                "one backward)")
 # rl: ebft's keys (utils/schemas/config.py ``ebft``; core/trainers/ebft/args.py EBFTFieldsMixin,
 # AxolotlStridedEBFTConfig), those refused where they change memory; the rest change no tensor of
 # the structured mode (trainer.py: coefficients of [rows] rewards; adaptive_max_tokens only shortens
 # vLLM's completions; ce_coef, rl_coef, advantage_estimator and the generation keys are the strided
 # mode's).
 _EBFT_REFUSED = {
-    "mode": (lambda v: v not in (None, "structured"), "EBFT's strided mode (AxolotlStridedEBFTTrainer, "
-             "ebft/strided.py: its own step of strided block-parallel generation through the policy's full "
-             "logits, dense 4D masks, then per-sample forwards held for one backward)"),
+    "mode": (lambda v: v not in (None, "structured"), STRIDED_EBFT),
     "feature_layers": (lambda v: v is not None and len(v) != len(EBFT_FEATURE_LAYERS),
                        f"feature layers other than {len(EBFT_FEATURE_LAYERS)} (the concatenated features' "
                        "width)"),
