@@ -1088,26 +1088,6 @@ def _axolotl_multimodal(cfg: Config) -> dict[str, Any]:
     return found
 
 
-# Model types whose attention Axolotl replaces on every GPU run, whatever the config says:
-# loaders/patch_manager.py _apply_model_specific_patches calls patch_gemma4_fused_attn (or
-# patch_gemma4_unified_fused_attn) for these model_config_types under torch.cuda.is_available(),
-# with no key to turn it off. monkeypatch/models/gemma4/fused_attn.py swaps Gemma4TextAttention.forward
-# for one that norms and rotates q and k, and norms v, in Triton kernels (kernels/gemma4_fused_rope.py),
-# emulated for gemma4 and gemma4_text (workload/gemma4_fused_attn.py); gemma4_unified's
-# (monkeypatch/models/gemma4_unified/fused_attn.py) is not.
-FUSED_ATTENTION_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
-FUSED_ATTENTION_NOTE = (
-    "Axolotl replaces Gemma 4's attention forward on every GPU run, whatever the config says "
-    "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn; "
-    "monkeypatch/models/gemma4/fused_attn.py: q/k RMSNorm + RoPE and v's RMSNorm in Triton kernels, "
-    "kernels/gemma4_fused_rope.py)")
-UNIFIED_FUSED_ATTENTION_NOTE = (
-    "Axolotl replaces Gemma 4 Unified's attention forward on every GPU run, whatever the config says "
-    "(loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_unified_fused_attn; "
-    "monkeypatch/models/gemma4_unified/fused_attn.py: Gemma 4's q/k RMSNorm + RoPE and v's RMSNorm Triton "
-    "kernels, kernels/gemma4_fused_rope.py, on Gemma4UnifiedTextAttention)")
-
-
 def _fused_attn_kernel(cfg: Config) -> bool | None:
     """``fused_attn_kernel: true``: True (what it swaps in depends on the model type: check_patched_model,
     workload/qwen3_fused_attn.py); None where unset or false."""
@@ -1129,16 +1109,17 @@ def _check_kernelized(spec: Any, path: str) -> None:
 
 def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     """InvalidInput where Axolotl patches ``model``'s architecture in a way not modelled, whatever
-    the Axolotl ``config`` says: gemma4_unified's fused attention; with fused_attn_kernel, the model
-    types whose fused forward is not emulated (workload/qwen3_fused_attn.py AXOLOTL_TYPES); nothing for
-    other formats. gemma4's fused attention and its shared-KV side channel are emulated
-    (workload/gemma4_fused_attn.py, swapped in by the request's ``axolotl``), qwen3's fused_attn_kernel
-    too (qwen3_fused_attn.py). ``request``: the config's with the flags given over it."""
+    the Axolotl ``config`` says: with fused_attn_kernel, the model types whose fused forward is not
+    emulated (workload/qwen3_fused_attn.py AXOLOTL_TYPES); nothing for other formats. The fused
+    attention and shared-KV side channel Axolotl swaps into gemma4 and gemma4_unified on every GPU run
+    (loaders/patch_manager.py _apply_model_specific_patches: patch_gemma4_fused_attn,
+    patch_gemma4_unified_fused_attn) are emulated (workload/gemma4_fused_attn.py, swapped in by the
+    request's ``axolotl``), qwen3's fused_attn_kernel too (qwen3_fused_attn.py). ``request``: the
+    config's with the flags given over it."""
     model = request.step.model
     if config.format != "axolotl" or model is None:
         return
     from autotune.workload import qwen3_fused_attn
-    from autotune.workload.gemma4_fused_attn import patched
     from autotune.workload.models import resolve_model
 
     try:
@@ -1168,12 +1149,6 @@ def check_patched_model(config: TrainingConfig, request: CheckRequest) -> None:
     check_config_class(type(spec.config).__name__, config.from_pretrained, path)
     if request.step.experts_kernel is not None:
         _check_kernelized(spec, path)
-    if model_type not in FUSED_ATTENTION_TYPES:
-        return
-    if not patched(model_type):
-        raise InvalidInput(f"{spec.name} (model type {model_type}) with the Axolotl config {path!r}: "
-                           f"{UNIFIED_FUSED_ATTENTION_NOTE}, whose memory autotune does not emulate for "
-                           f"{model_type}")
 
 
 def _axolotl_config_overrides(cfg: Config) -> dict[str, Any]:

@@ -36,11 +36,22 @@ if TYPE_CHECKING:
 
 Registers = Callable[[], AbstractContextManager[Any]]
 NAME = "Axolotl's fused Gemma 4 attention forward (emulated)"
-# The model types whose attention Axolotl swaps for monkeypatch/models/gemma4/fused_attn.py's
-# (patch_manager.py: gemma4_unified and gemma4_unified_text take gemma4_unified/fused_attn.py's instead).
-MODEL_TYPES = ("gemma4", "gemma4_text")
+# The model types whose attention Axolotl swaps for monkeypatch/models/gemma4/fused_attn.py's, and
+# those that take gemma4_unified/fused_attn.py's (patch_manager.py _apply_model_specific_patches:
+# patch_gemma4_unified_fused_attn). The unified ``_make_fused_forward`` is the gemma4 one line for line
+# on Gemma4UnifiedTextAttention ("the same kernels are reused": fused_rms_norm_rope on q and k,
+# fused_rms_norm_noscale on v; shared K/V keyed by layer_type; apply_qkv / apply_o where LoRA kernels
+# set them), with its own store (_GEMMA4_UNIFIED_SHARED_KV_STORE) and ``_patch_decoder_layer_call`` on
+# Gemma4UnifiedTextDecoderLayer; its forward takes ``past_key_values`` where 5.24's layer passes
+# ``cache``: None in training either way.
+UNIFIED_TYPES = ("gemma4_unified", "gemma4_unified_text")
+MODEL_TYPES = ("gemma4", "gemma4_text", *UNIFIED_TYPES)
+# The classes each patch swaps: attention (forward) and decoder layer (__call__, the side channel).
+ATTENTIONS = ("Gemma4TextAttention", "Gemma4UnifiedTextAttention")
+DECODER_LAYERS = ("Gemma4TextDecoderLayer", "Gemma4UnifiedTextDecoderLayer")
 BWD_BLOCKS_PER_SM = 8  # kernels/gemma4_fused_rope.py _BWD_BLOCKS_PER_SM
-NOTE = (f"{NAME}: Axolotl swaps it in on every GPU run (loaders/patch_manager.py: patch_gemma4_fused_attn); "
+NOTE = (f"{NAME}: Axolotl swaps it in on every GPU run (loaders/patch_manager.py: patch_gemma4_fused_attn, "
+        "patch_gemma4_unified_fused_attn on gemma4_unified: the same kernels); "
         "q/k RMSNorm + RoPE and v's RMSNorm buffers from kernels/gemma4_fused_rope.py, their arithmetic "
         "outside the allocator; under activation checkpointing or offloading, its shared-KV store "
         "(_patch_decoder_layer_call) keeps the last forward's shared keys and values past the step")
@@ -212,7 +223,8 @@ def _fused_forward(sm_count: int, registers: Registers, store: dict[str, Any]) -
     """monkeypatch/models/gemma4/fused_attn.py ``fused_forward``, line for line, on the installed
     transformers' Gemma4TextAttention (its ``cache`` argument, shared K/V keyed by layer_type:
     ``_shared_kv_read_key`` / ``_shared_kv_store_key`` where the attention has no
-    kv_shared_layer_index), with the emulated kernels."""
+    kv_shared_layer_index), with the emulated kernels; on Gemma4UnifiedTextAttention the unified
+    patch's forward, the same lines (its eager_attention_forward is gemma4's, line for line)."""
 
     def fused_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any,
                       attention_mask: torch.Tensor | None, shared_kv_states: Any = None,
@@ -266,8 +278,9 @@ def _fused_forward(sm_count: int, registers: Registers, store: dict[str, Any]) -
 
 
 def apply(model: Any, sm_count: int, registers: Registers) -> int:
-    """Every Gemma4TextAttention of ``model`` runs Axolotl's fused forward, emulated (an instance's
-    forward, as patch_gemma4_fused_attn sets the class's), and every Gemma4TextDecoderLayer takes
+    """Every Gemma4TextAttention (Gemma4UnifiedTextAttention) of ``model`` runs Axolotl's fused forward,
+    emulated (an instance's forward, as patch_gemma4_fused_attn and patch_gemma4_unified_fused_attn set
+    the class's), and every Gemma4TextDecoderLayer (Gemma4UnifiedTextDecoderLayer) takes
     ``_patch_decoder_layer_call``'s side channel, off until ``side_channel`` turns it on; the number
     of attentions patched. The store is the model's (``_GEMMA4_SHARED_KV_STORE`` is Axolotl's module's:
     one model a process)."""
@@ -276,10 +289,10 @@ def apply(model: Any, sm_count: int, registers: Registers) -> int:
     patched = 0
     for module in model.modules():
         name = type(module).__name__
-        if name == "Gemma4TextAttention":
+        if name in ATTENTIONS:
             module.forward = MethodType(forward, module)
             patched += 1
-        elif name == "Gemma4TextDecoderLayer":
+        elif name in DECODER_LAYERS:
             module._axolotl_shared_kv = store
             module.__class__ = _side_channel_class(type(module))
     return patched

@@ -44,9 +44,11 @@ KEY = "gemma4_hybrid_attn_impl"
 # would import the flash-attn package for such a name.
 PACKED = "autotune_sdpa_global_packed"
 UNPACKED = "autotune_sdpa_global"
-# The model types autotune builds with Axolotl's patch (its _TARGET_MODULES also name gemma4_unified,
-# whose fused attention autotune refuses first: configs/axolotl.py FUSED_ATTENTION_TYPES).
-MODEL_TYPES = ("gemma4", "gemma4_text")
+# The model types autotune builds with Axolotl's patch. gemma4_unified's too: _apply_gemma_hybrid_attention
+# finds its layers as Gemma 4's (Gemma4UnifiedForConditionalGeneration.model.language_model.layers, its
+# text config's layer_types), and gemma4_hybrid_mask.py's _TARGET_MODULES name modeling_gemma4_unified
+# beside modeling_gemma4 (both namespaces' create_causal_mask wrapped).
+MODEL_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
 CHOICES = ("packed", "unpacked")  # the Step option: whether Axolotl declares the batches packed
 SLIDING = "sliding_attention"
 # Inside a global layer's attention: CUDA's SDPA dispatch, not the flash-attn package the model's

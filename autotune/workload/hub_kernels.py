@@ -42,7 +42,7 @@ decorated layers are not read here.
   ``RMSNormZeroCentered`` not at all; ``fused_recurrent_gated_delta_rule`` (mapped for inference) and
   ``causal_conv1d_update`` (for both) run in decoding only.
 
-- ``gemma4``: modeling_gemma4.py decorates nothing: no change.
+- ``gemma4``, ``gemma4_text``: modeling_gemma4.py decorates nothing: no change.
 
 transformers' models decorate no class ``SwiGLUMLP``, ``Linear`` or ``ForCausalLMLoss`` (the
 training-mapped Liger layers), so these swap nothing.
@@ -110,6 +110,7 @@ KERNELIZED: dict[str, tuple[HubLayer, ...]] = {
     # modeling_gemma4.py decorates no class or function with a hub layer name: kernelize swaps nothing
     # (Axolotl's Gemma 4 26B-A4B examples load the KernelsPlugin for ScatterMoE: workload/scattermoe.py).
     "gemma4": (),
+    "gemma4_text": (),  # its text model: the same modeling_gemma4.py
 }
 
 

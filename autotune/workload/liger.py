@@ -42,8 +42,8 @@ Axolotl's LigerPlugin (src/axolotl/integrations/liger/plugin.py ``pre_model_load
 and transformers 5.14.1 pinned in its pyproject.toml) calls Liger's function where
 ``MODEL_TYPE_TO_APPLY_LIGER_FN`` has the model type, and otherwise, or over it for qwen3_5 and
 qwen3_5_moe (``axolotl_override_liger_fn``), a branch of its own (``AXOLOTL_BRANCHES``).
-``AXOLOTL_PATCHES`` are those emulated (gemma4, qwen3_5, qwen3_5_moe); the others (jamba, deepseek_v2,
-granitemoe, gemma4_unified) are refused by name. A model type in neither gets no kernel: the plugin's
+``AXOLOTL_PATCHES`` are those emulated (gemma4, gemma4_unified, qwen3_5, qwen3_5_moe); the others (jamba,
+deepseek_v2, granitemoe) are refused by name. A model type in neither gets no kernel: the plugin's
 last ``else`` logs "Unsupported model config type: ... Liger not applied" (NVIDIA's nemotron_h).
 ``liger_rms_norm_gated`` is read by its qwen3_5 and qwen3_5_moe branches alone
 (``FusedRMSNormGated``, axolotl/kernels/rms_norm_gated.py; Liger 0.8.0 has no gated norm).

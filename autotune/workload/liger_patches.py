@@ -70,6 +70,16 @@ AXOLOTL_PATCHES = {
     # (self.loss_function); fused_linear_cross_entropy skipped with a warning (read_axolotl's loss).
     "gemma4": ModelPatch("gemma4", "Gemma4", "geglu", (0.0, "llama", False), cross_entropy=False,
                          rope="skipped", mlp="TextMLP", layer_norm="audio"),
+    # plugin.py's gemma4_unified / gemma4_unified_text branch ("mirrors gemma4's Liger compatibility"):
+    # modeling_gemma4_unified.Gemma4UnifiedRMSNorm = _LigerGemma4UnifiedRMSNorm (LigerRMSNorm offset 0.0,
+    # "llama", in_place=False where with_scale; the model's own where not), Gemma4UnifiedTextMLP =
+    # _LigerGemma4UnifiedMLP (LigerGEGLUMLP(config)); rope skipped ("not compatible with Gemma4Unified");
+    # layer_norm assigns modeling_gemma4_unified.nn.LayerNorm = LigerLayerNorm (Gemma4UnifiedVisionEmbedder's
+    # patch_ln1, patch_ln2, pos_norm: run on images only); cross_entropy assigns nn.CrossEntropyLoss, which
+    # its models do not use (self.loss_function); fused_linear_cross_entropy skipped with a warning.
+    **{model_type: ModelPatch("gemma4_unified", "Gemma4Unified", "geglu", (0.0, "llama", False),
+                              cross_entropy=False, rope="skipped", mlp="TextMLP", layer_norm="vision")
+       for model_type in ("gemma4_unified", "gemma4_unified_text")},
     # integrations/liger/models/qwen3_5.py and qwen3_5_moe.py apply_liger_kernel_to_qwen3_5(_moe) (the
     # plugin's qwen3_5 and qwen3_5_moe branches, Liger's own function not called): <prefix>RMSNorm =
     # LigerRMSNorm(offset=1.0, casting_mode="gemma", init_fn="zeros", in_place=False);

@@ -113,6 +113,13 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 # apply_lora_qk (LoRA_QK), returning K as V. Gemma4TextMLP has gate/up/down_proj and a gelu (GeGLU);
 # the 26B-A4B's routed experts sit beside it (layer.experts), not find_mlp_in_layer's. These three were
 # read in the installed transformers (5.24), not in Axolotl's pin.
+# Gemma 4 Unified (gemma4_unified_text, the text model of a gemma4_unified checkpoint) as Gemma 4:
+# get_attention_cls_from_config gives Gemma4UnifiedTextAttention, which patch_self_attn_lora leaves
+# unrewritten (_NOT_REWRITTEN; with fused_attn_kernel unset it only warns that the QKV/O kernels "cannot
+# attach"), while apply_lora_kernel_patches still sets apply_qkv / apply_o on every attention it finds
+# and the unified fused forward, swapped in on every GPU run (patch_manager.py: not gated on
+# fused_attn_kernel), calls them (workload/gemma4_fused_attn.py); Gemma4UnifiedTextMLP has gate/up/down
+# and a gelu. Read in transformers 5.24 and 5.14.1 (modeling_gemma4_unified.py) and Axolotl's HEAD.
 # MiniMax-M2 (minimax_m2): every layer.mlp is MiniMaxM2SparseMoeBlock, the router with no gate_proj, so
 # find_mlp_in_layer yields nothing (its routed experts are ScatterMoE's); its attention norms q and k
 # over all heads before the view (modeling_minimax_m2.py MiniMaxM2Attention.forward), which
@@ -120,7 +127,7 @@ NAME = "Axolotl's fused LoRA kernels (emulated)"
 EMULATED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "apertus",
             "seed_oss", "cohere2", "nemotron", "ministral3", "qwen3_vl_text", "qwen3_5_text",
             "qwen3_5_moe_text", "qwen3_next", "mistral4", "arcee", "hunyuan_v1_dense", "glm4", "gpt_oss",
-            "gemma4_text", "minimax_m2")
+            "gemma4_text", "gemma4_unified_text", "minimax_m2")
 # The text model types whose layers Axolotl's patch leaves to PEFT (EMULATED's notes): what a check says.
 TAKES_NO_LAYER = {
     "mistral4": "Axolotl's fused LoRA kernels take no layer of Mistral Small 4 (mistral4): its MLA attention "

@@ -3,7 +3,8 @@
 Axolotl's KernelsPlugin with ``use_scattermoe: true`` (integrations/kernels/plugin.py
 ``pre_model_load``) registers ``scattermoe_experts_forward`` in transformers' ExpertsInterface and
 sets ``experts_implementation: scattermoe``, so every experts module of a mixture (Qwen3MoeExperts,
-Qwen3_5MoeExperts, Qwen3NextExperts: ``self.experts(hidden_states, top_k_index, top_k_weights)``)
+Qwen3_5MoeExperts, Qwen3NextExperts, Gemma4TextExperts: ``self.experts(hidden_states, top_k_index,
+top_k_weights)``)
 runs Axolotl's vendored ScatterMoE Triton kernels (integrations/kernels/libs/scattermoe_lora/)
 instead of transformers' grouped_mm. Emulated here from that source as liger_kernels.py emulates
 Liger: what the Python wrappers allocate with torch, and what ``ParallelLinear`` saves for backward,
@@ -49,8 +50,15 @@ EXPERTS_KERNELS = (SCATTERMOE, "ktransformers")  # the values of Workload.expert
 # model types whose experts they are (transformers' modeling_qwen3_moe, modeling_qwen3_5_moe,
 # modeling_qwen3_next, modeling_minimax_m2: MiniMaxM2Experts is Qwen3MoeExperts' class line for line,
 # decorated use_experts_implementation; Axolotl's kernels README lists minimax_m2 for ScatterMoE).
-EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "MiniMaxM2Experts")
-MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "minimax_m2")
+# Gemma 4's (modeling_gemma4.py Gemma4TextExperts, at 5.14.1, Axolotl's pin, as at the venv's: the same
+# [E, 2I, H] and [E, H, I] parameters, no bias, act_fn gelu_pytorch_tanh; routed beside the dense MLP by
+# Gemma4TextDecoderLayer, self.experts(hidden_states_2, top_k_index, top_k_weights)) takes the standard
+# path of scattermoe_experts_forward: no ``limit`` (no clamp), h = self.act_fn(gates) * h; Axolotl's
+# kernels/constants.py EXPERTS_ONLY_BLOCK names it for gemma4_text, its README lists gemma4_text.
+EXPERTS = ("Qwen3MoeExperts", "Qwen3_5MoeExperts", "Qwen3NextExperts", "MiniMaxM2Experts",
+           "Gemma4TextExperts")
+MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "minimax_m2", "gemma4",
+               "gemma4_text")
 NOTE = ("ScatterMoE experts (Axolotl's KernelsPlugin), emulated; every expert assumed routed: every "
         "experts module runs Axolotl's scatter2scatter kernels (libs/scattermoe_lora/parallel_experts.py "
         "ParallelLinear), its buffers and saved tensors from that source, its arithmetic outside the "

@@ -125,8 +125,12 @@ def cuda_attention_note(config: Any, task: str, attn: str | None) -> str | None:
 # Gemma4Model and Gemma4ForConditionalGeneration (the same words); 5.14.1's (the PyPI wheel
 # transformers-5.14.1-py3-none-any.whl) sets it True on Gemma4PreTrainedModel alone. Traced with 5.24's
 # forward, as every Gemma 4 model autotune builds (the flash kernel reads no mask of a filled row).
+# Gemma 4 Unified alike: 5.24's models/gemma4_unified/modeling_gemma4_unified.py sets it False on
+# Gemma4UnifiedModel and Gemma4UnifiedForConditionalGeneration (the same words); 5.14.1's (the same
+# wheel) sets it True on Gemma4UnifiedPreTrainedModel alone.
 FLASH_AT_AXOLOTL_PIN = frozenset({"Gemma3Model", "Gemma3ForConditionalGeneration", "Gemma4Model",
-                                  "Gemma4ForConditionalGeneration"})
+                                  "Gemma4ForConditionalGeneration", "Gemma4UnifiedModel",
+                                  "Gemma4UnifiedForConditionalGeneration"})
 AXOLOTL_TRANSFORMERS = "5.14.1"  # Axolotl's pyproject.toml: transformers==5.14.1
 
 
@@ -163,6 +167,8 @@ def axolotl_flash_note(config: Any, task: str, attn: str | None) -> str | None:
 
 def _modeling_file(name: str) -> str:
     """The modeling file of a ``FLASH_AT_AXOLOTL_PIN`` class, by its family's prefix."""
+    if name.startswith("Gemma4Unified"):
+        return "modeling_gemma4_unified.py"
     return "modeling_gemma4.py" if name.startswith("Gemma4") else "modeling_gemma3.py"
 
 

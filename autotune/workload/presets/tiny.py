@@ -265,6 +265,15 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4,
                   "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "architectures": ["Qwen3MoeForCausalLM"]},
+    # Gemma 4 text, the 26B-A4B's kind (presets/gemma4.py): 2 layers (sliding, then global with 32-wide
+    # heads whose keys are their values), each a dense MLP beside a mixture of 4 experts, 2 routed
+    # (Gemma4TextDecoderLayer's enable_moe_block); Axolotl's ScatterMoE is emulated for its experts.
+    "gemma4_text": {**_TINY_BERT, "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32,
+                    "sliding_window": 64, "layer_types": ["sliding_attention", "full_attention"],
+                    "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+                    "hidden_size_per_layer_input": 0, "enable_moe_block": True, "num_experts": 4,
+                    "top_k_experts": 2, "moe_intermediate_size": 32,
+                    "architectures": ["Gemma4ForCausalLM"]},
     # Vision-language models: the tiny decoder above (1024 positions, room for the images) and a
     # 2-block vision tower of width 32; image token ids inside the vocab.
     "qwen2_vl": {

@@ -136,15 +136,22 @@ def test_axolotl_turns_its_lora_kernels_off_on_paddleocr_vl_set_or_not(tmp_path)
                                    "paddleocr_vl") for note in config.notes)
 
 
-def test_gemma4_unified_under_axolotl_is_refused_for_its_fused_attention(tmp_path):
-    # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: not emulated.
+def test_gemma4_unified_under_axolotl_runs_its_fused_attention_emulated(tmp_path):
+    # gemma4_unified takes monkeypatch/models/gemma4_unified/fused_attn.py's forward: gemma4's kernels,
+    # emulated (workload/gemma4_fused_attn.py), so the patch no longer stops the check; the global
+    # layers' hybrid attention is modelled for it, and flash_attention_2 runs under Axolotl's pin.
     from autotune.configs.axolotl import check_patched_model
+    from autotune.request import check_hybrid
+    from autotune.workload.models import resolve_model
+    from autotune.workload.step import flash_at_axolotl_pin, flash_refused
+    from autotune.workload.vision import IMAGE_TEXT_TO_TEXT
 
     config = read(tmp_path, {**VLM, "base_model": "google/gemma-4-12B-it"})
-    with pytest.raises(InvalidInput, match=r"google/gemma-4-12B-it \(model type gemma4_unified\) .*"
-                                           r"patch_gemma4_unified_fused_attn.* does not emulate for "
-                                           r"gemma4_unified$"):
-        check_patched_model(config, config.request)
+    check_patched_model(config, config.request)  # no refusal
+    spec = resolve_model("google/gemma-4-12B-it")
+    assert flash_refused(spec.config, IMAGE_TEXT_TO_TEXT) is None
+    assert flash_at_axolotl_pin(spec.config, IMAGE_TEXT_TO_TEXT, "flash_attention_2")
+    assert check_hybrid("packed", "gemma4_unified", "flash_attention_2") == "packed"
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

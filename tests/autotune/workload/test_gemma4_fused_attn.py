@@ -178,3 +178,46 @@ def test_the_shared_kv_side_channel_keeps_the_last_forwards_keys_and_values_past
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
     _step(patched, input_ids)  # off: nothing kept
     assert store["store"] is None
+
+
+def _unified_models(checkpointing: bool):
+    """A tiny Gemma4UnifiedForCausalLM (gemma4_unified_text) and its copy under the emulation."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "gemma4_unified_text", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=64,
+        vocab_size=128, layer_types=["sliding_attention", "full_attention"], attention_k_eq_v=True,
+        num_global_key_value_heads=1, num_kv_shared_layers=0, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(config)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.uniform_(0.5, 1.5)
+    patched = copy.deepcopy(model)
+    assert gemma4_fused_attn.apply(patched, sm_count=2, registers=REGISTERS) == 2
+    for m in (model, patched):
+        if checkpointing:
+            m.gradient_checkpointing_enable({"use_reentrant": False})
+        m.train()
+    return model, patched
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gemma4_unified_s_attention_runs_the_same_fused_forward(checkpointing):
+    # monkeypatch/models/gemma4_unified/fused_attn.py: gemma4's fused forward on Gemma4UnifiedTextAttention
+    # (the same kernels), its side channel on Gemma4UnifiedTextDecoderLayer under checkpointing
+    model, patched = _unified_models(checkpointing)
+    input_ids = torch.randint(3, 128, (2, 24))
+    logits, grads = _step(model, input_ids)
+    with gemma4_fused_attn.side_channel(patched, checkpointing):
+        fused_logits, fused_grads = _step(patched, input_ids)
+        kept = patched.model.layers[0]._axolotl_shared_kv["store"]
+        assert (kept is not None) == checkpointing
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-5)
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+    nodes = backward_nodes(patched(input_ids=input_ids).logits)
+    assert nodes.count("RmsNormRopeBackward") == 4 and nodes.count("RmsNormNoScaleBackward") == 2
+    assert gemma4_fused_attn.patched("gemma4_unified") and gemma4_fused_attn.patched("gemma4_unified_text")

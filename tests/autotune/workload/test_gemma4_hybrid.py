@@ -148,3 +148,18 @@ def test_the_hybrid_beside_context_parallelism_is_refused_by_name(tmp_path, caps
     out = capsys.readouterr().out
     assert code == 2 and json.loads(out)["kind"] == "not modelled", out
     assert "--gemma4-hybrid-attn beside --context-parallel 2 is not modelled" in json.loads(out)["error"]
+
+
+def test_axolotl_s_patch_finds_gemma4_unified_s_global_layers():
+    # _apply_gemma_hybrid_attention on Gemma4UnifiedForConditionalGeneration (the 12B's class, on the meta
+    # device): model.model.language_model.layers, the text config's layer_types; 8 global layers of 48
+    from transformers import AutoModelForImageTextToText
+
+    from autotune.workload.models import resolve_model
+
+    config = resolve_model("google/gemma-4-12B-it").config
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    assert gemma4_hybrid.apply(model, packed=True) == 8 == gemma4_hybrid.global_layers(config)
+    kinds = {layer.self_attn.config._attn_implementation for layer in model.model.language_model.layers}
+    assert gemma4_hybrid.PACKED in kinds

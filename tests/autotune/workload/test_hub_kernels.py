@@ -49,7 +49,9 @@ def _decorated(module: str) -> dict[str, str]:
     return {found.group(2): found.group(1) for found in re.finditer(pattern, source)}
 
 
-@pytest.mark.parametrize("model_type", (*scattermoe.MODEL_TYPES, "gpt_oss"))
+# the model types with something to swap (gemma4's: nothing, the test below)
+@pytest.mark.parametrize("model_type", [t for t in (*scattermoe.MODEL_TYPES, "gpt_oss")
+                                        if hub_kernels.KERNELIZED[t]])
 def test_the_table_is_transformers_cuda_training_mapping_for_each_model_type(model_type: str) -> None:
     layers = hub_kernels.KERNELIZED[model_type]
     module = layers[0].module
@@ -61,10 +63,11 @@ def test_the_table_is_transformers_cuda_training_mapping_for_each_model_type(mod
     assert "SwiGLUMLP" in training and "Qwen3_5GatedDeltaNet" not in training
 
 
-def test_gemma4_s_modeling_file_decorates_nothing_so_kernelize_swaps_nothing() -> None:
-    assert _decorated("gemma4") == {} and hub_kernels.KERNELIZED["gemma4"] == ()
-    hub_kernels.check("gemma4", "use_kernels")  # no refusal
-    assert not hub_kernels.emulated("gemma4")
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
+def test_gemma4_s_modeling_file_decorates_nothing_so_kernelize_swaps_nothing(model_type: str) -> None:
+    assert _decorated("gemma4") == {} and hub_kernels.KERNELIZED[model_type] == ()
+    hub_kernels.check(model_type, "use_kernels")  # no refusal
+    assert not hub_kernels.emulated(model_type)
 
 
 def test_every_qwen3_moe_rms_norm_runs_the_hub_liger_rms_norm() -> None:
@@ -116,8 +119,8 @@ def test_hub_kernels_not_emulated_are_refused_by_name(model_type: str, prefix: s
 def test_a_model_type_whose_decorated_layers_are_not_read_is_refused() -> None:
     # LlamaRMSNorm is decorated "RMSNorm" too: kernelize would swap it, not checked here
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama: "
-                       r"transformers' kernelize swaps hub kernels in .* read for gemma4, gpt_oss, "
-                       r"minimax_m2, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
+                       r"transformers' kernelize swaps hub kernels in .* read for gemma4, gemma4_text, "
+                       r"gpt_oss, minimax_m2, qwen3_5_moe, qwen3_5_moe_text, qwen3_moe, qwen3_next only$"):
         hub_kernels.check("llama", "use_kernels")
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels is not modelled for model type llama"):
         import autotune

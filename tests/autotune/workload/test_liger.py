@@ -466,6 +466,35 @@ def test_axolotl_s_gemma4_branch_swaps_norms_with_a_weight_and_the_mlp_and_skips
             assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name
 
 
+def test_axolotl_s_gemma4_unified_branch_mirrors_gemma4_s():
+    # plugin.py's gemma4_unified / gemma4_unified_text branch: Gemma4UnifiedRMSNorm (with a weight) and
+    # Gemma4UnifiedTextMLP swapped, rope skipped, its layer_norm the vision embedder's (not built here)
+    config = AutoConfig.for_model(
+        "gemma4_unified_text", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16, vocab_size=128,
+        max_position_embeddings=128, sliding_window=64, layer_types=["sliding_attention", "full_attention"],
+        num_kv_shared_layers=0)
+    asked = "rms_norm,rope,geglu,layer_norm,cross_entropy"
+    kernels = check_kernels(asked, config, "causal-lm", "full", axolotl=True)
+    assert kernels == ("rms_norm", "geglu")
+    torch.manual_seed(0)
+    model, _ = build_model(ModelSpec("small-gemma4-unified", "local", config, 128), "causal-lm", "eager")
+    model.eval()
+    reference = copy.deepcopy(model)
+    apply_kernels(model, kernels, sm_count=3, registers=NONE)
+    swapped = {type(module).__name__ for module in model.modules() if "forward" in vars(module)}
+    assert swapped == {"Gemma4UnifiedRMSNorm", "Gemma4UnifiedTextMLP"}
+    batch = make_batch(config, "causal-lm", 2, 16)
+    batch["labels"] = batch["input_ids"].clone()
+    loss, expected = model(**batch).loss, reference(**batch).loss
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(loss, expected, rtol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        if q.grad is not None:
+            assert torch.allclose(p.grad, q.grad, rtol=1e-3, atol=1e-5), name
+
+
 def test_axolotl_s_gemma4_mlp_cannot_build_double_wide_layers():
     config = small_gemma4(use_double_wide_mlp=True, num_kv_shared_layers=1)
     with pytest.raises(InvalidInput, match="use_double_wide_mlp fails as the checkpoint loads"):

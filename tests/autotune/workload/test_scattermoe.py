@@ -48,6 +48,30 @@ def test_outputs_and_gradients_are_the_eager_experts() -> None:
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)
 
 
+def test_gemma4s_experts_give_their_eager_outputs_and_gradients() -> None:
+    """Gemma4TextExperts (modeling_gemma4.py): Qwen3MoeExperts' layout, GeGLU (gelu_pytorch_tanh)."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextExperts
+
+    torch.manual_seed(0)
+    config = Gemma4TextConfig(hidden_size=H, moe_intermediate_size=M, num_experts=E, top_k_experts=K,
+                              enable_moe_block=True)
+    module = Gemma4TextExperts(config)
+    with torch.no_grad():
+        module.gate_up_proj.normal_()
+        module.down_proj.normal_()
+    x, index, weights = routing()
+    params = [x, weights, module.gate_up_proj, module.down_proj]
+    want = module(x, index, weights)  # Gemma4TextExperts.forward: the eager loop
+    want_grads = torch.autograd.grad(want.square().sum(), params)
+    assert scattermoe.apply(module, contextlib.nullcontext) == 1
+    got = module(x, index, weights)
+    grads = torch.autograd.grad(got.square().sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)
+
+
 # What the kernel's source allocates with: the ops whose outputs Allocations records.
 ALLOCATING = ("empty", "empty_like", "zeros", "bmm", "cumsum", "sort", "sum")
 
@@ -81,7 +105,7 @@ def test_allocations_are_parallel_linears_buffers() -> None:
     ]
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3_5_moe_text"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3_5_moe_text", "tiny-gemma4_text"])
 def test_every_experts_module_of_a_mixture_calls_the_emulation(preset: str) -> None:
     from autotune.workload.models import resolve_model
 
@@ -94,7 +118,8 @@ def test_every_experts_module_of_a_mixture_calls_the_emulation(preset: str) -> N
     model(input_ids=ids, labels=ids).loss.backward()
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3_moe", "tiny-minimax_m2"])
+@pytest.mark.parametrize("model", ["tiny-qwen3_moe", "tiny-minimax_m2",
+                                   pytest.param("tiny-gemma4_text", marks=pytest.mark.slow)])
 def test_a_check_of_a_qwen3_moe_with_it_differs_from_transformers_grouped_mm(model: str) -> None:
     import autotune
 
