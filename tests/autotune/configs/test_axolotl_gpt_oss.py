@@ -51,7 +51,8 @@ def test_use_kernels_on_gpt_oss_runs_the_emulated_hub_kernels(tmp_path):
                for n in config.notes)
     with pytest.raises(UnmodelledSetting, match=r"^use_kernels: true in .* \(Axolotl passes it to "
                        r"from_pretrained, loaders/model.py\) is not modelled for model type llama: "
-                       r"transformers' kernelize swaps hub kernels in .* read for gemma4, gpt_oss, .* only$"):
+                       r"transformers' kernelize swaps hub kernels in .* read for gemma4, .*gpt_oss, "
+                       r".* only$"):
         _read(tmp_path, {**LORA, "model_quantization_config": None}, model="tiny-llama")
     assert _read(tmp_path, {**LORA, "use_kernels": False}).request.step.use_kernels is None
 

@@ -237,6 +237,7 @@ CAUSAL_LM_PRESETS = {
     "arcee-ai/AFM-4.5B", "arcee-ai/Trinity-Nano-Preview", "tencent/Hunyuan-0.5B-Instruct",
     "deepseek-ai/DeepSeek-V3", "MiniMaxAI/MiniMax-M2", "tiny-deepseek_v3", "tiny-minimax_m2",
     "ibm-granite/granite-4.0-h-tiny", "tiny-granitemoehybrid", "zai-org/GLM-5", "tiny-glm_moe_dsa",
+    "tiny-gemma4_text",
 }
 
 
