@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from configread import write
 
 from autotune.cli import main
 from autotune.configs import read_training_config
@@ -23,9 +24,7 @@ FSDP2 = {**AXOLOTL, "fsdp_version": 2, "fsdp_config": {
 
 
 def read(tmp_path: Path, data: dict) -> tuple:
-    path = tmp_path / "a.yml"
-    path.write_text(yaml.safe_dump(data))
-    config = read_training_config(path)
+    config = read_training_config(write(tmp_path, data, "a.yml"))
     return config.request.step, config.notes
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+from configread import write
 
 from autotune.configs import read_training_config
 from autotune.errors import InvalidInput, UnmodelledSetting
@@ -21,9 +21,7 @@ FSDP2 = {**AXOLOTL, "fsdp_version": 2, "fsdp_config": {
 
 
 def read(tmp_path: Path, data: dict) -> tuple:
-    path = tmp_path / "a.yml"
-    path.write_text(yaml.safe_dump(data))
-    config = read_training_config(path)
+    config = read_training_config(write(tmp_path, data, "a.yml"))
     return config.request.step, config.notes
 
 
